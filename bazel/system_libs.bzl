@@ -1,0 +1,53 @@
+"""Exposes Debian's system C++ libraries as linkopts-only cc_library targets.
+
+Headers live in /usr/include, a builtin include directory of the autoconfigured
+gcc toolchain, so only link flags are needed. They come from pkg-config at
+fetch time, which stays correct when Debian's abseil splits or merges libraries.
+"""
+
+_LIBS = {
+    "absl": [
+        "absl_base",
+        "absl_flags",
+        "absl_flags_parse",
+        "absl_flat_hash_map",
+        "absl_hash",
+        "absl_random_random",
+        "absl_status",
+        "absl_statusor",
+        "absl_str_format",
+        "absl_strings",
+        "absl_synchronization",
+        "absl_time",
+    ],
+    "benchmark": ["benchmark"],
+    "gmock": ["gmock"],
+    "grpc": ["grpc++"],
+    "gtest": ["gtest"],
+    "ibverbs": ["libibverbs"],
+    "protobuf": ["protobuf"],
+}
+
+def _system_libs_impl(rctx):
+    pkg_config = rctx.which("pkg-config")
+    if pkg_config == None:
+        fail("pkg-config not found: run tools/dev.sh setup")
+    build = []
+    for name in sorted(_LIBS.keys()):
+        modules = _LIBS[name]
+        res = rctx.execute([pkg_config, "--libs"] + modules)
+        if res.return_code != 0:
+            fail("pkg-config --libs %s failed: %s (run tools/dev.sh setup)" %
+                 (" ".join(modules), res.stderr))
+        flags = [f for f in res.stdout.strip().split(" ") if f]
+        build.append(
+            "cc_library(\n    name = \"%s\",\n    linkopts = %s,\n" % (name, repr(flags)) +
+            "    visibility = [\"//visibility:public\"],\n)\n",
+        )
+    rctx.file("WORKSPACE", "workspace(name = \"system\")\n")
+    rctx.file("BUILD", "\n".join(build))
+
+system_libs = repository_rule(
+    implementation = _system_libs_impl,
+    local = True,
+)

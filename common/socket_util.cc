@@ -1,0 +1,202 @@
+#include "common/socket_util.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace ferry {
+namespace {
+
+// 4 MiB socket buffers let one stream keep a 100 Gbps-class pipe full; the
+// kernel clamps them to net.core.[rw]mem_max anyway.
+constexpr int kSocketBufferBytes = 4 << 20;
+
+absl::Status ErrnoStatus(absl::string_view what, int err) {
+  return absl::UnavailableError(absl::StrCat(what, ": ", std::strerror(err)));
+}
+
+absl::StatusOr<sockaddr_in> Resolve(const HostPort& addr) {
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(addr.port);
+  if (inet_pton(AF_INET, addr.host.c_str(), &sa.sin_addr) == 1) return sa;
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  int rc = getaddrinfo(addr.host.c_str(), nullptr, &hints, &res);
+  if (rc != 0 || res == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot resolve host '", addr.host, "': ", gai_strerror(rc)));
+  }
+  sa.sin_addr = reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr;
+  freeaddrinfo(res);
+  return sa;
+}
+
+}  // namespace
+
+std::string HostPort::ToString() const { return absl::StrCat(host, ":", port); }
+
+absl::StatusOr<HostPort> ParseHostPort(absl::string_view text) {
+  size_t colon = text.rfind(':');
+  if (colon == absl::string_view::npos || colon == 0 ||
+      colon + 1 == text.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected host:port, got '", text, "'"));
+  }
+  uint32_t port = 0;
+  if (!absl::SimpleAtoi(text.substr(colon + 1), &port) || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad port in '", text, "'"));
+  }
+  HostPort hp;
+  hp.host = std::string(text.substr(0, colon));
+  hp.port = static_cast<uint16_t>(port);
+  return hp;
+}
+
+UniqueFd& UniqueFd::operator=(UniqueFd&& other) noexcept {
+  if (this != &other) Reset(other.Release());
+  return *this;
+}
+
+void UniqueFd::Reset(int fd) {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = fd;
+}
+
+absl::StatusOr<UniqueFd> ListenTcp(const std::string& host, uint16_t port,
+                                   uint16_t* bound_port) {
+  HostPort hp{host, port};
+  auto sa = Resolve(hp);
+  if (!sa.ok()) return sa.status();
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return ErrnoStatus("socket", errno);
+  int one = 1;
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&*sa), sizeof(*sa)) != 0) {
+    return ErrnoStatus(absl::StrCat("bind ", hp.ToString()), errno);
+  }
+  if (::listen(fd.get(), 128) != 0) return ErrnoStatus("listen", errno);
+  sockaddr_in bound{};
+  socklen_t len = sizeof(bound);
+  ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&bound), &len);
+  if (bound_port != nullptr) *bound_port = ntohs(bound.sin_port);
+  return fd;
+}
+
+absl::StatusOr<UniqueFd> ConnectTcp(const HostPort& addr,
+                                    absl::Duration timeout) {
+  auto sa = Resolve(addr);
+  if (!sa.ok()) return sa.status();
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd.valid()) return ErrnoStatus("socket", errno);
+  int rc = ::connect(fd.get(), reinterpret_cast<sockaddr*>(&*sa), sizeof(*sa));
+  if (rc != 0 && errno != EINPROGRESS) {
+    return ErrnoStatus(absl::StrCat("connect ", addr.ToString()), errno);
+  }
+  if (rc != 0) {
+    pollfd pfd{fd.get(), POLLOUT, 0};
+    int ms = static_cast<int>(absl::ToInt64Milliseconds(timeout));
+    int n;
+    do {
+      n = ::poll(&pfd, 1, ms);
+    } while (n < 0 && errno == EINTR);
+    if (n == 0) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "connect ", addr.ToString(), ": no answer within ",
+          absl::FormatDuration(timeout)));
+    }
+    int err = 0;
+    socklen_t len = sizeof(err);
+    ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+    if (n < 0) err = errno;
+    if (err != 0) {
+      return ErrnoStatus(absl::StrCat("connect ", addr.ToString()), err);
+    }
+  }
+  int flags = ::fcntl(fd.get(), F_GETFL);
+  ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK);
+  return fd;
+}
+
+void TuneDataSocket(int fd) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  int buf = kSocketBufferBytes;
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
+}
+
+absl::Status WriteFullv(int fd, struct iovec* iov, int iovcnt) {
+  while (iovcnt > 0) {
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(iovcnt);
+    ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus("send", errno);
+    }
+    size_t left = static_cast<size_t>(n);
+    while (iovcnt > 0 && left >= iov->iov_len) {
+      left -= iov->iov_len;
+      ++iov;
+      --iovcnt;
+    }
+    if (iovcnt > 0) {
+      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
+      iov->iov_len -= left;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteFull(int fd, const void* data, size_t len) {
+  iovec iov{const_cast<void*>(data), len};
+  return WriteFullv(fd, &iov, 1);
+}
+
+absl::Status ReadFull(int fd, void* data, size_t len) {
+  size_t done = 0;
+  char* p = static_cast<char*>(data);
+  while (done < len) {
+    ssize_t n = ::recv(fd, p + done, len - done, 0);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+      continue;
+    }
+    if (n == 0) {
+      if (done == 0) return absl::OutOfRangeError("connection closed");
+      return absl::DataLossError(absl::StrCat(
+          "connection closed after ", done, " of ", len, " bytes"));
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("receive timed out after ", done, " of ", len,
+                       " bytes"));
+    }
+    return ErrnoStatus("recv", errno);
+  }
+  return absl::OkStatus();
+}
+
+void SetRecvTimeout(int fd, absl::Duration timeout) {
+  timeval tv = absl::ToTimeval(timeout);
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+}
+
+}  // namespace ferry

@@ -1,0 +1,83 @@
+// Thin, Status-returning wrappers over POSIX TCP sockets, shared by the TCP
+// transport and the tools. All functions are thread-compatible: they keep no
+// state beyond the file descriptors the caller owns.
+#ifndef FERRY_COMMON_SOCKET_UTIL_H_
+#define FERRY_COMMON_SOCKET_UTIL_H_
+
+#include <sys/uio.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace ferry {
+
+struct HostPort {
+  std::string host;
+  uint16_t port = 0;
+  std::string ToString() const;
+};
+
+// Parses "host:port" (IPv4 literal or name; port 0..65535). Returns
+// InvalidArgument with the offending text otherwise.
+absl::StatusOr<HostPort> ParseHostPort(absl::string_view text);
+
+// An owned file descriptor; closes on destruction.
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  UniqueFd(UniqueFd&& other) noexcept : fd_(other.Release()) {}
+  UniqueFd& operator=(UniqueFd&& other) noexcept;
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+  ~UniqueFd() { Reset(); }
+
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  int Release() {
+    int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+  void Reset(int fd = -1);
+
+ private:
+  int fd_ = -1;
+};
+
+// Creates a listening TCP socket bound to `host:port` (port 0 picks a free
+// one). On success stores the bound port in `*bound_port`.
+absl::StatusOr<UniqueFd> ListenTcp(const std::string& host, uint16_t port,
+                                   uint16_t* bound_port);
+
+// Connects to `addr`, failing with Unavailable/DeadlineExceeded after
+// `timeout` instead of hanging on an unreachable peer.
+absl::StatusOr<UniqueFd> ConnectTcp(const HostPort& addr,
+                                    absl::Duration timeout);
+
+// Sets TCP_NODELAY and large socket buffers, which the transport needs for
+// full throughput on loopback and real links alike.
+void TuneDataSocket(int fd);
+
+// Writes every byte of `iov[0..iovcnt)`, retrying short writes and EINTR.
+// Returns Unavailable if the peer has gone away. Modifies `iov` in place.
+absl::Status WriteFullv(int fd, struct iovec* iov, int iovcnt);
+absl::Status WriteFull(int fd, const void* data, size_t len);
+
+// Reads exactly `len` bytes. Returns OutOfRange("connection closed") on EOF
+// at offset 0, DataLoss on EOF mid-message, Unavailable on socket errors.
+// A socket with SO_RCVTIMEO set returns DeadlineExceeded when it fires.
+absl::Status ReadFull(int fd, void* data, size_t len);
+
+// Sets SO_RCVTIMEO so blocked reads wake up periodically.
+void SetRecvTimeout(int fd, absl::Duration timeout);
+
+}  // namespace ferry
+
+#endif  // FERRY_COMMON_SOCKET_UTIL_H_

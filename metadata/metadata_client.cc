@@ -1,0 +1,111 @@
+#include "metadata/metadata_client.h"
+
+#include "absl/strings/str_cat.h"
+#include "metadata/grpc_status.h"
+#include "metadata/validation.h"
+
+namespace ferry::metadata {
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxRpcMessageBytes);
+  args.SetMaxSendMessageSize(kMaxRpcMessageBytes);
+  // Reconnect quickly after a restart of the server instead of gRPC's
+  // default backoff of up to two minutes.
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
+                                   args);
+}
+
+MetadataClient::MetadataClient(const std::string& address,
+                               absl::Duration rpc_timeout)
+    : address_(address),
+      rpc_timeout_(rpc_timeout),
+      stub_(MetadataService::NewStub(MakeChannel(address))) {}
+
+void MetadataClient::Prepare(grpc::ClientContext* ctx) const {
+  ctx->set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout_));
+}
+
+absl::StatusOr<uint64_t> MetadataClient::PutSegment(
+    const SegmentDescriptor& segment) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx);
+  PutSegmentRequest req;
+  *req.mutable_segment() = segment;
+  PutSegmentResponse resp;
+  grpc::Status s = stub_->PutSegment(&ctx, req, &resp);
+  if (!s.ok()) {
+    return FromGrpcStatus(s,
+                          absl::StrCat("metadata server ", address_, " PutSegment"));
+  }
+  return resp.version();
+}
+
+absl::StatusOr<uint64_t> MetadataClient::UpdateBuffers(
+    const UpdateBuffersRequest& request) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx);
+  UpdateBuffersResponse resp;
+  grpc::Status s = stub_->UpdateBuffers(&ctx, request, &resp);
+  if (!s.ok()) {
+    return FromGrpcStatus(
+        s, absl::StrCat("metadata server ", address_, " UpdateBuffers"));
+  }
+  return resp.version();
+}
+
+absl::StatusOr<SegmentDescriptor> MetadataClient::GetSegment(
+    const std::string& name) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx);
+  GetSegmentRequest req;
+  req.set_name(name);
+  GetSegmentResponse resp;
+  grpc::Status s = stub_->GetSegment(&ctx, req, &resp);
+  if (!s.ok()) {
+    return FromGrpcStatus(s,
+                          absl::StrCat("metadata server ", address_, " GetSegment"));
+  }
+  if (resp.segment().name() != name) {
+    return absl::DataLossError(absl::StrCat(
+        "metadata server ", address_, " answered GetSegment('", name,
+        "') with segment '", resp.segment().name(), "'"));
+  }
+  if (absl::Status v = ValidateSegmentDescriptor(resp.segment()); !v.ok()) {
+    return absl::DataLossError(absl::StrCat("metadata server ", address_,
+                                            " sent a bad descriptor: ",
+                                            v.message()));
+  }
+  return std::move(*resp.mutable_segment());
+}
+
+absl::Status MetadataClient::RemoveSegment(const std::string& name,
+                                           uint64_t incarnation) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx);
+  RemoveSegmentRequest req;
+  req.set_name(name);
+  req.set_incarnation(incarnation);
+  RemoveSegmentResponse resp;
+  return FromGrpcStatus(
+      stub_->RemoveSegment(&ctx, req, &resp),
+      absl::StrCat("metadata server ", address_, " RemoveSegment"));
+}
+
+absl::StatusOr<std::vector<std::string>> MetadataClient::ListSegments() {
+  grpc::ClientContext ctx;
+  Prepare(&ctx);
+  ListSegmentsRequest req;
+  ListSegmentsResponse resp;
+  grpc::Status s = stub_->ListSegments(&ctx, req, &resp);
+  if (!s.ok()) {
+    return FromGrpcStatus(
+        s, absl::StrCat("metadata server ", address_, " ListSegments"));
+  }
+  return std::vector<std::string>(resp.names().begin(), resp.names().end());
+}
+
+}  // namespace ferry::metadata

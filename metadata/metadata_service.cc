@@ -1,0 +1,54 @@
+#include "metadata/metadata_service.h"
+
+#include "metadata/grpc_status.h"
+#include "metadata/validation.h"
+
+namespace ferry::metadata {
+
+grpc::Status MetadataServiceImpl::PutSegment(grpc::ServerContext*,
+                                             const PutSegmentRequest* request,
+                                             PutSegmentResponse* response) {
+  auto version = store_.Put(request->segment());
+  if (!version.ok()) return ToGrpcStatus(version.status());
+  response->set_version(*version);
+  return grpc::Status::OK;
+}
+
+grpc::Status MetadataServiceImpl::UpdateBuffers(
+    grpc::ServerContext*, const UpdateBuffersRequest* request,
+    UpdateBuffersResponse* response) {
+  auto version = store_.UpdateBuffers(*request);
+  if (!version.ok()) return ToGrpcStatus(version.status());
+  response->set_version(*version);
+  return grpc::Status::OK;
+}
+
+grpc::Status MetadataServiceImpl::GetSegment(grpc::ServerContext*,
+                                             const GetSegmentRequest* request,
+                                             GetSegmentResponse* response) {
+  if (absl::Status s = ValidateSegmentName(request->name()); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  auto segment = store_.Get(request->name());
+  if (!segment.ok()) return ToGrpcStatus(segment.status());
+  *response->mutable_segment() = std::move(*segment);
+  return grpc::Status::OK;
+}
+
+grpc::Status MetadataServiceImpl::RemoveSegment(
+    grpc::ServerContext*, const RemoveSegmentRequest* request,
+    RemoveSegmentResponse*) {
+  if (absl::Status s = ValidateSegmentName(request->name()); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  return ToGrpcStatus(store_.Remove(request->name(), request->incarnation()));
+}
+
+grpc::Status MetadataServiceImpl::ListSegments(grpc::ServerContext*,
+                                               const ListSegmentsRequest*,
+                                               ListSegmentsResponse* response) {
+  for (std::string& name : store_.List()) response->add_names(std::move(name));
+  return grpc::Status::OK;
+}
+
+}  // namespace ferry::metadata

@@ -1,0 +1,36 @@
+// MetadataServiceImpl: the gRPC front of a SegmentStore. Hosted either inside
+// an engine (metadata endpoint "embedded") or by tools/metadata_server.
+// Thread-safe; gRPC calls it from its own threads.
+#ifndef FERRY_METADATA_METADATA_SERVICE_H_
+#define FERRY_METADATA_METADATA_SERVICE_H_
+
+#include "metadata/proto/metadata.grpc.pb.h"
+#include "metadata/segment_store.h"
+
+namespace ferry::metadata {
+
+class MetadataServiceImpl final : public MetadataService::Service {
+ public:
+  grpc::Status PutSegment(grpc::ServerContext* ctx,
+                          const PutSegmentRequest* request,
+                          PutSegmentResponse* response) override;
+  grpc::Status UpdateBuffers(grpc::ServerContext* ctx,
+                             const UpdateBuffersRequest* request,
+                             UpdateBuffersResponse* response) override;
+  grpc::Status GetSegment(grpc::ServerContext* ctx,
+                          const GetSegmentRequest* request,
+                          GetSegmentResponse* response) override;
+  grpc::Status RemoveSegment(grpc::ServerContext* ctx,
+                             const RemoveSegmentRequest* request,
+                             RemoveSegmentResponse* response) override;
+  grpc::Status ListSegments(grpc::ServerContext* ctx,
+                            const ListSegmentsRequest* request,
+                            ListSegmentsResponse* response) override;
+
+ private:
+  SegmentStore store_;
+};
+
+}  // namespace ferry::metadata
+
+#endif  // FERRY_METADATA_METADATA_SERVICE_H_

@@ -1,0 +1,120 @@
+// Runs the real gRPC metadata and peer services on loopback.
+#include <memory>
+
+#include "gtest/gtest.h"
+#include "metadata/metadata_client.h"
+#include "metadata/metadata_service.h"
+#include "metadata/peer_service.h"
+#include "metadata/rpc_server.h"
+
+namespace ferry::metadata {
+namespace {
+
+class MetadataServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto server = RpcServer::Start("127.0.0.1:0", {&service_, &peer_});
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    client_ = std::make_unique<MetadataClient>(server_->address(),
+                                               absl::Seconds(5));
+  }
+
+  MetadataServiceImpl service_;
+  PeerServiceImpl peer_;
+  std::unique_ptr<RpcServer> server_;
+  std::unique_ptr<MetadataClient> client_;
+};
+
+TEST_F(MetadataServiceTest, RoundTrip) {
+  SegmentDescriptor seg;
+  seg.set_name("engine-a");
+  seg.set_incarnation(42);
+  auto* t = seg.add_transports();
+  t->set_transport("tcp");
+  t->set_address("127.0.0.1:5000");
+  auto v = client_->PutSegment(seg);
+  ASSERT_TRUE(v.ok()) << v.status();
+  auto got = client_->GetSegment("engine-a");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->transports(0).address(), "127.0.0.1:5000");
+  auto names = client_->ListSegments();
+  ASSERT_TRUE(names.ok());
+  EXPECT_EQ(names->size(), 1u);
+  EXPECT_TRUE(client_->RemoveSegment("engine-a", 42).ok());
+  auto gone = client_->GetSegment("engine-a");
+  EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(gone.status().message().find("engine-a"), std::string::npos);
+}
+
+TEST_F(MetadataServiceTest, MalformedRequestsGetErrorsAndServerSurvives) {
+  SegmentDescriptor bad;
+  bad.set_name("bad name");
+  EXPECT_EQ(client_->PutSegment(bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client_->GetSegment("").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Oversized: 40 MiB of location strings exceeds the 32 MiB message cap.
+  SegmentDescriptor huge;
+  huge.set_name("huge");
+  for (int i = 0; i < 700; ++i) {
+    Buffer* b = huge.add_buffers();
+    b->set_addr(static_cast<uint64_t>(i) << 20);
+    b->set_length(1);
+    b->set_location(std::string(60 << 10, 'x'));
+  }
+  auto s = client_->PutSegment(huge).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  // Still serving.
+  SegmentDescriptor ok;
+  ok.set_name("ok");
+  EXPECT_TRUE(client_->PutSegment(ok).ok());
+}
+
+TEST_F(MetadataServiceTest, PeerExchangeAndNotify) {
+  peer_.SetExchangeHandler(
+      "echo", [](const std::string& from, const std::string& payload)
+                  -> absl::StatusOr<std::string> {
+        if (payload == "fail") return absl::InternalError("asked to fail");
+        return from + ":" + payload;
+      });
+  std::string got_name, got_msg;
+  peer_.SetNotifyHandler([&](const std::string&, const std::string& name,
+                             const std::string& msg) {
+    got_name = name;
+    got_msg = msg;
+  });
+  PeerClient peer(absl::Seconds(5));
+  auto r = peer.Exchange(server_->address(), "echo", "me", "hi");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r, "me:hi");
+  EXPECT_EQ(peer.Exchange(server_->address(), "echo", "me", "fail")
+                .status()
+                .code(),
+            absl::StatusCode::kInternal);
+  EXPECT_EQ(peer.Exchange(server_->address(), "rdma", "me", "x")
+                .status()
+                .code(),
+            absl::StatusCode::kUnimplemented);
+  ASSERT_TRUE(peer.Notify(server_->address(), "me", "done", "42").ok());
+  EXPECT_EQ(got_name, "done");
+  EXPECT_EQ(got_msg, "42");
+  EXPECT_EQ(peer.Notify(server_->address(), "me", "n",
+                        std::string(kMaxNotifyMessageBytes + 1, 'x'))
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(MetadataClientTest, UnreachableServerFailsFast) {
+  // Nothing listens on port 1 of loopback.
+  MetadataClient client("127.0.0.1:1", absl::Seconds(2));
+  absl::Time start = absl::Now();
+  auto s = client.GetSegment("x").status();
+  EXPECT_TRUE(s.code() == absl::StatusCode::kUnavailable ||
+              s.code() == absl::StatusCode::kDeadlineExceeded)
+      << s;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+}  // namespace
+}  // namespace ferry::metadata

@@ -1,0 +1,115 @@
+#include "metadata/peer_service.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "metadata/grpc_status.h"
+#include "metadata/metadata_client.h"
+#include "metadata/validation.h"
+
+namespace ferry::metadata {
+
+void PeerServiceImpl::SetExchangeHandler(const std::string& transport,
+                                         ExchangeHandler handler) {
+  absl::MutexLock lock(&mu_);
+  handlers_[transport] = std::make_shared<ExchangeHandler>(std::move(handler));
+}
+
+void PeerServiceImpl::SetNotifyHandler(NotifyHandler handler) {
+  absl::MutexLock lock(&mu_);
+  notify_ = std::make_shared<NotifyHandler>(std::move(handler));
+}
+
+grpc::Status PeerServiceImpl::Exchange(grpc::ServerContext*,
+                                       const ExchangeRequest* request,
+                                       ExchangeResponse* response) {
+  if (absl::Status s = ValidateSegmentName(request->from_segment()); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  if (request->payload().size() > kMaxExchangePayloadBytes) {
+    return ToGrpcStatus(absl::InvalidArgumentError("exchange payload too large"));
+  }
+  std::shared_ptr<ExchangeHandler> handler;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = handlers_.find(request->transport());
+    if (it != handlers_.end()) handler = it->second;
+  }
+  if (handler == nullptr) {
+    return ToGrpcStatus(absl::UnimplementedError(absl::StrCat(
+        "this engine has no '", request->transport(), "' transport")));
+  }
+  auto reply = (*handler)(request->from_segment(), request->payload());
+  if (!reply.ok()) return ToGrpcStatus(reply.status());
+  response->set_payload(std::move(*reply));
+  return grpc::Status::OK;
+}
+
+grpc::Status PeerServiceImpl::Notify(grpc::ServerContext*,
+                                     const NotifyRequest* request,
+                                     NotifyResponse*) {
+  if (absl::Status s = ValidateSegmentName(request->from_segment()); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  if (request->name().size() > kMaxNotifyNameBytes ||
+      request->message().size() > kMaxNotifyMessageBytes) {
+    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+        "notification name or message too large (limits ",
+        kMaxNotifyNameBytes, " and ", kMaxNotifyMessageBytes, " bytes)")));
+  }
+  std::shared_ptr<NotifyHandler> handler;
+  {
+    absl::MutexLock lock(&mu_);
+    handler = notify_;
+  }
+  if (handler == nullptr) {
+    return ToGrpcStatus(
+        absl::UnavailableError("engine does not accept notifications yet"));
+  }
+  (*handler)(request->from_segment(), request->name(), request->message());
+  return grpc::Status::OK;
+}
+
+PeerService::Stub* PeerClient::StubFor(const std::string& address) {
+  absl::MutexLock lock(&mu_);
+  auto& stub = stubs_[address];
+  if (stub == nullptr) stub = PeerService::NewStub(MakeChannel(address));
+  return stub.get();
+}
+
+absl::StatusOr<std::string> PeerClient::Exchange(
+    const std::string& address, const std::string& transport,
+    const std::string& from_segment, const std::string& payload) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout_));
+  ExchangeRequest req;
+  req.set_transport(transport);
+  req.set_from_segment(from_segment);
+  req.set_payload(payload);
+  ExchangeResponse resp;
+  grpc::Status s = StubFor(address)->Exchange(&ctx, req, &resp);
+  if (!s.ok()) {
+    return FromGrpcStatus(s, absl::StrCat("peer ", address, " Exchange"));
+  }
+  if (resp.payload().size() > kMaxExchangePayloadBytes) {
+    return absl::DataLossError("peer exchange reply too large");
+  }
+  return std::move(*resp.mutable_payload());
+}
+
+absl::Status PeerClient::Notify(const std::string& address,
+                                const std::string& from_segment,
+                                const std::string& name,
+                                const std::string& message) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout_));
+  NotifyRequest req;
+  req.set_from_segment(from_segment);
+  req.set_name(name);
+  req.set_message(message);
+  NotifyResponse resp;
+  return FromGrpcStatus(StubFor(address)->Notify(&ctx, req, &resp),
+                        absl::StrCat("peer ", address, " Notify"));
+}
+
+}  // namespace ferry::metadata

@@ -1,0 +1,115 @@
+#include "metadata/segment_store.h"
+
+#include "gtest/gtest.h"
+
+namespace ferry::metadata {
+namespace {
+
+SegmentDescriptor MakeSegment(const std::string& name, uint64_t incarnation) {
+  SegmentDescriptor seg;
+  seg.set_name(name);
+  seg.set_incarnation(incarnation);
+  seg.set_rpc_address("127.0.0.1:1");
+  Buffer* b = seg.add_buffers();
+  b->set_addr(0x1000);
+  b->set_length(0x1000);
+  b->set_location("cpu:0");
+  return seg;
+}
+
+TEST(SegmentStoreTest, PutGetRemove) {
+  SegmentStore store;
+  auto v1 = store.Put(MakeSegment("a", 7));
+  ASSERT_TRUE(v1.ok()) << v1.status();
+  auto got = store.Get("a");
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->incarnation(), 7u);
+  EXPECT_EQ(got->version(), *v1);
+  EXPECT_EQ(store.List(), std::vector<std::string>{"a"});
+  EXPECT_EQ(store.Remove("a", 8).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(store.Remove("a", 7).ok());
+  EXPECT_EQ(store.Get("a").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store.Remove("a", 0).code(), absl::StatusCode::kNotFound);
+}
+
+TEST(SegmentStoreTest, RejectsBadDescriptors) {
+  SegmentStore store;
+  EXPECT_EQ(store.Put(MakeSegment("", 1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store.Put(MakeSegment("has space", 1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store.Put(MakeSegment(std::string(300, 'x'), 1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  SegmentDescriptor zero = MakeSegment("z", 1);
+  zero.mutable_buffers(0)->set_length(0);
+  EXPECT_EQ(store.Put(zero).status().code(), absl::StatusCode::kInvalidArgument);
+  SegmentDescriptor wrap = MakeSegment("w", 1);
+  wrap.mutable_buffers(0)->set_addr(~0ull - 10);
+  EXPECT_EQ(store.Put(wrap).status().code(), absl::StatusCode::kInvalidArgument);
+  SegmentDescriptor overlap = MakeSegment("o", 1);
+  Buffer* b = overlap.add_buffers();
+  b->set_addr(0x1800);
+  b->set_length(0x100);
+  EXPECT_EQ(store.Put(overlap).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  SegmentDescriptor badgid = MakeSegment("g", 1);
+  auto* t = badgid.add_transports();
+  t->set_transport("rdma");
+  auto* d = t->add_devices();
+  d->set_name("nic0");
+  d->set_gid("short");
+  EXPECT_EQ(store.Put(badgid).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(store.List().empty());
+}
+
+TEST(SegmentStoreTest, UpdateBuffersIsAtomicAndChecksIncarnation) {
+  SegmentStore store;
+  ASSERT_TRUE(store.Put(MakeSegment("a", 5)).ok());
+  UpdateBuffersRequest add;
+  add.set_name("a");
+  add.set_incarnation(5);
+  Buffer* nb = add.add_add();
+  nb->set_addr(0x4000);
+  nb->set_length(0x10);
+  auto v = store.UpdateBuffers(add);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(store.Get("a")->buffers_size(), 2);
+
+  UpdateBuffersRequest stale = add;
+  stale.set_incarnation(4);
+  EXPECT_EQ(store.UpdateBuffers(stale).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  // Overlapping add plus a valid removal: nothing changes.
+  UpdateBuffersRequest bad;
+  bad.set_name("a");
+  bad.set_incarnation(5);
+  bad.add_remove_addrs(0x1000);
+  Buffer* ob = bad.add_add();
+  ob->set_addr(0x4008);
+  ob->set_length(0x10);
+  EXPECT_EQ(store.UpdateBuffers(bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store.Get("a")->buffers_size(), 2);
+
+  UpdateBuffersRequest missing;
+  missing.set_name("a");
+  missing.set_incarnation(5);
+  missing.add_remove_addrs(0x9999);
+  EXPECT_EQ(store.UpdateBuffers(missing).status().code(),
+            absl::StatusCode::kNotFound);
+
+  UpdateBuffersRequest remove;
+  remove.set_name("a");
+  remove.set_incarnation(5);
+  remove.add_remove_addrs(0x1000);
+  ASSERT_TRUE(store.UpdateBuffers(remove).ok());
+  auto seg = store.Get("a");
+  ASSERT_EQ(seg->buffers_size(), 1);
+  EXPECT_EQ(seg->buffers(0).addr(), 0x4000u);
+  EXPECT_GT(seg->version(), *v);
+}
+
+}  // namespace
+}  // namespace ferry::metadata

@@ -1,0 +1,39 @@
+// Checks applied to every segment descriptor that crosses the wire, on the
+// metadata server (before storing) and in engines (before using a descriptor
+// fetched from a server that may be buggy or hostile).
+#ifndef FERRY_METADATA_VALIDATION_H_
+#define FERRY_METADATA_VALIDATION_H_
+
+#include <cstddef>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "metadata/proto/metadata.pb.h"
+
+namespace ferry::metadata {
+
+constexpr size_t kMaxSegmentNameBytes = 256;
+constexpr size_t kMaxBuffersPerSegment = 1 << 16;
+constexpr size_t kMaxTransportsPerSegment = 8;
+constexpr size_t kMaxDevicesPerTransport = 64;
+constexpr size_t kMaxKeysPerBuffer = 64;
+constexpr size_t kMaxLocationBytes = 64;
+constexpr size_t kMaxAddressBytes = 256;
+constexpr size_t kGidBytes = 16;
+// gRPC message cap for every Ferry service: a full descriptor of
+// kMaxBuffersPerSegment buffers with a few keys each fits comfortably.
+constexpr int kMaxRpcMessageBytes = 32 << 20;
+
+// A segment name is 1..kMaxSegmentNameBytes printable ASCII characters
+// without spaces, so it can be used in logs and flags unquoted.
+absl::Status ValidateSegmentName(absl::string_view name);
+
+// One buffer: nonzero length, no address wrap-around, bounded fields.
+absl::Status ValidateBuffer(const Buffer& buffer);
+
+// The whole descriptor, including that buffers do not overlap each other.
+absl::Status ValidateSegmentDescriptor(const SegmentDescriptor& segment);
+
+}  // namespace ferry::metadata
+
+#endif  // FERRY_METADATA_VALIDATION_H_
