@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/numbers.h"
@@ -188,6 +189,42 @@ absl::Status ReadFull(int fd, void* data, size_t len) {
       return absl::DeadlineExceededError(
           absl::StrCat("receive timed out after ", done, " of ", len,
                        " bytes"));
+    }
+    return ErrnoStatus("recv", errno);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadFullPatient(int fd, void* dst, size_t len,
+                             const std::atomic<bool>& stop, int max_stalls,
+                             bool idle_ok) {
+  constexpr size_t kDrainChunk = 64 << 10;
+  char scratch[kDrainChunk];
+  size_t done = 0;
+  int stalls = 0;
+  while (done < len) {
+    if (stop.load(std::memory_order_relaxed)) {
+      return absl::CancelledError("connection is shutting down");
+    }
+    char* p = dst != nullptr ? static_cast<char*>(dst) + done : scratch;
+    size_t want = dst != nullptr ? len - done : std::min(len - done, kDrainChunk);
+    ssize_t n = ::recv(fd, p, want, 0);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+      stalls = 0;
+      continue;
+    }
+    if (n == 0) {
+      if (done == 0) return absl::OutOfRangeError("connection closed");
+      return absl::DataLossError(absl::StrCat(
+          "connection closed after ", done, " of ", len, " bytes"));
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      if (idle_ok && done == 0) continue;
+      if (++stalls < max_stalls) continue;
+      return absl::DeadlineExceededError(absl::StrCat(
+          "peer stalled after ", done, " of ", len, " bytes"));
     }
     return ErrnoStatus("recv", errno);
   }

@@ -6,6 +6,7 @@
 
 #include <sys/uio.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -74,6 +75,15 @@ absl::Status WriteFull(int fd, const void* data, size_t len);
 // at offset 0, DataLoss on EOF mid-message, Unavailable on socket errors.
 // A socket with SO_RCVTIMEO set returns DeadlineExceeded when it fires.
 absl::Status ReadFull(int fd, void* data, size_t len);
+
+// Like ReadFull on a socket with SO_RCVTIMEO set, but keeps waiting through
+// up to `max_stalls` consecutive timeouts, and returns Cancelled as soon as
+// `stop` is set. With `idle_ok`, waiting for the first byte never counts as
+// a stall (an idle connection may stay open). A null `dst` discards the
+// bytes, which keeps a stream in sync after a rejected request.
+absl::Status ReadFullPatient(int fd, void* dst, size_t len,
+                             const std::atomic<bool>& stop, int max_stalls,
+                             bool idle_ok = false);
 
 // Sets SO_RCVTIMEO so blocked reads wake up periodically.
 void SetRecvTimeout(int fd, absl::Duration timeout);

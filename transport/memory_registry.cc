@@ -1,0 +1,139 @@
+#include "transport/memory_registry.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace ferry {
+
+absl::Status ValidateRegion(uintptr_t addr, size_t length) {
+  if (addr == 0) return absl::InvalidArgumentError("address is null");
+  if (length == 0) return absl::InvalidArgumentError("length is zero");
+  if (addr + length < addr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("range at 0x", absl::Hex(addr), " of length ", length,
+                     " wraps around the address space"));
+  }
+  return absl::OkStatus();
+}
+
+MemoryRegistry::Lease& MemoryRegistry::Lease::operator=(
+    Lease&& other) noexcept {
+  if (this != &other) {
+    Release();
+    registry_ = other.registry_;
+    entry_ = other.entry_;
+    other.registry_ = nullptr;
+    other.entry_ = nullptr;
+  }
+  return *this;
+}
+
+void MemoryRegistry::Lease::Release() {
+  if (registry_ == nullptr) return;
+  absl::MutexLock lock(&registry_->mu_);
+  --entry_->users;
+  registry_ = nullptr;
+  entry_ = nullptr;
+}
+
+MemoryRegistry::~MemoryRegistry() = default;
+
+absl::Status MemoryRegistry::Add(const MemoryRegion& region) {
+  if (absl::Status s = ValidateRegion(region.addr, region.length); !s.ok()) {
+    return s;
+  }
+  absl::MutexLock lock(&mu_);
+  uintptr_t end = region.addr + region.length;
+  auto next = entries_.lower_bound(region.addr);
+  if (next != entries_.end() && next->first < end) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "range 0x", absl::Hex(region.addr), "+", region.length,
+        " overlaps the registered buffer at 0x", absl::Hex(next->first)));
+  }
+  if (next != entries_.begin()) {
+    auto prev = std::prev(next);
+    const MemoryRegion& p = prev->second->region;
+    if (p.addr + p.length > region.addr) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "range 0x", absl::Hex(region.addr), "+", region.length,
+          " overlaps the registered buffer at 0x", absl::Hex(p.addr)));
+    }
+  }
+  auto entry = std::make_unique<Entry>();
+  entry->region = region;
+  entries_.emplace(region.addr, std::move(entry));
+  return absl::OkStatus();
+}
+
+absl::Status MemoryRegistry::Remove(uintptr_t addr, absl::Duration wait) {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(addr);
+  if (it == entries_.end() || it->second->closing) {
+    return absl::NotFoundError(
+        absl::StrCat("no registered buffer starts at 0x", absl::Hex(addr)));
+  }
+  Entry* entry = it->second.get();
+  entry->closing = true;
+  auto idle = [entry]() { return entry->users == 0; };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&idle), wait)) {
+    entry->closing = false;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "buffer at 0x", absl::Hex(addr), " still has ", entry->users,
+        " transfer(s) in flight after ", absl::FormatDuration(wait)));
+  }
+  entries_.erase(addr);
+  return absl::OkStatus();
+}
+
+const MemoryRegistry::Entry* MemoryRegistry::FindLocked(uintptr_t addr,
+                                                        size_t length) const {
+  auto it = entries_.upper_bound(addr);
+  if (it == entries_.begin()) return nullptr;
+  --it;
+  const MemoryRegion& r = it->second->region;
+  if (addr + length < addr) return nullptr;
+  if (addr + length > r.addr + r.length) return nullptr;
+  return it->second.get();
+}
+
+absl::StatusOr<MemoryRegistry::Lease> MemoryRegistry::Acquire(
+    uintptr_t addr, size_t length, bool need_remote) {
+  absl::MutexLock lock(&mu_);
+  Entry* entry = const_cast<Entry*>(FindLocked(addr, length));
+  if (entry == nullptr || entry->closing) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("range 0x", absl::Hex(addr), "+", length,
+                     " is not inside one registered buffer"));
+  }
+  if (need_remote && !entry->region.remote_accessible) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "buffer at 0x", absl::Hex(entry->region.addr),
+        " is not registered as remote-accessible"));
+  }
+  ++entry->users;
+  Lease lease;
+  lease.registry_ = this;
+  lease.entry_ = entry;
+  return lease;
+}
+
+bool MemoryRegistry::Contains(uintptr_t addr, size_t length,
+                              bool need_remote) const {
+  absl::MutexLock lock(&mu_);
+  const Entry* e = FindLocked(addr, length);
+  return e != nullptr && !e->closing &&
+         (!need_remote || e->region.remote_accessible);
+}
+
+std::vector<MemoryRegion> MemoryRegistry::List() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<MemoryRegion> out;
+  for (const auto& [addr, e] : entries_) out.push_back(e->region);
+  return out;
+}
+
+size_t MemoryRegistry::size() const {
+  absl::MutexLock lock(&mu_);
+  return entries_.size();
+}
+
+}  // namespace ferry

@@ -1,0 +1,107 @@
+// MemoryRegistry: the set of registered buffers of one engine or transport,
+// with O(log n) lookup of the buffer that contains an address range.
+//
+// Users of a buffer take a Lease; Unregister waits (bounded) until no lease
+// is outstanding, so a buffer is never removed under an access in flight.
+// Thread-safe.
+#ifndef FERRY_TRANSPORT_MEMORY_REGISTRY_H_
+#define FERRY_TRANSPORT_MEMORY_REGISTRY_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace ferry {
+
+struct MemoryRegion {
+  uintptr_t addr = 0;
+  size_t length = 0;
+  std::string location = "*";  // "cpu:N", "cuda:N" or "*".
+  bool remote_accessible = false;
+};
+
+// Validates a region given by a user: non-null, nonzero length, no
+// wrap-around.
+absl::Status ValidateRegion(uintptr_t addr, size_t length);
+
+class MemoryRegistry {
+ private:
+  struct Entry {
+    MemoryRegion region;
+    int users = 0;
+    bool closing = false;
+  };
+
+ public:
+  // Keeps a registered buffer alive (not unregistered) while held. Movable;
+  // releases on destruction.
+  class Lease {
+   public:
+    Lease() = default;
+    Lease(Lease&& other) noexcept { *this = std::move(other); }
+    Lease& operator=(Lease&& other) noexcept;
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    ~Lease() { Release(); }
+
+    bool held() const { return registry_ != nullptr; }
+    const MemoryRegion& region() const { return entry_->region; }
+    void Release();
+
+   private:
+    friend class MemoryRegistry;
+    MemoryRegistry* registry_ = nullptr;
+    Entry* entry_ = nullptr;
+  };
+
+  MemoryRegistry() = default;
+  MemoryRegistry(const MemoryRegistry&) = delete;
+  MemoryRegistry& operator=(const MemoryRegistry&) = delete;
+  // All leases must have been released.
+  ~MemoryRegistry();
+
+  // Adds `region`. InvalidArgument if it is malformed, AlreadyExists if it
+  // overlaps a registered buffer (naming that buffer).
+  absl::Status Add(const MemoryRegion& region);
+
+  // Removes the buffer that starts at `addr`. New leases on it fail at once;
+  // waits up to `wait` for outstanding leases, then gives up with
+  // FailedPrecondition and leaves the buffer registered. NotFound if no
+  // buffer starts at `addr`.
+  absl::Status Remove(uintptr_t addr, absl::Duration wait);
+
+  // Leases the buffer that contains all of [addr, addr + length). Fails with
+  // InvalidArgument (naming the range) if no single buffer contains it, or if
+  // `need_remote` and the buffer is not remote-accessible.
+  absl::StatusOr<Lease> Acquire(uintptr_t addr, size_t length,
+                                bool need_remote);
+
+  // Whether some buffer contains the whole range, without leasing it.
+  bool Contains(uintptr_t addr, size_t length, bool need_remote) const;
+
+  std::vector<MemoryRegion> List() const;
+  size_t size() const;
+
+ private:
+  // Returns the entry containing the range, or nullptr.
+  const Entry* FindLocked(uintptr_t addr, size_t length) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+
+  mutable absl::Mutex mu_;
+  // Keyed by start address; buffers never overlap, so the candidate for an
+  // address is the last entry that starts at or below it.
+  std::map<uintptr_t, std::unique_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_TRANSPORT_MEMORY_REGISTRY_H_

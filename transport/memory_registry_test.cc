@@ -1,0 +1,78 @@
+#include "transport/memory_registry.h"
+
+#include <thread>
+
+#include "gtest/gtest.h"
+
+namespace ferry {
+namespace {
+
+MemoryRegion R(uintptr_t addr, size_t len, bool remote = true) {
+  MemoryRegion r;
+  r.addr = addr;
+  r.length = len;
+  r.remote_accessible = remote;
+  return r;
+}
+
+TEST(MemoryRegistryTest, AddRejectsBadAndOverlapping) {
+  MemoryRegistry reg;
+  EXPECT_EQ(reg.Add(R(0, 10)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(reg.Add(R(0x1000, 0)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(reg.Add(R(~uintptr_t{0} - 4, 10)).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(reg.Add(R(0x1000, 0x1000)).ok());
+  EXPECT_EQ(reg.Add(R(0x1800, 0x1000)).code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(reg.Add(R(0x800, 0x1000)).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(reg.Add(R(0x1000, 1)).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_TRUE(reg.Add(R(0x2000, 0x10)).ok());  // Adjacent is fine.
+  EXPECT_TRUE(reg.Add(R(0xff0, 0x10)).ok());
+  EXPECT_EQ(reg.size(), 3u);
+}
+
+TEST(MemoryRegistryTest, LookupNeedsWholeRangeInOneBuffer) {
+  MemoryRegistry reg;
+  ASSERT_TRUE(reg.Add(R(0x1000, 0x1000)).ok());
+  ASSERT_TRUE(reg.Add(R(0x2000, 0x1000, /*remote=*/false)).ok());
+  EXPECT_TRUE(reg.Contains(0x1000, 0x1000, true));
+  EXPECT_TRUE(reg.Contains(0x1fff, 1, true));
+  EXPECT_FALSE(reg.Contains(0x1fff, 2, true));  // Spans two buffers.
+  EXPECT_FALSE(reg.Contains(0xfff, 2, true));
+  EXPECT_FALSE(reg.Contains(0x2000, 1, true));  // Not remote-accessible.
+  EXPECT_TRUE(reg.Contains(0x2000, 1, false));
+  EXPECT_FALSE(reg.Contains(0x3000, 1, false));
+  EXPECT_FALSE(reg.Contains(0x1000, ~size_t{0}, false));  // Wraps.
+  EXPECT_EQ(reg.Acquire(0x2000, 1, true).status().code(),
+            absl::StatusCode::kPermissionDenied);
+}
+
+TEST(MemoryRegistryTest, RemoveWaitsForLeases) {
+  MemoryRegistry reg;
+  ASSERT_TRUE(reg.Add(R(0x1000, 0x1000)).ok());
+  auto lease = reg.Acquire(0x1100, 0x10, true);
+  ASSERT_TRUE(lease.ok());
+  // Refused while the lease is held, and the buffer stays usable.
+  EXPECT_EQ(reg.Remove(0x1000, absl::Milliseconds(20)).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(reg.Contains(0x1000, 1, true));
+  std::thread releaser([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    lease->Release();
+  });
+  EXPECT_TRUE(reg.Remove(0x1000, absl::Seconds(5)).ok());
+  releaser.join();
+  EXPECT_FALSE(reg.Contains(0x1000, 1, true));
+  EXPECT_EQ(reg.Remove(0x1000, absl::ZeroDuration()).code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST(MemoryRegistryTest, RemoveNeedsStartAddress) {
+  MemoryRegistry reg;
+  ASSERT_TRUE(reg.Add(R(0x1000, 0x1000)).ok());
+  EXPECT_EQ(reg.Remove(0x1001, absl::ZeroDuration()).code(),
+            absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace ferry

@@ -1,0 +1,47 @@
+// SegmentView: an immutable, validated snapshot of a remote segment's
+// descriptor with an O(log n) index of its buffers. Transports read it to
+// route slices; the engine replaces (never mutates) it on refresh, and each
+// task keeps the snapshot its slices point into alive.
+#ifndef FERRY_TRANSPORT_SEGMENT_VIEW_H_
+#define FERRY_TRANSPORT_SEGMENT_VIEW_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "metadata/proto/metadata.pb.h"
+
+namespace ferry {
+
+class SegmentView {
+ public:
+  // Validates `desc` and indexes its buffers.
+  static absl::StatusOr<std::shared_ptr<const SegmentView>> Create(
+      metadata::SegmentDescriptor desc);
+
+  const std::string& name() const { return desc_.name(); }
+  uint64_t incarnation() const { return desc_.incarnation(); }
+  uint64_t version() const { return desc_.version(); }
+  const metadata::SegmentDescriptor& descriptor() const { return desc_; }
+
+  // The endpoint of `transport`, or nullptr if the segment does not serve it.
+  const metadata::TransportEndpoint* FindTransport(
+      absl::string_view transport) const;
+
+  // The buffer containing all of [addr, addr + length), or nullptr.
+  const metadata::Buffer* FindBuffer(uint64_t addr, uint64_t length) const;
+
+ private:
+  explicit SegmentView(metadata::SegmentDescriptor desc);
+
+  metadata::SegmentDescriptor desc_;
+  // Indices into desc_.buffers(), sorted by address.
+  std::vector<int> by_addr_;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_TRANSPORT_SEGMENT_VIEW_H_

@@ -1,0 +1,110 @@
+#include "transport/tcp/wire.h"
+
+#include <endian.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace ferry::tcp {
+namespace {
+
+template <typename T>
+void Store(uint8_t* p, T v) {
+  std::memcpy(p, &v, sizeof(v));
+}
+template <typename T>
+T Load(const uint8_t* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+void Put16(uint8_t* p, uint16_t v) { Store(p, htobe16(v)); }
+void Put32(uint8_t* p, uint32_t v) { Store(p, htobe32(v)); }
+void Put64(uint8_t* p, uint64_t v) { Store(p, htobe64(v)); }
+uint16_t Get16(const uint8_t* p) { return be16toh(Load<uint16_t>(p)); }
+uint32_t Get32(const uint8_t* p) { return be32toh(Load<uint32_t>(p)); }
+uint64_t Get64(const uint8_t* p) { return be64toh(Load<uint64_t>(p)); }
+
+absl::Status CheckPreamble(const uint8_t* in) {
+  if (Get32(in) != kMagic) {
+    return absl::DataLossError(
+        absl::StrCat("bad magic 0x", absl::Hex(Get32(in))));
+  }
+  if (in[4] != kVersion) {
+    return absl::DataLossError(absl::StrCat("unsupported wire version ",
+                                            in[4], " (this side speaks ",
+                                            kVersion, ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void EncodeRequest(const RequestHeader& h, uint8_t out[kRequestHeaderBytes]) {
+  Put32(out, kMagic);
+  out[4] = kVersion;
+  out[5] = static_cast<uint8_t>(h.op);
+  Put16(out + 6, 0);
+  Put64(out + 8, h.request_id);
+  Put64(out + 16, h.remote_addr);
+  Put64(out + 24, h.length);
+}
+
+void EncodeResponse(const ResponseHeader& h,
+                    uint8_t out[kResponseHeaderBytes]) {
+  Put32(out, kMagic);
+  out[4] = kVersion;
+  out[5] = static_cast<uint8_t>(h.op);
+  Put16(out + 6, static_cast<uint16_t>(h.status));
+  Put64(out + 8, h.request_id);
+  Put64(out + 16, h.length);
+}
+
+absl::Status DecodeRequest(const uint8_t in[kRequestHeaderBytes],
+                           RequestHeader* h) {
+  if (absl::Status s = CheckPreamble(in); !s.ok()) return s;
+  uint8_t op = in[5];
+  if (op != static_cast<uint8_t>(WireOp::kWrite) &&
+      op != static_cast<uint8_t>(WireOp::kRead)) {
+    return absl::DataLossError(absl::StrCat("bad request opcode ", op));
+  }
+  if (Get16(in + 6) != 0) return absl::DataLossError("unknown request flags");
+  h->op = static_cast<WireOp>(op);
+  h->request_id = Get64(in + 8);
+  h->remote_addr = Get64(in + 16);
+  h->length = Get64(in + 24);
+  if (h->length == 0 || h->length > kMaxFrameLength) {
+    return absl::DataLossError(
+        absl::StrCat("request length ", h->length, " outside 1..",
+                     kMaxFrameLength));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DecodeResponse(const uint8_t in[kResponseHeaderBytes],
+                            ResponseHeader* h) {
+  if (absl::Status s = CheckPreamble(in); !s.ok()) return s;
+  uint8_t op = in[5];
+  if (op != static_cast<uint8_t>(WireOp::kWriteAck) &&
+      op != static_cast<uint8_t>(WireOp::kReadData)) {
+    return absl::DataLossError(absl::StrCat("bad response opcode ", op));
+  }
+  uint16_t status = Get16(in + 6);
+  if (status > static_cast<uint16_t>(WireStatus::kOutOfBounds)) {
+    return absl::DataLossError(absl::StrCat("bad response status ", status));
+  }
+  h->op = static_cast<WireOp>(op);
+  h->status = static_cast<WireStatus>(status);
+  h->request_id = Get64(in + 8);
+  h->length = Get64(in + 16);
+  if (h->length > kMaxFrameLength ||
+      (h->op == WireOp::kWriteAck && h->length != 0) ||
+      (h->status != WireStatus::kOk && h->length != 0)) {
+    return absl::DataLossError(
+        absl::StrCat("bad response length ", h->length));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ferry::tcp

@@ -1,0 +1,69 @@
+// Wire format of the TCP transport. Every field is in network byte order;
+// every header is validated before any of its fields is used. A frame that
+// fails validation closes its connection and nothing else.
+//
+// Request (initiator -> target), 32 bytes, then `length` payload bytes for a
+// WRITE:
+//   u32 magic 'FRRY' | u8 version | u8 opcode | u16 flags (0)
+//   u64 request_id | u64 remote_addr | u64 length
+// Response (target -> initiator), 24 bytes, then `length` data bytes for a
+// successful READ:
+//   u32 magic 'FRRY' | u8 version | u8 opcode | u16 status
+//   u64 request_id | u64 length
+#ifndef FERRY_TRANSPORT_TCP_WIRE_H_
+#define FERRY_TRANSPORT_TCP_WIRE_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace ferry::tcp {
+
+constexpr uint32_t kMagic = 0x46525259;  // "FRRY"
+constexpr uint8_t kVersion = 1;
+constexpr size_t kRequestHeaderBytes = 32;
+constexpr size_t kResponseHeaderBytes = 24;
+// No slice is larger; a header announcing more is garbage.
+constexpr uint64_t kMaxFrameLength = 64ull << 20;
+
+enum class WireOp : uint8_t {
+  kWrite = 1,
+  kRead = 2,
+  kWriteAck = 0x81,
+  kReadData = 0x82,
+};
+
+enum class WireStatus : uint16_t {
+  kOk = 0,
+  // Range not inside a buffer registered as remote-accessible.
+  kOutOfBounds = 1,
+};
+
+struct RequestHeader {
+  WireOp op;
+  uint64_t request_id;
+  uint64_t remote_addr;
+  uint64_t length;
+};
+
+struct ResponseHeader {
+  WireOp op;
+  WireStatus status;
+  uint64_t request_id;
+  uint64_t length;
+};
+
+void EncodeRequest(const RequestHeader& h, uint8_t out[kRequestHeaderBytes]);
+void EncodeResponse(const ResponseHeader& h,
+                    uint8_t out[kResponseHeaderBytes]);
+
+// DataLoss with a reason if the bytes are not a valid header.
+absl::Status DecodeRequest(const uint8_t in[kRequestHeaderBytes],
+                           RequestHeader* h);
+absl::Status DecodeResponse(const uint8_t in[kResponseHeaderBytes],
+                            ResponseHeader* h);
+
+}  // namespace ferry::tcp
+
+#endif  // FERRY_TRANSPORT_TCP_WIRE_H_

@@ -1,0 +1,42 @@
+#include <functional>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "transport/tcp/tcp_transport.h"
+#include "transport/transport.h"
+
+namespace ferry {
+namespace {
+
+struct Factory {
+  const char* name;
+  std::function<std::unique_ptr<Transport>(const TransportOptions&)> make;
+};
+
+// Adding a transport: implement Transport, add one line here.
+const std::vector<Factory>& Factories() {
+  static const auto* factories = new std::vector<Factory>{
+      {"tcp",
+       [](const TransportOptions& o) {
+         return std::make_unique<tcp::TcpTransport>(o);
+       }},
+  };
+  return *factories;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(
+    absl::string_view name, const TransportOptions& options) {
+  std::vector<std::string> known;
+  for (const Factory& f : Factories()) {
+    if (name == f.name) return f.make(options);
+    known.push_back(f.name);
+  }
+  return absl::NotFoundError(absl::StrCat("unknown transport '", name,
+                                          "'; known: ", absl::StrJoin(known, ", ")));
+}
+
+}  // namespace ferry
