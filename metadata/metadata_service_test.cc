@@ -83,6 +83,7 @@ TEST_F(MetadataServiceTest, PeerExchangeAndNotify) {
                              const std::string& msg) {
     got_name = name;
     got_msg = msg;
+    return absl::OkStatus();
   });
   PeerClient peer(absl::Seconds(5));
   auto r = peer.Exchange(server_->address(), "echo", "me", "hi");

@@ -66,8 +66,8 @@ grpc::Status PeerServiceImpl::Notify(grpc::ServerContext*,
     return ToGrpcStatus(
         absl::UnavailableError("engine does not accept notifications yet"));
   }
-  (*handler)(request->from_segment(), request->name(), request->message());
-  return grpc::Status::OK;
+  return ToGrpcStatus(
+      (*handler)(request->from_segment(), request->name(), request->message()));
 }
 
 PeerService::Stub* PeerClient::StubFor(const std::string& address) {

@@ -29,9 +29,10 @@ class PeerServiceImpl final : public PeerService::Service {
   // the reply payload, an error is passed back to the caller as its status.
   using ExchangeHandler = std::function<absl::StatusOr<std::string>(
       const std::string& from_segment, const std::string& payload)>;
-  using NotifyHandler =
-      std::function<void(const std::string& from_segment,
-                         const std::string& name, const std::string& message)>;
+  // An error (e.g. a full queue) is returned to the sender.
+  using NotifyHandler = std::function<absl::Status(
+      const std::string& from_segment, const std::string& name,
+      const std::string& message)>;
 
   // Routes Exchange calls for `transport` to `handler`, replacing any.
   void SetExchangeHandler(const std::string& transport,

@@ -124,6 +124,13 @@ bool MemoryRegistry::Contains(uintptr_t addr, size_t length,
          (!need_remote || e->region.remote_accessible);
 }
 
+std::optional<MemoryRegion> MemoryRegistry::Lookup(uintptr_t addr) const {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(addr);
+  if (it == entries_.end() || it->second->closing) return std::nullopt;
+  return it->second->region;
+}
+
 std::vector<MemoryRegion> MemoryRegistry::List() const {
   absl::MutexLock lock(&mu_);
   std::vector<MemoryRegion> out;

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -87,6 +88,9 @@ class MemoryRegistry {
 
   // Whether some buffer contains the whole range, without leasing it.
   bool Contains(uintptr_t addr, size_t length, bool need_remote) const;
+
+  // The buffer that starts exactly at `addr`, if any.
+  std::optional<MemoryRegion> Lookup(uintptr_t addr) const;
 
   std::vector<MemoryRegion> List() const;
   size_t size() const;

@@ -24,14 +24,13 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/opcode.h"
 #include "metadata/peer_service.h"
 #include "metadata/proto/metadata.pb.h"
 #include "transport/memory_registry.h"
 #include "transport/segment_view.h"
 
 namespace ferry {
-
-enum class OpCode : uint8_t { kRead = 0, kWrite = 1 };
 
 struct Slice;
 

@@ -1,0 +1,147 @@
+#include "engine/batch_table.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace ferry {
+namespace {
+
+constexpr uint64_t kSlotMask = 0xffffffffu;
+
+BatchId MakeId(uint32_t generation, uint32_t slot) {
+  return (static_cast<uint64_t>(generation) << 32) | (slot + 1);
+}
+
+absl::Status BadId(BatchId id, absl::string_view why) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("batch id 0x", absl::Hex(id), " is ", why));
+}
+
+}  // namespace
+
+void TaskSink::OnSliceDone(Slice* slice, const absl::Status& status) {
+  Task* task = static_cast<EngineSlice*>(slice)->task;
+  Batch* batch = task->batch;
+  if (status.ok()) {
+    task->bytes_done.fetch_add(slice->length, std::memory_order_relaxed);
+  } else {
+    absl::MutexLock lock(&batch->mu);
+    if (task->error.ok()) {
+      task->error = status;
+      task->failed_state = status.code() == absl::StatusCode::kDeadlineExceeded
+                               ? TransferState::kTimeout
+                               : TransferState::kFailed;
+    }
+  }
+  if (task->slices_left.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  // Last slice: the task is done.
+  task->local_lease.Release();
+  absl::MutexLock lock(&batch->mu);
+  task->state.store(task->error.ok() ? TransferState::kCompleted
+                                     : task->failed_state,
+                    std::memory_order_release);
+  task->target.reset();
+  if (++batch->done == batch->tasks.size()) batch->done_cv.SignalAll();
+}
+
+absl::StatusOr<BatchId> BatchTable::Allocate(size_t capacity) {
+  Batch* batch = nullptr;
+  uint32_t slot = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!free_.empty()) {
+      slot = free_.back();
+      free_.pop_back();
+    } else {
+      if (slots_.size() >= kMaxSlots) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            kMaxSlots, " batches are allocated; free some first"));
+      }
+      slot = static_cast<uint32_t>(slots_.size());
+      slots_.push_back(std::make_unique<Batch>());
+    }
+    batch = slots_[slot].get();
+  }
+  absl::MutexLock lock(&batch->mu);
+  batch->in_use = true;
+  batch->capacity = capacity;
+  batch->done = 0;
+  return MakeId(batch->generation, slot);
+}
+
+absl::StatusOr<LockedBatch> BatchTable::LockBatch(BatchId id) {
+  uint64_t slot_plus_one = id & kSlotMask;
+  Batch* batch = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    if (slot_plus_one == 0 || slot_plus_one > slots_.size()) {
+      return BadId(id, "not a batch of this engine");
+    }
+    batch = slots_[slot_plus_one - 1].get();
+  }
+  batch->mu.Lock();
+  if (!batch->in_use || batch->generation != (id >> 32)) {
+    batch->mu.Unlock();
+    return BadId(id, "stale: the batch was freed");
+  }
+  return LockedBatch(batch);
+}
+
+absl::Status BatchTable::Free(BatchId id) {
+  uint32_t slot = 0;
+  {
+    auto batch = LockBatch(id);
+    if (!batch.ok()) return batch.status();
+    if ((*batch)->done != (*batch)->tasks.size()) {
+      size_t in_flight = (*batch)->tasks.size() - (*batch)->done;
+      return absl::FailedPreconditionError(
+        absl::StrCat("batch 0x", absl::Hex(id), " has ", in_flight,
+                     " request(s) in flight; wait for them before freeing"));
+    }
+    (*batch)->in_use = false;
+    // Generation 0 is never issued, so wrap-around skips it.
+    if (++(*batch)->generation == 0) (*batch)->generation = 1;
+    (*batch)->tasks.clear();
+    (*batch)->done = 0;
+    slot = static_cast<uint32_t>((id & kSlotMask) - 1);
+  }
+  absl::MutexLock lock(&mu_);
+  free_.push_back(slot);
+  return absl::OkStatus();
+}
+
+TransferStatus TaskStatusLocked(const Task& task) {
+  TransferStatus st;
+  st.state = task.state.load(std::memory_order_acquire);
+  st.transferred_bytes = task.bytes_done.load(std::memory_order_relaxed);
+  if (st.state == TransferState::kFailed ||
+      st.state == TransferState::kTimeout) {
+    st.error = task.error;
+  }
+  return st;
+}
+
+BatchStatus SummarizeLocked(const Batch& batch) {
+  BatchStatus bs;
+  bs.total = batch.tasks.size();
+  for (const Task& t : batch.tasks) {
+    TransferStatus st = TaskStatusLocked(t);
+    bs.transferred_bytes += st.transferred_bytes;
+    if (st.state == TransferState::kCompleted) {
+      ++bs.completed;
+    } else if (st.state == TransferState::kFailed ||
+               st.state == TransferState::kTimeout) {
+      if (bs.failed++ == 0) {
+        bs.first_error = st.error;
+        bs.state = st.state;
+      }
+    }
+  }
+  if (bs.completed + bs.failed < bs.total) {
+    bs.state = TransferState::kPending;
+  } else if (bs.failed == 0) {
+    bs.state = TransferState::kCompleted;
+  }
+  return bs;
+}
+
+}  // namespace ferry

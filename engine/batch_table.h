@@ -1,0 +1,119 @@
+// Batches and the tasks (requests) inside them, and the table that turns
+// BatchIds into batches safely.
+//
+// A BatchId is (generation << 32) | (slot + 1). Slots are never freed, only
+// reused with a new generation, so a stale or forged id can always be
+// checked against its slot without touching freed memory.
+//
+// Locking: BatchTable::mu_ guards the slot list; each Batch::mu guards that
+// batch. Task counters are atomics written by transport threads.
+#ifndef FERRY_ENGINE_BATCH_TABLE_H_
+#define FERRY_ENGINE_BATCH_TABLE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "engine/transfer_engine.h"
+#include "transport/memory_registry.h"
+#include "transport/segment_view.h"
+#include "transport/transport.h"
+
+namespace ferry {
+
+struct Batch;
+struct Task;
+
+// A Slice that knows its task.
+struct EngineSlice : Slice {
+  Task* task = nullptr;
+};
+
+struct Task {
+  Batch* batch = nullptr;
+  size_t length = 0;
+  std::atomic<uint32_t> slices_left{0};
+  std::atomic<uint64_t> bytes_done{0};
+  std::atomic<TransferState> state{TransferState::kWaiting};
+  // First failure; written once under batch->mu.
+  absl::Status error;
+  TransferState failed_state = TransferState::kFailed;
+  std::vector<EngineSlice> slices;
+  // Keeps the local buffer registered and the target snapshot alive while
+  // slices are in flight; released when the task finishes.
+  MemoryRegistry::Lease local_lease;
+  std::shared_ptr<const SegmentView> target;
+};
+
+struct Batch {
+  absl::Mutex mu;
+  absl::CondVar done_cv;
+  uint32_t generation ABSL_GUARDED_BY(mu) = 1;
+  bool in_use ABSL_GUARDED_BY(mu) = false;
+  size_t capacity ABSL_GUARDED_BY(mu) = 0;
+  // A deque keeps task addresses stable as requests are appended.
+  std::deque<Task> tasks ABSL_GUARDED_BY(mu);
+  size_t done ABSL_GUARDED_BY(mu) = 0;
+};
+
+// Completes slices: accounts bytes, records the first error, finishes the
+// task after its last slice, wakes WaitBatch after the batch's last task.
+class TaskSink final : public SliceSink {
+ public:
+  void OnSliceDone(Slice* slice, const absl::Status& status) override;
+};
+
+// A batch whose mutex is held; unlocks on destruction.
+class LockedBatch {
+ public:
+  explicit LockedBatch(Batch* batch) : batch_(batch) {}
+  LockedBatch(LockedBatch&& other) noexcept : batch_(other.batch_) {
+    other.batch_ = nullptr;
+  }
+  LockedBatch& operator=(LockedBatch&&) = delete;
+  ~LockedBatch() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    if (batch_ != nullptr) batch_->mu.Unlock();
+  }
+  Batch* operator->() const { return batch_; }
+  Batch& operator*() const { return *batch_; }
+
+ private:
+  Batch* batch_;
+};
+
+class BatchTable {
+ public:
+  static constexpr size_t kMaxSlots = 1 << 20;
+
+  // A new batch, or ResourceExhausted when kMaxSlots batches are allocated.
+  absl::StatusOr<BatchId> Allocate(size_t capacity);
+
+  // Locks and returns the batch of `id`, or InvalidArgument (stale, freed
+  // or forged id).
+  absl::StatusOr<LockedBatch> LockBatch(BatchId id)
+      ABSL_NO_THREAD_SAFETY_ANALYSIS;
+
+  // Frees the batch; FailedPrecondition while tasks are in flight.
+  absl::Status Free(BatchId id);
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::unique_ptr<Batch>> slots_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint32_t> free_ ABSL_GUARDED_BY(mu_);
+};
+
+// Summarizes a locked batch.
+BatchStatus SummarizeLocked(const Batch& batch)
+    ABSL_NO_THREAD_SAFETY_ANALYSIS;
+TransferStatus TaskStatusLocked(const Task& task)
+    ABSL_NO_THREAD_SAFETY_ANALYSIS;
+
+}  // namespace ferry
+
+#endif  // FERRY_ENGINE_BATCH_TABLE_H_

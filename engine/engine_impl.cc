@@ -1,0 +1,271 @@
+// EngineImpl: lifecycle, memory registration and notifications.
+#include "engine/engine_impl.h"
+
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "common/socket_util.h"
+#include "metadata/validation.h"
+
+namespace ferry {
+
+EngineImpl::~EngineImpl() { Shutdown(); }
+
+absl::Status EngineImpl::ValidateOptions(const EngineOptions& o) const {
+  if (absl::Status s = metadata::ValidateSegmentName(o.local_segment_name);
+      !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("local_segment_name: ", s.message()));
+  }
+  if (auto hp = ParseHostPort(absl::StrCat(o.listen_host, ":0")); !hp.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("listen_host: ", hp.status().message()));
+  }
+  if (o.metadata_endpoint != "embedded") {
+    if (auto hp = ParseHostPort(o.metadata_endpoint); !hp.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "metadata_endpoint must be \"embedded\" or host:port: ",
+          hp.status().message()));
+    }
+  }
+  if (o.transports.empty()) {
+    return absl::InvalidArgumentError("no transport requested");
+  }
+  absl::flat_hash_set<std::string> seen;
+  for (const std::string& t : o.transports) {
+    if (!seen.insert(t).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("transport '", t, "' listed twice"));
+    }
+  }
+  if (o.rpc_timeout <= absl::ZeroDuration() ||
+      o.transfer_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("timeouts must be positive");
+  }
+  if (o.max_batch_capacity == 0) {
+    return absl::InvalidArgumentError("max_batch_capacity must be positive");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EngineImpl::Init(const EngineOptions& options) {
+  if (initialized_) {
+    return absl::AlreadyExistsError("engine is already initialized");
+  }
+  if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
+  options_ = options;
+  absl::BitGen gen;
+  incarnation_ = absl::Uniform<uint64_t>(gen, 1, ~uint64_t{0});
+
+  std::vector<grpc::Service*> services = {&peer_service_};
+  const bool embedded = options.metadata_endpoint == "embedded";
+  if (embedded) services.push_back(&metadata_service_);
+  auto server = metadata::RpcServer::Start(
+      absl::StrCat(options.listen_host, ":", options.rpc_port), services);
+  if (!server.ok()) return server.status();
+  rpc_server_ = std::move(*server);
+
+  const std::string metadata_addr =
+      embedded ? rpc_server_->address() : options.metadata_endpoint;
+  metadata_ = std::make_unique<metadata::MetadataClient>(metadata_addr,
+                                                         options.rpc_timeout);
+  peer_client_ = std::make_unique<metadata::PeerClient>(options.rpc_timeout);
+  segments_ = std::make_unique<SegmentCache>(
+      metadata_.get(), static_cast<uint16_t>(incarnation_ & 0xffff));
+  peer_service_.SetNotifyHandler(
+      [this](const std::string& from, const std::string& name,
+             const std::string& message) {
+        return OnNotify(from, name, message);
+      });
+
+  metadata::SegmentDescriptor desc;
+  desc.set_name(options.local_segment_name);
+  desc.set_incarnation(incarnation_);
+  desc.set_rpc_address(rpc_server_->address());
+
+  TransportOptions topts;
+  topts.tcp_connections_per_peer = options.tcp_connections_per_peer;
+  topts.tcp_max_slice_bytes = options.tcp_max_slice_bytes;
+  topts.connect_timeout = options.rpc_timeout;
+  TransportEnv env;
+  env.local_segment = options.local_segment_name;
+  env.listen_host = options.listen_host;
+  env.peer_service = &peer_service_;
+  env.peer_client = peer_client_.get();
+  for (const std::string& name : options.transports) {
+    auto transport = CreateTransport(name, topts);
+    absl::Status s = transport.status();
+    metadata::TransportEndpoint* ep = desc.add_transports();
+    ep->set_transport(name);
+    if (s.ok()) s = (*transport)->Install(env, ep);
+    if (!s.ok()) {
+      ReleaseAll();
+      return absl::Status(s.code(), absl::StrCat("installing transport '",
+                                                 name, "': ", s.message()));
+    }
+    transports_.push_back(std::move(*transport));
+  }
+
+  if (auto v = metadata_->PutSegment(desc); !v.ok()) {
+    absl::Status s = v.status();
+    ReleaseAll();
+    return absl::Status(
+        s.code(), absl::StrCat("cannot publish segment '",
+                               options.local_segment_name,
+                               "' to the metadata service at ", metadata_addr,
+                               ": ", s.message()));
+  }
+  initialized_ = true;
+  return absl::OkStatus();
+}
+
+void EngineImpl::ReleaseAll() {
+  for (auto& t : transports_) t->Shutdown();
+  transports_.clear();
+  if (rpc_server_ != nullptr) rpc_server_->Shutdown();
+  rpc_server_.reset();
+}
+
+void EngineImpl::Shutdown() {
+  if (!initialized_) return;
+  initialized_ = false;
+  // Best effort: a stopped metadata service must not stall shutdown long.
+  metadata_->RemoveSegment(options_.local_segment_name, incarnation_)
+      .IgnoreError();
+  ReleaseAll();
+}
+
+std::string EngineImpl::metadata_address() const {
+  return metadata_ != nullptr ? metadata_->address() : "";
+}
+
+absl::Status EngineImpl::RegisterLocalMemory(void* addr, size_t length,
+                                             const std::string& location,
+                                             bool remote_accessible) {
+  if (!initialized_) return absl::FailedPreconditionError("engine not initialized");
+  MemoryRegion region;
+  region.addr = reinterpret_cast<uintptr_t>(addr);
+  region.length = length;
+  region.location = location.empty() ? "*" : location;
+  region.remote_accessible = remote_accessible;
+  if (region.location.size() > metadata::kMaxLocationBytes) {
+    return absl::InvalidArgumentError("location is too long");
+  }
+  absl::MutexLock lock(&register_mu_);
+  if (absl::Status s = local_memory_.Add(region); !s.ok()) return s;
+  metadata::Buffer published;
+  published.set_addr(region.addr);
+  published.set_length(region.length);
+  published.set_location(region.location);
+  size_t done = 0;
+  absl::Status s;
+  for (; done < transports_.size(); ++done) {
+    s = transports_[done]->RegisterMemory(region, &published);
+    if (!s.ok()) break;
+  }
+  if (s.ok() && remote_accessible) {
+    metadata::UpdateBuffersRequest req;
+    req.set_name(options_.local_segment_name);
+    req.set_incarnation(incarnation_);
+    *req.add_add() = published;
+    s = metadata_->UpdateBuffers(req).status();
+  }
+  if (!s.ok()) {
+    // Roll back so that a failed registration leaves nothing behind.
+    for (size_t i = 0; i < done; ++i) {
+      transports_[i]->UnregisterMemory(region.addr).IgnoreError();
+    }
+    local_memory_.Remove(region.addr, absl::ZeroDuration()).IgnoreError();
+    return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EngineImpl::UnregisterLocalMemory(void* addr) {
+  if (!initialized_) return absl::FailedPreconditionError("engine not initialized");
+  const uintptr_t a = reinterpret_cast<uintptr_t>(addr);
+  absl::MutexLock lock(&register_mu_);
+  std::optional<MemoryRegion> region = local_memory_.Lookup(a);
+  if (!region.has_value()) {
+    return absl::NotFoundError(
+        absl::StrCat("no registered buffer starts at 0x", absl::Hex(a)));
+  }
+  // First stop this engine's own use (waits for its in-flight requests)...
+  if (absl::Status s = local_memory_.Remove(a, options_.transfer_timeout);
+      !s.ok()) {
+    return s;
+  }
+  // ...then peers' (each transport waits for accesses in progress)...
+  absl::Status result;
+  for (auto& t : transports_) {
+    absl::Status s = t->UnregisterMemory(a);
+    if (!s.ok() && result.ok()) result = s;
+  }
+  // ...then stop advertising it.
+  if (region->remote_accessible) {
+    metadata::UpdateBuffersRequest req;
+    req.set_name(options_.local_segment_name);
+    req.set_incarnation(incarnation_);
+    req.add_remove_addrs(a);
+    absl::Status s = metadata_->UpdateBuffers(req).status();
+    if (!s.ok() && result.ok()) {
+      result = absl::Status(
+          s.code(), absl::StrCat("buffer unregistered locally, but the "
+                                 "metadata update failed: ",
+                                 s.message()));
+    }
+  }
+  return result;
+}
+
+absl::StatusOr<SegmentHandle> EngineImpl::OpenSegment(const std::string& name) {
+  if (!initialized_) return absl::FailedPreconditionError("engine not initialized");
+  return segments_->Open(name);
+}
+
+absl::Status EngineImpl::RefreshSegment(SegmentHandle handle) {
+  if (!initialized_) return absl::FailedPreconditionError("engine not initialized");
+  return segments_->Refresh(handle).status();
+}
+
+absl::Status EngineImpl::SendNotification(SegmentHandle target,
+                                          const std::string& name,
+                                          const std::string& message) {
+  if (!initialized_) return absl::FailedPreconditionError("engine not initialized");
+  auto view = segments_->Get(target);
+  if (!view.ok()) return view.status();
+  if (name.size() > metadata::kMaxNotifyNameBytes ||
+      message.size() > metadata::kMaxNotifyMessageBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "notification name or message too large (limits ",
+        metadata::kMaxNotifyNameBytes, " and ",
+        metadata::kMaxNotifyMessageBytes, " bytes)"));
+  }
+  return peer_client_->Notify((*view)->descriptor().rpc_address(),
+                              options_.local_segment_name, name, message);
+}
+
+absl::Status EngineImpl::OnNotify(const std::string& from,
+                                  const std::string& name,
+                                  const std::string& message) {
+  absl::MutexLock lock(&notify_mu_);
+  if (notifications_.size() >= kMaxQueuedNotifications) {
+    return absl::ResourceExhaustedError(
+        "receiver's notification queue is full");
+  }
+  notifications_.push_back({from, name, message});
+  return absl::OkStatus();
+}
+
+std::vector<Notification> EngineImpl::GetNotifications() {
+  absl::MutexLock lock(&notify_mu_);
+  std::vector<Notification> out(
+      std::make_move_iterator(notifications_.begin()),
+      std::make_move_iterator(notifications_.end()));
+  notifications_.clear();
+  return out;
+}
+
+}  // namespace ferry

@@ -1,0 +1,108 @@
+// EngineImpl: the implementation behind TransferEngine, split by concern:
+// engine_impl.cc (lifecycle, memory registration, notifications) and
+// engine_submit.cc (submission, slicing, status). Thread-safety as in
+// transfer_engine.h.
+#ifndef FERRY_ENGINE_ENGINE_IMPL_H_
+#define FERRY_ENGINE_ENGINE_IMPL_H_
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "engine/batch_table.h"
+#include "engine/segment_cache.h"
+#include "engine/transfer_engine.h"
+#include "metadata/metadata_client.h"
+#include "metadata/metadata_service.h"
+#include "metadata/peer_service.h"
+#include "metadata/rpc_server.h"
+#include "transport/memory_registry.h"
+#include "transport/transport.h"
+
+namespace ferry {
+
+class EngineImpl {
+ public:
+  // Received notifications beyond this are refused to the sender.
+  static constexpr size_t kMaxQueuedNotifications = 1 << 16;
+
+  EngineImpl() = default;
+  ~EngineImpl();
+
+  absl::Status Init(const EngineOptions& options);
+  void Shutdown();
+
+  const EngineOptions& options() const { return options_; }
+  std::string metadata_address() const;
+
+  absl::Status RegisterLocalMemory(void* addr, size_t length,
+                                   const std::string& location,
+                                   bool remote_accessible);
+  absl::Status UnregisterLocalMemory(void* addr);
+
+  absl::StatusOr<SegmentHandle> OpenSegment(const std::string& name);
+  absl::Status RefreshSegment(SegmentHandle handle);
+
+  absl::StatusOr<BatchId> AllocateBatch(size_t capacity);
+  absl::Status SubmitTransfer(BatchId batch,
+                              absl::Span<const TransferRequest> requests);
+  absl::StatusOr<TransferStatus> GetTransferStatus(BatchId batch,
+                                                   size_t index);
+  absl::StatusOr<BatchStatus> GetBatchStatus(BatchId batch);
+  absl::StatusOr<BatchStatus> WaitBatch(BatchId batch,
+                                        absl::Duration timeout);
+  absl::Status FreeBatch(BatchId batch);
+
+  absl::Status SendNotification(SegmentHandle target, const std::string& name,
+                                const std::string& message);
+  std::vector<Notification> GetNotifications();
+
+ private:
+  // One request after validation, ready to become a task.
+  struct Prepared {
+    const TransferRequest* request;
+    MemoryRegistry::Lease lease;
+    std::shared_ptr<const SegmentView> target;
+    size_t transport;  // Index into transports_.
+  };
+
+  absl::Status ValidateOptions(const EngineOptions& options) const;
+  absl::Status Prepare(size_t index, const TransferRequest& request,
+                       Prepared* out);
+  absl::Status OnNotify(const std::string& from, const std::string& name,
+                        const std::string& message);
+  void ReleaseAll();
+
+  EngineOptions options_;
+  std::atomic<bool> initialized_{false};
+  uint64_t incarnation_ = 0;
+
+  metadata::MetadataServiceImpl metadata_service_;
+  metadata::PeerServiceImpl peer_service_;
+  std::unique_ptr<metadata::RpcServer> rpc_server_;
+  std::unique_ptr<metadata::MetadataClient> metadata_;
+  std::unique_ptr<metadata::PeerClient> peer_client_;
+  std::vector<std::unique_ptr<Transport>> transports_;
+  std::unique_ptr<SegmentCache> segments_;
+
+  MemoryRegistry local_memory_;
+  // Serializes registration so local registry, transports and the published
+  // descriptor change together.
+  absl::Mutex register_mu_;
+
+  TaskSink sink_;
+  BatchTable batches_;
+
+  absl::Mutex notify_mu_;
+  std::deque<Notification> notifications_ ABSL_GUARDED_BY(notify_mu_);
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_ENGINE_ENGINE_IMPL_H_

@@ -1,0 +1,79 @@
+#include "engine/segment_cache.h"
+
+#include "absl/strings/str_cat.h"
+#include "metadata/validation.h"
+
+namespace ferry {
+
+absl::StatusOr<std::shared_ptr<const SegmentView>> SegmentCache::Fetch(
+    const std::string& name) {
+  auto desc = client_->GetSegment(name);
+  if (!desc.ok()) return desc.status();
+  return SegmentView::Create(std::move(*desc));
+}
+
+absl::StatusOr<SegmentHandle> SegmentCache::Open(const std::string& name) {
+  if (absl::Status s = metadata::ValidateSegmentName(name); !s.ok()) return s;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = by_name_.find(name);
+    if (it != by_name_.end()) return it->second;
+  }
+  // Fetch without the lock: a slow metadata server must not block lookups
+  // of segments that are already open.
+  auto view = Fetch(name);
+  if (!view.ok()) return view.status();
+  absl::MutexLock lock(&mu_);
+  auto it = by_name_.find(name);
+  if (it != by_name_.end()) return it->second;  // Lost a race; same result.
+  SegmentHandle handle =
+      (static_cast<uint64_t>(tag_) << 48) | (entries_.size() + 1);
+  entries_.push_back({name, std::move(*view)});
+  by_name_[name] = handle;
+  return handle;
+}
+
+absl::StatusOr<size_t> SegmentCache::IndexOf(SegmentHandle handle) const {
+  uint64_t index_plus_one = handle & ((uint64_t{1} << 48) - 1);
+  if ((handle >> 48) != tag_ || index_plus_one == 0 ||
+      index_plus_one > entries_.size()) {
+    return absl::NotFoundError(absl::StrCat(
+        "segment handle 0x", absl::Hex(handle),
+        " was not returned by OpenSegment of this engine"));
+  }
+  return index_plus_one - 1;
+}
+
+absl::StatusOr<std::shared_ptr<const SegmentView>> SegmentCache::Get(
+    SegmentHandle handle) const {
+  absl::MutexLock lock(&mu_);
+  auto index = IndexOf(handle);
+  if (!index.ok()) return index.status();
+  return entries_[*index].view;
+}
+
+absl::StatusOr<std::shared_ptr<const SegmentView>> SegmentCache::Refresh(
+    SegmentHandle handle) {
+  std::string name;
+  {
+    absl::MutexLock lock(&mu_);
+    auto index = IndexOf(handle);
+    if (!index.ok()) return index.status();
+    name = entries_[*index].name;
+  }
+  auto view = Fetch(name);
+  if (!view.ok()) return view.status();
+  absl::MutexLock lock(&mu_);
+  auto index = IndexOf(handle);
+  if (!index.ok()) return index.status();
+  // Keep the newer snapshot if a concurrent refresh got one (versions only
+  // compare within one incarnation of the peer and of the server).
+  const auto& old = entries_[*index].view;
+  if (old->incarnation() != (*view)->incarnation() ||
+      old->version() <= (*view)->version()) {
+    entries_[*index].view = *view;
+  }
+  return entries_[*index].view;
+}
+
+}  // namespace ferry

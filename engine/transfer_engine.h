@@ -1,0 +1,204 @@
+// ferry::TransferEngine: moves bytes between registered memory segments of
+// engines on many hosts. The API mirrors Mooncake Transfer Engine's
+// (init / registerLocalMemory / openSegment / allocateBatchID /
+// submitTransfer / getTransferStatus / freeBatchID) so that code and
+// tutorials map one to one, with these differences:
+//   - every call returns absl::Status / absl::StatusOr, never throws;
+//   - batch ids and segment handles are validated values, not pointers: a
+//     freed, stale or forged id is an error, never undefined behaviour;
+//   - WaitBatch blocks on a condition variable instead of spinning;
+//   - a WRITE completes only after the target has applied it.
+//
+// Thread-safety: after Init returns, every method may be called from any
+// thread concurrently. Init and Shutdown must not race with other calls.
+#ifndef FERRY_ENGINE_TRANSFER_ENGINE_H_
+#define FERRY_ENGINE_TRANSFER_ENGINE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/opcode.h"
+
+namespace ferry {
+
+// A batch of transfer requests: allocated, filled by SubmitTransfer, polled
+// or waited on, freed. Encodes a slot and a generation.
+using BatchId = uint64_t;
+// An opened remote (or local) segment. Valid for the engine's lifetime.
+using SegmentHandle = uint64_t;
+
+struct EngineOptions {
+  // This engine's segment name, unique among the engines sharing a metadata
+  // service. Printable ASCII, no spaces, at most 256 bytes.
+  std::string local_segment_name;
+  // "embedded": run the metadata service inside this engine (other engines
+  // then use metadata_address() of this one); "host:port": use a running
+  // service (another engine's embedded one, or tools/metadata_server).
+  std::string metadata_endpoint = "embedded";
+  // IPv4 address the engine's listeners bind to and advertise to peers.
+  std::string listen_host = "127.0.0.1";
+  // Port of the engine's gRPC server (peer service, embedded metadata).
+  // 0 picks a free port.
+  uint16_t rpc_port = 0;
+  // Transports to install, in order of preference; a request uses the first
+  // one that the target segment also serves.
+  std::vector<std::string> transports = {"tcp"};
+  // Deadline of every metadata and peer RPC.
+  absl::Duration rpc_timeout = absl::Seconds(3);
+  // A request not completed this long after submission ends in TIMEOUT.
+  absl::Duration transfer_timeout = absl::Seconds(30);
+  // TCP transport: connections per peer, largest slice.
+  int tcp_connections_per_peer = 2;
+  size_t tcp_max_slice_bytes = 4 << 20;
+  // Upper bound of AllocateBatch capacity.
+  size_t max_batch_capacity = 1 << 16;
+};
+
+struct TransferRequest {
+  OpCode opcode = OpCode::kRead;
+  // Local memory: the source of a WRITE, the destination of a READ. Must lie
+  // inside one buffer registered with RegisterLocalMemory.
+  void* source = nullptr;
+  SegmentHandle target_id = 0;
+  // The remote virtual address (as in Mooncake TE), inside one buffer the
+  // target registered as remote-accessible.
+  uint64_t target_offset = 0;
+  size_t length = 0;
+};
+
+enum class TransferState {
+  kWaiting,    // Accepted, not yet handed to a transport.
+  kPending,    // In flight.
+  kCompleted,  // Every byte moved (a WRITE: applied at the target).
+  kFailed,     // See TransferStatus::error.
+  kTimeout,    // Not done within EngineOptions::transfer_timeout.
+};
+
+const char* TransferStateName(TransferState state);
+
+struct TransferStatus {
+  TransferState state = TransferState::kWaiting;
+  // Bytes of this request moved so far.
+  uint64_t transferred_bytes = 0;
+  // Why the request failed or timed out; OK otherwise.
+  absl::Status error;
+};
+
+struct BatchStatus {
+  // kCompleted if every request completed; kFailed/kTimeout if any failed
+  // (the first failure's state) and all are done; kPending otherwise.
+  TransferState state = TransferState::kWaiting;
+  size_t total = 0;
+  size_t completed = 0;
+  size_t failed = 0;
+  uint64_t transferred_bytes = 0;
+  absl::Status first_error;
+};
+
+struct Notification {
+  std::string from_segment;
+  std::string name;
+  std::string message;
+};
+
+class EngineImpl;
+
+class TransferEngine {
+ public:
+  TransferEngine();
+  // Calls Shutdown().
+  ~TransferEngine();
+  TransferEngine(const TransferEngine&) = delete;
+  TransferEngine& operator=(const TransferEngine&) = delete;
+
+  // Starts the engine: gRPC server (peer service, and the metadata service
+  // if embedded), transports, and publishes this segment. Fails with
+  // InvalidArgument for bad options, Unavailable/DeadlineExceeded if the
+  // metadata service cannot be reached within rpc_timeout, AlreadyExists if
+  // called twice. On failure the engine holds no resources and Init may be
+  // retried.
+  absl::Status Init(const EngineOptions& options);
+
+  // Removes this segment from the metadata service, stops transports and
+  // servers. Requests still in flight end FAILED. Idempotent.
+  void Shutdown();
+
+  // "host:port" of this engine's gRPC server; with an embedded metadata
+  // service this is what other engines pass as metadata_endpoint.
+  std::string metadata_address() const;
+  const std::string& local_segment_name() const;
+
+  // Registers [addr, addr + length) with every transport. `location` is
+  // "cpu:N", "cuda:N" or "*". A remote-accessible buffer is published so
+  // peers can READ and WRITE it. InvalidArgument for a null address, zero
+  // length or wrap-around; AlreadyExists if it overlaps a registered buffer.
+  absl::Status RegisterLocalMemory(void* addr, size_t length,
+                                   const std::string& location = "*",
+                                   bool remote_accessible = true);
+
+  // Unregisters the buffer that starts at `addr`. Waits (up to
+  // transfer_timeout) for this engine's requests that use it, then gives up
+  // with FailedPrecondition and leaves it registered. NotFound if no buffer
+  // starts at `addr`.
+  absl::Status UnregisterLocalMemory(void* addr);
+
+  // Returns a handle for the named segment, fetching and caching its
+  // descriptor. NotFound if no engine published that name. Opening the same
+  // name twice returns the same handle.
+  absl::StatusOr<SegmentHandle> OpenSegment(const std::string& name);
+
+  // Fetches the segment's descriptor again (e.g. after the peer registered
+  // more memory). Requests already submitted keep the snapshot they used.
+  absl::Status RefreshSegment(SegmentHandle handle);
+
+  // Allocates a batch for up to `capacity` requests (1..max_batch_capacity).
+  absl::StatusOr<BatchId> AllocateBatch(size_t capacity);
+
+  // Submits `requests` to the batch; may be called several times until the
+  // batch's capacity is used. All requests are validated first: on any error
+  // (named with the request's index) none is submitted. Errors:
+  // InvalidArgument for a bad batch id, zero length, a local range not inside
+  // registered memory, a remote range outside the target's remote-accessible
+  // buffers, or more requests than the remaining capacity; NotFound for an
+  // unknown segment handle; FailedPrecondition if no installed transport
+  // reaches the target.
+  absl::Status SubmitTransfer(BatchId batch,
+                              absl::Span<const TransferRequest> requests);
+
+  // Status of request `index` (in submission order) of the batch.
+  absl::StatusOr<TransferStatus> GetTransferStatus(BatchId batch,
+                                                   size_t index);
+  absl::StatusOr<BatchStatus> GetBatchStatus(BatchId batch);
+
+  // Blocks (without spinning) until every submitted request of the batch is
+  // done or `timeout` passes. Returns the batch status; DeadlineExceeded if
+  // the wait timed out (the requests continue).
+  absl::StatusOr<BatchStatus> WaitBatch(BatchId batch, absl::Duration timeout);
+
+  // Frees the batch. FailedPrecondition while requests are in flight (the
+  // batch stays valid); InvalidArgument for a freed, stale or forged id.
+  absl::Status FreeBatch(BatchId batch);
+
+  // Sends a short message (name up to 256 bytes, message up to 64 KiB) to
+  // the engine owning `target`. Delivered in order per sender; typically
+  // sent after WaitBatch to tell the peer its data is in place.
+  absl::Status SendNotification(SegmentHandle target, const std::string& name,
+                                const std::string& message);
+
+  // Removes and returns the notifications received so far (oldest first).
+  std::vector<Notification> GetNotifications();
+
+ private:
+  std::unique_ptr<EngineImpl> impl_;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_ENGINE_TRANSFER_ENGINE_H_

@@ -1,0 +1,297 @@
+// Two real engines in one process over loopback TCP: engine A embeds the
+// metadata service, engine B uses it.
+#include "engine/transfer_engine.h"
+
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "common/socket_util.h"
+#include "gtest/gtest.h"
+#include "metadata/metadata_client.h"
+
+namespace ferry {
+namespace {
+
+class EngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    EngineOptions a;
+    a.local_segment_name = "a";
+    ASSERT_TRUE(a_.Init(a).ok());
+    EngineOptions b;
+    b.local_segment_name = "b";
+    b.metadata_endpoint = a_.metadata_address();
+    b.transfer_timeout = absl::Seconds(2);
+    ASSERT_TRUE(b_.Init(b).ok());
+    remote_.assign(1 << 20, 0);
+    local_.assign(1 << 20, 0);
+    ASSERT_TRUE(a_.RegisterLocalMemory(remote_.data(), remote_.size(), "cpu:0",
+                                       true)
+                    .ok());
+    ASSERT_TRUE(b_.RegisterLocalMemory(local_.data(), local_.size()).ok());
+    auto seg = b_.OpenSegment("a");
+    ASSERT_TRUE(seg.ok()) << seg.status();
+    seg_ = *seg;
+  }
+
+  uint64_t R(size_t off) const {
+    return reinterpret_cast<uint64_t>(remote_.data()) + off;
+  }
+
+  TransferRequest Req(OpCode op, size_t local_off, size_t remote_off,
+                      size_t len) {
+    TransferRequest r;
+    r.opcode = op;
+    r.source = local_.data() + local_off;
+    r.target_id = seg_;
+    r.target_offset = R(remote_off);
+    r.length = len;
+    return r;
+  }
+
+  BatchStatus Run(std::vector<TransferRequest> reqs) {
+    auto batch = b_.AllocateBatch(reqs.size());
+    EXPECT_TRUE(batch.ok());
+    EXPECT_TRUE(b_.SubmitTransfer(*batch, reqs).ok());
+    auto st = b_.WaitBatch(*batch, absl::Seconds(20));
+    EXPECT_TRUE(st.ok()) << st.status();
+    EXPECT_TRUE(b_.FreeBatch(*batch).ok());
+    return *st;
+  }
+
+  TransferEngine a_, b_;
+  std::vector<uint8_t> remote_, local_;
+  SegmentHandle seg_ = 0;
+};
+
+TEST_F(EngineTest, WriteAndReadManyRequests) {
+  for (size_t i = 0; i < local_.size(); ++i) local_[i] = (i * 7 + 3) & 0xff;
+  std::vector<TransferRequest> w;
+  for (size_t i = 0; i < 16; ++i) {
+    w.push_back(Req(OpCode::kWrite, i * 65536, i * 65536, 65536));
+  }
+  BatchStatus st = Run(w);
+  EXPECT_EQ(st.state, TransferState::kCompleted) << st.first_error;
+  EXPECT_EQ(st.completed, 16u);
+  EXPECT_EQ(st.transferred_bytes, local_.size());
+  EXPECT_EQ(remote_, local_);
+  // READ back into a zeroed local buffer, in one request of 1 MiB.
+  std::vector<uint8_t> expect = local_;
+  std::fill(local_.begin(), local_.end(), 0);
+  st = Run({Req(OpCode::kRead, 0, 0, local_.size())});
+  EXPECT_EQ(st.state, TransferState::kCompleted) << st.first_error;
+  EXPECT_EQ(local_, expect);
+}
+
+TEST_F(EngineTest, PerRequestStatus) {
+  auto batch = b_.AllocateBatch(2);
+  ASSERT_TRUE(batch.ok());
+  ASSERT_TRUE(
+      b_.SubmitTransfer(*batch, {Req(OpCode::kWrite, 0, 0, 100)}).ok());
+  ASSERT_TRUE(b_.WaitBatch(*batch, absl::Seconds(10)).ok());
+  auto t = b_.GetTransferStatus(*batch, 0);
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->state, TransferState::kCompleted);
+  EXPECT_EQ(t->transferred_bytes, 100u);
+  EXPECT_EQ(b_.GetTransferStatus(*batch, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // A second submission to the same batch, up to its capacity.
+  ASSERT_TRUE(b_.SubmitTransfer(*batch, {Req(OpCode::kRead, 0, 0, 10)}).ok());
+  EXPECT_EQ(b_.SubmitTransfer(*batch, {Req(OpCode::kRead, 0, 0, 10)}).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(b_.WaitBatch(*batch, absl::Seconds(10)).ok());
+  EXPECT_TRUE(b_.FreeBatch(*batch).ok());
+}
+
+TEST_F(EngineTest, BadRequestsAreRejectedWithReasons) {
+  auto batch = b_.AllocateBatch(4);
+  ASSERT_TRUE(batch.ok());
+  std::vector<uint8_t> unregistered(64);
+  TransferRequest r = Req(OpCode::kWrite, 0, 0, 64);
+  r.source = unregistered.data();
+  absl::Status s = b_.SubmitTransfer(*batch, {r});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("local source"), std::string::npos) << s;
+
+  r = Req(OpCode::kWrite, 0, remote_.size() - 10, 64);
+  s = b_.SubmitTransfer(*batch, {Req(OpCode::kRead, 0, 0, 8), r});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("request 1: remote range"), std::string::npos)
+      << s;
+
+  r = Req(OpCode::kRead, 0, 0, 0);
+  EXPECT_EQ(b_.SubmitTransfer(*batch, {r}).code(),
+            absl::StatusCode::kInvalidArgument);
+
+  r = Req(OpCode::kRead, 0, 0, 8);
+  r.target_id = 12345;
+  EXPECT_EQ(b_.SubmitTransfer(*batch, {r}).code(), absl::StatusCode::kNotFound);
+
+  std::vector<TransferRequest> five(5, Req(OpCode::kRead, 0, 0, 8));
+  s = b_.SubmitTransfer(*batch, five);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("capacity"), std::string::npos) << s;
+
+  // None of the rejected submissions left a request behind.
+  auto st = b_.GetBatchStatus(*batch);
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->total, 0u);
+  EXPECT_TRUE(b_.FreeBatch(*batch).ok());
+}
+
+TEST_F(EngineTest, BatchIdsAreValidated) {
+  auto batch = b_.AllocateBatch(1);
+  ASSERT_TRUE(batch.ok());
+  ASSERT_TRUE(b_.FreeBatch(*batch).ok());
+  EXPECT_EQ(b_.FreeBatch(*batch).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b_.GetBatchStatus(*batch).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b_.SubmitTransfer(*batch, {Req(OpCode::kRead, 0, 0, 8)}).code(),
+            absl::StatusCode::kInvalidArgument);
+  // The slot is reused with a new generation; the old id stays invalid.
+  auto again = b_.AllocateBatch(1);
+  ASSERT_TRUE(again.ok());
+  EXPECT_NE(*again, *batch);
+  EXPECT_EQ(b_.FreeBatch(*batch).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(b_.FreeBatch(*again).ok());
+  for (BatchId forged : {BatchId{0}, BatchId{~0ull}, BatchId{0x100000007}}) {
+    EXPECT_EQ(b_.FreeBatch(forged).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_FALSE(b_.WaitBatch(forged, absl::Milliseconds(1)).ok());
+  }
+  EXPECT_EQ(b_.AllocateBatch(0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(EngineTest, RegistrationRules) {
+  std::vector<uint8_t> buf(4096);
+  EXPECT_EQ(b_.RegisterLocalMemory(nullptr, 10).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b_.RegisterLocalMemory(buf.data(), 0).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b_.RegisterLocalMemory(local_.data() + 100, 10).code(),
+            absl::StatusCode::kAlreadyExists);
+  ASSERT_TRUE(b_.RegisterLocalMemory(buf.data(), buf.size()).ok());
+  EXPECT_EQ(b_.UnregisterLocalMemory(buf.data() + 1).code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_TRUE(b_.UnregisterLocalMemory(buf.data()).ok());
+  EXPECT_EQ(b_.UnregisterLocalMemory(buf.data()).code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(EngineTest, NewRemoteBufferIsFoundWithoutManualRefresh) {
+  std::vector<uint8_t> extra(4096, 0x11);
+  ASSERT_TRUE(a_.RegisterLocalMemory(extra.data(), extra.size()).ok());
+  TransferRequest r = Req(OpCode::kRead, 0, 0, extra.size());
+  r.target_offset = reinterpret_cast<uint64_t>(extra.data());
+  BatchStatus st = Run({r});
+  EXPECT_EQ(st.state, TransferState::kCompleted) << st.first_error;
+  EXPECT_EQ(local_[0], 0x11);
+}
+
+TEST_F(EngineTest, TargetRejectsUnregisteredBufferEvenWithStaleDescriptor) {
+  std::vector<uint8_t> extra(4096, 0);
+  ASSERT_TRUE(a_.RegisterLocalMemory(extra.data(), extra.size()).ok());
+  ASSERT_TRUE(b_.RefreshSegment(seg_).ok());  // b caches the buffer...
+  ASSERT_TRUE(a_.UnregisterLocalMemory(extra.data()).ok());  // ...a drops it.
+  std::fill(local_.begin(), local_.begin() + 4096, 0x77);
+  TransferRequest r = Req(OpCode::kWrite, 0, 0, extra.size());
+  r.target_offset = reinterpret_cast<uint64_t>(extra.data());
+  BatchStatus st = Run({r});
+  EXPECT_EQ(st.state, TransferState::kFailed);
+  EXPECT_EQ(st.first_error.code(), absl::StatusCode::kInvalidArgument)
+      << st.first_error;
+  for (uint8_t c : extra) ASSERT_EQ(c, 0);
+}
+
+TEST_F(EngineTest, Notifications) {
+  auto self = a_.OpenSegment("b");
+  ASSERT_TRUE(self.ok());
+  ASSERT_TRUE(b_.SendNotification(seg_, "kv-ready", "layer=3").ok());
+  ASSERT_TRUE(b_.SendNotification(seg_, "kv-ready", "layer=4").ok());
+  auto got = a_.GetNotifications();
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].from_segment, "b");
+  EXPECT_EQ(got[0].message, "layer=3");
+  EXPECT_EQ(got[1].message, "layer=4");
+  EXPECT_TRUE(a_.GetNotifications().empty());
+  EXPECT_EQ(b_.SendNotification(seg_, "x", std::string(1 << 17, 'x')).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(EngineTest, UnknownSegment) {
+  EXPECT_EQ(b_.OpenSegment("nobody").status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(b_.OpenSegment("").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(EngineTest, SilentPeerTimesOutAndBatchCannotBeFreedMeanwhile) {
+  // A segment whose TCP endpoint accepts connections and never answers.
+  uint16_t port = 0;
+  auto listener = ListenTcp("127.0.0.1", 0, &port);
+  ASSERT_TRUE(listener.ok());
+  metadata::SegmentDescriptor d;
+  d.set_name("silent");
+  d.set_incarnation(1);
+  auto* t = d.add_transports();
+  t->set_transport("tcp");
+  t->set_address("127.0.0.1:" + std::to_string(port));
+  auto* buf = d.add_buffers();
+  buf->set_addr(0x10000);
+  buf->set_length(0x10000);
+  metadata::MetadataClient md(a_.metadata_address(), absl::Seconds(3));
+  ASSERT_TRUE(md.PutSegment(d).ok());
+  auto silent = b_.OpenSegment("silent");
+  ASSERT_TRUE(silent.ok());
+  TransferRequest r = Req(OpCode::kRead, 0, 0, 64);
+  r.target_id = *silent;
+  r.target_offset = 0x10000;
+  auto batch = b_.AllocateBatch(1);
+  ASSERT_TRUE(b_.SubmitTransfer(*batch, {r}).ok());
+  absl::Status free_status = b_.FreeBatch(*batch);
+  EXPECT_EQ(free_status.code(), absl::StatusCode::kFailedPrecondition)
+      << free_status;
+  EXPECT_EQ(b_.WaitBatch(*batch, absl::Milliseconds(100)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  auto st = b_.WaitBatch(*batch, absl::Seconds(10));  // transfer_timeout 2 s.
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->state, TransferState::kTimeout) << st->first_error;
+  auto ts = b_.GetTransferStatus(*batch, 0);
+  EXPECT_EQ(ts->state, TransferState::kTimeout);
+  EXPECT_EQ(ts->error.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(b_.FreeBatch(*batch).ok());
+}
+
+TEST(EngineInitTest, UnreachableMetadataFailsFastWithClearError) {
+  TransferEngine e;
+  EngineOptions o;
+  o.local_segment_name = "lonely";
+  o.metadata_endpoint = "127.0.0.1:1";
+  o.rpc_timeout = absl::Seconds(2);
+  absl::Time start = absl::Now();
+  absl::Status s = e.Init(o);
+  EXPECT_TRUE(s.code() == absl::StatusCode::kUnavailable ||
+              s.code() == absl::StatusCode::kDeadlineExceeded)
+      << s;
+  EXPECT_NE(s.message().find("127.0.0.1:1"), std::string::npos) << s;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+TEST(EngineInitTest, BadOptions) {
+  TransferEngine e;
+  EngineOptions o;
+  EXPECT_EQ(e.Init(o).code(), absl::StatusCode::kInvalidArgument);  // No name.
+  o.local_segment_name = "x";
+  o.transports = {"carrier-pigeon"};
+  EXPECT_EQ(e.Init(o).code(), absl::StatusCode::kNotFound);
+  o.transports = {"tcp"};
+  o.metadata_endpoint = "nonsense";
+  EXPECT_EQ(e.Init(o).code(), absl::StatusCode::kInvalidArgument);
+  o.metadata_endpoint = "embedded";
+  ASSERT_TRUE(e.Init(o).ok());  // Retry after failures works.
+  EXPECT_EQ(e.Init(o).code(), absl::StatusCode::kAlreadyExists);
+}
+
+}  // namespace
+}  // namespace ferry
