@@ -1,6 +1,7 @@
 // EngineImpl: lifecycle, memory registration and notifications.
 #include "engine/engine_impl.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -228,6 +229,22 @@ absl::StatusOr<SegmentHandle> EngineImpl::OpenSegment(const std::string& name) {
 absl::Status EngineImpl::RefreshSegment(SegmentHandle handle) {
   if (!initialized_) return absl::FailedPreconditionError("engine not initialized");
   return segments_->Refresh(handle).status();
+}
+
+absl::StatusOr<std::vector<RemoteBuffer>> EngineImpl::GetSegmentBuffers(
+    SegmentHandle handle) {
+  if (!initialized_) return absl::FailedPreconditionError("engine not initialized");
+  auto view = segments_->Get(handle);
+  if (!view.ok()) return view.status();
+  std::vector<RemoteBuffer> out;
+  for (const auto& b : (*view)->descriptor().buffers()) {
+    out.push_back({b.addr(), b.length(), b.location()});
+  }
+  std::sort(out.begin(), out.end(),
+            [](const RemoteBuffer& x, const RemoteBuffer& y) {
+              return x.addr < y.addr;
+            });
+  return out;
 }
 
 absl::Status EngineImpl::SendNotification(SegmentHandle target,

@@ -49,6 +49,8 @@ class EngineImpl {
   absl::StatusOr<SegmentHandle> OpenSegment(const std::string& name);
   absl::Status RefreshSegment(SegmentHandle handle);
 
+  absl::StatusOr<std::vector<RemoteBuffer>> GetSegmentBuffers(
+      SegmentHandle handle);
   absl::StatusOr<BatchId> AllocateBatch(size_t capacity);
   absl::Status SubmitTransfer(BatchId batch,
                               absl::Span<const TransferRequest> requests);

@@ -48,6 +48,10 @@ absl::StatusOr<SegmentHandle> TransferEngine::OpenSegment(
 absl::Status TransferEngine::RefreshSegment(SegmentHandle handle) {
   return impl_->RefreshSegment(handle);
 }
+absl::StatusOr<std::vector<RemoteBuffer>> TransferEngine::GetSegmentBuffers(
+    SegmentHandle handle) {
+  return impl_->GetSegmentBuffers(handle);
+}
 absl::StatusOr<BatchId> TransferEngine::AllocateBatch(size_t capacity) {
   return impl_->AllocateBatch(capacity);
 }

@@ -102,6 +102,13 @@ struct BatchStatus {
   absl::Status first_error;
 };
 
+// A buffer a segment registered as remote-accessible.
+struct RemoteBuffer {
+  uint64_t addr = 0;
+  uint64_t length = 0;
+  std::string location;
+};
+
 struct Notification {
   std::string from_segment;
   std::string name;
@@ -157,6 +164,12 @@ class TransferEngine {
   // Fetches the segment's descriptor again (e.g. after the peer registered
   // more memory). Requests already submitted keep the snapshot they used.
   absl::Status RefreshSegment(SegmentHandle handle);
+
+  // The remote-accessible buffers of the segment, from the cached
+  // descriptor (RefreshSegment first to see newer registrations), sorted by
+  // address. NotFound for an invalid handle.
+  absl::StatusOr<std::vector<RemoteBuffer>> GetSegmentBuffers(
+      SegmentHandle handle);
 
   // Allocates a batch for up to `capacity` requests (1..max_batch_capacity).
   absl::StatusOr<BatchId> AllocateBatch(size_t capacity);

@@ -1,0 +1,81 @@
+// engine_peer: the remote side of cross-process tests. Starts an engine,
+// registers one remote-accessible buffer filled with a known pattern, prints
+// "READY <addr> <length> <metadata address>", then answers commands on stdin,
+// one line each:
+//   check <offset> <length> <seed>   -> "OK" or "BAD <first bad index>"
+//   fill <offset> <length> <seed>    -> "OK"
+//   zero                             -> "OK"
+//   unregister                       -> "OK" or "ERR <status>"
+// Exits when stdin closes.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <sstream>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "engine/transfer_engine.h"
+#include "tools/pattern.h"
+
+ABSL_FLAG(std::string, name, "peer", "segment name");
+ABSL_FLAG(std::string, metadata, "embedded", "metadata endpoint");
+ABSL_FLAG(uint64_t, buffer_size, 64 << 20, "registered bytes");
+ABSL_FLAG(uint64_t, seed, 1, "pattern seed of the initial contents");
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  ferry::EngineOptions o;
+  o.local_segment_name = absl::GetFlag(FLAGS_name);
+  o.metadata_endpoint = absl::GetFlag(FLAGS_metadata);
+  ferry::TransferEngine engine;
+  if (absl::Status s = engine.Init(o); !s.ok()) {
+    std::printf("ERR %s\n", s.ToString().c_str());
+    return 1;
+  }
+  const size_t size = absl::GetFlag(FLAGS_buffer_size);
+  auto* buf = static_cast<uint8_t*>(std::malloc(size));
+  ferry::FillPattern(buf, size, 0, absl::GetFlag(FLAGS_seed));
+  if (absl::Status s = engine.RegisterLocalMemory(buf, size, "cpu:0", true);
+      !s.ok()) {
+    std::printf("ERR %s\n", s.ToString().c_str());
+    return 1;
+  }
+  std::printf("READY %llu %zu %s\n",
+              static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(buf)),
+              size, engine.metadata_address().c_str());
+  std::fflush(stdout);
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    std::istringstream in(line);
+    std::string cmd;
+    uint64_t off = 0, len = 0, seed = 0;
+    in >> cmd >> off >> len >> seed;
+    if ((cmd == "check" || cmd == "fill") && (off > size || len > size - off)) {
+      std::printf("ERR range\n");
+    } else if (cmd == "check") {
+      size_t bad = ferry::CheckPattern(buf + off, len, off, seed);
+      if (bad == len) {
+        std::printf("OK\n");
+      } else {
+        std::printf("BAD %zu\n", bad);
+      }
+    } else if (cmd == "fill") {
+      ferry::FillPattern(buf + off, len, off, seed);
+      std::printf("OK\n");
+    } else if (cmd == "zero") {
+      std::memset(buf, 0, size);
+      std::printf("OK\n");
+    } else if (cmd == "unregister") {
+      absl::Status s = engine.UnregisterLocalMemory(buf);
+      std::printf(s.ok() ? "OK\n" : "ERR %s\n", s.ToString().c_str());
+    } else {
+      std::printf("ERR unknown command\n");
+    }
+    std::fflush(stdout);
+  }
+  engine.Shutdown();
+  std::free(buf);
+  return 0;
+}

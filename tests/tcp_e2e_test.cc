@@ -1,0 +1,239 @@
+// End to end over TCP between two processes: this test process runs an
+// engine with the embedded metadata service; tests/engine_peer is the other
+// engine, started and killed by the tests.
+#include <cstring>
+#include <memory>
+#include <sstream>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "engine/transfer_engine.h"
+#include "gtest/gtest.h"
+#include "tests/subprocess.h"
+#include "tools/pattern.h"
+
+namespace ferry {
+namespace {
+
+using ferry::testing::RunfilePath;
+using ferry::testing::Subprocess;
+
+constexpr size_t kPeerBuffer = 128 << 20;
+constexpr uint64_t kPeerSeed = 99;
+
+class TcpE2eTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    EngineOptions o;
+    o.local_segment_name = "initiator";
+    o.transfer_timeout = absl::Seconds(5);
+    ASSERT_TRUE(engine_.Init(o).ok());
+    StartPeer();
+    local_size_ = kPeerBuffer;
+    local_.reset(new uint8_t[local_size_]);
+    std::memset(local_.get(), 0, local_size_);
+    ASSERT_TRUE(engine_.RegisterLocalMemory(local_.get(), local_size_).ok());
+  }
+
+  void StartPeer() {
+    auto peer = Subprocess::Start(
+        {RunfilePath("tests/engine_peer"), "--name=peer",
+         absl::StrCat("--metadata=", engine_.metadata_address()),
+         absl::StrCat("--buffer_size=", kPeerBuffer),
+         absl::StrCat("--seed=", kPeerSeed)});
+    ASSERT_TRUE(peer.ok()) << peer.status();
+    peer_ = std::move(*peer);
+    auto ready = peer_->ReadLine(absl::Seconds(30));
+    ASSERT_TRUE(ready.ok()) << ready.status();
+    std::vector<std::string> parts = absl::StrSplit(*ready, ' ');
+    ASSERT_EQ(parts[0], "READY") << *ready;
+    remote_base_ = std::stoull(parts[1]);
+    if (seg_ == 0) {
+      auto seg = engine_.OpenSegment("peer");
+      ASSERT_TRUE(seg.ok()) << seg.status();
+      seg_ = *seg;
+    } else {
+      ASSERT_TRUE(engine_.RefreshSegment(seg_).ok());
+    }
+  }
+
+  TransferRequest Req(OpCode op, size_t off, size_t len) {
+    TransferRequest r;
+    r.opcode = op;
+    r.source = local_.get() + off;
+    r.target_id = seg_;
+    r.target_offset = remote_base_ + off;
+    r.length = len;
+    return r;
+  }
+
+  BatchStatus Run(const std::vector<TransferRequest>& reqs,
+                  absl::Duration wait = absl::Seconds(60)) {
+    auto batch = engine_.AllocateBatch(reqs.size());
+    EXPECT_TRUE(batch.ok()) << batch.status();
+    absl::Status s = engine_.SubmitTransfer(*batch, reqs);
+    EXPECT_TRUE(s.ok()) << s;
+    auto st = engine_.WaitBatch(*batch, wait);
+    EXPECT_TRUE(st.ok()) << st.status();
+    EXPECT_TRUE(engine_.FreeBatch(*batch).ok());
+    return st.ok() ? *st : BatchStatus{};
+  }
+
+  std::string Check(size_t off, size_t len, uint64_t seed) {
+    auto r = peer_->Ask(absl::StrCat("check ", off, " ", len, " ", seed));
+    return r.ok() ? *r : r.status().ToString();
+  }
+
+  TransferEngine engine_;
+  std::unique_ptr<Subprocess> peer_;
+  std::unique_ptr<uint8_t[]> local_;
+  size_t local_size_ = 0;
+  uint64_t remote_base_ = 0;
+  SegmentHandle seg_ = 0;
+};
+
+const size_t kSizes[] = {1, 7, 4096, 65537, 1 << 20, (4 << 20) + 3, 64 << 20};
+
+TEST_F(TcpE2eTest, ReadVerifiesEveryByteForAllSizes) {
+  size_t off = 0;
+  for (size_t len : kSizes) {
+    off = (off + 4096 + 13) % (kPeerBuffer - len);  // Unaligned offsets too.
+    BatchStatus st = Run({Req(OpCode::kRead, off, len)});
+    ASSERT_EQ(st.state, TransferState::kCompleted) << len << " " << st.first_error;
+    EXPECT_EQ(st.transferred_bytes, len);
+    ASSERT_EQ(CheckPattern(local_.get() + off, len, off, kPeerSeed), len)
+        << "READ of " << len << " bytes at " << off;
+  }
+}
+
+TEST_F(TcpE2eTest, WriteIsAppliedAtTargetForAllSizes) {
+  uint64_t seed = 1000;
+  size_t off = 0;
+  for (size_t len : kSizes) {
+    off = (off + 8192 + 5) % (kPeerBuffer - len);
+    FillPattern(local_.get() + off, len, off, ++seed);
+    BatchStatus st = Run({Req(OpCode::kWrite, off, len)});
+    ASSERT_EQ(st.state, TransferState::kCompleted) << len << " " << st.first_error;
+    // Completion means applied: the target sees the data right away.
+    ASSERT_EQ(Check(off, len, seed), "OK") << "WRITE of " << len;
+  }
+}
+
+TEST_F(TcpE2eTest, ManyRequestsPerBatchMixed) {
+  std::vector<TransferRequest> reqs;
+  const size_t kBlock = 96 * 1024 + 1;
+  for (size_t i = 0; i < 256; ++i) {
+    size_t off = i * kBlock;
+    if (i % 2 == 0) {
+      FillPattern(local_.get() + off, kBlock, off, 5);
+      reqs.push_back(Req(OpCode::kWrite, off, kBlock));
+    } else {
+      reqs.push_back(Req(OpCode::kRead, off, kBlock));
+    }
+  }
+  BatchStatus st = Run(reqs);
+  ASSERT_EQ(st.state, TransferState::kCompleted) << st.first_error;
+  EXPECT_EQ(st.completed, 256u);
+  for (size_t i = 0; i < 256; ++i) {
+    size_t off = i * kBlock;
+    if (i % 2 == 0) {
+      ASSERT_EQ(Check(off, kBlock, 5), "OK") << i;
+    } else {
+      ASSERT_EQ(CheckPattern(local_.get() + off, kBlock, off, kPeerSeed), kBlock)
+          << i;
+    }
+  }
+}
+
+TEST_F(TcpE2eTest, BadInputGetsClearErrors) {
+  auto batch = engine_.AllocateBatch(2);
+  ASSERT_TRUE(batch.ok());
+  std::vector<uint8_t> unregistered(16);
+  TransferRequest r = Req(OpCode::kWrite, 0, 16);
+  r.source = unregistered.data();
+  absl::Status s = engine_.SubmitTransfer(*batch, {r});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  r = Req(OpCode::kWrite, 0, 16);
+  r.target_offset = remote_base_ + kPeerBuffer - 8;  // 8 bytes past the end.
+  s = engine_.SubmitTransfer(*batch, {r});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("remote range"), std::string::npos) << s;
+  EXPECT_EQ(Check(kPeerBuffer - 8, 8, kPeerSeed), "OK");  // Nothing written.
+  EXPECT_EQ(engine_.OpenSegment("no-such-engine").status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(engine_.SubmitTransfer(*batch, {Req(OpCode::kRead, 0, 0)}).code(),
+            absl::StatusCode::kInvalidArgument);
+  std::vector<TransferRequest> three(3, Req(OpCode::kRead, 0, 8));
+  EXPECT_EQ(engine_.SubmitTransfer(*batch, three).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(engine_.FreeBatch(*batch).ok());
+  EXPECT_EQ(engine_.FreeBatch(*batch).code(),
+            absl::StatusCode::kInvalidArgument);  // Double free.
+  EXPECT_EQ(engine_.GetTransferStatus(*batch, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);  // Stale id.
+}
+
+TEST_F(TcpE2eTest, TargetSideCheckWhenDescriptorIsStale) {
+  // The peer unregisters its buffer; our cached descriptor still lists it,
+  // so the request reaches the peer, which must refuse it.
+  ASSERT_EQ(*peer_->Ask("unregister"), "OK");
+  FillPattern(local_.get(), 4096, 0, 7);
+  BatchStatus st = Run({Req(OpCode::kWrite, 0, 4096)});
+  EXPECT_EQ(st.state, TransferState::kFailed);
+  EXPECT_NE(st.first_error.message().find("remote-accessible"),
+            std::string::npos)
+      << st.first_error;
+  EXPECT_EQ(Check(0, 4096, kPeerSeed), "OK");  // Untouched.
+}
+
+TEST_F(TcpE2eTest, PeerKilledFailsWithinTimeoutThenRestartWorks) {
+  peer_->Kill();
+  absl::Time start = absl::Now();
+  BatchStatus st = Run({Req(OpCode::kRead, 0, 1 << 20)}, absl::Seconds(30));
+  EXPECT_TRUE(st.state == TransferState::kFailed ||
+              st.state == TransferState::kTimeout);
+  EXPECT_FALSE(st.first_error.ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));  // transfer_timeout 5 s.
+  // A restarted peer publishes a new descriptor; after a refresh transfers
+  // succeed again (reconnect backoff is at most 2 s).
+  StartPeer();
+  absl::Time deadline = absl::Now() + absl::Seconds(10);
+  do {
+    st = Run({Req(OpCode::kRead, 0, 1 << 20)});
+    if (st.state == TransferState::kCompleted) break;
+    absl::SleepFor(absl::Milliseconds(200));
+  } while (absl::Now() < deadline);
+  ASSERT_EQ(st.state, TransferState::kCompleted) << st.first_error;
+  EXPECT_EQ(CheckPattern(local_.get(), 1 << 20, 0, kPeerSeed), 1u << 20);
+}
+
+TEST_F(TcpE2eTest, PeerExitsCleanly) {
+  auto code = peer_->Finish(absl::Seconds(10));
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 0);
+  // Its segment is gone from the metadata service.
+  TransferEngine other;
+  EngineOptions o;
+  o.local_segment_name = "other";
+  o.metadata_endpoint = engine_.metadata_address();
+  ASSERT_TRUE(other.Init(o).ok());
+  EXPECT_EQ(other.OpenSegment("peer").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST(TcpE2eInitTest, MetadataServerUnreachable) {
+  auto peer = Subprocess::Start({RunfilePath("tests/engine_peer"),
+                                 "--name=p", "--metadata=127.0.0.1:1"});
+  ASSERT_TRUE(peer.ok());
+  auto line = (*peer)->ReadLine(absl::Seconds(15));
+  ASSERT_TRUE(line.ok()) << line.status();
+  EXPECT_EQ(line->rfind("ERR ", 0), 0u) << *line;
+  EXPECT_NE(line->find("127.0.0.1:1"), std::string::npos) << *line;
+  auto code = (*peer)->Finish(absl::Seconds(10));
+  ASSERT_TRUE(code.ok());
+  EXPECT_EQ(*code, 1);
+}
+
+}  // namespace
+}  // namespace ferry

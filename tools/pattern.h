@@ -1,0 +1,40 @@
+// Deterministic byte patterns for verified transfers: the byte at offset o
+// of a stream with seed s is a function of (o, s) only, so any process can
+// check any range without having seen the writer.
+#ifndef FERRY_TOOLS_PATTERN_H_
+#define FERRY_TOOLS_PATTERN_H_
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ferry {
+
+inline uint64_t Mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+inline uint8_t PatternByte(uint64_t offset, uint64_t seed) {
+  return static_cast<uint8_t>(Mix64((offset >> 3) ^ seed) >>
+                              ((offset & 7) * 8));
+}
+
+inline void FillPattern(uint8_t* dst, size_t len, uint64_t offset,
+                        uint64_t seed) {
+  for (size_t i = 0; i < len; ++i) dst[i] = PatternByte(offset + i, seed);
+}
+
+// Returns the index of the first mismatching byte, or `len` if none.
+inline size_t CheckPattern(const uint8_t* src, size_t len, uint64_t offset,
+                           uint64_t seed) {
+  for (size_t i = 0; i < len; ++i) {
+    if (src[i] != PatternByte(offset + i, seed)) return i;
+  }
+  return len;
+}
+
+}  // namespace ferry
+
+#endif  // FERRY_TOOLS_PATTERN_H_
