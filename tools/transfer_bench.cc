@@ -45,6 +45,8 @@ ABSL_FLAG(uint64_t, block_size, 65536, "bytes per request");
 ABSL_FLAG(int, batch_size, 16, "requests per batch");
 ABSL_FLAG(int, threads, 1, "initiator threads");
 ABSL_FLAG(double, duration, 5, "seconds to run the initiator");
+ABSL_FLAG(double, warmup, 0,
+          "seconds to run before measuring (like iperf3 -O)");
 ABSL_FLAG(uint64_t, buffer_size, 1ull << 30,
           "bytes registered on each side");
 ABSL_FLAG(bool, verify, false,
@@ -114,7 +116,8 @@ void* SetUpTarget(TransferEngine& engine, size_t size) {
 
 void InitiatorThread(TransferEngine& engine, SegmentHandle seg,
                      uint8_t* local, uint64_t remote_base, size_t region,
-                     int tid, absl::Time end, Totals* totals,
+                     int tid, absl::Time measure_from, absl::Time end,
+                     Totals* totals,
                      ThreadStats* stats) {
   const bool write = absl::GetFlag(FLAGS_operation) == "write";
   const bool verify = absl::GetFlag(FLAGS_verify);
@@ -146,14 +149,15 @@ void InitiatorThread(TransferEngine& engine, SegmentHandle seg,
     if (!st.ok()) Die(st.status(), "WaitBatch");
     double us = absl::ToDoubleMicroseconds(absl::Now() - start);
     if (absl::Status s = engine.FreeBatch(*batch); !s.ok()) Die(s, "FreeBatch");
-    totals->bytes.fetch_add(st->transferred_bytes);
-    totals->transfers.fetch_add(st->completed);
+    const bool measured = start >= measure_from;
+    if (measured) totals->bytes.fetch_add(st->transferred_bytes);
+    if (measured) totals->transfers.fetch_add(st->completed);
     totals->errors.fetch_add(st->failed);
     if (st->failed > 0 && totals->errors.load() <= 3) {
       std::fprintf(stderr, "transfer failed: %s\n",
                    st->first_error.ToString().c_str());
     }
-    {
+    if (measured) {
       absl::MutexLock lock(&stats->mu);
       stats->batch_us.push_back(us);
     }
@@ -228,18 +232,20 @@ int RunInitiator(TransferEngine& engine) {
   }
   Totals totals;
   std::vector<ThreadStats> stats(static_cast<size_t>(threads));
-  const absl::Time start = absl::Now();
+  const absl::Time start =
+      absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_warmup));
   const absl::Time end =
       start + absl::Seconds(absl::GetFlag(FLAGS_duration));
   std::vector<std::thread> workers;
   for (int t = 0; t < threads; ++t) {
     workers.emplace_back(InitiatorThread, std::ref(engine), *seg, local,
-                         bufs->front().addr, region, t, end, &totals,
+                         bufs->front().addr, region, t, start, end, &totals,
                          &stats[static_cast<size_t>(t)]);
   }
   const bool json = absl::GetFlag(FLAGS_report) == "json";
-  uint64_t last_bytes = 0;
-  absl::Time last = start;
+  absl::SleepFor(start - absl::Now());
+  uint64_t last_bytes = totals.bytes.load();
+  absl::Time last = absl::Now();
   while (absl::Now() < end && !g_stop.load()) {
     absl::SleepFor(std::min(absl::Seconds(1), end - absl::Now()));
     absl::Time now = absl::Now();
