@@ -37,7 +37,8 @@ build() {
 demo() {
   setup
   "${BAZEL[@]}" build -c opt //tools:transfer_bench
-  local bench=bazel-bin/tools/transfer_bench
+  local bench
+  bench="$("${BAZEL[@]}" info -c opt bazel-bin 2>/dev/null)/tools/transfer_bench"
   echo "== Ferry demo: two engines on loopback, embedded metadata service, TCP"
   echo "-- WRITE 1 MiB blocks, every byte verified (read back and compared)"
   "$bench" --mode=local --operation=write --block_size=1048576 --batch_size=8 \
@@ -98,7 +99,6 @@ test_cmd() {
 
 bench_tcp() {
   setup
-  "${BAZEL[@]}" build -c opt //tools:transfer_bench
   tools/bench_tcp.sh "$@"
 }
 
