@@ -59,8 +59,7 @@ absl::StatusOr<HostPort> ParseHostPort(absl::string_view text) {
   }
   uint32_t port = 0;
   if (!absl::SimpleAtoi(text.substr(colon + 1), &port) || port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("bad port in '", text, "'"));
+    return absl::InvalidArgumentError(absl::StrCat("bad port in '", text, "'"));
   }
   HostPort hp;
   hp.host = std::string(text.substr(0, colon));
@@ -116,9 +115,9 @@ absl::StatusOr<UniqueFd> ConnectTcp(const HostPort& addr,
       n = ::poll(&pfd, 1, ms);
     } while (n < 0 && errno == EINTR);
     if (n == 0) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "connect ", addr.ToString(), ": no answer within ",
-          absl::FormatDuration(timeout)));
+      return absl::DeadlineExceededError(
+          absl::StrCat("connect ", addr.ToString(), ": no answer within ",
+                       absl::FormatDuration(timeout)));
     }
     int err = 0;
     socklen_t len = sizeof(err);
@@ -171,28 +170,8 @@ absl::Status WriteFull(int fd, const void* data, size_t len) {
 }
 
 absl::Status ReadFull(int fd, void* data, size_t len) {
-  size_t done = 0;
-  char* p = static_cast<char*>(data);
-  while (done < len) {
-    ssize_t n = ::recv(fd, p + done, len - done, 0);
-    if (n > 0) {
-      done += static_cast<size_t>(n);
-      continue;
-    }
-    if (n == 0) {
-      if (done == 0) return absl::OutOfRangeError("connection closed");
-      return absl::DataLossError(absl::StrCat(
-          "connection closed after ", done, " of ", len, " bytes"));
-    }
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("receive timed out after ", done, " of ", len,
-                       " bytes"));
-    }
-    return ErrnoStatus("recv", errno);
-  }
-  return absl::OkStatus();
+  static const std::atomic<bool> kNeverStop{false};
+  return ReadFullPatient(fd, data, len, kNeverStop, /*max_stalls=*/1);
 }
 
 absl::Status ReadFullPatient(int fd, void* dst, size_t len,
@@ -207,7 +186,8 @@ absl::Status ReadFullPatient(int fd, void* dst, size_t len,
       return absl::CancelledError("connection is shutting down");
     }
     char* p = dst != nullptr ? static_cast<char*>(dst) + done : scratch;
-    size_t want = dst != nullptr ? len - done : std::min(len - done, kDrainChunk);
+    size_t want =
+        dst != nullptr ? len - done : std::min(len - done, kDrainChunk);
     ssize_t n = ::recv(fd, p, want, 0);
     if (n > 0) {
       done += static_cast<size_t>(n);
@@ -216,15 +196,15 @@ absl::Status ReadFullPatient(int fd, void* dst, size_t len,
     }
     if (n == 0) {
       if (done == 0) return absl::OutOfRangeError("connection closed");
-      return absl::DataLossError(absl::StrCat(
-          "connection closed after ", done, " of ", len, " bytes"));
+      return absl::DataLossError(absl::StrCat("connection closed after ", done,
+                                              " of ", len, " bytes"));
     }
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
       if (idle_ok && done == 0) continue;
       if (++stalls < max_stalls) continue;
-      return absl::DeadlineExceededError(absl::StrCat(
-          "peer stalled after ", done, " of ", len, " bytes"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("peer stalled after ", done, " of ", len, " bytes"));
     }
     return ErrnoStatus("recv", errno);
   }

@@ -7,10 +7,10 @@
 #include "absl/status/statusor.h"
 
 // Returns from the enclosing function if `expr` yields a non-OK status.
-#define FERRY_RETURN_IF_ERROR(expr)                 \
-  do {                                              \
-    ::absl::Status ferry_status_ = (expr);          \
-    if (!ferry_status_.ok()) return ferry_status_;  \
+#define FERRY_RETURN_IF_ERROR(expr)                \
+  do {                                             \
+    ::absl::Status ferry_status_ = (expr);         \
+    if (!ferry_status_.ok()) return ferry_status_; \
   } while (0)
 
 #define FERRY_STATUS_CONCAT_INNER_(a, b) a##b
@@ -18,8 +18,8 @@
 
 // `FERRY_ASSIGN_OR_RETURN(auto x, Foo());` assigns the value of a StatusOr or
 // returns its status from the enclosing function.
-#define FERRY_ASSIGN_OR_RETURN(lhs, expr)                                   \
-  FERRY_ASSIGN_OR_RETURN_IMPL_(                                             \
+#define FERRY_ASSIGN_OR_RETURN(lhs, expr) \
+  FERRY_ASSIGN_OR_RETURN_IMPL_(           \
       FERRY_STATUS_CONCAT_(ferry_statusor_, __LINE__), lhs, expr)
 
 #define FERRY_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \

@@ -36,9 +36,9 @@ void TaskSink::OnSliceDone(Slice* slice, const absl::Status& status) {
   // Last slice: the task is done.
   task->local_lease.Release();
   absl::MutexLock lock(&batch->mu);
-  task->state.store(task->error.ok() ? TransferState::kCompleted
-                                     : task->failed_state,
-                    std::memory_order_release);
+  task->state.store(
+      task->error.ok() ? TransferState::kCompleted : task->failed_state,
+      std::memory_order_release);
   task->target.reset();
   if (++batch->done == batch->tasks.size()) batch->done_cv.SignalAll();
 }
@@ -53,8 +53,8 @@ absl::StatusOr<BatchId> BatchTable::Allocate(size_t capacity) {
       free_.pop_back();
     } else {
       if (slots_.size() >= kMaxSlots) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            kMaxSlots, " batches are allocated; free some first"));
+        return absl::ResourceExhaustedError(
+            absl::StrCat(kMaxSlots, " batches are allocated; free some first"));
       }
       slot = static_cast<uint32_t>(slots_.size());
       slots_.push_back(std::make_unique<Batch>());
@@ -94,8 +94,8 @@ absl::Status BatchTable::Free(BatchId id) {
     if ((*batch)->done != (*batch)->tasks.size()) {
       size_t in_flight = (*batch)->tasks.size() - (*batch)->done;
       return absl::FailedPreconditionError(
-        absl::StrCat("batch 0x", absl::Hex(id), " has ", in_flight,
-                     " request(s) in flight; wait for them before freeing"));
+          absl::StrCat("batch 0x", absl::Hex(id), " has ", in_flight,
+                       " request(s) in flight; wait for them before freeing"));
     }
     (*batch)->in_use = false;
     // Generation 0 is never issued, so wrap-around skips it.

@@ -109,8 +109,7 @@ class BatchTable {
 };
 
 // Summarizes a locked batch.
-BatchStatus SummarizeLocked(const Batch& batch)
-    ABSL_NO_THREAD_SAFETY_ANALYSIS;
+BatchStatus SummarizeLocked(const Batch& batch) ABSL_NO_THREAD_SAFETY_ANALYSIS;
 TransferStatus TaskStatusLocked(const Task& task)
     ABSL_NO_THREAD_SAFETY_ANALYSIS;
 

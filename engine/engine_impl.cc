@@ -26,9 +26,9 @@ absl::Status EngineImpl::ValidateOptions(const EngineOptions& o) const {
   }
   if (o.metadata_endpoint != "embedded") {
     if (auto hp = ParseHostPort(o.metadata_endpoint); !hp.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "metadata_endpoint must be \"embedded\" or host:port: ",
-          hp.status().message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("metadata_endpoint must be \"embedded\" or host:port: ",
+                       hp.status().message()));
     }
   }
   if (o.transports.empty()) {
@@ -75,11 +75,11 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
   peer_client_ = std::make_unique<metadata::PeerClient>(options.rpc_timeout);
   segments_ = std::make_unique<SegmentCache>(
       metadata_.get(), static_cast<uint16_t>(incarnation_ & 0xffff));
-  peer_service_.SetNotifyHandler(
-      [this](const std::string& from, const std::string& name,
-             const std::string& message) {
-        return OnNotify(from, name, message);
-      });
+  peer_service_.SetNotifyHandler([this](const std::string& from,
+                                        const std::string& name,
+                                        const std::string& message) {
+    return OnNotify(from, name, message);
+  });
 
   metadata::SegmentDescriptor desc;
   desc.set_name(options.local_segment_name);
@@ -103,8 +103,8 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
     if (s.ok()) s = (*transport)->Install(env, ep);
     if (!s.ok()) {
       ReleaseAll();
-      return absl::Status(s.code(), absl::StrCat("installing transport '",
-                                                 name, "': ", s.message()));
+      return absl::Status(s.code(), absl::StrCat("installing transport '", name,
+                                                 "': ", s.message()));
     }
     transports_.push_back(std::move(*transport));
   }
@@ -113,10 +113,10 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
     absl::Status s = v.status();
     ReleaseAll();
     return absl::Status(
-        s.code(), absl::StrCat("cannot publish segment '",
-                               options.local_segment_name,
-                               "' to the metadata service at ", metadata_addr,
-                               ": ", s.message()));
+        s.code(),
+        absl::StrCat("cannot publish segment '", options.local_segment_name,
+                     "' to the metadata service at ", metadata_addr, ": ",
+                     s.message()));
   }
   initialized_ = true;
   return absl::OkStatus();
@@ -145,7 +145,8 @@ std::string EngineImpl::metadata_address() const {
 absl::Status EngineImpl::RegisterLocalMemory(void* addr, size_t length,
                                              const std::string& location,
                                              bool remote_accessible) {
-  if (!initialized_) return absl::FailedPreconditionError("engine not initialized");
+  if (!initialized_)
+    return absl::FailedPreconditionError("engine not initialized");
   MemoryRegion region;
   region.addr = reinterpret_cast<uintptr_t>(addr);
   region.length = length;
@@ -185,7 +186,8 @@ absl::Status EngineImpl::RegisterLocalMemory(void* addr, size_t length,
 }
 
 absl::Status EngineImpl::UnregisterLocalMemory(void* addr) {
-  if (!initialized_) return absl::FailedPreconditionError("engine not initialized");
+  if (!initialized_)
+    return absl::FailedPreconditionError("engine not initialized");
   const uintptr_t a = reinterpret_cast<uintptr_t>(addr);
   absl::MutexLock lock(&register_mu_);
   std::optional<MemoryRegion> region = local_memory_.Lookup(a);
@@ -212,28 +214,31 @@ absl::Status EngineImpl::UnregisterLocalMemory(void* addr) {
     req.add_remove_addrs(a);
     absl::Status s = metadata_->UpdateBuffers(req).status();
     if (!s.ok() && result.ok()) {
-      result = absl::Status(
-          s.code(), absl::StrCat("buffer unregistered locally, but the "
-                                 "metadata update failed: ",
-                                 s.message()));
+      result = absl::Status(s.code(),
+                            absl::StrCat("buffer unregistered locally, but the "
+                                         "metadata update failed: ",
+                                         s.message()));
     }
   }
   return result;
 }
 
 absl::StatusOr<SegmentHandle> EngineImpl::OpenSegment(const std::string& name) {
-  if (!initialized_) return absl::FailedPreconditionError("engine not initialized");
+  if (!initialized_)
+    return absl::FailedPreconditionError("engine not initialized");
   return segments_->Open(name);
 }
 
 absl::Status EngineImpl::RefreshSegment(SegmentHandle handle) {
-  if (!initialized_) return absl::FailedPreconditionError("engine not initialized");
+  if (!initialized_)
+    return absl::FailedPreconditionError("engine not initialized");
   return segments_->Refresh(handle).status();
 }
 
 absl::StatusOr<std::vector<RemoteBuffer>> EngineImpl::GetSegmentBuffers(
     SegmentHandle handle) {
-  if (!initialized_) return absl::FailedPreconditionError("engine not initialized");
+  if (!initialized_)
+    return absl::FailedPreconditionError("engine not initialized");
   auto view = segments_->Get(handle);
   if (!view.ok()) return view.status();
   std::vector<RemoteBuffer> out;
@@ -250,15 +255,16 @@ absl::StatusOr<std::vector<RemoteBuffer>> EngineImpl::GetSegmentBuffers(
 absl::Status EngineImpl::SendNotification(SegmentHandle target,
                                           const std::string& name,
                                           const std::string& message) {
-  if (!initialized_) return absl::FailedPreconditionError("engine not initialized");
+  if (!initialized_)
+    return absl::FailedPreconditionError("engine not initialized");
   auto view = segments_->Get(target);
   if (!view.ok()) return view.status();
   if (name.size() > metadata::kMaxNotifyNameBytes ||
       message.size() > metadata::kMaxNotifyMessageBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "notification name or message too large (limits ",
-        metadata::kMaxNotifyNameBytes, " and ",
-        metadata::kMaxNotifyMessageBytes, " bytes)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("notification name or message too large (limits ",
+                     metadata::kMaxNotifyNameBytes, " and ",
+                     metadata::kMaxNotifyMessageBytes, " bytes)"));
   }
   return peer_client_->Notify((*view)->descriptor().rpc_address(),
                               options_.local_segment_name, name, message);
@@ -278,9 +284,8 @@ absl::Status EngineImpl::OnNotify(const std::string& from,
 
 std::vector<Notification> EngineImpl::GetNotifications() {
   absl::MutexLock lock(&notify_mu_);
-  std::vector<Notification> out(
-      std::make_move_iterator(notifications_.begin()),
-      std::make_move_iterator(notifications_.end()));
+  std::vector<Notification> out(std::make_move_iterator(notifications_.begin()),
+                                std::make_move_iterator(notifications_.end()));
   notifications_.clear();
   return out;
 }

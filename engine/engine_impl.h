@@ -54,11 +54,9 @@ class EngineImpl {
   absl::StatusOr<BatchId> AllocateBatch(size_t capacity);
   absl::Status SubmitTransfer(BatchId batch,
                               absl::Span<const TransferRequest> requests);
-  absl::StatusOr<TransferStatus> GetTransferStatus(BatchId batch,
-                                                   size_t index);
+  absl::StatusOr<TransferStatus> GetTransferStatus(BatchId batch, size_t index);
   absl::StatusOr<BatchStatus> GetBatchStatus(BatchId batch);
-  absl::StatusOr<BatchStatus> WaitBatch(BatchId batch,
-                                        absl::Duration timeout);
+  absl::StatusOr<BatchStatus> WaitBatch(BatchId batch, absl::Duration timeout);
   absl::Status FreeBatch(BatchId batch);
 
   absl::Status SendNotification(SegmentHandle target, const std::string& name,

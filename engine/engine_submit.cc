@@ -9,12 +9,15 @@
 namespace ferry {
 namespace {
 
-std::string Where(size_t index) { return absl::StrCat("request ", index, ": "); }
+std::string Where(size_t index) {
+  return absl::StrCat("request ", index, ": ");
+}
 
 }  // namespace
 
 absl::StatusOr<BatchId> EngineImpl::AllocateBatch(size_t capacity) {
-  if (!initialized_) return absl::FailedPreconditionError("engine not initialized");
+  if (!initialized_)
+    return absl::FailedPreconditionError("engine not initialized");
   if (capacity == 0 || capacity > options_.max_batch_capacity) {
     return absl::InvalidArgumentError(
         absl::StrCat("batch capacity ", capacity, " is outside 1..",
@@ -52,7 +55,8 @@ absl::Status EngineImpl::Prepare(size_t index, const TransferRequest& req,
     if ((*view)->FindBuffer(req.target_offset, req.length) == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(
           Where(index), "remote range 0x", absl::Hex(req.target_offset), "+",
-          req.length, " is not inside one remote-accessible buffer of segment '",
+          req.length,
+          " is not inside one remote-accessible buffer of segment '",
           (*view)->name(), "'"));
     }
   }
@@ -65,14 +69,15 @@ absl::Status EngineImpl::Prepare(size_t index, const TransferRequest& req,
       return absl::OkStatus();
     }
   }
-  return absl::FailedPreconditionError(absl::StrCat(
-      Where(index), "segment '", (*view)->name(),
-      "' serves none of this engine's transports"));
+  return absl::FailedPreconditionError(
+      absl::StrCat(Where(index), "segment '", (*view)->name(),
+                   "' serves none of this engine's transports"));
 }
 
 absl::Status EngineImpl::SubmitTransfer(
     BatchId batch_id, absl::Span<const TransferRequest> requests) {
-  if (!initialized_) return absl::FailedPreconditionError("engine not initialized");
+  if (!initialized_)
+    return absl::FailedPreconditionError("engine not initialized");
   if (requests.empty()) return absl::OkStatus();
   // Validate everything before touching the batch: all or nothing.
   std::vector<Prepared> prepared(requests.size());
@@ -90,9 +95,9 @@ absl::Status EngineImpl::SubmitTransfer(
     if (batch->tasks.size() + requests.size() > batch->capacity) {
       size_t used = batch->tasks.size();
       size_t cap = batch->capacity;
-      return absl::InvalidArgumentError(absl::StrCat(
-          "batch has capacity ", cap, " and holds ", used,
-          " request(s); ", requests.size(), " more do not fit"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("batch has capacity ", cap, " and holds ", used,
+                       " request(s); ", requests.size(), " more do not fit"));
     }
     for (Prepared& p : prepared) {
       Task& task = batch->tasks.emplace_back();

@@ -37,9 +37,9 @@ absl::StatusOr<size_t> SegmentCache::IndexOf(SegmentHandle handle) const {
   uint64_t index_plus_one = handle & ((uint64_t{1} << 48) - 1);
   if ((handle >> 48) != tag_ || index_plus_one == 0 ||
       index_plus_one > entries_.size()) {
-    return absl::NotFoundError(absl::StrCat(
-        "segment handle 0x", absl::Hex(handle),
-        " was not returned by OpenSegment of this engine"));
+    return absl::NotFoundError(
+        absl::StrCat("segment handle 0x", absl::Hex(handle),
+                     " was not returned by OpenSegment of this engine"));
   }
   return index_plus_one - 1;
 }

@@ -59,8 +59,8 @@ absl::Status TransferEngine::SubmitTransfer(
     BatchId batch, absl::Span<const TransferRequest> requests) {
   return impl_->SubmitTransfer(batch, requests);
 }
-absl::StatusOr<TransferStatus> TransferEngine::GetTransferStatus(
-    BatchId batch, size_t index) {
+absl::StatusOr<TransferStatus> TransferEngine::GetTransferStatus(BatchId batch,
+                                                                 size_t index) {
   return impl_->GetTransferStatus(batch, index);
 }
 absl::StatusOr<BatchStatus> TransferEngine::GetBatchStatus(BatchId batch) {

@@ -186,8 +186,7 @@ class TransferEngine {
                               absl::Span<const TransferRequest> requests);
 
   // Status of request `index` (in submission order) of the batch.
-  absl::StatusOr<TransferStatus> GetTransferStatus(BatchId batch,
-                                                   size_t index);
+  absl::StatusOr<TransferStatus> GetTransferStatus(BatchId batch, size_t index);
   absl::StatusOr<BatchStatus> GetBatchStatus(BatchId batch);
 
   // Blocks (without spinning) until every submitted request of the batch is

@@ -26,9 +26,9 @@ class EngineTest : public ::testing::Test {
     ASSERT_TRUE(b_.Init(b).ok());
     remote_.assign(1 << 20, 0);
     local_.assign(1 << 20, 0);
-    ASSERT_TRUE(a_.RegisterLocalMemory(remote_.data(), remote_.size(), "cpu:0",
-                                       true)
-                    .ok());
+    ASSERT_TRUE(
+        a_.RegisterLocalMemory(remote_.data(), remote_.size(), "cpu:0", true)
+            .ok());
     ASSERT_TRUE(b_.RegisterLocalMemory(local_.data(), local_.size()).ok());
     auto seg = b_.OpenSegment("a");
     ASSERT_TRUE(seg.ok()) << seg.status();
@@ -87,8 +87,7 @@ TEST_F(EngineTest, WriteAndReadManyRequests) {
 TEST_F(EngineTest, PerRequestStatus) {
   auto batch = b_.AllocateBatch(2);
   ASSERT_TRUE(batch.ok());
-  ASSERT_TRUE(
-      b_.SubmitTransfer(*batch, {Req(OpCode::kWrite, 0, 0, 100)}).ok());
+  ASSERT_TRUE(b_.SubmitTransfer(*batch, {Req(OpCode::kWrite, 0, 0, 100)}).ok());
   ASSERT_TRUE(b_.WaitBatch(*batch, absl::Seconds(10)).ok());
   auto t = b_.GetTransferStatus(*batch, 0);
   ASSERT_TRUE(t.ok());

@@ -38,8 +38,8 @@ absl::StatusOr<uint64_t> MetadataClient::PutSegment(
   PutSegmentResponse resp;
   grpc::Status s = stub_->PutSegment(&ctx, req, &resp);
   if (!s.ok()) {
-    return FromGrpcStatus(s,
-                          absl::StrCat("metadata server ", address_, " PutSegment"));
+    return FromGrpcStatus(
+        s, absl::StrCat("metadata server ", address_, " PutSegment"));
   }
   return resp.version();
 }
@@ -66,18 +66,17 @@ absl::StatusOr<SegmentDescriptor> MetadataClient::GetSegment(
   GetSegmentResponse resp;
   grpc::Status s = stub_->GetSegment(&ctx, req, &resp);
   if (!s.ok()) {
-    return FromGrpcStatus(s,
-                          absl::StrCat("metadata server ", address_, " GetSegment"));
+    return FromGrpcStatus(
+        s, absl::StrCat("metadata server ", address_, " GetSegment"));
   }
   if (resp.segment().name() != name) {
-    return absl::DataLossError(absl::StrCat(
-        "metadata server ", address_, " answered GetSegment('", name,
-        "') with segment '", resp.segment().name(), "'"));
+    return absl::DataLossError(
+        absl::StrCat("metadata server ", address_, " answered GetSegment('",
+                     name, "') with segment '", resp.segment().name(), "'"));
   }
   if (absl::Status v = ValidateSegmentDescriptor(resp.segment()); !v.ok()) {
-    return absl::DataLossError(absl::StrCat("metadata server ", address_,
-                                            " sent a bad descriptor: ",
-                                            v.message()));
+    return absl::DataLossError(absl::StrCat(
+        "metadata server ", address_, " sent a bad descriptor: ", v.message()));
   }
   return std::move(*resp.mutable_segment());
 }

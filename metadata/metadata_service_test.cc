@@ -1,9 +1,10 @@
 // Runs the real gRPC metadata and peer services on loopback.
+#include "metadata/metadata_service.h"
+
 #include <memory>
 
 #include "gtest/gtest.h"
 #include "metadata/metadata_client.h"
-#include "metadata/metadata_service.h"
 #include "metadata/peer_service.h"
 #include "metadata/rpc_server.h"
 
@@ -16,8 +17,8 @@ class MetadataServiceTest : public ::testing::Test {
     auto server = RpcServer::Start("127.0.0.1:0", {&service_, &peer_});
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
-    client_ = std::make_unique<MetadataClient>(server_->address(),
-                                               absl::Seconds(5));
+    client_ =
+        std::make_unique<MetadataClient>(server_->address(), absl::Seconds(5));
   }
 
   MetadataServiceImpl service_;
@@ -73,30 +74,29 @@ TEST_F(MetadataServiceTest, MalformedRequestsGetErrorsAndServerSurvives) {
 
 TEST_F(MetadataServiceTest, PeerExchangeAndNotify) {
   peer_.SetExchangeHandler(
-      "echo", [](const std::string& from, const std::string& payload)
-                  -> absl::StatusOr<std::string> {
+      "echo",
+      [](const std::string& from,
+         const std::string& payload) -> absl::StatusOr<std::string> {
         if (payload == "fail") return absl::InternalError("asked to fail");
         return from + ":" + payload;
       });
   std::string got_name, got_msg;
-  peer_.SetNotifyHandler([&](const std::string&, const std::string& name,
-                             const std::string& msg) {
-    got_name = name;
-    got_msg = msg;
-    return absl::OkStatus();
-  });
+  peer_.SetNotifyHandler(
+      [&](const std::string&, const std::string& name, const std::string& msg) {
+        got_name = name;
+        got_msg = msg;
+        return absl::OkStatus();
+      });
   PeerClient peer(absl::Seconds(5));
   auto r = peer.Exchange(server_->address(), "echo", "me", "hi");
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(*r, "me:hi");
-  EXPECT_EQ(peer.Exchange(server_->address(), "echo", "me", "fail")
-                .status()
-                .code(),
-            absl::StatusCode::kInternal);
-  EXPECT_EQ(peer.Exchange(server_->address(), "rdma", "me", "x")
-                .status()
-                .code(),
-            absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(
+      peer.Exchange(server_->address(), "echo", "me", "fail").status().code(),
+      absl::StatusCode::kInternal);
+  EXPECT_EQ(
+      peer.Exchange(server_->address(), "rdma", "me", "x").status().code(),
+      absl::StatusCode::kUnimplemented);
   ASSERT_TRUE(peer.Notify(server_->address(), "me", "done", "42").ok());
   EXPECT_EQ(got_name, "done");
   EXPECT_EQ(got_msg, "42");

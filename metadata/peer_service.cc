@@ -27,7 +27,8 @@ grpc::Status PeerServiceImpl::Exchange(grpc::ServerContext*,
     return ToGrpcStatus(s);
   }
   if (request->payload().size() > kMaxExchangePayloadBytes) {
-    return ToGrpcStatus(absl::InvalidArgumentError("exchange payload too large"));
+    return ToGrpcStatus(
+        absl::InvalidArgumentError("exchange payload too large"));
   }
   std::shared_ptr<ExchangeHandler> handler;
   {
@@ -54,8 +55,8 @@ grpc::Status PeerServiceImpl::Notify(grpc::ServerContext*,
   if (request->name().size() > kMaxNotifyNameBytes ||
       request->message().size() > kMaxNotifyMessageBytes) {
     return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
-        "notification name or message too large (limits ",
-        kMaxNotifyNameBytes, " and ", kMaxNotifyMessageBytes, " bytes)")));
+        "notification name or message too large (limits ", kMaxNotifyNameBytes,
+        " and ", kMaxNotifyMessageBytes, " bytes)")));
   }
   std::shared_ptr<NotifyHandler> handler;
   {

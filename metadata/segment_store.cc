@@ -14,9 +14,8 @@ absl::StatusOr<uint64_t> SegmentStore::Put(SegmentDescriptor segment) {
   absl::MutexLock lock(&mu_);
   auto it = segments_.find(segment.name());
   if (it == segments_.end() && segments_.size() >= kMaxSegments) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("metadata store holds ", kMaxSegments,
-                     " segments, its limit"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "metadata store holds ", kMaxSegments, " segments, its limit"));
   }
   uint64_t version = next_version_++;
   segment.set_version(version);

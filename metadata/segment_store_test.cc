@@ -42,10 +42,12 @@ TEST(SegmentStoreTest, RejectsBadDescriptors) {
             absl::StatusCode::kInvalidArgument);
   SegmentDescriptor zero = MakeSegment("z", 1);
   zero.mutable_buffers(0)->set_length(0);
-  EXPECT_EQ(store.Put(zero).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store.Put(zero).status().code(),
+            absl::StatusCode::kInvalidArgument);
   SegmentDescriptor wrap = MakeSegment("w", 1);
   wrap.mutable_buffers(0)->set_addr(~0ull - 10);
-  EXPECT_EQ(store.Put(wrap).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store.Put(wrap).status().code(),
+            absl::StatusCode::kInvalidArgument);
   SegmentDescriptor overlap = MakeSegment("o", 1);
   Buffer* b = overlap.add_buffers();
   b->set_addr(0x1800);

@@ -29,9 +29,8 @@ absl::Status ValidateSegmentName(absl::string_view name) {
 
 absl::Status ValidateBuffer(const Buffer& buffer) {
   if (buffer.length() == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("buffer at 0x", absl::Hex(buffer.addr()),
-                     " has zero length"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "buffer at 0x", absl::Hex(buffer.addr()), " has zero length"));
   }
   if (buffer.addr() + buffer.length() < buffer.addr()) {
     return absl::InvalidArgumentError(
@@ -78,9 +77,9 @@ absl::Status ValidateSegmentDescriptor(const SegmentDescriptor& segment) {
         return absl::InvalidArgumentError("device has a bad name");
       }
       if (!d.gid().empty() && d.gid().size() != kGidBytes) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "device ", d.name(), " has a ", d.gid().size(),
-            "-byte GID; expected ", kGidBytes));
+        return absl::InvalidArgumentError(
+            absl::StrCat("device ", d.name(), " has a ", d.gid().size(),
+                         "-byte GID; expected ", kGidBytes));
       }
     }
   }

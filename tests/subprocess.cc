@@ -29,7 +29,8 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Start(
     return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
   }
   std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  for (const std::string& a : argv)
+    args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   const pid_t parent = getpid();
   pid_t pid = fork();
@@ -71,7 +72,8 @@ absl::StatusOr<std::string> Subprocess::ReadLine(absl::Duration timeout) {
       return absl::DeadlineExceededError("child sent no line in time");
     }
     pollfd pfd{out_fd_, POLLIN, 0};
-    int n = poll(&pfd, 1, static_cast<int>(absl::ToInt64Milliseconds(left)) + 1);
+    int n =
+        poll(&pfd, 1, static_cast<int>(absl::ToInt64Milliseconds(left)) + 1);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) continue;
     char buf[4096];

@@ -100,7 +100,8 @@ TEST_F(TcpE2eTest, ReadVerifiesEveryByteForAllSizes) {
   for (size_t len : kSizes) {
     off = (off + 4096 + 13) % (kPeerBuffer - len);  // Unaligned offsets too.
     BatchStatus st = Run({Req(OpCode::kRead, off, len)});
-    ASSERT_EQ(st.state, TransferState::kCompleted) << len << " " << st.first_error;
+    ASSERT_EQ(st.state, TransferState::kCompleted)
+        << len << " " << st.first_error;
     EXPECT_EQ(st.transferred_bytes, len);
     ASSERT_EQ(CheckPattern(local_.get() + off, len, off, kPeerSeed), len)
         << "READ of " << len << " bytes at " << off;
@@ -114,7 +115,8 @@ TEST_F(TcpE2eTest, WriteIsAppliedAtTargetForAllSizes) {
     off = (off + 8192 + 5) % (kPeerBuffer - len);
     FillPattern(local_.get() + off, len, off, ++seed);
     BatchStatus st = Run({Req(OpCode::kWrite, off, len)});
-    ASSERT_EQ(st.state, TransferState::kCompleted) << len << " " << st.first_error;
+    ASSERT_EQ(st.state, TransferState::kCompleted)
+        << len << " " << st.first_error;
     // Completion means applied: the target sees the data right away.
     ASSERT_EQ(Check(off, len, seed), "OK") << "WRITE of " << len;
   }
@@ -140,7 +142,8 @@ TEST_F(TcpE2eTest, ManyRequestsPerBatchMixed) {
     if (i % 2 == 0) {
       ASSERT_EQ(Check(off, kBlock, 5), "OK") << i;
     } else {
-      ASSERT_EQ(CheckPattern(local_.get() + off, kBlock, off, kPeerSeed), kBlock)
+      ASSERT_EQ(CheckPattern(local_.get() + off, kBlock, off, kPeerSeed),
+                kBlock)
           << i;
     }
   }
@@ -223,8 +226,8 @@ TEST_F(TcpE2eTest, PeerExitsCleanly) {
 }
 
 TEST(TcpE2eInitTest, MetadataServerUnreachable) {
-  auto peer = Subprocess::Start({RunfilePath("tests/engine_peer"),
-                                 "--name=p", "--metadata=127.0.0.1:1"});
+  auto peer = Subprocess::Start(
+      {RunfilePath("tests/engine_peer"), "--name=p", "--metadata=127.0.0.1:1"});
   ASSERT_TRUE(peer.ok());
   auto line = (*peer)->ReadLine(absl::Seconds(15));
   ASSERT_TRUE(line.ok()) << line.status();

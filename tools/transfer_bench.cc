@@ -47,8 +47,7 @@ ABSL_FLAG(int, threads, 1, "initiator threads");
 ABSL_FLAG(double, duration, 5, "seconds to run the initiator");
 ABSL_FLAG(double, warmup, 0,
           "seconds to run before measuring (like iperf3 -O)");
-ABSL_FLAG(uint64_t, buffer_size, 1ull << 30,
-          "bytes registered on each side");
+ABSL_FLAG(uint64_t, buffer_size, 1ull << 30, "bytes registered on each side");
 ABSL_FLAG(bool, verify, false,
           "check every byte moved (READ: against the target's pattern; "
           "WRITE: read back and compare)");
@@ -114,10 +113,9 @@ void* SetUpTarget(TransferEngine& engine, size_t size) {
   return buf;
 }
 
-void InitiatorThread(TransferEngine& engine, SegmentHandle seg,
-                     uint8_t* local, uint64_t remote_base, size_t region,
-                     int tid, absl::Time measure_from, absl::Time end,
-                     Totals* totals,
+void InitiatorThread(TransferEngine& engine, SegmentHandle seg, uint8_t* local,
+                     uint64_t remote_base, size_t region, int tid,
+                     absl::Time measure_from, absl::Time end, Totals* totals,
                      ThreadStats* stats) {
   const bool write = absl::GetFlag(FLAGS_operation) == "write";
   const bool verify = absl::GetFlag(FLAGS_verify);
@@ -209,9 +207,9 @@ int RunInitiator(TransferEngine& engine) {
   }
   const size_t region = buffer / static_cast<size_t>(threads);
   if (region < block * static_cast<size_t>(batch_size)) {
-    Die(absl::InvalidArgumentError(absl::StrCat(
-            "buffer_size ", buffer, " is too small for ", threads,
-            " thread(s) x batch_size x block_size")),
+    Die(absl::InvalidArgumentError(
+            absl::StrCat("buffer_size ", buffer, " is too small for ", threads,
+                         " thread(s) x batch_size x block_size")),
         "flags");
   }
   auto seg = engine.OpenSegment(absl::GetFlag(FLAGS_segment_id));
@@ -226,7 +224,8 @@ int RunInitiator(TransferEngine& engine) {
   }
   auto* local = static_cast<uint8_t*>(AllocBuffer(buffer));
   std::memset(local, 0, buffer);
-  if (absl::Status s = engine.RegisterLocalMemory(local, buffer, "cpu:0", false);
+  if (absl::Status s =
+          engine.RegisterLocalMemory(local, buffer, "cpu:0", false);
       !s.ok()) {
     Die(s, "registering local buffer");
   }
@@ -234,8 +233,7 @@ int RunInitiator(TransferEngine& engine) {
   std::vector<ThreadStats> stats(static_cast<size_t>(threads));
   const absl::Time start =
       absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_warmup));
-  const absl::Time end =
-      start + absl::Seconds(absl::GetFlag(FLAGS_duration));
+  const absl::Time end = start + absl::Seconds(absl::GetFlag(FLAGS_duration));
   std::vector<std::thread> workers;
   for (int t = 0; t < threads; ++t) {
     workers.emplace_back(InitiatorThread, std::ref(engine), *seg, local,
@@ -327,8 +325,8 @@ int Main() {
                 engine.metadata_address().c_str());
     std::fflush(stdout);
     const double life = absl::GetFlag(FLAGS_target_seconds);
-    const absl::Time end = life > 0 ? absl::Now() + absl::Seconds(life)
-                                    : absl::InfiniteFuture();
+    const absl::Time end =
+        life > 0 ? absl::Now() + absl::Seconds(life) : absl::InfiniteFuture();
     while (!g_stop.load() && absl::Now() < end) {
       absl::SleepFor(absl::Milliseconds(100));
     }
@@ -350,16 +348,16 @@ int Main() {
   if (mode == "local") {
     // Two engines in one process: the target embeds the metadata service.
     TransferEngine target;
-    if (absl::Status s = target.Init(BaseOptions(
-            absl::GetFlag(FLAGS_segment_id), md));
+    if (absl::Status s =
+            target.Init(BaseOptions(absl::GetFlag(FLAGS_segment_id), md));
         !s.ok()) {
       Die(s, "Init target");
     }
     SetUpTarget(target, buffer);
     TransferEngine initiator;
-    if (absl::Status s = initiator.Init(BaseOptions(
-            name.empty() ? "initiator" : name,
-            md == "embedded" ? target.metadata_address() : md));
+    if (absl::Status s = initiator.Init(
+            BaseOptions(name.empty() ? "initiator" : name,
+                        md == "embedded" ? target.metadata_address() : md));
         !s.ok()) {
       Die(s, "Init initiator");
     }

@@ -105,9 +105,9 @@ absl::StatusOr<MemoryRegistry::Lease> MemoryRegistry::Acquire(
                      " is not inside one registered buffer"));
   }
   if (need_remote && !entry->region.remote_accessible) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "buffer at 0x", absl::Hex(entry->region.addr),
-        " is not registered as remote-accessible"));
+    return absl::PermissionDeniedError(
+        absl::StrCat("buffer at 0x", absl::Hex(entry->region.addr),
+                     " is not registered as remote-accessible"));
   }
   ++entry->users;
   Lease lease;

@@ -46,8 +46,8 @@ class SliceSink {
 // A contiguous piece of one request: the unit a transport moves.
 struct Slice {
   OpCode op = OpCode::kRead;
-  void* local = nullptr;         // Local address (source of a WRITE).
-  uint64_t remote = 0;           // Remote virtual address.
+  void* local = nullptr;  // Local address (source of a WRITE).
+  uint64_t remote = 0;    // Remote virtual address.
   size_t length = 0;
   const SegmentView* target = nullptr;  // Alive until the slice completes.
   absl::Time deadline = absl::InfiniteFuture();
@@ -58,8 +58,8 @@ struct Slice {
 
 // What a transport gets from the engine at Install.
 struct TransportEnv {
-  std::string local_segment;     // This engine's segment name.
-  std::string listen_host;       // Address to bind listeners to.
+  std::string local_segment;  // This engine's segment name.
+  std::string listen_host;    // Address to bind listeners to.
   metadata::PeerServiceImpl* peer_service = nullptr;  // For handshakes.
   metadata::PeerClient* peer_client = nullptr;
 };

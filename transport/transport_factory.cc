@@ -35,8 +35,8 @@ absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(
     if (name == f.name) return f.make(options);
     known.push_back(f.name);
   }
-  return absl::NotFoundError(absl::StrCat("unknown transport '", name,
-                                          "'; known: ", absl::StrJoin(known, ", ")));
+  return absl::NotFoundError(absl::StrCat(
+      "unknown transport '", name, "'; known: ", absl::StrJoin(known, ", ")));
 }
 
 }  // namespace ferry

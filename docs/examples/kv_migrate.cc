@@ -55,7 +55,8 @@ int main() {
   auto decode_seg = prefill.OpenSegment("decode-0");
   if (!decode_seg.ok()) return Fail("OpenSegment", decode_seg.status());
   auto buffers = prefill.GetSegmentBuffers(*decode_seg);
-  if (!buffers.ok() || buffers->empty()) return Fail("buffers", buffers.status());
+  if (!buffers.ok() || buffers->empty())
+    return Fail("buffers", buffers.status());
   const uint64_t slot3 = buffers->front().addr + 3 * kv_block.size();
 
   // 4. One batch, one WRITE request, wait without spinning, free.

@@ -24,11 +24,11 @@ absl::Status WireError(const Slice& slice, WireStatus status) {
     case WireStatus::kOutOfBounds:
       break;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "target '", slice.target->name(), "' rejected ",
-      slice.op == OpCode::kWrite ? "WRITE" : "READ", " of 0x",
-      absl::Hex(slice.remote), "+", slice.length,
-      ": not inside a buffer registered as remote-accessible"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("target '", slice.target->name(), "' rejected ",
+                   slice.op == OpCode::kWrite ? "WRITE" : "READ", " of 0x",
+                   absl::Hex(slice.remote), "+", slice.length,
+                   ": not inside a buffer registered as remote-accessible"));
 }
 
 }  // namespace
@@ -114,18 +114,18 @@ void TcpConnection::ExpireOverdue(absl::Time now) {
     }
   }
   for (Slice* s : expired) {
-    Finish(s, absl::DeadlineExceededError(absl::StrCat(
-                  "transfer to ", peer_.ToString(),
-                  " did not complete before its deadline")));
+    Finish(s, absl::DeadlineExceededError(
+                  absl::StrCat("transfer to ", peer_.ToString(),
+                               " did not complete before its deadline")));
   }
 }
 
 void TcpConnection::SendLoop() {
   auto fd = ConnectTcp(peer_, connect_timeout_);
   if (!fd.ok()) {
-    Fail(absl::UnavailableError(absl::StrCat(
-        "cannot connect to TCP transport of peer ", peer_.ToString(), ": ",
-        fd.status().message())));
+    Fail(absl::UnavailableError(
+        absl::StrCat("cannot connect to TCP transport of peer ",
+                     peer_.ToString(), ": ", fd.status().message())));
     return;
   }
   TuneDataSocket(fd->get());
@@ -153,8 +153,8 @@ void TcpConnection::SendLoop() {
     }
     const bool is_write = slice->op == OpCode::kWrite;
     uint8_t hdr[kRequestHeaderBytes];
-    EncodeRequest({is_write ? WireOp::kWrite : WireOp::kRead, id,
-                   slice->remote, slice->length},
+    EncodeRequest({is_write ? WireOp::kWrite : WireOp::kRead, id, slice->remote,
+                   slice->length},
                   hdr);
     iovec iov[2] = {{hdr, sizeof(hdr)}, {slice->local, slice->length}};
     absl::Status s = WriteFullv(sock, iov, is_write ? 2 : 1);
@@ -176,9 +176,9 @@ void TcpConnection::SendLoop() {
       }
     }
     if (finish_here) {
-      Finish(slice, absl::UnavailableError(absl::StrCat(
-                        "TCP connection to ", peer_.ToString(),
-                        " failed: ", finish_status.message())));
+      Finish(slice, absl::UnavailableError(
+                        absl::StrCat("TCP connection to ", peer_.ToString(),
+                                     " failed: ", finish_status.message())));
     }
     if (!s.ok()) {
       Fail(absl::UnavailableError(absl::StrCat(
@@ -233,9 +233,9 @@ void TcpConnection::RecvLoop() {
     if (resp.op != expect ||
         (resp.op == WireOp::kReadData && resp.status == WireStatus::kOk &&
          resp.length != slice->length)) {
-      absl::Status bad = absl::DataLossError(absl::StrCat(
-          "peer ", peer_.ToString(), " answered request ", resp.request_id,
-          " with a mismatched response"));
+      absl::Status bad = absl::DataLossError(
+          absl::StrCat("peer ", peer_.ToString(), " answered request ",
+                       resp.request_id, " with a mismatched response"));
       Finish(slice, bad);
       Fail(bad);
       return;
@@ -244,9 +244,9 @@ void TcpConnection::RecvLoop() {
       s = ReadFullPatient(sock, slice->local, resp.length, stopping_,
                           kMaxStalledWakeups);
       if (!s.ok()) {
-        absl::Status lost = absl::UnavailableError(absl::StrCat(
-            "TCP connection to ", peer_.ToString(),
-            " lost mid-READ: ", s.message()));
+        absl::Status lost = absl::UnavailableError(
+            absl::StrCat("TCP connection to ", peer_.ToString(),
+                         " lost mid-READ: ", s.message()));
         Finish(slice, lost);
         Fail(lost);
         return;

@@ -116,8 +116,9 @@ absl::Status TcpServer::HandleWrite(int fd, uint64_t id, uint64_t addr,
   auto lease = registry_->Acquire(addr, len, /*need_remote=*/true);
   if (!lease.ok()) {
     // Consume the payload so the stream stays in sync, write nothing.
-    if (absl::Status s = ReadFullPatient(fd, nullptr, len, stopping_,
-                                         kMaxStalledWakeups); !s.ok()) {
+    if (absl::Status s =
+            ReadFullPatient(fd, nullptr, len, stopping_, kMaxStalledWakeups);
+        !s.ok()) {
       return s;
     }
     return SendResponse(fd, WireOp::kWriteAck, WireStatus::kOutOfBounds, id, 0,

@@ -65,21 +65,22 @@ TcpConnection* TcpTransport::PickLocked(Pool* pool, absl::Status* why) {
       pool->last_failure = c->failure();
       pool->retry_after =
           now + std::min(kMaxBackoff,
-                         kMinBackoff * (1 << std::min(
-                                            pool->consecutive_failures, 6)));
+                         kMinBackoff *
+                             (1 << std::min(pool->consecutive_failures, 6)));
       ++pool->consecutive_failures;
     }
     graveyard_.push_back(std::move(c));
   }
-  pool->conns.erase(std::remove(pool->conns.begin(), pool->conns.end(),
-                                nullptr),
-                    pool->conns.end());
+  pool->conns.erase(
+      std::remove(pool->conns.begin(), pool->conns.end(), nullptr),
+      pool->conns.end());
   TcpConnection* best = nullptr;
   for (auto& c : pool->conns) {
     if (best == nullptr || c->load_bytes() < best->load_bytes()) best = c.get();
   }
   const size_t want = static_cast<size_t>(options_.tcp_connections_per_peer);
-  if (pool->conns.size() < want && (best == nullptr || best->load_bytes() > 0)) {
+  if (pool->conns.size() < want &&
+      (best == nullptr || best->load_bytes() > 0)) {
     if (now < pool->retry_after && best == nullptr) {
       *why = absl::UnavailableError(absl::StrCat(
           "peer ", pool->addr.ToString(), " unreachable, retrying in ",
@@ -88,8 +89,8 @@ TcpConnection* TcpTransport::PickLocked(Pool* pool, absl::Status* why) {
       return nullptr;
     }
     if (now >= pool->retry_after) {
-      pool->conns.push_back(
-          std::make_unique<TcpConnection>(pool->addr, options_.connect_timeout));
+      pool->conns.push_back(std::make_unique<TcpConnection>(
+          pool->addr, options_.connect_timeout));
       best = pool->conns.back().get();
     }
   }

@@ -35,7 +35,9 @@ class TcpTransport final : public Transport {
   absl::Status RegisterMemory(const MemoryRegion& region,
                               metadata::Buffer* published) override;
   absl::Status UnregisterMemory(uintptr_t addr) override;
-  size_t max_slice_bytes() const override { return options_.tcp_max_slice_bytes; }
+  size_t max_slice_bytes() const override {
+    return options_.tcp_max_slice_bytes;
+  }
   void Submit(absl::Span<Slice* const> slices) override;
   void Shutdown() override;
 

@@ -81,6 +81,27 @@ class TcpTransportTest : public ::testing::Test {
     return s;
   }
 
+  // A view of the target whose TCP endpoint is `port` on loopback.
+  std::shared_ptr<const SegmentView> ViewWithPort(uint16_t port) {
+    metadata::SegmentDescriptor d = view_->descriptor();
+    d.mutable_transports(0)->set_address("127.0.0.1:" + std::to_string(port));
+    return *SegmentView::Create(d);
+  }
+
+  // Submits one 8-byte READ to `view` and returns its completion status.
+  absl::Status ReadOnce(const SegmentView* view, absl::Duration deadline,
+                        bool shutdown_after_submit = false) {
+    char buf[8];
+    Slice s = MakeSlice(OpCode::kRead, buf, Remote(0), 8);
+    s.target = view;
+    s.deadline = absl::Now() + deadline;
+    Slice* ss[] = {&s};
+    initiator_->Submit(ss);
+    if (shutdown_after_submit) initiator_->Shutdown();
+    auto st = sink_.Wait(1);
+    return st.size() == 1 ? st[0] : absl::InternalError("no completion");
+  }
+
   uint64_t Remote(size_t off) {
     return reinterpret_cast<uint64_t>(target_buf_.data()) + off;
   }
@@ -158,55 +179,30 @@ TEST_F(TcpTransportTest, GarbageFrameClosesOnlyThatConnection) {
 }
 
 TEST_F(TcpTransportTest, UnreachablePeerFailsFast) {
-  metadata::SegmentDescriptor d = view_->descriptor();
   uint16_t port = 0;
-  { auto l = ListenTcp("127.0.0.1", 0, &port); }
-  d.mutable_transports(0)->set_address("127.0.0.1:" + std::to_string(port));
-  auto dead = *SegmentView::Create(d);
-  char buf[8];
-  Slice s = MakeSlice(OpCode::kRead, buf, Remote(0), 8);
-  s.target = dead.get();
-  Slice* ss[] = {&s};
-  initiator_->Submit(ss);
-  auto st = sink_.Wait(1);
-  ASSERT_EQ(st.size(), 1u);
-  EXPECT_EQ(st[0].code(), absl::StatusCode::kUnavailable) << st[0];
+  { auto l = ListenTcp("127.0.0.1", 0, &port); }  // Closed: refused.
+  auto dead = ViewWithPort(port);
+  absl::Status s = ReadOnce(dead.get(), absl::Seconds(10));
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
 }
 
 TEST_F(TcpTransportTest, SilentPeerHitsDeadline) {
-  // A listener that accepts but never answers.
   uint16_t port = 0;
-  auto listener = ListenTcp("127.0.0.1", 0, &port);
+  auto listener = ListenTcp("127.0.0.1", 0, &port);  // Never answers.
   ASSERT_TRUE(listener.ok());
-  metadata::SegmentDescriptor d = view_->descriptor();
-  d.mutable_transports(0)->set_address("127.0.0.1:" + std::to_string(port));
-  auto silent = *SegmentView::Create(d);
-  char buf[8];
-  Slice s = MakeSlice(OpCode::kRead, buf, Remote(0), 8);
-  s.target = silent.get();
-  s.deadline = absl::Now() + absl::Milliseconds(200);
-  Slice* ss[] = {&s};
-  initiator_->Submit(ss);
-  auto st = sink_.Wait(1);
-  ASSERT_EQ(st.size(), 1u);
-  EXPECT_EQ(st[0].code(), absl::StatusCode::kDeadlineExceeded) << st[0];
+  auto silent = ViewWithPort(port);
+  absl::Status s = ReadOnce(silent.get(), absl::Milliseconds(200));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
 }
 
 TEST_F(TcpTransportTest, ShutdownCancelsInFlight) {
   uint16_t port = 0;
   auto listener = ListenTcp("127.0.0.1", 0, &port);
-  metadata::SegmentDescriptor d = view_->descriptor();
-  d.mutable_transports(0)->set_address("127.0.0.1:" + std::to_string(port));
-  auto silent = *SegmentView::Create(d);
-  char buf[8];
-  Slice s = MakeSlice(OpCode::kRead, buf, Remote(0), 8);
-  s.target = silent.get();
-  Slice* ss[] = {&s};
-  initiator_->Submit(ss);
-  initiator_->Shutdown();
-  auto st = sink_.Wait(1);
-  ASSERT_EQ(st.size(), 1u);
-  EXPECT_FALSE(st[0].ok());
+  ASSERT_TRUE(listener.ok());
+  auto silent = ViewWithPort(port);
+  absl::Status s = ReadOnce(silent.get(), absl::Seconds(10),
+                            /*shutdown_after_submit=*/true);
+  EXPECT_FALSE(s.ok());
 }
 
 }  // namespace

@@ -32,9 +32,9 @@ absl::Status CheckPreamble(const uint8_t* in) {
         absl::StrCat("bad magic 0x", absl::Hex(Get32(in))));
   }
   if (in[4] != kVersion) {
-    return absl::DataLossError(absl::StrCat("unsupported wire version ",
-                                            in[4], " (this side speaks ",
-                                            kVersion, ")"));
+    return absl::DataLossError(absl::StrCat("unsupported wire version ", in[4],
+                                            " (this side speaks ", kVersion,
+                                            ")"));
   }
   return absl::OkStatus();
 }
@@ -75,9 +75,8 @@ absl::Status DecodeRequest(const uint8_t in[kRequestHeaderBytes],
   h->remote_addr = Get64(in + 16);
   h->length = Get64(in + 24);
   if (h->length == 0 || h->length > kMaxFrameLength) {
-    return absl::DataLossError(
-        absl::StrCat("request length ", h->length, " outside 1..",
-                     kMaxFrameLength));
+    return absl::DataLossError(absl::StrCat("request length ", h->length,
+                                            " outside 1..", kMaxFrameLength));
   }
   return absl::OkStatus();
 }
@@ -101,8 +100,7 @@ absl::Status DecodeResponse(const uint8_t in[kResponseHeaderBytes],
   if (h->length > kMaxFrameLength ||
       (h->op == WireOp::kWriteAck && h->length != 0) ||
       (h->status != WireStatus::kOk && h->length != 0)) {
-    return absl::DataLossError(
-        absl::StrCat("bad response length ", h->length));
+    return absl::DataLossError(absl::StrCat("bad response length ", h->length));
   }
   return absl::OkStatus();
 }

@@ -55,8 +55,7 @@ struct ResponseHeader {
 };
 
 void EncodeRequest(const RequestHeader& h, uint8_t out[kRequestHeaderBytes]);
-void EncodeResponse(const ResponseHeader& h,
-                    uint8_t out[kResponseHeaderBytes]);
+void EncodeResponse(const ResponseHeader& h, uint8_t out[kResponseHeaderBytes]);
 
 // DataLoss with a reason if the bytes are not a valid header.
 absl::Status DecodeRequest(const uint8_t in[kRequestHeaderBytes],

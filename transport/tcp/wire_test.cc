@@ -32,11 +32,11 @@ TEST(WireTest, RejectsGarbageRequests) {
     b[at] = v;
     return DecodeRequest(b, &h);
   };
-  EXPECT_FALSE(mutate(0, 'X').ok());   // Magic.
-  EXPECT_FALSE(mutate(4, 9).ok());     // Version.
-  EXPECT_FALSE(mutate(5, 0x81).ok());  // A response opcode.
-  EXPECT_FALSE(mutate(7, 1).ok());     // Flags.
-  EXPECT_FALSE(mutate(31, 0).ok());    // Length 0.
+  EXPECT_FALSE(mutate(0, 'X').ok());    // Magic.
+  EXPECT_FALSE(mutate(4, 9).ok());      // Version.
+  EXPECT_FALSE(mutate(5, 0x81).ok());   // A response opcode.
+  EXPECT_FALSE(mutate(7, 1).ok());      // Flags.
+  EXPECT_FALSE(mutate(31, 0).ok());     // Length 0.
   EXPECT_FALSE(mutate(24, 0xff).ok());  // Length beyond the frame limit.
   uint8_t zeros[kRequestHeaderBytes] = {};
   EXPECT_EQ(DecodeRequest(zeros, &h).code(), absl::StatusCode::kDataLoss);
