@@ -1,0 +1,39 @@
+// The responder and requester halves of the RC data path, shared by the
+// TCP path and the same-process loopback path.
+#ifndef FERRY_TRANSPORT_SOFTRNIC_DATAPATH_H_
+#define FERRY_TRANSPORT_SOFTRNIC_DATAPATH_H_
+
+#include <memory>
+
+#include "transport/softrnic/connection.h"
+#include "transport/softrnic/softrnic.h"
+#include "transport/softrnic/wire.h"
+
+namespace softrnic {
+
+// What the responder answers to one request.
+struct Response {
+  bool send = false;      // False: drop silently (the requester will retry).
+  bool io_error = false;  // The payload could not be read: close.
+  Frame frame{};
+  Mr* mr = nullptr;  // For READ_RESP: held until the data is sent.
+  const uint8_t* data = nullptr;
+};
+
+// Executes request `f` on responder `qp`, consuming its payload from `src`
+// (the payload is always consumed, also when the request is refused).
+Response ProcessRequest(const std::shared_ptr<Qp>& qp, const Frame& f,
+                        PayloadSource* src);
+
+// Handles a response at requester `qp`; READ data is read from `src`.
+// Returns false on a protocol violation (the connection must be closed).
+// Sets *kick when WQEs must be (re)transmitted.
+bool HandleResponse(const std::shared_ptr<Qp>& qp, const Frame& f,
+                    PayloadSource* src, bool* kick);
+
+// Transmits every WQE not yet sent, in order.
+void Kick(const std::shared_ptr<Qp>& qp);
+
+}  // namespace softrnic
+
+#endif  // FERRY_TRANSPORT_SOFTRNIC_DATAPATH_H_

@@ -1,0 +1,404 @@
+// Devices, contexts, queries, async events and the fault-injection API.
+#include <arpa/inet.h>
+#include <endian.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include "transport/softrnic/softrnic.h"
+
+namespace softrnic {
+
+void Device::GidFor(ibv_gid* gid) const {
+  std::memset(gid->raw, 0, sizeof(gid->raw));
+  // RoCE v2 style IPv4-mapped GID; the listener port rides in bytes 8..9 so
+  // a peer knows where to connect from the GID alone.
+  gid->raw[8] = static_cast<uint8_t>(port >> 8);
+  gid->raw[9] = static_cast<uint8_t>(port & 0xff);
+  gid->raw[10] = 0xff;
+  gid->raw[11] = 0xff;
+  std::memcpy(&gid->raw[12], &ip, 4);
+}
+
+std::vector<Device*>& Devices() {
+  static std::vector<Device*>* devices = [] {
+    auto* list = new std::vector<Device*>();
+    int index = 0;
+    for (const DeviceConfig& c : LoadDeviceConfig()) {
+      auto* d = new Device();
+      d->name = c.name;
+      inet_pton(AF_INET, c.ip.c_str(), &d->ip);
+      d->ibdev.node_type = IBV_NODE_CA;
+      d->ibdev.transport_type = IBV_TRANSPORT_IB;
+      std::snprintf(d->ibdev.name, sizeof(d->ibdev.name), "%s", c.name.c_str());
+      std::snprintf(d->ibdev.dev_name, sizeof(d->ibdev.dev_name), "uverbs%d",
+                    index);
+      std::snprintf(d->ibdev.dev_path, sizeof(d->ibdev.dev_path),
+                    "/sys/class/infiniband_verbs/uverbs%d", index);
+      std::snprintf(d->ibdev.ibdev_path, sizeof(d->ibdev.ibdev_path),
+                    "/sys/class/infiniband/%s", c.name.c_str());
+      uint8_t g[8] = {0x02, 0x53, 0x52, static_cast<uint8_t>(index),
+                      0,    0,    0,    0};
+      std::memcpy(&g[4], &d->ip, 4);
+      std::memcpy(&d->guid, g, 8);
+      list->push_back(d);
+      ++index;
+    }
+    return list;
+  }();
+  return *devices;
+}
+
+Device* FindDeviceByAddress(in_addr ip, uint16_t port) {
+  for (Device* d : Devices()) {
+    std::lock_guard<std::mutex> lock(d->mu);
+    if (d->started && d->ip.s_addr == ip.s_addr && d->port == port) return d;
+  }
+  return nullptr;
+}
+
+Device* FindDeviceByName(const char* name) {
+  if (name == nullptr) return nullptr;
+  for (Device* d : Devices()) {
+    if (d->name == name) return d;
+  }
+  return nullptr;
+}
+
+int StartDevice(Device* dev) {
+  std::lock_guard<std::mutex> lock(dev->mu);
+  if (dev->started) return 0;
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return errno;
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr = dev->ip;
+  sa.sin_port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 ||
+      ::listen(fd, 256) != 0) {
+    int err = errno;
+    char ip[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &dev->ip, ip, sizeof(ip));
+    std::fprintf(stderr, "softrnic: %s: cannot listen on %s: %s\n",
+                 dev->name.c_str(), ip, std::strerror(err));
+    ::close(fd);
+    return err;
+  }
+  socklen_t len = sizeof(sa);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  dev->port = ntohs(sa.sin_port);
+  dev->listen_fd = fd;
+  dev->started = true;
+  // Process-lifetime threads: detached, they block in accept/wait when idle.
+  std::thread([dev] { AcceptLoop(dev); }).detach();
+  std::thread([dev] { TimerLoop(dev); }).detach();
+  return 0;
+}
+
+void PostAsyncEvent(Context* ctx, const ibv_async_event& event) {
+  {
+    std::lock_guard<std::mutex> lock(ctx->mu);
+    ctx->async_events.push_back(event);
+  }
+  char b = 1;
+  ssize_t n = ::write(ctx->async_write_fd, &b, 1);
+  (void)n;
+}
+
+void PostAsyncEvent(Device* dev, const ibv_async_event& event) {
+  std::vector<Context*> contexts;
+  {
+    std::lock_guard<std::mutex> lock(dev->mu);
+    contexts = dev->contexts;
+  }
+  for (Context* c : contexts) {
+    ibv_async_event e = event;
+    if (e.event_type == IBV_EVENT_PORT_ERR ||
+        e.event_type == IBV_EVENT_PORT_ACTIVE) {
+      e.element.port_num = 1;
+    }
+    PostAsyncEvent(c, e);
+  }
+}
+
+}  // namespace softrnic
+
+using namespace softrnic;
+
+SOFTRNIC_EXPORT ibv_device** ibv_get_device_list(int* num_devices) {
+  auto& devs = Devices();
+  auto** list =
+      static_cast<ibv_device**>(calloc(devs.size() + 1, sizeof(ibv_device*)));
+  if (list == nullptr) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+  for (size_t i = 0; i < devs.size(); ++i) list[i] = &devs[i]->ibdev;
+  if (num_devices != nullptr) *num_devices = static_cast<int>(devs.size());
+  return list;
+}
+
+SOFTRNIC_EXPORT void ibv_free_device_list(ibv_device** list) { free(list); }
+
+SOFTRNIC_EXPORT const char* ibv_get_device_name(ibv_device* device) {
+  return device->name;
+}
+
+SOFTRNIC_EXPORT __be64 ibv_get_device_guid(ibv_device* device) {
+  return reinterpret_cast<Device*>(device)->guid;
+}
+
+SOFTRNIC_EXPORT int ibv_get_device_index(ibv_device* device) {
+  auto& devs = Devices();
+  for (size_t i = 0; i < devs.size(); ++i) {
+    if (&devs[i]->ibdev == device) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+SOFTRNIC_EXPORT ibv_context* ibv_open_device(ibv_device* device) {
+  Device* dev = reinterpret_cast<Device*>(device);
+  if (int err = StartDevice(dev); err != 0) {
+    errno = err;
+    return nullptr;
+  }
+  auto* c = new Context();
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) {
+    delete c;
+    return nullptr;
+  }
+  c->dev = dev;
+  c->async_write_fd = fds[1];
+  c->ctx.device = device;
+  c->ctx.cmd_fd = -1;
+  c->ctx.async_fd = fds[0];
+  c->ctx.num_comp_vectors = 1;
+  c->ctx.abi_compat = nullptr;  // Not extended: verbs_get_ctx() is NULL.
+  pthread_mutex_init(&c->ctx.mutex, nullptr);
+  c->ctx.ops.poll_cq = PollCq;
+  c->ctx.ops.req_notify_cq = ReqNotifyCq;
+  c->ctx.ops.post_send = PostSend;
+  c->ctx.ops.post_recv = PostRecv;
+  std::lock_guard<std::mutex> lock(dev->mu);
+  dev->contexts.push_back(c);
+  return &c->ctx;
+}
+
+SOFTRNIC_EXPORT int ibv_close_device(ibv_context* context) {
+  auto* c = reinterpret_cast<Context*>(context);
+  {
+    std::lock_guard<std::mutex> lock(c->dev->mu);
+    auto& v = c->dev->contexts;
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      if (*it == c) {
+        v.erase(it);
+        break;
+      }
+    }
+  }
+  ::close(c->ctx.async_fd);
+  ::close(c->async_write_fd);
+  pthread_mutex_destroy(&c->ctx.mutex);
+  delete c;
+  return 0;
+}
+
+SOFTRNIC_EXPORT int ibv_query_device(ibv_context* context,
+                                     ibv_device_attr* attr) {
+  Device* dev = reinterpret_cast<Context*>(context)->dev;
+  std::memset(attr, 0, sizeof(*attr));
+  std::snprintf(attr->fw_ver, sizeof(attr->fw_ver), "softrnic 1.0");
+  attr->node_guid = dev->guid;
+  attr->sys_image_guid = dev->guid;
+  attr->max_mr_size = ~uint64_t{0};
+  attr->page_size_cap = 0xfffff000;
+  attr->vendor_id = 0x5352;  // "SR"
+  attr->vendor_part_id = 1;
+  attr->hw_ver = 1;
+  attr->max_qp = kMaxQp;
+  attr->max_qp_wr = kMaxQpWr;
+  attr->device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN |
+                           IBV_DEVICE_PORT_ACTIVE_EVENT |
+                           IBV_DEVICE_CHANGE_PHY_PORT;
+  attr->max_sge = kMaxSge;
+  attr->max_sge_rd = kMaxSge;
+  attr->max_cq = 1 << 16;
+  attr->max_cqe = kMaxCqe;
+  attr->max_mr = 1 << 20;
+  attr->max_pd = 1 << 16;
+  attr->max_qp_rd_atom = 16;
+  attr->max_qp_init_rd_atom = 16;
+  attr->max_res_rd_atom = 16 * kMaxQp;
+  attr->atomic_cap = IBV_ATOMIC_NONE;
+  attr->max_srq = 0;
+  attr->max_pkeys = 1;
+  attr->local_ca_ack_delay = 15;
+  attr->phys_port_cnt = 1;
+  return 0;
+}
+
+SOFTRNIC_EXPORT int ibv_query_port(ibv_context* context, uint8_t port_num,
+                                   struct _compat_ibv_port_attr* out) {
+  Device* dev = reinterpret_cast<Context*>(context)->dev;
+  if (port_num != 1) return EINVAL;
+  ibv_port_attr a{};
+  bool up = dev->link_up.load();
+  a.state = up ? IBV_PORT_ACTIVE : IBV_PORT_DOWN;
+  a.max_mtu = IBV_MTU_4096;
+  a.active_mtu = IBV_MTU_4096;
+  a.gid_tbl_len = kGidTableLen;
+  a.port_cap_flags = 0;
+  a.max_msg_sz = kMaxMsgSize;
+  a.pkey_tbl_len = 1;
+  a.lid = 0;  // RoCE: no LIDs.
+  a.max_vl_num = 1;
+  a.active_width = 2;         // 4x
+  a.active_speed = 32;        // EDR (25 Gbps per lane)
+  a.phys_state = up ? 5 : 3;  // LinkUp : Disabled
+  a.link_layer = IBV_LINK_LAYER_ETHERNET;
+  // The caller's struct may be the short compat layout (verbs.h passes an
+  // ibv_port_attr cast to _compat_ibv_port_attr): write only through flags.
+  std::memcpy(out, &a, offsetof(ibv_port_attr, flags) + sizeof(a.flags));
+  return 0;
+}
+
+SOFTRNIC_EXPORT int ibv_query_gid(ibv_context* context, uint8_t port_num,
+                                  int index, ibv_gid* gid) {
+  Device* dev = reinterpret_cast<Context*>(context)->dev;
+  if (port_num != 1 || index < 0 || index >= kGidTableLen) {
+    errno = EINVAL;
+    return -1;
+  }
+  dev->GidFor(gid);
+  return 0;
+}
+
+SOFTRNIC_EXPORT int ibv_query_pkey(ibv_context*, uint8_t port_num, int index,
+                                   __be16* pkey) {
+  if (port_num != 1 || index != 0) {
+    errno = EINVAL;
+    return -1;
+  }
+  *pkey = htobe16(0xffff);
+  return 0;
+}
+
+SOFTRNIC_EXPORT int ibv_get_pkey_index(ibv_context*, uint8_t port_num,
+                                       __be16 pkey) {
+  if (port_num == 1 && be16toh(pkey) == 0xffff) return 0;
+  errno = ENOENT;
+  return -1;
+}
+
+// Declared in rdma-core's private driver.h; ibv_devinfo -v uses it.
+SOFTRNIC_EXPORT int ibv_query_gid_type(ibv_context*, uint8_t port_num,
+                                       unsigned int index, int* type) {
+  if (port_num != 1 || index >= kGidTableLen) {
+    errno = EINVAL;
+    return -1;
+  }
+  *type = 1;  // IBV_GID_TYPE_SYSFS_ROCE_V2
+  return 0;
+}
+
+SOFTRNIC_EXPORT int _ibv_query_gid_ex(ibv_context* context, uint32_t port_num,
+                                      uint32_t gid_index, ibv_gid_entry* entry,
+                                      uint32_t flags, size_t entry_size) {
+  Device* dev = reinterpret_cast<Context*>(context)->dev;
+  if (flags != 0 || entry_size < sizeof(ibv_gid_entry)) return EINVAL;
+  if (port_num != 1 || gid_index >= kGidTableLen) return ENODATA;
+  std::memset(entry, 0, entry_size);
+  dev->GidFor(&entry->gid);
+  entry->gid_index = gid_index;
+  entry->port_num = 1;
+  entry->gid_type = IBV_GID_TYPE_ROCE_V2;
+  entry->ndev_ifindex = 1;
+  return 0;
+}
+
+SOFTRNIC_EXPORT ssize_t _ibv_query_gid_table(ibv_context* context,
+                                             ibv_gid_entry* entries,
+                                             size_t max_entries, uint32_t flags,
+                                             size_t entry_size) {
+  if (flags != 0 || entry_size < sizeof(ibv_gid_entry)) return -EINVAL;
+  if (max_entries < kGidTableLen) return -EINVAL;
+  int rc = _ibv_query_gid_ex(context, 1, 0, entries, 0, entry_size);
+  return rc == 0 ? kGidTableLen : -rc;
+}
+
+SOFTRNIC_EXPORT int ibv_get_async_event(ibv_context* context,
+                                        ibv_async_event* event) {
+  auto* c = reinterpret_cast<Context*>(context);
+  char b;
+  ssize_t n;
+  do {
+    n = ::read(c->ctx.async_fd, &b, 1);
+  } while (n < 0 && errno == EINTR);
+  if (n != 1) return -1;  // errno from read (EAGAIN if non-blocking).
+  std::lock_guard<std::mutex> lock(c->mu);
+  if (c->async_events.empty()) {
+    errno = EAGAIN;
+    return -1;
+  }
+  *event = c->async_events.front();
+  c->async_events.pop_front();
+  return 0;
+}
+
+SOFTRNIC_EXPORT void ibv_ack_async_event(ibv_async_event*) {}
+
+SOFTRNIC_EXPORT int ibv_fork_init(void) { return 0; }
+
+SOFTRNIC_EXPORT enum ibv_fork_status ibv_is_fork_initialized(void) {
+  return IBV_FORK_UNNEEDED;
+}
+
+SOFTRNIC_EXPORT int ibv_read_sysfs_file(const char*, const char*, char*,
+                                        size_t) {
+  return -1;  // There is no sysfs for soft devices.
+}
+
+// ---- Fault injection (softrnic_control.h) --------------------------------
+
+SOFTRNIC_EXPORT const char* softrnic_version(void) { return "softrnic 1.0"; }
+
+SOFTRNIC_EXPORT int softrnic_set_link(const char* name, int up) {
+  Device* dev = FindDeviceByName(name);
+  if (dev == nullptr) {
+    errno = ENODEV;
+    return -1;
+  }
+  bool was = dev->link_up.exchange(up != 0);
+  if (was == (up != 0)) return 0;
+  if (!up) CutDeviceConnections(dev);
+  ibv_async_event e{};
+  e.event_type = up ? IBV_EVENT_PORT_ACTIVE : IBV_EVENT_PORT_ERR;
+  PostAsyncEvent(dev, e);
+  return 0;
+}
+
+SOFTRNIC_EXPORT int softrnic_cut_connections(const char* name) {
+  Device* dev = FindDeviceByName(name);
+  if (dev == nullptr) {
+    errno = ENODEV;
+    return -1;
+  }
+  CutDeviceConnections(dev);
+  return 0;
+}
+
+SOFTRNIC_EXPORT int softrnic_set_delay_us(const char* name, uint32_t us) {
+  Device* dev = FindDeviceByName(name);
+  if (dev == nullptr) {
+    errno = ENODEV;
+    return -1;
+  }
+  dev->delay_us.store(us);
+  return 0;
+}

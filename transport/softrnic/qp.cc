@@ -1,0 +1,356 @@
+// Queue pairs: creation, the RC state machine, query, destruction.
+#include <errno.h>
+
+#include <cstring>
+#include <random>
+
+#include "transport/softrnic/softrnic.h"
+
+namespace softrnic {
+namespace {
+
+struct QpTable {
+  std::mutex mu;
+  std::unordered_map<uint32_t, std::shared_ptr<Qp>> qps;
+  uint32_t next = 0;
+};
+
+QpTable& Table() {
+  static auto* t = [] {
+    auto* table = new QpTable();
+    // Start at a random QP number so a restarted process does not reuse
+    // the numbers its predecessor's peers still hold.
+    std::random_device rd;
+    table->next = (rd() % 0xff0000) + 0x100;
+    return table;
+  }();
+  return *t;
+}
+
+// Attribute masks per transition (IB spec 11.2.4.2, as in the kernel's
+// ib_modify_qp_is_ok for RC).
+struct Transition {
+  ibv_qp_state from, to;
+  int required, optional;
+};
+
+constexpr int kInitRequired =
+    IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+constexpr int kRtrRequired = IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                             IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+                             IBV_QP_MIN_RNR_TIMER;
+constexpr int kRtsRequired = IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                             IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+                             IBV_QP_MAX_QP_RD_ATOMIC;
+constexpr int kRtsOptional = IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS |
+                             IBV_QP_MIN_RNR_TIMER | IBV_QP_ALT_PATH |
+                             IBV_QP_PATH_MIG_STATE;
+
+const Transition kTransitions[] = {
+    {IBV_QPS_RESET, IBV_QPS_INIT, kInitRequired, 0},
+    {IBV_QPS_INIT, IBV_QPS_INIT, 0, kInitRequired},
+    {IBV_QPS_INIT, IBV_QPS_RTR, kRtrRequired,
+     IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX},
+    {IBV_QPS_RTR, IBV_QPS_RTS, kRtsRequired, kRtsOptional},
+    {IBV_QPS_RTS, IBV_QPS_RTS, 0, kRtsOptional},
+};
+
+// Returns 0 or the errno a real NIC gives for this modify.
+int CheckTransition(ibv_qp_state cur, const ibv_qp_attr& a, int mask) {
+  if (!(mask & IBV_QP_STATE)) {
+    // Attribute-only modify within the current state.
+    if (cur == IBV_QPS_INIT) return (mask & ~kInitRequired) ? EINVAL : 0;
+    if (cur == IBV_QPS_RTS) return (mask & ~kRtsOptional) ? EINVAL : 0;
+    return EINVAL;
+  }
+  if ((mask & IBV_QP_CUR_STATE) && a.cur_qp_state != cur) return EINVAL;
+  const ibv_qp_state to = a.qp_state;
+  if (to == IBV_QPS_RESET || to == IBV_QPS_ERR) {
+    return (mask & ~(IBV_QP_STATE | IBV_QP_CUR_STATE)) ? EINVAL : 0;
+  }
+  for (const Transition& t : kTransitions) {
+    if (t.from != cur || t.to != to) continue;
+    int attrs = mask & ~IBV_QP_STATE;
+    if ((attrs & t.required) != t.required) return EINVAL;
+    if (attrs & ~(t.required | t.optional)) return EINVAL;
+    return 0;
+  }
+  return EINVAL;
+}
+
+int CheckValues(const ibv_qp_attr& a, int mask) {
+  if ((mask & IBV_QP_PORT) && a.port_num != 1) return EINVAL;
+  if ((mask & IBV_QP_PKEY_INDEX) && a.pkey_index != 0) return EINVAL;
+  if ((mask & IBV_QP_ACCESS_FLAGS) &&
+      (a.qp_access_flags &
+       ~(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+         IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC))) {
+    return EINVAL;
+  }
+  if (mask & IBV_QP_AV) {
+    // RoCE: the link layer is Ethernet, so a GRH with the peer's GID is
+    // mandatory.
+    if (!a.ah_attr.is_global || a.ah_attr.port_num != 1 ||
+        a.ah_attr.grh.sgid_index >= kGidTableLen) {
+      return EINVAL;
+    }
+  }
+  if ((mask & IBV_QP_PATH_MTU) &&
+      (a.path_mtu < IBV_MTU_256 || a.path_mtu > IBV_MTU_4096)) {
+    return EINVAL;
+  }
+  if ((mask & IBV_QP_DEST_QPN) && a.dest_qp_num > 0xffffff) return EINVAL;
+  if ((mask & IBV_QP_TIMEOUT) && a.timeout > 31) return EINVAL;
+  if ((mask & IBV_QP_RETRY_CNT) && a.retry_cnt > 7) return EINVAL;
+  if ((mask & IBV_QP_RNR_RETRY) && a.rnr_retry > 7) return EINVAL;
+  if ((mask & IBV_QP_MIN_RNR_TIMER) && a.min_rnr_timer > 31) return EINVAL;
+  if ((mask & IBV_QP_MAX_QP_RD_ATOMIC) && a.max_rd_atomic > 16) return EINVAL;
+  if ((mask & IBV_QP_MAX_DEST_RD_ATOMIC) && a.max_dest_rd_atomic > 16) {
+    return EINVAL;
+  }
+  return 0;
+}
+
+void Flush(Qp* qp, std::vector<std::pair<Cq*, ibv_wc>>* out) {
+  for (const SendWqe& w : qp->sq) {
+    ibv_wc wc{};
+    wc.wr_id = w.wr_id;
+    wc.status = IBV_WC_WR_FLUSH_ERR;
+    wc.qp_num = qp->qp.qp_num;
+    out->push_back({qp->send_cq, wc});
+  }
+  qp->sq.clear();
+  qp->done_unsignaled = 0;
+  for (const RecvWqe& w : qp->rq) {
+    ibv_wc wc{};
+    wc.wr_id = w.wr_id;
+    wc.status = IBV_WC_WR_FLUSH_ERR;
+    wc.opcode = IBV_WC_RECV;
+    wc.qp_num = qp->qp.qp_num;
+    out->push_back({qp->recv_cq, wc});
+  }
+  qp->rq.clear();
+}
+
+}  // namespace
+
+std::shared_ptr<Qp> FindQp(uint32_t qpn) {
+  QpTable& t = Table();
+  std::lock_guard<std::mutex> lock(t.mu);
+  auto it = t.qps.find(qpn);
+  return it == t.qps.end() ? nullptr : it->second;
+}
+
+Clock::duration AckTimeout(uint8_t timeout) {
+  if (timeout == 0) return Clock::duration::max();
+  return std::chrono::nanoseconds(static_cast<int64_t>(4096) << timeout);
+}
+
+uint32_t RnrTimerMicros(uint8_t code) {
+  // IB spec table 45: code 0 is 655.36 ms, then 0.01 ms doubling-ish.
+  static const uint32_t kTable[32] = {
+      655360, 10,    20,    30,     40,     60,     80,     120,
+      160,    240,   320,   480,    640,    960,    1280,   1920,
+      2560,   3840,  5120,  7680,   10240,  15360,  20480,  30720,
+      40960,  61440, 81920, 122880, 163840, 245760, 327680, 491520};
+  return kTable[code & 31];
+}
+
+void EnterError(const std::shared_ptr<Qp>& qp, int async_event) {
+  bool changed = false;
+  {
+    std::lock_guard<std::mutex> lock(qp->mu);
+    if (qp->destroyed) return;
+    if (qp->attr.qp_state != IBV_QPS_ERR) {
+      qp->attr.qp_state = IBV_QPS_ERR;
+      qp->qp.state = IBV_QPS_ERR;
+      changed = true;
+    }
+    // Completions are pushed under qp->mu so none can follow
+    // ibv_destroy_qp (after which the application may destroy the CQs).
+    std::vector<std::pair<Cq*, ibv_wc>> flushed;
+    Flush(qp.get(), &flushed);
+    for (auto& [cq, wc] : flushed) PushCompletion(cq, wc);
+  }
+  if (changed) {
+    DisconnectQp(qp);
+    if (async_event >= 0) {
+      ibv_async_event e{};
+      e.event_type = static_cast<ibv_event_type>(async_event);
+      e.element.qp = &qp->qp;
+      PostAsyncEvent(reinterpret_cast<Context*>(qp->qp.context), e);
+    }
+  }
+}
+
+}  // namespace softrnic
+
+using namespace softrnic;
+
+SOFTRNIC_EXPORT ibv_qp* ibv_create_qp(ibv_pd* ibpd, ibv_qp_init_attr* init) {
+  if (init->qp_type != IBV_QPT_RC) {
+    errno = EOPNOTSUPP;  // softrnic emulates reliable connected QPs only.
+    return nullptr;
+  }
+  if (init->srq != nullptr) {
+    errno = EOPNOTSUPP;  // No SRQ support (max_srq = 0).
+    return nullptr;
+  }
+  ibv_qp_cap& cap = init->cap;
+  if (init->send_cq == nullptr || init->recv_cq == nullptr ||
+      cap.max_send_wr < 1 || cap.max_send_wr > kMaxQpWr ||
+      cap.max_recv_wr > kMaxQpWr || cap.max_send_sge > kMaxSge ||
+      cap.max_recv_sge > kMaxSge || cap.max_inline_data > kMaxInline) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  auto qp = std::make_shared<Qp>();
+  qp->self = qp;
+  auto* ctx = reinterpret_cast<Context*>(ibpd->context);
+  qp->dev = ctx->dev;
+  qp->pd = reinterpret_cast<Pd*>(ibpd);
+  qp->send_cq = reinterpret_cast<Cq*>(init->send_cq);
+  qp->recv_cq = reinterpret_cast<Cq*>(init->recv_cq);
+  // Report (and enforce) at least one SGE and the full inline budget, as
+  // drivers round requested capabilities up.
+  cap.max_send_sge = std::max<uint32_t>(cap.max_send_sge, 1);
+  cap.max_recv_sge = std::max<uint32_t>(cap.max_recv_sge, 1);
+  cap.max_inline_data = kMaxInline;
+  qp->cap = cap;
+  qp->sq_sig_all = init->sq_sig_all != 0;
+  qp->qp.context = ibpd->context;
+  qp->qp.qp_context = init->qp_context;
+  qp->qp.pd = ibpd;
+  qp->qp.send_cq = init->send_cq;
+  qp->qp.recv_cq = init->recv_cq;
+  qp->qp.srq = nullptr;
+  qp->qp.state = IBV_QPS_RESET;
+  qp->qp.qp_type = IBV_QPT_RC;
+  pthread_mutex_init(&qp->qp.mutex, nullptr);
+  pthread_cond_init(&qp->qp.cond, nullptr);
+  qp->attr.qp_state = IBV_QPS_RESET;
+  qp->attr.cap = cap;
+  QpTable& t = Table();
+  {
+    std::lock_guard<std::mutex> lock(t.mu);
+    if (t.qps.size() >= static_cast<size_t>(kMaxQp)) {
+      errno = ENOMEM;
+      return nullptr;
+    }
+    do {
+      t.next = (t.next + 1) & 0xffffff;
+      if (t.next < 2) t.next = 2;  // QP0 and QP1 are special.
+    } while (t.qps.count(t.next));
+    qp->qp.qp_num = t.next;
+    qp->qp.handle = t.next;
+    t.qps[t.next] = qp;
+  }
+  qp->pd->users.fetch_add(1);
+  return &qp->qp;
+}
+
+SOFTRNIC_EXPORT int ibv_modify_qp(ibv_qp* ibqp, ibv_qp_attr* a, int mask) {
+  std::shared_ptr<Qp> qp = SharedQp(ibqp);
+  ibv_qp_state to;
+  bool connect = false, disconnect = false, to_error = false;
+  {
+    std::lock_guard<std::mutex> lock(qp->mu);
+    const ibv_qp_state cur = qp->attr.qp_state;
+    if (int err = CheckTransition(cur, *a, mask); err != 0) return err;
+    if (int err = CheckValues(*a, mask); err != 0) return err;
+    to = (mask & IBV_QP_STATE) ? a->qp_state : cur;
+    ibv_qp_attr& s = qp->attr;
+    if (mask & IBV_QP_PKEY_INDEX) s.pkey_index = a->pkey_index;
+    if (mask & IBV_QP_PORT) s.port_num = a->port_num;
+    if (mask & IBV_QP_ACCESS_FLAGS) s.qp_access_flags = a->qp_access_flags;
+    if (mask & IBV_QP_AV) s.ah_attr = a->ah_attr;
+    if (mask & IBV_QP_PATH_MTU) s.path_mtu = a->path_mtu;
+    if (mask & IBV_QP_DEST_QPN) s.dest_qp_num = a->dest_qp_num;
+    if (mask & IBV_QP_RQ_PSN) s.rq_psn = a->rq_psn;
+    if (mask & IBV_QP_SQ_PSN) s.sq_psn = a->sq_psn;
+    if (mask & IBV_QP_MAX_DEST_RD_ATOMIC) {
+      s.max_dest_rd_atomic = a->max_dest_rd_atomic;
+    }
+    if (mask & IBV_QP_MAX_QP_RD_ATOMIC) s.max_rd_atomic = a->max_rd_atomic;
+    if (mask & IBV_QP_MIN_RNR_TIMER) s.min_rnr_timer = a->min_rnr_timer;
+    if (mask & IBV_QP_TIMEOUT) s.timeout = a->timeout;
+    if (mask & IBV_QP_RETRY_CNT) s.retry_cnt = a->retry_cnt;
+    if (mask & IBV_QP_RNR_RETRY) s.rnr_retry = a->rnr_retry;
+    if (mask & IBV_QP_ALT_PATH) {
+      s.alt_ah_attr = a->alt_ah_attr;
+      s.alt_pkey_index = a->alt_pkey_index;
+      s.alt_port_num = a->alt_port_num;
+      s.alt_timeout = a->alt_timeout;
+    }
+    if (mask & IBV_QP_PATH_MIG_STATE) s.path_mig_state = a->path_mig_state;
+    if (to == IBV_QPS_ERR && cur != IBV_QPS_ERR) {
+      to_error = true;
+    } else {
+      s.qp_state = to;
+      qp->qp.state = to;
+    }
+    if (to == IBV_QPS_RTR && cur == IBV_QPS_INIT) {
+      const uint8_t* g = s.ah_attr.grh.dgid.raw;
+      std::memcpy(&qp->peer_ip, g + 12, 4);
+      qp->peer_port = static_cast<uint16_t>(g[8] << 8 | g[9]);
+      qp->expected_msn = 0;
+      connect = true;
+    }
+    if (to == IBV_QPS_RTS && cur == IBV_QPS_RTR) {
+      qp->retries_left = s.retry_cnt;
+      qp->rnr_retries_left = s.rnr_retry;
+      qp->next_msn = 0;
+    }
+    if (to == IBV_QPS_RESET) {
+      // RESET discards everything without completions.
+      qp->sq.clear();
+      qp->rq.clear();
+      qp->done_unsignaled = 0;
+      disconnect = true;
+    }
+  }
+  if (to_error) EnterError(qp, -1);
+  if (disconnect) DisconnectQp(qp);
+  if (connect) ConnectQp(qp);
+  return 0;
+}
+
+SOFTRNIC_EXPORT int ibv_query_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int,
+                                 ibv_qp_init_attr* init) {
+  auto* qp = reinterpret_cast<Qp*>(ibqp);
+  std::lock_guard<std::mutex> lock(qp->mu);
+  *attr = qp->attr;
+  attr->cur_qp_state = qp->attr.qp_state;
+  attr->cap = qp->cap;
+  if (init != nullptr) {
+    std::memset(init, 0, sizeof(*init));
+    init->qp_context = qp->qp.qp_context;
+    init->send_cq = qp->qp.send_cq;
+    init->recv_cq = qp->qp.recv_cq;
+    init->cap = qp->cap;
+    init->qp_type = IBV_QPT_RC;
+    init->sq_sig_all = qp->sq_sig_all;
+  }
+  return 0;
+}
+
+SOFTRNIC_EXPORT int ibv_destroy_qp(ibv_qp* ibqp) {
+  std::shared_ptr<Qp> qp = SharedQp(ibqp);
+  {
+    std::lock_guard<std::mutex> lock(qp->mu);
+    qp->destroyed = true;
+    qp->attr.qp_state = IBV_QPS_RESET;
+    qp->sq.clear();
+    qp->rq.clear();
+  }
+  DisconnectQp(qp);
+  {
+    QpTable& t = Table();
+    std::lock_guard<std::mutex> lock(t.mu);
+    t.qps.erase(qp->qp.qp_num);
+  }
+  qp->pd->users.fetch_sub(1);
+  // Threads still holding the QP see `destroyed` and let go; the memory is
+  // freed with the last reference.
+  return 0;
+}

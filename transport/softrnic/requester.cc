@@ -1,0 +1,595 @@
+// The requester: posting, transmission in MSN order, response handling,
+// retransmission after RNR NAKs and ack timeouts, and the device timer.
+#include <errno.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+
+#include "transport/softrnic/datapath.h"
+
+namespace softrnic {
+namespace {
+
+constexpr int kDialTimeoutMs = 1000;
+// The timer re-checks busy QPs at least this often.
+constexpr auto kTimerMaxSleep = std::chrono::milliseconds(100);
+
+ibv_wc_opcode WcOpcode(ibv_wr_opcode op) {
+  switch (op) {
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+      return IBV_WC_RDMA_WRITE;
+    case IBV_WR_RDMA_READ:
+      return IBV_WC_RDMA_READ;
+    default:
+      return IBV_WC_SEND;
+  }
+}
+
+FrameType RequestType(ibv_wr_opcode op) {
+  switch (op) {
+    case IBV_WR_RDMA_WRITE:
+      return FrameType::kWrite;
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+      return FrameType::kWriteImm;
+    case IBV_WR_RDMA_READ:
+      return FrameType::kRead;
+    case IBV_WR_SEND_WITH_IMM:
+      return FrameType::kSendImm;
+    default:
+      return FrameType::kSend;
+  }
+}
+
+// Completes the front WQE of the send queue. Requires qp->mu.
+void CompleteFront(Qp* qp, ibv_wc_status status) {
+  SendWqe& w = qp->sq.front();
+  const bool signaled = w.signaled || qp->sq_sig_all;
+  if (status != IBV_WC_SUCCESS || signaled) {
+    ibv_wc wc{};
+    wc.wr_id = w.wr_id;
+    wc.status = status;
+    wc.opcode = WcOpcode(w.opcode);
+    wc.byte_len = w.length;
+    wc.qp_num = qp->qp.qp_num;
+    if (!qp->destroyed) PushCompletion(qp->send_cq, wc);
+    // A signaled completion retires the slots of the unsignaled WQEs
+    // before it (the application learns they are done only now).
+    qp->done_unsignaled = 0;
+  } else {
+    ++qp->done_unsignaled;
+  }
+  qp->sq.pop_front();
+  if (qp->send_index > 0) --qp->send_index;
+}
+
+// Fails the front WQE with `status` and moves the QP to ERR.
+void FailFront(const std::shared_ptr<Qp>& qp,
+               std::unique_lock<std::mutex>* lock, ibv_wc_status status) {
+  if (!qp->sq.empty()) CompleteFront(qp.get(), status);
+  lock->unlock();
+  EnterError(qp, -1);
+}
+
+void ResponseLoop(std::shared_ptr<Qp> qp, std::shared_ptr<Connection> conn) {
+  SocketSource src(conn->fd());
+  uint8_t hdr[kHeaderBytes];
+  while (!conn->closed()) {
+    Frame f;
+    if (!ReadFully(conn->fd(), hdr, sizeof(hdr)) ||
+        !DecodeFrame(hdr, kMaxMsgSize, &f)) {
+      break;
+    }
+    bool kick = false;
+    if (!HandleResponse(qp, f, &src, &kick)) break;
+    if (kick) Kick(qp);
+  }
+  conn->Close();
+}
+
+// Opens the outgoing connection and starts its response thread.
+bool Dial(const std::shared_ptr<Qp>& qp) {
+  in_addr ip;
+  uint16_t port;
+  uint32_t dest;
+  {
+    std::lock_guard<std::mutex> lock(qp->mu);
+    if (qp->loopback || qp->destroyed) return qp->loopback;
+    if (qp->conn != nullptr && !qp->conn->closed()) return true;
+    ip = qp->peer_ip;
+    port = qp->peer_port;
+    dest = qp->attr.dest_qp_num;
+  }
+  if (!qp->dev->link_up.load()) return false;
+  std::shared_ptr<Connection> conn = Dial(qp->dev, ip, port, kDialTimeoutMs);
+  if (conn == nullptr) return false;
+  Frame hello{};
+  hello.type = FrameType::kHello;
+  hello.qpn = dest;
+  hello.aux = qp->qp.qp_num;
+  uint8_t out[kHeaderBytes];
+  EncodeFrame(hello, out);
+  iovec iov{out, sizeof(out)};
+  {
+    std::lock_guard<std::mutex> lock(conn->mu);
+    if (!conn->WriteAll(&iov, 1)) return false;
+  }
+  std::shared_ptr<Connection> old;
+  {
+    std::lock_guard<std::mutex> lock(qp->mu);
+    if (qp->destroyed) {
+      conn->Close();
+      return false;
+    }
+    old = std::move(qp->conn);
+    qp->conn = conn;
+  }
+  if (old != nullptr) old->Close();
+  std::thread(ResponseLoop, qp, conn).detach();
+  return true;
+}
+
+}  // namespace
+
+void ConnectQp(const std::shared_ptr<Qp>& qp) {
+  {
+    std::lock_guard<std::mutex> lock(qp->mu);
+    qp->loopback = FindDeviceByAddress(qp->peer_ip, qp->peer_port) != nullptr;
+    qp->send_index = 0;
+  }
+  Dial(qp);  // If it fails, the timer dials again when there is work.
+}
+
+void DisconnectQp(const std::shared_ptr<Qp>& qp) {
+  std::shared_ptr<Connection> c;
+  {
+    std::lock_guard<std::mutex> lock(qp->mu);
+    c = std::move(qp->conn);
+  }
+  if (c != nullptr) c->Close();
+}
+
+int PostSend(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
+  std::shared_ptr<Qp> qp = SharedQp(ibqp);
+  int err = 0;
+  {
+    std::lock_guard<std::mutex> lock(qp->mu);
+    for (; wr != nullptr; wr = wr->next) {
+      const ibv_qp_state st = qp->attr.qp_state;
+      if (st == IBV_QPS_ERR) {
+        ibv_wc wc{};
+        wc.wr_id = wr->wr_id;
+        wc.status = IBV_WC_WR_FLUSH_ERR;
+        wc.opcode = WcOpcode(wr->opcode);
+        wc.qp_num = qp->qp.qp_num;
+        PushCompletion(qp->send_cq, wc);
+        continue;
+      }
+      if (st != IBV_QPS_RTS) {
+        err = EINVAL;
+        break;
+      }
+      if (wr->opcode != IBV_WR_RDMA_WRITE &&
+          wr->opcode != IBV_WR_RDMA_WRITE_WITH_IMM &&
+          wr->opcode != IBV_WR_SEND && wr->opcode != IBV_WR_SEND_WITH_IMM &&
+          wr->opcode != IBV_WR_RDMA_READ) {
+        err = EINVAL;
+        break;
+      }
+      if (wr->num_sge < 0 ||
+          static_cast<uint32_t>(wr->num_sge) > qp->cap.max_send_sge) {
+        err = EINVAL;
+        break;
+      }
+      if (qp->sq.size() + qp->done_unsignaled >= qp->cap.max_send_wr) {
+        err = ENOMEM;
+        break;
+      }
+      uint64_t total = 0;
+      for (int i = 0; i < wr->num_sge; ++i) total += wr->sg_list[i].length;
+      if (total > kMaxMsgSize) {
+        err = EINVAL;
+        break;
+      }
+      const bool is_read = wr->opcode == IBV_WR_RDMA_READ;
+      const bool is_inline = (wr->send_flags & IBV_SEND_INLINE) != 0;
+      if (is_inline && (is_read || total > qp->cap.max_inline_data)) {
+        err = EINVAL;
+        break;
+      }
+      SendWqe w;
+      w.wr_id = wr->wr_id;
+      w.opcode = wr->opcode;
+      w.signaled = (wr->send_flags & IBV_SEND_SIGNALED) != 0;
+      w.solicited = (wr->send_flags & IBV_SEND_SOLICITED) != 0;
+      w.length = static_cast<uint32_t>(total);
+      if (wr->opcode != IBV_WR_SEND && wr->opcode != IBV_WR_SEND_WITH_IMM) {
+        w.remote_addr = wr->wr.rdma.remote_addr;
+        w.rkey = wr->wr.rdma.rkey;
+      }
+      if (wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM ||
+          wr->opcode == IBV_WR_SEND_WITH_IMM) {
+        w.imm = wr->imm_data;
+      }
+      if (is_inline) {
+        // The application may reuse the buffer as soon as we return.
+        w.inline_data.resize(total);
+        size_t off = 0;
+        for (int i = 0; i < wr->num_sge; ++i) {
+          std::memcpy(w.inline_data.data() + off,
+                      reinterpret_cast<const void*>(wr->sg_list[i].addr),
+                      wr->sg_list[i].length);
+          off += wr->sg_list[i].length;
+        }
+      } else {
+        for (int i = 0; i < wr->num_sge; ++i) {
+          const ibv_sge& s = wr->sg_list[i];
+          if (s.length == 0) continue;
+          Mr* mr = AcquireMr(s.lkey, qp->pd, s.addr, s.length,
+                             is_read ? IBV_ACCESS_LOCAL_WRITE : 0);
+          if (mr == nullptr) {
+            w.local_error = true;
+          } else {
+            ReleaseMr(mr);
+          }
+          w.sges.push_back({s.addr, s.length, s.lkey});
+        }
+      }
+      w.msn = qp->next_msn++;
+      qp->sq.push_back(std::move(w));
+    }
+  }
+  if (err != 0) *bad_wr = wr;
+  Kick(qp);
+  return err;
+}
+
+int PostRecv(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
+  auto* qp = reinterpret_cast<Qp*>(ibqp);
+  std::lock_guard<std::mutex> lock(qp->mu);
+  for (; wr != nullptr; wr = wr->next) {
+    const ibv_qp_state st = qp->attr.qp_state;
+    if (st == IBV_QPS_RESET) {
+      *bad_wr = wr;
+      return EINVAL;
+    }
+    if (st == IBV_QPS_ERR) {
+      ibv_wc wc{};
+      wc.wr_id = wr->wr_id;
+      wc.status = IBV_WC_WR_FLUSH_ERR;
+      wc.opcode = IBV_WC_RECV;
+      wc.qp_num = qp->qp.qp_num;
+      PushCompletion(qp->recv_cq, wc);
+      continue;
+    }
+    if (wr->num_sge < 0 ||
+        static_cast<uint32_t>(wr->num_sge) > qp->cap.max_recv_sge) {
+      *bad_wr = wr;
+      return EINVAL;
+    }
+    if (qp->rq.size() >= qp->cap.max_recv_wr) {
+      *bad_wr = wr;
+      return ENOMEM;
+    }
+    RecvWqe r;
+    r.wr_id = wr->wr_id;
+    uint64_t total = 0;
+    for (int i = 0; i < wr->num_sge; ++i) {
+      const ibv_sge& s = wr->sg_list[i];
+      r.sges.push_back({s.addr, s.length, s.lkey});
+      total += s.length;
+    }
+    r.length = static_cast<uint32_t>(std::min<uint64_t>(total, kMaxMsgSize));
+    qp->rq.push_back(std::move(r));
+  }
+  return 0;
+}
+
+void Kick(const std::shared_ptr<Qp>& qp) {
+  std::lock_guard<std::mutex> send_lock(qp->send_mu);
+  bool need_timer = false;
+  while (true) {
+    Frame f{};
+    std::array<uint8_t, kMaxInline> inline_copy;
+    std::vector<iovec> iov;
+    std::vector<Mr*> held;
+    std::shared_ptr<Connection> conn;
+    std::shared_ptr<Qp> peer;
+    bool loopback;
+    {
+      std::unique_lock<std::mutex> lock(qp->mu);
+      if (qp->destroyed || qp->attr.qp_state != IBV_QPS_RTS) break;
+      if (!qp->sq.empty()) need_timer = true;
+      const auto now = Clock::now();
+      if (now < qp->rnr_until) break;
+      if (qp->send_index >= qp->sq.size()) break;
+      SendWqe& w = qp->sq[qp->send_index];
+      if (w.local_error) {
+        // Only the front can fail: earlier WQEs complete first, in order.
+        if (qp->send_index != 0) break;
+        FailFront(qp, &lock, IBV_WC_LOC_PROT_ERR);
+        return;
+      }
+      f.type = RequestType(w.opcode);
+      f.flags = w.solicited ? kFlagSolicited : 0;
+      f.qpn = qp->attr.dest_qp_num;
+      f.msn = w.msn;
+      f.length = w.length;
+      f.rkey = w.rkey;
+      f.remote_addr = w.remote_addr;
+      f.imm = w.imm;
+      iov.push_back({nullptr, kHeaderBytes});
+      if (w.opcode != IBV_WR_RDMA_READ) {
+        if (!w.inline_data.empty()) {
+          std::memcpy(inline_copy.data(), w.inline_data.data(),
+                      w.inline_data.size());
+          iov.push_back({inline_copy.data(), w.inline_data.size()});
+        } else {
+          for (const Sge& s : w.sges) {
+            Mr* mr = AcquireMr(s.lkey, qp->pd, s.addr, s.length, 0);
+            if (mr == nullptr) {  // Deregistered after posting.
+              for (Mr* m : held) ReleaseMr(m);
+              w.local_error = true;
+              held.clear();
+              break;
+            }
+            held.push_back(mr);
+            iov.push_back({HostAddr(mr, s.addr), s.length});
+          }
+          if (w.local_error) continue;
+        }
+      }
+      const Clock::duration timeout = AckTimeout(qp->attr.timeout);
+      w.deadline = timeout == Clock::duration::max() ? Clock::time_point::max()
+                                                     : now + timeout;
+      ++qp->send_index;
+      loopback = qp->loopback;
+      conn = qp->conn;
+    }
+    if (loopback) {
+      peer = FindQp(f.qpn);
+      if (peer != nullptr && qp->dev->link_up.load() &&
+          peer->dev->link_up.load()) {
+        GatherSource src;
+        for (size_t i = 1; i < iov.size(); ++i) {
+          src.Add(static_cast<const uint8_t*>(iov[i].iov_base), iov[i].iov_len);
+        }
+        Response r = ProcessRequest(peer, f, &src);
+        if (r.send) {
+          GatherSource rsrc;
+          if (r.data != nullptr) rsrc.Add(r.data, r.frame.length);
+          bool kick = false;
+          HandleResponse(qp, r.frame, &rsrc, &kick);
+        }
+        if (r.mr != nullptr) ReleaseMr(r.mr);
+      }
+      // Otherwise the request is lost; the ack timeout retries it.
+    } else if (conn != nullptr && !conn->closed() && qp->dev->link_up.load()) {
+      uint8_t hdr[kHeaderBytes];
+      EncodeFrame(f, hdr);
+      iov[0].iov_base = hdr;
+      std::lock_guard<std::mutex> lock(conn->mu);
+      conn->WriteAll(iov.data(), static_cast<int>(iov.size()));
+    }
+    for (Mr* m : held) ReleaseMr(m);
+  }
+  if (need_timer) ScheduleTimer(qp);
+}
+
+bool HandleResponse(const std::shared_ptr<Qp>& qp, const Frame& f,
+                    PayloadSource* src, bool* kick) {
+  const uint32_t payload = f.type == FrameType::kReadResp ? f.length : 0;
+  std::unique_lock<std::mutex> lock(qp->mu);
+  auto drain = [&]() { return payload == 0 || src->Read(nullptr, payload); };
+  if (qp->destroyed || qp->attr.qp_state != IBV_QPS_RTS) {
+    lock.unlock();
+    return drain();
+  }
+  // WQEs before `msn` are implicitly acknowledged (the responder executes
+  // in order), except READs, which need their data.
+  auto complete_before = [&](uint32_t msn) {
+    while (qp->send_index > 0 && !qp->sq.empty() &&
+           static_cast<int32_t>(qp->sq.front().msn - msn) < 0 &&
+           qp->sq.front().opcode != IBV_WR_RDMA_READ) {
+      CompleteFront(qp.get(), IBV_WC_SUCCESS);
+    }
+  };
+  switch (f.type) {
+    case FrameType::kHelloAck:
+      return true;
+    case FrameType::kAck: {
+      complete_before(f.msn + 1);
+      qp->retries_left = qp->attr.retry_cnt;
+      qp->rnr_retries_left = qp->attr.rnr_retry;
+      return true;
+    }
+    case FrameType::kReadResp: {
+      complete_before(f.msn);
+      if (qp->send_index == 0 || qp->sq.empty() ||
+          qp->sq.front().msn != f.msn ||
+          qp->sq.front().opcode != IBV_WR_RDMA_READ) {
+        lock.unlock();
+        return drain();  // A duplicate response to a retransmission.
+      }
+      SendWqe& w = qp->sq.front();
+      if (f.length != w.length) {
+        lock.unlock();
+        return false;
+      }
+      std::vector<Sge> sges = w.sges;
+      const uint32_t msn = w.msn;
+      lock.unlock();
+      uint32_t left = f.length;
+      bool prot_error = false;
+      for (const Sge& s : sges) {
+        if (left == 0) break;
+        uint32_t k = std::min(left, s.length);
+        Mr* mr = AcquireMr(s.lkey, qp->pd, s.addr, k, IBV_ACCESS_LOCAL_WRITE);
+        bool ok = mr != nullptr ? src->Read(HostAddr(mr, s.addr), k)
+                                : src->Read(nullptr, k);
+        if (mr == nullptr) prot_error = true;
+        if (mr != nullptr) ReleaseMr(mr);
+        if (!ok) return false;
+        left -= k;
+      }
+      lock.lock();
+      if (!qp->sq.empty() && qp->sq.front().msn == msn) {
+        if (prot_error) {
+          FailFront(qp, &lock, IBV_WC_LOC_PROT_ERR);
+          return true;
+        }
+        CompleteFront(qp.get(), IBV_WC_SUCCESS);
+        qp->retries_left = qp->attr.retry_cnt;
+        qp->rnr_retries_left = qp->attr.rnr_retry;
+      }
+      return true;
+    }
+    case FrameType::kNak: {
+      complete_before(f.msn);
+      const auto code = static_cast<NakCode>(f.aux);
+      const bool at_front =
+          !qp->sq.empty() && qp->send_index > 0 && qp->sq.front().msn == f.msn;
+      switch (code) {
+        case NakCode::kRemoteAccess:
+        case NakCode::kInvalidRequest:
+        case NakCode::kRemoteOp: {
+          if (!at_front) return true;
+          ibv_wc_status st =
+              code == NakCode::kRemoteAccess     ? IBV_WC_REM_ACCESS_ERR
+              : code == NakCode::kInvalidRequest ? IBV_WC_REM_INV_REQ_ERR
+                                                 : IBV_WC_REM_OP_ERR;
+          FailFront(qp, &lock, st);
+          return true;
+        }
+        case NakCode::kRnr: {
+          if (!at_front) return true;
+          if (qp->rnr_retries_left == 0) {
+            FailFront(qp, &lock, IBV_WC_RNR_RETRY_EXC_ERR);
+            return true;
+          }
+          if (qp->attr.rnr_retry != 7) --qp->rnr_retries_left;  // 7: forever.
+          qp->send_index = 0;
+          qp->rnr_until = Clock::now() + std::chrono::microseconds(
+                                             RnrTimerMicros(f.rkey & 31));
+          qp->retransmit_pending = true;
+          lock.unlock();
+          ScheduleTimer(qp);
+          return true;
+        }
+        case NakCode::kSequence: {
+          size_t i = 0;
+          while (i < qp->send_index && qp->sq[i].msn != f.msn) ++i;
+          if (i < qp->send_index) {
+            qp->send_index = i;
+            *kick = true;
+          }
+          return true;
+        }
+        case NakCode::kNoQp:
+          return false;  // No such QP at the peer: drop the connection.
+      }
+      return false;
+    }
+    default:
+      lock.unlock();
+      return false;
+  }
+}
+
+void ScheduleTimer(const std::shared_ptr<Qp>& qp) {
+  Device* dev = qp->dev;
+  std::lock_guard<std::mutex> lock(dev->timer_mu);
+  if (qp->in_timer) return;
+  qp->in_timer = true;
+  dev->timer_qps.push_back(qp);
+  dev->timer_cv.notify_one();
+}
+
+Clock::time_point TimerWork(const std::shared_ptr<Qp>& qp,
+                            Clock::time_point now) {
+  bool kick = false, redial = false;
+  Clock::time_point next = Clock::time_point::max();
+  {
+    std::unique_lock<std::mutex> lock(qp->mu);
+    if (qp->destroyed || qp->attr.qp_state != IBV_QPS_RTS || qp->sq.empty()) {
+      return Clock::time_point::max();
+    }
+    if (now < qp->rnr_until) return qp->rnr_until;
+    if (qp->retransmit_pending) {
+      qp->retransmit_pending = false;
+      kick = true;
+    } else if (qp->send_index == 0) {
+      kick = true;  // Nothing in flight yet (e.g. an RNR wait just ended).
+    } else if (qp->sq.front().deadline <= now) {
+      if (qp->retries_left == 0) {
+        FailFront(qp, &lock, IBV_WC_RETRY_EXC_ERR);
+        return Clock::time_point::max();
+      }
+      --qp->retries_left;
+      qp->send_index = 0;  // Go back N: retransmit everything unacked.
+      redial = !qp->loopback && (qp->conn == nullptr || qp->conn->closed());
+      kick = true;
+    } else {
+      next = qp->sq.front().deadline;
+    }
+  }
+  if (redial) Dial(qp);
+  if (kick) {
+    Kick(qp);
+    std::lock_guard<std::mutex> lock(qp->mu);
+    if (!qp->sq.empty()) {
+      next = std::min(next, qp->sq.front().deadline);
+      if (qp->rnr_until > now) next = std::min(next, qp->rnr_until);
+    }
+  }
+  return next;
+}
+
+void TimerLoop(Device* dev) {
+  std::unique_lock<std::mutex> lock(dev->timer_mu);
+  while (true) {
+    if (dev->timer_qps.empty()) {
+      dev->timer_cv.wait(lock);
+      continue;
+    }
+    std::vector<std::weak_ptr<Qp>> qps = dev->timer_qps;
+    lock.unlock();
+    const auto now = Clock::now();
+    auto next = now + kTimerMaxSleep;
+    std::vector<std::shared_ptr<Qp>> idle;
+    for (auto& w : qps) {
+      std::shared_ptr<Qp> qp = w.lock();
+      if (qp == nullptr) continue;
+      auto t = TimerWork(qp, now);
+      if (t == Clock::time_point::max()) {
+        idle.push_back(qp);
+      } else {
+        next = std::min(next, t);
+      }
+    }
+    lock.lock();
+    // Drop expired QPs and idle ones that gained no work meanwhile.
+    auto& v = dev->timer_qps;
+    v.erase(std::remove_if(v.begin(), v.end(),
+                           [&](const std::weak_ptr<Qp>& w) {
+                             std::shared_ptr<Qp> qp = w.lock();
+                             if (qp == nullptr) return true;
+                             if (std::find(idle.begin(), idle.end(), qp) ==
+                                 idle.end()) {
+                               return false;
+                             }
+                             std::lock_guard<std::mutex> ql(qp->mu);
+                             if (!qp->sq.empty() && !qp->destroyed &&
+                                 qp->attr.qp_state == IBV_QPS_RTS) {
+                               return false;
+                             }
+                             qp->in_timer = false;
+                             return true;
+                           }),
+            v.end());
+    dev->timer_cv.wait_until(lock, next);
+  }
+}
+
+}  // namespace softrnic

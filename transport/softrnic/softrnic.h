@@ -1,0 +1,271 @@
+// softrnic internals: the objects behind the libibverbs handles.
+//
+// Every verbs object is a struct whose first member is the libibverbs
+// struct the application sees (ibv_context, ibv_pd, ...), so a handle casts
+// to its softrnic object. Objects are reference-counted where data-path
+// threads may still hold them when the application destroys them.
+//
+// Threads: per device one acceptor thread (TCP listener for peers' QPs) and
+// one timer thread (retransmission and ack timeouts); per connected QP one
+// thread reading responses from its outgoing connection; per accepted
+// connection one responder thread. All block in the kernel when idle.
+#ifndef FERRY_TRANSPORT_SOFTRNIC_SOFTRNIC_H_
+#define FERRY_TRANSPORT_SOFTRNIC_SOFTRNIC_H_
+
+#include <infiniband/verbs.h>
+#include <netinet/in.h>
+
+// verbs.h turns these into inline wrappers; softrnic defines the real
+// exported functions under these names.
+#undef ibv_query_port
+#undef ibv_reg_mr
+#undef ibv_reg_mr_iova
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#define SOFTRNIC_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace softrnic {
+
+using Clock = std::chrono::steady_clock;
+
+// Device limits reported by ibv_query_device and enforced.
+constexpr int kMaxQpWr = 16384;
+constexpr int kMaxSge = 16;
+constexpr int kMaxCqe = 1 << 20;
+constexpr uint32_t kMaxInline = 256;
+constexpr uint32_t kMaxMsgSize = 1u << 30;
+constexpr int kMaxQp = 1 << 16;
+constexpr int kGidTableLen = 1;
+
+struct DeviceConfig {
+  std::string name;
+  std::string ip;  // Dotted IPv4.
+};
+
+// Parses FERRY_SOFTRNIC_DEVICES ("name=ip,name=ip") or the file named by
+// FERRY_SOFTRNIC_CONFIG (one "name ip" per line); default softrnic0 on
+// 127.0.0.1. Invalid entries are reported on stderr and skipped.
+std::vector<DeviceConfig> LoadDeviceConfig();
+
+struct Context;
+struct Qp;
+struct Mr;
+
+// One emulated NIC. Lives for the whole process (ibv_device must stay
+// valid after ibv_free_device_list).
+struct Device {
+  ibv_device ibdev;  // Must be first.
+  std::string name;
+  in_addr ip{};
+  uint64_t guid = 0;  // Network byte order.
+  std::atomic<bool> link_up{true};
+  std::atomic<uint32_t> delay_us{0};
+
+  std::mutex mu;
+  bool started = false;  // Listener and timer threads running.
+  uint16_t port = 0;     // Listener port, host order.
+  int listen_fd = -1;
+  std::vector<Context*> contexts;  // Open contexts, for async events.
+  std::thread acceptor;
+  std::thread timer;
+
+  // QPs with retransmission work pending, and the timer's wake-up.
+  std::mutex timer_mu;
+  std::condition_variable timer_cv;
+  std::vector<std::weak_ptr<Qp>> timer_qps;
+
+  void GidFor(ibv_gid* gid) const;
+};
+
+// All configured devices; created on first use.
+std::vector<Device*>& Devices();
+Device* FindDeviceByAddress(in_addr ip, uint16_t port);
+Device* FindDeviceByName(const char* name);
+// Starts the device's listener and timer threads (idempotent).
+int StartDevice(Device* dev);
+
+struct Context {
+  ibv_context ctx;  // Must be first.
+  Device* dev = nullptr;
+  int async_write_fd = -1;
+  std::mutex mu;
+  std::deque<ibv_async_event> async_events;
+};
+
+void PostAsyncEvent(Device* dev, const ibv_async_event& event);
+void PostAsyncEvent(Context* ctx, const ibv_async_event& event);
+
+struct Pd {
+  ibv_pd pd;                  // Must be first.
+  std::atomic<int> users{0};  // MRs and QPs created on it.
+};
+
+// A registered memory region. lkey == rkey; the low 8 bits are a
+// generation so a stale key of a re-registered slot does not match.
+struct Mr {
+  ibv_mr mr;  // Must be first.
+  Pd* pd = nullptr;
+  int access = 0;
+  uintptr_t start = 0;  // Host address of the first byte.
+  uint64_t iova = 0;    // Address peers and SGEs use for that byte.
+  size_t length = 0;
+  uint8_t generation = 0;
+  std::atomic<bool> valid{true};
+  // Accesses in progress (responder DMA); dereg waits for zero.
+  std::atomic<int> inflight{0};
+};
+
+// Looks up an MR by key and checks that [addr, addr+len) lies inside it,
+// that it belongs to `pd` and grants `access` (IBV_ACCESS_* bits; 0 for a
+// local read). On success the MR's inflight count is raised: call
+// ReleaseMr when done.
+Mr* AcquireMr(uint32_t key, Pd* pd, uint64_t addr, uint64_t len, int access);
+void ReleaseMr(Mr* mr);
+
+// Host pointer for `addr` (in the MR's iova space).
+inline uint8_t* HostAddr(const Mr* mr, uint64_t addr) {
+  return reinterpret_cast<uint8_t*>(mr->start + (addr - mr->iova));
+}
+
+struct CompChannel {
+  ibv_comp_channel ch;  // Must be first.
+  int write_fd = -1;
+};
+
+struct Cq {
+  ibv_cq cq;  // Must be first.
+  std::mutex mu;
+  std::vector<ibv_wc> ring;
+  size_t head = 0, count = 0;
+  bool armed = false;
+  bool solicited_only = false;
+  bool overrun = false;
+};
+
+// Adds a completion; reports overrun (IBV_EVENT_CQ_ERR) if the CQ is full,
+// and signals the completion channel if armed.
+void PushCompletion(Cq* cq, const ibv_wc& wc, bool solicited = false);
+
+int PollCq(ibv_cq* cq, int n, ibv_wc* wc);
+int ReqNotifyCq(ibv_cq* cq, int solicited_only);
+
+// A scatter/gather element after validation.
+struct Sge {
+  uint64_t addr;
+  uint32_t length;
+  uint32_t lkey;
+};
+
+struct SendWqe {
+  uint64_t wr_id = 0;
+  ibv_wr_opcode opcode = IBV_WR_SEND;
+  bool signaled = false;
+  bool solicited = false;
+  uint32_t msn = 0;
+  uint64_t remote_addr = 0;
+  uint32_t rkey = 0;
+  uint32_t imm = 0;  // Big-endian, passed through.
+  uint32_t length = 0;
+  std::vector<Sge> sges;
+  std::vector<uint8_t> inline_data;  // For IBV_SEND_INLINE.
+  bool local_error = false;          // An SGE's lkey was bad at post time.
+  Clock::time_point deadline{};      // Ack timeout of the last transmission.
+};
+
+struct RecvWqe {
+  uint64_t wr_id = 0;
+  uint32_t length = 0;  // Sum of SGE lengths.
+  std::vector<Sge> sges;
+};
+
+class Connection;
+
+// A queue pair. Shared-owned: the process QP table, the connection
+// threads and the timer hold references while they work on it.
+struct Qp {
+  ibv_qp qp;  // Must be first (so no base classes).
+  std::weak_ptr<Qp> self;
+  Device* dev = nullptr;
+  Pd* pd = nullptr;
+  Cq* send_cq = nullptr;
+  Cq* recv_cq = nullptr;
+  ibv_qp_cap cap{};
+  bool sq_sig_all = false;
+
+  std::mutex mu;           // Guards everything below.
+  ibv_qp_attr attr{};      // Current attributes (state in attr.qp_state).
+  std::deque<SendWqe> sq;  // Posted, not yet completed, in order.
+  size_t send_index = 0;   // sq[0, send_index) have been transmitted.
+  std::deque<RecvWqe> rq;
+  uint32_t next_msn = 0;
+  int retries_left = 0;
+  int rnr_retries_left = 0;
+  Clock::time_point rnr_until{};  // No (re)transmission before this.
+  bool retransmit_pending = false;
+  std::shared_ptr<Connection> conn;  // Outgoing (requester) connection.
+  bool loopback = false;             // The peer QP lives in this process.
+  in_addr peer_ip{};
+  uint16_t peer_port = 0;
+  // Unsignaled WQEs that completed: their SQ slots are retired only when a
+  // later signaled WQE completes, as on hardware.
+  uint32_t done_unsignaled = 0;
+  bool in_timer = false;  // Registered with the device timer.
+  bool destroyed = false;
+  // Responder state (requests from the peer).
+  uint32_t expected_msn = 0;
+  bool rnr_nak_outstanding = false;
+  bool seq_nak_outstanding = false;
+
+  // Serializes transmissions so frames leave in MSN order.
+  std::mutex send_mu;
+};
+
+// The owning reference of a QP handle; null once the QP is destroyed
+// and its last user let go (cannot happen while the caller holds it).
+inline std::shared_ptr<Qp> SharedQp(ibv_qp* qp) {
+  return reinterpret_cast<Qp*>(qp)->self.lock();
+}
+
+// Process-wide QP table, by QP number.
+std::shared_ptr<Qp> FindQp(uint32_t qpn);
+
+// Moves the QP to ERR (if not already), flushes both queues with
+// IBV_WC_WR_FLUSH_ERR, and optionally raises an async event. Locks qp->mu.
+void EnterError(const std::shared_ptr<Qp>& qp, int async_event /* -1: none */);
+
+// Data path (requester.cc / responder.cc).
+int PostSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr);
+int PostRecv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
+// Called on the RTR transition: opens the outgoing connection.
+void ConnectQp(const std::shared_ptr<Qp>& qp);
+// Called when a QP leaves RTS/RTR or is destroyed.
+void DisconnectQp(const std::shared_ptr<Qp>& qp);
+// Retransmits / times out. Called by the device timer thread.
+Clock::time_point TimerWork(const std::shared_ptr<Qp>& qp,
+                            Clock::time_point now);
+void ScheduleTimer(const std::shared_ptr<Qp>& qp);
+void TimerLoop(Device* dev);
+void AcceptLoop(Device* dev);
+// Closes every connection of `dev` (link down, fault injection).
+void CutDeviceConnections(Device* dev);
+
+// IB's local ACK timeout: 4.096 us * 2^timeout (0: infinite).
+Clock::duration AckTimeout(uint8_t timeout);
+// IB's RNR NAK timer encoding (5 bits) in microseconds.
+uint32_t RnrTimerMicros(uint8_t code);
+
+}  // namespace softrnic
+
+#endif  // FERRY_TRANSPORT_SOFTRNIC_SOFTRNIC_H_
