@@ -26,18 +26,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-
-# One iperf3 sample in GB/s; 1 s omitted as warm-up (like --warmup=1).
-iperf_run() {
-  local port
-  port="$(free_port)"
-  iperf3 -s -1 -B 127.0.0.1 -p "$port" >/dev/null 2>&1 &
-  pids+=($!)
-  sleep 0.3
-  iperf3 -c 127.0.0.1 -p "$port" -P 1 -O 1 -t "$secs" "$@" -J >"$tmp/iperf.json"
-  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("%.4f" % (d["end"]["sum_received"]["bits_per_second"]/8e9))' "$tmp/iperf.json"
-}
+source tools/bench_lib.sh
 
 # The Ferry target stays up for all rounds.
 mport="$(free_port)"
@@ -68,7 +57,6 @@ for r in $(seq "$rounds"); do
   echo "round $r: iperf3 128K ${d[-1]}  iperf3 1M ${m[-1]}  ferry ${f[-1]} GB/s"
 done
 
-median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 md="$(median "${d[@]}")"
 mm="$(median "${m[@]}")"
 mf="$(median "${f[@]}")"
