@@ -18,7 +18,17 @@ struct Response {
   Frame frame{};
   Mr* mr = nullptr;  // For READ_RESP: held until the data is sent.
   const uint8_t* data = nullptr;
+  // A successful receive completion, made visible only after the response
+  // has been sent: a responder that exits right after polling it must not
+  // take the requester's acknowledgement with it.
+  bool has_recv_wc = false;
+  bool recv_solicited = false;
+  ibv_wc recv_wc{};
 };
+
+// Makes the response's receive completion visible (if any), once the
+// response has left.
+void DeliverRecvCompletion(const std::shared_ptr<Qp>& qp, const Response& r);
 
 // Executes request `f` on responder `qp`, consuming its payload from `src`
 // (the payload is always consumed, also when the request is refused).

@@ -349,6 +349,11 @@ void Kick(const std::shared_ptr<Qp>& qp) {
     }
     if (loopback) {
       peer = FindQp(f.qpn);
+      if (uint32_t us = qp->dev->delay_us.load(std::memory_order_relaxed);
+          us > 0) {
+        // Injected delay applies in-process too, as on the wire.
+        std::this_thread::sleep_for(std::chrono::microseconds(us));
+      }
       if (peer != nullptr && qp->dev->link_up.load() &&
           peer->dev->link_up.load()) {
         GatherSource src;
@@ -363,6 +368,7 @@ void Kick(const std::shared_ptr<Qp>& qp) {
           HandleResponse(qp, r.frame, &rsrc, &kick);
         }
         if (r.mr != nullptr) ReleaseMr(r.mr);
+        DeliverRecvCompletion(peer, r);
       }
       // Otherwise the request is lost; the ack timeout retries it.
     } else if (conn != nullptr && !conn->closed() && qp->dev->link_up.load()) {

@@ -28,7 +28,7 @@ Frame Nak(const Frame& req, NakCode code, uint32_t msn) {
   return r;
 }
 
-void PushRecv(Qp* qp, const RecvWqe& w, ibv_wc_status status, uint32_t len,
+ibv_wc RecvWc(Qp* qp, const RecvWqe& w, ibv_wc_status status, uint32_t len,
               const Frame& f, bool with_imm, ibv_wc_opcode op) {
   ibv_wc wc{};
   wc.wr_id = w.wr_id;
@@ -41,7 +41,20 @@ void PushRecv(Qp* qp, const RecvWqe& w, ibv_wc_status status, uint32_t len,
     wc.imm_data = f.imm;
     wc.wc_flags = IBV_WC_WITH_IMM;
   }
-  PushCompletion(qp->recv_cq, wc, (f.flags & kFlagSolicited) != 0);
+  return wc;
+}
+
+void PushRecv(Qp* qp, const RecvWqe& w, ibv_wc_status status, uint32_t len,
+              const Frame& f, bool with_imm, ibv_wc_opcode op) {
+  PushCompletion(qp->recv_cq, RecvWc(qp, w, status, len, f, with_imm, op),
+                 (f.flags & kFlagSolicited) != 0);
+}
+
+void DeferRecv(Response* r, Qp* qp, const RecvWqe& w, uint32_t len,
+               const Frame& f, bool with_imm, ibv_wc_opcode op) {
+  r->has_recv_wc = true;
+  r->recv_solicited = (f.flags & kFlagSolicited) != 0;
+  r->recv_wc = RecvWc(qp, w, IBV_WC_SUCCESS, len, f, with_imm, op);
 }
 
 // Scatters `len` payload bytes into the receive WQE's buffers.
@@ -153,9 +166,9 @@ Response ProcessRequest(const std::shared_ptr<Qp>& qp, const Frame& f,
       lock.lock();
       qp->expected_msn = f.msn + 1;
       qp->rnr_nak_outstanding = qp->seq_nak_outstanding = false;
-      if (imm && !qp->destroyed) {
-        PushRecv(qp.get(), wqe, IBV_WC_SUCCESS, f.length, f, true,
-                 IBV_WC_RECV_RDMA_WITH_IMM);
+      if (imm) {
+        DeferRecv(&r, qp.get(), wqe, f.length, f, true,
+                  IBV_WC_RECV_RDMA_WITH_IMM);
       }
       r.send = true;
       r.frame = Reply(FrameType::kAck, f);
@@ -202,10 +215,8 @@ Response ProcessRequest(const std::shared_ptr<Qp>& qp, const Frame& f,
       }
       qp->expected_msn = f.msn + 1;
       qp->rnr_nak_outstanding = qp->seq_nak_outstanding = false;
-      if (!qp->destroyed) {
-        PushRecv(qp.get(), wqe, IBV_WC_SUCCESS, f.length, f,
-                 f.type == FrameType::kSendImm, IBV_WC_RECV);
-      }
+      DeferRecv(&r, qp.get(), wqe, f.length, f, f.type == FrameType::kSendImm,
+                IBV_WC_RECV);
       r.send = true;
       r.frame = Reply(FrameType::kAck, f);
       return r;
@@ -240,6 +251,12 @@ Response ProcessRequest(const std::shared_ptr<Qp>& qp, const Frame& f,
   lock.unlock();
   r.io_error = true;  // Not a request: protocol violation.
   return r;
+}
+
+void DeliverRecvCompletion(const std::shared_ptr<Qp>& qp, const Response& r) {
+  if (!r.has_recv_wc) return;
+  std::lock_guard<std::mutex> lock(qp->mu);
+  if (!qp->destroyed) PushCompletion(qp->recv_cq, r.recv_wc, r.recv_solicited);
 }
 
 namespace {
@@ -294,7 +311,10 @@ void ServeConnection(Device* dev, int fd) {
       if (r.mr != nullptr) ReleaseMr(r.mr);
       break;
     }
-    if (!r.send) continue;
+    if (!r.send) {
+      DeliverRecvCompletion(qp, r);
+      continue;
+    }
     uint8_t out[kHeaderBytes];
     EncodeFrame(r.frame, out);
     iovec iov[2] = {{out, sizeof(out)},
@@ -305,6 +325,7 @@ void ServeConnection(Device* dev, int fd) {
       ok = conn->WriteAll(iov, r.data != nullptr ? 2 : 1);
     }
     if (r.mr != nullptr) ReleaseMr(r.mr);
+    DeliverRecvCompletion(qp, r);
     if (!ok) break;
   }
   conn->Close();

@@ -50,12 +50,12 @@ TEST(SoftrnicWireTest, RejectsMalformedHeaders) {
     b[at] = v;
     return DecodeFrame(b, 1 << 20, &g);
   };
-  EXPECT_FALSE(with(0, 'X'));   // Magic.
-  EXPECT_FALSE(with(4, 2));     // Version.
-  EXPECT_FALSE(with(5, 0));     // Unknown type.
+  EXPECT_FALSE(with(0, 'X'));  // Magic.
+  EXPECT_FALSE(with(4, 2));    // Version.
+  EXPECT_FALSE(with(5, 0));    // Unknown type.
   EXPECT_FALSE(with(5, 99));
-  EXPECT_FALSE(with(6, 0x80));  // Unknown flag.
-  EXPECT_FALSE(with(8, 0x01));  // QPN above 24 bits.
+  EXPECT_FALSE(with(6, 0x80));               // Unknown flag.
+  EXPECT_FALSE(with(8, 0x01));               // QPN above 24 bits.
   EXPECT_FALSE(DecodeFrame(good, 100, &g));  // Longer than allowed.
   uint8_t zeros[kHeaderBytes] = {};
   EXPECT_FALSE(DecodeFrame(zeros, 1 << 20, &g));

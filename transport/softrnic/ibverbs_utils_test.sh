@@ -1,0 +1,148 @@
+#!/bin/bash
+# Runs Debian's unmodified ibverbs-utils programs (ibv_devices, ibv_devinfo,
+# ibv_rc_pingpong) on softrnic: they are linked against rdma-core's
+# libibverbs and load softrnic's libibverbs.so.1 through LD_LIBRARY_PATH,
+# exactly as an application would.
+set -u
+
+LIBDIR="${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-ferry}/transport/softrnic"
+if [[ ! -e "$LIBDIR/libibverbs.so.1" ]]; then
+  echo "FAIL: no libibverbs.so.1 in $LIBDIR"
+  exit 1
+fi
+export LD_LIBRARY_PATH="$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# Under --config=asan softrnic itself is instrumented, but Debian's programs
+# are not: the ASan runtime must then be preloaded to come first. Leak
+# checking is for our code, not for ibverbs-utils, so it is off here.
+asan_rt="$(ldd "$LIBDIR/libibverbs.so.1" | awk '/libasan/ {print $3}')"
+if [[ -n "$asan_rt" ]]; then
+  export LD_PRELOAD="$asan_rt"
+  export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1"
+fi
+export FERRY_SOFTRNIC_DEVICES="${FERRY_SOFTRNIC_DEVICES:-softrnic0=127.0.0.1,softrnic1=127.0.0.2}"
+# A missing symbol then fails at load time with a clear message instead of
+# in the middle of a run.
+export LD_BIND_NOW=1
+
+for prog in ibv_devices ibv_devinfo ibv_rc_pingpong; do
+  if ! command -v "$prog" >/dev/null; then
+    echo "FAIL: $prog not installed (apt-get install ibverbs-utils)"
+    exit 1
+  fi
+done
+
+OUT="${TEST_TMPDIR:-$(mktemp -d)}"
+passed=0
+failed=0
+
+pass() {
+  echo "PASS: $1"
+  passed=$((passed + 1))
+}
+
+fail() {
+  echo "FAIL: $1"
+  shift
+  for f in "$@"; do
+    echo "---- $f"
+    cat "$f"
+  done
+  failed=$((failed + 1))
+}
+
+# --- ibv_devices lists both devices (and, through it, that the library
+# loads and is softrnic: rdma-core's would list nothing here).
+if timeout 60 ibv_devices >"$OUT/devices.txt" 2>&1 &&
+  grep -qw softrnic0 "$OUT/devices.txt" &&
+  grep -qw softrnic1 "$OUT/devices.txt"; then
+  pass "ibv_devices lists softrnic0 and softrnic1"
+else
+  fail "ibv_devices" "$OUT/devices.txt"
+fi
+
+# --- ibv_devinfo -v: exit 0, softrnic0 with an active Ethernet port and
+# its IPv4-mapped GID (::ffff:127.0.0.1, printed by inet_ntop, e.g.
+# "::a311:ffff:7f00:1" with a listener port in bytes 8..9).
+if timeout 60 ibv_devinfo -v >"$OUT/devinfo.txt" 2>&1 &&
+  grep -q "hca_id:.*softrnic0" "$OUT/devinfo.txt" &&
+  grep -q "PORT_ACTIVE" "$OUT/devinfo.txt" &&
+  grep -q "link_layer:.*Ethernet" "$OUT/devinfo.txt" &&
+  grep -Eqi "ffff:7f00:0{0,3}1([^0-9a-f]|$)" "$OUT/devinfo.txt"; then
+  pass "ibv_devinfo -v"
+else
+  fail "ibv_devinfo -v (exit 0, softrnic0, PORT_ACTIVE, Ethernet, GID)" \
+    "$OUT/devinfo.txt"
+fi
+
+if timeout 60 ibv_devinfo -d softrnic1 >"$OUT/devinfo1.txt" 2>&1 &&
+  grep -q "hca_id:.*softrnic1" "$OUT/devinfo1.txt" &&
+  ! grep -q "hca_id:.*softrnic0" "$OUT/devinfo1.txt"; then
+  pass "ibv_devinfo -d softrnic1"
+else
+  fail "ibv_devinfo -d softrnic1" "$OUT/devinfo1.txt"
+fi
+
+# True if a TCP socket listens on port $1 (read from /proc so as not to
+# connect: ibv_rc_pingpong's server accepts exactly one connection).
+listening() {
+  local hex
+  hex=$(printf '%04X' "$1")
+  awk -v p=":$hex" 'NR > 1 && $4 == "0A" && substr($2, length($2) - 4) == p \
+    { found = 1 } END { exit !found }' /proc/net/tcp /proc/net/tcp6
+}
+
+# A free port for pingpong's own handshake socket, away from its default.
+pick_port() {
+  local p
+  for _ in $(seq 1 50); do
+    p=$((20000 + RANDOM % 20000))
+    if ! listening "$p"; then
+      echo "$p"
+      return
+    fi
+  done
+  echo 23456
+}
+
+# Runs one ibv_rc_pingpong server/client pair: pingpong NAME SERVER_DEV
+# CLIENT_DEV EXTRA_ARGS...
+pingpong() {
+  local name=$1 sdev=$2 cdev=$3
+  shift 3
+  local port
+  port=$(pick_port)
+  timeout 60 ibv_rc_pingpong -d "$sdev" -g 0 -p "$port" "$@" \
+    >"$OUT/$name.server.txt" 2>&1 &
+  local spid=$!
+  local waited=0
+  while ! listening "$port" && kill -0 "$spid" 2>/dev/null &&
+    [[ $waited -lt 300 ]]; do
+    sleep 0.1
+    waited=$((waited + 1))
+  done
+  timeout 60 ibv_rc_pingpong -d "$cdev" -g 0 -p "$port" "$@" 127.0.0.1 \
+    >"$OUT/$name.client.txt" 2>&1
+  local crc=$?
+  wait "$spid"
+  local src=$?
+  if [[ $crc -eq 0 && $src -eq 0 ]] &&
+    grep -q "iters in" "$OUT/$name.client.txt" &&
+    grep -q "iters in" "$OUT/$name.server.txt"; then
+    pass "ibv_rc_pingpong $name ($(grep 'iters in' "$OUT/$name.client.txt"))"
+  else
+    fail "ibv_rc_pingpong $name (server exit $src, client exit $crc)" \
+      "$OUT/$name.server.txt" "$OUT/$name.client.txt"
+  fi
+}
+
+pingpong default softrnic0 softrnic0
+# Completion channels (ibv_req_notify_cq / ibv_get_cq_event) instead of
+# busy polling.
+pingpong events softrnic0 softrnic0 -e
+# Bigger messages than one MTU, more iterations.
+pingpong large softrnic0 softrnic0 -s 65536 -n 200
+# Server and client on different emulated NICs.
+pingpong cross softrnic1 softrnic0
+
+echo "$passed passed, $failed failed"
+[[ $failed -eq 0 ]]
