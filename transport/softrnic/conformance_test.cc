@@ -12,6 +12,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -636,6 +637,37 @@ TEST_F(SoftrnicTest, CompletionChannelSignalsOnlyWhenArmed) {
   EXPECT_EQ(ev_cq, p.a->cq());
   ibv_ack_cq_events(ev_cq, 1);
   ASSERT_TRUE(PollExpect(p.a->cq(), 3, IBV_WC_SUCCESS));
+}
+
+// Idle devices must cost nothing: every softrnic thread blocks in the
+// kernel when there is no work (a spinning emulator would starve the
+// application on small machines).
+TEST_F(SoftrnicTest, IdleDevicesUseNoCpu) {
+  Pair p;
+  p.a = NewEndpoint(0);
+  p.b = NewEndpoint(1);
+  ASSERT_NE(p.a, nullptr);
+  ASSERT_NE(p.b, nullptr);
+  ASSERT_NO_FATAL_FAILURE(Connect(p.a, p.b, {}));
+  Buffer* src = p.a->Reg(64);
+  Buffer* dst = p.b->Reg(64);
+  ASSERT_NE(src, nullptr);
+  ASSERT_NE(dst, nullptr);
+  ASSERT_EQ(PostRdma(p.a->qp(), IBV_WR_RDMA_WRITE, 1, src, 0, 64, dst->addr(),
+                     dst->rkey()),
+            0);
+  ASSERT_TRUE(PollExpect(p.a->cq(), 1, IBV_WC_SUCCESS));
+  auto cpu_us = [] {
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    return (ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1000000L +
+           ru.ru_utime.tv_usec + ru.ru_stime.tv_usec;
+  };
+  const long before = cpu_us();
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  const long used = cpu_us() - before;
+  // A busy thread would burn ~1,000,000 us here; allow scheduler noise.
+  EXPECT_LT(used, 50000) << "softrnic used " << used << " us of CPU while idle";
 }
 
 TEST_F(SoftrnicTest, GetCqEventBlocksUntilCompletion) {
