@@ -90,6 +90,9 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
   topts.tcp_connections_per_peer = options.tcp_connections_per_peer;
   topts.tcp_max_slice_bytes = options.tcp_max_slice_bytes;
   topts.connect_timeout = options.rpc_timeout;
+  topts.rdma_devices = options.rdma_devices;
+  topts.rdma_slice_bytes = options.rdma_slice_bytes;
+  topts.rdma_gid_index = options.rdma_gid_index;
   TransportEnv env;
   env.local_segment = options.local_segment_name;
   env.listen_host = options.listen_host;

@@ -57,6 +57,11 @@ struct EngineOptions {
   // TCP transport: connections per peer, largest slice.
   int tcp_connections_per_peer = 2;
   size_t tcp_max_slice_bytes = 4 << 20;
+  // RDMA transport: device names to use (empty: every ACTIVE device), slice
+  // size, GID index (-1: pick the best routable one).
+  std::vector<std::string> rdma_devices;
+  size_t rdma_slice_bytes = 64 << 10;
+  int rdma_gid_index = -1;
   // Upper bound of AllocateBatch capacity.
   size_t max_batch_capacity = 1 << 16;
 };

@@ -18,6 +18,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -52,6 +53,9 @@ struct Slice {
   const SegmentView* target = nullptr;  // Alive until the slice completes.
   absl::Time deadline = absl::InfiniteFuture();
   SliceSink* sink = nullptr;
+  // Failover bookkeeping, owned by the transport the slice is in.
+  uint32_t attempts = 0;
+  int32_t last_rail = -1;
 
   void Complete(const absl::Status& status) { sink->OnSliceDone(this, status); }
 };
@@ -103,6 +107,11 @@ struct TransportOptions {
   int tcp_connections_per_peer = 2;
   size_t tcp_max_slice_bytes = 4 << 20;
   absl::Duration connect_timeout = absl::Seconds(3);
+  // RDMA: devices to use (all ACTIVE ones if empty), slice size, GID index
+  // (-1: choose the best automatically).
+  std::vector<std::string> rdma_devices;
+  size_t rdma_slice_bytes = 64 << 10;
+  int rdma_gid_index = -1;
 };
 
 // Creates the transport called `name`, or NotFound listing the known ones.

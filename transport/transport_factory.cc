@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "transport/rdma/rdma_transport.h"
 #include "transport/tcp/tcp_transport.h"
 #include "transport/transport.h"
 
@@ -18,6 +19,10 @@ struct Factory {
 // Adding a transport: implement Transport, add one line here.
 const std::vector<Factory>& Factories() {
   static const auto* factories = new std::vector<Factory>{
+      {"rdma",
+       [](const TransportOptions& o) {
+         return std::make_unique<rdma::RdmaTransport>(o);
+       }},
       {"tcp",
        [](const TransportOptions& o) {
          return std::make_unique<tcp::TcpTransport>(o);

@@ -1,0 +1,124 @@
+#include "transport/rdma/nic.h"
+
+#include <errno.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace ferry::rdma {
+
+int GidScore(const ibv_gid& gid) {
+  const uint8_t* g = gid.raw;
+  bool zero = true;
+  for (int i = 0; i < 16; ++i) zero = zero && g[i] == 0;
+  if (zero) return 0;
+  // IPv4-mapped (::ffff:a.b.c.d). Bytes 8..9 are ignored: softrnic keeps
+  // its listener port there.
+  bool v4 = g[10] == 0xff && g[11] == 0xff;
+  for (int i = 0; i < 8; ++i) v4 = v4 && g[i] == 0;
+  if (v4) return (g[12] == 169 && g[13] == 254) ? 2 : 4;
+  if (g[0] == 0xfe && (g[1] & 0xc0) == 0x80) return 1;  // fe80::/10
+  return 3;
+}
+
+absl::StatusOr<std::vector<ibv_device*>> ListDevices(
+    const std::vector<std::string>& filter) {
+  int n = 0;
+  ibv_device** list = ibv_get_device_list(&n);
+  if (list == nullptr) {
+    return absl::NotFoundError(absl::StrCat(
+        "no RDMA devices (ibv_get_device_list: ", std::strerror(errno),
+        "); on a machine without RDMA hardware run on softrnic "
+        "(tools/softrnic-run)"));
+  }
+  std::vector<ibv_device*> out;
+  std::vector<std::string> seen;
+  for (int i = 0; i < n; ++i) {
+    std::string name = ibv_get_device_name(list[i]);
+    seen.push_back(name);
+    if (filter.empty() ||
+        std::find(filter.begin(), filter.end(), name) != filter.end()) {
+      out.push_back(list[i]);
+    }
+  }
+  // The ibv_device objects stay valid after freeing the array.
+  ibv_free_device_list(list);
+  if (out.empty()) {
+    return absl::NotFoundError(
+        absl::StrCat("no RDMA device matches [", absl::StrJoin(filter, ","),
+                     "]; found [", absl::StrJoin(seen, ","), "]"));
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<Nic>> Nic::Open(ibv_device* dev, int gid_index) {
+  std::unique_ptr<Nic> nic(new Nic());
+  nic->name_ = ibv_get_device_name(dev);
+  nic->ctx_ = ibv_open_device(dev);
+  if (nic->ctx_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat("ibv_open_device(", nic->name_,
+                                               "): ", std::strerror(errno)));
+  }
+  ibv_port_attr port{};
+  if (ibv_query_port(nic->ctx_, 1, &port) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("ibv_query_port(", nic->name_, ")"));
+  }
+  if (port.state != IBV_PORT_ACTIVE) {
+    return absl::UnavailableError(
+        absl::StrCat(nic->name_, " port 1 is not ACTIVE (",
+                     ibv_port_state_str(port.state), ")"));
+  }
+  nic->lid_ = port.lid;
+  if (gid_index >= 0) {
+    if (ibv_query_gid(nic->ctx_, 1, gid_index, &nic->gid_) != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(nic->name_, " has no GID index ", gid_index));
+    }
+    nic->gid_index_ = gid_index;
+  } else {
+    int best = -1, best_score = 0;
+    for (int i = 0; i < port.gid_tbl_len; ++i) {
+      ibv_gid g;
+      if (ibv_query_gid(nic->ctx_, 1, i, &g) != 0) continue;
+      int score = GidScore(g);
+      if (score > best_score) {
+        best = i;
+        best_score = score;
+        nic->gid_ = g;
+      }
+    }
+    if (best < 0 && port.link_layer == IBV_LINK_LAYER_ETHERNET) {
+      return absl::UnavailableError(
+          absl::StrCat(nic->name_, " has no usable GID"));
+    }
+    nic->gid_index_ = std::max(best, 0);
+  }
+  ibv_device_attr attr{};
+  ibv_query_device(nic->ctx_, &attr);
+  nic->pd_ = ibv_alloc_pd(nic->ctx_);
+  nic->channel_ = ibv_create_comp_channel(nic->ctx_);
+  if (nic->pd_ == nullptr || nic->channel_ == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(nic->name_, ": cannot allocate PD/channel"));
+  }
+  nic->cq_ = ibv_create_cq(nic->ctx_, std::min(kCqDepth, attr.max_cqe),
+                           nic.get(), nic->channel_, 0);
+  if (nic->cq_ == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(nic->name_, ": cannot create CQ"));
+  }
+  return nic;
+}
+
+Nic::~Nic() {
+  if (cq_ != nullptr) ibv_destroy_cq(cq_);
+  if (channel_ != nullptr) ibv_destroy_comp_channel(channel_);
+  if (pd_ != nullptr) ibv_dealloc_pd(pd_);
+  if (ctx_ != nullptr) ibv_close_device(ctx_);
+}
+
+}  // namespace ferry::rdma
