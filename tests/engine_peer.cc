@@ -23,12 +23,14 @@ ABSL_FLAG(std::string, name, "peer", "segment name");
 ABSL_FLAG(std::string, metadata, "embedded", "metadata endpoint");
 ABSL_FLAG(uint64_t, buffer_size, 64 << 20, "registered bytes");
 ABSL_FLAG(uint64_t, seed, 1, "pattern seed of the initial contents");
+ABSL_FLAG(std::string, transport, "tcp", "transport to install: tcp | rdma");
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   ferry::EngineOptions o;
   o.local_segment_name = absl::GetFlag(FLAGS_name);
   o.metadata_endpoint = absl::GetFlag(FLAGS_metadata);
+  o.transports = {absl::GetFlag(FLAGS_transport)};
   ferry::TransferEngine engine;
   if (absl::Status s = engine.Init(o); !s.ok()) {
     std::printf("ERR %s\n", s.ToString().c_str());

@@ -36,6 +36,23 @@ const metadata::NicKey* FindKey(const metadata::Buffer& b,
   return nullptr;
 }
 
+absl::Status CompletionError(const Slice& slice, const Endpoint& ep,
+                             ibv_wc_status status) {
+  std::string what =
+      absl::StrCat("RDMA ", slice.op == OpCode::kWrite ? "WRITE" : "READ",
+                   " of 0x", absl::Hex(slice.remote), "+", slice.length,
+                   " via ", ep.nic()->name(), " -> ", ep.peer_segment(), "/",
+                   ep.remote_nic(), " failed: ", ibv_wc_status_str(status));
+  if (status == IBV_WC_REM_ACCESS_ERR) {
+    // Same meaning and code as the TCP transport's refusal.
+    return absl::InvalidArgumentError(absl::StrCat(
+        what,
+        " (not inside a buffer registered as remote-accessible, or a "
+        "stale key)"));
+  }
+  return absl::UnavailableError(what);
+}
+
 }  // namespace
 
 RdmaTransport::RdmaTransport(const TransportOptions& options)
@@ -527,12 +544,7 @@ void RdmaTransport::HandleCompletion(Worker* w, const ibv_wc& wc) {
       if (p.seq < wc.wr_id || wc.status == IBV_WC_SUCCESS) {
         done.emplace_back(p.slice, absl::OkStatus());
       } else {
-        done.emplace_back(
-            p.slice,
-            absl::UnavailableError(absl::StrCat(
-                "RDMA ", p.slice->op == OpCode::kWrite ? "WRITE" : "READ",
-                " via ", ep->nic()->name(), " -> ", ep->peer_segment(), "/",
-                ep->remote_nic(), " failed: ", ibv_wc_status_str(wc.status))));
+        done.emplace_back(p.slice, CompletionError(*p.slice, *ep, wc.status));
       }
     }
     if (wc.status != IBV_WC_SUCCESS) {

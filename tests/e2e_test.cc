@@ -1,6 +1,7 @@
-// End to end over TCP between two processes: this test process runs an
-// engine with the embedded metadata service; tests/engine_peer is the other
-// engine, started and killed by the tests.
+// End to end between two processes, over each transport (TCP, and RDMA on
+// softrnic, whose TCP wire then carries the verbs traffic): this test
+// process runs an engine with the embedded metadata service;
+// tests/engine_peer is the other engine, started and killed by the tests.
 #include <cstring>
 #include <memory>
 #include <sstream>
@@ -22,12 +23,13 @@ using ferry::testing::Subprocess;
 constexpr size_t kPeerBuffer = 128 << 20;
 constexpr uint64_t kPeerSeed = 99;
 
-class TcpE2eTest : public ::testing::Test {
+class E2eTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     EngineOptions o;
     o.local_segment_name = "initiator";
     o.transfer_timeout = absl::Seconds(5);
+    o.transports = {GetParam()};
     ASSERT_TRUE(engine_.Init(o).ok());
     StartPeer();
     local_size_ = kPeerBuffer;
@@ -41,7 +43,8 @@ class TcpE2eTest : public ::testing::Test {
         {RunfilePath("tests/engine_peer"), "--name=peer",
          absl::StrCat("--metadata=", engine_.metadata_address()),
          absl::StrCat("--buffer_size=", kPeerBuffer),
-         absl::StrCat("--seed=", kPeerSeed)});
+         absl::StrCat("--seed=", kPeerSeed),
+         absl::StrCat("--transport=", GetParam())});
     ASSERT_TRUE(peer.ok()) << peer.status();
     peer_ = std::move(*peer);
     auto ready = peer_->ReadLine(absl::Seconds(30));
@@ -95,7 +98,7 @@ class TcpE2eTest : public ::testing::Test {
 
 const size_t kSizes[] = {1, 7, 4096, 65537, 1 << 20, (4 << 20) + 3, 64 << 20};
 
-TEST_F(TcpE2eTest, ReadVerifiesEveryByteForAllSizes) {
+TEST_P(E2eTest, ReadVerifiesEveryByteForAllSizes) {
   size_t off = 0;
   for (size_t len : kSizes) {
     off = (off + 4096 + 13) % (kPeerBuffer - len);  // Unaligned offsets too.
@@ -108,7 +111,7 @@ TEST_F(TcpE2eTest, ReadVerifiesEveryByteForAllSizes) {
   }
 }
 
-TEST_F(TcpE2eTest, WriteIsAppliedAtTargetForAllSizes) {
+TEST_P(E2eTest, WriteIsAppliedAtTargetForAllSizes) {
   uint64_t seed = 1000;
   size_t off = 0;
   for (size_t len : kSizes) {
@@ -122,7 +125,7 @@ TEST_F(TcpE2eTest, WriteIsAppliedAtTargetForAllSizes) {
   }
 }
 
-TEST_F(TcpE2eTest, ManyRequestsPerBatchMixed) {
+TEST_P(E2eTest, ManyRequestsPerBatchMixed) {
   std::vector<TransferRequest> reqs;
   const size_t kBlock = 96 * 1024 + 1;
   for (size_t i = 0; i < 256; ++i) {
@@ -149,7 +152,7 @@ TEST_F(TcpE2eTest, ManyRequestsPerBatchMixed) {
   }
 }
 
-TEST_F(TcpE2eTest, BadInputGetsClearErrors) {
+TEST_P(E2eTest, BadInputGetsClearErrors) {
   auto batch = engine_.AllocateBatch(2);
   ASSERT_TRUE(batch.ok());
   std::vector<uint8_t> unregistered(16);
@@ -177,7 +180,7 @@ TEST_F(TcpE2eTest, BadInputGetsClearErrors) {
             absl::StatusCode::kInvalidArgument);  // Stale id.
 }
 
-TEST_F(TcpE2eTest, TargetSideCheckWhenDescriptorIsStale) {
+TEST_P(E2eTest, TargetSideCheckWhenDescriptorIsStale) {
   // The peer unregisters its buffer; our cached descriptor still lists it,
   // so the request reaches the peer, which must refuse it.
   ASSERT_EQ(*peer_->Ask("unregister"), "OK");
@@ -190,7 +193,7 @@ TEST_F(TcpE2eTest, TargetSideCheckWhenDescriptorIsStale) {
   EXPECT_EQ(Check(0, 4096, kPeerSeed), "OK");  // Untouched.
 }
 
-TEST_F(TcpE2eTest, PeerKilledFailsWithinTimeoutThenRestartWorks) {
+TEST_P(E2eTest, PeerKilledFailsWithinTimeoutThenRestartWorks) {
   peer_->Kill();
   absl::Time start = absl::Now();
   BatchStatus st = Run({Req(OpCode::kRead, 0, 1 << 20)}, absl::Seconds(30));
@@ -211,7 +214,7 @@ TEST_F(TcpE2eTest, PeerKilledFailsWithinTimeoutThenRestartWorks) {
   EXPECT_EQ(CheckPattern(local_.get(), 1 << 20, 0, kPeerSeed), 1u << 20);
 }
 
-TEST_F(TcpE2eTest, PeerExitsCleanly) {
+TEST_P(E2eTest, PeerExitsCleanly) {
   auto code = peer_->Finish(absl::Seconds(10));
   ASSERT_TRUE(code.ok()) << code.status();
   EXPECT_EQ(*code, 0);
@@ -225,7 +228,11 @@ TEST_F(TcpE2eTest, PeerExitsCleanly) {
             absl::StatusCode::kNotFound);
 }
 
-TEST(TcpE2eInitTest, MetadataServerUnreachable) {
+INSTANTIATE_TEST_SUITE_P(Transports, E2eTest,
+                         ::testing::Values("tcp", "rdma"),
+                         [](const auto& info) { return info.param; });
+
+TEST(E2eInitTest, MetadataServerUnreachable) {
   auto peer = Subprocess::Start(
       {RunfilePath("tests/engine_peer"), "--name=p", "--metadata=127.0.0.1:1"});
   ASSERT_TRUE(peer.ok());
