@@ -93,6 +93,7 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
   topts.rdma_devices = options.rdma_devices;
   topts.rdma_slice_bytes = options.rdma_slice_bytes;
   topts.rdma_gid_index = options.rdma_gid_index;
+  topts.rdma_max_endpoints = options.rdma_max_endpoints;
   TransportEnv env;
   env.local_segment = options.local_segment_name;
   env.listen_host = options.listen_host;

@@ -62,6 +62,9 @@ struct EngineOptions {
   std::vector<std::string> rdma_devices;
   size_t rdma_slice_bytes = 64 << 10;
   int rdma_gid_index = -1;
+  // RDMA endpoints (one RC QP per local NIC, peer NIC pair) kept at most;
+  // idle ones beyond this are evicted, busy ones never.
+  size_t rdma_max_endpoints = 4096;
   // Upper bound of AllocateBatch capacity.
   size_t max_batch_capacity = 1 << 16;
 };

@@ -17,11 +17,15 @@ constexpr size_t kBuffer = 96 << 20;
 
 class RdmaEngineTest : public ::testing::Test {
  protected:
+  // Tests may shrink the endpoint store before SetUp runs.
+  size_t max_endpoints_ = 4096;
+
   void SetUp() override {
     EngineOptions t;
     t.local_segment_name = "target";
     t.transports = {"rdma"};
     t.transfer_timeout = absl::Seconds(20);
+    t.rdma_max_endpoints = max_endpoints_;
     ASSERT_TRUE(target_.Init(t).ok());
     EngineOptions i = t;
     i.local_segment_name = "initiator";
@@ -127,6 +131,51 @@ TEST_F(RdmaEngineTest, RemoteRangeOutsideRegisteredMemoryIsRefused) {
   EXPECT_EQ(initiator_.SubmitTransfer(*batch, {r}).code(),
             absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE(initiator_.FreeBatch(*batch).ok());
+}
+
+class TinyEndpointStoreTest : public RdmaEngineTest {
+ protected:
+  void SetUp() override {
+    max_endpoints_ = 1;  // Four rails (2 x 2 NICs) share one slot.
+    RdmaEngineTest::SetUp();
+  }
+};
+
+// With room for one endpoint, alternating between two targets keeps
+// creating endpoints: idle ones are evicted (and reconnected when needed
+// again), busy ones never, and no transfer loses a byte.
+TEST_F(TinyEndpointStoreTest, EvictionNeverLosesInFlightWork) {
+  TransferEngine second;
+  EngineOptions o;
+  o.local_segment_name = "target2";
+  o.transports = {"rdma"};
+  o.metadata_endpoint = target_.metadata_address();
+  ASSERT_TRUE(second.Init(o).ok());
+  std::unique_ptr<uint8_t[]> remote2(new uint8_t[16 << 20]);
+  ASSERT_TRUE(second.RegisterLocalMemory(remote2.get(), 16 << 20).ok());
+  auto seg2 = initiator_.OpenSegment("target2");
+  ASSERT_TRUE(seg2.ok());
+  for (int round = 0; round < 6; ++round) {
+    const bool to_second = round % 2 == 1;
+    const size_t off = static_cast<size_t>(round / 2) * (4 << 20);
+    FillPattern(local_.get() + off, 4 << 20, off, 100 + round);
+    std::vector<TransferRequest> reqs;
+    for (int i = 0; i < 4; ++i) {
+      TransferRequest r = Req(OpCode::kWrite, off + i * (1 << 20), 1 << 20);
+      if (to_second) {
+        r.target_id = *seg2;
+        r.target_offset =
+            reinterpret_cast<uint64_t>(remote2.get()) + off + i * (1 << 20);
+      }
+      reqs.push_back(r);
+    }
+    BatchStatus st = Run(reqs);
+    ASSERT_EQ(st.state, TransferState::kCompleted) << st.first_error;
+    const uint8_t* dst = to_second ? remote2.get() : remote_.get();
+    ASSERT_EQ(CheckPattern(dst + off, 4 << 20, off, 100 + round),
+              size_t{4 << 20})
+        << round;
+  }
 }
 
 }  // namespace

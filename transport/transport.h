@@ -112,6 +112,8 @@ struct TransportOptions {
   std::vector<std::string> rdma_devices;
   size_t rdma_slice_bytes = 64 << 10;
   int rdma_gid_index = -1;
+  // Initiator endpoints (QPs) kept at most; idle ones are evicted (SIEVE).
+  size_t rdma_max_endpoints = 4096;
 };
 
 // Creates the transport called `name`, or NotFound listing the known ones.

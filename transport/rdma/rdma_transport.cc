@@ -56,7 +56,15 @@ absl::Status CompletionError(const Slice& slice, const Endpoint& ep,
 }  // namespace
 
 RdmaTransport::RdmaTransport(const TransportOptions& options)
-    : options_(options) {}
+    : options_(options),
+      endpoints_(options.rdma_max_endpoints,
+                 [](const std::shared_ptr<Endpoint>& ep) {
+                   // Never evict an endpoint with work queued or in flight,
+                   // or one still connecting.
+                   std::lock_guard<std::mutex> lock(ep->mu);
+                   return ep->state == Endpoint::State::kConnecting ||
+                          !ep->waiting.empty() || !ep->posted.empty();
+                 }) {}
 
 RdmaTransport::~RdmaTransport() { Shutdown(); }
 
@@ -243,8 +251,9 @@ void RdmaTransport::Route(Slice* slice) {
               continue;
             }
             uint64_t load = nic->inflight_bytes.load(std::memory_order_relaxed);
-            auto e = endpoints_.find(rail);
-            if (e != endpoints_.end()) load += e->second->inflight_bytes.load();
+            if (const auto* e = endpoints_.Peek(rail)) {
+              load += (*e)->inflight_bytes.load();
+            }
             if (load < best_load) {
               best_load = load;
               best_nic = static_cast<int>(i);
@@ -262,22 +271,24 @@ void RdmaTransport::Route(Slice* slice) {
     }
     std::shared_ptr<Endpoint> ep;
     bool created = false;
+    std::vector<std::shared_ptr<Endpoint>> evicted;
     {
       std::lock_guard<std::mutex> lock(ep_mu_);
       EndpointKey key{view->name(), best_nic, best_key->nic()};
-      auto& slot = endpoints_[key];
-      if (slot != nullptr && slot->peer_incarnation != view->incarnation()) {
-        slot.reset();  // The peer restarted: its QPs and keys are new.
-      }
-      if (slot == nullptr) {
-        slot = std::make_shared<Endpoint>(nics_[best_nic].get(), best_nic,
-                                          view->name(), best_key->nic());
-        slot->peer_incarnation = view->incarnation();
-        slot->peer_rpc = view->descriptor().rpc_address();
+      std::shared_ptr<Endpoint>* slot = endpoints_.Find(key);
+      // A peer that restarted has new QPs and keys: replace its endpoint.
+      if (slot != nullptr && (*slot)->peer_incarnation == view->incarnation()) {
+        ep = *slot;
+      } else {
+        ep = std::make_shared<Endpoint>(nics_[best_nic].get(), best_nic,
+                                        view->name(), best_key->nic());
+        ep->peer_incarnation = view->incarnation();
+        ep->peer_rpc = view->descriptor().rpc_address();
+        endpoints_.Insert(key, ep, &evicted);
         created = true;
       }
-      ep = slot;
     }
+    for (auto& old : evicted) Retire(old);
     bool connected;
     {
       std::lock_guard<std::mutex> lock(ep->mu);
@@ -286,8 +297,8 @@ void RdmaTransport::Route(Slice* slice) {
       if (ep->state == Endpoint::State::kFailed) {
         std::lock_guard<std::mutex> elock(ep_mu_);
         EndpointKey key{view->name(), best_nic, best_key->nic()};
-        auto it = endpoints_.find(key);
-        if (it != endpoints_.end() && it->second == ep) endpoints_.erase(it);
+        const auto* cur = endpoints_.Peek(key);
+        if (cur != nullptr && *cur == ep) endpoints_.Erase(key);
         continue;
       }
       nics_[best_nic]->inflight_bytes.fetch_add(slice->length);
@@ -306,6 +317,25 @@ void RdmaTransport::Route(Slice* slice) {
   }
   slice->Complete(absl::UnavailableError(absl::StrCat(
       "RDMA endpoints to segment '", view->name(), "' keep failing")));
+}
+
+void RdmaTransport::Retire(const std::shared_ptr<Endpoint>& ep) {
+  // Evicted endpoints are idle (the store never evicts one with work in
+  // flight): unhook it from its worker, and its QP goes with the last
+  // reference.
+  uint32_t qpn = 0;
+  {
+    std::lock_guard<std::mutex> lock(ep->mu);
+    ep->state = Endpoint::State::kFailed;
+    if (ep->qp != nullptr) qpn = ep->qp->qp_num;
+  }
+  if (qpn != 0) {
+    Worker* w = workers_[ep->nic_index()].get();
+    std::lock_guard<std::mutex> lock(w->mu);
+    auto it = w->by_qpn.find(qpn);
+    if (it != w->by_qpn.end() && it->second == ep) w->by_qpn.erase(it);
+  }
+  evictions_.fetch_add(1);
 }
 
 void RdmaTransport::Wake(Worker* w, const std::shared_ptr<Endpoint>& ep) {
@@ -399,8 +429,8 @@ void RdmaTransport::FailEndpoint(const std::shared_ptr<Endpoint>& ep,
   {
     std::lock_guard<std::mutex> lock(ep_mu_);
     EndpointKey key{ep->peer_segment(), ep->nic_index(), ep->remote_nic()};
-    auto it = endpoints_.find(key);
-    if (it != endpoints_.end() && it->second == ep) endpoints_.erase(it);
+    const auto* cur = endpoints_.Peek(key);
+    if (cur != nullptr && *cur == ep) endpoints_.Erase(key);
   }
   std::deque<std::pair<Slice*, uint32_t>> waiting;
   {
@@ -557,8 +587,8 @@ void RdmaTransport::HandleCompletion(Worker* w, const ibv_wc& wc) {
     // are routed to a fresh endpoint or another rail.
     std::lock_guard<std::mutex> lock(ep_mu_);
     EndpointKey key{ep->peer_segment(), ep->nic_index(), ep->remote_nic()};
-    auto it = endpoints_.find(key);
-    if (it != endpoints_.end() && it->second == ep) endpoints_.erase(it);
+    const auto* cur = endpoints_.Peek(key);
+    if (cur != nullptr && *cur == ep) endpoints_.Erase(key);
   }
   for (auto& [slice, status] : done) {
     nics_[ep->nic_index()]->inflight_bytes.fetch_sub(slice->length);
@@ -676,8 +706,11 @@ void RdmaTransport::Shutdown() {
   std::vector<std::shared_ptr<Endpoint>> eps;
   {
     std::lock_guard<std::mutex> lock(ep_mu_);
-    for (auto& [k, ep] : endpoints_) eps.push_back(ep);
-    endpoints_.clear();
+    endpoints_.ForEach(
+        [&](const EndpointKey&, const std::shared_ptr<Endpoint>& ep) {
+          eps.push_back(ep);
+        });
+    endpoints_.Clear();
     passive_.clear();
   }
   {

@@ -33,6 +33,7 @@
 
 #include "transport/rdma/endpoint.h"
 #include "transport/rdma/nic.h"
+#include "transport/rdma/sieve_cache.h"
 #include "transport/transport.h"
 
 namespace ferry::rdma {
@@ -51,6 +52,9 @@ class RdmaTransport final : public Transport {
   size_t max_slice_bytes() const override { return options_.rdma_slice_bytes; }
   void Submit(absl::Span<Slice* const> slices) override;
   void Shutdown() override;
+
+  // Endpoints evicted from the store so far (for tests and stats).
+  uint64_t evictions() const { return evictions_.load(); }
 
  private:
   struct LocalMr {
@@ -74,6 +78,7 @@ class RdmaTransport final : public Transport {
   std::optional<uint32_t> LocalKey(const Slice* slice, int nic_index);
   void Retry(Slice* slice, const absl::Status& status, const EndpointKey& rail);
   void Wake(Worker* w, const std::shared_ptr<Endpoint>& ep);
+  void Retire(const std::shared_ptr<Endpoint>& ep);
   void HandshakeLoop();
   void Handshake(const std::shared_ptr<Endpoint>& ep);
   void FailEndpoint(const std::shared_ptr<Endpoint>& ep,
@@ -89,6 +94,7 @@ class RdmaTransport final : public Transport {
   uint64_t incarnation_ = 0;
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> rotate_{0};
+  std::atomic<uint64_t> evictions_{0};
 
   std::vector<std::unique_ptr<Nic>> nics_;
   std::vector<std::unique_ptr<Worker>> workers_;
@@ -97,7 +103,8 @@ class RdmaTransport final : public Transport {
   std::map<uintptr_t, LocalMr> mrs_;  // Guarded by mr_mu_.
 
   std::mutex ep_mu_;
-  std::map<EndpointKey, std::shared_ptr<Endpoint>> endpoints_;  // ep_mu_
+  // Initiator endpoints, bounded by rdma_max_endpoints with SIEVE eviction.
+  SieveCache<EndpointKey, std::shared_ptr<Endpoint>> endpoints_;  // ep_mu_
   // Rail health: consecutive errors and pause deadline per (peer, local
   // NIC, remote NIC), so a dead remote NIC does not condemn a local one.
   struct RailHealth {
