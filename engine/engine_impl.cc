@@ -94,6 +94,11 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
   topts.rdma_slice_bytes = options.rdma_slice_bytes;
   topts.rdma_gid_index = options.rdma_gid_index;
   topts.rdma_max_endpoints = options.rdma_max_endpoints;
+  topts.rdma_max_attempts = options.rdma_max_attempts;
+  topts.rdma_pause_after_errors = options.rdma_pause_after_errors;
+  topts.rdma_pause_duration = options.rdma_pause_duration;
+  topts.rdma_spin_polls = options.rdma_spin_polls;
+  topts.rdma_worker_cpus = options.rdma_worker_cpus;
   TransportEnv env;
   env.local_segment = options.local_segment_name;
   env.listen_host = options.listen_host;

@@ -65,6 +65,12 @@ struct EngineOptions {
   // RDMA endpoints (one RC QP per local NIC, peer NIC pair) kept at most;
   // idle ones beyond this are evicted, busy ones never.
   size_t rdma_max_endpoints = 4096;
+  // RDMA failover and polling; see TransportOptions in transport.h.
+  uint32_t rdma_max_attempts = 4;
+  uint32_t rdma_pause_after_errors = 3;
+  absl::Duration rdma_pause_duration = absl::Seconds(1);
+  int rdma_spin_polls = 64;
+  std::vector<int> rdma_worker_cpus;
   // Upper bound of AllocateBatch capacity.
   size_t max_batch_capacity = 1 << 16;
 };

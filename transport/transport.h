@@ -114,6 +114,16 @@ struct TransportOptions {
   int rdma_gid_index = -1;
   // Initiator endpoints (QPs) kept at most; idle ones are evicted (SIEVE).
   size_t rdma_max_endpoints = 4096;
+  // Failover: tries per slice (on different rails when possible); errors
+  // after which a rail is paused, and for how long before it is probed.
+  uint32_t rdma_max_attempts = 4;
+  uint32_t rdma_pause_after_errors = 3;
+  absl::Duration rdma_pause_duration = absl::Seconds(1);
+  // Worker polling: empty CQ polls (each with a yield) before sleeping on
+  // the completion channel; CPUs to pin NIC workers to (round robin; empty:
+  // no pinning).
+  int rdma_spin_polls = 64;
+  std::vector<int> rdma_worker_cpus;
 };
 
 // Creates the transport called `name`, or NotFound listing the known ones.

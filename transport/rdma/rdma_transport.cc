@@ -2,6 +2,8 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -16,14 +18,6 @@
 namespace ferry::rdma {
 namespace {
 
-// A slice is tried on at most this many rails before it fails.
-constexpr uint32_t kMaxAttempts = 4;
-// Consecutive errors after which a NIC is paused, and for how long.
-constexpr uint32_t kPauseAfterErrors = 3;
-constexpr int64_t kPauseNs = 1'000'000'000;
-// Polls of an empty CQ (each followed by a yield) before sleeping on the
-// completion channel: cheap when traffic is continuous, free when idle.
-constexpr int kSpinPolls = 64;
 constexpr int kMaxChain = 32;
 
 int64_t NowNs() { return absl::GetCurrentTimeNanos(); }
@@ -73,6 +67,19 @@ absl::Status RdmaTransport::Install(const TransportEnv& env,
   if (options_.rdma_slice_bytes < 4096 ||
       options_.rdma_slice_bytes > (64u << 20)) {
     return absl::InvalidArgumentError("rdma_slice_bytes must be 4 KiB..64 MiB");
+  }
+  if (options_.rdma_max_attempts < 1 || options_.rdma_pause_after_errors < 1 ||
+      options_.rdma_spin_polls < 0 ||
+      options_.rdma_pause_duration < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "rdma_max_attempts and rdma_pause_after_errors must be >= 1, "
+        "rdma_spin_polls and rdma_pause_duration >= 0");
+  }
+  for (int cpu : options_.rdma_worker_cpus) {
+    if (cpu < 0 || cpu >= CPU_SETSIZE) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rdma_worker_cpus: bad CPU ", cpu));
+    }
   }
   env_ = env;
   std::random_device rd;
@@ -353,13 +360,15 @@ void RdmaTransport::Retry(Slice* slice, const absl::Status& status,
   {
     std::lock_guard<std::mutex> lock(ep_mu_);
     RailHealth& h = health_[rail];
-    if (++h.errors >= kPauseAfterErrors) {
+    if (++h.errors >= options_.rdma_pause_after_errors) {
       h.errors = 0;
-      h.paused_until_ns = NowNs() + kPauseNs;  // Probed again afterwards.
+      // Probed again afterwards.
+      h.paused_until_ns =
+          NowNs() + absl::ToInt64Nanoseconds(options_.rdma_pause_duration);
     }
   }
   ++slice->attempts;
-  if (stopping_.load() || slice->attempts >= kMaxAttempts ||
+  if (stopping_.load() || slice->attempts >= options_.rdma_max_attempts ||
       absl::Now() >= slice->deadline) {
     slice->Complete(status);
     return;
@@ -618,6 +627,15 @@ void RdmaTransport::HandleCompletion(Worker* w, const ibv_wc& wc) {
 
 void RdmaTransport::WorkerLoop(Worker* w) {
   Nic* nic = w->nic;
+  if (!options_.rdma_worker_cpus.empty()) {
+    // Pin to the configured core (e.g. one near the NIC's NUMA node).
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(
+        options_.rdma_worker_cpus[w->index % options_.rdma_worker_cpus.size()],
+        &set);
+    pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+  }
   int spins = 0;
   ibv_wc wcs[64];
   while (!stopping_.load()) {
@@ -655,7 +673,7 @@ void RdmaTransport::WorkerLoop(Worker* w) {
       spins = 0;
       continue;
     }
-    if (++spins < kSpinPolls) {
+    if (++spins < options_.rdma_spin_polls) {
       std::this_thread::yield();
       continue;
     }
