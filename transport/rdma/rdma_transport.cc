@@ -362,9 +362,14 @@ void RdmaTransport::Retry(Slice* slice, const absl::Status& status,
     RailHealth& h = health_[rail];
     if (++h.errors >= options_.rdma_pause_after_errors) {
       h.errors = 0;
-      // Probed again afterwards.
-      h.paused_until_ns =
-          NowNs() + absl::ToInt64Nanoseconds(options_.rdma_pause_duration);
+      // Paused, then probed again; a rail that keeps failing (e.g. a NIC
+      // pair with no route between them) is paused exponentially longer,
+      // up to 64x the base pause.
+      const int64_t pause =
+          absl::ToInt64Nanoseconds(options_.rdma_pause_duration)
+          << std::min<uint32_t>(h.pauses, 6);
+      ++h.pauses;
+      h.paused_until_ns = NowNs() + pause;
     }
   }
   ++slice->attempts;
@@ -598,6 +603,16 @@ void RdmaTransport::HandleCompletion(Worker* w, const ibv_wc& wc) {
     EndpointKey key{ep->peer_segment(), ep->nic_index(), ep->remote_nic()};
     const auto* cur = endpoints_.Peek(key);
     if (cur != nullptr && *cur == ep) endpoints_.Erase(key);
+  }
+  bool any_success = false;
+  for (auto& d : done) any_success |= d.second.ok();
+  if (any_success) {
+    // The rail works: forget its error history (one lock per signaled CQE,
+    // not per slice).
+    std::lock_guard<std::mutex> lock(ep_mu_);
+    auto h = health_.find(
+        EndpointKey{ep->peer_segment(), ep->nic_index(), ep->remote_nic()});
+    if (h != health_.end()) h->second = RailHealth{};
   }
   for (auto& [slice, status] : done) {
     nics_[ep->nic_index()]->inflight_bytes.fetch_sub(slice->length);

@@ -110,6 +110,7 @@ class RdmaTransport final : public Transport {
   struct RailHealth {
     uint32_t errors = 0;
     int64_t paused_until_ns = 0;
+    uint32_t pauses = 0;  // Consecutive pauses: the next one lasts longer.
   };
   std::map<EndpointKey, RailHealth> health_;  // ep_mu_
   // QPs created for peers' connects, by (peer segment, peer NIC, our NIC).

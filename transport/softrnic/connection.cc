@@ -63,6 +63,13 @@ bool Connection::WriteAll(iovec* iov, int iovcnt) {
 }
 
 void TuneSocket(int fd) {
+  // A write that makes no progress for this long means the path is dead (a
+  // link down under TCP): fail it so the QP's ack timeout and retry logic
+  // run, instead of blocking the poster (and the QP's send lock) for TCP's
+  // minutes-long retransmission timeout.
+  timeval send_timeout{0, 500000};
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_timeout,
+               sizeof(send_timeout));
   int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   int buf = 4 << 20;
