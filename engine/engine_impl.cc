@@ -99,6 +99,7 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
   topts.rdma_pause_duration = options.rdma_pause_duration;
   topts.rdma_spin_polls = options.rdma_spin_polls;
   topts.rdma_worker_cpus = options.rdma_worker_cpus;
+  topts.rdma_topology_json = options.rdma_topology_json;
   TransportEnv env;
   env.local_segment = options.local_segment_name;
   env.listen_host = options.listen_host;

@@ -71,6 +71,10 @@ struct EngineOptions {
   absl::Duration rdma_pause_duration = absl::Seconds(1);
   int rdma_spin_polls = 64;
   std::vector<int> rdma_worker_cpus;
+  // NIC preference per buffer location (RegisterLocalMemory's `location`):
+  // Mooncake TE's priority matrix JSON, {"cpu:0": [["nic0"], ["nic1"]]};
+  // empty: derived from the NICs' NUMA nodes in sysfs.
+  std::string rdma_topology_json;
   // Upper bound of AllocateBatch capacity.
   size_t max_batch_capacity = 1 << 16;
 };

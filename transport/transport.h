@@ -123,6 +123,9 @@ struct TransportOptions {
   // the completion channel; CPUs to pin NIC workers to (round robin; empty:
   // no pinning).
   int rdma_spin_polls = 64;
+  // Priority matrix as in Mooncake TE, e.g. {"cpu:0": [["mlx5_0"],
+  // ["mlx5_1"]]}; empty: NUMA nodes from sysfs.
+  std::string rdma_topology_json;
   std::vector<int> rdma_worker_cpus;
 };
 

@@ -98,6 +98,15 @@ absl::Status RdmaTransport::Install(const TransportEnv& env,
   if (nics_.empty()) {
     return absl::UnavailableError(absl::StrCat("no usable RDMA NIC:", skipped));
   }
+  std::vector<std::string> names;
+  for (const auto& nic : nics_) names.push_back(nic->name());
+  if (!options_.rdma_topology_json.empty()) {
+    auto topo = Topology::FromJson(options_.rdma_topology_json, names);
+    if (!topo.ok()) return topo.status();
+    topology_ = std::move(*topo);
+  } else {
+    topology_ = Topology::FromNumaNodes(names, Topology::ReadNumaNodes(names));
+  }
   for (size_t i = 0; i < nics_.size(); ++i) {
     metadata::Device* d = endpoint->add_devices();
     d->set_name(nics_[i]->name());
@@ -128,7 +137,7 @@ absl::Status RdmaTransport::RegisterMemory(const MemoryRegion& region,
   if (region.remote_accessible) {
     access |= IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
   }
-  LocalMr entry{region.length, {}};
+  LocalMr entry{region.length, {}, region.location};
   // Registration pins and maps pages: for large buffers do the NICs in
   // parallel, as their page-table builds are independent.
   entry.mrs.resize(nics_.size(), nullptr);
@@ -184,7 +193,8 @@ absl::Status RdmaTransport::UnregisterMemory(uintptr_t addr) {
 }
 
 std::optional<uint32_t> RdmaTransport::LocalKey(const Slice* slice,
-                                                int nic_index) {
+                                                int nic_index,
+                                                std::string* location) {
   // The interval index: the candidate buffer is the last one starting at
   // or below the address, O(log n).
   std::shared_lock<std::shared_mutex> lock(mr_mu_);
@@ -193,6 +203,7 @@ std::optional<uint32_t> RdmaTransport::LocalKey(const Slice* slice,
   if (it == mrs_.begin()) return std::nullopt;
   --it;
   if (a + slice->length > it->first + it->second.length) return std::nullopt;
+  if (location != nullptr) *location = it->second.location;
   return it->second.mrs[nic_index]->lkey;
 }
 
@@ -214,7 +225,8 @@ void RdmaTransport::Route(Slice* slice) {
                      absl::Hex(slice->remote))));
     return;
   }
-  if (!LocalKey(slice, 0).has_value()) {
+  std::string location;
+  if (!LocalKey(slice, 0, &location).has_value()) {
     slice->Complete(absl::InvalidArgumentError(
         "local memory is not registered with the RDMA transport"));
     return;

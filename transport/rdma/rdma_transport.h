@@ -34,6 +34,7 @@
 #include "transport/rdma/endpoint.h"
 #include "transport/rdma/nic.h"
 #include "transport/rdma/sieve_cache.h"
+#include "transport/rdma/topology.h"
 #include "transport/transport.h"
 
 namespace ferry::rdma {
@@ -60,6 +61,7 @@ class RdmaTransport final : public Transport {
   struct LocalMr {
     size_t length;
     std::vector<ibv_mr*> mrs;  // One per NIC, in nics_ order.
+    std::string location;      // "cpu:N", "cuda:N" or "*".
   };
   struct Worker {
     Nic* nic = nullptr;
@@ -75,7 +77,9 @@ class RdmaTransport final : public Transport {
   void Route(Slice* slice);
   // The lkey covering the slice's local range on NIC `nic_index`, or none
   // if the range is not inside one registered buffer.
-  std::optional<uint32_t> LocalKey(const Slice* slice, int nic_index);
+  // With `location`, also stores the buffer's location.
+  std::optional<uint32_t> LocalKey(const Slice* slice, int nic_index,
+                                   std::string* location = nullptr);
   void Retry(Slice* slice, const absl::Status& status, const EndpointKey& rail);
   void Wake(Worker* w, const std::shared_ptr<Endpoint>& ep);
   void Retire(const std::shared_ptr<Endpoint>& ep);
@@ -97,6 +101,7 @@ class RdmaTransport final : public Transport {
   std::atomic<uint64_t> evictions_{0};
 
   std::vector<std::unique_ptr<Nic>> nics_;
+  Topology topology_;
   std::vector<std::unique_ptr<Worker>> workers_;
 
   std::shared_mutex mr_mu_;

@@ -1,0 +1,46 @@
+// Topology: which NICs each memory location should prefer.
+//
+// Given as Mooncake TE's priority matrix, JSON mapping a location to tiers
+// of NIC names, best first: {"cpu:0": [["mlx5_0"], ["mlx5_1"]],
+// "cuda:0": [["mlx5_1"], ["mlx5_0"]]}. Without one, it is read from sysfs:
+// a NIC whose /sys/class/infiniband/<nic>/device/numa_node is N is tier 0
+// for "cpu:N" and tier 1 for other nodes. Location "*" (or one not listed)
+// prefers no NIC. Immutable after construction; thread-safe.
+#ifndef FERRY_TRANSPORT_RDMA_TOPOLOGY_H_
+#define FERRY_TRANSPORT_RDMA_TOPOLOGY_H_
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace ferry::rdma {
+
+class Topology {
+ public:
+  // Parses a priority matrix. InvalidArgument for malformed JSON, a
+  // location that is not an array of arrays of strings, or a NIC name not
+  // in `nics`.
+  static absl::StatusOr<Topology> FromJson(
+      const std::string& json, const std::vector<std::string>& nics);
+  // Builds the matrix from `numa_node` of each NIC (-1: unknown).
+  static Topology FromNumaNodes(const std::vector<std::string>& nics,
+                                const std::vector<int>& numa_nodes);
+  // Reads each NIC's NUMA node from sysfs (-1 where there is none, as for
+  // soft devices).
+  static std::vector<int> ReadNumaNodes(const std::vector<std::string>& nics);
+
+  // Tier of NIC `nic` (index into the constructor's list) for memory at
+  // `location`: 0 is best. Unlisted NICs rank after every listed tier.
+  int Tier(const std::string& location, size_t nic) const;
+
+ private:
+  size_t nic_count_ = 0;
+  // location -> tier per NIC index.
+  std::map<std::string, std::vector<int>> tiers_;
+};
+
+}  // namespace ferry::rdma
+
+#endif  // FERRY_TRANSPORT_RDMA_TOPOLOGY_H_
