@@ -166,6 +166,10 @@ absl::Status EngineImpl::RegisterLocalMemory(void* addr, size_t length,
     return absl::InvalidArgumentError("location is too long");
   }
   absl::MutexLock lock(&register_mu_);
+  return RegisterLocked(region);
+}
+
+absl::Status EngineImpl::RegisterLocked(const MemoryRegion& region) {
   if (absl::Status s = local_memory_.Add(region); !s.ok()) return s;
   metadata::Buffer published;
   published.set_addr(region.addr);
@@ -177,7 +181,7 @@ absl::Status EngineImpl::RegisterLocalMemory(void* addr, size_t length,
     s = transports_[done]->RegisterMemory(region, &published);
     if (!s.ok()) break;
   }
-  if (s.ok() && remote_accessible) {
+  if (s.ok() && region.remote_accessible) {
     metadata::UpdateBuffersRequest req;
     req.set_name(options_.local_segment_name);
     req.set_incarnation(incarnation_);
@@ -199,17 +203,26 @@ absl::Status EngineImpl::UnregisterLocalMemory(void* addr) {
   if (!initialized_)
     return absl::FailedPreconditionError("engine not initialized");
   const uintptr_t a = reinterpret_cast<uintptr_t>(addr);
-  absl::MutexLock lock(&register_mu_);
+  absl::Status s;
+  {
+    absl::MutexLock lock(&register_mu_);
+    s = UnregisterLocked(a, options_.transfer_timeout);
+  }
+  if (s.code() != absl::StatusCode::kNotFound &&
+      s.code() != absl::StatusCode::kFailedPrecondition) {
+    ForgetCached(a);
+  }
+  return s;
+}
+
+absl::Status EngineImpl::UnregisterLocked(uintptr_t a, absl::Duration wait) {
   std::optional<MemoryRegion> region = local_memory_.Lookup(a);
   if (!region.has_value()) {
     return absl::NotFoundError(
         absl::StrCat("no registered buffer starts at 0x", absl::Hex(a)));
   }
   // First stop this engine's own use (waits for its in-flight requests)...
-  if (absl::Status s = local_memory_.Remove(a, options_.transfer_timeout);
-      !s.ok()) {
-    return s;
-  }
+  if (absl::Status s = local_memory_.Remove(a, wait); !s.ok()) return s;
   // ...then peers' (each transport waits for accesses in progress)...
   absl::Status result;
   for (auto& t : transports_) {

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -73,6 +74,19 @@ class EngineImpl {
   };
 
   absl::Status ValidateOptions(const EngineOptions& options) const;
+  absl::Status RegisterLocked(const MemoryRegion& region)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(register_mu_);
+  absl::Status UnregisterLocked(uintptr_t addr, absl::Duration wait)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(register_mu_);
+
+  // MR cache (mr_cache.cc): leases the local range, registering a
+  // page-aligned cover of it first when the cache is on and the range is
+  // mapped but unregistered; evicts least recently used cached
+  // registrations beyond the budget.
+  absl::StatusOr<MemoryRegistry::Lease> AcquireLocal(uintptr_t addr,
+                                                     size_t length);
+  void EvictCached(uintptr_t keep);
+  void ForgetCached(uintptr_t addr);
   absl::Status Prepare(size_t index, const TransferRequest& request,
                        Prepared* out);
   absl::Status OnNotify(const std::string& from, const std::string& name,
@@ -95,6 +109,15 @@ class EngineImpl {
   // Serializes registration so local registry, transports and the published
   // descriptor change together.
   absl::Mutex register_mu_;
+
+  struct CachedMr {
+    size_t length;
+    uint64_t last_use;
+  };
+  absl::Mutex cache_mu_ ABSL_ACQUIRED_AFTER(register_mu_);
+  std::map<uintptr_t, CachedMr> cache_ ABSL_GUARDED_BY(cache_mu_);
+  size_t cache_bytes_ ABSL_GUARDED_BY(cache_mu_) = 0;
+  uint64_t cache_clock_ ABSL_GUARDED_BY(cache_mu_) = 0;
 
   TaskSink sink_;
   BatchTable batches_;

@@ -36,8 +36,13 @@ absl::Status EngineImpl::Prepare(size_t index, const TransferRequest& req,
         absl::StrCat(Where(index), "length is zero"));
   }
   const uintptr_t src = reinterpret_cast<uintptr_t>(req.source);
-  auto lease = local_memory_.Acquire(src, req.length, /*need_remote=*/false);
+  auto lease = AcquireLocal(src, req.length);
   if (!lease.ok()) {
+    if (options_.mr_cache_bytes > 0) {
+      // The MR cache tried and says why it could not register the range.
+      return absl::Status(lease.status().code(),
+                          absl::StrCat(Where(index), lease.status().message()));
+    }
     return absl::InvalidArgumentError(absl::StrCat(
         Where(index), "local source 0x", absl::Hex(src), "+", req.length,
         " is not inside memory registered with RegisterLocalMemory"));

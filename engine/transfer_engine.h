@@ -75,6 +75,12 @@ struct EngineOptions {
   // Mooncake TE's priority matrix JSON, {"cpu:0": [["nic0"], ["nic1"]]};
   // empty: derived from the NICs' NUMA nodes in sysfs.
   std::string rdma_topology_json;
+  // MR cache: when > 0, a request whose local source is mapped memory but
+  // not registered gets it registered on first use (page-aligned, not
+  // remote-accessible); cached registrations beyond this many bytes are
+  // unregistered, least recently used first, never while in use.
+  // 0 (the default): unregistered sources are an error.
+  size_t mr_cache_bytes = 0;
   // Upper bound of AllocateBatch capacity.
   size_t max_batch_capacity = 1 << 16;
 };

@@ -2,6 +2,8 @@
 // metadata service, engine B uses it.
 #include "engine/transfer_engine.h"
 
+#include <sys/mman.h>
+
 #include <cstring>
 #include <numeric>
 #include <vector>
@@ -260,6 +262,59 @@ TEST_F(EngineTest, SilentPeerTimesOutAndBatchCannotBeFreedMeanwhile) {
   EXPECT_EQ(ts->state, TransferState::kTimeout);
   EXPECT_EQ(ts->error.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_TRUE(b_.FreeBatch(*batch).ok());
+}
+
+TEST(MrCacheTest, RegistersOnFirstUseAndEvictsUnderBudget) {
+  TransferEngine target, initiator;
+  EngineOptions t;
+  t.local_segment_name = "cache-target";
+  ASSERT_TRUE(target.Init(t).ok());
+  EngineOptions i;
+  i.local_segment_name = "cache-initiator";
+  i.metadata_endpoint = target.metadata_address();
+  i.mr_cache_bytes = 300 << 10;  // Room for two of the buffers below.
+  ASSERT_TRUE(initiator.Init(i).ok());
+  std::vector<uint8_t> remote(1 << 20, 0);
+  ASSERT_TRUE(target.RegisterLocalMemory(remote.data(), remote.size()).ok());
+  auto seg = initiator.OpenSegment("cache-target");
+  ASSERT_TRUE(seg.ok());
+  // Six never-registered sources: each is registered on first use, and
+  // older ones are evicted to stay near the budget.
+  std::vector<std::vector<uint8_t>> sources;
+  for (int k = 0; k < 6; ++k) sources.emplace_back(128 << 10, 0x10 + k);
+  for (int round = 0; round < 2; ++round) {
+    for (int k = 0; k < 6; ++k) {
+      auto batch = initiator.AllocateBatch(1);
+      TransferRequest r;
+      r.opcode = OpCode::kWrite;
+      r.source = sources[k].data();
+      r.target_id = *seg;
+      r.target_offset = reinterpret_cast<uint64_t>(remote.data()) + k * 1000;
+      r.length = 1000;
+      ASSERT_TRUE(initiator.SubmitTransfer(*batch, {r}).ok()) << k;
+      auto st = initiator.WaitBatch(*batch, absl::Seconds(10));
+      ASSERT_TRUE(st.ok());
+      ASSERT_EQ(st->state, TransferState::kCompleted) << st->first_error;
+      ASSERT_TRUE(initiator.FreeBatch(*batch).ok());
+      EXPECT_EQ(remote[k * 1000], 0x10 + k);
+    }
+  }
+  // Unmapped memory is refused with a reason, not faulted on.
+  void* p = mmap(nullptr, 4096, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(p, MAP_FAILED);
+  munmap(p, 4096);
+  auto batch = initiator.AllocateBatch(1);
+  TransferRequest r;
+  r.opcode = OpCode::kWrite;
+  r.source = p;
+  r.target_id = *seg;
+  r.target_offset = reinterpret_cast<uint64_t>(remote.data());
+  r.length = 64;
+  absl::Status s = initiator.SubmitTransfer(*batch, {r});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("not mapped"), std::string::npos) << s;
+  EXPECT_TRUE(initiator.FreeBatch(*batch).ok());
 }
 
 TEST(EngineInitTest, UnreachableMetadataFailsFastWithClearError) {

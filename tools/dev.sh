@@ -52,40 +52,48 @@ demo() {
 }
 
 # Runs `bazel test` with the given flags and adds the gtest case counts of
-# every test target to PASSED/FAILED (a target without results, e.g. one
-# that failed to build or timed out, counts as one failure).
+# every test target to PASSED/FAILED. Bazel's own verdict per target wins:
+# a target it reports as failed (a crash or sanitizer report after the
+# cases passed, a timeout, a build failure) counts at least one failure.
 PASSED=0
 FAILED=0
 run_tests() {
-  local rc=0
-  "${BAZEL[@]}" test "$@" //... || rc=$?
-  local logs
+  local rc=0 out
+  out="$(mktemp)"
+  "${BAZEL[@]}" test "$@" //... 2>&1 | tee "$out"
+  rc=${PIPESTATUS[0]}
+  local logs targets t
   logs="$("${BAZEL[@]}" info "$@" bazel-testlogs 2>/dev/null)"
-  local targets
   targets="$("${BAZEL[@]}" query 'tests(//...)' 2>/dev/null)"
-  local t
   for t in $targets; do
+    local bad_target=0
+    grep -qE "^$t[[:space:]]+.*(FAILED|TIMEOUT|NO STATUS|INCOMPLETE)" "$out" && bad_target=1
     local rel="${t#//}"
     rel="${rel/://}"
     local xml="$logs/$rel/test.xml"
-    if [[ ! -f "$xml" ]]; then
-      FAILED=$((FAILED + 1))
-      continue
+    local tests="" failures=0 errors=0
+    if [[ -f "$xml" ]]; then
+      local head
+      head="$(grep -m1 -o '<testsuites[^>]*>' "$xml" || true)"
+      tests="$(sed -n 's/.* tests="\([0-9]*\)".*/\1/p' <<<"$head")"
+      failures="$(sed -n 's/.* failures="\([0-9]*\)".*/\1/p' <<<"$head")"
+      errors="$(sed -n 's/.* errors="\([0-9]*\)".*/\1/p' <<<"$head")"
     fi
-    local head tests failures errors
-    head="$(grep -m1 -o '<testsuites[^>]*>' "$xml" || true)"
-    tests="$(sed -n 's/.* tests="\([0-9]*\)".*/\1/p' <<<"$head")"
-    failures="$(sed -n 's/.* failures="\([0-9]*\)".*/\1/p' <<<"$head")"
-    errors="$(sed -n 's/.* errors="\([0-9]*\)".*/\1/p' <<<"$head")"
     if [[ -z "$tests" ]]; then
-      # Not a gtest report (crash, timeout): Bazel wrote its own.
-      if grep -q '<failure' "$xml"; then FAILED=$((FAILED + 1)); else PASSED=$((PASSED + 1)); fi
+      # No gtest report (shell test, crash, build failure): one verdict.
+      if ((bad_target)) || [[ ! -f "$xml" ]] || grep -qE '<(failure|error)' "$xml"; then
+        FAILED=$((FAILED + 1))
+      else
+        PASSED=$((PASSED + 1))
+      fi
       continue
     fi
-    local bad=$((failures + errors))
-    PASSED=$((PASSED + tests - bad))
+    local bad=$((${failures:-0} + ${errors:-0}))
+    if ((bad_target && bad == 0)); then bad=1; fi
+    PASSED=$((PASSED + tests - (bad > tests ? tests : bad)))
     FAILED=$((FAILED + bad))
   done
+  rm -f "$out"
   return $rc
 }
 

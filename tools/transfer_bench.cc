@@ -270,6 +270,7 @@ int RunInitiator(TransferEngine& engine) {
   const double gbps = static_cast<double>(totals.bytes.load()) / secs / 1e9;
   const double tps = static_cast<double>(totals.transfers.load()) / secs;
   engine.UnregisterLocalMemory(local).IgnoreError();
+  std::free(local);
   const uint64_t errors = totals.errors.load() + totals.verify_failures.load();
   if (json) {
     std::printf(
@@ -320,7 +321,7 @@ int Main() {
     o.rpc_port = static_cast<uint16_t>(absl::GetFlag(FLAGS_rpc_port));
     TransferEngine engine;
     if (absl::Status s = engine.Init(o); !s.ok()) Die(s, "Init");
-    SetUpTarget(engine, buffer);
+    void* target_buf = SetUpTarget(engine, buffer);
     std::printf("target ready: segment=%s metadata=%s\n", name.c_str(),
                 engine.metadata_address().c_str());
     std::fflush(stdout);
@@ -330,6 +331,8 @@ int Main() {
     while (!g_stop.load() && absl::Now() < end) {
       absl::SleepFor(absl::Milliseconds(100));
     }
+    engine.Shutdown();
+    std::free(target_buf);
     return 0;
   }
   if (mode == "initiator") {
@@ -353,7 +356,7 @@ int Main() {
         !s.ok()) {
       Die(s, "Init target");
     }
-    SetUpTarget(target, buffer);
+    void* target_buf = SetUpTarget(target, buffer);
     TransferEngine initiator;
     if (absl::Status s = initiator.Init(
             BaseOptions(name.empty() ? "initiator" : name,
@@ -361,7 +364,11 @@ int Main() {
         !s.ok()) {
       Die(s, "Init initiator");
     }
-    return RunInitiator(initiator);
+    int rc = RunInitiator(initiator);
+    initiator.Shutdown();
+    target.Shutdown();
+    std::free(target_buf);
+    return rc;
   }
   Die(absl::InvalidArgumentError("--mode must be target, initiator or local"),
       "flags");

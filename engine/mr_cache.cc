@@ -1,0 +1,98 @@
+// EngineImpl: the opt-in MR cache.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "engine/engine_impl.h"
+
+namespace ferry {
+
+absl::StatusOr<MemoryRegistry::Lease> EngineImpl::AcquireLocal(uintptr_t addr,
+                                                               size_t length) {
+  auto lease = local_memory_.Acquire(addr, length, /*need_remote=*/false);
+  if (options_.mr_cache_bytes == 0) return lease;
+  if (lease.ok()) {
+    absl::MutexLock lock(&cache_mu_);
+    auto it = cache_.find(lease->region().addr);
+    if (it != cache_.end()) it->second.last_use = ++cache_clock_;
+    return lease;
+  }
+  if (addr + length < addr) return lease;
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t start = addr & ~(page - 1);
+  const uintptr_t end = (addr + length + page - 1) & ~(page - 1);
+  // Registering unmapped memory would fault later (or, on a NIC, fail to
+  // pin): msync reports ENOMEM for any unmapped page in the range.
+  if (::msync(reinterpret_cast<void*>(start), end - start, MS_ASYNC) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "local source 0x", absl::Hex(addr), "+", length,
+        " is not mapped memory, so the MR cache cannot register it"));
+  }
+  MemoryRegion region;
+  region.addr = start;
+  region.length = end - start;
+  region.location = "*";
+  region.remote_accessible = false;
+  {
+    absl::MutexLock lock(&register_mu_);
+    // Another request may have registered it meanwhile.
+    if (!local_memory_.Contains(addr, length, false)) {
+      if (absl::Status s = RegisterLocked(region); !s.ok()) {
+        return absl::Status(
+            s.code(),
+            absl::StrCat("MR cache: cannot register 0x", absl::Hex(start), "+",
+                         end - start, ": ", s.message()));
+      }
+      absl::MutexLock cache_lock(&cache_mu_);
+      cache_[start] = CachedMr{end - start, ++cache_clock_};
+      cache_bytes_ += end - start;
+    }
+  }
+  EvictCached(start);
+  return local_memory_.Acquire(addr, length, /*need_remote=*/false);
+}
+
+void EngineImpl::EvictCached(uintptr_t keep) {
+  std::vector<std::pair<uint64_t, uintptr_t>> victims;
+  size_t over = 0;
+  {
+    absl::MutexLock lock(&cache_mu_);
+    if (cache_bytes_ <= options_.mr_cache_bytes) return;
+    over = cache_bytes_ - options_.mr_cache_bytes;
+    for (const auto& [a, c] : cache_) {
+      if (a != keep) victims.emplace_back(c.last_use, a);
+    }
+  }
+  std::sort(victims.begin(), victims.end());  // Least recently used first.
+  size_t freed = 0;
+  for (const auto& [use, a] : victims) {
+    if (freed >= over) break;
+    absl::Status s;
+    {
+      absl::MutexLock lock(&register_mu_);
+      // Zero wait: a registration in use by a transfer is skipped, never
+      // pulled from under it.
+      s = UnregisterLocked(a, absl::ZeroDuration());
+    }
+    if (!s.ok()) continue;
+    absl::MutexLock lock(&cache_mu_);
+    auto it = cache_.find(a);
+    if (it == cache_.end()) continue;
+    freed += it->second.length;
+    cache_bytes_ -= it->second.length;
+    cache_.erase(it);
+  }
+}
+
+void EngineImpl::ForgetCached(uintptr_t addr) {
+  absl::MutexLock lock(&cache_mu_);
+  auto it = cache_.find(addr);
+  if (it == cache_.end()) return;
+  cache_bytes_ -= it->second.length;
+  cache_.erase(it);
+}
+
+}  // namespace ferry
