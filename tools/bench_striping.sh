@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Striping benchmark: two namespaced hosts joined by two veth links, each
+# link shaped to the same rate with tc (so the links, not the CPU, are the
+# limit), Ferry's RDMA transport on softrnic between them. Measures
+# transfer_bench throughput with one NIC per host and with two, in the same
+# run, and prints the ratio (two NICs should give close to 2x).
+#   sudo tools/bench_striping.sh [rate, default 200mbit] [seconds, default 6]
+# Needs root (ip netns, tc). Removes everything it creates.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+rate="${1:-200mbit}"
+secs="${2:-6}"
+[[ $(id -u) -eq 0 ]] || { echo "needs root (ip netns, tc)" >&2; exit 2; }
+bazel build -c opt //tools:transfer_bench //transport/softrnic:libibverbs.so.1 >/dev/null 2>&1 ||
+  bazel build -c opt //tools:transfer_bench //transport/softrnic:libibverbs.so.1
+bin="$(bazel info -c opt bazel-bin 2>/dev/null)"
+BENCH="$bin/tools/transfer_bench"
+LIBDIR="$bin/transport/softrnic"
+
+tag="s$$"
+n=$(( $$ % 200 + 20 ))
+H1="${tag}h1" H2="${tag}h2"
+A1="10.77.$n.1" B1="10.77.$n.2" A2="10.78.$n.1" B2="10.78.$n.2"
+tmp="$(mktemp -d)"
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  ip netns del "$H1" 2>/dev/null
+  ip netns del "$H2" 2>/dev/null
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+ip netns add "$H1"; ip netns add "$H2"
+for i in 1 2; do
+  ip link add "${tag}a$i" netns "$H1" type veth peer name "${tag}b$i" netns "$H2"
+done
+ip -n "$H1" addr add "$A1/24" dev "${tag}a1"; ip -n "$H1" addr add "$A2/24" dev "${tag}a2"
+ip -n "$H2" addr add "$B1/24" dev "${tag}b1"; ip -n "$H2" addr add "$B2/24" dev "${tag}b2"
+for ns in "$H1" "$H2"; do ip -n "$ns" link set lo up; done
+for i in 1 2; do
+  ip -n "$H1" link set "${tag}a$i" up
+  ip -n "$H2" link set "${tag}b$i" up
+  # Same rate on every link, both directions.
+  ip netns exec "$H1" tc qdisc add dev "${tag}a$i" root tbf rate "$rate" burst 256kb latency 50ms
+  ip netns exec "$H2" tc qdisc add dev "${tag}b$i" root tbf rate "$rate" burst 256kb latency 50ms
+done
+
+run() {  # label, h1 devices, h2 devices, port
+  local label="$1" d1="$2" d2="$3" port="$4"
+  ip netns exec "$H2" env LD_LIBRARY_PATH="$LIBDIR" FERRY_SOFTRNIC_DEVICES="$d2" \
+    "$BENCH" --mode=target --protocol=rdma --listen_host="$B1" --rpc_port="$port" \
+    --buffer_size=$((256 << 20)) --target_seconds=$((secs + 30)) >"$tmp/t$port.log" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 100); do grep -q "target ready" "$tmp/t$port.log" && break; sleep 0.1; done
+  ip netns exec "$H1" env LD_LIBRARY_PATH="$LIBDIR" FERRY_SOFTRNIC_DEVICES="$d1" \
+    timeout $((secs + 60)) "$BENCH" --mode=initiator --protocol=rdma \
+    --metadata_server="$B1:$port" --listen_host="$A1" --operation=write \
+    --block_size=$((1 << 20)) --batch_size=16 --threads=2 \
+    --buffer_size=$((256 << 20)) --warmup=3 --duration="$secs" --report=json \
+    2>/dev/null | tail -1 >"$tmp/$label.json"
+  kill -9 "${pids[-1]}" 2>/dev/null
+  python3 -c 'import json,sys; print("%.4f" % json.load(open(sys.argv[1]))["throughput_gbps"])' "$tmp/$label.json"
+}
+one="$(run one "softrnic0=$A1" "softrnic0=$B1" 50801)"
+two="$(run two "softrnic0=$A1,softrnic1=$A2" "softrnic0=$B1,softrnic1=$B2" 50802)"
+echo "link rate $rate per NIC, 1 MiB RDMA WRITEs, 2 threads x 16 in flight"
+echo "one NIC per host:  $one GB/s"
+echo "two NICs per host: $two GB/s"
+echo "ratio two/one: $(python3 -c "print('%.3f' % ($two / $one))")"
+echo "last report: $(cat "$tmp/two.json")"
