@@ -22,6 +22,9 @@ constexpr int kMaxChain = 32;
 
 int64_t NowNs() { return absl::GetCurrentTimeNanos(); }
 
+// Reconnect backoff per peer: 50 ms doubling up to 1.6 s.
+constexpr int64_t kMinBackoffNs = 50'000'000;
+
 const metadata::NicKey* FindKey(const metadata::Buffer& b,
                                 const std::string& nic) {
   for (const auto& k : b.keys()) {
@@ -290,6 +293,7 @@ void RdmaTransport::Route(Slice* slice) {
     }
     std::shared_ptr<Endpoint> ep;
     bool created = false;
+    absl::Status backoff_status;
     std::vector<std::shared_ptr<Endpoint>> evicted;
     {
       std::lock_guard<std::mutex> lock(ep_mu_);
@@ -298,6 +302,12 @@ void RdmaTransport::Route(Slice* slice) {
       // A peer that restarted has new QPs and keys: replace its endpoint.
       if (slot != nullptr && (*slot)->peer_incarnation == view->incarnation()) {
         ep = *slot;
+      } else if (auto b = backoff_.find(view->name());
+                 b != backoff_.end() && b->second.retry_after_ns > now) {
+        backoff_status = absl::UnavailableError(absl::StrCat(
+            "RDMA peer '", view->name(), "' unreachable (retrying in ",
+            (b->second.retry_after_ns - now) / 1000000,
+            " ms): ", b->second.last_error.message()));
       } else {
         ep = std::make_shared<Endpoint>(nics_[best_nic].get(), best_nic,
                                         view->name(), best_key->nic());
@@ -308,6 +318,10 @@ void RdmaTransport::Route(Slice* slice) {
       }
     }
     for (auto& old : evicted) Retire(old);
+    if (ep == nullptr) {
+      slice->Complete(backoff_status);  // Fail fast while backing off.
+      return;
+    }
     bool connected;
     {
       std::lock_guard<std::mutex> lock(ep->mu);
@@ -435,6 +449,10 @@ void RdmaTransport::Handshake(const std::shared_ptr<Endpoint>& ep) {
                 absl::StrCat("RDMA handshake with '", ep->peer_segment(), "' (",
                              ep->remote_nic(), "): ", s.message())));
     return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(ep_mu_);
+    backoff_.erase(ep->peer_segment());
   }
   Worker* w = workers_[ep->nic_index()].get();
   {

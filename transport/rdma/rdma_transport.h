@@ -118,6 +118,13 @@ class RdmaTransport final : public Transport {
     uint32_t pauses = 0;  // Consecutive pauses: the next one lasts longer.
   };
   std::map<EndpointKey, RailHealth> health_;  // ep_mu_
+  // Peers whose last handshake failed: no new endpoint before retry_after.
+  struct PeerBackoff {
+    uint32_t failures = 0;
+    int64_t retry_after_ns = 0;
+    absl::Status last_error;
+  };
+  std::map<std::string, PeerBackoff> backoff_;  // ep_mu_
   // QPs created for peers' connects, by (peer segment, peer NIC, our NIC).
   std::map<EndpointKey, std::shared_ptr<Endpoint>> passive_;  // ep_mu_
 
