@@ -62,8 +62,10 @@ class EngineTest : public ::testing::Test {
     return *st;
   }
 
-  TransferEngine a_, b_;
+  // Buffers are declared before the engines so that they outlive them: an
+  // engine may still be serving a peer's access when a test ends.
   std::vector<uint8_t> remote_, local_;
+  TransferEngine a_, b_;
   SegmentHandle seg_ = 0;
 };
 
@@ -188,6 +190,8 @@ TEST_F(EngineTest, NewRemoteBufferIsFoundWithoutManualRefresh) {
   BatchStatus st = Run({r});
   EXPECT_EQ(st.state, TransferState::kCompleted) << st.first_error;
   EXPECT_EQ(local_[0], 0x11);
+  // Unregister before the memory goes away (waits for peers' accesses).
+  EXPECT_TRUE(a_.UnregisterLocalMemory(extra.data()).ok());
 }
 
 TEST_F(EngineTest, TargetRejectsUnregisteredBufferEvenWithStaleDescriptor) {
@@ -265,6 +269,10 @@ TEST_F(EngineTest, SilentPeerTimesOutAndBatchCannotBeFreedMeanwhile) {
 }
 
 TEST(MrCacheTest, RegistersOnFirstUseAndEvictsUnderBudget) {
+  // Memory first, engines second: the engines are destroyed (and stop
+  // touching memory) before the memory is freed.
+  std::vector<uint8_t> remote(1 << 20, 0);
+  std::vector<std::vector<uint8_t>> sources;
   TransferEngine target, initiator;
   EngineOptions t;
   t.local_segment_name = "cache-target";
@@ -274,13 +282,11 @@ TEST(MrCacheTest, RegistersOnFirstUseAndEvictsUnderBudget) {
   i.metadata_endpoint = target.metadata_address();
   i.mr_cache_bytes = 300 << 10;  // Room for two of the buffers below.
   ASSERT_TRUE(initiator.Init(i).ok());
-  std::vector<uint8_t> remote(1 << 20, 0);
   ASSERT_TRUE(target.RegisterLocalMemory(remote.data(), remote.size()).ok());
   auto seg = initiator.OpenSegment("cache-target");
   ASSERT_TRUE(seg.ok());
   // Six never-registered sources: each is registered on first use, and
   // older ones are evicted to stay near the budget.
-  std::vector<std::vector<uint8_t>> sources;
   for (int k = 0; k < 6; ++k) sources.emplace_back(128 << 10, 0x10 + k);
   for (int round = 0; round < 2; ++round) {
     for (int k = 0; k < 6; ++k) {

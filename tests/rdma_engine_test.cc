@@ -64,8 +64,9 @@ class RdmaEngineTest : public ::testing::Test {
     return st.ok() ? *st : BatchStatus{};
   }
 
-  TransferEngine target_, initiator_;
+  // Memory outlives the engines that may access it.
   std::unique_ptr<uint8_t[]> remote_, local_;
+  TransferEngine target_, initiator_;
   SegmentHandle seg_ = 0;
 };
 
@@ -144,6 +145,7 @@ TEST(RdmaTopologyTest, PriorityMatrixIsValidatedAndUsed) {
   EXPECT_NE(s.message().find("no-such-nic"), std::string::npos) << s;
 
   // A valid matrix: buffers on cpu:0 prefer softrnic1, and transfers work.
+  std::vector<uint8_t> remote(1 << 20), local(1 << 20);
   TransferEngine target, initiator;
   o.rdma_topology_json = R"({"cpu:0": [["softrnic1"], ["softrnic0"]]})";
   ASSERT_TRUE(target.Init(o).ok());
@@ -151,7 +153,6 @@ TEST(RdmaTopologyTest, PriorityMatrixIsValidatedAndUsed) {
   i.local_segment_name = "i";
   i.metadata_endpoint = target.metadata_address();
   ASSERT_TRUE(initiator.Init(i).ok());
-  std::vector<uint8_t> remote(1 << 20), local(1 << 20);
   FillPattern(local.data(), local.size(), 0, 3);
   ASSERT_TRUE(
       target.RegisterLocalMemory(remote.data(), remote.size(), "cpu:0").ok());
@@ -186,13 +187,13 @@ class TinyEndpointStoreTest : public RdmaEngineTest {
 // creating endpoints: idle ones are evicted (and reconnected when needed
 // again), busy ones never, and no transfer loses a byte.
 TEST_F(TinyEndpointStoreTest, EvictionNeverLosesInFlightWork) {
+  std::unique_ptr<uint8_t[]> remote2(new uint8_t[16 << 20]);
   TransferEngine second;
   EngineOptions o;
   o.local_segment_name = "target2";
   o.transports = {"rdma"};
   o.metadata_endpoint = target_.metadata_address();
   ASSERT_TRUE(second.Init(o).ok());
-  std::unique_ptr<uint8_t[]> remote2(new uint8_t[16 << 20]);
   ASSERT_TRUE(second.RegisterLocalMemory(remote2.get(), 16 << 20).ok());
   auto seg2 = initiator_.OpenSegment("target2");
   ASSERT_TRUE(seg2.ok());

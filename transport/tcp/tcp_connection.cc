@@ -79,8 +79,8 @@ void TcpConnection::Fail(const absl::Status& status) {
     for (Slice* s : queue_) failed.push_back(s);
     queue_.clear();
     for (auto it = inflight_.begin(); it != inflight_.end();) {
-      if (it->second.sending) {
-        ++it;  // The sender completes it when it is done with the memory.
+      if (it->second.sending || it->second.answered) {
+        ++it;  // The sender or the receiver completes it.
       } else {
         failed.push_back(it->second.slice);
         inflight_.erase(it++);
@@ -105,7 +105,8 @@ void TcpConnection::ExpireOverdue(absl::Time now) {
       }
     }
     for (auto it = inflight_.begin(); it != inflight_.end();) {
-      if (!it->second.sending && it->second.slice->deadline < now) {
+      if (!it->second.sending && !it->second.answered &&
+          it->second.slice->deadline < now) {
         expired.push_back(it->second.slice);
         inflight_.erase(it++);
       } else {
@@ -166,26 +167,46 @@ void TcpConnection::SendLoop() {
       absl::MutexLock lock(&mu_);
       auto it = inflight_.find(id);
       if (it != inflight_.end()) {
-        if (!s.ok() || broken_.load()) {
+        if (it->second.done) {
+          // Answered while we were in sendmsg: ours to complete now.
           finish_here = true;
-          finish_status = s.ok() ? failure_ : s;
+          finish_status = it->second.done_status;
+          inflight_.erase(it);
+        } else if (it->second.answered) {
+          it->second.sending = false;  // The receiver completes it.
+        } else if (!s.ok() || broken_.load()) {
+          finish_here = true;
+          finish_status = absl::UnavailableError(
+              absl::StrCat("TCP connection to ", peer_.ToString(),
+                           " failed: ", (s.ok() ? failure_ : s).message()));
           inflight_.erase(it);
         } else {
           it->second.sending = false;
         }
       }
     }
-    if (finish_here) {
-      Finish(slice, absl::UnavailableError(
-                        absl::StrCat("TCP connection to ", peer_.ToString(),
-                                     " failed: ", finish_status.message())));
-    }
+    if (finish_here) Finish(slice, finish_status);
     if (!s.ok()) {
       Fail(absl::UnavailableError(absl::StrCat(
           "TCP connection to ", peer_.ToString(), " failed: ", s.message())));
       return;
     }
   }
+}
+
+void TcpConnection::CompleteAnswered(uint64_t id, Slice* slice,
+                                     const absl::Status& status) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = inflight_.find(id);
+    if (it != inflight_.end() && it->second.sending) {
+      it->second.done = true;
+      it->second.done_status = status;
+      return;
+    }
+    if (it != inflight_.end()) inflight_.erase(it);
+  }
+  Finish(slice, status);
 }
 
 void TcpConnection::RecvLoop() {
@@ -209,12 +230,13 @@ void TcpConnection::RecvLoop() {
       return;
     }
     Slice* slice = nullptr;
+    const uint64_t id = resp.request_id;
     {
       absl::MutexLock lock(&mu_);
-      auto it = inflight_.find(resp.request_id);
-      if (it != inflight_.end()) {
+      auto it = inflight_.find(id);
+      if (it != inflight_.end() && !it->second.answered) {
         slice = it->second.slice;
-        inflight_.erase(it);
+        it->second.answered = true;  // Neither reaper nor Fail may take it.
       }
     }
     if (slice == nullptr) {
@@ -236,7 +258,7 @@ void TcpConnection::RecvLoop() {
       absl::Status bad = absl::DataLossError(
           absl::StrCat("peer ", peer_.ToString(), " answered request ",
                        resp.request_id, " with a mismatched response"));
-      Finish(slice, bad);
+      CompleteAnswered(id, slice, bad);
       Fail(bad);
       return;
     }
@@ -247,12 +269,12 @@ void TcpConnection::RecvLoop() {
         absl::Status lost = absl::UnavailableError(
             absl::StrCat("TCP connection to ", peer_.ToString(),
                          " lost mid-READ: ", s.message()));
-        Finish(slice, lost);
+        CompleteAnswered(id, slice, lost);
         Fail(lost);
         return;
       }
     }
-    Finish(slice, WireError(*slice, resp.status));
+    CompleteAnswered(id, slice, WireError(*slice, resp.status));
   }
 }
 

@@ -56,7 +56,13 @@ class TcpConnection {
  private:
   struct Inflight {
     Slice* slice;
-    bool sending;  // The sender thread is still reading the slice's memory.
+    bool sending;           // The sender thread is still in sendmsg for it.
+    bool answered = false;  // The receiver owns it (reading its response).
+    // Set by the receiver when the response arrived while `sending`: the
+    // sender completes the slice with this status once sendmsg returned, so
+    // the slice's memory is never released while a syscall still has it.
+    bool done = false;
+    absl::Status done_status;
   };
 
   void SendLoop();
@@ -64,6 +70,9 @@ class TcpConnection {
   // Marks the connection broken and fails every slice not being sent.
   void Fail(const absl::Status& status);
   void Finish(Slice* slice, const absl::Status& status);
+  // The receiver's completion of request `id`: deferred to the sender if it
+  // is still sending, otherwise immediate.
+  void CompleteAnswered(uint64_t id, Slice* slice, const absl::Status& status);
 
   const HostPort peer_;
   const absl::Duration connect_timeout_;
