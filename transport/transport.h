@@ -55,7 +55,8 @@ struct Slice {
   SliceSink* sink = nullptr;
   // Failover bookkeeping, owned by the transport the slice is in.
   uint32_t attempts = 0;
-  int32_t last_rail = -1;
+  int32_t rail = -1;          // Rail currently carrying it.
+  uint64_t failed_rails = 0;  // Bit per rail it already failed on.
 
   void Complete(const absl::Status& status) { sink->OnSliceDone(this, status); }
 };

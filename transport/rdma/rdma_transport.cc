@@ -245,8 +245,11 @@ void RdmaTransport::Route(Slice* slice) {
   const uint64_t rot = rotate_.fetch_add(1, std::memory_order_relaxed);
   const size_t n_local = nics_.size();
   const int n_remote = ep_desc->devices_size();
+  last_remote_count_.store(static_cast<size_t>(n_remote),
+                           std::memory_order_relaxed);
   for (int tries = 0; tries < 4; ++tries) {
     int best_nic = -1;
+    int best_rail = -1;
     const metadata::NicKey* best_key = nullptr;
     uint64_t best_load = ~uint64_t{0};
     {
@@ -267,9 +270,11 @@ void RdmaTransport::Route(Slice* slice) {
                 h->second.paused_until_ns > now) {
               continue;  // Paused; used only if nothing else is left.
             }
-            if (pass == 0 &&
-                slice->last_rail == static_cast<int>(i) * 256 + j &&
-                n_local * n_remote > 1) {
+            // Rails this slice already failed on are avoided while
+            // another exists.
+            const int rail_id = static_cast<int>(i) * n_remote + j;
+            if (pass == 0 && rail_id < 64 &&
+                (slice->failed_rails >> rail_id) & 1) {
               continue;
             }
             uint64_t load = nic->inflight_bytes.load(std::memory_order_relaxed);
@@ -280,12 +285,13 @@ void RdmaTransport::Route(Slice* slice) {
               best_load = load;
               best_nic = static_cast<int>(i);
               best_key = key;
-              slice->last_rail = static_cast<int>(i) * 256 + j;
+              best_rail = rail_id;
             }
           }
         }
       }
     }
+    slice->rail = best_rail;
     if (best_nic < 0) {
       slice->Complete(absl::UnavailableError(
           absl::StrCat("no usable RDMA rail to segment '", view->name(), "'")));
@@ -399,7 +405,14 @@ void RdmaTransport::Retry(Slice* slice, const absl::Status& status,
     }
   }
   ++slice->attempts;
-  if (stopping_.load() || slice->attempts >= options_.rdma_max_attempts ||
+  if (slice->rail >= 0 && slice->rail < 64) {
+    slice->failed_rails |= uint64_t{1} << slice->rail;
+  }
+  // Enough attempts to try every rail once, at least rdma_max_attempts.
+  const uint32_t rails = static_cast<uint32_t>(
+      nics_.size() * std::max<size_t>(1, last_remote_count_.load()));
+  if (stopping_.load() ||
+      slice->attempts >= std::max(options_.rdma_max_attempts, rails) ||
       absl::Now() >= slice->deadline) {
     slice->Complete(status);
     return;

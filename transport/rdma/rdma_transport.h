@@ -99,6 +99,8 @@ class RdmaTransport final : public Transport {
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> rotate_{0};
   std::atomic<uint64_t> evictions_{0};
+  // Remote NICs of the last routed segment (bounds retries per slice).
+  std::atomic<size_t> last_remote_count_{1};
 
   std::vector<std::unique_ptr<Nic>> nics_;
   Topology topology_;
