@@ -228,8 +228,7 @@ TEST_P(E2eTest, PeerExitsCleanly) {
             absl::StatusCode::kNotFound);
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, E2eTest,
-                         ::testing::Values("tcp", "rdma"),
+INSTANTIATE_TEST_SUITE_P(Transports, E2eTest, ::testing::Values("tcp", "rdma"),
                          [](const auto& info) { return info.param; });
 
 TEST(E2eInitTest, MetadataServerUnreachable) {
