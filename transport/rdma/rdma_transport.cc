@@ -140,7 +140,11 @@ absl::Status RdmaTransport::RegisterMemory(const MemoryRegion& region,
   if (region.remote_accessible) {
     access |= IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
   }
-  LocalMr entry{region.length, {}, region.location};
+  LocalMr entry{region.length, {}, {}};
+  // Tiers are resolved once here, not per slice on the data path.
+  for (size_t i = 0; i < nics_.size(); ++i) {
+    entry.tiers.push_back(topology_.Tier(region.location, i));
+  }
   // Registration pins and maps pages: for large buffers do the NICs in
   // parallel, as their page-table builds are independent.
   entry.mrs.resize(nics_.size(), nullptr);
@@ -197,7 +201,7 @@ absl::Status RdmaTransport::UnregisterMemory(uintptr_t addr) {
 
 std::optional<uint32_t> RdmaTransport::LocalKey(const Slice* slice,
                                                 int nic_index,
-                                                std::string* location) {
+                                                std::vector<int>* tiers) {
   // The interval index: the candidate buffer is the last one starting at
   // or below the address, O(log n).
   std::shared_lock<std::shared_mutex> lock(mr_mu_);
@@ -206,7 +210,7 @@ std::optional<uint32_t> RdmaTransport::LocalKey(const Slice* slice,
   if (it == mrs_.begin()) return std::nullopt;
   --it;
   if (a + slice->length > it->first + it->second.length) return std::nullopt;
-  if (location != nullptr) *location = it->second.location;
+  if (tiers != nullptr) *tiers = it->second.tiers;
   return it->second.mrs[nic_index]->lkey;
 }
 
@@ -228,8 +232,8 @@ void RdmaTransport::Route(Slice* slice) {
                      absl::Hex(slice->remote))));
     return;
   }
-  std::string location;
-  if (!LocalKey(slice, 0, &location).has_value()) {
+  std::vector<int> tiers;
+  if (!LocalKey(slice, 0, &tiers).has_value()) {
     slice->Complete(absl::InvalidArgumentError(
         "local memory is not registered with the RDMA transport"));
     return;
@@ -281,6 +285,16 @@ void RdmaTransport::Route(Slice* slice) {
             if (const auto* e = endpoints_.Peek(rail)) {
               load += (*e)->inflight_bytes.load();
             }
+            // Prefer NIC i <-> remote NIC i (the usual rail wiring) when
+            // loads are equal.
+            if (static_cast<size_t>(j) != i % static_cast<size_t>(n_remote)) {
+              load += options_.rdma_slice_bytes;
+            }
+            // Topology: a NIC one tier further from the buffer is charged
+            // four slices, so near NICs win at low load and all stripe
+            // under load.
+            load +=
+                static_cast<uint64_t>(tiers[i]) * 4 * options_.rdma_slice_bytes;
             if (load < best_load) {
               best_load = load;
               best_nic = static_cast<int>(i);

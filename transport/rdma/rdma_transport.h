@@ -61,7 +61,7 @@ class RdmaTransport final : public Transport {
   struct LocalMr {
     size_t length;
     std::vector<ibv_mr*> mrs;  // One per NIC, in nics_ order.
-    std::string location;      // "cpu:N", "cuda:N" or "*".
+    std::vector<int> tiers;    // Topology tier of each NIC for its location.
   };
   struct Worker {
     Nic* nic = nullptr;
@@ -77,9 +77,9 @@ class RdmaTransport final : public Transport {
   void Route(Slice* slice);
   // The lkey covering the slice's local range on NIC `nic_index`, or none
   // if the range is not inside one registered buffer.
-  // With `location`, also stores the buffer's location.
+  // With `tiers`, also stores the buffer's topology tier per NIC.
   std::optional<uint32_t> LocalKey(const Slice* slice, int nic_index,
-                                   std::string* location = nullptr);
+                                   std::vector<int>* tiers = nullptr);
   void Retry(Slice* slice, const absl::Status& status, const EndpointKey& rail);
   void Wake(Worker* w, const std::shared_ptr<Endpoint>& ep);
   void Retire(const std::shared_ptr<Endpoint>& ep);
