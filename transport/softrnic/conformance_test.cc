@@ -1318,6 +1318,138 @@ TEST_P(OpsTest, InlineDataIsCopiedAtPostTime) {
   EXPECT_TRUE(CqStaysEmpty(p_.a->cq(), 100));
 }
 
+// One ibv_post_send of a long chain (WRITEs, inline WRITEs and READs,
+// unsignaled but for every 10th and the last) crosses several of the
+// same-process path's batches: every WR is executed once, in order.
+TEST_P(OpsTest, LongChainsExecuteEveryWrInOrder) {
+  const int n = 60;  // Within the SQ's 64 WRs; batches are 32.
+  const uint32_t len = 200;
+  Buffer* src = p_.a->Reg(n * len);
+  Buffer* local = p_.a->Reg(n * len);
+  Buffer* remote = p_.b->Reg(n * len);
+  ASSERT_NE(src, nullptr);
+  ASSERT_NE(local, nullptr);
+  ASSERT_NE(remote, nullptr);
+  FillPattern(src->data(), n * len, 80);
+  FillPattern(remote->data(), n * len, 81);
+  std::vector<uint8_t> remote_before(remote->data(), remote->data() + n * len);
+  std::vector<ibv_send_wr> wrs(n);
+  std::vector<ibv_sge> sges(n);
+  std::vector<uint64_t> signaled;
+  for (int i = 0; i < n; ++i) {
+    const size_t off = static_cast<size_t>(i) * len;
+    ibv_send_wr& wr = wrs[i];
+    wr = {};
+    wr.wr_id = i;
+    wr.num_sge = 1;
+    wr.sg_list = &sges[i];
+    wr.wr.rdma.remote_addr = remote->addr(off);
+    wr.wr.rdma.rkey = remote->rkey();
+    if (i % 3 == 2) {
+      wr.opcode = IBV_WR_RDMA_READ;
+      sges[i] = local->Sge(off, len);
+    } else {
+      wr.opcode = IBV_WR_RDMA_WRITE;
+      sges[i] = src->Sge(off, len);
+      if (i % 3 == 1) wr.send_flags |= IBV_SEND_INLINE;
+    }
+    if (i % 10 == 9 || i == n - 1) {
+      wr.send_flags |= IBV_SEND_SIGNALED;
+      signaled.push_back(i);
+    }
+    wr.next = i + 1 < n ? &wrs[i + 1] : nullptr;
+  }
+  ibv_send_wr* bad = nullptr;
+  ASSERT_EQ(ibv_post_send(p_.a->qp(), wrs.data(), &bad), 0);
+  std::vector<ibv_wc> wcs;
+  ASSERT_EQ(PollCompletions(p_.a->cq(), signaled.size(), &wcs),
+            static_cast<int>(signaled.size()));
+  for (size_t k = 0; k < signaled.size(); ++k) {
+    EXPECT_EQ(wcs[k].wr_id, signaled[k]);
+    EXPECT_EQ(wcs[k].status, IBV_WC_SUCCESS) << StatusName(wcs[k].status);
+  }
+  for (int i = 0; i < n; ++i) {
+    const size_t off = static_cast<size_t>(i) * len;
+    if (i % 3 == 2) {
+      EXPECT_EQ(memcmp(local->data() + off, remote_before.data() + off, len), 0)
+          << "READ " << i;
+    } else {
+      EXPECT_EQ(memcmp(remote->data() + off, src->data() + off, len), 0)
+          << "WRITE " << i;
+    }
+  }
+  EXPECT_TRUE(CqStaysEmpty(p_.a->cq(), 50));
+}
+
+// A bad rkey in the middle of a chain: the WRs before it are executed and
+// complete, it fails with a remote access error, the rest are flushed and
+// never executed.
+TEST_P(OpsTest, BadKeyMidChainStopsExactlyThere) {
+  const int n = 60, bad_at = 45;
+  const uint32_t len = 64;
+  Buffer* src = p_.a->Reg(n * len);
+  Buffer* remote = p_.b->Reg(n * len);
+  ASSERT_NE(src, nullptr);
+  ASSERT_NE(remote, nullptr);
+  FillPattern(src->data(), n * len, 90);
+  std::vector<ibv_send_wr> wrs(n);
+  std::vector<ibv_sge> sges(n);
+  for (int i = 0; i < n; ++i) {
+    const size_t off = static_cast<size_t>(i) * len;
+    sges[i] = src->Sge(off, len);
+    ibv_send_wr& wr = wrs[i];
+    wr = {};
+    wr.wr_id = i;
+    wr.num_sge = 1;
+    wr.sg_list = &sges[i];
+    wr.opcode = IBV_WR_RDMA_WRITE;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.rdma.remote_addr = remote->addr(off);
+    wr.wr.rdma.rkey =
+        i == bad_at ? remote->rkey() ^ 0x00101000 : remote->rkey();
+    wr.next = i + 1 < n ? &wrs[i + 1] : nullptr;
+  }
+  ibv_send_wr* bad = nullptr;
+  ASSERT_EQ(ibv_post_send(p_.a->qp(), wrs.data(), &bad), 0);
+  std::vector<ibv_wc> wcs;
+  ASSERT_EQ(PollCompletions(p_.a->cq(), n, &wcs), n);
+  for (int i = 0; i < n; ++i) {
+    EXPECT_EQ(wcs[i].wr_id, static_cast<uint64_t>(i));
+    const ibv_wc_status want = i < bad_at    ? IBV_WC_SUCCESS
+                               : i == bad_at ? IBV_WC_REM_ACCESS_ERR
+                                             : IBV_WC_WR_FLUSH_ERR;
+    EXPECT_EQ(wcs[i].status, want)
+        << "WR " << i << ": " << StatusName(wcs[i].status);
+  }
+  EXPECT_EQ(memcmp(remote->data(), src->data(), bad_at * len), 0);
+  EXPECT_EQ(FirstNotEqual(remote->data() + bad_at * len, (n - bad_at) * len, 0),
+            -1);
+  EXPECT_EQ(QpState(p_.a->qp()), IBV_QPS_ERR);
+}
+
+// A key deregistered between two posts is refused on the next one, also
+// where the data path had acquired it for an earlier batch.
+TEST_P(OpsTest, DeregisteredKeyIsRefusedOnTheNextPost) {
+  Buffer* src = p_.a->Reg(4096);
+  Buffer* remote = p_.b->Reg(4096);
+  ASSERT_NE(src, nullptr);
+  ASSERT_NE(remote, nullptr);
+  ASSERT_EQ(PostRdma(p_.a->qp(), IBV_WR_RDMA_WRITE, 1, src, 0, 64,
+                     remote->addr(), remote->rkey()),
+            0);
+  ASSERT_TRUE(PollExpect(p_.a->cq(), 1, IBV_WC_SUCCESS));
+  const uint32_t stale = remote->rkey();
+  const uint64_t addr = remote->addr();
+  ASSERT_EQ(remote->Deregister(), 0);
+  // A new registration may take the freed slot; its key must differ.
+  Buffer* again = p_.b->Reg(4096);
+  ASSERT_NE(again, nullptr);
+  EXPECT_NE(again->rkey(), stale);
+  ASSERT_EQ(PostRdma(p_.a->qp(), IBV_WR_RDMA_WRITE, 2, src, 0, 64, addr, stale),
+            0);
+  EXPECT_TRUE(PollExpect(p_.a->cq(), 2, IBV_WC_REM_ACCESS_ERR));
+}
+
 class SmallSqOpsTest : public OpsTest {
  protected:
   EndpointOptions Options() override {

@@ -9,20 +9,22 @@
 
 namespace softrnic {
 
-void PushCompletion(Cq* cq, const ibv_wc& wc, bool solicited) {
+void PushCompletions(Cq* cq, const ibv_wc* wcs, int n, bool solicited) {
   bool notify = false;
   bool overrun = false;
   {
     std::lock_guard<std::mutex> lock(cq->mu);
-    if (cq->count == cq->ring.size()) {
-      // Overrun: the CQE is lost, as on hardware; report it once.
-      overrun = !cq->overrun;
-      cq->overrun = true;
-    } else {
-      cq->ring[(cq->head + cq->count) % cq->ring.size()] = wc;
+    for (int i = 0; i < n; ++i) {
+      if (cq->count == cq->ring.size()) {
+        // Overrun: the CQE is lost, as on hardware; report it once.
+        overrun = !cq->overrun;
+        cq->overrun = true;
+        break;
+      }
+      cq->ring[(cq->head + cq->count) % cq->ring.size()] = wcs[i];
       ++cq->count;
-      if (cq->armed &&
-          (!cq->solicited_only || solicited || wc.status != IBV_WC_SUCCESS)) {
+      if (cq->armed && (!cq->solicited_only || solicited ||
+                        wcs[i].status != IBV_WC_SUCCESS)) {
         cq->armed = false;
         notify = true;
       }
@@ -37,9 +39,13 @@ void PushCompletion(Cq* cq, const ibv_wc& wc, bool solicited) {
   if (notify && cq->cq.channel != nullptr) {
     auto* ch = reinterpret_cast<CompChannel*>(cq->cq.channel);
     ibv_cq* p = &cq->cq;
-    ssize_t n = ::write(ch->write_fd, &p, sizeof(p));
-    (void)n;
+    ssize_t w = ::write(ch->write_fd, &p, sizeof(p));
+    (void)w;
   }
+}
+
+void PushCompletion(Cq* cq, const ibv_wc& wc, bool solicited) {
+  PushCompletions(cq, &wc, 1, solicited);
 }
 
 int PollCq(ibv_cq* ibcq, int n, ibv_wc* wc) {

@@ -44,6 +44,19 @@ bool HandleResponse(const std::shared_ptr<Qp>& qp, const Frame& f,
 // Transmits every WQE not yet sent, in order.
 void Kick(const std::shared_ptr<Qp>& qp);
 
+// Same-process fast path (loopback.cc), called by Kick with qp->send_mu
+// held: while nothing is in flight, executes the queue's WRITEs and READs
+// in batches directly at the peer QP and completes them. Returns true if
+// it emptied the queue, false when the rest needs the general path (a
+// SEND, an error to report, a fault or delay, a peer in another process).
+bool ExecuteLoopback(const std::shared_ptr<Qp>& qp);
+
+// Completes the front WQE of the send queue (requires qp->mu). Successful
+// signaled completions go to batch[(*n)++] when `batch` is given (the
+// caller pushes them before releasing qp->mu), else to the CQ.
+void CompleteFront(Qp* qp, ibv_wc_status status, ibv_wc* batch = nullptr,
+                   int* n = nullptr);
+
 }  // namespace softrnic
 
 #endif  // FERRY_TRANSPORT_SOFTRNIC_DATAPATH_H_

@@ -1,20 +1,31 @@
 // Protection domains, memory regions and the key table.
 #include <errno.h>
 
-#include <shared_mutex>
+#include <deque>
 
 #include "transport/softrnic/softrnic.h"
 
 namespace softrnic {
 namespace {
 
-// Keys are (slot << 8) | generation: a slot reused after dereg gets a new
-// generation, so a peer holding the old rkey is refused, not aliased.
+// Keys are (slot << 8) | generation. The slots live in chunks that are
+// allocated on demand and never freed, so readers index them without a
+// lock: a reader bumps the slot's `inflight`, then re-checks `live_key`;
+// dereg clears `live_key`, then waits for `inflight` to drain before the
+// slot may be reused.
+constexpr uint32_t kChunkBits = 12;
+constexpr uint32_t kChunkSlots = 1u << kChunkBits;
+constexpr uint32_t kMaxSlots = 1u << 24;
+constexpr uint32_t kMaxChunks = kMaxSlots / kChunkSlots;
+
 struct KeyTable {
-  std::shared_mutex mu;
-  std::vector<Mr*> slots;
+  std::atomic<Mr*> chunks[kMaxChunks] = {};
+  std::mutex mu;  // Serializes registration and dereg.
+  uint32_t used = 0;
   std::vector<uint8_t> generations;
-  std::vector<uint32_t> free_slots;
+  // Oldest first, so a slot (and its 8-bit generation) is reused as late
+  // as possible.
+  std::deque<uint32_t> free_slots;
 };
 
 KeyTable& Keys() {
@@ -22,28 +33,62 @@ KeyTable& Keys() {
   return *t;
 }
 
+Mr* Slot(KeyTable& t, uint32_t slot) {
+  if (slot >= kMaxSlots) return nullptr;
+  Mr* chunk = t.chunks[slot >> kChunkBits].load(std::memory_order_acquire);
+  return chunk == nullptr ? nullptr : &chunk[slot & (kChunkSlots - 1)];
+}
+
 }  // namespace
 
 Mr* AcquireMr(uint32_t key, Pd* pd, uint64_t addr, uint64_t len, int access) {
-  KeyTable& t = Keys();
-  std::shared_lock<std::shared_mutex> lock(t.mu);
-  uint32_t slot = key >> 8;
-  if (slot >= t.slots.size()) return nullptr;
-  Mr* mr = t.slots[slot];
-  if (mr == nullptr || mr->generation != (key & 0xff) || !mr->valid.load()) {
+  Mr* mr = Slot(Keys(), key >> 8);
+  if (mr == nullptr || key == 0 ||
+      mr->live_key.load(std::memory_order_acquire) != key) {
     return nullptr;
   }
-  if (pd != nullptr && mr->pd != pd) return nullptr;
-  if ((mr->access & access) != access) return nullptr;
-  if (addr < mr->iova || addr + len < addr ||
+  mr->inflight.fetch_add(1, std::memory_order_seq_cst);
+  if (mr->live_key.load(std::memory_order_seq_cst) != key ||
+      (pd != nullptr && mr->pd != pd) || (mr->access & access) != access ||
+      addr < mr->iova || addr + len < addr ||
       addr + len > mr->iova + mr->length) {
+    mr->inflight.fetch_sub(1, std::memory_order_release);
     return nullptr;
   }
-  mr->inflight.fetch_add(1, std::memory_order_acquire);
   return mr;
 }
 
 void ReleaseMr(Mr* mr) { mr->inflight.fetch_sub(1, std::memory_order_release); }
+
+Mr* HeldMrs::Get(uint32_t key, Pd* pd, uint64_t addr, uint64_t len,
+                 int access) {
+  for (int i = 0; i < n_; ++i) {
+    Mr* mr = mrs_[i];
+    if (mr->mr.lkey != key) continue;
+    // Held, so its fields are stable; a dereg that began meanwhile has
+    // cleared live_key, and then the key no longer works.
+    if (mr->live_key.load(std::memory_order_acquire) != key ||
+        (pd != nullptr && mr->pd != pd) || (mr->access & access) != access ||
+        addr < mr->iova || addr + len < addr ||
+        addr + len > mr->iova + mr->length) {
+      return nullptr;
+    }
+    return mr;
+  }
+  Mr* mr = AcquireMr(key, pd, addr, len, access);
+  if (mr == nullptr) return nullptr;
+  if (n_ == kSlots) {
+    ReleaseMr(mr);  // MakeRoom was not called: never hold more than kSlots.
+    return nullptr;
+  }
+  mrs_[n_++] = mr;
+  return mr;
+}
+
+void HeldMrs::ReleaseAll() {
+  for (int i = 0; i < n_; ++i) ReleaseMr(mrs_[i]);
+  n_ = 0;
+}
 
 }  // namespace softrnic
 
@@ -85,32 +130,37 @@ SOFTRNIC_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* ibpd, void* addr,
     return nullptr;
   }
   auto* pd = reinterpret_cast<Pd*>(ibpd);
-  auto* mr = new Mr();
-  mr->pd = pd;
-  mr->access = static_cast<int>(access & ~IBV_ACCESS_RELAXED_ORDERING);
-  mr->start = reinterpret_cast<uintptr_t>(addr);
-  mr->iova = iova;
-  mr->length = length;
   KeyTable& t = Keys();
+  Mr* mr;
   {
-    std::unique_lock<std::shared_mutex> lock(t.mu);
+    std::lock_guard<std::mutex> lock(t.mu);
     uint32_t slot;
     if (!t.free_slots.empty()) {
-      slot = t.free_slots.back();
-      t.free_slots.pop_back();
+      slot = t.free_slots.front();
+      t.free_slots.pop_front();
     } else {
-      if (t.slots.size() >= (1u << 24)) {
-        delete mr;
+      if (t.used >= kMaxSlots) {
         errno = ENOMEM;
         return nullptr;
       }
-      slot = static_cast<uint32_t>(t.slots.size());
-      t.slots.push_back(nullptr);
+      slot = t.used++;
       t.generations.push_back(0);
+      std::atomic<Mr*>& chunk = t.chunks[slot >> kChunkBits];
+      if (chunk.load(std::memory_order_relaxed) == nullptr) {
+        chunk.store(new Mr[kChunkSlots], std::memory_order_release);
+      }
     }
-    mr->generation = ++t.generations[slot];
-    t.slots[slot] = mr;
-    mr->mr.lkey = mr->mr.rkey = (slot << 8) | mr->generation;
+    // Generation 0 is skipped so that no key is 0.
+    uint8_t gen = ++t.generations[slot];
+    if (gen == 0) gen = t.generations[slot] = 1;
+    mr = Slot(t, slot);
+    mr->pd = pd;
+    mr->access = static_cast<int>(access & ~IBV_ACCESS_RELAXED_ORDERING);
+    mr->start = reinterpret_cast<uintptr_t>(addr);
+    mr->iova = iova;
+    mr->length = length;
+    mr->mr.lkey = mr->mr.rkey = (slot << 8) | gen;
+    mr->live_key.store(mr->mr.lkey, std::memory_order_release);
   }
   mr->mr.context = ibpd->context;
   mr->mr.pd = ibpd;
@@ -147,20 +197,22 @@ SOFTRNIC_EXPORT int ibv_rereg_mr(ibv_mr*, int, ibv_pd*, void*, size_t, int) {
 SOFTRNIC_EXPORT int ibv_dereg_mr(ibv_mr* ibmr) {
   auto* mr = reinterpret_cast<Mr*>(ibmr);
   KeyTable& t = Keys();
+  const uint32_t key = mr->mr.lkey;
   {
-    std::unique_lock<std::shared_mutex> lock(t.mu);
-    uint32_t slot = mr->mr.lkey >> 8;
-    if (slot >= t.slots.size() || t.slots[slot] != mr) return EINVAL;
-    t.slots[slot] = nullptr;
-    t.free_slots.push_back(slot);
-    mr->valid.store(false);
+    std::lock_guard<std::mutex> lock(t.mu);
+    if (Slot(t, key >> 8) != mr ||
+        mr->live_key.load(std::memory_order_relaxed) != key) {
+      return EINVAL;
+    }
+    mr->live_key.store(0, std::memory_order_seq_cst);
   }
   // After dereg returns the "NIC" must not touch the memory: wait for
-  // responder accesses in progress, which are bounded by socket timeouts.
+  // accesses in progress, which are bounded by socket timeouts.
   while (mr->inflight.load(std::memory_order_acquire) != 0) {
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
   mr->pd->users.fetch_sub(1);
-  delete mr;
+  std::lock_guard<std::mutex> lock(t.mu);
+  t.free_slots.push_back(key >> 8);
   return 0;
 }

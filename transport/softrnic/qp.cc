@@ -112,7 +112,8 @@ int CheckValues(const ibv_qp_attr& a, int mask) {
 }
 
 void Flush(Qp* qp, std::vector<std::pair<Cq*, ibv_wc>>* out) {
-  for (const SendWqe& w : qp->sq) {
+  for (size_t i = 0; i < qp->sq.size(); ++i) {
+    const SendWqe& w = qp->sq[i];
     ibv_wc wc{};
     wc.wr_id = w.wr_id;
     wc.status = IBV_WC_WR_FLUSH_ERR;
@@ -133,6 +134,38 @@ void Flush(Qp* qp, std::vector<std::pair<Cq*, ibv_wc>>* out) {
 }
 
 }  // namespace
+
+void SendQueue::Init(uint32_t depth, uint32_t max_sge, uint32_t max_inline) {
+  ring_.assign(depth, SendWqe{});
+  sge_pool_.assign(static_cast<size_t>(depth) * max_sge, Sge{});
+  inline_pool_.clear();
+  max_sge_ = max_sge;
+  max_inline_ = max_inline;
+  head_ = count_ = 0;
+}
+
+SendWqe& SendQueue::push_back() {
+  const size_t i = (head_ + count_) % ring_.size();
+  ++count_;
+  SendWqe& w = ring_[i];
+  w = SendWqe{};
+  w.sges = &sge_pool_[i * max_sge_];
+  if (inline_pool_.empty() && max_inline_ > 0) {
+    inline_pool_.resize(ring_.size() * max_inline_);
+  }
+  w.inline_data = max_inline_ > 0 ? &inline_pool_[i * max_inline_] : nullptr;
+  return w;
+}
+
+void SendQueue::pop_front() {
+  head_ = (head_ + 1) % ring_.size();
+  --count_;
+}
+
+void SendQueue::clear() {
+  head_ = count_ = 0;
+  ++epoch_;
+}
 
 std::shared_ptr<Qp> FindQp(uint32_t qpn) {
   QpTable& t = Table();
@@ -230,6 +263,7 @@ SOFTRNIC_EXPORT ibv_qp* ibv_create_qp(ibv_pd* ibpd, ibv_qp_init_attr* init) {
   pthread_cond_init(&qp->qp.cond, nullptr);
   qp->attr.qp_state = IBV_QPS_RESET;
   qp->attr.cap = cap;
+  qp->sq.Init(cap.max_send_wr, cap.max_send_sge, cap.max_inline_data);
   QpTable& t = Table();
   {
     std::lock_guard<std::mutex> lock(t.mu);
@@ -306,6 +340,8 @@ SOFTRNIC_EXPORT int ibv_modify_qp(ibv_qp* ibqp, ibv_qp_attr* a, int mask) {
       qp->sq.clear();
       qp->rq.clear();
       qp->done_unsignaled = 0;
+      qp->loop_peer.reset();
+      qp->has_loop_peer = false;
       disconnect = true;
     }
   }
@@ -342,6 +378,7 @@ SOFTRNIC_EXPORT int ibv_destroy_qp(ibv_qp* ibqp) {
     qp->attr.qp_state = IBV_QPS_RESET;
     qp->sq.clear();
     qp->rq.clear();
+    qp->loop_peer.reset();
   }
   DisconnectQp(qp);
   {

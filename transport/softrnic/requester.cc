@@ -67,28 +67,6 @@ void RestartFrontTimer(Qp* qp) {
   w.deadline = std::max(w.deadline, AckDeadline(*qp, w, Clock::now()));
 }
 
-// Completes the front WQE of the send queue. Requires qp->mu.
-void CompleteFront(Qp* qp, ibv_wc_status status) {
-  SendWqe& w = qp->sq.front();
-  const bool signaled = w.signaled || qp->sq_sig_all;
-  if (status != IBV_WC_SUCCESS || signaled) {
-    ibv_wc wc{};
-    wc.wr_id = w.wr_id;
-    wc.status = status;
-    wc.opcode = WcOpcode(w.opcode);
-    wc.byte_len = w.length;
-    wc.qp_num = qp->qp.qp_num;
-    if (!qp->destroyed) PushCompletion(qp->send_cq, wc);
-    // A signaled completion retires the slots of the unsignaled WQEs
-    // before it (the application learns they are done only now).
-    qp->done_unsignaled = 0;
-  } else {
-    ++qp->done_unsignaled;
-  }
-  qp->sq.pop_front();
-  if (qp->send_index > 0) --qp->send_index;
-}
-
 // Fails the front WQE with `status` and moves the QP to ERR.
 void FailFront(const std::shared_ptr<Qp>& qp,
                std::unique_lock<std::mutex>* lock, ibv_wc_status status) {
@@ -157,11 +135,48 @@ bool Dial(const std::shared_ptr<Qp>& qp) {
 
 }  // namespace
 
+void CompleteFront(Qp* qp, ibv_wc_status status, ibv_wc* batch, int* n) {
+  SendWqe& w = qp->sq.front();
+  const bool signaled = w.signaled || qp->sq_sig_all;
+  if (status != IBV_WC_SUCCESS || signaled) {
+    ibv_wc wc{};
+    wc.wr_id = w.wr_id;
+    wc.status = status;
+    wc.opcode = WcOpcode(w.opcode);
+    wc.byte_len = w.length;
+    wc.qp_num = qp->qp.qp_num;
+    if (batch != nullptr && status == IBV_WC_SUCCESS) {
+      batch[(*n)++] = wc;
+    } else if (!qp->destroyed) {
+      PushCompletion(qp->send_cq, wc);
+    }
+    // A signaled completion retires the slots of the unsignaled WQEs
+    // before it (the application learns they are done only now).
+    qp->done_unsignaled = 0;
+  } else {
+    ++qp->done_unsignaled;
+  }
+  qp->sq.pop_front();
+  if (qp->send_index > 0) --qp->send_index;
+}
+
 void ConnectQp(const std::shared_ptr<Qp>& qp) {
+  uint32_t dest;
+  bool loopback;
   {
     std::lock_guard<std::mutex> lock(qp->mu);
     qp->loopback = FindDeviceByAddress(qp->peer_ip, qp->peer_port) != nullptr;
     qp->send_index = 0;
+    loopback = qp->loopback;
+    dest = qp->attr.dest_qp_num;
+  }
+  if (loopback) {
+    // Found once here, so the data path needs no table lookup.
+    std::shared_ptr<Qp> peer = FindQp(dest);
+    std::lock_guard<std::mutex> lock(qp->mu);
+    qp->loop_peer = peer;
+    qp->has_loop_peer = peer != nullptr;
+    return;
   }
   Dial(qp);  // If it fails, the timer dials again when there is work.
 }
@@ -179,6 +194,7 @@ int PostSend(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
   std::shared_ptr<Qp> qp = SharedQp(ibqp);
   int err = 0;
   {
+    HeldMrs held;  // Post-time lkey checks, one acquire per key per chain.
     std::lock_guard<std::mutex> lock(qp->mu);
     for (; wr != nullptr; wr = wr->next) {
       const ibv_qp_state st = qp->attr.qp_state;
@@ -207,7 +223,8 @@ int PostSend(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
         err = EINVAL;
         break;
       }
-      if (qp->sq.size() + qp->done_unsignaled >= qp->cap.max_send_wr) {
+      if (qp->sq.size() + qp->done_unsignaled >= qp->cap.max_send_wr ||
+          qp->sq.size() >= qp->cap.max_send_wr) {
         err = ENOMEM;
         break;
       }
@@ -223,7 +240,7 @@ int PostSend(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
         err = EINVAL;
         break;
       }
-      SendWqe w;
+      SendWqe& w = qp->sq.push_back();
       w.wr_id = wr->wr_id;
       w.opcode = wr->opcode;
       w.signaled = (wr->send_flags & IBV_SEND_SIGNALED) != 0;
@@ -239,30 +256,27 @@ int PostSend(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
       }
       if (is_inline) {
         // The application may reuse the buffer as soon as we return.
-        w.inline_data.resize(total);
+        w.is_inline = true;
         size_t off = 0;
         for (int i = 0; i < wr->num_sge; ++i) {
-          std::memcpy(w.inline_data.data() + off,
+          std::memcpy(w.inline_data + off,
                       reinterpret_cast<const void*>(wr->sg_list[i].addr),
                       wr->sg_list[i].length);
           off += wr->sg_list[i].length;
         }
       } else {
+        held.MakeRoom();
         for (int i = 0; i < wr->num_sge; ++i) {
           const ibv_sge& s = wr->sg_list[i];
           if (s.length == 0) continue;
-          Mr* mr = AcquireMr(s.lkey, qp->pd, s.addr, s.length,
-                             is_read ? IBV_ACCESS_LOCAL_WRITE : 0);
-          if (mr == nullptr) {
+          if (held.Get(s.lkey, qp->pd, s.addr, s.length,
+                       is_read ? IBV_ACCESS_LOCAL_WRITE : 0) == nullptr) {
             w.local_error = true;
-          } else {
-            ReleaseMr(mr);
           }
-          w.sges.push_back({s.addr, s.length, s.lkey});
+          w.sges[w.num_sge++] = {s.addr, s.length, s.lkey};
         }
       }
       w.msn = qp->next_msn++;
-      qp->sq.push_back(std::move(w));
     }
   }
   if (err != 0) *bad_wr = wr;
@@ -313,19 +327,23 @@ int PostRecv(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
 
 void Kick(const std::shared_ptr<Qp>& qp) {
   std::lock_guard<std::mutex> send_lock(qp->send_mu);
-  bool need_timer = false;
+  // Same-process peers: execute whole batches directly; whatever the
+  // batch path declines (errors, SENDs, faults, delays) goes the general
+  // way below, frame by frame.
+  if (ExecuteLoopback(qp)) return;
   while (true) {
     Frame f{};
     std::array<uint8_t, kMaxInline> inline_copy;
-    std::vector<iovec> iov;
-    std::vector<Mr*> held;
+    iovec iov[kMaxSge + 1];
+    int niov = 0;
+    Mr* held[kMaxSge];
+    int nheld = 0;
     std::shared_ptr<Connection> conn;
     std::shared_ptr<Qp> peer;
     bool loopback;
     {
       std::unique_lock<std::mutex> lock(qp->mu);
       if (qp->destroyed || qp->attr.qp_state != IBV_QPS_RTS) break;
-      if (!qp->sq.empty()) need_timer = true;
       const auto now = Clock::now();
       if (now < qp->rnr_until) break;
       if (qp->send_index >= qp->sq.size()) break;
@@ -344,23 +362,23 @@ void Kick(const std::shared_ptr<Qp>& qp) {
       f.rkey = w.rkey;
       f.remote_addr = w.remote_addr;
       f.imm = w.imm;
-      iov.push_back({nullptr, kHeaderBytes});
+      iov[niov++] = {nullptr, kHeaderBytes};
       if (w.opcode != IBV_WR_RDMA_READ) {
-        if (!w.inline_data.empty()) {
-          std::memcpy(inline_copy.data(), w.inline_data.data(),
-                      w.inline_data.size());
-          iov.push_back({inline_copy.data(), w.inline_data.size()});
+        if (w.is_inline) {
+          std::memcpy(inline_copy.data(), w.inline_data, w.length);
+          if (w.length > 0) iov[niov++] = {inline_copy.data(), w.length};
         } else {
-          for (const Sge& s : w.sges) {
+          for (uint32_t i = 0; i < w.num_sge; ++i) {
+            const Sge& s = w.sges[i];
             Mr* mr = AcquireMr(s.lkey, qp->pd, s.addr, s.length, 0);
             if (mr == nullptr) {  // Deregistered after posting.
-              for (Mr* m : held) ReleaseMr(m);
+              for (int k = 0; k < nheld; ++k) ReleaseMr(held[k]);
+              nheld = 0;
               w.local_error = true;
-              held.clear();
               break;
             }
-            held.push_back(mr);
-            iov.push_back({HostAddr(mr, s.addr), s.length});
+            held[nheld++] = mr;
+            iov[niov++] = {HostAddr(mr, s.addr), s.length};
           }
           if (w.local_error) continue;
         }
@@ -369,9 +387,12 @@ void Kick(const std::shared_ptr<Qp>& qp) {
       ++qp->send_index;
       loopback = qp->loopback;
       conn = qp->conn;
+      if (loopback) {
+        peer = qp->has_loop_peer ? qp->loop_peer.lock() : nullptr;
+      }
     }
     if (loopback) {
-      peer = FindQp(f.qpn);
+      if (peer == nullptr && !qp->has_loop_peer) peer = FindQp(f.qpn);
       if (uint32_t us = qp->dev->delay_us.load(std::memory_order_relaxed);
           us > 0) {
         // Injected delay applies in-process too, as on the wire.
@@ -380,7 +401,7 @@ void Kick(const std::shared_ptr<Qp>& qp) {
       if (peer != nullptr && qp->dev->link_up.load() &&
           peer->dev->link_up.load()) {
         GatherSource src;
-        for (size_t i = 1; i < iov.size(); ++i) {
+        for (int i = 1; i < niov; ++i) {
           src.Add(static_cast<const uint8_t*>(iov[i].iov_base), iov[i].iov_len);
         }
         Response r = ProcessRequest(peer, f, &src);
@@ -399,9 +420,16 @@ void Kick(const std::shared_ptr<Qp>& qp) {
       EncodeFrame(f, hdr);
       iov[0].iov_base = hdr;
       std::lock_guard<std::mutex> lock(conn->mu);
-      conn->WriteAll(iov.data(), static_cast<int>(iov.size()));
+      conn->WriteAll(iov, niov);
     }
-    for (Mr* m : held) ReleaseMr(m);
+    for (int k = 0; k < nheld; ++k) ReleaseMr(held[k]);
+  }
+  // Unacknowledged work needs the retransmission timer.
+  bool need_timer;
+  {
+    std::lock_guard<std::mutex> lock(qp->mu);
+    need_timer =
+        !qp->destroyed && qp->attr.qp_state == IBV_QPS_RTS && !qp->sq.empty();
   }
   if (need_timer) ScheduleTimer(qp);
 }
@@ -447,12 +475,15 @@ bool HandleResponse(const std::shared_ptr<Qp>& qp, const Frame& f,
         lock.unlock();
         return false;
       }
-      std::vector<Sge> sges = w.sges;
+      Sge sges[kMaxSge];
+      const uint32_t nsge = w.num_sge;
+      std::copy(w.sges, w.sges + nsge, sges);
       const uint32_t msn = w.msn;
       lock.unlock();
       uint32_t left = f.length;
       bool prot_error = false;
-      for (const Sge& s : sges) {
+      for (uint32_t i = 0; i < nsge; ++i) {
+        const Sge& s = sges[i];
         if (left == 0) break;
         uint32_t k = std::min(left, s.length);
         Mr* mr = AcquireMr(s.lkey, qp->pd, s.addr, k, IBV_ACCESS_LOCAL_WRITE);

@@ -112,8 +112,10 @@ struct Pd {
   std::atomic<int> users{0};  // MRs and QPs created on it.
 };
 
-// A registered memory region. lkey == rkey; the low 8 bits are a
-// generation so a stale key of a re-registered slot does not match.
+// A registered memory region. lkey == rkey == (slot << 8) | generation: a
+// slot reused after dereg gets a new generation, so a peer holding the old
+// rkey is refused, not aliased. Mr objects live in the key table's slots
+// and are never freed, so the data path finds them without a lock.
 struct Mr {
   ibv_mr mr;  // Must be first.
   Pd* pd = nullptr;
@@ -121,9 +123,11 @@ struct Mr {
   uintptr_t start = 0;  // Host address of the first byte.
   uint64_t iova = 0;    // Address peers and SGEs use for that byte.
   size_t length = 0;
-  uint8_t generation = 0;
-  std::atomic<bool> valid{true};
-  // Accesses in progress (responder DMA); dereg waits for zero.
+  // The key while registered, 0 once deregistered. The fields above are
+  // written before it is published and stay fixed until dereg has seen
+  // `inflight` drop to zero.
+  std::atomic<uint32_t> live_key{0};
+  // Accesses in progress (DMA); dereg waits for zero.
   std::atomic<int> inflight{0};
 };
 
@@ -133,6 +137,30 @@ struct Mr {
 // ReleaseMr when done.
 Mr* AcquireMr(uint32_t key, Pd* pd, uint64_t addr, uint64_t len, int access);
 void ReleaseMr(Mr* mr);
+
+// The MRs a batch of work requests touches, each acquired once for the
+// whole batch rather than once per request (the acquire is an atomic
+// read-modify-write). Released on destruction. Not thread-safe.
+class HeldMrs {
+ public:
+  HeldMrs() = default;
+  HeldMrs(const HeldMrs&) = delete;
+  HeldMrs& operator=(const HeldMrs&) = delete;
+  ~HeldMrs() { ReleaseAll(); }
+  // As AcquireMr; the MR stays held until ReleaseAll or destruction.
+  Mr* Get(uint32_t key, Pd* pd, uint64_t addr, uint64_t len, int access);
+  // Call between requests: makes room for the next request's MRs (at most
+  // kMaxSge + 1) by releasing everything if needed.
+  void MakeRoom() {
+    if (n_ > kSlots - (kMaxSge + 1)) ReleaseAll();
+  }
+  void ReleaseAll();
+
+ private:
+  static constexpr int kSlots = 2 * (kMaxSge + 1);
+  Mr* mrs_[kSlots];
+  int n_ = 0;
+};
 
 // Host pointer for `addr` (in the MR's iova space).
 inline uint8_t* HostAddr(const Mr* mr, uint64_t addr) {
@@ -157,6 +185,8 @@ struct Cq {
 // Adds a completion; reports overrun (IBV_EVENT_CQ_ERR) if the CQ is full,
 // and signals the completion channel if armed.
 void PushCompletion(Cq* cq, const ibv_wc& wc, bool solicited = false);
+// Adds `n` completions at once (one lock, at most one event).
+void PushCompletions(Cq* cq, const ibv_wc* wcs, int n, bool solicited = false);
 
 int PollCq(ibv_cq* cq, int n, ibv_wc* wc);
 int ReqNotifyCq(ibv_cq* cq, int solicited_only);
@@ -168,20 +198,53 @@ struct Sge {
   uint32_t lkey;
 };
 
+// A posted send WQE. Its SGEs and inline bytes live in the owning
+// SendQueue's pools (as a real NIC's WQE size follows the QP's caps), so
+// posting allocates nothing.
 struct SendWqe {
   uint64_t wr_id = 0;
   ibv_wr_opcode opcode = IBV_WR_SEND;
   bool signaled = false;
   bool solicited = false;
+  bool local_error = false;  // An SGE's lkey was bad at post time.
   uint32_t msn = 0;
   uint64_t remote_addr = 0;
   uint32_t rkey = 0;
   uint32_t imm = 0;  // Big-endian, passed through.
   uint32_t length = 0;
-  std::vector<Sge> sges;
-  std::vector<uint8_t> inline_data;  // For IBV_SEND_INLINE.
-  bool local_error = false;          // An SGE's lkey was bad at post time.
-  Clock::time_point deadline{};      // Ack timeout of the last transmission.
+  uint32_t num_sge = 0;
+  Sge* sges = nullptr;
+  // IBV_SEND_INLINE: `length` bytes copied at post time.
+  bool is_inline = false;
+  uint8_t* inline_data = nullptr;
+  Clock::time_point deadline{};  // Ack timeout of the last transmission.
+};
+
+// The send queue: a ring of max_send_wr WQE slots with per-slot room for
+// max_send_sge SGEs and max_inline_data bytes. Guarded by Qp::mu.
+class SendQueue {
+ public:
+  void Init(uint32_t depth, uint32_t max_sge, uint32_t max_inline);
+  size_t size() const { return count_; }
+  bool empty() const { return count_ == 0; }
+  SendWqe& front() { return ring_[head_]; }
+  SendWqe& operator[](size_t i) { return ring_[(head_ + i) % ring_.size()]; }
+  // Appends a cleared WQE whose sges/inline_data point at its slot's room.
+  // Requires size() < depth.
+  SendWqe& push_back();
+  void pop_front();
+  void clear();
+  // Bumped by clear(): a transmitter that dropped Qp::mu can tell that the
+  // WQEs it copied were flushed meanwhile.
+  uint64_t epoch() const { return epoch_; }
+
+ private:
+  std::vector<SendWqe> ring_;
+  std::vector<Sge> sge_pool_;
+  std::vector<uint8_t> inline_pool_;  // Allocated on first inline post.
+  uint32_t max_sge_ = 0, max_inline_ = 0;
+  size_t head_ = 0, count_ = 0;
+  uint64_t epoch_ = 0;
 };
 
 struct RecvWqe {
@@ -204,10 +267,10 @@ struct Qp {
   ibv_qp_cap cap{};
   bool sq_sig_all = false;
 
-  std::mutex mu;           // Guards everything below.
-  ibv_qp_attr attr{};      // Current attributes (state in attr.qp_state).
-  std::deque<SendWqe> sq;  // Posted, not yet completed, in order.
-  size_t send_index = 0;   // sq[0, send_index) have been transmitted.
+  std::mutex mu;          // Guards everything below.
+  ibv_qp_attr attr{};     // Current attributes (state in attr.qp_state).
+  SendQueue sq;           // Posted, not yet completed, in order.
+  size_t send_index = 0;  // sq[0, send_index) have been transmitted.
   std::deque<RecvWqe> rq;
   uint32_t next_msn = 0;
   int retries_left = 0;
@@ -216,6 +279,10 @@ struct Qp {
   bool retransmit_pending = false;
   std::shared_ptr<Connection> conn;  // Outgoing (requester) connection.
   bool loopback = false;             // The peer QP lives in this process.
+  // The same-process peer, found when the QP is connected (so the data
+  // path needs no table lookup); unset if it did not exist then.
+  std::weak_ptr<Qp> loop_peer;
+  bool has_loop_peer = false;
   in_addr peer_ip{};
   uint16_t peer_port = 0;
   // Unsignaled WQEs that completed: their SQ slots are retired only when a
