@@ -71,6 +71,8 @@ Device* FindDeviceByName(const char* name) {
 }
 
 int StartDevice(Device* dev) {
+  // Before dev->mu: a port that is down raises its event under that lock.
+  StartCarrierMonitor();
   std::lock_guard<std::mutex> lock(dev->mu);
   if (dev->started) return 0;
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -99,6 +101,29 @@ int StartDevice(Device* dev) {
   std::thread([dev] { TimerLoop(dev); }).detach();
   return 0;
 }
+
+namespace {
+
+// Applies one change of a port condition and reports a change of state.
+void ChangePort(Device* dev, std::atomic<bool>* condition, bool value) {
+  bool was, now;
+  {
+    std::lock_guard<std::mutex> lock(dev->link_mu);
+    was = dev->LinkUp();
+    condition->store(value);
+    now = dev->LinkUp();
+  }
+  if (was == now) return;
+  if (!now) CutDeviceConnections(dev);
+  ibv_async_event e{};
+  e.event_type = now ? IBV_EVENT_PORT_ACTIVE : IBV_EVENT_PORT_ERR;
+  PostAsyncEvent(dev, e);
+}
+
+}  // namespace
+
+void SetLink(Device* dev, bool up) { ChangePort(dev, &dev->link_up, up); }
+void SetCarrier(Device* dev, bool up) { ChangePort(dev, &dev->carrier, up); }
 
 void PostAsyncEvent(Context* ctx, const ibv_async_event& event) {
   {
@@ -248,7 +273,7 @@ SOFTRNIC_EXPORT int ibv_query_port(ibv_context* context, uint8_t port_num,
   Device* dev = reinterpret_cast<Context*>(context)->dev;
   if (port_num != 1) return EINVAL;
   ibv_port_attr a{};
-  bool up = dev->link_up.load();
+  bool up = dev->LinkUp();
   a.state = up ? IBV_PORT_ACTIVE : IBV_PORT_DOWN;
   a.max_mtu = IBV_MTU_4096;
   a.active_mtu = IBV_MTU_4096;
@@ -374,12 +399,7 @@ SOFTRNIC_EXPORT int softrnic_set_link(const char* name, int up) {
     errno = ENODEV;
     return -1;
   }
-  bool was = dev->link_up.exchange(up != 0);
-  if (was == (up != 0)) return 0;
-  if (!up) CutDeviceConnections(dev);
-  ibv_async_event e{};
-  e.event_type = up ? IBV_EVENT_PORT_ACTIVE : IBV_EVENT_PORT_ERR;
-  PostAsyncEvent(dev, e);
+  SetLink(dev, up != 0);
   return 0;
 }
 

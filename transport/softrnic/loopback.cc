@@ -130,8 +130,7 @@ bool ExecuteLoopback(const std::shared_ptr<Qp>& qp) {
         ++n;
       }
     }
-    if (n == 0 || !qp->dev->link_up.load(std::memory_order_relaxed) ||
-        !peer->dev->link_up.load(std::memory_order_relaxed) ||
+    if (n == 0 || !qp->dev->LinkUp() || !peer->dev->LinkUp() ||
         qp->dev->delay_us.load(std::memory_order_relaxed) != 0) {
       return false;
     }

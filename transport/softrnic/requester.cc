@@ -104,7 +104,7 @@ bool Dial(const std::shared_ptr<Qp>& qp) {
     port = qp->peer_port;
     dest = qp->attr.dest_qp_num;
   }
-  if (!qp->dev->link_up.load()) return false;
+  if (!qp->dev->LinkUp()) return false;
   std::shared_ptr<Connection> conn = Dial(qp->dev, ip, port, kDialTimeoutMs);
   if (conn == nullptr) return false;
   Frame hello{};
@@ -398,8 +398,7 @@ void Kick(const std::shared_ptr<Qp>& qp) {
         // Injected delay applies in-process too, as on the wire.
         std::this_thread::sleep_for(std::chrono::microseconds(us));
       }
-      if (peer != nullptr && qp->dev->link_up.load() &&
-          peer->dev->link_up.load()) {
+      if (peer != nullptr && qp->dev->LinkUp() && peer->dev->LinkUp()) {
         GatherSource src;
         for (int i = 1; i < niov; ++i) {
           src.Add(static_cast<const uint8_t*>(iov[i].iov_base), iov[i].iov_len);
@@ -415,7 +414,7 @@ void Kick(const std::shared_ptr<Qp>& qp) {
         DeliverRecvCompletion(peer, r);
       }
       // Otherwise the request is lost; the ack timeout retries it.
-    } else if (conn != nullptr && !conn->closed() && qp->dev->link_up.load()) {
+    } else if (conn != nullptr && !conn->closed() && qp->dev->LinkUp()) {
       uint8_t hdr[kHeaderBytes];
       EncodeFrame(f, hdr);
       iov[0].iov_base = hdr;

@@ -305,7 +305,7 @@ void ServeConnection(Device* dev, int fd) {
         f.type != FrameType::kRead) {
       break;
     }
-    if (!dev->link_up.load()) break;
+    if (!dev->LinkUp()) break;
     Response r = ProcessRequest(qp, f, &src);
     if (r.io_error) {
       if (r.mr != nullptr) ReleaseMr(r.mr);
@@ -346,7 +346,7 @@ void AcceptLoop(Device* dev) {
       }
       return;
     }
-    if (!dev->link_up.load()) {
+    if (!dev->LinkUp()) {
       ::close(fd);  // A port that is down answers nothing.
       continue;
     }

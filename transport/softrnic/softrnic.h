@@ -70,7 +70,16 @@ struct Device {
   std::string name;
   in_addr ip{};
   uint64_t guid = 0;  // Network byte order.
+  // The port is up while both hold: the fault-injection switch
+  // (softrnic_set_link) and the carrier of the interface holding `ip`
+  // (carrier.cc). Changed only through SetLink / SetCarrier.
   std::atomic<bool> link_up{true};
+  std::atomic<bool> carrier{true};
+  std::mutex link_mu;  // Serializes port state changes.
+  bool LinkUp() const {
+    return link_up.load(std::memory_order_relaxed) &&
+           carrier.load(std::memory_order_relaxed);
+  }
   std::atomic<uint32_t> delay_us{0};
 
   std::mutex mu;
@@ -95,6 +104,14 @@ Device* FindDeviceByAddress(in_addr ip, uint16_t port);
 Device* FindDeviceByName(const char* name);
 // Starts the device's listener and timer threads (idempotent).
 int StartDevice(Device* dev);
+
+// Port state. Each sets one of the two conditions; when the port's state
+// changes, connections are cut (going down) and IBV_EVENT_PORT_ERR /
+// IBV_EVENT_PORT_ACTIVE is raised on every context of the device.
+void SetLink(Device* dev, bool up);
+void SetCarrier(Device* dev, bool up);
+// Starts following the interfaces' carrier (carrier.cc; idempotent).
+void StartCarrierMonitor();
 
 struct Context {
   ibv_context ctx;  // Must be first.
