@@ -18,6 +18,22 @@ absl::Status BadId(BatchId id, absl::string_view why) {
 
 }  // namespace
 
+void TaskSink::FinishTask(Task* task) {
+  task->local_lease.Release();
+  task->state.store(
+      task->error.ok() ? TransferState::kCompleted : task->failed_state,
+      std::memory_order_release);
+}
+
+void TaskSink::TasksDone(Batch* batch, size_t n) {
+  if (batch->pending.fetch_sub(n, std::memory_order_acq_rel) == n) {
+    // Waiters check `pending` under the lock before they sleep, so taking
+    // it here means none can miss this.
+    absl::MutexLock lock(&batch->mu);
+    batch->done_cv.SignalAll();
+  }
+}
+
 void TaskSink::OnSliceDone(Slice* slice, const absl::Status& status) {
   Task* task = static_cast<EngineSlice*>(slice)->task;
   Batch* batch = task->batch;
@@ -34,13 +50,33 @@ void TaskSink::OnSliceDone(Slice* slice, const absl::Status& status) {
   }
   if (task->slices_left.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
   // Last slice: the task is done.
-  task->local_lease.Release();
-  absl::MutexLock lock(&batch->mu);
-  task->state.store(
-      task->error.ok() ? TransferState::kCompleted : task->failed_state,
-      std::memory_order_release);
-  task->target.reset();
-  if (++batch->done == batch->tasks.size()) batch->done_cv.SignalAll();
+  FinishTask(task);
+  TasksDone(batch, 1);
+}
+
+void TaskSink::OnSlicesDone(Slice* const* slices, size_t n) {
+  Batch* batch = nullptr;
+  size_t finished = 0;
+  for (size_t i = 0; i < n; ++i) {
+    Task* task = static_cast<EngineSlice*>(slices[i])->task;
+    if (task->slices.size() == 1) {
+      // Its only slice: no other thread touches the counters.
+      task->bytes_done.store(slices[i]->length, std::memory_order_relaxed);
+    } else {
+      task->bytes_done.fetch_add(slices[i]->length, std::memory_order_relaxed);
+      if (task->slices_left.fetch_sub(1, std::memory_order_acq_rel) != 1) {
+        continue;
+      }
+    }
+    if (task->batch != batch) {
+      if (finished > 0) TasksDone(batch, finished);
+      batch = task->batch;
+      finished = 0;
+    }
+    FinishTask(task);
+    ++finished;
+  }
+  if (finished > 0) TasksDone(batch, finished);
 }
 
 absl::StatusOr<BatchId> BatchTable::Allocate(size_t capacity) {
@@ -64,7 +100,11 @@ absl::StatusOr<BatchId> BatchTable::Allocate(size_t capacity) {
   absl::MutexLock lock(&batch->mu);
   batch->in_use = true;
   batch->capacity = capacity;
-  batch->done = 0;
+  batch->count = 0;
+  if (batch->allocated < capacity) {
+    batch->tasks.reset(new Task[capacity]);
+    batch->allocated = capacity;
+  }
   return MakeId(batch->generation, slot);
 }
 
@@ -86,13 +126,21 @@ absl::StatusOr<LockedBatch> BatchTable::LockBatch(BatchId id) {
   return LockedBatch(batch);
 }
 
+absl::StatusOr<Batch*> BatchTable::Peek(BatchId id) {
+  uint64_t slot_plus_one = id & kSlotMask;
+  absl::MutexLock lock(&mu_);
+  if (slot_plus_one == 0 || slot_plus_one > slots_.size()) {
+    return BadId(id, "not a batch of this engine");
+  }
+  return slots_[slot_plus_one - 1].get();
+}
+
 absl::Status BatchTable::Free(BatchId id) {
   uint32_t slot = 0;
   {
     auto batch = LockBatch(id);
     if (!batch.ok()) return batch.status();
-    if ((*batch)->done != (*batch)->tasks.size()) {
-      size_t in_flight = (*batch)->tasks.size() - (*batch)->done;
+    if (size_t in_flight = (*batch)->pending.load(); in_flight != 0) {
       return absl::FailedPreconditionError(
           absl::StrCat("batch 0x", absl::Hex(id), " has ", in_flight,
                        " request(s) in flight; wait for them before freeing"));
@@ -100,8 +148,8 @@ absl::Status BatchTable::Free(BatchId id) {
     (*batch)->in_use = false;
     // Generation 0 is never issued, so wrap-around skips it.
     if (++(*batch)->generation == 0) (*batch)->generation = 1;
-    (*batch)->tasks.clear();
-    (*batch)->done = 0;
+    (*batch)->count = 0;
+    (*batch)->views.clear();
     slot = static_cast<uint32_t>((id & kSlotMask) - 1);
   }
   absl::MutexLock lock(&mu_);
@@ -122,9 +170,9 @@ TransferStatus TaskStatusLocked(const Task& task) {
 
 BatchStatus SummarizeLocked(const Batch& batch) {
   BatchStatus bs;
-  bs.total = batch.tasks.size();
-  for (const Task& t : batch.tasks) {
-    TransferStatus st = TaskStatusLocked(t);
+  bs.total = batch.count;
+  for (size_t i = 0; i < batch.count; ++i) {
+    TransferStatus st = TaskStatusLocked(batch.tasks[i]);
     bs.transferred_bytes += st.transferred_bytes;
     if (st.state == TransferState::kCompleted) {
       ++bs.completed;

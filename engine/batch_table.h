@@ -3,16 +3,20 @@
 //
 // A BatchId is (generation << 32) | (slot + 1). Slots are never freed, only
 // reused with a new generation, so a stale or forged id can always be
-// checked against its slot without touching freed memory.
+// checked against its slot without touching freed memory. A slot keeps its
+// task array (and each task its slice vector) across reuse, so a steady
+// stream of batches allocates nothing.
 //
 // Locking: BatchTable::mu_ guards the slot list; each Batch::mu guards that
-// batch. Task counters are atomics written by transport threads.
+// batch's bookkeeping. Completion is lock-free in the common case: task
+// and batch counters are atomics written by whichever thread completes a
+// slice; the batch lock is taken only to record a failure or to wake a
+// waiter after the batch's last task.
 #ifndef FERRY_ENGINE_BATCH_TABLE_H_
 #define FERRY_ENGINE_BATCH_TABLE_H_
 
 #include <atomic>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <vector>
 
@@ -41,14 +45,14 @@ struct Task {
   std::atomic<uint32_t> slices_left{0};
   std::atomic<uint64_t> bytes_done{0};
   std::atomic<TransferState> state{TransferState::kWaiting};
-  // First failure; written once under batch->mu.
+  // First failure; written once under batch->mu, read after the task is
+  // done (its last slice's release of slices_left orders it).
   absl::Status error;
   TransferState failed_state = TransferState::kFailed;
   std::vector<EngineSlice> slices;
-  // Keeps the local buffer registered and the target snapshot alive while
-  // slices are in flight; released when the task finishes.
+  // Keeps the local buffer registered while slices are in flight;
+  // released when the task finishes.
   MemoryRegistry::Lease local_lease;
-  std::shared_ptr<const SegmentView> target;
 };
 
 struct Batch {
@@ -57,16 +61,30 @@ struct Batch {
   uint32_t generation ABSL_GUARDED_BY(mu) = 1;
   bool in_use ABSL_GUARDED_BY(mu) = false;
   size_t capacity ABSL_GUARDED_BY(mu) = 0;
-  // A deque keeps task addresses stable as requests are appended.
-  std::deque<Task> tasks ABSL_GUARDED_BY(mu);
-  size_t done ABSL_GUARDED_BY(mu) = 0;
+  // tasks[0, count) are submitted; the array is kept across reuse.
+  std::unique_ptr<Task[]> tasks;
+  size_t allocated ABSL_GUARDED_BY(mu) = 0;
+  size_t count ABSL_GUARDED_BY(mu) = 0;
+  // Submitted tasks not finished yet.
+  std::atomic<size_t> pending{0};
+  // Target snapshots the slices point into, kept until the batch is freed.
+  std::vector<std::shared_ptr<const SegmentView>> views ABSL_GUARDED_BY(mu);
 };
 
 // Completes slices: accounts bytes, records the first error, finishes the
-// task after its last slice, wakes WaitBatch after the batch's last task.
+// task after its last slice, wakes waiters after the batch's last task.
 class TaskSink final : public SliceSink {
  public:
   void OnSliceDone(Slice* slice, const absl::Status& status) override;
+  // One atomic decrement of the batch's pending count per batch in the
+  // group, and none per slice for single-slice tasks.
+  void OnSlicesDone(Slice* const* slices, size_t n) override;
+
+ private:
+  // Finishes a task whose last slice completed.
+  static void FinishTask(Task* task);
+  // Takes `n` finished tasks off the batch's pending count.
+  static void TasksDone(Batch* batch, size_t n);
 };
 
 // A batch whose mutex is held; unlocks on destruction.
@@ -98,6 +116,11 @@ class BatchTable {
   // or forged id).
   absl::StatusOr<LockedBatch> LockBatch(BatchId id)
       ABSL_NO_THREAD_SAFETY_ANALYSIS;
+
+  // The batch of `id` without locking it, for reading its atomics; it may
+  // be freed and reused meanwhile (recheck with LockBatch). InvalidArgument
+  // for an id that was never valid.
+  absl::StatusOr<Batch*> Peek(BatchId id);
 
   // Frees the batch; FailedPrecondition while tasks are in flight.
   absl::Status Free(BatchId id);

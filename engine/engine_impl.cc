@@ -87,21 +87,12 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
   desc.set_rpc_address(rpc_server_->address());
 
   TransportOptions topts;
-  topts.tcp_connections_per_peer = options.tcp_connections_per_peer;
-  topts.tcp_max_slice_bytes = options.tcp_max_slice_bytes;
+  topts.tcp = options.tcp;
+  topts.rdma = options.rdma;
   topts.connect_timeout = options.rpc_timeout;
-  topts.rdma_devices = options.rdma_devices;
-  topts.rdma_slice_bytes = options.rdma_slice_bytes;
-  topts.rdma_gid_index = options.rdma_gid_index;
-  topts.rdma_max_endpoints = options.rdma_max_endpoints;
-  topts.rdma_max_attempts = options.rdma_max_attempts;
-  topts.rdma_pause_after_errors = options.rdma_pause_after_errors;
-  topts.rdma_pause_duration = options.rdma_pause_duration;
-  topts.rdma_spin_polls = options.rdma_spin_polls;
-  topts.rdma_worker_cpus = options.rdma_worker_cpus;
-  topts.rdma_topology_json = options.rdma_topology_json;
   TransportEnv env;
   env.local_segment = options.local_segment_name;
+  env.incarnation = incarnation_;
   env.listen_host = options.listen_host;
   env.peer_service = &peer_service_;
   env.peer_client = peer_client_.get();
@@ -116,6 +107,7 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
       return absl::Status(s.code(), absl::StrCat("installing transport '", name,
                                                  "': ", s.message()));
     }
+    slice_bytes_.push_back((*transport)->max_slice_bytes());
     transports_.push_back(std::move(*transport));
   }
 
@@ -135,6 +127,7 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
 void EngineImpl::ReleaseAll() {
   for (auto& t : transports_) t->Shutdown();
   transports_.clear();
+  slice_bytes_.clear();
   if (rpc_server_ != nullptr) rpc_server_->Shutdown();
   rpc_server_.reset();
 }
@@ -170,30 +163,40 @@ absl::Status EngineImpl::RegisterLocalMemory(void* addr, size_t length,
 }
 
 absl::Status EngineImpl::RegisterLocked(const MemoryRegion& region) {
-  if (absl::Status s = local_memory_.Add(region); !s.ok()) return s;
+  // Checked first, so nothing is registered with a transport for a region
+  // that cannot be added (register_mu_ keeps the check valid until Add).
+  if (absl::Status s = local_memory_.CheckAvailable(region); !s.ok()) return s;
   metadata::Buffer published;
   published.set_addr(region.addr);
   published.set_length(region.length);
   published.set_location(region.location);
-  size_t done = 0;
+  std::vector<const void*> handles;
   absl::Status s;
-  for (; done < transports_.size(); ++done) {
-    s = transports_[done]->RegisterMemory(region, &published);
-    if (!s.ok()) break;
+  for (auto& t : transports_) {
+    auto handle = t->RegisterMemory(region, &published);
+    if (!handle.ok()) {
+      s = handle.status();
+      break;
+    }
+    handles.push_back(*handle);
   }
+  const size_t registered = handles.size();
+  if (s.ok()) s = local_memory_.Add(region, std::move(handles));
   if (s.ok() && region.remote_accessible) {
     metadata::UpdateBuffersRequest req;
     req.set_name(options_.local_segment_name);
     req.set_incarnation(incarnation_);
     *req.add_add() = published;
     s = metadata_->UpdateBuffers(req).status();
+    if (!s.ok()) {
+      local_memory_.Remove(region.addr, absl::ZeroDuration()).IgnoreError();
+    }
   }
   if (!s.ok()) {
     // Roll back so that a failed registration leaves nothing behind.
-    for (size_t i = 0; i < done; ++i) {
+    for (size_t i = 0; i < registered; ++i) {
       transports_[i]->UnregisterMemory(region.addr).IgnoreError();
     }
-    local_memory_.Remove(region.addr, absl::ZeroDuration()).IgnoreError();
     return s;
   }
   return absl::OkStatus();
@@ -303,6 +306,13 @@ absl::Status EngineImpl::OnNotify(const std::string& from,
   }
   notifications_.push_back({from, name, message});
   return absl::OkStatus();
+}
+
+std::vector<TransportStats> EngineImpl::GetTransportStats() const {
+  std::vector<TransportStats> out;
+  if (!initialized_) return out;
+  for (const auto& t : transports_) out.push_back(t->Stats());
+  return out;
 }
 
 std::vector<Notification> EngineImpl::GetNotifications() {

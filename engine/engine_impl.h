@@ -28,6 +28,30 @@
 
 namespace ferry {
 
+class EngineImpl;
+
+// One request after validation, ready to become a task.
+struct Prepared {
+  const TransferRequest* request = nullptr;
+  MemoryRegistry::Lease lease;
+  const SegmentView* view = nullptr;
+  int buffer = -1;       // Index of the target buffer in the view.
+  size_t transport = 0;  // Index into the engine's transports.
+};
+
+// The target of a run of requests to one segment: its snapshot (kept alive
+// in `keep`) and the first installed transport that serves it.
+struct TargetCursor {
+  std::vector<std::shared_ptr<const SegmentView>>* keep;
+  SegmentHandle handle = 0;
+  const SegmentView* view = nullptr;
+  size_t transport = 0;
+
+  // FailedPrecondition if no installed transport reaches the segment.
+  absl::Status Set(SegmentHandle h, std::shared_ptr<const SegmentView> v,
+                   const EngineImpl* engine);
+};
+
 class EngineImpl {
  public:
   // Received notifications beyond this are refused to the sender.
@@ -63,15 +87,10 @@ class EngineImpl {
   absl::Status SendNotification(SegmentHandle target, const std::string& name,
                                 const std::string& message);
   std::vector<Notification> GetNotifications();
+  std::vector<TransportStats> GetTransportStats() const;
 
  private:
-  // One request after validation, ready to become a task.
-  struct Prepared {
-    const TransferRequest* request;
-    MemoryRegistry::Lease lease;
-    std::shared_ptr<const SegmentView> target;
-    size_t transport;  // Index into transports_.
-  };
+  friend struct TargetCursor;
 
   absl::Status ValidateOptions(const EngineOptions& options) const;
   absl::Status RegisterLocked(const MemoryRegion& region)
@@ -87,8 +106,16 @@ class EngineImpl {
                                                      size_t length);
   void EvictCached(uintptr_t keep);
   void ForgetCached(uintptr_t addr);
+  // Validates request `index` into *out. `prev` (if not null) is the
+  // request before it: a local range in the same buffer shares its lease.
   absl::Status Prepare(size_t index, const TransferRequest& request,
+                       const Prepared* prev, TargetCursor* cursor,
                        Prepared* out);
+  // One round of Transport::Poll over all transports; slices completed.
+  size_t PollTransports();
+  // Reaps completions on this thread until the batch is done, `deadline`
+  // passes, or wait_spin passes without a completion.
+  void DriveUntilDone(Batch* batch, absl::Time deadline);
   absl::Status OnNotify(const std::string& from, const std::string& name,
                         const std::string& message);
   void ReleaseAll();
@@ -103,6 +130,7 @@ class EngineImpl {
   std::unique_ptr<metadata::MetadataClient> metadata_;
   std::unique_ptr<metadata::PeerClient> peer_client_;
   std::vector<std::unique_ptr<Transport>> transports_;
+  std::vector<size_t> slice_bytes_;  // max_slice_bytes() of each transport.
   std::unique_ptr<SegmentCache> segments_;
 
   MemoryRegistry local_memory_;

@@ -1,4 +1,12 @@
-// EngineImpl: batches, submission, slicing and status.
+// EngineImpl: batches, submission, slicing, completion driving and status.
+//
+// The submission path is built to allocate nothing and take few locks per
+// request: per-thread scratch vectors keep their capacity, a batch slot
+// keeps its tasks (and their slice vectors) across reuse, the target
+// snapshot is looked up once per run of requests to the same segment, and
+// the batch lock is taken once per call.
+#include <sched.h>
+
 #include <algorithm>
 #include <utility>
 #include <vector>
@@ -11,6 +19,19 @@ namespace {
 
 std::string Where(size_t index) {
   return absl::StrCat("request ", index, ": ");
+}
+
+// Reused by every SubmitTransfer on this thread (never re-entered: slices
+// complete through the sink, which does not submit).
+struct Scratch {
+  std::vector<Prepared> prepared;
+  std::vector<std::shared_ptr<const SegmentView>> views;
+  std::vector<std::vector<Slice*>> per_transport;
+};
+
+Scratch& ThreadScratch() {
+  thread_local Scratch scratch;
+  return scratch;
 }
 
 }  // namespace
@@ -27,6 +48,7 @@ absl::StatusOr<BatchId> EngineImpl::AllocateBatch(size_t capacity) {
 }
 
 absl::Status EngineImpl::Prepare(size_t index, const TransferRequest& req,
+                                 const Prepared* prev, TargetCursor* cursor,
                                  Prepared* out) {
   if (req.opcode != OpCode::kRead && req.opcode != OpCode::kWrite) {
     return absl::InvalidArgumentError(absl::StrCat(Where(index), "bad opcode"));
@@ -36,7 +58,13 @@ absl::Status EngineImpl::Prepare(size_t index, const TransferRequest& req,
         absl::StrCat(Where(index), "length is zero"));
   }
   const uintptr_t src = reinterpret_cast<uintptr_t>(req.source);
-  auto lease = AcquireLocal(src, req.length);
+  // Requests of a batch usually come from one buffer: share the previous
+  // request's lease (no registry lookup, no lock).
+  absl::StatusOr<MemoryRegistry::Lease> lease;
+  if (prev != nullptr && prev->lease.Covers(src, req.length)) {
+    lease = prev->lease.Clone();
+  }
+  if (!lease.ok() || !lease->held()) lease = AcquireLocal(src, req.length);
   if (!lease.ok()) {
     if (options_.mr_cache_bytes > 0) {
       // The MR cache tried and says why it could not register the range.
@@ -47,36 +75,64 @@ absl::Status EngineImpl::Prepare(size_t index, const TransferRequest& req,
         Where(index), "local source 0x", absl::Hex(src), "+", req.length,
         " is not inside memory registered with RegisterLocalMemory"));
   }
-  auto view = segments_->Get(req.target_id);
-  if (!view.ok()) {
-    return absl::Status(view.status().code(),
-                        absl::StrCat(Where(index), view.status().message()));
+  // The target snapshot and transport, looked up once per run of requests
+  // to the same segment.
+  if (cursor->view == nullptr || cursor->handle != req.target_id) {
+    auto view = segments_->Get(req.target_id);
+    if (!view.ok()) {
+      return absl::Status(view.status().code(),
+                          absl::StrCat(Where(index), view.status().message()));
+    }
+    if (absl::Status s = cursor->Set(req.target_id, std::move(*view), this);
+        !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(Where(index), s.message()));
+    }
   }
-  if ((*view)->FindBuffer(req.target_offset, req.length) == nullptr) {
+  int buffer = cursor->view->FindBufferIndex(req.target_offset, req.length);
+  if (buffer < 0) {
     // The peer may have registered the buffer after we cached its
     // descriptor: look once more before failing.
     auto fresh = segments_->Refresh(req.target_id);
-    if (fresh.ok()) view = std::move(fresh);
-    if ((*view)->FindBuffer(req.target_offset, req.length) == nullptr) {
+    if (fresh.ok()) {
+      if (absl::Status s = cursor->Set(req.target_id, std::move(*fresh), this);
+          !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat(Where(index), s.message()));
+      }
+      buffer = cursor->view->FindBufferIndex(req.target_offset, req.length);
+    }
+    if (buffer < 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           Where(index), "remote range 0x", absl::Hex(req.target_offset), "+",
           req.length,
           " is not inside one remote-accessible buffer of segment '",
-          (*view)->name(), "'"));
+          cursor->view->name(), "'"));
     }
   }
-  for (size_t t = 0; t < transports_.size(); ++t) {
-    if ((*view)->FindTransport(transports_[t]->name()) != nullptr) {
-      out->request = &req;
-      out->lease = std::move(*lease);
-      out->target = std::move(*view);
-      out->transport = t;
-      return absl::OkStatus();
-    }
+  out->request = &req;
+  out->lease = std::move(*lease);
+  out->view = cursor->view;
+  out->buffer = buffer;
+  out->transport = cursor->transport;
+  return absl::OkStatus();
+}
+
+absl::Status TargetCursor::Set(SegmentHandle h,
+                               std::shared_ptr<const SegmentView> v,
+                               const EngineImpl* engine) {
+  size_t t = 0;
+  while (t < engine->transports_.size() &&
+         v->FindTransport(engine->transports_[t]->name()) == nullptr) {
+    ++t;
   }
-  return absl::FailedPreconditionError(
-      absl::StrCat(Where(index), "segment '", (*view)->name(),
-                   "' serves none of this engine's transports"));
+  if (t == engine->transports_.size()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "segment '", v->name(), "' serves none of this engine's transports"));
+  }
+  handle = h;
+  view = v.get();
+  transport = t;
+  keep->push_back(std::move(v));
+  return absl::OkStatus();
 }
 
 absl::Status EngineImpl::SubmitTransfer(
@@ -84,33 +140,58 @@ absl::Status EngineImpl::SubmitTransfer(
   if (!initialized_)
     return absl::FailedPreconditionError("engine not initialized");
   if (requests.empty()) return absl::OkStatus();
-  // Validate everything before touching the batch: all or nothing.
-  std::vector<Prepared> prepared(requests.size());
+  Scratch& scratch = ThreadScratch();
+  scratch.prepared.clear();
+  scratch.views.clear();
+  scratch.per_transport.resize(transports_.size());
+  for (auto& v : scratch.per_transport) v.clear();
+  // Validate everything before touching the batch: all or nothing. On an
+  // error the leases taken so far are released with the scratch entries.
+  TargetCursor cursor{&scratch.views};
+  scratch.prepared.resize(requests.size());
   for (size_t i = 0; i < requests.size(); ++i) {
-    if (absl::Status s = Prepare(i, requests[i], &prepared[i]); !s.ok()) {
+    const Prepared* prev = i > 0 ? &scratch.prepared[i - 1] : nullptr;
+    if (absl::Status s =
+            Prepare(i, requests[i], prev, &cursor, &scratch.prepared[i]);
+        !s.ok()) {
+      scratch.prepared.clear();
+      scratch.views.clear();
       return s;
     }
   }
-  std::vector<std::vector<Slice*>> per_transport(transports_.size());
   const absl::Time deadline = absl::Now() + options_.transfer_timeout;
   {
     auto locked = batches_.LockBatch(batch_id);
-    if (!locked.ok()) return locked.status();
+    if (!locked.ok()) {
+      scratch.prepared.clear();
+      scratch.views.clear();
+      return locked.status();
+    }
     Batch* batch = &**locked;
-    if (batch->tasks.size() + requests.size() > batch->capacity) {
-      size_t used = batch->tasks.size();
-      size_t cap = batch->capacity;
+    if (batch->count + requests.size() > batch->capacity) {
+      const size_t used = batch->count;
+      const size_t cap = batch->capacity;
+      scratch.prepared.clear();
+      scratch.views.clear();
       return absl::InvalidArgumentError(
           absl::StrCat("batch has capacity ", cap, " and holds ", used,
                        " request(s); ", requests.size(), " more do not fit"));
     }
-    for (Prepared& p : prepared) {
-      Task& task = batch->tasks.emplace_back();
+    for (auto& v : scratch.views) {
+      if (batch->views.empty() || batch->views.back() != v) {
+        batch->views.push_back(std::move(v));
+      }
+    }
+    for (Prepared& p : scratch.prepared) {
+      Task& task = batch->tasks[batch->count++];
       task.batch = batch;
       task.length = p.request->length;
+      task.error = absl::OkStatus();
+      task.failed_state = TransferState::kFailed;
+      task.bytes_done.store(0, std::memory_order_relaxed);
+      const MemoryHandle handle = p.lease.handle(p.transport);
       task.local_lease = std::move(p.lease);
-      task.target = std::move(p.target);
-      const size_t max_slice = transports_[p.transport]->max_slice_bytes();
+      const size_t max_slice = slice_bytes_[p.transport];
       const size_t n = (task.length + max_slice - 1) / max_slice;
       task.slices.resize(n);
       task.slices_left.store(static_cast<uint32_t>(n),
@@ -123,54 +204,114 @@ absl::Status EngineImpl::SubmitTransfer(
         s.local = local + off;
         s.remote = p.request->target_offset + off;
         s.length = std::min(max_slice, task.length - off);
-        s.target = task.target.get();
+        s.target = p.view;
+        s.remote_buffer = p.buffer;
+        s.local_handle = handle;
         s.deadline = deadline;
         s.sink = &sink_;
+        s.next = nullptr;
+        s.attempts = 0;
+        s.rail = -1;
+        s.failed_rails = 0;
+        s.rkey = 0;
         s.task = &task;
-        per_transport[p.transport].push_back(&s);
+        scratch.per_transport[p.transport].push_back(&s);
       }
       task.state.store(TransferState::kPending, std::memory_order_relaxed);
     }
+    batch->pending.fetch_add(scratch.prepared.size(),
+                             std::memory_order_release);
   }
+  scratch.prepared.clear();
+  scratch.views.clear();
   // Outside the batch lock: transports may complete slices inline.
   for (size_t t = 0; t < transports_.size(); ++t) {
-    if (!per_transport[t].empty()) transports_[t]->Submit(per_transport[t]);
+    if (!scratch.per_transport[t].empty()) {
+      transports_[t]->Submit(scratch.per_transport[t]);
+    }
   }
   return absl::OkStatus();
 }
 
+size_t EngineImpl::PollTransports() {
+  size_t n = 0;
+  for (auto& t : transports_) n += t->Poll();
+  return n;
+}
+
 absl::StatusOr<TransferStatus> EngineImpl::GetTransferStatus(BatchId batch_id,
                                                              size_t index) {
+  PollTransports();  // Status pollers drive completions too.
   auto locked = batches_.LockBatch(batch_id);
   if (!locked.ok()) return locked.status();
   Batch* batch = &**locked;
-  if (index >= batch->tasks.size()) {
+  if (index >= batch->count) {
     return absl::InvalidArgumentError(
         absl::StrCat("index ", index, " is out of range: the batch holds ",
-                     batch->tasks.size(), " request(s)"));
+                     batch->count, " request(s)"));
   }
   return TaskStatusLocked(batch->tasks[index]);
 }
 
 absl::StatusOr<BatchStatus> EngineImpl::GetBatchStatus(BatchId batch_id) {
+  PollTransports();
   auto locked = batches_.LockBatch(batch_id);
   if (!locked.ok()) return locked.status();
-  Batch* batch = &**locked;
-  return SummarizeLocked(*batch);
+  return SummarizeLocked(**locked);
+}
+
+void EngineImpl::DriveUntilDone(Batch* batch, absl::Time deadline) {
+  if (options_.wait_spin <= absl::ZeroDuration()) return;
+  // Reap completions here while they keep coming; give up after wait_spin
+  // without any. The clock is read only every few idle polls.
+  constexpr int kClockEvery = 32;
+  constexpr int kYieldEvery = 8;
+  int idle = 0;
+  absl::Time idle_since = absl::InfiniteFuture();
+  while (batch->pending.load(std::memory_order_acquire) != 0) {
+    if (PollTransports() > 0) {
+      idle = 0;
+      idle_since = absl::InfiniteFuture();
+      continue;
+    }
+    ++idle;
+    // Other threads (transport receivers, a peer process on this core)
+    // may be what we wait for.
+    if (idle % kYieldEvery == 0) sched_yield();
+    if (idle % kClockEvery != 0) continue;
+    const absl::Time now = absl::Now();
+    if (now >= deadline) return;
+    if (idle_since == absl::InfiniteFuture()) {
+      idle_since = now;
+    } else if (now - idle_since >= options_.wait_spin) {
+      return;
+    }
+  }
 }
 
 absl::StatusOr<BatchStatus> EngineImpl::WaitBatch(BatchId batch_id,
                                                   absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  Batch* batch;
+  {
+    auto locked = batches_.LockBatch(batch_id);
+    if (!locked.ok()) return locked.status();
+    batch = &**locked;
+    if (batch->pending.load(std::memory_order_acquire) == 0) {
+      return SummarizeLocked(*batch);
+    }
+  }
+  // Not under the batch lock: completions take it to record failures.
+  // The slot outlives any id, so `batch` stays a valid object; LockBatch
+  // below re-checks the id.
+  DriveUntilDone(batch, deadline);
   auto locked = batches_.LockBatch(batch_id);
   if (!locked.ok()) return locked.status();
-  Batch* batch = &**locked;
-  const absl::Time deadline = absl::Now() + timeout;
-  while (batch->done < batch->tasks.size()) {
+  while (batch->pending.load(std::memory_order_acquire) != 0) {
     if (batch->done_cv.WaitWithDeadline(&batch->mu, deadline)) {
-      if (batch->done < batch->tasks.size()) {
+      if (const size_t left = batch->pending.load(); left != 0) {
         return absl::DeadlineExceededError(absl::StrCat(
-            batch->tasks.size() - batch->done, " of ", batch->tasks.size(),
-            " request(s) still in flight after ",
+            left, " of ", batch->count, " request(s) still in flight after ",
             absl::FormatDuration(timeout)));
       }
     }

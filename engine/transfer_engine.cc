@@ -81,5 +81,8 @@ absl::Status TransferEngine::SendNotification(SegmentHandle target,
 std::vector<Notification> TransferEngine::GetNotifications() {
   return impl_->GetNotifications();
 }
+std::vector<TransportStats> TransferEngine::GetTransportStats() const {
+  return impl_->GetTransportStats();
+}
 
 }  // namespace ferry

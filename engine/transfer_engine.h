@@ -6,7 +6,8 @@
 //   - every call returns absl::Status / absl::StatusOr, never throws;
 //   - batch ids and segment handles are validated values, not pointers: a
 //     freed, stale or forged id is an error, never undefined behaviour;
-//   - WaitBatch blocks on a condition variable instead of spinning;
+//   - WaitBatch reaps completions on the caller's thread for a bounded
+//     time, then blocks on a condition variable (never an unbounded spin);
 //   - a WRITE completes only after the target has applied it.
 //
 // Thread-safety: after Init returns, every method may be called from any
@@ -25,6 +26,8 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/opcode.h"
+#include "transport/options.h"
+#include "transport/stats.h"
 
 namespace ferry {
 
@@ -54,27 +57,15 @@ struct EngineOptions {
   absl::Duration rpc_timeout = absl::Seconds(3);
   // A request not completed this long after submission ends in TIMEOUT.
   absl::Duration transfer_timeout = absl::Seconds(30);
-  // TCP transport: connections per peer, largest slice.
-  int tcp_connections_per_peer = 2;
-  size_t tcp_max_slice_bytes = 4 << 20;
-  // RDMA transport: device names to use (empty: every ACTIVE device), slice
-  // size, GID index (-1: pick the best routable one).
-  std::vector<std::string> rdma_devices;
-  size_t rdma_slice_bytes = 64 << 10;
-  int rdma_gid_index = -1;
-  // RDMA endpoints (one RC QP per local NIC, peer NIC pair) kept at most;
-  // idle ones beyond this are evicted, busy ones never.
-  size_t rdma_max_endpoints = 4096;
-  // RDMA failover and polling; see TransportOptions in transport.h.
-  uint32_t rdma_max_attempts = 4;
-  uint32_t rdma_pause_after_errors = 3;
-  absl::Duration rdma_pause_duration = absl::Seconds(1);
-  int rdma_spin_polls = 64;
-  std::vector<int> rdma_worker_cpus;
-  // NIC preference per buffer location (RegisterLocalMemory's `location`):
-  // Mooncake TE's priority matrix JSON, {"cpu:0": [["nic0"], ["nic1"]]};
-  // empty: derived from the NICs' NUMA nodes in sysfs.
-  std::string rdma_topology_json;
+  // Per-transport settings (transport/options.h).
+  TcpOptions tcp;
+  RdmaOptions rdma;
+  // How long WaitBatch reaps completions on the calling thread before it
+  // blocks, counted from the last completion it saw: while completions
+  // keep coming it keeps going (run to completion on the caller's core,
+  // no hand-off between threads). Zero: block at once and leave all
+  // completion work to the transports' threads.
+  absl::Duration wait_spin = absl::Microseconds(50);
   // MR cache: when > 0, a request whose local source is mapped memory but
   // not registered gets it registered on first use (page-aligned, not
   // remote-accessible); cached registrations beyond this many bytes are
@@ -213,9 +204,10 @@ class TransferEngine {
   absl::StatusOr<TransferStatus> GetTransferStatus(BatchId batch, size_t index);
   absl::StatusOr<BatchStatus> GetBatchStatus(BatchId batch);
 
-  // Blocks (without spinning) until every submitted request of the batch is
-  // done or `timeout` passes. Returns the batch status; DeadlineExceeded if
-  // the wait timed out (the requests continue).
+  // Waits until every submitted request of the batch is done or `timeout`
+  // passes: first reaping completions on this thread (see wait_spin), then
+  // blocking on a condition variable. Returns the batch status;
+  // DeadlineExceeded if the wait timed out (the requests continue).
   absl::StatusOr<BatchStatus> WaitBatch(BatchId batch, absl::Duration timeout);
 
   // Frees the batch. FailedPrecondition while requests are in flight (the
@@ -230,6 +222,11 @@ class TransferEngine {
 
   // Removes and returns the notifications received so far (oldest first).
   std::vector<Notification> GetNotifications();
+
+  // A snapshot of each installed transport's counters (per NIC slices,
+  // bytes and errors; connections opened, accepted and evicted; retries),
+  // in the order of EngineOptions::transports. Empty before Init.
+  std::vector<TransportStats> GetTransportStats() const;
 
  private:
   std::unique_ptr<EngineImpl> impl_;

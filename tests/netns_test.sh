@@ -1,11 +1,12 @@
 #!/bin/bash
-# Two hosts with two NICs each, on one machine: network namespaces h1 and h2
-# joined by two veth pairs (two subnets), softrnic devices bound to the veth
-# addresses, Ferry's RDMA transport between them. Checks, with every byte
-# verified by transfer_bench --verify:
+# Two hosts with two NICs each, on one machine: network namespaces joined
+# by two veth pairs (two subnets), softrnic devices bound to the veth
+# addresses, Ferry's RDMA transport between them (tools/netns_lib.sh).
+# Checks, with every byte verified by transfer_bench --verify:
 #   1. WRITE and READ of several block sizes between the hosts;
 #   2. one link taken down in the middle of a transfer: the transfer still
-#      completes over the other rail.
+#      completes over the other rail, and quickly (the port-down event
+#      flushes the dead rail's QPs at once).
 # Needs root (ip netns); CI and the dev machines run as root. Everything it
 # creates is removed on exit. Prints "N passed, N failed".
 set -uo pipefail
@@ -13,6 +14,8 @@ set -uo pipefail
 RUNFILES="${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}"
 BENCH="$RUNFILES/tools/transfer_bench"
 LIBDIR="$RUNFILES/transport/softrnic"
+# shellcheck source=../tools/netns_lib.sh
+source "$RUNFILES/tools/netns_lib.sh"
 if [[ $(id -u) -ne 0 ]] || ! command -v ip >/dev/null; then
   echo "netns_test needs root and iproute2 (ip netns); run it as root"
   echo "0 passed, 1 failed"
@@ -20,41 +23,19 @@ if [[ $(id -u) -ne 0 ]] || ! command -v ip >/dev/null; then
 fi
 
 tag="f$$"
-n=$(( $$ % 200 + 20 ))
-H1="${tag}h1"
-H2="${tag}h2"
-A1="10.77.$n.1" B1="10.77.$n.2"   # Rail 0
-A2="10.78.$n.1" B2="10.78.$n.2"   # Rail 1
 tmp="$(mktemp -d)"
 pids=()
 cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-  wait 2>/dev/null
-  ip netns del "$H1" 2>/dev/null
-  ip netns del "$H2" 2>/dev/null
+  netns_cleanup
   rm -rf "$tmp"
 }
 trap cleanup EXIT
 
-ip netns add "$H1" && ip netns add "$H2" || { echo "cannot create namespaces"; echo "0 passed, 1 failed"; exit 1; }
-for i in 1 2; do
-  ip link add "${tag}a$i" netns "$H1" type veth peer name "${tag}b$i" netns "$H2"
-done
-ip -n "$H1" addr add "$A1/24" dev "${tag}a1"
-ip -n "$H1" addr add "$A2/24" dev "${tag}a2"
-ip -n "$H2" addr add "$B1/24" dev "${tag}b1"
-ip -n "$H2" addr add "$B2/24" dev "${tag}b2"
-for ns in "$H1" "$H2"; do
-  ip -n "$ns" link set lo up
-  for l in $(ip -n "$ns" -o link show | awk -F': ' '{print $2}' | cut -d@ -f1 | grep "^$tag"); do
-    ip -n "$ns" link set "$l" up
-  done
-done
-
-in_h1() { ip netns exec "$H1" env LD_LIBRARY_PATH="$LIBDIR" \
-  FERRY_SOFTRNIC_DEVICES="softrnic0=$A1,softrnic1=$A2" "$@"; }
-in_h2() { ip netns exec "$H2" env LD_LIBRARY_PATH="$LIBDIR" \
-  FERRY_SOFTRNIC_DEVICES="softrnic0=$B1,softrnic1=$B2" "$@"; }
+if ! netns_setup; then
+  echo "cannot create namespaces"
+  echo "0 passed, 1 failed"
+  exit 1
+fi
 
 port=50777
 in_h2 "$BENCH" --mode=target --protocol=rdma --listen_host="$B1" \
@@ -75,7 +56,7 @@ check() {  # name, then transfer_bench initiator flags
     passed=$((passed + 1))
   else
     echo "FAIL: $name"
-    tail -n 5 "$tmp/$name.err" "$tmp/$name.json"
+    tail -n 8 "$tmp/$name.err" "$tmp/$name.json"
     failed=$((failed + 1))
   fi
 }
@@ -92,11 +73,38 @@ check read_64M --operation=read --block_size=$((64 << 20)) --batch_size=1 --dura
 check write_1B --operation=write --block_size=1 --batch_size=64 --duration=1
 check write_1M --operation=write --block_size=1048576 --batch_size=8 --duration=1
 
-# Rail 1 goes down in the middle of a run: its slices time out (softrnic
-# RETRY_EXC_ERR) and are retried on rail 0; nothing may fail or corrupt.
-(sleep 1; ip -n "$H1" link set "${tag}a2" down) &
+# Rail 2 goes down on host 1 in the middle of a run: both hosts' soft NICs
+# see their port go down (they follow the veth's carrier), the initiator
+# flushes the dead port's QPs and moves their slices to rail 1; nothing may
+# fail or corrupt.
+# The pull waits for the run's first progress line, so both rails carried
+# traffic before it.
+(for _ in $(seq 200); do
+   grep -q "^\[ *1\.0s\]" "$tmp/link_down_mid_transfer.err" 2>/dev/null && break
+   sleep 0.05
+ done
+ netns_link_down 1 2) &
 check link_down_mid_transfer --operation=write --block_size=$((4 << 20)) \
   --batch_size=4 --duration=4
+# Both rails carried traffic, then the initiator saw softrnic1's port go
+# down and retried its slices.
+if python3 - "$tmp/link_down_mid_transfer.json" <<'PY'
+import json, sys
+r = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+nics = {n["name"]: n for n in r["nics"]}
+ok = (not nics["softrnic1"]["port_active"] and nics["softrnic0"]["port_active"]
+      and nics["softrnic1"]["slices"] > 0 and nics["softrnic0"]["slices"] > 0
+      and r["retries"] > 0)
+print("nics:", r["nics"], "retries:", r["retries"])
+sys.exit(0 if ok else 1)
+PY
+then
+  echo "PASS: port down seen, slices retried on the other rail"
+  passed=$((passed + 1))
+else
+  echo "FAIL: the initiator did not see the port go down or did not retry"
+  failed=$((failed + 1))
+fi
 
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

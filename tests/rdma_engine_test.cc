@@ -25,7 +25,7 @@ class RdmaEngineTest : public ::testing::Test {
     t.local_segment_name = "target";
     t.transports = {"rdma"};
     t.transfer_timeout = absl::Seconds(20);
-    t.rdma_max_endpoints = max_endpoints_;
+    t.rdma.max_endpoints = max_endpoints_;
     ASSERT_TRUE(target_.Init(t).ok());
     EngineOptions i = t;
     i.local_segment_name = "initiator";
@@ -139,7 +139,7 @@ TEST(RdmaTopologyTest, PriorityMatrixIsValidatedAndUsed) {
   EngineOptions o;
   o.local_segment_name = "t";
   o.transports = {"rdma"};
-  o.rdma_topology_json = R"({"cpu:0": [["no-such-nic"]]})";
+  o.rdma.topology_json = R"({"cpu:0": [["no-such-nic"]]})";
   absl::Status s = bad.Init(o);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_NE(s.message().find("no-such-nic"), std::string::npos) << s;
@@ -147,7 +147,7 @@ TEST(RdmaTopologyTest, PriorityMatrixIsValidatedAndUsed) {
   // A valid matrix: buffers on cpu:0 prefer softrnic1, and transfers work.
   std::vector<uint8_t> remote(1 << 20), local(1 << 20);
   TransferEngine target, initiator;
-  o.rdma_topology_json = R"({"cpu:0": [["softrnic1"], ["softrnic0"]]})";
+  o.rdma.topology_json = R"({"cpu:0": [["softrnic1"], ["softrnic0"]]})";
   ASSERT_TRUE(target.Init(o).ok());
   EngineOptions i = o;
   i.local_segment_name = "i";

@@ -16,45 +16,28 @@ bazel build -c opt //tools:transfer_bench //transport/softrnic:libibverbs.so.1 >
 bin="$(bazel info -c opt bazel-bin 2>/dev/null)"
 BENCH="$bin/tools/transfer_bench"
 LIBDIR="$bin/transport/softrnic"
+# shellcheck source=netns_lib.sh
+source tools/netns_lib.sh
 
 tag="s$$"
-n=$(( $$ % 200 + 20 ))
-H1="${tag}h1" H2="${tag}h2"
-A1="10.77.$n.1" B1="10.77.$n.2" A2="10.78.$n.1" B2="10.78.$n.2"
 tmp="$(mktemp -d)"
 pids=()
 cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-  wait 2>/dev/null
-  ip netns del "$H1" 2>/dev/null
-  ip netns del "$H2" 2>/dev/null
+  netns_cleanup
   rm -rf "$tmp"
 }
 trap cleanup EXIT
-ip netns add "$H1"; ip netns add "$H2"
-for i in 1 2; do
-  ip link add "${tag}a$i" netns "$H1" type veth peer name "${tag}b$i" netns "$H2"
-done
-ip -n "$H1" addr add "$A1/24" dev "${tag}a1"; ip -n "$H1" addr add "$A2/24" dev "${tag}a2"
-ip -n "$H2" addr add "$B1/24" dev "${tag}b1"; ip -n "$H2" addr add "$B2/24" dev "${tag}b2"
-for ns in "$H1" "$H2"; do ip -n "$ns" link set lo up; done
-for i in 1 2; do
-  ip -n "$H1" link set "${tag}a$i" up
-  ip -n "$H2" link set "${tag}b$i" up
-  # Same rate on every link, both directions.
-  ip netns exec "$H1" tc qdisc add dev "${tag}a$i" root tbf rate "$rate" burst 256kb latency 50ms
-  ip netns exec "$H2" tc qdisc add dev "${tag}b$i" root tbf rate "$rate" burst 256kb latency 50ms
-done
+netns_setup || exit 1
+netns_shape "$rate"
 
 run() {  # label, h1 devices, h2 devices, port
-  local label="$1" d1="$2" d2="$3" port="$4"
-  ip netns exec "$H2" env LD_LIBRARY_PATH="$LIBDIR" FERRY_SOFTRNIC_DEVICES="$d2" \
-    "$BENCH" --mode=target --protocol=rdma --listen_host="$B1" --rpc_port="$port" \
+  local label="$1" port="$4"
+  H1_DEVICES="$2" H2_DEVICES="$3"
+  in_h2 "$BENCH" --mode=target --protocol=rdma --listen_host="$B1" --rpc_port="$port" \
     --buffer_size=$((256 << 20)) --target_seconds=$((secs + 30)) >"$tmp/t$port.log" 2>&1 &
   pids+=($!)
   for _ in $(seq 100); do grep -q "target ready" "$tmp/t$port.log" && break; sleep 0.1; done
-  ip netns exec "$H1" env LD_LIBRARY_PATH="$LIBDIR" FERRY_SOFTRNIC_DEVICES="$d1" \
-    timeout $((secs + 60)) "$BENCH" --mode=initiator --protocol=rdma \
+  in_h1 timeout $((secs + 60)) "$BENCH" --mode=initiator --protocol=rdma \
     --metadata_server="$B1:$port" --listen_host="$A1" --operation=write \
     --block_size=$((1 << 20)) --batch_size=16 --threads=2 \
     --buffer_size=$((256 << 20)) --warmup=3 --duration="$secs" --report=json \

@@ -26,6 +26,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "engine/transfer_engine.h"
@@ -54,6 +55,10 @@ ABSL_FLAG(bool, verify, false,
 ABSL_FLAG(std::string, report, "text", "text | json (last line)");
 ABSL_FLAG(int, tcp_connections, 1, "TCP connections per peer");
 ABSL_FLAG(uint64_t, tcp_slice_bytes, 4 << 20, "TCP transport slice size");
+ABSL_FLAG(std::string, device_name, "",
+          "RDMA devices to use, comma-separated (empty: every active one)");
+ABSL_FLAG(uint64_t, rdma_slice_bytes, 64 << 10, "RDMA transport slice size");
+ABSL_FLAG(int, qps_per_endpoint, 2, "RDMA QPs per (local, remote NIC) pair");
 ABSL_FLAG(double, target_seconds, 0,
           "target mode: exit after this long (0: run until SIGINT/SIGTERM)");
 
@@ -80,6 +85,7 @@ struct Totals {
   std::atomic<uint64_t> bytes{0};
   std::atomic<uint64_t> transfers{0};
   std::atomic<uint64_t> errors{0};
+  std::atomic<uint64_t> failed_batches{0};
   std::atomic<uint64_t> verify_failures{0};
 };
 
@@ -97,8 +103,13 @@ EngineOptions BaseOptions(const std::string& name, const std::string& md) {
   o.metadata_endpoint = md;
   o.listen_host = absl::GetFlag(FLAGS_listen_host);
   o.transports = {absl::GetFlag(FLAGS_protocol)};
-  o.tcp_connections_per_peer = absl::GetFlag(FLAGS_tcp_connections);
-  o.tcp_max_slice_bytes = absl::GetFlag(FLAGS_tcp_slice_bytes);
+  o.tcp.connections_per_peer = absl::GetFlag(FLAGS_tcp_connections);
+  o.tcp.max_slice_bytes = absl::GetFlag(FLAGS_tcp_slice_bytes);
+  if (const std::string d = absl::GetFlag(FLAGS_device_name); !d.empty()) {
+    o.rdma.devices = absl::StrSplit(d, ',', absl::SkipEmpty());
+  }
+  o.rdma.slice_bytes = absl::GetFlag(FLAGS_rdma_slice_bytes);
+  o.rdma.qps_per_endpoint = absl::GetFlag(FLAGS_qps_per_endpoint);
   return o;
 }
 
@@ -151,7 +162,7 @@ void InitiatorThread(TransferEngine& engine, SegmentHandle seg, uint8_t* local,
     if (measured) totals->bytes.fetch_add(st->transferred_bytes);
     if (measured) totals->transfers.fetch_add(st->completed);
     totals->errors.fetch_add(st->failed);
-    if (st->failed > 0 && totals->errors.load() <= 3) {
+    if (st->failed > 0 && totals->failed_batches.fetch_add(1) < 3) {
       std::fprintf(stderr, "transfer failed: %s\n",
                    st->first_error.ToString().c_str());
     }
@@ -272,20 +283,34 @@ int RunInitiator(TransferEngine& engine) {
   engine.UnregisterLocalMemory(local).IgnoreError();
   std::free(local);
   const uint64_t errors = totals.errors.load() + totals.verify_failures.load();
+  // The transport's counters: which NIC carried what, retries.
+  std::string nics;
+  uint64_t retries = 0;
+  for (const TransportStats& t : engine.GetTransportStats()) {
+    retries += t.retries;
+    for (const NicStats& n : t.nics) {
+      absl::StrAppend(&nics, nics.empty() ? "" : ",", "{\"name\":\"", n.name,
+                      "\",\"port_active\":", n.port_active ? "true" : "false",
+                      ",\"slices\":", n.slices, ",\"bytes\":", n.bytes,
+                      ",\"errors\":", n.errors, "}");
+    }
+  }
   if (json) {
     std::printf(
         "{\"protocol\":\"%s\",\"operation\":\"%s\",\"block_size\":%zu,"
         "\"batch_size\":%d,\"threads\":%d,\"seconds\":%.3f,"
         "\"throughput_gbps\":%.4f,\"transfers_per_sec\":%.1f,"
         "\"p50_us\":%.1f,\"p99_us\":%.1f,\"bytes\":%llu,\"errors\":%llu,"
-        "\"verified\":%s,\"verify_failures\":%llu}\n",
+        "\"verified\":%s,\"verify_failures\":%llu,\"retries\":%llu,"
+        "\"nics\":[%s]}\n",
         absl::GetFlag(FLAGS_protocol).c_str(),
         absl::GetFlag(FLAGS_operation).c_str(), block, batch_size, threads,
         secs, gbps, tps, p50, p99,
         static_cast<unsigned long long>(totals.bytes.load()),
         static_cast<unsigned long long>(errors),
         absl::GetFlag(FLAGS_verify) ? "true" : "false",
-        static_cast<unsigned long long>(totals.verify_failures.load()));
+        static_cast<unsigned long long>(totals.verify_failures.load()),
+        static_cast<unsigned long long>(retries), nics.c_str());
   } else {
     std::printf(
         "%s %s: %.3f GB/s, %.0f transfers/s, batch latency p50 %.1f us p99 "

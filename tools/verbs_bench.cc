@@ -1,7 +1,7 @@
 // verbs_bench: raw libibverbs RDMA_WRITE benchmark between two processes,
 // for measuring softrnic (or a real NIC) without the engine on top.
 //   server: verbs_bench --role=server --port=18800
-//   client: verbs_bench --role=client --host=127.0.0.1 --port=18800 \
+//   client: verbs_bench --role=client --host=127.0.0.1 --port=18800
 //               --mode=bw --size=1048576
 // Run on softrnic with tools/softrnic-run. QP information is exchanged over
 // a TCP socket, as ibv_rc_pingpong does. Completions are awaited on a

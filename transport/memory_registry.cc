@@ -27,22 +27,37 @@ MemoryRegistry::Lease& MemoryRegistry::Lease::operator=(
   return *this;
 }
 
+MemoryRegistry::Lease MemoryRegistry::Lease::Clone() const {
+  Lease lease;
+  if (registry_ == nullptr) return lease;
+  entry_->users.fetch_add(1, std::memory_order_seq_cst);
+  lease.registry_ = registry_;
+  lease.entry_ = entry_;
+  // Removal has begun: new leases fail, as Acquire's would.
+  if (entry_->closing.load(std::memory_order_seq_cst)) lease.Release();
+  return lease;
+}
+
 void MemoryRegistry::Lease::Release() {
   if (registry_ == nullptr) return;
-  absl::MutexLock lock(&registry_->mu_);
-  --entry_->users;
+  // seq_cst on both sides: either Remove sees this decrement, or this sees
+  // `closing` and wakes it.
+  if (entry_->users.fetch_sub(1, std::memory_order_seq_cst) == 1 &&
+      entry_->closing.load(std::memory_order_seq_cst)) {
+    absl::MutexLock lock(&registry_->mu_);
+    registry_->drained_.SignalAll();
+  }
   registry_ = nullptr;
   entry_ = nullptr;
 }
 
 MemoryRegistry::~MemoryRegistry() = default;
 
-absl::Status MemoryRegistry::Add(const MemoryRegion& region) {
+absl::Status MemoryRegistry::CheckFreeLocked(const MemoryRegion& region) const {
   if (absl::Status s = ValidateRegion(region.addr, region.length); !s.ok()) {
     return s;
   }
-  absl::MutexLock lock(&mu_);
-  uintptr_t end = region.addr + region.length;
+  const uintptr_t end = region.addr + region.length;
   auto next = entries_.lower_bound(region.addr);
   if (next != entries_.end() && next->first < end) {
     return absl::AlreadyExistsError(absl::StrCat(
@@ -50,16 +65,28 @@ absl::Status MemoryRegistry::Add(const MemoryRegion& region) {
         " overlaps the registered buffer at 0x", absl::Hex(next->first)));
   }
   if (next != entries_.begin()) {
-    auto prev = std::prev(next);
-    const MemoryRegion& p = prev->second->region;
+    const MemoryRegion& p = std::prev(next)->second->region;
     if (p.addr + p.length > region.addr) {
       return absl::AlreadyExistsError(absl::StrCat(
           "range 0x", absl::Hex(region.addr), "+", region.length,
           " overlaps the registered buffer at 0x", absl::Hex(p.addr)));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status MemoryRegistry::CheckAvailable(const MemoryRegion& region) const {
+  absl::ReaderMutexLock lock(&mu_);
+  return CheckFreeLocked(region);
+}
+
+absl::Status MemoryRegistry::Add(const MemoryRegion& region,
+                                 std::vector<const void*> handles) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckFreeLocked(region); !s.ok()) return s;
   auto entry = std::make_unique<Entry>();
   entry->region = region;
+  entry->handles = std::move(handles);
   entries_.emplace(region.addr, std::move(entry));
   return absl::OkStatus();
 }
@@ -67,20 +94,23 @@ absl::Status MemoryRegistry::Add(const MemoryRegion& region) {
 absl::Status MemoryRegistry::Remove(uintptr_t addr, absl::Duration wait) {
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(addr);
-  if (it == entries_.end() || it->second->closing) {
+  if (it == entries_.end() || it->second->closing.load()) {
     return absl::NotFoundError(
         absl::StrCat("no registered buffer starts at 0x", absl::Hex(addr)));
   }
   Entry* entry = it->second.get();
-  entry->closing = true;
-  auto idle = [entry]() { return entry->users == 0; };
-  if (!mu_.AwaitWithTimeout(absl::Condition(&idle), wait)) {
-    entry->closing = false;
-    return absl::FailedPreconditionError(absl::StrCat(
-        "buffer at 0x", absl::Hex(addr), " still has ", entry->users,
-        " transfer(s) in flight after ", absl::FormatDuration(wait)));
+  entry->closing.store(true, std::memory_order_seq_cst);
+  const absl::Time deadline = absl::Now() + wait;
+  while (entry->users.load(std::memory_order_seq_cst) != 0) {
+    if (drained_.WaitWithDeadline(&mu_, deadline) &&
+        entry->users.load(std::memory_order_seq_cst) != 0) {
+      entry->closing.store(false);
+      return absl::FailedPreconditionError(absl::StrCat(
+          "buffer at 0x", absl::Hex(addr), " still has ", entry->users.load(),
+          " transfer(s) in flight after ", absl::FormatDuration(wait)));
+    }
   }
-  entries_.erase(addr);
+  entries_.erase(it);
   return absl::OkStatus();
 }
 
@@ -97,9 +127,9 @@ const MemoryRegistry::Entry* MemoryRegistry::FindLocked(uintptr_t addr,
 
 absl::StatusOr<MemoryRegistry::Lease> MemoryRegistry::Acquire(
     uintptr_t addr, size_t length, bool need_remote) {
-  absl::MutexLock lock(&mu_);
+  absl::ReaderMutexLock lock(&mu_);
   Entry* entry = const_cast<Entry*>(FindLocked(addr, length));
-  if (entry == nullptr || entry->closing) {
+  if (entry == nullptr || entry->closing.load()) {
     return absl::InvalidArgumentError(
         absl::StrCat("range 0x", absl::Hex(addr), "+", length,
                      " is not inside one registered buffer"));
@@ -109,7 +139,7 @@ absl::StatusOr<MemoryRegistry::Lease> MemoryRegistry::Acquire(
         absl::StrCat("buffer at 0x", absl::Hex(entry->region.addr),
                      " is not registered as remote-accessible"));
   }
-  ++entry->users;
+  entry->users.fetch_add(1, std::memory_order_relaxed);
   Lease lease;
   lease.registry_ = this;
   lease.entry_ = entry;
@@ -118,16 +148,16 @@ absl::StatusOr<MemoryRegistry::Lease> MemoryRegistry::Acquire(
 
 bool MemoryRegistry::Contains(uintptr_t addr, size_t length,
                               bool need_remote) const {
-  absl::MutexLock lock(&mu_);
+  absl::ReaderMutexLock lock(&mu_);
   const Entry* e = FindLocked(addr, length);
-  return e != nullptr && !e->closing &&
+  return e != nullptr && !e->closing.load() &&
          (!need_remote || e->region.remote_accessible);
 }
 
 std::optional<MemoryRegion> MemoryRegistry::Lookup(uintptr_t addr) const {
-  absl::MutexLock lock(&mu_);
+  absl::ReaderMutexLock lock(&mu_);
   auto it = entries_.find(addr);
-  if (it == entries_.end() || it->second->closing) return std::nullopt;
+  if (it == entries_.end() || it->second->closing.load()) return std::nullopt;
   return it->second->region;
 }
 

@@ -1,12 +1,17 @@
 // MemoryRegistry: the set of registered buffers of one engine or transport,
 // with O(log n) lookup of the buffer that contains an address range.
 //
-// Users of a buffer take a Lease; Unregister waits (bounded) until no lease
+// Users of a buffer take a Lease; Remove waits (bounded) until no lease
 // is outstanding, so a buffer is never removed under an access in flight.
+// Taking a lease is a shared lock and one atomic increment; releasing one
+// is an atomic decrement (the lock is taken only to wake a waiting Remove).
+// Each buffer also carries opaque handles (one per transport), so a lease
+// gives the data path everything it needs without a second lookup.
 // Thread-safe.
 #ifndef FERRY_TRANSPORT_MEMORY_REGISTRY_H_
 #define FERRY_TRANSPORT_MEMORY_REGISTRY_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -38,8 +43,9 @@ class MemoryRegistry {
  private:
   struct Entry {
     MemoryRegion region;
-    int users = 0;
-    bool closing = false;
+    std::vector<const void*> handles;  // Fixed after Add.
+    std::atomic<int64_t> users{0};
+    std::atomic<bool> closing{false};
   };
 
  public:
@@ -56,6 +62,19 @@ class MemoryRegistry {
 
     bool held() const { return registry_ != nullptr; }
     const MemoryRegion& region() const { return entry_->region; }
+    // Another lease on the same buffer, without a lookup (one atomic
+    // increment); an empty lease if this one is empty or the buffer is
+    // being removed.
+    Lease Clone() const;
+    // Whether [addr, addr + length) lies inside the leased buffer.
+    bool Covers(uintptr_t addr, size_t length) const {
+      return held() && addr >= entry_->region.addr && addr + length >= addr &&
+             addr + length <= entry_->region.addr + entry_->region.length;
+    }
+    // Handle `i` given to Add, or nullptr.
+    const void* handle(size_t i) const {
+      return i < entry_->handles.size() ? entry_->handles[i] : nullptr;
+    }
     void Release();
 
    private:
@@ -70,9 +89,14 @@ class MemoryRegistry {
   // All leases must have been released.
   ~MemoryRegistry();
 
-  // Adds `region`. InvalidArgument if it is malformed, AlreadyExists if it
-  // overlaps a registered buffer (naming that buffer).
-  absl::Status Add(const MemoryRegion& region);
+  // Adds `region` with its `handles`. InvalidArgument if it is malformed,
+  // AlreadyExists if it overlaps a registered buffer (naming that buffer).
+  absl::Status Add(const MemoryRegion& region,
+                   std::vector<const void*> handles = {});
+
+  // OK if `region` is well formed and overlaps no registered buffer (what
+  // Add would check), else the error Add would return.
+  absl::Status CheckAvailable(const MemoryRegion& region) const;
 
   // Removes the buffer that starts at `addr`. New leases on it fail at once;
   // waits up to `wait` for outstanding leases, then gives up with
@@ -96,11 +120,14 @@ class MemoryRegistry {
   size_t size() const;
 
  private:
+  absl::Status CheckFreeLocked(const MemoryRegion& region) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Returns the entry containing the range, or nullptr.
   const Entry* FindLocked(uintptr_t addr, size_t length) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
+  absl::CondVar drained_;  // A closing entry's last lease went away.
   // Keyed by start address; buffers never overlap, so the candidate for an
   // address is the last entry that starts at or below it.
   std::map<uintptr_t, std::unique_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "metadata/validation.h"
 
 namespace ferry {
@@ -22,6 +23,30 @@ SegmentView::SegmentView(metadata::SegmentDescriptor desc)
   std::sort(by_addr_.begin(), by_addr_.end(), [this](int a, int b) {
     return desc_.buffers(a).addr() < desc_.buffers(b).addr();
   });
+  for (const auto& t : desc_.transports()) {
+    device_count_.push_back(t.devices_size());
+    std::vector<int64_t>& table = keys_.emplace_back();
+    if (t.devices_size() == 0) continue;
+    absl::flat_hash_map<std::string, int> index;
+    for (int d = 0; d < t.devices_size(); ++d) index[t.devices(d).name()] = d;
+    table.assign(static_cast<size_t>(desc_.buffers_size()) * t.devices_size(),
+                 -1);
+    for (int b = 0; b < desc_.buffers_size(); ++b) {
+      for (const auto& k : desc_.buffers(b).keys()) {
+        auto it = index.find(k.nic());
+        if (it == index.end()) continue;
+        table[static_cast<size_t>(b) * t.devices_size() + it->second] =
+            k.rkey();
+      }
+    }
+  }
+}
+
+int SegmentView::FindTransportIndex(absl::string_view transport) const {
+  for (int i = 0; i < desc_.transports_size(); ++i) {
+    if (desc_.transports(i).transport() == transport) return i;
+  }
+  return -1;
 }
 
 const metadata::TransportEndpoint* SegmentView::FindTransport(
@@ -32,18 +57,24 @@ const metadata::TransportEndpoint* SegmentView::FindTransport(
   return nullptr;
 }
 
-const metadata::Buffer* SegmentView::FindBuffer(uint64_t addr,
-                                                uint64_t length) const {
+int SegmentView::FindBufferIndex(uint64_t addr, uint64_t length) const {
   // First buffer starting above addr; the candidate is the one before it.
   auto it = std::upper_bound(
       by_addr_.begin(), by_addr_.end(), addr,
       [this](uint64_t a, int idx) { return a < desc_.buffers(idx).addr(); });
-  if (it == by_addr_.begin()) return nullptr;
-  const metadata::Buffer& b = desc_.buffers(*std::prev(it));
+  if (it == by_addr_.begin()) return -1;
+  const int index = *std::prev(it);
+  const metadata::Buffer& b = desc_.buffers(index);
   if (addr + length < addr || addr + length > b.addr() + b.length()) {
-    return nullptr;
+    return -1;
   }
-  return &b;
+  return index;
+}
+
+const metadata::Buffer* SegmentView::FindBuffer(uint64_t addr,
+                                                uint64_t length) const {
+  const int index = FindBufferIndex(addr, length);
+  return index < 0 ? nullptr : &desc_.buffers(index);
 }
 
 }  // namespace ferry

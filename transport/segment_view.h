@@ -31,8 +31,28 @@ class SegmentView {
   const metadata::TransportEndpoint* FindTransport(
       absl::string_view transport) const;
 
+  // Index of `transport` in descriptor().transports(), or -1.
+  int FindTransportIndex(absl::string_view transport) const;
+
   // The buffer containing all of [addr, addr + length), or nullptr.
   const metadata::Buffer* FindBuffer(uint64_t addr, uint64_t length) const;
+  // Its index in descriptor().buffers(), or -1.
+  int FindBufferIndex(uint64_t addr, uint64_t length) const;
+  const metadata::Buffer& buffer(int index) const {
+    return desc_.buffers(index);
+  }
+
+  // The key buffer `buffer` published for device `device` of transport
+  // `transport` (indices into the descriptor's lists), found in O(1): false
+  // if it published none for that device.
+  bool DeviceKey(int transport, int buffer, int device, uint32_t* key) const {
+    const auto& t = keys_[transport];
+    const int64_t k =
+        t.empty() ? -1 : t[buffer * device_count_[transport] + device];
+    if (k < 0) return false;
+    *key = static_cast<uint32_t>(k);
+    return true;
+  }
 
  private:
   explicit SegmentView(metadata::SegmentDescriptor desc);
@@ -40,6 +60,10 @@ class SegmentView {
   metadata::SegmentDescriptor desc_;
   // Indices into desc_.buffers(), sorted by address.
   std::vector<int> by_addr_;
+  // Per transport: devices, and the buffers x devices key table (-1: no
+  // key), so the data path never compares NIC names.
+  std::vector<int> device_count_;
+  std::vector<std::vector<int64_t>> keys_;
 };
 
 }  // namespace ferry

@@ -26,6 +26,49 @@ TEST(SegmentViewTest, FindsBuffersAndTransports) {
   EXPECT_EQ((*view)->FindBuffer(0x1000, ~uint64_t{0}), nullptr);
 }
 
+TEST(SegmentViewTest, IndexesDeviceKeysByTransportBufferAndDevice) {
+  metadata::SegmentDescriptor d;
+  d.set_name("seg");
+  d.add_transports()->set_transport("tcp");
+  auto* rdma = d.add_transports();
+  rdma->set_transport("rdma");
+  for (const char* nic : {"mlx5_0", "mlx5_1"}) {
+    auto* dev = rdma->add_devices();
+    dev->set_name(nic);
+    dev->set_gid(std::string(16, '\1'));
+  }
+  auto* b0 = d.add_buffers();
+  b0->set_addr(0x1000);
+  b0->set_length(0x1000);
+  auto* k = b0->add_keys();
+  k->set_nic("mlx5_1");
+  k->set_rkey(77);
+  auto* b1 = d.add_buffers();
+  b1->set_addr(0x3000);
+  b1->set_length(0x1000);
+  for (uint32_t i = 0; i < 2; ++i) {
+    k = b1->add_keys();
+    k->set_nic(i == 0 ? "mlx5_0" : "mlx5_1");
+    k->set_rkey(100 + i);
+  }
+  auto view = SegmentView::Create(d);
+  ASSERT_TRUE(view.ok()) << view.status();
+  const SegmentView& v = **view;
+  ASSERT_EQ(v.FindTransportIndex("rdma"), 1);
+  EXPECT_EQ(v.FindTransportIndex("none"), -1);
+  ASSERT_EQ(v.FindBufferIndex(0x3800, 16), 1);
+  EXPECT_EQ(v.FindBufferIndex(0x2000, 16), -1);
+  uint32_t key = 0;
+  EXPECT_FALSE(v.DeviceKey(1, 0, 0, &key));  // No key for mlx5_0.
+  ASSERT_TRUE(v.DeviceKey(1, 0, 1, &key));
+  EXPECT_EQ(key, 77u);
+  ASSERT_TRUE(v.DeviceKey(1, 1, 0, &key));
+  EXPECT_EQ(key, 100u);
+  ASSERT_TRUE(v.DeviceKey(1, 1, 1, &key));
+  EXPECT_EQ(key, 101u);
+  EXPECT_FALSE(v.DeviceKey(0, 1, 0, &key));  // TCP has no devices.
+}
+
 TEST(SegmentViewTest, RejectsInvalidDescriptor) {
   metadata::SegmentDescriptor d;
   EXPECT_FALSE(SegmentView::Create(d).ok());  // No name.

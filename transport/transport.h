@@ -1,15 +1,16 @@
 // The Transport interface: what every way of moving bytes (TCP, RDMA, ...)
 // implements. It is deliberately small, in the spirit of eRPC's transport
 // interface: install, register memory, submit slices, report completions.
+// A new transport is one class plus one line in transport_factory.cc.
 //
 // The engine splits each request into Slices of at most max_slice_bytes()
 // and hands them to a transport; the transport completes every slice it was
 // given exactly once, through slice->sink, from any thread, and never
 // touches the slice (or its local memory) after completing it.
 //
-// Thread-safety: Submit, RegisterMemory and UnregisterMemory may be called
-// concurrently from any thread after Install returns. Install and Shutdown
-// are called once each, by the engine, with no other call in progress.
+// Thread-safety: Submit, Poll, Stats, RegisterMemory and UnregisterMemory
+// may be called concurrently from any thread after Install returns. Install and
+// Shutdown are called once each, by the engine, with no other call in progress.
 #ifndef FERRY_TRANSPORT_TRANSPORT_H_
 #define FERRY_TRANSPORT_TRANSPORT_H_
 
@@ -29,7 +30,9 @@
 #include "metadata/peer_service.h"
 #include "metadata/proto/metadata.pb.h"
 #include "transport/memory_registry.h"
+#include "transport/options.h"
 #include "transport/segment_view.h"
+#include "transport/stats.h"
 
 namespace ferry {
 
@@ -40,23 +43,41 @@ class SliceSink {
  public:
   virtual ~SliceSink() = default;
   // `status` is OK if the slice's bytes were moved (for a WRITE: applied at
-  // the target). Called exactly once per slice.
+  // the target). Called exactly once per slice, from any thread.
   virtual void OnSliceDone(Slice* slice, const absl::Status& status) = 0;
+  // Completes n slices that all succeeded, in order: the same as
+  // OnSliceDone(slice, OK) for each (the default), but a sink can do a
+  // group cheaper (transports complete slices in groups per completion).
+  virtual void OnSlicesDone(Slice* const* slices, size_t n) {
+    for (size_t i = 0; i < n; ++i) OnSliceDone(slices[i], absl::OkStatus());
+  }
 };
 
-// A contiguous piece of one request: the unit a transport moves.
+// Transport-private state of one registered buffer: what RegisterMemory
+// returned, handed back with every slice whose local range lies in that
+// buffer, so the data path needs no lookup (RDMA: the lkey per NIC).
+using MemoryHandle = const void*;
+
+// A contiguous piece of one request: the unit a transport moves. The engine
+// fills the first block; the transport owns the rest while the slice is in
+// it (the engine zeroes them before Submit).
 struct Slice {
   OpCode op = OpCode::kRead;
   void* local = nullptr;  // Local address (source of a WRITE).
   uint64_t remote = 0;    // Remote virtual address.
   size_t length = 0;
   const SegmentView* target = nullptr;  // Alive until the slice completes.
+  int remote_buffer = -1;  // Index of the target buffer holding the range.
+  MemoryHandle local_handle = nullptr;  // From this transport's Register.
   absl::Time deadline = absl::InfiniteFuture();
   SliceSink* sink = nullptr;
-  // Failover bookkeeping, owned by the transport the slice is in.
-  uint32_t attempts = 0;
-  int32_t rail = -1;          // Rail currently carrying it.
+
+  // Transport-owned.
+  Slice* next = nullptr;      // Intrusive queue link.
+  uint32_t attempts = 0;      // Failed tries so far.
+  int32_t rail = -1;          // Rail carrying it (transport-defined).
   uint64_t failed_rails = 0;  // Bit per rail it already failed on.
+  uint32_t rkey = 0;          // RDMA: remote key on its rail.
 
   void Complete(const absl::Status& status) { sink->OnSliceDone(this, status); }
 };
@@ -64,7 +85,10 @@ struct Slice {
 // What a transport gets from the engine at Install.
 struct TransportEnv {
   std::string local_segment;  // This engine's segment name.
-  std::string listen_host;    // Address to bind listeners to.
+  // This run of the engine, as published in its descriptor: peers compare
+  // it to tell a restarted engine from a live one.
+  uint64_t incarnation = 0;
+  std::string listen_host;  // Address to bind listeners to.
   metadata::PeerServiceImpl* peer_service = nullptr;  // For handshakes.
   metadata::PeerClient* peer_client = nullptr;
 };
@@ -81,13 +105,15 @@ class Transport {
   virtual absl::Status Install(const TransportEnv& env,
                                metadata::TransportEndpoint* endpoint) = 0;
 
-  // Makes a local buffer usable by this transport. For a remote-accessible
-  // region the transport may add per-NIC keys to `published`, the entry the
-  // engine publishes in its segment descriptor.
-  virtual absl::Status RegisterMemory(const MemoryRegion& region,
-                                      metadata::Buffer* published) = 0;
+  // Makes a local buffer usable by this transport and returns its handle
+  // (valid until UnregisterMemory; may be null). For a remote-accessible
+  // region the transport may add per-NIC keys to `published`, the entry
+  // the engine publishes in its segment descriptor.
+  virtual absl::StatusOr<MemoryHandle> RegisterMemory(
+      const MemoryRegion& region, metadata::Buffer* published) = 0;
 
-  // Reverses RegisterMemory for the region starting at `addr`. Waits for
+  // Reverses RegisterMemory for the region starting at `addr`. The engine
+  // calls it only once no slice of its own uses the region; it waits for
   // accesses by peers that are in progress.
   virtual absl::Status UnregisterMemory(uintptr_t addr) = 0;
 
@@ -95,39 +121,31 @@ class Transport {
   virtual size_t max_slice_bytes() const = 0;
 
   // Starts moving `slices`; each is completed later (or inline) through its
-  // sink, with DeadlineExceeded if it is not done by its deadline.
+  // sink, with DeadlineExceeded if it is not done by its deadline. The
+  // caller's thread may do the posting (run to completion); it never
+  // blocks on the network or on a connection being set up.
   virtual void Submit(absl::Span<Slice* const> slices) = 0;
+
+  // Reaps completions on the calling thread and returns how many slices it
+  // completed; never blocks. Transports whose threads complete everything
+  // by themselves return 0. The engine calls it while an application
+  // thread waits for a batch, so a waiting thread does the completion work
+  // on its own core instead of handing it to a worker and back.
+  virtual size_t Poll() { return 0; }
+
+  // A snapshot of the transport's counters.
+  virtual TransportStats Stats() const = 0;
 
   // Stops threads; in-flight slices complete with Cancelled/Unavailable.
   virtual void Shutdown() = 0;
 };
 
-// Transport options common to all transports, parsed once by the engine.
+// Everything transports are configured with, parsed once by the engine.
 struct TransportOptions {
-  // TCP: connections opened to each peer; slices are spread over them.
-  int tcp_connections_per_peer = 2;
-  size_t tcp_max_slice_bytes = 4 << 20;
+  TcpOptions tcp;
+  RdmaOptions rdma;
+  // Bound of connection set-up (TCP connect, RDMA handshake RPCs).
   absl::Duration connect_timeout = absl::Seconds(3);
-  // RDMA: devices to use (all ACTIVE ones if empty), slice size, GID index
-  // (-1: choose the best automatically).
-  std::vector<std::string> rdma_devices;
-  size_t rdma_slice_bytes = 64 << 10;
-  int rdma_gid_index = -1;
-  // Initiator endpoints (QPs) kept at most; idle ones are evicted (SIEVE).
-  size_t rdma_max_endpoints = 4096;
-  // Failover: tries per slice (on different rails when possible); errors
-  // after which a rail is paused, and for how long before it is probed.
-  uint32_t rdma_max_attempts = 4;
-  uint32_t rdma_pause_after_errors = 3;
-  absl::Duration rdma_pause_duration = absl::Seconds(1);
-  // Worker polling: empty CQ polls (each with a yield) before sleeping on
-  // the completion channel; CPUs to pin NIC workers to (round robin; empty:
-  // no pinning).
-  int rdma_spin_polls = 64;
-  // Priority matrix as in Mooncake TE, e.g. {"cpu:0": [["mlx5_0"],
-  // ["mlx5_1"]]}; empty: NUMA nodes from sysfs.
-  std::string rdma_topology_json;
-  std::vector<int> rdma_worker_cpus;
 };
 
 // Creates the transport called `name`, or NotFound listing the known ones.

@@ -1,83 +1,176 @@
-// Endpoint: one RC QP from a local NIC to one NIC of a peer segment, with
-// the slices waiting for it (while it connects) and the slices posted on it.
+// Endpoint: the RC QPs of one rail -- a local NIC and one NIC of a peer
+// segment -- shared by both directions, with the slices waiting for it
+// (while it connects, or while its QPs are full) and the slices posted on
+// it. Several QPs per endpoint let a NIC work on one rail in parallel;
+// chains of slices alternate between them.
 //
-// Threads: the handshake thread moves it through kConnecting; the NIC's
-// worker thread posts and completes its slices. `mu` guards the queues and
-// the state.
+// Threads: a connector thread brings it from kConnecting to kConnected, or
+// installs the QPs a peer's request brought (adoption); any thread posts
+// on it (Submit runs to completion on the caller's thread); pollers
+// complete its slices. `mu` guards the QPs and the queues; the atomics are
+// read without it by the rail selector and the endpoint store.
 #ifndef FERRY_TRANSPORT_RDMA_ENDPOINT_H_
 #define FERRY_TRANSPORT_RDMA_ENDPOINT_H_
 
 #include <infiniband/verbs.h>
 
+#include <array>
 #include <atomic>
 #include <cstdint>
-#include <deque>
-#include <mutex>
+#include <memory>
 #include <string>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
-#include "absl/status/statusor.h"
-#include "transport/rdma/handshake.pb.h"
+#include "absl/synchronization/mutex.h"
 #include "transport/rdma/nic.h"
+#include "transport/rdma/qp.h"
 #include "transport/transport.h"
 
 namespace ferry::rdma {
 
-// WRs in flight per QP; the send queue is twice as deep so selective
-// signaling can never overflow it.
-constexpr uint32_t kMaxOutstanding = 256;
-constexpr uint32_t kSendQueueDepth = 2 * kMaxOutstanding;
-// Every kSignalEvery-th WR (and the last of each chain) is signaled.
-constexpr uint32_t kSignalEvery = 16;
-static_assert(kSendQueueDepth >= kMaxOutstanding + kSignalEvery,
-              "unsignaled WRs must always fit in the send queue");
+class Peer;
 
-// Creates an RC QP on `nic` and moves it to INIT.
-absl::StatusOr<ibv_qp*> CreateQp(Nic* nic, uint32_t* max_inline);
-// INIT -> RTR -> RTS towards `remote`.
-absl::Status ConnectQp(ibv_qp* qp, Nic* nic, const QpInfo& remote);
-// Fills `info` with this QP's addressing.
-void DescribeQp(ibv_qp* qp, Nic* nic, QpInfo* info);
+// A FIFO of slices linked through Slice::next; allocation-free.
+class SliceQueue {
+ public:
+  bool empty() const { return head_ == nullptr; }
+  size_t size() const { return size_; }
+  Slice* front() const { return head_; }
+  // Sum of the slices' lengths (walks the queue).
+  uint64_t bytes() const;
+  void push_back(Slice* s);
+  void push_front(Slice* s);
+  Slice* pop_front();
+  // Moves all of `other` to the back of this queue.
+  void Append(SliceQueue* other);
 
-struct PostedSlice {
-  Slice* slice;
-  uint64_t seq;  // wr_id of its WR.
-  uint32_t rkey;
+ private:
+  Slice* head_ = nullptr;
+  Slice* tail_ = nullptr;
+  size_t size_ = 0;
+};
+
+// One RC QP of an endpoint and the slices posted on it, in order: WR
+// wr_id = seq, and slice `seq` sits at posted[seq % kMaxOutstanding] for
+// seq in [head, next).
+struct QueuePair {
+  ibv_qp* qp = nullptr;
+  uint32_t max_inline = 0;
+  std::array<Slice*, kMaxOutstanding> posted{};
+  uint64_t head = 1;
+  uint64_t next = 1;
+  uint32_t since_signal = 0;
+
+  uint32_t count() const { return static_cast<uint32_t>(next - head); }
 };
 
 class Endpoint {
  public:
-  enum class State { kConnecting, kConnected, kFailed };
+  enum class State : uint8_t {
+    kConnecting,  // Slices queue up; the connector is at work.
+    kConnected,   // QPs usable.
+    kClosing,     // Evicted: no new slices; drains, then goes.
+    kFailed,      // A QP failed or set-up failed: no new slices; drains.
+  };
 
-  Endpoint(Nic* nic, int nic_index, std::string peer_segment,
-           std::string remote_nic)
-      : nic_(nic),
-        nic_index_(nic_index),
-        peer_segment_(std::move(peer_segment)),
+  Endpoint(uint64_t id, std::shared_ptr<Peer> peer, uint64_t peer_incarnation,
+           int local_nic, Nic* nic, std::string remote_nic)
+      : id_(id),
+        peer_(std::move(peer)),
+        peer_incarnation_(peer_incarnation),
+        local_nic_(local_nic),
+        nic_(nic),
         remote_nic_(std::move(remote_nic)) {}
+  // Destroys the QPs (they must be drained).
   ~Endpoint();
+  Endpoint(const Endpoint&) = delete;
+  Endpoint& operator=(const Endpoint&) = delete;
 
+  uint64_t id() const { return id_; }
+  Peer* peer() const { return peer_.get(); }
+  const std::shared_ptr<Peer>& shared_peer() const { return peer_; }
+  uint64_t peer_incarnation() const { return peer_incarnation_; }
+  int local_nic() const { return local_nic_; }
   Nic* nic() const { return nic_; }
-  int nic_index() const { return nic_index_; }
-  const std::string& peer_segment() const { return peer_segment_; }
   const std::string& remote_nic() const { return remote_nic_; }
 
-  std::mutex mu;
-  State state = State::kConnecting;
-  ibv_qp* qp = nullptr;
-  uint32_t max_inline = 0;
-  uint64_t peer_incarnation = 0;
-  std::string peer_rpc;  // Peer service address, for the handshake.
-  std::deque<std::pair<Slice*, uint32_t>> waiting;  // (slice, rkey)
-  std::deque<PostedSlice> posted;
-  uint64_t next_seq = 1;
-  uint32_t since_signal = 0;
+  State state() const { return state_.load(std::memory_order_acquire); }
+
+  enum class PostResult {
+    kDone,     // Nothing left to post, or the QPs are full (completions
+               // will make room and post the rest).
+    kNicFull,  // The NIC's WR budget is used up: post again once it frees.
+    kRefused,  // The device refused a post: the endpoint is kFailed and
+               // the unposted slices are back at the front of `waiting`.
+  };
+  // Posts waiting slices, oldest first, in chains of up to 32 per QP,
+  // while the QPs and the NIC (Nic::max_posted_wrs) have room.
+  PostResult PostLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  // Takes the slices that `wc` (a completion of QP `qp`) completes, in
+  // order, into done[0, *n) (room for kMaxOutstanding): on an RC QP a
+  // completion means every WR posted before it is done as well. Returns
+  // the status of the last one (the others succeeded). An error moves the
+  // endpoint to kFailed.
+  ibv_wc_status CompleteLocked(int qp, const ibv_wc& wc, Slice** done,
+                               uint32_t* n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  // Slices posted on all QPs.
+  uint32_t PostedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  // Adds `n` slices of `bytes` routed here to the endpoint's load and its
+  // NIC's; Unload takes them off when they leave (completed, failed or
+  // moved).
+  void Load(uint32_t n, uint64_t bytes) {
+    busy.fetch_add(n, std::memory_order_relaxed);
+    inflight_bytes.fetch_add(bytes, std::memory_order_relaxed);
+    nic_->inflight_bytes.fetch_add(bytes, std::memory_order_relaxed);
+  }
+  void Unload(uint32_t n, uint64_t bytes) {
+    busy.fetch_sub(n, std::memory_order_relaxed);
+    inflight_bytes.fetch_sub(bytes, std::memory_order_relaxed);
+    nic_->inflight_bytes.fetch_sub(bytes, std::memory_order_relaxed);
+  }
+  void Unload(const SliceQueue& q) {
+    Unload(static_cast<uint32_t>(q.size()), q.bytes());
+  }
+
+  void SetStateLocked(State s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    state_.store(s, std::memory_order_release);
+  }
+
+  absl::Mutex mu;
+  std::vector<QueuePair> qps ABSL_GUARDED_BY(mu);
+  SliceQueue waiting ABSL_GUARDED_BY(mu);
+  // Epoch of the connection (see handshake.proto).
+  uint64_t epoch ABSL_GUARDED_BY(mu) = 0;
+  // Set when our connect request lost the tie-break: the peer's request
+  // is expected by then, or the endpoint fails.
+  int64_t adopt_deadline_ns ABSL_GUARDED_BY(mu) = 0;
+  // Whether a connector job for it is queued or running.
+  bool connecting_job ABSL_GUARDED_BY(mu) = false;
+
+  // Slices waiting or posted (the store never evicts a busy endpoint).
+  std::atomic<uint32_t> busy{0};
+  // Bytes of slices routed here and not completed (rail load).
   std::atomic<uint64_t> inflight_bytes{0};
+  // Used since the store's hand last passed (SIEVE's visited bit).
+  std::atomic<bool> used{false};
+  // The rail has errors on record: the next success clears them.
+  std::atomic<bool> suspect{false};
+  // A slice succeeded here (and the rail is marked proven).
+  std::atomic<bool> proven{false};
 
  private:
+  size_t next_qp_ ABSL_GUARDED_BY(mu) = 0;
+  std::atomic<State> state_{State::kConnecting};
+  const uint64_t id_;
+  const std::shared_ptr<Peer> peer_;
+  const uint64_t peer_incarnation_;
+  const int local_nic_;
   Nic* const nic_;
-  const int nic_index_;
-  const std::string peer_segment_;
   const std::string remote_nic_;
 };
 

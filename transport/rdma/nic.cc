@@ -105,8 +105,9 @@ absl::StatusOr<std::unique_ptr<Nic>> Nic::Open(ibv_device* dev, int gid_index) {
     return absl::ResourceExhaustedError(
         absl::StrCat(nic->name_, ": cannot allocate PD/channel"));
   }
-  nic->cq_ = ibv_create_cq(nic->ctx_, std::min(kCqDepth, attr.max_cqe),
-                           nic.get(), nic->channel_, 0);
+  nic->cq_depth_ = std::min(kCqDepth, attr.max_cqe);
+  nic->cq_ =
+      ibv_create_cq(nic->ctx_, nic->cq_depth_, nic.get(), nic->channel_, 0);
   if (nic->cq_ == nullptr) {
     return absl::ResourceExhaustedError(
         absl::StrCat(nic->name_, ": cannot create CQ"));

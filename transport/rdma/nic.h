@@ -1,6 +1,7 @@
 // Nic: one RDMA device context (device, PD, CQ, completion channel) and
 // the port and GID Ferry uses on it. Thread-compatible after Open; the
-// counters are atomics read by the rail selector.
+// counters are atomics, written by the data path and read by the rail
+// selector and Stats.
 #ifndef FERRY_TRANSPORT_RDMA_NIC_H_
 #define FERRY_TRANSPORT_RDMA_NIC_H_
 
@@ -16,7 +17,11 @@
 
 namespace ferry::rdma {
 
-constexpr int kCqDepth = 4096;
+// CQ entries per NIC (capped by the device). Every QP of the NIC shares
+// the CQ, and a QP in error reports each of its posted WRs, so the data
+// path keeps the WRs posted on a NIC below kCqDepth / 2 (the CQ can never
+// overrun).
+constexpr int kCqDepth = 1 << 16;
 
 class Nic {
  public:
@@ -36,15 +41,23 @@ class Nic {
   const ibv_gid& gid() const { return gid_; }
   int gid_index() const { return gid_index_; }
   uint16_t lid() const { return lid_; }
-  uint32_t max_inline() const { return max_inline_; }
+  int cq_depth() const { return cq_depth_; }
+  // Work requests this NIC may have posted at once (see kCqDepth).
+  uint32_t max_posted_wrs() const {
+    return static_cast<uint32_t>(cq_depth_ / 2);
+  }
 
-  // Bytes of slices posted on this NIC and not yet completed.
+  // Bytes of slices routed to this NIC and not yet completed (rail load).
   std::atomic<uint64_t> inflight_bytes{0};
-  // Errors seen; the rail is avoided while `paused_until_ns` is ahead.
-  std::atomic<uint32_t> errors{0};
-  std::atomic<int64_t> paused_until_ns{0};
-  bool usable(int64_t now_ns) const {
-    return port_active_.load() && paused_until_ns.load() <= now_ns;
+  // WRs posted and not yet completed, bounded by max_posted_wrs().
+  std::atomic<uint32_t> posted_wrs{0};
+  // Counters for Stats.
+  std::atomic<uint64_t> slices{0};
+  std::atomic<uint64_t> bytes{0};
+  std::atomic<uint64_t> errors{0};
+
+  bool port_active() const {
+    return port_active_.load(std::memory_order_relaxed);
   }
   void set_port_active(bool up) { port_active_.store(up); }
 
@@ -59,7 +72,7 @@ class Nic {
   ibv_gid gid_{};
   int gid_index_ = 0;
   uint16_t lid_ = 0;
-  uint32_t max_inline_ = 0;
+  int cq_depth_ = 0;
   std::atomic<bool> port_active_{true};
 };
 

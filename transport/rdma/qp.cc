@@ -1,4 +1,4 @@
-#include "transport/rdma/endpoint.h"
+#include "transport/rdma/qp.h"
 
 #include <errno.h>
 
@@ -9,10 +9,7 @@
 namespace ferry::rdma {
 namespace {
 
-// ACK timeout 4.096 us * 2^14 = 67 ms, 7 retries: a dead peer is detected
-// in about half a second (as in rdma-core's examples and Mooncake TE).
-constexpr uint8_t kAckTimeout = 14;
-constexpr uint8_t kRetryCount = 7;
+// Ferry never posts receives, so an RNR NAK cannot happen; retry forever.
 constexpr uint8_t kRnrRetry = 7;
 
 absl::Status Errno(absl::string_view what, int rc) {
@@ -31,7 +28,7 @@ absl::StatusOr<ibv_qp*> CreateQp(Nic* nic, uint32_t* max_inline) {
   init.cap.max_recv_wr = 1;
   init.cap.max_send_sge = 1;
   init.cap.max_recv_sge = 1;
-  init.cap.max_inline_data = 64;
+  init.cap.max_inline_data = kWantInline;
   ibv_qp* qp = ibv_create_qp(nic->pd(), &init);
   if (qp == nullptr) {
     // Some devices refuse inline data: retry without.
@@ -64,9 +61,10 @@ void DescribeQp(ibv_qp* qp, Nic* nic, QpInfo* info) {
   info->set_psn(qp->qp_num & 0xffffff);
 }
 
-absl::Status ConnectQp(ibv_qp* qp, Nic* nic, const QpInfo& remote) {
+absl::Status ConnectQp(ibv_qp* qp, Nic* nic, const QpInfo& remote,
+                       const QpTimers& timers) {
   if (remote.gid().size() != 16 || remote.qpn() > 0xffffff ||
-      remote.lid() > 0xffff) {
+      remote.qpn() < 2 || remote.lid() > 0xffff) {
     return absl::InvalidArgumentError("bad remote QP information");
   }
   ibv_qp_attr a{};
@@ -91,8 +89,8 @@ absl::Status ConnectQp(ibv_qp* qp, Nic* nic, const QpInfo& remote) {
   }
   a = {};
   a.qp_state = IBV_QPS_RTS;
-  a.timeout = kAckTimeout;
-  a.retry_cnt = kRetryCount;
+  a.timeout = timers.timeout;
+  a.retry_cnt = timers.retry_count;
   a.rnr_retry = kRnrRetry;
   a.sq_psn = qp->qp_num & 0xffffff;
   a.max_rd_atomic = 16;
@@ -105,8 +103,10 @@ absl::Status ConnectQp(ibv_qp* qp, Nic* nic, const QpInfo& remote) {
   return absl::OkStatus();
 }
 
-Endpoint::~Endpoint() {
-  if (qp != nullptr) ibv_destroy_qp(qp);
+void FlushQp(ibv_qp* qp) {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_ERR;
+  ibv_modify_qp(qp, &a, IBV_QP_STATE);
 }
 
 }  // namespace ferry::rdma

@@ -1,38 +1,64 @@
 // RdmaTransport: Ferry's multi-NIC RDMA transport on libibverbs.
 //
-// One Nic (context, PD, CQ, channel) per active device; every registered
-// buffer is registered on every NIC and found in O(log n) through an
-// interval index. Each slice picks the least loaded usable (local NIC,
-// remote NIC) rail, so the slices of one request are striped over all NICs.
-// Endpoints (one RC QP per rail) are created on demand by a handshake
-// thread over the peer service; slices for a connecting endpoint wait in
-// its queue, so no data-path thread ever blocks on a handshake. One worker
-// thread per NIC posts WR chains (selectively signaled, small WRITEs
-// inline) and polls the CQ, spinning briefly before it sleeps on the
-// completion channel. A slice whose completion fails is retried on another
-// rail; a rail with repeated errors is paused; a peer restart (new
-// incarnation) rebuilds its endpoints.
+// One Nic (context, PD, CQ, completion channel) per active device. Every
+// registered buffer is registered on every NIC; its handle (LocalMr) rides
+// with each slice, and remote keys come from the target's SegmentView in
+// O(1), so the data path does no lookup. Each slice takes the least loaded
+// usable (local NIC, remote NIC) rail, preferring NICs near the buffer, so
+// the slices of one request are striped over all NICs.
 //
-// Thread-safe as the Transport interface requires.
+// An endpoint is a set of RC QPs on one rail, shared by both directions:
+// the side that needs it first asks the peer to connect (over the peer
+// service, on a connector thread, so the data path never blocks on a
+// handshake); a simultaneous connect from both sides resolves to one
+// endpoint (see handshake.proto). Slices for a connecting endpoint wait in
+// its queue. Endpoints live in a bounded store with SIEVE eviction that
+// never evicts one with work queued or in flight; an evicted endpoint is
+// closed with the peer (it drains its own use first).
+//
+// Posting runs to completion on the submitting thread: WR chains,
+// selectively signaled, small WRITEs inline, bounded per QP and per NIC.
+// Completions are reaped by whichever thread polls: an application thread
+// waiting for its batch (Poll), or else the NIC's worker, which spins
+// briefly and then sleeps on the completion channel (an idle engine uses
+// no CPU), and stays out of the way while application threads poll.
+//
+// A slice whose completion fails is retried on a rail it has not failed on;
+// a rail with repeated errors is paused and probed again later, for longer
+// each time; a port going down flushes its QPs at once; a peer restart
+// (new incarnation) retires its endpoints; failed handshakes back off.
+//
+// Thread-safe as the Transport interface requires. Lock order:
+// Worker::poll_mu, peers_mu_, Peer::mu, store_mu_, Endpoint::mu,
+// Worker::map_mu, jobs_mu_. Sinks are called with no lock held but
+// poll_mu.
+//
+// Implementation split by concern: rdma_transport.cc (lifecycle, memory,
+// peers, stats), rdma_route.cc (rail choice, endpoints, posting),
+// rdma_connect.cc (handshakes, adoption, eviction, housekeeping),
+// rdma_poll.cc (workers, completions, failover).
 #ifndef FERRY_TRANSPORT_RDMA_RDMA_TRANSPORT_H_
 #define FERRY_TRANSPORT_RDMA_RDMA_TRANSPORT_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <optional>
-#include <shared_mutex>
 #include <string>
 #include <thread>
-#include <tuple>
-#include <unordered_map>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "transport/rdma/endpoint.h"
+#include "transport/rdma/handshake.pb.h"
+#include "transport/rdma/local_mr.h"
 #include "transport/rdma/nic.h"
+#include "transport/rdma/peer.h"
+#include "transport/rdma/qp.h"
 #include "transport/rdma/sieve_cache.h"
 #include "transport/rdma/topology.h"
 #include "transport/transport.h"
@@ -47,93 +73,150 @@ class RdmaTransport final : public Transport {
   absl::string_view name() const override { return "rdma"; }
   absl::Status Install(const TransportEnv& env,
                        metadata::TransportEndpoint* endpoint) override;
-  absl::Status RegisterMemory(const MemoryRegion& region,
-                              metadata::Buffer* published) override;
+  absl::StatusOr<MemoryHandle> RegisterMemory(
+      const MemoryRegion& region, metadata::Buffer* published) override;
   absl::Status UnregisterMemory(uintptr_t addr) override;
-  size_t max_slice_bytes() const override { return options_.rdma_slice_bytes; }
+  size_t max_slice_bytes() const override { return options_.rdma.slice_bytes; }
   void Submit(absl::Span<Slice* const> slices) override;
+  size_t Poll() override;
+  TransportStats Stats() const override;
   void Shutdown() override;
 
-  // Endpoints evicted from the store so far (for tests and stats).
-  uint64_t evictions() const { return evictions_.load(); }
-
  private:
-  struct LocalMr {
-    size_t length;
-    std::vector<ibv_mr*> mrs;  // One per NIC, in nics_ order.
-    std::vector<int> tiers;    // Topology tier of each NIC for its location.
+  // Where a QP's completions go.
+  struct QpRef {
+    std::shared_ptr<Endpoint> ep;
+    int qp = 0;
   };
   struct Worker {
     Nic* nic = nullptr;
     int index = 0;
     int wake_fd = -1;
     std::thread thread;
-    std::mutex mu;
-    std::deque<std::shared_ptr<Endpoint>> ready;  // Have waiting slices.
-    std::unordered_map<uint32_t, std::shared_ptr<Endpoint>> by_qpn;
+    std::mutex poll_mu;  // One thread polls the CQ at a time.
+    absl::Mutex map_mu;
+    absl::flat_hash_map<uint32_t, QpRef> by_qpn ABSL_GUARDED_BY(map_mu);
+    // Endpoints that had slices to post but no room in the NIC's budget.
+    std::vector<std::shared_ptr<Endpoint>> starved ABSL_GUARDED_BY(map_mu);
+    std::atomic<bool> any_starved{false};
   };
-  using EndpointKey = std::tuple<std::string, int, std::string>;
+  struct Job {
+    enum class Kind { kConnect, kDisconnect };
+    Kind kind;
+    std::shared_ptr<Endpoint> ep;
+  };
 
-  void Route(Slice* slice);
-  // The lkey covering the slice's local range on NIC `nic_index`, or none
-  // if the range is not inside one registered buffer.
-  // With `tiers`, also stores the buffer's topology tier per NIC.
-  std::optional<uint32_t> LocalKey(const Slice* slice, int nic_index,
-                                   std::vector<int>* tiers = nullptr);
-  void Retry(Slice* slice, const absl::Status& status, const EndpointKey& rail);
-  void Wake(Worker* w, const std::shared_ptr<Endpoint>& ep);
-  void Retire(const std::shared_ptr<Endpoint>& ep);
-  void HandshakeLoop();
-  void Handshake(const std::shared_ptr<Endpoint>& ep);
-  void FailEndpoint(const std::shared_ptr<Endpoint>& ep,
-                    const absl::Status& status);
-  absl::StatusOr<std::string> OnConnect(const std::string& from,
-                                        const std::string& payload);
+  // --- rdma_transport.cc
+  absl::Status ValidateOptions() const;
+  // The Peer for the segment `view` describes; null with *why set if the
+  // view is from a process of that segment which has since restarted.
+  std::shared_ptr<Peer> PeerForView(const SegmentView& view, absl::Status* why);
+  std::shared_ptr<Peer> PeerNamed(const std::string& name);
+  int NicIndex(absl::string_view name) const;
+
+  // --- rdma_route.cc
+  // Routes slices that share one target snapshot. `reroutes` bounds how
+  // often slices bounce off endpoints that failed meanwhile.
+  void RouteRun(absl::Span<Slice* const> run, absl::Time now, int reroutes);
+  void RouteQueue(SliceQueue* q, absl::Time now, int reroutes);
+  // The rail's endpoint, created (and its connect queued) if it has none.
+  // Null with *why set while the peer is backing off after failed
+  // handshakes.
+  std::shared_ptr<Endpoint> RailEndpoint(const std::shared_ptr<Peer>& peer,
+                                         int local,
+                                         const std::string& remote_nic,
+                                         absl::Status* why);
+  // Inserts a new endpoint into the store and closes what it evicts.
+  void StoreInsert(const std::shared_ptr<Endpoint>& ep);
+  // Queues `q` on `ep` and posts what fits; slices the endpoint cannot
+  // take (it failed or closed meanwhile) are routed again.
+  void Enqueue(const std::shared_ptr<Endpoint>& ep, SliceQueue* q,
+               uint64_t bytes, absl::Time now, int reroutes);
+  // Posts ep's waiting slices; on a refused post fails the endpoint, on a
+  // full NIC budget parks it with the worker.
+  void PostOrPark(const std::shared_ptr<Endpoint>& ep);
+  void AfterPost(const std::shared_ptr<Endpoint>& ep,
+                 Endpoint::PostResult result);
+
+  // --- rdma_connect.cc
+  void QueueJob(Job job);
+  void ConnectorLoop();
+  void RunConnect(const std::shared_ptr<Endpoint>& ep);
+  void RunDisconnect(const std::shared_ptr<Endpoint>& ep);
+  absl::StatusOr<std::string> OnExchange(const std::string& from,
+                                         const std::string& payload);
+  absl::StatusOr<ConnectReply> OnConnect(const std::string& from,
+                                         const ConnectRequest& req);
+  absl::Status OnDisconnect(const std::string& from,
+                            const DisconnectRequest& req);
+  absl::Status CreateQps(Nic* nic, int n, std::vector<QueuePair>* qps);
+  // Installs connected QPs into a connecting endpoint, registers them for
+  // completions and posts its waiting slices. Returns false (and leaves
+  // the QPs to the caller) if the endpoint is no longer connecting.
+  bool Activate(const std::shared_ptr<Endpoint>& ep,
+                std::vector<QueuePair>* qps, uint64_t epoch);
+  // Takes an evicted endpoint out of service and queues its disconnect.
+  void Close(const std::shared_ptr<Endpoint>& ep);
+  void HousekeeperLoop();
+  void Housekeep(int64_t now_ns);
+
+  // --- rdma_poll.cc
   void WorkerLoop(Worker* w);
-  bool PostWaiting(const std::shared_ptr<Endpoint>& ep);
+  // Sleeps until an event on the worker's fds (the completion channel only
+  // if `channel`) or `timeout_us`, and handles what arrived.
+  void WaitEvents(Worker* w, int64_t timeout_us, bool channel);
+  // Polls the worker's CQ once (poll_mu held); returns completions seen.
+  size_t PollNicLocked(Worker* w);
   void HandleCompletion(Worker* w, const ibv_wc& wc);
+  // No new slices; waiting ones are routed elsewhere; the endpoint leaves
+  // its rail and the store. Its QPs drain (flushed if `flush`).
+  void FailEndpoint(const std::shared_ptr<Endpoint>& ep,
+                    const absl::Status& why, bool flush);
+  // Forgets a failed or closed endpoint once nothing is posted on it.
+  void DropIfDrained(const std::shared_ptr<Endpoint>& ep);
+  void Retry(Slice* slice, const absl::Status& status);
+  void NoteRailError(const Endpoint& ep);
+  void NoteRailSuccess(Endpoint* ep);
+  void OnPortChange(Worker* w, bool up);
 
   const TransportOptions options_;
   TransportEnv env_;
   uint64_t incarnation_ = 0;
+  QpTimers timers_;
   std::atomic<bool> stopping_{false};
+  std::atomic<uint64_t> next_endpoint_id_{1};
+  // Bumped by every Poll: application threads are reaping completions, so
+  // the workers stay away.
+  std::atomic<uint64_t> driver_epoch_{0};
   std::atomic<uint64_t> rotate_{0};
-  std::atomic<uint64_t> evictions_{0};
-  // Remote NICs of the last routed segment (bounds retries per slice).
-  std::atomic<size_t> last_remote_count_{1};
 
   std::vector<std::unique_ptr<Nic>> nics_;
   Topology topology_;
   std::vector<std::unique_ptr<Worker>> workers_;
 
-  std::shared_mutex mr_mu_;
-  std::map<uintptr_t, LocalMr> mrs_;  // Guarded by mr_mu_.
+  absl::Mutex mr_mu_;
+  std::map<uintptr_t, std::unique_ptr<LocalMr>> mrs_ ABSL_GUARDED_BY(mr_mu_);
 
-  std::mutex ep_mu_;
-  // Initiator endpoints, bounded by rdma_max_endpoints with SIEVE eviction.
-  SieveCache<EndpointKey, std::shared_ptr<Endpoint>> endpoints_;  // ep_mu_
-  // Rail health: consecutive errors and pause deadline per (peer, local
-  // NIC, remote NIC), so a dead remote NIC does not condemn a local one.
-  struct RailHealth {
-    uint32_t errors = 0;
-    int64_t paused_until_ns = 0;
-    uint32_t pauses = 0;  // Consecutive pauses: the next one lasts longer.
-  };
-  std::map<EndpointKey, RailHealth> health_;  // ep_mu_
-  // Peers whose last handshake failed: no new endpoint before retry_after.
-  struct PeerBackoff {
-    uint32_t failures = 0;
-    int64_t retry_after_ns = 0;
-    absl::Status last_error;
-  };
-  std::map<std::string, PeerBackoff> backoff_;  // ep_mu_
-  // QPs created for peers' connects, by (peer segment, peer NIC, our NIC).
-  std::map<EndpointKey, std::shared_ptr<Endpoint>> passive_;  // ep_mu_
+  absl::Mutex peers_mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<Peer>> peers_
+      ABSL_GUARDED_BY(peers_mu_);
 
-  std::mutex hs_mu_;
-  std::condition_variable hs_cv_;
-  std::deque<std::shared_ptr<Endpoint>> hs_queue_;  // Guarded by hs_mu_.
-  std::thread handshake_thread_;
+  mutable absl::Mutex store_mu_;
+  SieveCache<uint64_t, std::shared_ptr<Endpoint>> store_
+      ABSL_GUARDED_BY(store_mu_);
+
+  absl::Mutex jobs_mu_;
+  absl::CondVar jobs_cv_;
+  std::deque<Job> jobs_ ABSL_GUARDED_BY(jobs_mu_);
+  std::vector<std::thread> connectors_;
+  absl::Notification stop_housekeeper_;
+  std::thread housekeeper_;
+
+  std::atomic<uint64_t> connects_started_{0};
+  std::atomic<uint64_t> connects_accepted_{0};
+  std::atomic<uint64_t> connect_failures_{0};
+  std::atomic<uint64_t> evictions_{0};
+  std::atomic<uint64_t> retries_{0};
 };
 
 }  // namespace ferry::rdma

@@ -8,6 +8,10 @@
 // with work in flight stays, and the cache grows past its capacity instead
 // (counted in over_capacity_inserts()).
 //
+// Hits can also be recorded outside the cache, without its lock (the data
+// path sets a flag in the value): `take_visit(value)` is asked when the
+// hand passes an entry, returns whether it was used since, and clears that.
+//
 // Not thread-safe: the owner locks.
 #ifndef FERRY_TRANSPORT_RDMA_SIEVE_CACHE_H_
 #define FERRY_TRANSPORT_RDMA_SIEVE_CACHE_H_
@@ -26,9 +30,12 @@ template <typename K, typename V>
 class SieveCache {
  public:
   using Busy = std::function<bool(const V&)>;
+  using TakeVisit = std::function<bool(const V&)>;
 
-  SieveCache(size_t capacity, Busy busy)
-      : capacity_(capacity == 0 ? 1 : capacity), busy_(std::move(busy)) {}
+  SieveCache(size_t capacity, Busy busy, TakeVisit take_visit = nullptr)
+      : capacity_(capacity == 0 ? 1 : capacity),
+        busy_(std::move(busy)),
+        take_visit_(std::move(take_visit)) {}
 
   // Returns the value for `key` (marking it visited), or nullptr.
   V* Find(const K& key) {
@@ -116,7 +123,8 @@ class SieveCache {
     for (size_t steps = 0; steps < 3 * queue_.size(); ++steps) {
       auto it = map_.find(*hand_);
       Entry& e = it->second;
-      if (e.visited) {
+      const bool outside_hit = take_visit_ != nullptr && take_visit_(e.value);
+      if (e.visited || outside_hit) {
         e.visited = false;
         Advance();
         continue;
@@ -138,6 +146,7 @@ class SieveCache {
 
   const size_t capacity_;
   Busy busy_;
+  TakeVisit take_visit_;
   std::map<K, Entry> map_;
   std::list<K> queue_;  // Front: newest.
   typename std::list<K>::iterator hand_;

@@ -39,6 +39,25 @@ TEST(SieveCacheTest, NeverEvictsBusyEntries) {
   EXPECT_NE(c.Peek(2), nullptr);
 }
 
+TEST(SieveCacheTest, HitsRecordedOutsideTheCacheCount) {
+  // The data path marks values used without the cache's lock; the hand
+  // asks and clears that mark.
+  std::set<int> used;
+  SieveCache<int, int> c(
+      3, [](const int&) { return false; },
+      [&](const int& v) { return used.erase(v) > 0; });
+  std::vector<int> ev;
+  c.Insert(1, 1, &ev);
+  c.Insert(2, 2, &ev);
+  c.Insert(3, 3, &ev);
+  used.insert(1);
+  c.Insert(4, 4, &ev);  // 1 was used: 2 goes.
+  ASSERT_EQ(ev, std::vector<int>{2});
+  EXPECT_TRUE(used.empty());  // The mark was taken.
+  c.Insert(5, 5, &ev);        // 1's mark is gone now: 3 goes next...
+  EXPECT_EQ(ev.back(), 3);
+}
+
 TEST(SieveCacheTest, EraseKeepsHandValid) {
   SieveCache<int, int> c(2, [](const int&) { return false; });
   std::vector<int> ev;

@@ -3,9 +3,13 @@
 // Given as Mooncake TE's priority matrix, JSON mapping a location to tiers
 // of NIC names, best first: {"cpu:0": [["mlx5_0"], ["mlx5_1"]],
 // "cuda:0": [["mlx5_1"], ["mlx5_0"]]}. Without one, it is read from sysfs:
-// a NIC whose /sys/class/infiniband/<nic>/device/numa_node is N is tier 0
-// for "cpu:N" and tier 1 for other nodes. Location "*" (or one not listed)
-// prefers no NIC. Immutable after construction; thread-safe.
+//   - "cpu:N": a NIC whose device/numa_node is N is tier 0, others tier 1;
+//   - "cuda:N" (NVIDIA GPUs, numbered in PCI bus order as with
+//     CUDA_DEVICE_ORDER=PCI_BUS_ID): the NICs nearest to the GPU in the PCI
+//     tree (fewest hops through bridges and switches) are tier 0, other
+//     NICs on the GPU's NUMA node tier 1, the rest tier 2.
+// Location "*" (or one not listed) prefers no NIC. Immutable after
+// construction; thread-safe.
 #ifndef FERRY_TRANSPORT_RDMA_TOPOLOGY_H_
 #define FERRY_TRANSPORT_RDMA_TOPOLOGY_H_
 
@@ -27,16 +31,21 @@ class Topology {
   // Builds the matrix from `numa_node` of each NIC (-1: unknown).
   static Topology FromNumaNodes(const std::vector<std::string>& nics,
                                 const std::vector<int>& numa_nodes);
-  // Reads each NIC's NUMA node from sysfs (-1 where there is none, as for
-  // soft devices).
-  static std::vector<int> ReadNumaNodes(const std::vector<std::string>& nics);
+  // Reads NUMA nodes and GPU placement from the sysfs tree at `root`
+  // ("/sys"; tests pass a fake tree). NICs without a sysfs entry (soft
+  // devices) have no NUMA node and no PCI position.
+  static Topology FromSysfs(const std::string& root,
+                            const std::vector<std::string>& nics);
 
   // Tier of NIC `nic` (index into the constructor's list) for memory at
   // `location`: 0 is best. Unlisted NICs rank after every listed tier.
   int Tier(const std::string& location, size_t nic) const;
 
+  // The matrix in Mooncake TE's JSON form, locations sorted (for logs,
+  // tests and the docs).
+  std::string ToJson(const std::vector<std::string>& nics) const;
+
  private:
-  size_t nic_count_ = 0;
   // location -> tier per NIC index.
   std::map<std::string, std::vector<int>> tiers_;
 };

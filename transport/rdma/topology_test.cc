@@ -1,5 +1,10 @@
 #include "transport/rdma/topology.h"
 
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
 #include "gtest/gtest.h"
 
 namespace ferry::rdma {
@@ -39,6 +44,89 @@ TEST(TopologyTest, FromNumaNodes) {
   EXPECT_EQ(t.Tier("cpu:1", 1), 0);
   EXPECT_EQ(t.Tier("cpu:1", 2), 1);
   EXPECT_EQ(t.Tier("*", 1), 0);
+}
+
+// A fake sysfs tree: two PCI root complexes (NUMA nodes 0 and 1), each
+// with a PCIe switch holding one NVIDIA GPU and one NIC, plus a third NIC
+// straight under root complex 0, a non-NVIDIA display device, and a soft
+// NIC with no sysfs entry at all.
+class FakeSysfs {
+ public:
+  FakeSysfs() {
+    root_ = std::filesystem::temp_directory_path() /
+            ("ferry_sysfs_" + std::to_string(::getpid()));
+    std::filesystem::remove_all(root_);
+    Device("pci0000:00/0000:00:01.0/0000:01:00.0", "0x030200", "0x10de", 0);
+    Device("pci0000:00/0000:00:01.0/0000:01:01.0", "0x020700", "0x15b3", 0);
+    Device("pci0000:00/0000:00:02.0", "0x020700", "0x15b3", 0);
+    Device("pci0000:80/0000:80:01.0/0000:81:00.0", "0x030200", "0x10de", 1);
+    Device("pci0000:80/0000:80:01.0/0000:81:01.0", "0x020700", "0x15b3", 1);
+    Device("pci0000:80/0000:80:03.0", "0x030000", "0x1a03", 1);  // BMC VGA.
+    Nic("mlx5_0", "pci0000:00/0000:00:01.0/0000:01:01.0");
+    Nic("mlx5_1", "pci0000:80/0000:80:01.0/0000:81:01.0");
+    Nic("mlx5_2", "pci0000:00/0000:00:02.0");
+  }
+  ~FakeSysfs() { std::filesystem::remove_all(root_); }
+  std::string root() const { return root_.string(); }
+
+ private:
+  void Device(const std::string& path, const char* cls, const char* vendor,
+              int numa) {
+    const auto dir = root_ / "devices" / path;
+    std::filesystem::create_directories(dir);
+    std::ofstream(dir / "class") << cls << "\n";
+    std::ofstream(dir / "vendor") << vendor << "\n";
+    std::ofstream(dir / "numa_node") << numa << "\n";
+    const auto bus = root_ / "bus/pci/devices";
+    std::filesystem::create_directories(bus);
+    std::filesystem::create_directory_symlink(
+        dir, bus / std::filesystem::path(path).filename());
+  }
+  void Nic(const std::string& name, const std::string& path) {
+    const auto dir = root_ / "class/infiniband" / name;
+    std::filesystem::create_directories(dir);
+    std::filesystem::create_directory_symlink(root_ / "devices" / path,
+                                              dir / "device");
+  }
+
+  std::filesystem::path root_;
+};
+
+TEST(TopologyTest, FromSysfsPlacesNicsByNumaNodeAndGpuPciDistance) {
+  FakeSysfs sysfs;
+  const std::vector<std::string> nics = {"mlx5_0", "mlx5_1", "mlx5_2",
+                                         "softrnic0"};
+  Topology t = Topology::FromSysfs(sysfs.root(), nics);
+  // NUMA: mlx5_0 and mlx5_2 sit on node 0, mlx5_1 on node 1.
+  EXPECT_EQ(t.Tier("cpu:0", 0), 0);
+  EXPECT_EQ(t.Tier("cpu:0", 2), 0);
+  EXPECT_EQ(t.Tier("cpu:0", 1), 1);
+  EXPECT_EQ(t.Tier("cpu:1", 1), 0);
+  EXPECT_EQ(t.Tier("cpu:1", 3), 1);  // The soft NIC is near nothing.
+  // cuda:0 is the GPU at 0000:01:00.0: mlx5_0 shares its switch (tier 0),
+  // mlx5_2 its NUMA node (tier 1), mlx5_1 and the soft NIC neither.
+  EXPECT_EQ(t.Tier("cuda:0", 0), 0);
+  EXPECT_EQ(t.Tier("cuda:0", 2), 1);
+  EXPECT_EQ(t.Tier("cuda:0", 1), 2);
+  EXPECT_EQ(t.Tier("cuda:0", 3), 2);
+  // cuda:1 (0000:81:00.0) shares a switch with mlx5_1.
+  EXPECT_EQ(t.Tier("cuda:1", 1), 0);
+  EXPECT_EQ(t.Tier("cuda:1", 0), 2);
+  // The BMC's VGA device is not an NVIDIA GPU: there is no cuda:2.
+  EXPECT_EQ(t.Tier("cuda:2", 1), 0);
+  EXPECT_EQ(t.ToJson(nics),
+            R"({"cpu:0": [["mlx5_0", "mlx5_2"], ["mlx5_1", "softrnic0"]], )"
+            R"("cpu:1": [["mlx5_1"], ["mlx5_0", "mlx5_2", "softrnic0"]], )"
+            R"("cuda:0": [["mlx5_0"], ["mlx5_2"], ["mlx5_1", "softrnic0"]], )"
+            R"("cuda:1": [["mlx5_1"], ["mlx5_0", "mlx5_2", "softrnic0"]]})");
+}
+
+TEST(TopologyTest, FromSysfsWithoutATreeGivesNoPreference) {
+  Topology t = Topology::FromSysfs("/nonexistent", {"softrnic0", "softrnic1"});
+  EXPECT_EQ(t.Tier("cpu:0", 0), 0);
+  EXPECT_EQ(t.Tier("cpu:0", 1), 0);
+  EXPECT_EQ(t.Tier("cuda:0", 1), 0);
+  EXPECT_EQ(t.ToJson({"softrnic0", "softrnic1"}), "{}");
 }
 
 }  // namespace

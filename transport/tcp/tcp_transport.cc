@@ -26,15 +26,15 @@ TcpTransport::~TcpTransport() { Shutdown(); }
 
 absl::Status TcpTransport::Install(const TransportEnv& env,
                                    metadata::TransportEndpoint* endpoint) {
-  if (options_.tcp_connections_per_peer < 1 ||
-      options_.tcp_connections_per_peer > 64) {
+  if (options_.tcp.connections_per_peer < 1 ||
+      options_.tcp.connections_per_peer > 64) {
     return absl::InvalidArgumentError(
-        "tcp_connections_per_peer must be in 1..64");
+        "tcp.connections_per_peer must be in 1..64");
   }
-  if (options_.tcp_max_slice_bytes == 0 ||
-      options_.tcp_max_slice_bytes > (64u << 20)) {
+  if (options_.tcp.max_slice_bytes == 0 ||
+      options_.tcp.max_slice_bytes > (64u << 20)) {
     return absl::InvalidArgumentError(
-        "tcp_max_slice_bytes must be in 1..64 MiB");
+        "tcp.max_slice_bytes must be in 1..64 MiB");
   }
   if (absl::Status s = server_.Start(env.listen_host, 0); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("TCP transport: ", s.message()));
@@ -44,9 +44,10 @@ absl::Status TcpTransport::Install(const TransportEnv& env,
   return absl::OkStatus();
 }
 
-absl::Status TcpTransport::RegisterMemory(const MemoryRegion& region,
-                                          metadata::Buffer*) {
-  return registry_.Add(region);
+absl::StatusOr<MemoryHandle> TcpTransport::RegisterMemory(
+    const MemoryRegion& region, metadata::Buffer*) {
+  if (absl::Status s = registry_.Add(region); !s.ok()) return s;
+  return nullptr;  // The target side looks buffers up per request.
 }
 
 absl::Status TcpTransport::UnregisterMemory(uintptr_t addr) {
@@ -62,6 +63,7 @@ TcpConnection* TcpTransport::PickLocked(Pool* pool, absl::Status* why) {
     if (c->ever_connected()) {
       pool->consecutive_failures = 0;
     } else {
+      ++connect_failures_;
       pool->last_failure = c->failure();
       pool->retry_after =
           now + std::min(kMaxBackoff,
@@ -78,7 +80,7 @@ TcpConnection* TcpTransport::PickLocked(Pool* pool, absl::Status* why) {
   for (auto& c : pool->conns) {
     if (best == nullptr || c->load_bytes() < best->load_bytes()) best = c.get();
   }
-  const size_t want = static_cast<size_t>(options_.tcp_connections_per_peer);
+  const size_t want = static_cast<size_t>(options_.tcp.connections_per_peer);
   if (pool->conns.size() < want &&
       (best == nullptr || best->load_bytes() > 0)) {
     if (now < pool->retry_after && best == nullptr) {
@@ -91,6 +93,7 @@ TcpConnection* TcpTransport::PickLocked(Pool* pool, absl::Status* why) {
     if (now >= pool->retry_after) {
       pool->conns.push_back(std::make_unique<TcpConnection>(
           pool->addr, options_.connect_timeout));
+      ++connects_started_;
       best = pool->conns.back().get();
     }
   }
@@ -137,11 +140,28 @@ void TcpTransport::Submit(absl::Span<Slice* const> slices) {
   // enqueue outside the lock.
   for (Routed& r : routed) {
     if (r.conn != nullptr) {
+      slices_.fetch_add(1, std::memory_order_relaxed);
+      bytes_.fetch_add(r.slice->length, std::memory_order_relaxed);
       r.conn->Enqueue(r.slice);
     } else {
       r.slice->Complete(r.error);
     }
   }
+}
+
+TransportStats TcpTransport::Stats() const {
+  TransportStats st;
+  st.transport = "tcp";
+  NicStats& all = st.nics.emplace_back();
+  all.name = "tcp";
+  all.port_active = true;
+  all.slices = slices_.load(std::memory_order_relaxed);
+  all.bytes = bytes_.load(std::memory_order_relaxed);
+  absl::MutexLock lock(&mu_);
+  for (const auto& [addr, pool] : pools_) st.endpoints += pool->conns.size();
+  st.connects_started = connects_started_;
+  st.connect_failures = connect_failures_;
+  return st;
 }
 
 void TcpTransport::ReaperLoop() {

@@ -32,13 +32,14 @@ class TcpTransport final : public Transport {
   absl::string_view name() const override { return "tcp"; }
   absl::Status Install(const TransportEnv& env,
                        metadata::TransportEndpoint* endpoint) override;
-  absl::Status RegisterMemory(const MemoryRegion& region,
-                              metadata::Buffer* published) override;
+  absl::StatusOr<MemoryHandle> RegisterMemory(
+      const MemoryRegion& region, metadata::Buffer* published) override;
   absl::Status UnregisterMemory(uintptr_t addr) override;
   size_t max_slice_bytes() const override {
-    return options_.tcp_max_slice_bytes;
+    return options_.tcp.max_slice_bytes;
   }
   void Submit(absl::Span<Slice* const> slices) override;
+  TransportStats Stats() const override;
   void Shutdown() override;
 
  private:
@@ -60,9 +61,13 @@ class TcpTransport final : public Transport {
   MemoryRegistry registry_;
   TcpServer server_{&registry_};
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Pool>> pools_
       ABSL_GUARDED_BY(mu_);
+  uint64_t connects_started_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t connect_failures_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<uint64_t> slices_{0};
+  std::atomic<uint64_t> bytes_{0};
   // Broken connections, destroyed by the reaper thread (never by their own
   // threads, which a destructor must join).
   std::vector<std::unique_ptr<TcpConnection>> graveyard_ ABSL_GUARDED_BY(mu_);

@@ -1,0 +1,66 @@
+// Options of the transports, part of the public API: EngineOptions embeds
+// them (engine/transfer_engine.h) and every transport reads its own. One
+// typed struct per transport, parsed in one place, instead of settings read
+// from the environment wherever they are needed.
+#ifndef FERRY_TRANSPORT_OPTIONS_H_
+#define FERRY_TRANSPORT_OPTIONS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+
+namespace ferry {
+
+struct TcpOptions {
+  // Connections opened to each peer; slices are spread over them.
+  int connections_per_peer = 2;
+  // Largest slice: a request is split into slices of at most this size.
+  size_t max_slice_bytes = 4 << 20;
+};
+
+struct RdmaOptions {
+  // Devices to use; empty: every device with an ACTIVE port.
+  std::vector<std::string> devices;
+  // A request is split into slices of this size (4 KiB .. 64 MiB), and the
+  // slices are striped over all usable (local NIC, remote NIC) rails.
+  size_t slice_bytes = 64 << 10;
+  // GID index; -1 picks the best routable one (IPv4-mapped RoCE v2 first).
+  int gid_index = -1;
+  // RC QPs per endpoint (one endpoint per local NIC, remote NIC pair);
+  // slices alternate between them (1..16).
+  int qps_per_endpoint = 2;
+  // Endpoints kept at most; beyond this, idle ones are evicted (SIEVE),
+  // busy ones never.
+  size_t max_endpoints = 4096;
+  // Failover: tries per slice (each on a rail it has not failed on while
+  // one is left; at least one try per rail); errors after which a rail is
+  // paused, and for how long before it is probed again (doubling, up to
+  // 64x, while it keeps failing).
+  uint32_t max_attempts = 4;
+  uint32_t pause_after_errors = 3;
+  absl::Duration pause_duration = absl::Seconds(1);
+  // RC transport timer: ACK timeout 4.096 us * 2^qp_timeout (1..31) and
+  // retries (0..7) before a silent peer fails the QP. The defaults (14, 7)
+  // detect a dead link in about half a second; lower values fail over
+  // faster at the risk of spurious errors under congestion.
+  int qp_timeout = 14;
+  int qp_retry_count = 7;
+  // NIC workers: empty CQ polls (each with a yield) before sleeping on the
+  // completion channel; CPUs to pin them to (round robin; empty: no pin).
+  int spin_polls = 64;
+  std::vector<int> worker_cpus;
+  // NIC preference per buffer location, Mooncake TE's priority matrix:
+  // {"cpu:0": [["mlx5_0"], ["mlx5_1"]], "cuda:0": [["mlx5_1"]]}. Empty:
+  // derived from sysfs (NUMA node of each NIC; PCI distance to GPUs).
+  std::string topology_json;
+  // Root of the sysfs tree the topology is read from (tests point it at a
+  // fake tree).
+  std::string sysfs_root = "/sys";
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_TRANSPORT_OPTIONS_H_

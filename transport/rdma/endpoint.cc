@@ -1,0 +1,162 @@
+#include "transport/rdma/endpoint.h"
+
+#include "transport/rdma/local_mr.h"
+
+namespace ferry::rdma {
+namespace {
+
+// WRs posted with one ibv_post_send.
+constexpr uint32_t kMaxChain = 32;
+
+}  // namespace
+
+void SliceQueue::push_back(Slice* s) {
+  s->next = nullptr;
+  if (tail_ == nullptr) {
+    head_ = tail_ = s;
+  } else {
+    tail_->next = s;
+    tail_ = s;
+  }
+  ++size_;
+}
+
+void SliceQueue::push_front(Slice* s) {
+  s->next = head_;
+  head_ = s;
+  if (tail_ == nullptr) tail_ = s;
+  ++size_;
+}
+
+Slice* SliceQueue::pop_front() {
+  Slice* s = head_;
+  if (s == nullptr) return nullptr;
+  head_ = s->next;
+  if (head_ == nullptr) tail_ = nullptr;
+  s->next = nullptr;
+  --size_;
+  return s;
+}
+
+uint64_t SliceQueue::bytes() const {
+  uint64_t sum = 0;
+  for (const Slice* s = head_; s != nullptr; s = s->next) sum += s->length;
+  return sum;
+}
+
+void SliceQueue::Append(SliceQueue* other) {
+  if (other->empty()) return;
+  if (tail_ == nullptr) {
+    head_ = other->head_;
+  } else {
+    tail_->next = other->head_;
+  }
+  tail_ = other->tail_;
+  size_ += other->size_;
+  other->head_ = other->tail_ = nullptr;
+  other->size_ = 0;
+}
+
+Endpoint::~Endpoint() {
+  for (QueuePair& q : qps) {
+    if (q.qp != nullptr) ibv_destroy_qp(q.qp);
+  }
+}
+
+uint32_t Endpoint::PostedLocked() const {
+  uint32_t n = 0;
+  for (const QueuePair& q : qps) n += q.count();
+  return n;
+}
+
+Endpoint::PostResult Endpoint::PostLocked() {
+  if (state() != State::kConnected || qps.empty()) return PostResult::kDone;
+  const int nic = local_nic_;
+  const uint32_t nic_cap = nic_->max_posted_wrs();
+  while (!waiting.empty()) {
+    // The next QP with room, round robin.
+    QueuePair* q = nullptr;
+    for (size_t k = 0; k < qps.size() && q == nullptr; ++k) {
+      QueuePair& c = qps[(next_qp_ + k) % qps.size()];
+      if (c.count() < kMaxOutstanding) {
+        q = &c;
+        next_qp_ = (next_qp_ + k + 1) % qps.size();
+      }
+    }
+    if (q == nullptr) return PostResult::kDone;  // Completions make room.
+    uint32_t n = std::min<uint32_t>({kMaxChain, kMaxOutstanding - q->count(),
+                                     static_cast<uint32_t>(waiting.size())});
+    // Reserve room in the NIC's CQ budget for the whole chain.
+    const uint32_t before =
+        nic_->posted_wrs.fetch_add(n, std::memory_order_relaxed);
+    if (before + n > nic_cap) {
+      const uint32_t room = before < nic_cap ? nic_cap - before : 0;
+      nic_->posted_wrs.fetch_sub(n - room, std::memory_order_relaxed);
+      n = room;
+      if (n == 0) return PostResult::kNicFull;
+    }
+    ibv_send_wr wrs[kMaxChain];
+    ibv_sge sges[kMaxChain];
+    for (uint32_t i = 0; i < n; ++i) {
+      Slice* s = waiting.pop_front();
+      const auto* mr = static_cast<const LocalMr*>(s->local_handle);
+      sges[i] = {reinterpret_cast<uint64_t>(s->local),
+                 static_cast<uint32_t>(s->length), mr->lkeys[nic]};
+      ibv_send_wr& wr = wrs[i];
+      wr = {};
+      const uint64_t seq = q->next++;
+      q->posted[seq % kMaxOutstanding] = s;
+      wr.wr_id = seq;
+      wr.sg_list = &sges[i];
+      wr.num_sge = 1;
+      wr.opcode =
+          s->op == OpCode::kWrite ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
+      wr.wr.rdma.remote_addr = s->remote;
+      wr.wr.rdma.rkey = s->rkey;
+      if (s->op == OpCode::kWrite && s->length <= q->max_inline) {
+        wr.send_flags |= IBV_SEND_INLINE;
+      }
+      // Selective signaling, and the chain's last WR always, so every
+      // posted slice completes without waiting for later traffic.
+      if (++q->since_signal >= kSignalEvery || i + 1 == n) {
+        wr.send_flags |= IBV_SEND_SIGNALED;
+        q->since_signal = 0;
+      }
+      wr.next = i + 1 < n ? &wrs[i + 1] : nullptr;
+    }
+    ibv_send_wr* bad = nullptr;
+    if (ibv_post_send(q->qp, wrs, &bad) != 0) {
+      // Nothing from `bad` on was posted: take those back, newest first,
+      // so `waiting` keeps their order.
+      uint32_t unposted = 0;
+      for (ibv_send_wr* w = bad; w != nullptr; w = w->next) ++unposted;
+      for (uint32_t k = 0; k < unposted; ++k) {
+        const uint64_t seq = --q->next;
+        waiting.push_front(q->posted[seq % kMaxOutstanding]);
+      }
+      nic_->posted_wrs.fetch_sub(unposted, std::memory_order_relaxed);
+      SetStateLocked(State::kFailed);
+      return PostResult::kRefused;
+    }
+  }
+  return PostResult::kDone;
+}
+
+ibv_wc_status Endpoint::CompleteLocked(int qp, const ibv_wc& wc, Slice** done,
+                                       uint32_t* n) {
+  *n = 0;
+  QueuePair& q = qps[qp];
+  // A stale or foreign wr_id completes nothing.
+  if (wc.wr_id < q.head || wc.wr_id >= q.next) return IBV_WC_SUCCESS;
+  const uint32_t count = static_cast<uint32_t>(wc.wr_id - q.head + 1);
+  for (uint32_t i = 0; i < count; ++i) {
+    done[i] = q.posted[q.head % kMaxOutstanding];
+    ++q.head;
+  }
+  *n = count;
+  nic_->posted_wrs.fetch_sub(count, std::memory_order_relaxed);
+  if (wc.status != IBV_WC_SUCCESS) SetStateLocked(State::kFailed);
+  return wc.status;
+}
+
+}  // namespace ferry::rdma

@@ -1,0 +1,374 @@
+// RdmaTransport: NIC workers, completions and failover.
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "transport/rdma/rdma_transport.h"
+
+namespace ferry::rdma {
+namespace {
+
+constexpr int kPollBatch = 64;
+// While application threads reap completions themselves, the worker
+// checks back this often (and otherwise keeps off the CQ).
+constexpr int64_t kDeferUs = 200;
+// Upper bound of an idle worker's sleep (for shutdown and housekeeping of
+// its fds); completions and port events wake it earlier.
+constexpr int64_t kIdleSleepUs = 100'000;
+
+absl::Status CompletionError(const Slice& slice, const Endpoint& ep,
+                             ibv_wc_status status) {
+  const std::string what =
+      absl::StrCat("RDMA ", slice.op == OpCode::kWrite ? "WRITE" : "READ",
+                   " of 0x", absl::Hex(slice.remote), "+", slice.length,
+                   " via ", ep.nic()->name(), " -> ", ep.peer()->name(), "/",
+                   ep.remote_nic(), " failed: ", ibv_wc_status_str(status));
+  switch (status) {
+    case IBV_WC_REM_ACCESS_ERR:
+      // Same meaning and code as the TCP transport's refusal.
+      return absl::InvalidArgumentError(absl::StrCat(
+          what,
+          " (not inside a buffer the target registered as remote-accessible,"
+          " or a stale key: the target unregistered or restarted)"));
+    case IBV_WC_RETRY_EXC_ERR:
+      return absl::UnavailableError(
+          absl::StrCat(what, " (no acknowledgement: link or peer down)"));
+    case IBV_WC_WR_FLUSH_ERR:
+      return absl::UnavailableError(
+          absl::StrCat(what, " (flushed: the connection failed)"));
+    default:
+      return absl::UnavailableError(what);
+  }
+}
+
+// Completes successful slices, a group per sink.
+void CompleteOk(Slice* const* slices, uint32_t n) {
+  uint32_t i = 0;
+  while (i < n) {
+    uint32_t j = i + 1;
+    while (j < n && slices[j]->sink == slices[i]->sink) ++j;
+    slices[i]->sink->OnSlicesDone(slices + i, j - i);
+    i = j;
+  }
+}
+
+}  // namespace
+
+size_t RdmaTransport::Poll() {
+  driver_epoch_.fetch_add(1, std::memory_order_relaxed);
+  size_t n = 0;
+  for (auto& w : workers_) {
+    if (!w->poll_mu.try_lock()) continue;  // Someone is at it already.
+    n += PollNicLocked(w.get());
+    w->poll_mu.unlock();
+  }
+  return n;
+}
+
+size_t RdmaTransport::PollNicLocked(Worker* w) {
+  ibv_wc wcs[kPollBatch];
+  const int n = ibv_poll_cq(w->nic->cq(), kPollBatch, wcs);
+  if (n <= 0) return 0;
+  for (int i = 0; i < n; ++i) HandleCompletion(w, wcs[i]);
+  // Completions freed WR budget on this NIC: post what waited for it.
+  if (w->any_starved.load(std::memory_order_acquire)) {
+    std::vector<std::shared_ptr<Endpoint>> starved;
+    {
+      absl::MutexLock lock(&w->map_mu);
+      starved.swap(w->starved);
+      w->any_starved.store(false, std::memory_order_relaxed);
+    }
+    for (auto& ep : starved) PostOrPark(ep);
+  }
+  return static_cast<size_t>(n);
+}
+
+void RdmaTransport::HandleCompletion(Worker* w, const ibv_wc& wc) {
+  QpRef ref;
+  {
+    absl::MutexLock lock(&w->map_mu);
+    auto it = w->by_qpn.find(wc.qp_num);
+    if (it == w->by_qpn.end()) return;  // A QP we already let go of.
+    ref = it->second;
+  }
+  Endpoint* ep = ref.ep.get();
+  Slice* done[kMaxOutstanding];
+  uint32_t n = 0;
+  ibv_wc_status status;
+  bool newly_failed = false;
+  bool drained = false;
+  Endpoint::PostResult post = Endpoint::PostResult::kDone;
+  {
+    absl::MutexLock lock(&ep->mu);
+    const Endpoint::State before = ep->state();
+    status = ep->CompleteLocked(ref.qp, wc, done, &n);
+    newly_failed =
+        status != IBV_WC_SUCCESS && before != Endpoint::State::kFailed;
+    // Completions made room: post what waits, on this thread.
+    if (ep->state() == Endpoint::State::kConnected && !ep->waiting.empty()) {
+      post = ep->PostLocked();
+    }
+    const Endpoint::State now = ep->state();
+    drained =
+        (now == Endpoint::State::kFailed || now == Endpoint::State::kClosing) &&
+        ep->PostedLocked() == 0;
+  }
+  uint64_t bytes = 0;
+  for (uint32_t i = 0; i < n; ++i) bytes += done[i]->length;
+  ep->Unload(n, bytes);
+  if (status == IBV_WC_SUCCESS) {
+    if (ep->suspect.load(std::memory_order_relaxed) ||
+        !ep->proven.load(std::memory_order_relaxed)) {
+      NoteRailSuccess(ep);
+    }
+    CompleteOk(done, n);
+  } else {
+    // In order on an RC QP: all but the last succeeded.
+    if (n > 1) CompleteOk(done, n - 1);
+    if (n > 0) {
+      Slice* failed = done[n - 1];
+      const absl::Status why = CompletionError(*failed, *ep, status);
+      ep->nic()->errors.fetch_add(1, std::memory_order_relaxed);
+      // A flushed WR never ran: the error that broke the QP was counted.
+      // A remote access error is the request's fault, not the rail's.
+      if (newly_failed && status != IBV_WC_WR_FLUSH_ERR &&
+          status != IBV_WC_REM_ACCESS_ERR) {
+        NoteRailError(*ep);
+      }
+      if (newly_failed) FailEndpoint(ref.ep, why, /*flush=*/false);
+      Retry(failed, why);
+    } else if (newly_failed) {
+      FailEndpoint(ref.ep, absl::UnavailableError(ibv_wc_status_str(status)),
+                   false);
+    }
+  }
+  AfterPost(ref.ep, post);
+  if (drained) DropIfDrained(ref.ep);
+}
+
+void RdmaTransport::FailEndpoint(const std::shared_ptr<Endpoint>& ep,
+                                 const absl::Status& why, bool flush) {
+  // Off its rail and out of the store first, so that slices routed from
+  // now on get a fresh endpoint or another rail.
+  {
+    Peer* peer = ep->peer();
+    absl::MutexLock lock(&peer->mu);
+    Peer::Rail* r = peer->FindRail(ep->local_nic(), ep->remote_nic());
+    if (r != nullptr && r->ep == ep) r->ep = nullptr;
+  }
+  {
+    absl::MutexLock lock(&store_mu_);
+    const auto* cur = store_.Peek(ep->id());
+    if (cur != nullptr && *cur == ep) store_.Erase(ep->id());
+  }
+  SliceQueue waiting;
+  bool drained;
+  {
+    absl::MutexLock lock(&ep->mu);
+    ep->SetStateLocked(Endpoint::State::kFailed);
+    waiting.Append(&ep->waiting);
+    // Flushing completes every posted WR at once (with a flush error),
+    // instead of after the retry timeout.
+    if (flush) {
+      for (QueuePair& q : ep->qps) {
+        if (q.qp != nullptr && q.count() > 0) FlushQp(q.qp);
+      }
+    }
+    drained = ep->PostedLocked() == 0;
+  }
+  ep->Unload(waiting);
+  while (Slice* s = waiting.pop_front()) Retry(s, why);
+  if (drained) DropIfDrained(ep);
+}
+
+void RdmaTransport::DropIfDrained(const std::shared_ptr<Endpoint>& ep) {
+  std::vector<uint32_t> qpns;
+  {
+    absl::MutexLock lock(&ep->mu);
+    const Endpoint::State st = ep->state();
+    if ((st != Endpoint::State::kFailed && st != Endpoint::State::kClosing) ||
+        ep->PostedLocked() != 0) {
+      return;
+    }
+    for (const QueuePair& q : ep->qps) {
+      if (q.qp != nullptr) qpns.push_back(q.qp->qp_num);
+    }
+  }
+  // The QPs are destroyed with the endpoint's last reference (a closing
+  // endpoint's disconnect job holds one until the peer let go).
+  Worker* w = workers_[ep->local_nic()].get();
+  absl::MutexLock lock(&w->map_mu);
+  for (uint32_t qpn : qpns) {
+    auto it = w->by_qpn.find(qpn);
+    if (it != w->by_qpn.end() && it->second.ep == ep) w->by_qpn.erase(it);
+  }
+}
+
+void RdmaTransport::Retry(Slice* slice, const absl::Status& status) {
+  retries_.fetch_add(1, std::memory_order_relaxed);
+  ++slice->attempts;
+  if (slice->rail >= 0 && slice->rail < 64) {
+    slice->failed_rails |= uint64_t{1} << slice->rail;
+  }
+  const SegmentView& view = *slice->target;
+  const int t = view.FindTransportIndex(name());
+  const uint32_t remote =
+      t < 0 ? 1 : std::max(1, view.descriptor().transports(t).devices_size());
+  // Enough tries to use every rail once, at least max_attempts. A remote
+  // access error gets one more rail (another NIC's key might be good);
+  // more would only break more QPs.
+  uint32_t limit = std::max<uint32_t>(
+      options_.rdma.max_attempts, static_cast<uint32_t>(nics_.size()) * remote);
+  if (status.code() == absl::StatusCode::kInvalidArgument) limit = 2;
+  const absl::Time now = absl::Now();
+  if (stopping_.load() || slice->attempts >= limit) {
+    slice->Complete(status);
+    return;
+  }
+  if (now >= slice->deadline) {
+    slice->Complete(absl::DeadlineExceededError(
+        absl::StrCat("RDMA transfer did not complete before its deadline; "
+                     "last error: ",
+                     status.message())));
+    return;
+  }
+  Slice* one[] = {slice};
+  RouteRun(one, now, 0);
+}
+
+void RdmaTransport::NoteRailError(const Endpoint& ep) {
+  const_cast<Endpoint&>(ep).suspect.store(true, std::memory_order_relaxed);
+  Peer* peer = ep.peer();
+  absl::MutexLock lock(&peer->mu);
+  Peer::Rail* r = peer->FindRail(ep.local_nic(), ep.remote_nic());
+  if (r == nullptr) return;
+  RailHealth& h = r->health;
+  if (++h.errors < options_.rdma.pause_after_errors && h.proven) return;
+  h.errors = 0;
+  // Paused, then probed again; a rail that keeps failing (e.g. a NIC pair
+  // with no route between them) is paused exponentially longer, up to 64x
+  // the base pause.
+  const int64_t pause = absl::ToInt64Nanoseconds(options_.rdma.pause_duration)
+                        << std::min<uint32_t>(h.pauses, 6);
+  ++h.pauses;
+  h.paused_until_ns = absl::GetCurrentTimeNanos() + pause;
+}
+
+void RdmaTransport::NoteRailSuccess(Endpoint* ep) {
+  const bool suspect = ep->suspect.exchange(false, std::memory_order_relaxed);
+  const bool first = !ep->proven.exchange(true, std::memory_order_relaxed);
+  if (!suspect && !first) return;
+  Peer* peer = ep->peer();
+  absl::MutexLock lock(&peer->mu);
+  Peer::Rail* r = peer->FindRail(ep->local_nic(), ep->remote_nic());
+  if (r == nullptr) return;
+  if (suspect) r->health = RailHealth{};
+  r->health.proven = true;
+}
+
+void RdmaTransport::OnPortChange(Worker* w, bool up) {
+  w->nic->set_port_active(up);
+  if (up) return;
+  // A dead port: fail its endpoints now, flushing their QPs, so their
+  // slices move to other rails at once rather than after the QP's retry
+  // timeout.
+  std::vector<std::shared_ptr<Endpoint>> eps;
+  {
+    absl::MutexLock lock(&store_mu_);
+    store_.ForEach([&](const uint64_t&, const std::shared_ptr<Endpoint>& ep) {
+      if (ep->local_nic() == w->index) eps.push_back(ep);
+    });
+  }
+  const absl::Status why = absl::UnavailableError(
+      absl::StrCat("port of RDMA NIC ", w->nic->name(), " went down"));
+  for (auto& ep : eps) FailEndpoint(ep, why, /*flush=*/true);
+}
+
+void RdmaTransport::WaitEvents(Worker* w, int64_t timeout_us, bool channel) {
+  Nic* nic = w->nic;
+  pollfd fds[3] = {{channel ? nic->channel()->fd : -1, POLLIN, 0},
+                   {w->wake_fd, POLLIN, 0},
+                   {nic->context()->async_fd, POLLIN, 0}};
+  const timespec ts = {static_cast<time_t>(timeout_us / 1000000),
+                       static_cast<long>((timeout_us % 1000000) * 1000)};
+  if (::ppoll(fds, 3, &ts, nullptr) <= 0) return;
+  if (fds[0].revents & POLLIN) {
+    ibv_cq* cq;
+    void* ctx;
+    if (ibv_get_cq_event(nic->channel(), &cq, &ctx) == 0) {
+      ibv_ack_cq_events(cq, 1);
+    }
+  }
+  if (fds[1].revents & POLLIN) {
+    uint64_t v;
+    ssize_t r = ::read(w->wake_fd, &v, sizeof(v));
+    (void)r;
+  }
+  if (fds[2].revents & POLLIN) {
+    ibv_async_event ev;
+    if (ibv_get_async_event(nic->context(), &ev) == 0) {
+      const ibv_event_type type = ev.event_type;
+      ibv_ack_async_event(&ev);
+      if (type == IBV_EVENT_PORT_ERR) OnPortChange(w, false);
+      if (type == IBV_EVENT_PORT_ACTIVE) OnPortChange(w, true);
+    }
+  }
+}
+
+void RdmaTransport::WorkerLoop(Worker* w) {
+  if (!options_.rdma.worker_cpus.empty()) {
+    // Pin to the configured core (e.g. one near the NIC's NUMA node).
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(
+        options_.rdma.worker_cpus[w->index % options_.rdma.worker_cpus.size()],
+        &set);
+    pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+  }
+  Nic* nic = w->nic;
+  int spins = 0;
+  uint64_t seen = driver_epoch_.load(std::memory_order_relaxed);
+  while (!stopping_.load(std::memory_order_acquire)) {
+    const uint64_t epoch = driver_epoch_.load(std::memory_order_relaxed);
+    if (epoch != seen) {
+      // Application threads reap completions themselves (Poll): polling
+      // here as well would bounce every cache line between cores. Check
+      // back shortly; port events are still handled.
+      seen = epoch;
+      spins = 0;
+      WaitEvents(w, kDeferUs, /*channel=*/false);
+      continue;
+    }
+    size_t n;
+    {
+      std::lock_guard<std::mutex> lock(w->poll_mu);
+      n = PollNicLocked(w);
+    }
+    if (n > 0) {
+      spins = 0;
+      continue;
+    }
+    if (++spins < options_.rdma.spin_polls) {
+      std::this_thread::yield();
+      continue;
+    }
+    spins = 0;
+    // Sleep until a completion, a wake-up or a port event. Arm first, then
+    // poll once more: a completion between the last poll and arming would
+    // otherwise raise no event.
+    ibv_req_notify_cq(nic->cq(), 0);
+    {
+      std::lock_guard<std::mutex> lock(w->poll_mu);
+      n = PollNicLocked(w);
+    }
+    if (n > 0) continue;
+    WaitEvents(w, kIdleSleepUs, /*channel=*/true);
+  }
+}
+
+}  // namespace ferry::rdma

@@ -1,0 +1,291 @@
+// RdmaTransport: rail choice, endpoints and posting -- the submit path.
+//
+// Slices that share a target snapshot are routed as one run: the peer, the
+// rails' loads and health are read once per run (one lock), each slice's
+// rail is chosen from that snapshot (updated as slices are assigned), and
+// each rail's slices are handed to its endpoint at once (one lock, chained
+// posts). Nothing here blocks on the network or on a handshake.
+#include <algorithm>
+
+#include "absl/container/inlined_vector.h"
+#include "absl/strings/str_cat.h"
+#include "transport/rdma/rdma_transport.h"
+
+namespace ferry::rdma {
+namespace {
+
+// How often slices may bounce off endpoints that failed under them before
+// they fail.
+constexpr int kMaxReroutes = 4;
+// Reconnect backoff per peer: 50 ms doubling up to 1.6 s.
+constexpr int64_t kMinBackoffNs = 50'000'000;
+
+int64_t NowNs() { return absl::GetCurrentTimeNanos(); }
+
+struct RailState {
+  uint64_t load = 0;  // Bytes in flight on the rail's endpoint.
+  bool paused = false;
+};
+
+}  // namespace
+
+void RdmaTransport::Submit(absl::Span<Slice* const> slices) {
+  if (stopping_.load(std::memory_order_acquire)) {
+    for (Slice* s : slices) {
+      s->Complete(absl::CancelledError("RDMA transport is shut down"));
+    }
+    return;
+  }
+  const absl::Time now = absl::Now();
+  size_t i = 0;
+  while (i < slices.size()) {
+    size_t j = i + 1;
+    while (j < slices.size() && slices[j]->target == slices[i]->target) ++j;
+    RouteRun(slices.subspan(i, j - i), now, 0);
+    i = j;
+  }
+}
+
+void RdmaTransport::RouteQueue(SliceQueue* q, absl::Time now, int reroutes) {
+  absl::InlinedVector<Slice*, 64> v;
+  while (Slice* s = q->pop_front()) v.push_back(s);
+  size_t i = 0;
+  while (i < v.size()) {
+    size_t j = i + 1;
+    while (j < v.size() && v[j]->target == v[i]->target) ++j;
+    RouteRun(absl::MakeConstSpan(v).subspan(i, j - i), now, reroutes);
+    i = j;
+  }
+}
+
+void RdmaTransport::RouteRun(absl::Span<Slice* const> run, absl::Time now,
+                             int reroutes) {
+  const SegmentView& view = *run[0]->target;
+  absl::Status why;
+  std::shared_ptr<Peer> peer;
+  const int t = view.FindTransportIndex(name());
+  if (stopping_.load(std::memory_order_acquire)) {
+    why = absl::CancelledError("RDMA transport is shut down");
+  } else if (t < 0 || view.descriptor().transports(t).devices_size() == 0) {
+    why = absl::FailedPreconditionError(
+        absl::StrCat("segment '", view.name(), "' publishes no RDMA device"));
+  } else if (reroutes > kMaxReroutes) {
+    why = absl::UnavailableError(absl::StrCat("RDMA endpoints to segment '",
+                                              view.name(), "' keep failing"));
+  } else {
+    peer = PeerForView(view, &why);
+  }
+  if (peer == nullptr) {
+    for (Slice* s : run) s->Complete(why);
+    return;
+  }
+  const auto& devices = view.descriptor().transports(t).devices();
+  const int n_local = static_cast<int>(nics_.size());
+  const int n_remote = devices.size();
+  const int n_rails = n_local * n_remote;
+  const int64_t now_ns = absl::ToUnixNanos(now);
+
+  // The run's snapshot: rail loads and health, one lock.
+  absl::InlinedVector<RailState, 16> rails(n_rails);
+  {
+    absl::MutexLock lock(&peer->mu);
+    for (const Peer::Rail& r : peer->rails) {
+      int j = 0;
+      while (j < n_remote && devices[j].name() != r.remote_nic) ++j;
+      if (j == n_remote) continue;
+      RailState& rs = rails[r.local * n_remote + j];
+      rs.paused = r.health.paused_until_ns > now_ns;
+      if (r.ep != nullptr) {
+        rs.load = r.ep->inflight_bytes.load(std::memory_order_relaxed);
+      }
+    }
+  }
+  absl::InlinedVector<uint64_t, 8> nic_load(n_local);
+  absl::InlinedVector<bool, 8> nic_up(n_local);
+  for (int i = 0; i < n_local; ++i) {
+    nic_load[i] = nics_[i]->inflight_bytes.load(std::memory_order_relaxed);
+    nic_up[i] = nics_[i]->port_active();
+  }
+  absl::InlinedVector<int64_t, 8> keys(n_remote, -1);
+  int keys_for = -1;  // The buffer `keys` holds the remote keys of.
+  absl::InlinedVector<SliceQueue, 16> buckets(n_rails);
+  absl::InlinedVector<uint64_t, 16> bucket_bytes(n_rails, 0);
+  const uint64_t unit = options_.rdma.slice_bytes;
+  const uint64_t rot = rotate_.fetch_add(1, std::memory_order_relaxed);
+
+  for (Slice* s : run) {
+    if (s->deadline <= now) {
+      s->Complete(absl::DeadlineExceededError(
+          "RDMA transfer did not complete before its deadline"));
+      continue;
+    }
+    const auto* mr = static_cast<const LocalMr*>(s->local_handle);
+    if (mr == nullptr) {
+      s->Complete(absl::FailedPreconditionError(
+          "local memory is not registered with the RDMA transport"));
+      continue;
+    }
+    if (s->remote_buffer != keys_for) {
+      keys_for = s->remote_buffer;
+      for (int j = 0; j < n_remote; ++j) {
+        uint32_t k;
+        keys[j] = view.DeviceKey(t, keys_for, j, &k) ? int64_t{k} : -1;
+      }
+    }
+    // The least loaded rail: local NIC load plus rail load, charging a NIC
+    // four slices per topology tier away from the buffer (near NICs win at
+    // low load, all stripe under load) and one slice for leaving the
+    // matched pair (NIC i <-> remote NIC i, the usual rail wiring). Paused
+    // rails and rails this slice already failed on are used only if
+    // nothing else is left.
+    int best = -1;
+    uint64_t best_score = ~uint64_t{0};
+    for (int pass = 0; pass < 2 && best < 0; ++pass) {
+      for (int li = 0; li < n_local; ++li) {
+        const int i = static_cast<int>((li + rot) % n_local);
+        if (!nic_up[i]) continue;
+        const uint64_t base =
+            nic_load[i] + static_cast<uint64_t>(mr->tiers[i]) * 4 * unit;
+        for (int rj = 0; rj < n_remote; ++rj) {
+          const int j = static_cast<int>((rj + rot + i) % n_remote);
+          if (keys[j] < 0) continue;
+          const int r = i * n_remote + j;
+          if (pass == 0 &&
+              (rails[r].paused || (r < 64 && ((s->failed_rails >> r) & 1)))) {
+            continue;
+          }
+          uint64_t score = base + rails[r].load;
+          if (j != i % n_remote) score += unit;
+          if (score < best_score) {
+            best_score = score;
+            best = r;
+          }
+        }
+      }
+    }
+    if (best < 0) {
+      s->Complete(absl::UnavailableError(absl::StrCat(
+          "no usable RDMA rail to segment '", view.name(),
+          "' (all local ports down, or no remote key for the buffer)")));
+      continue;
+    }
+    s->rail = best;
+    s->rkey = static_cast<uint32_t>(keys[best % n_remote]);
+    rails[best].load += s->length;
+    nic_load[best / n_remote] += s->length;
+    buckets[best].push_back(s);
+    bucket_bytes[best] += s->length;
+  }
+  for (int r = 0; r < n_rails; ++r) {
+    if (buckets[r].empty()) continue;
+    auto ep =
+        RailEndpoint(peer, r / n_remote, devices[r % n_remote].name(), &why);
+    if (ep == nullptr) {
+      while (Slice* s = buckets[r].pop_front()) s->Complete(why);
+      continue;
+    }
+    Enqueue(ep, &buckets[r], bucket_bytes[r], now, reroutes);
+  }
+}
+
+std::shared_ptr<Endpoint> RdmaTransport::RailEndpoint(
+    const std::shared_ptr<Peer>& peer, int local, const std::string& remote_nic,
+    absl::Status* why) {
+  std::shared_ptr<Endpoint> ep;
+  bool created = false;
+  {
+    absl::MutexLock lock(&peer->mu);
+    Peer::Rail& rail = peer->GetRail(local, remote_nic);
+    if (rail.ep != nullptr) {
+      const Endpoint::State st = rail.ep->state();
+      if (st == Endpoint::State::kConnecting ||
+          st == Endpoint::State::kConnected) {
+        ep = rail.ep;
+      } else {
+        rail.ep = nullptr;
+      }
+    }
+    if (ep == nullptr) {
+      const int64_t now = NowNs();
+      if (peer->retry_after_ns > now) {
+        // Fail fast while backing off: no reconnect storm.
+        *why = absl::UnavailableError(absl::StrCat(
+            "RDMA peer '", peer->name(), "' unreachable (retrying in ",
+            (peer->retry_after_ns - now) / 1000000,
+            " ms): ", peer->last_error.message()));
+        return nullptr;
+      }
+      ep = std::make_shared<Endpoint>(next_endpoint_id_.fetch_add(1), peer,
+                                      peer->incarnation, local,
+                                      nics_[local].get(), remote_nic);
+      rail.ep = ep;
+      created = true;
+    }
+  }
+  ep->used.store(true, std::memory_order_relaxed);
+  if (created) {
+    StoreInsert(ep);
+    {
+      absl::MutexLock lock(&ep->mu);
+      ep->connecting_job = true;
+    }
+    QueueJob({Job::Kind::kConnect, ep});
+  }
+  return ep;
+}
+
+void RdmaTransport::StoreInsert(const std::shared_ptr<Endpoint>& ep) {
+  std::vector<std::shared_ptr<Endpoint>> evicted;
+  {
+    absl::MutexLock lock(&store_mu_);
+    store_.Insert(ep->id(), ep, &evicted);
+  }
+  for (auto& v : evicted) Close(v);
+}
+
+void RdmaTransport::Enqueue(const std::shared_ptr<Endpoint>& ep, SliceQueue* q,
+                            uint64_t bytes, absl::Time now, int reroutes) {
+  const uint32_t n = static_cast<uint32_t>(q->size());
+  SliceQueue bounced;
+  Endpoint::PostResult result = Endpoint::PostResult::kDone;
+  {
+    absl::MutexLock lock(&ep->mu);
+    const Endpoint::State st = ep->state();
+    if (st == Endpoint::State::kClosing || st == Endpoint::State::kFailed) {
+      bounced.Append(q);  // Failed or closed since we looked it up.
+    } else {
+      ep->Load(n, bytes);
+      Nic* nic = ep->nic();
+      nic->slices.fetch_add(n, std::memory_order_relaxed);
+      nic->bytes.fetch_add(bytes, std::memory_order_relaxed);
+      ep->waiting.Append(q);
+      // Connected: post now, on this thread.
+      if (st == Endpoint::State::kConnected) result = ep->PostLocked();
+    }
+  }
+  AfterPost(ep, result);
+  if (!bounced.empty()) RouteQueue(&bounced, now, reroutes + 1);
+}
+
+void RdmaTransport::PostOrPark(const std::shared_ptr<Endpoint>& ep) {
+  Endpoint::PostResult result;
+  {
+    absl::MutexLock lock(&ep->mu);
+    result = ep->PostLocked();
+  }
+  AfterPost(ep, result);
+}
+
+void RdmaTransport::AfterPost(const std::shared_ptr<Endpoint>& ep,
+                              Endpoint::PostResult result) {
+  if (result == Endpoint::PostResult::kRefused) {
+    FailEndpoint(ep, absl::UnavailableError("ibv_post_send refused"), false);
+  } else if (result == Endpoint::PostResult::kNicFull) {
+    Worker* w = workers_[ep->local_nic()].get();
+    absl::MutexLock lock(&w->map_mu);
+    w->starved.push_back(ep);
+    w->any_starved.store(true, std::memory_order_release);
+  }
+}
+
+}  // namespace ferry::rdma

@@ -1,0 +1,39 @@
+// Counters the transports keep, part of the public API
+// (TransferEngine::GetTransportStats). Each is a snapshot; counters only
+// grow over an engine's life.
+#ifndef FERRY_TRANSPORT_STATS_H_
+#define FERRY_TRANSPORT_STATS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ferry {
+
+struct NicStats {
+  std::string name;
+  bool port_active = false;
+  // Slices (and their bytes) posted on this NIC, first tries and retries.
+  uint64_t slices = 0;
+  uint64_t bytes = 0;
+  // Slices that failed on this NIC (and were retried or failed).
+  uint64_t errors = 0;
+};
+
+struct TransportStats {
+  std::string transport;  // "tcp", "rdma", ...
+  std::vector<NicStats> nics;
+  // Connections (RDMA: endpoints) open now, opened by this engine
+  // (handshakes it started), accepted from peers, evicted, and failed.
+  uint64_t endpoints = 0;
+  uint64_t connects_started = 0;
+  uint64_t connects_accepted = 0;
+  uint64_t evictions = 0;
+  uint64_t connect_failures = 0;
+  // Slices retried after a failure (on another rail where possible).
+  uint64_t retries = 0;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_TRANSPORT_STATS_H_
