@@ -1,6 +1,7 @@
 #include "engine/batch_table.h"
 
 #include "absl/strings/str_cat.h"
+#include "engine/segment_cache.h"
 
 namespace ferry {
 namespace {
@@ -19,10 +20,12 @@ absl::Status BadId(BatchId id, absl::string_view why) {
 }  // namespace
 
 void TaskSink::FinishTask(Task* task) {
-  task->local_lease.Release();
+  // Done before the lease goes: whoever waits for the buffer to be free
+  // (UnregisterLocalMemory) then sees the request finished.
   task->state.store(
       task->error.ok() ? TransferState::kCompleted : task->failed_state,
       std::memory_order_release);
+  task->local_lease.Release();
 }
 
 void TaskSink::TasksDone(Batch* batch, size_t n) {
@@ -40,6 +43,10 @@ void TaskSink::OnSliceDone(Slice* slice, const absl::Status& status) {
   if (status.ok()) {
     task->bytes_done.fetch_add(slice->length, std::memory_order_relaxed);
   } else {
+    if (status.code() == absl::StatusCode::kInvalidArgument &&
+        segments_ != nullptr) {
+      segments_->MarkStale(task->target);
+    }
     absl::MutexLock lock(&batch->mu);
     if (task->error.ok()) {
       task->error = status;

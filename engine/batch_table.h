@@ -42,6 +42,7 @@ struct EngineSlice : Slice {
 struct Task {
   Batch* batch = nullptr;
   size_t length = 0;
+  SegmentHandle target = 0;
   std::atomic<uint32_t> slices_left{0};
   std::atomic<uint64_t> bytes_done{0};
   std::atomic<TransferState> state{TransferState::kWaiting};
@@ -71,10 +72,16 @@ struct Batch {
   std::vector<std::shared_ptr<const SegmentView>> views ABSL_GUARDED_BY(mu);
 };
 
+class SegmentCache;
+
 // Completes slices: accounts bytes, records the first error, finishes the
-// task after its last slice, wakes waiters after the batch's last task.
+// task after its last slice, wakes waiters after the batch's last task. A
+// request the target refused (InvalidArgument from the transport) marks
+// the target's cached descriptor stale, so the next submission sees the
+// target's current buffers.
 class TaskSink final : public SliceSink {
  public:
+  void set_segments(SegmentCache* segments) { segments_ = segments; }
   void OnSliceDone(Slice* slice, const absl::Status& status) override;
   // One atomic decrement of the batch's pending count per batch in the
   // group, and none per slice for single-slice tasks.
@@ -85,6 +92,8 @@ class TaskSink final : public SliceSink {
   static void FinishTask(Task* task);
   // Takes `n` finished tasks off the batch's pending count.
   static void TasksDone(Batch* batch, size_t n);
+
+  SegmentCache* segments_ = nullptr;
 };
 
 // A batch whose mutex is held; unlocks on destruction.

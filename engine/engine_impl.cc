@@ -75,6 +75,7 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
   peer_client_ = std::make_unique<metadata::PeerClient>(options.rpc_timeout);
   segments_ = std::make_unique<SegmentCache>(
       metadata_.get(), static_cast<uint16_t>(incarnation_ & 0xffff));
+  sink_.set_segments(segments_.get());
   peer_service_.SetNotifyHandler([this](const std::string& from,
                                         const std::string& name,
                                         const std::string& message) {

@@ -186,6 +186,7 @@ absl::Status EngineImpl::SubmitTransfer(
       Task& task = batch->tasks[batch->count++];
       task.batch = batch;
       task.length = p.request->length;
+      task.target = p.request->target_id;
       task.error = absl::OkStatus();
       task.failed_state = TransferState::kFailed;
       task.bytes_done.store(0, std::memory_order_relaxed);

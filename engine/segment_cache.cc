@@ -45,11 +45,25 @@ absl::StatusOr<size_t> SegmentCache::IndexOf(SegmentHandle handle) const {
 }
 
 absl::StatusOr<std::shared_ptr<const SegmentView>> SegmentCache::Get(
-    SegmentHandle handle) const {
+    SegmentHandle handle) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto index = IndexOf(handle);
+    if (!index.ok()) return index.status();
+    Entry& e = entries_[*index];
+    if (!e.stale) return e.view;
+    e.stale = false;  // One refresh per mark, even if it fails.
+  }
+  auto fresh = Refresh(handle);
+  if (fresh.ok()) return fresh;
+  absl::MutexLock lock(&mu_);
+  return entries_[*IndexOf(handle)].view;
+}
+
+void SegmentCache::MarkStale(SegmentHandle handle) {
   absl::MutexLock lock(&mu_);
   auto index = IndexOf(handle);
-  if (!index.ok()) return index.status();
-  return entries_[*index].view;
+  if (index.ok()) entries_[*index].stale = true;
 }
 
 absl::StatusOr<std::shared_ptr<const SegmentView>> SegmentCache::Refresh(

@@ -28,9 +28,15 @@ class SegmentCache {
   // time. NotFound if the segment is not registered.
   absl::StatusOr<SegmentHandle> Open(const std::string& name);
 
-  // The current snapshot, or NotFound for an invalid handle.
-  absl::StatusOr<std::shared_ptr<const SegmentView>> Get(
-      SegmentHandle handle) const;
+  // The current snapshot, or NotFound for an invalid handle. A snapshot
+  // marked stale is fetched again first (once: if that fails, the cached
+  // one is returned).
+  absl::StatusOr<std::shared_ptr<const SegmentView>> Get(SegmentHandle handle);
+
+  // Marks the snapshot as out of date (the target refused a request its
+  // descriptor allowed: it unregistered the buffer, or restarted). Cheap;
+  // safe from any thread, including completion threads.
+  void MarkStale(SegmentHandle handle);
 
   // Fetches the descriptor again and returns the new snapshot.
   absl::StatusOr<std::shared_ptr<const SegmentView>> Refresh(
@@ -40,6 +46,7 @@ class SegmentCache {
   struct Entry {
     std::string name;
     std::shared_ptr<const SegmentView> view;
+    bool stale = false;
   };
 
   absl::StatusOr<size_t> IndexOf(SegmentHandle handle) const

@@ -231,6 +231,76 @@ TEST_P(E2eTest, PeerExitsCleanly) {
 INSTANTIATE_TEST_SUITE_P(Transports, E2eTest, ::testing::Values("tcp", "rdma"),
                          [](const auto& info) { return info.param; });
 
+// The endpoint store across processes: this engine keeps one RDMA endpoint
+// while two peer processes take turns, so every turn evicts idle endpoints
+// to the other peer (closing them with it) and reconnects; no byte may go
+// missing either way.
+TEST(E2eRdmaStoreTest, EvictionAcrossProcessesLosesNoWork) {
+  TransferEngine engine;
+  EngineOptions o;
+  o.local_segment_name = "initiator";
+  o.transports = {"rdma"};
+  o.rdma.max_endpoints = 1;
+  ASSERT_TRUE(engine.Init(o).ok());
+  const size_t kLocal = 16 << 20;
+  std::unique_ptr<uint8_t[]> local(new uint8_t[kLocal]);
+  ASSERT_TRUE(engine.RegisterLocalMemory(local.get(), kLocal).ok());
+  std::unique_ptr<Subprocess> peers[2];
+  uint64_t bases[2];
+  SegmentHandle segs[2];
+  for (int p = 0; p < 2; ++p) {
+    auto peer = Subprocess::Start(
+        {RunfilePath("tests/engine_peer"), absl::StrCat("--name=peer", p),
+         absl::StrCat("--metadata=", engine.metadata_address()),
+         absl::StrCat("--buffer_size=", kLocal),
+         absl::StrCat("--seed=", 300 + p), "--transport=rdma"});
+    ASSERT_TRUE(peer.ok()) << peer.status();
+    peers[p] = std::move(*peer);
+    auto ready = peers[p]->ReadLine(absl::Seconds(30));
+    ASSERT_TRUE(ready.ok()) << ready.status();
+    std::vector<std::string> parts = absl::StrSplit(*ready, ' ');
+    ASSERT_EQ(parts[0], "READY") << *ready;
+    bases[p] = std::stoull(parts[1]);
+    auto seg = engine.OpenSegment(absl::StrCat("peer", p));
+    ASSERT_TRUE(seg.ok()) << seg.status();
+    segs[p] = *seg;
+  }
+  for (int round = 0; round < 6; ++round) {
+    const int p = round % 2;
+    const size_t off = static_cast<size_t>(round / 2) * (4 << 20);
+    // WRITE 2 MiB, READ the peer's pattern back into another 2 MiB.
+    FillPattern(local.get() + off, 2 << 20, off, 500 + round);
+    std::vector<TransferRequest> reqs;
+    for (int k = 0; k < 2; ++k) {
+      TransferRequest r;
+      r.opcode = k == 0 ? OpCode::kWrite : OpCode::kRead;
+      r.source = local.get() + off + k * (2 << 20);
+      r.target_id = segs[p];
+      r.target_offset = bases[p] + off + k * (2 << 20);
+      r.length = 2 << 20;
+      reqs.push_back(r);
+    }
+    auto batch = engine.AllocateBatch(2);
+    ASSERT_TRUE(batch.ok());
+    ASSERT_TRUE(engine.SubmitTransfer(*batch, reqs).ok());
+    auto st = engine.WaitBatch(*batch, absl::Seconds(60));
+    ASSERT_TRUE(st.ok()) << st.status();
+    ASSERT_EQ(st->state, TransferState::kCompleted) << st->first_error;
+    ASSERT_TRUE(engine.FreeBatch(*batch).ok());
+    auto check = peers[p]->Ask(
+        absl::StrCat("check ", off, " ", 2 << 20, " ", 500 + round));
+    ASSERT_TRUE(check.ok());
+    EXPECT_EQ(*check, "OK") << round;
+    EXPECT_EQ(CheckPattern(local.get() + off + (2 << 20), 2 << 20,
+                           off + (2 << 20), 300 + p),
+              size_t{2 << 20})
+        << round;
+  }
+  const TransportStats st = engine.GetTransportStats()[0];
+  EXPECT_GT(st.evictions, 0u);
+  EXPECT_EQ(st.connect_failures, 0u);
+}
+
 TEST(E2eInitTest, MetadataServerUnreachable) {
   auto peer = Subprocess::Start(
       {RunfilePath("tests/engine_peer"), "--name=p", "--metadata=127.0.0.1:1"});

@@ -30,6 +30,9 @@ struct TransportStats {
   uint64_t connects_accepted = 0;
   uint64_t evictions = 0;
   uint64_t connect_failures = 0;
+  // Connects that crossed one from the peer for the same rail and were
+  // resolved by this engine adopting the peer's (one endpoint results).
+  uint64_t connect_races = 0;
   // Slices retried after a failure (on another rail where possible).
   uint64_t retries = 0;
 };

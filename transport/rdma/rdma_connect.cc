@@ -350,7 +350,11 @@ absl::StatusOr<ConnectReply> RdmaTransport::OnConnect(
     DestroyQps(&qps);
     return s;
   }
-  if (fresh) StoreInsert(ep);
+  if (fresh) {
+    StoreInsert(ep);
+  } else {
+    connect_races_.fetch_add(1, std::memory_order_relaxed);
+  }
   ep->used.store(true, std::memory_order_relaxed);
   if (!Activate(ep, &qps, epoch)) {
     // The endpoint we meant to adopt into failed meanwhile.

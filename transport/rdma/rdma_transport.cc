@@ -261,6 +261,7 @@ TransportStats RdmaTransport::Stats() const {
   st.connects_started = connects_started_.load();
   st.connects_accepted = connects_accepted_.load();
   st.connect_failures = connect_failures_.load();
+  st.connect_races = connect_races_.load();
   st.evictions = evictions_.load();
   st.retries = retries_.load();
   return st;

@@ -215,6 +215,7 @@ class RdmaTransport final : public Transport {
   std::atomic<uint64_t> connects_started_{0};
   std::atomic<uint64_t> connects_accepted_{0};
   std::atomic<uint64_t> connect_failures_{0};
+  std::atomic<uint64_t> connect_races_{0};
   std::atomic<uint64_t> evictions_{0};
   std::atomic<uint64_t> retries_{0};
 };
