@@ -15,6 +15,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/send_all.h"
 
 namespace ferry {
 namespace {
@@ -141,25 +142,8 @@ void TuneDataSocket(int fd) {
 }
 
 absl::Status WriteFullv(int fd, struct iovec* iov, int iovcnt) {
-  while (iovcnt > 0) {
-    msghdr msg{};
-    msg.msg_iov = iov;
-    msg.msg_iovlen = static_cast<size_t>(iovcnt);
-    ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoStatus("send", errno);
-    }
-    size_t left = static_cast<size_t>(n);
-    while (iovcnt > 0 && left >= iov->iov_len) {
-      left -= iov->iov_len;
-      ++iov;
-      --iovcnt;
-    }
-    if (iovcnt > 0) {
-      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
-      iov->iov_len -= left;
-    }
+  if (int err = SendAll(fd, iov, iovcnt); err != 0) {
+    return ErrnoStatus("send", err);
   }
   return absl::OkStatus();
 }

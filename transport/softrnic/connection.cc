@@ -12,6 +12,8 @@
 #include <thread>
 #include <unordered_map>
 
+#include "common/send_all.h"
+
 namespace softrnic {
 namespace {
 
@@ -38,26 +40,9 @@ bool Connection::WriteAll(iovec* iov, int iovcnt) {
   if (uint32_t us = dev_->delay_us.load(std::memory_order_relaxed); us > 0) {
     std::this_thread::sleep_for(std::chrono::microseconds(us));
   }
-  while (iovcnt > 0) {
-    msghdr msg{};
-    msg.msg_iov = iov;
-    msg.msg_iovlen = static_cast<size_t>(iovcnt);
-    ssize_t n = ::sendmsg(fd_, &msg, MSG_NOSIGNAL);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      Close();
-      return false;
-    }
-    size_t left = static_cast<size_t>(n);
-    while (iovcnt > 0 && left >= iov->iov_len) {
-      left -= iov->iov_len;
-      ++iov;
-      --iovcnt;
-    }
-    if (iovcnt > 0) {
-      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
-      iov->iov_len -= left;
-    }
+  if (ferry::SendAll(fd_, iov, iovcnt) != 0) {
+    Close();
+    return false;
   }
   return true;
 }
