@@ -17,8 +17,10 @@ constexpr size_t kBuffer = 96 << 20;
 
 class RdmaEngineTest : public ::testing::Test {
  protected:
-  // Tests may shrink the endpoint store before SetUp runs.
+  // Tests may change these before SetUp runs.
   size_t max_endpoints_ = 4096;
+  int worker_threads_ = 0;
+  absl::Duration wait_spin_ = absl::Microseconds(50);
 
   void SetUp() override {
     EngineOptions t;
@@ -26,6 +28,8 @@ class RdmaEngineTest : public ::testing::Test {
     t.transports = {"rdma"};
     t.transfer_timeout = absl::Seconds(20);
     t.rdma.max_endpoints = max_endpoints_;
+    t.rdma.worker_threads = worker_threads_;
+    t.wait_spin = wait_spin_;
     ASSERT_TRUE(target_.Init(t).ok());
     EngineOptions i = t;
     i.local_segment_name = "initiator";
@@ -146,6 +150,35 @@ TEST(RdmaTopologyTest, PriorityMatrixIsValidated) {
 
   // That a valid matrix steers slices is RdmaEndpointTest's
   // RailChoiceFollowsTheTopology (rdma_endpoint_test.cc).
+}
+
+// No application-side polling (wait_spin 0: WaitBatch blocks at once) and
+// one worker thread for both NICs: that worker alone must reap every
+// completion of both CQs.
+class OneWorkerTest : public RdmaEngineTest {
+ protected:
+  void SetUp() override {
+    worker_threads_ = 1;
+    wait_spin_ = absl::ZeroDuration();
+    RdmaEngineTest::SetUp();
+  }
+};
+
+TEST_F(OneWorkerTest, ServesBothNicsWithoutApplicationPolling) {
+  std::vector<TransferRequest> reqs;
+  const size_t kBlock = 256 * 1024 + 3;
+  for (size_t i = 0; i < 64; ++i) {
+    FillPattern(local_.get() + i * kBlock, kBlock, i * kBlock, 41);
+    reqs.push_back(Req(OpCode::kWrite, i * kBlock, kBlock));
+  }
+  BatchStatus st = Run(reqs);
+  ASSERT_EQ(st.state, TransferState::kCompleted) << st.first_error;
+  ASSERT_EQ(CheckPattern(remote_.get(), 64 * kBlock, 0, 41), 64 * kBlock);
+  // Both NICs carried slices.
+  auto nics = initiator_.GetTransportStats()[0].nics;
+  ASSERT_EQ(nics.size(), 2u);
+  EXPECT_GT(nics[0].slices, 0u);
+  EXPECT_GT(nics[1].slices, 0u);
 }
 
 class TinyEndpointStoreTest : public RdmaEngineTest {

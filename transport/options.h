@@ -48,8 +48,11 @@ struct RdmaOptions {
   // faster at the risk of spurious errors under congestion.
   int qp_timeout = 14;
   int qp_retry_count = 7;
-  // NIC workers: empty CQ polls (each with a yield) before sleeping on the
-  // completion channel; CPUs to pin them to (round robin; empty: no pin).
+  // Worker threads polling the NICs' completion queues when no application
+  // thread does (0: one per NIC; fewer serve the NICs round robin); empty
+  // polls (each with a yield) before a worker sleeps on the completion
+  // channels; CPUs to pin them to (round robin; empty: no pinning).
+  int worker_threads = 0;
   int spin_polls = 64;
   std::vector<int> worker_cpus;
   // NIC preference per buffer location, Mooncake TE's priority matrix:

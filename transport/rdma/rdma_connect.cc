@@ -86,10 +86,10 @@ bool RdmaTransport::Activate(const std::shared_ptr<Endpoint>& ep,
     ep->adopt_deadline_ns = 0;
     {
       // Registered for completions before anything is posted.
-      Worker* w = workers_[ep->local_nic()].get();
-      absl::MutexLock map_lock(&w->map_mu);
+      Poller* p = pollers_[ep->local_nic()].get();
+      absl::MutexLock map_lock(&p->map_mu);
       for (size_t k = 0; k < ep->qps.size(); ++k) {
-        w->by_qpn[ep->qps[k].qp->qp_num] = QpRef{ep, static_cast<int>(k)};
+        p->by_qpn[ep->qps[k].qp->qp_num] = QpRef{ep, static_cast<int>(k)};
       }
     }
     ep->SetStateLocked(Endpoint::State::kConnected);

@@ -62,38 +62,38 @@ void CompleteOk(Slice* const* slices, uint32_t n) {
 size_t RdmaTransport::Poll() {
   driver_epoch_.fetch_add(1, std::memory_order_relaxed);
   size_t n = 0;
-  for (auto& w : workers_) {
-    if (!w->poll_mu.try_lock()) continue;  // Someone is at it already.
-    n += PollNicLocked(w.get());
-    w->poll_mu.unlock();
+  for (auto& p : pollers_) {
+    if (!p->poll_mu.try_lock()) continue;  // Someone is at it already.
+    n += PollNicLocked(p.get());
+    p->poll_mu.unlock();
   }
   return n;
 }
 
-size_t RdmaTransport::PollNicLocked(Worker* w) {
+size_t RdmaTransport::PollNicLocked(Poller* p) {
   ibv_wc wcs[kPollBatch];
-  const int n = ibv_poll_cq(w->nic->cq(), kPollBatch, wcs);
+  const int n = ibv_poll_cq(p->nic->cq(), kPollBatch, wcs);
   if (n <= 0) return 0;
-  for (int i = 0; i < n; ++i) HandleCompletion(w, wcs[i]);
+  for (int i = 0; i < n; ++i) HandleCompletion(p, wcs[i]);
   // Completions freed WR budget on this NIC: post what waited for it.
-  if (w->any_starved.load(std::memory_order_acquire)) {
+  if (p->any_starved.load(std::memory_order_acquire)) {
     std::vector<std::shared_ptr<Endpoint>> starved;
     {
-      absl::MutexLock lock(&w->map_mu);
-      starved.swap(w->starved);
-      w->any_starved.store(false, std::memory_order_relaxed);
+      absl::MutexLock lock(&p->map_mu);
+      starved.swap(p->starved);
+      p->any_starved.store(false, std::memory_order_relaxed);
     }
     for (auto& ep : starved) PostOrPark(ep);
   }
   return static_cast<size_t>(n);
 }
 
-void RdmaTransport::HandleCompletion(Worker* w, const ibv_wc& wc) {
+void RdmaTransport::HandleCompletion(Poller* p, const ibv_wc& wc) {
   QpRef ref;
   {
-    absl::MutexLock lock(&w->map_mu);
-    auto it = w->by_qpn.find(wc.qp_num);
-    if (it == w->by_qpn.end()) return;  // A QP we already let go of.
+    absl::MutexLock lock(&p->map_mu);
+    auto it = p->by_qpn.find(wc.qp_num);
+    if (it == p->by_qpn.end()) return;  // A QP we already let go of.
     ref = it->second;
   }
   Endpoint* ep = ref.ep.get();
@@ -201,11 +201,11 @@ void RdmaTransport::DropIfDrained(const std::shared_ptr<Endpoint>& ep) {
   }
   // The QPs are destroyed with the endpoint's last reference (a closing
   // endpoint's disconnect job holds one until the peer let go).
-  Worker* w = workers_[ep->local_nic()].get();
-  absl::MutexLock lock(&w->map_mu);
+  Poller* p = pollers_[ep->local_nic()].get();
+  absl::MutexLock lock(&p->map_mu);
   for (uint32_t qpn : qpns) {
-    auto it = w->by_qpn.find(qpn);
-    if (it != w->by_qpn.end() && it->second.ep == ep) w->by_qpn.erase(it);
+    auto it = p->by_qpn.find(qpn);
+    if (it != p->by_qpn.end() && it->second.ep == ep) p->by_qpn.erase(it);
   }
 }
 
@@ -271,8 +271,8 @@ void RdmaTransport::NoteRailSuccess(Endpoint* ep) {
   r->health.proven = true;
 }
 
-void RdmaTransport::OnPortChange(Worker* w, bool up) {
-  w->nic->set_port_active(up);
+void RdmaTransport::OnPortChange(Poller* p, bool up) {
+  p->nic->set_port_active(up);
   if (up) return;
   // A dead port: fail its endpoints now, flushing their QPs, so their
   // slices move to other rails at once rather than after the QP's retry
@@ -281,48 +281,57 @@ void RdmaTransport::OnPortChange(Worker* w, bool up) {
   {
     absl::MutexLock lock(&store_mu_);
     store_.ForEach([&](const uint64_t&, const std::shared_ptr<Endpoint>& ep) {
-      if (ep->local_nic() == w->index) eps.push_back(ep);
+      if (ep->local_nic() == p->index) eps.push_back(ep);
     });
   }
   const absl::Status why = absl::UnavailableError(
-      absl::StrCat("port of RDMA NIC ", w->nic->name(), " went down"));
+      absl::StrCat("port of RDMA NIC ", p->nic->name(), " went down"));
   for (auto& ep : eps) FailEndpoint(ep, why, /*flush=*/true);
 }
 
-void RdmaTransport::WaitEvents(Worker* w, int64_t timeout_us, bool channel) {
-  Nic* nic = w->nic;
-  pollfd fds[3] = {{channel ? nic->channel()->fd : -1, POLLIN, 0},
-                   {w->wake_fd, POLLIN, 0},
-                   {nic->context()->async_fd, POLLIN, 0}};
+void RdmaTransport::WaitEvents(Worker* w, int64_t timeout_us, bool channels) {
+  // Per NIC its completion channel and async event fd, then the wake-up.
+  constexpr size_t kMaxFds = 2 * 64 + 1;
+  pollfd fds[kMaxFds];
+  size_t n = 0;
+  for (Poller* p : w->pollers) {
+    fds[n++] = {channels ? p->nic->channel()->fd : -1, POLLIN, 0};
+    fds[n++] = {p->nic->context()->async_fd, POLLIN, 0};
+  }
+  fds[n++] = {w->wake_fd, POLLIN, 0};
   const timespec ts = {static_cast<time_t>(timeout_us / 1000000),
                        static_cast<long>((timeout_us % 1000000) * 1000)};
-  if (::ppoll(fds, 3, &ts, nullptr) <= 0) return;
-  if (fds[0].revents & POLLIN) {
-    ibv_cq* cq;
-    void* ctx;
-    if (ibv_get_cq_event(nic->channel(), &cq, &ctx) == 0) {
-      ibv_ack_cq_events(cq, 1);
+  if (::ppoll(fds, n, &ts, nullptr) <= 0) return;
+  for (size_t k = 0; k < w->pollers.size(); ++k) {
+    Poller* p = w->pollers[k];
+    Nic* nic = p->nic;
+    if (fds[2 * k].revents & POLLIN) {
+      ibv_cq* cq;
+      void* ctx;
+      if (ibv_get_cq_event(nic->channel(), &cq, &ctx) == 0) {
+        ibv_ack_cq_events(cq, 1);
+      }
+    }
+    if (fds[2 * k + 1].revents & POLLIN) {
+      ibv_async_event ev;
+      if (ibv_get_async_event(nic->context(), &ev) == 0) {
+        const ibv_event_type type = ev.event_type;
+        ibv_ack_async_event(&ev);
+        if (type == IBV_EVENT_PORT_ERR) OnPortChange(p, false);
+        if (type == IBV_EVENT_PORT_ACTIVE) OnPortChange(p, true);
+      }
     }
   }
-  if (fds[1].revents & POLLIN) {
+  if (fds[n - 1].revents & POLLIN) {
     uint64_t v;
     ssize_t r = ::read(w->wake_fd, &v, sizeof(v));
     (void)r;
-  }
-  if (fds[2].revents & POLLIN) {
-    ibv_async_event ev;
-    if (ibv_get_async_event(nic->context(), &ev) == 0) {
-      const ibv_event_type type = ev.event_type;
-      ibv_ack_async_event(&ev);
-      if (type == IBV_EVENT_PORT_ERR) OnPortChange(w, false);
-      if (type == IBV_EVENT_PORT_ACTIVE) OnPortChange(w, true);
-    }
   }
 }
 
 void RdmaTransport::WorkerLoop(Worker* w) {
   if (!options_.rdma.worker_cpus.empty()) {
-    // Pin to the configured core (e.g. one near the NIC's NUMA node).
+    // Pin to the configured core (e.g. one near the NICs' NUMA node).
     cpu_set_t set;
     CPU_ZERO(&set);
     CPU_SET(
@@ -330,7 +339,14 @@ void RdmaTransport::WorkerLoop(Worker* w) {
         &set);
     pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
   }
-  Nic* nic = w->nic;
+  auto poll_all = [&] {
+    size_t n = 0;
+    for (Poller* p : w->pollers) {
+      std::lock_guard<std::mutex> lock(p->poll_mu);
+      n += PollNicLocked(p);
+    }
+    return n;
+  };
   int spins = 0;
   uint64_t seen = driver_epoch_.load(std::memory_order_relaxed);
   while (!stopping_.load(std::memory_order_acquire)) {
@@ -341,15 +357,10 @@ void RdmaTransport::WorkerLoop(Worker* w) {
       // back shortly; port events are still handled.
       seen = epoch;
       spins = 0;
-      WaitEvents(w, kDeferUs, /*channel=*/false);
+      WaitEvents(w, kDeferUs, /*channels=*/false);
       continue;
     }
-    size_t n;
-    {
-      std::lock_guard<std::mutex> lock(w->poll_mu);
-      n = PollNicLocked(w);
-    }
-    if (n > 0) {
+    if (poll_all() > 0) {
       spins = 0;
       continue;
     }
@@ -361,13 +372,9 @@ void RdmaTransport::WorkerLoop(Worker* w) {
     // Sleep until a completion, a wake-up or a port event. Arm first, then
     // poll once more: a completion between the last poll and arming would
     // otherwise raise no event.
-    ibv_req_notify_cq(nic->cq(), 0);
-    {
-      std::lock_guard<std::mutex> lock(w->poll_mu);
-      n = PollNicLocked(w);
-    }
-    if (n > 0) continue;
-    WaitEvents(w, kIdleSleepUs, /*channel=*/true);
+    for (Poller* p : w->pollers) ibv_req_notify_cq(p->nic->cq(), 0);
+    if (poll_all() > 0) continue;
+    WaitEvents(w, kIdleSleepUs, /*channels=*/true);
   }
 }
 

@@ -281,10 +281,10 @@ void RdmaTransport::AfterPost(const std::shared_ptr<Endpoint>& ep,
   if (result == Endpoint::PostResult::kRefused) {
     FailEndpoint(ep, absl::UnavailableError("ibv_post_send refused"), false);
   } else if (result == Endpoint::PostResult::kNicFull) {
-    Worker* w = workers_[ep->local_nic()].get();
-    absl::MutexLock lock(&w->map_mu);
-    w->starved.push_back(ep);
-    w->any_starved.store(true, std::memory_order_release);
+    Poller* p = pollers_[ep->local_nic()].get();
+    absl::MutexLock lock(&p->map_mu);
+    p->starved.push_back(ep);
+    p->any_starved.store(true, std::memory_order_release);
   }
 }
 

@@ -43,6 +43,9 @@ absl::Status RdmaTransport::ValidateOptions() const {
   if (o.qps_per_endpoint < 1 || o.qps_per_endpoint > 16) {
     return absl::InvalidArgumentError("rdma.qps_per_endpoint must be 1..16");
   }
+  if (o.worker_threads < 0 || o.worker_threads > 64) {
+    return absl::InvalidArgumentError("rdma.worker_threads must be 0..64");
+  }
   if (o.max_endpoints < 1) {
     return absl::InvalidArgumentError("rdma.max_endpoints must be >= 1");
   }
@@ -107,13 +110,26 @@ absl::Status RdmaTransport::Install(const TransportEnv& env,
     d->set_gid(
         std::string(reinterpret_cast<const char*>(nics_[i]->gid().raw), 16));
     d->set_lid(nics_[i]->lid());
+    auto p = std::make_unique<Poller>();
+    p->nic = nics_[i].get();
+    p->index = static_cast<int>(i);
+    pollers_.push_back(std::move(p));
+  }
+  // One worker per NIC, or fewer serving the NICs round robin.
+  const size_t threads =
+      options_.rdma.worker_threads > 0
+          ? std::min<size_t>(options_.rdma.worker_threads, nics_.size())
+          : nics_.size();
+  for (size_t t = 0; t < threads; ++t) {
     auto w = std::make_unique<Worker>();
-    w->nic = nics_[i].get();
-    w->index = static_cast<int>(i);
+    w->index = static_cast<int>(t);
     w->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (w->wake_fd < 0) {
       return absl::ResourceExhaustedError(
           absl::StrCat("eventfd: ", std::strerror(errno)));
+    }
+    for (size_t i = t; i < nics_.size(); i += threads) {
+      w->pollers.push_back(pollers_[i].get());
     }
     workers_.push_back(std::move(w));
   }
@@ -307,11 +323,11 @@ void RdmaTransport::Shutdown() {
       }
     }
   }
-  for (auto& w : workers_) {
-    absl::MutexLock lock(&w->map_mu);
-    for (auto& [qpn, ref] : w->by_qpn) eps.push_back(std::move(ref.ep));
-    w->by_qpn.clear();
-    w->starved.clear();
+  for (auto& p : pollers_) {
+    absl::MutexLock lock(&p->map_mu);
+    for (auto& [qpn, ref] : p->by_qpn) eps.push_back(std::move(ref.ep));
+    p->by_qpn.clear();
+    p->starved.clear();
   }
   std::sort(eps.begin(), eps.end());
   eps.erase(std::unique(eps.begin(), eps.end()), eps.end());
@@ -352,6 +368,7 @@ void RdmaTransport::Shutdown() {
     if (w->wake_fd >= 0) ::close(w->wake_fd);
   }
   workers_.clear();
+  pollers_.clear();
   nics_.clear();
 }
 

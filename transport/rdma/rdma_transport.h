@@ -19,9 +19,10 @@
 // Posting runs to completion on the submitting thread: WR chains,
 // selectively signaled, small WRITEs inline, bounded per QP and per NIC.
 // Completions are reaped by whichever thread polls: an application thread
-// waiting for its batch (Poll), or else the NIC's worker, which spins
-// briefly and then sleeps on the completion channel (an idle engine uses
-// no CPU), and stays out of the way while application threads poll.
+// waiting for its batch (Poll), or else a worker thread (one per NIC, or
+// rdma.worker_threads serving the NICs round robin), which spins briefly
+// and then sleeps on the completion channels (an idle engine uses no CPU),
+// and stays out of the way while application threads poll.
 //
 // A slice whose completion fails is retried on a rail it has not failed on;
 // a rail with repeated errors is paused and probed again later, for longer
@@ -29,8 +30,8 @@
 // (new incarnation) retires its endpoints; failed handshakes back off.
 //
 // Thread-safe as the Transport interface requires. Lock order:
-// Worker::poll_mu, peers_mu_, Peer::mu, store_mu_, Endpoint::mu,
-// Worker::map_mu, jobs_mu_. Sinks are called with no lock held but
+// Poller::poll_mu, peers_mu_, Peer::mu, store_mu_, Endpoint::mu,
+// Poller::map_mu, jobs_mu_. Sinks are called with no lock held but
 // poll_mu.
 //
 // Implementation split by concern: rdma_transport.cc (lifecycle, memory,
@@ -88,17 +89,23 @@ class RdmaTransport final : public Transport {
     std::shared_ptr<Endpoint> ep;
     int qp = 0;
   };
-  struct Worker {
+  // Per NIC: its CQ's poller state and where its QPs' completions go.
+  struct Poller {
     Nic* nic = nullptr;
     int index = 0;
-    int wake_fd = -1;
-    std::thread thread;
     std::mutex poll_mu;  // One thread polls the CQ at a time.
     absl::Mutex map_mu;
     absl::flat_hash_map<uint32_t, QpRef> by_qpn ABSL_GUARDED_BY(map_mu);
     // Endpoints that had slices to post but no room in the NIC's budget.
     std::vector<std::shared_ptr<Endpoint>> starved ABSL_GUARDED_BY(map_mu);
     std::atomic<bool> any_starved{false};
+  };
+  // A worker thread and the NICs it serves (rdma.worker_threads).
+  struct Worker {
+    std::vector<Poller*> pollers;
+    int index = 0;
+    int wake_fd = -1;
+    std::thread thread;
   };
   struct Job {
     enum class Kind { kConnect, kDisconnect };
@@ -162,12 +169,12 @@ class RdmaTransport final : public Transport {
 
   // --- rdma_poll.cc
   void WorkerLoop(Worker* w);
-  // Sleeps until an event on the worker's fds (the completion channel only
-  // if `channel`) or `timeout_us`, and handles what arrived.
-  void WaitEvents(Worker* w, int64_t timeout_us, bool channel);
+  // Sleeps until an event on the worker's fds (its NICs' completion
+  // channels only if `channels`) or `timeout_us`, and handles what came.
+  void WaitEvents(Worker* w, int64_t timeout_us, bool channels);
   // Polls the worker's CQ once (poll_mu held); returns completions seen.
-  size_t PollNicLocked(Worker* w);
-  void HandleCompletion(Worker* w, const ibv_wc& wc);
+  size_t PollNicLocked(Poller* p);
+  void HandleCompletion(Poller* p, const ibv_wc& wc);
   // No new slices; waiting ones are routed elsewhere; the endpoint leaves
   // its rail and the store. Its QPs drain (flushed if `flush`).
   void FailEndpoint(const std::shared_ptr<Endpoint>& ep,
@@ -177,7 +184,7 @@ class RdmaTransport final : public Transport {
   void Retry(Slice* slice, const absl::Status& status);
   void NoteRailError(const Endpoint& ep);
   void NoteRailSuccess(Endpoint* ep);
-  void OnPortChange(Worker* w, bool up);
+  void OnPortChange(Poller* p, bool up);
 
   const TransportOptions options_;
   TransportEnv env_;
@@ -192,6 +199,7 @@ class RdmaTransport final : public Transport {
 
   std::vector<std::unique_ptr<Nic>> nics_;
   Topology topology_;
+  std::vector<std::unique_ptr<Poller>> pollers_;  // One per NIC.
   std::vector<std::unique_ptr<Worker>> workers_;
 
   absl::Mutex mr_mu_;
