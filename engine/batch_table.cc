@@ -1,5 +1,6 @@
 #include "engine/batch_table.h"
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "engine/segment_cache.h"
 
@@ -19,20 +20,22 @@ absl::Status BadId(BatchId id, absl::string_view why) {
 
 }  // namespace
 
-void TaskSink::FinishTask(Task* task) {
-  // Done before the lease goes: whoever waits for the buffer to be free
-  // (UnregisterLocalMemory) then sees the request finished.
+void TaskSink::FinishTask(Task* task, MemoryRegistry::Lease* lease) {
   task->state.store(
       task->error.ok() ? TransferState::kCompleted : task->failed_state,
       std::memory_order_release);
-  task->local_lease.Release();
+  // Taken out now, released only after the batch's pending count dropped:
+  // once that count is zero the batch may be freed and its tasks reused,
+  // and whoever waited for the buffer (UnregisterLocalMemory) must find
+  // the batch finished, freeable.
+  *lease = std::move(task->local_lease);
 }
 
 void TaskSink::TasksDone(Batch* batch, size_t n) {
   if (batch->pending.fetch_sub(n, std::memory_order_acq_rel) == n) {
     // Waiters check `pending` under the lock before they sleep, so taking
     // it here means none can miss this.
-    absl::MutexLock lock(&batch->mu);
+    MutexLock lock(&batch->mu);
     batch->done_cv.SignalAll();
   }
 }
@@ -47,7 +50,7 @@ void TaskSink::OnSliceDone(Slice* slice, const absl::Status& status) {
         segments_ != nullptr) {
       segments_->MarkStale(task->target);
     }
-    absl::MutexLock lock(&batch->mu);
+    MutexLock lock(&batch->mu);
     if (task->error.ok()) {
       task->error = status;
       task->failed_state = status.code() == absl::StatusCode::kDeadlineExceeded
@@ -57,13 +60,16 @@ void TaskSink::OnSliceDone(Slice* slice, const absl::Status& status) {
   }
   if (task->slices_left.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
   // Last slice: the task is done.
-  FinishTask(task);
+  MemoryRegistry::Lease lease;
+  FinishTask(task, &lease);
   TasksDone(batch, 1);
 }
 
 void TaskSink::OnSlicesDone(Slice* const* slices, size_t n) {
   Batch* batch = nullptr;
   size_t finished = 0;
+  // Released when this returns, after the pending counts dropped.
+  absl::InlinedVector<MemoryRegistry::Lease, 32> leases;
   for (size_t i = 0; i < n; ++i) {
     Task* task = static_cast<EngineSlice*>(slices[i])->task;
     if (task->slices.size() == 1) {
@@ -80,7 +86,7 @@ void TaskSink::OnSlicesDone(Slice* const* slices, size_t n) {
       batch = task->batch;
       finished = 0;
     }
-    FinishTask(task);
+    FinishTask(task, &leases.emplace_back());
     ++finished;
   }
   if (finished > 0) TasksDone(batch, finished);
@@ -90,7 +96,7 @@ absl::StatusOr<BatchId> BatchTable::Allocate(size_t capacity) {
   Batch* batch = nullptr;
   uint32_t slot = 0;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (!free_.empty()) {
       slot = free_.back();
       free_.pop_back();
@@ -104,7 +110,7 @@ absl::StatusOr<BatchId> BatchTable::Allocate(size_t capacity) {
     }
     batch = slots_[slot].get();
   }
-  absl::MutexLock lock(&batch->mu);
+  MutexLock lock(&batch->mu);
   batch->in_use = true;
   batch->capacity = capacity;
   batch->count = 0;
@@ -119,7 +125,7 @@ absl::StatusOr<LockedBatch> BatchTable::LockBatch(BatchId id) {
   uint64_t slot_plus_one = id & kSlotMask;
   Batch* batch = nullptr;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (slot_plus_one == 0 || slot_plus_one > slots_.size()) {
       return BadId(id, "not a batch of this engine");
     }
@@ -135,7 +141,7 @@ absl::StatusOr<LockedBatch> BatchTable::LockBatch(BatchId id) {
 
 absl::StatusOr<Batch*> BatchTable::Peek(BatchId id) {
   uint64_t slot_plus_one = id & kSlotMask;
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (slot_plus_one == 0 || slot_plus_one > slots_.size()) {
     return BadId(id, "not a batch of this engine");
   }
@@ -159,7 +165,7 @@ absl::Status BatchTable::Free(BatchId id) {
     (*batch)->views.clear();
     slot = static_cast<uint32_t>((id & kSlotMask) - 1);
   }
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   free_.push_back(slot);
   return absl::OkStatus();
 }

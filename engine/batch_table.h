@@ -23,7 +23,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "engine/transfer_engine.h"
 #include "transport/memory_registry.h"
 #include "transport/segment_view.h"
@@ -57,8 +57,8 @@ struct Task {
 };
 
 struct Batch {
-  absl::Mutex mu;
-  absl::CondVar done_cv;
+  Mutex mu;
+  CondVar done_cv;
   uint32_t generation ABSL_GUARDED_BY(mu) = 1;
   bool in_use ABSL_GUARDED_BY(mu) = false;
   size_t capacity ABSL_GUARDED_BY(mu) = 0;
@@ -88,8 +88,9 @@ class TaskSink final : public SliceSink {
   void OnSlicesDone(Slice* const* slices, size_t n) override;
 
  private:
-  // Finishes a task whose last slice completed.
-  static void FinishTask(Task* task);
+  // Finishes a task whose last slice completed; moves its lease to
+  // *lease, to be released after TasksDone.
+  static void FinishTask(Task* task, MemoryRegistry::Lease* lease);
   // Takes `n` finished tasks off the batch's pending count.
   static void TasksDone(Batch* batch, size_t n);
 
@@ -135,7 +136,7 @@ class BatchTable {
   absl::Status Free(BatchId id);
 
  private:
-  absl::Mutex mu_;
+  Mutex mu_;
   std::vector<std::unique_ptr<Batch>> slots_ ABSL_GUARDED_BY(mu_);
   std::vector<uint32_t> free_ ABSL_GUARDED_BY(mu_);
 };

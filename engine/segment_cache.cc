@@ -15,7 +15,7 @@ absl::StatusOr<std::shared_ptr<const SegmentView>> SegmentCache::Fetch(
 absl::StatusOr<SegmentHandle> SegmentCache::Open(const std::string& name) {
   if (absl::Status s = metadata::ValidateSegmentName(name); !s.ok()) return s;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto it = by_name_.find(name);
     if (it != by_name_.end()) return it->second;
   }
@@ -23,7 +23,7 @@ absl::StatusOr<SegmentHandle> SegmentCache::Open(const std::string& name) {
   // of segments that are already open.
   auto view = Fetch(name);
   if (!view.ok()) return view.status();
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = by_name_.find(name);
   if (it != by_name_.end()) return it->second;  // Lost a race; same result.
   SegmentHandle handle =
@@ -47,7 +47,7 @@ absl::StatusOr<size_t> SegmentCache::IndexOf(SegmentHandle handle) const {
 absl::StatusOr<std::shared_ptr<const SegmentView>> SegmentCache::Get(
     SegmentHandle handle) {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto index = IndexOf(handle);
     if (!index.ok()) return index.status();
     Entry& e = entries_[*index];
@@ -56,12 +56,12 @@ absl::StatusOr<std::shared_ptr<const SegmentView>> SegmentCache::Get(
   }
   auto fresh = Refresh(handle);
   if (fresh.ok()) return fresh;
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return entries_[*IndexOf(handle)].view;
 }
 
 void SegmentCache::MarkStale(SegmentHandle handle) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto index = IndexOf(handle);
   if (index.ok()) entries_[*index].stale = true;
 }
@@ -70,14 +70,14 @@ absl::StatusOr<std::shared_ptr<const SegmentView>> SegmentCache::Refresh(
     SegmentHandle handle) {
   std::string name;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto index = IndexOf(handle);
     if (!index.ok()) return index.status();
     name = entries_[*index].name;
   }
   auto view = Fetch(name);
   if (!view.ok()) return view.status();
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto index = IndexOf(handle);
   if (!index.ok()) return index.status();
   // Keep the newer snapshot if a concurrent refresh got one (versions only

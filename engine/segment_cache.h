@@ -11,7 +11,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "engine/transfer_engine.h"
 #include "metadata/metadata_client.h"
 #include "transport/segment_view.h"
@@ -56,7 +56,7 @@ class SegmentCache {
 
   metadata::MetadataClient* const client_;
   const uint16_t tag_;
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   absl::flat_hash_map<std::string, SegmentHandle> by_name_ ABSL_GUARDED_BY(mu_);
   std::vector<Entry> entries_ ABSL_GUARDED_BY(mu_);
 };

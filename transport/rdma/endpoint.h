@@ -23,7 +23,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "transport/rdma/nic.h"
 #include "transport/rdma/qp.h"
 #include "transport/transport.h"
@@ -141,7 +141,7 @@ class Endpoint {
     state_.store(s, std::memory_order_release);
   }
 
-  absl::Mutex mu;
+  Mutex mu;
   std::vector<QueuePair> qps ABSL_GUARDED_BY(mu);
   SliceQueue waiting ABSL_GUARDED_BY(mu);
   // Epoch of the connection (see handshake.proto).

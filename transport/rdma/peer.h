@@ -15,7 +15,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 
 namespace ferry::rdma {
 
@@ -60,7 +60,7 @@ class Peer {
   std::vector<std::shared_ptr<Endpoint>> Restarted(uint64_t incarnation)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
-  absl::Mutex mu;
+  Mutex mu;
   uint64_t incarnation ABSL_GUARDED_BY(mu) = 0;  // 0: not known yet.
   std::string rpc_address ABSL_GUARDED_BY(mu);
   std::deque<Rail> rails ABSL_GUARDED_BY(mu);

@@ -35,7 +35,7 @@ void DestroyQps(std::vector<QueuePair>* qps) {
 }  // namespace
 
 void RdmaTransport::QueueJob(Job job) {
-  absl::MutexLock lock(&jobs_mu_);
+  MutexLock lock(&jobs_mu_);
   jobs_.push_back(std::move(job));
   jobs_cv_.Signal();
 }
@@ -44,7 +44,7 @@ void RdmaTransport::ConnectorLoop() {
   while (true) {
     Job job;
     {
-      absl::MutexLock lock(&jobs_mu_);
+      MutexLock lock(&jobs_mu_);
       while (!stopping_.load() && jobs_.empty()) jobs_cv_.Wait(&jobs_mu_);
       if (stopping_.load()) return;
       job = std::move(jobs_.front());
@@ -78,7 +78,7 @@ bool RdmaTransport::Activate(const std::shared_ptr<Endpoint>& ep,
                              std::vector<QueuePair>* qps, uint64_t epoch) {
   Endpoint::PostResult post;
   {
-    absl::MutexLock lock(&ep->mu);
+    MutexLock lock(&ep->mu);
     if (ep->state() != Endpoint::State::kConnecting) return false;
     ep->qps = std::move(*qps);
     qps->clear();
@@ -87,7 +87,7 @@ bool RdmaTransport::Activate(const std::shared_ptr<Endpoint>& ep,
     {
       // Registered for completions before anything is posted.
       Poller* p = pollers_[ep->local_nic()].get();
-      absl::MutexLock map_lock(&p->map_mu);
+      MutexLock map_lock(&p->map_mu);
       for (size_t k = 0; k < ep->qps.size(); ++k) {
         p->by_qpn[ep->qps[k].qp->qp_num] = QpRef{ep, static_cast<int>(k)};
       }
@@ -101,7 +101,7 @@ bool RdmaTransport::Activate(const std::shared_ptr<Endpoint>& ep,
 
 void RdmaTransport::RunConnect(const std::shared_ptr<Endpoint>& ep) {
   {
-    absl::MutexLock lock(&ep->mu);
+    MutexLock lock(&ep->mu);
     ep->connecting_job = false;
     // Adopted (the peer's request came first) or failed meanwhile.
     if (ep->state() != Endpoint::State::kConnecting) return;
@@ -110,7 +110,7 @@ void RdmaTransport::RunConnect(const std::shared_ptr<Endpoint>& ep) {
   std::string rpc;
   uint64_t rail_epoch = 0;
   {
-    absl::MutexLock lock(&peer->mu);
+    MutexLock lock(&peer->mu);
     rpc = peer->rpc_address;
     if (Peer::Rail* r = peer->FindRail(ep->local_nic(), ep->remote_nic())) {
       rail_epoch = r->epoch;
@@ -152,7 +152,7 @@ void RdmaTransport::RunConnect(const std::shared_ptr<Endpoint>& ep) {
         }
         if (s.ok()) {
           {
-            absl::MutexLock lock(&peer->mu);
+            MutexLock lock(&peer->mu);
             Peer::Rail& r = peer->GetRail(ep->local_nic(), ep->remote_nic());
             r.epoch = std::max(r.epoch, reply.epoch());
             peer->connect_failures = 0;
@@ -168,7 +168,7 @@ void RdmaTransport::RunConnect(const std::shared_ptr<Endpoint>& ep) {
         // The peer is connecting this rail too, and its request wins: it
         // brings the QPs. If it does not come in time, the endpoint fails.
         DestroyQps(&qps);
-        absl::MutexLock lock(&ep->mu);
+        MutexLock lock(&ep->mu);
         if (ep->state() == Endpoint::State::kConnecting) {
           ep->adopt_deadline_ns =
               absl::GetCurrentTimeNanos() +
@@ -182,7 +182,7 @@ void RdmaTransport::RunConnect(const std::shared_ptr<Endpoint>& ep) {
         // newer epoch.
         DestroyQps(&qps);
         {
-          absl::MutexLock lock(&peer->mu);
+          MutexLock lock(&peer->mu);
           Peer::Rail& r = peer->GetRail(ep->local_nic(), ep->remote_nic());
           r.epoch = std::max(r.epoch, reply.epoch());
         }
@@ -195,7 +195,7 @@ void RdmaTransport::RunConnect(const std::shared_ptr<Endpoint>& ep) {
         s = absl::FailedPreconditionError(absl::StrCat(
             "segment '", peer->name(),
             "' restarted (new incarnation): RefreshSegment and resubmit"));
-        absl::MutexLock lock(&peer->mu);
+        MutexLock lock(&peer->mu);
         if (reply.target_incarnation() != 0) {
           restarted = peer->Restarted(reply.target_incarnation());
         }
@@ -210,7 +210,7 @@ void RdmaTransport::RunConnect(const std::shared_ptr<Endpoint>& ep) {
   {
     // Back off: while it lasts, slices for this peer fail fast instead of
     // each starting a handshake (no reconnect storm).
-    absl::MutexLock lock(&peer->mu);
+    MutexLock lock(&peer->mu);
     const int shift = std::min<int>(static_cast<int>(peer->connect_failures),
                                     kMaxBackoffShift);
     ++peer->connect_failures;
@@ -291,7 +291,7 @@ absl::StatusOr<ConnectReply> RdmaTransport::OnConnect(
   uint64_t epoch = 0;
   absl::Status s;
   {
-    absl::MutexLock lock(&peer->mu);
+    MutexLock lock(&peer->mu);
     if (peer->incarnation != req.initiator_incarnation()) {
       if (peer->IsDead(req.initiator_incarnation())) {
         return absl::FailedPreconditionError(
@@ -371,13 +371,13 @@ void RdmaTransport::Close(const std::shared_ptr<Endpoint>& ep) {
   Peer* peer = ep->peer();
   Peer::Rail* rail = nullptr;
   {
-    absl::MutexLock lock(&peer->mu);
+    MutexLock lock(&peer->mu);
     rail = peer->FindRail(ep->local_nic(), ep->remote_nic());
     if (rail != nullptr && rail->ep == ep) rail->ep = nullptr;
   }
   bool closing = false;
   {
-    absl::MutexLock lock(&ep->mu);
+    MutexLock lock(&ep->mu);
     if (ep->state() == Endpoint::State::kConnected &&
         ep->busy.load(std::memory_order_acquire) == 0) {
       ep->SetStateLocked(Endpoint::State::kClosing);
@@ -391,10 +391,10 @@ void RdmaTransport::Close(const std::shared_ptr<Endpoint>& ep) {
       return;
     }
     {
-      absl::MutexLock lock(&peer->mu);
+      MutexLock lock(&peer->mu);
       if (rail != nullptr && rail->ep == nullptr) rail->ep = ep;
     }
-    absl::MutexLock lock(&store_mu_);
+    MutexLock lock(&store_mu_);
     store_.Insert(ep->id(), ep);
     return;
   }
@@ -411,12 +411,12 @@ void RdmaTransport::RunDisconnect(const std::shared_ptr<Endpoint>& ep) {
   req->set_initiator_nic(ep->nic()->name());
   req->set_target_nic(ep->remote_nic());
   {
-    absl::MutexLock lock(&ep->mu);
+    MutexLock lock(&ep->mu);
     req->set_epoch(ep->epoch);
   }
   std::string rpc;
   {
-    absl::MutexLock lock(&peer->mu);
+    MutexLock lock(&peer->mu);
     rpc = peer->rpc_address;
   }
   // Answered once the peer stopped using the QPs (bounded by the RPC
@@ -430,7 +430,7 @@ absl::Status RdmaTransport::OnDisconnect(const std::string& from,
                                          const DisconnectRequest& req) {
   std::shared_ptr<Peer> peer;
   {
-    absl::MutexLock lock(&peers_mu_);
+    MutexLock lock(&peers_mu_);
     auto it = peers_.find(from);
     if (it == peers_.end()) return absl::OkStatus();
     peer = it->second;
@@ -439,7 +439,7 @@ absl::Status RdmaTransport::OnDisconnect(const std::string& from,
   if (local < 0) return absl::OkStatus();
   std::shared_ptr<Endpoint> ep;
   {
-    absl::MutexLock lock(&peer->mu);
+    MutexLock lock(&peer->mu);
     if (peer->incarnation != req.initiator_incarnation()) {
       return absl::OkStatus();
     }
@@ -452,13 +452,13 @@ absl::Status RdmaTransport::OnDisconnect(const std::string& from,
     rail->ep = nullptr;
   }
   {
-    absl::MutexLock lock(&store_mu_);
+    MutexLock lock(&store_mu_);
     const auto* cur = store_.Peek(ep->id());
     if (cur != nullptr && *cur == ep) store_.Erase(ep->id());
   }
   SliceQueue waiting;
   {
-    absl::MutexLock lock(&ep->mu);
+    MutexLock lock(&ep->mu);
     ep->SetStateLocked(Endpoint::State::kClosing);
     waiting.Append(&ep->waiting);
   }
@@ -469,14 +469,14 @@ absl::Status RdmaTransport::OnDisconnect(const std::string& from,
   const absl::Time deadline = absl::Now() + options_.connect_timeout / 2;
   while (absl::Now() < deadline) {
     {
-      absl::MutexLock lock(&ep->mu);
+      MutexLock lock(&ep->mu);
       if (ep->PostedLocked() == 0) break;
     }
     absl::SleepFor(absl::Milliseconds(1));
   }
   {
     // Still posted: flush it now rather than wait for retry timeouts.
-    absl::MutexLock lock(&ep->mu);
+    MutexLock lock(&ep->mu);
     for (QueuePair& q : ep->qps) {
       if (q.qp != nullptr && q.count() > 0) FlushQp(q.qp);
     }
@@ -495,7 +495,7 @@ void RdmaTransport::HousekeeperLoop() {
 void RdmaTransport::Housekeep(int64_t now_ns) {
   std::vector<std::shared_ptr<Endpoint>> eps;
   {
-    absl::MutexLock lock(&store_mu_);
+    MutexLock lock(&store_mu_);
     eps.reserve(store_.size());
     store_.ForEach([&](const uint64_t&, const std::shared_ptr<Endpoint>& ep) {
       eps.push_back(ep);
@@ -506,7 +506,7 @@ void RdmaTransport::Housekeep(int64_t now_ns) {
     SliceQueue expired;
     bool adopt_timeout = false;
     {
-      absl::MutexLock lock(&ep->mu);
+      MutexLock lock(&ep->mu);
       adopt_timeout = ep->state() == Endpoint::State::kConnecting &&
                       ep->adopt_deadline_ns != 0 &&
                       now_ns > ep->adopt_deadline_ns;

@@ -79,7 +79,7 @@ size_t RdmaTransport::PollNicLocked(Poller* p) {
   if (p->any_starved.load(std::memory_order_acquire)) {
     std::vector<std::shared_ptr<Endpoint>> starved;
     {
-      absl::MutexLock lock(&p->map_mu);
+      MutexLock lock(&p->map_mu);
       starved.swap(p->starved);
       p->any_starved.store(false, std::memory_order_relaxed);
     }
@@ -91,7 +91,7 @@ size_t RdmaTransport::PollNicLocked(Poller* p) {
 void RdmaTransport::HandleCompletion(Poller* p, const ibv_wc& wc) {
   QpRef ref;
   {
-    absl::MutexLock lock(&p->map_mu);
+    MutexLock lock(&p->map_mu);
     auto it = p->by_qpn.find(wc.qp_num);
     if (it == p->by_qpn.end()) return;  // A QP we already let go of.
     ref = it->second;
@@ -104,7 +104,7 @@ void RdmaTransport::HandleCompletion(Poller* p, const ibv_wc& wc) {
   bool drained = false;
   Endpoint::PostResult post = Endpoint::PostResult::kDone;
   {
-    absl::MutexLock lock(&ep->mu);
+    MutexLock lock(&ep->mu);
     const Endpoint::State before = ep->state();
     status = ep->CompleteLocked(ref.qp, wc, done, &n);
     newly_failed =
@@ -157,19 +157,19 @@ void RdmaTransport::FailEndpoint(const std::shared_ptr<Endpoint>& ep,
   // now on get a fresh endpoint or another rail.
   {
     Peer* peer = ep->peer();
-    absl::MutexLock lock(&peer->mu);
+    MutexLock lock(&peer->mu);
     Peer::Rail* r = peer->FindRail(ep->local_nic(), ep->remote_nic());
     if (r != nullptr && r->ep == ep) r->ep = nullptr;
   }
   {
-    absl::MutexLock lock(&store_mu_);
+    MutexLock lock(&store_mu_);
     const auto* cur = store_.Peek(ep->id());
     if (cur != nullptr && *cur == ep) store_.Erase(ep->id());
   }
   SliceQueue waiting;
   bool drained;
   {
-    absl::MutexLock lock(&ep->mu);
+    MutexLock lock(&ep->mu);
     ep->SetStateLocked(Endpoint::State::kFailed);
     waiting.Append(&ep->waiting);
     // Flushing completes every posted WR at once (with a flush error),
@@ -189,7 +189,7 @@ void RdmaTransport::FailEndpoint(const std::shared_ptr<Endpoint>& ep,
 void RdmaTransport::DropIfDrained(const std::shared_ptr<Endpoint>& ep) {
   std::vector<uint32_t> qpns;
   {
-    absl::MutexLock lock(&ep->mu);
+    MutexLock lock(&ep->mu);
     const Endpoint::State st = ep->state();
     if ((st != Endpoint::State::kFailed && st != Endpoint::State::kClosing) ||
         ep->PostedLocked() != 0) {
@@ -202,7 +202,7 @@ void RdmaTransport::DropIfDrained(const std::shared_ptr<Endpoint>& ep) {
   // The QPs are destroyed with the endpoint's last reference (a closing
   // endpoint's disconnect job holds one until the peer let go).
   Poller* p = pollers_[ep->local_nic()].get();
-  absl::MutexLock lock(&p->map_mu);
+  MutexLock lock(&p->map_mu);
   for (uint32_t qpn : qpns) {
     auto it = p->by_qpn.find(qpn);
     if (it != p->by_qpn.end() && it->second.ep == ep) p->by_qpn.erase(it);
@@ -244,7 +244,7 @@ void RdmaTransport::Retry(Slice* slice, const absl::Status& status) {
 void RdmaTransport::NoteRailError(const Endpoint& ep) {
   const_cast<Endpoint&>(ep).suspect.store(true, std::memory_order_relaxed);
   Peer* peer = ep.peer();
-  absl::MutexLock lock(&peer->mu);
+  MutexLock lock(&peer->mu);
   Peer::Rail* r = peer->FindRail(ep.local_nic(), ep.remote_nic());
   if (r == nullptr) return;
   RailHealth& h = r->health;
@@ -264,7 +264,7 @@ void RdmaTransport::NoteRailSuccess(Endpoint* ep) {
   const bool first = !ep->proven.exchange(true, std::memory_order_relaxed);
   if (!suspect && !first) return;
   Peer* peer = ep->peer();
-  absl::MutexLock lock(&peer->mu);
+  MutexLock lock(&peer->mu);
   Peer::Rail* r = peer->FindRail(ep->local_nic(), ep->remote_nic());
   if (r == nullptr) return;
   if (suspect) r->health = RailHealth{};
@@ -279,7 +279,7 @@ void RdmaTransport::OnPortChange(Poller* p, bool up) {
   // timeout.
   std::vector<std::shared_ptr<Endpoint>> eps;
   {
-    absl::MutexLock lock(&store_mu_);
+    MutexLock lock(&store_mu_);
     store_.ForEach([&](const uint64_t&, const std::shared_ptr<Endpoint>& ep) {
       if (ep->local_nic() == p->index) eps.push_back(ep);
     });

@@ -88,7 +88,7 @@ void RdmaTransport::RouteRun(absl::Span<Slice* const> run, absl::Time now,
   // The run's snapshot: rail loads and health, one lock.
   absl::InlinedVector<RailState, 16> rails(n_rails);
   {
-    absl::MutexLock lock(&peer->mu);
+    MutexLock lock(&peer->mu);
     for (const Peer::Rail& r : peer->rails) {
       int j = 0;
       while (j < n_remote && devices[j].name() != r.remote_nic) ++j;
@@ -194,7 +194,7 @@ std::shared_ptr<Endpoint> RdmaTransport::RailEndpoint(
   std::shared_ptr<Endpoint> ep;
   bool created = false;
   {
-    absl::MutexLock lock(&peer->mu);
+    MutexLock lock(&peer->mu);
     Peer::Rail& rail = peer->GetRail(local, remote_nic);
     if (rail.ep != nullptr) {
       const Endpoint::State st = rail.ep->state();
@@ -226,7 +226,7 @@ std::shared_ptr<Endpoint> RdmaTransport::RailEndpoint(
   if (created) {
     StoreInsert(ep);
     {
-      absl::MutexLock lock(&ep->mu);
+      MutexLock lock(&ep->mu);
       ep->connecting_job = true;
     }
     QueueJob({Job::Kind::kConnect, ep});
@@ -237,7 +237,7 @@ std::shared_ptr<Endpoint> RdmaTransport::RailEndpoint(
 void RdmaTransport::StoreInsert(const std::shared_ptr<Endpoint>& ep) {
   std::vector<std::shared_ptr<Endpoint>> evicted;
   {
-    absl::MutexLock lock(&store_mu_);
+    MutexLock lock(&store_mu_);
     store_.Insert(ep->id(), ep, &evicted);
   }
   for (auto& v : evicted) Close(v);
@@ -249,7 +249,7 @@ void RdmaTransport::Enqueue(const std::shared_ptr<Endpoint>& ep, SliceQueue* q,
   SliceQueue bounced;
   Endpoint::PostResult result = Endpoint::PostResult::kDone;
   {
-    absl::MutexLock lock(&ep->mu);
+    MutexLock lock(&ep->mu);
     const Endpoint::State st = ep->state();
     if (st == Endpoint::State::kClosing || st == Endpoint::State::kFailed) {
       bounced.Append(q);  // Failed or closed since we looked it up.
@@ -270,7 +270,7 @@ void RdmaTransport::Enqueue(const std::shared_ptr<Endpoint>& ep, SliceQueue* q,
 void RdmaTransport::PostOrPark(const std::shared_ptr<Endpoint>& ep) {
   Endpoint::PostResult result;
   {
-    absl::MutexLock lock(&ep->mu);
+    MutexLock lock(&ep->mu);
     result = ep->PostLocked();
   }
   AfterPost(ep, result);
@@ -282,7 +282,7 @@ void RdmaTransport::AfterPost(const std::shared_ptr<Endpoint>& ep,
     FailEndpoint(ep, absl::UnavailableError("ibv_post_send refused"), false);
   } else if (result == Endpoint::PostResult::kNicFull) {
     Poller* p = pollers_[ep->local_nic()].get();
-    absl::MutexLock lock(&p->map_mu);
+    MutexLock lock(&p->map_mu);
     p->starved.push_back(ep);
     p->any_starved.store(true, std::memory_order_release);
   }

@@ -196,7 +196,7 @@ absl::StatusOr<MemoryHandle> RdmaTransport::RegisterMemory(
     }
   }
   const LocalMr* handle = entry.get();
-  absl::MutexLock lock(&mr_mu_);
+  MutexLock lock(&mr_mu_);
   mrs_[region.addr] = std::move(entry);
   return handle;
 }
@@ -204,7 +204,7 @@ absl::StatusOr<MemoryHandle> RdmaTransport::RegisterMemory(
 absl::Status RdmaTransport::UnregisterMemory(uintptr_t addr) {
   std::unique_ptr<LocalMr> entry;
   {
-    absl::MutexLock lock(&mr_mu_);
+    MutexLock lock(&mr_mu_);
     auto it = mrs_.find(addr);
     if (it == mrs_.end()) {
       return absl::NotFoundError("buffer not registered with RDMA");
@@ -227,7 +227,7 @@ int RdmaTransport::NicIndex(absl::string_view name) const {
 }
 
 std::shared_ptr<Peer> RdmaTransport::PeerNamed(const std::string& name) {
-  absl::MutexLock lock(&peers_mu_);
+  MutexLock lock(&peers_mu_);
   std::shared_ptr<Peer>& p = peers_[name];
   if (p == nullptr) p = std::make_shared<Peer>(name);
   return p;
@@ -238,7 +238,7 @@ std::shared_ptr<Peer> RdmaTransport::PeerForView(const SegmentView& view,
   std::shared_ptr<Peer> peer = PeerNamed(view.name());
   std::vector<std::shared_ptr<Endpoint>> old;
   {
-    absl::MutexLock lock(&peer->mu);
+    MutexLock lock(&peer->mu);
     if (peer->incarnation != view.incarnation()) {
       if (peer->IsDead(view.incarnation())) {
         *why = absl::FailedPreconditionError(absl::StrCat(
@@ -271,7 +271,7 @@ TransportStats RdmaTransport::Stats() const {
     n.errors = nic->errors.load(std::memory_order_relaxed);
   }
   {
-    absl::MutexLock lock(&store_mu_);
+    MutexLock lock(&store_mu_);
     st.endpoints = store_.size();
   }
   st.connects_started = connects_started_.load();
@@ -286,7 +286,7 @@ TransportStats RdmaTransport::Stats() const {
 void RdmaTransport::Shutdown() {
   if (stopping_.exchange(true)) return;
   {
-    absl::MutexLock lock(&jobs_mu_);
+    MutexLock lock(&jobs_mu_);
     jobs_cv_.SignalAll();
   }
   for (auto& t : connectors_) t.join();
@@ -302,21 +302,21 @@ void RdmaTransport::Shutdown() {
   // Every endpoint, wherever it is referenced.
   std::vector<std::shared_ptr<Endpoint>> eps;
   {
-    absl::MutexLock lock(&store_mu_);
+    MutexLock lock(&store_mu_);
     store_.ForEach([&](const uint64_t&, const std::shared_ptr<Endpoint>& ep) {
       eps.push_back(ep);
     });
     store_.Clear();
   }
   {
-    absl::MutexLock lock(&jobs_mu_);
+    MutexLock lock(&jobs_mu_);
     for (Job& j : jobs_) eps.push_back(std::move(j.ep));
     jobs_.clear();
   }
   {
-    absl::MutexLock lock(&peers_mu_);
+    MutexLock lock(&peers_mu_);
     for (auto& [name, peer] : peers_) {
-      absl::MutexLock plock(&peer->mu);
+      MutexLock plock(&peer->mu);
       for (Peer::Rail& r : peer->rails) {
         if (r.ep != nullptr) eps.push_back(std::move(r.ep));
         r.ep = nullptr;
@@ -324,7 +324,7 @@ void RdmaTransport::Shutdown() {
     }
   }
   for (auto& p : pollers_) {
-    absl::MutexLock lock(&p->map_mu);
+    MutexLock lock(&p->map_mu);
     for (auto& [qpn, ref] : p->by_qpn) eps.push_back(std::move(ref.ep));
     p->by_qpn.clear();
     p->starved.clear();
@@ -336,7 +336,7 @@ void RdmaTransport::Shutdown() {
   for (auto& ep : eps) {
     SliceQueue gone;
     {
-      absl::MutexLock lock(&ep->mu);
+      MutexLock lock(&ep->mu);
       ep->SetStateLocked(Endpoint::State::kFailed);
       gone.Append(&ep->waiting);
       // With the QPs destroyed no completion can come: the posted slices
@@ -354,11 +354,11 @@ void RdmaTransport::Shutdown() {
   }
   eps.clear();
   {
-    absl::MutexLock lock(&peers_mu_);
+    MutexLock lock(&peers_mu_);
     peers_.clear();
   }
   {
-    absl::MutexLock lock(&mr_mu_);
+    MutexLock lock(&mr_mu_);
     for (auto& [addr, entry] : mrs_) {
       for (ibv_mr* mr : entry->mrs) ibv_dereg_mr(mr);
     }

@@ -52,8 +52,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "common/mutex.h"
 #include "transport/rdma/endpoint.h"
 #include "transport/rdma/handshake.pb.h"
 #include "transport/rdma/local_mr.h"
@@ -94,7 +94,7 @@ class RdmaTransport final : public Transport {
     Nic* nic = nullptr;
     int index = 0;
     std::mutex poll_mu;  // One thread polls the CQ at a time.
-    absl::Mutex map_mu;
+    Mutex map_mu;
     absl::flat_hash_map<uint32_t, QpRef> by_qpn ABSL_GUARDED_BY(map_mu);
     // Endpoints that had slices to post but no room in the NIC's budget.
     std::vector<std::shared_ptr<Endpoint>> starved ABSL_GUARDED_BY(map_mu);
@@ -202,19 +202,19 @@ class RdmaTransport final : public Transport {
   std::vector<std::unique_ptr<Poller>> pollers_;  // One per NIC.
   std::vector<std::unique_ptr<Worker>> workers_;
 
-  absl::Mutex mr_mu_;
+  Mutex mr_mu_;
   std::map<uintptr_t, std::unique_ptr<LocalMr>> mrs_ ABSL_GUARDED_BY(mr_mu_);
 
-  absl::Mutex peers_mu_;
+  Mutex peers_mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Peer>> peers_
       ABSL_GUARDED_BY(peers_mu_);
 
-  mutable absl::Mutex store_mu_;
+  mutable Mutex store_mu_;
   SieveCache<uint64_t, std::shared_ptr<Endpoint>> store_
       ABSL_GUARDED_BY(store_mu_);
 
-  absl::Mutex jobs_mu_;
-  absl::CondVar jobs_cv_;
+  Mutex jobs_mu_;
+  CondVar jobs_cv_;
   std::deque<Job> jobs_ ABSL_GUARDED_BY(jobs_mu_);
   std::vector<std::thread> connectors_;
   absl::Notification stop_housekeeper_;
