@@ -5,6 +5,8 @@
 # transfer_bench throughput with one NIC per host and with two, in the same
 # run, and prints the ratio (two NICs should give close to 2x).
 #   sudo tools/bench_striping.sh [rate, default 200mbit] [seconds, default 6]
+# Extra initiator flags may be given in BENCH_FLAGS (e.g.
+# BENCH_FLAGS=--qps_per_endpoint=1).
 # Needs root (ip netns, tc). Removes everything it creates.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -41,7 +43,7 @@ run() {  # label, h1 devices, h2 devices, port
     --metadata_server="$B1:$port" --listen_host="$A1" --operation=write \
     --block_size=$((1 << 20)) --batch_size=16 --threads=2 \
     --buffer_size=$((256 << 20)) --warmup=3 --duration="$secs" --report=json \
-    2>/dev/null | tail -1 >"$tmp/$label.json"
+    ${BENCH_FLAGS:-} 2>/dev/null | tail -1 >"$tmp/$label.json"
   kill -9 "${pids[-1]}" 2>/dev/null
   python3 -c 'import json,sys; print("%.4f" % json.load(open(sys.argv[1]))["throughput_gbps"])' "$tmp/$label.json"
 }

@@ -36,9 +36,10 @@ build() {
 
 demo() {
   setup
-  "${BAZEL[@]}" build -c opt //tools:transfer_bench
-  local bench
-  bench="$("${BAZEL[@]}" info -c opt bazel-bin 2>/dev/null)/tools/transfer_bench"
+  "${BAZEL[@]}" build -c opt //tools:transfer_bench //transport/softrnic:libibverbs.so.1
+  local bin bench
+  bin="$("${BAZEL[@]}" info -c opt bazel-bin 2>/dev/null)"
+  bench="$bin/tools/transfer_bench"
   echo "== Ferry demo: two engines on loopback, embedded metadata service, TCP"
   echo "-- WRITE 1 MiB blocks, every byte verified (read back and compared)"
   "$bench" --mode=local --operation=write --block_size=1048576 --batch_size=8 \
@@ -49,6 +50,13 @@ demo() {
   echo "-- WRITE throughput, 1 MiB blocks"
   "$bench" --mode=local --operation=write --block_size=1048576 --batch_size=8 \
     --buffer_size=$((256 << 20)) --duration=3
+  echo "== The same over RDMA, on two softrnic soft NICs (no RDMA hardware here):"
+  echo "   64 KiB slices striped over both, every byte verified"
+  LD_LIBRARY_PATH="$bin/transport/softrnic" \
+    FERRY_SOFTRNIC_DEVICES=softrnic0=127.0.0.1,softrnic1=127.0.0.2 \
+    "$bench" --mode=local --protocol=rdma --operation=write \
+    --block_size=1048576 --batch_size=8 --buffer_size=$((256 << 20)) \
+    --duration=2 --verify
 }
 
 # Runs `bazel test` with the given flags and adds the gtest case counts of

@@ -6,9 +6,11 @@
 //     tools/softrnic-run bazel-bin/tools/engine_bench
 // The counter `transfers/s` is what decides whether the engine would limit
 // 8x400 Gbps at 64 KiB slices (about 6 million slices per second).
+#include <atomic>
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "benchmark/benchmark.h"
@@ -100,6 +102,28 @@ BENCHMARK(BM_EngineWriteWorkerCompletes)
     ->Args({64, 1})
     ->Args({64, 512})
     ->UseRealTime();
+
+// The reference for the hand-off's cost: one cache line bounced between
+// two threads and back (each round trip moves it twice).
+void BM_CrossThreadRoundTrip(benchmark::State& state) {
+  std::atomic<int> turn{0};
+  std::atomic<bool> stop{false};
+  std::thread other([&] {
+    while (!stop.load(std::memory_order_relaxed)) {
+      if (turn.load(std::memory_order_acquire) == 1) {
+        turn.store(0, std::memory_order_release);
+      }
+    }
+  });
+  for (auto _ : state) {
+    turn.store(1, std::memory_order_release);
+    while (turn.load(std::memory_order_acquire) != 0) {
+    }
+  }
+  stop.store(true);
+  other.join();
+}
+BENCHMARK(BM_CrossThreadRoundTrip)->UseRealTime();
 
 }  // namespace
 }  // namespace ferry
