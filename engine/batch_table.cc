@@ -46,8 +46,14 @@ void TaskSink::OnSliceDone(Slice* slice, const absl::Status& status) {
   if (status.ok()) {
     task->bytes_done.fetch_add(slice->length, std::memory_order_relaxed);
   } else {
-    if (status.code() == absl::StatusCode::kInvalidArgument &&
-        segments_ != nullptr) {
+    // Refused (InvalidArgument), addressed to an earlier run of the target
+    // (FailedPrecondition) or unreachable (Unavailable: it may have moved
+    // or restarted): the next submission re-reads its descriptor.
+    const absl::StatusCode code = status.code();
+    if (segments_ != nullptr &&
+        (code == absl::StatusCode::kInvalidArgument ||
+         code == absl::StatusCode::kFailedPrecondition ||
+         code == absl::StatusCode::kUnavailable)) {
       segments_->MarkStale(task->target);
     }
     MutexLock lock(&batch->mu);

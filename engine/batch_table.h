@@ -76,9 +76,9 @@ class SegmentCache;
 
 // Completes slices: accounts bytes, records the first error, finishes the
 // task after its last slice, wakes waiters after the batch's last task. A
-// request the target refused (InvalidArgument from the transport) marks
-// the target's cached descriptor stale, so the next submission sees the
-// target's current buffers.
+// request that failed because the target refused it, restarted or could
+// not be reached marks the target's cached descriptor stale, so the next
+// submission sees the target's current buffers and incarnation.
 class TaskSink final : public SliceSink {
  public:
   void set_segments(SegmentCache* segments) { segments_ = segments; }

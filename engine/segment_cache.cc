@@ -4,6 +4,13 @@
 #include "metadata/validation.h"
 
 namespace ferry {
+namespace {
+
+// A segment whose requests keep failing is fetched again at most this
+// often, however many failures mark it stale.
+constexpr absl::Duration kMinRefreshInterval = absl::Milliseconds(100);
+
+}  // namespace
 
 absl::StatusOr<std::shared_ptr<const SegmentView>> SegmentCache::Fetch(
     const std::string& name) {
@@ -28,7 +35,7 @@ absl::StatusOr<SegmentHandle> SegmentCache::Open(const std::string& name) {
   if (it != by_name_.end()) return it->second;  // Lost a race; same result.
   SegmentHandle handle =
       (static_cast<uint64_t>(tag_) << 48) | (entries_.size() + 1);
-  entries_.push_back({name, std::move(*view)});
+  entries_.push_back({name, std::move(*view), false, absl::Now()});
   by_name_[name] = handle;
   return handle;
 }
@@ -52,7 +59,10 @@ absl::StatusOr<std::shared_ptr<const SegmentView>> SegmentCache::Get(
     if (!index.ok()) return index.status();
     Entry& e = entries_[*index];
     if (!e.stale) return e.view;
+    const absl::Time now = absl::Now();
+    if (now - e.fetched < kMinRefreshInterval) return e.view;
     e.stale = false;  // One refresh per mark, even if it fails.
+    e.fetched = now;
   }
   auto fresh = Refresh(handle);
   if (fresh.ok()) return fresh;
@@ -87,6 +97,7 @@ absl::StatusOr<std::shared_ptr<const SegmentView>> SegmentCache::Refresh(
       old->version() <= (*view)->version()) {
     entries_[*index].view = *view;
   }
+  entries_[*index].fetched = absl::Now();
   return entries_[*index].view;
 }
 

@@ -29,13 +29,13 @@ class SegmentCache {
   absl::StatusOr<SegmentHandle> Open(const std::string& name);
 
   // The current snapshot, or NotFound for an invalid handle. A snapshot
-  // marked stale is fetched again first (once: if that fails, the cached
-  // one is returned).
+  // marked stale is fetched again first, at most every 100 ms per segment
+  // (if that fails, the cached one is returned).
   absl::StatusOr<std::shared_ptr<const SegmentView>> Get(SegmentHandle handle);
 
-  // Marks the snapshot as out of date (the target refused a request its
-  // descriptor allowed: it unregistered the buffer, or restarted). Cheap;
-  // safe from any thread, including completion threads.
+  // Marks the snapshot as possibly out of date (a request to the segment
+  // failed: it may have unregistered the buffer, moved or restarted).
+  // Cheap; safe from any thread, including completion threads.
   void MarkStale(SegmentHandle handle);
 
   // Fetches the descriptor again and returns the new snapshot.
@@ -47,6 +47,7 @@ class SegmentCache {
     std::string name;
     std::shared_ptr<const SegmentView> view;
     bool stale = false;
+    absl::Time fetched = absl::InfinitePast();
   };
 
   absl::StatusOr<size_t> IndexOf(SegmentHandle handle) const
