@@ -11,8 +11,19 @@ namespace ferry::metadata {
 
 void PeerServiceImpl::SetExchangeHandler(const std::string& transport,
                                          ExchangeHandler handler) {
+  auto h = std::make_shared<Handler>();
+  h->fn = std::move(handler);
   absl::MutexLock lock(&mu_);
-  handlers_[transport] = std::make_shared<ExchangeHandler>(std::move(handler));
+  handlers_[transport] = std::move(h);
+}
+
+void PeerServiceImpl::RemoveExchangeHandler(const std::string& transport) {
+  absl::MutexLock lock(&mu_);
+  auto it = handlers_.find(transport);
+  if (it == handlers_.end()) return;
+  std::shared_ptr<Handler> h = std::move(it->second);
+  handlers_.erase(it);
+  while (h->calls > 0) call_done_.Wait(&mu_);
 }
 
 void PeerServiceImpl::SetNotifyHandler(NotifyHandler handler) {
@@ -30,17 +41,24 @@ grpc::Status PeerServiceImpl::Exchange(grpc::ServerContext*,
     return ToGrpcStatus(
         absl::InvalidArgumentError("exchange payload too large"));
   }
-  std::shared_ptr<ExchangeHandler> handler;
+  std::shared_ptr<Handler> handler;
   {
     absl::MutexLock lock(&mu_);
     auto it = handlers_.find(request->transport());
-    if (it != handlers_.end()) handler = it->second;
+    if (it != handlers_.end()) {
+      handler = it->second;
+      ++handler->calls;
+    }
   }
   if (handler == nullptr) {
     return ToGrpcStatus(absl::UnimplementedError(absl::StrCat(
         "this engine has no '", request->transport(), "' transport")));
   }
-  auto reply = (*handler)(request->from_segment(), request->payload());
+  auto reply = handler->fn(request->from_segment(), request->payload());
+  {
+    absl::MutexLock lock(&mu_);
+    if (--handler->calls == 0) call_done_.SignalAll();
+  }
   if (!reply.ok()) return ToGrpcStatus(reply.status());
   response->set_payload(std::move(*reply));
   return grpc::Status::OK;

@@ -37,6 +37,10 @@ class PeerServiceImpl final : public PeerService::Service {
   // Routes Exchange calls for `transport` to `handler`, replacing any.
   void SetExchangeHandler(const std::string& transport,
                           ExchangeHandler handler);
+  // Stops routing calls to the handler of `transport` and waits until the
+  // calls in progress in it have returned: after this, the handler (and
+  // what it captured) is not used again. For a transport's Shutdown.
+  void RemoveExchangeHandler(const std::string& transport);
   void SetNotifyHandler(NotifyHandler handler);
 
   grpc::Status Exchange(grpc::ServerContext* ctx,
@@ -46,8 +50,14 @@ class PeerServiceImpl final : public PeerService::Service {
                       NotifyResponse* response) override;
 
  private:
+  struct Handler {
+    ExchangeHandler fn;
+    int calls = 0;  // In progress; guarded by mu_.
+  };
+
   absl::Mutex mu_;
-  absl::flat_hash_map<std::string, std::shared_ptr<ExchangeHandler>> handlers_
+  absl::CondVar call_done_;
+  absl::flat_hash_map<std::string, std::shared_ptr<Handler>> handlers_
       ABSL_GUARDED_BY(mu_);
   std::shared_ptr<NotifyHandler> notify_ ABSL_GUARDED_BY(mu_);
 };

@@ -127,6 +127,39 @@ TEST(RdmaEndpointTest, SimultaneousConnectsResolveToOneEndpoint) {
   EXPECT_GT(races, 0u);
 }
 
+TEST(RdmaEndpointTest, TransfersToItsOwnSegmentWork) {
+  // An engine opening its own segment connects to itself: the accepting
+  // end must be a separate endpoint (adopting would join a QP to itself).
+  for (int nics : {1, 2}) {
+    SCOPED_TRACE(nics);
+    EngineOptions o;
+    if (nics == 1) o.rdma.devices = {"softrnic0"};
+    Node self;
+    ASSERT_TRUE(self.Start("self", "embedded", o).ok());
+    auto seg = self.engine.OpenSegment("self");
+    ASSERT_TRUE(seg.ok()) << seg.status();
+    FillPattern(self.mem.get(), kBuffer / 2, 0, 60 + nics);
+    // The first half onto the second half of the same buffer.
+    auto batch = self.engine.AllocateBatch(4);
+    std::vector<TransferRequest> reqs(4);
+    for (int k = 0; k < 4; ++k) {
+      reqs[k].opcode = OpCode::kWrite;
+      reqs[k].source = self.mem.get() + k * (kBuffer / 8);
+      reqs[k].target_id = *seg;
+      reqs[k].target_offset = self.addr(kBuffer / 2 + k * (kBuffer / 8));
+      reqs[k].length = kBuffer / 8;
+    }
+    ASSERT_TRUE(self.engine.SubmitTransfer(*batch, reqs).ok());
+    auto st = self.engine.WaitBatch(*batch, absl::Seconds(30));
+    ASSERT_TRUE(st.ok()) << st.status();
+    EXPECT_EQ(st->state, TransferState::kCompleted) << st->first_error;
+    ASSERT_TRUE(self.engine.FreeBatch(*batch).ok());
+    EXPECT_EQ(
+        CheckPattern(self.mem.get() + kBuffer / 2, kBuffer / 2, 0, 60 + nics),
+        kBuffer / 2);
+  }
+}
+
 TEST(RdmaEndpointTest, TargetStoreBoundsAcceptedEndpointsWithoutLosingWork) {
   // The target keeps at most one endpoint; two initiators take turns. Each
   // turn evicts the other's idle endpoint (closed with its owner, which

@@ -40,10 +40,11 @@ MemoryRegistry::Lease MemoryRegistry::Lease::Clone() const {
 
 void MemoryRegistry::Lease::Release() {
   if (registry_ == nullptr) return;
-  // seq_cst on both sides: either Remove sees this decrement, or this sees
-  // `closing` and wakes it.
-  if (entry_->users.fetch_sub(1, std::memory_order_seq_cst) == 1 &&
-      entry_->closing.load(std::memory_order_seq_cst)) {
+  // The entry must not be touched after the decrement: a Remove waiting
+  // for it may free it at once. The last lease therefore always wakes
+  // waiters (under the registry's lock, so none can miss it); leases of a
+  // run of requests are clones, so that happens about once per batch.
+  if (entry_->users.fetch_sub(1, std::memory_order_acq_rel) == 1) {
     absl::MutexLock lock(&registry_->mu_);
     registry_->drained_.SignalAll();
   }

@@ -70,7 +70,9 @@ uint32_t Endpoint::PostedLocked() const {
 }
 
 Endpoint::PostResult Endpoint::PostLocked() {
-  if (state() != State::kConnected || qps.empty()) return PostResult::kDone;
+  if (state() != State::kConnected || qps.empty() || !confirmed) {
+    return PostResult::kDone;
+  }
   const int nic = local_nic_;
   const uint32_t nic_cap = nic_->max_posted_wrs();
   while (!waiting.empty()) {
@@ -135,11 +137,33 @@ Endpoint::PostResult Endpoint::PostLocked() {
         waiting.push_front(q->posted[seq % kMaxOutstanding]);
       }
       nic_->posted_wrs.fetch_sub(unposted, std::memory_order_relaxed);
+      // The posted part may end with an unsignaled WR, whose success would
+      // never be reported: close it with a signaled, empty fence WR (its
+      // completion, or its flush, covers everything before it), and if
+      // even that is refused, flush the QP.
+      if (unposted < n && !PostFence(q)) FlushQp(q->qp);
       SetStateLocked(State::kFailed);
       return PostResult::kRefused;
     }
   }
   return PostResult::kDone;
+}
+
+bool Endpoint::PostFence(QueuePair* q) {
+  if (q->count() >= kMaxOutstanding) return false;
+  ibv_send_wr wr{};
+  const uint64_t seq = q->next++;
+  q->posted[seq % kMaxOutstanding] = nullptr;  // No slice.
+  wr.wr_id = seq;
+  wr.opcode = IBV_WR_RDMA_WRITE;  // Zero bytes: touches no memory.
+  wr.send_flags = IBV_SEND_SIGNALED;
+  q->since_signal = 0;
+  nic_->posted_wrs.fetch_add(1, std::memory_order_relaxed);
+  ibv_send_wr* bad = nullptr;
+  if (ibv_post_send(q->qp, &wr, &bad) == 0) return true;
+  --q->next;
+  nic_->posted_wrs.fetch_sub(1, std::memory_order_relaxed);
+  return false;
 }
 
 ibv_wc_status Endpoint::CompleteLocked(int qp, const ibv_wc& wc, Slice** done,
@@ -149,14 +173,17 @@ ibv_wc_status Endpoint::CompleteLocked(int qp, const ibv_wc& wc, Slice** done,
   // A stale or foreign wr_id completes nothing.
   if (wc.wr_id < q.head || wc.wr_id >= q.next) return IBV_WC_SUCCESS;
   const uint32_t count = static_cast<uint32_t>(wc.wr_id - q.head + 1);
+  // A failed fence says nothing against the slices before it (each of
+  // them that failed had its own completion).
+  const bool fence = q.posted[wc.wr_id % kMaxOutstanding] == nullptr;
   for (uint32_t i = 0; i < count; ++i) {
-    done[i] = q.posted[q.head % kMaxOutstanding];
+    Slice* s = q.posted[q.head % kMaxOutstanding];
+    if (s != nullptr) done[(*n)++] = s;
     ++q.head;
   }
-  *n = count;
   nic_->posted_wrs.fetch_sub(count, std::memory_order_relaxed);
   if (wc.status != IBV_WC_SUCCESS) SetStateLocked(State::kFailed);
-  return wc.status;
+  return fence ? IBV_WC_SUCCESS : wc.status;
 }
 
 }  // namespace ferry::rdma

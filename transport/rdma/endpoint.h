@@ -75,14 +75,18 @@ class Endpoint {
     kFailed,      // A QP failed or set-up failed: no new slices; drains.
   };
 
+  // `known_epoch`: the rail's epoch when the endpoint was created, what a
+  // connect request from it claims to know (see handshake.proto).
   Endpoint(uint64_t id, std::shared_ptr<Peer> peer, uint64_t peer_incarnation,
-           int local_nic, Nic* nic, std::string remote_nic)
+           int local_nic, Nic* nic, std::string remote_nic,
+           uint64_t known_epoch)
       : id_(id),
         peer_(std::move(peer)),
         peer_incarnation_(peer_incarnation),
         local_nic_(local_nic),
         nic_(nic),
-        remote_nic_(std::move(remote_nic)) {}
+        remote_nic_(std::move(remote_nic)),
+        known_epoch_(known_epoch) {}
   // Destroys the QPs (they must be drained).
   ~Endpoint();
   Endpoint(const Endpoint&) = delete;
@@ -95,6 +99,7 @@ class Endpoint {
   int local_nic() const { return local_nic_; }
   Nic* nic() const { return nic_; }
   const std::string& remote_nic() const { return remote_nic_; }
+  uint64_t known_epoch() const { return known_epoch_; }
 
   State state() const { return state_.load(std::memory_order_acquire); }
 
@@ -113,7 +118,8 @@ class Endpoint {
   // order, into done[0, *n) (room for kMaxOutstanding): on an RC QP a
   // completion means every WR posted before it is done as well. Returns
   // the status of the last one (the others succeeded). An error moves the
-  // endpoint to kFailed.
+  // endpoint to kFailed. (A fence WR, posted after a refused post, has no
+  // slice: it is counted, not returned.)
   ibv_wc_status CompleteLocked(int qp, const ibv_wc& wc, Slice** done,
                                uint32_t* n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
@@ -149,8 +155,14 @@ class Endpoint {
   // Set when our connect request lost the tie-break: the peer's request
   // is expected by then, or the endpoint fails.
   int64_t adopt_deadline_ns ABSL_GUARDED_BY(mu) = 0;
-  // Whether a connector job for it is queued or running.
-  bool connecting_job ABSL_GUARDED_BY(mu) = false;
+  // QPs this side accepted are usable only once the initiator says its QPs
+  // can receive (a READY message): a NIC drops packets for a QP that is
+  // not yet in RTR. Posting waits for it, or for confirm_deadline_ns.
+  bool confirmed ABSL_GUARDED_BY(mu) = true;
+  int64_t confirm_deadline_ns ABSL_GUARDED_BY(mu) = 0;
+  // The target side is creating QPs for it (OnConnect): it is neither
+  // ours to connect nor to close meanwhile.
+  bool accepting ABSL_GUARDED_BY(mu) = false;
 
   // Slices waiting or posted (the store never evicts a busy endpoint).
   std::atomic<uint32_t> busy{0};
@@ -164,6 +176,9 @@ class Endpoint {
   std::atomic<bool> proven{false};
 
  private:
+  // Posts a signaled zero-length WRITE on `q`; false if refused.
+  bool PostFence(QueuePair* q) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
   size_t next_qp_ ABSL_GUARDED_BY(mu) = 0;
   std::atomic<State> state_{State::kConnecting};
   const uint64_t id_;
@@ -172,6 +187,7 @@ class Endpoint {
   const int local_nic_;
   Nic* const nic_;
   const std::string remote_nic_;
+  const uint64_t known_epoch_;
 };
 
 }  // namespace ferry::rdma

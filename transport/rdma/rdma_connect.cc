@@ -2,13 +2,15 @@
 //
 // A new endpoint is connected by a connector thread: it creates the QPs,
 // sends a ConnectRequest over the peer service and, when accepted,
-// connects them and posts the slices that waited. The target answers on a
-// gRPC thread (OnConnect): it creates and connects its QPs and installs
-// them as its own endpoint for the rail -- so one endpoint serves both
-// directions -- or adopts them into an endpoint it is connecting itself
-// (simultaneous connect; the lower segment name wins the tie-break).
-// Endpoints evicted from the store are closed with the peer, which drains
-// its own use of them first. A housekeeper enforces deadlines.
+// connects them, posts the slices that waited, and tells the target its
+// QPs can receive (READY). The target answers on a gRPC thread
+// (OnConnect): it creates and connects its QPs and installs them as its own
+// endpoint for the rail -- so one endpoint serves both directions -- or
+// adopts them into an endpoint it is connecting itself (simultaneous
+// connect; the lower segment name wins the tie-break). It sends on them
+// once READY came. Endpoints evicted from the store are closed with the
+// peer, which drains its own use of them first. A housekeeper enforces
+// deadlines.
 #include <algorithm>
 #include <thread>
 
@@ -20,6 +22,9 @@ namespace {
 
 constexpr int kMaxQpsPerRequest = 16;
 constexpr size_t kMaxNicName = 64;
+// Rails a peer may have: every pair of its NICs and ours (a request naming
+// ever new NICs cannot grow the table without bound).
+constexpr size_t kMaxRailsPerPeer = 64 * 64;
 // Reconnect backoff per peer: 50 ms doubling up to 1.6 s.
 constexpr int64_t kMinBackoffNs = 50'000'000;
 constexpr int kMaxBackoffShift = 5;
@@ -75,7 +80,8 @@ absl::Status RdmaTransport::CreateQps(Nic* nic, int n,
 }
 
 bool RdmaTransport::Activate(const std::shared_ptr<Endpoint>& ep,
-                             std::vector<QueuePair>* qps, uint64_t epoch) {
+                             std::vector<QueuePair>* qps, uint64_t epoch,
+                             bool confirmed) {
   Endpoint::PostResult post;
   {
     MutexLock lock(&ep->mu);
@@ -84,6 +90,12 @@ bool RdmaTransport::Activate(const std::shared_ptr<Endpoint>& ep,
     qps->clear();
     ep->epoch = epoch;
     ep->adopt_deadline_ns = 0;
+    ep->confirmed = confirmed;
+    if (!confirmed) {
+      ep->confirm_deadline_ns =
+          absl::GetCurrentTimeNanos() +
+          absl::ToInt64Nanoseconds(options_.connect_timeout);
+    }
     {
       // Registered for completions before anything is posted.
       Poller* p = pollers_[ep->local_nic()].get();
@@ -93,28 +105,57 @@ bool RdmaTransport::Activate(const std::shared_ptr<Endpoint>& ep,
       }
     }
     ep->SetStateLocked(Endpoint::State::kConnected);
-    post = ep->PostLocked();
+    post = ep->PostLocked();  // Nothing while unconfirmed.
   }
   AfterPost(ep, post);
   return true;
 }
 
+void RdmaTransport::Tell(const Endpoint& ep, const RdmaMessage& msg) {
+  std::string rpc;
+  {
+    MutexLock lock(&ep.peer()->mu);
+    rpc = ep.peer()->rpc_address;
+  }
+  // The reply carries nothing; a peer that cannot be reached has nothing
+  // to act on either (it restarted, or its QPs will fail on their own).
+  (void)env_.peer_client->Exchange(rpc, "rdma", env_.local_segment,
+                                   msg.SerializeAsString());
+}
+
+void RdmaTransport::TellReady(const Endpoint& ep, uint64_t epoch) {
+  RdmaMessage msg;
+  ReadyRequest* r = msg.mutable_ready();
+  r->set_initiator_segment(env_.local_segment);
+  r->set_initiator_incarnation(incarnation_);
+  r->set_initiator_nic(ep.nic()->name());
+  r->set_target_nic(ep.remote_nic());
+  r->set_epoch(epoch);
+  Tell(ep, msg);
+}
+
+void RdmaTransport::TellDisconnect(const Endpoint& ep, uint64_t epoch) {
+  RdmaMessage msg;
+  DisconnectRequest* r = msg.mutable_disconnect();
+  r->set_initiator_segment(env_.local_segment);
+  r->set_initiator_incarnation(incarnation_);
+  r->set_initiator_nic(ep.nic()->name());
+  r->set_target_nic(ep.remote_nic());
+  r->set_epoch(epoch);
+  Tell(ep, msg);
+}
+
 void RdmaTransport::RunConnect(const std::shared_ptr<Endpoint>& ep) {
   {
     MutexLock lock(&ep->mu);
-    ep->connecting_job = false;
-    // Adopted (the peer's request came first) or failed meanwhile.
-    if (ep->state() != Endpoint::State::kConnecting) return;
+    // Adopted (the peer's request came first), being adopted, or failed.
+    if (ep->state() != Endpoint::State::kConnecting || ep->accepting) return;
   }
   Peer* peer = ep->peer();
   std::string rpc;
-  uint64_t rail_epoch = 0;
   {
     MutexLock lock(&peer->mu);
     rpc = peer->rpc_address;
-    if (Peer::Rail* r = peer->FindRail(ep->local_nic(), ep->remote_nic())) {
-      rail_epoch = r->epoch;
-    }
   }
   Nic* nic = ep->nic();
   std::vector<QueuePair> qps;
@@ -128,7 +169,10 @@ void RdmaTransport::RunConnect(const std::shared_ptr<Endpoint>& ep) {
     req->set_target_incarnation(ep->peer_incarnation());
     req->set_initiator_nic(nic->name());
     req->set_target_nic(ep->remote_nic());
-    req->set_rail_epoch(rail_epoch);
+    // The epoch known when the endpoint was made, not the rail's current
+    // one: if the peer's connect was adopted meanwhile, this request is
+    // stale and must be answered so (SUPERSEDED), not replace it.
+    req->set_rail_epoch(ep->known_epoch());
     for (QueuePair& q : qps) DescribeQp(q.qp, nic, req->add_initiator_qps());
     connects_started_.fetch_add(1, std::memory_order_relaxed);
     auto bytes = env_.peer_client->Exchange(rpc, "rdma", env_.local_segment,
@@ -158,9 +202,14 @@ void RdmaTransport::RunConnect(const std::shared_ptr<Endpoint>& ep) {
             peer->connect_failures = 0;
             peer->retry_after_ns = 0;
           }
-          // Not connecting any more: adopted the peer's QPs meanwhile (a
-          // request of theirs crossed ours), or failed.
-          if (!Activate(ep, &qps, reply.epoch())) DestroyQps(&qps);
+          if (Activate(ep, &qps, reply.epoch(), /*confirmed=*/true)) {
+            TellReady(*ep, reply.epoch());
+            return;
+          }
+          // Failed or closed meanwhile: the connection the target just
+          // made is nobody's; close it there rather than leave it dead.
+          DestroyQps(&qps);
+          TellDisconnect(*ep, reply.epoch());
           return;
         }
         break;
@@ -250,6 +299,10 @@ absl::StatusOr<std::string> RdmaTransport::OnExchange(
       }
       return DisconnectReply().SerializeAsString();
     }
+    case RdmaMessage::kReady: {
+      if (absl::Status s = OnReady(from, msg.ready()); !s.ok()) return s;
+      return ReadyReply().SerializeAsString();
+    }
     default:
       return absl::InvalidArgumentError("RDMA message of no known kind");
   }
@@ -283,14 +336,18 @@ absl::StatusOr<ConnectReply> RdmaTransport::OnConnect(
     return reply;
   }
   Nic* nic = nics_[local].get();
+  // A connect from this engine to itself: the initiating endpoint holds the
+  // rail, so the accepting end is a separate endpoint outside it (adopting
+  // would connect a QP to itself).
+  const bool self = from == env_.local_segment;
   std::shared_ptr<Peer> peer = PeerNamed(from);
   std::vector<std::shared_ptr<Endpoint>> retired;
   std::shared_ptr<Endpoint> ep;
   bool fresh = false;
-  std::vector<QueuePair> qps;
   uint64_t epoch = 0;
-  absl::Status s;
   {
+    // Decide and reserve under the peer's lock; the QPs are made without
+    // it (on softrnic connecting one may take a dial of up to a second).
     MutexLock lock(&peer->mu);
     if (peer->incarnation != req.initiator_incarnation()) {
       if (peer->IsDead(req.initiator_incarnation())) {
@@ -299,135 +356,95 @@ absl::StatusOr<ConnectReply> RdmaTransport::OnConnect(
       }
       retired = peer->Restarted(req.initiator_incarnation());
     }
-    Peer::Rail& rail = peer->GetRail(local, req.initiator_nic());
-    std::shared_ptr<Endpoint> cur = rail.ep;
+    Peer::Rail* rail = peer->FindRail(local, req.initiator_nic());
+    if (rail == nullptr) {
+      if (peer->rails.size() >= kMaxRailsPerPeer) {
+        return absl::ResourceExhaustedError("too many RDMA rails to one peer");
+      }
+      rail = &peer->GetRail(local, req.initiator_nic());
+    }
+    std::shared_ptr<Endpoint> cur = self ? nullptr : rail->ep;
     const Endpoint::State st =
         cur != nullptr ? cur->state() : Endpoint::State::kFailed;
     if (st == Endpoint::State::kConnecting) {
+      {
+        MutexLock ep_lock(&cur->mu);
+        if (cur->accepting) {
+          return absl::UnavailableError(
+              "a connect for this RDMA rail is being accepted");
+        }
+      }
       // Both sides are connecting this rail: the request of the segment
       // whose name sorts first wins, and the other side adopts its QPs.
       if (env_.local_segment < from) {
         reply.set_result(ConnectReply::LOST_TIE_BREAK);
-        reply.set_epoch(rail.epoch);
+        reply.set_epoch(rail->epoch);
         return reply;
       }
       ep = cur;
     } else if (st == Endpoint::State::kConnected) {
-      // A request that was sent before the initiator learned of the
-      // rail's current connection raced with it: it is stale.
-      if (req.rail_epoch() < rail.epoch) {
+      // A request sent before the initiator learned of the rail's current
+      // connection raced with it: it is stale.
+      if (req.rail_epoch() < rail->epoch) {
         reply.set_result(ConnectReply::SUPERSEDED);
-        reply.set_epoch(rail.epoch);
+        reply.set_epoch(rail->epoch);
         return reply;
       }
       // The initiator knew the current connection and replaces it (it
       // lost its side of it).
       retired.push_back(cur);
-      rail.ep = nullptr;
+      rail->ep = nullptr;
     }
-    s = CreateQps(nic, n, &qps);
-    for (int k = 0; s.ok() && k < n; ++k) {
-      s = ConnectQp(qps[k].qp, nic, req.initiator_qps(k), timers_);
+    epoch = std::max(rail->epoch, req.rail_epoch()) + 1;
+    if (!self) rail->epoch = epoch;
+    if (ep == nullptr) {
+      ep = std::make_shared<Endpoint>(next_endpoint_id_.fetch_add(1), peer,
+                                      peer->incarnation, local, nic,
+                                      req.initiator_nic(), epoch);
+      if (!self) rail->ep = ep;
+      fresh = true;
     }
-    if (s.ok()) {
-      epoch = std::max(rail.epoch, req.rail_epoch()) + 1;
-      rail.epoch = epoch;
-      if (ep == nullptr) {
-        ep = std::make_shared<Endpoint>(next_endpoint_id_.fetch_add(1), peer,
-                                        peer->incarnation, local, nic,
-                                        req.initiator_nic());
-        rail.ep = ep;
-        fresh = true;
-      }
-      for (QueuePair& q : qps) DescribeQp(q.qp, nic, reply.add_target_qps());
-    }
+    MutexLock ep_lock(&ep->mu);
+    ep->accepting = true;
   }
   for (auto& old : retired) {
     FailEndpoint(old, absl::UnavailableError("RDMA connection replaced"),
                  /*flush=*/true);
   }
+  if (fresh) StoreInsert(ep);
+  std::vector<QueuePair> qps;
+  absl::Status s = CreateQps(nic, n, &qps);
+  for (int k = 0; s.ok() && k < n; ++k) {
+    s = ConnectQp(qps[k].qp, nic, req.initiator_qps(k), timers_);
+  }
+  {
+    MutexLock lock(&ep->mu);
+    ep->accepting = false;
+  }
   if (!s.ok()) {
     DestroyQps(&qps);
+    // Slices routed to the new endpoint meanwhile go elsewhere; an endpoint
+    // we meant to adopt into waits out its own tie-break deadline.
+    if (fresh) FailEndpoint(ep, s, false);
     return s;
   }
-  if (fresh) {
-    StoreInsert(ep);
-  } else {
-    connect_races_.fetch_add(1, std::memory_order_relaxed);
-  }
+  for (QueuePair& q : qps) DescribeQp(q.qp, nic, reply.add_target_qps());
   ep->used.store(true, std::memory_order_relaxed);
-  if (!Activate(ep, &qps, epoch)) {
-    // The endpoint we meant to adopt into failed meanwhile.
+  // Sending waits for the initiator's READY (its QPs reach RTR only when
+  // it has our reply); a connection to ourselves has no such race.
+  if (!Activate(ep, &qps, epoch, /*confirmed=*/self)) {
     DestroyQps(&qps);
     return absl::UnavailableError("RDMA endpoint failed during the connect");
   }
+  if (!fresh) connect_races_.fetch_add(1, std::memory_order_relaxed);
   connects_accepted_.fetch_add(1, std::memory_order_relaxed);
   reply.set_result(ConnectReply::ACCEPTED);
   reply.set_epoch(epoch);
   return reply;
 }
 
-void RdmaTransport::Close(const std::shared_ptr<Endpoint>& ep) {
-  Peer* peer = ep->peer();
-  Peer::Rail* rail = nullptr;
-  {
-    MutexLock lock(&peer->mu);
-    rail = peer->FindRail(ep->local_nic(), ep->remote_nic());
-    if (rail != nullptr && rail->ep == ep) rail->ep = nullptr;
-  }
-  bool closing = false;
-  {
-    MutexLock lock(&ep->mu);
-    if (ep->state() == Endpoint::State::kConnected &&
-        ep->busy.load(std::memory_order_acquire) == 0) {
-      ep->SetStateLocked(Endpoint::State::kClosing);
-      closing = true;
-    }
-  }
-  if (!closing) {
-    // It took work after the store chose it: keep it.
-    if (ep->state() != Endpoint::State::kConnected &&
-        ep->state() != Endpoint::State::kConnecting) {
-      return;
-    }
-    {
-      MutexLock lock(&peer->mu);
-      if (rail != nullptr && rail->ep == nullptr) rail->ep = ep;
-    }
-    MutexLock lock(&store_mu_);
-    store_.Insert(ep->id(), ep);
-    return;
-  }
-  evictions_.fetch_add(1, std::memory_order_relaxed);
-  QueueJob({Job::Kind::kDisconnect, ep});
-}
-
-void RdmaTransport::RunDisconnect(const std::shared_ptr<Endpoint>& ep) {
-  Peer* peer = ep->peer();
-  RdmaMessage msg;
-  DisconnectRequest* req = msg.mutable_disconnect();
-  req->set_initiator_segment(env_.local_segment);
-  req->set_initiator_incarnation(incarnation_);
-  req->set_initiator_nic(ep->nic()->name());
-  req->set_target_nic(ep->remote_nic());
-  {
-    MutexLock lock(&ep->mu);
-    req->set_epoch(ep->epoch);
-  }
-  std::string rpc;
-  {
-    MutexLock lock(&peer->mu);
-    rpc = peer->rpc_address;
-  }
-  // Answered once the peer stopped using the QPs (bounded by the RPC
-  // timeout); a peer that cannot be reached is not using them either.
-  (void)env_.peer_client->Exchange(rpc, "rdma", env_.local_segment,
-                                   msg.SerializeAsString());
-  DropIfDrained(ep);
-}
-
-absl::Status RdmaTransport::OnDisconnect(const std::string& from,
-                                         const DisconnectRequest& req) {
+absl::Status RdmaTransport::OnReady(const std::string& from,
+                                    const ReadyRequest& req) {
   std::shared_ptr<Peer> peer;
   {
     MutexLock lock(&peers_mu_);
@@ -444,9 +461,93 @@ absl::Status RdmaTransport::OnDisconnect(const std::string& from,
       return absl::OkStatus();
     }
     Peer::Rail* rail = peer->FindRail(local, req.initiator_nic());
-    // Only the connection the peer means; a newer one stays.
-    if (rail == nullptr || rail->ep == nullptr || rail->epoch != req.epoch()) {
+    if (rail != nullptr) ep = rail->ep;
+  }
+  if (ep == nullptr) return absl::OkStatus();
+  Endpoint::PostResult post = Endpoint::PostResult::kDone;
+  {
+    MutexLock lock(&ep->mu);
+    if (ep->epoch != req.epoch() || ep->confirmed) return absl::OkStatus();
+    ep->confirmed = true;
+    post = ep->PostLocked();
+  }
+  AfterPost(ep, post);
+  return absl::OkStatus();
+}
+
+void RdmaTransport::Close(const std::shared_ptr<Endpoint>& ep) {
+  Peer* peer = ep->peer();
+  bool closing = false;
+  {
+    // Both locks, so that no route can take the endpoint between the
+    // check that it is idle and its leaving the rail.
+    MutexLock peer_lock(&peer->mu);
+    MutexLock ep_lock(&ep->mu);
+    if (ep->state() == Endpoint::State::kConnected && !ep->accepting &&
+        ep->busy.load(std::memory_order_acquire) == 0) {
+      ep->SetStateLocked(Endpoint::State::kClosing);
+      Peer::Rail* rail = peer->FindRail(ep->local_nic(), ep->remote_nic());
+      if (rail != nullptr && rail->ep == ep) rail->ep = nullptr;
+      closing = true;
+    }
+  }
+  if (!closing) {
+    // It took work (or is being set up) since the store chose it: keep it,
+    // past the store's bound rather than evicting another for it.
+    const Endpoint::State st = ep->state();
+    if (st == Endpoint::State::kConnected ||
+        st == Endpoint::State::kConnecting) {
+      MutexLock lock(&store_mu_);
+      store_.Insert(ep->id(), ep, nullptr, /*allow_evict=*/false);
+    }
+    return;
+  }
+  evictions_.fetch_add(1, std::memory_order_relaxed);
+  QueueJob({Job::Kind::kDisconnect, ep});
+}
+
+void RdmaTransport::RunDisconnect(const std::shared_ptr<Endpoint>& ep) {
+  uint64_t epoch;
+  {
+    MutexLock lock(&ep->mu);
+    epoch = ep->epoch;
+  }
+  // Answered once the peer stopped using the QPs (bounded by the RPC
+  // timeout); a peer that cannot be reached is not using them either.
+  TellDisconnect(*ep, epoch);
+  DropIfDrained(ep);
+}
+
+absl::Status RdmaTransport::OnDisconnect(const std::string& from,
+                                         const DisconnectRequest& req) {
+  std::shared_ptr<Peer> peer;
+  {
+    MutexLock lock(&peers_mu_);
+    auto it = peers_.find(from);
+    if (it == peers_.end()) return absl::OkStatus();
+    peer = it->second;
+  }
+  const int local = NicIndex(req.target_nic());
+  if (local < 0) return absl::OkStatus();
+  std::shared_ptr<Endpoint> ep;
+  SliceQueue waiting;
+  {
+    MutexLock lock(&peer->mu);
+    if (peer->incarnation != req.initiator_incarnation()) {
       return absl::OkStatus();
+    }
+    Peer::Rail* rail = peer->FindRail(local, req.initiator_nic());
+    if (rail == nullptr || rail->ep == nullptr) return absl::OkStatus();
+    {
+      // Only the connection the peer means: a newer one, or one still
+      // connecting, stays.
+      MutexLock ep_lock(&rail->ep->mu);
+      if (rail->ep->epoch != req.epoch() ||
+          rail->ep->state() != Endpoint::State::kConnected) {
+        return absl::OkStatus();
+      }
+      rail->ep->SetStateLocked(Endpoint::State::kClosing);
+      waiting.Append(&rail->ep->waiting);
     }
     ep = std::move(rail->ep);
     rail->ep = nullptr;
@@ -455,12 +556,6 @@ absl::Status RdmaTransport::OnDisconnect(const std::string& from,
     MutexLock lock(&store_mu_);
     const auto* cur = store_.Peek(ep->id());
     if (cur != nullptr && *cur == ep) store_.Erase(ep->id());
-  }
-  SliceQueue waiting;
-  {
-    MutexLock lock(&ep->mu);
-    ep->SetStateLocked(Endpoint::State::kClosing);
-    waiting.Append(&ep->waiting);
   }
   ep->Unload(waiting);
   // They never ran: a new endpoint takes them, no try charged.
@@ -505,11 +600,19 @@ void RdmaTransport::Housekeep(int64_t now_ns) {
   for (auto& ep : eps) {
     SliceQueue expired;
     bool adopt_timeout = false;
+    Endpoint::PostResult post = Endpoint::PostResult::kDone;
     {
       MutexLock lock(&ep->mu);
       adopt_timeout = ep->state() == Endpoint::State::kConnecting &&
-                      ep->adopt_deadline_ns != 0 &&
+                      !ep->accepting && ep->adopt_deadline_ns != 0 &&
                       now_ns > ep->adopt_deadline_ns;
+      // No READY in time (lost, or the initiator gave up): send anyway; RC
+      // retransmission covers a peer that was slow to connect.
+      if (ep->state() == Endpoint::State::kConnected && !ep->confirmed &&
+          now_ns > ep->confirm_deadline_ns) {
+        ep->confirmed = true;
+        post = ep->PostLocked();
+      }
       // Waiting slices past their deadline fail here; posted ones by
       // flushing their QP (the NIC might still be moving their bytes, so
       // they complete only when the flush says the NIC is done).
@@ -523,12 +626,12 @@ void RdmaTransport::Housekeep(int64_t now_ns) {
       }
       ep->waiting.Append(&keep);
       for (QueuePair& q : ep->qps) {
-        if (q.qp != nullptr && q.count() > 0 &&
-            q.posted[q.head % kMaxOutstanding]->deadline <= now) {
-          FlushQp(q.qp);
-        }
+        if (q.qp == nullptr || q.count() == 0) continue;
+        const Slice* oldest = q.posted[q.head % kMaxOutstanding];
+        if (oldest != nullptr && oldest->deadline <= now) FlushQp(q.qp);
       }
     }
+    AfterPost(ep, post);
     ep->Unload(expired);
     while (Slice* s = expired.pop_front()) {
       s->Complete(absl::DeadlineExceededError(

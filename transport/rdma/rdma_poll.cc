@@ -73,7 +73,6 @@ size_t RdmaTransport::Poll() {
 size_t RdmaTransport::PollNicLocked(Poller* p) {
   ibv_wc wcs[kPollBatch];
   const int n = ibv_poll_cq(p->nic->cq(), kPollBatch, wcs);
-  if (n <= 0) return 0;
   for (int i = 0; i < n; ++i) HandleCompletion(p, wcs[i]);
   // Completions freed WR budget on this NIC: post what waited for it.
   if (p->any_starved.load(std::memory_order_acquire)) {
@@ -85,7 +84,7 @@ size_t RdmaTransport::PollNicLocked(Poller* p) {
     }
     for (auto& ep : starved) PostOrPark(ep);
   }
-  return static_cast<size_t>(n);
+  return n > 0 ? static_cast<size_t>(n) : 0;
 }
 
 void RdmaTransport::HandleCompletion(Poller* p, const ibv_wc& wc) {

@@ -215,9 +215,9 @@ std::shared_ptr<Endpoint> RdmaTransport::RailEndpoint(
             " ms): ", peer->last_error.message()));
         return nullptr;
       }
-      ep = std::make_shared<Endpoint>(next_endpoint_id_.fetch_add(1), peer,
-                                      peer->incarnation, local,
-                                      nics_[local].get(), remote_nic);
+      ep = std::make_shared<Endpoint>(
+          next_endpoint_id_.fetch_add(1), peer, peer->incarnation, local,
+          nics_[local].get(), remote_nic, rail.epoch);
       rail.ep = ep;
       created = true;
     }
@@ -225,10 +225,6 @@ std::shared_ptr<Endpoint> RdmaTransport::RailEndpoint(
   ep->used.store(true, std::memory_order_relaxed);
   if (created) {
     StoreInsert(ep);
-    {
-      MutexLock lock(&ep->mu);
-      ep->connecting_job = true;
-    }
     QueueJob({Job::Kind::kConnect, ep});
   }
   return ep;
@@ -282,9 +278,25 @@ void RdmaTransport::AfterPost(const std::shared_ptr<Endpoint>& ep,
     FailEndpoint(ep, absl::UnavailableError("ibv_post_send refused"), false);
   } else if (result == Endpoint::PostResult::kNicFull) {
     Poller* p = pollers_[ep->local_nic()].get();
-    MutexLock lock(&p->map_mu);
-    p->starved.push_back(ep);
-    p->any_starved.store(true, std::memory_order_release);
+    {
+      MutexLock lock(&p->map_mu);
+      p->starved.push_back(ep);
+      p->any_starved.store(true, std::memory_order_release);
+    }
+    // The NIC's last completions may have been reaped between the full
+    // post and the parking, with nothing left to wake the parked: look
+    // again. (Bounded: each round posts, or finds the budget used.)
+    Nic* nic = ep->nic();
+    if (nic->posted_wrs.load(std::memory_order_acquire) <
+        nic->max_posted_wrs()) {
+      std::vector<std::shared_ptr<Endpoint>> starved;
+      {
+        MutexLock lock(&p->map_mu);
+        starved.swap(p->starved);
+        p->any_starved.store(false, std::memory_order_relaxed);
+      }
+      for (auto& s : starved) PostOrPark(s);
+    }
   }
 }
 

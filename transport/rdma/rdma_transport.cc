@@ -285,6 +285,11 @@ TransportStats RdmaTransport::Stats() const {
 
 void RdmaTransport::Shutdown() {
   if (stopping_.exchange(true)) return;
+  // No peer request may run into what is torn down below: stop routing
+  // them here and wait for those in progress.
+  if (env_.peer_service != nullptr) {
+    env_.peer_service->RemoveExchangeHandler(std::string(name()));
+  }
   {
     MutexLock lock(&jobs_mu_);
     jobs_cv_.SignalAll();

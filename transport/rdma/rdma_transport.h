@@ -156,12 +156,19 @@ class RdmaTransport final : public Transport {
                                          const ConnectRequest& req);
   absl::Status OnDisconnect(const std::string& from,
                             const DisconnectRequest& req);
+  absl::Status OnReady(const std::string& from, const ReadyRequest& req);
   absl::Status CreateQps(Nic* nic, int n, std::vector<QueuePair>* qps);
   // Installs connected QPs into a connecting endpoint, registers them for
-  // completions and posts its waiting slices. Returns false (and leaves
-  // the QPs to the caller) if the endpoint is no longer connecting.
+  // completions and, if `confirmed` (the other side's QPs can receive),
+  // posts its waiting slices. Returns false (and leaves the QPs to the
+  // caller) if the endpoint is no longer connecting.
   bool Activate(const std::shared_ptr<Endpoint>& ep,
-                std::vector<QueuePair>* qps, uint64_t epoch);
+                std::vector<QueuePair>* qps, uint64_t epoch, bool confirmed);
+  // One-way messages to the endpoint's peer (bounded by the RPC timeout;
+  // the reply carries nothing).
+  void Tell(const Endpoint& ep, const RdmaMessage& msg);
+  void TellReady(const Endpoint& ep, uint64_t epoch);
+  void TellDisconnect(const Endpoint& ep, uint64_t epoch);
   // Takes an evicted endpoint out of service and queues its disconnect.
   void Close(const std::shared_ptr<Endpoint>& ep);
   void HousekeeperLoop();

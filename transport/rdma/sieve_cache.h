@@ -51,9 +51,11 @@ class SieveCache {
     return it == map_.end() ? nullptr : &it->second.value;
   }
 
-  // Inserts or replaces `key`. Evicts entries to stay within capacity;
-  // the evicted values are appended to `evicted` (if given).
-  void Insert(const K& key, V value, std::vector<V>* evicted = nullptr) {
+  // Inserts or replaces `key`. Evicts entries to stay within capacity
+  // (unless !allow_evict: then it grows past it); the evicted values are
+  // appended to `evicted` (if given).
+  void Insert(const K& key, V value, std::vector<V>* evicted = nullptr,
+              bool allow_evict = true) {
     auto it = map_.find(key);
     if (it != map_.end()) {
       it->second.value = std::move(value);
@@ -61,7 +63,7 @@ class SieveCache {
       return;
     }
     while (map_.size() >= capacity_) {
-      if (!EvictOne(evicted)) {
+      if (!allow_evict || !EvictOne(evicted)) {
         ++over_capacity_;
         break;
       }
