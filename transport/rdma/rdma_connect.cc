@@ -445,15 +445,9 @@ absl::StatusOr<ConnectReply> RdmaTransport::OnConnect(
 
 absl::Status RdmaTransport::OnReady(const std::string& from,
                                     const ReadyRequest& req) {
-  std::shared_ptr<Peer> peer;
-  {
-    MutexLock lock(&peers_mu_);
-    auto it = peers_.find(from);
-    if (it == peers_.end()) return absl::OkStatus();
-    peer = it->second;
-  }
+  std::shared_ptr<Peer> peer = FindPeer(from);
   const int local = NicIndex(req.target_nic());
-  if (local < 0) return absl::OkStatus();
+  if (peer == nullptr || local < 0) return absl::OkStatus();
   std::shared_ptr<Endpoint> ep;
   {
     MutexLock lock(&peer->mu);
@@ -520,15 +514,9 @@ void RdmaTransport::RunDisconnect(const std::shared_ptr<Endpoint>& ep) {
 
 absl::Status RdmaTransport::OnDisconnect(const std::string& from,
                                          const DisconnectRequest& req) {
-  std::shared_ptr<Peer> peer;
-  {
-    MutexLock lock(&peers_mu_);
-    auto it = peers_.find(from);
-    if (it == peers_.end()) return absl::OkStatus();
-    peer = it->second;
-  }
+  std::shared_ptr<Peer> peer = FindPeer(from);
   const int local = NicIndex(req.target_nic());
-  if (local < 0) return absl::OkStatus();
+  if (peer == nullptr || local < 0) return absl::OkStatus();
   std::shared_ptr<Endpoint> ep;
   SliceQueue waiting;
   {

@@ -233,6 +233,12 @@ std::shared_ptr<Peer> RdmaTransport::PeerNamed(const std::string& name) {
   return p;
 }
 
+std::shared_ptr<Peer> RdmaTransport::FindPeer(const std::string& name) {
+  MutexLock lock(&peers_mu_);
+  auto it = peers_.find(name);
+  return it == peers_.end() ? nullptr : it->second;
+}
+
 std::shared_ptr<Peer> RdmaTransport::PeerForView(const SegmentView& view,
                                                  absl::Status* why) {
   std::shared_ptr<Peer> peer = PeerNamed(view.name());

@@ -118,7 +118,9 @@ class RdmaTransport final : public Transport {
   // The Peer for the segment `view` describes; null with *why set if the
   // view is from a process of that segment which has since restarted.
   std::shared_ptr<Peer> PeerForView(const SegmentView& view, absl::Status* why);
+  // The Peer of segment `name`, created if needed / or null if unknown.
   std::shared_ptr<Peer> PeerNamed(const std::string& name);
+  std::shared_ptr<Peer> FindPeer(const std::string& name);
   int NicIndex(absl::string_view name) const;
 
   // --- rdma_route.cc
