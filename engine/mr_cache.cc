@@ -33,25 +33,58 @@ absl::StatusOr<MemoryRegistry::Lease> EngineImpl::AcquireLocal(uintptr_t addr,
   }
   MemoryRegion region;
   region.addr = start;
-  region.length = end - start;
   region.location = "*";
   region.remote_accessible = false;
   {
     absl::MutexLock lock(&register_mu_);
     // Another request may have registered it meanwhile.
     if (!local_memory_.Contains(addr, length, false)) {
+      // Cached registrations sharing pages with the cover (neighbouring
+      // allocations often do) are merged into it: registered buffers may
+      // not overlap, and a request must lie inside one.
+      uintptr_t lo = start, hi = end;
+      std::vector<uintptr_t> merged;
+      {
+        absl::MutexLock cache_lock(&cache_mu_);
+        for (bool grew = true; grew;) {
+          grew = false;
+          for (const auto& [a, c] : cache_) {
+            if (a < hi && a + c.length > lo &&
+                std::find(merged.begin(), merged.end(), a) == merged.end()) {
+              merged.push_back(a);
+              lo = std::min(lo, a);
+              hi = std::max(hi, a + c.length);
+              grew = true;
+            }
+          }
+        }
+      }
+      for (uintptr_t a : merged) {
+        // Zero wait: one that transfers use now cannot be merged.
+        if (absl::Status s = UnregisterLocked(a, absl::ZeroDuration());
+            !s.ok()) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "MR cache: local source 0x", absl::Hex(addr), "+", length,
+              " shares pages with a cached registration that transfers are "
+              "using; retry, or register the memory with "
+              "RegisterLocalMemory"));
+        }
+        ForgetCached(a);
+      }
+      region.addr = lo;
+      region.length = hi - lo;
       if (absl::Status s = RegisterLocked(region); !s.ok()) {
         return absl::Status(
             s.code(),
-            absl::StrCat("MR cache: cannot register 0x", absl::Hex(start), "+",
-                         end - start, ": ", s.message()));
+            absl::StrCat("MR cache: cannot register 0x", absl::Hex(lo), "+",
+                         hi - lo, ": ", s.message()));
       }
       absl::MutexLock cache_lock(&cache_mu_);
-      cache_[start] = CachedMr{end - start, ++cache_clock_};
-      cache_bytes_ += end - start;
+      cache_[lo] = CachedMr{hi - lo, ++cache_clock_};
+      cache_bytes_ += hi - lo;
     }
   }
-  EvictCached(start);
+  EvictCached(region.addr);
   return local_memory_.Acquire(addr, length, /*need_remote=*/false);
 }
 

@@ -160,6 +160,57 @@ TEST(RdmaEndpointTest, TransfersToItsOwnSegmentWork) {
   }
 }
 
+TEST(RdmaEndpointTest, MrCacheRegistersSourcesOnEveryNicAndEvicts) {
+  // Unregistered sources under the MR cache: each is registered (on both
+  // NICs) on first use, older ones are unregistered to stay near the
+  // budget, and a source used again after its eviction is registered
+  // again -- with every WRITE landing. The sources are cut from one
+  // allocation at odd offsets, so neighbours share a page and their
+  // registrations must be merged.
+  constexpr size_t kSource = (256 << 10) + 100;
+  std::vector<uint8_t> arena(6 * kSource + 4096);
+  auto source = [&](int k) { return arena.data() + 1000 + k * kSource; };
+  for (int k = 0; k < 6; ++k) std::memset(source(k), 0x20 + k, kSource);
+  Node target;
+  ASSERT_TRUE(target.Start("target", "embedded").ok());
+  EngineOptions o;
+  o.mr_cache_bytes = 600 << 10;  // About two of the sources.
+  TransferEngine initiator;
+  o.local_segment_name = "initiator";
+  o.metadata_endpoint = target.engine.metadata_address();
+  o.transports = {"rdma"};
+  ASSERT_TRUE(initiator.Init(o).ok());
+  auto seg = initiator.OpenSegment("target");
+  ASSERT_TRUE(seg.ok());
+  for (int round = 0; round < 2; ++round) {
+    for (int k = 0; k < 6; ++k) {
+      auto batch = initiator.AllocateBatch(1);
+      TransferRequest r;
+      r.opcode = OpCode::kWrite;
+      r.source = source(k);
+      r.target_id = *seg;
+      r.target_offset = target.addr(k * kSource);
+      r.length = kSource;
+      absl::Status s = initiator.SubmitTransfer(*batch, {r});
+      ASSERT_TRUE(s.ok()) << round << " " << k << ": " << s;
+      auto st = initiator.WaitBatch(*batch, absl::Seconds(30));
+      ASSERT_TRUE(st.ok());
+      ASSERT_EQ(st->state, TransferState::kCompleted) << st->first_error;
+      ASSERT_TRUE(initiator.FreeBatch(*batch).ok());
+      ASSERT_EQ(
+          std::count(target.mem.get() + k * kSource,
+                     target.mem.get() + (k + 1) * kSource, uint8_t(0x20 + k)),
+          static_cast<std::ptrdiff_t>(kSource))
+          << round << " " << k;
+    }
+  }
+  // Both NICs carried the cached registrations' slices.
+  auto nics = initiator.GetTransportStats()[0].nics;
+  EXPECT_GT(nics[0].slices, 0u);
+  EXPECT_GT(nics[1].slices, 0u);
+  initiator.Shutdown();  // Before the arena goes.
+}
+
 TEST(RdmaEndpointTest, TargetStoreBoundsAcceptedEndpointsWithoutLosingWork) {
   // The target keeps at most one endpoint; two initiators take turns. Each
   // turn evicts the other's idle endpoint (closed with its owner, which
