@@ -70,7 +70,8 @@ uint32_t Endpoint::PostedLocked() const {
 }
 
 Endpoint::PostResult Endpoint::PostLocked() {
-  if (state() != State::kConnected || qps.empty() || !confirmed) {
+  if (state() != State::kConnected || qps.empty() ||
+      !confirmed.load(std::memory_order_relaxed)) {
     return PostResult::kDone;
   }
   const int nic = local_nic_;

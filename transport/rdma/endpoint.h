@@ -158,7 +158,9 @@ class Endpoint {
   // QPs this side accepted are usable only once the initiator says its QPs
   // can receive (a READY message): a NIC drops packets for a QP that is
   // not yet in RTR. Posting waits for it, or for confirm_deadline_ns.
-  bool confirmed ABSL_GUARDED_BY(mu) = true;
+  // Until then the endpoint is not evicted either: the initiator may be
+  // about to use it. Written under `mu`; read without it by the store.
+  std::atomic<bool> confirmed{true};
   int64_t confirm_deadline_ns ABSL_GUARDED_BY(mu) = 0;
   // The target side is creating QPs for it (OnConnect): it is neither
   // ours to connect nor to close meanwhile.

@@ -90,7 +90,7 @@ bool RdmaTransport::Activate(const std::shared_ptr<Endpoint>& ep,
     qps->clear();
     ep->epoch = epoch;
     ep->adopt_deadline_ns = 0;
-    ep->confirmed = confirmed;
+    ep->confirmed.store(confirmed, std::memory_order_release);
     if (!confirmed) {
       ep->confirm_deadline_ns =
           absl::GetCurrentTimeNanos() +
@@ -461,8 +461,10 @@ absl::Status RdmaTransport::OnReady(const std::string& from,
   Endpoint::PostResult post = Endpoint::PostResult::kDone;
   {
     MutexLock lock(&ep->mu);
-    if (ep->epoch != req.epoch() || ep->confirmed) return absl::OkStatus();
-    ep->confirmed = true;
+    if (ep->epoch != req.epoch() || ep->confirmed.load()) {
+      return absl::OkStatus();
+    }
+    ep->confirmed.store(true, std::memory_order_release);
     post = ep->PostLocked();
   }
   AfterPost(ep, post);
@@ -478,6 +480,7 @@ void RdmaTransport::Close(const std::shared_ptr<Endpoint>& ep) {
     MutexLock peer_lock(&peer->mu);
     MutexLock ep_lock(&ep->mu);
     if (ep->state() == Endpoint::State::kConnected && !ep->accepting &&
+        ep->confirmed.load(std::memory_order_acquire) &&
         ep->busy.load(std::memory_order_acquire) == 0) {
       ep->SetStateLocked(Endpoint::State::kClosing);
       Peer::Rail* rail = peer->FindRail(ep->local_nic(), ep->remote_nic());
@@ -596,9 +599,9 @@ void RdmaTransport::Housekeep(int64_t now_ns) {
                       now_ns > ep->adopt_deadline_ns;
       // No READY in time (lost, or the initiator gave up): send anyway; RC
       // retransmission covers a peer that was slow to connect.
-      if (ep->state() == Endpoint::State::kConnected && !ep->confirmed &&
+      if (ep->state() == Endpoint::State::kConnected && !ep->confirmed.load() &&
           now_ns > ep->confirm_deadline_ns) {
-        ep->confirmed = true;
+        ep->confirmed.store(true, std::memory_order_release);
         post = ep->PostLocked();
       }
       // Waiting slices past their deadline fail here; posted ones by

@@ -23,11 +23,13 @@ RdmaTransport::RdmaTransport(const TransportOptions& options)
     : options_(options),
       store_(
           options.rdma.max_endpoints,
-          // Never evict an endpoint with work queued or in flight, or one
-          // still connecting.
+          // Never evict an endpoint with work queued or in flight, one
+          // still connecting, or one whose initiator has not confirmed it
+          // (it may be about to send on it).
           [](const std::shared_ptr<Endpoint>& ep) {
             return ep->busy.load(std::memory_order_acquire) > 0 ||
-                   ep->state() == Endpoint::State::kConnecting;
+                   ep->state() == Endpoint::State::kConnecting ||
+                   !ep->confirmed.load(std::memory_order_acquire);
           },
           [](const std::shared_ptr<Endpoint>& ep) {
             return ep->used.exchange(false, std::memory_order_relaxed);
