@@ -94,7 +94,6 @@ class Endpoint {
 
   uint64_t id() const { return id_; }
   Peer* peer() const { return peer_.get(); }
-  const std::shared_ptr<Peer>& shared_peer() const { return peer_; }
   uint64_t peer_incarnation() const { return peer_incarnation_; }
   int local_nic() const { return local_nic_; }
   Nic* nic() const { return nic_; }
@@ -102,6 +101,14 @@ class Endpoint {
   uint64_t known_epoch() const { return known_epoch_; }
 
   State state() const { return state_.load(std::memory_order_acquire); }
+
+  // Connected, confirmed by its initiator (see `confirmed`) and without
+  // slices queued or posted: what the store may evict and Close may close.
+  bool Idle() const {
+    return state() == State::kConnected &&
+           confirmed.load(std::memory_order_acquire) &&
+           busy.load(std::memory_order_acquire) == 0;
+  }
 
   enum class PostResult {
     kDone,     // Nothing left to post, or the QPs are full (completions

@@ -32,6 +32,7 @@ std::vector<std::shared_ptr<Endpoint>> Peer::Restarted(uint64_t inc) {
     if (dead_.size() > kDeadIncarnations) dead_.erase(dead_.begin());
   }
   incarnation = inc;
+  rpc_address.clear();  // The new run's comes with its descriptor.
   for (Rail& r : rails) {
     if (r.ep != nullptr) old.push_back(std::move(r.ep));
     r.ep = nullptr;

@@ -111,7 +111,16 @@ bool RdmaTransport::Activate(const std::shared_ptr<Endpoint>& ep,
   return true;
 }
 
-void RdmaTransport::Tell(const Endpoint& ep, const RdmaMessage& msg) {
+void RdmaTransport::Tell(const Endpoint& ep, RailNotice::Kind kind,
+                         uint64_t epoch) {
+  RdmaMessage msg;
+  RailNotice* n = msg.mutable_notice();
+  n->set_kind(kind);
+  n->set_initiator_segment(env_.local_segment);
+  n->set_initiator_incarnation(incarnation_);
+  n->set_initiator_nic(ep.nic()->name());
+  n->set_target_nic(ep.remote_nic());
+  n->set_epoch(epoch);
   std::string rpc;
   {
     MutexLock lock(&ep.peer()->mu);
@@ -121,28 +130,6 @@ void RdmaTransport::Tell(const Endpoint& ep, const RdmaMessage& msg) {
   // to act on either (it restarted, or its QPs will fail on their own).
   (void)env_.peer_client->Exchange(rpc, "rdma", env_.local_segment,
                                    msg.SerializeAsString());
-}
-
-void RdmaTransport::TellReady(const Endpoint& ep, uint64_t epoch) {
-  RdmaMessage msg;
-  ReadyRequest* r = msg.mutable_ready();
-  r->set_initiator_segment(env_.local_segment);
-  r->set_initiator_incarnation(incarnation_);
-  r->set_initiator_nic(ep.nic()->name());
-  r->set_target_nic(ep.remote_nic());
-  r->set_epoch(epoch);
-  Tell(ep, msg);
-}
-
-void RdmaTransport::TellDisconnect(const Endpoint& ep, uint64_t epoch) {
-  RdmaMessage msg;
-  DisconnectRequest* r = msg.mutable_disconnect();
-  r->set_initiator_segment(env_.local_segment);
-  r->set_initiator_incarnation(incarnation_);
-  r->set_initiator_nic(ep.nic()->name());
-  r->set_target_nic(ep.remote_nic());
-  r->set_epoch(epoch);
-  Tell(ep, msg);
 }
 
 void RdmaTransport::RunConnect(const std::shared_ptr<Endpoint>& ep) {
@@ -203,13 +190,13 @@ void RdmaTransport::RunConnect(const std::shared_ptr<Endpoint>& ep) {
             peer->retry_after_ns = 0;
           }
           if (Activate(ep, &qps, reply.epoch(), /*confirmed=*/true)) {
-            TellReady(*ep, reply.epoch());
+            Tell(*ep, RailNotice::READY, reply.epoch());
             return;
           }
           // Failed or closed meanwhile: the connection the target just
           // made is nobody's; close it there rather than leave it dead.
           DestroyQps(&qps);
-          TellDisconnect(*ep, reply.epoch());
+          Tell(*ep, RailNotice::DISCONNECT, reply.epoch());
           return;
         }
         break;
@@ -293,15 +280,18 @@ absl::StatusOr<std::string> RdmaTransport::OnExchange(
       if (!reply.ok()) return reply.status();
       return reply->SerializeAsString();
     }
-    case RdmaMessage::kDisconnect: {
-      if (absl::Status s = OnDisconnect(from, msg.disconnect()); !s.ok()) {
-        return s;
+    case RdmaMessage::kNotice: {
+      std::shared_ptr<Peer> peer;
+      // Notices about anything but the rail's current endpoint, from the
+      // peer's current run, are stale: nothing to do.
+      if (auto ep = NoticeTarget(from, msg.notice(), &peer)) {
+        if (msg.notice().kind() == RailNotice::READY) {
+          OnReady(ep, msg.notice());
+        } else {
+          OnDisconnect(peer.get(), ep, msg.notice());
+        }
       }
-      return DisconnectReply().SerializeAsString();
-    }
-    case RdmaMessage::kReady: {
-      if (absl::Status s = OnReady(from, msg.ready()); !s.ok()) return s;
-      return ReadyReply().SerializeAsString();
+      return RailNoticeReply().SerializeAsString();
     }
     default:
       return absl::InvalidArgumentError("RDMA message of no known kind");
@@ -443,32 +433,27 @@ absl::StatusOr<ConnectReply> RdmaTransport::OnConnect(
   return reply;
 }
 
-absl::Status RdmaTransport::OnReady(const std::string& from,
-                                    const ReadyRequest& req) {
-  std::shared_ptr<Peer> peer = FindPeer(from);
-  const int local = NicIndex(req.target_nic());
-  if (peer == nullptr || local < 0) return absl::OkStatus();
-  std::shared_ptr<Endpoint> ep;
-  {
-    MutexLock lock(&peer->mu);
-    if (peer->incarnation != req.initiator_incarnation()) {
-      return absl::OkStatus();
-    }
-    Peer::Rail* rail = peer->FindRail(local, req.initiator_nic());
-    if (rail != nullptr) ep = rail->ep;
-  }
-  if (ep == nullptr) return absl::OkStatus();
+std::shared_ptr<Endpoint> RdmaTransport::NoticeTarget(
+    const std::string& from, const RailNotice& n, std::shared_ptr<Peer>* peer) {
+  *peer = FindPeer(from);
+  const int local = NicIndex(n.target_nic());
+  if (*peer == nullptr || local < 0) return nullptr;
+  MutexLock lock(&(*peer)->mu);
+  if ((*peer)->incarnation != n.initiator_incarnation()) return nullptr;
+  Peer::Rail* rail = (*peer)->FindRail(local, n.initiator_nic());
+  return rail != nullptr ? rail->ep : nullptr;
+}
+
+void RdmaTransport::OnReady(const std::shared_ptr<Endpoint>& ep,
+                            const RailNotice& n) {
   Endpoint::PostResult post = Endpoint::PostResult::kDone;
   {
     MutexLock lock(&ep->mu);
-    if (ep->epoch != req.epoch() || ep->confirmed.load()) {
-      return absl::OkStatus();
-    }
+    if (ep->epoch != n.epoch() || ep->confirmed.load()) return;
     ep->confirmed.store(true, std::memory_order_release);
     post = ep->PostLocked();
   }
   AfterPost(ep, post);
-  return absl::OkStatus();
 }
 
 void RdmaTransport::Close(const std::shared_ptr<Endpoint>& ep) {
@@ -479,9 +464,7 @@ void RdmaTransport::Close(const std::shared_ptr<Endpoint>& ep) {
     // check that it is idle and its leaving the rail.
     MutexLock peer_lock(&peer->mu);
     MutexLock ep_lock(&ep->mu);
-    if (ep->state() == Endpoint::State::kConnected && !ep->accepting &&
-        ep->confirmed.load(std::memory_order_acquire) &&
-        ep->busy.load(std::memory_order_acquire) == 0) {
+    if (ep->Idle()) {
       ep->SetStateLocked(Endpoint::State::kClosing);
       Peer::Rail* rail = peer->FindRail(ep->local_nic(), ep->remote_nic());
       if (rail != nullptr && rail->ep == ep) rail->ep = nullptr;
@@ -511,37 +494,26 @@ void RdmaTransport::RunDisconnect(const std::shared_ptr<Endpoint>& ep) {
   }
   // Answered once the peer stopped using the QPs (bounded by the RPC
   // timeout); a peer that cannot be reached is not using them either.
-  TellDisconnect(*ep, epoch);
+  Tell(*ep, RailNotice::DISCONNECT, epoch);
   DropIfDrained(ep);
 }
 
-absl::Status RdmaTransport::OnDisconnect(const std::string& from,
-                                         const DisconnectRequest& req) {
-  std::shared_ptr<Peer> peer = FindPeer(from);
-  const int local = NicIndex(req.target_nic());
-  if (peer == nullptr || local < 0) return absl::OkStatus();
-  std::shared_ptr<Endpoint> ep;
+void RdmaTransport::OnDisconnect(Peer* peer,
+                                 const std::shared_ptr<Endpoint>& ep,
+                                 const RailNotice& n) {
   SliceQueue waiting;
   {
-    MutexLock lock(&peer->mu);
-    if (peer->incarnation != req.initiator_incarnation()) {
-      return absl::OkStatus();
+    MutexLock peer_lock(&peer->mu);
+    MutexLock ep_lock(&ep->mu);
+    // Only the connection the peer means: a newer one, or one still
+    // connecting, stays.
+    if (ep->epoch != n.epoch() || ep->state() != Endpoint::State::kConnected) {
+      return;
     }
-    Peer::Rail* rail = peer->FindRail(local, req.initiator_nic());
-    if (rail == nullptr || rail->ep == nullptr) return absl::OkStatus();
-    {
-      // Only the connection the peer means: a newer one, or one still
-      // connecting, stays.
-      MutexLock ep_lock(&rail->ep->mu);
-      if (rail->ep->epoch != req.epoch() ||
-          rail->ep->state() != Endpoint::State::kConnected) {
-        return absl::OkStatus();
-      }
-      rail->ep->SetStateLocked(Endpoint::State::kClosing);
-      waiting.Append(&rail->ep->waiting);
-    }
-    ep = std::move(rail->ep);
-    rail->ep = nullptr;
+    ep->SetStateLocked(Endpoint::State::kClosing);
+    waiting.Append(&ep->waiting);
+    Peer::Rail* rail = peer->FindRail(ep->local_nic(), ep->remote_nic());
+    if (rail != nullptr && rail->ep == ep) rail->ep = nullptr;
   }
   {
     MutexLock lock(&store_mu_);
@@ -568,7 +540,6 @@ absl::Status RdmaTransport::OnDisconnect(const std::string& from,
     }
   }
   DropIfDrained(ep);
-  return absl::OkStatus();
 }
 
 void RdmaTransport::HousekeeperLoop() {

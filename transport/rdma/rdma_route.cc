@@ -17,11 +17,6 @@ namespace {
 // How often slices may bounce off endpoints that failed under them before
 // they fail.
 constexpr int kMaxReroutes = 4;
-// Reconnect backoff per peer: 50 ms doubling up to 1.6 s.
-constexpr int64_t kMinBackoffNs = 50'000'000;
-
-int64_t NowNs() { return absl::GetCurrentTimeNanos(); }
-
 struct RailState {
   uint64_t load = 0;  // Bytes in flight on the rail's endpoint.
   bool paused = false;
@@ -206,7 +201,7 @@ std::shared_ptr<Endpoint> RdmaTransport::RailEndpoint(
       }
     }
     if (ep == nullptr) {
-      const int64_t now = NowNs();
+      const int64_t now = absl::GetCurrentTimeNanos();
       if (peer->retry_after_ns > now) {
         // Fail fast while backing off: no reconnect storm.
         *why = absl::UnavailableError(absl::StrCat(

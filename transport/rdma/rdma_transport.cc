@@ -23,14 +23,10 @@ RdmaTransport::RdmaTransport(const TransportOptions& options)
     : options_(options),
       store_(
           options.rdma.max_endpoints,
-          // Never evict an endpoint with work queued or in flight, one
-          // still connecting, or one whose initiator has not confirmed it
-          // (it may be about to send on it).
-          [](const std::shared_ptr<Endpoint>& ep) {
-            return ep->busy.load(std::memory_order_acquire) > 0 ||
-                   ep->state() == Endpoint::State::kConnecting ||
-                   !ep->confirmed.load(std::memory_order_acquire);
-          },
+          // Only idle endpoints may go: never one with work queued or in
+          // flight, one still connecting, or one its initiator has not
+          // confirmed (it may be about to send on it).
+          [](const std::shared_ptr<Endpoint>& ep) { return !ep->Idle(); },
           [](const std::shared_ptr<Endpoint>& ep) {
             return ep->used.exchange(false, std::memory_order_relaxed);
           }) {}
@@ -259,7 +255,11 @@ std::shared_ptr<Peer> RdmaTransport::PeerForView(const SegmentView& view,
       // keys are gone.
       old = peer->Restarted(view.incarnation());
     }
-    peer->rpc_address = view.descriptor().rpc_address();
+    // Fixed for an incarnation, unless the peer was first known from its
+    // own connect request: copied once, not per run.
+    if (peer->rpc_address.empty()) {
+      peer->rpc_address = view.descriptor().rpc_address();
+    }
   }
   for (auto& ep : old) {
     FailEndpoint(ep, absl::UnavailableError("peer restarted"), /*flush=*/true);

@@ -156,9 +156,14 @@ class RdmaTransport final : public Transport {
                                          const std::string& payload);
   absl::StatusOr<ConnectReply> OnConnect(const std::string& from,
                                          const ConnectRequest& req);
-  absl::Status OnDisconnect(const std::string& from,
-                            const DisconnectRequest& req);
-  absl::Status OnReady(const std::string& from, const ReadyRequest& req);
+  // The rail's current endpoint a notice is about, if it comes from the
+  // peer's current run (*peer is set either way).
+  std::shared_ptr<Endpoint> NoticeTarget(const std::string& from,
+                                         const RailNotice& n,
+                                         std::shared_ptr<Peer>* peer);
+  void OnReady(const std::shared_ptr<Endpoint>& ep, const RailNotice& n);
+  void OnDisconnect(Peer* peer, const std::shared_ptr<Endpoint>& ep,
+                    const RailNotice& n);
   absl::Status CreateQps(Nic* nic, int n, std::vector<QueuePair>* qps);
   // Installs connected QPs into a connecting endpoint, registers them for
   // completions and, if `confirmed` (the other side's QPs can receive),
@@ -166,11 +171,9 @@ class RdmaTransport final : public Transport {
   // caller) if the endpoint is no longer connecting.
   bool Activate(const std::shared_ptr<Endpoint>& ep,
                 std::vector<QueuePair>* qps, uint64_t epoch, bool confirmed);
-  // One-way messages to the endpoint's peer (bounded by the RPC timeout;
-  // the reply carries nothing).
-  void Tell(const Endpoint& ep, const RdmaMessage& msg);
-  void TellReady(const Endpoint& ep, uint64_t epoch);
-  void TellDisconnect(const Endpoint& ep, uint64_t epoch);
+  // A notice about connection `epoch` of the endpoint's rail to its peer
+  // (bounded by the RPC timeout; the reply carries nothing).
+  void Tell(const Endpoint& ep, RailNotice::Kind kind, uint64_t epoch);
   // Takes an evicted endpoint out of service and queues its disconnect.
   void Close(const std::shared_ptr<Endpoint>& ep);
   void HousekeeperLoop();
