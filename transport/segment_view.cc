@@ -71,10 +71,4 @@ int SegmentView::FindBufferIndex(uint64_t addr, uint64_t length) const {
   return index;
 }
 
-const metadata::Buffer* SegmentView::FindBuffer(uint64_t addr,
-                                                uint64_t length) const {
-  const int index = FindBufferIndex(addr, length);
-  return index < 0 ? nullptr : &desc_.buffers(index);
-}
-
 }  // namespace ferry

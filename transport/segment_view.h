@@ -34,9 +34,8 @@ class SegmentView {
   // Index of `transport` in descriptor().transports(), or -1.
   int FindTransportIndex(absl::string_view transport) const;
 
-  // The buffer containing all of [addr, addr + length), or nullptr.
-  const metadata::Buffer* FindBuffer(uint64_t addr, uint64_t length) const;
-  // Its index in descriptor().buffers(), or -1.
+  // Index in descriptor().buffers() of the buffer containing all of
+  // [addr, addr + length), or -1.
   int FindBufferIndex(uint64_t addr, uint64_t length) const;
   const metadata::Buffer& buffer(int index) const {
     return desc_.buffers(index);

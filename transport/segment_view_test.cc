@@ -18,12 +18,15 @@ TEST(SegmentViewTest, FindsBuffersAndTransports) {
   ASSERT_TRUE(view.ok()) << view.status();
   EXPECT_NE((*view)->FindTransport("tcp"), nullptr);
   EXPECT_EQ((*view)->FindTransport("rdma"), nullptr);
-  EXPECT_EQ((*view)->FindBuffer(0x3000, 0x1000)->addr(), 0x3000u);
-  EXPECT_EQ((*view)->FindBuffer(0x5fff, 1)->addr(), 0x5000u);
-  EXPECT_EQ((*view)->FindBuffer(0x2000, 1), nullptr);
-  EXPECT_EQ((*view)->FindBuffer(0xfff, 1), nullptr);
-  EXPECT_EQ((*view)->FindBuffer(0x1fff, 2), nullptr);
-  EXPECT_EQ((*view)->FindBuffer(0x1000, ~uint64_t{0}), nullptr);
+  const SegmentView& v = **view;
+  ASSERT_GE(v.FindBufferIndex(0x3000, 0x1000), 0);
+  EXPECT_EQ(v.buffer(v.FindBufferIndex(0x3000, 0x1000)).addr(), 0x3000u);
+  ASSERT_GE(v.FindBufferIndex(0x5fff, 1), 0);
+  EXPECT_EQ(v.buffer(v.FindBufferIndex(0x5fff, 1)).addr(), 0x5000u);
+  EXPECT_EQ(v.FindBufferIndex(0x2000, 1), -1);
+  EXPECT_EQ(v.FindBufferIndex(0xfff, 1), -1);
+  EXPECT_EQ(v.FindBufferIndex(0x1fff, 2), -1);
+  EXPECT_EQ(v.FindBufferIndex(0x1000, ~uint64_t{0}), -1);
 }
 
 TEST(SegmentViewTest, IndexesDeviceKeysByTransportBufferAndDevice) {

@@ -167,10 +167,10 @@ void TcpConnection::SendLoop() {
       absl::MutexLock lock(&mu_);
       auto it = inflight_.find(id);
       if (it != inflight_.end()) {
-        if (it->second.done) {
+        if (it->second.done.has_value()) {
           // Answered while we were in sendmsg: ours to complete now.
           finish_here = true;
-          finish_status = it->second.done_status;
+          finish_status = *it->second.done;
           inflight_.erase(it);
         } else if (it->second.answered) {
           it->second.sending = false;  // The receiver completes it.
@@ -200,8 +200,7 @@ void TcpConnection::CompleteAnswered(uint64_t id, Slice* slice,
     absl::MutexLock lock(&mu_);
     auto it = inflight_.find(id);
     if (it != inflight_.end() && it->second.sending) {
-      it->second.done = true;
-      it->second.done_status = status;
+      it->second.done = status;
       return;
     }
     if (it != inflight_.end()) inflight_.erase(it);

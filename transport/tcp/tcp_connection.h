@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <optional>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
@@ -61,8 +62,7 @@ class TcpConnection {
     // Set by the receiver when the response arrived while `sending`: the
     // sender completes the slice with this status once sendmsg returned, so
     // the slice's memory is never released while a syscall still has it.
-    bool done = false;
-    absl::Status done_status;
+    std::optional<absl::Status> done;
   };
 
   void SendLoop();
