@@ -120,10 +120,6 @@ absl::StatusOr<BatchId> BatchTable::Allocate(size_t capacity) {
   batch->in_use = true;
   batch->capacity = capacity;
   batch->count = 0;
-  if (batch->allocated < capacity) {
-    batch->tasks.reset(new Task[capacity]);
-    batch->allocated = capacity;
-  }
   return MakeId(batch->generation, slot);
 }
 
@@ -191,7 +187,7 @@ BatchStatus SummarizeLocked(const Batch& batch) {
   BatchStatus bs;
   bs.total = batch.count;
   for (size_t i = 0; i < batch.count; ++i) {
-    TransferStatus st = TaskStatusLocked(batch.tasks[i]);
+    TransferStatus st = TaskStatusLocked(batch.task(i));
     bs.transferred_bytes += st.transferred_bytes;
     if (st.state == TransferState::kCompleted) {
       ++bs.completed;

@@ -62,10 +62,25 @@ struct Batch {
   uint32_t generation ABSL_GUARDED_BY(mu) = 1;
   bool in_use ABSL_GUARDED_BY(mu) = false;
   size_t capacity ABSL_GUARDED_BY(mu) = 0;
-  // tasks[0, count) are submitted; the array is kept across reuse.
-  std::unique_ptr<Task[]> tasks;
-  size_t allocated ABSL_GUARDED_BY(mu) = 0;
+  // Tasks [0, count) are submitted. They live in chunks that are added as
+  // requests come (never all of `capacity` up front) and kept across
+  // reuse; a task's address never changes (slices point at it).
+  static constexpr size_t kTaskChunk = 64;
+  std::vector<std::unique_ptr<Task[]>> chunks ABSL_GUARDED_BY(mu);
   size_t count ABSL_GUARDED_BY(mu) = 0;
+  Task& task(size_t i) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return chunks[i / kTaskChunk][i % kTaskChunk];
+  }
+  const Task& task(size_t i) const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return chunks[i / kTaskChunk][i % kTaskChunk];
+  }
+  // The next task, adding a chunk if needed.
+  Task& AddTask() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (count == chunks.size() * kTaskChunk) {
+      chunks.emplace_back(new Task[kTaskChunk]);
+    }
+    return task(count++);
+  }
   // Submitted tasks not finished yet.
   std::atomic<size_t> pending{0};
   // Target snapshots the slices point into, kept until the batch is freed.

@@ -183,7 +183,7 @@ absl::Status EngineImpl::SubmitTransfer(
       }
     }
     for (Prepared& p : scratch.prepared) {
-      Task& task = batch->tasks[batch->count++];
+      Task& task = batch->AddTask();
       task.batch = batch;
       task.length = p.request->length;
       task.target = p.request->target_id;
@@ -251,7 +251,7 @@ absl::StatusOr<TransferStatus> EngineImpl::GetTransferStatus(BatchId batch_id,
         absl::StrCat("index ", index, " is out of range: the batch holds ",
                      batch->count, " request(s)"));
   }
-  return TaskStatusLocked(batch->tasks[index]);
+  return TaskStatusLocked(batch->task(index));
 }
 
 absl::StatusOr<BatchStatus> EngineImpl::GetBatchStatus(BatchId batch_id) {
