@@ -4,6 +4,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 #include <vector>
@@ -266,6 +267,50 @@ TEST_F(EngineTest, SilentPeerTimesOutAndBatchCannotBeFreedMeanwhile) {
   EXPECT_EQ(ts->state, TransferState::kTimeout);
   EXPECT_EQ(ts->error.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_TRUE(b_.FreeBatch(*batch).ok());
+}
+
+// A batch's capacity is a bound, not an allocation: a huge one costs
+// nothing until requests come, and a batch reused with more requests than
+// before grows.
+TEST(BatchCapacityTest, HugeCapacityAllocatesNothingUpFront) {
+  std::vector<uint8_t> remote(1 << 20, 0), local(1 << 20, 7);
+  TransferEngine target, initiator;
+  EngineOptions t;
+  t.local_segment_name = "cap-target";
+  ASSERT_TRUE(target.Init(t).ok());
+  EngineOptions i;
+  i.local_segment_name = "cap-initiator";
+  i.metadata_endpoint = target.metadata_address();
+  i.max_batch_capacity = size_t{1} << 40;
+  ASSERT_TRUE(initiator.Init(i).ok());
+  ASSERT_TRUE(target.RegisterLocalMemory(remote.data(), remote.size()).ok());
+  ASSERT_TRUE(initiator.RegisterLocalMemory(local.data(), local.size()).ok());
+  auto seg = initiator.OpenSegment("cap-target");
+  ASSERT_TRUE(seg.ok());
+  for (size_t n : {size_t{3}, size_t{200}}) {
+    auto batch = initiator.AllocateBatch(size_t{1} << 40);
+    ASSERT_TRUE(batch.ok()) << batch.status();
+    std::vector<TransferRequest> reqs(n);
+    for (size_t k = 0; k < n; ++k) {
+      reqs[k].opcode = OpCode::kWrite;
+      reqs[k].source = local.data() + k * 1000;
+      reqs[k].target_id = *seg;
+      reqs[k].target_offset =
+          reinterpret_cast<uint64_t>(remote.data()) + k * 1000;
+      reqs[k].length = 1000;
+    }
+    ASSERT_TRUE(initiator.SubmitTransfer(*batch, reqs).ok());
+    auto st = initiator.WaitBatch(*batch, absl::Seconds(10));
+    ASSERT_TRUE(st.ok());
+    EXPECT_EQ(st->state, TransferState::kCompleted) << st->first_error;
+    EXPECT_EQ(st->completed, n);
+    auto last = initiator.GetTransferStatus(*batch, n - 1);
+    ASSERT_TRUE(last.ok());
+    EXPECT_EQ(last->state, TransferState::kCompleted);
+    ASSERT_TRUE(initiator.FreeBatch(*batch).ok());
+  }
+  EXPECT_EQ(std::count(remote.begin(), remote.begin() + 200 * 1000, 7),
+            200 * 1000);
 }
 
 TEST(MrCacheTest, RegistersOnFirstUseAndEvictsUnderBudget) {
