@@ -22,14 +22,7 @@ if [[ $(id -u) -ne 0 ]] || ! command -v ip >/dev/null; then
   exit 1
 fi
 
-tag="f$$"
-tmp="$(mktemp -d)"
-pids=()
-cleanup() {
-  netns_cleanup
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
+netns_begin "f$$"
 
 if ! netns_setup; then
   echo "cannot create namespaces"

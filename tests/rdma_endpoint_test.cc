@@ -51,30 +51,40 @@ struct Node {
   }
 };
 
+// `n` WRITEs of `each` bytes: source + i * each -> dst + i * each on `seg`.
+std::vector<TransferRequest> Writes(const uint8_t* source, SegmentHandle seg,
+                                    uint64_t dst, size_t each, int n = 1) {
+  std::vector<TransferRequest> reqs(n);
+  for (int i = 0; i < n; ++i) {
+    reqs[i].opcode = OpCode::kWrite;
+    reqs[i].source = const_cast<uint8_t*>(source) + i * each;
+    reqs[i].target_id = seg;
+    reqs[i].target_offset = dst + i * each;
+    reqs[i].length = each;
+  }
+  return reqs;
+}
+
+// Runs `reqs` as one batch (allocate, submit, wait, free) and returns its
+// status; an error if it could not be submitted or waited for.
+absl::StatusOr<BatchStatus> RunBatch(TransferEngine& e,
+                                     const std::vector<TransferRequest>& reqs) {
+  auto batch = e.AllocateBatch(reqs.size());
+  if (!batch.ok()) return batch.status();
+  absl::Status submitted = e.SubmitTransfer(*batch, reqs);
+  absl::StatusOr<BatchStatus> st =
+      submitted.ok() ? e.WaitBatch(*batch, absl::Seconds(60)) : submitted;
+  if (absl::Status s = e.FreeBatch(*batch); !s.ok() && st.ok()) st = s;
+  return st;
+}
+
 // Writes [off, off + len) of `from`'s buffer to the same range of `to`'s,
 // as `n` requests in one batch; returns the batch's status.
 BatchStatus Write(Node* from, SegmentHandle to, const Node& target, size_t off,
                   size_t len, int n = 1) {
-  auto batch = from->engine.AllocateBatch(n);
-  if (!batch.ok()) return BatchStatus{};
-  std::vector<TransferRequest> reqs;
-  const size_t each = len / n;
-  for (int i = 0; i < n; ++i) {
-    TransferRequest r;
-    r.opcode = OpCode::kWrite;
-    r.source = from->mem.get() + off + i * each;
-    r.target_id = to;
-    r.target_offset = target.addr(off + i * each);
-    r.length = each;
-    reqs.push_back(r);
-  }
-  BatchStatus st;
-  if (from->engine.SubmitTransfer(*batch, reqs).ok()) {
-    auto w = from->engine.WaitBatch(*batch, absl::Seconds(60));
-    if (w.ok()) st = *w;
-  }
-  (void)from->engine.FreeBatch(*batch);
-  return st;
+  auto st = RunBatch(from->engine, Writes(from->mem.get() + off, to,
+                                          target.addr(off), len / n, n));
+  return st.ok() ? *st : BatchStatus{};
 }
 
 TEST(RdmaEndpointTest, SimultaneousConnectsResolveToOneEndpoint) {
@@ -140,20 +150,11 @@ TEST(RdmaEndpointTest, TransfersToItsOwnSegmentWork) {
     ASSERT_TRUE(seg.ok()) << seg.status();
     FillPattern(self.mem.get(), kBuffer / 2, 0, 60 + nics);
     // The first half onto the second half of the same buffer.
-    auto batch = self.engine.AllocateBatch(4);
-    std::vector<TransferRequest> reqs(4);
-    for (int k = 0; k < 4; ++k) {
-      reqs[k].opcode = OpCode::kWrite;
-      reqs[k].source = self.mem.get() + k * (kBuffer / 8);
-      reqs[k].target_id = *seg;
-      reqs[k].target_offset = self.addr(kBuffer / 2 + k * (kBuffer / 8));
-      reqs[k].length = kBuffer / 8;
-    }
-    ASSERT_TRUE(self.engine.SubmitTransfer(*batch, reqs).ok());
-    auto st = self.engine.WaitBatch(*batch, absl::Seconds(30));
+    auto st = RunBatch(
+        self.engine,
+        Writes(self.mem.get(), *seg, self.addr(kBuffer / 2), kBuffer / 8, 4));
     ASSERT_TRUE(st.ok()) << st.status();
     EXPECT_EQ(st->state, TransferState::kCompleted) << st->first_error;
-    ASSERT_TRUE(self.engine.FreeBatch(*batch).ok());
     EXPECT_EQ(
         CheckPattern(self.mem.get() + kBuffer / 2, kBuffer / 2, 0, 60 + nics),
         kBuffer / 2);
@@ -184,19 +185,10 @@ TEST(RdmaEndpointTest, MrCacheRegistersSourcesOnEveryNicAndEvicts) {
   ASSERT_TRUE(seg.ok());
   for (int round = 0; round < 2; ++round) {
     for (int k = 0; k < 6; ++k) {
-      auto batch = initiator.AllocateBatch(1);
-      TransferRequest r;
-      r.opcode = OpCode::kWrite;
-      r.source = source(k);
-      r.target_id = *seg;
-      r.target_offset = target.addr(k * kSource);
-      r.length = kSource;
-      absl::Status s = initiator.SubmitTransfer(*batch, {r});
-      ASSERT_TRUE(s.ok()) << round << " " << k << ": " << s;
-      auto st = initiator.WaitBatch(*batch, absl::Seconds(30));
-      ASSERT_TRUE(st.ok());
+      auto st = RunBatch(initiator, Writes(source(k), *seg,
+                                           target.addr(k * kSource), kSource));
+      ASSERT_TRUE(st.ok()) << round << " " << k << ": " << st.status();
       ASSERT_EQ(st->state, TransferState::kCompleted) << st->first_error;
-      ASSERT_TRUE(initiator.FreeBatch(*batch).ok());
       ASSERT_EQ(
           std::count(target.mem.get() + k * kSource,
                      target.mem.get() + (k + 1) * kSource, uint8_t(0x20 + k)),
@@ -267,17 +259,11 @@ TEST(RdmaEndpointTest, RailChoiceFollowsTheTopology) {
   auto seg = initiator.OpenSegment("t");
   ASSERT_TRUE(seg.ok());
   auto run = [&](size_t off, size_t len) {
-    auto batch = initiator.AllocateBatch(1);
-    TransferRequest r;
-    r.opcode = OpCode::kWrite;
-    r.source = local.data() + off;
-    r.target_id = *seg;
-    r.target_offset = reinterpret_cast<uint64_t>(remote.data()) + off;
-    r.length = len;
-    EXPECT_TRUE(initiator.SubmitTransfer(*batch, {r}).ok());
-    auto st = initiator.WaitBatch(*batch, absl::Seconds(30));
+    auto st =
+        RunBatch(initiator,
+                 Writes(local.data() + off, *seg,
+                        reinterpret_cast<uint64_t>(remote.data()) + off, len));
     EXPECT_TRUE(st.ok() && st->state == TransferState::kCompleted);
-    EXPECT_TRUE(initiator.FreeBatch(*batch).ok());
   };
   for (int k = 0; k < 20; ++k) run(k * 4096, 4096);
   auto nics = initiator.GetTransportStats()[0].nics;
@@ -308,21 +294,11 @@ TEST(RdmaEndpointTest, HandshakesToADeadPeerBackOff) {
   int requests = 0;
   const absl::Time end = absl::Now() + absl::Seconds(2);
   while (absl::Now() < end) {
-    auto batch = initiator.engine.AllocateBatch(4);
-    std::vector<TransferRequest> reqs(4);
-    for (int k = 0; k < 4; ++k) {
-      reqs[k].opcode = OpCode::kWrite;
-      reqs[k].source = initiator.mem.get() + k * 65536;
-      reqs[k].target_id = *seg;
-      reqs[k].target_offset = peer_addr + k * 65536;
-      reqs[k].length = 65536;
-    }
-    ASSERT_TRUE(initiator.engine.SubmitTransfer(*batch, reqs).ok());
-    auto st = initiator.engine.WaitBatch(*batch, absl::Seconds(30));
-    ASSERT_TRUE(st.ok());
+    auto st = RunBatch(initiator.engine,
+                       Writes(initiator.mem.get(), *seg, peer_addr, 65536, 4));
+    ASSERT_TRUE(st.ok()) << st.status();
     EXPECT_EQ(st->state, TransferState::kFailed);
     EXPECT_FALSE(st->first_error.ok());
-    ASSERT_TRUE(initiator.engine.FreeBatch(*batch).ok());
     requests += 4;
   }
   const uint64_t handshakes = initiator.stats().connects_started - before;
@@ -349,14 +325,8 @@ TEST(RdmaEndpointTest, UnregisteringALocalBufferWaitsForItsTransfers) {
         initiator.engine.RegisterLocalMemory(extra.get(), kBuffer, "*", false)
             .ok());
     auto batch = initiator.engine.AllocateBatch(16);
-    std::vector<TransferRequest> reqs(16);
-    for (int k = 0; k < 16; ++k) {
-      reqs[k].opcode = OpCode::kWrite;
-      reqs[k].source = extra.get() + k * (kBuffer / 16);
-      reqs[k].target_id = *seg;
-      reqs[k].target_offset = target.addr(k * (kBuffer / 16));
-      reqs[k].length = kBuffer / 16;
-    }
+    const auto reqs =
+        Writes(extra.get(), *seg, target.addr(), kBuffer / 16, 16);
     ASSERT_TRUE(initiator.engine.SubmitTransfer(*batch, reqs).ok());
     // Returns only once the batch no longer uses the buffer.
     ASSERT_TRUE(initiator.engine.UnregisterLocalMemory(extra.get()).ok());
@@ -392,30 +362,16 @@ TEST(RdmaEndpointTest, RemoteBufferIsNeverWrittenAfterItsUnregistration) {
   absl::Notification writing;
   std::thread writer([&] {
     while (!stop.load()) {
-      auto batch = initiator.engine.AllocateBatch(8);
-      std::vector<TransferRequest> reqs(8);
-      for (int k = 0; k < 8; ++k) {
-        reqs[k].opcode = OpCode::kWrite;
-        reqs[k].source = initiator.mem.get() + k * (kBuffer / 8);
-        reqs[k].target_id = *seg;
-        reqs[k].target_offset =
-            reinterpret_cast<uint64_t>(victim.get()) + k * (kBuffer / 8);
-        reqs[k].length = kBuffer / 8;
-      }
-      absl::Status s = initiator.engine.SubmitTransfer(*batch, reqs);
-      if (s.ok()) {
-        auto st = initiator.engine.WaitBatch(*batch, absl::Seconds(60));
-        if (st.ok() && st->state == TransferState::kCompleted) {
-          ok_batches.fetch_add(1);
-        } else {
-          failed_batches.fetch_add(1);
-          if (st.ok()) last_error = st->first_error;
-        }
+      auto st = RunBatch(
+          initiator.engine,
+          Writes(initiator.mem.get(), *seg,
+                 reinterpret_cast<uint64_t>(victim.get()), kBuffer / 8, 8));
+      if (st.ok() && st->state == TransferState::kCompleted) {
+        ok_batches.fetch_add(1);
       } else {
         failed_batches.fetch_add(1);
-        last_error = s;
+        last_error = st.ok() ? st->first_error : st.status();
       }
-      (void)initiator.engine.FreeBatch(*batch);
       if (ok_batches.load() >= 2 && !writing.HasBeenNotified()) {
         writing.Notify();
       }

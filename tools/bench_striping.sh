@@ -21,14 +21,7 @@ LIBDIR="$bin/transport/softrnic"
 # shellcheck source=netns_lib.sh
 source tools/netns_lib.sh
 
-tag="s$$"
-tmp="$(mktemp -d)"
-pids=()
-cleanup() {
-  netns_cleanup
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
+netns_begin "s$$"
 netns_setup || exit 1
 netns_shape "$rate"
 

@@ -1,12 +1,22 @@
 # Two hosts with two NICs each on one machine, for tests and benchmarks
 # (sourced, not run): network namespaces $H1 and $H2 joined by two veth
 # pairs on two subnets (rail 0: $A1 <-> $B1, rail 1: $A2 <-> $B2).
-# Needs root and iproute2. The caller sets $tag (a short unique prefix,
-# e.g. "t$$") and keeps $pids; netns_cleanup removes everything.
+# Needs root and iproute2.
+#   netns_begin TAG                  # $tmp, $pids; everything removed on exit
 #   netns_setup                      # namespaces, links, addresses
 #   netns_shape RATE                 # tc tbf on every link, both ways
 #   in_h1 CMD... / in_h2 CMD...      # run in a host with its softrnic NICs
 #   netns_link_down 1 2              # host 1, rail 2 (1-based) goes down
+
+# TAG: a short prefix unique to this run (e.g. "t$$") for the names of
+# namespaces and links. Makes the scratch directory $tmp and the list $pids
+# (background processes to kill); on exit both go with the hosts.
+netns_begin() {
+  tag="$1"
+  tmp="$(mktemp -d)"
+  pids=()
+  trap 'netns_cleanup; rm -rf "$tmp"' EXIT
+}
 
 netns_setup() {
   local n=$(($$ % 200 + 20))
