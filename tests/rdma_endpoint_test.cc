@@ -29,8 +29,10 @@ constexpr size_t kBuffer = 8 << 20;
 
 // An engine with one remote-accessible buffer.
 struct Node {
-  TransferEngine engine;
+  // Memory first: it outlives the engine, whose peers may access it until
+  // the engine has shut down.
   std::unique_ptr<uint8_t[]> mem{new uint8_t[kBuffer]};
+  TransferEngine engine;
 
   absl::Status Start(const std::string& name, const std::string& metadata,
                      EngineOptions o = {}) {
@@ -242,6 +244,7 @@ TEST(RdmaEndpointTest, RailChoiceFollowsTheTopology) {
   // time) every slice takes softrnic1; a large request stripes over both.
   EngineOptions o;
   o.rdma.topology_json = R"({"cpu:0": [["softrnic1"], ["softrnic0"]]})";
+  std::vector<uint8_t> remote(kBuffer), local(kBuffer);  // Outlive engines.
   TransferEngine target, initiator;
   o.local_segment_name = "t";
   o.transports = {"rdma"};
@@ -250,7 +253,6 @@ TEST(RdmaEndpointTest, RailChoiceFollowsTheTopology) {
   i.local_segment_name = "i";
   i.metadata_endpoint = target.metadata_address();
   ASSERT_TRUE(initiator.Init(i).ok());
-  std::vector<uint8_t> remote(kBuffer), local(kBuffer);
   FillPattern(local.data(), local.size(), 0, 3);
   ASSERT_TRUE(
       target.RegisterLocalMemory(remote.data(), remote.size(), "cpu:0").ok());

@@ -106,11 +106,15 @@ class TcpTransportTest : public ::testing::Test {
     return reinterpret_cast<uint64_t>(target_buf_.data()) + off;
   }
 
-  std::unique_ptr<TcpTransport> target_, initiator_;
+  // Declared first, destroyed last: what the transports' threads may still
+  // touch while they shut down (a server thread may still be in sendmsg on
+  // the memory when a READ has already completed at the initiator; a
+  // shutdown completes slices through the sink).
   std::vector<uint8_t> target_buf_;
   std::shared_ptr<const SegmentView> view_;
   std::string target_addr_;
   Sink sink_;
+  std::unique_ptr<TcpTransport> target_, initiator_;
 };
 
 TEST_F(TcpTransportTest, WriteThenRead) {
