@@ -4,6 +4,7 @@
 
 #include <thread>
 
+#include "common/status_testing.h"
 #include "gtest/gtest.h"
 
 namespace ferry {
@@ -11,7 +12,7 @@ namespace {
 
 TEST(ParseHostPortTest, AcceptsHostAndPort) {
   auto hp = ParseHostPort("127.0.0.1:8080");
-  ASSERT_TRUE(hp.ok()) << hp.status();
+  ASSERT_OK(hp);
   EXPECT_EQ(hp->host, "127.0.0.1");
   EXPECT_EQ(hp->port, 8080);
   EXPECT_EQ(hp->ToString(), "127.0.0.1:8080");
@@ -28,19 +29,19 @@ TEST(ParseHostPortTest, RejectsMalformed) {
 TEST(SocketTest, ConnectWriteRead) {
   uint16_t port = 0;
   auto listener = ListenTcp("127.0.0.1", 0, &port);
-  ASSERT_TRUE(listener.ok()) << listener.status();
+  ASSERT_OK(listener);
   ASSERT_NE(port, 0);
   std::thread server([&] {
     UniqueFd conn(::accept(listener->get(), nullptr, nullptr));
     char buf[5];
-    ASSERT_TRUE(ReadFull(conn.get(), buf, 5).ok());
-    ASSERT_TRUE(WriteFull(conn.get(), buf, 5).ok());
+    ASSERT_OK(ReadFull(conn.get(), buf, 5));
+    ASSERT_OK(WriteFull(conn.get(), buf, 5));
   });
   auto fd = ConnectTcp({"127.0.0.1", port}, absl::Seconds(2));
-  ASSERT_TRUE(fd.ok()) << fd.status();
-  ASSERT_TRUE(WriteFull(fd->get(), "hello", 5).ok());
+  ASSERT_OK(fd);
+  ASSERT_OK(WriteFull(fd->get(), "hello", 5));
   char back[5];
-  ASSERT_TRUE(ReadFull(fd->get(), back, 5).ok());
+  ASSERT_OK(ReadFull(fd->get(), back, 5));
   EXPECT_EQ(std::string(back, 5), "hello");
   server.join();
   // The server closed: the next read reports a clean close.
@@ -57,9 +58,9 @@ TEST(SocketTest, ConnectRefusedIsUnavailable) {
 TEST(SocketTest, RecvTimeoutIsDeadlineExceeded) {
   uint16_t port = 0;
   auto listener = ListenTcp("127.0.0.1", 0, &port);
-  ASSERT_TRUE(listener.ok());
+  ASSERT_OK(listener);
   auto fd = ConnectTcp({"127.0.0.1", port}, absl::Seconds(2));
-  ASSERT_TRUE(fd.ok());
+  ASSERT_OK(fd);
   SetRecvTimeout(fd->get(), absl::Milliseconds(50));
   char c;
   EXPECT_EQ(ReadFull(fd->get(), &c, 1).code(),

@@ -155,6 +155,7 @@ absl::Status BatchTable::Free(BatchId id) {
   {
     auto batch = LockBatch(id);
     if (!batch.ok()) return batch.status();
+    (*batch)->mu.AssertHeld();
     if (size_t in_flight = (*batch)->pending.load(); in_flight != 0) {
       return absl::FailedPreconditionError(
           absl::StrCat("batch 0x", absl::Hex(id), " has ", in_flight,

@@ -95,8 +95,9 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
   env.local_segment = options.local_segment_name;
   env.incarnation = incarnation_;
   env.listen_host = options.listen_host;
-  env.peer_service = &peer_service_;
-  env.peer_client = peer_client_.get();
+  peer_channel_ = std::make_unique<metadata::GrpcPeerChannel>(
+      &peer_service_, peer_client_.get(), options.local_segment_name);
+  env.peer_channel = peer_channel_.get();
   for (const std::string& name : options.transports) {
     auto transport = CreateTransport(name, topts);
     absl::Status s = transport.status();
@@ -159,7 +160,7 @@ absl::Status EngineImpl::RegisterLocalMemory(void* addr, size_t length,
   if (region.location.size() > metadata::kMaxLocationBytes) {
     return absl::InvalidArgumentError("location is too long");
   }
-  absl::MutexLock lock(&register_mu_);
+  MutexLock lock(&register_mu_);
   return RegisterLocked(region);
 }
 
@@ -209,7 +210,7 @@ absl::Status EngineImpl::UnregisterLocalMemory(void* addr) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(addr);
   absl::Status s;
   {
-    absl::MutexLock lock(&register_mu_);
+    MutexLock lock(&register_mu_);
     s = UnregisterLocked(a, options_.transfer_timeout);
   }
   if (s.code() != absl::StatusCode::kNotFound &&
@@ -300,7 +301,7 @@ absl::Status EngineImpl::SendNotification(SegmentHandle target,
 absl::Status EngineImpl::OnNotify(const std::string& from,
                                   const std::string& name,
                                   const std::string& message) {
-  absl::MutexLock lock(&notify_mu_);
+  MutexLock lock(&notify_mu_);
   if (notifications_.size() >= kMaxQueuedNotifications) {
     return absl::ResourceExhaustedError(
         "receiver's notification queue is full");
@@ -317,7 +318,7 @@ std::vector<TransportStats> EngineImpl::GetTransportStats() const {
 }
 
 std::vector<Notification> EngineImpl::GetNotifications() {
-  absl::MutexLock lock(&notify_mu_);
+  MutexLock lock(&notify_mu_);
   std::vector<Notification> out(std::make_move_iterator(notifications_.begin()),
                                 std::make_move_iterator(notifications_.end()));
   notifications_.clear();

@@ -15,7 +15,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "engine/batch_table.h"
 #include "engine/segment_cache.h"
 #include "engine/transfer_engine.h"
@@ -129,6 +129,7 @@ class EngineImpl {
   std::unique_ptr<metadata::RpcServer> rpc_server_;
   std::unique_ptr<metadata::MetadataClient> metadata_;
   std::unique_ptr<metadata::PeerClient> peer_client_;
+  std::unique_ptr<metadata::GrpcPeerChannel> peer_channel_;
   std::vector<std::unique_ptr<Transport>> transports_;
   std::vector<size_t> slice_bytes_;  // max_slice_bytes() of each transport.
   std::unique_ptr<SegmentCache> segments_;
@@ -136,13 +137,13 @@ class EngineImpl {
   MemoryRegistry local_memory_;
   // Serializes registration so local registry, transports and the published
   // descriptor change together.
-  absl::Mutex register_mu_;
+  Mutex register_mu_;
 
   struct CachedMr {
     size_t length;
     uint64_t last_use;
   };
-  absl::Mutex cache_mu_ ABSL_ACQUIRED_AFTER(register_mu_);
+  Mutex cache_mu_ ABSL_ACQUIRED_AFTER(register_mu_);
   std::map<uintptr_t, CachedMr> cache_ ABSL_GUARDED_BY(cache_mu_);
   size_t cache_bytes_ ABSL_GUARDED_BY(cache_mu_) = 0;
   uint64_t cache_clock_ ABSL_GUARDED_BY(cache_mu_) = 0;
@@ -150,7 +151,7 @@ class EngineImpl {
   TaskSink sink_;
   BatchTable batches_;
 
-  absl::Mutex notify_mu_;
+  Mutex notify_mu_;
   std::deque<Notification> notifications_ ABSL_GUARDED_BY(notify_mu_);
 };
 

@@ -168,6 +168,8 @@ absl::Status EngineImpl::SubmitTransfer(
       return locked.status();
     }
     Batch* batch = &**locked;
+    batch->mu.AssertHeld();
+    batch->mu.AssertHeld();
     if (batch->count + requests.size() > batch->capacity) {
       const size_t used = batch->count;
       const size_t cap = batch->capacity;
@@ -212,9 +214,8 @@ absl::Status EngineImpl::SubmitTransfer(
         s.sink = &sink_;
         s.next = nullptr;
         s.attempts = 0;
-        s.rail = -1;
-        s.failed_rails = 0;
-        s.rkey = 0;
+        s.scratch[0] = 0;
+        s.scratch[1] = 0;
         s.task = &task;
         scratch.per_transport[p.transport].push_back(&s);
       }
@@ -246,6 +247,7 @@ absl::StatusOr<TransferStatus> EngineImpl::GetTransferStatus(BatchId batch_id,
   auto locked = batches_.LockBatch(batch_id);
   if (!locked.ok()) return locked.status();
   Batch* batch = &**locked;
+  batch->mu.AssertHeld();
   if (index >= batch->count) {
     return absl::InvalidArgumentError(
         absl::StrCat("index ", index, " is out of range: the batch holds ",
@@ -308,6 +310,7 @@ absl::StatusOr<BatchStatus> EngineImpl::WaitBatch(BatchId batch_id,
   DriveUntilDone(batch, deadline);
   auto locked = batches_.LockBatch(batch_id);
   if (!locked.ok()) return locked.status();
+  batch->mu.AssertHeld();
   while (batch->pending.load(std::memory_order_acquire) != 0) {
     if (batch->done_cv.WaitWithDeadline(&batch->mu, deadline)) {
       if (const size_t left = batch->pending.load(); left != 0) {

@@ -15,7 +15,7 @@ absl::StatusOr<MemoryRegistry::Lease> EngineImpl::AcquireLocal(uintptr_t addr,
   auto lease = local_memory_.Acquire(addr, length, /*need_remote=*/false);
   if (options_.mr_cache_bytes == 0) return lease;
   if (lease.ok()) {
-    absl::MutexLock lock(&cache_mu_);
+    MutexLock lock(&cache_mu_);
     auto it = cache_.find(lease->region().addr);
     if (it != cache_.end()) it->second.last_use = ++cache_clock_;
     return lease;
@@ -36,7 +36,7 @@ absl::StatusOr<MemoryRegistry::Lease> EngineImpl::AcquireLocal(uintptr_t addr,
   region.location = "*";
   region.remote_accessible = false;
   {
-    absl::MutexLock lock(&register_mu_);
+    MutexLock lock(&register_mu_);
     // Another request may have registered it meanwhile.
     if (!local_memory_.Contains(addr, length, false)) {
       // Cached registrations sharing pages with the cover (neighbouring
@@ -45,7 +45,7 @@ absl::StatusOr<MemoryRegistry::Lease> EngineImpl::AcquireLocal(uintptr_t addr,
       uintptr_t lo = start, hi = end;
       std::vector<uintptr_t> merged;
       {
-        absl::MutexLock cache_lock(&cache_mu_);
+        MutexLock cache_lock(&cache_mu_);
         for (bool grew = true; grew;) {
           grew = false;
           for (const auto& [a, c] : cache_) {
@@ -79,7 +79,7 @@ absl::StatusOr<MemoryRegistry::Lease> EngineImpl::AcquireLocal(uintptr_t addr,
             absl::StrCat("MR cache: cannot register 0x", absl::Hex(lo), "+",
                          hi - lo, ": ", s.message()));
       }
-      absl::MutexLock cache_lock(&cache_mu_);
+      MutexLock cache_lock(&cache_mu_);
       cache_[lo] = CachedMr{hi - lo, ++cache_clock_};
       cache_bytes_ += hi - lo;
     }
@@ -92,7 +92,7 @@ void EngineImpl::EvictCached(uintptr_t keep) {
   std::vector<std::pair<uint64_t, uintptr_t>> victims;
   size_t over = 0;
   {
-    absl::MutexLock lock(&cache_mu_);
+    MutexLock lock(&cache_mu_);
     if (cache_bytes_ <= options_.mr_cache_bytes) return;
     over = cache_bytes_ - options_.mr_cache_bytes;
     for (const auto& [a, c] : cache_) {
@@ -105,13 +105,13 @@ void EngineImpl::EvictCached(uintptr_t keep) {
     if (freed >= over) break;
     absl::Status s;
     {
-      absl::MutexLock lock(&register_mu_);
+      MutexLock lock(&register_mu_);
       // Zero wait: a registration in use by a transfer is skipped, never
       // pulled from under it.
       s = UnregisterLocked(a, absl::ZeroDuration());
     }
     if (!s.ok()) continue;
-    absl::MutexLock lock(&cache_mu_);
+    MutexLock lock(&cache_mu_);
     auto it = cache_.find(a);
     if (it == cache_.end()) continue;
     freed += it->second.length;
@@ -121,7 +121,7 @@ void EngineImpl::EvictCached(uintptr_t keep) {
 }
 
 void EngineImpl::ForgetCached(uintptr_t addr) {
-  absl::MutexLock lock(&cache_mu_);
+  MutexLock lock(&cache_mu_);
   auto it = cache_.find(addr);
   if (it == cache_.end()) return;
   cache_bytes_ -= it->second.length;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/socket_util.h"
+#include "common/status_testing.h"
 #include "gtest/gtest.h"
 #include "metadata/metadata_client.h"
 
@@ -21,20 +22,19 @@ class EngineTest : public ::testing::Test {
   void SetUp() override {
     EngineOptions a;
     a.local_segment_name = "a";
-    ASSERT_TRUE(a_.Init(a).ok());
+    ASSERT_OK(a_.Init(a));
     EngineOptions b;
     b.local_segment_name = "b";
     b.metadata_endpoint = a_.metadata_address();
     b.transfer_timeout = absl::Seconds(2);
-    ASSERT_TRUE(b_.Init(b).ok());
+    ASSERT_OK(b_.Init(b));
     remote_.assign(1 << 20, 0);
     local_.assign(1 << 20, 0);
-    ASSERT_TRUE(
-        a_.RegisterLocalMemory(remote_.data(), remote_.size(), "cpu:0", true)
-            .ok());
-    ASSERT_TRUE(b_.RegisterLocalMemory(local_.data(), local_.size()).ok());
+    ASSERT_OK(
+        a_.RegisterLocalMemory(remote_.data(), remote_.size(), "cpu:0", true));
+    ASSERT_OK(b_.RegisterLocalMemory(local_.data(), local_.size()));
     auto seg = b_.OpenSegment("a");
-    ASSERT_TRUE(seg.ok()) << seg.status();
+    ASSERT_OK(seg);
     seg_ = *seg;
   }
 
@@ -55,11 +55,11 @@ class EngineTest : public ::testing::Test {
 
   BatchStatus Run(std::vector<TransferRequest> reqs) {
     auto batch = b_.AllocateBatch(reqs.size());
-    EXPECT_TRUE(batch.ok());
-    EXPECT_TRUE(b_.SubmitTransfer(*batch, reqs).ok());
+    EXPECT_OK(batch);
+    EXPECT_OK(b_.SubmitTransfer(*batch, reqs));
     auto st = b_.WaitBatch(*batch, absl::Seconds(20));
-    EXPECT_TRUE(st.ok()) << st.status();
-    EXPECT_TRUE(b_.FreeBatch(*batch).ok());
+    EXPECT_OK(st);
+    EXPECT_OK(b_.FreeBatch(*batch));
     return *st;
   }
 
@@ -91,26 +91,26 @@ TEST_F(EngineTest, WriteAndReadManyRequests) {
 
 TEST_F(EngineTest, PerRequestStatus) {
   auto batch = b_.AllocateBatch(2);
-  ASSERT_TRUE(batch.ok());
-  ASSERT_TRUE(b_.SubmitTransfer(*batch, {Req(OpCode::kWrite, 0, 0, 100)}).ok());
-  ASSERT_TRUE(b_.WaitBatch(*batch, absl::Seconds(10)).ok());
+  ASSERT_OK(batch);
+  ASSERT_OK(b_.SubmitTransfer(*batch, {Req(OpCode::kWrite, 0, 0, 100)}));
+  ASSERT_OK(b_.WaitBatch(*batch, absl::Seconds(10)));
   auto t = b_.GetTransferStatus(*batch, 0);
-  ASSERT_TRUE(t.ok());
+  ASSERT_OK(t);
   EXPECT_EQ(t->state, TransferState::kCompleted);
   EXPECT_EQ(t->transferred_bytes, 100u);
   EXPECT_EQ(b_.GetTransferStatus(*batch, 1).status().code(),
             absl::StatusCode::kInvalidArgument);
   // A second submission to the same batch, up to its capacity.
-  ASSERT_TRUE(b_.SubmitTransfer(*batch, {Req(OpCode::kRead, 0, 0, 10)}).ok());
+  ASSERT_OK(b_.SubmitTransfer(*batch, {Req(OpCode::kRead, 0, 0, 10)}));
   EXPECT_EQ(b_.SubmitTransfer(*batch, {Req(OpCode::kRead, 0, 0, 10)}).code(),
             absl::StatusCode::kInvalidArgument);
-  ASSERT_TRUE(b_.WaitBatch(*batch, absl::Seconds(10)).ok());
-  EXPECT_TRUE(b_.FreeBatch(*batch).ok());
+  ASSERT_OK(b_.WaitBatch(*batch, absl::Seconds(10)));
+  EXPECT_OK(b_.FreeBatch(*batch));
 }
 
 TEST_F(EngineTest, BadRequestsAreRejectedWithReasons) {
   auto batch = b_.AllocateBatch(4);
-  ASSERT_TRUE(batch.ok());
+  ASSERT_OK(batch);
   std::vector<uint8_t> unregistered(64);
   TransferRequest r = Req(OpCode::kWrite, 0, 0, 64);
   r.source = unregistered.data();
@@ -139,15 +139,15 @@ TEST_F(EngineTest, BadRequestsAreRejectedWithReasons) {
 
   // None of the rejected submissions left a request behind.
   auto st = b_.GetBatchStatus(*batch);
-  ASSERT_TRUE(st.ok());
+  ASSERT_OK(st);
   EXPECT_EQ(st->total, 0u);
-  EXPECT_TRUE(b_.FreeBatch(*batch).ok());
+  EXPECT_OK(b_.FreeBatch(*batch));
 }
 
 TEST_F(EngineTest, BatchIdsAreValidated) {
   auto batch = b_.AllocateBatch(1);
-  ASSERT_TRUE(batch.ok());
-  ASSERT_TRUE(b_.FreeBatch(*batch).ok());
+  ASSERT_OK(batch);
+  ASSERT_OK(b_.FreeBatch(*batch));
   EXPECT_EQ(b_.FreeBatch(*batch).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(b_.GetBatchStatus(*batch).status().code(),
             absl::StatusCode::kInvalidArgument);
@@ -155,10 +155,10 @@ TEST_F(EngineTest, BatchIdsAreValidated) {
             absl::StatusCode::kInvalidArgument);
   // The slot is reused with a new generation; the old id stays invalid.
   auto again = b_.AllocateBatch(1);
-  ASSERT_TRUE(again.ok());
+  ASSERT_OK(again);
   EXPECT_NE(*again, *batch);
   EXPECT_EQ(b_.FreeBatch(*batch).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(b_.FreeBatch(*again).ok());
+  EXPECT_OK(b_.FreeBatch(*again));
   for (BatchId forged : {BatchId{0}, BatchId{~0ull}, BatchId{0x100000007}}) {
     EXPECT_EQ(b_.FreeBatch(forged).code(), absl::StatusCode::kInvalidArgument);
     EXPECT_FALSE(b_.WaitBatch(forged, absl::Milliseconds(1)).ok());
@@ -175,31 +175,31 @@ TEST_F(EngineTest, RegistrationRules) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(b_.RegisterLocalMemory(local_.data() + 100, 10).code(),
             absl::StatusCode::kAlreadyExists);
-  ASSERT_TRUE(b_.RegisterLocalMemory(buf.data(), buf.size()).ok());
+  ASSERT_OK(b_.RegisterLocalMemory(buf.data(), buf.size()));
   EXPECT_EQ(b_.UnregisterLocalMemory(buf.data() + 1).code(),
             absl::StatusCode::kNotFound);
-  EXPECT_TRUE(b_.UnregisterLocalMemory(buf.data()).ok());
+  EXPECT_OK(b_.UnregisterLocalMemory(buf.data()));
   EXPECT_EQ(b_.UnregisterLocalMemory(buf.data()).code(),
             absl::StatusCode::kNotFound);
 }
 
 TEST_F(EngineTest, NewRemoteBufferIsFoundWithoutManualRefresh) {
   std::vector<uint8_t> extra(4096, 0x11);
-  ASSERT_TRUE(a_.RegisterLocalMemory(extra.data(), extra.size()).ok());
+  ASSERT_OK(a_.RegisterLocalMemory(extra.data(), extra.size()));
   TransferRequest r = Req(OpCode::kRead, 0, 0, extra.size());
   r.target_offset = reinterpret_cast<uint64_t>(extra.data());
   BatchStatus st = Run({r});
   EXPECT_EQ(st.state, TransferState::kCompleted) << st.first_error;
   EXPECT_EQ(local_[0], 0x11);
   // Unregister before the memory goes away (waits for peers' accesses).
-  EXPECT_TRUE(a_.UnregisterLocalMemory(extra.data()).ok());
+  EXPECT_OK(a_.UnregisterLocalMemory(extra.data()));
 }
 
 TEST_F(EngineTest, TargetRejectsUnregisteredBufferEvenWithStaleDescriptor) {
   std::vector<uint8_t> extra(4096, 0);
-  ASSERT_TRUE(a_.RegisterLocalMemory(extra.data(), extra.size()).ok());
-  ASSERT_TRUE(b_.RefreshSegment(seg_).ok());  // b caches the buffer...
-  ASSERT_TRUE(a_.UnregisterLocalMemory(extra.data()).ok());  // ...a drops it.
+  ASSERT_OK(a_.RegisterLocalMemory(extra.data(), extra.size()));
+  ASSERT_OK(b_.RefreshSegment(seg_));                 // b caches the buffer...
+  ASSERT_OK(a_.UnregisterLocalMemory(extra.data()));  // ...a drops it.
   std::fill(local_.begin(), local_.begin() + 4096, 0x77);
   TransferRequest r = Req(OpCode::kWrite, 0, 0, extra.size());
   r.target_offset = reinterpret_cast<uint64_t>(extra.data());
@@ -212,9 +212,9 @@ TEST_F(EngineTest, TargetRejectsUnregisteredBufferEvenWithStaleDescriptor) {
 
 TEST_F(EngineTest, Notifications) {
   auto self = a_.OpenSegment("b");
-  ASSERT_TRUE(self.ok());
-  ASSERT_TRUE(b_.SendNotification(seg_, "kv-ready", "layer=3").ok());
-  ASSERT_TRUE(b_.SendNotification(seg_, "kv-ready", "layer=4").ok());
+  ASSERT_OK(self);
+  ASSERT_OK(b_.SendNotification(seg_, "kv-ready", "layer=3"));
+  ASSERT_OK(b_.SendNotification(seg_, "kv-ready", "layer=4"));
   auto got = a_.GetNotifications();
   ASSERT_EQ(got.size(), 2u);
   EXPECT_EQ(got[0].from_segment, "b");
@@ -236,7 +236,7 @@ TEST_F(EngineTest, SilentPeerTimesOutAndBatchCannotBeFreedMeanwhile) {
   // A segment whose TCP endpoint accepts connections and never answers.
   uint16_t port = 0;
   auto listener = ListenTcp("127.0.0.1", 0, &port);
-  ASSERT_TRUE(listener.ok());
+  ASSERT_OK(listener);
   metadata::SegmentDescriptor d;
   d.set_name("silent");
   d.set_incarnation(1);
@@ -247,26 +247,26 @@ TEST_F(EngineTest, SilentPeerTimesOutAndBatchCannotBeFreedMeanwhile) {
   buf->set_addr(0x10000);
   buf->set_length(0x10000);
   metadata::MetadataClient md(a_.metadata_address(), absl::Seconds(3));
-  ASSERT_TRUE(md.PutSegment(d).ok());
+  ASSERT_OK(md.PutSegment(d));
   auto silent = b_.OpenSegment("silent");
-  ASSERT_TRUE(silent.ok());
+  ASSERT_OK(silent);
   TransferRequest r = Req(OpCode::kRead, 0, 0, 64);
   r.target_id = *silent;
   r.target_offset = 0x10000;
   auto batch = b_.AllocateBatch(1);
-  ASSERT_TRUE(b_.SubmitTransfer(*batch, {r}).ok());
+  ASSERT_OK(b_.SubmitTransfer(*batch, {r}));
   absl::Status free_status = b_.FreeBatch(*batch);
   EXPECT_EQ(free_status.code(), absl::StatusCode::kFailedPrecondition)
       << free_status;
   EXPECT_EQ(b_.WaitBatch(*batch, absl::Milliseconds(100)).status().code(),
             absl::StatusCode::kDeadlineExceeded);
   auto st = b_.WaitBatch(*batch, absl::Seconds(10));  // transfer_timeout 2 s.
-  ASSERT_TRUE(st.ok()) << st.status();
+  ASSERT_OK(st);
   EXPECT_EQ(st->state, TransferState::kTimeout) << st->first_error;
   auto ts = b_.GetTransferStatus(*batch, 0);
   EXPECT_EQ(ts->state, TransferState::kTimeout);
   EXPECT_EQ(ts->error.code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_TRUE(b_.FreeBatch(*batch).ok());
+  EXPECT_OK(b_.FreeBatch(*batch));
 }
 
 // A batch's capacity is a bound, not an allocation: a huge one costs
@@ -277,19 +277,19 @@ TEST(BatchCapacityTest, HugeCapacityAllocatesNothingUpFront) {
   TransferEngine target, initiator;
   EngineOptions t;
   t.local_segment_name = "cap-target";
-  ASSERT_TRUE(target.Init(t).ok());
+  ASSERT_OK(target.Init(t));
   EngineOptions i;
   i.local_segment_name = "cap-initiator";
   i.metadata_endpoint = target.metadata_address();
   i.max_batch_capacity = size_t{1} << 40;
-  ASSERT_TRUE(initiator.Init(i).ok());
-  ASSERT_TRUE(target.RegisterLocalMemory(remote.data(), remote.size()).ok());
-  ASSERT_TRUE(initiator.RegisterLocalMemory(local.data(), local.size()).ok());
+  ASSERT_OK(initiator.Init(i));
+  ASSERT_OK(target.RegisterLocalMemory(remote.data(), remote.size()));
+  ASSERT_OK(initiator.RegisterLocalMemory(local.data(), local.size()));
   auto seg = initiator.OpenSegment("cap-target");
-  ASSERT_TRUE(seg.ok());
+  ASSERT_OK(seg);
   for (size_t n : {size_t{3}, size_t{200}}) {
     auto batch = initiator.AllocateBatch(size_t{1} << 40);
-    ASSERT_TRUE(batch.ok()) << batch.status();
+    ASSERT_OK(batch);
     std::vector<TransferRequest> reqs(n);
     for (size_t k = 0; k < n; ++k) {
       reqs[k].opcode = OpCode::kWrite;
@@ -299,15 +299,15 @@ TEST(BatchCapacityTest, HugeCapacityAllocatesNothingUpFront) {
           reinterpret_cast<uint64_t>(remote.data()) + k * 1000;
       reqs[k].length = 1000;
     }
-    ASSERT_TRUE(initiator.SubmitTransfer(*batch, reqs).ok());
+    ASSERT_OK(initiator.SubmitTransfer(*batch, reqs));
     auto st = initiator.WaitBatch(*batch, absl::Seconds(10));
-    ASSERT_TRUE(st.ok());
+    ASSERT_OK(st);
     EXPECT_EQ(st->state, TransferState::kCompleted) << st->first_error;
     EXPECT_EQ(st->completed, n);
     auto last = initiator.GetTransferStatus(*batch, n - 1);
-    ASSERT_TRUE(last.ok());
+    ASSERT_OK(last);
     EXPECT_EQ(last->state, TransferState::kCompleted);
-    ASSERT_TRUE(initiator.FreeBatch(*batch).ok());
+    ASSERT_OK(initiator.FreeBatch(*batch));
   }
   EXPECT_EQ(std::count(remote.begin(), remote.begin() + 200 * 1000, 7),
             200 * 1000);
@@ -321,15 +321,15 @@ TEST(MrCacheTest, RegistersOnFirstUseAndEvictsUnderBudget) {
   TransferEngine target, initiator;
   EngineOptions t;
   t.local_segment_name = "cache-target";
-  ASSERT_TRUE(target.Init(t).ok());
+  ASSERT_OK(target.Init(t));
   EngineOptions i;
   i.local_segment_name = "cache-initiator";
   i.metadata_endpoint = target.metadata_address();
   i.mr_cache_bytes = 300 << 10;  // Room for two of the buffers below.
-  ASSERT_TRUE(initiator.Init(i).ok());
-  ASSERT_TRUE(target.RegisterLocalMemory(remote.data(), remote.size()).ok());
+  ASSERT_OK(initiator.Init(i));
+  ASSERT_OK(target.RegisterLocalMemory(remote.data(), remote.size()));
   auto seg = initiator.OpenSegment("cache-target");
-  ASSERT_TRUE(seg.ok());
+  ASSERT_OK(seg);
   // Six never-registered sources: each is registered on first use, and
   // older ones are evicted to stay near the budget.
   for (int k = 0; k < 6; ++k) sources.emplace_back(128 << 10, 0x10 + k);
@@ -342,11 +342,11 @@ TEST(MrCacheTest, RegistersOnFirstUseAndEvictsUnderBudget) {
       r.target_id = *seg;
       r.target_offset = reinterpret_cast<uint64_t>(remote.data()) + k * 1000;
       r.length = 1000;
-      ASSERT_TRUE(initiator.SubmitTransfer(*batch, {r}).ok()) << k;
+      ASSERT_OK(initiator.SubmitTransfer(*batch, {r})) << k;
       auto st = initiator.WaitBatch(*batch, absl::Seconds(10));
-      ASSERT_TRUE(st.ok());
+      ASSERT_OK(st);
       ASSERT_EQ(st->state, TransferState::kCompleted) << st->first_error;
-      ASSERT_TRUE(initiator.FreeBatch(*batch).ok());
+      ASSERT_OK(initiator.FreeBatch(*batch));
       EXPECT_EQ(remote[k * 1000], 0x10 + k);
     }
   }
@@ -365,7 +365,7 @@ TEST(MrCacheTest, RegistersOnFirstUseAndEvictsUnderBudget) {
   absl::Status s = initiator.SubmitTransfer(*batch, {r});
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_NE(s.message().find("not mapped"), std::string::npos) << s;
-  EXPECT_TRUE(initiator.FreeBatch(*batch).ok());
+  EXPECT_OK(initiator.FreeBatch(*batch));
 }
 
 TEST(EngineInitTest, UnreachableMetadataFailsFastWithClearError) {
@@ -394,7 +394,7 @@ TEST(EngineInitTest, BadOptions) {
   o.metadata_endpoint = "nonsense";
   EXPECT_EQ(e.Init(o).code(), absl::StatusCode::kInvalidArgument);
   o.metadata_endpoint = "embedded";
-  ASSERT_TRUE(e.Init(o).ok());  // Retry after failures works.
+  ASSERT_OK(e.Init(o));  // Retry after failures works.
   EXPECT_EQ(e.Init(o).code(), absl::StatusCode::kAlreadyExists);
 }
 

@@ -3,6 +3,7 @@
 
 #include <memory>
 
+#include "common/status_testing.h"
 #include "gtest/gtest.h"
 #include "metadata/metadata_client.h"
 #include "metadata/peer_service.h"
@@ -15,7 +16,7 @@ class MetadataServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
     auto server = RpcServer::Start("127.0.0.1:0", {&service_, &peer_});
-    ASSERT_TRUE(server.ok()) << server.status();
+    ASSERT_OK(server);
     server_ = std::move(*server);
     client_ =
         std::make_unique<MetadataClient>(server_->address(), absl::Seconds(5));
@@ -35,14 +36,14 @@ TEST_F(MetadataServiceTest, RoundTrip) {
   t->set_transport("tcp");
   t->set_address("127.0.0.1:5000");
   auto v = client_->PutSegment(seg);
-  ASSERT_TRUE(v.ok()) << v.status();
+  ASSERT_OK(v);
   auto got = client_->GetSegment("engine-a");
-  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_OK(got);
   EXPECT_EQ(got->transports(0).address(), "127.0.0.1:5000");
   auto names = client_->ListSegments();
-  ASSERT_TRUE(names.ok());
+  ASSERT_OK(names);
   EXPECT_EQ(names->size(), 1u);
-  EXPECT_TRUE(client_->RemoveSegment("engine-a", 42).ok());
+  EXPECT_OK(client_->RemoveSegment("engine-a", 42));
   auto gone = client_->GetSegment("engine-a");
   EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound);
   EXPECT_NE(gone.status().message().find("engine-a"), std::string::npos);
@@ -69,7 +70,7 @@ TEST_F(MetadataServiceTest, MalformedRequestsGetErrorsAndServerSurvives) {
   // Still serving.
   SegmentDescriptor ok;
   ok.set_name("ok");
-  EXPECT_TRUE(client_->PutSegment(ok).ok());
+  EXPECT_OK(client_->PutSegment(ok));
 }
 
 TEST_F(MetadataServiceTest, PeerExchangeAndNotify) {
@@ -89,7 +90,7 @@ TEST_F(MetadataServiceTest, PeerExchangeAndNotify) {
       });
   PeerClient peer(absl::Seconds(5));
   auto r = peer.Exchange(server_->address(), "echo", "me", "hi");
-  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_OK(r);
   EXPECT_EQ(*r, "me:hi");
   EXPECT_EQ(
       peer.Exchange(server_->address(), "echo", "me", "fail").status().code(),
@@ -97,7 +98,7 @@ TEST_F(MetadataServiceTest, PeerExchangeAndNotify) {
   EXPECT_EQ(
       peer.Exchange(server_->address(), "rdma", "me", "x").status().code(),
       absl::StatusCode::kUnimplemented);
-  ASSERT_TRUE(peer.Notify(server_->address(), "me", "done", "42").ok());
+  ASSERT_OK(peer.Notify(server_->address(), "me", "done", "42"));
   EXPECT_EQ(got_name, "done");
   EXPECT_EQ(got_msg, "42");
   EXPECT_EQ(peer.Notify(server_->address(), "me", "n",

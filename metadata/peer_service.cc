@@ -13,12 +13,12 @@ void PeerServiceImpl::SetExchangeHandler(const std::string& transport,
                                          ExchangeHandler handler) {
   auto h = std::make_shared<Handler>();
   h->fn = std::move(handler);
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   handlers_[transport] = std::move(h);
 }
 
 void PeerServiceImpl::RemoveExchangeHandler(const std::string& transport) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = handlers_.find(transport);
   if (it == handlers_.end()) return;
   std::shared_ptr<Handler> h = std::move(it->second);
@@ -27,7 +27,7 @@ void PeerServiceImpl::RemoveExchangeHandler(const std::string& transport) {
 }
 
 void PeerServiceImpl::SetNotifyHandler(NotifyHandler handler) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   notify_ = std::make_shared<NotifyHandler>(std::move(handler));
 }
 
@@ -43,7 +43,7 @@ grpc::Status PeerServiceImpl::Exchange(grpc::ServerContext*,
   }
   std::shared_ptr<Handler> handler;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto it = handlers_.find(request->transport());
     if (it != handlers_.end()) {
       handler = it->second;
@@ -56,7 +56,7 @@ grpc::Status PeerServiceImpl::Exchange(grpc::ServerContext*,
   }
   auto reply = handler->fn(request->from_segment(), request->payload());
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (--handler->calls == 0) call_done_.SignalAll();
   }
   if (!reply.ok()) return ToGrpcStatus(reply.status());
@@ -78,7 +78,7 @@ grpc::Status PeerServiceImpl::Notify(grpc::ServerContext*,
   }
   std::shared_ptr<NotifyHandler> handler;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     handler = notify_;
   }
   if (handler == nullptr) {
@@ -89,11 +89,36 @@ grpc::Status PeerServiceImpl::Notify(grpc::ServerContext*,
       (*handler)(request->from_segment(), request->name(), request->message()));
 }
 
-PeerService::Stub* PeerClient::StubFor(const std::string& address) {
-  absl::MutexLock lock(&mu_);
-  auto& stub = stubs_[address];
-  if (stub == nullptr) stub = PeerService::NewStub(MakeChannel(address));
-  return stub.get();
+std::shared_ptr<PeerService::Stub> PeerClient::StubFor(
+    const std::string& address) {
+  MutexLock lock(&mu_);
+  auto it = stubs_.find(address);
+  if (it != stubs_.end()) {
+    lru_.splice(lru_.begin(), lru_, it->second.lru);
+    return it->second.stub;
+  }
+  while (stubs_.size() >= max_stubs_ && !lru_.empty()) {
+    stubs_.erase(lru_.back());
+    lru_.pop_back();
+  }
+  lru_.push_front(address);
+  CachedStub& c = stubs_[address];
+  c.stub = PeerService::NewStub(MakeChannel(address));
+  c.lru = lru_.begin();
+  return c.stub;
+}
+
+void PeerClient::Forget(const std::string& address) {
+  MutexLock lock(&mu_);
+  auto it = stubs_.find(address);
+  if (it == stubs_.end()) return;
+  lru_.erase(it->second.lru);
+  stubs_.erase(it);
+}
+
+size_t PeerClient::size() const {
+  MutexLock lock(&mu_);
+  return stubs_.size();
 }
 
 absl::StatusOr<std::string> PeerClient::Exchange(

@@ -6,16 +6,19 @@
 #ifndef FERRY_METADATA_PEER_SERVICE_H_
 #define FERRY_METADATA_PEER_SERVICE_H_
 
+#include <cstdint>
 #include <functional>
+#include <list>
 #include <memory>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/mutex.h"
 #include "metadata/proto/metadata.grpc.pb.h"
+#include "transport/peer_channel.h"
 
 namespace ferry::metadata {
 
@@ -27,8 +30,7 @@ class PeerServiceImpl final : public PeerService::Service {
  public:
   // Answers one Exchange payload from `from_segment`; the returned bytes are
   // the reply payload, an error is passed back to the caller as its status.
-  using ExchangeHandler = std::function<absl::StatusOr<std::string>(
-      const std::string& from_segment, const std::string& payload)>;
+  using ExchangeHandler = PeerChannel::Handler;
   // An error (e.g. a full queue) is returned to the sender.
   using NotifyHandler = std::function<absl::Status(
       const std::string& from_segment, const std::string& name,
@@ -55,18 +57,22 @@ class PeerServiceImpl final : public PeerService::Service {
     int calls = 0;  // In progress; guarded by mu_.
   };
 
-  absl::Mutex mu_;
-  absl::CondVar call_done_;
+  Mutex mu_;
+  CondVar call_done_;
   absl::flat_hash_map<std::string, std::shared_ptr<Handler>> handlers_
       ABSL_GUARDED_BY(mu_);
   std::shared_ptr<NotifyHandler> notify_ ABSL_GUARDED_BY(mu_);
 };
 
-// Client side of the peer service: one cached channel per peer address.
+// Client side of the peer service: one cached channel per peer address,
+// at most kMaxStubs of them (least recently used ones are closed first).
 // Thread-safe.
 class PeerClient {
  public:
-  explicit PeerClient(absl::Duration rpc_timeout) : rpc_timeout_(rpc_timeout) {}
+  static constexpr size_t kMaxStubs = 1024;
+
+  explicit PeerClient(absl::Duration rpc_timeout, size_t max_stubs = kMaxStubs)
+      : rpc_timeout_(rpc_timeout), max_stubs_(max_stubs) {}
 
   absl::StatusOr<std::string> Exchange(const std::string& address,
                                        const std::string& transport,
@@ -76,13 +82,53 @@ class PeerClient {
                       const std::string& from_segment, const std::string& name,
                       const std::string& message);
 
- private:
-  PeerService::Stub* StubFor(const std::string& address);
+  // Closes the channel to `address`, if one is cached.
+  void Forget(const std::string& address);
+  // Channels cached now.
+  size_t size() const;
 
-  absl::Duration rpc_timeout_;
-  absl::Mutex mu_;
-  absl::flat_hash_map<std::string, std::unique_ptr<PeerService::Stub>> stubs_
-      ABSL_GUARDED_BY(mu_);
+ private:
+  struct CachedStub {
+    std::shared_ptr<PeerService::Stub> stub;
+    std::list<std::string>::iterator lru;
+  };
+  // Shared, so that evicting it cannot pull it from under a call.
+  std::shared_ptr<PeerService::Stub> StubFor(const std::string& address);
+
+  const absl::Duration rpc_timeout_;
+  const size_t max_stubs_;
+  mutable Mutex mu_;
+  absl::flat_hash_map<std::string, CachedStub> stubs_ ABSL_GUARDED_BY(mu_);
+  std::list<std::string> lru_ ABSL_GUARDED_BY(mu_);  // Most recent first.
+};
+
+// PeerChannel over the peer service: handlers are served by `service`,
+// calls go out through `client` as segment `local_segment`. Both must
+// outlive it.
+class GrpcPeerChannel final : public PeerChannel {
+ public:
+  GrpcPeerChannel(PeerServiceImpl* service, PeerClient* client,
+                  std::string local_segment)
+      : service_(service),
+        client_(client),
+        local_segment_(std::move(local_segment)) {}
+
+  void SetHandler(const std::string& transport, Handler handler) override {
+    service_->SetExchangeHandler(transport, std::move(handler));
+  }
+  void RemoveHandler(const std::string& transport) override {
+    service_->RemoveExchangeHandler(transport);
+  }
+  absl::StatusOr<std::string> Call(const std::string& address,
+                                   const std::string& transport,
+                                   const std::string& payload) override {
+    return client_->Exchange(address, transport, local_segment_, payload);
+  }
+
+ private:
+  PeerServiceImpl* const service_;
+  PeerClient* const client_;
+  const std::string local_segment_;
 };
 
 }  // namespace ferry::metadata

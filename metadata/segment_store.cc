@@ -11,7 +11,7 @@ namespace ferry::metadata {
 
 absl::StatusOr<uint64_t> SegmentStore::Put(SegmentDescriptor segment) {
   if (absl::Status s = ValidateSegmentDescriptor(segment); !s.ok()) return s;
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = segments_.find(segment.name());
   if (it == segments_.end() && segments_.size() >= kMaxSegments) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -30,7 +30,7 @@ absl::StatusOr<uint64_t> SegmentStore::UpdateBuffers(
   for (const Buffer& b : request.add()) {
     if (absl::Status s = ValidateBuffer(b); !s.ok()) return s;
   }
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = segments_.find(request.name());
   if (it == segments_.end()) {
     return absl::NotFoundError(
@@ -65,7 +65,7 @@ absl::StatusOr<uint64_t> SegmentStore::UpdateBuffers(
 
 absl::StatusOr<SegmentDescriptor> SegmentStore::Get(
     const std::string& name) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = segments_.find(name);
   if (it == segments_.end()) {
     return absl::NotFoundError(
@@ -76,7 +76,7 @@ absl::StatusOr<SegmentDescriptor> SegmentStore::Get(
 
 absl::Status SegmentStore::Remove(const std::string& name,
                                   uint64_t incarnation) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = segments_.find(name);
   if (it == segments_.end()) {
     return absl::NotFoundError(
@@ -91,7 +91,7 @@ absl::Status SegmentStore::Remove(const std::string& name,
 }
 
 std::vector<std::string> SegmentStore::List() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   std::vector<std::string> names;
   names.reserve(segments_.size());
   for (const auto& [name, seg] : segments_) names.push_back(name);

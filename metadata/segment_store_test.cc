@@ -1,5 +1,6 @@
 #include "metadata/segment_store.h"
 
+#include "common/status_testing.h"
 #include "gtest/gtest.h"
 
 namespace ferry::metadata {
@@ -20,14 +21,14 @@ SegmentDescriptor MakeSegment(const std::string& name, uint64_t incarnation) {
 TEST(SegmentStoreTest, PutGetRemove) {
   SegmentStore store;
   auto v1 = store.Put(MakeSegment("a", 7));
-  ASSERT_TRUE(v1.ok()) << v1.status();
+  ASSERT_OK(v1);
   auto got = store.Get("a");
-  ASSERT_TRUE(got.ok());
+  ASSERT_OK(got);
   EXPECT_EQ(got->incarnation(), 7u);
   EXPECT_EQ(got->version(), *v1);
   EXPECT_EQ(store.List(), std::vector<std::string>{"a"});
   EXPECT_EQ(store.Remove("a", 8).code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(store.Remove("a", 7).ok());
+  EXPECT_OK(store.Remove("a", 7));
   EXPECT_EQ(store.Get("a").status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(store.Remove("a", 0).code(), absl::StatusCode::kNotFound);
 }
@@ -67,7 +68,7 @@ TEST(SegmentStoreTest, RejectsBadDescriptors) {
 
 TEST(SegmentStoreTest, UpdateBuffersIsAtomicAndChecksIncarnation) {
   SegmentStore store;
-  ASSERT_TRUE(store.Put(MakeSegment("a", 5)).ok());
+  ASSERT_OK(store.Put(MakeSegment("a", 5)));
   UpdateBuffersRequest add;
   add.set_name("a");
   add.set_incarnation(5);
@@ -75,7 +76,7 @@ TEST(SegmentStoreTest, UpdateBuffersIsAtomicAndChecksIncarnation) {
   nb->set_addr(0x4000);
   nb->set_length(0x10);
   auto v = store.UpdateBuffers(add);
-  ASSERT_TRUE(v.ok()) << v.status();
+  ASSERT_OK(v);
   EXPECT_EQ(store.Get("a")->buffers_size(), 2);
 
   UpdateBuffersRequest stale = add;
@@ -106,7 +107,7 @@ TEST(SegmentStoreTest, UpdateBuffersIsAtomicAndChecksIncarnation) {
   remove.set_name("a");
   remove.set_incarnation(5);
   remove.add_remove_addrs(0x1000);
-  ASSERT_TRUE(store.UpdateBuffers(remove).ok());
+  ASSERT_OK(store.UpdateBuffers(remove));
   auto seg = store.Get("a");
   ASSERT_EQ(seg->buffers_size(), 1);
   EXPECT_EQ(seg->buffers(0).addr(), 0x4000u);

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/status_testing.h"
 #include "engine/transfer_engine.h"
 #include "gtest/gtest.h"
 #include "tests/subprocess.h"
@@ -30,12 +31,12 @@ class E2eTest : public ::testing::TestWithParam<std::string> {
     o.local_segment_name = "initiator";
     o.transfer_timeout = absl::Seconds(5);
     o.transports = {GetParam()};
-    ASSERT_TRUE(engine_.Init(o).ok());
+    ASSERT_OK(engine_.Init(o));
     StartPeer();
     local_size_ = kPeerBuffer;
     local_.reset(new uint8_t[local_size_]);
     std::memset(local_.get(), 0, local_size_);
-    ASSERT_TRUE(engine_.RegisterLocalMemory(local_.get(), local_size_).ok());
+    ASSERT_OK(engine_.RegisterLocalMemory(local_.get(), local_size_));
   }
 
   // `refresh`: RefreshSegment after a restart (else the engine must notice
@@ -47,19 +48,19 @@ class E2eTest : public ::testing::TestWithParam<std::string> {
          absl::StrCat("--buffer_size=", kPeerBuffer),
          absl::StrCat("--seed=", kPeerSeed),
          absl::StrCat("--transport=", GetParam())});
-    ASSERT_TRUE(peer.ok()) << peer.status();
+    ASSERT_OK(peer);
     peer_ = std::move(*peer);
     auto ready = peer_->ReadLine(absl::Seconds(30));
-    ASSERT_TRUE(ready.ok()) << ready.status();
+    ASSERT_OK(ready);
     std::vector<std::string> parts = absl::StrSplit(*ready, ' ');
     ASSERT_EQ(parts[0], "READY") << *ready;
     remote_base_ = std::stoull(parts[1]);
     if (seg_ == 0) {
       auto seg = engine_.OpenSegment("peer");
-      ASSERT_TRUE(seg.ok()) << seg.status();
+      ASSERT_OK(seg);
       seg_ = *seg;
     } else if (refresh) {
-      ASSERT_TRUE(engine_.RefreshSegment(seg_).ok());
+      ASSERT_OK(engine_.RefreshSegment(seg_));
     }
   }
 
@@ -76,12 +77,12 @@ class E2eTest : public ::testing::TestWithParam<std::string> {
   BatchStatus Run(const std::vector<TransferRequest>& reqs,
                   absl::Duration wait = absl::Seconds(60)) {
     auto batch = engine_.AllocateBatch(reqs.size());
-    EXPECT_TRUE(batch.ok()) << batch.status();
+    EXPECT_OK(batch);
     absl::Status s = engine_.SubmitTransfer(*batch, reqs);
-    EXPECT_TRUE(s.ok()) << s;
+    EXPECT_OK(s);
     auto st = engine_.WaitBatch(*batch, wait);
-    EXPECT_TRUE(st.ok()) << st.status();
-    EXPECT_TRUE(engine_.FreeBatch(*batch).ok());
+    EXPECT_OK(st);
+    EXPECT_OK(engine_.FreeBatch(*batch));
     return st.ok() ? *st : BatchStatus{};
   }
 
@@ -156,7 +157,7 @@ TEST_P(E2eTest, ManyRequestsPerBatchMixed) {
 
 TEST_P(E2eTest, BadInputGetsClearErrors) {
   auto batch = engine_.AllocateBatch(2);
-  ASSERT_TRUE(batch.ok());
+  ASSERT_OK(batch);
   std::vector<uint8_t> unregistered(16);
   TransferRequest r = Req(OpCode::kWrite, 0, 16);
   r.source = unregistered.data();
@@ -175,7 +176,7 @@ TEST_P(E2eTest, BadInputGetsClearErrors) {
   std::vector<TransferRequest> three(3, Req(OpCode::kRead, 0, 8));
   EXPECT_EQ(engine_.SubmitTransfer(*batch, three).code(),
             absl::StatusCode::kInvalidArgument);
-  ASSERT_TRUE(engine_.FreeBatch(*batch).ok());
+  ASSERT_OK(engine_.FreeBatch(*batch));
   EXPECT_EQ(engine_.FreeBatch(*batch).code(),
             absl::StatusCode::kInvalidArgument);  // Double free.
   EXPECT_EQ(engine_.GetTransferStatus(*batch, 0).status().code(),
@@ -220,14 +221,14 @@ TEST_P(E2eTest, PeerKilledFailsWithinTimeoutThenRestartWorks) {
 
 TEST_P(E2eTest, PeerExitsCleanly) {
   auto code = peer_->Finish(absl::Seconds(10));
-  ASSERT_TRUE(code.ok()) << code.status();
+  ASSERT_OK(code);
   EXPECT_EQ(*code, 0);
   // Its segment is gone from the metadata service.
   TransferEngine other;
   EngineOptions o;
   o.local_segment_name = "other";
   o.metadata_endpoint = engine_.metadata_address();
-  ASSERT_TRUE(other.Init(o).ok());
+  ASSERT_OK(other.Init(o));
   EXPECT_EQ(other.OpenSegment("peer").status().code(),
             absl::StatusCode::kNotFound);
 }
@@ -245,10 +246,10 @@ TEST(E2eRdmaStoreTest, EvictionAcrossProcessesLosesNoWork) {
   o.local_segment_name = "initiator";
   o.transports = {"rdma"};
   o.rdma.max_endpoints = 1;
-  ASSERT_TRUE(engine.Init(o).ok());
+  ASSERT_OK(engine.Init(o));
   const size_t kLocal = 16 << 20;
   std::unique_ptr<uint8_t[]> local(new uint8_t[kLocal]);
-  ASSERT_TRUE(engine.RegisterLocalMemory(local.get(), kLocal).ok());
+  ASSERT_OK(engine.RegisterLocalMemory(local.get(), kLocal));
   std::unique_ptr<Subprocess> peers[2];
   uint64_t bases[2];
   SegmentHandle segs[2];
@@ -258,15 +259,15 @@ TEST(E2eRdmaStoreTest, EvictionAcrossProcessesLosesNoWork) {
          absl::StrCat("--metadata=", engine.metadata_address()),
          absl::StrCat("--buffer_size=", kLocal),
          absl::StrCat("--seed=", 300 + p), "--transport=rdma"});
-    ASSERT_TRUE(peer.ok()) << peer.status();
+    ASSERT_OK(peer);
     peers[p] = std::move(*peer);
     auto ready = peers[p]->ReadLine(absl::Seconds(30));
-    ASSERT_TRUE(ready.ok()) << ready.status();
+    ASSERT_OK(ready);
     std::vector<std::string> parts = absl::StrSplit(*ready, ' ');
     ASSERT_EQ(parts[0], "READY") << *ready;
     bases[p] = std::stoull(parts[1]);
     auto seg = engine.OpenSegment(absl::StrCat("peer", p));
-    ASSERT_TRUE(seg.ok()) << seg.status();
+    ASSERT_OK(seg);
     segs[p] = *seg;
   }
   for (int round = 0; round < 6; ++round) {
@@ -285,15 +286,15 @@ TEST(E2eRdmaStoreTest, EvictionAcrossProcessesLosesNoWork) {
       reqs.push_back(r);
     }
     auto batch = engine.AllocateBatch(2);
-    ASSERT_TRUE(batch.ok());
-    ASSERT_TRUE(engine.SubmitTransfer(*batch, reqs).ok());
+    ASSERT_OK(batch);
+    ASSERT_OK(engine.SubmitTransfer(*batch, reqs));
     auto st = engine.WaitBatch(*batch, absl::Seconds(60));
-    ASSERT_TRUE(st.ok()) << st.status();
+    ASSERT_OK(st);
     ASSERT_EQ(st->state, TransferState::kCompleted) << st->first_error;
-    ASSERT_TRUE(engine.FreeBatch(*batch).ok());
+    ASSERT_OK(engine.FreeBatch(*batch));
     auto check = peers[p]->Ask(
         absl::StrCat("check ", off, " ", 2 << 20, " ", 500 + round));
-    ASSERT_TRUE(check.ok());
+    ASSERT_OK(check);
     EXPECT_EQ(*check, "OK") << round;
     EXPECT_EQ(CheckPattern(local.get() + off + (2 << 20), 2 << 20,
                            off + (2 << 20), 300 + p),
@@ -308,13 +309,13 @@ TEST(E2eRdmaStoreTest, EvictionAcrossProcessesLosesNoWork) {
 TEST(E2eInitTest, MetadataServerUnreachable) {
   auto peer = Subprocess::Start(
       {RunfilePath("tests/engine_peer"), "--name=p", "--metadata=127.0.0.1:1"});
-  ASSERT_TRUE(peer.ok());
+  ASSERT_OK(peer);
   auto line = (*peer)->ReadLine(absl::Seconds(15));
-  ASSERT_TRUE(line.ok()) << line.status();
+  ASSERT_OK(line);
   EXPECT_EQ(line->rfind("ERR ", 0), 0u) << *line;
   EXPECT_NE(line->find("127.0.0.1:1"), std::string::npos) << *line;
   auto code = (*peer)->Finish(absl::Seconds(10));
-  ASSERT_TRUE(code.ok());
+  ASSERT_OK(code);
   EXPECT_EQ(*code, 1);
 }
 

@@ -18,6 +18,7 @@
 
 #include "absl/synchronization/barrier.h"
 #include "absl/synchronization/notification.h"
+#include "common/status_testing.h"
 #include "engine/transfer_engine.h"
 #include "gtest/gtest.h"
 #include "tools/pattern.h"
@@ -99,8 +100,8 @@ TEST(RdmaEndpointTest, SimultaneousConnectsResolveToOneEndpoint) {
     EngineOptions o;
     o.rdma.devices = {"softrnic0"};
     Node a, b;
-    ASSERT_TRUE(a.Start("a", "embedded", o).ok());
-    ASSERT_TRUE(b.Start("b", a.engine.metadata_address(), o).ok());
+    ASSERT_OK(a.Start("a", "embedded", o));
+    ASSERT_OK(b.Start("b", a.engine.metadata_address(), o));
     auto to_b = a.engine.OpenSegment("b");
     auto to_a = b.engine.OpenSegment("a");
     ASSERT_TRUE(to_b.ok() && to_a.ok());
@@ -147,15 +148,15 @@ TEST(RdmaEndpointTest, TransfersToItsOwnSegmentWork) {
     EngineOptions o;
     if (nics == 1) o.rdma.devices = {"softrnic0"};
     Node self;
-    ASSERT_TRUE(self.Start("self", "embedded", o).ok());
+    ASSERT_OK(self.Start("self", "embedded", o));
     auto seg = self.engine.OpenSegment("self");
-    ASSERT_TRUE(seg.ok()) << seg.status();
+    ASSERT_OK(seg);
     FillPattern(self.mem.get(), kBuffer / 2, 0, 60 + nics);
     // The first half onto the second half of the same buffer.
     auto st = RunBatch(
         self.engine,
         Writes(self.mem.get(), *seg, self.addr(kBuffer / 2), kBuffer / 8, 4));
-    ASSERT_TRUE(st.ok()) << st.status();
+    ASSERT_OK(st);
     EXPECT_EQ(st->state, TransferState::kCompleted) << st->first_error;
     EXPECT_EQ(
         CheckPattern(self.mem.get() + kBuffer / 2, kBuffer / 2, 0, 60 + nics),
@@ -175,21 +176,21 @@ TEST(RdmaEndpointTest, MrCacheRegistersSourcesOnEveryNicAndEvicts) {
   auto source = [&](int k) { return arena.data() + 1000 + k * kSource; };
   for (int k = 0; k < 6; ++k) std::memset(source(k), 0x20 + k, kSource);
   Node target;
-  ASSERT_TRUE(target.Start("target", "embedded").ok());
+  ASSERT_OK(target.Start("target", "embedded"));
   EngineOptions o;
   o.mr_cache_bytes = 600 << 10;  // About two of the sources.
   TransferEngine initiator;
   o.local_segment_name = "initiator";
   o.metadata_endpoint = target.engine.metadata_address();
   o.transports = {"rdma"};
-  ASSERT_TRUE(initiator.Init(o).ok());
+  ASSERT_OK(initiator.Init(o));
   auto seg = initiator.OpenSegment("target");
-  ASSERT_TRUE(seg.ok());
+  ASSERT_OK(seg);
   for (int round = 0; round < 2; ++round) {
     for (int k = 0; k < 6; ++k) {
       auto st = RunBatch(initiator, Writes(source(k), *seg,
                                            target.addr(k * kSource), kSource));
-      ASSERT_TRUE(st.ok()) << round << " " << k << ": " << st.status();
+      ASSERT_OK(st) << round << " " << k << ": " << st.status();
       ASSERT_EQ(st->state, TransferState::kCompleted) << st->first_error;
       ASSERT_EQ(
           std::count(target.mem.get() + k * kSource,
@@ -215,9 +216,9 @@ TEST(RdmaEndpointTest, TargetStoreBoundsAcceptedEndpointsWithoutLosingWork) {
   EngineOptions one_nic;
   one_nic.rdma.devices = {"softrnic0"};
   Node target, i1, i2;
-  ASSERT_TRUE(target.Start("target", "embedded", small).ok());
-  ASSERT_TRUE(i1.Start("i1", target.engine.metadata_address(), one_nic).ok());
-  ASSERT_TRUE(i2.Start("i2", target.engine.metadata_address(), one_nic).ok());
+  ASSERT_OK(target.Start("target", "embedded", small));
+  ASSERT_OK(i1.Start("i1", target.engine.metadata_address(), one_nic));
+  ASSERT_OK(i2.Start("i2", target.engine.metadata_address(), one_nic));
   auto s1 = i1.engine.OpenSegment("target");
   auto s2 = i2.engine.OpenSegment("target");
   ASSERT_TRUE(s1.ok() && s2.ok());
@@ -248,18 +249,16 @@ TEST(RdmaEndpointTest, RailChoiceFollowsTheTopology) {
   TransferEngine target, initiator;
   o.local_segment_name = "t";
   o.transports = {"rdma"};
-  ASSERT_TRUE(target.Init(o).ok());
+  ASSERT_OK(target.Init(o));
   EngineOptions i = o;
   i.local_segment_name = "i";
   i.metadata_endpoint = target.metadata_address();
-  ASSERT_TRUE(initiator.Init(i).ok());
+  ASSERT_OK(initiator.Init(i));
   FillPattern(local.data(), local.size(), 0, 3);
-  ASSERT_TRUE(
-      target.RegisterLocalMemory(remote.data(), remote.size(), "cpu:0").ok());
-  ASSERT_TRUE(
-      initiator.RegisterLocalMemory(local.data(), local.size(), "cpu:0").ok());
+  ASSERT_OK(target.RegisterLocalMemory(remote.data(), remote.size(), "cpu:0"));
+  ASSERT_OK(initiator.RegisterLocalMemory(local.data(), local.size(), "cpu:0"));
   auto seg = initiator.OpenSegment("t");
-  ASSERT_TRUE(seg.ok());
+  ASSERT_OK(seg);
   auto run = [&](size_t off, size_t len) {
     auto st =
         RunBatch(initiator,
@@ -283,11 +282,11 @@ TEST(RdmaEndpointTest, RailChoiceFollowsTheTopology) {
 
 TEST(RdmaEndpointTest, HandshakesToADeadPeerBackOff) {
   Node initiator;
-  ASSERT_TRUE(initiator.Start("initiator", "embedded").ok());
+  ASSERT_OK(initiator.Start("initiator", "embedded"));
   auto peer = std::make_unique<Node>();
-  ASSERT_TRUE(peer->Start("peer", initiator.engine.metadata_address()).ok());
+  ASSERT_OK(peer->Start("peer", initiator.engine.metadata_address()));
   auto seg = initiator.engine.OpenSegment("peer");
-  ASSERT_TRUE(seg.ok());
+  ASSERT_OK(seg);
   const uint64_t peer_addr = peer->addr();
   // Gone: its descriptor is still cached, its peer service does not answer.
   peer.reset();
@@ -298,7 +297,7 @@ TEST(RdmaEndpointTest, HandshakesToADeadPeerBackOff) {
   while (absl::Now() < end) {
     auto st = RunBatch(initiator.engine,
                        Writes(initiator.mem.get(), *seg, peer_addr, 65536, 4));
-    ASSERT_TRUE(st.ok()) << st.status();
+    ASSERT_OK(st);
     EXPECT_EQ(st->state, TransferState::kFailed);
     EXPECT_FALSE(st->first_error.ok());
     requests += 4;
@@ -313,50 +312,47 @@ TEST(RdmaEndpointTest, HandshakesToADeadPeerBackOff) {
 
 TEST(RdmaEndpointTest, UnregisteringALocalBufferWaitsForItsTransfers) {
   Node target, initiator;
-  ASSERT_TRUE(target.Start("target", "embedded").ok());
-  ASSERT_TRUE(
-      initiator.Start("initiator", target.engine.metadata_address()).ok());
+  ASSERT_OK(target.Start("target", "embedded"));
+  ASSERT_OK(initiator.Start("initiator", target.engine.metadata_address()));
   auto seg = initiator.engine.OpenSegment("target");
-  ASSERT_TRUE(seg.ok());
+  ASSERT_OK(seg);
   // A second local buffer, registered and unregistered while a batch from
   // it is in flight.
   std::unique_ptr<uint8_t[]> extra(new uint8_t[kBuffer]);
   FillPattern(extra.get(), kBuffer, 0, 77);
   for (int round = 0; round < 5; ++round) {
-    ASSERT_TRUE(
-        initiator.engine.RegisterLocalMemory(extra.get(), kBuffer, "*", false)
-            .ok());
+    ASSERT_OK(
+        initiator.engine.RegisterLocalMemory(extra.get(), kBuffer, "*", false));
     auto batch = initiator.engine.AllocateBatch(16);
     const auto reqs =
         Writes(extra.get(), *seg, target.addr(), kBuffer / 16, 16);
-    ASSERT_TRUE(initiator.engine.SubmitTransfer(*batch, reqs).ok());
+    ASSERT_OK(initiator.engine.SubmitTransfer(*batch, reqs));
     // Returns only once the batch no longer uses the buffer.
-    ASSERT_TRUE(initiator.engine.UnregisterLocalMemory(extra.get()).ok());
+    ASSERT_OK(initiator.engine.UnregisterLocalMemory(extra.get()));
     auto st = initiator.engine.GetBatchStatus(*batch);
-    ASSERT_TRUE(st.ok());
+    ASSERT_OK(st);
     EXPECT_EQ(st->state, TransferState::kCompleted) << st->first_error;
-    ASSERT_TRUE(initiator.engine.FreeBatch(*batch).ok());
+    ASSERT_OK(initiator.engine.FreeBatch(*batch));
     ASSERT_EQ(CheckPattern(target.mem.get(), kBuffer, 0, 77), kBuffer);
     std::memset(target.mem.get(), 0, kBuffer);
     // Gone: a new request from it is refused at submission.
     auto again = initiator.engine.AllocateBatch(1);
     EXPECT_EQ(initiator.engine.SubmitTransfer(*again, {reqs[0]}).code(),
               absl::StatusCode::kInvalidArgument);
-    ASSERT_TRUE(initiator.engine.FreeBatch(*again).ok());
+    ASSERT_OK(initiator.engine.FreeBatch(*again));
   }
 }
 
 TEST(RdmaEndpointTest, RemoteBufferIsNeverWrittenAfterItsUnregistration) {
   Node target, initiator;
-  ASSERT_TRUE(target.Start("target", "embedded").ok());
-  ASSERT_TRUE(
-      initiator.Start("initiator", target.engine.metadata_address()).ok());
+  ASSERT_OK(target.Start("target", "embedded"));
+  ASSERT_OK(initiator.Start("initiator", target.engine.metadata_address()));
   // A second target buffer that the initiator keeps writing into.
   std::unique_ptr<uint8_t[]> victim(new uint8_t[kBuffer]);
   std::memset(victim.get(), 0, kBuffer);
-  ASSERT_TRUE(target.engine.RegisterLocalMemory(victim.get(), kBuffer).ok());
+  ASSERT_OK(target.engine.RegisterLocalMemory(victim.get(), kBuffer));
   auto seg = initiator.engine.OpenSegment("target");
-  ASSERT_TRUE(seg.ok());
+  ASSERT_OK(seg);
   FillPattern(initiator.mem.get(), kBuffer, 0, 91);
   std::atomic<int> ok_batches{0}, failed_batches{0};
   std::atomic<bool> stop{false};
@@ -380,7 +376,7 @@ TEST(RdmaEndpointTest, RemoteBufferIsNeverWrittenAfterItsUnregistration) {
     }
   });
   ASSERT_TRUE(writing.WaitForNotificationWithTimeout(absl::Seconds(30)));
-  ASSERT_TRUE(target.engine.UnregisterLocalMemory(victim.get()).ok());
+  ASSERT_OK(target.engine.UnregisterLocalMemory(victim.get()));
   // From here on nothing may touch the buffer.
   std::memset(victim.get(), 0xee, kBuffer);
   const int failed_before = failed_batches.load();

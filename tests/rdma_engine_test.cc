@@ -5,6 +5,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/status_testing.h"
 #include "engine/transfer_engine.h"
 #include "gtest/gtest.h"
 #include "tools/pattern.h"
@@ -30,20 +31,20 @@ class RdmaEngineTest : public ::testing::Test {
     t.rdma.max_endpoints = max_endpoints_;
     t.rdma.worker_threads = worker_threads_;
     t.wait_spin = wait_spin_;
-    ASSERT_TRUE(target_.Init(t).ok());
+    ASSERT_OK(target_.Init(t));
     EngineOptions i = t;
     i.local_segment_name = "initiator";
     i.metadata_endpoint = target_.metadata_address();
     absl::Status s = initiator_.Init(i);
-    ASSERT_TRUE(s.ok()) << s;
+    ASSERT_OK(s);
     remote_.reset(new uint8_t[kBuffer]);
     local_.reset(new uint8_t[kBuffer]);
     FillPattern(remote_.get(), kBuffer, 0, 11);
     std::memset(local_.get(), 0, kBuffer);
-    ASSERT_TRUE(target_.RegisterLocalMemory(remote_.get(), kBuffer).ok());
-    ASSERT_TRUE(initiator_.RegisterLocalMemory(local_.get(), kBuffer).ok());
+    ASSERT_OK(target_.RegisterLocalMemory(remote_.get(), kBuffer));
+    ASSERT_OK(initiator_.RegisterLocalMemory(local_.get(), kBuffer));
     auto seg = initiator_.OpenSegment("target");
-    ASSERT_TRUE(seg.ok()) << seg.status();
+    ASSERT_OK(seg);
     seg_ = *seg;
   }
 
@@ -59,12 +60,12 @@ class RdmaEngineTest : public ::testing::Test {
 
   BatchStatus Run(const std::vector<TransferRequest>& reqs) {
     auto batch = initiator_.AllocateBatch(reqs.size());
-    EXPECT_TRUE(batch.ok());
+    EXPECT_OK(batch);
     absl::Status s = initiator_.SubmitTransfer(*batch, reqs);
-    EXPECT_TRUE(s.ok()) << s;
+    EXPECT_OK(s);
     auto st = initiator_.WaitBatch(*batch, absl::Seconds(60));
-    EXPECT_TRUE(st.ok()) << st.status();
-    EXPECT_TRUE(initiator_.FreeBatch(*batch).ok());
+    EXPECT_OK(st);
+    EXPECT_OK(initiator_.FreeBatch(*batch));
     return st.ok() ? *st : BatchStatus{};
   }
 
@@ -114,28 +115,27 @@ TEST_F(RdmaEngineTest, ManyRequestsPerBatch) {
 TEST_F(RdmaEngineTest, NicDownMidTransferCompletesOverTheOther) {
   FillPattern(local_.get(), 64 << 20, 0, 99);
   auto batch = initiator_.AllocateBatch(1);
-  ASSERT_TRUE(batch.ok());
-  ASSERT_TRUE(
-      initiator_.SubmitTransfer(*batch, {Req(OpCode::kWrite, 0, 64 << 20)})
-          .ok());
+  ASSERT_OK(batch);
+  ASSERT_OK(
+      initiator_.SubmitTransfer(*batch, {Req(OpCode::kWrite, 0, 64 << 20)}));
   // Take one NIC down while its slices are in flight.
   ASSERT_EQ(softrnic::SetLink("softrnic1", false), 0);
   auto st = initiator_.WaitBatch(*batch, absl::Seconds(60));
   ASSERT_EQ(softrnic::SetLink("softrnic1", true), 0);
-  ASSERT_TRUE(st.ok()) << st.status();
+  ASSERT_OK(st);
   ASSERT_EQ(st->state, TransferState::kCompleted) << st->first_error;
   EXPECT_EQ(CheckPattern(remote_.get(), 64 << 20, 0, 99), size_t{64 << 20});
-  ASSERT_TRUE(initiator_.FreeBatch(*batch).ok());
+  ASSERT_OK(initiator_.FreeBatch(*batch));
 }
 
 TEST_F(RdmaEngineTest, RemoteRangeOutsideRegisteredMemoryIsRefused) {
   auto batch = initiator_.AllocateBatch(1);
-  ASSERT_TRUE(batch.ok());
+  ASSERT_OK(batch);
   TransferRequest r = Req(OpCode::kWrite, 0, 4096);
   r.target_offset = reinterpret_cast<uint64_t>(remote_.get()) + kBuffer - 100;
   EXPECT_EQ(initiator_.SubmitTransfer(*batch, {r}).code(),
             absl::StatusCode::kInvalidArgument);
-  ASSERT_TRUE(initiator_.FreeBatch(*batch).ok());
+  ASSERT_OK(initiator_.FreeBatch(*batch));
 }
 
 TEST(RdmaTopologyTest, PriorityMatrixIsValidated) {
@@ -199,10 +199,10 @@ TEST_F(TinyEndpointStoreTest, EvictionNeverLosesInFlightWork) {
   o.local_segment_name = "target2";
   o.transports = {"rdma"};
   o.metadata_endpoint = target_.metadata_address();
-  ASSERT_TRUE(second.Init(o).ok());
-  ASSERT_TRUE(second.RegisterLocalMemory(remote2.get(), 16 << 20).ok());
+  ASSERT_OK(second.Init(o));
+  ASSERT_OK(second.RegisterLocalMemory(remote2.get(), 16 << 20));
   auto seg2 = initiator_.OpenSegment("target2");
-  ASSERT_TRUE(seg2.ok());
+  ASSERT_OK(seg2);
   for (int round = 0; round < 6; ++round) {
     const bool to_second = round % 2 == 1;
     const size_t off = static_cast<size_t>(round / 2) * (4 << 20);

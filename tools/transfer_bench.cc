@@ -27,8 +27,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/mutex.h"
 #include "engine/transfer_engine.h"
 #include "tools/pattern.h"
 
@@ -77,7 +77,7 @@ void OnSignal(int) { g_stop.store(true); }
 }
 
 struct ThreadStats {
-  absl::Mutex mu;
+  Mutex mu;
   std::vector<double> batch_us ABSL_GUARDED_BY(mu);
 };
 
@@ -167,7 +167,7 @@ void InitiatorThread(TransferEngine& engine, SegmentHandle seg, uint8_t* local,
                    st->first_error.ToString().c_str());
     }
     if (measured) {
-      absl::MutexLock lock(&stats->mu);
+      MutexLock lock(&stats->mu);
       stats->batch_us.push_back(us);
     }
     if (verify && st->failed == 0) {
@@ -274,7 +274,7 @@ int RunInitiator(TransferEngine& engine) {
   const double secs = absl::ToDoubleSeconds(absl::Now() - start);
   std::vector<double> lat;
   for (auto& s : stats) {
-    absl::MutexLock lock(&s.mu);
+    MutexLock lock(&s.mu);
     lat.insert(lat.end(), s.batch_us.begin(), s.batch_us.end());
   }
   const double p50 = Percentile(lat, 0.50), p99 = Percentile(lat, 0.99);

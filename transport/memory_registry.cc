@@ -45,7 +45,7 @@ void MemoryRegistry::Lease::Release() {
   // waiters (under the registry's lock, so none can miss it); leases of a
   // run of requests are clones, so that happens about once per batch.
   if (entry_->users.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-    absl::MutexLock lock(&registry_->mu_);
+    MutexLock lock(&registry_->mu_);
     registry_->drained_.SignalAll();
   }
   registry_ = nullptr;
@@ -77,13 +77,13 @@ absl::Status MemoryRegistry::CheckFreeLocked(const MemoryRegion& region) const {
 }
 
 absl::Status MemoryRegistry::CheckAvailable(const MemoryRegion& region) const {
-  absl::ReaderMutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return CheckFreeLocked(region);
 }
 
 absl::Status MemoryRegistry::Add(const MemoryRegion& region,
                                  std::vector<const void*> handles) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (absl::Status s = CheckFreeLocked(region); !s.ok()) return s;
   auto entry = std::make_unique<Entry>();
   entry->region = region;
@@ -93,7 +93,7 @@ absl::Status MemoryRegistry::Add(const MemoryRegion& region,
 }
 
 absl::Status MemoryRegistry::Remove(uintptr_t addr, absl::Duration wait) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = entries_.find(addr);
   if (it == entries_.end() || it->second->closing.load()) {
     return absl::NotFoundError(
@@ -128,7 +128,7 @@ const MemoryRegistry::Entry* MemoryRegistry::FindLocked(uintptr_t addr,
 
 absl::StatusOr<MemoryRegistry::Lease> MemoryRegistry::Acquire(
     uintptr_t addr, size_t length, bool need_remote) {
-  absl::ReaderMutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   Entry* entry = const_cast<Entry*>(FindLocked(addr, length));
   if (entry == nullptr || entry->closing.load()) {
     return absl::InvalidArgumentError(
@@ -149,28 +149,28 @@ absl::StatusOr<MemoryRegistry::Lease> MemoryRegistry::Acquire(
 
 bool MemoryRegistry::Contains(uintptr_t addr, size_t length,
                               bool need_remote) const {
-  absl::ReaderMutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   const Entry* e = FindLocked(addr, length);
   return e != nullptr && !e->closing.load() &&
          (!need_remote || e->region.remote_accessible);
 }
 
 std::optional<MemoryRegion> MemoryRegistry::Lookup(uintptr_t addr) const {
-  absl::ReaderMutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = entries_.find(addr);
   if (it == entries_.end() || it->second->closing.load()) return std::nullopt;
   return it->second->region;
 }
 
 std::vector<MemoryRegion> MemoryRegistry::List() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   std::vector<MemoryRegion> out;
   for (const auto& [addr, e] : entries_) out.push_back(e->region);
   return out;
 }
 
 size_t MemoryRegistry::size() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return entries_.size();
 }
 

@@ -23,8 +23,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/mutex.h"
 
 namespace ferry {
 
@@ -121,13 +121,13 @@ class MemoryRegistry {
 
  private:
   absl::Status CheckFreeLocked(const MemoryRegion& region) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Returns the entry containing the range, or nullptr.
   const Entry* FindLocked(uintptr_t addr, size_t length) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  mutable absl::Mutex mu_;
-  absl::CondVar drained_;  // A closing entry's last lease went away.
+  mutable Mutex mu_;
+  CondVar drained_;  // A closing entry's last lease went away.
   // Keyed by start address; buffers never overlap, so the candidate for an
   // address is the last entry that starts at or below it.
   std::map<uintptr_t, std::unique_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);

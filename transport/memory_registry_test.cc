@@ -2,6 +2,7 @@
 
 #include <thread>
 
+#include "common/status_testing.h"
 #include "gtest/gtest.h"
 
 namespace ferry {
@@ -21,20 +22,20 @@ TEST(MemoryRegistryTest, AddRejectsBadAndOverlapping) {
   EXPECT_EQ(reg.Add(R(0x1000, 0)).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(reg.Add(R(~uintptr_t{0} - 4, 10)).code(),
             absl::StatusCode::kInvalidArgument);
-  ASSERT_TRUE(reg.Add(R(0x1000, 0x1000)).ok());
+  ASSERT_OK(reg.Add(R(0x1000, 0x1000)));
   EXPECT_EQ(reg.Add(R(0x1800, 0x1000)).code(),
             absl::StatusCode::kAlreadyExists);
   EXPECT_EQ(reg.Add(R(0x800, 0x1000)).code(), absl::StatusCode::kAlreadyExists);
   EXPECT_EQ(reg.Add(R(0x1000, 1)).code(), absl::StatusCode::kAlreadyExists);
-  EXPECT_TRUE(reg.Add(R(0x2000, 0x10)).ok());  // Adjacent is fine.
-  EXPECT_TRUE(reg.Add(R(0xff0, 0x10)).ok());
+  EXPECT_OK(reg.Add(R(0x2000, 0x10)));  // Adjacent is fine.
+  EXPECT_OK(reg.Add(R(0xff0, 0x10)));
   EXPECT_EQ(reg.size(), 3u);
 }
 
 TEST(MemoryRegistryTest, LookupNeedsWholeRangeInOneBuffer) {
   MemoryRegistry reg;
-  ASSERT_TRUE(reg.Add(R(0x1000, 0x1000)).ok());
-  ASSERT_TRUE(reg.Add(R(0x2000, 0x1000, /*remote=*/false)).ok());
+  ASSERT_OK(reg.Add(R(0x1000, 0x1000)));
+  ASSERT_OK(reg.Add(R(0x2000, 0x1000, /*remote=*/false)));
   EXPECT_TRUE(reg.Contains(0x1000, 0x1000, true));
   EXPECT_TRUE(reg.Contains(0x1fff, 1, true));
   EXPECT_FALSE(reg.Contains(0x1fff, 2, true));  // Spans two buffers.
@@ -49,9 +50,9 @@ TEST(MemoryRegistryTest, LookupNeedsWholeRangeInOneBuffer) {
 
 TEST(MemoryRegistryTest, RemoveWaitsForLeases) {
   MemoryRegistry reg;
-  ASSERT_TRUE(reg.Add(R(0x1000, 0x1000)).ok());
+  ASSERT_OK(reg.Add(R(0x1000, 0x1000)));
   auto lease = reg.Acquire(0x1100, 0x10, true);
-  ASSERT_TRUE(lease.ok());
+  ASSERT_OK(lease);
   // Refused while the lease is held, and the buffer stays usable.
   EXPECT_EQ(reg.Remove(0x1000, absl::Milliseconds(20)).code(),
             absl::StatusCode::kFailedPrecondition);
@@ -60,7 +61,7 @@ TEST(MemoryRegistryTest, RemoveWaitsForLeases) {
     absl::SleepFor(absl::Milliseconds(50));
     lease->Release();
   });
-  EXPECT_TRUE(reg.Remove(0x1000, absl::Seconds(5)).ok());
+  EXPECT_OK(reg.Remove(0x1000, absl::Seconds(5)));
   releaser.join();
   EXPECT_FALSE(reg.Contains(0x1000, 1, true));
   EXPECT_EQ(reg.Remove(0x1000, absl::ZeroDuration()).code(),
@@ -69,7 +70,7 @@ TEST(MemoryRegistryTest, RemoveWaitsForLeases) {
 
 TEST(MemoryRegistryTest, RemoveNeedsStartAddress) {
   MemoryRegistry reg;
-  ASSERT_TRUE(reg.Add(R(0x1000, 0x1000)).ok());
+  ASSERT_OK(reg.Add(R(0x1000, 0x1000)));
   EXPECT_EQ(reg.Remove(0x1001, absl::ZeroDuration()).code(),
             absl::StatusCode::kNotFound);
 }

@@ -1,5 +1,6 @@
 #include "transport/segment_view.h"
 
+#include "common/status_testing.h"
 #include "gtest/gtest.h"
 
 namespace ferry {
@@ -15,7 +16,7 @@ TEST(SegmentViewTest, FindsBuffersAndTransports) {
   }
   d.add_transports()->set_transport("tcp");
   auto view = SegmentView::Create(d);
-  ASSERT_TRUE(view.ok()) << view.status();
+  ASSERT_OK(view);
   EXPECT_NE((*view)->FindTransport("tcp"), nullptr);
   EXPECT_EQ((*view)->FindTransport("rdma"), nullptr);
   const SegmentView& v = **view;
@@ -55,7 +56,7 @@ TEST(SegmentViewTest, IndexesDeviceKeysByTransportBufferAndDevice) {
     k->set_rkey(100 + i);
   }
   auto view = SegmentView::Create(d);
-  ASSERT_TRUE(view.ok()) << view.status();
+  ASSERT_OK(view);
   const SegmentView& v = **view;
   ASSERT_EQ(v.FindTransportIndex("rdma"), 1);
   EXPECT_EQ(v.FindTransportIndex("none"), -1);

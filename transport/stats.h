@@ -35,6 +35,14 @@ struct TransportStats {
   uint64_t connect_races = 0;
   // Slices retried after a failure (on another rail where possible).
   uint64_t retries = 0;
+  // Slices failed at once, without touching the network, because their
+  // peer is backing off after failed connects (one clear status instead
+  // of a storm of attempts).
+  uint64_t fast_failures = 0;
+  // Gauges, for bounded-state checks: peers the transport keeps state for
+  // (connection pools, peer records), and threads it runs now.
+  uint64_t peers = 0;
+  uint64_t threads = 0;
 };
 
 }  // namespace ferry

@@ -27,10 +27,10 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/opcode.h"
-#include "metadata/peer_service.h"
 #include "metadata/proto/metadata.pb.h"
 #include "transport/memory_registry.h"
 #include "transport/options.h"
+#include "transport/peer_channel.h"
 #include "transport/segment_view.h"
 #include "transport/stats.h"
 
@@ -73,11 +73,12 @@ struct Slice {
   SliceSink* sink = nullptr;
 
   // Transport-owned.
-  Slice* next = nullptr;      // Intrusive queue link.
-  uint32_t attempts = 0;      // Failed tries so far.
-  int32_t rail = -1;          // Rail carrying it (transport-defined).
-  uint64_t failed_rails = 0;  // Bit per rail it already failed on.
-  uint32_t rkey = 0;          // RDMA: remote key on its rail.
+  Slice* next = nullptr;  // Intrusive queue link.
+  uint32_t attempts = 0;  // Failed tries so far.
+  // Private to the transport holding the slice (e.g. RDMA keeps its rail,
+  // remote key and the rails it failed on here), so that transport state
+  // needs neither a field in this interface nor an allocation per slice.
+  uint64_t scratch[2] = {0, 0};
 
   void Complete(const absl::Status& status) { sink->OnSliceDone(this, status); }
 };
@@ -89,8 +90,9 @@ struct TransportEnv {
   // it to tell a restarted engine from a live one.
   uint64_t incarnation = 0;
   std::string listen_host;  // Address to bind listeners to.
-  metadata::PeerServiceImpl* peer_service = nullptr;  // For handshakes.
-  metadata::PeerClient* peer_client = nullptr;
+  // Handshakes and other control messages to the same transport of a
+  // peer engine (outlives the transport).
+  PeerChannel* peer_channel = nullptr;
 };
 
 class Transport {
@@ -132,6 +134,12 @@ class Transport {
   // thread waits for a batch, so a waiting thread does the completion work
   // on its own core instead of handing it to a worker and back.
   virtual size_t Poll() { return 0; }
+
+  // Releases what the transport keeps for the peer `segment` describes
+  // (connections, endpoints, records): at once where idle, else as soon as
+  // the slices on them completed. Never fails a slice; a later Submit to
+  // the peer sets up what it needs again. Called by CloseSegment.
+  virtual void ClosePeer(const SegmentView& segment) = 0;
 
   // A snapshot of the transport's counters.
   virtual TransportStats Stats() const = 0;

@@ -115,7 +115,7 @@ Endpoint::PostResult Endpoint::PostLocked() {
       wr.opcode =
           s->op == OpCode::kWrite ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
       wr.wr.rdma.remote_addr = s->remote;
-      wr.wr.rdma.rkey = s->rkey;
+      wr.wr.rdma.rkey = SliceRkey(s);
       if (s->op == OpCode::kWrite && s->length <= q->max_inline) {
         wr.send_flags |= IBV_SEND_INLINE;
       }

@@ -32,6 +32,25 @@ namespace ferry::rdma {
 
 class Peer;
 
+// The RDMA transport's use of Slice::scratch: word 0 holds the rail
+// carrying the slice (plus one, so 0 is none) and its remote key, word 1
+// the rails it failed on (bit per rail; rails past 63 are not recorded).
+inline int SliceRail(const Slice* s) {
+  return static_cast<int>(static_cast<uint32_t>(s->scratch[0])) - 1;
+}
+inline uint32_t SliceRkey(const Slice* s) {
+  return static_cast<uint32_t>(s->scratch[0] >> 32);
+}
+inline void SetSliceRoute(Slice* s, int rail, uint32_t rkey) {
+  s->scratch[0] = (uint64_t{rkey} << 32) | static_cast<uint32_t>(rail + 1);
+}
+inline bool SliceFailedOn(const Slice* s, int rail) {
+  return rail < 64 && ((s->scratch[1] >> rail) & 1);
+}
+inline void SetSliceFailedOn(Slice* s, int rail) {
+  if (rail >= 0 && rail < 64) s->scratch[1] |= uint64_t{1} << rail;
+}
+
 // A FIFO of slices linked through Slice::next; allocation-free.
 class SliceQueue {
  public:

@@ -128,8 +128,7 @@ void RdmaTransport::Tell(const Endpoint& ep, RailNotice::Kind kind,
   }
   // The reply carries nothing; a peer that cannot be reached has nothing
   // to act on either (it restarted, or its QPs will fail on their own).
-  (void)env_.peer_client->Exchange(rpc, "rdma", env_.local_segment,
-                                   msg.SerializeAsString());
+  (void)env_.peer_channel->Call(rpc, "rdma", msg.SerializeAsString());
 }
 
 void RdmaTransport::RunConnect(const std::shared_ptr<Endpoint>& ep) {
@@ -162,8 +161,7 @@ void RdmaTransport::RunConnect(const std::shared_ptr<Endpoint>& ep) {
     req->set_rail_epoch(ep->known_epoch());
     for (QueuePair& q : qps) DescribeQp(q.qp, nic, req->add_initiator_qps());
     connects_started_.fetch_add(1, std::memory_order_relaxed);
-    auto bytes = env_.peer_client->Exchange(rpc, "rdma", env_.local_segment,
-                                            msg.SerializeAsString());
+    auto bytes = env_.peer_channel->Call(rpc, "rdma", msg.SerializeAsString());
     s = bytes.status();
     if (s.ok() && !reply.ParseFromString(*bytes)) {
       s = absl::DataLossError("malformed RDMA connect reply");

@@ -63,9 +63,9 @@ size_t RdmaTransport::Poll() {
   driver_epoch_.fetch_add(1, std::memory_order_relaxed);
   size_t n = 0;
   for (auto& p : pollers_) {
-    if (!p->poll_mu.try_lock()) continue;  // Someone is at it already.
+    if (!p->poll_mu.TryLock()) continue;  // Someone is at it already.
     n += PollNicLocked(p.get());
-    p->poll_mu.unlock();
+    p->poll_mu.Unlock();
   }
   return n;
 }
@@ -211,9 +211,7 @@ void RdmaTransport::DropIfDrained(const std::shared_ptr<Endpoint>& ep) {
 void RdmaTransport::Retry(Slice* slice, const absl::Status& status) {
   retries_.fetch_add(1, std::memory_order_relaxed);
   ++slice->attempts;
-  if (slice->rail >= 0 && slice->rail < 64) {
-    slice->failed_rails |= uint64_t{1} << slice->rail;
-  }
+  SetSliceFailedOn(slice, SliceRail(slice));
   const SegmentView& view = *slice->target;
   const int t = view.FindTransportIndex(name());
   const uint32_t remote =
@@ -341,7 +339,7 @@ void RdmaTransport::WorkerLoop(Worker* w) {
   auto poll_all = [&] {
     size_t n = 0;
     for (Poller* p : w->pollers) {
-      std::lock_guard<std::mutex> lock(p->poll_mu);
+      MutexLock lock(&p->poll_mu);
       n += PollNicLocked(p);
     }
     return n;

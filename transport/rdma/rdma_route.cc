@@ -145,8 +145,7 @@ void RdmaTransport::RouteRun(absl::Span<Slice* const> run, absl::Time now,
           const int j = static_cast<int>((rj + rot + i) % n_remote);
           if (keys[j] < 0) continue;
           const int r = i * n_remote + j;
-          if (pass == 0 &&
-              (rails[r].paused || (r < 64 && ((s->failed_rails >> r) & 1)))) {
+          if (pass == 0 && (rails[r].paused || SliceFailedOn(s, r))) {
             continue;
           }
           uint64_t score = base + rails[r].load;
@@ -164,8 +163,7 @@ void RdmaTransport::RouteRun(absl::Span<Slice* const> run, absl::Time now,
           "' (all local ports down, or no remote key for the buffer)")));
       continue;
     }
-    s->rail = best;
-    s->rkey = static_cast<uint32_t>(keys[best % n_remote]);
+    SetSliceRoute(s, best, static_cast<uint32_t>(keys[best % n_remote]));
     rails[best].load += s->length;
     nic_load[best / n_remote] += s->length;
     buckets[best].push_back(s);

@@ -131,7 +131,7 @@ absl::Status RdmaTransport::Install(const TransportEnv& env,
     }
     workers_.push_back(std::move(w));
   }
-  env_.peer_service->SetExchangeHandler(
+  env_.peer_channel->SetHandler(
       "rdma", [this](const std::string& from, const std::string& payload) {
         return OnExchange(from, payload);
       });
@@ -267,6 +267,11 @@ std::shared_ptr<Peer> RdmaTransport::PeerForView(const SegmentView& view,
   return peer;
 }
 
+void RdmaTransport::ClosePeer(const SegmentView& segment) {
+  // TODO(issue 9): close the peer's endpoints and drop its record.
+  (void)segment;
+}
+
 TransportStats RdmaTransport::Stats() const {
   TransportStats st;
   st.transport = "rdma";
@@ -295,8 +300,8 @@ void RdmaTransport::Shutdown() {
   if (stopping_.exchange(true)) return;
   // No peer request may run into what is torn down below: stop routing
   // them here and wait for those in progress.
-  if (env_.peer_service != nullptr) {
-    env_.peer_service->RemoveExchangeHandler(std::string(name()));
+  if (env_.peer_channel != nullptr) {
+    env_.peer_channel->RemoveHandler(std::string(name()));
   }
   {
     MutexLock lock(&jobs_mu_);

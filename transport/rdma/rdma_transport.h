@@ -80,6 +80,7 @@ class RdmaTransport final : public Transport {
   size_t max_slice_bytes() const override { return options_.rdma.slice_bytes; }
   void Submit(absl::Span<Slice* const> slices) override;
   size_t Poll() override;
+  void ClosePeer(const SegmentView& segment) override;
   TransportStats Stats() const override;
   void Shutdown() override;
 
@@ -93,7 +94,7 @@ class RdmaTransport final : public Transport {
   struct Poller {
     Nic* nic = nullptr;
     int index = 0;
-    std::mutex poll_mu;  // One thread polls the CQ at a time.
+    Mutex poll_mu;  // One thread polls the CQ at a time.
     Mutex map_mu;
     absl::flat_hash_map<uint32_t, QpRef> by_qpn ABSL_GUARDED_BY(map_mu);
     // Endpoints that had slices to post but no room in the NIC's budget.
@@ -185,7 +186,7 @@ class RdmaTransport final : public Transport {
   // channels only if `channels`) or `timeout_us`, and handles what came.
   void WaitEvents(Worker* w, int64_t timeout_us, bool channels);
   // Polls the worker's CQ once (poll_mu held); returns completions seen.
-  size_t PollNicLocked(Poller* p);
+  size_t PollNicLocked(Poller* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->poll_mu);
   void HandleCompletion(Poller* p, const ibv_wc& wc);
   // No new slices; waiting ones are routed elsewhere; the endpoint leaves
   // its rail and the store. Its QPs drain (flushed if `flush`).

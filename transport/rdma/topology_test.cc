@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "common/status_testing.h"
 #include "gtest/gtest.h"
 
 namespace ferry::rdma {
@@ -16,7 +17,7 @@ TEST(TopologyTest, PriorityMatrix) {
   auto t = Topology::FromJson(
       R"({"cpu:0": [["nic0"], ["nic1"]], "cuda:0": [["nic1", "nic2"]]})",
       kNics);
-  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_OK(t);
   EXPECT_EQ(t->Tier("cpu:0", 0), 0);
   EXPECT_EQ(t->Tier("cpu:0", 1), 1);
   EXPECT_EQ(t->Tier("cpu:0", 2), 2);  // Unlisted: after every tier.

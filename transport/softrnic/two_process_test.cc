@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "common/status_testing.h"
 #include "gtest/gtest.h"
 #include "tests/subprocess.h"
 #include "transport/softrnic/softrnic_control.h"
@@ -73,10 +74,10 @@ class TwoProcessTest : public ::testing::Test {
         RunfilePath("transport/softrnic/verbs_peer")};
     argv.insert(argv.end(), flags.begin(), flags.end());
     auto p = Subprocess::Start(argv);
-    ASSERT_TRUE(p.ok()) << p.status();
+    ASSERT_OK(p);
     peer_ = std::move(*p);
     auto ready = peer_->ReadLine(absl::Seconds(30));
-    ASSERT_TRUE(ready.ok()) << ready.status();
+    ASSERT_OK(ready);
     ASSERT_EQ(ready->rfind("ready", 0), 0u) << *ready;
   }
 
@@ -253,7 +254,7 @@ TEST_P(TwoProcessOpsTest, AllOperationsAcrossProcesses) {
   EXPECT_EQ(state[0], std::to_string(IBV_QPS_RTS));
   EXPECT_EQ(Ask("quit").size(), 0u);
   auto rc = peer_->Finish(absl::Seconds(10));
-  ASSERT_TRUE(rc.ok()) << rc.status();
+  ASSERT_OK(rc);
   EXPECT_EQ(*rc, 0);
 }
 
@@ -326,7 +327,7 @@ TEST_F(TwoProcessTest, GarbageOnPeerListenerDoesNotDisturbPeer) {
   EXPECT_EQ(FirstPatternMismatch(buf_->data(), 1024, 3), -1);
   EXPECT_EQ(Ask("quit").size(), 0u);
   auto rc = peer_->Finish(absl::Seconds(10));
-  ASSERT_TRUE(rc.ok()) << rc.status();
+  ASSERT_OK(rc);
   EXPECT_EQ(*rc, 0);
 }
 
@@ -382,7 +383,7 @@ TEST_F(TwoProcessTest, CutConnectionsMidTransferCompleteOrFailCleanly) {
   if (!failed) {
     // A retransmitted SEND must not have consumed a second receive.
     auto extra = peer_->Ask("poll 200");
-    ASSERT_TRUE(extra.ok()) << extra.status();
+    ASSERT_OK(extra);
     EXPECT_EQ(*extra, "err timeout") << "duplicate delivery";
   }
 }
@@ -574,7 +575,7 @@ TEST_F(TwoProcessTest, SendSucceedsWhenResponderExitsRightAfterReceive) {
     ASSERT_EQ(Ask("exit_on_recv 3 0 4096").size(), 0u);
     ASSERT_EQ(PostSendMsg(local_->qp(), 4, buf_, 0, 1024), 0);
     auto line = peer_->ReadLine(absl::Seconds(15));
-    ASSERT_TRUE(line.ok()) << line.status();
+    ASSERT_OK(line);
     EXPECT_EQ(*line, absl::StrCat("ok 3 ", int{IBV_WC_SUCCESS}));
     ibv_wc wc = {};
     ASSERT_TRUE(PollOne(local_->cq(), &wc));
@@ -584,7 +585,7 @@ TEST_F(TwoProcessTest, SendSucceedsWhenResponderExitsRightAfterReceive) {
       statuses += std::string(" ") + ibv_wc_status_str(wc.status);
     }
     auto rc = peer_->Finish(absl::Seconds(10));
-    EXPECT_TRUE(rc.ok()) << rc.status();
+    EXPECT_OK(rc);
     peer_.reset();
     local_.reset();
     buf_ = nullptr;

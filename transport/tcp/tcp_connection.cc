@@ -55,7 +55,7 @@ void TcpConnection::Enqueue(Slice* slice) {
   load_bytes_.fetch_add(slice->length, std::memory_order_relaxed);
   absl::Status failure;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (!broken_.load()) {
       queue_.push_back(slice);
       send_cv_.Signal();
@@ -70,7 +70,7 @@ void TcpConnection::Fail(const absl::Status& status) {
   std::vector<Slice*> failed;
   absl::Status failure;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (!broken_.load()) {
       failure_ = status;
       broken_.store(true, std::memory_order_release);
@@ -95,7 +95,7 @@ void TcpConnection::Fail(const absl::Status& status) {
 void TcpConnection::ExpireOverdue(absl::Time now) {
   std::vector<Slice*> expired;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     for (auto it = queue_.begin(); it != queue_.end();) {
       if ((*it)->deadline < now) {
         expired.push_back(*it);
@@ -133,7 +133,7 @@ void TcpConnection::SendLoop() {
   SetRecvTimeout(fd->get(), kWakeInterval);
   int sock = fd->get();
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     fd_ = std::move(*fd);
     connected_ = true;
     if (broken_.load()) ::shutdown(sock, SHUT_RDWR);
@@ -144,7 +144,7 @@ void TcpConnection::SendLoop() {
     Slice* slice = nullptr;
     uint64_t id = 0;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       while (queue_.empty() && !broken_.load()) send_cv_.Wait(&mu_);
       if (broken_.load()) return;
       slice = queue_.front();
@@ -164,7 +164,7 @@ void TcpConnection::SendLoop() {
     bool finish_here = false;
     absl::Status finish_status;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       auto it = inflight_.find(id);
       if (it != inflight_.end()) {
         if (it->second.done.has_value()) {
@@ -197,7 +197,7 @@ void TcpConnection::SendLoop() {
 void TcpConnection::CompleteAnswered(uint64_t id, Slice* slice,
                                      const absl::Status& status) {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto it = inflight_.find(id);
     if (it != inflight_.end() && it->second.sending) {
       it->second.done = status;
@@ -210,7 +210,7 @@ void TcpConnection::CompleteAnswered(uint64_t id, Slice* slice,
 
 void TcpConnection::RecvLoop() {
   const int sock = [this] {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     return fd_.get();
   }();
   while (!stopping_.load()) {
@@ -231,7 +231,7 @@ void TcpConnection::RecvLoop() {
     Slice* slice = nullptr;
     const uint64_t id = resp.request_id;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       auto it = inflight_.find(id);
       if (it != inflight_.end() && !it->second.answered) {
         slice = it->second.slice;

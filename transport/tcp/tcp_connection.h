@@ -19,8 +19,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/mutex.h"
 #include "common/socket_util.h"
 #include "transport/transport.h"
 
@@ -43,12 +43,12 @@ class TcpConnection {
   bool broken() const { return broken_.load(std::memory_order_acquire); }
   // Whether the TCP connection was ever established.
   bool ever_connected() const {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     return connected_;
   }
   // Why the connection broke (OK while it is not broken).
   absl::Status failure() const {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     return failure_;
   }
   // Bytes queued or in flight, for load balancing across connections.
@@ -81,8 +81,8 @@ class TcpConnection {
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> load_bytes_{0};
 
-  mutable absl::Mutex mu_;
-  absl::CondVar send_cv_;
+  mutable Mutex mu_;
+  CondVar send_cv_;
   std::deque<Slice*> queue_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Inflight> inflight_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;

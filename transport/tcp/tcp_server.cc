@@ -41,7 +41,7 @@ void TcpServer::Stop() {
   if (accept_thread_.joinable()) accept_thread_.join();
   std::list<std::unique_ptr<Conn>> conns;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     conns.swap(conns_);
   }
   for (auto& c : conns) ::shutdown(c->fd.get(), SHUT_RDWR);
@@ -77,7 +77,7 @@ void TcpServer::AcceptLoop() {
     ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_timeout,
                  sizeof(send_timeout));
     accepted_.fetch_add(1);
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     ReapFinishedLocked();
     if (stopping_.load()) {
       ::close(fd);

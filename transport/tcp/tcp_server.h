@@ -18,7 +18,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "common/socket_util.h"
 #include "transport/memory_registry.h"
 
@@ -60,7 +60,7 @@ class TcpServer {
   std::thread accept_thread_;
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> accepted_{0};
-  absl::Mutex mu_;
+  Mutex mu_;
   std::list<std::unique_ptr<Conn>> conns_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -109,7 +109,7 @@ void TcpTransport::Submit(absl::Span<Slice* const> slices) {
   std::vector<Routed> routed;
   routed.reserve(slices.size());
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     for (Slice* slice : slices) {
       Routed r{slice, nullptr, absl::OkStatus()};
       const metadata::TransportEndpoint* ep =
@@ -149,6 +149,11 @@ void TcpTransport::Submit(absl::Span<Slice* const> slices) {
   }
 }
 
+void TcpTransport::ClosePeer(const SegmentView& segment) {
+  // TODO(issue 9): close the peer's pool.
+  (void)segment;
+}
+
 TransportStats TcpTransport::Stats() const {
   TransportStats st;
   st.transport = "tcp";
@@ -157,7 +162,7 @@ TransportStats TcpTransport::Stats() const {
   all.port_active = true;
   all.slices = slices_.load(std::memory_order_relaxed);
   all.bytes = bytes_.load(std::memory_order_relaxed);
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   for (const auto& [addr, pool] : pools_) st.endpoints += pool->conns.size();
   st.connects_started = connects_started_;
   st.connect_failures = connect_failures_;
@@ -169,7 +174,7 @@ void TcpTransport::ReaperLoop() {
     std::vector<std::unique_ptr<TcpConnection>> dead;
     {
       absl::Time now = absl::Now();
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       for (auto& [addr, pool] : pools_) {
         for (auto& c : pool->conns) c->ExpireOverdue(now);
       }
@@ -183,7 +188,7 @@ void TcpTransport::ReaperLoop() {
 void TcpTransport::Shutdown() {
   std::vector<std::unique_ptr<TcpConnection>> conns;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (shut_down_) return;
     shut_down_ = true;
     for (auto& [addr, pool] : pools_) {

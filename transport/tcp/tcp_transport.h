@@ -15,8 +15,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "common/mutex.h"
 #include "transport/memory_registry.h"
 #include "transport/tcp/tcp_connection.h"
 #include "transport/tcp/tcp_server.h"
@@ -39,6 +39,7 @@ class TcpTransport final : public Transport {
     return options_.tcp.max_slice_bytes;
   }
   void Submit(absl::Span<Slice* const> slices) override;
+  void ClosePeer(const SegmentView& segment) override;
   TransportStats Stats() const override;
   void Shutdown() override;
 
@@ -61,7 +62,7 @@ class TcpTransport final : public Transport {
   MemoryRegistry registry_;
   TcpServer server_{&registry_};
 
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<Pool>> pools_
       ABSL_GUARDED_BY(mu_);
   uint64_t connects_started_ ABSL_GUARDED_BY(mu_) = 0;

@@ -9,9 +9,10 @@
 #include <numeric>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "common/mutex.h"
 #include "common/socket_util.h"
+#include "common/status_testing.h"
 #include "gtest/gtest.h"
 #include "transport/tcp/wire.h"
 
@@ -22,19 +23,22 @@ namespace {
 class Sink : public SliceSink {
  public:
   void OnSliceDone(Slice* slice, const absl::Status& status) override {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     statuses_.push_back(status);
+    cv_.SignalAll();
   }
   std::vector<absl::Status> Wait(size_t n) {
-    absl::MutexLock lock(&mu_);
-    auto enough = [&] { return statuses_.size() >= n; };
-    mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(20));
+    MutexLock lock(&mu_);
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (statuses_.size() < n && !cv_.WaitWithDeadline(&mu_, deadline)) {
+    }
     return statuses_;
   }
 
  private:
-  absl::Mutex mu_;
-  std::vector<absl::Status> statuses_;
+  Mutex mu_;
+  CondVar cv_;
+  std::vector<absl::Status> statuses_ ABSL_GUARDED_BY(mu_);
 };
 
 class TcpTransportTest : public ::testing::Test {
@@ -47,16 +51,16 @@ class TcpTransportTest : public ::testing::Test {
     env.local_segment = "t";
     env.listen_host = "127.0.0.1";
     metadata::TransportEndpoint ep;
-    ASSERT_TRUE(target_->Install(env, &ep).ok());
+    ASSERT_OK(target_->Install(env, &ep));
     metadata::TransportEndpoint ep2;
-    ASSERT_TRUE(initiator_->Install(env, &ep2).ok());
+    ASSERT_OK(initiator_->Install(env, &ep2));
     target_buf_.assign(1 << 20, 0);
     MemoryRegion r;
     r.addr = reinterpret_cast<uintptr_t>(target_buf_.data());
     r.length = target_buf_.size();
     r.remote_accessible = true;
     metadata::Buffer published;
-    ASSERT_TRUE(target_->RegisterMemory(r, &published).ok());
+    ASSERT_OK(target_->RegisterMemory(r, &published));
     metadata::SegmentDescriptor d;
     d.set_name("target");
     auto* t = d.add_transports();
@@ -125,7 +129,7 @@ TEST_F(TcpTransportTest, WriteThenRead) {
   initiator_->Submit(ws);
   auto st = sink_.Wait(1);
   ASSERT_EQ(st.size(), 1u);
-  ASSERT_TRUE(st[0].ok()) << st[0];
+  ASSERT_OK(st[0]) << st[0];
   // Applied at the target when the WRITE completed.
   EXPECT_EQ(std::memcmp(target_buf_.data() + 1000, src.data(), src.size()), 0);
   std::vector<uint8_t> dst(src.size());
@@ -133,7 +137,7 @@ TEST_F(TcpTransportTest, WriteThenRead) {
   Slice* rs[] = {&r};
   initiator_->Submit(rs);
   st = sink_.Wait(2);
-  ASSERT_TRUE(st[1].ok()) << st[1];
+  ASSERT_OK(st[1]) << st[1];
   EXPECT_EQ(dst, src);
 }
 
@@ -148,7 +152,7 @@ TEST_F(TcpTransportTest, OutOfBoundsWriteFailsAndWritesNothing) {
   auto st = sink_.Wait(2);
   ASSERT_EQ(st.size(), 2u);
   EXPECT_EQ(st[0].code(), absl::StatusCode::kInvalidArgument) << st[0];
-  EXPECT_TRUE(st[1].ok()) << st[1];  // Same connection still works.
+  EXPECT_OK(st[1]) << st[1];  // Same connection still works.
   for (size_t i = target_buf_.size() - 100; i < target_buf_.size(); ++i) {
     ASSERT_EQ(target_buf_[i], 0) << i;
   }
@@ -157,19 +161,19 @@ TEST_F(TcpTransportTest, OutOfBoundsWriteFailsAndWritesNothing) {
 TEST_F(TcpTransportTest, GarbageFrameClosesOnlyThatConnection) {
   auto hp = ParseHostPort(target_addr_);
   auto bad = ConnectTcp(*hp, absl::Seconds(2));
-  ASSERT_TRUE(bad.ok());
+  ASSERT_OK(bad);
   char garbage[64];
   std::memset(garbage, 0x5a, sizeof(garbage));
-  ASSERT_TRUE(WriteFull(bad->get(), garbage, sizeof(garbage)).ok());
+  ASSERT_OK(WriteFull(bad->get(), garbage, sizeof(garbage)));
   SetRecvTimeout(bad->get(), absl::Seconds(5));
   char c;
   EXPECT_EQ(ReadFull(bad->get(), &c, 1).code(), absl::StatusCode::kOutOfRange);
   // A truncated header then close: also harmless.
   auto trunc = ConnectTcp(*hp, absl::Seconds(2));
-  ASSERT_TRUE(trunc.ok());
+  ASSERT_OK(trunc);
   uint8_t hdr[kRequestHeaderBytes];
   EncodeRequest({WireOp::kWrite, 1, Remote(0), 1000}, hdr);
-  ASSERT_TRUE(WriteFull(trunc->get(), hdr, 10).ok());
+  ASSERT_OK(WriteFull(trunc->get(), hdr, 10));
   trunc->Reset();
   // A WRITE header followed by a short payload and close writes nothing
   // beyond what arrived and is not acknowledged.
@@ -178,7 +182,7 @@ TEST_F(TcpTransportTest, GarbageFrameClosesOnlyThatConnection) {
   Slice* ws[] = {&w};
   initiator_->Submit(ws);
   auto st = sink_.Wait(1);
-  ASSERT_TRUE(st[0].ok()) << st[0];
+  ASSERT_OK(st[0]) << st[0];
   EXPECT_EQ(target_buf_[64], 7);
 }
 
@@ -193,7 +197,7 @@ TEST_F(TcpTransportTest, UnreachablePeerFailsFast) {
 TEST_F(TcpTransportTest, SilentPeerHitsDeadline) {
   uint16_t port = 0;
   auto listener = ListenTcp("127.0.0.1", 0, &port);  // Never answers.
-  ASSERT_TRUE(listener.ok());
+  ASSERT_OK(listener);
   auto silent = ViewWithPort(port);
   absl::Status s = ReadOnce(silent.get(), absl::Milliseconds(200));
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
@@ -202,7 +206,7 @@ TEST_F(TcpTransportTest, SilentPeerHitsDeadline) {
 TEST_F(TcpTransportTest, ShutdownCancelsInFlight) {
   uint16_t port = 0;
   auto listener = ListenTcp("127.0.0.1", 0, &port);
-  ASSERT_TRUE(listener.ok());
+  ASSERT_OK(listener);
   auto silent = ViewWithPort(port);
   absl::Status s = ReadOnce(silent.get(), absl::Seconds(10),
                             /*shutdown_after_submit=*/true);

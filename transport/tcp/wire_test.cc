@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "common/status_testing.h"
 #include "gtest/gtest.h"
 
 namespace ferry::tcp {
@@ -15,7 +16,7 @@ TEST(WireTest, RequestRoundTripInNetworkOrder) {
   EXPECT_EQ(buf[8], 0x01);  // Big-endian request id.
   EXPECT_EQ(buf[15], 0x08);
   RequestHeader h;
-  ASSERT_TRUE(DecodeRequest(buf, &h).ok());
+  ASSERT_OK(DecodeRequest(buf, &h));
   EXPECT_EQ(h.op, WireOp::kWrite);
   EXPECT_EQ(h.request_id, 0x0102030405060708u);
   EXPECT_EQ(h.remote_addr, 0xdeadbeefu);
@@ -46,7 +47,7 @@ TEST(WireTest, ResponseValidation) {
   uint8_t buf[kResponseHeaderBytes];
   EncodeResponse({WireOp::kReadData, WireStatus::kOk, 7, 100}, buf);
   ResponseHeader h;
-  ASSERT_TRUE(DecodeResponse(buf, &h).ok());
+  ASSERT_OK(DecodeResponse(buf, &h));
   EXPECT_EQ(h.length, 100u);
   EncodeResponse({WireOp::kWriteAck, WireStatus::kOk, 7, 100}, buf);
   EXPECT_FALSE(DecodeResponse(buf, &h).ok());  // Acks carry no data.
