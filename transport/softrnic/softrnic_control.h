@@ -16,6 +16,8 @@ typedef const char* (*softrnic_version_fn)(void);
 typedef int (*softrnic_set_link_fn)(const char* dev, int up);
 typedef int (*softrnic_cut_connections_fn)(const char* dev);
 typedef int (*softrnic_set_delay_us_fn)(const char* dev, uint32_t us);
+typedef int (*softrnic_inject_async_event_fn)(const char* dev, int event);
+typedef int (*softrnic_set_strict_pages_fn)(int on);
 }
 
 namespace softrnic {
@@ -54,6 +56,33 @@ inline int SetDelayUs(const char* dev, uint32_t us) {
       dlsym(RTLD_DEFAULT, "softrnic_set_delay_us"));
   if (fn == nullptr) return errno = ENOSYS, -1;
   return fn(dev, us);
+}
+
+// Raises the async event `event` (an enum ibv_event_type) on every
+// context of the device, with what hardware does around it:
+// IBV_EVENT_DEVICE_FATAL also kills the device (its ports go down, its
+// QPs to ERR with their WRs flushed, and verbs on it fail with EIO until
+// every context is closed); IBV_EVENT_GID_CHANGE re-reads the GID table.
+// EINVAL for other events.
+inline int InjectAsyncEvent(const char* dev, int event) {
+  auto fn = reinterpret_cast<softrnic_inject_async_event_fn>(
+      dlsym(RTLD_DEFAULT, "softrnic_inject_async_event"));
+  if (fn == nullptr) return errno = ENOSYS, -1;
+  return fn(dev, event);
+}
+
+// Strict page identity (also FERRY_SOFTRNIC_STRICT_PAGES=1): MRs
+// registered from now on record which physical page backs each of their
+// pages, and an access through an MR whose page has since been replaced
+// (the memory was unmapped and mapped again, as after free() and reuse)
+// fails with a protection error, where a real NIC would silently move the
+// old page's bytes. Needs /proc/self/pagemap with physical frame numbers
+// (root); EPERM otherwise.
+inline int SetStrictPages(bool on) {
+  auto fn = reinterpret_cast<softrnic_set_strict_pages_fn>(
+      dlsym(RTLD_DEFAULT, "softrnic_set_strict_pages"));
+  if (fn == nullptr) return errno = ENOSYS, -1;
+  return fn(on ? 1 : 0);
 }
 
 }  // namespace softrnic
