@@ -74,9 +74,12 @@ absl::StatusOr<SegmentDescriptor> MetadataClient::GetSegment(
         absl::StrCat("metadata server ", address_, " answered GetSegment('",
                      name, "') with segment '", resp.segment().name(), "'"));
   }
+  // Nothing authenticates descriptors: whoever can reach the metadata
+  // service can publish one. Check all of it before anything uses it.
   if (absl::Status v = ValidateSegmentDescriptor(resp.segment()); !v.ok()) {
-    return absl::DataLossError(absl::StrCat(
-        "metadata server ", address_, " sent a bad descriptor: ", v.message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("metadata server ", address_,
+                     " sent an invalid descriptor: ", v.message()));
   }
   return std::move(*resp.mutable_segment());
 }

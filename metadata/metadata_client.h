@@ -28,7 +28,8 @@ class MetadataClient {
   absl::StatusOr<uint64_t> PutSegment(const SegmentDescriptor& segment);
   absl::StatusOr<uint64_t> UpdateBuffers(const UpdateBuffersRequest& request);
   // The descriptor is validated (ValidateSegmentDescriptor) before it is
-  // returned: a bad one from the server yields DataLoss.
+  // returned: a bad one from the server yields InvalidArgument naming the
+  // field. DataLoss if the server answers with another segment.
   absl::StatusOr<SegmentDescriptor> GetSegment(const std::string& name);
   absl::Status RemoveSegment(const std::string& name, uint64_t incarnation);
   absl::StatusOr<std::vector<std::string>> ListSegments();

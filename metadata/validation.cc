@@ -5,7 +5,10 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "common/socket_util.h"
 
 namespace ferry::metadata {
 
@@ -27,79 +30,189 @@ absl::Status ValidateSegmentName(absl::string_view name) {
   return absl::OkStatus();
 }
 
-absl::Status ValidateBuffer(const Buffer& buffer) {
+namespace {
+
+// Printable ASCII without spaces, 1..max bytes: names that go into logs,
+// maps and error messages unquoted.
+bool IsToken(absl::string_view s, size_t max) {
+  if (s.empty() || s.size() > max) return false;
+  for (char c : s) {
+    if (c <= ' ' || c > '~') return false;
+  }
+  return true;
+}
+
+absl::Status Invalid(absl::string_view field, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
+}
+
+// "host:port" with a printable host and a nonzero port: where a peer
+// connects to. Not resolved here (validation does no I/O).
+absl::Status ValidateAddress(absl::string_view field, absl::string_view addr) {
+  if (!IsToken(addr, kMaxAddressBytes)) {
+    return Invalid(field,
+                   absl::StrCat("'", absl::CHexEscape(addr.substr(0, 64)),
+                                "' is not a printable host:port"));
+  }
+  auto hp = ParseHostPort(addr);
+  if (!hp.ok()) return Invalid(field, hp.status().message());
+  if (hp->port == 0) {
+    return Invalid(field, absl::StrCat("'", addr, "' has port 0"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateBufferAt(absl::string_view field, const Buffer& buffer) {
   if (buffer.length() == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "buffer at 0x", absl::Hex(buffer.addr()), " has zero length"));
+    return Invalid(field, absl::StrCat("buffer at 0x", absl::Hex(buffer.addr()),
+                                       " has zero length"));
   }
   if (buffer.addr() + buffer.length() < buffer.addr()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("buffer at 0x", absl::Hex(buffer.addr()), " of length ",
-                     buffer.length(), " wraps around the address space"));
+    return Invalid(field, absl::StrCat("buffer at 0x", absl::Hex(buffer.addr()),
+                                       " of length ", buffer.length(),
+                                       " wraps around the address space"));
   }
   if (buffer.location().size() > kMaxLocationBytes) {
-    return absl::InvalidArgumentError("buffer location is too long");
+    return Invalid(absl::StrCat(field, ".location"),
+                   absl::StrCat(buffer.location().size(), " bytes; at most ",
+                                kMaxLocationBytes));
   }
   if (static_cast<size_t>(buffer.keys_size()) > kMaxKeysPerBuffer) {
-    return absl::InvalidArgumentError("buffer has too many NIC keys");
+    return Invalid(
+        absl::StrCat(field, ".keys"),
+        absl::StrCat(buffer.keys_size(), " keys; at most ", kMaxKeysPerBuffer));
   }
-  for (const NicKey& key : buffer.keys()) {
-    if (key.nic().empty() || key.nic().size() > kMaxAddressBytes) {
-      return absl::InvalidArgumentError("buffer key has a bad NIC name");
+  absl::flat_hash_set<absl::string_view> nics;
+  for (int k = 0; k < buffer.keys_size(); ++k) {
+    const std::string& nic = buffer.keys(k).nic();
+    if (!IsToken(nic, kMaxDeviceNameBytes)) {
+      return Invalid(absl::StrCat(field, ".keys[", k, "].nic"),
+                     "not a printable device name");
+    }
+    if (!nics.insert(nic).second) {
+      return Invalid(absl::StrCat(field, ".keys[", k, "].nic"),
+                     absl::StrCat("device '", nic, "' has two keys"));
     }
   }
   return absl::OkStatus();
 }
 
+}  // namespace
+
+absl::Status ValidateBuffer(const Buffer& buffer) {
+  return ValidateBufferAt("buffer", buffer);
+}
+
 absl::Status ValidateSegmentDescriptor(const SegmentDescriptor& segment) {
   if (absl::Status s = ValidateSegmentName(segment.name()); !s.ok()) return s;
-  if (segment.rpc_address().size() > kMaxAddressBytes) {
-    return absl::InvalidArgumentError("rpc_address is too long");
+  const std::string where = absl::StrCat("segment '", segment.name(), "': ");
+  auto invalid = [&](absl::string_view field, absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(where, field, ": ", why));
+  };
+  auto with_where = [&](const absl::Status& s) {
+    return absl::Status(s.code(), absl::StrCat(where, s.message()));
+  };
+  if (!segment.rpc_address().empty()) {
+    if (absl::Status s = ValidateAddress("rpc_address", segment.rpc_address());
+        !s.ok()) {
+      return with_where(s);
+    }
   }
   if (static_cast<size_t>(segment.transports_size()) >
       kMaxTransportsPerSegment) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("segment lists ", segment.transports_size(),
-                     " transports; at most ", kMaxTransportsPerSegment));
+    return invalid("transports",
+                   absl::StrCat(segment.transports_size(), " entries; at most ",
+                                kMaxTransportsPerSegment));
   }
-  for (const TransportEndpoint& t : segment.transports()) {
-    if (t.transport().empty() || t.transport().size() > 32) {
-      return absl::InvalidArgumentError("transport name must be 1..32 bytes");
+  // Every device any transport lists: what buffer keys may name.
+  absl::flat_hash_set<absl::string_view> devices;
+  absl::flat_hash_set<absl::string_view> transports;
+  for (int i = 0; i < segment.transports_size(); ++i) {
+    const TransportEndpoint& t = segment.transports(i);
+    const std::string field = absl::StrCat("transports[", i, "]");
+    if (!IsToken(t.transport(), kMaxTransportNameBytes)) {
+      return invalid(absl::StrCat(field, ".transport"),
+                     absl::StrCat("not a printable name of 1..",
+                                  kMaxTransportNameBytes, " bytes"));
     }
-    if (t.address().size() > kMaxAddressBytes) {
-      return absl::InvalidArgumentError("transport address is too long");
+    if (!transports.insert(t.transport()).second) {
+      return invalid(absl::StrCat(field, ".transport"),
+                     absl::StrCat("'", t.transport(), "' is listed twice"));
+    }
+    const std::string named = absl::StrCat(field, " ('", t.transport(), "')");
+    // A TCP endpoint is useless without an address; others may not need
+    // one (RDMA is reached through its devices), but any given must parse.
+    if (t.transport() == "tcp" && t.address().empty()) {
+      return invalid(absl::StrCat(named, ".address"), "missing");
+    }
+    if (!t.address().empty()) {
+      if (absl::Status s =
+              ValidateAddress(absl::StrCat(named, ".address"), t.address());
+          !s.ok()) {
+        return with_where(s);
+      }
     }
     if (static_cast<size_t>(t.devices_size()) > kMaxDevicesPerTransport) {
-      return absl::InvalidArgumentError("transport lists too many devices");
+      return invalid(absl::StrCat(named, ".devices"),
+                     absl::StrCat(t.devices_size(), " entries; at most ",
+                                  kMaxDevicesPerTransport));
     }
-    for (const Device& d : t.devices()) {
-      if (d.name().empty() || d.name().size() > kMaxAddressBytes) {
-        return absl::InvalidArgumentError("device has a bad name");
+    absl::flat_hash_set<absl::string_view> names;
+    for (int j = 0; j < t.devices_size(); ++j) {
+      const Device& d = t.devices(j);
+      const std::string dev = absl::StrCat(named, ".devices[", j, "]");
+      if (!IsToken(d.name(), kMaxDeviceNameBytes)) {
+        return invalid(absl::StrCat(dev, ".name"),
+                       absl::StrCat("not a printable name of 1..",
+                                    kMaxDeviceNameBytes, " bytes"));
+      }
+      if (!names.insert(d.name()).second) {
+        return invalid(absl::StrCat(dev, ".name"),
+                       absl::StrCat("'", d.name(), "' is listed twice"));
       }
       if (!d.gid().empty() && d.gid().size() != kGidBytes) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("device ", d.name(), " has a ", d.gid().size(),
-                         "-byte GID; expected ", kGidBytes));
+        return invalid(
+            absl::StrCat(dev, ".gid"),
+            absl::StrCat(d.gid().size(), " bytes; expected ", kGidBytes));
       }
+      if (d.lid() > 0xffff) {
+        return invalid(absl::StrCat(dev, ".lid"),
+                       absl::StrCat(d.lid(), " does not fit 16 bits"));
+      }
+      devices.insert(d.name());
     }
   }
   if (static_cast<size_t>(segment.buffers_size()) > kMaxBuffersPerSegment) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("segment lists ", segment.buffers_size(),
-                     " buffers; at most ", kMaxBuffersPerSegment));
+    return invalid("buffers",
+                   absl::StrCat(segment.buffers_size(), " entries; at most ",
+                                kMaxBuffersPerSegment));
   }
-  std::vector<std::pair<uint64_t, uint64_t>> ranges;
-  ranges.reserve(segment.buffers_size());
-  for (const Buffer& b : segment.buffers()) {
-    if (absl::Status s = ValidateBuffer(b); !s.ok()) return s;
-    ranges.emplace_back(b.addr(), b.addr() + b.length());
+  std::vector<std::pair<uint64_t, int>> starts;
+  starts.reserve(segment.buffers_size());
+  for (int i = 0; i < segment.buffers_size(); ++i) {
+    const Buffer& b = segment.buffers(i);
+    const std::string field = absl::StrCat("buffers[", i, "]");
+    if (absl::Status s = ValidateBufferAt(field, b); !s.ok()) {
+      return with_where(s);
+    }
+    for (int k = 0; k < b.keys_size(); ++k) {
+      if (!devices.contains(b.keys(k).nic())) {
+        return invalid(absl::StrCat(field, ".keys[", k, "].nic"),
+                       absl::StrCat("'", b.keys(k).nic(),
+                                    "' is not a device of any of the segment's "
+                                    "transports"));
+      }
+    }
+    starts.emplace_back(b.addr(), i);
   }
-  std::sort(ranges.begin(), ranges.end());
-  for (size_t i = 1; i < ranges.size(); ++i) {
-    if (ranges[i].first < ranges[i - 1].second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("buffers at 0x", absl::Hex(ranges[i - 1].first),
-                       " and 0x", absl::Hex(ranges[i].first), " overlap"));
+  std::sort(starts.begin(), starts.end());
+  for (size_t i = 1; i < starts.size(); ++i) {
+    const Buffer& prev = segment.buffers(starts[i - 1].second);
+    if (starts[i].first < prev.addr() + prev.length()) {
+      return invalid(absl::StrCat("buffers[", starts[i].second, "]"),
+                     absl::StrCat("0x", absl::Hex(starts[i].first),
+                                  " overlaps buffers[", starts[i - 1].second,
+                                  "] at 0x", absl::Hex(prev.addr())));
     }
   }
   return absl::OkStatus();

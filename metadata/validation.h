@@ -19,6 +19,8 @@ constexpr size_t kMaxDevicesPerTransport = 64;
 constexpr size_t kMaxKeysPerBuffer = 64;
 constexpr size_t kMaxLocationBytes = 64;
 constexpr size_t kMaxAddressBytes = 256;
+constexpr size_t kMaxTransportNameBytes = 32;
+constexpr size_t kMaxDeviceNameBytes = 64;
 constexpr size_t kGidBytes = 16;
 // gRPC message cap for every Ferry service: a full descriptor of
 // kMaxBuffersPerSegment buffers with a few keys each fits comfortably.
@@ -28,10 +30,17 @@ constexpr int kMaxRpcMessageBytes = 32 << 20;
 // without spaces, so it can be used in logs and flags unquoted.
 absl::Status ValidateSegmentName(absl::string_view name);
 
-// One buffer: nonzero length, no address wrap-around, bounded fields.
+// One buffer: nonzero length, no address wrap-around, bounded fields, at
+// most one key per device.
 absl::Status ValidateBuffer(const Buffer& buffer);
 
-// The whole descriptor, including that buffers do not overlap each other.
+// The whole descriptor, so that nothing downstream needs to distrust it:
+// the name; rpc_address and every transport address (host:port with a
+// nonzero port; required for "tcp"); transport names (unique) and their
+// devices (unique names, 16-byte GIDs, 16-bit LIDs); bounded counts and
+// sizes; buffers (each valid, no two overlapping, every key naming a
+// device the segment lists). InvalidArgument names the segment and the
+// offending field, e.g. "segment 'x': transports[0] ('tcp').address: ...".
 absl::Status ValidateSegmentDescriptor(const SegmentDescriptor& segment);
 
 }  // namespace ferry::metadata

@@ -1,0 +1,133 @@
+#include "metadata/validation.h"
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "common/status_testing.h"
+#include "gtest/gtest.h"
+
+namespace ferry::metadata {
+namespace {
+
+SegmentDescriptor Good() {
+  SegmentDescriptor d;
+  d.set_name("peer");
+  d.set_incarnation(7);
+  d.set_rpc_address("10.0.0.2:17100");
+  TransportEndpoint* tcp = d.add_transports();
+  tcp->set_transport("tcp");
+  tcp->set_address("10.0.0.2:17101");
+  TransportEndpoint* rdma = d.add_transports();
+  rdma->set_transport("rdma");
+  for (const char* nic : {"mlx5_0", "mlx5_1"}) {
+    Device* dev = rdma->add_devices();
+    dev->set_name(nic);
+    dev->set_gid(std::string(16, '\1'));
+  }
+  for (uint64_t addr : {0x10000, 0x30000}) {
+    Buffer* b = d.add_buffers();
+    b->set_addr(addr);
+    b->set_length(0x10000);
+    b->set_location("cpu:0");
+    for (const char* nic : {"mlx5_0", "mlx5_1"}) {
+      NicKey* k = b->add_keys();
+      k->set_nic(nic);
+      k->set_rkey(0x1234);
+    }
+  }
+  return d;
+}
+
+TEST(ValidationTest, AcceptsAWellFormedDescriptor) {
+  EXPECT_OK(ValidateSegmentDescriptor(Good()));
+}
+
+// Each bad descriptor is refused with InvalidArgument naming its field.
+TEST(ValidationTest, RefusesEachBadFieldNamingIt) {
+  struct Case {
+    const char* field;  // Must appear in the message.
+    std::function<void(SegmentDescriptor*)> spoil;
+  };
+  const std::vector<Case> cases = {
+      {"segment name", [](auto* d) { d->set_name("two words"); }},
+      {"rpc_address", [](auto* d) { d->set_rpc_address("nohost"); }},
+      {"rpc_address", [](auto* d) { d->set_rpc_address("host:0"); }},
+      {"rpc_address", [](auto* d) { d->set_rpc_address("host:99999"); }},
+      {"transports[0] ('tcp').address",
+       [](auto* d) { d->mutable_transports(0)->set_address("nohost"); }},
+      {"transports[0] ('tcp').address",
+       [](auto* d) { d->mutable_transports(0)->set_address(""); }},
+      {"transports[0] ('tcp').address",
+       [](auto* d) { d->mutable_transports(0)->set_address(":80"); }},
+      {"transports[0] ('tcp').address",
+       [](auto* d) {
+         d->mutable_transports(0)->set_address(std::string("a\0b:1", 5));
+       }},
+      {"transports[1].transport",
+       [](auto* d) { d->mutable_transports(1)->set_transport("tcp"); }},
+      {"transports[1].transport",
+       [](auto* d) { d->mutable_transports(1)->set_transport(""); }},
+      {"transports[1] ('rdma').devices[1].name",
+       [](auto* d) {
+         d->mutable_transports(1)->mutable_devices(1)->set_name("mlx5_0");
+       }},
+      {"transports[1] ('rdma').devices[0].gid",
+       [](auto* d) {
+         d->mutable_transports(1)->mutable_devices(0)->set_gid("short");
+       }},
+      {"transports[1] ('rdma').devices[0].lid",
+       [](auto* d) {
+         d->mutable_transports(1)->mutable_devices(0)->set_lid(70000);
+       }},
+      {"transports[1] ('rdma').devices[0].name",
+       [](auto* d) {
+         d->mutable_transports(1)->mutable_devices(0)->set_name("");
+       }},
+      {"transports",
+       [](auto* d) {
+         for (int i = 0; i < 10; ++i) {
+           d->add_transports()->set_transport("t" + std::to_string(i));
+         }
+       }},
+      {"buffers[1]", [](auto* d) { d->mutable_buffers(1)->set_addr(0x18000); }},
+      {"buffers[0]", [](auto* d) { d->mutable_buffers(0)->set_length(0); }},
+      {"buffers[1]",
+       [](auto* d) { d->mutable_buffers(1)->set_length(~uint64_t{0}); }},
+      {"buffers[0].location",
+       [](auto* d) {
+         d->mutable_buffers(0)->set_location(std::string(100, 'x'));
+       }},
+      {"buffers[1].keys[1].nic",
+       [](auto* d) {
+         d->mutable_buffers(1)->mutable_keys(1)->set_nic("mlx5_0");
+       }},
+      {"buffers[0].keys[0].nic",
+       [](auto* d) {
+         d->mutable_buffers(0)->mutable_keys(0)->set_nic("mlx9_9");
+       }},
+      {"buffers[0].keys[0].nic",
+       [](auto* d) { d->mutable_buffers(0)->mutable_keys(0)->set_nic(""); }},
+  };
+  for (const Case& c : cases) {
+    SegmentDescriptor d = Good();
+    c.spoil(&d);
+    absl::Status s = ValidateSegmentDescriptor(d);
+    EXPECT_STATUS(s, absl::StatusCode::kInvalidArgument) << c.field;
+    EXPECT_NE(s.message().find(c.field), absl::string_view::npos)
+        << "expected the message to name " << c.field << ": " << s;
+  }
+}
+
+TEST(ValidationTest, RdmaNeedsNoAddressButAnyGivenMustParse) {
+  SegmentDescriptor d = Good();
+  EXPECT_OK(ValidateSegmentDescriptor(d));  // rdma has no address.
+  d.mutable_transports(1)->set_address("10.0.0.2:4791");
+  EXPECT_OK(ValidateSegmentDescriptor(d));
+  d.mutable_transports(1)->set_address("10.0.0.2");
+  EXPECT_STATUS(ValidateSegmentDescriptor(d),
+                absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace ferry::metadata
