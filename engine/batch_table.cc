@@ -40,6 +40,20 @@ void TaskSink::TasksDone(Batch* batch, size_t n) {
   }
 }
 
+void TaskSink::FailTask(Task* task, const absl::Status& status) {
+  Batch* batch = task->batch;
+  {
+    MutexLock lock(&batch->mu);
+    task->error = status;
+    task->failed_state = status.code() == absl::StatusCode::kDeadlineExceeded
+                             ? TransferState::kTimeout
+                             : TransferState::kFailed;
+  }
+  MemoryRegistry::Lease lease;
+  FinishTask(task, &lease);
+  TasksDone(batch, 1);
+}
+
 void TaskSink::OnSliceDone(Slice* slice, const absl::Status& status) {
   Task* task = static_cast<EngineSlice*>(slice)->task;
   Batch* batch = task->batch;

@@ -41,8 +41,14 @@ struct EngineSlice : Slice {
 
 struct Task {
   Batch* batch = nullptr;
+  // The request, kept for one that waits for a descriptor (kWaiting) and
+  // is sliced only once it came.
+  OpCode op = OpCode::kRead;
+  void* source = nullptr;
+  uint64_t remote = 0;
   size_t length = 0;
   SegmentHandle target = 0;
+  absl::Time deadline = absl::InfiniteFuture();
   std::atomic<uint32_t> slices_left{0};
   std::atomic<uint64_t> bytes_done{0};
   std::atomic<TransferState> state{TransferState::kWaiting};
@@ -101,6 +107,9 @@ class TaskSink final : public SliceSink {
   // One atomic decrement of the batch's pending count per batch in the
   // group, and none per slice for single-slice tasks.
   void OnSlicesDone(Slice* const* slices, size_t n) override;
+  // Ends a task that has no slice in flight (it never got any) with
+  // `status`: TIMEOUT for DeadlineExceeded, FAILED otherwise.
+  void FailTask(Task* task, const absl::Status& status);
 
  private:
   // Finishes a task whose last slice completed; moves its lease to

@@ -48,6 +48,11 @@ absl::Status EngineImpl::ValidateOptions(const EngineOptions& o) const {
   if (o.max_batch_capacity == 0) {
     return absl::InvalidArgumentError("max_batch_capacity must be positive");
   }
+  if (o.max_queued_notifications == 0 || o.max_queued_notification_bytes == 0) {
+    return absl::InvalidArgumentError(
+        "max_queued_notifications and max_queued_notification_bytes must be "
+        "positive");
+  }
   return absl::OkStatus();
 }
 
@@ -74,7 +79,11 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
                                                          options.rpc_timeout);
   peer_client_ = std::make_unique<metadata::PeerClient>(options.rpc_timeout);
   segments_ = std::make_unique<SegmentCache>(
-      metadata_.get(), static_cast<uint16_t>(incarnation_ & 0xffff));
+      metadata_.get(), static_cast<uint16_t>(incarnation_ & 0xffff),
+      [this](Task* task, std::shared_ptr<const SegmentView> view,
+             const absl::Status& fetch) {
+        OnDescriptorReady(task, std::move(view), fetch);
+      });
   sink_.set_segments(segments_.get());
   peer_service_.SetNotifyHandler([this](const std::string& from,
                                         const std::string& name,
@@ -113,6 +122,10 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
     transports_.push_back(std::move(*transport));
   }
 
+  if (absl::Status s = segments_->Start(); !s.ok()) {
+    ReleaseAll();
+    return s;
+  }
   if (auto v = metadata_->PutSegment(desc); !v.ok()) {
     absl::Status s = v.status();
     ReleaseAll();
@@ -127,6 +140,9 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
 }
 
 void EngineImpl::ReleaseAll() {
+  // Requests waiting for a descriptor end first (Cancelled): none may
+  // reach a transport that is going away.
+  if (segments_ != nullptr) segments_->Stop();
   for (auto& t : transports_) t->Shutdown();
   transports_.clear();
   slice_bytes_.clear();
@@ -263,14 +279,24 @@ absl::Status EngineImpl::RefreshSegment(SegmentHandle handle) {
   return segments_->Refresh(handle).status();
 }
 
+absl::Status EngineImpl::CloseSegment(SegmentHandle handle) {
+  if (!initialized_)
+    return absl::FailedPreconditionError("engine not initialized");
+  auto view = segments_->Close(handle);
+  if (!view.ok()) return view.status();
+  for (auto& t : transports_) t->ClosePeer(**view);
+  peer_client_->Forget((*view)->descriptor().rpc_address());
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<RemoteBuffer>> EngineImpl::GetSegmentBuffers(
     SegmentHandle handle) {
   if (!initialized_)
     return absl::FailedPreconditionError("engine not initialized");
-  auto view = segments_->Get(handle);
-  if (!view.ok()) return view.status();
+  auto snap = segments_->Get(handle);
+  if (!snap.ok()) return snap.status();
   std::vector<RemoteBuffer> out;
-  for (const auto& b : (*view)->descriptor().buffers()) {
+  for (const auto& b : snap->view->descriptor().buffers()) {
     out.push_back({b.addr(), b.length(), b.location()});
   }
   std::sort(out.begin(), out.end(),
@@ -285,8 +311,8 @@ absl::Status EngineImpl::SendNotification(SegmentHandle target,
                                           const std::string& message) {
   if (!initialized_)
     return absl::FailedPreconditionError("engine not initialized");
-  auto view = segments_->Get(target);
-  if (!view.ok()) return view.status();
+  auto snap = segments_->Get(target);
+  if (!snap.ok()) return snap.status();
   if (name.size() > metadata::kMaxNotifyNameBytes ||
       message.size() > metadata::kMaxNotifyMessageBytes) {
     return absl::InvalidArgumentError(
@@ -294,18 +320,24 @@ absl::Status EngineImpl::SendNotification(SegmentHandle target,
                      metadata::kMaxNotifyNameBytes, " and ",
                      metadata::kMaxNotifyMessageBytes, " bytes)"));
   }
-  return peer_client_->Notify((*view)->descriptor().rpc_address(),
+  return peer_client_->Notify(snap->view->descriptor().rpc_address(),
                               options_.local_segment_name, name, message);
 }
 
 absl::Status EngineImpl::OnNotify(const std::string& from,
                                   const std::string& name,
                                   const std::string& message) {
+  const size_t bytes = from.size() + name.size() + message.size();
   MutexLock lock(&notify_mu_);
-  if (notifications_.size() >= kMaxQueuedNotifications) {
-    return absl::ResourceExhaustedError(
-        "receiver's notification queue is full");
+  if (notifications_.size() >= options_.max_queued_notifications ||
+      notification_bytes_ + bytes > options_.max_queued_notification_bytes) {
+    ++notifications_refused_;
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "receiver's notification queue is full (", notifications_.size(),
+        " notifications, ", notification_bytes_,
+        " bytes queued): it has not called GetNotifications"));
   }
+  notification_bytes_ += bytes;
   notifications_.push_back({from, name, message});
   return absl::OkStatus();
 }
@@ -317,11 +349,31 @@ std::vector<TransportStats> EngineImpl::GetTransportStats() const {
   return out;
 }
 
+EngineStats EngineImpl::GetEngineStats() const {
+  EngineStats st;
+  if (!initialized_) return st;
+  const SegmentCache::Stats seg = segments_->stats();
+  st.segments_open = seg.open;
+  st.descriptor_refreshes = seg.refreshes;
+  st.descriptor_refresh_failures = seg.refresh_failures;
+  st.requests_waiting_for_descriptor = seg.parked_now;
+  st.requests_waited_for_descriptor = seg.parked_total;
+  {
+    MutexLock lock(&notify_mu_);
+    st.notifications_queued = notifications_.size();
+    st.notification_bytes_queued = notification_bytes_;
+    st.notifications_refused = notifications_refused_;
+  }
+  st.peer_channels = peer_client_->size();
+  return st;
+}
+
 std::vector<Notification> EngineImpl::GetNotifications() {
   MutexLock lock(&notify_mu_);
   std::vector<Notification> out(std::make_move_iterator(notifications_.begin()),
                                 std::make_move_iterator(notifications_.end()));
   notifications_.clear();
+  notification_bytes_ = 0;
   return out;
 }
 

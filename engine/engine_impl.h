@@ -37,6 +37,9 @@ struct Prepared {
   const SegmentView* view = nullptr;
   int buffer = -1;       // Index of the target buffer in the view.
   size_t transport = 0;  // Index into the engine's transports.
+  // The cached descriptor cannot place it (stale, or no buffer holds the
+  // range): it waits for a fresh one (SegmentCache::Park).
+  bool park = false;
 };
 
 // The target of a run of requests to one segment: its snapshot (kept alive
@@ -46,6 +49,7 @@ struct TargetCursor {
   SegmentHandle handle = 0;
   const SegmentView* view = nullptr;
   size_t transport = 0;
+  bool fresh = true;  // The snapshot is not marked stale.
 
   // FailedPrecondition if no installed transport reaches the segment.
   absl::Status Set(SegmentHandle h, std::shared_ptr<const SegmentView> v,
@@ -54,9 +58,6 @@ struct TargetCursor {
 
 class EngineImpl {
  public:
-  // Received notifications beyond this are refused to the sender.
-  static constexpr size_t kMaxQueuedNotifications = 1 << 16;
-
   EngineImpl() = default;
   ~EngineImpl();
 
@@ -73,6 +74,7 @@ class EngineImpl {
 
   absl::StatusOr<SegmentHandle> OpenSegment(const std::string& name);
   absl::Status RefreshSegment(SegmentHandle handle);
+  absl::Status CloseSegment(SegmentHandle handle);
 
   absl::StatusOr<std::vector<RemoteBuffer>> GetSegmentBuffers(
       SegmentHandle handle);
@@ -88,6 +90,7 @@ class EngineImpl {
                                 const std::string& message);
   std::vector<Notification> GetNotifications();
   std::vector<TransportStats> GetTransportStats() const;
+  EngineStats GetEngineStats() const;
 
  private:
   friend struct TargetCursor;
@@ -111,6 +114,15 @@ class EngineImpl {
   absl::Status Prepare(size_t index, const TransferRequest& request,
                        const Prepared* prev, TargetCursor* cursor,
                        Prepared* out);
+  // Fills task.slices for the request the task holds, targeting buffer
+  // `buffer` of `view` through transport `transport`, and appends them to
+  // *out (to be submitted to that transport).
+  void SliceTask(Task* task, const SegmentView* view, int buffer,
+                 size_t transport, std::vector<Slice*>* out);
+  // A parked task's descriptor came (SegmentCache's ready callback): run
+  // it, or end it with the reason it cannot run.
+  void OnDescriptorReady(Task* task, std::shared_ptr<const SegmentView> view,
+                         const absl::Status& fetch);
   // One round of Transport::Poll over all transports; slices completed.
   size_t PollTransports();
   // Reaps completions on this thread until the batch is done, `deadline`
@@ -151,8 +163,10 @@ class EngineImpl {
   TaskSink sink_;
   BatchTable batches_;
 
-  Mutex notify_mu_;
+  mutable Mutex notify_mu_;
   std::deque<Notification> notifications_ ABSL_GUARDED_BY(notify_mu_);
+  size_t notification_bytes_ ABSL_GUARDED_BY(notify_mu_) = 0;
+  uint64_t notifications_refused_ ABSL_GUARDED_BY(notify_mu_) = 0;
 };
 
 }  // namespace ferry

@@ -25,6 +25,7 @@ std::string Where(size_t index) {
 // complete through the sink, which does not submit).
 struct Scratch {
   std::vector<Prepared> prepared;
+  std::vector<Task*> parked;
   std::vector<std::shared_ptr<const SegmentView>> views;
   std::vector<std::vector<Slice*>> per_transport;
 };
@@ -78,42 +79,131 @@ absl::Status EngineImpl::Prepare(size_t index, const TransferRequest& req,
   // The target snapshot and transport, looked up once per run of requests
   // to the same segment.
   if (cursor->view == nullptr || cursor->handle != req.target_id) {
-    auto view = segments_->Get(req.target_id);
-    if (!view.ok()) {
-      return absl::Status(view.status().code(),
-                          absl::StrCat(Where(index), view.status().message()));
+    auto snap = segments_->Get(req.target_id);
+    if (!snap.ok()) {
+      return absl::Status(snap.status().code(),
+                          absl::StrCat(Where(index), snap.status().message()));
     }
-    if (absl::Status s = cursor->Set(req.target_id, std::move(*view), this);
+    cursor->fresh = snap->fresh;
+    if (absl::Status s =
+            cursor->Set(req.target_id, std::move(snap->view), this);
         !s.ok()) {
       return absl::Status(s.code(), absl::StrCat(Where(index), s.message()));
     }
   }
-  int buffer = cursor->view->FindBufferIndex(req.target_offset, req.length);
-  if (buffer < 0) {
-    // The peer may have registered the buffer after we cached its
-    // descriptor: look once more before failing.
-    auto fresh = segments_->Refresh(req.target_id);
-    if (fresh.ok()) {
-      if (absl::Status s = cursor->Set(req.target_id, std::move(*fresh), this);
-          !s.ok()) {
-        return absl::Status(s.code(), absl::StrCat(Where(index), s.message()));
-      }
-      buffer = cursor->view->FindBufferIndex(req.target_offset, req.length);
-    }
-    if (buffer < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          Where(index), "remote range 0x", absl::Hex(req.target_offset), "+",
-          req.length,
-          " is not inside one remote-accessible buffer of segment '",
-          cursor->view->name(), "'"));
-    }
+  if (req.target_offset + req.length < req.target_offset) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Where(index), "remote range 0x", absl::Hex(req.target_offset), "+",
+        req.length, " wraps around the address space"));
   }
+  const int buffer = cursor->fresh ? cursor->view->FindBufferIndex(
+                                         req.target_offset, req.length)
+                                   : -1;
+  // Not placeable with what is cached (the peer may have registered the
+  // buffer since, or a failure marked the descriptor stale): wait for a
+  // fresh descriptor rather than fetch one here, on the caller's thread.
+  out->park = buffer < 0;
   out->request = &req;
   out->lease = std::move(*lease);
   out->view = cursor->view;
   out->buffer = buffer;
   out->transport = cursor->transport;
   return absl::OkStatus();
+}
+
+void EngineImpl::SliceTask(Task* task, const SegmentView* view, int buffer,
+                           size_t transport, std::vector<Slice*>* out) {
+  const MemoryHandle handle = task->local_lease.handle(transport);
+  const size_t max_slice = slice_bytes_[transport];
+  const size_t n = (task->length + max_slice - 1) / max_slice;
+  task->slices.resize(n);
+  task->slices_left.store(static_cast<uint32_t>(n), std::memory_order_relaxed);
+  char* local = static_cast<char*>(task->source);
+  for (size_t i = 0; i < n; ++i) {
+    EngineSlice& s = task->slices[i];
+    const size_t off = i * max_slice;
+    s.op = task->op;
+    s.local = local + off;
+    s.remote = task->remote + off;
+    s.length = std::min(max_slice, task->length - off);
+    s.target = view;
+    s.remote_buffer = buffer;
+    s.local_handle = handle;
+    s.deadline = task->deadline;
+    s.sink = &sink_;
+    s.next = nullptr;
+    s.attempts = 0;
+    s.scratch[0] = 0;
+    s.scratch[1] = 0;
+    s.task = task;
+    out->push_back(&s);
+  }
+}
+
+void EngineImpl::OnDescriptorReady(Task* task,
+                                   std::shared_ptr<const SegmentView> view,
+                                   const absl::Status& fetch) {
+  const absl::StatusCode code = fetch.code();
+  if (code == absl::StatusCode::kDeadlineExceeded ||
+      code == absl::StatusCode::kCancelled ||
+      code == absl::StatusCode::kFailedPrecondition || view == nullptr) {
+    sink_.FailTask(task,
+                   fetch.ok() ? absl::InternalError("no descriptor") : fetch);
+    return;
+  }
+  if (code == absl::StatusCode::kNotFound) {
+    sink_.FailTask(task, absl::NotFoundError(absl::StrCat(
+                             "segment '", view->name(),
+                             "' is no longer registered with the metadata "
+                             "service (its engine stopped?): ",
+                             fetch.message())));
+    return;
+  }
+  const int buffer = view->FindBufferIndex(task->remote, task->length);
+  if (buffer < 0) {
+    sink_.FailTask(
+        task,
+        fetch.ok()
+            ? absl::InvalidArgumentError(absl::StrCat(
+                  "remote range 0x", absl::Hex(task->remote), "+", task->length,
+                  " is not inside one remote-accessible buffer of "
+                  "segment '",
+                  view->name(), "' (descriptor version ", view->version(),
+                  ", fetched after the request)"))
+            : absl::Status(fetch.code(),
+                           absl::StrCat("the remote range is not in the "
+                                        "cached descriptor, and "
+                                        "fetching a new one failed: ",
+                                        fetch.message())));
+    return;
+  }
+  size_t t = 0;
+  while (t < transports_.size() &&
+         view->FindTransport(transports_[t]->name()) == nullptr) {
+    ++t;
+  }
+  if (t == transports_.size()) {
+    sink_.FailTask(task, absl::FailedPreconditionError(absl::StrCat(
+                             "segment '", view->name(),
+                             "' serves none of this engine's transports")));
+    return;
+  }
+  if (absl::Now() >= task->deadline) {
+    sink_.FailTask(task, absl::DeadlineExceededError(
+                             "the request's deadline passed while it waited "
+                             "for the target's descriptor"));
+    return;
+  }
+  std::vector<Slice*> slices;
+  {
+    // The snapshot the slices point into lives as long as the batch.
+    Batch* batch = task->batch;
+    MutexLock lock(&batch->mu);
+    batch->views.push_back(view);
+  }
+  SliceTask(task, view.get(), buffer, t, &slices);
+  task->state.store(TransferState::kPending, std::memory_order_release);
+  transports_[t]->Submit(slices);
 }
 
 absl::Status TargetCursor::Set(SegmentHandle h,
@@ -187,38 +277,24 @@ absl::Status EngineImpl::SubmitTransfer(
     for (Prepared& p : scratch.prepared) {
       Task& task = batch->AddTask();
       task.batch = batch;
+      task.op = p.request->opcode;
+      task.source = p.request->source;
+      task.remote = p.request->target_offset;
       task.length = p.request->length;
       task.target = p.request->target_id;
+      task.deadline = deadline;
       task.error = absl::OkStatus();
       task.failed_state = TransferState::kFailed;
       task.bytes_done.store(0, std::memory_order_relaxed);
-      const MemoryHandle handle = p.lease.handle(p.transport);
       task.local_lease = std::move(p.lease);
-      const size_t max_slice = slice_bytes_[p.transport];
-      const size_t n = (task.length + max_slice - 1) / max_slice;
-      task.slices.resize(n);
-      task.slices_left.store(static_cast<uint32_t>(n),
-                             std::memory_order_relaxed);
-      char* local = static_cast<char*>(p.request->source);
-      for (size_t i = 0; i < n; ++i) {
-        EngineSlice& s = task.slices[i];
-        const size_t off = i * max_slice;
-        s.op = p.request->opcode;
-        s.local = local + off;
-        s.remote = p.request->target_offset + off;
-        s.length = std::min(max_slice, task.length - off);
-        s.target = p.view;
-        s.remote_buffer = p.buffer;
-        s.local_handle = handle;
-        s.deadline = deadline;
-        s.sink = &sink_;
-        s.next = nullptr;
-        s.attempts = 0;
-        s.scratch[0] = 0;
-        s.scratch[1] = 0;
-        s.task = &task;
-        scratch.per_transport[p.transport].push_back(&s);
+      if (p.park) {
+        task.slices_left.store(0, std::memory_order_relaxed);
+        task.state.store(TransferState::kWaiting, std::memory_order_relaxed);
+        scratch.parked.push_back(&task);
+        continue;
       }
+      SliceTask(&task, p.view, p.buffer, p.transport,
+                &scratch.per_transport[p.transport]);
       task.state.store(TransferState::kPending, std::memory_order_relaxed);
     }
     batch->pending.fetch_add(scratch.prepared.size(),
@@ -226,7 +302,15 @@ absl::Status EngineImpl::SubmitTransfer(
   }
   scratch.prepared.clear();
   scratch.views.clear();
-  // Outside the batch lock: transports may complete slices inline.
+  // Outside the batch lock: transports may complete slices inline, and a
+  // parked task may be handed back at once.
+  for (Task* task : scratch.parked) {
+    if (absl::Status s = segments_->Park(task->target, task, deadline);
+        !s.ok()) {
+      sink_.FailTask(task, s);
+    }
+  }
+  scratch.parked.clear();
   for (size_t t = 0; t < transports_.size(); ++t) {
     if (!scratch.per_transport[t].empty()) {
       transports_[t]->Submit(scratch.per_transport[t]);

@@ -1,22 +1,95 @@
 #include "engine/segment_cache.h"
 
+#include <algorithm>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "metadata/validation.h"
 
 namespace ferry {
 namespace {
 
-// A segment whose requests keep failing is fetched again at most this
-// often, however many failures mark it stale.
-constexpr absl::Duration kMinRefreshInterval = absl::Milliseconds(100);
+constexpr int kSlotBits = 24;
+constexpr uint64_t kSlotMask = (uint64_t{1} << kSlotBits) - 1;
+constexpr uint32_t kGenerationMask = (uint32_t{1} << 24) - 1;
+// While requests are parked, the refresher looks at their deadlines at
+// least this often.
+constexpr absl::Duration kDeadlineTick = absl::Milliseconds(10);
 
 }  // namespace
+
+SegmentCache::SegmentCache(metadata::MetadataClient* client, uint16_t tag,
+                           ReadyFn ready)
+    : client_(client), tag_(tag), ready_(std::move(ready)) {}
+
+SegmentCache::~SegmentCache() { Stop(); }
+
+absl::Status SegmentCache::Start() {
+  try {
+    fetcher_ = std::thread([this] { FetcherLoop(); });
+    refresher_ = std::thread([this] { RefresherLoop(); });
+  } catch (const std::system_error& e) {
+    Stop();
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cannot start the descriptor refresher thread: ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+void SegmentCache::Stop() {
+  std::vector<Delivery> cancelled;
+  {
+    MutexLock lock(&mu_);
+    if (stopping_) return;
+    stopping_ = true;
+    wake_.SignalAll();
+    job_cv_.SignalAll();
+  }
+  if (refresher_.joinable()) refresher_.join();
+  // Bounded by the RPC timeout of a fetch in flight.
+  if (fetcher_.joinable()) fetcher_.join();
+  {
+    MutexLock lock(&mu_);
+    for (auto& e : entries_) {
+      for (const Parked& p : e->parked) {
+        cancelled.push_back({p.task, e->view,
+                             absl::CancelledError("the engine shut down while "
+                                                  "the request waited for the "
+                                                  "target's descriptor")});
+      }
+      stats_.parked_now -= e->parked.size();
+      e->parked.clear();
+    }
+  }
+  Deliver(&cancelled);
+}
 
 absl::StatusOr<std::shared_ptr<const SegmentView>> SegmentCache::Fetch(
     const std::string& name) {
   auto desc = client_->GetSegment(name);
   if (!desc.ok()) return desc.status();
   return SegmentView::Create(std::move(*desc));
+}
+
+SegmentHandle SegmentCache::HandleOf(size_t slot) const {
+  return (static_cast<uint64_t>(tag_) << 48) |
+         (static_cast<uint64_t>(entries_[slot]->generation) << kSlotBits) |
+         (slot + 1);
+}
+
+absl::StatusOr<size_t> SegmentCache::SlotOf(SegmentHandle handle) const {
+  const uint64_t slot_plus_one = handle & kSlotMask;
+  const uint32_t generation =
+      static_cast<uint32_t>((handle >> kSlotBits) & kGenerationMask);
+  if ((handle >> 48) != tag_ || slot_plus_one == 0 ||
+      slot_plus_one > entries_.size() || !entries_[slot_plus_one - 1]->in_use ||
+      entries_[slot_plus_one - 1]->generation != generation) {
+    return absl::NotFoundError(absl::StrCat(
+        "segment handle 0x", absl::Hex(handle),
+        " is not an open segment of this engine (never returned by "
+        "OpenSegment, or closed)"));
+  }
+  return slot_plus_one - 1;
 }
 
 absl::StatusOr<SegmentHandle> SegmentCache::Open(const std::string& name) {
@@ -33,47 +106,113 @@ absl::StatusOr<SegmentHandle> SegmentCache::Open(const std::string& name) {
   MutexLock lock(&mu_);
   auto it = by_name_.find(name);
   if (it != by_name_.end()) return it->second;  // Lost a race; same result.
-  SegmentHandle handle =
-      (static_cast<uint64_t>(tag_) << 48) | (entries_.size() + 1);
-  entries_.push_back({name, std::move(*view), false, absl::Now()});
+  size_t slot;
+  if (!free_slots_.empty()) {
+    slot = free_slots_.back();
+    free_slots_.pop_back();
+  } else {
+    if (entries_.size() >= kMaxSegments) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(kMaxSegments, " segments are open; close some first"));
+    }
+    slot = entries_.size();
+    entries_.push_back(std::make_unique<Entry>());
+  }
+  Entry* e = entries_[slot].get();
+  e->name = name;
+  e->view = std::move(*view);
+  e->in_use = true;
+  e->stale = false;
+  e->last_fetch = absl::Now();
+  const SegmentHandle handle = HandleOf(slot);
   by_name_[name] = handle;
+  ++stats_.open;
   return handle;
 }
 
-absl::StatusOr<size_t> SegmentCache::IndexOf(SegmentHandle handle) const {
-  uint64_t index_plus_one = handle & ((uint64_t{1} << 48) - 1);
-  if ((handle >> 48) != tag_ || index_plus_one == 0 ||
-      index_plus_one > entries_.size()) {
-    return absl::NotFoundError(
-        absl::StrCat("segment handle 0x", absl::Hex(handle),
-                     " was not returned by OpenSegment of this engine"));
-  }
-  return index_plus_one - 1;
-}
-
-absl::StatusOr<std::shared_ptr<const SegmentView>> SegmentCache::Get(
+absl::StatusOr<std::shared_ptr<const SegmentView>> SegmentCache::Close(
     SegmentHandle handle) {
+  std::vector<Delivery> closed;
+  std::shared_ptr<const SegmentView> view;
   {
     MutexLock lock(&mu_);
-    auto index = IndexOf(handle);
-    if (!index.ok()) return index.status();
-    Entry& e = entries_[*index];
-    if (!e.stale) return e.view;
-    const absl::Time now = absl::Now();
-    if (now - e.fetched < kMinRefreshInterval) return e.view;
-    e.stale = false;  // One refresh per mark, even if it fails.
-    e.fetched = now;
+    auto slot = SlotOf(handle);
+    if (!slot.ok()) return slot.status();
+    Entry* e = entries_[*slot].get();
+    view = e->view;
+    for (const Parked& p : e->parked) {
+      closed.push_back(
+          {p.task, view,
+           absl::FailedPreconditionError(absl::StrCat(
+               "segment '", e->name,
+               "' was closed while the request waited for its descriptor"))});
+    }
+    stats_.parked_now -= e->parked.size();
+    e->parked.clear();
+    by_name_.erase(e->name);
+    if (e->queued) {
+      refresh_queue_.erase(
+          std::find(refresh_queue_.begin(), refresh_queue_.end(), *slot));
+      e->queued = false;
+    }
+    e->in_use = false;
+    e->view = nullptr;
+    e->name.clear();
+    e->generation = (e->generation + 1) & kGenerationMask;
+    if (e->generation == 0) e->generation = 1;
+    free_slots_.push_back(*slot);
+    --stats_.open;
   }
-  auto fresh = Refresh(handle);
-  if (fresh.ok()) return fresh;
+  Deliver(&closed);
+  return view;
+}
+
+absl::StatusOr<SegmentCache::Snapshot> SegmentCache::Get(SegmentHandle handle) {
   MutexLock lock(&mu_);
-  return entries_[*IndexOf(handle)].view;
+  auto slot = SlotOf(handle);
+  if (!slot.ok()) return slot.status();
+  const Entry& e = *entries_[*slot];
+  return Snapshot{e.view, !e.stale};
+}
+
+void SegmentCache::QueueLocked(size_t slot) {
+  Entry* e = entries_[slot].get();
+  if (e->queued) return;
+  e->queued = true;
+  refresh_queue_.push_back(slot);
+  wake_.Signal();
+}
+
+absl::Status SegmentCache::Park(SegmentHandle handle, Task* task,
+                                absl::Time deadline) {
+  MutexLock lock(&mu_);
+  auto slot = SlotOf(handle);
+  if (!slot.ok()) return slot.status();
+  if (stopping_) return absl::CancelledError("the engine is shutting down");
+  Entry* e = entries_[*slot].get();
+  e->parked.push_back({task, deadline, e->fetches_started});
+  ++stats_.parked_now;
+  ++stats_.parked_total;
+  QueueLocked(*slot);
+  return absl::OkStatus();
 }
 
 void SegmentCache::MarkStale(SegmentHandle handle) {
   MutexLock lock(&mu_);
-  auto index = IndexOf(handle);
-  if (index.ok()) entries_[*index].stale = true;
+  auto slot = SlotOf(handle);
+  if (!slot.ok()) return;
+  entries_[*slot]->stale = true;
+  QueueLocked(*slot);
+}
+
+void SegmentCache::InstallLocked(Entry* e,
+                                 std::shared_ptr<const SegmentView> view) {
+  // Versions only compare within one incarnation of the peer and of the
+  // server: a different incarnation always wins.
+  if (e->view == nullptr || e->view->incarnation() != view->incarnation() ||
+      e->view->version() <= view->version()) {
+    e->view = std::move(view);
+  }
 }
 
 absl::StatusOr<std::shared_ptr<const SegmentView>> SegmentCache::Refresh(
@@ -81,24 +220,141 @@ absl::StatusOr<std::shared_ptr<const SegmentView>> SegmentCache::Refresh(
   std::string name;
   {
     MutexLock lock(&mu_);
-    auto index = IndexOf(handle);
-    if (!index.ok()) return index.status();
-    name = entries_[*index].name;
+    auto slot = SlotOf(handle);
+    if (!slot.ok()) return slot.status();
+    name = entries_[*slot]->name;
   }
   auto view = Fetch(name);
   if (!view.ok()) return view.status();
   MutexLock lock(&mu_);
-  auto index = IndexOf(handle);
-  if (!index.ok()) return index.status();
-  // Keep the newer snapshot if a concurrent refresh got one (versions only
-  // compare within one incarnation of the peer and of the server).
-  const auto& old = entries_[*index].view;
-  if (old->incarnation() != (*view)->incarnation() ||
-      old->version() <= (*view)->version()) {
-    entries_[*index].view = *view;
+  auto slot = SlotOf(handle);
+  if (!slot.ok()) return slot.status();
+  Entry* e = entries_[*slot].get();
+  InstallLocked(e, std::move(*view));
+  e->stale = false;
+  e->last_fetch = absl::Now();
+  return e->view;
+}
+
+void SegmentCache::ExpireLocked(absl::Time now, std::vector<Delivery>* out) {
+  if (stats_.parked_now == 0) return;
+  for (auto& e : entries_) {
+    auto& parked = e->parked;
+    for (auto it = parked.begin(); it != parked.end();) {
+      if (it->deadline > now) {
+        ++it;
+        continue;
+      }
+      out->push_back({it->task, e->view,
+                      absl::DeadlineExceededError(absl::StrCat(
+                          "the request waited for a fresh descriptor of "
+                          "segment '",
+                          e->name, "' past its deadline"))});
+      it = parked.erase(it);
+      --stats_.parked_now;
+    }
   }
-  entries_[*index].fetched = absl::Now();
-  return entries_[*index].view;
+}
+
+void SegmentCache::Deliver(std::vector<Delivery>* deliveries) {
+  for (Delivery& d : *deliveries) ready_(d.task, std::move(d.view), d.status);
+  deliveries->clear();
+}
+
+void SegmentCache::FetcherLoop() {
+  mu_.Lock();
+  while (true) {
+    while (!stopping_ && !job_ready_) job_cv_.Wait(&mu_);
+    if (stopping_) break;
+    job_ready_ = false;
+    const std::string name = job_.name;
+    mu_.Unlock();
+    auto view = Fetch(name);
+    mu_.Lock();
+    job_result_ = std::move(view);
+    job_done_ = true;
+    wake_.Signal();
+  }
+  mu_.Unlock();
+}
+
+void SegmentCache::FinishFetchLocked(std::vector<Delivery>* out) {
+  job_done_ = false;
+  fetching_ = false;
+  Entry* e = entries_[job_.slot].get();
+  if (!e->in_use || e->generation != job_.generation) return;  // Closed.
+  ++stats_.refreshes;
+  if (job_result_.ok()) {
+    InstallLocked(e, std::move(*job_result_));
+  } else {
+    ++stats_.refresh_failures;
+  }
+  // One refresh per mark, even if it failed: requests then use what is
+  // cached rather than wait for a metadata service that is down.
+  e->stale = false;
+  auto& parked = e->parked;
+  for (auto it = parked.begin(); it != parked.end();) {
+    if (it->after >= job_.fetch) {
+      ++it;  // Parked after this fetch started: wants a newer one.
+      continue;
+    }
+    out->push_back({it->task, e->view, job_result_.status()});
+    it = parked.erase(it);
+    --stats_.parked_now;
+  }
+  if (!parked.empty()) QueueLocked(job_.slot);
+}
+
+void SegmentCache::RefresherLoop() {
+  std::vector<Delivery> out;
+  mu_.Lock();
+  while (!stopping_) {
+    const absl::Time now = absl::Now();
+    ExpireLocked(now, &out);
+    if (job_done_) FinishFetchLocked(&out);
+    if (!out.empty()) {
+      mu_.Unlock();
+      Deliver(&out);
+      mu_.Lock();
+      continue;
+    }
+    // The first queued segment whose rate limit allows a fetch now.
+    absl::Time next = absl::InfiniteFuture();
+    if (!fetching_) {
+      auto due = refresh_queue_.end();
+      for (auto it = refresh_queue_.begin(); it != refresh_queue_.end(); ++it) {
+        const absl::Time at = entries_[*it]->last_fetch + kMinRefreshInterval;
+        if (at <= now) {
+          due = it;
+          break;
+        }
+        next = std::min(next, at);
+      }
+      if (due != refresh_queue_.end()) {
+        const size_t slot = *due;
+        refresh_queue_.erase(due);
+        Entry* e = entries_[slot].get();
+        e->queued = false;
+        e->last_fetch = now;
+        job_.slot = slot;
+        job_.generation = e->generation;
+        job_.name = e->name;
+        job_.fetch = ++e->fetches_started;
+        fetching_ = true;
+        job_ready_ = true;
+        job_cv_.Signal();
+        continue;
+      }
+    }
+    if (stats_.parked_now > 0) next = std::min(next, now + kDeadlineTick);
+    wake_.WaitWithDeadline(&mu_, next);
+  }
+  mu_.Unlock();
+}
+
+SegmentCache::Stats SegmentCache::stats() const {
+  MutexLock lock(&mu_);
+  return stats_;
 }
 
 }  // namespace ferry

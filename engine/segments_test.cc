@@ -31,6 +31,21 @@ class ForgingMetadataService final : public metadata::MetadataService::Service {
     MutexLock lock(&mu_);
     return gets_;
   }
+  // While closed, GetSegment blocks (up to 10 s): a metadata service that
+  // is slow or unreachable.
+  void CloseGate() {
+    MutexLock lock(&mu_);
+    gate_open_ = false;
+  }
+  void OpenGate() {
+    MutexLock lock(&mu_);
+    gate_open_ = true;
+    gate_cv_.SignalAll();
+  }
+  int blocked() {
+    MutexLock lock(&mu_);
+    return blocked_;
+  }
 
   grpc::Status PutSegment(grpc::ServerContext*,
                           const metadata::PutSegmentRequest* req,
@@ -54,6 +69,11 @@ class ForgingMetadataService final : public metadata::MetadataService::Service {
     {
       MutexLock lock(&mu_);
       ++gets_;
+      const absl::Time until = absl::Now() + absl::Seconds(10);
+      ++blocked_;
+      while (!gate_open_ && !gate_cv_.WaitWithDeadline(&mu_, until)) {
+      }
+      --blocked_;
       auto it = forged_.find(req->name());
       if (it != forged_.end()) {
         *resp->mutable_segment() = it->second;
@@ -78,6 +98,9 @@ class ForgingMetadataService final : public metadata::MetadataService::Service {
   std::map<std::string, metadata::SegmentDescriptor> forged_
       ABSL_GUARDED_BY(mu_);
   int gets_ ABSL_GUARDED_BY(mu_) = 0;
+  bool gate_open_ ABSL_GUARDED_BY(mu_) = true;
+  int blocked_ ABSL_GUARDED_BY(mu_) = 0;
+  CondVar gate_cv_;
 };
 
 class SegmentsTest : public ::testing::Test {
@@ -213,6 +236,131 @@ TEST_F(SegmentsTest, EveryForgedFieldIsNamed) {
     EXPECT_NE(h.status().message().find(c.field), absl::string_view::npos)
         << h.status();
   }
+}
+
+// SubmitTransfer never waits on the metadata service: a request that misses
+// its buffer in the cached descriptor waits for a background fetch, and
+// however many such requests come, fetches are rate-limited per segment.
+TEST_F(SegmentsTest, MissesNeverBlockSubmitAndFetchesAreRateLimited) {
+  ASSERT_OK_AND_ASSIGN(SegmentHandle seg, initiator_.OpenSegment("target"));
+  // A buffer the initiator's cached descriptor does not have yet.
+  std::vector<uint8_t> late(1 << 16, 0);
+  ASSERT_OK(target_.RegisterLocalMemory(late.data(), late.size()));
+  const uint64_t late_addr = reinterpret_cast<uint64_t>(late.data());
+  service_.CloseGate();
+  const int gets_before = service_.gets();
+  constexpr int kRequests = 200;
+  std::vector<BatchId> batches;
+  std::memset(local_.data(), 0x6b, 64);
+  for (int i = 0; i < kRequests; ++i) {
+    ASSERT_OK_AND_ASSIGN(BatchId b, initiator_.AllocateBatch(1));
+    TransferRequest r{OpCode::kWrite, local_.data(), seg,
+                      late_addr + static_cast<uint64_t>(i) * 64, 64};
+    // Would block (up to 10 s, the gate's bound) if it fetched inline.
+    ASSERT_OK(initiator_.SubmitTransfer(b, {r}));
+    batches.push_back(b);
+  }
+  // Every request was accepted while the metadata service was stuck.
+  EXPECT_LE(service_.blocked(), 1);
+  EXPECT_EQ(initiator_.GetEngineStats().requests_waiting_for_descriptor,
+            static_cast<uint64_t>(kRequests));
+  ASSERT_OK_AND_ASSIGN(TransferStatus t0,
+                       initiator_.GetTransferStatus(batches[0], 0));
+  EXPECT_EQ(t0.state, TransferState::kWaiting);
+  service_.OpenGate();
+  for (BatchId b : batches) {
+    ASSERT_OK_AND_ASSIGN(BatchStatus st,
+                         initiator_.WaitBatch(b, absl::Seconds(20)));
+    EXPECT_EQ(st.state, TransferState::kCompleted) << st.first_error;
+    EXPECT_OK(initiator_.FreeBatch(b));
+  }
+  EXPECT_EQ(late[kRequests * 64 - 1], 0x6b);
+  // One fetch was in flight when the requests came; one more after it
+  // serves all of them.
+  EXPECT_LE(service_.gets() - gets_before, 3);
+  const EngineStats st = initiator_.GetEngineStats();
+  EXPECT_EQ(st.requests_waiting_for_descriptor, 0u);
+  EXPECT_GE(st.requests_waited_for_descriptor,
+            static_cast<uint64_t>(kRequests));
+  ASSERT_OK(target_.UnregisterLocalMemory(late.data()));
+}
+
+// A parked request whose deadline passes while the metadata service is
+// stuck ends TIMEOUT on time, not when the service answers.
+TEST_F(SegmentsTest, ParkedRequestsTimeOutOnTime) {
+  TransferEngine quick;
+  EngineOptions o;
+  o.local_segment_name = "quick";
+  o.metadata_endpoint = server_->address();
+  o.transfer_timeout = absl::Milliseconds(300);
+  o.rpc_timeout = absl::Seconds(10);
+  ASSERT_OK(quick.Init(o));
+  ASSERT_OK(quick.RegisterLocalMemory(local_.data(), 4096, "*", false));
+  ASSERT_OK_AND_ASSIGN(SegmentHandle seg, quick.OpenSegment("target"));
+  service_.CloseGate();
+  ASSERT_OK_AND_ASSIGN(BatchId b, quick.AllocateBatch(1));
+  TransferRequest r{OpCode::kWrite, local_.data(), seg, 0x10, 64};
+  const absl::Time start = absl::Now();
+  ASSERT_OK(quick.SubmitTransfer(b, {r}));
+  ASSERT_OK_AND_ASSIGN(BatchStatus st, quick.WaitBatch(b, absl::Seconds(5)));
+  const absl::Duration took = absl::Now() - start;
+  service_.OpenGate();
+  EXPECT_EQ(st.state, TransferState::kTimeout) << st.first_error;
+  EXPECT_STATUS(st.first_error, absl::StatusCode::kDeadlineExceeded);
+  // The gate holds the fetch for 10 s; the request ends near its 300 ms.
+  EXPECT_LT(took, absl::Seconds(3));
+  EXPECT_OK(quick.FreeBatch(b));
+  quick.Shutdown();
+}
+
+// CloseSegment releases the handle and what the engine keeps for the
+// peer; reopening works, and opening and closing many peers in turn keeps
+// the engine's tables flat.
+TEST_F(SegmentsTest, CloseSegmentInvalidatesHandleAndReleasesState) {
+  ASSERT_OK_AND_ASSIGN(SegmentHandle seg, initiator_.OpenSegment("target"));
+  EXPECT_EQ(Write(seg, RemoteAddr(), 4096, 1).state, TransferState::kCompleted);
+  ASSERT_OK(initiator_.SendNotification(seg, "hi", "there"));
+  EXPECT_EQ(initiator_.GetEngineStats().segments_open, 1u);
+  EXPECT_EQ(initiator_.GetEngineStats().peer_channels, 1u);
+  ASSERT_OK(initiator_.CloseSegment(seg));
+  EXPECT_EQ(initiator_.GetEngineStats().segments_open, 0u);
+  EXPECT_STATUS(initiator_.CloseSegment(seg), absl::StatusCode::kNotFound);
+  TransferRequest r{OpCode::kWrite, local_.data(), seg, RemoteAddr(), 64};
+  ASSERT_OK_AND_ASSIGN(BatchId b, initiator_.AllocateBatch(1));
+  EXPECT_STATUS(initiator_.SubmitTransfer(b, {r}), absl::StatusCode::kNotFound);
+  EXPECT_OK(initiator_.FreeBatch(b));
+  ASSERT_OK_AND_ASSIGN(SegmentHandle again, initiator_.OpenSegment("target"));
+  EXPECT_NE(again, seg);
+  EXPECT_EQ(Write(again, RemoteAddr(), 4096, 2).state,
+            TransferState::kCompleted);
+  ASSERT_OK(initiator_.CloseSegment(again));
+  EXPECT_EQ(initiator_.GetEngineStats().peer_channels, 0u);
+}
+
+// A receiver that does not take its notifications refuses more beyond its
+// bounds (count and bytes), and accepts again once it took them.
+TEST_F(SegmentsTest, NotificationQueueIsBoundedInBytes) {
+  TransferEngine receiver;
+  EngineOptions o;
+  o.local_segment_name = "receiver";
+  o.metadata_endpoint = server_->address();
+  o.max_queued_notification_bytes = 1000;
+  ASSERT_OK(receiver.Init(o));
+  ASSERT_OK_AND_ASSIGN(SegmentHandle to, initiator_.OpenSegment("receiver"));
+  const std::string msg(400, 'm');
+  EXPECT_OK(initiator_.SendNotification(to, "a", msg));
+  EXPECT_OK(initiator_.SendNotification(to, "b", msg));
+  EXPECT_STATUS(initiator_.SendNotification(to, "c", msg),
+                absl::StatusCode::kResourceExhausted);
+  EngineStats st = receiver.GetEngineStats();
+  EXPECT_EQ(st.notifications_queued, 2u);
+  EXPECT_GE(st.notification_bytes_queued, 800u);
+  EXPECT_EQ(st.notifications_refused, 1u);
+  EXPECT_EQ(receiver.GetNotifications().size(), 2u);
+  EXPECT_OK(initiator_.SendNotification(to, "d", msg));
+  EXPECT_EQ(receiver.GetEngineStats().notification_bytes_queued,
+            msg.size() + 1 + std::string("initiator").size());
+  receiver.Shutdown();
 }
 
 }  // namespace

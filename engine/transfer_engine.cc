@@ -85,4 +85,12 @@ std::vector<TransportStats> TransferEngine::GetTransportStats() const {
   return impl_->GetTransportStats();
 }
 
+absl::Status TransferEngine::CloseSegment(SegmentHandle handle) {
+  return impl_->CloseSegment(handle);
+}
+
+EngineStats TransferEngine::GetEngineStats() const {
+  return impl_->GetEngineStats();
+}
+
 }  // namespace ferry

@@ -74,6 +74,12 @@ struct EngineOptions {
   size_t mr_cache_bytes = 0;
   // Upper bound of AllocateBatch capacity.
   size_t max_batch_capacity = 1 << 16;
+  // Received notifications queue until GetNotifications takes them; beyond
+  // either bound further ones are refused to their senders
+  // (ResourceExhausted), so a chatty or hostile peer cannot grow this
+  // engine's memory without bound.
+  size_t max_queued_notifications = 1 << 16;
+  size_t max_queued_notification_bytes = 64 << 20;
 };
 
 struct TransferRequest {
@@ -122,6 +128,26 @@ struct RemoteBuffer {
   uint64_t addr = 0;
   uint64_t length = 0;
   std::string location;
+};
+
+// Engine-level counters and gauges (transport ones: GetTransportStats).
+struct EngineStats {
+  // Segments open now (OpenSegment minus CloseSegment).
+  uint64_t segments_open = 0;
+  // Descriptors fetched in the background (after a request missed its
+  // buffer in the cached one, or failed), and fetches that failed.
+  uint64_t descriptor_refreshes = 0;
+  uint64_t descriptor_refresh_failures = 0;
+  // Requests waiting (kWaiting) for such a fetch now, and in total.
+  uint64_t requests_waiting_for_descriptor = 0;
+  uint64_t requests_waited_for_descriptor = 0;
+  // Notifications received and not yet taken, their bytes, and how many
+  // were refused because the queue was full.
+  uint64_t notifications_queued = 0;
+  uint64_t notification_bytes_queued = 0;
+  uint64_t notifications_refused = 0;
+  // Peer-service channels cached (bounded; least recently used closed).
+  uint64_t peer_channels = 0;
 };
 
 struct Notification {
@@ -178,7 +204,18 @@ class TransferEngine {
 
   // Fetches the segment's descriptor again (e.g. after the peer registered
   // more memory). Requests already submitted keep the snapshot they used.
+  // Rarely needed: a request that misses its buffer in the cached
+  // descriptor fetches a new one by itself (see SubmitTransfer).
   absl::Status RefreshSegment(SegmentHandle handle);
+
+  // Closes the segment: the handle becomes invalid (NotFound afterwards;
+  // OpenSegment of the name returns a new one), and what the engine keeps
+  // for the peer -- cached descriptor, connections, endpoints, channels --
+  // is released, at once where idle, otherwise as soon as the requests in
+  // flight to it completed (they are not failed). Requests waiting for
+  // its descriptor fail with FailedPrecondition. NotFound for an invalid
+  // handle.
+  absl::Status CloseSegment(SegmentHandle handle);
 
   // The remote-accessible buffers of the segment, from the cached
   // descriptor (RefreshSegment first to see newer registrations), sorted by
@@ -190,13 +227,20 @@ class TransferEngine {
   absl::StatusOr<BatchId> AllocateBatch(size_t capacity);
 
   // Submits `requests` to the batch; may be called several times until the
-  // batch's capacity is used. All requests are validated first: on any error
-  // (named with the request's index) none is submitted. Errors:
-  // InvalidArgument for a bad batch id, zero length, a local range not inside
-  // registered memory, a remote range outside the target's remote-accessible
-  // buffers, or more requests than the remaining capacity; NotFound for an
-  // unknown segment handle; FailedPrecondition if no installed transport
-  // reaches the target.
+  // batch's capacity is used. Never waits on the network. All requests are
+  // validated first: on any error (named with the request's index) none is
+  // submitted. Errors: InvalidArgument for a bad batch id, zero length, a
+  // local range not inside registered memory, or more requests than the
+  // remaining capacity; NotFound for an unknown segment handle;
+  // FailedPrecondition if no installed transport reaches the target.
+  //
+  // A request whose remote range is not inside one remote-accessible
+  // buffer of the cached descriptor (the peer may have registered it
+  // since), or whose target's descriptor is marked stale after a failure,
+  // is accepted and waits (kWaiting) for a descriptor fetched in the
+  // background (at most one fetch per segment per 100 ms); then it runs,
+  // or fails with InvalidArgument if the range is still not inside one
+  // buffer. EngineStats counts these waits.
   absl::Status SubmitTransfer(BatchId batch,
                               absl::Span<const TransferRequest> requests);
 
@@ -222,6 +266,9 @@ class TransferEngine {
 
   // Removes and returns the notifications received so far (oldest first).
   std::vector<Notification> GetNotifications();
+
+  // A snapshot of the engine's counters (zeros before Init).
+  EngineStats GetEngineStats() const;
 
   // A snapshot of each installed transport's counters (per NIC slices,
   // bytes and errors; connections opened, accepted and evicted; retries),

@@ -118,12 +118,6 @@ TEST_F(EngineTest, BadRequestsAreRejectedWithReasons) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("local source"), std::string::npos) << s;
 
-  r = Req(OpCode::kWrite, 0, remote_.size() - 10, 64);
-  s = b_.SubmitTransfer(*batch, {Req(OpCode::kRead, 0, 0, 8), r});
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("request 1: remote range"), std::string::npos)
-      << s;
-
   r = Req(OpCode::kRead, 0, 0, 0);
   EXPECT_EQ(b_.SubmitTransfer(*batch, {r}).code(),
             absl::StatusCode::kInvalidArgument);
@@ -142,6 +136,31 @@ TEST_F(EngineTest, BadRequestsAreRejectedWithReasons) {
   ASSERT_OK(st);
   EXPECT_EQ(st->total, 0u);
   EXPECT_OK(b_.FreeBatch(*batch));
+}
+
+// A remote range outside the cached descriptor is not refused on the spot
+// (the peer may have registered it since): it waits for a descriptor
+// fetched in the background, then fails -- SubmitTransfer never waits on
+// the metadata service.
+TEST_F(EngineTest, RemoteRangeOutsideBuffersFailsAfterAFreshDescriptor) {
+  ASSERT_OK_AND_ASSIGN(BatchId batch, b_.AllocateBatch(2));
+  const EngineStats before = b_.GetEngineStats();
+  TransferRequest outside = Req(OpCode::kWrite, 0, remote_.size() - 10, 64);
+  ASSERT_OK(b_.SubmitTransfer(batch, {Req(OpCode::kRead, 0, 0, 8), outside}));
+  ASSERT_OK_AND_ASSIGN(BatchStatus st, b_.WaitBatch(batch, absl::Seconds(10)));
+  EXPECT_EQ(st.completed, 1u);
+  EXPECT_EQ(st.failed, 1u);
+  ASSERT_OK_AND_ASSIGN(TransferStatus t, b_.GetTransferStatus(batch, 1));
+  EXPECT_EQ(t.state, TransferState::kFailed);
+  EXPECT_STATUS(t.error, absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(t.error.message().find("remote range"), std::string::npos)
+      << t.error;
+  const EngineStats after = b_.GetEngineStats();
+  EXPECT_EQ(after.requests_waited_for_descriptor,
+            before.requests_waited_for_descriptor + 1);
+  EXPECT_GT(after.descriptor_refreshes, before.descriptor_refreshes);
+  EXPECT_EQ(after.requests_waiting_for_descriptor, 0u);
+  EXPECT_OK(b_.FreeBatch(batch));
 }
 
 TEST_F(EngineTest, BatchIdsAreValidated) {

@@ -165,10 +165,19 @@ TEST_P(E2eTest, BadInputGetsClearErrors) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   r = Req(OpCode::kWrite, 0, 16);
   r.target_offset = remote_base_ + kPeerBuffer - 8;  // 8 bytes past the end.
-  s = engine_.SubmitTransfer(*batch, {r});
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_NE(s.message().find("remote range"), std::string::npos) << s;
+  // Accepted, then refused once a fresh descriptor confirms the range is
+  // outside the peer's buffers (SubmitTransfer does not wait for it).
+  ASSERT_OK(engine_.SubmitTransfer(*batch, {r}));
+  auto done = engine_.WaitBatch(*batch, absl::Seconds(10));
+  ASSERT_OK(done);
+  EXPECT_EQ(done->state, TransferState::kFailed);
+  EXPECT_STATUS(done->first_error, absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(done->first_error.message().find("remote range"), std::string::npos)
+      << done->first_error;
   EXPECT_EQ(Check(kPeerBuffer - 8, 8, kPeerSeed), "OK");  // Nothing written.
+  ASSERT_OK(engine_.FreeBatch(*batch));
+  batch = engine_.AllocateBatch(2);
+  ASSERT_OK(batch);
   EXPECT_EQ(engine_.OpenSegment("no-such-engine").status().code(),
             absl::StatusCode::kNotFound);
   EXPECT_EQ(engine_.SubmitTransfer(*batch, {Req(OpCode::kRead, 0, 0)}).code(),

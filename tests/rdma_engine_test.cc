@@ -133,8 +133,13 @@ TEST_F(RdmaEngineTest, RemoteRangeOutsideRegisteredMemoryIsRefused) {
   ASSERT_OK(batch);
   TransferRequest r = Req(OpCode::kWrite, 0, 4096);
   r.target_offset = reinterpret_cast<uint64_t>(remote_.get()) + kBuffer - 100;
-  EXPECT_EQ(initiator_.SubmitTransfer(*batch, {r}).code(),
-            absl::StatusCode::kInvalidArgument);
+  // Accepted; refused once a fresh descriptor confirms it (SubmitTransfer
+  // never waits for one).
+  ASSERT_OK(initiator_.SubmitTransfer(*batch, {r}));
+  auto st = initiator_.WaitBatch(*batch, absl::Seconds(10));
+  ASSERT_OK(st);
+  EXPECT_EQ(st->state, TransferState::kFailed);
+  EXPECT_STATUS(st->first_error, absl::StatusCode::kInvalidArgument);
   ASSERT_OK(initiator_.FreeBatch(*batch));
 }
 

@@ -14,7 +14,9 @@ TEST(SegmentViewTest, FindsBuffersAndTransports) {
     b->set_addr(a);
     b->set_length(0x1000);
   }
-  d.add_transports()->set_transport("tcp");
+  auto* tcp = d.add_transports();
+  tcp->set_transport("tcp");
+  tcp->set_address("127.0.0.1:9");
   auto view = SegmentView::Create(d);
   ASSERT_OK(view);
   EXPECT_NE((*view)->FindTransport("tcp"), nullptr);
@@ -33,7 +35,9 @@ TEST(SegmentViewTest, FindsBuffersAndTransports) {
 TEST(SegmentViewTest, IndexesDeviceKeysByTransportBufferAndDevice) {
   metadata::SegmentDescriptor d;
   d.set_name("seg");
-  d.add_transports()->set_transport("tcp");
+  auto* tcp = d.add_transports();
+  tcp->set_transport("tcp");
+  tcp->set_address("127.0.0.1:9");
   auto* rdma = d.add_transports();
   rdma->set_transport("rdma");
   for (const char* nic : {"mlx5_0", "mlx5_1"}) {
