@@ -62,6 +62,7 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
   }
   if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
   options_ = options;
+  if (absl::Status s = StartMrCache(); !s.ok()) return s;
   absl::BitGen gen;
   incarnation_ = absl::Uniform<uint64_t>(gen, 1, ~uint64_t{0});
 
@@ -175,6 +176,12 @@ absl::Status EngineImpl::RegisterLocalMemory(void* addr, size_t length,
   region.remote_accessible = remote_accessible;
   if (region.location.size() > metadata::kMaxLocationBytes) {
     return absl::InvalidArgumentError("location is too long");
+  }
+  // The application's own registration wins over cached ones that share
+  // its pages (unless transfers use them).
+  if (options_.mr_cache_bytes > 0 &&
+      ValidateRegion(region.addr, region.length).ok()) {
+    DropCachedOverlapping(region.addr, region.length);
   }
   MutexLock lock(&register_mu_);
   return RegisterLocked(region);
@@ -365,6 +372,12 @@ EngineStats EngineImpl::GetEngineStats() const {
     st.notifications_refused = notifications_refused_;
   }
   st.peer_channels = peer_client_->size();
+  {
+    MutexLock lock(&cache_mu_);
+    st.mr_cache_bytes = cache_bytes_;
+    st.mr_cache_registrations = cache_.size();
+  }
+  st.mr_cache_invalidations = mr_cache_invalidations_.load();
   return st;
 }
 

@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "common/mutex.h"
 #include "engine/batch_table.h"
+#include "engine/memory_hooks.h"
 #include "engine/segment_cache.h"
 #include "engine/transfer_engine.h"
 #include "metadata/metadata_client.h"
@@ -107,6 +108,16 @@ class EngineImpl {
   // registrations beyond the budget.
   absl::StatusOr<MemoryRegistry::Lease> AcquireLocal(uintptr_t addr,
                                                      size_t length);
+  // Installs the memory hooks the cache needs (when it is on).
+  absl::Status StartMrCache();
+  // Unregisters the cached registration at `addr`; if transfers use it,
+  // retires it (no new lease; unregistered once free) when
+  // `retire_if_busy`, else leaves it. True if it is gone now.
+  bool DropCached(uintptr_t addr, bool retire_if_busy);
+  // Drops cached registrations whose memory was released or replaced
+  // (as the memory hooks saw), and finishes retired ones.
+  void ProcessReleases();
+  void DropCachedOverlapping(uintptr_t addr, size_t length);
   void EvictCached(uintptr_t keep);
   void ForgetCached(uintptr_t addr);
   // Validates request `index` into *out. `prev` (if not null) is the
@@ -155,10 +166,15 @@ class EngineImpl {
     size_t length;
     uint64_t last_use;
   };
-  Mutex cache_mu_ ABSL_ACQUIRED_AFTER(register_mu_);
+  mutable Mutex cache_mu_;
   std::map<uintptr_t, CachedMr> cache_ ABSL_GUARDED_BY(cache_mu_);
   size_t cache_bytes_ ABSL_GUARDED_BY(cache_mu_) = 0;
   uint64_t cache_clock_ ABSL_GUARDED_BY(cache_mu_) = 0;
+  // Released under transfers in flight: waiting for them to end.
+  std::vector<uintptr_t> retired_ ABSL_GUARDED_BY(cache_mu_);
+  std::atomic<size_t> retired_count_{0};
+  std::atomic<uint64_t> mr_cache_invalidations_{0};
+  std::unique_ptr<MemoryWatcher> watcher_;
 
   TaskSink sink_;
   BatchTable batches_;

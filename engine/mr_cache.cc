@@ -1,4 +1,18 @@
 // EngineImpl: the opt-in MR cache.
+//
+// A request whose local source is mapped but unregistered gets a
+// page-aligned cover of it registered on first use. Three rules keep that
+// safe and fast:
+//   - a cached registration is dropped as soon as the memory behind it is
+//     released or replaced (memory_hooks.h): a NIC must never be handed a
+//     registration that pins pages the address no longer maps;
+//   - registering takes no lock across the transports' RegisterMemory
+//     (ibv_reg_mr pins and maps pages, and may take milliseconds): the
+//     range is reserved in the registry first, so concurrent misses on
+//     other ranges proceed in parallel and misses on the same range wait
+//     for the one registration;
+//   - least recently used registrations beyond mr_cache_bytes are dropped,
+//     never one a transfer is using.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -9,11 +23,39 @@
 #include "engine/engine_impl.h"
 
 namespace ferry {
+namespace {
+
+// A miss that finds its range being registered by another thread waits
+// this long for it, and retries this often, before giving up.
+constexpr absl::Duration kReservationWait = absl::Seconds(5);
+constexpr int kMissAttempts = 4;
+
+}  // namespace
+
+absl::Status EngineImpl::StartMrCache() {
+  if (options_.mr_cache_bytes == 0) return absl::OkStatus();
+  if (absl::Status s = InstallMemoryHooks(); !s.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "mr_cache_bytes > 0 needs memory hooks, which cannot be installed "
+        "here (",
+        s.message(), "); register memory with RegisterLocalMemory instead"));
+  }
+  watcher_ = std::make_unique<MemoryWatcher>();
+  return absl::OkStatus();
+}
 
 absl::StatusOr<MemoryRegistry::Lease> EngineImpl::AcquireLocal(uintptr_t addr,
                                                                size_t length) {
+  if (options_.mr_cache_bytes == 0) {
+    return local_memory_.Acquire(addr, length, /*need_remote=*/false);
+  }
+  // Before any lookup: a registration whose memory went away must not
+  // serve this request.
+  if (watcher_->MaybePending() ||
+      retired_count_.load(std::memory_order_acquire) > 0) {
+    ProcessReleases();
+  }
   auto lease = local_memory_.Acquire(addr, length, /*need_remote=*/false);
-  if (options_.mr_cache_bytes == 0) return lease;
   if (lease.ok()) {
     MutexLock lock(&cache_mu_);
     auto it = cache_.find(lease->region().addr);
@@ -31,61 +73,150 @@ absl::StatusOr<MemoryRegistry::Lease> EngineImpl::AcquireLocal(uintptr_t addr,
         "local source 0x", absl::Hex(addr), "+", length,
         " is not mapped memory, so the MR cache cannot register it"));
   }
-  MemoryRegion region;
-  region.addr = start;
-  region.location = "*";
-  region.remote_accessible = false;
-  {
-    MutexLock lock(&register_mu_);
-    // Another request may have registered it meanwhile.
-    if (!local_memory_.Contains(addr, length, false)) {
-      // Cached registrations sharing pages with the cover (neighbouring
-      // allocations often do) are merged into it: registered buffers may
-      // not overlap, and a request must lie inside one.
-      uintptr_t lo = start, hi = end;
-      std::vector<uintptr_t> merged;
-      {
-        MutexLock cache_lock(&cache_mu_);
-        for (bool grew = true; grew;) {
-          grew = false;
-          for (const auto& [a, c] : cache_) {
-            if (a < hi && a + c.length > lo &&
-                std::find(merged.begin(), merged.end(), a) == merged.end()) {
-              merged.push_back(a);
-              lo = std::min(lo, a);
-              hi = std::max(hi, a + c.length);
-              grew = true;
-            }
+  uintptr_t lo = start, hi = end;
+  for (int attempt = 0; attempt < kMissAttempts; ++attempt) {
+    // Cached registrations sharing pages with the cover (neighbouring
+    // allocations often do) are merged into it: registered buffers may not
+    // overlap, and a request must lie inside one.
+    std::vector<uintptr_t> merged;
+    {
+      MutexLock lock(&cache_mu_);
+      lo = start;
+      hi = end;
+      for (bool grew = true; grew;) {
+        grew = false;
+        for (const auto& [a, c] : cache_) {
+          if (a < hi && a + c.length > lo &&
+              std::find(merged.begin(), merged.end(), a) == merged.end()) {
+            merged.push_back(a);
+            lo = std::min(lo, a);
+            hi = std::max(hi, a + c.length);
+            grew = true;
           }
         }
       }
-      for (uintptr_t a : merged) {
-        // Zero wait: one that transfers use now cannot be merged.
-        if (absl::Status s = UnregisterLocked(a, absl::ZeroDuration());
-            !s.ok()) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "MR cache: local source 0x", absl::Hex(addr), "+", length,
-              " shares pages with a cached registration that transfers are "
-              "using; retry, or register the memory with "
-              "RegisterLocalMemory"));
-        }
-        ForgetCached(a);
-      }
-      region.addr = lo;
-      region.length = hi - lo;
-      if (absl::Status s = RegisterLocked(region); !s.ok()) {
+    }
+    bool busy = false;
+    for (uintptr_t a : merged) {
+      if (!DropCached(a, /*retire_if_busy=*/false)) busy = true;
+    }
+    if (busy) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "MR cache: local source 0x", absl::Hex(addr), "+", length,
+          " shares pages with a cached registration that transfers are "
+          "using; retry, or register the memory with RegisterLocalMemory"));
+    }
+    MemoryRegion region;
+    region.addr = lo;
+    region.length = hi - lo;
+    region.location = "*";
+    region.remote_accessible = false;
+    // Watched before it is usable: a release from now on is seen.
+    watcher_->Watch(lo, hi - lo);
+    absl::Status reserved = local_memory_.Reserve(region);
+    if (!reserved.ok()) {
+      // Another thread is registering (part of) it, or a registered
+      // buffer overlaps: wait for registrations in progress, then look
+      // again.
+      local_memory_.AwaitReservations(start, end - start,
+                                      absl::Now() + kReservationWait);
+      lease = local_memory_.Acquire(addr, length, /*need_remote=*/false);
+      if (lease.ok()) return lease;
+      if (attempt + 1 == kMissAttempts) {
         return absl::Status(
-            s.code(),
+            reserved.code(),
             absl::StrCat("MR cache: cannot register 0x", absl::Hex(lo), "+",
-                         hi - lo, ": ", s.message()));
+                         hi - lo, ": ", reserved.message()));
       }
-      MutexLock cache_lock(&cache_mu_);
+      continue;
+    }
+    // The slow part, with no lock held.
+    std::vector<const void*> handles;
+    absl::Status s;
+    for (auto& t : transports_) {
+      metadata::Buffer unpublished;
+      auto handle = t->RegisterMemory(region, &unpublished);
+      if (!handle.ok()) {
+        s = handle.status();
+        break;
+      }
+      handles.push_back(*handle);
+    }
+    if (!s.ok()) {
+      for (size_t i = 0; i < handles.size(); ++i) {
+        transports_[i]->UnregisterMemory(lo).IgnoreError();
+      }
+      local_memory_.CancelReservation(lo);
+      return absl::Status(
+          s.code(), absl::StrCat("MR cache: cannot register 0x", absl::Hex(lo),
+                                 "+", hi - lo, ": ", s.message()));
+    }
+    local_memory_.Activate(lo, std::move(handles));
+    {
+      MutexLock lock(&cache_mu_);
       cache_[lo] = CachedMr{hi - lo, ++cache_clock_};
       cache_bytes_ += hi - lo;
     }
+    break;
   }
-  EvictCached(region.addr);
+  EvictCached(lo);
   return local_memory_.Acquire(addr, length, /*need_remote=*/false);
+}
+
+bool EngineImpl::DropCached(uintptr_t addr, bool retire_if_busy) {
+  if (local_memory_.Remove(addr, absl::ZeroDuration()).ok()) {
+    ForgetCached(addr);
+    for (auto& t : transports_) t->UnregisterMemory(addr).IgnoreError();
+    return true;
+  }
+  if (!retire_if_busy) return false;
+  // Transfers still use it (its memory was released under them: the
+  // application's bug, but not a reason to corrupt later transfers): no
+  // new lease from now on; unregistered once the last one is gone.
+  if (local_memory_.Retire(addr).ok()) {
+    ForgetCached(addr);
+    MutexLock lock(&cache_mu_);
+    retired_.push_back(addr);
+    retired_count_.store(retired_.size(), std::memory_order_release);
+  }
+  return false;
+}
+
+void EngineImpl::ProcessReleases() {
+  std::vector<MemoryWatcher::Range> ranges;
+  std::vector<uintptr_t> victims;
+  std::vector<uintptr_t> retired;
+  {
+    MutexLock lock(&cache_mu_);
+    const bool everything = watcher_->Drain(&ranges);
+    for (const auto& [a, c] : cache_) {
+      bool hit = everything;
+      for (size_t i = 0; !hit && i < ranges.size(); ++i) {
+        hit = a < ranges[i].addr + ranges[i].length &&
+              ranges[i].addr < a + c.length;
+      }
+      if (hit) victims.push_back(a);
+    }
+    retired.swap(retired_);
+    retired_count_.store(0, std::memory_order_release);
+  }
+  for (uintptr_t a : victims) {
+    ++mr_cache_invalidations_;
+    DropCached(a, /*retire_if_busy=*/true);
+  }
+  std::vector<uintptr_t> still;
+  for (uintptr_t a : retired) {
+    if (local_memory_.RemoveIfRetired(a)) {
+      for (auto& t : transports_) t->UnregisterMemory(a).IgnoreError();
+    } else {
+      still.push_back(a);
+    }
+  }
+  if (!still.empty()) {
+    MutexLock lock(&cache_mu_);
+    retired_.insert(retired_.end(), still.begin(), still.end());
+    retired_count_.store(retired_.size(), std::memory_order_release);
+  }
 }
 
 void EngineImpl::EvictCached(uintptr_t keep) {
@@ -103,21 +234,27 @@ void EngineImpl::EvictCached(uintptr_t keep) {
   size_t freed = 0;
   for (const auto& [use, a] : victims) {
     if (freed >= over) break;
-    absl::Status s;
+    size_t length = 0;
     {
-      MutexLock lock(&register_mu_);
-      // Zero wait: a registration in use by a transfer is skipped, never
-      // pulled from under it.
-      s = UnregisterLocked(a, absl::ZeroDuration());
+      MutexLock lock(&cache_mu_);
+      auto it = cache_.find(a);
+      if (it == cache_.end()) continue;
+      length = it->second.length;
     }
-    if (!s.ok()) continue;
-    MutexLock lock(&cache_mu_);
-    auto it = cache_.find(a);
-    if (it == cache_.end()) continue;
-    freed += it->second.length;
-    cache_bytes_ -= it->second.length;
-    cache_.erase(it);
+    // Never pulled from under a transfer: one in use is skipped.
+    if (DropCached(a, /*retire_if_busy=*/false)) freed += length;
   }
+}
+
+void EngineImpl::DropCachedOverlapping(uintptr_t addr, size_t length) {
+  std::vector<uintptr_t> overlapping;
+  {
+    MutexLock lock(&cache_mu_);
+    for (const auto& [a, c] : cache_) {
+      if (a < addr + length && addr < a + c.length) overlapping.push_back(a);
+    }
+  }
+  for (uintptr_t a : overlapping) DropCached(a, /*retire_if_busy=*/false);
 }
 
 void EngineImpl::ForgetCached(uintptr_t addr) {

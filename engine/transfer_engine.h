@@ -69,7 +69,10 @@ struct EngineOptions {
   // MR cache: when > 0, a request whose local source is mapped memory but
   // not registered gets it registered on first use (page-aligned, not
   // remote-accessible); cached registrations beyond this many bytes are
-  // unregistered, least recently used first, never while in use.
+  // unregistered, least recently used first, never while in use. A cached
+  // registration is dropped as soon as its memory is unmapped, freed back
+  // to the kernel or remapped (memory hooks in libc, as UCX does; x86-64;
+  // Init fails with FailedPrecondition where they cannot be installed).
   // 0 (the default): unregistered sources are an error.
   size_t mr_cache_bytes = 0;
   // Upper bound of AllocateBatch capacity.
@@ -148,6 +151,12 @@ struct EngineStats {
   uint64_t notifications_refused = 0;
   // Peer-service channels cached (bounded; least recently used closed).
   uint64_t peer_channels = 0;
+  // MR cache: registrations and their bytes now; registrations dropped
+  // because their memory was released or replaced (unmapped, freed back
+  // to the kernel, remapped).
+  uint64_t mr_cache_registrations = 0;
+  uint64_t mr_cache_bytes = 0;
+  uint64_t mr_cache_invalidations = 0;
 };
 
 struct Notification {

@@ -92,6 +92,79 @@ absl::Status MemoryRegistry::Add(const MemoryRegion& region,
   return absl::OkStatus();
 }
 
+absl::Status MemoryRegistry::Reserve(const MemoryRegion& region) {
+  MutexLock lock(&mu_);
+  if (absl::Status s = CheckFreeLocked(region); !s.ok()) return s;
+  auto entry = std::make_unique<Entry>();
+  entry->region = region;
+  entry->pending = true;
+  entry->closing.store(true);  // Not leasable until Activate.
+  entries_.emplace(region.addr, std::move(entry));
+  return absl::OkStatus();
+}
+
+void MemoryRegistry::Activate(uintptr_t addr,
+                              std::vector<const void*> handles) {
+  MutexLock lock(&mu_);
+  auto it = entries_.find(addr);
+  if (it == entries_.end() || !it->second->pending) return;
+  it->second->handles = std::move(handles);
+  it->second->pending = false;
+  it->second->closing.store(false, std::memory_order_seq_cst);
+  drained_.SignalAll();
+}
+
+void MemoryRegistry::CancelReservation(uintptr_t addr) {
+  MutexLock lock(&mu_);
+  auto it = entries_.find(addr);
+  if (it == entries_.end() || !it->second->pending) return;
+  entries_.erase(it);
+  drained_.SignalAll();
+}
+
+bool MemoryRegistry::AwaitReservations(uintptr_t addr, size_t length,
+                                       absl::Time deadline) {
+  MutexLock lock(&mu_);
+  const uintptr_t end = addr + length < addr ? ~uintptr_t{0} : addr + length;
+  while (true) {
+    bool overlapping = false;
+    // Entries never overlap each other, so those overlapping the range
+    // are the one before `addr` and those starting inside it.
+    auto it = entries_.upper_bound(addr);
+    if (it != entries_.begin()) --it;
+    for (; it != entries_.end() && it->first < end; ++it) {
+      const MemoryRegion& r = it->second->region;
+      if (it->second->pending && r.addr + r.length > addr) overlapping = true;
+    }
+    if (!overlapping) return true;
+    if (drained_.WaitWithDeadline(&mu_, deadline)) return false;
+  }
+}
+
+absl::Status MemoryRegistry::Retire(uintptr_t addr) {
+  MutexLock lock(&mu_);
+  auto it = entries_.find(addr);
+  if (it == entries_.end() || it->second->pending) {
+    return absl::NotFoundError(
+        absl::StrCat("no registered buffer starts at 0x", absl::Hex(addr)));
+  }
+  it->second->retired = true;
+  it->second->closing.store(true, std::memory_order_seq_cst);
+  return absl::OkStatus();
+}
+
+bool MemoryRegistry::RemoveIfRetired(uintptr_t addr) {
+  MutexLock lock(&mu_);
+  auto it = entries_.find(addr);
+  if (it == entries_.end()) return true;
+  if (!it->second->retired ||
+      it->second->users.load(std::memory_order_seq_cst) != 0) {
+    return false;
+  }
+  entries_.erase(it);
+  return true;
+}
+
 absl::Status MemoryRegistry::Remove(uintptr_t addr, absl::Duration wait) {
   MutexLock lock(&mu_);
   auto it = entries_.find(addr);
@@ -165,7 +238,9 @@ std::optional<MemoryRegion> MemoryRegistry::Lookup(uintptr_t addr) const {
 std::vector<MemoryRegion> MemoryRegistry::List() const {
   MutexLock lock(&mu_);
   std::vector<MemoryRegion> out;
-  for (const auto& [addr, e] : entries_) out.push_back(e->region);
+  for (const auto& [addr, e] : entries_) {
+    if (!e->pending) out.push_back(e->region);
+  }
   return out;
 }
 

@@ -46,6 +46,10 @@ class MemoryRegistry {
     std::vector<const void*> handles;  // Fixed after Add.
     std::atomic<int64_t> users{0};
     std::atomic<bool> closing{false};
+    // Reserved (Reserve), not yet usable; or retired (Retire): closing
+    // for good, removed once its last lease went.
+    bool pending = false;
+    bool retired = false;
   };
 
  public:
@@ -97,6 +101,25 @@ class MemoryRegistry {
   // OK if `region` is well formed and overlaps no registered buffer (what
   // Add would check), else the error Add would return.
   absl::Status CheckAvailable(const MemoryRegion& region) const;
+
+  // Two-phase Add, so that the slow part (registering with the NICs) runs
+  // without holding any lock across it: Reserve claims the range (as Add
+  // checks it) without making it usable; Activate makes it usable with
+  // its handles; CancelReservation gives the range back.
+  absl::Status Reserve(const MemoryRegion& region);
+  void Activate(uintptr_t addr, std::vector<const void*> handles);
+  void CancelReservation(uintptr_t addr);
+  // Waits until no reservation overlaps [addr, addr + length), or until
+  // `deadline`; false if one still does.
+  bool AwaitReservations(uintptr_t addr, size_t length, absl::Time deadline);
+
+  // Retires the buffer at `addr`: no new lease on it, ever; it stays (and
+  // keeps its range) until its last lease is released and
+  // RemoveIfRetired removes it. NotFound if no buffer starts at `addr`.
+  absl::Status Retire(uintptr_t addr);
+  // Removes the retired buffer at `addr` if no lease is left; true if it
+  // is gone (or was never there).
+  bool RemoveIfRetired(uintptr_t addr);
 
   // Removes the buffer that starts at `addr`. New leases on it fail at once;
   // waits up to `wait` for outstanding leases, then gives up with

@@ -1,0 +1,104 @@
+// Memory hooks: tell the MR cache when the process gives memory back to the
+// kernel or replaces it, so that a cached registration is never used for
+// pages it no longer pins.
+//
+// Why: a NIC registration pins the physical pages behind a virtual range.
+// If the application frees that memory (free() of a large block unmaps it;
+// the heap shrinks; madvise(DONTNEED) drops pages) and the address is
+// later reused for new memory, the old registration still points the NIC
+// at the old pages: transfers would silently move the wrong bytes.
+//
+// How (as UCX's registration cache does): the entry points of libc's
+// munmap, mremap, madvise, mmap, brk and shmdt are patched with a jump to
+// Ferry's replacements, which record the affected range for every
+// watcher whose cached registrations it overlaps and then make the system
+// call themselves. Patching the code, not the symbol, also catches calls
+// from inside libc (free() unmapping a large block, malloc trimming its
+// heaps), which symbol interposition cannot see. x86-64 only.
+//
+// The hooks run inside free() and other allocator paths: they take no
+// lock, allocate nothing and never block; a watcher drains its ranges
+// later, from its own thread (MemoryWatcher::Drain).
+#ifndef FERRY_ENGINE_MEMORY_HOOKS_H_
+#define FERRY_ENGINE_MEMORY_HOOKS_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace ferry {
+
+// Installs the hooks, once per process (later calls return the first
+// result). FailedPrecondition or Unimplemented, with the reason, where
+// they cannot be installed (not x86-64, unexpected libc code, no
+// permission to patch).
+absl::Status InstallMemoryHooks();
+
+// Ranges released or replaced since the last Drain, for one MR cache.
+// Construct after InstallMemoryHooks succeeded; thread-safe.
+class MemoryWatcher {
+ public:
+  struct Range {
+    uintptr_t addr;
+    size_t length;
+  };
+
+  // Registers with the hooks. Watchers beyond kMaxWatchers see every
+  // range as "everything" (overflow), which is correct, only slower.
+  MemoryWatcher();
+  // Unregisters, waiting for hooks running on other threads to leave it.
+  ~MemoryWatcher();
+  MemoryWatcher(const MemoryWatcher&) = delete;
+  MemoryWatcher& operator=(const MemoryWatcher&) = delete;
+
+  // Widens the address range this watcher cares about (what it has cached
+  // lies inside); ranges outside it are not recorded.
+  void Watch(uintptr_t addr, size_t length);
+
+  // Whether a range may have arrived since the last Drain: one relaxed
+  // load, for the fast path.
+  bool MaybePending() const {
+    return events_.load(std::memory_order_acquire) !=
+               drained_events_.load(std::memory_order_relaxed) ||
+           overflow_flag_.load(std::memory_order_relaxed);
+  }
+
+  // Moves the recorded ranges into *out. Returns true if ranges were lost
+  // to overflow: then everything watched must be treated as released.
+  // Call from one thread at a time.
+  bool Drain(std::vector<Range>* out);
+
+  // Called by the hooks (any thread, inside allocator paths).
+  void Record(uintptr_t addr, size_t length);
+
+  static constexpr int kMaxWatchers = 64;
+
+ private:
+  static constexpr int kCapacity = 256;
+
+  std::atomic<uintptr_t> lo_{~uintptr_t{0}};
+  std::atomic<uintptr_t> hi_{0};
+  std::atomic_flag lock_ = ATOMIC_FLAG_INIT;  // Guards ranges_ and count_.
+  Range ranges_[kCapacity];
+  int count_ = 0;
+  // Ranges were lost (full, contended, or no slot): assume the worst.
+  std::atomic<bool> overflow_flag_{false};
+  std::atomic<uint64_t> events_{0};
+  // Written only by the draining thread; read by MaybePending anywhere.
+  std::atomic<uint64_t> drained_events_{0};
+  int slot_ = -1;
+};
+
+// For tests: how many times the hooks ran (all watchers), per call kind.
+struct MemoryHookCounts {
+  uint64_t munmap = 0, mremap = 0, madvise = 0, mmap_fixed = 0, brk = 0,
+           shmdt = 0;
+};
+MemoryHookCounts GetMemoryHookCounts();
+
+}  // namespace ferry
+
+#endif  // FERRY_ENGINE_MEMORY_HOOKS_H_
