@@ -73,6 +73,19 @@ TEST_F(MetadataServiceTest, MalformedRequestsGetErrorsAndServerSurvives) {
   EXPECT_OK(client_->PutSegment(ok));
 }
 
+// A second server on a port in use fails, instead of sharing the port
+// (SO_REUSEPORT) and receiving part of the first one's connections.
+TEST_F(MetadataServiceTest, ASecondServerCannotTakeTheSamePort) {
+  MetadataServiceImpl other;
+  auto second = RpcServer::Start(server_->address(), {&other});
+  EXPECT_STATUS(second, absl::StatusCode::kUnavailable);
+  // The first still answers everything itself.
+  for (int i = 0; i < 20; ++i) {
+    metadata::MetadataClient fresh(server_->address(), absl::Seconds(3));
+    EXPECT_OK(fresh.ListSegments());
+  }
+}
+
 TEST_F(MetadataServiceTest, PeerExchangeAndNotify) {
   peer_.SetExchangeHandler(
       "echo",

@@ -17,6 +17,13 @@ absl::StatusOr<std::unique_ptr<RpcServer>> RpcServer::Start(
   int bound_port = 0;
   builder.AddListeningPort(listen_address, grpc::InsecureServerCredentials(),
                            &bound_port);
+  // gRPC sets SO_REUSEPORT by default: a second server (another engine, or
+  // a restarted one while the old is alive) then binds the same port
+  // without an error, and connections are split between the two -- RPCs
+  // meant for one engine reach another (gRPC issue 10755; this made
+  // e2e_test flaky under load, with servers on ports picked by port 0).
+  // An engine's address must be its own.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(kMaxRpcMessageBytes);
   builder.SetMaxSendMessageSize(kMaxRpcMessageBytes);
   for (grpc::Service* s : services) builder.RegisterService(s);
