@@ -15,6 +15,18 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
+// The hooks run in places where a sanitizer's runtime cannot follow: glibc
+// calls madvise on a thread's stack as the thread exits, after
+// ThreadSanitizer dropped the thread's state. So everything on the hook
+// path carries no sanitizer instrumentation at all.
+#if defined(__clang__)
+#define FERRY_UNINSTRUMENTED __attribute__((disable_sanitizer_instrumentation))
+#else
+#define FERRY_UNINSTRUMENTED                              \
+  __attribute__((no_sanitize_address, no_sanitize_thread, \
+                 no_sanitize_undefined))
+#endif
+
 namespace ferry {
 namespace {
 
@@ -34,7 +46,7 @@ struct Counts {
 // bound (a signal handler interrupting a holder on the same thread).
 constexpr int kMaxSpins = 1 << 14;
 
-void RecordAll(uintptr_t addr, size_t length) {
+FERRY_UNINSTRUMENTED void RecordAll(uintptr_t addr, size_t length) {
   if (length == 0) return;
   g_active.fetch_add(1, std::memory_order_acquire);
   for (auto& slot : g_watchers) {
@@ -47,14 +59,15 @@ void RecordAll(uintptr_t addr, size_t length) {
 // The replacements. Each records the range, then makes the system call
 // itself (the patched libc function cannot be called any more), with
 // libc's conventions: -1 and errno on failure.
-int HookMunmap(void* addr, size_t length) {
+FERRY_UNINSTRUMENTED int HookMunmap(void* addr, size_t length) {
   g_counts.munmap.fetch_add(1, std::memory_order_relaxed);
   RecordAll(reinterpret_cast<uintptr_t>(addr), length);
   return static_cast<int>(syscall(SYS_munmap, addr, length));
 }
 
-void* HookMremap(void* old_addr, size_t old_size, size_t new_size, int flags,
-                 void* new_addr) {
+FERRY_UNINSTRUMENTED void* HookMremap(void* old_addr, size_t old_size,
+                                      size_t new_size, int flags,
+                                      void* new_addr) {
   g_counts.mremap.fetch_add(1, std::memory_order_relaxed);
   RecordAll(reinterpret_cast<uintptr_t>(old_addr), old_size);
   // The fifth argument exists only with MREMAP_FIXED (a variadic argument
@@ -66,7 +79,7 @@ void* HookMremap(void* old_addr, size_t old_size, size_t new_size, int flags,
       syscall(SYS_mremap, old_addr, old_size, new_size, flags, new_addr));
 }
 
-int HookMadvise(void* addr, size_t length, int advice) {
+FERRY_UNINSTRUMENTED int HookMadvise(void* addr, size_t length, int advice) {
   // Only advice that replaces the pages behind the range.
   if (advice == MADV_DONTNEED || advice == MADV_FREE || advice == MADV_REMOVE) {
     g_counts.madvise.fetch_add(1, std::memory_order_relaxed);
@@ -75,8 +88,8 @@ int HookMadvise(void* addr, size_t length, int advice) {
   return static_cast<int>(syscall(SYS_madvise, addr, length, advice));
 }
 
-void* HookMmap(void* addr, size_t length, int prot, int flags, int fd,
-               off_t offset) {
+FERRY_UNINSTRUMENTED void* HookMmap(void* addr, size_t length, int prot,
+                                    int flags, int fd, off_t offset) {
   // A fixed mapping replaces whatever was mapped there.
   if ((flags & MAP_FIXED) != 0) {
     g_counts.mmap_fixed.fetch_add(1, std::memory_order_relaxed);
@@ -86,7 +99,7 @@ void* HookMmap(void* addr, size_t length, int prot, int flags, int fd,
       syscall(SYS_mmap, addr, length, prot, flags, fd, offset));
 }
 
-int HookBrk(void* addr) {
+FERRY_UNINSTRUMENTED int HookBrk(void* addr) {
   void* old = *g_curbrk;
   if (old == nullptr) old = reinterpret_cast<void*>(syscall(SYS_brk, 0));
   void* now = reinterpret_cast<void*>(syscall(SYS_brk, addr));
@@ -104,7 +117,7 @@ int HookBrk(void* addr) {
   return 0;
 }
 
-int HookShmdt(const void* addr) {
+FERRY_UNINSTRUMENTED int HookShmdt(const void* addr) {
   g_counts.shmdt.fetch_add(1, std::memory_order_relaxed);
   // The segment's size is not an argument: treat everything as released.
   RecordAll(0, ~uintptr_t{0});
@@ -124,6 +137,14 @@ size_t SymbolSize(void* fn) {
     return 0;
   }
   return static_cast<const ElfW(Sym)*>(extra)->st_size;
+}
+
+// Writes libc's code. Not instrumented: a sanitizer would check the write
+// against shadow memory that libc's text does not have.
+__attribute__((no_sanitize("address", "thread", "memory"))) void WriteCode(
+    void* fn, const uint8_t* code, size_t n) {
+  volatile uint8_t* dst = static_cast<volatile uint8_t*>(fn);
+  for (size_t i = 0; i < n; ++i) dst[i] = code[i];
 }
 
 absl::Status Patch(void* libc, const char* name, void* hook) {
@@ -147,7 +168,7 @@ absl::Status Patch(void* libc, const char* name, void* hook) {
     return absl::PermissionDeniedError(absl::StrCat(
         "cannot make libc's ", name, " writable: ", std::strerror(errno)));
   }
-  std::memcpy(fn, code, kJumpBytes);
+  WriteCode(fn, code, kJumpBytes);
   __builtin___clear_cache(static_cast<char*>(fn),
                           static_cast<char*>(fn) + kJumpBytes);
   if (mprotect(pages, end - begin, PROT_READ | PROT_EXEC) != 0) {
@@ -239,7 +260,7 @@ void MemoryWatcher::Watch(uintptr_t addr, size_t length) {
   }
 }
 
-void MemoryWatcher::Record(uintptr_t addr, size_t length) {
+FERRY_UNINSTRUMENTED void MemoryWatcher::Record(uintptr_t addr, size_t length) {
   const uintptr_t end = addr + length < addr ? ~uintptr_t{0} : addr + length;
   if (end <= lo_.load(std::memory_order_relaxed) ||
       addr >= hi_.load(std::memory_order_relaxed)) {
