@@ -9,10 +9,11 @@
 
 The source defines `extern "C" int LLVMFuzzerTestOneInput(const uint8_t*,
 size_t)`. The corpus is the files under `<corpus>/` (default
-`fuzz/<name>_corpus`), the dictionary `dict` (optional).
+`fuzz/<name>_corpus`), the dictionary `dict` (optional); `mutations` bounds
+the replay test's random inputs (fewer for targets that do real I/O).
 """
 
-def ferry_fuzz_test(name, srcs, deps = [], corpus = None, dict = None, size = "small", **kwargs):
+def ferry_fuzz_test(name, srcs, deps = [], corpus = None, dict = None, size = "small", mutations = 20000, **kwargs):
     corpus = corpus or "fuzz/%s_corpus" % name
     corpus_files = native.glob([corpus + "/**"])
     native.filegroup(
@@ -25,7 +26,7 @@ def ferry_fuzz_test(name, srcs, deps = [], corpus = None, dict = None, size = "s
         srcs = srcs,
         deps = deps + ["//common/fuzz:replay_main"],
         data = [":" + name + "_corpus"],
-        args = ["$(locations :%s_corpus)" % name],
+        args = ["--mutations=%d" % mutations, "$(locations :%s_corpus)" % name],
         **kwargs
     )
     native.cc_binary(

@@ -2,7 +2,8 @@
 # Ferry's front door. On a fresh Debian 12 machine:
 #   tools/dev.sh demo   # installs what is needed, builds, runs a demo transfer
 #   tools/dev.sh test   # installs what is needed, runs the whole test suite
-# Other subcommands: setup, build, bench-tcp, format.
+# Other subcommands: setup, build, bench-tcp, format, and the checks CI runs
+# besides `test`: clang (thread-safety analysis), tsan, fuzz.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,6 +12,7 @@ PACKAGES=(
   libibverbs-dev libabsl-dev libprotobuf-dev protobuf-compiler
   libgrpc++-dev protobuf-compiler-grpc libgtest-dev libgmock-dev
   libbenchmark-dev iperf3 ibverbs-utils iproute2 clang-format
+  clang libclang-rt-14-dev
 )
 
 setup() {
@@ -29,6 +31,13 @@ setup() {
 }
 
 BAZEL=(bazel)
+# clang builds (thread-safety analysis, TSan, libFuzzer) reconfigure Bazel's
+# C++ toolchain: each gets its own output base, so that switching between
+# them and gcc never rebuilds from scratch (a disk cache, if the user set
+# one, is shared).
+clang_bazel() {
+  BAZEL=(bazel "--output_base=${HOME}/.cache/ferry-bazel-$1")
+}
 
 build() {
   "${BAZEL[@]}" build -c opt //... "$@"
@@ -66,14 +75,28 @@ demo() {
 PASSED=0
 FAILED=0
 run_tests() {
-  local rc=0 out
+  local rc=0 out flags=() targets=()
+  # Flags, then `--` and the targets (default: everything).
+  while (($# > 0)); do
+    if [[ "$1" == "--" ]]; then
+      shift
+      targets=("$@")
+      break
+    fi
+    flags+=("$1")
+    shift
+  done
+  ((${#targets[@]} > 0)) || targets=(//...)
   out="$(mktemp)"
-  "${BAZEL[@]}" test "$@" //... 2>&1 | tee "$out"
+  "${BAZEL[@]}" test "${flags[@]}" "${targets[@]}" 2>&1 | tee "$out"
   rc=${PIPESTATUS[0]}
-  local logs targets t
-  logs="$("${BAZEL[@]}" info "$@" bazel-testlogs 2>/dev/null)"
-  targets="$("${BAZEL[@]}" query 'tests(//...)' 2>/dev/null)"
-  for t in $targets; do
+  local logs tests_query t
+  logs="$("${BAZEL[@]}" info "${flags[@]}" bazel-testlogs 2>/dev/null)"
+  tests_query="tests($(
+    IFS=+
+    echo "${targets[*]}"
+  ))"
+  for t in $("${BAZEL[@]}" query "$tests_query" 2>/dev/null); do
     local bad_target=0
     grep -qE "^$t[[:space:]]+.*(FAILED|TIMEOUT|NO STATUS|INCOMPLETE)" "$out" && bad_target=1
     local rel="${t#//}"
@@ -113,6 +136,80 @@ test_cmd() {
   return $rc
 }
 
+# Builds everything with clang and -Werror=thread-safety: one verdict.
+clang_check() {
+  setup
+  clang_bazel clang
+  if "${BAZEL[@]}" build --config=clang -k //... "$@"; then
+    PASSED=1
+  else
+    FAILED=1
+  fi
+  echo "$PASSED passed, $FAILED failed"
+  ((FAILED == 0))
+}
+
+# The concurrency-heavy tests under ThreadSanitizer.
+TSAN_TARGETS=(
+  //engine/... //metadata/... //transport/... //tests:e2e_test
+  //tests:rdma_engine_test //tests:rdma_endpoint_test //tests:mr_cache_test
+)
+tsan() {
+  setup
+  clang_bazel tsan
+  local rc=0
+  run_tests --config=tsan \
+    "--test_env=TSAN_OPTIONS=suppressions=$PWD/bazel/tsan.supp halt_on_error=1 second_deadlock_stack=1 history_size=4" \
+    "$@" -- "${TSAN_TARGETS[@]}" || rc=$?
+  echo "$PASSED passed, $FAILED failed"
+  return $rc
+}
+
+# Builds every libFuzzer target (bazel/fuzz.bzl) with clang and ASan and
+# runs each for SECONDS (default 60) on a copy of its seed corpus, with its
+# dictionary (<pkg>/fuzz/<x>.dict for <x>_fuzz_test); a crash or sanitizer
+# report fails it, and its input is kept in .cache/fuzz/<target>/ (with
+# the corpus it grew and the log).
+fuzz() {
+  setup
+  local seconds="${1:-60}"
+  clang_bazel fuzz
+  local targets
+  targets="$("${BAZEL[@]}" query 'attr(tags, "fuzzer", //...)' 2>/dev/null)"
+  "${BAZEL[@]}" build --config=fuzz $targets || {
+    echo "0 passed, 1 failed"
+    return 1
+  }
+  local bin rc=0
+  bin="$("${BAZEL[@]}" info --config=fuzz bazel-bin 2>/dev/null)"
+  for t in $targets; do
+    local pkg="${t#//}" name
+    pkg="${pkg%%:*}"
+    name="${t##*:}"
+    local base="${name%_fuzzer}"
+    local work=".cache/fuzz/$base"
+    rm -rf "$work" && mkdir -p "$work/corpus"
+    cp -r "$pkg/fuzz/${base}_corpus/." "$work/corpus/" 2>/dev/null || true
+    # By convention the dictionary of <x>_fuzz_test is <pkg>/fuzz/<x>.dict.
+    local dict=()
+    [[ -f "$pkg/fuzz/${base%_fuzz_test}.dict" ]] &&
+      dict=("-dict=$PWD/$pkg/fuzz/${base%_fuzz_test}.dict")
+    echo "=== fuzz $t for ${seconds}s"
+    if (cd "$work" && "$bin/$pkg/$name" -max_total_time="$seconds" \
+      -rss_limit_mb=4096 -timeout=60 -print_final_stats=1 "${dict[@]}" \
+      corpus) >"$work/log.txt" 2>&1; then
+      PASSED=$((PASSED + 1))
+      grep -E "^(stat::number_of_executed_units|Done)" "$work/log.txt" || true
+    else
+      FAILED=$((FAILED + 1))
+      rc=1
+      tail -40 "$work/log.txt"
+    fi
+  done
+  echo "$PASSED passed, $FAILED failed"
+  return $rc
+}
+
 bench_tcp() {
   setup
   tools/bench_tcp.sh "$@"
@@ -130,8 +227,11 @@ case "${1:-}" in
   test) shift; test_cmd "$@" ;;
   bench-tcp) shift; bench_tcp "$@" ;;
   format) format ;;
+  clang) shift; clang_check "$@" ;;
+  tsan) shift; tsan "$@" ;;
+  fuzz) shift; fuzz "$@" ;;
   *)
-    echo "usage: tools/dev.sh setup|demo|test|build|bench-tcp|format" >&2
+    echo "usage: tools/dev.sh setup|demo|test|build|bench-tcp|format|clang|tsan|fuzz" >&2
     exit 2
     ;;
 esac

@@ -27,7 +27,7 @@ extern "C" __attribute__((weak)) int LLVMFuzzerInitialize(int* argc,
 
 namespace {
 
-constexpr int kMutations = 20000;
+constexpr int kDefaultMutations = 20000;
 constexpr size_t kMaxInput = 1 << 16;
 
 std::string current;  // The input being run, saved if the process dies.
@@ -112,8 +112,13 @@ int main(int argc, char** argv) {
     ::signal(sig, OnFatalSignal);
   }
   std::vector<std::string> seeds;
+  int mutations = kDefaultMutations;
   for (int i = 1; i < argc; ++i) {
     const std::string path = argv[i];
+    if (path.rfind("--mutations=", 0) == 0) {
+      mutations = std::atoi(path.c_str() + 12);
+      continue;
+    }
     if (path.size() > 5 && path.compare(path.size() - 5, 5, ".dict") == 0) {
       continue;  // The dictionary is for libFuzzer.
     }
@@ -127,8 +132,8 @@ int main(int argc, char** argv) {
   }
   for (const std::string& s : seeds) Run(s);
   std::mt19937_64 rng(0x5eed);
-  for (int i = 0; i < kMutations; ++i) Run(Mutate(seeds, rng));
+  for (int i = 0; i < mutations; ++i) Run(Mutate(seeds, rng));
   std::printf("%zu corpus inputs and %d mutations ran\n", seeds.size(),
-              kMutations);
+              mutations);
   return 0;
 }
