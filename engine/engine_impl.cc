@@ -378,6 +378,7 @@ EngineStats EngineImpl::GetEngineStats() const {
     st.mr_cache_registrations = cache_.size();
   }
   st.mr_cache_invalidations = mr_cache_invalidations_.load();
+  st.mr_cache_evictions = mr_cache_evictions_.load();
   return st;
 }
 

@@ -174,6 +174,7 @@ class EngineImpl {
   std::vector<uintptr_t> retired_ ABSL_GUARDED_BY(cache_mu_);
   std::atomic<size_t> retired_count_{0};
   std::atomic<uint64_t> mr_cache_invalidations_{0};
+  std::atomic<uint64_t> mr_cache_evictions_{0};
   std::unique_ptr<MemoryWatcher> watcher_;
 
   TaskSink sink_;

@@ -242,7 +242,10 @@ void EngineImpl::EvictCached(uintptr_t keep) {
       length = it->second.length;
     }
     // Never pulled from under a transfer: one in use is skipped.
-    if (DropCached(a, /*retire_if_busy=*/false)) freed += length;
+    if (DropCached(a, /*retire_if_busy=*/false)) {
+      freed += length;
+      mr_cache_evictions_.fetch_add(1, std::memory_order_relaxed);
+    }
   }
 }
 

@@ -157,6 +157,8 @@ struct EngineStats {
   uint64_t mr_cache_registrations = 0;
   uint64_t mr_cache_bytes = 0;
   uint64_t mr_cache_invalidations = 0;
+  // Registrations dropped to stay within mr_cache_bytes.
+  uint64_t mr_cache_evictions = 0;
 };
 
 struct Notification {

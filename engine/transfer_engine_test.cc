@@ -336,7 +336,16 @@ TEST(MrCacheTest, RegistersOnFirstUseAndEvictsUnderBudget) {
   // Memory first, engines second: the engines are destroyed (and stop
   // touching memory) before the memory is freed.
   std::vector<uint8_t> remote(1 << 20, 0);
-  std::vector<std::vector<uint8_t>> sources;
+  // Sources that share no page, so that no two covers merge (neighbouring
+  // heap blocks would: merging is covered by rdma_endpoint_test).
+  constexpr size_t kSource = 128 << 10;
+  constexpr size_t kStride = kSource + (64 << 10);
+  void* arena = mmap(nullptr, 6 * kStride, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(arena, MAP_FAILED);
+  auto source = [&](int k) {
+    return static_cast<uint8_t*>(arena) + k * kStride;
+  };
   TransferEngine target, initiator;
   EngineOptions t;
   t.local_segment_name = "cache-target";
@@ -351,24 +360,35 @@ TEST(MrCacheTest, RegistersOnFirstUseAndEvictsUnderBudget) {
   ASSERT_OK(seg);
   // Six never-registered sources: each is registered on first use, and
   // older ones are evicted to stay near the budget.
-  for (int k = 0; k < 6; ++k) sources.emplace_back(128 << 10, 0x10 + k);
+  for (int k = 0; k < 6; ++k) std::memset(source(k), 0x10 + k, kSource);
   for (int round = 0; round < 2; ++round) {
     for (int k = 0; k < 6; ++k) {
       auto batch = initiator.AllocateBatch(1);
       TransferRequest r;
       r.opcode = OpCode::kWrite;
-      r.source = sources[k].data();
+      r.source = source(k);
       r.target_id = *seg;
-      r.target_offset = reinterpret_cast<uint64_t>(remote.data()) + k * 1000;
-      r.length = 1000;
+      // The whole source, so that each cover is about 128 KiB.
+      r.target_offset = reinterpret_cast<uint64_t>(remote.data()) + k * kSource;
+      r.length = kSource;
       ASSERT_OK(initiator.SubmitTransfer(*batch, {r})) << k;
       auto st = initiator.WaitBatch(*batch, absl::Seconds(10));
       ASSERT_OK(st);
       ASSERT_EQ(st->state, TransferState::kCompleted) << st->first_error;
       ASSERT_OK(initiator.FreeBatch(*batch));
-      EXPECT_EQ(remote[k * 1000], 0x10 + k);
+      EXPECT_EQ(remote[k * kSource + kSource - 1], 0x10 + k);
+      // Never far beyond the budget: at most one cover (the one just
+      // made) over it.
+      EXPECT_LE(initiator.GetEngineStats().mr_cache_bytes,
+                (300u << 10) + (132u << 10))
+          << round << " " << k;
     }
   }
+  // Six sources through a cache with room for two, twice: the older
+  // registrations were evicted (each round re-registers what it uses).
+  const EngineStats st = initiator.GetEngineStats();
+  EXPECT_GE(st.mr_cache_evictions, 8u);
+  EXPECT_LE(st.mr_cache_registrations, 3u);
   // Unmapped memory is refused with a reason, not faulted on.
   void* p = mmap(nullptr, 4096, PROT_READ | PROT_WRITE,
                  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -385,6 +405,8 @@ TEST(MrCacheTest, RegistersOnFirstUseAndEvictsUnderBudget) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_NE(s.message().find("not mapped"), std::string::npos) << s;
   EXPECT_OK(initiator.FreeBatch(*batch));
+  initiator.Shutdown();
+  munmap(arena, 6 * kStride);
 }
 
 TEST(EngineInitTest, UnreachableMetadataFailsFastWithClearError) {
