@@ -263,8 +263,16 @@ void RpcServer::AcceptLoop() {
     for (size_t i = 0; i < pending.size(); ++i) {
       const Pending p = pending[i];
       const short re = n > 0 ? pfds[2 + i].revents : 0;
-      if (re & POLLIN) {
+      char first;
+      const ssize_t peeked =
+          (re & POLLIN) ? ::recv(p.fd, &first, 1, MSG_PEEK | MSG_DONTWAIT) : -1;
+      if (peeked > 0) {
         hand_to_grpc(p);
+      } else if (peeked == 0 || (peeked < 0 && errno != EAGAIN &&
+                                 errno != EWOULDBLOCK && errno != EINTR)) {
+        // Closed or reset before saying anything.
+        ::close(p.fd);
+        release(p.peer);
       } else if (re & (POLLHUP | POLLERR | POLLNVAL)) {
         ::close(p.fd);
         release(p.peer);

@@ -3,9 +3,13 @@
 #include <dirent.h>
 #include <poll.h>
 #include <signal.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <sstream>
 
 #include "absl/strings/match.h"
@@ -71,6 +75,63 @@ absl::StatusOr<ProcessUsage> ReadProcessUsage(pid_t pid) {
   }
   closedir(dir);
   return u;
+}
+
+namespace {
+
+std::string Histogram(const std::map<std::string, int>& counts) {
+  std::vector<std::pair<int, std::string>> v;
+  for (const auto& [k, n] : counts) v.push_back({n, k});
+  std::sort(v.begin(), v.end(), std::greater<>());
+  std::string out;
+  for (const auto& [n, k] : v) {
+    absl::StrAppend(&out, out.empty() ? "" : ", ", k, " x", n);
+  }
+  return out;
+}
+
+std::vector<std::string> DirEntries(const std::string& dir) {
+  std::vector<std::string> out;
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return out;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] != '.') out.push_back(e->d_name);
+  }
+  closedir(d);
+  return out;
+}
+
+}  // namespace
+
+std::string DescribeThreads(pid_t pid) {
+  std::map<std::string, int> counts;
+  const std::string task = absl::StrCat("/proc/", pid, "/task/");
+  for (const std::string& tid : DirEntries(task)) {
+    std::ifstream comm(absl::StrCat(task, tid, "/comm"));
+    std::string name;
+    std::getline(comm, name);
+    ++counts[name.empty() ? "?" : name];
+  }
+  return Histogram(counts);
+}
+
+std::string DescribeFds(pid_t pid) {
+  std::map<std::string, int> counts;
+  const std::string fd_dir = absl::StrCat("/proc/", pid, "/fd/");
+  for (const std::string& fd : DirEntries(fd_dir)) {
+    char target[256];
+    ssize_t n = readlink((fd_dir + fd).c_str(), target, sizeof(target) - 1);
+    if (n < 0) continue;
+    std::string t(target, static_cast<size_t>(n));
+    // "socket:[123]" -> "socket"; "anon_inode:[eventfd]" kept whole.
+    if (absl::StartsWith(t, "socket:") || absl::StartsWith(t, "pipe:")) {
+      t = t.substr(0, t.find(':'));
+    } else if (!absl::StartsWith(t, "anon_inode:")) {
+      t = "file";
+    }
+    ++counts[t];
+  }
+  return Histogram(counts);
 }
 
 bool ProcessAlive(pid_t pid) {

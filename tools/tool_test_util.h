@@ -39,6 +39,12 @@ struct ProcessUsage {
 // Reads /proc/<pid>/status and /proc/<pid>/fd.
 absl::StatusOr<ProcessUsage> ReadProcessUsage(pid_t pid);
 
+// "name xN, ..." of the process's threads (/proc/<pid>/task/*/comm) and
+// "kind xN, ..." of its open fds (socket, pipe, anon_inode:..., file), most
+// frequent first: what to print when a bound on either is exceeded.
+std::string DescribeThreads(pid_t pid);
+std::string DescribeFds(pid_t pid);
+
 // True while `pid` exists and is not a zombie.
 bool ProcessAlive(pid_t pid);
 

@@ -57,7 +57,9 @@ ABSL_FLAG(std::string, local_server_name, "",
 ABSL_FLAG(std::string, segment_id, "target", "segment name of the target");
 ABSL_FLAG(std::string, listen_host, "127.0.0.1", "address to listen on");
 ABSL_FLAG(int, rpc_port, 0, "port of this engine's gRPC server (0: any)");
-ABSL_FLAG(std::string, protocol, "tcp", "tcp | rdma");
+ABSL_FLAG(std::string, protocol, "tcp",
+          "tcp | rdma, or a comma-separated list in order of preference "
+          "(a target with rdma,tcp serves initiators of either)");
 ABSL_FLAG(std::string, operation, "write", "read | write");
 ABSL_FLAG(uint64_t, block_size, 65536, "bytes per request");
 ABSL_FLAG(int, batch_size, 16, "requests per batch");
@@ -209,7 +211,8 @@ EngineOptions BaseOptions(const std::string& name, const std::string& md) {
   o.local_segment_name = name;
   o.metadata_endpoint = md;
   o.listen_host = absl::GetFlag(FLAGS_listen_host);
-  o.transports = {absl::GetFlag(FLAGS_protocol)};
+  o.transports = absl::StrSplit(absl::GetFlag(FLAGS_protocol), ',',
+                                absl::SkipEmpty());
   o.tcp.connections_per_peer = absl::GetFlag(FLAGS_tcp_connections);
   o.tcp.max_slice_bytes = absl::GetFlag(FLAGS_tcp_slice_bytes);
   if (const std::string d = absl::GetFlag(FLAGS_device_name); !d.empty()) {
