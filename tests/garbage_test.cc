@@ -178,7 +178,7 @@ std::string GrpcRequestHeaders() {
 constexpr uint8_t kH2Data = 0, kH2Headers = 1, kH2RstStream = 3,
                   kH2Settings = 4, kH2Ping = 6, kH2WindowUpdate = 8,
                   kH2Continuation = 9;
-constexpr uint8_t kEndStream = 0x1, kEndHeaders = 0x4;
+constexpr uint8_t kEndHeaders = 0x4;
 
 std::string H2Preface() {
   return "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + H2Frame(kH2Settings, 0, 0, "");
