@@ -263,23 +263,27 @@ void RpcServer::AcceptLoop() {
     for (size_t i = 0; i < pending.size(); ++i) {
       const Pending p = pending[i];
       const short re = n > 0 ? pfds[2 + i].revents : 0;
-      char first;
-      const ssize_t peeked =
-          (re & POLLIN) ? ::recv(p.fd, &first, 1, MSG_PEEK | MSG_DONTWAIT) : -1;
-      if (peeked > 0) {
+      // What the client did: sent its first bytes, went away, or nothing.
+      bool spoke = false;
+      bool gone = (re & (POLLHUP | POLLERR | POLLNVAL)) != 0;
+      if (re & POLLIN) {
+        char first;
+        const ssize_t r = ::recv(p.fd, &first, 1, MSG_PEEK | MSG_DONTWAIT);
+        spoke = r > 0;
+        gone = r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK &&
+                          errno != EINTR);
+      }
+      if (spoke) {
         hand_to_grpc(p);
-      } else if (peeked == 0 || (peeked < 0 && errno != EAGAIN &&
-                                 errno != EWOULDBLOCK && errno != EINTR)) {
-        // Closed or reset before saying anything.
-        ::close(p.fd);
-        release(p.peer);
-      } else if (re & (POLLHUP | POLLERR | POLLNVAL)) {
+      } else if (gone) {
         ::close(p.fd);
         release(p.peer);
       } else if (now >= p.deadline) {
+        // Counted before the close, so a client that sees the close also
+        // sees the count.
+        handshake_timeouts_.fetch_add(1);
         ::close(p.fd);
         release(p.peer);
-        handshake_timeouts_.fetch_add(1);
       } else {
         pending[out++] = p;
       }
@@ -311,8 +315,8 @@ void RpcServer::AcceptLoop() {
               const int shed =
                   ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC);
               if (shed < 0) break;
-              ::close(shed);
               refused_.fetch_add(1);
+              ::close(shed);
             }
             spare = OpenSpareFd();
           }
@@ -331,8 +335,8 @@ void RpcServer::AcceptLoop() {
       };
       if (full() && now - last_prune >= kPruneInterval) prune(now);
       if (full()) {
-        ::close(fd);
         refused_.fetch_add(1);
+        ::close(fd);
         continue;
       }
       ++per_peer[peer];

@@ -142,6 +142,30 @@ TEST_F(RpcServerTest, CapsEachPeerAddressSeparately) {
   EXPECT_OK(Ask());
 }
 
+// Clients that connect and only speak a little later (as gRPC clients do
+// after their connect handshake) must be served however their first bytes
+// interleave with other connections being accepted and handed over.
+TEST_F(RpcServerTest, ServesClientsThatSpeakLate) {
+  ASSERT_NO_FATAL_FAILURE(Start({}));
+  constexpr int kClients = 20;
+  std::vector<UniqueFd> conns;
+  for (int i = 0; i < kClients; ++i) {
+    conns.push_back(ConnectFrom("127.0.0.1", hp_));
+  }
+  int served = 0;
+  for (int i = 0; i < kClients; ++i) {
+    SendPreface(conns[static_cast<size_t>(i)].get());
+    if (WaitAnswer(conns[static_cast<size_t>(i)].get(), absl::Seconds(5)) ==
+        Answer::kServed) {
+      ++served;
+    }
+    // Another connection accepted while the rest are still silent.
+    conns.push_back(ConnectFrom("127.0.0.1", hp_));
+  }
+  EXPECT_EQ(served, kClients);
+  EXPECT_EQ(server_->stats().refused, 0u);
+}
+
 TEST_F(RpcServerTest, DropsSilentConnectionsAfterTheHandshakeTimeout) {
   RpcServerOptions o;
   o.handshake_timeout = absl::Milliseconds(300);
