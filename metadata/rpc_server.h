@@ -1,40 +1,109 @@
 // RpcServer: one gRPC server hosting any set of Ferry services on one port
 // (an engine hosts its PeerService and, when embedded, the MetadataService).
-// Start and Shutdown are not thread-safe with each other; address() is.
+// Start and Shutdown are not thread-safe with each other; address() and
+// stats() are.
+//
+// Staying alive under fd exhaustion. gRPC 1.51's own listener stops
+// accepting for good after one EMFILE from accept4 (grpc issues 16058 and
+// 20418), so RpcServer owns the listening socket and hands each accepted
+// connection to gRPC (grpc::AddInsecureChannelFromFd). Its accept thread:
+//   - caps the connections served at once, in total and per peer address;
+//     an excess connection is accepted and closed at once, so its client
+//     fails fast instead of hanging in the accept queue;
+//   - closes a connection that sends nothing within handshake_timeout
+//     before gRPC ever sees it;
+//   - on EMFILE/ENFILE closes a spare fd it keeps for the purpose, accepts
+//     and closes the pending connection, and backs off (10 ms doubling to
+//     1 s) instead of spinning or giving up.
+// gRPC then bounds each connection: max_streams_per_connection concurrent
+// calls, an idle timeout, keepalive pings to find dead peers, and at most
+// max_threads threads for all calls (a call beyond that gets
+// RESOURCE_EXHAUSTED).
 #ifndef FERRY_METADATA_RPC_SERVER_H_
 #define FERRY_METADATA_RPC_SERVER_H_
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/socket_util.h"
 #include "grpcpp/grpcpp.h"
 
 namespace ferry::metadata {
 
+struct RpcServerOptions {
+  // Connections served at once (including ones still in their handshake).
+  // 0: a quarter of the soft RLIMIT_NOFILE, clamped to [16, 4096].
+  int max_connections = 0;
+  // Per peer IPv4 address. 0: half of max_connections.
+  int max_connections_per_peer = 0;
+  // A new connection must send its first bytes within this.
+  absl::Duration handshake_timeout = absl::Seconds(5);
+  // A connection with no call for this long is closed (clients reconnect
+  // transparently on their next call).
+  absl::Duration idle_timeout = absl::Minutes(2);
+  // Threads serving calls, over all connections.
+  int max_threads = 64;
+  int max_streams_per_connection = 32;
+};
+
+struct RpcServerStats {
+  uint64_t accepted = 0;            // Handed to gRPC.
+  uint64_t refused = 0;             // Over a connection cap.
+  uint64_t handshake_timeouts = 0;  // Said nothing in time.
+  uint64_t fd_exhausted = 0;        // accept failed with EMFILE/ENFILE.
+  int max_connections = 0;          // The cap in force.
+};
+
+// Raises the soft RLIMIT_NOFILE to the hard limit (never lowers it) and
+// returns the soft limit now in force. RpcServer::Start calls it, so every
+// process with a Ferry gRPC server gets the headroom its hard limit allows.
+absl::StatusOr<uint64_t> RaiseFdLimitToHard();
+
 class RpcServer {
  public:
   // Starts serving `services` (not owned; must outlive the server) on
-  // `listen_address` ("host:port", port 0 picks a free one). Requests larger
-  // than kMaxRpcMessageBytes are rejected by gRPC with RESOURCE_EXHAUSTED.
+  // `listen_address` ("host:port", IPv4; port 0 picks a free one). Requests
+  // larger than kMaxRpcMessageBytes are rejected by gRPC with
+  // RESOURCE_EXHAUSTED.
   static absl::StatusOr<std::unique_ptr<RpcServer>> Start(
       const std::string& listen_address,
-      const std::vector<grpc::Service*>& services);
+      const std::vector<grpc::Service*>& services,
+      const RpcServerOptions& options = {});
 
   ~RpcServer();
 
   // "host:port" with the port actually bound.
   const std::string& address() const { return address_; }
 
-  // Stops accepting calls and waits for running ones (bounded by a short
-  // deadline). Idempotent.
+  RpcServerStats stats() const;
+
+  // Stops accepting, then stops the gRPC server and waits for running calls
+  // (bounded by a short deadline). Idempotent.
   void Shutdown();
 
  private:
   RpcServer() = default;
+  void AcceptLoop();
+
+  RpcServerOptions options_;
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
+  UniqueFd listen_fd_;
+  // Written by Shutdown to wake the accept thread.
+  UniqueFd wake_read_;
+  UniqueFd wake_write_;
+  std::thread accept_thread_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<uint64_t> accepted_{0};
+  std::atomic<uint64_t> refused_{0};
+  std::atomic<uint64_t> handshake_timeouts_{0};
+  std::atomic<uint64_t> fd_exhausted_{0};
 };
 
 }  // namespace ferry::metadata

@@ -1,6 +1,9 @@
 // metadata_server: a standalone Ferry metadata service, for deployments
 // where no engine should own the segment table.
 //   metadata_server --listen=0.0.0.0:50051
+// It raises its soft fd limit to the hard limit at start-up and caps its
+// connections (see metadata/rpc_server.h): a flood of clients is refused,
+// not allowed to make it deaf, and it answers again once they leave.
 #include <signal.h>
 
 #include <atomic>
@@ -10,11 +13,23 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "metadata/metadata_service.h"
 #include "metadata/rpc_server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "host:port to serve on (port 0 picks one)");
+ABSL_FLAG(int, max_connections, 0,
+          "connections served at once; more are closed at once (0: a quarter "
+          "of the fd limit, 16..4096)");
+ABSL_FLAG(int, max_connections_per_peer, 0,
+          "connections served at once per client address (0: half of "
+          "--max_connections)");
+ABSL_FLAG(absl::Duration, idle_timeout, absl::Minutes(2),
+          "close a connection with no call for this long");
+ABSL_FLAG(absl::Duration, handshake_timeout, absl::Seconds(5),
+          "close a new connection that sends nothing for this long");
+ABSL_FLAG(int, max_threads, 64, "threads serving calls");
 
 namespace {
 std::atomic<bool> g_stop{false};
@@ -26,8 +41,15 @@ int main(int argc, char** argv) {
   signal(SIGINT, OnSignal);
   signal(SIGTERM, OnSignal);
   ferry::metadata::MetadataServiceImpl service;
+  ferry::metadata::RpcServerOptions options;
+  options.max_connections = absl::GetFlag(FLAGS_max_connections);
+  options.max_connections_per_peer =
+      absl::GetFlag(FLAGS_max_connections_per_peer);
+  options.idle_timeout = absl::GetFlag(FLAGS_idle_timeout);
+  options.handshake_timeout = absl::GetFlag(FLAGS_handshake_timeout);
+  options.max_threads = absl::GetFlag(FLAGS_max_threads);
   auto server = ferry::metadata::RpcServer::Start(absl::GetFlag(FLAGS_listen),
-                                                  {&service});
+                                                  {&service}, options);
   if (!server.ok()) {
     std::fprintf(stderr, "metadata_server: %s\n",
                  server.status().ToString().c_str());
@@ -37,6 +59,15 @@ int main(int argc, char** argv) {
               (*server)->address().c_str());
   std::fflush(stdout);
   while (!g_stop.load()) absl::SleepFor(absl::Milliseconds(100));
+  const ferry::metadata::RpcServerStats st = (*server)->stats();
   (*server)->Shutdown();
+  std::fprintf(stderr,
+               "metadata_server: %llu connections served, %llu refused over "
+               "the cap of %d, %llu silent ones dropped, %llu accepts out of "
+               "fds\n",
+               static_cast<unsigned long long>(st.accepted),
+               static_cast<unsigned long long>(st.refused), st.max_connections,
+               static_cast<unsigned long long>(st.handshake_timeouts),
+               static_cast<unsigned long long>(st.fd_exhausted));
   return 0;
 }

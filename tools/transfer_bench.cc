@@ -9,6 +9,23 @@
 // Each initiator thread loops: allocate batch -> submit batch_size requests
 // of block_size -> WaitBatch -> free. Latency figures are per batch (submit
 // to the last completion); with --batch_size=1 they are per request.
+//
+// --verify checks every byte moved, whatever ran against the target before:
+//   WRITE: each batch is read back into zeroed memory and compared.
+//   READ:  the initiator first WRITEs a reference pattern (seed
+//          --pattern_seed) over the target range the run reads (not
+//          measured), then checks every READ, into zeroed memory, against
+//          it. With --noverify_prepare it skips that step and checks the
+//          pattern a target fills its buffer with at start (same seed): a
+//          READ-only check of a target nothing has written to.
+// Only one verified initiator should write a target at a time.
+//
+// Failures: a request that fails is counted; the first of each distinct
+// status is printed, and at the end one line per status with its count.
+// A thread whose batch failed entirely backs off (1 ms doubling to 100 ms)
+// before the next; after --max_consecutive_errors failed requests with no
+// completed one between them, the run stops. The exit status is 0 only if
+// bytes moved and no request failed and no byte differed.
 #include <signal.h>
 #include <unistd.h>
 
@@ -40,7 +57,9 @@ ABSL_FLAG(std::string, local_server_name, "",
 ABSL_FLAG(std::string, segment_id, "target", "segment name of the target");
 ABSL_FLAG(std::string, listen_host, "127.0.0.1", "address to listen on");
 ABSL_FLAG(int, rpc_port, 0, "port of this engine's gRPC server (0: any)");
-ABSL_FLAG(std::string, protocol, "tcp", "tcp | rdma");
+ABSL_FLAG(std::string, protocol, "tcp",
+          "tcp | rdma, or a comma-separated list in order of preference "
+          "(a target with rdma,tcp serves initiators of either)");
 ABSL_FLAG(std::string, operation, "write", "read | write");
 ABSL_FLAG(uint64_t, block_size, 65536, "bytes per request");
 ABSL_FLAG(int, batch_size, 16, "requests per batch");
@@ -50,8 +69,22 @@ ABSL_FLAG(double, warmup, 0,
           "seconds to run before measuring (like iperf3 -O)");
 ABSL_FLAG(uint64_t, buffer_size, 1ull << 30, "bytes registered on each side");
 ABSL_FLAG(bool, verify, false,
-          "check every byte moved (READ: against the target's pattern; "
-          "WRITE: read back and compare)");
+          "check every byte moved. WRITE: read each batch back and compare. "
+          "READ: first write a reference pattern over the target range read "
+          "(not measured; see --verify_prepare), then compare every READ "
+          "with it. Verify failures are counted and make the exit status 1");
+ABSL_FLAG(bool, verify_prepare, true,
+          "with --operation=read --verify: write the reference pattern "
+          "before reading. false: check against the pattern the target "
+          "filled its buffer with at start (--pattern_seed), which only a "
+          "target nothing has written to still holds");
+ABSL_FLAG(uint64_t, pattern_seed, 0x7a7a7a7a,
+          "seed of the target's initial fill and of the READ reference "
+          "pattern (initiator and target must agree)");
+ABSL_FLAG(int, max_consecutive_errors, 100,
+          "stop the run (exit status 1) after this many failed requests "
+          "with no completed request between them, over all threads; 0: "
+          "never stop (failing batches still back off)");
 ABSL_FLAG(std::string, report, "text", "text | json (last line)");
 ABSL_FLAG(int, tcp_connections, 1, "TCP connections per peer");
 ABSL_FLAG(uint64_t, tcp_slice_bytes, 4 << 20, "TCP transport slice size");
@@ -65,7 +98,16 @@ ABSL_FLAG(double, target_seconds, 0,
 namespace ferry {
 namespace {
 
-constexpr uint64_t kTargetSeed = 0x7a7a7a7a;
+// Distinct failure statuses remembered with their counts; more are counted
+// under one line.
+constexpr size_t kMaxDistinctErrors = 16;
+constexpr absl::Duration kMinBackoff = absl::Milliseconds(1);
+constexpr absl::Duration kMaxBackoff = absl::Milliseconds(100);
+// Verify mismatches printed in detail; the rest are only counted.
+constexpr uint64_t kVerifyDetails = 3;
+// The READ reference pattern is written in requests of at most this size.
+constexpr size_t kPrepareChunk = 4 << 20;
+constexpr size_t kPrepareBatch = 16;
 
 std::atomic<bool> g_stop{false};
 void OnSignal(int) { g_stop.store(true); }
@@ -81,12 +123,79 @@ struct ThreadStats {
   std::vector<double> batch_us ABSL_GUARDED_BY(mu);
 };
 
+// Failed requests by status: the first of each status is printed at once,
+// the counts at the end, so a failing peer gives a few lines, not a storm.
+// Statuses that differ only in numbers (a back-off delay, a port, a
+// request index) count as one; the first one seen is what gets printed.
+class ErrorLog {
+ public:
+  void Add(const absl::Status& status, uint64_t count) {
+    std::string text = status.ToString();
+    std::string key = WithoutNumbers(text);
+    MutexLock lock(&mu_);
+    for (Entry& e : entries_) {
+      if (e.key == key) {
+        e.count += count;
+        return;
+      }
+    }
+    if (entries_.size() >= kMaxDistinctErrors) {
+      other_ += count;
+      return;
+    }
+    std::fprintf(stderr, "transfer failed: %s\n", text.c_str());
+    entries_.push_back({std::move(key), std::move(text), count});
+  }
+
+  void PrintSummary() {
+    MutexLock lock(&mu_);
+    for (const Entry& e : entries_) {
+      std::fprintf(stderr, "%llu requests failed: %s\n",
+                   static_cast<unsigned long long>(e.count), e.text.c_str());
+    }
+    if (other_ > 0) {
+      std::fprintf(stderr, "%llu requests failed with other statuses\n",
+                   static_cast<unsigned long long>(other_));
+    }
+  }
+
+ private:
+  struct Entry {
+    std::string key;
+    std::string text;
+    uint64_t count;
+  };
+
+  static std::string WithoutNumbers(const std::string& text) {
+    std::string out;
+    for (size_t i = 0; i < text.size(); ++i) {
+      const bool digit = text[i] >= '0' && text[i] <= '9';
+      const bool in_number =
+          digit || (text[i] == '.' && !out.empty() && out.back() == '#');
+      if (!in_number) {
+        out.push_back(text[i]);
+      } else if (out.empty() || out.back() != '#') {
+        out.push_back('#');
+      }
+    }
+    return out;
+  }
+
+  Mutex mu_;
+  std::vector<Entry> entries_ ABSL_GUARDED_BY(mu_);
+  uint64_t other_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
 struct Totals {
   std::atomic<uint64_t> bytes{0};
   std::atomic<uint64_t> transfers{0};
+  // Failed requests (transfer errors), and requests whose bytes differed.
   std::atomic<uint64_t> errors{0};
-  std::atomic<uint64_t> failed_batches{0};
   std::atomic<uint64_t> verify_failures{0};
+  // Failed requests since the last completed one, over all threads.
+  std::atomic<uint64_t> consecutive_errors{0};
+  std::atomic<bool> gave_up{false};
+  ErrorLog error_log;
 };
 
 void* AllocBuffer(size_t size) {
@@ -102,7 +211,8 @@ EngineOptions BaseOptions(const std::string& name, const std::string& md) {
   o.local_segment_name = name;
   o.metadata_endpoint = md;
   o.listen_host = absl::GetFlag(FLAGS_listen_host);
-  o.transports = {absl::GetFlag(FLAGS_protocol)};
+  o.transports = absl::StrSplit(absl::GetFlag(FLAGS_protocol), ',',
+                                absl::SkipEmpty());
   o.tcp.connections_per_peer = absl::GetFlag(FLAGS_tcp_connections);
   o.tcp.max_slice_bytes = absl::GetFlag(FLAGS_tcp_slice_bytes);
   if (const std::string d = absl::GetFlag(FLAGS_device_name); !d.empty()) {
@@ -113,15 +223,98 @@ EngineOptions BaseOptions(const std::string& name, const std::string& md) {
   return o;
 }
 
-// Registers a target buffer filled with the pattern READs are checked with.
+// Registers a target buffer filled with the pattern that
+// --noverify_prepare READs are checked with.
 void* SetUpTarget(TransferEngine& engine, size_t size) {
   auto* buf = static_cast<uint8_t*>(AllocBuffer(size));
-  FillPattern(buf, size, 0, kTargetSeed);
+  FillPattern(buf, size, 0, absl::GetFlag(FLAGS_pattern_seed));
   if (absl::Status s = engine.RegisterLocalMemory(buf, size, "cpu:0", true);
       !s.ok()) {
     Die(s, "registering target buffer");
   }
   return buf;
+}
+
+// Counts the batch's failed requests by status, and stops the run once
+// --max_consecutive_errors requests failed with no completion between.
+// `batch` is null when the batch was refused as a whole.
+void RecordFailures(TransferEngine& engine, const BatchId* batch, size_t n,
+                    const BatchStatus& st, Totals* totals) {
+  if (st.completed > 0) totals->consecutive_errors.store(0);
+  if (st.failed == 0) return;
+  totals->errors.fetch_add(st.failed);
+  size_t attributed = 0;
+  for (size_t i = 0; batch != nullptr && i < n; ++i) {
+    auto ts = engine.GetTransferStatus(*batch, i);
+    if (ts.ok() && (ts->state == TransferState::kFailed ||
+                    ts->state == TransferState::kTimeout)) {
+      totals->error_log.Add(ts->error, 1);
+      ++attributed;
+    }
+  }
+  if (attributed < st.failed) {
+    totals->error_log.Add(st.first_error, st.failed - attributed);
+  }
+  if (st.completed > 0) return;
+  const uint64_t consecutive =
+      totals->consecutive_errors.fetch_add(st.failed) + st.failed;
+  const int limit = absl::GetFlag(FLAGS_max_consecutive_errors);
+  if (limit > 0 && consecutive >= static_cast<uint64_t>(limit) &&
+      !totals->gave_up.exchange(true)) {
+    std::fprintf(stderr,
+                 "transfer_bench: stopping: %llu requests failed in a row "
+                 "(--max_consecutive_errors=%d)\n",
+                 static_cast<unsigned long long>(consecutive), limit);
+    g_stop.store(true);
+  }
+}
+
+// Submits `reqs` as one batch and waits for it. A submit error counts as
+// every request failing with that status.
+BatchStatus RunBatch(TransferEngine& engine,
+                     const std::vector<TransferRequest>& reqs, Totals* totals) {
+  auto batch = engine.AllocateBatch(reqs.size());
+  if (!batch.ok()) Die(batch.status(), "AllocateBatch");
+  BatchStatus st;
+  if (absl::Status s = engine.SubmitTransfer(*batch, reqs); !s.ok()) {
+    st.total = reqs.size();
+    st.failed = reqs.size();
+    st.first_error = s;
+    st.state = TransferState::kFailed;
+    RecordFailures(engine, nullptr, reqs.size(), st, totals);
+    engine.FreeBatch(*batch).IgnoreError();
+    return st;
+  }
+  auto waited = engine.WaitBatch(*batch, absl::Seconds(60));
+  if (!waited.ok()) Die(waited.status(), "WaitBatch");
+  st = *waited;
+  RecordFailures(engine, &*batch, reqs.size(), st, totals);
+  if (absl::Status s = engine.FreeBatch(*batch); !s.ok()) Die(s, "FreeBatch");
+  return st;
+}
+
+// Checks each request's bytes (now in local memory at its source) against
+// the pattern; counts and describes mismatching requests.
+void CheckRequests(const std::vector<TransferRequest>& reqs,
+                   const uint8_t* local, uint64_t seed, Totals* totals) {
+  for (const TransferRequest& r : reqs) {
+    const auto* p = static_cast<const uint8_t*>(r.source);
+    const size_t off = static_cast<size_t>(p - local);
+    const size_t bad = CheckPattern(p, r.length, off, seed);
+    if (bad == r.length) continue;
+    if (totals->verify_failures.fetch_add(1) < kVerifyDetails) {
+      std::fprintf(stderr,
+                   "verify failed: %s of %zu bytes at buffer offset %zu: byte "
+                   "%zu is 0x%02x, expected 0x%02x\n",
+                   r.opcode == OpCode::kWrite ? "WRITE" : "READ", r.length, off,
+                   bad, p[bad], PatternByte(off + bad, seed));
+    }
+  }
+}
+
+void Backoff(absl::Duration* backoff, absl::Time end) {
+  absl::SleepFor(std::min(*backoff, end - absl::Now()));
+  *backoff = std::min(*backoff * 2, kMaxBackoff);
 }
 
 void InitiatorThread(TransferEngine& engine, SegmentHandle seg, uint8_t* local,
@@ -130,17 +323,21 @@ void InitiatorThread(TransferEngine& engine, SegmentHandle seg, uint8_t* local,
                      ThreadStats* stats) {
   const bool write = absl::GetFlag(FLAGS_operation) == "write";
   const bool verify = absl::GetFlag(FLAGS_verify);
+  const uint64_t read_seed = absl::GetFlag(FLAGS_pattern_seed);
   const size_t block = absl::GetFlag(FLAGS_block_size);
   const size_t batch_size = absl::GetFlag(FLAGS_batch_size);
   const size_t per_batch = block * batch_size;
   const size_t batches_in_region = std::max<size_t>(1, region / per_batch);
   const size_t base = static_cast<size_t>(tid) * region;
   std::vector<TransferRequest> reqs(batch_size);
+  absl::Duration backoff = kMinBackoff;
   uint64_t iter = 0;
   while (absl::Now() < end && !g_stop.load()) {
     const size_t off = base + (iter % batches_in_region) * per_batch;
     const uint64_t seed = Mix64((static_cast<uint64_t>(tid) << 40) ^ iter);
-    if (write && verify) FillPattern(local + off, per_batch, off, seed);
+    if (verify && write) FillPattern(local + off, per_batch, off, seed);
+    // A READ that silently moved nothing must not pass on stale bytes.
+    if (verify && !write) std::memset(local + off, 0, per_batch);
     for (size_t i = 0; i < batch_size; ++i) {
       reqs[i].opcode = write ? OpCode::kWrite : OpCode::kRead;
       reqs[i].source = local + off + i * block;
@@ -149,54 +346,65 @@ void InitiatorThread(TransferEngine& engine, SegmentHandle seg, uint8_t* local,
       reqs[i].length = block;
     }
     absl::Time start = absl::Now();
-    auto batch = engine.AllocateBatch(batch_size);
-    if (!batch.ok()) Die(batch.status(), "AllocateBatch");
-    if (absl::Status s = engine.SubmitTransfer(*batch, reqs); !s.ok()) {
-      Die(s, "SubmitTransfer");
-    }
-    auto st = engine.WaitBatch(*batch, absl::Seconds(60));
-    if (!st.ok()) Die(st.status(), "WaitBatch");
+    const BatchStatus st = RunBatch(engine, reqs, totals);
     double us = absl::ToDoubleMicroseconds(absl::Now() - start);
-    if (absl::Status s = engine.FreeBatch(*batch); !s.ok()) Die(s, "FreeBatch");
     const bool measured = start >= measure_from;
-    if (measured) totals->bytes.fetch_add(st->transferred_bytes);
-    if (measured) totals->transfers.fetch_add(st->completed);
-    totals->errors.fetch_add(st->failed);
-    if (st->failed > 0 && totals->failed_batches.fetch_add(1) < 3) {
-      std::fprintf(stderr, "transfer failed: %s\n",
-                   st->first_error.ToString().c_str());
-    }
+    if (measured) totals->bytes.fetch_add(st.transferred_bytes);
+    if (measured) totals->transfers.fetch_add(st.completed);
     if (measured) {
       MutexLock lock(&stats->mu);
       stats->batch_us.push_back(us);
     }
-    if (verify && st->failed == 0) {
-      if (write) {
-        // Read the same range back into the next region and compare.
-        std::vector<uint8_t> back(per_batch);
-        for (size_t i = 0; i < batch_size; ++i) {
-          reqs[i].opcode = OpCode::kRead;
-          reqs[i].source = local + off + i * block;
-        }
-        std::memset(local + off, 0, per_batch);
-        auto vb = engine.AllocateBatch(batch_size);
-        if (!vb.ok()) Die(vb.status(), "AllocateBatch");
-        if (absl::Status s = engine.SubmitTransfer(*vb, reqs); !s.ok()) {
-          Die(s, "SubmitTransfer (verify)");
-        }
-        auto vs = engine.WaitBatch(*vb, absl::Seconds(60));
-        if (!vs.ok() || vs->failed > 0) totals->verify_failures.fetch_add(1);
-        engine.FreeBatch(*vb).IgnoreError();
-        if (CheckPattern(local + off, per_batch, off, seed) != per_batch) {
-          totals->verify_failures.fetch_add(1);
-        }
-      } else if (CheckPattern(local + off, per_batch, off, kTargetSeed) !=
-                 per_batch) {
-        totals->verify_failures.fetch_add(1);
-      }
-    }
     ++iter;
+    if (st.completed == 0) {
+      Backoff(&backoff, end);
+      continue;
+    }
+    backoff = kMinBackoff;
+    // A batch with failures is not checked: its requests are counted as
+    // errors already, and which bytes arrived is undefined.
+    if (!verify || st.failed > 0) continue;
+    if (!write) {
+      CheckRequests(reqs, local, read_seed, totals);
+      continue;
+    }
+    // Read the range back into zeroed memory and compare.
+    for (TransferRequest& r : reqs) r.opcode = OpCode::kRead;
+    std::memset(local + off, 0, per_batch);
+    const BatchStatus back = RunBatch(engine, reqs, totals);
+    if (back.failed > 0) continue;
+    for (TransferRequest& r : reqs) r.opcode = OpCode::kWrite;
+    CheckRequests(reqs, local, seed, totals);
   }
+}
+
+// Writes the READ reference pattern over [0, len) of the target buffer
+// (offsets relative to its start), so a verified READ is checked against
+// what the target really holds. False if any write failed.
+bool PrepareTarget(TransferEngine& engine, SegmentHandle seg, uint8_t* local,
+                   uint64_t remote_base, size_t len, Totals* totals) {
+  const uint64_t seed = absl::GetFlag(FLAGS_pattern_seed);
+  std::fprintf(stderr,
+               "preparing: writing the reference pattern over %zu bytes of "
+               "the target (not measured)\n",
+               len);
+  FillPattern(local, len, 0, seed);
+  std::vector<TransferRequest> reqs;
+  for (size_t off = 0; off < len && !g_stop.load();) {
+    reqs.clear();
+    while (off < len && reqs.size() < kPrepareBatch) {
+      TransferRequest r;
+      r.opcode = OpCode::kWrite;
+      r.source = local + off;
+      r.target_id = seg;
+      r.target_offset = remote_base + off;
+      r.length = std::min(kPrepareChunk, len - off);
+      off += r.length;
+      reqs.push_back(r);
+    }
+    if (RunBatch(engine, reqs, totals).failed > 0) return false;
+  }
+  return !g_stop.load();
 }
 
 double Percentile(std::vector<double>& v, double p) {
@@ -240,7 +448,23 @@ int RunInitiator(TransferEngine& engine) {
       !s.ok()) {
     Die(s, "registering local buffer");
   }
+  const bool verify = absl::GetFlag(FLAGS_verify);
+  const bool write = absl::GetFlag(FLAGS_operation) == "write";
   Totals totals;
+  if (verify && !write && absl::GetFlag(FLAGS_verify_prepare)) {
+    // What the threads read: batches_in_region whole batches per region.
+    const size_t per_batch = block * static_cast<size_t>(batch_size);
+    const size_t used = (static_cast<size_t>(threads) - 1) * region +
+                        std::max<size_t>(1, region / per_batch) * per_batch;
+    if (!PrepareTarget(engine, *seg, local, bufs->front().addr, used,
+                       &totals)) {
+      totals.error_log.PrintSummary();
+      std::fprintf(stderr,
+                   "transfer_bench: could not write the reference pattern "
+                   "to the target; no READ was verified\n");
+      return 1;
+    }
+  }
   std::vector<ThreadStats> stats(static_cast<size_t>(threads));
   const absl::Time start =
       absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_warmup));
@@ -252,26 +476,36 @@ int RunInitiator(TransferEngine& engine) {
                          &stats[static_cast<size_t>(t)]);
   }
   const bool json = absl::GetFlag(FLAGS_report) == "json";
-  absl::SleepFor(start - absl::Now());
+  FILE* progress = json ? stderr : stdout;
+  while (absl::Now() < start && !g_stop.load()) {
+    absl::SleepFor(std::min(absl::Milliseconds(100), start - absl::Now()));
+  }
   uint64_t last_bytes = totals.bytes.load();
   absl::Time last = absl::Now();
   while (absl::Now() < end && !g_stop.load()) {
-    absl::SleepFor(std::min(absl::Seconds(1), end - absl::Now()));
+    absl::SleepFor(std::min(absl::Milliseconds(100), end - absl::Now()));
     absl::Time now = absl::Now();
+    if (now - last < absl::Seconds(1) && now < end && !g_stop.load()) continue;
     uint64_t bytes = totals.bytes.load();
-    std::fprintf(json ? stderr : stdout,
-                 "[%5.1fs] %8.3f GB/s  %llu transfers  %llu errors\n",
+    std::fprintf(progress, "[%5.1fs] %8.3f GB/s  %llu transfers  %llu errors",
                  absl::ToDoubleSeconds(now - start),
                  static_cast<double>(bytes - last_bytes) /
                      absl::ToDoubleSeconds(now - last) / 1e9,
                  static_cast<unsigned long long>(totals.transfers.load()),
                  static_cast<unsigned long long>(totals.errors.load()));
-    std::fflush(json ? stderr : stdout);
+    if (verify) {
+      std::fprintf(
+          progress, "  %llu verify failures",
+          static_cast<unsigned long long>(totals.verify_failures.load()));
+    }
+    std::fprintf(progress, "\n");
+    std::fflush(progress);
     last_bytes = bytes;
     last = now;
   }
   for (auto& w : workers) w.join();
-  const double secs = absl::ToDoubleSeconds(absl::Now() - start);
+  const double secs =
+      std::max(1e-9, absl::ToDoubleSeconds(absl::Now() - start));
   std::vector<double> lat;
   for (auto& s : stats) {
     MutexLock lock(&s.mu);
@@ -282,7 +516,11 @@ int RunInitiator(TransferEngine& engine) {
   const double tps = static_cast<double>(totals.transfers.load()) / secs;
   engine.UnregisterLocalMemory(local).IgnoreError();
   std::free(local);
-  const uint64_t errors = totals.errors.load() + totals.verify_failures.load();
+  const uint64_t transfer_errors = totals.errors.load();
+  const uint64_t verify_failures = totals.verify_failures.load();
+  const uint64_t errors = transfer_errors + verify_failures;
+  const bool ok = errors == 0 && totals.bytes.load() > 0;
+  totals.error_log.PrintSummary();
   // The transport's counters: which NIC carried what, retries.
   std::string nics;
   uint64_t retries = 0;
@@ -296,32 +534,43 @@ int RunInitiator(TransferEngine& engine) {
     }
   }
   if (json) {
+    // "errors" counts every failure (transfer errors + verify failures), so
+    // `"errors":0` alone still means a clean run.
     std::printf(
         "{\"protocol\":\"%s\",\"operation\":\"%s\",\"block_size\":%zu,"
         "\"batch_size\":%d,\"threads\":%d,\"seconds\":%.3f,"
         "\"throughput_gbps\":%.4f,\"transfers_per_sec\":%.1f,"
         "\"p50_us\":%.1f,\"p99_us\":%.1f,\"bytes\":%llu,\"errors\":%llu,"
-        "\"verified\":%s,\"verify_failures\":%llu,\"retries\":%llu,"
-        "\"nics\":[%s]}\n",
+        "\"transfer_errors\":%llu,\"verify\":%s,\"verified\":%s,"
+        "\"verify_failures\":%llu,\"stopped_on_errors\":%s,"
+        "\"retries\":%llu,\"nics\":[%s]}\n",
         absl::GetFlag(FLAGS_protocol).c_str(),
         absl::GetFlag(FLAGS_operation).c_str(), block, batch_size, threads,
         secs, gbps, tps, p50, p99,
         static_cast<unsigned long long>(totals.bytes.load()),
         static_cast<unsigned long long>(errors),
-        absl::GetFlag(FLAGS_verify) ? "true" : "false",
-        static_cast<unsigned long long>(totals.verify_failures.load()),
+        static_cast<unsigned long long>(transfer_errors),
+        verify ? "true" : "false", verify && ok ? "true" : "false",
+        static_cast<unsigned long long>(verify_failures),
+        totals.gave_up.load() ? "true" : "false",
         static_cast<unsigned long long>(retries), nics.c_str());
   } else {
+    std::string verdict;
+    if (verify) {
+      verdict = ok ? ", every byte verified"
+                   : absl::StrCat(", ", verify_failures,
+                                  " verify failures (verify FAILED)");
+    }
     std::printf(
         "%s %s: %.3f GB/s, %.0f transfers/s, batch latency p50 %.1f us p99 "
         "%.1f us, %llu bytes, %llu errors%s\n",
         absl::GetFlag(FLAGS_protocol).c_str(),
         absl::GetFlag(FLAGS_operation).c_str(), gbps, tps, p50, p99,
         static_cast<unsigned long long>(totals.bytes.load()),
-        static_cast<unsigned long long>(errors),
-        absl::GetFlag(FLAGS_verify) ? ", every byte verified" : "");
+        static_cast<unsigned long long>(transfer_errors), verdict.c_str());
   }
-  return errors == 0 && totals.bytes.load() > 0 ? 0 : 1;
+  std::fflush(stdout);
+  return ok ? 0 : 1;
 }
 
 int Main() {
@@ -404,8 +653,18 @@ int Main() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "Measures Ferry transfers; see the comment at the top of "
-      "tools/transfer_bench.cc");
+      "Measures Ferry transfers between two engines.\n"
+      "  transfer_bench --mode=target --segment_id=target --rpc_port=50051\n"
+      "  transfer_bench --mode=initiator --metadata_server=H:50051 "
+      "--segment_id=target --operation=read --verify\n"
+      "  transfer_bench --mode=local   (both engines in one process)\n"
+      "--verify checks every byte, whatever ran against the target before: "
+      "a WRITE is read back and compared; a READ run first writes a "
+      "reference pattern over the range it reads (not measured; "
+      "--noverify_prepare checks the target's initial fill instead).\n"
+      "Exit status: 0 if bytes moved and no request failed and no byte "
+      "differed, 1 otherwise. Failing requests back off and stop the run "
+      "after --max_consecutive_errors in a row.");
   absl::ParseCommandLine(argc, argv);
   return ferry::Main();
 }

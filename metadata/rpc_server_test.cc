@@ -1,0 +1,238 @@
+// RpcServer's own accept loop: connection caps (total and per peer), the
+// handshake timeout, the fd limit it raises, and that it keeps serving. The
+// fd-exhaustion case with real processes is tools/rpc_server_fd_test.
+#include "metadata/rpc_server.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <string>
+#include <vector>
+
+#include "common/socket_util.h"
+#include "common/status_testing.h"
+#include "gtest/gtest.h"
+#include "metadata/metadata_client.h"
+#include "metadata/metadata_service.h"
+
+namespace ferry::metadata {
+namespace {
+
+enum class Answer { kServed, kClosed, kNone };
+
+// What the server did with a connection: gRPC's SETTINGS (served), a close
+// or reset (refused or dropped), or nothing within `timeout`.
+Answer WaitAnswer(int fd, absl::Duration timeout) {
+  pollfd p{fd, POLLIN, 0};
+  int n;
+  do {
+    n = poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(timeout)));
+  } while (n < 0 && errno == EINTR);
+  if (n <= 0) return Answer::kNone;
+  char buf[256];
+  ssize_t r = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+  return r > 0 ? Answer::kServed : Answer::kClosed;
+}
+
+// Connects from `source_ip` (any 127/8 address is local).
+UniqueFd ConnectFrom(const std::string& source_ip, const HostPort& to) {
+  UniqueFd fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in src{};
+  src.sin_family = AF_INET;
+  inet_pton(AF_INET, source_ip.c_str(), &src.sin_addr);
+  EXPECT_EQ(bind(fd.get(), reinterpret_cast<sockaddr*>(&src), sizeof(src)), 0)
+      << strerror(errno);
+  sockaddr_in dst{};
+  dst.sin_family = AF_INET;
+  dst.sin_port = htons(to.port);
+  inet_pton(AF_INET, to.host.c_str(), &dst.sin_addr);
+  EXPECT_EQ(connect(fd.get(), reinterpret_cast<sockaddr*>(&dst), sizeof(dst)),
+            0)
+      << strerror(errno);
+  return fd;
+}
+
+void SendPreface(int fd) {
+  static const char kPreface[] =
+      "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\4\0\0\0\0\0";
+  ASSERT_OK(WriteFull(fd, kPreface, sizeof(kPreface) - 1));
+}
+
+class RpcServerTest : public ::testing::Test {
+ protected:
+  void Start(const RpcServerOptions& options) {
+    auto server = RpcServer::Start("127.0.0.1:0", {&service_}, options);
+    ASSERT_OK(server);
+    server_ = std::move(*server);
+    auto hp = ParseHostPort(server_->address());
+    ASSERT_OK(hp);
+    hp_ = *hp;
+  }
+
+  absl::Status Ask() {
+    MetadataClient client(server_->address(), absl::Seconds(3));
+    return client.ListSegments().status();
+  }
+
+  MetadataServiceImpl service_;
+  std::unique_ptr<RpcServer> server_;
+  HostPort hp_;
+};
+
+TEST_F(RpcServerTest, RefusesConnectionsBeyondTheCapAtOnce) {
+  RpcServerOptions o;
+  o.max_connections = 4;
+  o.max_connections_per_peer = 4;
+  ASSERT_NO_FATAL_FAILURE(Start(o));
+  std::vector<UniqueFd> conns;
+  int served = 0, closed = 0;
+  for (int i = 0; i < 10; ++i) {
+    conns.push_back(ConnectFrom("127.0.0.1", hp_));
+    SendPreface(conns.back().get());
+    switch (WaitAnswer(conns.back().get(), absl::Seconds(5))) {
+      case Answer::kServed:
+        ++served;
+        break;
+      case Answer::kClosed:
+        ++closed;
+        break;
+      case Answer::kNone:
+        break;
+    }
+  }
+  EXPECT_EQ(served, 4);
+  EXPECT_EQ(closed, 6);
+  EXPECT_EQ(server_->stats().refused, 6u);
+  EXPECT_EQ(server_->stats().max_connections, 4);
+  conns.clear();
+  // The slots come back once gRPC has closed its side.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  absl::Status s = Ask();
+  while (!s.ok() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));  // Retry pace, not ordering.
+    s = Ask();
+  }
+  EXPECT_OK(s);
+}
+
+TEST_F(RpcServerTest, CapsEachPeerAddressSeparately) {
+  RpcServerOptions o;
+  o.max_connections = 8;
+  o.max_connections_per_peer = 2;
+  ASSERT_NO_FATAL_FAILURE(Start(o));
+  std::vector<UniqueFd> conns;
+  std::vector<Answer> answers;
+  for (const char* ip :
+       {"127.0.0.2", "127.0.0.2", "127.0.0.2", "127.0.0.3", "127.0.0.3"}) {
+    conns.push_back(ConnectFrom(ip, hp_));
+    SendPreface(conns.back().get());
+    answers.push_back(WaitAnswer(conns.back().get(), absl::Seconds(5)));
+  }
+  EXPECT_EQ(answers[0], Answer::kServed);
+  EXPECT_EQ(answers[1], Answer::kServed);
+  EXPECT_EQ(answers[2], Answer::kClosed) << "third from one address";
+  EXPECT_EQ(answers[3], Answer::kServed) << "another address has its own cap";
+  EXPECT_EQ(answers[4], Answer::kServed);
+  // 127.0.0.1, the client below, is a third address.
+  EXPECT_OK(Ask());
+}
+
+// Clients that connect and only speak a little later (as gRPC clients do
+// after their connect handshake) must be served however their first bytes
+// interleave with other connections being accepted and handed over.
+TEST_F(RpcServerTest, ServesClientsThatSpeakLate) {
+  ASSERT_NO_FATAL_FAILURE(Start({}));
+  constexpr int kClients = 20;
+  std::vector<UniqueFd> conns;
+  for (int i = 0; i < kClients; ++i) {
+    conns.push_back(ConnectFrom("127.0.0.1", hp_));
+  }
+  int served = 0;
+  for (int i = 0; i < kClients; ++i) {
+    SendPreface(conns[static_cast<size_t>(i)].get());
+    if (WaitAnswer(conns[static_cast<size_t>(i)].get(), absl::Seconds(5)) ==
+        Answer::kServed) {
+      ++served;
+    }
+    // Another connection accepted while the rest are still silent.
+    conns.push_back(ConnectFrom("127.0.0.1", hp_));
+  }
+  EXPECT_EQ(served, kClients);
+  EXPECT_EQ(server_->stats().refused, 0u);
+}
+
+TEST_F(RpcServerTest, DropsSilentConnectionsAfterTheHandshakeTimeout) {
+  RpcServerOptions o;
+  o.handshake_timeout = absl::Milliseconds(300);
+  ASSERT_NO_FATAL_FAILURE(Start(o));
+  UniqueFd silent = ConnectFrom("127.0.0.1", hp_);
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(WaitAnswer(silent.get(), absl::Seconds(10)), Answer::kClosed);
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(250));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ(server_->stats().handshake_timeouts, 1u);
+  EXPECT_OK(Ask());
+}
+
+TEST_F(RpcServerTest, ClosesIdleConnections) {
+  RpcServerOptions o;
+  o.idle_timeout = absl::Milliseconds(500);
+  ASSERT_NO_FATAL_FAILURE(Start(o));
+  UniqueFd idle = ConnectFrom("127.0.0.1", hp_);
+  SendPreface(idle.get());
+  ASSERT_EQ(WaitAnswer(idle.get(), absl::Seconds(5)), Answer::kServed);
+  // gRPC sends GOAWAY, then closes; read until the close.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  bool closed = false;
+  while (!closed && absl::Now() < deadline) {
+    closed = WaitAnswer(idle.get(), deadline - absl::Now()) == Answer::kClosed;
+  }
+  EXPECT_TRUE(closed);
+}
+
+TEST_F(RpcServerTest, ShutdownWithConnectionsInEveryState) {
+  RpcServerOptions o;
+  o.max_connections = 2;
+  ASSERT_NO_FATAL_FAILURE(Start(o));
+  UniqueFd served = ConnectFrom("127.0.0.1", hp_);
+  SendPreface(served.get());
+  ASSERT_EQ(WaitAnswer(served.get(), absl::Seconds(5)), Answer::kServed);
+  UniqueFd silent = ConnectFrom("127.0.0.1", hp_);
+  UniqueFd refused = ConnectFrom("127.0.0.1", hp_);
+  EXPECT_EQ(WaitAnswer(refused.get(), absl::Seconds(5)), Answer::kClosed);
+  const absl::Time start = absl::Now();
+  server_->Shutdown();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ(WaitAnswer(silent.get(), absl::Seconds(5)), Answer::kClosed);
+  server_->Shutdown();  // Idempotent.
+}
+
+TEST_F(RpcServerTest, ReportsAddressInUse) {
+  ASSERT_NO_FATAL_FAILURE(Start({}));
+  auto second = RpcServer::Start(server_->address(), {&service_});
+  EXPECT_STATUS(second, absl::StatusCode::kUnavailable);
+}
+
+TEST(RaiseFdLimitTest, RaisesTheSoftLimitToTheHardLimit) {
+  rlimit orig{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &orig), 0);
+  if (orig.rlim_max < 64) GTEST_SKIP() << "hard limit too low to lower";
+  rlimit low = orig;
+  low.rlim_cur = 32;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  auto raised = RaiseFdLimitToHard();
+  rlimit now{};
+  getrlimit(RLIMIT_NOFILE, &now);
+  setrlimit(RLIMIT_NOFILE, &orig);
+  ASSERT_OK(raised);
+  EXPECT_EQ(*raised, orig.rlim_max);
+  EXPECT_EQ(now.rlim_cur, orig.rlim_max);
+}
+
+}  // namespace
+}  // namespace ferry::metadata

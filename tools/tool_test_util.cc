@@ -1,0 +1,168 @@
+#include "tools/tool_test_util.h"
+
+#include <dirent.h>
+#include <poll.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace ferry::testing {
+
+absl::StatusOr<std::unique_ptr<Subprocess>> StartTool(
+    const std::vector<std::string>& argv, int fd_limit) {
+  if (fd_limit <= 0) return Subprocess::Start(argv);
+  // sh's `ulimit -n` sets the soft and the hard limit; exec keeps them.
+  std::vector<std::string> wrapped = {
+      "/bin/sh", "-c", absl::StrCat("ulimit -n ", fd_limit, R"( && exec "$@")"),
+      "sh"};
+  wrapped.insert(wrapped.end(), argv.begin(), argv.end());
+  return Subprocess::Start(wrapped);
+}
+
+absl::StatusOr<std::string> WaitForLine(Subprocess& child,
+                                        const std::string& prefix,
+                                        absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    auto line = child.ReadLine(deadline - absl::Now());
+    if (!line.ok()) {
+      return absl::Status(line.status().code(),
+                          absl::StrCat("waiting for a line \"", prefix,
+                                       "...\": ", line.status().message()));
+    }
+    if (absl::StartsWith(*line, prefix)) {
+      return std::string(absl::StripPrefix(*line, prefix));
+    }
+  }
+}
+
+absl::StatusOr<ProcessUsage> ReadProcessUsage(pid_t pid) {
+  ProcessUsage u;
+  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
+  if (!status) {
+    return absl::NotFoundError(absl::StrCat("no process ", pid));
+  }
+  std::string line;
+  bool seen_threads = false;
+  while (std::getline(status, line)) {
+    std::vector<std::string> f =
+        absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
+    if (f.size() < 2) continue;
+    if (f[0] == "Threads:") seen_threads = absl::SimpleAtoi(f[1], &u.threads);
+    if (f[0] == "VmRSS:") (void)absl::SimpleAtoi(f[1], &u.rss_kb);
+  }
+  if (!seen_threads) {
+    return absl::NotFoundError(absl::StrCat("process ", pid, " is gone"));
+  }
+  DIR* dir = opendir(absl::StrCat("/proc/", pid, "/fd").c_str());
+  if (dir == nullptr) {
+    return absl::NotFoundError(absl::StrCat("no fd table for ", pid));
+  }
+  while (dirent* e = readdir(dir)) {
+    if (e->d_name[0] != '.') ++u.open_fds;
+  }
+  closedir(dir);
+  return u;
+}
+
+namespace {
+
+std::string Histogram(const std::map<std::string, int>& counts) {
+  std::vector<std::pair<int, std::string>> v;
+  for (const auto& [k, n] : counts) v.push_back({n, k});
+  std::sort(v.begin(), v.end(), std::greater<>());
+  std::string out;
+  for (const auto& [n, k] : v) {
+    absl::StrAppend(&out, out.empty() ? "" : ", ", k, " x", n);
+  }
+  return out;
+}
+
+std::vector<std::string> DirEntries(const std::string& dir) {
+  std::vector<std::string> out;
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return out;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] != '.') out.push_back(e->d_name);
+  }
+  closedir(d);
+  return out;
+}
+
+}  // namespace
+
+std::string DescribeThreads(pid_t pid) {
+  std::map<std::string, int> counts;
+  const std::string task = absl::StrCat("/proc/", pid, "/task/");
+  for (const std::string& tid : DirEntries(task)) {
+    std::ifstream comm(absl::StrCat(task, tid, "/comm"));
+    std::string name;
+    std::getline(comm, name);
+    ++counts[name.empty() ? "?" : name];
+  }
+  return Histogram(counts);
+}
+
+std::string DescribeFds(pid_t pid) {
+  std::map<std::string, int> counts;
+  const std::string fd_dir = absl::StrCat("/proc/", pid, "/fd/");
+  for (const std::string& fd : DirEntries(fd_dir)) {
+    char target[256];
+    ssize_t n = readlink((fd_dir + fd).c_str(), target, sizeof(target) - 1);
+    if (n < 0) continue;
+    std::string t(target, static_cast<size_t>(n));
+    // "socket:[123]" -> "socket"; "anon_inode:[eventfd]" kept whole.
+    if (absl::StartsWith(t, "socket:") || absl::StartsWith(t, "pipe:")) {
+      t = t.substr(0, t.find(':'));
+    } else if (!absl::StartsWith(t, "anon_inode:")) {
+      t = "file";
+    }
+    ++counts[t];
+  }
+  return Histogram(counts);
+}
+
+bool ProcessAlive(pid_t pid) {
+  if (kill(pid, 0) != 0) return false;
+  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+  std::string text((std::istreambuf_iterator<char>(stat)),
+                   std::istreambuf_iterator<char>());
+  // The state follows the parenthesised command name.
+  size_t close = text.rfind(')');
+  return close != std::string::npos && close + 2 < text.size() &&
+         text[close + 2] != 'Z' && text[close + 2] != 'X';
+}
+
+bool WaitReadable(int fd, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) return false;
+    pollfd p{fd, POLLIN, 0};
+    int n = poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(left)) + 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n > 0) return true;
+  }
+}
+
+std::string Http2ClientPreface() {
+  std::string s = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+  // SETTINGS frame: length 0, type 4, flags 0, stream 0.
+  const char settings[9] = {0, 0, 0, 4, 0, 0, 0, 0, 0};
+  s.append(settings, sizeof(settings));
+  return s;
+}
+
+}  // namespace ferry::testing
