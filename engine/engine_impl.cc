@@ -12,6 +12,20 @@
 
 namespace ferry {
 
+namespace {
+
+// Distinct per engine in a process (until 65,536 engines), so that one
+// engine never accepts another's segment handles.
+uint16_t NextHandleTag() {
+  static std::atomic<uint16_t> next{static_cast<uint16_t>(
+      absl::Uniform<uint32_t>(absl::BitGen(), 1, 0xffff))};
+  uint16_t tag = next.fetch_add(1);
+  if (tag == 0) tag = next.fetch_add(1);
+  return tag;
+}
+
+}  // namespace
+
 EngineImpl::~EngineImpl() { Shutdown(); }
 
 absl::Status EngineImpl::ValidateOptions(const EngineOptions& o) const {
@@ -80,7 +94,7 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
                                                          options.rpc_timeout);
   peer_client_ = std::make_unique<metadata::PeerClient>(options.rpc_timeout);
   segments_ = std::make_unique<SegmentCache>(
-      metadata_.get(), static_cast<uint16_t>(incarnation_ & 0xffff),
+      metadata_.get(), NextHandleTag(),
       [this](Task* task, std::shared_ptr<const SegmentView> view,
              const absl::Status& fetch) {
         OnDescriptorReady(task, std::move(view), fetch);
@@ -145,10 +159,19 @@ void EngineImpl::ReleaseAll() {
   // reach a transport that is going away.
   if (segments_ != nullptr) segments_->Stop();
   for (auto& t : transports_) t->Shutdown();
-  transports_.clear();
-  slice_bytes_.clear();
   if (rpc_server_ != nullptr) rpc_server_->Shutdown();
   rpc_server_.reset();
+  // Every slice has completed (the transports cancelled what was left), so
+  // no lease is held: the registrations go with the transports whose
+  // handles they carry, and a later Init starts clean.
+  StopMrCache();
+  local_memory_.Clear();
+  transports_.clear();
+  slice_bytes_.clear();
+  sink_.set_segments(nullptr);
+  segments_.reset();
+  peer_channel_.reset();
+  peer_client_.reset();
 }
 
 void EngineImpl::Shutdown() {

@@ -108,8 +108,16 @@ class EngineImpl {
   // registrations beyond the budget.
   absl::StatusOr<MemoryRegistry::Lease> AcquireLocal(uintptr_t addr,
                                                      size_t length);
-  // Installs the memory hooks the cache needs (when it is on).
+  // Installs the memory hooks the cache needs (when it is on) / drops the
+  // cache's state and gives its watcher back.
   absl::Status StartMrCache();
+  void StopMrCache();
+  // Unregisters a retired cached registration from the transports, then
+  // gives its range back.
+  void UnregisterCached(uintptr_t addr);
+  // Ends the record of a registration in progress at `lo`; true if a
+  // release invalidated it meanwhile.
+  bool ForgetRegistering(uintptr_t lo) ABSL_EXCLUSIVE_LOCKS_REQUIRED(cache_mu_);
   // Unregisters the cached registration at `addr`; if transfers use it,
   // retires it (no new lease; unregistered once free) when
   // `retire_if_busy`, else leaves it. True if it is gone now.
@@ -170,12 +178,19 @@ class EngineImpl {
   std::map<uintptr_t, CachedMr> cache_ ABSL_GUARDED_BY(cache_mu_);
   size_t cache_bytes_ ABSL_GUARDED_BY(cache_mu_) = 0;
   uint64_t cache_clock_ ABSL_GUARDED_BY(cache_mu_) = 0;
-  // Released under transfers in flight: waiting for them to end.
+  // Released (or evicted) but still leased: unregistered once idle.
   std::vector<uintptr_t> retired_ ABSL_GUARDED_BY(cache_mu_);
   std::atomic<size_t> retired_count_{0};
+  // Registrations being made (reserved, not yet cached).
+  struct Registering {
+    uintptr_t addr;
+    size_t length;
+    bool invalidated;  // A release hit it meanwhile.
+  };
+  std::vector<Registering> registering_ ABSL_GUARDED_BY(cache_mu_);
   std::atomic<uint64_t> mr_cache_invalidations_{0};
   std::atomic<uint64_t> mr_cache_evictions_{0};
-  std::unique_ptr<MemoryWatcher> watcher_;
+  MemoryWatcher* watcher_ = nullptr;  // From the pool; while the cache is on.
 
   TaskSink sink_;
   BatchTable batches_;

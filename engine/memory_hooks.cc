@@ -9,16 +9,13 @@
 #include <unistd.h>
 
 #include <cstring>
-#include <mutex>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 
-// The hooks run in places where a sanitizer's runtime cannot follow: glibc
-// calls madvise on a thread's stack as the thread exits, after
-// ThreadSanitizer dropped the thread's state. So everything on the hook
-// path carries no sanitizer instrumentation at all.
+// The callbacks run where a sanitizer's runtime cannot follow: glibc calls
+// madvise on a thread's stack as the thread exits, after ThreadSanitizer
+// dropped the thread's state. So everything on the hook path carries no
+// sanitizer instrumentation at all.
 #if defined(__clang__)
 #define FERRY_UNINSTRUMENTED __attribute__((disable_sanitizer_instrumentation))
 #else
@@ -30,103 +27,132 @@
 namespace ferry {
 namespace {
 
-std::atomic<MemoryWatcher*> g_watchers[MemoryWatcher::kMaxWatchers];
-// Hooks running now, so that a watcher being destroyed can wait for the
-// ones that may still use it.
-std::atomic<int> g_active{0};
-// glibc's record of the program break, kept right by the brk hook.
-void** g_curbrk = nullptr;
+// --- Watchers: a static pool, never freed, so that a hook holding a
+// pointer can never write into freed memory.
+
+struct WatcherSlot {
+  MemoryWatcher watcher;
+  std::atomic<bool> taken{false};
+};
+WatcherSlot g_pool[MemoryWatcher::kMaxWatchers];
+// Watchers in use, for the hooks (null: free).
+std::atomic<MemoryWatcher*> g_active_watchers[MemoryWatcher::kMaxWatchers];
+// Given out when the pool is empty: it always reports overflow.
+MemoryWatcher g_overflow_watcher;
+
+void** g_curbrk = nullptr;  // glibc's record of the program break.
 
 struct Counts {
   std::atomic<uint64_t> munmap{0}, mremap{0}, madvise{0}, mmap_fixed{0}, brk{0},
       shmdt{0};
 } g_counts;
 
-// Spins on a flag held only for a copy of a few bytes; gives up after a
-// bound (a signal handler interrupting a holder on the same thread).
-constexpr int kMaxSpins = 1 << 14;
-
 FERRY_UNINSTRUMENTED void RecordAll(uintptr_t addr, size_t length) {
   if (length == 0) return;
-  g_active.fetch_add(1, std::memory_order_acquire);
-  for (auto& slot : g_watchers) {
+  for (auto& slot : g_active_watchers) {
     MemoryWatcher* w = slot.load(std::memory_order_acquire);
     if (w != nullptr) w->Record(addr, length);
   }
-  g_active.fetch_sub(1, std::memory_order_release);
 }
 
-// The replacements. Each records the range, then makes the system call
-// itself (the patched libc function cannot be called any more), with
-// libc's conventions: -1 and errno on failure.
-FERRY_UNINSTRUMENTED int HookMunmap(void* addr, size_t length) {
+// --- The callbacks: called by the trampolines right before libc's own
+// `syscall` instruction, with the system call's arguments (rdi, rsi, rdx,
+// r10, r8). They only record; libc then makes the call as it always does,
+// so its results and errno are untouched.
+
+FERRY_UNINSTRUMENTED void OnMunmap(uintptr_t addr, size_t length) {
   g_counts.munmap.fetch_add(1, std::memory_order_relaxed);
-  RecordAll(reinterpret_cast<uintptr_t>(addr), length);
-  return static_cast<int>(syscall(SYS_munmap, addr, length));
+  RecordAll(addr, length);
 }
 
-FERRY_UNINSTRUMENTED void* HookMremap(void* old_addr, size_t old_size,
-                                      size_t new_size, int flags,
-                                      void* new_addr) {
+FERRY_UNINSTRUMENTED void OnMremap(uintptr_t old_addr, size_t old_size,
+                                   size_t new_size, uint64_t flags,
+                                   uintptr_t new_addr) {
   g_counts.mremap.fetch_add(1, std::memory_order_relaxed);
-  RecordAll(reinterpret_cast<uintptr_t>(old_addr), old_size);
-  // The fifth argument exists only with MREMAP_FIXED (a variadic argument
-  // in libc's prototype; on x86-64 it arrives in the same register).
-  if ((flags & MREMAP_FIXED) != 0) {
-    RecordAll(reinterpret_cast<uintptr_t>(new_addr), new_size);
-  }
-  return reinterpret_cast<void*>(
-      syscall(SYS_mremap, old_addr, old_size, new_size, flags, new_addr));
+  RecordAll(old_addr, old_size);
+  if ((flags & MREMAP_FIXED) != 0) RecordAll(new_addr, new_size);
 }
 
-FERRY_UNINSTRUMENTED int HookMadvise(void* addr, size_t length, int advice) {
+FERRY_UNINSTRUMENTED void OnMadvise(uintptr_t addr, size_t length,
+                                    uint64_t advice) {
   // Only advice that replaces the pages behind the range.
   if (advice == MADV_DONTNEED || advice == MADV_FREE || advice == MADV_REMOVE) {
     g_counts.madvise.fetch_add(1, std::memory_order_relaxed);
-    RecordAll(reinterpret_cast<uintptr_t>(addr), length);
+    RecordAll(addr, length);
   }
-  return static_cast<int>(syscall(SYS_madvise, addr, length, advice));
 }
 
-FERRY_UNINSTRUMENTED void* HookMmap(void* addr, size_t length, int prot,
-                                    int flags, int fd, off_t offset) {
+FERRY_UNINSTRUMENTED void OnMmap(uintptr_t addr, size_t length, uint64_t,
+                                 uint64_t flags) {
   // A fixed mapping replaces whatever was mapped there.
   if ((flags & MAP_FIXED) != 0) {
     g_counts.mmap_fixed.fetch_add(1, std::memory_order_relaxed);
-    RecordAll(reinterpret_cast<uintptr_t>(addr), length);
+    RecordAll(addr, length);
   }
-  return reinterpret_cast<void*>(
-      syscall(SYS_mmap, addr, length, prot, flags, fd, offset));
 }
 
-FERRY_UNINSTRUMENTED int HookBrk(void* addr) {
-  void* old = *g_curbrk;
-  if (old == nullptr) old = reinterpret_cast<void*>(syscall(SYS_brk, 0));
-  void* now = reinterpret_cast<void*>(syscall(SYS_brk, addr));
-  *g_curbrk = now;
-  if (now < addr) {
-    errno = ENOMEM;
-    return -1;
-  }
-  if (now < old) {
+FERRY_UNINSTRUMENTED void OnBrk(uintptr_t new_break) {
+  const uintptr_t old = reinterpret_cast<uintptr_t>(*g_curbrk);
+  // brk(0) only asks where the break is.
+  if (new_break != 0 && old != 0 && new_break < old) {
     g_counts.brk.fetch_add(1, std::memory_order_relaxed);
-    RecordAll(
-        reinterpret_cast<uintptr_t>(now),
-        reinterpret_cast<uintptr_t>(old) - reinterpret_cast<uintptr_t>(now));
+    RecordAll(new_break, old - new_break);
   }
-  return 0;
 }
 
-FERRY_UNINSTRUMENTED int HookShmdt(const void* addr) {
+FERRY_UNINSTRUMENTED void OnShmdt(uintptr_t) {
   g_counts.shmdt.fetch_add(1, std::memory_order_relaxed);
   // The segment's size is not an argument: treat everything as released.
   RecordAll(0, ~uintptr_t{0});
-  return static_cast<int>(syscall(SYS_shmdt, addr));
 }
 
-// movabs r11, imm64; jmp r11 -- 13 bytes; r11 is a scratch register the
-// callee may clobber (and the syscall instruction clobbers it anyway).
-constexpr size_t kJumpBytes = 13;
+// --- Patching. In each libc function the system call is made by
+//   mov $nr, %eax     b8 <nr: 4 bytes>
+//   syscall           0f 05
+// That 5-byte mov is replaced by a jmp (e9 <rel32>) to a trampoline that
+// saves the caller-saved registers, calls the callback, restores them,
+// executes the displaced mov and jumps back to the syscall instruction.
+// Nothing else in libc changes: a thread inside the system call returns
+// to the unchanged bytes after it, and the 5 bytes are written with one
+// atomic store (8- or 16-byte, aligned), so a thread about to execute
+// them sees either the mov or the jmp, never a mix.
+
+constexpr size_t kSiteBytes = 5;
+constexpr size_t kTrampolineBytes = 96;
+
+struct Hook {
+  const char* name;
+  uint32_t nr;
+  void* callback;
+};
+
+FERRY_UNINSTRUMENTED bool Cas16(void* p, const uint64_t expected[2],
+                                const uint64_t desired[2]) {
+  uint64_t lo = expected[0], hi = expected[1];
+  bool ok;
+  asm volatile("lock cmpxchg16b %1\n\tsete %0"
+               : "=q"(ok), "+m"(*static_cast<volatile __int128*>(p)), "+a"(lo),
+                 "+d"(hi)
+               : "b"(desired[0]), "c"(desired[1])
+               : "cc", "memory");
+  return ok;
+}
+
+// Where `fn` makes system call `nr`: the offset of `mov $nr, %eax;
+// syscall`, which must occur exactly once in its first 256 bytes.
+int FindSite(const uint8_t* fn, size_t size, uint32_t nr) {
+  uint8_t pattern[7] = {0xb8, 0, 0, 0, 0, 0x0f, 0x05};
+  std::memcpy(pattern + 1, &nr, 4);
+  int found = -1;
+  const size_t limit = size < 256 ? size : 256;
+  for (size_t i = 0; i + sizeof(pattern) <= limit; ++i) {
+    if (std::memcmp(fn + i, pattern, sizeof(pattern)) == 0) {
+      if (found >= 0) return -1;
+      found = static_cast<int>(i);
+    }
+  }
+  return found;
+}
 
 // The size of the function at `fn` from its ELF symbol, or 0.
 size_t SymbolSize(void* fn) {
@@ -139,43 +165,126 @@ size_t SymbolSize(void* fn) {
   return static_cast<const ElfW(Sym)*>(extra)->st_size;
 }
 
-// Writes libc's code. Not instrumented: a sanitizer would check the write
-// against shadow memory that libc's text does not have.
-__attribute__((no_sanitize("address", "thread", "memory"))) void WriteCode(
-    void* fn, const uint8_t* code, size_t n) {
-  volatile uint8_t* dst = static_cast<volatile uint8_t*>(fn);
-  for (size_t i = 0; i < n; ++i) dst[i] = code[i];
+// A page for trampolines within a rel32 jump of `near`, or null.
+uint8_t* MapNear(uintptr_t near) {
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t base = (near + (1 << 20)) & ~(page - 1);
+  for (uintptr_t step = 0; step < (uintptr_t{1} << 30); step += 1 << 20) {
+    for (const uintptr_t at : {base + step, base - step - (2 << 20)}) {
+      void* p = mmap(reinterpret_cast<void*>(at), page,
+                     PROT_READ | PROT_WRITE | PROT_EXEC,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+      if (p == MAP_FAILED) continue;
+      if (p == reinterpret_cast<void*>(at)) return static_cast<uint8_t*>(p);
+      munmap(p, page);  // An old kernel ignored the hint.
+    }
+  }
+  return nullptr;
 }
 
-absl::Status Patch(void* libc, const char* name, void* hook) {
-  void* fn = dlsym(libc, name);
-  if (SymbolSize(fn) < kJumpBytes) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("libc's ", name, " is missing or too short to patch"));
+// Writes the trampoline for `hook` at `t`, returning to `resume`.
+void WriteTrampoline(uint8_t* t, const Hook& hook, const uint8_t* resume) {
+  static const uint8_t kSave[] = {
+      0x48, 0x8d, 0x64, 0x24, 0x80,  // lea -0x80(%rsp),%rsp: the red zone
+      0x50, 0x57, 0x56, 0x52, 0x51,  // push rax rdi rsi rdx rcx
+      0x41, 0x50, 0x41, 0x51,        // push r8 r9
+      0x41, 0x52, 0x41, 0x53,        // push r10 r11
+      0x55,                          // push rbp
+      0x48, 0x89, 0xe5,              // mov %rsp,%rbp
+      0x48, 0x83, 0xe4, 0xf0,        // and $-16,%rsp
+      0x4c, 0x89, 0xd1,              // mov %r10,%rcx: the 4th argument
+      0x49, 0xbb,                    // movabs $callback,%r11
+  };
+  static const uint8_t kRestore[] = {
+      0x41, 0xff, 0xd3,              // call *%r11
+      0x48, 0x89, 0xec,              // mov %rbp,%rsp
+      0x5d,                          // pop rbp
+      0x41, 0x5b, 0x41, 0x5a,        // pop r11 r10
+      0x41, 0x59, 0x41, 0x58,        // pop r9 r8
+      0x59, 0x5a, 0x5e, 0x5f, 0x58,  // pop rcx rdx rsi rdi rax
+      0x48, 0x8d, 0xa4, 0x24, 0x80, 0x00, 0x00, 0x00,  // lea 0x80(%rsp),%rsp
+      0xb8,  // mov $nr,%eax (displaced)
+  };
+  uint8_t* p = t;
+  std::memcpy(p, kSave, sizeof(kSave));
+  p += sizeof(kSave);
+  const uint64_t cb = reinterpret_cast<uint64_t>(hook.callback);
+  std::memcpy(p, &cb, 8);
+  p += 8;
+  std::memcpy(p, kRestore, sizeof(kRestore));
+  p += sizeof(kRestore);
+  std::memcpy(p, &hook.nr, 4);
+  p += 4;
+  *p++ = 0xe9;  // jmp rel32 back to the syscall instruction.
+  const int32_t back = static_cast<int32_t>(resume - (p + 4));
+  std::memcpy(p, &back, 4);
+}
+
+// How the jump at `site` can be written with one atomic store: all 5 bytes
+// inside one aligned 16-byte block (any target), or only the first
+// `in_block` bytes inside it, the rest being the top bytes of the jump's
+// displacement, which must then equal the bytes already there (the top
+// bytes of the system call number: zeros), so the target must lie within
+// 2^(8 * (in_block - 1)) bytes after the site.
+struct SitePlan {
+  bool atomic_any_target = false;
+  uint64_t max_forward = 0;  // When !atomic_any_target; 0: impossible.
+};
+
+SitePlan PlanSite(const uint8_t* site) {
+  SitePlan plan;
+  const uintptr_t a = reinterpret_cast<uintptr_t>(site);
+  const size_t in_block = 16 - (a & 15);
+  if (in_block >= kSiteBytes) {
+    plan.atomic_any_target = true;
+  } else if (in_block >= 3) {
+    bool zeros = true;
+    for (size_t i = in_block; i < kSiteBytes; ++i) zeros &= site[i] == 0;
+    if (zeros) plan.max_forward = uint64_t{1} << (8 * (in_block - 1));
   }
-  uint8_t code[kJumpBytes] = {0x49, 0xbb};
-  const uint64_t target = reinterpret_cast<uint64_t>(hook);
-  std::memcpy(code + 2, &target, sizeof(target));
-  code[10] = 0x41;
-  code[11] = 0xff;
-  code[12] = 0xe3;
+  return plan;
+}
+
+// Writes the 5 bytes at `site` within its aligned 16-byte block (bytes
+// beyond the block must already hold what `code` has there).
+absl::Status WriteSite(uint8_t* site, const uint8_t code[kSiteBytes]) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(site);
+  const size_t offset = a & 15;
+  const size_t in_block = offset + kSiteBytes <= 16 ? kSiteBytes : 16 - offset;
+  for (size_t i = in_block; i < kSiteBytes; ++i) {
+    if (site[i] != code[i]) {
+      return absl::InternalError("a jump cannot be written atomically here");
+    }
+  }
+  if (offset % 8 + in_block <= 8) {
+    auto* word = reinterpret_cast<uint64_t*>(a & ~uintptr_t{7});
+    uint64_t v = __atomic_load_n(word, __ATOMIC_SEQ_CST);
+    std::memcpy(reinterpret_cast<uint8_t*>(&v) + (a & 7), code, in_block);
+    __atomic_store_n(word, v, __ATOMIC_SEQ_CST);
+    return absl::OkStatus();
+  }
+  void* block = reinterpret_cast<void*>(a & ~uintptr_t{15});
+  uint64_t old[2], desired[2];
+  std::memcpy(old, block, 16);
+  std::memcpy(desired, old, 16);
+  std::memcpy(reinterpret_cast<uint8_t*>(desired) + offset, code, in_block);
+  if (Cas16(block, old, desired)) return absl::OkStatus();
+  return absl::InternalError("libc's code changed while it was patched");
+}
+
+// A page for trampolines in [lo, hi) (page-aligned bounds), or null.
+uint8_t* MapInRange(uintptr_t lo, uintptr_t hi) {
   const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  const uintptr_t begin = reinterpret_cast<uintptr_t>(fn) & ~(page - 1);
-  const uintptr_t end =
-      (reinterpret_cast<uintptr_t>(fn) + kJumpBytes + page - 1) & ~(page - 1);
-  void* pages = reinterpret_cast<void*>(begin);
-  if (mprotect(pages, end - begin, PROT_READ | PROT_WRITE | PROT_EXEC) != 0) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "cannot make libc's ", name, " writable: ", std::strerror(errno)));
+  for (uintptr_t at = (lo + page - 1) & ~(page - 1); at + page <= hi;
+       at += page) {
+    void* p = mmap(reinterpret_cast<void*>(at), page,
+                   PROT_READ | PROT_WRITE | PROT_EXEC,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+    if (p == MAP_FAILED) continue;
+    if (p == reinterpret_cast<void*>(at)) return static_cast<uint8_t*>(p);
+    munmap(p, page);  // An old kernel ignored the hint.
   }
-  WriteCode(fn, code, kJumpBytes);
-  __builtin___clear_cache(static_cast<char*>(fn),
-                          static_cast<char*>(fn) + kJumpBytes);
-  if (mprotect(pages, end - begin, PROT_READ | PROT_EXEC) != 0) {
-    return absl::InternalError(absl::StrCat(
-        "cannot restore libc's code protection: ", std::strerror(errno)));
-  }
-  return absl::OkStatus();
+  return nullptr;
 }
 
 absl::Status DoInstall() {
@@ -192,27 +301,96 @@ absl::Status DoInstall() {
   if (g_curbrk == nullptr) {
     return absl::FailedPreconditionError("libc has no __curbrk");
   }
-  const struct {
-    const char* name;
-    void* hook;
-  } hooks[] = {
-      {"munmap", reinterpret_cast<void*>(&HookMunmap)},
-      {"mremap", reinterpret_cast<void*>(&HookMremap)},
-      {"madvise", reinterpret_cast<void*>(&HookMadvise)},
-      {"mmap", reinterpret_cast<void*>(&HookMmap)},
-      {"brk", reinterpret_cast<void*>(&HookBrk)},
-      {"shmdt", reinterpret_cast<void*>(&HookShmdt)},
+  const Hook hooks[] = {
+      {"munmap", SYS_munmap, reinterpret_cast<void*>(&OnMunmap)},
+      {"mremap", SYS_mremap, reinterpret_cast<void*>(&OnMremap)},
+      {"madvise", SYS_madvise, reinterpret_cast<void*>(&OnMadvise)},
+      {"mmap", SYS_mmap, reinterpret_cast<void*>(&OnMmap)},
+      {"brk", SYS_brk, reinterpret_cast<void*>(&OnBrk)},
+      {"shmdt", SYS_shmdt, reinterpret_cast<void*>(&OnShmdt)},
   };
-  // Check every symbol before patching any, so that a failure leaves libc
-  // untouched.
-  for (const auto& h : hooks) {
-    if (SymbolSize(dlsym(libc, h.name)) < kJumpBytes) {
+  constexpr int kHooks = sizeof(hooks) / sizeof(hooks[0]);
+  // Find every site, and where its trampoline may go, before touching
+  // anything, so that a libc that looks unexpected is left alone.
+  uint8_t* sites[kHooks];
+  uint8_t* tramps[kHooks];
+  uint8_t* shared = nullptr;
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  for (int i = 0; i < kHooks; ++i) {
+    void* fn = dlsym(libc, hooks[i].name);
+    const size_t size = SymbolSize(fn);
+    const int at =
+        size > 0 ? FindSite(static_cast<uint8_t*>(fn), size, hooks[i].nr) : -1;
+    if (at < 0) {
       return absl::FailedPreconditionError(
-          absl::StrCat("libc's ", h.name, " cannot be patched"));
+          absl::StrCat("libc's ", hooks[i].name,
+                       " does not make its system call the expected way"));
+    }
+    sites[i] = static_cast<uint8_t*>(fn) + at;
+    const SitePlan plan = PlanSite(sites[i]);
+    if (plan.atomic_any_target) {
+      if (shared == nullptr) {
+        shared = MapNear(reinterpret_cast<uintptr_t>(sites[i]));
+        if (shared == nullptr) {
+          return absl::ResourceExhaustedError(
+              "no room for the memory hooks' trampolines near libc");
+        }
+      }
+      tramps[i] = shared + i * kTrampolineBytes;
+      const int64_t reach = tramps[i] - (sites[i] + kSiteBytes);
+      if (reach > INT32_MAX || reach < INT32_MIN) {
+        return absl::ResourceExhaustedError(
+            "the memory hooks' trampolines are out of a jump's reach");
+      }
+    } else {
+      // Its jump must land close after it; a page of its own there.
+      const uintptr_t from = reinterpret_cast<uintptr_t>(sites[i]) + kSiteBytes;
+      uint8_t* own = plan.max_forward == 0
+                         ? nullptr
+                         : MapInRange(from, from + plan.max_forward);
+      if (own == nullptr) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "libc's ", hooks[i].name,
+            " cannot be patched atomically (its system call straddles a "
+            "16-byte block and no page is free close after it)"));
+      }
+      tramps[i] = own;
     }
   }
-  for (const auto& h : hooks) {
-    if (absl::Status s = Patch(libc, h.name, h.hook); !s.ok()) return s;
+  for (int i = 0; i < kHooks; ++i) {
+    WriteTrampoline(tramps[i], hooks[i], sites[i] + kSiteBytes);
+  }
+  for (int i = 0; i < kHooks; ++i) {
+    const uintptr_t tpage =
+        reinterpret_cast<uintptr_t>(tramps[i]) & ~(page - 1);
+    if (mprotect(reinterpret_cast<void*>(tpage), page, PROT_READ | PROT_EXEC) !=
+        0) {
+      return absl::InternalError(
+          absl::StrCat("mprotect trampolines: ", std::strerror(errno)));
+    }
+  }
+  for (int i = 0; i < kHooks; ++i) {
+    uint8_t jmp[kSiteBytes] = {0xe9};
+    const int32_t rel =
+        static_cast<int32_t>(tramps[i] - (sites[i] + kSiteBytes));
+    std::memcpy(jmp + 1, &rel, 4);
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(sites[i]) & ~(page - 1);
+    const uintptr_t end =
+        (reinterpret_cast<uintptr_t>(sites[i]) + 16 + page - 1) & ~(page - 1);
+    void* pages = reinterpret_cast<void*>(begin);
+    if (mprotect(pages, end - begin, PROT_READ | PROT_WRITE | PROT_EXEC) != 0) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("cannot make libc's ", hooks[i].name,
+                       " writable: ", std::strerror(errno)));
+    }
+    absl::Status s = WriteSite(sites[i], jmp);
+    __builtin___clear_cache(reinterpret_cast<char*>(sites[i]),
+                            reinterpret_cast<char*>(sites[i]) + kSiteBytes);
+    if (mprotect(pages, end - begin, PROT_READ | PROT_EXEC) != 0 && s.ok()) {
+      s = absl::InternalError(absl::StrCat(
+          "cannot restore libc's code protection: ", std::strerror(errno)));
+    }
+    if (!s.ok()) return s;
   }
   return absl::OkStatus();
 #endif
@@ -225,29 +403,40 @@ absl::Status InstallMemoryHooks() {
   return *result;
 }
 
-MemoryWatcher::MemoryWatcher() {
+MemoryWatcher* MemoryWatcher::Acquire() {
   for (int i = 0; i < kMaxWatchers; ++i) {
-    MemoryWatcher* expected = nullptr;
-    if (g_watchers[i].compare_exchange_strong(expected, this)) {
-      slot_ = i;
-      return;
-    }
+    bool expected = false;
+    if (!g_pool[i].taken.compare_exchange_strong(expected, true)) continue;
+    MemoryWatcher* w = &g_pool[i].watcher;
+    w->Reset();
+    w->slot_ = i;
+    g_active_watchers[i].store(w, std::memory_order_release);
+    return w;
   }
-  // No slot: nothing would be recorded for this watcher, so it must
-  // assume everything it watches may be gone, always.
-  overflow_flag_.store(true);
+  // No slot: nothing would be recorded for it, so it must assume that
+  // everything it watches may be gone, always.
+  g_overflow_watcher.slot_ = -1;
+  g_overflow_watcher.overflow_flag_.store(true);
+  return &g_overflow_watcher;
 }
 
-MemoryWatcher::~MemoryWatcher() {
-  if (slot_ < 0) return;
-  g_watchers[slot_].store(nullptr, std::memory_order_release);
-  // A hook that loaded this watcher before the store may still be in
-  // Record: wait until no hook runs (they are short).
-  const absl::Time deadline = absl::Now() + absl::Seconds(5);
-  while (g_active.load(std::memory_order_acquire) != 0 &&
-         absl::Now() < deadline) {
-    sched_yield();
-  }
+void MemoryWatcher::Release(MemoryWatcher* w) {
+  if (w == nullptr || w->slot_ < 0) return;
+  const int slot = w->slot_;
+  g_active_watchers[slot].store(nullptr, std::memory_order_release);
+  // A hook that loaded it before may still record into it: harmless, the
+  // object lives on (the pool is never freed) and is reset when reused.
+  g_pool[slot].taken.store(false, std::memory_order_release);
+}
+
+void MemoryWatcher::Reset() {
+  lo_.store(~uintptr_t{0});
+  hi_.store(0);
+  while (lock_.test_and_set(std::memory_order_acquire)) sched_yield();
+  count_ = 0;
+  lock_.clear(std::memory_order_release);
+  overflow_flag_.store(false);
+  drained_events_.store(events_.load());
 }
 
 void MemoryWatcher::Watch(uintptr_t addr, size_t length) {
@@ -266,8 +455,9 @@ FERRY_UNINSTRUMENTED void MemoryWatcher::Record(uintptr_t addr, size_t length) {
       addr >= hi_.load(std::memory_order_relaxed)) {
     return;
   }
-  int spins = 0;
-  while (lock_.test_and_set(std::memory_order_acquire)) {
+  // Held only to copy a few bytes; bounded, in case a signal handler
+  // interrupted a holder on this very thread.
+  for (int spins = 0; lock_.test_and_set(std::memory_order_acquire);) {
     if (++spins == kMaxSpins) {
       overflow_flag_.store(true, std::memory_order_release);
       events_.fetch_add(1, std::memory_order_release);
@@ -283,23 +473,19 @@ FERRY_UNINSTRUMENTED void MemoryWatcher::Record(uintptr_t addr, size_t length) {
   events_.fetch_add(1, std::memory_order_release);
 }
 
-bool MemoryWatcher::Drain(std::vector<Range>* out) {
+uint64_t MemoryWatcher::Drain(std::vector<Range>* out, bool* overflow) {
   const uint64_t seen = events_.load(std::memory_order_acquire);
-  if (seen == drained_events_.load(std::memory_order_relaxed) &&
-      !overflow_flag_.load()) {
-    return false;
-  }
   while (lock_.test_and_set(std::memory_order_acquire)) sched_yield();
   out->insert(out->end(), ranges_, ranges_ + count_);
   count_ = 0;
   lock_.clear(std::memory_order_release);
-  drained_events_.store(seen, std::memory_order_relaxed);
-  bool overflow = overflow_flag_.exchange(false);
-  if (slot_ < 0) {
-    overflow_flag_.store(true);  // Unwatched: always assume the worst.
-    overflow = true;
-  }
-  return overflow;
+  *overflow = overflow_flag_.exchange(false) || slot_ < 0;
+  if (slot_ < 0) overflow_flag_.store(true);  // Unwatched: always.
+  return seen;
+}
+
+void MemoryWatcher::Acknowledge(uint64_t seen) {
+  drained_events_.store(seen, std::memory_order_release);
 }
 
 MemoryHookCounts GetMemoryHookCounts() {

@@ -8,13 +8,16 @@
 // later reused for new memory, the old registration still points the NIC
 // at the old pages: transfers would silently move the wrong bytes.
 //
-// How (as UCX's registration cache does): the entry points of libc's
-// munmap, mremap, madvise, mmap, brk and shmdt are patched with a jump to
-// Ferry's replacements, which record the affected range for every
-// watcher whose cached registrations it overlaps and then make the system
-// call themselves. Patching the code, not the symbol, also catches calls
-// from inside libc (free() unmapping a large block, malloc trimming its
-// heaps), which symbol interposition cannot see. x86-64 only.
+// How (as UCX's registration cache does, by patching code): in libc's
+// munmap, mremap, madvise, mmap, brk and shmdt, the instruction that loads
+// the system call number is replaced by a jump to a trampoline that
+// records the affected range for every watcher whose registrations it
+// overlaps, then runs the displaced instruction and jumps back to libc's
+// own `syscall`: libc's behaviour, results and errno are unchanged.
+// Patching the code, not the symbol, also catches calls from inside libc
+// (free() unmapping a large block, malloc trimming its heaps), which
+// symbol interposition cannot see. The patch is one atomic store, so a
+// thread inside these functions meanwhile is unaffected. x86-64 only.
 //
 // The hooks run inside free() and other allocator paths: they take no
 // lock, allocate nothing and never block; a watcher drains its ranges
@@ -38,46 +41,55 @@ namespace ferry {
 absl::Status InstallMemoryHooks();
 
 // Ranges released or replaced since the last Drain, for one MR cache.
-// Construct after InstallMemoryHooks succeeded; thread-safe.
+// Watchers live in a static pool and are never freed (a hook on another
+// thread may still hold one); thread-safe.
 class MemoryWatcher {
  public:
   struct Range {
     uintptr_t addr;
     size_t length;
   };
+  static constexpr int kMaxWatchers = 64;
 
-  // Registers with the hooks. Watchers beyond kMaxWatchers see every
-  // range as "everything" (overflow), which is correct, only slower.
-  MemoryWatcher();
-  // Unregisters, waiting for hooks running on other threads to leave it.
-  ~MemoryWatcher();
-  MemoryWatcher(const MemoryWatcher&) = delete;
-  MemoryWatcher& operator=(const MemoryWatcher&) = delete;
+  // A watcher from the pool, registered with the hooks. Past kMaxWatchers
+  // in use, a shared one that always reports overflow ("everything may be
+  // gone"): correct, only slower. Call after InstallMemoryHooks succeeded.
+  static MemoryWatcher* Acquire();
+  // Gives it back to the pool.
+  static void Release(MemoryWatcher* watcher);
 
   // Widens the address range this watcher cares about (what it has cached
-  // lies inside); ranges outside it are not recorded.
+  // or is registering lies inside); ranges outside it are not recorded.
   void Watch(uintptr_t addr, size_t length);
 
-  // Whether a range may have arrived since the last Drain: one relaxed
+  // Whether ranges may have arrived that were not acknowledged yet: one
   // load, for the fast path.
   bool MaybePending() const {
     return events_.load(std::memory_order_acquire) !=
-               drained_events_.load(std::memory_order_relaxed) ||
+               drained_events_.load(std::memory_order_acquire) ||
            overflow_flag_.load(std::memory_order_relaxed);
   }
 
-  // Moves the recorded ranges into *out. Returns true if ranges were lost
-  // to overflow: then everything watched must be treated as released.
-  // Call from one thread at a time.
-  bool Drain(std::vector<Range>* out);
+  // Moves the recorded ranges into *out; *overflow says ranges were lost
+  // (then everything watched must be treated as released). Returns a
+  // token for Acknowledge, which the caller calls once it has acted on
+  // the ranges: until then MaybePending stays true, so no other thread
+  // trusts a registration the ranges invalidate. One drainer at a time.
+  uint64_t Drain(std::vector<Range>* out, bool* overflow);
+  void Acknowledge(uint64_t token);
 
   // Called by the hooks (any thread, inside allocator paths).
   void Record(uintptr_t addr, size_t length);
 
-  static constexpr int kMaxWatchers = 64;
+  MemoryWatcher() = default;
+  MemoryWatcher(const MemoryWatcher&) = delete;
+  MemoryWatcher& operator=(const MemoryWatcher&) = delete;
 
  private:
   static constexpr int kCapacity = 256;
+  static constexpr int kMaxSpins = 1 << 14;
+
+  void Reset();
 
   std::atomic<uintptr_t> lo_{~uintptr_t{0}};
   std::atomic<uintptr_t> hi_{0};
@@ -87,7 +99,6 @@ class MemoryWatcher {
   // Ranges were lost (full, contended, or no slot): assume the worst.
   std::atomic<bool> overflow_flag_{false};
   std::atomic<uint64_t> events_{0};
-  // Written only by the draining thread; read by MaybePending anywhere.
   std::atomic<uint64_t> drained_events_{0};
   int slot_ = -1;
 };

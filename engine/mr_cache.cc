@@ -1,16 +1,23 @@
 // EngineImpl: the opt-in MR cache.
 //
 // A request whose local source is mapped but unregistered gets a
-// page-aligned cover of it registered on first use. Three rules keep that
-// safe and fast:
+// page-aligned cover of it registered on first use. The rules that keep
+// that safe and fast:
 //   - a cached registration is dropped as soon as the memory behind it is
 //     released or replaced (memory_hooks.h): a NIC must never be handed a
-//     registration that pins pages the address no longer maps;
+//     registration that pins pages the address no longer maps. A release
+//     that comes while a registration is being made invalidates that one
+//     too, and a release is acknowledged to the hooks only once the
+//     registrations it hits are retired, so no thread can lease one in
+//     between;
 //   - registering takes no lock across the transports' RegisterMemory
 //     (ibv_reg_mr pins and maps pages, and may take milliseconds): the
 //     range is reserved in the registry first, so concurrent misses on
 //     other ranges proceed in parallel and misses on the same range wait
 //     for the one registration;
+//   - a retired registration keeps its range in the registry until the
+//     transports unregistered it, so nothing new is registered over it
+//     before that;
 //   - least recently used registrations beyond mr_cache_bytes are dropped,
 //     never one a transfer is using.
 #include <sys/mman.h>
@@ -26,9 +33,13 @@ namespace ferry {
 namespace {
 
 // A miss that finds its range being registered by another thread waits
-// this long for it, and retries this often, before giving up.
+// this long for it; a miss retries this often before giving up.
 constexpr absl::Duration kReservationWait = absl::Seconds(5);
 constexpr int kMissAttempts = 4;
+
+bool Overlaps(uintptr_t a, size_t a_len, uintptr_t b, size_t b_len) {
+  return a < b + b_len && b < a + a_len;
+}
 
 }  // namespace
 
@@ -40,8 +51,25 @@ absl::Status EngineImpl::StartMrCache() {
         "here (",
         s.message(), "); register memory with RegisterLocalMemory instead"));
   }
-  watcher_ = std::make_unique<MemoryWatcher>();
+  if (watcher_ == nullptr) watcher_ = MemoryWatcher::Acquire();
   return absl::OkStatus();
+}
+
+void EngineImpl::StopMrCache() {
+  {
+    MutexLock lock(&cache_mu_);
+    cache_.clear();
+    cache_bytes_ = 0;
+    retired_.clear();
+    retired_count_.store(0);
+  }
+  MemoryWatcher::Release(watcher_);
+  watcher_ = nullptr;
+}
+
+void EngineImpl::UnregisterCached(uintptr_t addr) {
+  for (auto& t : transports_) t->UnregisterMemory(addr).IgnoreError();
+  local_memory_.EraseRetired(addr);
 }
 
 absl::StatusOr<MemoryRegistry::Lease> EngineImpl::AcquireLocal(uintptr_t addr,
@@ -73,16 +101,15 @@ absl::StatusOr<MemoryRegistry::Lease> EngineImpl::AcquireLocal(uintptr_t addr,
         "local source 0x", absl::Hex(addr), "+", length,
         " is not mapped memory, so the MR cache cannot register it"));
   }
-  uintptr_t lo = start, hi = end;
+  absl::Status last;
   for (int attempt = 0; attempt < kMissAttempts; ++attempt) {
     // Cached registrations sharing pages with the cover (neighbouring
     // allocations often do) are merged into it: registered buffers may not
     // overlap, and a request must lie inside one.
+    uintptr_t lo = start, hi = end;
     std::vector<uintptr_t> merged;
     {
       MutexLock lock(&cache_mu_);
-      lo = start;
-      hi = end;
       for (bool grew = true; grew;) {
         grew = false;
         for (const auto& [a, c] : cache_) {
@@ -96,25 +123,29 @@ absl::StatusOr<MemoryRegistry::Lease> EngineImpl::AcquireLocal(uintptr_t addr,
         }
       }
     }
-    bool busy = false;
     for (uintptr_t a : merged) {
-      if (!DropCached(a, /*retire_if_busy=*/false)) busy = true;
-    }
-    if (busy) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "MR cache: local source 0x", absl::Hex(addr), "+", length,
-          " shares pages with a cached registration that transfers are "
-          "using; retry, or register the memory with RegisterLocalMemory"));
+      if (!DropCached(a, /*retire_if_busy=*/false)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "MR cache: local source 0x", absl::Hex(addr), "+", length,
+            " shares pages with a cached registration that transfers are "
+            "using; retry, or register the memory with RegisterLocalMemory"));
+      }
     }
     MemoryRegion region;
     region.addr = lo;
     region.length = hi - lo;
     region.location = "*";
     region.remote_accessible = false;
-    // Watched before it is usable: a release from now on is seen.
+    // Known as being registered, and watched, before anything is pinned:
+    // a release from now on invalidates it (ProcessReleases).
+    {
+      MutexLock lock(&cache_mu_);
+      registering_.push_back({lo, hi - lo, false});
+    }
     watcher_->Watch(lo, hi - lo);
     absl::Status reserved = local_memory_.Reserve(region);
     if (!reserved.ok()) {
+      ForgetRegistering(lo);
       // Another thread is registering (part of) it, or a registered
       // buffer overlaps: wait for registrations in progress, then look
       // again.
@@ -122,12 +153,7 @@ absl::StatusOr<MemoryRegistry::Lease> EngineImpl::AcquireLocal(uintptr_t addr,
                                       absl::Now() + kReservationWait);
       lease = local_memory_.Acquire(addr, length, /*need_remote=*/false);
       if (lease.ok()) return lease;
-      if (attempt + 1 == kMissAttempts) {
-        return absl::Status(
-            reserved.code(),
-            absl::StrCat("MR cache: cannot register 0x", absl::Hex(lo), "+",
-                         hi - lo, ": ", reserved.message()));
-      }
+      last = reserved;
       continue;
     }
     // The slow part, with no lock held.
@@ -142,31 +168,66 @@ absl::StatusOr<MemoryRegistry::Lease> EngineImpl::AcquireLocal(uintptr_t addr,
       }
       handles.push_back(*handle);
     }
-    if (!s.ok()) {
-      for (size_t i = 0; i < handles.size(); ++i) {
+    const size_t registered = handles.size();
+    bool invalidated = false;
+    if (s.ok()) {
+      MutexLock lock(&cache_mu_);
+      invalidated = ForgetRegistering(lo);
+      if (!invalidated) {
+        // Usable and leased in one step, and cached under the same lock
+        // the release processing takes: nothing can drop it in between.
+        lease = local_memory_.ActivateAndAcquire(lo, std::move(handles), addr,
+                                                 length);
+        cache_[lo] = CachedMr{hi - lo, ++cache_clock_};
+        cache_bytes_ += hi - lo;
+      }
+    } else {
+      ForgetRegistering(lo);
+    }
+    if (!s.ok() || invalidated) {
+      // Nothing else can register over the reservation meanwhile.
+      for (size_t i = 0; i < registered; ++i) {
         transports_[i]->UnregisterMemory(lo).IgnoreError();
       }
       local_memory_.CancelReservation(lo);
-      return absl::Status(
-          s.code(), absl::StrCat("MR cache: cannot register 0x", absl::Hex(lo),
-                                 "+", hi - lo, ": ", s.message()));
+      if (!s.ok()) {
+        return absl::Status(
+            s.code(),
+            absl::StrCat("MR cache: cannot register 0x", absl::Hex(lo), "+",
+                         hi - lo, ": ", s.message()));
+      }
+      // Released while it was being registered: the pages it pinned may
+      // not be the ones mapped now. Register again.
+      mr_cache_invalidations_.fetch_add(1, std::memory_order_relaxed);
+      last = absl::UnavailableError(
+          "the memory was released while it was being registered");
+      continue;
     }
-    local_memory_.Activate(lo, std::move(handles));
-    {
-      MutexLock lock(&cache_mu_);
-      cache_[lo] = CachedMr{hi - lo, ++cache_clock_};
-      cache_bytes_ += hi - lo;
-    }
-    break;
+    EvictCached(lo);
+    return lease;
   }
-  EvictCached(lo);
-  return local_memory_.Acquire(addr, length, /*need_remote=*/false);
+  return absl::Status(
+      last.code(),
+      absl::StrCat("MR cache: cannot register local source 0x", absl::Hex(addr),
+                   "+", length, ": ", last.message()));
+}
+
+bool EngineImpl::ForgetRegistering(uintptr_t lo) {
+  cache_mu_.AssertHeld();
+  for (auto it = registering_.begin(); it != registering_.end(); ++it) {
+    if (it->addr == lo) {
+      const bool invalidated = it->invalidated;
+      registering_.erase(it);
+      return invalidated;
+    }
+  }
+  return false;
 }
 
 bool EngineImpl::DropCached(uintptr_t addr, bool retire_if_busy) {
-  if (local_memory_.Remove(addr, absl::ZeroDuration()).ok()) {
+  if (local_memory_.RetireIfIdle(addr)) {
     ForgetCached(addr);
-    for (auto& t : transports_) t->UnregisterMemory(addr).IgnoreError();
+    UnregisterCached(addr);
     return true;
   }
   if (!retire_if_busy) return false;
@@ -184,39 +245,47 @@ bool EngineImpl::DropCached(uintptr_t addr, bool retire_if_busy) {
 
 void EngineImpl::ProcessReleases() {
   std::vector<MemoryWatcher::Range> ranges;
-  std::vector<uintptr_t> victims;
-  std::vector<uintptr_t> retired;
+  std::vector<uintptr_t> idle;
   {
     MutexLock lock(&cache_mu_);
-    const bool everything = watcher_->Drain(&ranges);
-    for (const auto& [a, c] : cache_) {
-      bool hit = everything;
-      for (size_t i = 0; !hit && i < ranges.size(); ++i) {
-        hit = a < ranges[i].addr + ranges[i].length &&
-              ranges[i].addr < a + c.length;
+    bool everything = false;
+    const uint64_t token = watcher_->Drain(&ranges, &everything);
+    auto hit = [&](uintptr_t a, size_t len) {
+      if (everything) return true;
+      for (const auto& r : ranges) {
+        if (Overlaps(a, len, r.addr, r.length)) return true;
       }
-      if (hit) victims.push_back(a);
+      return false;
+    };
+    for (auto it = cache_.begin(); it != cache_.end();) {
+      if (!hit(it->first, it->second.length)) {
+        ++it;
+        continue;
+      }
+      // Retired before the lock is released: from here on no request can
+      // lease it, whatever thread it runs on.
+      local_memory_.Retire(it->first).IgnoreError();
+      retired_.push_back(it->first);
+      cache_bytes_ -= it->second.length;
+      it = cache_.erase(it);
+      mr_cache_invalidations_.fetch_add(1, std::memory_order_relaxed);
     }
-    retired.swap(retired_);
-    retired_count_.store(0, std::memory_order_release);
-  }
-  for (uintptr_t a : victims) {
-    ++mr_cache_invalidations_;
-    DropCached(a, /*retire_if_busy=*/true);
-  }
-  std::vector<uintptr_t> still;
-  for (uintptr_t a : retired) {
-    if (local_memory_.RemoveIfRetired(a)) {
-      for (auto& t : transports_) t->UnregisterMemory(a).IgnoreError();
-    } else {
-      still.push_back(a);
+    for (Registering& r : registering_) {
+      if (hit(r.addr, r.length)) r.invalidated = true;
     }
-  }
-  if (!still.empty()) {
-    MutexLock lock(&cache_mu_);
-    retired_.insert(retired_.end(), still.begin(), still.end());
+    for (auto it = retired_.begin(); it != retired_.end();) {
+      if (local_memory_.RetiredAndIdle(*it)) {
+        idle.push_back(*it);
+        it = retired_.erase(it);
+      } else {
+        ++it;
+      }
+    }
     retired_count_.store(retired_.size(), std::memory_order_release);
+    watcher_->Acknowledge(token);
   }
+  // Their ranges stay reserved in the registry until this is done.
+  for (uintptr_t a : idle) UnregisterCached(a);
 }
 
 void EngineImpl::EvictCached(uintptr_t keep) {
@@ -254,7 +323,7 @@ void EngineImpl::DropCachedOverlapping(uintptr_t addr, size_t length) {
   {
     MutexLock lock(&cache_mu_);
     for (const auto& [a, c] : cache_) {
-      if (a < addr + length && addr < a + c.length) overlapping.push_back(a);
+      if (Overlaps(a, c.length, addr, length)) overlapping.push_back(a);
     }
   }
   for (uintptr_t a : overlapping) DropCached(a, /*retire_if_busy=*/false);

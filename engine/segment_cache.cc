@@ -9,9 +9,12 @@
 namespace ferry {
 namespace {
 
-constexpr int kSlotBits = 24;
+// handle = tag (16 bits) | generation (28) | slot + 1 (20). Slots are
+// reused oldest-freed first, so a slot's generation wraps only after 2^28
+// closes of it, ~2^48 closes in all.
+constexpr int kSlotBits = 20;
 constexpr uint64_t kSlotMask = (uint64_t{1} << kSlotBits) - 1;
-constexpr uint32_t kGenerationMask = (uint32_t{1} << 24) - 1;
+constexpr uint32_t kGenerationMask = (uint32_t{1} << 28) - 1;
 // While requests are parked, the refresher looks at their deadlines at
 // least this often.
 constexpr absl::Duration kDeadlineTick = absl::Milliseconds(10);
@@ -108,8 +111,8 @@ absl::StatusOr<SegmentHandle> SegmentCache::Open(const std::string& name) {
   if (it != by_name_.end()) return it->second;  // Lost a race; same result.
   size_t slot;
   if (!free_slots_.empty()) {
-    slot = free_slots_.back();
-    free_slots_.pop_back();
+    slot = free_slots_.front();
+    free_slots_.pop_front();
   } else {
     if (entries_.size() >= kMaxSegments) {
       return absl::ResourceExhaustedError(
@@ -238,7 +241,12 @@ absl::StatusOr<std::shared_ptr<const SegmentView>> SegmentCache::Refresh(
 
 void SegmentCache::ExpireLocked(absl::Time now, std::vector<Delivery>* out) {
   if (stats_.parked_now == 0) return;
-  for (auto& e : entries_) {
+  // Parked tasks wait on segments that are queued for a fetch, or being
+  // fetched.
+  std::vector<size_t> slots = refresh_queue_;
+  if (fetching_) slots.push_back(job_.slot);
+  for (size_t slot : slots) {
+    Entry* e = entries_[slot].get();
     auto& parked = e->parked;
     for (auto it = parked.begin(); it != parked.end();) {
       if (it->deadline > now) {

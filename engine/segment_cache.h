@@ -4,10 +4,10 @@
 // what to fetch and hands back parked requests (also when their deadline
 // passes), and a fetcher that does the RPCs.
 //
-// A handle is (engine tag << 48) | (generation << 24) | (slot + 1): handles
+// A handle is (engine tag << 48) | (generation << 20) | (slot + 1): handles
 // of another engine, of a closed segment or made-up values are rejected,
-// and slots of closed segments are reused, so opening and closing peers in
-// turn keeps the table flat.
+// and slots of closed segments are reused (oldest first), so opening and
+// closing peers in turn keeps the table flat.
 //
 // A request whose target range is not in the cached descriptor (the peer
 // may have registered the buffer since), or whose descriptor is marked
@@ -23,6 +23,7 @@
 #define FERRY_ENGINE_SEGMENT_CACHE_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -48,7 +49,7 @@ class SegmentCache {
   // often, however many failures or misses ask for it.
   static constexpr absl::Duration kMinRefreshInterval = absl::Milliseconds(100);
   // Segments open at once; OpenSegment beyond it fails ResourceExhausted.
-  static constexpr size_t kMaxSegments = size_t{1} << 20;
+  static constexpr size_t kMaxSegments = (size_t{1} << 20) - 1;
 
   // What a parked task gets: the freshest descriptor (the one just
   // fetched, or the cached one if the fetch failed), and how the fetch
@@ -168,7 +169,7 @@ class SegmentCache {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<std::string, SegmentHandle> by_name_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
-  std::vector<size_t> free_slots_ ABSL_GUARDED_BY(mu_);
+  std::deque<size_t> free_slots_ ABSL_GUARDED_BY(mu_);
   std::vector<size_t> refresh_queue_ ABSL_GUARDED_BY(mu_);
   Stats stats_ ABSL_GUARDED_BY(mu_);
 

@@ -105,8 +105,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     switch (r[2] % 4) {
       case 0:
         q.target_id = w.seg;
-        q.target_offset = reinterpret_cast<uint64_t>(w.remote.data()) +
-                          tgt_off % kBuffer;
+        q.target_offset =
+            reinterpret_cast<uint64_t>(w.remote.data()) + tgt_off % kBuffer;
         break;
       case 1:
         q.target_id = w.seg;

@@ -187,6 +187,25 @@ absl::Status ValidateSegmentDescriptor(const SegmentDescriptor& segment) {
                    absl::StrCat(segment.buffers_size(), " entries; at most ",
                                 kMaxBuffersPerSegment));
   }
+  size_t index_entries = 0;
+  for (const TransportEndpoint& t : segment.transports()) {
+    index_entries += static_cast<size_t>(t.devices_size()) *
+                     static_cast<size_t>(segment.buffers_size());
+  }
+  if (index_entries > kMaxKeyIndexEntries) {
+    return invalid(
+        "buffers",
+        absl::StrCat(segment.buffers_size(),
+                     " buffers on that many devices need a key "
+                     "index of ",
+                     index_entries, " entries; at most ", kMaxKeyIndexEntries));
+  }
+  size_t keys = 0;
+  for (const Buffer& b : segment.buffers()) keys += b.keys_size();
+  if (keys > kMaxKeysPerSegment) {
+    return invalid("buffers", absl::StrCat(keys, " NIC keys in all; at most ",
+                                           kMaxKeysPerSegment));
+  }
   std::vector<std::pair<uint64_t, int>> starts;
   starts.reserve(segment.buffers_size());
   for (int i = 0; i < segment.buffers_size(); ++i) {

@@ -17,6 +17,11 @@ constexpr size_t kMaxBuffersPerSegment = 1 << 16;
 constexpr size_t kMaxTransportsPerSegment = 8;
 constexpr size_t kMaxDevicesPerTransport = 64;
 constexpr size_t kMaxKeysPerBuffer = 64;
+// Bounds of what a descriptor costs its readers: NIC keys in all, and the
+// per-device key index engines build (buffers x devices, summed over
+// transports with devices; 8 bytes each): 65,536 buffers on 32 NICs.
+constexpr size_t kMaxKeysPerSegment = 1 << 21;
+constexpr size_t kMaxKeyIndexEntries = 1 << 21;
 constexpr size_t kMaxLocationBytes = 64;
 constexpr size_t kMaxAddressBytes = 256;
 constexpr size_t kMaxTransportNameBytes = 32;

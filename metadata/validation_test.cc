@@ -119,6 +119,29 @@ TEST(ValidationTest, RefusesEachBadFieldNamingIt) {
   }
 }
 
+// A descriptor within every per-field limit must still not make its
+// readers build a huge index (found in review: 8 transports x 64 devices x
+// 65,536 buffers, 519 KB on the wire, cost every reader 256 MiB).
+TEST(ValidationTest, BoundsTheKeyIndexReadersBuild) {
+  SegmentDescriptor d;
+  d.set_name("wide");
+  for (int t = 0; t < 8; ++t) {
+    TransportEndpoint* ep = d.add_transports();
+    ep->set_transport("t" + std::to_string(t));
+    for (int k = 0; k < 64; ++k) {
+      ep->add_devices()->set_name("nic" + std::to_string(k));
+    }
+  }
+  for (uint64_t i = 0; i < 65536; ++i) {
+    Buffer* b = d.add_buffers();
+    b->set_addr((i + 1) << 12);
+    b->set_length(4096);
+  }
+  absl::Status s = ValidateSegmentDescriptor(d);
+  EXPECT_STATUS(s, absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("key index"), absl::string_view::npos) << s;
+}
+
 TEST(ValidationTest, RdmaNeedsNoAddressButAnyGivenMustParse) {
   SegmentDescriptor d = Good();
   EXPECT_OK(ValidateSegmentDescriptor(d));  // rdma has no address.

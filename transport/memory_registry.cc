@@ -103,15 +103,32 @@ absl::Status MemoryRegistry::Reserve(const MemoryRegion& region) {
   return absl::OkStatus();
 }
 
-void MemoryRegistry::Activate(uintptr_t addr,
-                              std::vector<const void*> handles) {
+absl::StatusOr<MemoryRegistry::Lease> MemoryRegistry::ActivateAndAcquire(
+    uintptr_t addr, std::vector<const void*> handles, uintptr_t lease_addr,
+    size_t lease_length) {
   MutexLock lock(&mu_);
   auto it = entries_.find(addr);
-  if (it == entries_.end() || !it->second->pending) return;
-  it->second->handles = std::move(handles);
-  it->second->pending = false;
-  it->second->closing.store(false, std::memory_order_seq_cst);
+  if (it == entries_.end() || !it->second->pending) {
+    return absl::InternalError(
+        absl::StrCat("no reservation at 0x", absl::Hex(addr)));
+  }
+  Entry* entry = it->second.get();
+  entry->handles = std::move(handles);
+  entry->pending = false;
+  entry->closing.store(false, std::memory_order_seq_cst);
   drained_.SignalAll();
+  const MemoryRegion& r = entry->region;
+  if (lease_addr < r.addr || lease_addr + lease_length < lease_addr ||
+      lease_addr + lease_length > r.addr + r.length) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("range 0x", absl::Hex(lease_addr), "+", lease_length,
+                     " is not inside the buffer being activated"));
+  }
+  entry->users.fetch_add(1, std::memory_order_relaxed);
+  Lease lease;
+  lease.registry_ = this;
+  lease.entry_ = entry;
+  return lease;
 }
 
 void MemoryRegistry::CancelReservation(uintptr_t addr) {
@@ -153,22 +170,42 @@ absl::Status MemoryRegistry::Retire(uintptr_t addr) {
   return absl::OkStatus();
 }
 
-bool MemoryRegistry::RemoveIfRetired(uintptr_t addr) {
+bool MemoryRegistry::RetireIfIdle(uintptr_t addr) {
   MutexLock lock(&mu_);
   auto it = entries_.find(addr);
-  if (it == entries_.end()) return true;
-  if (!it->second->retired ||
-      it->second->users.load(std::memory_order_seq_cst) != 0) {
+  if (it == entries_.end() || it->second->pending) return false;
+  Entry* entry = it->second.get();
+  // Closing first, then the count: a Clone racing with this either sees
+  // closing (and gives its lease back) or is counted here.
+  const bool was_closing = entry->closing.exchange(true);
+  if (entry->users.load(std::memory_order_seq_cst) != 0) {
+    if (!was_closing) entry->closing.store(false);
     return false;
   }
-  entries_.erase(it);
+  entry->retired = true;
   return true;
+}
+
+bool MemoryRegistry::RetiredAndIdle(uintptr_t addr) const {
+  MutexLock lock(&mu_);
+  auto it = entries_.find(addr);
+  return it != entries_.end() && it->second->retired &&
+         it->second->users.load(std::memory_order_seq_cst) == 0;
+}
+
+void MemoryRegistry::EraseRetired(uintptr_t addr) {
+  MutexLock lock(&mu_);
+  auto it = entries_.find(addr);
+  if (it == entries_.end() || !it->second->retired) return;
+  entries_.erase(it);
+  drained_.SignalAll();
 }
 
 absl::Status MemoryRegistry::Remove(uintptr_t addr, absl::Duration wait) {
   MutexLock lock(&mu_);
   auto it = entries_.find(addr);
-  if (it == entries_.end() || it->second->closing.load()) {
+  if (it == entries_.end() || it->second->closing.load() ||
+      it->second->retired) {
     return absl::NotFoundError(
         absl::StrCat("no registered buffer starts at 0x", absl::Hex(addr)));
   }
@@ -178,7 +215,7 @@ absl::Status MemoryRegistry::Remove(uintptr_t addr, absl::Duration wait) {
   while (entry->users.load(std::memory_order_seq_cst) != 0) {
     if (drained_.WaitWithDeadline(&mu_, deadline) &&
         entry->users.load(std::memory_order_seq_cst) != 0) {
-      entry->closing.store(false);
+      if (!entry->retired) entry->closing.store(false);
       return absl::FailedPreconditionError(absl::StrCat(
           "buffer at 0x", absl::Hex(addr), " still has ", entry->users.load(),
           " transfer(s) in flight after ", absl::FormatDuration(wait)));
@@ -242,6 +279,12 @@ std::vector<MemoryRegion> MemoryRegistry::List() const {
     if (!e->pending) out.push_back(e->region);
   }
   return out;
+}
+
+void MemoryRegistry::Clear() {
+  MutexLock lock(&mu_);
+  entries_.clear();
+  drained_.SignalAll();
 }
 
 size_t MemoryRegistry::size() const {

@@ -104,22 +104,31 @@ class MemoryRegistry {
 
   // Two-phase Add, so that the slow part (registering with the NICs) runs
   // without holding any lock across it: Reserve claims the range (as Add
-  // checks it) without making it usable; Activate makes it usable with
-  // its handles; CancelReservation gives the range back.
+  // checks it) without making it usable; ActivateAndAcquire makes it
+  // usable with its handles and, atomically with that, leases
+  // [lease_addr, lease_addr + lease_length) in it (so that nobody can
+  // remove it in between); CancelReservation gives the range back.
   absl::Status Reserve(const MemoryRegion& region);
-  void Activate(uintptr_t addr, std::vector<const void*> handles);
+  absl::StatusOr<Lease> ActivateAndAcquire(uintptr_t addr,
+                                           std::vector<const void*> handles,
+                                           uintptr_t lease_addr,
+                                           size_t lease_length);
   void CancelReservation(uintptr_t addr);
   // Waits until no reservation overlaps [addr, addr + length), or until
   // `deadline`; false if one still does.
   bool AwaitReservations(uintptr_t addr, size_t length, absl::Time deadline);
 
-  // Retires the buffer at `addr`: no new lease on it, ever; it stays (and
-  // keeps its range) until its last lease is released and
-  // RemoveIfRetired removes it. NotFound if no buffer starts at `addr`.
+  // Retiring: the buffer at `addr` takes no new lease, ever, but keeps its
+  // range (nothing new can be registered over it) until EraseRetired, so
+  // that the caller can unregister it from the transports in between.
+  // Retire does it whatever the leases (idempotent; NotFound if no active
+  // buffer starts at `addr`); RetireIfIdle only if no lease is held.
   absl::Status Retire(uintptr_t addr);
-  // Removes the retired buffer at `addr` if no lease is left; true if it
-  // is gone (or was never there).
-  bool RemoveIfRetired(uintptr_t addr);
+  bool RetireIfIdle(uintptr_t addr);
+  // Whether the retired buffer at `addr` has no lease left.
+  bool RetiredAndIdle(uintptr_t addr) const;
+  // Removes a retired buffer (its leases must be gone).
+  void EraseRetired(uintptr_t addr);
 
   // Removes the buffer that starts at `addr`. New leases on it fail at once;
   // waits up to `wait` for outstanding leases, then gives up with
@@ -140,6 +149,8 @@ class MemoryRegistry {
   std::optional<MemoryRegion> Lookup(uintptr_t addr) const;
 
   std::vector<MemoryRegion> List() const;
+  // Removes every buffer (no lease may be held).
+  void Clear();
   size_t size() const;
 
  private:
