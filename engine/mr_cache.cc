@@ -145,7 +145,10 @@ absl::StatusOr<MemoryRegistry::Lease> EngineImpl::AcquireLocal(uintptr_t addr,
     watcher_->Watch(lo, hi - lo);
     absl::Status reserved = local_memory_.Reserve(region);
     if (!reserved.ok()) {
-      ForgetRegistering(lo);
+      {
+        MutexLock lock(&cache_mu_);
+        ForgetRegistering(lo);
+      }
       // Another thread is registering (part of) it, or a registered
       // buffer overlaps: wait for registrations in progress, then look
       // again.
@@ -182,6 +185,7 @@ absl::StatusOr<MemoryRegistry::Lease> EngineImpl::AcquireLocal(uintptr_t addr,
         cache_bytes_ += hi - lo;
       }
     } else {
+      MutexLock lock(&cache_mu_);
       ForgetRegistering(lo);
     }
     if (!s.ok() || invalidated) {
