@@ -17,6 +17,7 @@
 #include <mutex>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 
 namespace ferry {

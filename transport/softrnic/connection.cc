@@ -18,8 +18,9 @@ namespace softrnic {
 namespace {
 
 struct Registry {
-  std::mutex mu;
-  std::unordered_map<Device*, std::vector<std::weak_ptr<Connection>>> conns;
+  ferry::Mutex mu;
+  std::unordered_map<Device*, std::vector<std::weak_ptr<Connection>>> conns
+      ABSL_GUARDED_BY(mu);
 };
 
 Registry& Conns() {
@@ -64,7 +65,7 @@ void TuneSocket(int fd) {
 
 void Track(Device* dev, const std::shared_ptr<Connection>& conn) {
   Registry& r = Conns();
-  std::lock_guard<std::mutex> lock(r.mu);
+  ferry::MutexLock lock(&r.mu);
   auto& v = r.conns[dev];
   v.erase(std::remove_if(
               v.begin(), v.end(),
@@ -77,7 +78,7 @@ void CutDeviceConnections(Device* dev) {
   std::vector<std::shared_ptr<Connection>> live;
   {
     Registry& r = Conns();
-    std::lock_guard<std::mutex> lock(r.mu);
+    ferry::MutexLock lock(&r.mu);
     for (auto& w : r.conns[dev]) {
       if (auto c = w.lock()) live.push_back(std::move(c));
     }

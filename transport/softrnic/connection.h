@@ -10,9 +10,9 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <vector>
 
+#include "common/mutex.h"
 #include "transport/softrnic/softrnic.h"
 
 namespace softrnic {
@@ -33,7 +33,7 @@ class Connection {
   void Close();
   bool closed() const { return closed_.load(std::memory_order_acquire); }
 
-  std::mutex mu;  // Serializes writers.
+  ferry::Mutex mu;  // Serializes writers.
 
  private:
   Device* const dev_;

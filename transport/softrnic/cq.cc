@@ -13,7 +13,7 @@ void PushCompletions(Cq* cq, const ibv_wc* wcs, int n, bool solicited) {
   bool notify = false;
   bool overrun = false;
   {
-    std::lock_guard<std::mutex> lock(cq->mu);
+    ferry::MutexLock lock(&cq->mu);
     for (int i = 0; i < n; ++i) {
       if (cq->count == cq->ring.size()) {
         // Overrun: the CQE is lost, as on hardware; report it once.
@@ -50,7 +50,7 @@ void PushCompletion(Cq* cq, const ibv_wc& wc, bool solicited) {
 
 int PollCq(ibv_cq* ibcq, int n, ibv_wc* wc) {
   auto* cq = reinterpret_cast<Cq*>(ibcq);
-  std::lock_guard<std::mutex> lock(cq->mu);
+  ferry::MutexLock lock(&cq->mu);
   if (cq->overrun && cq->count == 0) return -1;  // Report the lost CQEs.
   int got = 0;
   while (got < n && cq->count > 0) {
@@ -63,7 +63,7 @@ int PollCq(ibv_cq* ibcq, int n, ibv_wc* wc) {
 
 int ReqNotifyCq(ibv_cq* ibcq, int solicited_only) {
   auto* cq = reinterpret_cast<Cq*>(ibcq);
-  std::lock_guard<std::mutex> lock(cq->mu);
+  ferry::MutexLock lock(&cq->mu);
   if (cq->cq.channel == nullptr) return EINVAL;
   // Arms for the next completion; CQEs already queued do not fire.
   cq->armed = true;
@@ -106,7 +106,10 @@ SOFTRNIC_EXPORT ibv_cq* ibv_create_cq(ibv_context* context, int cqe,
     return nullptr;
   }
   auto* cq = new Cq();
-  cq->ring.resize(static_cast<size_t>(cqe));
+  {
+    ferry::MutexLock lock(&cq->mu);
+    cq->ring.resize(static_cast<size_t>(cqe));
+  }
   cq->cq.context = context;
   cq->cq.channel = channel;
   cq->cq.cq_context = cq_context;
@@ -123,7 +126,7 @@ SOFTRNIC_EXPORT ibv_cq* ibv_create_cq(ibv_context* context, int cqe,
 
 SOFTRNIC_EXPORT int ibv_resize_cq(ibv_cq* ibcq, int cqe) {
   auto* cq = reinterpret_cast<Cq*>(ibcq);
-  std::lock_guard<std::mutex> lock(cq->mu);
+  ferry::MutexLock lock(&cq->mu);
   if (cqe < 1 || cqe > kMaxCqe || static_cast<size_t>(cqe) < cq->count) {
     return EINVAL;
   }

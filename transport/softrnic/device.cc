@@ -18,8 +18,9 @@ void Device::GidFor(ibv_gid* gid) const {
   std::memset(gid->raw, 0, sizeof(gid->raw));
   // RoCE v2 style IPv4-mapped GID; the listener port rides in bytes 8..9 so
   // a peer knows where to connect from the GID alone.
-  gid->raw[8] = static_cast<uint8_t>(port >> 8);
-  gid->raw[9] = static_cast<uint8_t>(port & 0xff);
+  const uint16_t p = port.load(std::memory_order_relaxed);
+  gid->raw[8] = static_cast<uint8_t>(p >> 8);
+  gid->raw[9] = static_cast<uint8_t>(p & 0xff);
   gid->raw[10] = 0xff;
   gid->raw[11] = 0xff;
   std::memcpy(&gid->raw[12], &ip, 4);
@@ -56,8 +57,10 @@ std::vector<Device*>& Devices() {
 
 Device* FindDeviceByAddress(in_addr ip, uint16_t port) {
   for (Device* d : Devices()) {
-    std::lock_guard<std::mutex> lock(d->mu);
-    if (d->started && d->ip.s_addr == ip.s_addr && d->port == port) return d;
+    ferry::MutexLock lock(&d->mu);
+    if (d->started && d->ip.s_addr == ip.s_addr && d->port.load() == port) {
+      return d;
+    }
   }
   return nullptr;
 }
@@ -73,7 +76,7 @@ Device* FindDeviceByName(const char* name) {
 int StartDevice(Device* dev) {
   // Before dev->mu: a port that is down raises its event under that lock.
   StartCarrierMonitor();
-  std::lock_guard<std::mutex> lock(dev->mu);
+  ferry::MutexLock lock(&dev->mu);
   if (dev->started) return 0;
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return errno;
@@ -93,11 +96,10 @@ int StartDevice(Device* dev) {
   }
   socklen_t len = sizeof(sa);
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
-  dev->port = ntohs(sa.sin_port);
-  dev->listen_fd = fd;
+  dev->port.store(ntohs(sa.sin_port));
   dev->started = true;
   // Process-lifetime threads: detached, they block in accept/wait when idle.
-  std::thread([dev] { AcceptLoop(dev); }).detach();
+  std::thread([dev, fd] { AcceptLoop(dev, fd); }).detach();
   std::thread([dev] { TimerLoop(dev); }).detach();
   return 0;
 }
@@ -108,7 +110,7 @@ namespace {
 void ChangePort(Device* dev, std::atomic<bool>* condition, bool value) {
   bool was, now;
   {
-    std::lock_guard<std::mutex> lock(dev->link_mu);
+    ferry::MutexLock lock(&dev->link_mu);
     was = dev->LinkUp();
     condition->store(value);
     now = dev->LinkUp();
@@ -127,7 +129,7 @@ void SetCarrier(Device* dev, bool up) { ChangePort(dev, &dev->carrier, up); }
 
 void PostAsyncEvent(Context* ctx, const ibv_async_event& event) {
   {
-    std::lock_guard<std::mutex> lock(ctx->mu);
+    ferry::MutexLock lock(&ctx->mu);
     ctx->async_events.push_back(event);
   }
   char b = 1;
@@ -138,7 +140,7 @@ void PostAsyncEvent(Context* ctx, const ibv_async_event& event) {
 void PostAsyncEvent(Device* dev, const ibv_async_event& event) {
   std::vector<Context*> contexts;
   {
-    std::lock_guard<std::mutex> lock(dev->mu);
+    ferry::MutexLock lock(&dev->mu);
     contexts = dev->contexts;
   }
   for (Context* c : contexts) {
@@ -210,7 +212,7 @@ SOFTRNIC_EXPORT ibv_context* ibv_open_device(ibv_device* device) {
   c->ctx.ops.req_notify_cq = ReqNotifyCq;
   c->ctx.ops.post_send = PostSend;
   c->ctx.ops.post_recv = PostRecv;
-  std::lock_guard<std::mutex> lock(dev->mu);
+  ferry::MutexLock lock(&dev->mu);
   dev->contexts.push_back(c);
   return &c->ctx;
 }
@@ -218,7 +220,7 @@ SOFTRNIC_EXPORT ibv_context* ibv_open_device(ibv_device* device) {
 SOFTRNIC_EXPORT int ibv_close_device(ibv_context* context) {
   auto* c = reinterpret_cast<Context*>(context);
   {
-    std::lock_guard<std::mutex> lock(c->dev->mu);
+    ferry::MutexLock lock(&c->dev->mu);
     auto& v = c->dev->contexts;
     for (auto it = v.begin(); it != v.end(); ++it) {
       if (*it == c) {
@@ -366,7 +368,7 @@ SOFTRNIC_EXPORT int ibv_get_async_event(ibv_context* context,
     n = ::read(c->ctx.async_fd, &b, 1);
   } while (n < 0 && errno == EINTR);
   if (n != 1) return -1;  // errno from read (EAGAIN if non-blocking).
-  std::lock_guard<std::mutex> lock(c->mu);
+  ferry::MutexLock lock(&c->mu);
   if (c->async_events.empty()) {
     errno = EAGAIN;
     return -1;

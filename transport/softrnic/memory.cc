@@ -20,12 +20,12 @@ constexpr uint32_t kMaxChunks = kMaxSlots / kChunkSlots;
 
 struct KeyTable {
   std::atomic<Mr*> chunks[kMaxChunks] = {};
-  std::mutex mu;  // Serializes registration and dereg.
-  uint32_t used = 0;
-  std::vector<uint8_t> generations;
+  ferry::Mutex mu;  // Serializes registration and dereg.
+  uint32_t used ABSL_GUARDED_BY(mu) = 0;
+  std::vector<uint8_t> generations ABSL_GUARDED_BY(mu);
   // Oldest first, so a slot (and its 8-bit generation) is reused as late
   // as possible.
-  std::deque<uint32_t> free_slots;
+  std::deque<uint32_t> free_slots ABSL_GUARDED_BY(mu);
 };
 
 KeyTable& Keys() {
@@ -133,7 +133,7 @@ SOFTRNIC_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* ibpd, void* addr,
   KeyTable& t = Keys();
   Mr* mr;
   {
-    std::lock_guard<std::mutex> lock(t.mu);
+    ferry::MutexLock lock(&t.mu);
     uint32_t slot;
     if (!t.free_slots.empty()) {
       slot = t.free_slots.front();
@@ -199,7 +199,7 @@ SOFTRNIC_EXPORT int ibv_dereg_mr(ibv_mr* ibmr) {
   KeyTable& t = Keys();
   const uint32_t key = mr->mr.lkey;
   {
-    std::lock_guard<std::mutex> lock(t.mu);
+    ferry::MutexLock lock(&t.mu);
     if (Slot(t, key >> 8) != mr ||
         mr->live_key.load(std::memory_order_relaxed) != key) {
       return EINVAL;
@@ -212,7 +212,7 @@ SOFTRNIC_EXPORT int ibv_dereg_mr(ibv_mr* ibmr) {
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
   mr->pd->users.fetch_sub(1);
-  std::lock_guard<std::mutex> lock(t.mu);
+  ferry::MutexLock lock(&t.mu);
   t.free_slots.push_back(key >> 8);
   return 0;
 }

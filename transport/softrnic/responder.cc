@@ -29,7 +29,8 @@ Frame Nak(const Frame& req, NakCode code, uint32_t msn) {
 }
 
 ibv_wc RecvWc(Qp* qp, const RecvWqe& w, ibv_wc_status status, uint32_t len,
-              const Frame& f, bool with_imm, ibv_wc_opcode op) {
+              const Frame& f, bool with_imm, ibv_wc_opcode op)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(qp->mu) {
   ibv_wc wc{};
   wc.wr_id = w.wr_id;
   wc.status = status;
@@ -45,13 +46,15 @@ ibv_wc RecvWc(Qp* qp, const RecvWqe& w, ibv_wc_status status, uint32_t len,
 }
 
 void PushRecv(Qp* qp, const RecvWqe& w, ibv_wc_status status, uint32_t len,
-              const Frame& f, bool with_imm, ibv_wc_opcode op) {
+              const Frame& f, bool with_imm, ibv_wc_opcode op)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(qp->mu) {
   PushCompletion(qp->recv_cq, RecvWc(qp, w, status, len, f, with_imm, op),
                  (f.flags & kFlagSolicited) != 0);
 }
 
 void DeferRecv(Response* r, Qp* qp, const RecvWqe& w, uint32_t len,
-               const Frame& f, bool with_imm, ibv_wc_opcode op) {
+               const Frame& f, bool with_imm, ibv_wc_opcode op)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(qp->mu) {
   r->has_recv_wc = true;
   r->recv_solicited = (f.flags & kFlagSolicited) != 0;
   r->recv_wc = RecvWc(qp, w, IBV_WC_SUCCESS, len, f, with_imm, op);
@@ -88,10 +91,10 @@ Response ProcessRequest(const std::shared_ptr<Qp>& qp, const Frame& f,
     if (payload > 0 && !src->Read(nullptr, payload)) resp.io_error = true;
     return resp;
   };
-  std::unique_lock<std::mutex> lock(qp->mu);
+  qp->mu.Lock();
   const ibv_qp_state st = qp->attr.qp_state;
   if (qp->destroyed || (st != IBV_QPS_RTR && st != IBV_QPS_RTS)) {
-    lock.unlock();
+    qp->mu.Unlock();
     return drop(r);  // A real responder silently drops these too.
   }
   if (f.msn != qp->expected_msn) {
@@ -100,7 +103,7 @@ Response ProcessRequest(const std::shared_ptr<Qp>& qp, const Frame& f,
       // Duplicate of an executed request (a retransmission): acknowledge
       // again without re-executing, except READ, which is idempotent.
       if (f.type != FrameType::kRead) {
-        lock.unlock();
+        qp->mu.Unlock();
         r.send = true;
         r.frame = Reply(FrameType::kAck, f);
         return drop(r);
@@ -110,7 +113,7 @@ Response ProcessRequest(const std::shared_ptr<Qp>& qp, const Frame& f,
       // an RNR NAK is outstanding the requester retransmits anyway.
       bool nak = !qp->seq_nak_outstanding && !qp->rnr_nak_outstanding;
       qp->seq_nak_outstanding = true;
-      lock.unlock();
+      qp->mu.Unlock();
       if (nak) {
         r.send = true;
         r.frame = Nak(f, NakCode::kSequence, expected);
@@ -131,7 +134,7 @@ Response ProcessRequest(const std::shared_ptr<Qp>& qp, const Frame& f,
                          IBV_ACCESS_REMOTE_WRITE);
         }
         if (mr == nullptr) {
-          lock.unlock();
+          qp->mu.Unlock();
           EnterError(qp, IBV_EVENT_QP_ACCESS_ERR);
           r.send = true;
           r.frame = Nak(f, NakCode::kRemoteAccess, f.msn);
@@ -143,7 +146,7 @@ Response ProcessRequest(const std::shared_ptr<Qp>& qp, const Frame& f,
         if (qp->rq.empty()) {
           qp->rnr_nak_outstanding = true;
           uint8_t timer = qp->attr.min_rnr_timer;
-          lock.unlock();
+          qp->mu.Unlock();
           if (mr != nullptr) ReleaseMr(mr);
           r.send = true;
           r.frame = Nak(f, NakCode::kRnr, f.msn);
@@ -153,7 +156,7 @@ Response ProcessRequest(const std::shared_ptr<Qp>& qp, const Frame& f,
         wqe = std::move(qp->rq.front());
         qp->rq.pop_front();
       }
-      lock.unlock();
+      qp->mu.Unlock();
       bool ok = true;
       if (mr != nullptr) {
         ok = src->Read(HostAddr(mr, f.remote_addr), f.length);
@@ -163,7 +166,7 @@ Response ProcessRequest(const std::shared_ptr<Qp>& qp, const Frame& f,
         r.io_error = true;
         return r;
       }
-      lock.lock();
+      ferry::MutexLock lock(&qp->mu);
       qp->expected_msn = f.msn + 1;
       qp->rnr_nak_outstanding = qp->seq_nak_outstanding = false;
       if (imm) {
@@ -179,7 +182,7 @@ Response ProcessRequest(const std::shared_ptr<Qp>& qp, const Frame& f,
       if (qp->rq.empty()) {
         qp->rnr_nak_outstanding = true;
         uint8_t timer = qp->attr.min_rnr_timer;
-        lock.unlock();
+        qp->mu.Unlock();
         r.send = true;
         r.frame = Nak(f, NakCode::kRnr, f.msn);
         r.frame.rkey = timer;
@@ -189,25 +192,25 @@ Response ProcessRequest(const std::shared_ptr<Qp>& qp, const Frame& f,
       qp->rq.pop_front();
       if (f.length > wqe.length) {
         PushRecv(qp.get(), wqe, IBV_WC_LOC_LEN_ERR, 0, f, false, IBV_WC_RECV);
-        lock.unlock();
+        qp->mu.Unlock();
         EnterError(qp, -1);
         r.send = true;
         r.frame = Nak(f, NakCode::kInvalidRequest, f.msn);
         return drop(r);
       }
-      lock.unlock();
+      qp->mu.Unlock();
       bool prot_error = false;
       if (!Scatter(qp.get(), wqe, f.length, src, &prot_error)) {
         r.io_error = true;
         return r;
       }
-      lock.lock();
+      qp->mu.Lock();
       if (prot_error) {
         if (!qp->destroyed) {
           PushRecv(qp.get(), wqe, IBV_WC_LOC_PROT_ERR, 0, f, false,
                    IBV_WC_RECV);
         }
-        lock.unlock();
+        qp->mu.Unlock();
         EnterError(qp, -1);
         r.send = true;
         r.frame = Nak(f, NakCode::kRemoteOp, f.msn);
@@ -217,6 +220,7 @@ Response ProcessRequest(const std::shared_ptr<Qp>& qp, const Frame& f,
       qp->rnr_nak_outstanding = qp->seq_nak_outstanding = false;
       DeferRecv(&r, qp.get(), wqe, f.length, f, f.type == FrameType::kSendImm,
                 IBV_WC_RECV);
+      qp->mu.Unlock();
       r.send = true;
       r.frame = Reply(FrameType::kAck, f);
       return r;
@@ -228,7 +232,7 @@ Response ProcessRequest(const std::shared_ptr<Qp>& qp, const Frame& f,
                        IBV_ACCESS_REMOTE_READ);
       }
       if (f.length > 0 && mr == nullptr) {
-        lock.unlock();
+        qp->mu.Unlock();
         EnterError(qp, IBV_EVENT_QP_ACCESS_ERR);
         r.send = true;
         r.frame = Nak(f, NakCode::kRemoteAccess, f.msn);
@@ -238,6 +242,7 @@ Response ProcessRequest(const std::shared_ptr<Qp>& qp, const Frame& f,
         qp->expected_msn = f.msn + 1;
         qp->rnr_nak_outstanding = qp->seq_nak_outstanding = false;
       }
+      qp->mu.Unlock();
       r.send = true;
       r.frame = Reply(FrameType::kReadResp, f);
       r.frame.length = f.length;
@@ -248,17 +253,16 @@ Response ProcessRequest(const std::shared_ptr<Qp>& qp, const Frame& f,
     default:
       break;
   }
-  lock.unlock();
+  qp->mu.Unlock();
   r.io_error = true;  // Not a request: protocol violation.
   return r;
 }
 
 void DeliverRecvCompletion(const std::shared_ptr<Qp>& qp, const Response& r) {
   if (!r.has_recv_wc) return;
-  std::lock_guard<std::mutex> lock(qp->mu);
+  ferry::MutexLock lock(&qp->mu);
   if (!qp->destroyed) PushCompletion(qp->recv_cq, r.recv_wc, r.recv_solicited);
 }
-
 namespace {
 
 void ServeConnection(Device* dev, int fd) {
@@ -279,7 +283,7 @@ void ServeConnection(Device* dev, int fd) {
     uint8_t out[kHeaderBytes];
     EncodeFrame(Nak(hello, NakCode::kNoQp, 0), out);
     iovec iov{out, sizeof(out)};
-    std::lock_guard<std::mutex> lock(conn->mu);
+    ferry::MutexLock lock(&conn->mu);
     conn->WriteAll(&iov, 1);
     conn->Close();
     return;
@@ -290,7 +294,7 @@ void ServeConnection(Device* dev, int fd) {
     uint8_t out[kHeaderBytes];
     EncodeFrame(Reply(FrameType::kHelloAck, hello), out);
     iovec iov{out, sizeof(out)};
-    std::lock_guard<std::mutex> lock(conn->mu);
+    ferry::MutexLock lock(&conn->mu);
     if (!conn->WriteAll(&iov, 1)) return;
   }
   SocketSource src(fd);
@@ -321,7 +325,7 @@ void ServeConnection(Device* dev, int fd) {
                     {const_cast<uint8_t*>(r.data), r.frame.length}};
     bool ok;
     {
-      std::lock_guard<std::mutex> lock(conn->mu);
+      ferry::MutexLock lock(&conn->mu);
       ok = conn->WriteAll(iov, r.data != nullptr ? 2 : 1);
     }
     if (r.mr != nullptr) ReleaseMr(r.mr);
@@ -333,9 +337,9 @@ void ServeConnection(Device* dev, int fd) {
 
 }  // namespace
 
-void AcceptLoop(Device* dev) {
+void AcceptLoop(Device* dev, int listen_fd) {
   while (true) {
-    int fd = ::accept4(dev->listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED || errno == EMFILE ||
           errno == ENFILE) {

@@ -23,16 +23,16 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
+
+#include "common/mutex.h"
 
 #define SOFTRNIC_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -75,25 +75,25 @@ struct Device {
   // (carrier.cc). Changed only through SetLink / SetCarrier.
   std::atomic<bool> link_up{true};
   std::atomic<bool> carrier{true};
-  std::mutex link_mu;  // Serializes port state changes.
+  ferry::Mutex link_mu;  // Serializes port state changes.
   bool LinkUp() const {
     return link_up.load(std::memory_order_relaxed) &&
            carrier.load(std::memory_order_relaxed);
   }
   std::atomic<uint32_t> delay_us{0};
 
-  std::mutex mu;
-  bool started = false;  // Listener and timer threads running.
-  uint16_t port = 0;     // Listener port, host order.
-  int listen_fd = -1;
-  std::vector<Context*> contexts;  // Open contexts, for async events.
-  std::thread acceptor;
-  std::thread timer;
+  ferry::Mutex mu;
+  // Listener and timer threads running.
+  bool started ABSL_GUARDED_BY(mu) = false;
+  // Listener port, host order; set once, before `started`.
+  std::atomic<uint16_t> port{0};
+  // Open contexts, for async events.
+  std::vector<Context*> contexts ABSL_GUARDED_BY(mu);
 
   // QPs with retransmission work pending, and the timer's wake-up.
-  std::mutex timer_mu;
-  std::condition_variable timer_cv;
-  std::vector<std::weak_ptr<Qp>> timer_qps;
+  ferry::Mutex timer_mu;
+  ferry::CondVar timer_cv;
+  std::vector<std::weak_ptr<Qp>> timer_qps ABSL_GUARDED_BY(timer_mu);
 
   void GidFor(ibv_gid* gid) const;
 };
@@ -117,8 +117,8 @@ struct Context {
   ibv_context ctx;  // Must be first.
   Device* dev = nullptr;
   int async_write_fd = -1;
-  std::mutex mu;
-  std::deque<ibv_async_event> async_events;
+  ferry::Mutex mu;
+  std::deque<ibv_async_event> async_events ABSL_GUARDED_BY(mu);
 };
 
 void PostAsyncEvent(Device* dev, const ibv_async_event& event);
@@ -191,12 +191,13 @@ struct CompChannel {
 
 struct Cq {
   ibv_cq cq;  // Must be first.
-  std::mutex mu;
-  std::vector<ibv_wc> ring;
-  size_t head = 0, count = 0;
-  bool armed = false;
-  bool solicited_only = false;
-  bool overrun = false;
+  ferry::Mutex mu;
+  std::vector<ibv_wc> ring ABSL_GUARDED_BY(mu);
+  size_t head ABSL_GUARDED_BY(mu) = 0;
+  size_t count ABSL_GUARDED_BY(mu) = 0;
+  bool armed ABSL_GUARDED_BY(mu) = false;
+  bool solicited_only ABSL_GUARDED_BY(mu) = false;
+  bool overrun ABSL_GUARDED_BY(mu) = false;
 };
 
 // Adds a completion; reports overrun (IBV_EVENT_CQ_ERR) if the CQ is full,
@@ -284,36 +285,43 @@ struct Qp {
   ibv_qp_cap cap{};
   bool sq_sig_all = false;
 
-  std::mutex mu;          // Guards everything below.
-  ibv_qp_attr attr{};     // Current attributes (state in attr.qp_state).
-  SendQueue sq;           // Posted, not yet completed, in order.
-  size_t send_index = 0;  // sq[0, send_index) have been transmitted.
-  std::deque<RecvWqe> rq;
-  uint32_t next_msn = 0;
-  int retries_left = 0;
-  int rnr_retries_left = 0;
-  Clock::time_point rnr_until{};  // No (re)transmission before this.
-  bool retransmit_pending = false;
-  std::shared_ptr<Connection> conn;  // Outgoing (requester) connection.
-  bool loopback = false;             // The peer QP lives in this process.
+  ferry::Mutex mu;
+  // Current attributes (state in attr.qp_state).
+  ibv_qp_attr attr ABSL_GUARDED_BY(mu){};
+  // Posted, not yet completed, in order.
+  SendQueue sq ABSL_GUARDED_BY(mu);
+  // sq[0, send_index) have been transmitted.
+  size_t send_index ABSL_GUARDED_BY(mu) = 0;
+  std::deque<RecvWqe> rq ABSL_GUARDED_BY(mu);
+  uint32_t next_msn ABSL_GUARDED_BY(mu) = 0;
+  int retries_left ABSL_GUARDED_BY(mu) = 0;
+  int rnr_retries_left ABSL_GUARDED_BY(mu) = 0;
+  // No (re)transmission before this.
+  Clock::time_point rnr_until ABSL_GUARDED_BY(mu){};
+  bool retransmit_pending ABSL_GUARDED_BY(mu) = false;
+  // Outgoing (requester) connection.
+  std::shared_ptr<Connection> conn ABSL_GUARDED_BY(mu);
+  // The peer QP lives in this process.
+  bool loopback ABSL_GUARDED_BY(mu) = false;
   // The same-process peer, found when the QP is connected (so the data
   // path needs no table lookup); unset if it did not exist then.
-  std::weak_ptr<Qp> loop_peer;
-  bool has_loop_peer = false;
-  in_addr peer_ip{};
-  uint16_t peer_port = 0;
+  std::weak_ptr<Qp> loop_peer ABSL_GUARDED_BY(mu);
+  bool has_loop_peer ABSL_GUARDED_BY(mu) = false;
+  in_addr peer_ip ABSL_GUARDED_BY(mu){};
+  uint16_t peer_port ABSL_GUARDED_BY(mu) = 0;
   // Unsignaled WQEs that completed: their SQ slots are retired only when a
   // later signaled WQE completes, as on hardware.
-  uint32_t done_unsignaled = 0;
-  bool in_timer = false;  // Registered with the device timer.
-  bool destroyed = false;
+  uint32_t done_unsignaled ABSL_GUARDED_BY(mu) = 0;
+  // Registered with the device timer.
+  bool in_timer ABSL_GUARDED_BY(dev->timer_mu) = false;
+  bool destroyed ABSL_GUARDED_BY(mu) = false;
   // Responder state (requests from the peer).
-  uint32_t expected_msn = 0;
-  bool rnr_nak_outstanding = false;
-  bool seq_nak_outstanding = false;
+  uint32_t expected_msn ABSL_GUARDED_BY(mu) = 0;
+  bool rnr_nak_outstanding ABSL_GUARDED_BY(mu) = false;
+  bool seq_nak_outstanding ABSL_GUARDED_BY(mu) = false;
 
   // Serializes transmissions so frames leave in MSN order.
-  std::mutex send_mu;
+  ferry::Mutex send_mu;
 };
 
 // The owning reference of a QP handle; null once the QP is destroyed
@@ -327,7 +335,8 @@ std::shared_ptr<Qp> FindQp(uint32_t qpn);
 
 // Moves the QP to ERR (if not already), flushes both queues with
 // IBV_WC_WR_FLUSH_ERR, and optionally raises an async event. Locks qp->mu.
-void EnterError(const std::shared_ptr<Qp>& qp, int async_event /* -1: none */);
+void EnterError(const std::shared_ptr<Qp>& qp, int async_event /* -1: none */)
+    ABSL_LOCKS_EXCLUDED(qp->mu);
 
 // Data path (requester.cc / responder.cc).
 int PostSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr);
@@ -341,7 +350,7 @@ Clock::time_point TimerWork(const std::shared_ptr<Qp>& qp,
                             Clock::time_point now);
 void ScheduleTimer(const std::shared_ptr<Qp>& qp);
 void TimerLoop(Device* dev);
-void AcceptLoop(Device* dev);
+void AcceptLoop(Device* dev, int listen_fd);
 // Closes every connection of `dev` (link down, fault injection).
 void CutDeviceConnections(Device* dev);
 
