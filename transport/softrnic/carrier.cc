@@ -85,7 +85,9 @@ void StartCarrierMonitor() {
     }
     Refresh();  // Before any device answers a port query.
     // Process-lifetime thread: detached, blocked in recv when idle.
-    std::thread([fd] { MonitorLoop(fd); }).detach();
+    if (!StartThread("srnic-carrier", [fd] { MonitorLoop(fd); })) {
+      ::close(fd);  // Then ports follow only the fault switch.
+    }
   });
 }
 

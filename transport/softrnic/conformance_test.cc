@@ -1904,6 +1904,84 @@ TEST_F(SoftrnicTest, SetDelayUsAddsLatency) {
 }
 
 // ===========================================================================
+// Deregistration while a peer holds the MR.
+
+// A peer that announces a large RDMA WRITE, sends part of it and then
+// stalls holds the target MR in an access in progress. ibv_dereg_mr must
+// still return within its bound (it aborts the access and breaks that
+// connection), and nothing the peer sends afterwards reaches the memory.
+TEST_F(SoftrnicTest, DeregMrReturnsWhileAStalledPeerWritesIntoIt) {
+  Pair p;
+  ASSERT_NO_FATAL_FAILURE(MakePair(1, 0, &p));  // Responder on softrnic0.
+  const uint32_t len = 1 << 20;
+  Buffer* dst = p.b->Reg(len);
+  ASSERT_NE(dst, nullptr);
+  const std::string ip = GidIpv4(p.b->gid());
+  const uint16_t port = GidPort(p.b->gid());
+  std::string err;
+  const int fd = ConnectFrom("127.0.0.1", ip, port, &err);
+  ASSERT_GE(fd, 0) << err;
+  auto send_all = [fd](const std::vector<uint8_t>& v) {
+    return send(fd, v.data(), v.size(), MSG_NOSIGNAL) ==
+           static_cast<ssize_t>(v.size());
+  };
+  ASSERT_TRUE(
+      send_all(Header(1, /*HELLO*/ 1, p.b->qpn(), 0, 0, 0, p.a->qpn())));
+  uint8_t ack[40];
+  pollfd pfd = {fd, POLLIN, 0};
+  ASSERT_EQ(poll(&pfd, 1, kDefaultTimeoutMs), 1) << "no HELLO_ACK";
+  ASSERT_EQ(recv(fd, ack, sizeof(ack), MSG_WAITALL), 40);
+  ASSERT_EQ(ack[5], 2) << "not a HELLO_ACK";
+  std::vector<uint8_t> write =
+      Header(1, /*WRITE*/ 12, p.b->qpn(), len, dst->rkey(), dst->addr(), 0);
+  std::vector<uint8_t> part(4096);
+  FillPattern(part.data(), part.size(), 5);
+  write.insert(write.end(), part.begin(), part.end());
+  ASSERT_TRUE(send_all(write));
+  // Wait until the responder is inside the WRITE (its first bytes landed).
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (FirstPatternMismatch(dst->data(), part.size(), 5) != -1 &&
+         Clock::now() < deadline) {
+    usleep(1000);
+  }
+  ASSERT_EQ(FirstPatternMismatch(dst->data(), part.size(), 5), -1)
+      << "the WRITE's first bytes never arrived";
+
+  struct Dereg {
+    std::promise<int> done;
+  };
+  auto* d = new Dereg();  // Leaked if the thread never returns.
+  std::future<int> fut = d->done.get_future();
+  ibv_mr* mr = dst->mr();
+  const auto start = Clock::now();
+  std::thread([d, mr] { d->done.set_value(ibv_dereg_mr(mr)); }).detach();
+  if (fut.wait_for(std::chrono::seconds(2)) != std::future_status::ready) {
+    close(fd);  // Lets the responder go, so the dereg can end.
+    if (fut.wait_for(std::chrono::milliseconds(kDefaultTimeoutMs)) !=
+        std::future_status::ready) {
+      leak_ = true;
+    }
+    FAIL() << "ibv_dereg_mr did not return within 2 s while a stalled peer "
+              "held the MR";
+  }
+  const int64_t ms = MsSince(start);
+  ASSERT_EQ(fut.get(), 0);
+  delete d;
+  EXPECT_LT(ms, 1000) << "ibv_dereg_mr took " << ms << " ms";
+  // The rest of the WRITE must not reach the memory any more.
+  std::vector<uint8_t> snapshot(dst->data(), dst->data() + len);
+  std::vector<uint8_t> rest(64 * 1024, 0xee);
+  send(fd, rest.data(), rest.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  EXPECT_TRUE(ClosedByPeer(fd, kDefaultTimeoutMs))
+      << "the aborted connection stays open";
+  close(fd);
+  EXPECT_EQ(memcmp(dst->data(), snapshot.data(), len), 0)
+      << "memory changed after ibv_dereg_mr returned";
+  // The device still serves its other QPs.
+  ASSERT_NO_FATAL_FAILURE(WriteAndCheck(p, 4096, 6));
+}
+
+// ===========================================================================
 // Wire robustness.
 
 TEST_F(SoftrnicTest, GarbageOnListenerDisturbsNoQp) {

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -78,7 +79,13 @@ int StartDevice(Device* dev) {
   StartCarrierMonitor();
   ferry::MutexLock lock(&dev->mu);
   if (dev->started) return 0;
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  // The timer first: it has no resources to give back if the acceptor
+  // then cannot start (a later open tries again).
+  if (!dev->timer_running) {
+    if (!StartThread("srnic-timer", [dev] { TimerLoop(dev); })) return EAGAIN;
+    dev->timer_running = true;
+  }
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return errno;
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
@@ -94,13 +101,23 @@ int StartDevice(Device* dev) {
     ::close(fd);
     return err;
   }
+  const int epoll_fd = ::epoll_create1(EPOLL_CLOEXEC);
+  if (epoll_fd < 0) {
+    const int err = errno;
+    ::close(fd);
+    return err;
+  }
   socklen_t len = sizeof(sa);
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  // Process-lifetime threads: detached, they block in epoll/wait when idle.
+  if (!StartThread("srnic-accept",
+                   [dev, fd, epoll_fd] { AcceptLoop(dev, fd, epoll_fd); })) {
+    ::close(epoll_fd);
+    ::close(fd);
+    return EAGAIN;
+  }
   dev->port.store(ntohs(sa.sin_port));
   dev->started = true;
-  // Process-lifetime threads: detached, they block in accept/wait when idle.
-  std::thread([dev, fd] { AcceptLoop(dev, fd); }).detach();
-  std::thread([dev] { TimerLoop(dev); }).detach();
   return 0;
 }
 

@@ -1,8 +1,11 @@
 // Protection domains, memory regions and the key table.
 #include <errno.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <deque>
 
+#include "transport/softrnic/connection.h"
 #include "transport/softrnic/softrnic.h"
 
 namespace softrnic {
@@ -206,10 +209,26 @@ SOFTRNIC_EXPORT int ibv_dereg_mr(ibv_mr* ibmr) {
     }
     mr->live_key.store(0, std::memory_order_seq_cst);
   }
-  // After dereg returns the "NIC" must not touch the memory: wait for
-  // accesses in progress, which are bounded by socket timeouts.
+  // After dereg returns the "NIC" must not touch the memory. An access in
+  // progress over a connection (a peer's WRITE arriving, a READ response
+  // leaving) may wait on the peer for ever, so it is aborted: its
+  // connection is closed, which the requester sees as a lost packet. A copy
+  // between QPs of this process is not interrupted: it ends after at most
+  // one message. No key lookup can start a new access (live_key is 0).
+  auto pause = std::chrono::microseconds(20);
+  const Clock::time_point start = Clock::now();
+  bool reported = false;
   while (mr->inflight.load(std::memory_order_acquire) != 0) {
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    AbortConnectionsHolding(mr);
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(1000));
+    if (!reported && Clock::now() - start > std::chrono::seconds(5)) {
+      reported = true;
+      std::fprintf(stderr,
+                   "softrnic: ibv_dereg_mr(lkey 0x%x) still waits for an "
+                   "access in progress after 5 s\n",
+                   key);
+    }
   }
   mr->pd->users.fetch_sub(1);
   ferry::MutexLock lock(&t.mu);

@@ -208,7 +208,7 @@ void EnterError(const std::shared_ptr<Qp>& qp, int async_event) {
     for (auto& [cq, wc] : flushed) PushCompletion(cq, wc);
   }
   if (changed) {
-    DisconnectQp(qp);
+    DisconnectQp(qp, /*also_accepted=*/false);
     if (async_event >= 0) {
       ibv_async_event e{};
       e.event_type = static_cast<ibv_event_type>(async_event);
@@ -351,7 +351,7 @@ SOFTRNIC_EXPORT int ibv_modify_qp(ibv_qp* ibqp, ibv_qp_attr* a, int mask) {
     }
   }
   if (to_error) EnterError(qp, -1);
-  if (disconnect) DisconnectQp(qp);
+  if (disconnect) DisconnectQp(qp, /*also_accepted=*/true);
   if (connect) ConnectQp(qp);
   return 0;
 }
@@ -385,7 +385,7 @@ SOFTRNIC_EXPORT int ibv_destroy_qp(ibv_qp* ibqp) {
     qp->rq.clear();
     qp->loop_peer.reset();
   }
-  DisconnectQp(qp);
+  DisconnectQp(qp, /*also_accepted=*/true);
   {
     QpTable& t = Table();
     ferry::MutexLock lock(&t.mu);

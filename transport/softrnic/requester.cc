@@ -89,12 +89,11 @@ void CompleteBefore(Qp* qp, uint32_t msn)
 }
 
 void ResponseLoop(std::shared_ptr<Qp> qp, std::shared_ptr<Connection> conn) {
-  SocketSource src(conn->fd());
+  SocketSource src(conn.get());
   uint8_t hdr[kHeaderBytes];
   while (!conn->closed()) {
     Frame f;
-    if (!ReadFully(conn->fd(), hdr, sizeof(hdr)) ||
-        !DecodeFrame(hdr, kMaxMsgSize, &f)) {
+    if (!conn->Read(hdr, sizeof(hdr)) || !DecodeFrame(hdr, kMaxMsgSize, &f)) {
       break;
     }
     bool kick = false;
@@ -102,6 +101,12 @@ void ResponseLoop(std::shared_ptr<Qp> qp, std::shared_ptr<Connection> conn) {
     if (kick) Kick(qp);
   }
   conn->Close();
+  // The peer closed it or it broke: release the descriptor now. The QP
+  // keeps RC semantics without it: its next transmission finds no
+  // connection and is lost, and the retransmission timer dials again
+  // (peer alive) or ends in IBV_WC_RETRY_EXC_ERR (peer gone).
+  ferry::MutexLock lock(&qp->mu);
+  if (qp->conn == conn) qp->conn.reset();
 }
 
 // Opens the outgoing connection and starts its response thread.
@@ -142,7 +147,12 @@ bool Dial(const std::shared_ptr<Qp>& qp) {
     qp->conn = conn;
   }
   if (old != nullptr) old->Close();
-  std::thread(ResponseLoop, qp, conn).detach();
+  if (!StartThread("srnic-resp", [qp, conn] { ResponseLoop(qp, conn); })) {
+    conn->Close();  // As a dial that failed: the timer tries again.
+    ferry::MutexLock lock(&qp->mu);
+    if (qp->conn == conn) qp->conn.reset();
+    return false;
+  }
   return true;
 }
 
@@ -194,13 +204,15 @@ void ConnectQp(const std::shared_ptr<Qp>& qp) {
   Dial(qp);  // If it fails, the timer dials again when there is work.
 }
 
-void DisconnectQp(const std::shared_ptr<Qp>& qp) {
-  std::shared_ptr<Connection> c;
+void DisconnectQp(const std::shared_ptr<Qp>& qp, bool also_accepted) {
+  std::shared_ptr<Connection> c, a;
   {
     ferry::MutexLock lock(&qp->mu);
     c = std::move(qp->conn);
+    if (also_accepted) a = std::move(qp->accepted);
   }
   if (c != nullptr) c->Close();
+  if (a != nullptr) a->Close();
 }
 
 int PostSend(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
@@ -442,7 +454,7 @@ void Kick(const std::shared_ptr<Qp>& qp) {
       EncodeFrame(f, hdr);
       iov[0].iov_base = hdr;
       ferry::MutexLock lock(&conn->mu);
-      conn->WriteAll(iov, niov);
+      conn->WriteAll(iov, niov, held, nheld);
     }
     for (int k = 0; k < nheld; ++k) ReleaseMr(held[k]);
   }
@@ -513,7 +525,9 @@ bool HandleNak(const std::shared_ptr<Qp>& qp, const Frame& f, bool* kick)
 bool HandleResponse(const std::shared_ptr<Qp>& qp, const Frame& f,
                     PayloadSource* src, bool* kick) {
   const uint32_t payload = f.type == FrameType::kReadResp ? f.length : 0;
-  auto drain = [&]() { return payload == 0 || src->Read(nullptr, payload); };
+  auto drain = [&]() {
+    return payload == 0 || src->Read(nullptr, payload, nullptr);
+  };
   qp->mu.Lock();
   if (qp->destroyed || qp->attr.qp_state != IBV_QPS_RTS) {
     qp->mu.Unlock();
@@ -556,8 +570,8 @@ bool HandleResponse(const std::shared_ptr<Qp>& qp, const Frame& f,
         if (left == 0) break;
         uint32_t k = std::min(left, s.length);
         Mr* mr = AcquireMr(s.lkey, qp->pd, s.addr, k, IBV_ACCESS_LOCAL_WRITE);
-        bool ok = mr != nullptr ? src->Read(HostAddr(mr, s.addr), k)
-                                : src->Read(nullptr, k);
+        bool ok = mr != nullptr ? src->Read(HostAddr(mr, s.addr), k, mr)
+                                : src->Read(nullptr, k, nullptr);
         if (mr == nullptr) prot_error = true;
         if (mr != nullptr) ReleaseMr(mr);
         if (!ok) return false;

@@ -5,10 +5,13 @@
 // to its softrnic object. Objects are reference-counted where data-path
 // threads may still hold them when the application destroys them.
 //
-// Threads: per device one acceptor thread (TCP listener for peers' QPs) and
-// one timer thread (retransmission and ack timeouts); per connected QP one
-// thread reading responses from its outgoing connection; per accepted
-// connection one responder thread. All block in the kernel when idle.
+// Threads: per device one acceptor thread (TCP listener for peers' QPs;
+// it also reads every connection's HELLO, so connections that never
+// identify a QP cost no thread) and one timer thread (retransmission and
+// ack timeouts); per connected QP at most one thread reading responses
+// from its outgoing connection and one serving its accepted connection.
+// So threads grow with the application's QPs, never with what arrives on
+// the listener. All block in the kernel when idle.
 #ifndef FERRY_TRANSPORT_SOFTRNIC_SOFTRNIC_H_
 #define FERRY_TRANSPORT_SOFTRNIC_SOFTRNIC_H_
 
@@ -25,6 +28,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -53,6 +57,31 @@ struct DeviceConfig {
   std::string name;
   std::string ip;  // Dotted IPv4.
 };
+
+// Limits that protect a device (and its process) from what arrives on its
+// listener; each can be set through the environment variable named.
+struct Limits {
+  // A connection must complete its HELLO within this long, or it is
+  // closed (FERRY_SOFTRNIC_HANDSHAKE_TIMEOUT_MS; default 5000).
+  int handshake_timeout_ms = 5000;
+  // Accepted connections per device, in handshake or serving
+  // (FERRY_SOFTRNIC_MAX_CONNECTIONS; default half the soft descriptor
+  // limit when the first device starts, between 16 and 4096).
+  int max_connections = 1024;
+  // Of those, from one source address
+  // (FERRY_SOFTRNIC_MAX_CONNECTIONS_PER_ADDRESS; default a quarter of
+  // max_connections, at least 4).
+  int max_connections_per_address = 256;
+};
+
+// Read from the environment on first use.
+const Limits& GetLimits();
+
+// Runs `fn` on a new detached thread named `name` (at most 15 characters);
+// false (with a message on stderr) if the system refuses one, e.g. under a
+// thread or pids limit: callers degrade (close a connection, fail a verb),
+// the process never aborts.
+bool StartThread(const char* name, std::function<void()> fn);
 
 // Parses FERRY_SOFTRNIC_DEVICES ("name=ip,name=ip") or the file named by
 // FERRY_SOFTRNIC_CONFIG (one "name ip" per line); default softrnic0 on
@@ -85,6 +114,7 @@ struct Device {
   ferry::Mutex mu;
   // Listener and timer threads running.
   bool started ABSL_GUARDED_BY(mu) = false;
+  bool timer_running ABSL_GUARDED_BY(mu) = false;
   // Listener port, host order; set once, before `started`.
   std::atomic<uint16_t> port{0};
   // Open contexts, for async events.
@@ -301,6 +331,9 @@ struct Qp {
   bool retransmit_pending ABSL_GUARDED_BY(mu) = false;
   // Outgoing (requester) connection.
   std::shared_ptr<Connection> conn ABSL_GUARDED_BY(mu);
+  // The connection the listener accepted for this QP (responder side); a
+  // newer HELLO for the QP replaces it.
+  std::shared_ptr<Connection> accepted ABSL_GUARDED_BY(mu);
   // The peer QP lives in this process.
   bool loopback ABSL_GUARDED_BY(mu) = false;
   // The same-process peer, found when the QP is connected (so the data
@@ -343,14 +376,19 @@ int PostSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr);
 int PostRecv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
 // Called on the RTR transition: opens the outgoing connection.
 void ConnectQp(const std::shared_ptr<Qp>& qp);
-// Called when a QP leaves RTS/RTR or is destroyed.
-void DisconnectQp(const std::shared_ptr<Qp>& qp);
+// Called when a QP leaves RTS/RTR or is destroyed: closes its outgoing
+// connection and, if `also_accepted` (RESET, destroy), the one its peer
+// opened to it. A QP in ERR keeps that one: it still NAKs through it.
+void DisconnectQp(const std::shared_ptr<Qp>& qp, bool also_accepted);
 // Retransmits / times out. Called by the device timer thread.
 Clock::time_point TimerWork(const std::shared_ptr<Qp>& qp,
                             Clock::time_point now);
 void ScheduleTimer(const std::shared_ptr<Qp>& qp);
 void TimerLoop(Device* dev);
-void AcceptLoop(Device* dev, int listen_fd);
+// Runs the device's listener (responder.cc): accepts on `listen_fd`,
+// reads HELLOs through `epoll_fd`, and hands identified connections to
+// threads of their own.
+void AcceptLoop(Device* dev, int listen_fd, int epoll_fd);
 // Closes every connection of `dev` (link down, fault injection).
 void CutDeviceConnections(Device* dev);
 
