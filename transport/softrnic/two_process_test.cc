@@ -579,8 +579,11 @@ TEST_F(TwoProcessTest, ResponderErrorsAcrossProcesses) {
     ASSERT_NO_FATAL_FAILURE(ConnectToPeer("softrnic0", "softrnic0", co));
     FillPattern(buf_->data(), 512, 6);
     ASSERT_EQ(PostSendMsg(local_->qp(), 6, buf_, 0, 512), 0);
+    // Neither success nor RNR exhaustion (~570 ms away) before a receive.
     std::vector<ibv_wc> none;
-    EXPECT_EQ(PollCompletions(local_->cq(), 1, &none, 20), 0);
+    EXPECT_EQ(PollCompletions(local_->cq(), 1, &none, 150), 0)
+        << "wr_id " << (none.empty() ? 0 : none[0].wr_id) << " status "
+        << (none.empty() ? "" : ibv_wc_status_str(none[0].status));
     ASSERT_EQ(Ask("recv 7 0 4096").size(), 0u);
     ibv_wc wc = {};
     ASSERT_TRUE(PollOne(local_->cq(), &wc));
@@ -622,7 +625,9 @@ TEST_F(TwoProcessTest, PipelinedAndUnsignaledWrsAcrossProcesses) {
       EXPECT_EQ(wcs[k].wr_id, round * 1000u + (want == 1 ? s - 1 : k));
     }
     std::vector<ibv_wc> extra;
-    EXPECT_EQ(PollCompletions(local_->cq(), 1, &extra, 50), 0);
+    EXPECT_EQ(PollCompletions(local_->cq(), 1, &extra, 250), 0)
+        << "unexpected completion wr_id "
+        << (extra.empty() ? 0 : extra[0].wr_id);
     EXPECT_EQ(Ask(absl::StrCat("sum 0 ", s * chunk)),
               std::vector<std::string>{Hex64(Fnv1a(buf_->data(), s * chunk))});
   }
