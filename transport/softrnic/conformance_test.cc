@@ -1001,6 +1001,166 @@ TEST_F(SoftrnicTest, PortDownAndUpRaiseAsyncEventsOnEveryContext) {
   EXPECT_EQ(errno, ENODEV);
 }
 
+// IBV_EVENT_DEVICE_FATAL (injected) kills the device as hardware does: the
+// event on every context, every QP of the device in ERR with its work
+// requests flushed, EIO from further verbs on those contexts (destroying
+// objects still works), the other device untouched; once every context
+// that saw it is closed, the device opens and works again.
+TEST(AsyncEvents, DeviceFatalKillsTheDeviceUntilItsContextsAreClosed) {
+  signal(SIGPIPE, SIG_IGN);
+  std::string err;
+  ibv_context* c0 = OpenDeviceByName("softrnic0", &err);
+  ASSERT_NE(c0, nullptr) << err;
+  ibv_context* c1 = OpenDeviceByName("softrnic1", &err);
+  ASSERT_NE(c1, nullptr) << err;
+  ibv_context* c1b = OpenDeviceByName("softrnic1", &err);
+  ASSERT_NE(c1b, nullptr) << err;
+  auto a = Endpoint::Create(c1, {}, &err);  // Dies with softrnic1.
+  ASSERT_NE(a, nullptr) << err;
+  auto b = Endpoint::Create(c0, {}, &err);  // Its peer on softrnic0.
+  ASSERT_NE(b, nullptr) << err;
+  ConnectOptions co;
+  co.timeout = 10;  // ~4 ms.
+  co.retry_cnt = 2;
+  co.rnr_retry = 7;  // RNR-retry for ever: the SENDs stay outstanding.
+  ASSERT_EQ(ConnectQp(a->qp(), b->qpn(), b->gid(), co, &err), 0) << err;
+  ASSERT_EQ(ConnectQp(b->qp(), a->qpn(), a->gid(), co, &err), 0) << err;
+  Buffer* src = a->Reg(4096);
+  Buffer* bsrc = b->Reg(4096);
+  Buffer* adst = a->Reg(4096);
+  ASSERT_NE(src, nullptr);
+  ASSERT_NE(bsrc, nullptr);
+  ASSERT_NE(adst, nullptr);
+  ASSERT_EQ(PostRecvBuf(a->qp(), 10, src, 0, 1024), 0);
+  ASSERT_EQ(PostRecvBuf(a->qp(), 11, src, 1024, 1024), 0);
+  ASSERT_EQ(PostSendMsg(a->qp(), 1, src, 0, 64), 0);  // b posts no receive.
+  ASSERT_EQ(PostSendMsg(a->qp(), 2, src, 0, 64), 0);
+
+  ASSERT_EQ(softrnic::InjectAsyncEvent("softrnic1", IBV_EVENT_DEVICE_FATAL), 0)
+      << strerror(errno);
+  for (ibv_context* c : {c1, c1b}) {
+    ibv_async_event ev = {};
+    EXPECT_TRUE(WaitAsyncEvent(c, IBV_EVENT_DEVICE_FATAL, &ev, 5000));
+  }
+  std::vector<ibv_wc> wcs;
+  ASSERT_EQ(PollCompletions(a->cq(), 4, &wcs), 4);
+  std::set<uint64_t> flushed;
+  for (const ibv_wc& wc : wcs) {
+    EXPECT_EQ(wc.status, IBV_WC_WR_FLUSH_ERR)
+        << "wr_id " << wc.wr_id << ": " << StatusName(wc.status);
+    flushed.insert(wc.wr_id);
+  }
+  EXPECT_EQ(flushed, (std::set<uint64_t>{1, 2, 10, 11}));
+
+  // Verbs on the dead contexts fail with EIO.
+  ibv_sge sge = src->Sge(0, 64);
+  ibv_send_wr swr = {};
+  swr.sg_list = &sge;
+  swr.num_sge = 1;
+  swr.opcode = IBV_WR_SEND;
+  ibv_send_wr* bad_send = nullptr;
+  EXPECT_EQ(ibv_post_send(a->qp(), &swr, &bad_send), EIO);
+  EXPECT_EQ(bad_send, &swr);
+  ibv_recv_wr rwr = {};
+  rwr.sg_list = &sge;
+  rwr.num_sge = 1;
+  ibv_recv_wr* bad_recv = nullptr;
+  EXPECT_EQ(ibv_post_recv(a->qp(), &rwr, &bad_recv), EIO);
+  errno = 0;
+  EXPECT_EQ(ibv_alloc_pd(c1b), nullptr);
+  EXPECT_EQ(errno, EIO);
+  errno = 0;
+  std::vector<uint8_t> mem(4096);
+  EXPECT_EQ(ibv_reg_mr(a->pd(), mem.data(), mem.size(), IBV_ACCESS_LOCAL_WRITE),
+            nullptr);
+  EXPECT_EQ(errno, EIO);
+  errno = 0;
+  EXPECT_EQ(ibv_create_cq(c1b, 16, nullptr, nullptr, 0), nullptr);
+  EXPECT_EQ(errno, EIO);
+  ibv_port_attr pa = {};
+  EXPECT_EQ(ibv_query_port(c1, 1, &pa), EIO);
+  ibv_device_attr da = {};
+  EXPECT_EQ(ibv_query_device(c1b, &da), EIO);
+  EXPECT_EQ(ModifyToState(a->qp(), IBV_QPS_RESET), EIO);
+  errno = 0;
+  EXPECT_EQ(OpenDeviceByName("softrnic1", &err), nullptr);
+  EXPECT_EQ(errno, EIO) << "a dead device opened again";
+
+  // softrnic0 is untouched, but its QP's peer is gone: a WRITE to it ends
+  // in a transport retry error, as on a fabric with a dead NIC.
+  ibv_async_event ev = {};
+  EXPECT_FALSE(WaitAsyncEvent(c0, IBV_EVENT_DEVICE_FATAL, &ev, 200));
+  ASSERT_EQ(ibv_query_port(c0, 1, &pa), 0);
+  EXPECT_EQ(pa.state, IBV_PORT_ACTIVE);
+  ASSERT_EQ(PostRdma(b->qp(), IBV_WR_RDMA_WRITE, 5, bsrc, 0, 64, adst->addr(),
+                     adst->rkey()),
+            0);
+  EXPECT_TRUE(PollExpect(b->cq(), 5, IBV_WC_RETRY_EXC_ERR));
+
+  // Destroying everything works; the device lives again once both of its
+  // contexts are closed.
+  a.reset();
+  EXPECT_EQ(ibv_close_device(c1), 0);
+  errno = 0;
+  EXPECT_EQ(OpenDeviceByName("softrnic1", &err), nullptr)
+      << "alive again while a context that saw it die is open";
+  EXPECT_EQ(ibv_close_device(c1b), 0);
+  ibv_context* again = OpenDeviceByName("softrnic1", &err);
+  ASSERT_NE(again, nullptr) << err;
+  ASSERT_EQ(ibv_query_port(again, 1, &pa), 0);
+  EXPECT_EQ(pa.state, IBV_PORT_ACTIVE);
+  {
+    auto x = Endpoint::Create(again, {}, &err);
+    auto y = Endpoint::Create(c0, {}, &err);
+    ASSERT_NE(x, nullptr) << err;
+    ASSERT_NE(y, nullptr) << err;
+    ASSERT_EQ(ConnectQp(x->qp(), y->qpn(), y->gid(), {}, &err), 0) << err;
+    ASSERT_EQ(ConnectQp(y->qp(), x->qpn(), x->gid(), {}, &err), 0) << err;
+    Buffer* xs = x->Reg(4096);
+    Buffer* yd = y->Reg(4096);
+    ASSERT_NE(xs, nullptr);
+    ASSERT_NE(yd, nullptr);
+    FillPattern(xs->data(), 4096, 9);
+    ASSERT_EQ(PostRdma(x->qp(), IBV_WR_RDMA_WRITE, 6, xs, 0, 4096, yd->addr(),
+                       yd->rkey()),
+              0);
+    EXPECT_TRUE(PollExpect(x->cq(), 6, IBV_WC_SUCCESS));
+    EXPECT_EQ(FirstPatternMismatch(yd->data(), 4096, 9), -1);
+  }
+  b.reset();
+  ibv_close_device(again);
+  ibv_close_device(c0);
+}
+
+// An injected IBV_EVENT_GID_CHANGE re-reads the GID table (unchanged: the
+// address is still there) and is delivered on every context of that
+// device only.
+TEST_F(SoftrnicTest, GidChangeIsDeliveredOnEveryContextOfTheDevice) {
+  ibv_context* second = OpenExtraContext(0);
+  ASSERT_NE(second, nullptr);
+  ibv_gid before = {};
+  ASSERT_EQ(ibv_query_gid(ctx(0), 1, 0, &before), 0);
+  ASSERT_EQ(softrnic::InjectAsyncEvent("softrnic0", IBV_EVENT_GID_CHANGE), 0)
+      << strerror(errno);
+  for (ibv_context* c : {ctx(0), second}) {
+    ibv_async_event ev = {};
+    ASSERT_TRUE(WaitAsyncEvent(c, IBV_EVENT_GID_CHANGE, &ev, 5000));
+    EXPECT_EQ(ev.element.port_num, 1);
+  }
+  ibv_async_event ev = {};
+  EXPECT_FALSE(WaitAsyncEvent(ctx(1), IBV_EVENT_GID_CHANGE, &ev, 200));
+  ibv_gid after = {};
+  ASSERT_EQ(ibv_query_gid(ctx(0), 1, 0, &after), 0);
+  EXPECT_EQ(GidToHex(after), GidToHex(before));
+
+  errno = 0;
+  EXPECT_EQ(softrnic::InjectAsyncEvent("softrnic0", IBV_EVENT_PORT_ERR), -1);
+  EXPECT_EQ(errno, EINVAL);
+  errno = 0;
+  EXPECT_EQ(softrnic::InjectAsyncEvent("nosuchdev", IBV_EVENT_GID_CHANGE), -1);
+  EXPECT_EQ(errno, ENODEV);
+}
+
 TEST_F(SoftrnicTest, RemoteAccessViolationRaisesQpAsyncEvent) {
   Pair p;
   ASSERT_NO_FATAL_FAILURE(MakePair(0, 1, &p));

@@ -62,6 +62,7 @@ int PollCq(ibv_cq* ibcq, int n, ibv_wc* wc) {
 }
 
 int ReqNotifyCq(ibv_cq* ibcq, int solicited_only) {
+  if (Dead(ibcq->context)) return EIO;
   auto* cq = reinterpret_cast<Cq*>(ibcq);
   ferry::MutexLock lock(&cq->mu);
   if (cq->cq.channel == nullptr) return EINVAL;
@@ -77,6 +78,10 @@ using namespace softrnic;
 
 SOFTRNIC_EXPORT ibv_comp_channel* ibv_create_comp_channel(
     ibv_context* context) {
+  if (Dead(context)) {
+    errno = EIO;
+    return nullptr;
+  }
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) return nullptr;
   auto* ch = new CompChannel();
@@ -100,6 +105,10 @@ SOFTRNIC_EXPORT ibv_cq* ibv_create_cq(ibv_context* context, int cqe,
                                       void* cq_context,
                                       ibv_comp_channel* channel,
                                       int comp_vector) {
+  if (Dead(context)) {
+    errno = EIO;
+    return nullptr;
+  }
   if (cqe < 1 || cqe > kMaxCqe || comp_vector < 0 ||
       comp_vector >= context->num_comp_vectors) {
     errno = EINVAL;
@@ -125,6 +134,7 @@ SOFTRNIC_EXPORT ibv_cq* ibv_create_cq(ibv_context* context, int cqe,
 }
 
 SOFTRNIC_EXPORT int ibv_resize_cq(ibv_cq* ibcq, int cqe) {
+  if (Dead(ibcq->context)) return EIO;
   auto* cq = reinterpret_cast<Cq*>(ibcq);
   ferry::MutexLock lock(&cq->mu);
   if (cqe < 1 || cqe > kMaxCqe || static_cast<size_t>(cqe) < cq->count) {

@@ -8,15 +8,18 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 
+#include "transport/softrnic/connection.h"
 #include "transport/softrnic/softrnic.h"
 
 namespace softrnic {
 
 void Device::GidFor(ibv_gid* gid) const {
   std::memset(gid->raw, 0, sizeof(gid->raw));
+  if (!gid_valid.load(std::memory_order_acquire)) return;  // An empty entry.
   // RoCE v2 style IPv4-mapped GID; the listener port rides in bytes 8..9 so
   // a peer knows where to connect from the GID alone.
   const uint16_t p = port.load(std::memory_order_relaxed);
@@ -147,11 +150,36 @@ void SetCarrier(Device* dev, bool up) { ChangePort(dev, &dev->carrier, up); }
 void PostAsyncEvent(Context* ctx, const ibv_async_event& event) {
   {
     ferry::MutexLock lock(&ctx->mu);
+    if (ctx->async_events.size() >= kMaxAsyncEvents) {
+      // The oldest event's byte is still in the pipe: it now stands for
+      // this one, so bytes and events stay equal in number.
+      ctx->async_events.pop_front();
+      ctx->async_events.push_back(event);
+      return;
+    }
     ctx->async_events.push_back(event);
   }
+  // One byte per event; the pipe holds far more than kMaxAsyncEvents, and
+  // its write end does not block in any case.
   char b = 1;
   ssize_t n = ::write(ctx->async_write_fd, &b, 1);
   (void)n;
+}
+
+void KillDevice(Device* dev) {
+  {
+    ferry::MutexLock lock(&dev->mu);
+    for (Context* c : dev->contexts) c->dead.store(true);
+    // With no context open there is nothing to kill (nothing would ever
+    // be closed to bring the device back).
+    if (dev->contexts.empty()) return;
+    dev->fatal.store(true);
+  }
+  CutDeviceConnections(dev);
+  for (const std::shared_ptr<Qp>& qp : QpsOf(dev)) EnterError(qp, -1);
+  ibv_async_event e{};
+  e.event_type = IBV_EVENT_DEVICE_FATAL;
+  PostAsyncEvent(dev, e);
 }
 
 void PostAsyncEvent(Device* dev, const ibv_async_event& event) {
@@ -163,7 +191,8 @@ void PostAsyncEvent(Device* dev, const ibv_async_event& event) {
   for (Context* c : contexts) {
     ibv_async_event e = event;
     if (e.event_type == IBV_EVENT_PORT_ERR ||
-        e.event_type == IBV_EVENT_PORT_ACTIVE) {
+        e.event_type == IBV_EVENT_PORT_ACTIVE ||
+        e.event_type == IBV_EVENT_GID_CHANGE) {
       e.element.port_num = 1;
     }
     PostAsyncEvent(c, e);
@@ -207,6 +236,10 @@ SOFTRNIC_EXPORT int ibv_get_device_index(ibv_device* device) {
 
 SOFTRNIC_EXPORT ibv_context* ibv_open_device(ibv_device* device) {
   Device* dev = reinterpret_cast<Device*>(device);
+  if (dev->fatal.load()) {
+    errno = EIO;  // Dead until every context open at the fatal is closed.
+    return nullptr;
+  }
   if (int err = StartDevice(dev); err != 0) {
     errno = err;
     return nullptr;
@@ -217,6 +250,7 @@ SOFTRNIC_EXPORT ibv_context* ibv_open_device(ibv_device* device) {
     delete c;
     return nullptr;
   }
+  ::fcntl(fds[1], F_SETFL, O_NONBLOCK);
   c->dev = dev;
   c->async_write_fd = fds[1];
   c->ctx.device = device;
@@ -245,6 +279,13 @@ SOFTRNIC_EXPORT int ibv_close_device(ibv_context* context) {
         break;
       }
     }
+    // The last context that saw the device die is gone: the device is
+    // reset and works again.
+    if (c->dev->fatal.load() &&
+        std::none_of(v.begin(), v.end(),
+                     [](const Context* o) { return o->dead.load(); })) {
+      c->dev->fatal.store(false);
+    }
   }
   ::close(c->ctx.async_fd);
   ::close(c->async_write_fd);
@@ -255,6 +296,7 @@ SOFTRNIC_EXPORT int ibv_close_device(ibv_context* context) {
 
 SOFTRNIC_EXPORT int ibv_query_device(ibv_context* context,
                                      ibv_device_attr* attr) {
+  if (Dead(context)) return EIO;
   Device* dev = reinterpret_cast<Context*>(context)->dev;
   std::memset(attr, 0, sizeof(*attr));
   std::snprintf(attr->fw_ver, sizeof(attr->fw_ver), "softrnic 1.0");
@@ -289,6 +331,7 @@ SOFTRNIC_EXPORT int ibv_query_device(ibv_context* context,
 
 SOFTRNIC_EXPORT int ibv_query_port(ibv_context* context, uint8_t port_num,
                                    struct _compat_ibv_port_attr* out) {
+  if (Dead(context)) return EIO;
   Device* dev = reinterpret_cast<Context*>(context)->dev;
   if (port_num != 1) return EINVAL;
   ibv_port_attr a{};
@@ -314,6 +357,10 @@ SOFTRNIC_EXPORT int ibv_query_port(ibv_context* context, uint8_t port_num,
 
 SOFTRNIC_EXPORT int ibv_query_gid(ibv_context* context, uint8_t port_num,
                                   int index, ibv_gid* gid) {
+  if (Dead(context)) {
+    errno = EIO;
+    return -1;
+  }
   Device* dev = reinterpret_cast<Context*>(context)->dev;
   if (port_num != 1 || index < 0 || index >= kGidTableLen) {
     errno = EINVAL;
@@ -323,8 +370,12 @@ SOFTRNIC_EXPORT int ibv_query_gid(ibv_context* context, uint8_t port_num,
   return 0;
 }
 
-SOFTRNIC_EXPORT int ibv_query_pkey(ibv_context*, uint8_t port_num, int index,
-                                   __be16* pkey) {
+SOFTRNIC_EXPORT int ibv_query_pkey(ibv_context* context, uint8_t port_num,
+                                   int index, __be16* pkey) {
+  if (Dead(context)) {
+    errno = EIO;
+    return -1;
+  }
   if (port_num != 1 || index != 0) {
     errno = EINVAL;
     return -1;
@@ -341,8 +392,12 @@ SOFTRNIC_EXPORT int ibv_get_pkey_index(ibv_context*, uint8_t port_num,
 }
 
 // Declared in rdma-core's private driver.h; ibv_devinfo -v uses it.
-SOFTRNIC_EXPORT int ibv_query_gid_type(ibv_context*, uint8_t port_num,
+SOFTRNIC_EXPORT int ibv_query_gid_type(ibv_context* context, uint8_t port_num,
                                        unsigned int index, int* type) {
+  if (Dead(context)) {
+    errno = EIO;
+    return -1;
+  }
   if (port_num != 1 || index >= kGidTableLen) {
     errno = EINVAL;
     return -1;
@@ -354,9 +409,11 @@ SOFTRNIC_EXPORT int ibv_query_gid_type(ibv_context*, uint8_t port_num,
 SOFTRNIC_EXPORT int _ibv_query_gid_ex(ibv_context* context, uint32_t port_num,
                                       uint32_t gid_index, ibv_gid_entry* entry,
                                       uint32_t flags, size_t entry_size) {
+  if (Dead(context)) return EIO;
   Device* dev = reinterpret_cast<Context*>(context)->dev;
   if (flags != 0 || entry_size < sizeof(ibv_gid_entry)) return EINVAL;
   if (port_num != 1 || gid_index >= kGidTableLen) return ENODATA;
+  if (!dev->gid_valid.load()) return ENODATA;  // An empty entry.
   std::memset(entry, 0, entry_size);
   dev->GidFor(&entry->gid);
   entry->gid_index = gid_index;
@@ -373,6 +430,7 @@ SOFTRNIC_EXPORT ssize_t _ibv_query_gid_table(ibv_context* context,
   if (flags != 0 || entry_size < sizeof(ibv_gid_entry)) return -EINVAL;
   if (max_entries < kGidTableLen) return -EINVAL;
   int rc = _ibv_query_gid_ex(context, 1, 0, entries, 0, entry_size);
+  if (rc == ENODATA) return 0;  // No valid entry.
   return rc == 0 ? kGidTableLen : -rc;
 }
 
@@ -440,4 +498,27 @@ SOFTRNIC_EXPORT int softrnic_set_delay_us(const char* name, uint32_t us) {
   }
   dev->delay_us.store(us);
   return 0;
+}
+
+SOFTRNIC_EXPORT int softrnic_inject_async_event(const char* name, int event) {
+  Device* dev = FindDeviceByName(name);
+  if (dev == nullptr) {
+    errno = ENODEV;
+    return -1;
+  }
+  switch (event) {
+    case IBV_EVENT_DEVICE_FATAL:
+      KillDevice(dev);
+      return 0;
+    case IBV_EVENT_GID_CHANGE: {
+      RereadGidTable(dev);
+      ibv_async_event e{};
+      e.event_type = IBV_EVENT_GID_CHANGE;
+      PostAsyncEvent(dev, e);
+      return 0;
+    }
+    default:
+      errno = EINVAL;
+      return -1;
+  }
 }

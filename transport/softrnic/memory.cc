@@ -98,6 +98,10 @@ void HeldMrs::ReleaseAll() {
 using namespace softrnic;
 
 SOFTRNIC_EXPORT ibv_pd* ibv_alloc_pd(ibv_context* context) {
+  if (Dead(context)) {
+    errno = EIO;
+    return nullptr;
+  }
   auto* pd = new Pd();
   pd->pd.context = context;
   static std::atomic<uint32_t> next_handle{1};
@@ -119,6 +123,10 @@ SOFTRNIC_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* ibpd, void* addr,
                               IBV_ACCESS_REMOTE_READ |
                               IBV_ACCESS_REMOTE_ATOMIC |
                               IBV_ACCESS_RELAXED_ORDERING;
+  if (Dead(ibpd->context)) {
+    errno = EIO;
+    return nullptr;
+  }
   if ((access & ~kKnown) != 0 || length == 0 ||
       reinterpret_cast<uintptr_t>(addr) + length <
           reinterpret_cast<uintptr_t>(addr) ||

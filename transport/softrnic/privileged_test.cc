@@ -207,5 +207,58 @@ TEST(PidsLimit, IdleConnectionsDoNotAbortTheTarget) {
   ibv_close_device(ctx);
 }
 
+// ===========================================================================
+// GID changes that follow the network (network namespaces).
+
+// The device follows the addresses of the interface it is bound to, as a
+// RoCE NIC's GID table follows its netdev: a change raises
+// IBV_EVENT_GID_CHANGE, a change on another interface does not, and the
+// entry reads as zeros while the device's address is gone.
+TEST(GidChange, AddressChangesOfTheBoundInterfaceRaiseGidChange) {
+  signal(SIGPIPE, SIG_IGN);
+  // The peer runs in a network namespace of its own, on a veth pair.
+  auto peer =
+      Peer::Start({"/usr/bin/unshare", "--net", "--"},
+                  {"--setenv=FERRY_SOFTRNIC_DEVICES=softrnic0=10.77.0.1"});
+  ASSERT_NE(peer, nullptr) << "this test needs root and unshare";
+  // No IPv6 link-local addresses: they would arrive (and change the
+  // interface's addresses) at a moment of the kernel's choosing.
+  ASSERT_EQ(peer->Ask("run ip link add v0 type veth peer name v1 && "
+                      "ip link set v0 addrgenmode none && "
+                      "ip link set v1 addrgenmode none && "
+                      "ip addr add 10.77.0.1/24 dev v0 && "
+                      "ip link set v1 up && ip link set v0 up")
+                .size(),
+            0u);
+  std::vector<std::string> w = peer->Ask("open softrnic0 4096");
+  ASSERT_EQ(w.size(), 4u);
+  ibv_gid gid = {};
+  ASSERT_TRUE(HexToGid(w[1], &gid));
+  EXPECT_EQ(GidIpv4(gid), "10.77.0.1");
+  const std::string gid_change = std::to_string(IBV_EVENT_GID_CHANGE);
+  const std::string zeros(32, '0');
+  EXPECT_EQ(peer->Ask("no_event 300").size(), 0u) << "events while idle";
+
+  // Another address on the bound interface.
+  ASSERT_EQ(peer->Ask("run ip addr add 10.77.1.9/24 dev v0").size(), 0u);
+  EXPECT_EQ(peer->Ask("await_event " + gid_change + " 5000").size(), 0u);
+  // An address on another interface is not the device's business.
+  ASSERT_EQ(peer->Ask("run ip addr add 10.88.0.1/24 dev v1").size(), 0u);
+  EXPECT_EQ(peer->Ask("no_event 500").size(), 0u);
+  // The device's own address goes: the entry empties.
+  ASSERT_EQ(peer->Ask("run ip addr del 10.77.0.1/24 dev v0").size(), 0u);
+  EXPECT_EQ(peer->Ask("await_event " + gid_change + " 5000").size(), 0u);
+  EXPECT_EQ(peer->Ask("gid"), std::vector<std::string>{zeros});
+  // And comes back.
+  ASSERT_EQ(peer->Ask("run ip addr add 10.77.0.1/24 dev v0").size(), 0u);
+  EXPECT_EQ(peer->Ask("await_event " + gid_change + " 5000").size(), 0u);
+  EXPECT_EQ(peer->Ask("gid"), std::vector<std::string>{w[1]});
+
+  EXPECT_EQ(peer->Ask("quit").size(), 0u);
+  auto rc = peer->proc()->Finish(absl::Seconds(10));
+  ASSERT_OK(rc);
+  EXPECT_EQ(*rc, 0);
+}
+
 }  // namespace
 }  // namespace softrnic_test

@@ -176,6 +176,16 @@ std::shared_ptr<Qp> FindQp(uint32_t qpn) {
   return it == t.qps.end() ? nullptr : it->second;
 }
 
+std::vector<std::shared_ptr<Qp>> QpsOf(const Device* dev) {
+  std::vector<std::shared_ptr<Qp>> out;
+  QpTable& t = Table();
+  ferry::MutexLock lock(&t.mu);
+  for (const auto& [qpn, qp] : t.qps) {
+    if (qp->dev == dev) out.push_back(qp);
+  }
+  return out;
+}
+
 Clock::duration AckTimeout(uint8_t timeout) {
   if (timeout == 0) return Clock::duration::max();
   return std::chrono::nanoseconds(static_cast<int64_t>(4096) << timeout);
@@ -223,6 +233,10 @@ void EnterError(const std::shared_ptr<Qp>& qp, int async_event) {
 using namespace softrnic;
 
 SOFTRNIC_EXPORT ibv_qp* ibv_create_qp(ibv_pd* ibpd, ibv_qp_init_attr* init) {
+  if (Dead(ibpd->context)) {
+    errno = EIO;
+    return nullptr;
+  }
   if (init->qp_type != IBV_QPT_RC) {
     errno = EOPNOTSUPP;  // softrnic emulates reliable connected QPs only.
     return nullptr;
@@ -289,6 +303,7 @@ SOFTRNIC_EXPORT ibv_qp* ibv_create_qp(ibv_pd* ibpd, ibv_qp_init_attr* init) {
 }
 
 SOFTRNIC_EXPORT int ibv_modify_qp(ibv_qp* ibqp, ibv_qp_attr* a, int mask) {
+  if (Dead(ibqp->context)) return EIO;
   std::shared_ptr<Qp> qp = SharedQp(ibqp);
   ibv_qp_state to;
   bool connect = false, disconnect = false, to_error = false;
@@ -358,6 +373,7 @@ SOFTRNIC_EXPORT int ibv_modify_qp(ibv_qp* ibqp, ibv_qp_attr* a, int mask) {
 
 SOFTRNIC_EXPORT int ibv_query_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int,
                                  ibv_qp_init_attr* init) {
+  if (Dead(ibqp->context)) return EIO;
   auto* qp = reinterpret_cast<Qp*>(ibqp);
   ferry::MutexLock lock(&qp->mu);
   *attr = qp->attr;

@@ -216,6 +216,10 @@ void DisconnectQp(const std::shared_ptr<Qp>& qp, bool also_accepted) {
 }
 
 int PostSend(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
+  if (Dead(ibqp->context)) {
+    *bad_wr = wr;
+    return EIO;
+  }
   std::shared_ptr<Qp> qp = SharedQp(ibqp);
   int err = 0;
   {
@@ -310,6 +314,10 @@ int PostSend(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
 }
 
 int PostRecv(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
+  if (Dead(ibqp->context)) {
+    *bad_wr = wr;
+    return EIO;
+  }
   auto* qp = reinterpret_cast<Qp*>(ibqp);
   ferry::MutexLock lock(&qp->mu);
   for (; wr != nullptr; wr = wr->next) {

@@ -99,16 +99,25 @@ struct Device {
   std::string name;
   in_addr ip{};
   uint64_t guid = 0;  // Network byte order.
-  // The port is up while both hold: the fault-injection switch
-  // (softrnic_set_link) and the carrier of the interface holding `ip`
-  // (carrier.cc). Changed only through SetLink / SetCarrier.
+  // The port is up while all hold: the fault-injection switch
+  // (softrnic_set_link), the carrier of the interface holding `ip`
+  // (carrier.cc), and the device is not dead. Changed only through
+  // SetLink / SetCarrier / KillDevice.
   std::atomic<bool> link_up{true};
   std::atomic<bool> carrier{true};
+  // IBV_EVENT_DEVICE_FATAL was raised and a context open then is still
+  // open (the "hardware" needs those closed before it works again).
+  std::atomic<bool> fatal{false};
   ferry::Mutex link_mu;  // Serializes port state changes.
   bool LinkUp() const {
     return link_up.load(std::memory_order_relaxed) &&
-           carrier.load(std::memory_order_relaxed);
+           carrier.load(std::memory_order_relaxed) &&
+           !fatal.load(std::memory_order_relaxed);
   }
+  // The GID table's one entry is valid while the device's address is
+  // assigned to a local interface (re-read on address changes and on an
+  // injected IBV_EVENT_GID_CHANGE); an invalid entry reads as zeros.
+  std::atomic<bool> gid_valid{true};
   std::atomic<uint32_t> delay_us{0};
 
   ferry::Mutex mu;
@@ -140,16 +149,41 @@ int StartDevice(Device* dev);
 // IBV_EVENT_PORT_ACTIVE is raised on every context of the device.
 void SetLink(Device* dev, bool up);
 void SetCarrier(Device* dev, bool up);
-// Starts following the interfaces' carrier (carrier.cc; idempotent).
+// Starts following the interfaces' carrier and addresses (carrier.cc;
+// idempotent).
 void StartCarrierMonitor();
+// Re-reads the device's GID table from the interfaces' addresses
+// (carrier.cc); true if the table changed.
+bool RereadGidTable(Device* dev);
+
+// IBV_EVENT_DEVICE_FATAL, as hardware raises it: every context open now
+// turns dead (its verbs fail with EIO until it is closed), the port goes
+// down, connections are cut, every QP of the device moves to ERR with its
+// work requests flushed, and the event is delivered on every context. The
+// device works again once all of those contexts are closed.
+void KillDevice(Device* dev);
+
+// At most this many async events wait in a context; beyond, the oldest is
+// dropped (an application that never reads them must not grow memory).
+constexpr size_t kMaxAsyncEvents = 4096;
 
 struct Context {
   ibv_context ctx;  // Must be first.
   Device* dev = nullptr;
   int async_write_fd = -1;
+  // Opened before an IBV_EVENT_DEVICE_FATAL of its device: verbs on it
+  // fail with EIO, except destroying objects, polling CQs and reading
+  // events.
+  std::atomic<bool> dead{false};
   ferry::Mutex mu;
   std::deque<ibv_async_event> async_events ABSL_GUARDED_BY(mu);
 };
+
+// Whether verbs on `context` must fail with EIO (see Context::dead).
+inline bool Dead(const ibv_context* context) {
+  return reinterpret_cast<const Context*>(context)->dead.load(
+      std::memory_order_relaxed);
+}
 
 void PostAsyncEvent(Device* dev, const ibv_async_event& event);
 void PostAsyncEvent(Context* ctx, const ibv_async_event& event);
@@ -365,6 +399,8 @@ inline std::shared_ptr<Qp> SharedQp(ibv_qp* qp) {
 
 // Process-wide QP table, by QP number.
 std::shared_ptr<Qp> FindQp(uint32_t qpn);
+// Every QP of `dev`.
+std::vector<std::shared_ptr<Qp>> QpsOf(const Device* dev);
 
 // Moves the QP to ERR (if not already), flushes both queues with
 // IBV_WC_WR_FLUSH_ERR, and optionally raises an async event. Locks qp->mu.

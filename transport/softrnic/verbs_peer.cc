@@ -20,6 +20,13 @@
 //   exit_on_recv <wr_id> <off> <len> -> ok; then, once the receive has
 //       completed, "ok <wr_id> <status>" and the process exits at once, as
 //       an application that got its last message would
+//   run <shell command>            -> ok, or err <exit status> (e.g. ip
+//                                     commands in the peer's namespace)
+//   gid                            -> ok <gid hex> (of the open device)
+//   await_event <type> <timeout_ms> -> ok once async event <type> arrived
+//                                     (others are skipped), or err timeout
+//   no_event <ms>                  -> ok if no async event arrives within
+//                                     <ms>, else err <event type>
 //   quit                           -> ok, then exits 0 (as on stdin EOF)
 // Flags --setenv=NAME=VALUE and --unsetenv=NAME change the environment and
 // re-execute the peer before any verb runs, so that softrnic reads its
@@ -29,6 +36,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <sstream>
@@ -60,7 +68,40 @@ class Peer {
       if (!(in >> dev >> size)) return "err usage";
       return Open(dev, size);
     }
+    if (cmd == "run") {
+      std::string rest;
+      std::getline(in, rest);
+      const int rc = std::system(rest.c_str());
+      return rc == 0 ? "ok" : "err " + std::to_string(rc);
+    }
     if (endpoint_ == nullptr) return "err not open";
+    if (cmd == "gid") {
+      ibv_gid gid = {};
+      if (ibv_query_gid(ctx_, 1, 0, &gid) != 0) return "err query_gid";
+      return "ok " + GidToHex(gid);
+    }
+    if (cmd == "await_event") {
+      int type = 0, timeout_ms = 0;
+      if (!(in >> type >> timeout_ms)) return "err usage";
+      ibv_async_event ev = {};
+      std::vector<ibv_event_type> skipped;
+      if (!WaitAsyncEvent(ctx_, static_cast<ibv_event_type>(type), &ev,
+                          timeout_ms, &skipped)) {
+        std::string seen;
+        for (ibv_event_type t : skipped) seen += " " + std::to_string(t);
+        return "err timeout; saw" + seen;
+      }
+      return "ok";
+    }
+    if (cmd == "no_event") {
+      int ms = 0;
+      if (!(in >> ms)) return "err usage";
+      ibv_async_event ev = {};
+      if (NextAsyncEvent(ctx_, &ev, ms)) {
+        return "err " + std::to_string(ev.event_type);
+      }
+      return "ok";
+    }
     if (cmd == "close") {
       endpoint_.reset();
       buf_ = nullptr;
