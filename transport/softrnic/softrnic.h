@@ -204,6 +204,11 @@ struct Mr {
   uintptr_t start = 0;  // Host address of the first byte.
   uint64_t iova = 0;    // Address peers and SGEs use for that byte.
   size_t length = 0;
+  // Strict page identity (registered while strict mode was on): the
+  // physical frame of each page the MR covers, from the page holding
+  // `start` on; every access checks the frames of the pages it touches.
+  bool strict = false;
+  uint64_t* frames = nullptr;
   // The key while registered, 0 once deregistered. The fields above are
   // written before it is published and stay fixed until dereg has seen
   // `inflight` drop to zero.
@@ -211,6 +216,12 @@ struct Mr {
   // Accesses in progress (DMA); dereg waits for zero.
   std::atomic<int> inflight{0};
 };
+
+// Strict page identity (memory.cc): whether the pages [host, host+len) of
+// strict MR `mr` are still the ones registered. False (counted, and
+// reported on stderr the first few times) if one was replaced, as after
+// munmap and a new mapping at the same address.
+bool FramesUnchanged(const Mr* mr, uintptr_t host, uint64_t len);
 
 // Looks up an MR by key and checks that [addr, addr+len) lies inside it,
 // that it belongs to `pd` and grants `access` (IBV_ACCESS_* bits; 0 for a
