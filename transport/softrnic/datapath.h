@@ -31,6 +31,11 @@ struct Response {
 void DeliverRecvCompletion(const std::shared_ptr<Qp>& qp, const Response& r)
     ABSL_LOCKS_EXCLUDED(qp->mu);
 
+// The QP of `dev` a connection whose first frame is `hello` (a decoded
+// HELLO) may serve, or null: the QP must exist on `dev`, and once in
+// RTR/RTS it takes HELLOs only from its peer QP.
+std::shared_ptr<Qp> QpForHello(Device* dev, const Frame& hello);
+
 // Executes request `f` on responder `qp`, consuming its payload from `src`
 // (the payload is always consumed, also when the request is refused).
 Response ProcessRequest(const std::shared_ptr<Qp>& qp, const Frame& f,

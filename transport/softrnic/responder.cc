@@ -508,14 +508,13 @@ class Acceptor {
       return;
     }
     Frame hello;
-    std::shared_ptr<Qp> qp;
     if (!DecodeFrame(h.buf, kMaxMsgSize, &hello) ||
         hello.type != FrameType::kHello) {
       Drop(fd);
       return;
     }
-    qp = FindQp(hello.qpn);
-    if (qp == nullptr || qp->dev != dev_ || !AcceptsHelloFrom(qp, hello)) {
+    std::shared_ptr<Qp> qp = QpForHello(dev_, hello);
+    if (qp == nullptr) {
       // The socket buffer of a new connection takes a header at once.
       uint8_t out[kHeaderBytes];
       EncodeFrame(Nak(hello, NakCode::kNoQp, 0), out);
@@ -541,17 +540,6 @@ class Acceptor {
     }
   }
 
-  // A QP already connected accepts a HELLO only from its peer QP, as a
-  // NIC drops packets whose source QP is not the one in its context.
-  static bool AcceptsHelloFrom(const std::shared_ptr<Qp>& qp,
-                               const Frame& hello) {
-    ferry::MutexLock lock(&qp->mu);
-    if (qp->destroyed) return false;
-    const ibv_qp_state st = qp->attr.qp_state;
-    if (st != IBV_QPS_RTR && st != IBV_QPS_RTS) return true;
-    return qp->attr.dest_qp_num == hello.aux;
-  }
-
   Device* const dev_;
   const int listen_fd_;
   const int epoll_fd_;
@@ -566,6 +554,21 @@ class Acceptor {
 };
 
 }  // namespace
+
+std::shared_ptr<Qp> QpForHello(Device* dev, const Frame& hello) {
+  std::shared_ptr<Qp> qp = FindQp(hello.qpn);
+  if (qp == nullptr || qp->dev != dev) return nullptr;
+  ferry::MutexLock lock(&qp->mu);
+  if (qp->destroyed) return nullptr;
+  // A QP already connected accepts a HELLO only from its peer QP, as a
+  // NIC drops packets whose source QP is not the one in its context.
+  const ibv_qp_state st = qp->attr.qp_state;
+  if ((st == IBV_QPS_RTR || st == IBV_QPS_RTS) &&
+      qp->attr.dest_qp_num != hello.aux) {
+    return nullptr;
+  }
+  return qp;
+}
 
 void AcceptLoop(Device* dev, int listen_fd, int epoll_fd) {
   Acceptor(dev, listen_fd, epoll_fd).Run();
