@@ -63,7 +63,11 @@ bool Connection::WriteAll(iovec* iov, int iovcnt, Mr* const* pins, int npins) {
     pins_[1 + i].store(pins[i], std::memory_order_release);
   }
   // A Close() meanwhile shuts the socket, so sendmsg fails at once.
-  const bool ok = !closed() && ferry::SendAll(fd_, iov, iovcnt) == 0;
+  bool ok = !closed();
+  if (ok) {
+    DmaScope dma;
+    ok = ferry::SendAll(fd_, iov, iovcnt) == 0;
+  }
   for (int i = 0; i < npins; ++i) {
     pins_[1 + i].store(nullptr, std::memory_order_relaxed);
   }
@@ -83,7 +87,11 @@ bool Connection::Read(void* dst, size_t n, Mr* pin) {
       ok = false;
       break;
     }
-    ssize_t r = ::recv(fd_, p, n, 0);
+    ssize_t r;
+    {
+      DmaScope dma;
+      r = ::recv(fd_, p, n, 0);
+    }
     if (r > 0) {
       p += r;
       n -= static_cast<size_t>(r);
@@ -242,6 +250,7 @@ bool GatherSource::Read(uint8_t* dst, size_t n, Mr*) {
     if (seg_ >= segs_.size()) return false;
     size_t k = std::min(n, segs_[seg_].n - off_);
     if (dst != nullptr) {
+      DmaScope dma;
       std::memcpy(dst, segs_[seg_].p + off_, k);
       dst += k;
     }

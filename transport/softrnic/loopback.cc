@@ -83,6 +83,7 @@ int Execute(Qp* qp, Qp* peer, Work* work, int n) {
       ok = lmrs[i] != nullptr;
     }
     if (ok && rmr != nullptr) {
+      DmaScope dma;
       uint8_t* remote = HostAddr(rmr, w.remote_addr);
       if (w.is_inline) {
         std::memcpy(remote, w.inline_data, w.length);

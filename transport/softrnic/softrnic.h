@@ -40,6 +40,18 @@
 
 #define SOFTRNIC_EXPORT extern "C" __attribute__((visibility("default")))
 
+#if defined(__SANITIZE_THREAD__)
+#define SOFTRNIC_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define SOFTRNIC_TSAN 1
+#endif
+#endif
+#ifdef SOFTRNIC_TSAN
+extern "C" void __tsan_ignore_thread_begin(void);
+extern "C" void __tsan_ignore_thread_end(void);
+#endif
+
 namespace softrnic {
 
 using Clock = std::chrono::steady_clock;
@@ -252,6 +264,24 @@ class HeldMrs {
   static constexpr int kSlots = 2 * (kMaxSge + 1);
   Mr* mrs_[kSlots];
   int n_ = 0;
+};
+
+// Marks softrnic's copies to and from MR memory, which stand for a NIC's
+// DMA: ThreadSanitizer cannot see DMA on hardware either, and the
+// application orders its accesses to that memory through completions, often
+// in another process (or by polling a flag the peer writes), which a race
+// detector cannot follow. So those copies are hidden from it; softrnic's own
+// state is not.
+class DmaScope {
+ public:
+#ifdef SOFTRNIC_TSAN
+  DmaScope() { __tsan_ignore_thread_begin(); }
+  ~DmaScope() { __tsan_ignore_thread_end(); }
+#else
+  DmaScope() {}
+#endif
+  DmaScope(const DmaScope&) = delete;
+  DmaScope& operator=(const DmaScope&) = delete;
 };
 
 // Host pointer for `addr` (in the MR's iova space).
