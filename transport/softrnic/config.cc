@@ -1,9 +1,15 @@
-// Device configuration from the environment.
+// Device configuration and limits from the environment, and threads.
 #include <arpa/inet.h>
+#include <pthread.h>
+#include <sys/resource.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <memory>
 #include <sstream>
 
 #include "transport/softrnic/softrnic.h"
@@ -33,7 +39,84 @@ void Add(std::vector<DeviceConfig>* out, DeviceConfig d) {
   out->push_back(std::move(d));
 }
 
+// A positive integer from the environment variable `name`, or `fallback`.
+int EnvInt(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  errno = 0;
+  const long n = std::strtol(v, &end, 10);
+  if (errno != 0 || *end != '\0' || n <= 0 || n > (1 << 30)) {
+    std::fprintf(stderr, "softrnic: ignoring %s=%s (not a positive integer)\n",
+                 name, v);
+    return fallback;
+  }
+  return static_cast<int>(n);
+}
+
+Limits LoadLimits() {
+  Limits l;
+  l.handshake_timeout_ms =
+      EnvInt("FERRY_SOFTRNIC_HANDSHAKE_TIMEOUT_MS", l.handshake_timeout_ms);
+  // Accepted connections may hold at most half the process's descriptors,
+  // so a flood of them cannot starve the application of its own.
+  rlimit nofile{};
+  int by_fds = 4096;
+  if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 &&
+      nofile.rlim_cur != RLIM_INFINITY) {
+    by_fds = static_cast<int>(std::min<rlim_t>(nofile.rlim_cur / 2, 4096));
+  }
+  l.max_connections =
+      EnvInt("FERRY_SOFTRNIC_MAX_CONNECTIONS", std::max(16, by_fds));
+  l.max_connections_per_address =
+      EnvInt("FERRY_SOFTRNIC_MAX_CONNECTIONS_PER_ADDRESS",
+             std::max(4, l.max_connections / 4));
+  return l;
+}
+
+struct ThreadArg {
+  char name[16];
+  std::function<void()> fn;
+};
+
+void* ThreadMain(void* p) {
+  std::unique_ptr<ThreadArg> arg(static_cast<ThreadArg*>(p));
+  pthread_setname_np(pthread_self(), arg->name);
+  arg->fn();
+  return nullptr;
+}
+
 }  // namespace
+
+const Limits& GetLimits() {
+  static const Limits* limits = new Limits(LoadLimits());
+  return *limits;
+}
+
+bool StartThread(const char* name, std::function<void()> fn) {
+  auto* arg = new ThreadArg();
+  std::snprintf(arg->name, sizeof(arg->name), "%s", name);
+  arg->fn = std::move(fn);
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  pthread_t t;
+  const int err = pthread_create(&t, &attr, ThreadMain, arg);
+  pthread_attr_destroy(&attr);
+  if (err != 0) {
+    delete arg;
+    // Rate-limited: under a thread limit this may repeat for every
+    // connection attempt.
+    static std::atomic<int> reported{0};
+    if (reported.fetch_add(1, std::memory_order_relaxed) < 10) {
+      std::fprintf(stderr, "softrnic: cannot start thread %s: %s\n", name,
+                   std::strerror(err));
+    }
+    errno = err;
+    return false;
+  }
+  return true;
+}
 
 std::vector<DeviceConfig> LoadDeviceConfig() {
   std::vector<DeviceConfig> out;

@@ -17,9 +17,16 @@
 namespace softrnic {
 namespace {
 
+struct DeviceConns {
+  std::vector<std::weak_ptr<Connection>> conns;
+  size_t prune_at = 64;  // Expired entries are dropped when size reaches it.
+  int admitted = 0;
+  std::unordered_map<uint32_t, int> admitted_per_address;
+};
+
 struct Registry {
-  std::mutex mu;
-  std::unordered_map<Device*, std::vector<std::weak_ptr<Connection>>> conns;
+  ferry::Mutex mu;
+  std::unordered_map<Device*, DeviceConns> devs ABSL_GUARDED_BY(mu);
 };
 
 Registry& Conns() {
@@ -29,22 +36,73 @@ Registry& Conns() {
 
 }  // namespace
 
-Connection::~Connection() { ::close(fd_); }
-
-void Connection::Close() {
-  if (!closed_.exchange(true)) ::shutdown(fd_, SHUT_RDWR);
+Connection::~Connection() {
+  ::close(fd_);
+  if (admitted_from_ != 0) ReleaseConnection(dev_, admitted_from_);
 }
 
-bool Connection::WriteAll(iovec* iov, int iovcnt) {
+void Connection::Close() {
+  if (!closed_.exchange(true, std::memory_order_acq_rel)) {
+    ::shutdown(fd_, SHUT_RDWR);
+  }
+}
+
+bool Connection::Holds(const Mr* mr) const {
+  for (const auto& p : pins_) {
+    if (p.load(std::memory_order_acquire) == mr) return true;
+  }
+  return false;
+}
+
+bool Connection::WriteAll(iovec* iov, int iovcnt, Mr* const* pins, int npins) {
   if (closed()) return false;
   if (uint32_t us = dev_->delay_us.load(std::memory_order_relaxed); us > 0) {
     std::this_thread::sleep_for(std::chrono::microseconds(us));
   }
-  if (ferry::SendAll(fd_, iov, iovcnt) != 0) {
-    Close();
-    return false;
+  for (int i = 0; i < npins; ++i) {
+    pins_[1 + i].store(pins[i], std::memory_order_release);
   }
-  return true;
+  // A Close() meanwhile shuts the socket, so sendmsg fails at once.
+  bool ok = !closed();
+  if (ok) {
+    DmaScope dma;
+    ok = ferry::SendAll(fd_, iov, iovcnt) == 0;
+  }
+  for (int i = 0; i < npins; ++i) {
+    pins_[1 + i].store(nullptr, std::memory_order_relaxed);
+  }
+  if (!ok) Close();
+  return ok;
+}
+
+bool Connection::Read(void* dst, size_t n, Mr* pin) {
+  if (pin != nullptr) pins_[0].store(pin, std::memory_order_release);
+  auto* p = static_cast<uint8_t*>(dst);
+  bool ok = true;
+  while (n > 0) {
+    // After Close() a socket still returns bytes already queued, and a
+    // peer may keep sending: check before every read, so that at most one
+    // more read lands in memory.
+    if (closed()) {
+      ok = false;
+      break;
+    }
+    ssize_t r;
+    {
+      DmaScope dma;
+      r = ::recv(fd_, p, n, 0);
+    }
+    if (r > 0) {
+      p += r;
+      n -= static_cast<size_t>(r);
+      continue;
+    }
+    if (r < 0 && errno == EINTR) continue;
+    ok = false;
+    break;
+  }
+  if (pin != nullptr) pins_[0].store(nullptr, std::memory_order_relaxed);
+  return ok;
 }
 
 void TuneSocket(int fd) {
@@ -60,30 +118,85 @@ void TuneSocket(int fd) {
   int buf = 4 << 20;
   ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
   ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
+  // An idle connection to a host that vanished without a FIN (power loss,
+  // a partition) would hold its descriptor until the QP is used again:
+  // keepalive finds it within about a minute and a half.
+  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+  int idle = 60, interval = 10, count = 3;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
 }
 
 void Track(Device* dev, const std::shared_ptr<Connection>& conn) {
   Registry& r = Conns();
-  std::lock_guard<std::mutex> lock(r.mu);
-  auto& v = r.conns[dev];
-  v.erase(std::remove_if(
-              v.begin(), v.end(),
-              [](const std::weak_ptr<Connection>& w) { return w.expired(); }),
-          v.end());
-  v.push_back(conn);
+  ferry::MutexLock lock(&r.mu);
+  DeviceConns& d = r.devs[dev];
+  if (d.conns.size() >= d.prune_at) {
+    d.conns.erase(std::remove_if(d.conns.begin(), d.conns.end(),
+                                 [](const std::weak_ptr<Connection>& w) {
+                                   return w.expired();
+                                 }),
+                  d.conns.end());
+    d.prune_at = std::max<size_t>(64, 2 * d.conns.size());
+  }
+  d.conns.push_back(conn);
 }
 
 void CutDeviceConnections(Device* dev) {
   std::vector<std::shared_ptr<Connection>> live;
   {
     Registry& r = Conns();
-    std::lock_guard<std::mutex> lock(r.mu);
-    for (auto& w : r.conns[dev]) {
+    ferry::MutexLock lock(&r.mu);
+    DeviceConns& d = r.devs[dev];
+    for (auto& w : d.conns) {
       if (auto c = w.lock()) live.push_back(std::move(c));
     }
-    r.conns[dev].clear();
+    d.conns.clear();
   }
   for (auto& c : live) c->Close();
+}
+
+void AbortConnectionsHolding(const Mr* mr) {
+  std::vector<std::shared_ptr<Connection>> holding;
+  {
+    Registry& r = Conns();
+    ferry::MutexLock lock(&r.mu);
+    for (auto& [dev, d] : r.devs) {
+      for (auto& w : d.conns) {
+        auto c = w.lock();
+        if (c != nullptr && c->Holds(mr)) holding.push_back(std::move(c));
+      }
+    }
+  }
+  for (auto& c : holding) c->Close();
+}
+
+bool AdmitConnection(Device* dev, uint32_t addr) {
+  const Limits& limits = GetLimits();
+  Registry& r = Conns();
+  ferry::MutexLock lock(&r.mu);
+  DeviceConns& d = r.devs[dev];
+  int& from = d.admitted_per_address[addr];
+  if (d.admitted >= limits.max_connections ||
+      from >= limits.max_connections_per_address) {
+    if (from == 0) d.admitted_per_address.erase(addr);
+    return false;
+  }
+  ++d.admitted;
+  ++from;
+  return true;
+}
+
+void ReleaseConnection(Device* dev, uint32_t addr) {
+  Registry& r = Conns();
+  ferry::MutexLock lock(&r.mu);
+  DeviceConns& d = r.devs[dev];
+  --d.admitted;
+  auto it = d.admitted_per_address.find(addr);
+  if (it != d.admitted_per_address.end() && --it->second == 0) {
+    d.admitted_per_address.erase(it);
+  }
 }
 
 std::shared_ptr<Connection> Dial(Device* dev, in_addr ip, uint16_t port,
@@ -121,37 +234,23 @@ std::shared_ptr<Connection> Dial(Device* dev, in_addr ip, uint16_t port,
   return conn;
 }
 
-bool ReadFully(int fd, void* buf, size_t n) {
-  auto* p = static_cast<uint8_t*>(buf);
-  while (n > 0) {
-    ssize_t r = ::recv(fd, p, n, 0);
-    if (r > 0) {
-      p += r;
-      n -= static_cast<size_t>(r);
-      continue;
-    }
-    if (r < 0 && errno == EINTR) continue;
-    return false;
-  }
-  return true;
-}
-
-bool SocketSource::Read(uint8_t* dst, size_t n) {
-  if (dst != nullptr) return ReadFully(fd_, dst, n);
+bool SocketSource::Read(uint8_t* dst, size_t n, Mr* pin) {
+  if (dst != nullptr) return conn_->Read(dst, n, pin);
   uint8_t scratch[16384];
   while (n > 0) {
     size_t k = std::min(n, sizeof(scratch));
-    if (!ReadFully(fd_, scratch, k)) return false;
+    if (!conn_->Read(scratch, k)) return false;
     n -= k;
   }
   return true;
 }
 
-bool GatherSource::Read(uint8_t* dst, size_t n) {
+bool GatherSource::Read(uint8_t* dst, size_t n, Mr*) {
   while (n > 0) {
     if (seg_ >= segs_.size()) return false;
     size_t k = std::min(n, segs_[seg_].n - off_);
     if (dst != nullptr) {
+      DmaScope dma;
       std::memcpy(dst, segs_[seg_].p + off_, k);
       dst += k;
     }

@@ -10,16 +10,24 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <vector>
 
+#include "common/mutex.h"
 #include "transport/softrnic/softrnic.h"
 
 namespace softrnic {
 
+// One TCP connection: either a QP's outgoing (requester) connection, or
+// one the device's listener accepted (the responder side). The socket is
+// closed when the last reference goes, so whoever sees the connection die
+// drops its reference at once and the descriptor is released.
 class Connection {
  public:
-  Connection(Device* dev, int fd) : dev_(dev), fd_(fd) {}
+  // `admitted_from` (network order) is the source address an accepted
+  // connection was admitted for (AdmitConnection); its slot is released
+  // with the connection. 0 for outgoing connections.
+  Connection(Device* dev, int fd, uint32_t admitted_from = 0)
+      : dev_(dev), fd_(fd), admitted_from_(admitted_from) {}
   ~Connection();
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
@@ -28,44 +36,66 @@ class Connection {
   Device* device() const { return dev_; }
   // Writes every byte (after the device's injected delay); on failure the
   // connection is closed and false returned. Callers serialize with mu.
-  bool WriteAll(iovec* iov, int iovcnt);
-  // Shuts the socket down: blocked readers and writers return.
+  // `pins` are the MRs the iovecs point into (see Holds).
+  bool WriteAll(iovec* iov, int iovcnt, Mr* const* pins = nullptr,
+                int npins = 0);
+  // Reads exactly n bytes into `dst` (which lies in `pin`, if given); false
+  // on EOF, error, or once the connection is closed. Only one thread reads.
+  bool Read(void* dst, size_t n, Mr* pin = nullptr);
+  // Shuts the socket down: blocked readers and writers return, and no
+  // further byte is read into memory or sent from it.
   void Close();
   bool closed() const { return closed_.load(std::memory_order_acquire); }
+  // Whether I/O in progress on this connection reads or writes `mr`'s
+  // memory (ibv_dereg_mr closes such connections to abort that I/O).
+  bool Holds(const Mr* mr) const;
 
-  std::mutex mu;  // Serializes writers.
+  ferry::Mutex mu;  // Serializes writers.
 
  private:
+  // Slot 0 is the reader's; the writer's (under mu) follow.
+  static constexpr int kPinSlots = 1 + kMaxSge;
+
   Device* const dev_;
   const int fd_;
+  const uint32_t admitted_from_;
   std::atomic<bool> closed_{false};
+  std::atomic<const Mr*> pins_[kPinSlots] = {};
 };
 
 // Connects to a device listener (bounded by `timeout_ms`) and registers the
 // connection with `dev` so link-down and fault injection can cut it.
 std::shared_ptr<Connection> Dial(Device* dev, in_addr ip, uint16_t port,
                                  int timeout_ms);
-// Registers an accepted connection with `dev`.
+// Registers a connection with `dev` (CutDeviceConnections, dereg aborts).
 void Track(Device* dev, const std::shared_ptr<Connection>& conn);
+// Closes every connection whose I/O in progress holds `mr`.
+void AbortConnectionsHolding(const Mr* mr);
 void TuneSocket(int fd);
-// Reads exactly n bytes; false on EOF or error.
-bool ReadFully(int fd, void* buf, size_t n);
+
+// Admission of accepted connections against the device's caps (global and
+// per source address, Limits): false if over a cap. Every admitted slot is
+// released once, by ReleaseConnection (a Connection does it on
+// destruction).
+bool AdmitConnection(Device* dev, uint32_t addr);
+void ReleaseConnection(Device* dev, uint32_t addr);
 
 // Where payload bytes come from.
 class PayloadSource {
  public:
   virtual ~PayloadSource() = default;
-  // Copies the next n bytes to dst, or skips them if dst is null.
-  virtual bool Read(uint8_t* dst, size_t n) = 0;
+  // Copies the next n bytes to dst (inside MR `pin`), or skips them if dst
+  // is null.
+  virtual bool Read(uint8_t* dst, size_t n, Mr* pin) = 0;
 };
 
 class SocketSource final : public PayloadSource {
  public:
-  explicit SocketSource(int fd) : fd_(fd) {}
-  bool Read(uint8_t* dst, size_t n) override;
+  explicit SocketSource(Connection* conn) : conn_(conn) {}
+  bool Read(uint8_t* dst, size_t n, Mr* pin) override;
 
  private:
-  int fd_;
+  Connection* conn_;
 };
 
 // Gathers from a list of memory segments (same-process loopback).
@@ -74,7 +104,7 @@ class GatherSource final : public PayloadSource {
   void Add(const uint8_t* p, size_t n) {
     if (n > 0) segs_.push_back({p, n});
   }
-  bool Read(uint8_t* dst, size_t n) override;
+  bool Read(uint8_t* dst, size_t n, Mr* pin) override;
 
  private:
   struct Seg {

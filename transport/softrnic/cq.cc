@@ -13,7 +13,7 @@ void PushCompletions(Cq* cq, const ibv_wc* wcs, int n, bool solicited) {
   bool notify = false;
   bool overrun = false;
   {
-    std::lock_guard<std::mutex> lock(cq->mu);
+    ferry::MutexLock lock(&cq->mu);
     for (int i = 0; i < n; ++i) {
       if (cq->count == cq->ring.size()) {
         // Overrun: the CQE is lost, as on hardware; report it once.
@@ -50,7 +50,7 @@ void PushCompletion(Cq* cq, const ibv_wc& wc, bool solicited) {
 
 int PollCq(ibv_cq* ibcq, int n, ibv_wc* wc) {
   auto* cq = reinterpret_cast<Cq*>(ibcq);
-  std::lock_guard<std::mutex> lock(cq->mu);
+  ferry::MutexLock lock(&cq->mu);
   if (cq->overrun && cq->count == 0) return -1;  // Report the lost CQEs.
   int got = 0;
   while (got < n && cq->count > 0) {
@@ -62,8 +62,9 @@ int PollCq(ibv_cq* ibcq, int n, ibv_wc* wc) {
 }
 
 int ReqNotifyCq(ibv_cq* ibcq, int solicited_only) {
+  if (Dead(ibcq->context)) return EIO;
   auto* cq = reinterpret_cast<Cq*>(ibcq);
-  std::lock_guard<std::mutex> lock(cq->mu);
+  ferry::MutexLock lock(&cq->mu);
   if (cq->cq.channel == nullptr) return EINVAL;
   // Arms for the next completion; CQEs already queued do not fire.
   cq->armed = true;
@@ -77,6 +78,10 @@ using namespace softrnic;
 
 SOFTRNIC_EXPORT ibv_comp_channel* ibv_create_comp_channel(
     ibv_context* context) {
+  if (Dead(context)) {
+    errno = EIO;
+    return nullptr;
+  }
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) return nullptr;
   auto* ch = new CompChannel();
@@ -100,13 +105,20 @@ SOFTRNIC_EXPORT ibv_cq* ibv_create_cq(ibv_context* context, int cqe,
                                       void* cq_context,
                                       ibv_comp_channel* channel,
                                       int comp_vector) {
+  if (Dead(context)) {
+    errno = EIO;
+    return nullptr;
+  }
   if (cqe < 1 || cqe > kMaxCqe || comp_vector < 0 ||
       comp_vector >= context->num_comp_vectors) {
     errno = EINVAL;
     return nullptr;
   }
   auto* cq = new Cq();
-  cq->ring.resize(static_cast<size_t>(cqe));
+  {
+    ferry::MutexLock lock(&cq->mu);
+    cq->ring.resize(static_cast<size_t>(cqe));
+  }
   cq->cq.context = context;
   cq->cq.channel = channel;
   cq->cq.cq_context = cq_context;
@@ -122,8 +134,9 @@ SOFTRNIC_EXPORT ibv_cq* ibv_create_cq(ibv_context* context, int cqe,
 }
 
 SOFTRNIC_EXPORT int ibv_resize_cq(ibv_cq* ibcq, int cqe) {
+  if (Dead(ibcq->context)) return EIO;
   auto* cq = reinterpret_cast<Cq*>(ibcq);
-  std::lock_guard<std::mutex> lock(cq->mu);
+  ferry::MutexLock lock(&cq->mu);
   if (cqe < 1 || cqe > kMaxCqe || static_cast<size_t>(cqe) < cq->count) {
     return EINVAL;
   }

@@ -28,34 +28,41 @@ struct Response {
 
 // Makes the response's receive completion visible (if any), once the
 // response has left.
-void DeliverRecvCompletion(const std::shared_ptr<Qp>& qp, const Response& r);
+void DeliverRecvCompletion(const std::shared_ptr<Qp>& qp, const Response& r)
+    ABSL_LOCKS_EXCLUDED(qp->mu);
+
+// The QP of `dev` a connection whose first frame is `hello` (a decoded
+// HELLO) may serve, or null: the QP must exist on `dev`, and once in
+// RTR/RTS it takes HELLOs only from its peer QP.
+std::shared_ptr<Qp> QpForHello(Device* dev, const Frame& hello);
 
 // Executes request `f` on responder `qp`, consuming its payload from `src`
 // (the payload is always consumed, also when the request is refused).
 Response ProcessRequest(const std::shared_ptr<Qp>& qp, const Frame& f,
-                        PayloadSource* src);
+                        PayloadSource* src) ABSL_LOCKS_EXCLUDED(qp->mu);
 
 // Handles a response at requester `qp`; READ data is read from `src`.
 // Returns false on a protocol violation (the connection must be closed).
 // Sets *kick when WQEs must be (re)transmitted.
 bool HandleResponse(const std::shared_ptr<Qp>& qp, const Frame& f,
-                    PayloadSource* src, bool* kick);
+                    PayloadSource* src, bool* kick) ABSL_LOCKS_EXCLUDED(qp->mu);
 
 // Transmits every WQE not yet sent, in order.
-void Kick(const std::shared_ptr<Qp>& qp);
+void Kick(const std::shared_ptr<Qp>& qp) ABSL_LOCKS_EXCLUDED(qp->mu);
 
 // Same-process fast path (loopback.cc), called by Kick with qp->send_mu
 // held: while nothing is in flight, executes the queue's WRITEs and READs
 // in batches directly at the peer QP and completes them. Returns true if
 // it emptied the queue, false when the rest needs the general path (a
 // SEND, an error to report, a fault or delay, a peer in another process).
-bool ExecuteLoopback(const std::shared_ptr<Qp>& qp);
+bool ExecuteLoopback(const std::shared_ptr<Qp>& qp)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(qp->send_mu);
 
 // Completes the front WQE of the send queue (requires qp->mu). Successful
 // signaled completions go to batch[(*n)++] when `batch` is given (the
 // caller pushes them before releasing qp->mu), else to the CQ.
 void CompleteFront(Qp* qp, ibv_wc_status status, ibv_wc* batch = nullptr,
-                   int* n = nullptr);
+                   int* n = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(qp->mu);
 
 }  // namespace softrnic
 

@@ -4,22 +4,27 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 
+#include "transport/softrnic/connection.h"
 #include "transport/softrnic/softrnic.h"
 
 namespace softrnic {
 
 void Device::GidFor(ibv_gid* gid) const {
   std::memset(gid->raw, 0, sizeof(gid->raw));
+  if (!gid_valid.load(std::memory_order_acquire)) return;  // An empty entry.
   // RoCE v2 style IPv4-mapped GID; the listener port rides in bytes 8..9 so
   // a peer knows where to connect from the GID alone.
-  gid->raw[8] = static_cast<uint8_t>(port >> 8);
-  gid->raw[9] = static_cast<uint8_t>(port & 0xff);
+  const uint16_t p = port.load(std::memory_order_relaxed);
+  gid->raw[8] = static_cast<uint8_t>(p >> 8);
+  gid->raw[9] = static_cast<uint8_t>(p & 0xff);
   gid->raw[10] = 0xff;
   gid->raw[11] = 0xff;
   std::memcpy(&gid->raw[12], &ip, 4);
@@ -56,8 +61,10 @@ std::vector<Device*>& Devices() {
 
 Device* FindDeviceByAddress(in_addr ip, uint16_t port) {
   for (Device* d : Devices()) {
-    std::lock_guard<std::mutex> lock(d->mu);
-    if (d->started && d->ip.s_addr == ip.s_addr && d->port == port) return d;
+    ferry::MutexLock lock(&d->mu);
+    if (d->started && d->ip.s_addr == ip.s_addr && d->port.load() == port) {
+      return d;
+    }
   }
   return nullptr;
 }
@@ -73,9 +80,15 @@ Device* FindDeviceByName(const char* name) {
 int StartDevice(Device* dev) {
   // Before dev->mu: a port that is down raises its event under that lock.
   StartCarrierMonitor();
-  std::lock_guard<std::mutex> lock(dev->mu);
+  ferry::MutexLock lock(&dev->mu);
   if (dev->started) return 0;
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  // The timer first: it has no resources to give back if the acceptor
+  // then cannot start (a later open tries again).
+  if (!dev->timer_running) {
+    if (!StartThread("srnic-timer", [dev] { TimerLoop(dev); })) return EAGAIN;
+    dev->timer_running = true;
+  }
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return errno;
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
@@ -91,14 +104,23 @@ int StartDevice(Device* dev) {
     ::close(fd);
     return err;
   }
+  const int epoll_fd = ::epoll_create1(EPOLL_CLOEXEC);
+  if (epoll_fd < 0) {
+    const int err = errno;
+    ::close(fd);
+    return err;
+  }
   socklen_t len = sizeof(sa);
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
-  dev->port = ntohs(sa.sin_port);
-  dev->listen_fd = fd;
+  // Process-lifetime threads: detached, they block in epoll/wait when idle.
+  if (!StartThread("srnic-accept",
+                   [dev, fd, epoll_fd] { AcceptLoop(dev, fd, epoll_fd); })) {
+    ::close(epoll_fd);
+    ::close(fd);
+    return EAGAIN;
+  }
+  dev->port.store(ntohs(sa.sin_port));
   dev->started = true;
-  // Process-lifetime threads: detached, they block in accept/wait when idle.
-  std::thread([dev] { AcceptLoop(dev); }).detach();
-  std::thread([dev] { TimerLoop(dev); }).detach();
   return 0;
 }
 
@@ -108,7 +130,7 @@ namespace {
 void ChangePort(Device* dev, std::atomic<bool>* condition, bool value) {
   bool was, now;
   {
-    std::lock_guard<std::mutex> lock(dev->link_mu);
+    ferry::MutexLock lock(&dev->link_mu);
     was = dev->LinkUp();
     condition->store(value);
     now = dev->LinkUp();
@@ -127,24 +149,50 @@ void SetCarrier(Device* dev, bool up) { ChangePort(dev, &dev->carrier, up); }
 
 void PostAsyncEvent(Context* ctx, const ibv_async_event& event) {
   {
-    std::lock_guard<std::mutex> lock(ctx->mu);
+    ferry::MutexLock lock(&ctx->mu);
+    if (ctx->async_events.size() >= kMaxAsyncEvents) {
+      // The oldest event's byte is still in the pipe: it now stands for
+      // this one, so bytes and events stay equal in number.
+      ctx->async_events.pop_front();
+      ctx->async_events.push_back(event);
+      return;
+    }
     ctx->async_events.push_back(event);
   }
+  // One byte per event; the pipe holds far more than kMaxAsyncEvents, and
+  // its write end does not block in any case.
   char b = 1;
   ssize_t n = ::write(ctx->async_write_fd, &b, 1);
   (void)n;
 }
 
+void KillDevice(Device* dev) {
+  {
+    ferry::MutexLock lock(&dev->mu);
+    for (Context* c : dev->contexts) c->dead.store(true);
+    // With no context open there is nothing to kill (nothing would ever
+    // be closed to bring the device back).
+    if (dev->contexts.empty()) return;
+    dev->fatal.store(true);
+  }
+  CutDeviceConnections(dev);
+  for (const std::shared_ptr<Qp>& qp : QpsOf(dev)) EnterError(qp, -1);
+  ibv_async_event e{};
+  e.event_type = IBV_EVENT_DEVICE_FATAL;
+  PostAsyncEvent(dev, e);
+}
+
 void PostAsyncEvent(Device* dev, const ibv_async_event& event) {
   std::vector<Context*> contexts;
   {
-    std::lock_guard<std::mutex> lock(dev->mu);
+    ferry::MutexLock lock(&dev->mu);
     contexts = dev->contexts;
   }
   for (Context* c : contexts) {
     ibv_async_event e = event;
     if (e.event_type == IBV_EVENT_PORT_ERR ||
-        e.event_type == IBV_EVENT_PORT_ACTIVE) {
+        e.event_type == IBV_EVENT_PORT_ACTIVE ||
+        e.event_type == IBV_EVENT_GID_CHANGE) {
       e.element.port_num = 1;
     }
     PostAsyncEvent(c, e);
@@ -188,6 +236,10 @@ SOFTRNIC_EXPORT int ibv_get_device_index(ibv_device* device) {
 
 SOFTRNIC_EXPORT ibv_context* ibv_open_device(ibv_device* device) {
   Device* dev = reinterpret_cast<Device*>(device);
+  if (dev->fatal.load()) {
+    errno = EIO;  // Dead until every context open at the fatal is closed.
+    return nullptr;
+  }
   if (int err = StartDevice(dev); err != 0) {
     errno = err;
     return nullptr;
@@ -198,6 +250,7 @@ SOFTRNIC_EXPORT ibv_context* ibv_open_device(ibv_device* device) {
     delete c;
     return nullptr;
   }
+  ::fcntl(fds[1], F_SETFL, O_NONBLOCK);
   c->dev = dev;
   c->async_write_fd = fds[1];
   c->ctx.device = device;
@@ -210,7 +263,7 @@ SOFTRNIC_EXPORT ibv_context* ibv_open_device(ibv_device* device) {
   c->ctx.ops.req_notify_cq = ReqNotifyCq;
   c->ctx.ops.post_send = PostSend;
   c->ctx.ops.post_recv = PostRecv;
-  std::lock_guard<std::mutex> lock(dev->mu);
+  ferry::MutexLock lock(&dev->mu);
   dev->contexts.push_back(c);
   return &c->ctx;
 }
@@ -218,13 +271,20 @@ SOFTRNIC_EXPORT ibv_context* ibv_open_device(ibv_device* device) {
 SOFTRNIC_EXPORT int ibv_close_device(ibv_context* context) {
   auto* c = reinterpret_cast<Context*>(context);
   {
-    std::lock_guard<std::mutex> lock(c->dev->mu);
+    ferry::MutexLock lock(&c->dev->mu);
     auto& v = c->dev->contexts;
     for (auto it = v.begin(); it != v.end(); ++it) {
       if (*it == c) {
         v.erase(it);
         break;
       }
+    }
+    // The last context that saw the device die is gone: the device is
+    // reset and works again.
+    if (c->dev->fatal.load() &&
+        std::none_of(v.begin(), v.end(),
+                     [](const Context* o) { return o->dead.load(); })) {
+      c->dev->fatal.store(false);
     }
   }
   ::close(c->ctx.async_fd);
@@ -236,6 +296,7 @@ SOFTRNIC_EXPORT int ibv_close_device(ibv_context* context) {
 
 SOFTRNIC_EXPORT int ibv_query_device(ibv_context* context,
                                      ibv_device_attr* attr) {
+  if (Dead(context)) return EIO;
   Device* dev = reinterpret_cast<Context*>(context)->dev;
   std::memset(attr, 0, sizeof(*attr));
   std::snprintf(attr->fw_ver, sizeof(attr->fw_ver), "softrnic 1.0");
@@ -270,6 +331,7 @@ SOFTRNIC_EXPORT int ibv_query_device(ibv_context* context,
 
 SOFTRNIC_EXPORT int ibv_query_port(ibv_context* context, uint8_t port_num,
                                    struct _compat_ibv_port_attr* out) {
+  if (Dead(context)) return EIO;
   Device* dev = reinterpret_cast<Context*>(context)->dev;
   if (port_num != 1) return EINVAL;
   ibv_port_attr a{};
@@ -295,6 +357,10 @@ SOFTRNIC_EXPORT int ibv_query_port(ibv_context* context, uint8_t port_num,
 
 SOFTRNIC_EXPORT int ibv_query_gid(ibv_context* context, uint8_t port_num,
                                   int index, ibv_gid* gid) {
+  if (Dead(context)) {
+    errno = EIO;
+    return -1;
+  }
   Device* dev = reinterpret_cast<Context*>(context)->dev;
   if (port_num != 1 || index < 0 || index >= kGidTableLen) {
     errno = EINVAL;
@@ -304,8 +370,12 @@ SOFTRNIC_EXPORT int ibv_query_gid(ibv_context* context, uint8_t port_num,
   return 0;
 }
 
-SOFTRNIC_EXPORT int ibv_query_pkey(ibv_context*, uint8_t port_num, int index,
-                                   __be16* pkey) {
+SOFTRNIC_EXPORT int ibv_query_pkey(ibv_context* context, uint8_t port_num,
+                                   int index, __be16* pkey) {
+  if (Dead(context)) {
+    errno = EIO;
+    return -1;
+  }
   if (port_num != 1 || index != 0) {
     errno = EINVAL;
     return -1;
@@ -322,8 +392,12 @@ SOFTRNIC_EXPORT int ibv_get_pkey_index(ibv_context*, uint8_t port_num,
 }
 
 // Declared in rdma-core's private driver.h; ibv_devinfo -v uses it.
-SOFTRNIC_EXPORT int ibv_query_gid_type(ibv_context*, uint8_t port_num,
+SOFTRNIC_EXPORT int ibv_query_gid_type(ibv_context* context, uint8_t port_num,
                                        unsigned int index, int* type) {
+  if (Dead(context)) {
+    errno = EIO;
+    return -1;
+  }
   if (port_num != 1 || index >= kGidTableLen) {
     errno = EINVAL;
     return -1;
@@ -335,9 +409,11 @@ SOFTRNIC_EXPORT int ibv_query_gid_type(ibv_context*, uint8_t port_num,
 SOFTRNIC_EXPORT int _ibv_query_gid_ex(ibv_context* context, uint32_t port_num,
                                       uint32_t gid_index, ibv_gid_entry* entry,
                                       uint32_t flags, size_t entry_size) {
+  if (Dead(context)) return EIO;
   Device* dev = reinterpret_cast<Context*>(context)->dev;
   if (flags != 0 || entry_size < sizeof(ibv_gid_entry)) return EINVAL;
   if (port_num != 1 || gid_index >= kGidTableLen) return ENODATA;
+  if (!dev->gid_valid.load()) return ENODATA;  // An empty entry.
   std::memset(entry, 0, entry_size);
   dev->GidFor(&entry->gid);
   entry->gid_index = gid_index;
@@ -354,6 +430,7 @@ SOFTRNIC_EXPORT ssize_t _ibv_query_gid_table(ibv_context* context,
   if (flags != 0 || entry_size < sizeof(ibv_gid_entry)) return -EINVAL;
   if (max_entries < kGidTableLen) return -EINVAL;
   int rc = _ibv_query_gid_ex(context, 1, 0, entries, 0, entry_size);
+  if (rc == ENODATA) return 0;  // No valid entry.
   return rc == 0 ? kGidTableLen : -rc;
 }
 
@@ -366,7 +443,7 @@ SOFTRNIC_EXPORT int ibv_get_async_event(ibv_context* context,
     n = ::read(c->ctx.async_fd, &b, 1);
   } while (n < 0 && errno == EINTR);
   if (n != 1) return -1;  // errno from read (EAGAIN if non-blocking).
-  std::lock_guard<std::mutex> lock(c->mu);
+  ferry::MutexLock lock(&c->mu);
   if (c->async_events.empty()) {
     errno = EAGAIN;
     return -1;
@@ -421,4 +498,27 @@ SOFTRNIC_EXPORT int softrnic_set_delay_us(const char* name, uint32_t us) {
   }
   dev->delay_us.store(us);
   return 0;
+}
+
+SOFTRNIC_EXPORT int softrnic_inject_async_event(const char* name, int event) {
+  Device* dev = FindDeviceByName(name);
+  if (dev == nullptr) {
+    errno = ENODEV;
+    return -1;
+  }
+  switch (event) {
+    case IBV_EVENT_DEVICE_FATAL:
+      KillDevice(dev);
+      return 0;
+    case IBV_EVENT_GID_CHANGE: {
+      RereadGidTable(dev);
+      ibv_async_event e{};
+      e.event_type = IBV_EVENT_GID_CHANGE;
+      PostAsyncEvent(dev, e);
+      return 0;
+    }
+    default:
+      errno = EINVAL;
+      return -1;
+  }
 }

@@ -58,7 +58,7 @@ bool Copy(const SendWqe& w, Work* out) {
 // rights or sequence number would not pass, leaving it untouched.
 int Execute(Qp* qp, Qp* peer, Work* work, int n) {
   HeldMrs held;  // Released after the peer's lock (declared before it).
-  std::lock_guard<std::mutex> lock(peer->mu);
+  ferry::MutexLock lock(&peer->mu);
   const ibv_qp_state st = peer->attr.qp_state;
   if (peer->destroyed || (st != IBV_QPS_RTR && st != IBV_QPS_RTS)) return 0;
   const int qp_access = peer->attr.qp_access_flags;
@@ -83,6 +83,7 @@ int Execute(Qp* qp, Qp* peer, Work* work, int n) {
       ok = lmrs[i] != nullptr;
     }
     if (ok && rmr != nullptr) {
+      DmaScope dma;
       uint8_t* remote = HostAddr(rmr, w.remote_addr);
       if (w.is_inline) {
         std::memcpy(remote, w.inline_data, w.length);
@@ -113,7 +114,7 @@ bool ExecuteLoopback(const std::shared_ptr<Qp>& qp) {
     uint64_t epoch;
     int n = 0;
     {
-      std::lock_guard<std::mutex> lock(qp->mu);
+      ferry::MutexLock lock(&qp->mu);
       if (qp->destroyed || qp->attr.qp_state != IBV_QPS_RTS || !qp->loopback ||
           !qp->has_loop_peer) {
         return false;
@@ -136,7 +137,7 @@ bool ExecuteLoopback(const std::shared_ptr<Qp>& qp) {
     }
     const int done = Execute(qp.get(), peer.get(), work, n);
     {
-      std::lock_guard<std::mutex> lock(qp->mu);
+      ferry::MutexLock lock(&qp->mu);
       // Flushed or destroyed meanwhile: the flush reported every WQE.
       if (qp->sq.epoch() != epoch || qp->destroyed ||
           qp->attr.qp_state != IBV_QPS_RTS) {

@@ -1,8 +1,17 @@
-// Protection domains, memory regions and the key table.
+// Protection domains, memory regions, the key table, and strict page
+// identity.
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <deque>
 
+#include "transport/softrnic/connection.h"
 #include "transport/softrnic/softrnic.h"
 
 namespace softrnic {
@@ -20,12 +29,12 @@ constexpr uint32_t kMaxChunks = kMaxSlots / kChunkSlots;
 
 struct KeyTable {
   std::atomic<Mr*> chunks[kMaxChunks] = {};
-  std::mutex mu;  // Serializes registration and dereg.
-  uint32_t used = 0;
-  std::vector<uint8_t> generations;
+  ferry::Mutex mu;  // Serializes registration and dereg.
+  uint32_t used ABSL_GUARDED_BY(mu) = 0;
+  std::vector<uint8_t> generations ABSL_GUARDED_BY(mu);
   // Oldest first, so a slot (and its 8-bit generation) is reused as late
   // as possible.
-  std::deque<uint32_t> free_slots;
+  std::deque<uint32_t> free_slots ABSL_GUARDED_BY(mu);
 };
 
 KeyTable& Keys() {
@@ -39,7 +48,160 @@ Mr* Slot(KeyTable& t, uint32_t slot) {
   return chunk == nullptr ? nullptr : &chunk[slot & (kChunkSlots - 1)];
 }
 
+// ---- Strict page identity ------------------------------------------------
+//
+// A NIC's ibv_reg_mr pins the pages behind the MR, and the NIC moves bytes
+// to and from those physical pages until dereg, whatever the process maps
+// at those addresses meanwhile. softrnic copies through virtual addresses,
+// so a stale registration (memory unmapped and mapped again, as after free
+// and reuse) silently touches the new memory where a NIC would touch the
+// old. In strict mode a registration records the frame of every page
+// (/proc/self/pagemap, which shows frame numbers to root only) and every
+// access compares the frames of the pages it touches.
+
+constexpr uint64_t kPageSize = 4096;
+constexpr uint64_t kPresent = 1ull << 63;
+constexpr uint64_t kFrameMask = (1ull << 55) - 1;
+
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+std::atomic<uint64_t> strict_violations{0};
+
+// Reads the pagemap entries of `n` pages from virtual page `first`.
+// pagemap is opened per call: a descriptor kept open would go on reading
+// the parent's pages in a forked child.
+bool ReadPagemap(uint64_t first, size_t n, uint64_t* out) {
+  const int fd = ::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  bool ok = true;
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t r = ::pread(
+        fd, reinterpret_cast<char*>(out + done), (n - done) * sizeof(*out),
+        static_cast<off_t>((first + done) * sizeof(*out)));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0 || r % sizeof(*out) != 0) {
+      ok = false;
+      break;
+    }
+    done += static_cast<size_t>(r) / sizeof(*out);
+  }
+  ::close(fd);
+  return ok;
+}
+
+// Whether pagemap shows frame numbers to this process (it shows zeros
+// without CAP_SYS_ADMIN).
+bool FramesVisible() {
+  static volatile uint64_t probe = 1;  // A page of this library's data.
+  probe = probe + 1;
+  uint64_t e = 0;
+  if (!ReadPagemap(reinterpret_cast<uintptr_t>(&probe) / kPageSize, 1, &e)) {
+    return false;
+  }
+  return (e & kPresent) != 0 && (e & kFrameMask) != 0;
+}
+
+std::atomic<bool>& StrictMode() {
+  static std::atomic<bool>* on = [] {
+    auto* flag = new std::atomic<bool>(false);
+    const char* env = std::getenv("FERRY_SOFTRNIC_STRICT_PAGES");
+    if (env != nullptr && std::strcmp(env, "1") == 0) {
+      if (FramesVisible()) {
+        flag->store(true);
+      } else {
+        std::fprintf(stderr,
+                     "softrnic: FERRY_SOFTRNIC_STRICT_PAGES=1 ignored: "
+                     "/proc/self/pagemap shows no frame numbers (needs "
+                     "root)\n");
+      }
+    }
+    return flag;
+  }();
+  return *on;
+}
+
+// Faults the pages of [start, start+length) in, as ibv_reg_mr pins them
+// (writable pages for write, so that a later write does not move a page
+// off the shared zero page), and returns their frames in *out (new[]).
+// Returns 0 or an errno: EFAULT if a page is not mapped, EPERM if frames
+// are hidden.
+int RecordFrames(uintptr_t start, size_t length, uint64_t** out) {
+  const uintptr_t first = start / kPageSize;
+  const uintptr_t last = (start + length - 1) / kPageSize;
+  const size_t n = last - first + 1;
+  void* base = reinterpret_cast<void*>(first * kPageSize);
+  const size_t span = n * kPageSize;
+  if (::madvise(base, span, MADV_POPULATE_WRITE) != 0) {
+    if (errno == ENOMEM) return EFAULT;  // Not mapped.
+    // Read-only memory (EFAULT) or an older kernel (EINVAL).
+    if (::madvise(base, span, MADV_POPULATE_READ) != 0) {
+      if (errno != EINVAL) return EFAULT;
+      // No MADV_POPULATE_*: touch each page, once mincore has shown that
+      // every one is mapped.
+      std::vector<unsigned char> resident(n);
+      if (::mincore(base, span, resident.data()) != 0) return EFAULT;
+      for (size_t i = 0; i < n; ++i) {
+        const uintptr_t p = std::max<uintptr_t>((first + i) * kPageSize, start);
+        (void)*reinterpret_cast<const volatile uint8_t*>(p);
+      }
+    }
+  }
+  auto* frames = new uint64_t[n];
+  if (!ReadPagemap(first, n, frames)) {
+    delete[] frames;
+    return EFAULT;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if ((frames[i] & kPresent) == 0) {
+      delete[] frames;
+      return EFAULT;
+    }
+    frames[i] &= kFrameMask;
+    if (frames[i] == 0) {
+      delete[] frames;
+      return EPERM;
+    }
+  }
+  *out = frames;
+  return 0;
+}
+
 }  // namespace
+
+bool FramesUnchanged(const Mr* mr, uintptr_t host, uint64_t len) {
+  if (len == 0) return true;
+  const uintptr_t base = mr->start / kPageSize;
+  const uintptr_t first = host / kPageSize;
+  const uintptr_t last = (host + len - 1) / kPageSize;
+  uint64_t buf[512];
+  for (uintptr_t page = first; page <= last;) {
+    const size_t n = std::min<uintptr_t>(last - page + 1, 512);
+    bool same = ReadPagemap(page, n, buf);
+    for (size_t i = 0; same && i < n; ++i) {
+      same = (buf[i] & kPresent) != 0 &&
+             (buf[i] & kFrameMask) == mr->frames[page - base + i];
+    }
+    if (!same) {
+      const uint64_t count = strict_violations.fetch_add(1) + 1;
+      if (count <= 10) {
+        std::fprintf(stderr,
+                     "softrnic: strict pages: MR lkey 0x%x: the page at %p "
+                     "is not the one registered (memory unmapped and "
+                     "mapped again?); access refused\n",
+                     mr->mr.lkey, reinterpret_cast<void*>(page * kPageSize));
+      }
+      return false;
+    }
+    page += n;
+  }
+  return true;
+}
 
 Mr* AcquireMr(uint32_t key, Pd* pd, uint64_t addr, uint64_t len, int access) {
   Mr* mr = Slot(Keys(), key >> 8);
@@ -51,7 +213,9 @@ Mr* AcquireMr(uint32_t key, Pd* pd, uint64_t addr, uint64_t len, int access) {
   if (mr->live_key.load(std::memory_order_seq_cst) != key ||
       (pd != nullptr && mr->pd != pd) || (mr->access & access) != access ||
       addr < mr->iova || addr + len < addr ||
-      addr + len > mr->iova + mr->length) {
+      addr + len > mr->iova + mr->length ||
+      (mr->strict &&
+       !FramesUnchanged(mr, mr->start + (addr - mr->iova), len))) {
     mr->inflight.fetch_sub(1, std::memory_order_release);
     return nullptr;
   }
@@ -70,7 +234,9 @@ Mr* HeldMrs::Get(uint32_t key, Pd* pd, uint64_t addr, uint64_t len,
     if (mr->live_key.load(std::memory_order_acquire) != key ||
         (pd != nullptr && mr->pd != pd) || (mr->access & access) != access ||
         addr < mr->iova || addr + len < addr ||
-        addr + len > mr->iova + mr->length) {
+        addr + len > mr->iova + mr->length ||
+        (mr->strict &&
+         !FramesUnchanged(mr, mr->start + (addr - mr->iova), len))) {
       return nullptr;
     }
     return mr;
@@ -95,6 +261,10 @@ void HeldMrs::ReleaseAll() {
 using namespace softrnic;
 
 SOFTRNIC_EXPORT ibv_pd* ibv_alloc_pd(ibv_context* context) {
+  if (Dead(context)) {
+    errno = EIO;
+    return nullptr;
+  }
   auto* pd = new Pd();
   pd->pd.context = context;
   static std::atomic<uint32_t> next_handle{1};
@@ -116,6 +286,10 @@ SOFTRNIC_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* ibpd, void* addr,
                               IBV_ACCESS_REMOTE_READ |
                               IBV_ACCESS_REMOTE_ATOMIC |
                               IBV_ACCESS_RELAXED_ORDERING;
+  if (Dead(ibpd->context)) {
+    errno = EIO;
+    return nullptr;
+  }
   if ((access & ~kKnown) != 0 || length == 0 ||
       reinterpret_cast<uintptr_t>(addr) + length <
           reinterpret_cast<uintptr_t>(addr) ||
@@ -130,16 +304,26 @@ SOFTRNIC_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* ibpd, void* addr,
     return nullptr;
   }
   auto* pd = reinterpret_cast<Pd*>(ibpd);
+  uint64_t* frames = nullptr;
+  if (StrictMode().load(std::memory_order_relaxed)) {
+    if (int err =
+            RecordFrames(reinterpret_cast<uintptr_t>(addr), length, &frames);
+        err != 0) {
+      errno = err;
+      return nullptr;
+    }
+  }
   KeyTable& t = Keys();
   Mr* mr;
   {
-    std::lock_guard<std::mutex> lock(t.mu);
+    ferry::MutexLock lock(&t.mu);
     uint32_t slot;
     if (!t.free_slots.empty()) {
       slot = t.free_slots.front();
       t.free_slots.pop_front();
     } else {
       if (t.used >= kMaxSlots) {
+        delete[] frames;
         errno = ENOMEM;
         return nullptr;
       }
@@ -159,6 +343,8 @@ SOFTRNIC_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* ibpd, void* addr,
     mr->start = reinterpret_cast<uintptr_t>(addr);
     mr->iova = iova;
     mr->length = length;
+    mr->strict = frames != nullptr;
+    mr->frames = frames;
     mr->mr.lkey = mr->mr.rkey = (slot << 8) | gen;
     mr->live_key.store(mr->mr.lkey, std::memory_order_release);
   }
@@ -199,20 +385,54 @@ SOFTRNIC_EXPORT int ibv_dereg_mr(ibv_mr* ibmr) {
   KeyTable& t = Keys();
   const uint32_t key = mr->mr.lkey;
   {
-    std::lock_guard<std::mutex> lock(t.mu);
+    ferry::MutexLock lock(&t.mu);
     if (Slot(t, key >> 8) != mr ||
         mr->live_key.load(std::memory_order_relaxed) != key) {
       return EINVAL;
     }
     mr->live_key.store(0, std::memory_order_seq_cst);
   }
-  // After dereg returns the "NIC" must not touch the memory: wait for
-  // accesses in progress, which are bounded by socket timeouts.
+  // After dereg returns the "NIC" must not touch the memory. An access in
+  // progress over a connection (a peer's WRITE arriving, a READ response
+  // leaving) may wait on the peer for ever, so it is aborted: its
+  // connection is closed, which the requester sees as a lost packet. A copy
+  // between QPs of this process is not interrupted: it ends after at most
+  // one message. No key lookup can start a new access (live_key is 0).
+  auto pause = std::chrono::microseconds(20);
+  const Clock::time_point start = Clock::now();
+  bool reported = false;
   while (mr->inflight.load(std::memory_order_acquire) != 0) {
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    AbortConnectionsHolding(mr);
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(1000));
+    if (!reported && Clock::now() - start > std::chrono::seconds(5)) {
+      reported = true;
+      std::fprintf(stderr,
+                   "softrnic: ibv_dereg_mr(lkey 0x%x) still waits for an "
+                   "access in progress after 5 s\n",
+                   key);
+    }
   }
   mr->pd->users.fetch_sub(1);
-  std::lock_guard<std::mutex> lock(t.mu);
+  delete[] mr->frames;
+  mr->frames = nullptr;
+  mr->strict = false;
+  ferry::MutexLock lock(&t.mu);
   t.free_slots.push_back(key >> 8);
   return 0;
+}
+
+// ---- Strict page identity (softrnic_control.h) ---------------------------
+
+SOFTRNIC_EXPORT int softrnic_set_strict_pages(int on) {
+  if (on != 0 && !FramesVisible()) {
+    errno = EPERM;
+    return -1;
+  }
+  StrictMode().store(on != 0);
+  return 0;
+}
+
+SOFTRNIC_EXPORT uint64_t softrnic_strict_page_violations(void) {
+  return strict_violations.load();
 }

@@ -10,9 +10,9 @@ namespace softrnic {
 namespace {
 
 struct QpTable {
-  std::mutex mu;
-  std::unordered_map<uint32_t, std::shared_ptr<Qp>> qps;
-  uint32_t next = 0;
+  ferry::Mutex mu;
+  std::unordered_map<uint32_t, std::shared_ptr<Qp>> qps ABSL_GUARDED_BY(mu);
+  uint32_t next ABSL_GUARDED_BY(mu) = 0;
 };
 
 QpTable& Table() {
@@ -21,6 +21,7 @@ QpTable& Table() {
     // Start at a random QP number so a restarted process does not reuse
     // the numbers its predecessor's peers still hold.
     std::random_device rd;
+    ferry::MutexLock lock(&table->mu);
     table->next = (rd() % 0xff0000) + 0x100;
     return table;
   }();
@@ -111,7 +112,8 @@ int CheckValues(const ibv_qp_attr& a, int mask) {
   return 0;
 }
 
-void Flush(Qp* qp, std::vector<std::pair<Cq*, ibv_wc>>* out) {
+void Flush(Qp* qp, std::vector<std::pair<Cq*, ibv_wc>>* out)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(qp->mu) {
   for (size_t i = 0; i < qp->sq.size(); ++i) {
     const SendWqe& w = qp->sq[i];
     ibv_wc wc{};
@@ -169,9 +171,19 @@ void SendQueue::clear() {
 
 std::shared_ptr<Qp> FindQp(uint32_t qpn) {
   QpTable& t = Table();
-  std::lock_guard<std::mutex> lock(t.mu);
+  ferry::MutexLock lock(&t.mu);
   auto it = t.qps.find(qpn);
   return it == t.qps.end() ? nullptr : it->second;
+}
+
+std::vector<std::shared_ptr<Qp>> QpsOf(const Device* dev) {
+  std::vector<std::shared_ptr<Qp>> out;
+  QpTable& t = Table();
+  ferry::MutexLock lock(&t.mu);
+  for (const auto& [qpn, qp] : t.qps) {
+    if (qp->dev == dev) out.push_back(qp);
+  }
+  return out;
 }
 
 Clock::duration AckTimeout(uint8_t timeout) {
@@ -192,7 +204,7 @@ uint32_t RnrTimerMicros(uint8_t code) {
 void EnterError(const std::shared_ptr<Qp>& qp, int async_event) {
   bool changed = false;
   {
-    std::lock_guard<std::mutex> lock(qp->mu);
+    ferry::MutexLock lock(&qp->mu);
     if (qp->destroyed) return;
     if (qp->attr.qp_state != IBV_QPS_ERR) {
       qp->attr.qp_state = IBV_QPS_ERR;
@@ -206,7 +218,7 @@ void EnterError(const std::shared_ptr<Qp>& qp, int async_event) {
     for (auto& [cq, wc] : flushed) PushCompletion(cq, wc);
   }
   if (changed) {
-    DisconnectQp(qp);
+    DisconnectQp(qp, /*also_accepted=*/false);
     if (async_event >= 0) {
       ibv_async_event e{};
       e.event_type = static_cast<ibv_event_type>(async_event);
@@ -221,6 +233,10 @@ void EnterError(const std::shared_ptr<Qp>& qp, int async_event) {
 using namespace softrnic;
 
 SOFTRNIC_EXPORT ibv_qp* ibv_create_qp(ibv_pd* ibpd, ibv_qp_init_attr* init) {
+  if (Dead(ibpd->context)) {
+    errno = EIO;
+    return nullptr;
+  }
   if (init->qp_type != IBV_QPT_RC) {
     errno = EOPNOTSUPP;  // softrnic emulates reliable connected QPs only.
     return nullptr;
@@ -261,12 +277,15 @@ SOFTRNIC_EXPORT ibv_qp* ibv_create_qp(ibv_pd* ibpd, ibv_qp_init_attr* init) {
   qp->qp.qp_type = IBV_QPT_RC;
   pthread_mutex_init(&qp->qp.mutex, nullptr);
   pthread_cond_init(&qp->qp.cond, nullptr);
-  qp->attr.qp_state = IBV_QPS_RESET;
-  qp->attr.cap = cap;
-  qp->sq.Init(cap.max_send_wr, cap.max_send_sge, cap.max_inline_data);
+  {
+    ferry::MutexLock lock(&qp->mu);
+    qp->attr.qp_state = IBV_QPS_RESET;
+    qp->attr.cap = cap;
+    qp->sq.Init(cap.max_send_wr, cap.max_send_sge, cap.max_inline_data);
+  }
   QpTable& t = Table();
   {
-    std::lock_guard<std::mutex> lock(t.mu);
+    ferry::MutexLock lock(&t.mu);
     if (t.qps.size() >= static_cast<size_t>(kMaxQp)) {
       errno = ENOMEM;
       return nullptr;
@@ -284,11 +303,12 @@ SOFTRNIC_EXPORT ibv_qp* ibv_create_qp(ibv_pd* ibpd, ibv_qp_init_attr* init) {
 }
 
 SOFTRNIC_EXPORT int ibv_modify_qp(ibv_qp* ibqp, ibv_qp_attr* a, int mask) {
+  if (Dead(ibqp->context)) return EIO;
   std::shared_ptr<Qp> qp = SharedQp(ibqp);
   ibv_qp_state to;
   bool connect = false, disconnect = false, to_error = false;
   {
-    std::lock_guard<std::mutex> lock(qp->mu);
+    ferry::MutexLock lock(&qp->mu);
     const ibv_qp_state cur = qp->attr.qp_state;
     if (int err = CheckTransition(cur, *a, mask); err != 0) return err;
     if (int err = CheckValues(*a, mask); err != 0) return err;
@@ -346,15 +366,16 @@ SOFTRNIC_EXPORT int ibv_modify_qp(ibv_qp* ibqp, ibv_qp_attr* a, int mask) {
     }
   }
   if (to_error) EnterError(qp, -1);
-  if (disconnect) DisconnectQp(qp);
+  if (disconnect) DisconnectQp(qp, /*also_accepted=*/true);
   if (connect) ConnectQp(qp);
   return 0;
 }
 
 SOFTRNIC_EXPORT int ibv_query_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int,
                                  ibv_qp_init_attr* init) {
+  if (Dead(ibqp->context)) return EIO;
   auto* qp = reinterpret_cast<Qp*>(ibqp);
-  std::lock_guard<std::mutex> lock(qp->mu);
+  ferry::MutexLock lock(&qp->mu);
   *attr = qp->attr;
   attr->cur_qp_state = qp->attr.qp_state;
   attr->cap = qp->cap;
@@ -373,17 +394,17 @@ SOFTRNIC_EXPORT int ibv_query_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int,
 SOFTRNIC_EXPORT int ibv_destroy_qp(ibv_qp* ibqp) {
   std::shared_ptr<Qp> qp = SharedQp(ibqp);
   {
-    std::lock_guard<std::mutex> lock(qp->mu);
+    ferry::MutexLock lock(&qp->mu);
     qp->destroyed = true;
     qp->attr.qp_state = IBV_QPS_RESET;
     qp->sq.clear();
     qp->rq.clear();
     qp->loop_peer.reset();
   }
-  DisconnectQp(qp);
+  DisconnectQp(qp, /*also_accepted=*/true);
   {
     QpTable& t = Table();
-    std::lock_guard<std::mutex> lock(t.mu);
+    ferry::MutexLock lock(&t.mu);
     t.qps.erase(qp->qp.qp_num);
   }
   qp->pd->users.fetch_sub(1);

@@ -50,7 +50,8 @@ FrameType RequestType(ibv_wr_opcode op) {
 constexpr double kSlowestLinkBytesPerNs = 0.01;
 
 Clock::time_point AckDeadline(const Qp& qp, const SendWqe& w,
-                              Clock::time_point now) {
+                              Clock::time_point now)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(qp.mu) {
   const Clock::duration timeout = AckTimeout(qp.attr.timeout);
   if (timeout == Clock::duration::max()) return Clock::time_point::max();
   return now + timeout +
@@ -60,28 +61,39 @@ Clock::time_point AckDeadline(const Qp& qp, const SendWqe& w,
 
 // Progress restarts the timer of the oldest unacknowledged WQE, as a NIC
 // restarts its retransmission timer on every ACK: only a stall of a whole
-// timeout counts as a lost transmission. Requires qp->mu.
-void RestartFrontTimer(Qp* qp) {
+// timeout counts as a lost transmission.
+void RestartFrontTimer(Qp* qp) ABSL_EXCLUSIVE_LOCKS_REQUIRED(qp->mu) {
   if (qp->sq.empty() || qp->send_index == 0) return;
   SendWqe& w = qp->sq.front();
   w.deadline = std::max(w.deadline, AckDeadline(*qp, w, Clock::now()));
 }
 
-// Fails the front WQE with `status` and moves the QP to ERR.
-void FailFront(const std::shared_ptr<Qp>& qp,
-               std::unique_lock<std::mutex>* lock, ibv_wc_status status) {
+// Fails the front WQE with `status`, releases qp->mu and moves the QP to
+// ERR.
+void FailFront(const std::shared_ptr<Qp>& qp, ibv_wc_status status)
+    ABSL_UNLOCK_FUNCTION(qp->mu) {
   if (!qp->sq.empty()) CompleteFront(qp.get(), status);
-  lock->unlock();
+  qp->mu.Unlock();
   EnterError(qp, -1);
 }
 
+// WQEs before `msn` are implicitly acknowledged (the responder executes
+// in order), except READs, which need their data.
+void CompleteBefore(Qp* qp, uint32_t msn)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(qp->mu) {
+  while (qp->send_index > 0 && !qp->sq.empty() &&
+         static_cast<int32_t>(qp->sq.front().msn - msn) < 0 &&
+         qp->sq.front().opcode != IBV_WR_RDMA_READ) {
+    CompleteFront(qp, IBV_WC_SUCCESS);
+  }
+}
+
 void ResponseLoop(std::shared_ptr<Qp> qp, std::shared_ptr<Connection> conn) {
-  SocketSource src(conn->fd());
+  SocketSource src(conn.get());
   uint8_t hdr[kHeaderBytes];
   while (!conn->closed()) {
     Frame f;
-    if (!ReadFully(conn->fd(), hdr, sizeof(hdr)) ||
-        !DecodeFrame(hdr, kMaxMsgSize, &f)) {
+    if (!conn->Read(hdr, sizeof(hdr)) || !DecodeFrame(hdr, kMaxMsgSize, &f)) {
       break;
     }
     bool kick = false;
@@ -89,6 +101,12 @@ void ResponseLoop(std::shared_ptr<Qp> qp, std::shared_ptr<Connection> conn) {
     if (kick) Kick(qp);
   }
   conn->Close();
+  // The peer closed it or it broke: release the descriptor now. The QP
+  // keeps RC semantics without it: its next transmission finds no
+  // connection and is lost, and the retransmission timer dials again
+  // (peer alive) or ends in IBV_WC_RETRY_EXC_ERR (peer gone).
+  ferry::MutexLock lock(&qp->mu);
+  if (qp->conn == conn) qp->conn.reset();
 }
 
 // Opens the outgoing connection and starts its response thread.
@@ -97,7 +115,7 @@ bool Dial(const std::shared_ptr<Qp>& qp) {
   uint16_t port;
   uint32_t dest;
   {
-    std::lock_guard<std::mutex> lock(qp->mu);
+    ferry::MutexLock lock(&qp->mu);
     if (qp->loopback || qp->destroyed) return qp->loopback;
     if (qp->conn != nullptr && !qp->conn->closed()) return true;
     ip = qp->peer_ip;
@@ -115,12 +133,12 @@ bool Dial(const std::shared_ptr<Qp>& qp) {
   EncodeFrame(hello, out);
   iovec iov{out, sizeof(out)};
   {
-    std::lock_guard<std::mutex> lock(conn->mu);
+    ferry::MutexLock lock(&conn->mu);
     if (!conn->WriteAll(&iov, 1)) return false;
   }
   std::shared_ptr<Connection> old;
   {
-    std::lock_guard<std::mutex> lock(qp->mu);
+    ferry::MutexLock lock(&qp->mu);
     if (qp->destroyed) {
       conn->Close();
       return false;
@@ -129,7 +147,12 @@ bool Dial(const std::shared_ptr<Qp>& qp) {
     qp->conn = conn;
   }
   if (old != nullptr) old->Close();
-  std::thread(ResponseLoop, qp, conn).detach();
+  if (!StartThread("srnic-resp", [qp, conn] { ResponseLoop(qp, conn); })) {
+    conn->Close();  // As a dial that failed: the timer tries again.
+    ferry::MutexLock lock(&qp->mu);
+    if (qp->conn == conn) qp->conn.reset();
+    return false;
+  }
   return true;
 }
 
@@ -164,7 +187,7 @@ void ConnectQp(const std::shared_ptr<Qp>& qp) {
   uint32_t dest;
   bool loopback;
   {
-    std::lock_guard<std::mutex> lock(qp->mu);
+    ferry::MutexLock lock(&qp->mu);
     qp->loopback = FindDeviceByAddress(qp->peer_ip, qp->peer_port) != nullptr;
     qp->send_index = 0;
     loopback = qp->loopback;
@@ -173,7 +196,7 @@ void ConnectQp(const std::shared_ptr<Qp>& qp) {
   if (loopback) {
     // Found once here, so the data path needs no table lookup.
     std::shared_ptr<Qp> peer = FindQp(dest);
-    std::lock_guard<std::mutex> lock(qp->mu);
+    ferry::MutexLock lock(&qp->mu);
     qp->loop_peer = peer;
     qp->has_loop_peer = peer != nullptr;
     return;
@@ -181,21 +204,27 @@ void ConnectQp(const std::shared_ptr<Qp>& qp) {
   Dial(qp);  // If it fails, the timer dials again when there is work.
 }
 
-void DisconnectQp(const std::shared_ptr<Qp>& qp) {
-  std::shared_ptr<Connection> c;
+void DisconnectQp(const std::shared_ptr<Qp>& qp, bool also_accepted) {
+  std::shared_ptr<Connection> c, a;
   {
-    std::lock_guard<std::mutex> lock(qp->mu);
+    ferry::MutexLock lock(&qp->mu);
     c = std::move(qp->conn);
+    if (also_accepted) a = std::move(qp->accepted);
   }
   if (c != nullptr) c->Close();
+  if (a != nullptr) a->Close();
 }
 
 int PostSend(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
+  if (Dead(ibqp->context)) {
+    *bad_wr = wr;
+    return EIO;
+  }
   std::shared_ptr<Qp> qp = SharedQp(ibqp);
   int err = 0;
   {
     HeldMrs held;  // Post-time lkey checks, one acquire per key per chain.
-    std::lock_guard<std::mutex> lock(qp->mu);
+    ferry::MutexLock lock(&qp->mu);
     for (; wr != nullptr; wr = wr->next) {
       const ibv_qp_state st = qp->attr.qp_state;
       if (st == IBV_QPS_ERR) {
@@ -285,8 +314,12 @@ int PostSend(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
 }
 
 int PostRecv(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
+  if (Dead(ibqp->context)) {
+    *bad_wr = wr;
+    return EIO;
+  }
   auto* qp = reinterpret_cast<Qp*>(ibqp);
-  std::lock_guard<std::mutex> lock(qp->mu);
+  ferry::MutexLock lock(&qp->mu);
   for (; wr != nullptr; wr = wr->next) {
     const ibv_qp_state st = qp->attr.qp_state;
     if (st == IBV_QPS_RESET) {
@@ -326,7 +359,7 @@ int PostRecv(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
 }
 
 void Kick(const std::shared_ptr<Qp>& qp) {
-  std::lock_guard<std::mutex> send_lock(qp->send_mu);
+  ferry::MutexLock send_lock(&qp->send_mu);
   // Same-process peers: execute whole batches directly; whatever the
   // batch path declines (errors, SENDs, faults, delays) goes the general
   // way below, frame by frame.
@@ -340,18 +373,23 @@ void Kick(const std::shared_ptr<Qp>& qp) {
     int nheld = 0;
     std::shared_ptr<Connection> conn;
     std::shared_ptr<Qp> peer;
-    bool loopback;
+    bool loopback, has_loop_peer;
     {
-      std::unique_lock<std::mutex> lock(qp->mu);
-      if (qp->destroyed || qp->attr.qp_state != IBV_QPS_RTS) break;
+      qp->mu.Lock();
       const auto now = Clock::now();
-      if (now < qp->rnr_until) break;
-      if (qp->send_index >= qp->sq.size()) break;
+      if (qp->destroyed || qp->attr.qp_state != IBV_QPS_RTS ||
+          now < qp->rnr_until || qp->send_index >= qp->sq.size()) {
+        qp->mu.Unlock();
+        break;
+      }
       SendWqe& w = qp->sq[qp->send_index];
       if (w.local_error) {
         // Only the front can fail: earlier WQEs complete first, in order.
-        if (qp->send_index != 0) break;
-        FailFront(qp, &lock, IBV_WC_LOC_PROT_ERR);
+        if (qp->send_index != 0) {
+          qp->mu.Unlock();
+          break;
+        }
+        FailFront(qp, IBV_WC_LOC_PROT_ERR);
         return;
       }
       f.type = RequestType(w.opcode);
@@ -380,19 +418,24 @@ void Kick(const std::shared_ptr<Qp>& qp) {
             held[nheld++] = mr;
             iov[niov++] = {HostAddr(mr, s.addr), s.length};
           }
-          if (w.local_error) continue;
+          if (w.local_error) {
+            qp->mu.Unlock();
+            continue;
+          }
         }
       }
       w.deadline = AckDeadline(*qp, w, now);
       ++qp->send_index;
       loopback = qp->loopback;
+      has_loop_peer = qp->has_loop_peer;
       conn = qp->conn;
       if (loopback) {
-        peer = qp->has_loop_peer ? qp->loop_peer.lock() : nullptr;
+        peer = has_loop_peer ? qp->loop_peer.lock() : nullptr;
       }
+      qp->mu.Unlock();
     }
     if (loopback) {
-      if (peer == nullptr && !qp->has_loop_peer) peer = FindQp(f.qpn);
+      if (peer == nullptr && !has_loop_peer) peer = FindQp(f.qpn);
       if (uint32_t us = qp->dev->delay_us.load(std::memory_order_relaxed);
           us > 0) {
         // Injected delay applies in-process too, as on the wire.
@@ -418,67 +461,116 @@ void Kick(const std::shared_ptr<Qp>& qp) {
       uint8_t hdr[kHeaderBytes];
       EncodeFrame(f, hdr);
       iov[0].iov_base = hdr;
-      std::lock_guard<std::mutex> lock(conn->mu);
-      conn->WriteAll(iov, niov);
+      ferry::MutexLock lock(&conn->mu);
+      conn->WriteAll(iov, niov, held, nheld);
     }
     for (int k = 0; k < nheld; ++k) ReleaseMr(held[k]);
   }
   // Unacknowledged work needs the retransmission timer.
   bool need_timer;
   {
-    std::lock_guard<std::mutex> lock(qp->mu);
+    ferry::MutexLock lock(&qp->mu);
     need_timer =
         !qp->destroyed && qp->attr.qp_state == IBV_QPS_RTS && !qp->sq.empty();
   }
   if (need_timer) ScheduleTimer(qp);
 }
 
+// Handles a NAK at requester `qp`; releases qp->mu.
+bool HandleNak(const std::shared_ptr<Qp>& qp, const Frame& f, bool* kick)
+    ABSL_UNLOCK_FUNCTION(qp->mu) {
+  CompleteBefore(qp.get(), f.msn);
+  const auto code = static_cast<NakCode>(f.aux);
+  const bool at_front =
+      !qp->sq.empty() && qp->send_index > 0 && qp->sq.front().msn == f.msn;
+  switch (code) {
+    case NakCode::kRemoteAccess:
+    case NakCode::kInvalidRequest:
+    case NakCode::kRemoteOp: {
+      if (!at_front) break;
+      ibv_wc_status st = code == NakCode::kRemoteAccess ? IBV_WC_REM_ACCESS_ERR
+                         : code == NakCode::kInvalidRequest
+                             ? IBV_WC_REM_INV_REQ_ERR
+                             : IBV_WC_REM_OP_ERR;
+      FailFront(qp, st);
+      return true;
+    }
+    case NakCode::kRnr: {
+      if (!at_front) break;
+      if (qp->rnr_retries_left == 0) {
+        FailFront(qp, IBV_WC_RNR_RETRY_EXC_ERR);
+        return true;
+      }
+      if (qp->attr.rnr_retry != 7) --qp->rnr_retries_left;  // 7: forever.
+      qp->send_index = 0;
+      qp->rnr_until =
+          Clock::now() + std::chrono::microseconds(RnrTimerMicros(f.rkey & 31));
+      qp->retransmit_pending = true;
+      qp->mu.Unlock();
+      ScheduleTimer(qp);
+      return true;
+    }
+    case NakCode::kSequence: {
+      size_t i = 0;
+      while (i < qp->send_index && qp->sq[i].msn != f.msn) ++i;
+      if (i < qp->send_index) {
+        qp->send_index = i;
+        *kick = true;
+      }
+      break;
+    }
+    case NakCode::kNoQp:
+      qp->mu.Unlock();
+      return false;  // No such QP at the peer: drop the connection.
+    default:
+      qp->mu.Unlock();
+      return false;  // Not a NAK code: a protocol violation.
+  }
+  qp->mu.Unlock();
+  return true;
+}
+
 bool HandleResponse(const std::shared_ptr<Qp>& qp, const Frame& f,
                     PayloadSource* src, bool* kick) {
   const uint32_t payload = f.type == FrameType::kReadResp ? f.length : 0;
-  std::unique_lock<std::mutex> lock(qp->mu);
-  auto drain = [&]() { return payload == 0 || src->Read(nullptr, payload); };
+  auto drain = [&]() {
+    return payload == 0 || src->Read(nullptr, payload, nullptr);
+  };
+  qp->mu.Lock();
   if (qp->destroyed || qp->attr.qp_state != IBV_QPS_RTS) {
-    lock.unlock();
+    qp->mu.Unlock();
     return drain();
   }
-  // WQEs before `msn` are implicitly acknowledged (the responder executes
-  // in order), except READs, which need their data.
-  auto complete_before = [&](uint32_t msn) {
-    while (qp->send_index > 0 && !qp->sq.empty() &&
-           static_cast<int32_t>(qp->sq.front().msn - msn) < 0 &&
-           qp->sq.front().opcode != IBV_WR_RDMA_READ) {
-      CompleteFront(qp.get(), IBV_WC_SUCCESS);
-    }
-  };
   switch (f.type) {
     case FrameType::kHelloAck:
+      qp->mu.Unlock();
       return true;
     case FrameType::kAck: {
-      complete_before(f.msn + 1);
+      CompleteBefore(qp.get(), f.msn + 1);
       qp->retries_left = qp->attr.retry_cnt;
       qp->rnr_retries_left = qp->attr.rnr_retry;
       RestartFrontTimer(qp.get());
+      qp->mu.Unlock();
       return true;
     }
     case FrameType::kReadResp: {
-      complete_before(f.msn);
+      CompleteBefore(qp.get(), f.msn);
       if (qp->send_index == 0 || qp->sq.empty() ||
           qp->sq.front().msn != f.msn ||
           qp->sq.front().opcode != IBV_WR_RDMA_READ) {
-        lock.unlock();
+        qp->mu.Unlock();
         return drain();  // A duplicate response to a retransmission.
       }
       SendWqe& w = qp->sq.front();
       if (f.length != w.length) {
-        lock.unlock();
+        qp->mu.Unlock();
         return false;
       }
       Sge sges[kMaxSge];
       const uint32_t nsge = w.num_sge;
       std::copy(w.sges, w.sges + nsge, sges);
       const uint32_t msn = w.msn;
-      lock.unlock();
+      qp->mu.Unlock();
       uint32_t left = f.length;
       bool prot_error = false;
       for (uint32_t i = 0; i < nsge; ++i) {
@@ -486,17 +578,17 @@ bool HandleResponse(const std::shared_ptr<Qp>& qp, const Frame& f,
         if (left == 0) break;
         uint32_t k = std::min(left, s.length);
         Mr* mr = AcquireMr(s.lkey, qp->pd, s.addr, k, IBV_ACCESS_LOCAL_WRITE);
-        bool ok = mr != nullptr ? src->Read(HostAddr(mr, s.addr), k)
-                                : src->Read(nullptr, k);
+        bool ok = mr != nullptr ? src->Read(HostAddr(mr, s.addr), k, mr)
+                                : src->Read(nullptr, k, nullptr);
         if (mr == nullptr) prot_error = true;
         if (mr != nullptr) ReleaseMr(mr);
         if (!ok) return false;
         left -= k;
       }
-      lock.lock();
+      qp->mu.Lock();
       if (!qp->sq.empty() && qp->sq.front().msn == msn) {
         if (prot_error) {
-          FailFront(qp, &lock, IBV_WC_LOC_PROT_ERR);
+          FailFront(qp, IBV_WC_LOC_PROT_ERR);
           return true;
         }
         CompleteFront(qp.get(), IBV_WC_SUCCESS);
@@ -504,67 +596,23 @@ bool HandleResponse(const std::shared_ptr<Qp>& qp, const Frame& f,
         qp->rnr_retries_left = qp->attr.rnr_retry;
         RestartFrontTimer(qp.get());
       }
+      qp->mu.Unlock();
       return true;
     }
-    case FrameType::kNak: {
-      complete_before(f.msn);
-      const auto code = static_cast<NakCode>(f.aux);
-      const bool at_front =
-          !qp->sq.empty() && qp->send_index > 0 && qp->sq.front().msn == f.msn;
-      switch (code) {
-        case NakCode::kRemoteAccess:
-        case NakCode::kInvalidRequest:
-        case NakCode::kRemoteOp: {
-          if (!at_front) return true;
-          ibv_wc_status st =
-              code == NakCode::kRemoteAccess     ? IBV_WC_REM_ACCESS_ERR
-              : code == NakCode::kInvalidRequest ? IBV_WC_REM_INV_REQ_ERR
-                                                 : IBV_WC_REM_OP_ERR;
-          FailFront(qp, &lock, st);
-          return true;
-        }
-        case NakCode::kRnr: {
-          if (!at_front) return true;
-          if (qp->rnr_retries_left == 0) {
-            FailFront(qp, &lock, IBV_WC_RNR_RETRY_EXC_ERR);
-            return true;
-          }
-          if (qp->attr.rnr_retry != 7) --qp->rnr_retries_left;  // 7: forever.
-          qp->send_index = 0;
-          qp->rnr_until = Clock::now() + std::chrono::microseconds(
-                                             RnrTimerMicros(f.rkey & 31));
-          qp->retransmit_pending = true;
-          lock.unlock();
-          ScheduleTimer(qp);
-          return true;
-        }
-        case NakCode::kSequence: {
-          size_t i = 0;
-          while (i < qp->send_index && qp->sq[i].msn != f.msn) ++i;
-          if (i < qp->send_index) {
-            qp->send_index = i;
-            *kick = true;
-          }
-          return true;
-        }
-        case NakCode::kNoQp:
-          return false;  // No such QP at the peer: drop the connection.
-      }
-      return false;
-    }
+    case FrameType::kNak:
+      return HandleNak(qp, f, kick);
     default:
-      lock.unlock();
+      qp->mu.Unlock();
       return false;
   }
 }
 
 void ScheduleTimer(const std::shared_ptr<Qp>& qp) {
-  Device* dev = qp->dev;
-  std::lock_guard<std::mutex> lock(dev->timer_mu);
+  ferry::MutexLock lock(&qp->dev->timer_mu);
   if (qp->in_timer) return;
   qp->in_timer = true;
-  dev->timer_qps.push_back(qp);
-  dev->timer_cv.notify_one();
+  qp->dev->timer_qps.push_back(qp);
+  qp->dev->timer_cv.Signal();
 }
 
 Clock::time_point TimerWork(const std::shared_ptr<Qp>& qp,
@@ -572,11 +620,16 @@ Clock::time_point TimerWork(const std::shared_ptr<Qp>& qp,
   bool kick = false, redial = false;
   Clock::time_point next = Clock::time_point::max();
   {
-    std::unique_lock<std::mutex> lock(qp->mu);
+    qp->mu.Lock();
     if (qp->destroyed || qp->attr.qp_state != IBV_QPS_RTS || qp->sq.empty()) {
+      qp->mu.Unlock();
       return Clock::time_point::max();
     }
-    if (now < qp->rnr_until) return qp->rnr_until;
+    if (now < qp->rnr_until) {
+      const Clock::time_point until = qp->rnr_until;
+      qp->mu.Unlock();
+      return until;
+    }
     if (qp->retransmit_pending) {
       qp->retransmit_pending = false;
       kick = true;
@@ -584,7 +637,7 @@ Clock::time_point TimerWork(const std::shared_ptr<Qp>& qp,
       kick = true;  // Nothing in flight yet (e.g. an RNR wait just ended).
     } else if (qp->sq.front().deadline <= now) {
       if (qp->retries_left == 0) {
-        FailFront(qp, &lock, IBV_WC_RETRY_EXC_ERR);
+        FailFront(qp, IBV_WC_RETRY_EXC_ERR);
         return Clock::time_point::max();
       }
       --qp->retries_left;
@@ -594,11 +647,12 @@ Clock::time_point TimerWork(const std::shared_ptr<Qp>& qp,
     } else {
       next = qp->sq.front().deadline;
     }
+    qp->mu.Unlock();
   }
   if (redial) Dial(qp);
   if (kick) {
     Kick(qp);
-    std::lock_guard<std::mutex> lock(qp->mu);
+    ferry::MutexLock lock(&qp->mu);
     if (!qp->sq.empty()) {
       next = std::min(next, qp->sq.front().deadline);
       if (qp->rnr_until > now) next = std::min(next, qp->rnr_until);
@@ -608,14 +662,14 @@ Clock::time_point TimerWork(const std::shared_ptr<Qp>& qp,
 }
 
 void TimerLoop(Device* dev) {
-  std::unique_lock<std::mutex> lock(dev->timer_mu);
+  dev->timer_mu.Lock();
   while (true) {
     if (dev->timer_qps.empty()) {
-      dev->timer_cv.wait(lock);
+      dev->timer_cv.Wait(&dev->timer_mu);
       continue;
     }
     std::vector<std::weak_ptr<Qp>> qps = dev->timer_qps;
-    lock.unlock();
+    dev->timer_mu.Unlock();
     const auto now = Clock::now();
     auto next = now + kTimerMaxSleep;
     std::vector<std::shared_ptr<Qp>> idle;
@@ -629,27 +683,29 @@ void TimerLoop(Device* dev) {
         next = std::min(next, t);
       }
     }
-    lock.lock();
+    dev->timer_mu.Lock();
     // Drop expired QPs and idle ones that gained no work meanwhile.
     auto& v = dev->timer_qps;
-    v.erase(std::remove_if(v.begin(), v.end(),
-                           [&](const std::weak_ptr<Qp>& w) {
-                             std::shared_ptr<Qp> qp = w.lock();
-                             if (qp == nullptr) return true;
-                             if (std::find(idle.begin(), idle.end(), qp) ==
-                                 idle.end()) {
-                               return false;
-                             }
-                             std::lock_guard<std::mutex> ql(qp->mu);
-                             if (!qp->sq.empty() && !qp->destroyed &&
-                                 qp->attr.qp_state == IBV_QPS_RTS) {
-                               return false;
-                             }
-                             qp->in_timer = false;
-                             return true;
-                           }),
-            v.end());
-    dev->timer_cv.wait_until(lock, next);
+    size_t kept = 0;
+    for (size_t i = 0; i < v.size(); ++i) {
+      std::shared_ptr<Qp> qp = v[i].lock();
+      bool drop = qp == nullptr;
+      if (!drop && std::find(idle.begin(), idle.end(), qp) != idle.end()) {
+        ferry::MutexLock ql(&qp->mu);
+        if (qp->sq.empty() || qp->destroyed ||
+            qp->attr.qp_state != IBV_QPS_RTS) {
+          qp->dev->timer_mu.AssertHeld();  // qp->dev is dev.
+          qp->in_timer = false;
+          drop = true;
+        }
+      }
+      if (drop) continue;
+      if (kept != i) v[kept] = std::move(v[i]);
+      ++kept;
+    }
+    v.resize(kept);
+    dev->timer_cv.WaitWithTimeout(&dev->timer_mu,
+                                  absl::FromChrono(next - Clock::now()));
   }
 }
 

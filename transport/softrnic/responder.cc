@@ -1,17 +1,21 @@
 // The responder: accepts peers' connections and executes their requests on
 // local memory, checking keys, bounds and access rights first.
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <deque>
+#include <unordered_map>
 
 #include "transport/softrnic/datapath.h"
 
 namespace softrnic {
 namespace {
-
-constexpr int kHelloTimeoutSec = 10;
 
 Frame Reply(FrameType type, const Frame& req) {
   Frame r{};
@@ -29,7 +33,8 @@ Frame Nak(const Frame& req, NakCode code, uint32_t msn) {
 }
 
 ibv_wc RecvWc(Qp* qp, const RecvWqe& w, ibv_wc_status status, uint32_t len,
-              const Frame& f, bool with_imm, ibv_wc_opcode op) {
+              const Frame& f, bool with_imm, ibv_wc_opcode op)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(qp->mu) {
   ibv_wc wc{};
   wc.wr_id = w.wr_id;
   wc.status = status;
@@ -45,13 +50,15 @@ ibv_wc RecvWc(Qp* qp, const RecvWqe& w, ibv_wc_status status, uint32_t len,
 }
 
 void PushRecv(Qp* qp, const RecvWqe& w, ibv_wc_status status, uint32_t len,
-              const Frame& f, bool with_imm, ibv_wc_opcode op) {
+              const Frame& f, bool with_imm, ibv_wc_opcode op)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(qp->mu) {
   PushCompletion(qp->recv_cq, RecvWc(qp, w, status, len, f, with_imm, op),
                  (f.flags & kFlagSolicited) != 0);
 }
 
 void DeferRecv(Response* r, Qp* qp, const RecvWqe& w, uint32_t len,
-               const Frame& f, bool with_imm, ibv_wc_opcode op) {
+               const Frame& f, bool with_imm, ibv_wc_opcode op)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(qp->mu) {
   r->has_recv_wc = true;
   r->recv_solicited = (f.flags & kFlagSolicited) != 0;
   r->recv_wc = RecvWc(qp, w, IBV_WC_SUCCESS, len, f, with_imm, op);
@@ -67,9 +74,9 @@ bool Scatter(Qp* qp, const RecvWqe& w, uint32_t len, PayloadSource* src,
     Mr* mr = AcquireMr(s.lkey, qp->pd, s.addr, k, IBV_ACCESS_LOCAL_WRITE);
     if (mr == nullptr) {
       *prot_error = true;
-      return src->Read(nullptr, left);
+      return src->Read(nullptr, left, nullptr);
     }
-    bool ok = src->Read(HostAddr(mr, s.addr), k);
+    bool ok = src->Read(HostAddr(mr, s.addr), k, mr);
     ReleaseMr(mr);
     if (!ok) return false;
     left -= k;
@@ -85,13 +92,15 @@ Response ProcessRequest(const std::shared_ptr<Qp>& qp, const Frame& f,
   const bool has_payload = HasPayload(f.type);
   const uint32_t payload = has_payload ? f.length : 0;
   auto drop = [&](Response resp) {
-    if (payload > 0 && !src->Read(nullptr, payload)) resp.io_error = true;
+    if (payload > 0 && !src->Read(nullptr, payload, nullptr)) {
+      resp.io_error = true;
+    }
     return resp;
   };
-  std::unique_lock<std::mutex> lock(qp->mu);
+  qp->mu.Lock();
   const ibv_qp_state st = qp->attr.qp_state;
   if (qp->destroyed || (st != IBV_QPS_RTR && st != IBV_QPS_RTS)) {
-    lock.unlock();
+    qp->mu.Unlock();
     return drop(r);  // A real responder silently drops these too.
   }
   if (f.msn != qp->expected_msn) {
@@ -100,7 +109,7 @@ Response ProcessRequest(const std::shared_ptr<Qp>& qp, const Frame& f,
       // Duplicate of an executed request (a retransmission): acknowledge
       // again without re-executing, except READ, which is idempotent.
       if (f.type != FrameType::kRead) {
-        lock.unlock();
+        qp->mu.Unlock();
         r.send = true;
         r.frame = Reply(FrameType::kAck, f);
         return drop(r);
@@ -110,7 +119,7 @@ Response ProcessRequest(const std::shared_ptr<Qp>& qp, const Frame& f,
       // an RNR NAK is outstanding the requester retransmits anyway.
       bool nak = !qp->seq_nak_outstanding && !qp->rnr_nak_outstanding;
       qp->seq_nak_outstanding = true;
-      lock.unlock();
+      qp->mu.Unlock();
       if (nak) {
         r.send = true;
         r.frame = Nak(f, NakCode::kSequence, expected);
@@ -131,7 +140,7 @@ Response ProcessRequest(const std::shared_ptr<Qp>& qp, const Frame& f,
                          IBV_ACCESS_REMOTE_WRITE);
         }
         if (mr == nullptr) {
-          lock.unlock();
+          qp->mu.Unlock();
           EnterError(qp, IBV_EVENT_QP_ACCESS_ERR);
           r.send = true;
           r.frame = Nak(f, NakCode::kRemoteAccess, f.msn);
@@ -143,7 +152,7 @@ Response ProcessRequest(const std::shared_ptr<Qp>& qp, const Frame& f,
         if (qp->rq.empty()) {
           qp->rnr_nak_outstanding = true;
           uint8_t timer = qp->attr.min_rnr_timer;
-          lock.unlock();
+          qp->mu.Unlock();
           if (mr != nullptr) ReleaseMr(mr);
           r.send = true;
           r.frame = Nak(f, NakCode::kRnr, f.msn);
@@ -153,17 +162,17 @@ Response ProcessRequest(const std::shared_ptr<Qp>& qp, const Frame& f,
         wqe = std::move(qp->rq.front());
         qp->rq.pop_front();
       }
-      lock.unlock();
+      qp->mu.Unlock();
       bool ok = true;
       if (mr != nullptr) {
-        ok = src->Read(HostAddr(mr, f.remote_addr), f.length);
+        ok = src->Read(HostAddr(mr, f.remote_addr), f.length, mr);
         ReleaseMr(mr);
       }
       if (!ok) {
         r.io_error = true;
         return r;
       }
-      lock.lock();
+      ferry::MutexLock lock(&qp->mu);
       qp->expected_msn = f.msn + 1;
       qp->rnr_nak_outstanding = qp->seq_nak_outstanding = false;
       if (imm) {
@@ -179,7 +188,7 @@ Response ProcessRequest(const std::shared_ptr<Qp>& qp, const Frame& f,
       if (qp->rq.empty()) {
         qp->rnr_nak_outstanding = true;
         uint8_t timer = qp->attr.min_rnr_timer;
-        lock.unlock();
+        qp->mu.Unlock();
         r.send = true;
         r.frame = Nak(f, NakCode::kRnr, f.msn);
         r.frame.rkey = timer;
@@ -189,25 +198,25 @@ Response ProcessRequest(const std::shared_ptr<Qp>& qp, const Frame& f,
       qp->rq.pop_front();
       if (f.length > wqe.length) {
         PushRecv(qp.get(), wqe, IBV_WC_LOC_LEN_ERR, 0, f, false, IBV_WC_RECV);
-        lock.unlock();
+        qp->mu.Unlock();
         EnterError(qp, -1);
         r.send = true;
         r.frame = Nak(f, NakCode::kInvalidRequest, f.msn);
         return drop(r);
       }
-      lock.unlock();
+      qp->mu.Unlock();
       bool prot_error = false;
       if (!Scatter(qp.get(), wqe, f.length, src, &prot_error)) {
         r.io_error = true;
         return r;
       }
-      lock.lock();
+      qp->mu.Lock();
       if (prot_error) {
         if (!qp->destroyed) {
           PushRecv(qp.get(), wqe, IBV_WC_LOC_PROT_ERR, 0, f, false,
                    IBV_WC_RECV);
         }
-        lock.unlock();
+        qp->mu.Unlock();
         EnterError(qp, -1);
         r.send = true;
         r.frame = Nak(f, NakCode::kRemoteOp, f.msn);
@@ -217,6 +226,7 @@ Response ProcessRequest(const std::shared_ptr<Qp>& qp, const Frame& f,
       qp->rnr_nak_outstanding = qp->seq_nak_outstanding = false;
       DeferRecv(&r, qp.get(), wqe, f.length, f, f.type == FrameType::kSendImm,
                 IBV_WC_RECV);
+      qp->mu.Unlock();
       r.send = true;
       r.frame = Reply(FrameType::kAck, f);
       return r;
@@ -228,7 +238,7 @@ Response ProcessRequest(const std::shared_ptr<Qp>& qp, const Frame& f,
                        IBV_ACCESS_REMOTE_READ);
       }
       if (f.length > 0 && mr == nullptr) {
-        lock.unlock();
+        qp->mu.Unlock();
         EnterError(qp, IBV_EVENT_QP_ACCESS_ERR);
         r.send = true;
         r.frame = Nak(f, NakCode::kRemoteAccess, f.msn);
@@ -238,6 +248,7 @@ Response ProcessRequest(const std::shared_ptr<Qp>& qp, const Frame& f,
         qp->expected_msn = f.msn + 1;
         qp->rnr_nak_outstanding = qp->seq_nak_outstanding = false;
       }
+      qp->mu.Unlock();
       r.send = true;
       r.frame = Reply(FrameType::kReadResp, f);
       r.frame.length = f.length;
@@ -248,61 +259,48 @@ Response ProcessRequest(const std::shared_ptr<Qp>& qp, const Frame& f,
     default:
       break;
   }
-  lock.unlock();
+  qp->mu.Unlock();
   r.io_error = true;  // Not a request: protocol violation.
   return r;
 }
 
 void DeliverRecvCompletion(const std::shared_ptr<Qp>& qp, const Response& r) {
   if (!r.has_recv_wc) return;
-  std::lock_guard<std::mutex> lock(qp->mu);
+  ferry::MutexLock lock(&qp->mu);
   if (!qp->destroyed) PushCompletion(qp->recv_cq, r.recv_wc, r.recv_solicited);
 }
-
 namespace {
 
-void ServeConnection(Device* dev, int fd) {
-  auto conn = std::make_shared<Connection>(dev, fd);
-  Track(dev, conn);
-  timeval tv{kHelloTimeoutSec, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  uint8_t hdr[kHeaderBytes];
-  Frame hello;
-  if (!ReadFully(fd, hdr, sizeof(hdr)) ||
-      !DecodeFrame(hdr, kMaxMsgSize, &hello) ||
-      hello.type != FrameType::kHello) {
-    conn->Close();
-    return;
-  }
-  std::shared_ptr<Qp> qp = FindQp(hello.qpn);
-  if (qp == nullptr || qp->dev != dev) {
-    uint8_t out[kHeaderBytes];
-    EncodeFrame(Nak(hello, NakCode::kNoQp, 0), out);
-    iovec iov{out, sizeof(out)};
-    std::lock_guard<std::mutex> lock(conn->mu);
-    conn->WriteAll(&iov, 1);
-    conn->Close();
-    return;
-  }
-  tv = {0, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+void SendFrame(Connection* conn, const Frame& f) {
+  uint8_t out[kHeaderBytes];
+  EncodeFrame(f, out);
+  iovec iov{out, sizeof(out)};
+  ferry::MutexLock lock(&conn->mu);
+  conn->WriteAll(&iov, 1);
+}
+
+// Serves the requests of one accepted connection whose HELLO named `qp`,
+// on the connection's own thread, until either side closes it.
+void ServeConnection(Device* dev, std::shared_ptr<Connection> conn,
+                     std::shared_ptr<Qp> qp, Frame hello) {
+  std::shared_ptr<Connection> old;
   {
-    uint8_t out[kHeaderBytes];
-    EncodeFrame(Reply(FrameType::kHelloAck, hello), out);
-    iovec iov{out, sizeof(out)};
-    std::lock_guard<std::mutex> lock(conn->mu);
-    if (!conn->WriteAll(&iov, 1)) return;
+    ferry::MutexLock lock(&qp->mu);
+    if (!qp->destroyed) {
+      old = std::move(qp->accepted);
+      qp->accepted = conn;
+    }
   }
-  SocketSource src(fd);
+  // The QP talks to one peer QP: an older connection for it is dead (the
+  // requester reconnected) and must not hold its descriptor any longer.
+  if (old != nullptr) old->Close();
+  SendFrame(conn.get(), Reply(FrameType::kHelloAck, hello));
+  SocketSource src(conn.get());
+  uint8_t hdr[kHeaderBytes];
   while (!conn->closed()) {
     Frame f;
-    if (!ReadFully(fd, hdr, sizeof(hdr)) ||
-        !DecodeFrame(hdr, kMaxMsgSize, &f) || f.qpn != hello.qpn) {
-      break;
-    }
-    if (f.type != FrameType::kSend && f.type != FrameType::kSendImm &&
-        f.type != FrameType::kWrite && f.type != FrameType::kWriteImm &&
-        f.type != FrameType::kRead) {
+    if (!conn->Read(hdr, sizeof(hdr)) || !DecodeFrame(hdr, kMaxMsgSize, &f) ||
+        !IsRequestFor(f, hello.qpn)) {
       break;
     }
     if (!dev->LinkUp()) break;
@@ -321,38 +319,259 @@ void ServeConnection(Device* dev, int fd) {
                     {const_cast<uint8_t*>(r.data), r.frame.length}};
     bool ok;
     {
-      std::lock_guard<std::mutex> lock(conn->mu);
-      ok = conn->WriteAll(iov, r.data != nullptr ? 2 : 1);
+      ferry::MutexLock lock(&conn->mu);
+      ok = conn->WriteAll(iov, r.data != nullptr ? 2 : 1, &r.mr,
+                          r.mr != nullptr ? 1 : 0);
     }
     if (r.mr != nullptr) ReleaseMr(r.mr);
     DeliverRecvCompletion(qp, r);
     if (!ok) break;
   }
   conn->Close();
+  // Drop the QP's reference, so the descriptor is closed now, not when
+  // the QP is next connected or destroyed.
+  ferry::MutexLock lock(&qp->mu);
+  if (qp->accepted == conn) qp->accepted.reset();
 }
+
+// The device's listener: accepts connections and reads each one's HELLO
+// without a thread of its own (one epoll loop per device), so connections
+// that never identify a QP -- idle, slow or hostile -- cost a descriptor
+// for at most the handshake timeout and no thread. Connections are capped
+// per device and per source address (Limits); accept failures for lack of
+// descriptors or memory pause accepting with exponential back-off.
+class Acceptor {
+ public:
+  Acceptor(Device* dev, int listen_fd, int epoll_fd)
+      : dev_(dev),
+        listen_fd_(listen_fd),
+        epoll_fd_(epoll_fd),
+        timeout_(std::chrono::milliseconds(GetLimits().handshake_timeout_ms)) {}
+
+  void Run() {
+    if (!Watch(listen_fd_)) return;
+    epoll_event events[64];
+    while (true) {
+      const int n = ::epoll_wait(epoll_fd_, events, 64, WaitMs());
+      if (n < 0 && errno != EINTR) {
+        std::fprintf(stderr, "softrnic: %s: epoll_wait: %s\n",
+                     dev_->name.c_str(), std::strerror(errno));
+        return;
+      }
+      const Clock::time_point now = Clock::now();
+      for (int i = 0; i < n; ++i) {
+        const int fd = events[i].data.fd;
+        if (fd == listen_fd_) {
+          if (!AcceptSome(now)) return;
+        } else {
+          ReadHello(fd);
+        }
+      }
+      if (paused_ && now >= resume_at_) {
+        paused_ = false;
+        Watch(listen_fd_);
+      }
+      Expire(now);
+    }
+  }
+
+ private:
+  // A connection accepted but not yet identified by its HELLO.
+  struct Handshake {
+    uint32_t addr;  // Source address, network order.
+    uint64_t serial;
+    size_t got = 0;
+    uint8_t buf[kHeaderBytes];
+  };
+  struct Deadline {
+    Clock::time_point at;
+    int fd;
+    uint64_t serial;  // Descriptors are reused; serials are not.
+  };
+
+  bool Watch(int fd) {
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLRDHUP;
+    ev.data.fd = fd;
+    if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) == 0) return true;
+    std::fprintf(stderr, "softrnic: %s: epoll_ctl: %s\n", dev_->name.c_str(),
+                 std::strerror(errno));
+    return false;
+  }
+
+  // Milliseconds until the next handshake deadline or the end of a pause.
+  int WaitMs() const {
+    Clock::time_point next = Clock::time_point::max();
+    if (!deadlines_.empty()) next = deadlines_.front().at;
+    if (paused_) next = std::min(next, resume_at_);
+    if (next == Clock::time_point::max()) return -1;
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                        next - Clock::now())
+                        .count();
+    return static_cast<int>(std::clamp<int64_t>(ms + 1, 0, 60000));
+  }
+
+  // Accepts what the listener has queued; false if the listener broke.
+  bool AcceptSome(Clock::time_point now) {
+    for (int i = 0; i < 64; ++i) {
+      sockaddr_in from{};
+      socklen_t len = sizeof(from);
+      const int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&from),
+                               &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) {
+        switch (errno) {
+          case EAGAIN:
+          case EINTR:
+          case ECONNABORTED:
+          case EPROTO:
+          case EPERM:
+            return true;
+          case EMFILE:
+          case ENFILE:
+          case ENOBUFS:
+          case ENOMEM:
+            Pause(now, errno);
+            return true;
+          default:
+            std::fprintf(stderr, "softrnic: %s: accept: %s\n",
+                         dev_->name.c_str(), std::strerror(errno));
+            return false;
+        }
+      }
+      backoff_ = std::chrono::milliseconds(0);
+      const uint32_t addr = from.sin_addr.s_addr;
+      if (!dev_->LinkUp() || addr == 0 || !AdmitConnection(dev_, addr)) {
+        // A port that is down answers nothing; over a cap, the connection
+        // is reset at once rather than left to linger.
+        linger lg{1, 0};
+        ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+        ::close(fd);
+        continue;
+      }
+      if (!Watch(fd)) {
+        ::close(fd);
+        ReleaseConnection(dev_, addr);
+        continue;
+      }
+      const uint64_t serial = ++serial_;
+      pending_.emplace(fd, Handshake{addr, serial});
+      deadlines_.push_back({now + timeout_, fd, serial});
+    }
+    return true;
+  }
+
+  // Out of descriptors or memory: stop accepting for a while (the kernel
+  // queues new connections meanwhile), doubling the pause while it lasts.
+  void Pause(Clock::time_point now, int err) {
+    backoff_ = std::clamp(backoff_ * 2, std::chrono::milliseconds(10),
+                          std::chrono::milliseconds(1000));
+    if (backoff_ == std::chrono::milliseconds(10)) {
+      std::fprintf(stderr, "softrnic: %s: accept: %s; pausing accepts\n",
+                   dev_->name.c_str(), std::strerror(err));
+    }
+    paused_ = true;
+    resume_at_ = now + backoff_;
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, listen_fd_, nullptr);
+  }
+
+  void Drop(int fd) {
+    auto it = pending_.find(fd);
+    if (it == pending_.end()) return;
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+    ::close(fd);
+    ReleaseConnection(dev_, it->second.addr);
+    pending_.erase(it);
+  }
+
+  void Expire(Clock::time_point now) {
+    while (!deadlines_.empty() && deadlines_.front().at <= now) {
+      const Deadline d = deadlines_.front();
+      deadlines_.pop_front();
+      auto it = pending_.find(d.fd);
+      if (it != pending_.end() && it->second.serial == d.serial) Drop(d.fd);
+    }
+  }
+
+  void ReadHello(int fd) {
+    auto it = pending_.find(fd);
+    if (it == pending_.end()) return;
+    Handshake& h = it->second;
+    while (h.got < kHeaderBytes) {
+      const ssize_t r = ::recv(fd, h.buf + h.got, kHeaderBytes - h.got, 0);
+      if (r > 0) {
+        h.got += static_cast<size_t>(r);
+        continue;
+      }
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0 && errno == EAGAIN) return;  // The rest comes later.
+      Drop(fd);  // EOF or error before a whole HELLO.
+      return;
+    }
+    Frame hello;
+    if (!DecodeFrame(h.buf, kMaxMsgSize, &hello) ||
+        hello.type != FrameType::kHello) {
+      Drop(fd);
+      return;
+    }
+    std::shared_ptr<Qp> qp = QpForHello(dev_, hello);
+    if (qp == nullptr) {
+      // The socket buffer of a new connection takes a header at once.
+      uint8_t out[kHeaderBytes];
+      EncodeFrame(Nak(hello, NakCode::kNoQp, 0), out);
+      ssize_t sent = ::send(fd, out, sizeof(out), MSG_NOSIGNAL | MSG_DONTWAIT);
+      (void)sent;
+      Drop(fd);
+      return;
+    }
+    // Hand the connection to a thread of its own; the Connection now owns
+    // the descriptor and the admission slot.
+    const uint32_t addr = h.addr;
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+    pending_.erase(it);
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    TuneSocket(fd);
+    auto conn = std::make_shared<Connection>(dev_, fd, addr);
+    Track(dev_, conn);
+    Device* dev = dev_;
+    if (!StartThread("srnic-serve", [dev, conn, qp, hello] {
+          ServeConnection(dev, conn, qp, hello);
+        })) {
+      conn->Close();  // The requester retries, as after a lost packet.
+    }
+  }
+
+  Device* const dev_;
+  const int listen_fd_;
+  const int epoll_fd_;
+  const Clock::duration timeout_;
+  std::unordered_map<int, Handshake> pending_;
+  // Handshake deadlines in order: every connection gets the same timeout.
+  std::deque<Deadline> deadlines_;
+  uint64_t serial_ = 0;
+  bool paused_ = false;
+  Clock::time_point resume_at_{};
+  std::chrono::milliseconds backoff_{0};
+};
 
 }  // namespace
 
-void AcceptLoop(Device* dev) {
-  while (true) {
-    int fd = ::accept4(dev->listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) {
-      if (errno == EINTR || errno == ECONNABORTED || errno == EMFILE ||
-          errno == ENFILE) {
-        if (errno == EMFILE || errno == ENFILE) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(10));
-        }
-        continue;
-      }
-      return;
-    }
-    if (!dev->LinkUp()) {
-      ::close(fd);  // A port that is down answers nothing.
-      continue;
-    }
-    TuneSocket(fd);
-    std::thread([dev, fd] { ServeConnection(dev, fd); }).detach();
+std::shared_ptr<Qp> QpForHello(Device* dev, const Frame& hello) {
+  std::shared_ptr<Qp> qp = FindQp(hello.qpn);
+  if (qp == nullptr || qp->dev != dev) return nullptr;
+  ferry::MutexLock lock(&qp->mu);
+  if (qp->destroyed) return nullptr;
+  // A QP already connected accepts a HELLO only from its peer QP, as a
+  // NIC drops packets whose source QP is not the one in its context.
+  const ibv_qp_state st = qp->attr.qp_state;
+  if ((st == IBV_QPS_RTR || st == IBV_QPS_RTS) &&
+      qp->attr.dest_qp_num != hello.aux) {
+    return nullptr;
   }
+  return qp;
+}
+
+void AcceptLoop(Device* dev, int listen_fd, int epoll_fd) {
+  Acceptor(dev, listen_fd, epoll_fd).Run();
 }
 
 }  // namespace softrnic

@@ -5,10 +5,13 @@
 // to its softrnic object. Objects are reference-counted where data-path
 // threads may still hold them when the application destroys them.
 //
-// Threads: per device one acceptor thread (TCP listener for peers' QPs) and
-// one timer thread (retransmission and ack timeouts); per connected QP one
-// thread reading responses from its outgoing connection; per accepted
-// connection one responder thread. All block in the kernel when idle.
+// Threads: per device one acceptor thread (TCP listener for peers' QPs;
+// it also reads every connection's HELLO, so connections that never
+// identify a QP cost no thread) and one timer thread (retransmission and
+// ack timeouts); per connected QP at most one thread reading responses
+// from its outgoing connection and one serving its accepted connection.
+// So threads grow with the application's QPs, never with what arrives on
+// the listener. All block in the kernel when idle.
 #ifndef FERRY_TRANSPORT_SOFTRNIC_SOFTRNIC_H_
 #define FERRY_TRANSPORT_SOFTRNIC_SOFTRNIC_H_
 
@@ -23,16 +26,18 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
+
+#include "common/dma_annotations.h"
+#include "common/mutex.h"
 
 #define SOFTRNIC_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -54,6 +59,31 @@ struct DeviceConfig {
   std::string ip;  // Dotted IPv4.
 };
 
+// Limits that protect a device (and its process) from what arrives on its
+// listener; each can be set through the environment variable named.
+struct Limits {
+  // A connection must complete its HELLO within this long, or it is
+  // closed (FERRY_SOFTRNIC_HANDSHAKE_TIMEOUT_MS; default 5000).
+  int handshake_timeout_ms = 5000;
+  // Accepted connections per device, in handshake or serving
+  // (FERRY_SOFTRNIC_MAX_CONNECTIONS; default half the soft descriptor
+  // limit when the first device starts, between 16 and 4096).
+  int max_connections = 1024;
+  // Of those, from one source address
+  // (FERRY_SOFTRNIC_MAX_CONNECTIONS_PER_ADDRESS; default a quarter of
+  // max_connections, at least 4).
+  int max_connections_per_address = 256;
+};
+
+// Read from the environment on first use.
+const Limits& GetLimits();
+
+// Runs `fn` on a new detached thread named `name` (at most 15 characters);
+// false (with a message on stderr) if the system refuses one, e.g. under a
+// thread or pids limit: callers degrade (close a connection, fail a verb),
+// the process never aborts.
+bool StartThread(const char* name, std::function<void()> fn);
+
 // Parses FERRY_SOFTRNIC_DEVICES ("name=ip,name=ip") or the file named by
 // FERRY_SOFTRNIC_CONFIG (one "name ip" per line); default softrnic0 on
 // 127.0.0.1. Invalid entries are reported on stderr and skipped.
@@ -70,30 +100,40 @@ struct Device {
   std::string name;
   in_addr ip{};
   uint64_t guid = 0;  // Network byte order.
-  // The port is up while both hold: the fault-injection switch
-  // (softrnic_set_link) and the carrier of the interface holding `ip`
-  // (carrier.cc). Changed only through SetLink / SetCarrier.
+  // The port is up while all hold: the fault-injection switch
+  // (softrnic_set_link), the carrier of the interface holding `ip`
+  // (carrier.cc), and the device is not dead. Changed only through
+  // SetLink / SetCarrier / KillDevice.
   std::atomic<bool> link_up{true};
   std::atomic<bool> carrier{true};
-  std::mutex link_mu;  // Serializes port state changes.
+  // IBV_EVENT_DEVICE_FATAL was raised and a context open then is still
+  // open (the "hardware" needs those closed before it works again).
+  std::atomic<bool> fatal{false};
+  ferry::Mutex link_mu;  // Serializes port state changes.
   bool LinkUp() const {
     return link_up.load(std::memory_order_relaxed) &&
-           carrier.load(std::memory_order_relaxed);
+           carrier.load(std::memory_order_relaxed) &&
+           !fatal.load(std::memory_order_relaxed);
   }
+  // The GID table's one entry is valid while the device's address is
+  // assigned to a local interface (re-read on address changes and on an
+  // injected IBV_EVENT_GID_CHANGE); an invalid entry reads as zeros.
+  std::atomic<bool> gid_valid{true};
   std::atomic<uint32_t> delay_us{0};
 
-  std::mutex mu;
-  bool started = false;  // Listener and timer threads running.
-  uint16_t port = 0;     // Listener port, host order.
-  int listen_fd = -1;
-  std::vector<Context*> contexts;  // Open contexts, for async events.
-  std::thread acceptor;
-  std::thread timer;
+  ferry::Mutex mu;
+  // Listener and timer threads running.
+  bool started ABSL_GUARDED_BY(mu) = false;
+  bool timer_running ABSL_GUARDED_BY(mu) = false;
+  // Listener port, host order; set once, before `started`.
+  std::atomic<uint16_t> port{0};
+  // Open contexts, for async events.
+  std::vector<Context*> contexts ABSL_GUARDED_BY(mu);
 
   // QPs with retransmission work pending, and the timer's wake-up.
-  std::mutex timer_mu;
-  std::condition_variable timer_cv;
-  std::vector<std::weak_ptr<Qp>> timer_qps;
+  ferry::Mutex timer_mu;
+  ferry::CondVar timer_cv;
+  std::vector<std::weak_ptr<Qp>> timer_qps ABSL_GUARDED_BY(timer_mu);
 
   void GidFor(ibv_gid* gid) const;
 };
@@ -110,16 +150,41 @@ int StartDevice(Device* dev);
 // IBV_EVENT_PORT_ACTIVE is raised on every context of the device.
 void SetLink(Device* dev, bool up);
 void SetCarrier(Device* dev, bool up);
-// Starts following the interfaces' carrier (carrier.cc; idempotent).
+// Starts following the interfaces' carrier and addresses (carrier.cc;
+// idempotent).
 void StartCarrierMonitor();
+// Re-reads the device's GID table from the interfaces' addresses
+// (carrier.cc); true if the table changed.
+bool RereadGidTable(Device* dev);
+
+// IBV_EVENT_DEVICE_FATAL, as hardware raises it: every context open now
+// turns dead (its verbs fail with EIO until it is closed), the port goes
+// down, connections are cut, every QP of the device moves to ERR with its
+// work requests flushed, and the event is delivered on every context. The
+// device works again once all of those contexts are closed.
+void KillDevice(Device* dev);
+
+// At most this many async events wait in a context; beyond, the oldest is
+// dropped (an application that never reads them must not grow memory).
+constexpr size_t kMaxAsyncEvents = 4096;
 
 struct Context {
   ibv_context ctx;  // Must be first.
   Device* dev = nullptr;
   int async_write_fd = -1;
-  std::mutex mu;
-  std::deque<ibv_async_event> async_events;
+  // Opened before an IBV_EVENT_DEVICE_FATAL of its device: verbs on it
+  // fail with EIO, except destroying objects, polling CQs and reading
+  // events.
+  std::atomic<bool> dead{false};
+  ferry::Mutex mu;
+  std::deque<ibv_async_event> async_events ABSL_GUARDED_BY(mu);
 };
+
+// Whether verbs on `context` must fail with EIO (see Context::dead).
+inline bool Dead(const ibv_context* context) {
+  return reinterpret_cast<const Context*>(context)->dead.load(
+      std::memory_order_relaxed);
+}
 
 void PostAsyncEvent(Device* dev, const ibv_async_event& event);
 void PostAsyncEvent(Context* ctx, const ibv_async_event& event);
@@ -140,6 +205,11 @@ struct Mr {
   uintptr_t start = 0;  // Host address of the first byte.
   uint64_t iova = 0;    // Address peers and SGEs use for that byte.
   size_t length = 0;
+  // Strict page identity (registered while strict mode was on): the
+  // physical frame of each page the MR covers, from the page holding
+  // `start` on; every access checks the frames of the pages it touches.
+  bool strict = false;
+  uint64_t* frames = nullptr;
   // The key while registered, 0 once deregistered. The fields above are
   // written before it is published and stay fixed until dereg has seen
   // `inflight` drop to zero.
@@ -147,6 +217,12 @@ struct Mr {
   // Accesses in progress (DMA); dereg waits for zero.
   std::atomic<int> inflight{0};
 };
+
+// Strict page identity (memory.cc): whether the pages [host, host+len) of
+// strict MR `mr` are still the ones registered. False (counted, and
+// reported on stderr the first few times) if one was replaced, as after
+// munmap and a new mapping at the same address.
+bool FramesUnchanged(const Mr* mr, uintptr_t host, uint64_t len);
 
 // Looks up an MR by key and checks that [addr, addr+len) lies inside it,
 // that it belongs to `pd` and grants `access` (IBV_ACCESS_* bits; 0 for a
@@ -179,6 +255,11 @@ class HeldMrs {
   int n_ = 0;
 };
 
+// Marks softrnic's copies to and from MR memory, which stand for a NIC's
+// DMA (common/dma_annotations.h): hidden from ThreadSanitizer, as DMA is on
+// hardware; softrnic's own state is not.
+using DmaScope = ::ferry::ScopedDmaAccess;
+
 // Host pointer for `addr` (in the MR's iova space).
 inline uint8_t* HostAddr(const Mr* mr, uint64_t addr) {
   return reinterpret_cast<uint8_t*>(mr->start + (addr - mr->iova));
@@ -191,12 +272,13 @@ struct CompChannel {
 
 struct Cq {
   ibv_cq cq;  // Must be first.
-  std::mutex mu;
-  std::vector<ibv_wc> ring;
-  size_t head = 0, count = 0;
-  bool armed = false;
-  bool solicited_only = false;
-  bool overrun = false;
+  ferry::Mutex mu;
+  std::vector<ibv_wc> ring ABSL_GUARDED_BY(mu);
+  size_t head ABSL_GUARDED_BY(mu) = 0;
+  size_t count ABSL_GUARDED_BY(mu) = 0;
+  bool armed ABSL_GUARDED_BY(mu) = false;
+  bool solicited_only ABSL_GUARDED_BY(mu) = false;
+  bool overrun ABSL_GUARDED_BY(mu) = false;
 };
 
 // Adds a completion; reports overrun (IBV_EVENT_CQ_ERR) if the CQ is full,
@@ -284,36 +366,46 @@ struct Qp {
   ibv_qp_cap cap{};
   bool sq_sig_all = false;
 
-  std::mutex mu;          // Guards everything below.
-  ibv_qp_attr attr{};     // Current attributes (state in attr.qp_state).
-  SendQueue sq;           // Posted, not yet completed, in order.
-  size_t send_index = 0;  // sq[0, send_index) have been transmitted.
-  std::deque<RecvWqe> rq;
-  uint32_t next_msn = 0;
-  int retries_left = 0;
-  int rnr_retries_left = 0;
-  Clock::time_point rnr_until{};  // No (re)transmission before this.
-  bool retransmit_pending = false;
-  std::shared_ptr<Connection> conn;  // Outgoing (requester) connection.
-  bool loopback = false;             // The peer QP lives in this process.
+  ferry::Mutex mu;
+  // Current attributes (state in attr.qp_state).
+  ibv_qp_attr attr ABSL_GUARDED_BY(mu){};
+  // Posted, not yet completed, in order.
+  SendQueue sq ABSL_GUARDED_BY(mu);
+  // sq[0, send_index) have been transmitted.
+  size_t send_index ABSL_GUARDED_BY(mu) = 0;
+  std::deque<RecvWqe> rq ABSL_GUARDED_BY(mu);
+  uint32_t next_msn ABSL_GUARDED_BY(mu) = 0;
+  int retries_left ABSL_GUARDED_BY(mu) = 0;
+  int rnr_retries_left ABSL_GUARDED_BY(mu) = 0;
+  // No (re)transmission before this.
+  Clock::time_point rnr_until ABSL_GUARDED_BY(mu){};
+  bool retransmit_pending ABSL_GUARDED_BY(mu) = false;
+  // Outgoing (requester) connection.
+  std::shared_ptr<Connection> conn ABSL_GUARDED_BY(mu);
+  // The connection the listener accepted for this QP (responder side); a
+  // newer HELLO for the QP replaces it.
+  std::shared_ptr<Connection> accepted ABSL_GUARDED_BY(mu);
+  // The peer QP lives in this process.
+  bool loopback ABSL_GUARDED_BY(mu) = false;
   // The same-process peer, found when the QP is connected (so the data
   // path needs no table lookup); unset if it did not exist then.
-  std::weak_ptr<Qp> loop_peer;
-  bool has_loop_peer = false;
-  in_addr peer_ip{};
-  uint16_t peer_port = 0;
+  std::weak_ptr<Qp> loop_peer ABSL_GUARDED_BY(mu);
+  bool has_loop_peer ABSL_GUARDED_BY(mu) = false;
+  in_addr peer_ip ABSL_GUARDED_BY(mu){};
+  uint16_t peer_port ABSL_GUARDED_BY(mu) = 0;
   // Unsignaled WQEs that completed: their SQ slots are retired only when a
   // later signaled WQE completes, as on hardware.
-  uint32_t done_unsignaled = 0;
-  bool in_timer = false;  // Registered with the device timer.
-  bool destroyed = false;
+  uint32_t done_unsignaled ABSL_GUARDED_BY(mu) = 0;
+  // Registered with the device timer.
+  bool in_timer ABSL_GUARDED_BY(dev->timer_mu) = false;
+  bool destroyed ABSL_GUARDED_BY(mu) = false;
   // Responder state (requests from the peer).
-  uint32_t expected_msn = 0;
-  bool rnr_nak_outstanding = false;
-  bool seq_nak_outstanding = false;
+  uint32_t expected_msn ABSL_GUARDED_BY(mu) = 0;
+  bool rnr_nak_outstanding ABSL_GUARDED_BY(mu) = false;
+  bool seq_nak_outstanding ABSL_GUARDED_BY(mu) = false;
 
   // Serializes transmissions so frames leave in MSN order.
-  std::mutex send_mu;
+  ferry::Mutex send_mu;
 };
 
 // The owning reference of a QP handle; null once the QP is destroyed
@@ -324,24 +416,32 @@ inline std::shared_ptr<Qp> SharedQp(ibv_qp* qp) {
 
 // Process-wide QP table, by QP number.
 std::shared_ptr<Qp> FindQp(uint32_t qpn);
+// Every QP of `dev`.
+std::vector<std::shared_ptr<Qp>> QpsOf(const Device* dev);
 
 // Moves the QP to ERR (if not already), flushes both queues with
 // IBV_WC_WR_FLUSH_ERR, and optionally raises an async event. Locks qp->mu.
-void EnterError(const std::shared_ptr<Qp>& qp, int async_event /* -1: none */);
+void EnterError(const std::shared_ptr<Qp>& qp, int async_event /* -1: none */)
+    ABSL_LOCKS_EXCLUDED(qp->mu);
 
 // Data path (requester.cc / responder.cc).
 int PostSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr);
 int PostRecv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
 // Called on the RTR transition: opens the outgoing connection.
 void ConnectQp(const std::shared_ptr<Qp>& qp);
-// Called when a QP leaves RTS/RTR or is destroyed.
-void DisconnectQp(const std::shared_ptr<Qp>& qp);
+// Called when a QP leaves RTS/RTR or is destroyed: closes its outgoing
+// connection and, if `also_accepted` (RESET, destroy), the one its peer
+// opened to it. A QP in ERR keeps that one: it still NAKs through it.
+void DisconnectQp(const std::shared_ptr<Qp>& qp, bool also_accepted);
 // Retransmits / times out. Called by the device timer thread.
 Clock::time_point TimerWork(const std::shared_ptr<Qp>& qp,
                             Clock::time_point now);
 void ScheduleTimer(const std::shared_ptr<Qp>& qp);
 void TimerLoop(Device* dev);
-void AcceptLoop(Device* dev);
+// Runs the device's listener (responder.cc): accepts on `listen_fd`,
+// reads HELLOs through `epoll_fd`, and hands identified connections to
+// threads of their own.
+void AcceptLoop(Device* dev, int listen_fd, int epoll_fd);
 // Closes every connection of `dev` (link down, fault injection).
 void CutDeviceConnections(Device* dev);
 

@@ -18,6 +18,7 @@ typedef int (*softrnic_cut_connections_fn)(const char* dev);
 typedef int (*softrnic_set_delay_us_fn)(const char* dev, uint32_t us);
 typedef int (*softrnic_inject_async_event_fn)(const char* dev, int event);
 typedef int (*softrnic_set_strict_pages_fn)(int on);
+typedef uint64_t (*softrnic_strict_page_violations_fn)(void);
 }
 
 namespace softrnic {
@@ -73,16 +74,28 @@ inline int InjectAsyncEvent(const char* dev, int event) {
 
 // Strict page identity (also FERRY_SOFTRNIC_STRICT_PAGES=1): MRs
 // registered from now on record which physical page backs each of their
-// pages, and an access through an MR whose page has since been replaced
-// (the memory was unmapped and mapped again, as after free() and reuse)
-// fails with a protection error, where a real NIC would silently move the
-// old page's bytes. Needs /proc/self/pagemap with physical frame numbers
-// (root); EPERM otherwise.
+// pages (registration faults the pages in, as ibv_reg_mr pins them, and
+// fails with EFAULT on unmapped memory), and an access through an MR whose
+// page has since been replaced (the memory was unmapped and mapped again,
+// as after free() and reuse) fails with a protection error --
+// IBV_WC_LOC_PROT_ERR for a local SGE, IBV_WC_REM_ACCESS_ERR at the
+// requester for the remote side -- where a real NIC would silently move
+// the old page's bytes. Needs /proc/self/pagemap with physical frame
+// numbers (root outside a user namespace); EPERM otherwise. MRs registered
+// while it was off are not checked.
 inline int SetStrictPages(bool on) {
   auto fn = reinterpret_cast<softrnic_set_strict_pages_fn>(
       dlsym(RTLD_DEFAULT, "softrnic_set_strict_pages"));
   if (fn == nullptr) return errno = ENOSYS, -1;
   return fn(on ? 1 : 0);
+}
+
+// Accesses refused by strict page identity so far (0 if the loaded
+// libibverbs is not softrnic).
+inline uint64_t StrictPageViolations() {
+  auto fn = reinterpret_cast<softrnic_strict_page_violations_fn>(
+      dlsym(RTLD_DEFAULT, "softrnic_strict_page_violations"));
+  return fn != nullptr ? fn() : 0;
 }
 
 }  // namespace softrnic

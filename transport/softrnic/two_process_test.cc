@@ -6,7 +6,11 @@
 // device configuration from FERRY_SOFTRNIC_DEVICES (and its default) is
 // checked in a fresh process.
 #include <arpa/inet.h>
+#include <dirent.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <chrono>
@@ -32,6 +36,36 @@ using ferry::testing::RunfilePath;
 using ferry::testing::Subprocess;
 
 constexpr size_t kPeerBuffer = 1 << 20;
+
+// How many of `fds` the other end has closed once `want` of them are, or
+// `timeout_ms` passed.
+int CountClosedByPeer(const std::vector<int>& fds, int want, int timeout_ms) {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  std::vector<bool> closed(fds.size(), false);
+  int n = 0;
+  while (true) {
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (!closed[i] && ClosedByPeer(fds[i], 0)) {
+        closed[i] = true;
+        ++n;
+      }
+    }
+    if (n >= want || Clock::now() >= deadline) {
+      return n;
+    }
+    usleep(10000);
+  }
+}
+
+// The number of open file descriptors of this process.
+int CountFds() {
+  DIR* d = opendir("/proc/self/fd");
+  if (d == nullptr) return -1;
+  int n = 0;
+  while (readdir(d) != nullptr) ++n;
+  closedir(d);
+  return n - 3;  // ".", ".." and the directory's own descriptor.
+}
 
 std::string Hex64(uint64_t v) {
   char buf[32];
@@ -64,7 +98,9 @@ class TwoProcessTest : public ::testing::Test {
     if (link_down_) softrnic::SetLink("softrnic0", true);
     if (delayed_) softrnic::SetDelayUs("softrnic0", 0);
     if (peer_ != nullptr) peer_->Kill();
+    for (int fd : idle_) close(fd);
     local_.reset();
+    kept_.clear();
     if (ctx_ != nullptr) ibv_close_device(ctx_);
   }
 
@@ -113,7 +149,7 @@ class TwoProcessTest : public ::testing::Test {
     remote_.rkey = static_cast<uint32_t>(std::stoul(w[3]));
 
     std::string err;
-    ctx_ = OpenDeviceByName(local_dev, &err);
+    if (ctx_ == nullptr) ctx_ = OpenDeviceByName(local_dev, &err);
     ASSERT_NE(ctx_, nullptr) << err;
     local_ = Endpoint::Create(ctx_, EndpointOptions(), &err);
     ASSERT_NE(local_, nullptr) << err;
@@ -151,7 +187,40 @@ class TwoProcessTest : public ::testing::Test {
                absl::Milliseconds(kDefaultTimeoutMs + 5000));
   }
 
+  // The peer's listener address (from its GID).
+  std::pair<std::string, uint16_t> PeerListener() const {
+    return {GidIpv4(remote_.gid), GidPort(remote_.gid)};
+  }
+
+  // Opens `n` idle TCP connections from `from` to the peer's listener
+  // (kept in idle_, closed at teardown) and returns them.
+  std::vector<int> OpenIdle(const std::string& from, int n) {
+    std::vector<int> fds;
+    const auto [ip, port] = PeerListener();
+    for (int i = 0; i < n; ++i) {
+      std::string err;
+      int fd = ConnectFrom(from, ip, port, &err);
+      if (fd < 0) {
+        ADD_FAILURE() << "connection " << i << " from " << from << ": " << err;
+        break;
+      }
+      fds.push_back(fd);
+      idle_.push_back(fd);
+    }
+    return fds;
+  }
+
+  // Closes the idle connections opened so far.
+  void CloseIdle() {
+    for (int fd : idle_) close(fd);
+    idle_.clear();
+  }
+
   std::unique_ptr<Subprocess> peer_;
+  std::vector<int> idle_;
+  // Local endpoints of earlier sessions, kept alive as an application
+  // that does not destroy its QPs would.
+  std::vector<std::unique_ptr<Endpoint>> kept_;
   bool link_down_ = false;  // softrnic0 of this process; restored.
   bool delayed_ = false;
   ibv_context* ctx_ = nullptr;
@@ -510,8 +579,11 @@ TEST_F(TwoProcessTest, ResponderErrorsAcrossProcesses) {
     ASSERT_NO_FATAL_FAILURE(ConnectToPeer("softrnic0", "softrnic0", co));
     FillPattern(buf_->data(), 512, 6);
     ASSERT_EQ(PostSendMsg(local_->qp(), 6, buf_, 0, 512), 0);
+    // Neither success nor RNR exhaustion (~570 ms away) before a receive.
     std::vector<ibv_wc> none;
-    EXPECT_EQ(PollCompletions(local_->cq(), 1, &none, 20), 0);
+    EXPECT_EQ(PollCompletions(local_->cq(), 1, &none, 150), 0)
+        << "wr_id " << (none.empty() ? 0 : none[0].wr_id) << " status "
+        << (none.empty() ? "" : ibv_wc_status_str(none[0].status));
     ASSERT_EQ(Ask("recv 7 0 4096").size(), 0u);
     ibv_wc wc = {};
     ASSERT_TRUE(PollOne(local_->cq(), &wc));
@@ -553,7 +625,9 @@ TEST_F(TwoProcessTest, PipelinedAndUnsignaledWrsAcrossProcesses) {
       EXPECT_EQ(wcs[k].wr_id, round * 1000u + (want == 1 ? s - 1 : k));
     }
     std::vector<ibv_wc> extra;
-    EXPECT_EQ(PollCompletions(local_->cq(), 1, &extra, 50), 0);
+    EXPECT_EQ(PollCompletions(local_->cq(), 1, &extra, 250), 0)
+        << "unexpected completion wr_id "
+        << (extra.empty() ? 0 : extra[0].wr_id);
     EXPECT_EQ(Ask(absl::StrCat("sum 0 ", s * chunk)),
               std::vector<std::string>{Hex64(Fnv1a(buf_->data(), s * chunk))});
   }
@@ -594,6 +668,179 @@ TEST_F(TwoProcessTest, SendSucceedsWhenResponderExitsRightAfterReceive) {
   }
   EXPECT_EQ(failures, 0) << "SEND failed although the peer received it:"
                          << statuses;
+}
+
+// ===========================================================================
+// Hostile connections to a softrnic listener (the peer is the target).
+
+// A connection that never completes its HELLO is closed after the
+// handshake timeout, however it stalls; the listener keeps serving.
+TEST_F(TwoProcessTest, HandshakeTimeoutClosesConnectionsThatSayNothing) {
+  ASSERT_NO_FATAL_FAILURE(
+      StartPeer({"--setenv=FERRY_SOFTRNIC_HANDSHAKE_TIMEOUT_MS=300"}));
+  ASSERT_NO_FATAL_FAILURE(ConnectToPeer("softrnic0", "softrnic0"));
+  std::vector<int> fds = OpenIdle("127.0.0.9", 4);
+  ASSERT_EQ(fds.size(), 4u);
+  // Half a header, then silence.
+  ASSERT_EQ(send(fds[0], "SRNC\x01\x01", 6, MSG_NOSIGNAL), 6);
+  const auto start = Clock::now();
+  EXPECT_EQ(CountClosedByPeer(fds, 4, 5000), 4)
+      << "idle connections still open after 5 s; handshake timeout 300 ms";
+  EXPECT_GE(MsSince(start), 200) << "closed before the handshake timeout";
+  ASSERT_NO_FATAL_FAILURE(WriteToPeerAndCheck(0, 65536, 1));
+}
+
+// Connections from one source address beyond the per-address cap, and
+// from all addresses beyond the global cap, are closed at once; the
+// legitimate QP keeps working throughout, and once the attacker leaves a
+// new QP connects again.
+TEST_F(TwoProcessTest, ConnectionCapsPerAddressAndGlobal) {
+  ASSERT_NO_FATAL_FAILURE(
+      StartPeer({"--setenv=FERRY_SOFTRNIC_HANDSHAKE_TIMEOUT_MS=60000",
+                 "--setenv=FERRY_SOFTRNIC_MAX_CONNECTIONS=20",
+                 "--setenv=FERRY_SOFTRNIC_MAX_CONNECTIONS_PER_ADDRESS=8"}));
+  ASSERT_NO_FATAL_FAILURE(ConnectToPeer("softrnic0", "softrnic0"));
+  ASSERT_NO_FATAL_FAILURE(WriteToPeerAndCheck(0, 4096, 1));
+  // The legitimate connection (from 127.0.0.1) holds one of the 20.
+  std::vector<int> a = OpenIdle("127.0.0.9", 12);
+  ASSERT_EQ(a.size(), 12u);
+  // Admission is in arrival order: the first 8 stay, the last 4 are
+  // refused, so once 4 are closed all 12 were seen.
+  EXPECT_EQ(CountClosedByPeer(a, 4, 5000), 4) << "per-address cap is 8";
+  std::vector<int> b = OpenIdle("127.0.0.10", 12);
+  ASSERT_EQ(b.size(), 12u);
+  // 1 + 8 + 8 = 17: three more fit under the global cap of 20.
+  EXPECT_EQ(CountClosedByPeer(b, 4, 5000), 4) << "per-address cap is 8";
+  std::vector<int> c = OpenIdle("127.0.0.11", 6);
+  ASSERT_EQ(c.size(), 6u);
+  EXPECT_EQ(CountClosedByPeer(c, 3, 5000), 3) << "global cap is 20";
+  // The admitted ones stay open (no handshake timeout yet).
+  int open_ones = 0;
+  for (const auto* v : {&a, &b, &c}) {
+    for (int fd : *v) open_ones += ClosedByPeer(fd, 0) ? 0 : 1;
+  }
+  EXPECT_EQ(open_ones, 19);
+  ASSERT_NO_FATAL_FAILURE(WriteToPeerAndCheck(0, 65536, 2));
+  // The attacker leaves: a new QP pair connects and works.
+  CloseIdle();
+  ASSERT_NO_FATAL_FAILURE(Disconnect());
+  ASSERT_NO_FATAL_FAILURE(ConnectToPeer("softrnic0", "softrnic0"));
+  ASSERT_NO_FATAL_FAILURE(WriteToPeerAndCheck(0, 65536, 3));
+}
+
+// With the target's descriptors exhausted by idle connections, accept
+// fails with EMFILE: the target backs off instead of spinning, and serves
+// again once the attacker has left.
+TEST_F(TwoProcessTest, FdExhaustionBacksOffAndRecovers) {
+  ASSERT_NO_FATAL_FAILURE(
+      StartPeer({"--setenv=FERRY_SOFTRNIC_HANDSHAKE_TIMEOUT_MS=60000"}));
+  ASSERT_NO_FATAL_FAILURE(ConnectToPeer("softrnic0", "softrnic0"));
+  ASSERT_NO_FATAL_FAILURE(WriteToPeerAndCheck(0, 4096, 1));
+  rlimit old = {};
+  ASSERT_EQ(prlimit(peer_->pid(), RLIMIT_NOFILE, nullptr, &old), 0)
+      << strerror(errno);
+  rlimit lim = {64, old.rlim_max};  // Only the soft limit: no privilege.
+  ASSERT_EQ(prlimit(peer_->pid(), RLIMIT_NOFILE, &lim, nullptr), 0)
+      << strerror(errno);
+  // From several addresses, so that no per-address cap stops them first.
+  for (int i = 0; i < 8; ++i) {
+    OpenIdle("127.0.0." + std::to_string(20 + i), 12);
+  }
+  // The peer's CPU time over a second of EMFILE.
+  auto cpu_ms = [&]() -> int64_t {
+    FILE* f =
+        fopen(("/proc/" + std::to_string(peer_->pid()) + "/stat").c_str(), "r");
+    if (f == nullptr) return -1;
+    char buf[1024] = {};
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    std::string s(buf, n);
+    size_t paren = s.rfind(')');
+    if (paren == std::string::npos) return -1;
+    std::vector<std::string> f2 =
+        absl::StrSplit(s.substr(paren + 2), ' ', absl::SkipEmpty());
+    if (f2.size() < 13) return -1;
+    // utime and stime are fields 14 and 15 (11 and 12 after the name).
+    return (std::stoll(f2[11]) + std::stoll(f2[12])) * 1000 /
+           sysconf(_SC_CLK_TCK);
+  };
+  const int64_t before = cpu_ms();
+  ASSERT_GE(before, 0);
+  const auto start = Clock::now();
+  usleep(1000000);  // Measures a rate; orders nothing.
+  const int64_t used = cpu_ms() - before;
+  const int64_t wall = MsSince(start);
+  EXPECT_LT(used, wall / 5) << "the target burnt " << used << " ms of CPU in "
+                            << wall << " ms while out of descriptors";
+  CloseIdle();
+  ASSERT_EQ(prlimit(peer_->pid(), RLIMIT_NOFILE, &old, nullptr), 0)
+      << strerror(errno);
+  ASSERT_NO_FATAL_FAILURE(Disconnect());
+  ASSERT_NO_FATAL_FAILURE(ConnectToPeer("softrnic0", "softrnic0"));
+  ASSERT_NO_FATAL_FAILURE(WriteToPeerAndCheck(0, 65536, 2));
+}
+
+// ===========================================================================
+// Dead peers.
+
+// Sessions with peers that are then killed leave no descriptor behind
+// here, although the local QPs stay (as an application's endpoint cache
+// keeps them); a QP whose peer died then fails its next request as RC
+// hardware does.
+TEST_F(TwoProcessTest, KilledPeersLeaveNoDescriptorsBehind) {
+  std::string err;
+  ctx_ = OpenDeviceByName("softrnic0", &err);
+  ASSERT_NE(ctx_, nullptr) << err;
+  const int baseline = CountFds();
+  ASSERT_GT(baseline, 0);
+  ConnectOptions co;
+  co.timeout = 10;  // ~4 ms.
+  co.retry_cnt = 3;
+  constexpr int kSessions = 8;
+  for (int i = 0; i < kSessions; ++i) {
+    SCOPED_TRACE("session " + std::to_string(i));
+    ASSERT_NO_FATAL_FAILURE(StartPeer());
+    ASSERT_NO_FATAL_FAILURE(ConnectToPeer("softrnic0", "softrnic0", co));
+    // Traffic both ways: the peer writes here, this process writes there.
+    ASSERT_NO_FATAL_FAILURE(WriteToPeerAndCheck(0, 4096, 1));
+    ASSERT_EQ(Ask("fill 0 4096 7").size(), 0u);
+    ASSERT_EQ(
+        Ask(absl::StrCat("write 9 0 4096 ", buf_->addr(), " ", buf_->rkey()))
+            .size(),
+        0u);
+    std::vector<std::string> r = PeerPoll();
+    ASSERT_EQ(r.size(), 5u);
+    EXPECT_EQ(r[1], std::to_string(IBV_WC_SUCCESS));
+    if (i % 2 == 0) {
+      peer_->Kill();
+    } else {
+      EXPECT_EQ(Ask("quit").size(), 0u);
+      EXPECT_OK(peer_->Finish(absl::Seconds(10)));
+    }
+    peer_.reset();
+    buf_ = nullptr;
+    kept_.push_back(std::move(local_));
+  }
+  // The peers' exits are seen asynchronously: wait for the count to drop.
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  int now = CountFds();
+  while (now > baseline && Clock::now() < deadline) {
+    usleep(10000);
+    now = CountFds();
+  }
+  EXPECT_LE(now, baseline) << kSessions << " sessions with dead peers left "
+                           << now - baseline << " descriptors open";
+  // The oldest QP's peer is gone: its next WRITE ends in RETRY_EXC_ERR.
+  Endpoint* old = kept_.front().get();
+  Buffer* b = old->Reg(4096);
+  ASSERT_NE(b, nullptr);
+  ASSERT_EQ(PostRdma(old->qp(), IBV_WR_RDMA_WRITE, 77, b, 0, 4096, 0x1000, 1),
+            0);
+  ibv_wc wc = {};
+  ASSERT_TRUE(PollOne(old->cq(), &wc));
+  EXPECT_EQ(wc.wr_id, 77u);
+  EXPECT_EQ(wc.status, IBV_WC_RETRY_EXC_ERR) << ibv_wc_status_str(wc.status);
+  EXPECT_EQ(QpState(old->qp()), IBV_QPS_ERR);
 }
 
 // Parses "name=gidhex ..." into (name, dotted IPv4) pairs.

@@ -20,15 +20,29 @@
 //   exit_on_recv <wr_id> <off> <len> -> ok; then, once the receive has
 //       completed, "ok <wr_id> <status>" and the process exits at once, as
 //       an application that got its last message would
+//   run <shell command>            -> ok, or err <exit status> (e.g. ip
+//                                     commands in the peer's namespace)
+//   gid                            -> ok <gid hex> (of the open device)
+//   await_event <type> <timeout_ms> -> ok once async event <type> arrived
+//                                     (others are skipped), or err timeout
+//   no_event <ms>                  -> ok if no async event arrives within
+//                                     <ms>, else err <event type>
+//   strict <0|1>                   -> ok, or err <errno> (SetStrictPages)
+//   remap <off> <len> <seed>       -> ok: maps new memory (FillPattern seed)
+//                                     over buffer pages [off, off+len), as a
+//                                     free() and reuse would
+//   violations                     -> ok <StrictPageViolations()>
 //   quit                           -> ok, then exits 0 (as on stdin EOF)
 // Flags --setenv=NAME=VALUE and --unsetenv=NAME change the environment and
 // re-execute the peer before any verb runs, so that softrnic reads its
 // device configuration from the changed environment.
 #include <arpa/inet.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <sstream>
@@ -60,7 +74,64 @@ class Peer {
       if (!(in >> dev >> size)) return "err usage";
       return Open(dev, size);
     }
+    if (cmd == "run") {
+      std::string rest;
+      std::getline(in, rest);
+      const int rc = std::system(rest.c_str());
+      return rc == 0 ? "ok" : "err " + std::to_string(rc);
+    }
+    if (cmd == "strict") {
+      int on = 0;
+      if (!(in >> on)) return "err usage";
+      if (softrnic::SetStrictPages(on != 0) != 0) {
+        return "err " + std::to_string(errno);
+      }
+      return "ok";
+    }
+    if (cmd == "violations") {
+      return "ok " + std::to_string(softrnic::StrictPageViolations());
+    }
     if (endpoint_ == nullptr) return "err not open";
+    if (cmd == "remap") {
+      size_t off, len;
+      uint32_t seed;
+      if (!(in >> off >> len >> seed)) return "err usage";
+      if (off % 4096 != 0 || len % 4096 != 0 || off + len > buf_->size()) {
+        return "err bad range";
+      }
+      void* p = mmap(buf_->data() + off, len, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+      if (p == MAP_FAILED) return "err mmap";
+      FillPattern(static_cast<uint8_t*>(p), len, seed);
+      return "ok";
+    }
+    if (cmd == "gid") {
+      ibv_gid gid = {};
+      if (ibv_query_gid(ctx_, 1, 0, &gid) != 0) return "err query_gid";
+      return "ok " + GidToHex(gid);
+    }
+    if (cmd == "await_event") {
+      int type = 0, timeout_ms = 0;
+      if (!(in >> type >> timeout_ms)) return "err usage";
+      ibv_async_event ev = {};
+      std::vector<ibv_event_type> skipped;
+      if (!WaitAsyncEvent(ctx_, static_cast<ibv_event_type>(type), &ev,
+                          timeout_ms, &skipped)) {
+        std::string seen;
+        for (ibv_event_type t : skipped) seen += " " + std::to_string(t);
+        return "err timeout; saw" + seen;
+      }
+      return "ok";
+    }
+    if (cmd == "no_event") {
+      int ms = 0;
+      if (!(in >> ms)) return "err usage";
+      ibv_async_event ev = {};
+      if (NextAsyncEvent(ctx_, &ev, ms)) {
+        return "err " + std::to_string(ev.event_type);
+      }
+      return "ok";
+    }
     if (cmd == "close") {
       endpoint_.reset();
       buf_ = nullptr;

@@ -579,6 +579,49 @@ inline void SendToListener(const std::string& ip, uint16_t port,
   close(fd);
 }
 
+// A TCP connection from source address `from` to ip:port, or -1 with
+// *error set.
+inline int ConnectFrom(const std::string& from, const std::string& ip,
+                       uint16_t port, std::string* error) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    *error = std::string("socket: ") + strerror(errno);
+    return -1;
+  }
+  sockaddr_in local = {};
+  local.sin_family = AF_INET;
+  inet_pton(AF_INET, from.c_str(), &local.sin_addr);
+  sockaddr_in sa = {};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(port);
+  inet_pton(AF_INET, ip.c_str(), &sa.sin_addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&local), sizeof(local)) != 0 ||
+      connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+    *error = std::string("bind/connect: ") + strerror(errno);
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Whether the other end has closed `fd` (EOF or reset) within
+// `timeout_ms`. Bytes the other end sent are consumed.
+inline bool ClosedByPeer(int fd, int timeout_ms) {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (true) {
+    char buf[256];
+    ssize_t n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return true;
+    if (n > 0) continue;
+    const int64_t left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                             deadline - Clock::now())
+                             .count();
+    if (left <= 0) return false;
+    pollfd pfd = {fd, POLLIN | POLLRDHUP, 0};
+    poll(&pfd, 1, static_cast<int>(left));
+  }
+}
+
 inline void PutBe32(std::vector<uint8_t>* v, uint32_t x) {
   for (int s = 24; s >= 0; s -= 8) v->push_back(static_cast<uint8_t>(x >> s));
 }

@@ -43,6 +43,19 @@ bool HasPayload(FrameType t) {
          t == FrameType::kReadResp;
 }
 
+bool IsRequestFor(const Frame& f, uint32_t qpn) {
+  switch (f.type) {
+    case FrameType::kSend:
+    case FrameType::kSendImm:
+    case FrameType::kWrite:
+    case FrameType::kWriteImm:
+    case FrameType::kRead:
+      return f.qpn == qpn;
+    default:
+      return false;
+  }
+}
+
 void EncodeFrame(const Frame& f, uint8_t out[kHeaderBytes]) {
   Put<uint32_t>(out, htobe32(kWireMagic));
   out[4] = kWireVersion;

@@ -66,6 +66,11 @@ bool DecodeFrame(const uint8_t in[kHeaderBytes], uint32_t max_length, Frame* f);
 // Whether this frame type carries `length` payload bytes.
 bool HasPayload(FrameType t);
 
+// Whether a (decoded) frame is a request a responder serving QP `qpn`
+// executes: SEND, WRITE (with or without immediate) or READ, addressed to
+// that QP. Anything else on an accepted connection is a protocol violation.
+bool IsRequestFor(const Frame& f, uint32_t qpn);
+
 }  // namespace softrnic
 
 #endif  // FERRY_TRANSPORT_SOFTRNIC_WIRE_H_
