@@ -129,6 +129,9 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
     ep->set_transport(name);
     if (s.ok()) s = (*transport)->Install(env, ep);
     if (!s.ok()) {
+      // The half-installed transport goes first: its shutdown still uses
+      // the peer channel, which ReleaseAll releases.
+      transport = absl::CancelledError("not installed");
       ReleaseAll();
       return absl::Status(s.code(), absl::StrCat("installing transport '", name,
                                                  "': ", s.message()));

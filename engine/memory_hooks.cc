@@ -41,6 +41,8 @@ std::atomic<MemoryWatcher*> g_active_watchers[MemoryWatcher::kMaxWatchers];
 MemoryWatcher g_overflow_watcher;
 
 void** g_curbrk = nullptr;  // glibc's record of the program break.
+// Which hooks are in (in the order of DoInstall's table).
+bool g_hooked[6] = {};
 
 struct Counts {
   std::atomic<uint64_t> munmap{0}, mremap{0}, madvise{0}, mmap_fixed{0}, brk{0},
@@ -118,13 +120,27 @@ FERRY_UNINSTRUMENTED void OnShmdt(uintptr_t) {
 // them sees either the mov or the jmp, never a mix.
 
 constexpr size_t kSiteBytes = 5;
-constexpr size_t kTrampolineBytes = 96;
+constexpr size_t kTrampolineBytes = 128;
 
 struct Hook {
   const char* name;
   uint32_t nr;
   void* callback;
+  // Where to patch when the system call's own `mov` cannot be written
+  // atomically: the bytes of one whole, position-independent instruction
+  // shortly before it (null: none known).
+  const uint8_t* alternative = nullptr;
+  size_t alternative_bytes = 0;
+  // Whether libc can work without this hook (the MR cache then misses the
+  // releases it would have seen).
+  bool optional = false;
 };
+
+// glibc 2.36's mmap checks the offset with `test $0xfff,%r9d` before
+// `mov $9,%eax; syscall`; that 7-byte instruction is a second place to
+// hook it (the arguments are all in place by then).
+constexpr uint8_t kMmapOffsetTest[] = {0x41, 0xf7, 0xc1, 0xff,
+                                       0x0f, 0x00, 0x00};
 
 FERRY_UNINSTRUMENTED bool Cas16(void* p, const uint64_t expected[2],
                                 const uint64_t desired[2]) {
@@ -182,8 +198,16 @@ uint8_t* MapNear(uintptr_t near) {
   return nullptr;
 }
 
-// Writes the trampoline for `hook` at `t`, returning to `resume`.
-void WriteTrampoline(uint8_t* t, const Hook& hook, const uint8_t* resume) {
+// A place to patch: `displaced` bytes of whole, position-independent
+// instructions at `at` (the first 5 become the jump), run by the
+// trampoline after the callback, which then resumes right after them.
+struct Site {
+  uint8_t* at = nullptr;
+  size_t displaced = 0;
+};
+
+// Writes the trampoline for `hook` at `t`.
+void WriteTrampoline(uint8_t* t, const Hook& hook, const Site& site) {
   static const uint8_t kSave[] = {
       0x48, 0x8d, 0x64, 0x24, 0x80,  // lea -0x80(%rsp),%rsp: the red zone
       0x50, 0x57, 0x56, 0x52, 0x51,  // push rax rdi rsi rdx rcx
@@ -203,7 +227,6 @@ void WriteTrampoline(uint8_t* t, const Hook& hook, const uint8_t* resume) {
       0x41, 0x59, 0x41, 0x58,        // pop r9 r8
       0x59, 0x5a, 0x5e, 0x5f, 0x58,  // pop rcx rdx rsi rdi rax
       0x48, 0x8d, 0xa4, 0x24, 0x80, 0x00, 0x00, 0x00,  // lea 0x80(%rsp),%rsp
-      0xb8,  // mov $nr,%eax (displaced)
   };
   uint8_t* p = t;
   std::memcpy(p, kSave, sizeof(kSave));
@@ -213,9 +236,10 @@ void WriteTrampoline(uint8_t* t, const Hook& hook, const uint8_t* resume) {
   p += 8;
   std::memcpy(p, kRestore, sizeof(kRestore));
   p += sizeof(kRestore);
-  std::memcpy(p, &hook.nr, 4);
-  p += 4;
-  *p++ = 0xe9;  // jmp rel32 back to the syscall instruction.
+  std::memcpy(p, site.at, site.displaced);  // The displaced instructions.
+  p += site.displaced;
+  *p++ = 0xe9;  // jmp rel32 back into libc, after them.
+  const uint8_t* resume = site.at + site.displaced;
   const int32_t back = static_cast<int32_t>(resume - (p + 4));
   std::memcpy(p, &back, 4);
 }
@@ -305,17 +329,23 @@ absl::Status DoInstall() {
       {"munmap", SYS_munmap, reinterpret_cast<void*>(&OnMunmap)},
       {"mremap", SYS_mremap, reinterpret_cast<void*>(&OnMremap)},
       {"madvise", SYS_madvise, reinterpret_cast<void*>(&OnMadvise)},
-      {"mmap", SYS_mmap, reinterpret_cast<void*>(&OnMmap)},
+      {"mmap", SYS_mmap, reinterpret_cast<void*>(&OnMmap), kMmapOffsetTest,
+       sizeof(kMmapOffsetTest), /*optional=*/true},
       {"brk", SYS_brk, reinterpret_cast<void*>(&OnBrk)},
       {"shmdt", SYS_shmdt, reinterpret_cast<void*>(&OnShmdt)},
   };
   constexpr int kHooks = sizeof(hooks) / sizeof(hooks[0]);
   // Find every site, and where its trampoline may go, before touching
   // anything, so that a libc that looks unexpected is left alone.
-  uint8_t* sites[kHooks];
+  Site sites[kHooks];
   uint8_t* tramps[kHooks];
+  bool skip[kHooks] = {};
   uint8_t* shared = nullptr;
   const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  auto shared_page = [&](const uint8_t* near) -> uint8_t* {
+    if (shared == nullptr) shared = MapNear(reinterpret_cast<uintptr_t>(near));
+    return shared;
+  };
   for (int i = 0; i < kHooks; ++i) {
     void* fn = dlsym(libc, hooks[i].name);
     const size_t size = SymbolSize(fn);
@@ -326,41 +356,54 @@ absl::Status DoInstall() {
           absl::StrCat("libc's ", hooks[i].name,
                        " does not make its system call the expected way"));
     }
-    sites[i] = static_cast<uint8_t*>(fn) + at;
-    const SitePlan plan = PlanSite(sites[i]);
+    Site site{static_cast<uint8_t*>(fn) + at, kSiteBytes};
+    const SitePlan plan = PlanSite(site.at);
+    tramps[i] = nullptr;
     if (plan.atomic_any_target) {
-      if (shared == nullptr) {
-        shared = MapNear(reinterpret_cast<uintptr_t>(sites[i]));
-        if (shared == nullptr) {
-          return absl::ResourceExhaustedError(
-              "no room for the memory hooks' trampolines near libc");
-        }
-      }
-      tramps[i] = shared + i * kTrampolineBytes;
-      const int64_t reach = tramps[i] - (sites[i] + kSiteBytes);
-      if (reach > INT32_MAX || reach < INT32_MIN) {
-        return absl::ResourceExhaustedError(
-            "the memory hooks' trampolines are out of a jump's reach");
-      }
-    } else {
-      // Its jump must land close after it; a page of its own there.
-      const uintptr_t from = reinterpret_cast<uintptr_t>(sites[i]) + kSiteBytes;
-      uint8_t* own = plan.max_forward == 0
-                         ? nullptr
-                         : MapInRange(from, from + plan.max_forward);
-      if (own == nullptr) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "libc's ", hooks[i].name,
-            " cannot be patched atomically (its system call straddles a "
-            "16-byte block and no page is free close after it)"));
-      }
-      tramps[i] = own;
+      tramps[i] = shared_page(site.at);
+    } else if (plan.max_forward != 0) {
+      // Its jump must land close after it: a page of its own there.
+      const uintptr_t from = reinterpret_cast<uintptr_t>(site.at) + kSiteBytes;
+      tramps[i] = MapInRange(from, from + plan.max_forward);
     }
+    if (tramps[i] == nullptr && hooks[i].alternative != nullptr) {
+      // The known instruction right before the system call, if it is
+      // there and can be written atomically.
+      const uint8_t* a = static_cast<const uint8_t*>(fn);
+      for (int j = 0; j + hooks[i].alternative_bytes <= static_cast<size_t>(at);
+           ++j) {
+        if (std::memcmp(a + j, hooks[i].alternative,
+                        hooks[i].alternative_bytes) != 0 ||
+            !PlanSite(a + j).atomic_any_target) {
+          continue;
+        }
+        site = Site{static_cast<uint8_t*>(fn) + j, hooks[i].alternative_bytes};
+        tramps[i] = shared_page(site.at);
+        break;
+      }
+    }
+    if (tramps[i] != nullptr && tramps[i] == shared) {
+      tramps[i] = shared + i * kTrampolineBytes;
+      const int64_t reach = tramps[i] - (site.at + kSiteBytes);
+      if (reach > INT32_MAX || reach < INT32_MIN) tramps[i] = nullptr;
+    }
+    if (tramps[i] == nullptr) {
+      if (hooks[i].optional) {
+        skip[i] = true;  // See MemoryHookCoverage.
+        continue;
+      }
+      return absl::FailedPreconditionError(absl::StrCat(
+          "libc's ", hooks[i].name,
+          " cannot be patched atomically (its system call straddles a "
+          "16-byte block and no page is free close after it)"));
+    }
+    sites[i] = site;
   }
   for (int i = 0; i < kHooks; ++i) {
-    WriteTrampoline(tramps[i], hooks[i], sites[i] + kSiteBytes);
+    if (!skip[i]) WriteTrampoline(tramps[i], hooks[i], sites[i]);
   }
   for (int i = 0; i < kHooks; ++i) {
+    if (skip[i]) continue;
     const uintptr_t tpage =
         reinterpret_cast<uintptr_t>(tramps[i]) & ~(page - 1);
     if (mprotect(reinterpret_cast<void*>(tpage), page, PROT_READ | PROT_EXEC) !=
@@ -370,27 +413,29 @@ absl::Status DoInstall() {
     }
   }
   for (int i = 0; i < kHooks; ++i) {
+    if (skip[i]) continue;
+    uint8_t* at = sites[i].at;
     uint8_t jmp[kSiteBytes] = {0xe9};
-    const int32_t rel =
-        static_cast<int32_t>(tramps[i] - (sites[i] + kSiteBytes));
+    const int32_t rel = static_cast<int32_t>(tramps[i] - (at + kSiteBytes));
     std::memcpy(jmp + 1, &rel, 4);
-    const uintptr_t begin = reinterpret_cast<uintptr_t>(sites[i]) & ~(page - 1);
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(at) & ~(page - 1);
     const uintptr_t end =
-        (reinterpret_cast<uintptr_t>(sites[i]) + 16 + page - 1) & ~(page - 1);
+        (reinterpret_cast<uintptr_t>(at) + 16 + page - 1) & ~(page - 1);
     void* pages = reinterpret_cast<void*>(begin);
     if (mprotect(pages, end - begin, PROT_READ | PROT_WRITE | PROT_EXEC) != 0) {
       return absl::PermissionDeniedError(
           absl::StrCat("cannot make libc's ", hooks[i].name,
                        " writable: ", std::strerror(errno)));
     }
-    absl::Status s = WriteSite(sites[i], jmp);
-    __builtin___clear_cache(reinterpret_cast<char*>(sites[i]),
-                            reinterpret_cast<char*>(sites[i]) + kSiteBytes);
+    absl::Status s = WriteSite(at, jmp);
+    __builtin___clear_cache(reinterpret_cast<char*>(at),
+                            reinterpret_cast<char*>(at) + kSiteBytes);
     if (mprotect(pages, end - begin, PROT_READ | PROT_EXEC) != 0 && s.ok()) {
       s = absl::InternalError(absl::StrCat(
           "cannot restore libc's code protection: ", std::strerror(errno)));
     }
     if (!s.ok()) return s;
+    g_hooked[i] = true;
   }
   return absl::OkStatus();
 #endif
@@ -486,6 +531,11 @@ uint64_t MemoryWatcher::Drain(std::vector<Range>* out, bool* overflow) {
 
 void MemoryWatcher::Acknowledge(uint64_t seen) {
   drained_events_.store(seen, std::memory_order_release);
+}
+
+bool MemoryHookCoversFixedMmap() {
+  InstallMemoryHooks().IgnoreError();
+  return g_hooked[3];
 }
 
 MemoryHookCounts GetMemoryHookCounts() {

@@ -103,6 +103,12 @@ class MemoryWatcher {
   int slot_ = -1;
 };
 
+// Whether mmap(MAP_FIXED) over live memory is seen. It is hooked where its
+// code can be patched atomically (always on glibc 2.36 as Debian builds
+// it); allocators release memory with munmap, madvise and brk, which are
+// always hooked, so the MR cache stays correct for them without it.
+bool MemoryHookCoversFixedMmap();
+
 // For tests: how many times the hooks ran (all watchers), per call kind.
 struct MemoryHookCounts {
   uint64_t munmap = 0, mremap = 0, madvise = 0, mmap_fixed = 0, brk = 0,
