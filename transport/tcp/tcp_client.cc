@@ -81,13 +81,16 @@ class TcpClient::Conn : public EventLoop::Handler {
   bool connected() const { return connected_; }
   int fd() const { return fd_.get(); }
 
+  // Queues `slice`; FlushAll sends it (one sendmsg for a batch).
   void Add(Slice* slice, absl::Time now) {
     session_.Add(slice);
     last_busy_ = now;
-    if (connected_) {
-      Flush(now);
-      if (!closed_) UpdateInterest();
-    }
+  }
+
+  // Sends what it can and updates the poll interest.
+  void FlushAndWatch(absl::Time now) {
+    Flush(now);
+    if (!closed_) UpdateInterest();
   }
 
   void OnEvents(uint32_t events, absl::Time now) override {
@@ -151,7 +154,10 @@ class TcpClient::Conn : public EventLoop::Handler {
       msg.msg_iovlen = session_.PrepareOutput(iov, kMaxIov);
       const ssize_t n = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL);
       if (n > 0) {
+        size_t offered = 0;
+        for (size_t i = 0; i < msg.msg_iovlen; ++i) offered += iov[i].iov_len;
         session_.OnSent(n);
+        if (static_cast<size_t>(n) < offered) return;  // The socket is full.
         continue;
       }
       if (n < 0 && errno == EINTR) continue;
@@ -379,8 +385,19 @@ void TcpClient::Drain(const std::shared_ptr<Pool>& pool, absl::Time now) {
     pool->wake_posted = false;
   }
   for (Slice* slice : slices) Dispatch(pool.get(), slice, now, false);
+  FlushAll(pool.get(), now);
   pool->loop->loop->TickBy(now + kBusyTick);
   MaybeRetire(pool.get());
+}
+
+void TcpClient::FlushAll(Pool* pool, absl::Time now) {
+  std::vector<Conn*> conns;
+  for (auto& c : pool->conns) {
+    if (c->connected() && c->session().has_output()) conns.push_back(c.get());
+  }
+  for (Conn* c : conns) {
+    if (!c->closed()) c->FlushAndWatch(now);  // May close others.
+  }
 }
 
 void TcpClient::Dispatch(Pool* pool, Slice* slice, absl::Time now, bool retry) {
@@ -505,6 +522,7 @@ void TcpClient::OnConnClosed(Pool* pool, Conn* conn, const absl::Status& cause,
     retries_.fetch_add(1, std::memory_order_relaxed);
     Dispatch(pool, slice, now, /*retry=*/true);
   }
+  if (!retry.empty()) FlushAll(pool, now);
   MaybeRetire(pool);
 }
 

@@ -95,6 +95,8 @@ class TcpClient {
   // back-off allow; fails it if there is none. `retry`: it comes back from
   // a closed connection (not a fast failure if it fails here).
   void Dispatch(Pool* pool, Slice* slice, absl::Time now, bool retry);
+  // Sends what the pool's connections have queued.
+  void FlushAll(Pool* pool, absl::Time now);
   // Starts a connection; nullptr (and `*error`) if that failed at once.
   Conn* OpenConn(Pool* pool, absl::Time now, absl::Status* error);
   // A connection closed: completes and retries its slices, learns for the

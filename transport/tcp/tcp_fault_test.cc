@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -313,6 +314,47 @@ TEST_F(TcpFaultTest, KilledPeerFailsWriteAtOnce) {
     EXPECT_STATUS(s, absl::StatusCode::kUnavailable);
   }
   for (absl::Time t : sink.times()) EXPECT_LT(t - killed, absl::Seconds(3));
+}
+
+// Issue 9, defect 2: with a thread limit (a container's pids limit), a
+// target must neither abort when it cannot create a thread nor need one
+// per connection. Run as nobody with RLIMIT_NPROC (root is exempt).
+TEST_F(TcpFaultTest, ThreadLimitNeverAborts) {
+  // No thread to spare at all: Install fails cleanly.
+  {
+    ASSERT_OK_AND_ASSIGN(
+        auto peer,
+        Subprocess::Start(
+            {RunfilePath("transport/tcp/tcp_test_peer"), "--nproc_limit=1"}));
+    ASSERT_OK_AND_ASSIGN(std::string line, peer->ReadLine(absl::Seconds(30)));
+    if (absl::StartsWith(line, "ERR cannot drop")) {
+      GTEST_SKIP() << "no user to drop to here (a sandbox?): " << line;
+    }
+    EXPECT_TRUE(absl::StartsWith(line, "ERR RESOURCE_EXHAUSTED")) << line;
+    ASSERT_OK_AND_ASSIGN(int code, peer->Finish(absl::Seconds(10)));
+    EXPECT_EQ(code, 1) << "died instead of failing cleanly";
+  }
+  // Just enough threads for the transport: 200 connections need none.
+  StartPeer({"--nproc_limit=4"});
+  std::vector<UniqueFd> conns;
+  for (int i = 0; i < 200; ++i) {
+    UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_in src{};
+    src.sin_family = AF_INET;
+    src.sin_addr.s_addr = htonl(0x7f000040 + i % 10);  // 127.0.0.64..73
+    ASSERT_EQ(::bind(fd.get(), reinterpret_cast<sockaddr*>(&src), sizeof(src)),
+              0);
+    sockaddr_in dst{};
+    dst.sin_family = AF_INET;
+    dst.sin_port = htons(port_);
+    dst.sin_addr.s_addr = htonl(0x7f000001);
+    ASSERT_EQ(
+        ::connect(fd.get(), reinterpret_cast<sockaddr*>(&dst), sizeof(dst)), 0);
+    conns.push_back(std::move(fd));
+  }
+  ASSERT_OK(VerifiedTransfer(31));
+  ASSERT_OK_AND_ASSIGN(PeerStats st, Stats());
+  EXPECT_LE(st.threads, 4);
 }
 
 }  // namespace

@@ -51,40 +51,51 @@ class TcpServer::Conn : public EventLoop::Handler {
   void OnEvents(uint32_t events, absl::Time now) override {
     if (session_ == nullptr) return;  // Closed earlier in this batch.
     for (int round = 0; round < kMaxRounds; ++round) {
-      bool progress = false;
-      if (session_->wants_input()) {
+      // Read until the socket is drained (a short read) or input pauses.
+      bool paused = false;
+      for (int reads = 0; reads < kMaxRounds; ++reads) {
+        if (!session_->wants_input()) {
+          paused = true;
+          break;
+        }
         auto [buf, len] = session_->InputBuffer();
         const ssize_t n = ::recv(fd_.get(), buf, len, 0);
         if (n > 0) {
-          progress = true;
           if (absl::Status s = session_->OnReceived(n, now); !s.ok()) {
             server_->bad_frames_.fetch_add(1, std::memory_order_relaxed);
             return Close();
           }
-        } else if (n == 0) {
-          return Close();  // The peer closed.
-        } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-          return Close();
+          if (static_cast<size_t>(n) < len) break;
+          continue;
         }
+        if (n == 0) return Close();  // The peer closed.
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+        return Close();
       }
-      if (session_->has_output()) {
+      // Write until the socket is full or nothing is left.
+      while (session_->has_output()) {
         iovec iov[kMaxIov];
         msghdr msg{};
         msg.msg_iov = iov;
         msg.msg_iovlen = session_->PrepareOutput(iov, kMaxIov);
+        size_t offered = 0;
+        for (size_t i = 0; i < msg.msg_iovlen; ++i) offered += iov[i].iov_len;
         const ssize_t n = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL);
         if (n > 0) {
-          progress = true;
           if (absl::Status s = session_->OnSent(n, now); !s.ok()) {
             server_->bad_frames_.fetch_add(1, std::memory_order_relaxed);
             return Close();
           }
-        } else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK &&
-                   errno != EINTR) {
-          return Close();
+          if (static_cast<size_t>(n) < offered) break;  // The socket is full.
+          continue;
         }
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+        return Close();
       }
-      if (!progress) break;
+      // Another round only if taking responses out resumed paused input.
+      if (!paused || !session_->wants_input()) break;
     }
     UpdateInterest();
   }
@@ -100,10 +111,12 @@ class TcpServer::Conn : public EventLoop::Handler {
   // closed nothing touches the target memory any more, so the session's
   // leases go at once.
   void Close() {
-    loop_->loop->Remove(fd_.get());
-    fd_.Reset();
+    // Leases and the slot go first: whoever sees the socket close sees
+    // them released too.
     session_.reset();
     slot_.Release();
+    loop_->loop->Remove(fd_.get());
+    fd_.Reset();
     auto it = loop_->conns.find(this);
     if (it == loop_->conns.end()) return;
     std::unique_ptr<Conn> self = std::move(it->second);

@@ -4,6 +4,7 @@
 // prints "READY <port> <buffer address> <buffer length>", then answers
 // commands on stdin, one line each:
 //   stats                          -> "threads <n> fds <n> cpu_ms <n>"
+// If Install fails it prints "ERR <status>" and exits with 1.
 //   check <offset> <length> <seed> -> "OK" or "BAD <first bad index>"
 // Exits when stdin closes.
 #include <dirent.h>
@@ -26,6 +27,9 @@
 ABSL_FLAG(uint64_t, buffer_size, 16 << 20, "registered bytes");
 ABSL_FLAG(uint64_t, seed, 1, "pattern seed of the initial contents");
 ABSL_FLAG(int, fd_limit, 0, "RLIMIT_NOFILE soft limit to run with (0: keep)");
+ABSL_FLAG(int, nproc_limit, 0,
+          "run as user nobody with this RLIMIT_NPROC (threads of that user; "
+          "0: keep the user and limit)");
 
 namespace {
 
@@ -71,6 +75,16 @@ int main(int argc, char** argv) {
     rl.rlim_cur = static_cast<rlim_t>(limit);
     if (setrlimit(RLIMIT_NOFILE, &rl) != 0) {
       std::printf("ERR setrlimit: %s\n", std::strerror(errno));
+      return 1;
+    }
+  }
+  if (int limit = absl::GetFlag(FLAGS_nproc_limit); limit > 0) {
+    // RLIMIT_NPROC binds only a user that is not root: what a container's
+    // pids limit does to a process.
+    rlimit rl{static_cast<rlim_t>(limit), static_cast<rlim_t>(limit)};
+    if (setgid(65534) != 0 || setuid(65534) != 0 ||
+        setrlimit(RLIMIT_NPROC, &rl) != 0) {
+      std::printf("ERR cannot drop to nobody: %s\n", std::strerror(errno));
       return 1;
     }
   }

@@ -547,5 +547,83 @@ TEST_F(TcpTransportTest, ConnectionsPerAddressAreCapped) {
   EXPECT_TRUE(Served(other->get(), Remote(0)));
 }
 
+// At most max_peers pools: idle ones are dropped least recently used
+// first; while all are busy a new peer fails with ResourceExhausted.
+TEST_F(TcpTransportTest, PeerPoolsAreBoundedLru) {
+  TransportOptions opts;
+  opts.tcp.max_peers = 4;
+  auto initiator = std::make_unique<TcpTransport>(opts);
+  TransportEnv env;
+  env.local_segment = "i2";
+  env.listen_host = "127.0.0.1";
+  metadata::TransportEndpoint ep;
+  ASSERT_OK(initiator->Install(env, &ep));
+  auto target = std::make_unique<TcpTransport>(TransportOptions());
+  env.listen_host = "0.0.0.0";
+  ASSERT_OK(target->Install(env, &ep));
+  MemoryRegion r;
+  r.addr = reinterpret_cast<uintptr_t>(target_buf_.data());
+  r.length = 4096;
+  r.remote_accessible = true;
+  metadata::Buffer published;
+  ASSERT_OK(target->RegisterMemory(r, &published));
+  auto hp = ParseHostPort(ep.address());
+  ASSERT_OK(hp);
+  auto view_at = [&](const std::string& address) {
+    metadata::SegmentDescriptor d = view_->descriptor();
+    d.mutable_transports(0)->set_address(address);
+    return *SegmentView::Create(d);
+  };
+  for (int i = 0; i < 20; ++i) {
+    auto view = view_at(absl::StrCat("127.0.2.", i + 1, ":", hp->port));
+    Sink sink;
+    uint64_t v = 0;
+    Slice s = MakeSlice(OpCode::kRead, &v, r.addr, 8);
+    s.target = view.get();
+    s.sink = &sink;
+    Slice* ss[] = {&s};
+    initiator->Submit(ss);
+    auto st = sink.Wait(1, absl::Seconds(10));
+    ASSERT_EQ(st.size(), 1u);
+    ASSERT_OK(st[0]);
+    EXPECT_LE(initiator->Stats().peers, 4u);
+  }
+  EXPECT_GE(initiator->Stats().evictions, 16u);
+  // Four peers busy (silent listeners: the READs wait for their deadline)...
+  std::vector<UniqueFd> silent;
+  std::vector<std::shared_ptr<const SegmentView>> views;
+  std::vector<Slice> busy(4);
+  std::vector<uint64_t> bufs(4);
+  Sink busy_sink;
+  for (int i = 0; i < 4; ++i) {
+    uint16_t port = 0;
+    auto l = ListenTcp("127.0.0.1", 0, &port);
+    ASSERT_OK(l);
+    silent.push_back(std::move(*l));
+    views.push_back(view_at(absl::StrCat("127.0.0.1:", port)));
+    busy[i] = MakeSlice(OpCode::kRead, &bufs[i], r.addr, 8);
+    busy[i].target = views.back().get();
+    busy[i].sink = &busy_sink;
+    Slice* ss[] = {&busy[i]};
+    initiator->Submit(ss);
+  }
+  // ...so a fifth is refused at once, naming the limit.
+  auto fifth = view_at(absl::StrCat("127.0.3.1:", hp->port));
+  Sink sink;
+  uint64_t v = 0;
+  Slice s = MakeSlice(OpCode::kRead, &v, r.addr, 8);
+  s.target = fifth.get();
+  s.sink = &sink;
+  Slice* ss[] = {&s};
+  initiator->Submit(ss);
+  auto st = sink.Wait(1, absl::Seconds(5));
+  ASSERT_EQ(st.size(), 1u);
+  EXPECT_STATUS(st[0], absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StrContains(st[0].message(), "max_peers")) << st[0];
+  initiator->Shutdown();  // Cancels the four.
+  EXPECT_EQ(busy_sink.Wait(4, absl::Seconds(5)).size(), 4u);
+  target->Shutdown();
+}
+
 }  // namespace
 }  // namespace ferry::tcp
