@@ -454,21 +454,28 @@ TcpClient::Conn* TcpClient::OpenConn(Pool* pool, absl::Time now,
   }
   // Failed at once (refused on loopback, out of fds): back off as for any
   // failed connect.
+  RecordFailure(pool, *error, now);
+  return nullptr;
+}
+
+void TcpClient::RecordFailure(Pool* pool, const absl::Status& cause,
+                              absl::Time now) {
   connect_failures_.fetch_add(1, std::memory_order_relaxed);
   ++pool->failures;
-  pool->last_failure = *error;
-  const absl::Duration backoff =
-      std::min(options_.backoff_max,
-               options_.backoff_min * (1 << std::min(pool->failures - 1, 20)));
-  pool->retry_after = now + backoff;
+  pool->last_failure = cause;
+  pool->retry_after =
+      now + std::min(options_.backoff_max,
+                     options_.backoff_min *
+                         (int64_t{1} << std::min(pool->failures - 1, 20)));
+  // With no connection left, Submit fails the peer's slices at once until
+  // the next attempt is due.
   if (pool->conns.empty()) {
     MutexLock lock(&pool->mu);
     pool->fail_until = pool->retry_after;
-    pool->fail_cause = *error;
+    pool->fail_cause = cause;
     pool->fail_count = pool->failures;
     pool->published = true;
   }
-  return nullptr;
 }
 
 void TcpClient::OnConnAnswered(Pool* pool) {
@@ -495,22 +502,7 @@ void TcpClient::OnConnClosed(Pool* pool, Conn* conn, const absl::Status& cause,
     }
   }
   if (owned != nullptr) pool->loop->loop->DestroyLater(std::move(owned));
-  if (failed) {
-    connect_failures_.fetch_add(1, std::memory_order_relaxed);
-    ++pool->failures;
-    pool->last_failure = cause;
-    const absl::Duration backoff = std::min(
-        options_.backoff_max,
-        options_.backoff_min * (1 << std::min(pool->failures - 1, 20)));
-    pool->retry_after = now + backoff;
-    if (pool->conns.empty()) {
-      MutexLock lock(&pool->mu);
-      pool->fail_until = pool->retry_after;
-      pool->fail_cause = cause;
-      pool->fail_count = pool->failures;
-      pool->published = true;
-    }
-  }
+  if (failed) RecordFailure(pool, cause, now);
   for (Slice* slice : retry) {
     if (++slice->attempts >= kMaxAttempts) {
       done.push_back({slice, cause});

@@ -104,6 +104,9 @@ class TcpClient {
   void OnConnClosed(Pool* pool, Conn* conn, const absl::Status& cause,
                     bool failed, absl::Time now);
   void OnConnAnswered(Pool* pool);
+  // The peer refused, timed out or dropped a connection unasked: backs it
+  // off (backoff_min doubling up to backoff_max).
+  void RecordFailure(Pool* pool, const absl::Status& cause, absl::Time now);
   void Complete(Pool* pool, std::vector<ClientSession::Done>* done,
                 absl::Time now);
   void MaybeRetire(Pool* pool);
