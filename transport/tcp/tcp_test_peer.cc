@@ -56,6 +56,21 @@ int OpenFds() {
   return n;
 }
 
+// The first byte of buf[0..len) that differs from the pattern, or len.
+// Peers wrote these bytes through the transport's loop thread; what orders
+// that write before this read runs through the initiator process (its
+// WRITE completed, then it sent "check"), which ThreadSanitizer cannot
+// see, hence no instrumentation here.
+__attribute__((no_sanitize("thread"))) size_t FirstMismatch(const uint8_t* buf,
+                                                            size_t len,
+                                                            uint64_t off,
+                                                            uint64_t seed) {
+  for (size_t i = 0; i < len; ++i) {
+    if (buf[i] != ferry::PatternByte(off + i, seed)) return i;
+  }
+  return len;
+}
+
 long CpuMillis() {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
@@ -96,7 +111,10 @@ int main(int argc, char** argv) {
   ferry::metadata::TransportEndpoint endpoint;
   if (absl::Status s = transport.Install(env, &endpoint); !s.ok()) {
     std::printf("ERR %s\n", s.ToString().c_str());
-    return 1;
+    std::fflush(stdout);
+    // No atexit handlers: a sanitizer's leak check would need a thread,
+    // which the thread limit of some tests forbids.
+    std::_Exit(1);
   }
   const size_t size = absl::GetFlag(FLAGS_buffer_size);
   auto* buf = static_cast<uint8_t*>(std::malloc(size));
@@ -125,7 +143,7 @@ int main(int argc, char** argv) {
       std::printf("threads %d fds %d cpu_ms %ld\n", Threads(), OpenFds(),
                   CpuMillis());
     } else if (cmd == "check" && off <= size && len <= size - off) {
-      size_t bad = ferry::CheckPattern(buf + off, len, off, seed);
+      size_t bad = FirstMismatch(buf + off, len, off, seed);
       if (bad == len) {
         std::printf("OK\n");
       } else {
