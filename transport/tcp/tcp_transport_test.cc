@@ -625,5 +625,57 @@ TEST_F(TcpTransportTest, PeerPoolsAreBoundedLru) {
   target->Shutdown();
 }
 
+// A peer whose connects are never answered (its accept queue is full, so
+// the kernel drops the SYNs, as a black-holed link would): the slices wait
+// no longer than the connect timeout, then the peer is backed off.
+TEST_F(TcpTransportTest, UnansweredConnectTimesOutAndBacksOff) {
+  uint16_t port = 0;
+  auto listener = ListenTcp("127.0.0.1", 0, &port, /*backlog=*/0);
+  ASSERT_OK(listener);
+  // Fill the accept queue (backlog 0 holds one connection).
+  std::vector<UniqueFd> fillers;
+  for (int i = 0; i < 2; ++i) {
+    auto sa = ParseIpv4Endpoint(absl::StrCat("127.0.0.1:", port));
+    ASSERT_OK(sa);
+    auto fd = StartConnect(*sa);
+    ASSERT_OK(fd);
+    fillers.push_back(std::move(*fd));
+  }
+  TransportOptions opts;
+  opts.connect_timeout = absl::Milliseconds(300);
+  opts.tcp.backoff_min = absl::Seconds(5);  // Surely still backing off below.
+  auto initiator = std::make_unique<TcpTransport>(opts);
+  TransportEnv env;
+  env.local_segment = "i3";
+  env.listen_host = "127.0.0.1";
+  metadata::TransportEndpoint ep;
+  ASSERT_OK(initiator->Install(env, &ep));
+  auto hole = ViewWithPort(port);
+  char buf[8];
+  Slice s = MakeSlice(OpCode::kRead, buf, Remote(0), 8);
+  s.target = hole.get();
+  s.deadline = absl::Now() + absl::Seconds(30);
+  const absl::Time start = absl::Now();
+  Slice* ss[] = {&s};
+  initiator->Submit(ss);
+  auto st = sink_.Wait(1, absl::Seconds(5));
+  ASSERT_EQ(st.size(), 1u);
+  EXPECT_STATUS(st[0], absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(absl::StrContains(st[0].message(), "no answer within")) << st[0];
+  EXPECT_LT(sink_.times()[0] - start, absl::Seconds(2));
+  // Backed off: the next slice fails at once, without a connect.
+  Slice s2 = MakeSlice(OpCode::kRead, buf, Remote(0), 8);
+  s2.target = hole.get();
+  Slice* ss2[] = {&s2};
+  initiator->Submit(ss2);
+  st = sink_.Wait(2, absl::Seconds(5));
+  ASSERT_EQ(st.size(), 2u);
+  EXPECT_STATUS(st[1], absl::StatusCode::kUnavailable);
+  TransportStats stats = initiator->Stats();
+  EXPECT_EQ(stats.connects_started, 1u);
+  EXPECT_EQ(stats.fast_failures, 1u);
+  initiator->Shutdown();
+}
+
 }  // namespace
 }  // namespace ferry::tcp
