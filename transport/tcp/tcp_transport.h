@@ -19,7 +19,8 @@
 //   slices on that connection that never reached the wire are retried on
 //   another connection (up to 4 tries), those that did fail with
 //   Unavailable (DeadlineExceeded if late). A WRITE that failed or timed
-//   out may or may not have been applied at the target.
+//   out may or may not have been applied at the target, in whole or in
+//   part; it is never sent twice by the transport.
 // * Peer failures. A killed peer or a broken connection fails the slices on
 //   the wire with Unavailable at once. A peer that refuses, does not answer
 //   a connect within TransportOptions::connect_timeout [3 s], or drops
@@ -27,7 +28,9 @@
 //   [100 ms doubling to 5 s]; meanwhile its slices fail at once with
 //   Unavailable "TCP peer A is backed off after N failed attempts (last:
 //   cause); next attempt in T", counted in TransportStats::fast_failures.
-//   At most one connect attempt per back-off interval: no storm.
+//   At most one connect attempt per back-off interval: no storm. Slices
+//   that waited for the attempt that failed end with Unavailable naming
+//   its cause (connect_failures counts the attempts).
 // * Bad descriptors. A TCP endpoint that is not a numeric IPv4
 //   "address:port" fails its slices with InvalidArgument naming it and
 //   creates no state (names are not resolved: that could block).
@@ -42,10 +45,11 @@
 //   [10 s], when it is idle for idle_timeout [60 s], or when one frame (a
 //   request with its payload, or a response until the peer took it) takes
 //   longer than frame_timeout [10 s] -- a lease on target memory is held
-//   no longer than that. Out of fds, the listener sheds the waiting
-//   connections with a spare fd and backs off (10 ms doubling to 1 s)
-//   instead of spinning, and recovers as soon as fds come back. Malformed
-//   frames close that connection only.
+//   no longer than that (plus the 50 ms check), and UnregisterMemory waits
+//   frame_timeout + 1 s for the accesses in progress. Out of fds, the listener
+//   sheds the waiting connections with a spare fd and backs off (10 ms doubling
+//   to 1 s) instead of spinning, and recovers as soon as fds come back.
+//   Malformed frames close that connection only.
 // * Threads: 2 x io_threads [1], created at Install; if the system refuses
 //   one, Install fails with ResourceExhausted (never an abort).
 // * Shutdown completes everything still queued or in flight with Cancelled.

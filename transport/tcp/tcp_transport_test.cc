@@ -677,5 +677,31 @@ TEST_F(TcpTransportTest, UnansweredConnectTimesOutAndBacksOff) {
   initiator->Shutdown();
 }
 
+// ClosePeer on a busy peer fails nothing: the slice ends on its own (here
+// at its deadline), then the pool goes.
+TEST_F(TcpTransportTest, ClosePeerWaitsForSlicesInFlight) {
+  uint16_t port = 0;
+  auto listener = ListenTcp("127.0.0.1", 0, &port);  // Never answers.
+  ASSERT_OK(listener);
+  auto silent = ViewWithPort(port);
+  char buf[8];
+  Slice s = MakeSlice(OpCode::kRead, buf, Remote(0), 8);
+  s.target = silent.get();
+  s.deadline = absl::Now() + absl::Milliseconds(500);
+  Slice* ss[] = {&s};
+  initiator_->Submit(ss);
+  initiator_->ClosePeer(*silent);
+  EXPECT_EQ(initiator_->Stats().peers, 1u);  // Still busy.
+  auto st = sink_.Wait(1, absl::Seconds(5));
+  ASSERT_EQ(st.size(), 1u);
+  EXPECT_STATUS(st[0], absl::StatusCode::kDeadlineExceeded);
+  const absl::Time end = absl::Now() + absl::Seconds(5);
+  while (initiator_->Stats().peers > 0 && absl::Now() < end) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(initiator_->Stats().peers, 0u);
+  EXPECT_EQ(initiator_->Stats().endpoints, 0u);
+}
+
 }  // namespace
 }  // namespace ferry::tcp
