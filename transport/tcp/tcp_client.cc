@@ -24,6 +24,18 @@ constexpr uint32_t kMaxAttempts = 4;
 
 using Done = ClientSession::Done;
 
+// What a slice to a backed-off peer fails with: who, why, and when the
+// next attempt is.
+absl::Status BackoffError(absl::string_view address, int failures,
+                          const absl::Status& last, absl::Duration next_in) {
+  return absl::UnavailableError(absl::StrCat(
+      "TCP peer ", address, " is backed off after ", failures,
+      " failed attempt", failures == 1 ? "" : "s", " (last: ", last.message(),
+      "); next attempt in ",
+      absl::FormatDuration(absl::Ceil(std::max(next_in, absl::ZeroDuration()),
+                                      absl::Milliseconds(1)))));
+}
+
 }  // namespace
 
 struct TcpClient::Pool {
@@ -124,9 +136,9 @@ class TcpClient::Conn : public EventLoop::Handler {
         }
         if (n < 0 && errno == EINTR) continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-        client_->Complete(pool_, &done, now);
         const std::string why =
             n == 0 ? "closed by the peer" : std::strerror(errno);
+        client_->Complete(pool_, &done, now);
         // A quiet close of an idle connection (say, the target's idle
         // timeout) is no failure of the peer.
         const bool failed = !session_.answered_any() && !session_.empty();
@@ -237,13 +249,8 @@ int TcpClient::threads() const {
 }
 
 absl::Status TcpClient::BackoffStatus(const Pool& pool, absl::Time now) const {
-  return absl::UnavailableError(absl::StrCat(
-      "TCP peer ", pool.address, " is backed off after ", pool.failures,
-      " failed attempt", pool.failures == 1 ? "" : "s",
-      " (last: ", pool.last_failure.message(), "); next attempt in ",
-      absl::FormatDuration(
-          absl::Ceil(std::max(pool.retry_after - now, absl::ZeroDuration()),
-                     absl::Milliseconds(1)))));
+  return BackoffError(pool.address, pool.failures, pool.last_failure,
+                      pool.retry_after - now);
 }
 
 void TcpClient::Submit(absl::Span<Slice* const> slices) {
@@ -310,13 +317,9 @@ void TcpClient::Submit(absl::Span<Slice* const> slices) {
       MutexLock lock(&pool->mu);
       if (now < pool->fail_until) {
         // Backing off: one clear status, no connect attempt.
-        const absl::Status s = absl::UnavailableError(absl::StrCat(
-            "TCP peer ", pool->address, " is backed off after ",
-            pool->fail_count, " failed attempt",
-            pool->fail_count == 1 ? "" : "s",
-            " (last: ", pool->fail_cause.message(), "); next attempt in ",
-            absl::FormatDuration(
-                absl::Ceil(pool->fail_until - now, absl::Milliseconds(1)))));
+        const absl::Status s =
+            BackoffError(pool->address, pool->fail_count, pool->fail_cause,
+                         pool->fail_until - now);
         for (Slice* slice : list) failed.push_back({slice, s});
         pool->outstanding.fetch_sub(list.size(), std::memory_order_relaxed);
         fast_failures_.fetch_add(list.size(), std::memory_order_relaxed);
