@@ -68,6 +68,44 @@ absl::StatusOr<HostPort> ParseHostPort(absl::string_view text) {
   return hp;
 }
 
+absl::StatusOr<sockaddr_in> ParseIpv4Endpoint(absl::string_view text) {
+  constexpr size_t kMaxShown = 64;
+  auto bad = [&](absl::string_view why) {
+    const bool cut = text.size() > kMaxShown;
+    return absl::InvalidArgumentError(
+        absl::StrCat("endpoint '", text.substr(0, kMaxShown), cut ? "..." : "",
+                     "' is not a numeric IPv4 address:port (", why, ")"));
+  };
+  const size_t colon = text.rfind(':');
+  if (colon == absl::string_view::npos || colon == 0 ||
+      colon + 1 == text.size()) {
+    return bad("expected address:port");
+  }
+  uint32_t port = 0;
+  if (!absl::SimpleAtoi(text.substr(colon + 1), &port) || port == 0 ||
+      port > 65535) {
+    return bad("port must be 1..65535");
+  }
+  const absl::string_view host = text.substr(0, colon);
+  if (host.size() > 15) return bad("not a dotted quad");
+  char buf[16];
+  std::memcpy(buf, host.data(), host.size());
+  buf[host.size()] = 0;
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  if (inet_pton(AF_INET, buf, &sa.sin_addr) != 1) {
+    return bad("not a dotted quad; names are not resolved");
+  }
+  return sa;
+}
+
+std::string FormatSockaddr(const sockaddr_in& addr) {
+  char buf[INET_ADDRSTRLEN] = "?";
+  inet_ntop(AF_INET, &addr.sin_addr, buf, sizeof(buf));
+  return absl::StrCat(buf, ":", ntohs(addr.sin_port));
+}
+
 UniqueFd& UniqueFd::operator=(UniqueFd&& other) noexcept {
   if (this != &other) Reset(other.Release());
   return *this;
@@ -79,7 +117,7 @@ void UniqueFd::Reset(int fd) {
 }
 
 absl::StatusOr<UniqueFd> ListenTcp(const std::string& host, uint16_t port,
-                                   uint16_t* bound_port) {
+                                   uint16_t* bound_port, int backlog) {
   HostPort hp{host, port};
   auto sa = Resolve(hp);
   if (!sa.ok()) return sa.status();
@@ -90,7 +128,7 @@ absl::StatusOr<UniqueFd> ListenTcp(const std::string& host, uint16_t port,
   if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&*sa), sizeof(*sa)) != 0) {
     return ErrnoStatus(absl::StrCat("bind ", hp.ToString()), errno);
   }
-  if (::listen(fd.get(), 128) != 0) return ErrnoStatus("listen", errno);
+  if (::listen(fd.get(), backlog) != 0) return ErrnoStatus("listen", errno);
   sockaddr_in bound{};
   socklen_t len = sizeof(bound);
   ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&bound), &len);
@@ -131,6 +169,40 @@ absl::StatusOr<UniqueFd> ConnectTcp(const HostPort& addr,
   int flags = ::fcntl(fd.get(), F_GETFL);
   ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK);
   return fd;
+}
+
+absl::StatusOr<sockaddr_in> LocalAddress(int fd) {
+  sockaddr_in sa{};
+  socklen_t len = sizeof(sa);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
+    return ErrnoStatus("getsockname", errno);
+  }
+  return sa;
+}
+
+absl::StatusOr<UniqueFd> StartConnect(const sockaddr_in& addr) {
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd.valid()) return ErrnoStatus("socket", errno);
+  if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr),
+                sizeof(addr)) != 0 &&
+      errno != EINPROGRESS) {
+    return ErrnoStatus(absl::StrCat("connect ", FormatSockaddr(addr)), errno);
+  }
+  return fd;
+}
+
+int SocketError(int fd) {
+  int err = 0;
+  socklen_t len = sizeof(err);
+  if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) return errno;
+  return err;
+}
+
+void SetResetOnClose(int fd) {
+  linger lg{};
+  lg.l_onoff = 1;
+  lg.l_linger = 0;
+  ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
 }
 
 void TuneDataSocket(int fd) {

@@ -4,6 +4,7 @@
 #ifndef FERRY_COMMON_SOCKET_UTIL_H_
 #define FERRY_COMMON_SOCKET_UTIL_H_
 
+#include <netinet/in.h>
 #include <sys/uio.h>
 
 #include <atomic>
@@ -27,6 +28,14 @@ struct HostPort {
 // Parses "host:port" (IPv4 literal or name; port 0..65535). Returns
 // InvalidArgument with the offending text otherwise.
 absl::StatusOr<HostPort> ParseHostPort(absl::string_view text);
+
+// Parses a numeric IPv4 endpoint "a.b.c.d:port" (port 1..65535) without
+// any name lookup, so it never blocks. InvalidArgument naming the text
+// (shortened if long) otherwise.
+absl::StatusOr<sockaddr_in> ParseIpv4Endpoint(absl::string_view text);
+
+// "a.b.c.d:port".
+std::string FormatSockaddr(const sockaddr_in& addr);
 
 // An owned file descriptor; closes on destruction.
 class UniqueFd {
@@ -53,9 +62,25 @@ class UniqueFd {
 };
 
 // Creates a listening TCP socket bound to `host:port` (port 0 picks a free
-// one). On success stores the bound port in `*bound_port`.
+// one), with room for `backlog` pending connections. On success stores the
+// bound port in `*bound_port`.
 absl::StatusOr<UniqueFd> ListenTcp(const std::string& host, uint16_t port,
-                                   uint16_t* bound_port);
+                                   uint16_t* bound_port, int backlog = 128);
+
+// The local address a socket is bound to.
+absl::StatusOr<sockaddr_in> LocalAddress(int fd);
+
+// Starts connecting a non-blocking socket to `addr` and returns it at once;
+// it turns writable when the attempt ended (then SocketError tells how).
+// Unavailable if the attempt failed at once (no fd, refused, ...).
+absl::StatusOr<UniqueFd> StartConnect(const sockaddr_in& addr);
+
+// The pending error of a socket (SO_ERROR; 0 if none), clearing it.
+int SocketError(int fd);
+
+// Makes close() send a reset instead of a FIN: for connections refused
+// right after accept, which should leave no TIME_WAIT behind.
+void SetResetOnClose(int fd);
 
 // Connects to `addr`, failing with Unavailable/DeadlineExceeded after
 // `timeout` instead of hanging on an unreachable peer.

@@ -14,11 +14,40 @@
 
 namespace ferry {
 
+// The TCP transport's limits and timeouts are explained, with what a user
+// sees when one is hit, at the top of transport/tcp/tcp_transport.h.
 struct TcpOptions {
-  // Connections opened to each peer; slices are spread over them.
+  // Connections opened to each peer; slices are spread over them (1..64).
   int connections_per_peer = 2;
   // Largest slice: a request is split into slices of at most this size.
   size_t max_slice_bytes = 4 << 20;
+  // Event-loop threads on each side (1..16): this many drive every
+  // connection this engine opened, and as many more every connection it
+  // accepted. There is no thread per connection.
+  int io_threads = 1;
+
+  // Target side. Connections accepted and open at once, in all and per
+  // peer IP address; one beyond either cap is closed (reset) at once.
+  int max_connections = 4096;
+  int max_connections_per_address = 64;
+  // An accepted connection is closed when its first request header has not
+  // arrived within handshake_timeout, when no request arrived for
+  // idle_timeout since the previous one was answered, or when one frame
+  // (a request's header and payload, or a response until the peer took
+  // its last byte) takes longer than frame_timeout.
+  absl::Duration handshake_timeout = absl::Seconds(10);
+  absl::Duration idle_timeout = absl::Seconds(60);
+  absl::Duration frame_timeout = absl::Seconds(10);
+
+  // Initiator side. Peer addresses with state (a connection pool, backoff)
+  // kept at most; beyond, the least recently used idle one is dropped. A
+  // slice to a new peer while all are busy fails with ResourceExhausted.
+  int max_peers = 1024;
+  // A peer that refused, could not be reached, or dropped its connections
+  // before answering is not tried again for backoff_min, doubling per
+  // failure up to backoff_max; meanwhile its slices fail at once.
+  absl::Duration backoff_min = absl::Milliseconds(100);
+  absl::Duration backoff_max = absl::Seconds(5);
 };
 
 struct RdmaOptions {

@@ -1,148 +1,377 @@
 #include "transport/tcp/tcp_server.h"
 
-#include <poll.h>
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
-#include <vector>
+#include <algorithm>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "transport/tcp/wire.h"
 
 namespace ferry::tcp {
 namespace {
 
-// How often blocked threads wake to check for Stop().
-constexpr absl::Duration kWakeInterval = absl::Milliseconds(200);
-// A peer that stops sending in the middle of a payload for this long is
-// dropped, so a stalled initiator cannot pin a buffer's lease forever.
-constexpr int kMaxStalledWakeups = 50;  // 10 s.
+// Connections accepted per listener wake-up, so one flood cannot starve
+// the connections served on the same loop.
+constexpr int kAcceptBatch = 64;
+// Listener back-off when accept() cannot get a descriptor or memory.
+constexpr absl::Duration kMinAcceptBackoff = absl::Milliseconds(10);
+constexpr absl::Duration kMaxAcceptBackoff = absl::Seconds(1);
+// Timeouts are checked this often while connections are open.
+constexpr absl::Duration kBusyTick = absl::Milliseconds(50);
+constexpr absl::Duration kIdleTick = absl::Seconds(1);
+// recv/send rounds per connection wake-up (fairness between connections).
+constexpr int kMaxRounds = 8;
+constexpr int kMaxIov = 64;
+// Listen backlog: connections waiting to be accepted.
+constexpr int kBacklog = 1024;
 
-absl::Status SendResponse(int fd, WireOp op, WireStatus status, uint64_t id,
-                          uint64_t len, const void* data) {
-  uint8_t hdr[kResponseHeaderBytes];
-  EncodeResponse({op, status, id, len}, hdr);
-  iovec iov[2] = {{hdr, sizeof(hdr)}, {const_cast<void*>(data), len}};
-  return WriteFullv(fd, iov, data != nullptr ? 2 : 1);
+UniqueFd OpenSpare() {
+  return UniqueFd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
 }
 
 }  // namespace
 
+// One accepted connection: moves bytes between its socket and its session.
+class TcpServer::Conn : public EventLoop::Handler {
+ public:
+  Conn(TcpServer* server, Loop* loop, UniqueFd fd, Slot slot, absl::Time now)
+      : server_(server),
+        loop_(loop),
+        fd_(std::move(fd)),
+        slot_(std::move(slot)),
+        session_(std::make_unique<ServerSession>(server->registry_,
+                                                 server->limits_, now)) {}
+
+  int fd() const { return fd_.get(); }
+
+  void OnEvents(uint32_t events, absl::Time now) override {
+    if (session_ == nullptr) return;  // Closed earlier in this batch.
+    for (int round = 0; round < kMaxRounds; ++round) {
+      // Read until the socket is drained (a short read) or input pauses.
+      bool paused = false;
+      for (int reads = 0; reads < kMaxRounds; ++reads) {
+        if (!session_->wants_input()) {
+          paused = true;
+          break;
+        }
+        auto [buf, len] = session_->InputBuffer();
+        const ssize_t n = ::recv(fd_.get(), buf, len, 0);
+        if (n > 0) {
+          if (absl::Status s = session_->OnReceived(n, now); !s.ok()) {
+            server_->bad_frames_.fetch_add(1, std::memory_order_relaxed);
+            return Close();
+          }
+          if (static_cast<size_t>(n) < len) break;
+          continue;
+        }
+        if (n == 0) return Close();  // The peer closed.
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+        return Close();
+      }
+      // Write until the socket is full or nothing is left.
+      while (session_->has_output()) {
+        iovec iov[kMaxIov];
+        msghdr msg{};
+        msg.msg_iov = iov;
+        msg.msg_iovlen = session_->PrepareOutput(iov, kMaxIov);
+        size_t offered = 0;
+        for (size_t i = 0; i < msg.msg_iovlen; ++i) offered += iov[i].iov_len;
+        const ssize_t n = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL);
+        if (n > 0) {
+          if (absl::Status s = session_->OnSent(n, now); !s.ok()) {
+            server_->bad_frames_.fetch_add(1, std::memory_order_relaxed);
+            return Close();
+          }
+          if (static_cast<size_t>(n) < offered) break;  // The socket is full.
+          continue;
+        }
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+        return Close();
+      }
+      // Another round only if taking responses out resumed paused input.
+      if (!paused || !session_->wants_input()) break;
+    }
+    UpdateInterest();
+  }
+
+  // Closes the connection if the peer overran a timeout.
+  void CheckTimeouts(absl::Time now) {
+    if (session_->CheckTimeouts(now).ok()) return;
+    server_->timeouts_.fetch_add(1, std::memory_order_relaxed);
+    Close();
+  }
+
+  // On the loop thread, the only one doing I/O on this socket: once it is
+  // closed nothing touches the target memory any more, so the session's
+  // leases go at once.
+  void Close() {
+    // Leases and the slot go first: whoever sees the socket close sees
+    // them released too.
+    session_.reset();
+    slot_.Release();
+    loop_->loop->Remove(fd_.get());
+    fd_.Reset();
+    auto it = loop_->conns.find(this);
+    if (it == loop_->conns.end()) return;
+    std::unique_ptr<Conn> self = std::move(it->second);
+    loop_->conns.erase(it);
+    loop_->loop->DestroyLater(std::move(self));
+  }
+
+ private:
+  void UpdateInterest() {
+    const uint32_t want = (session_->wants_input() ? EPOLLIN : 0u) |
+                          (session_->has_output() ? EPOLLOUT : 0u);
+    if (want == interest_) return;
+    if (loop_->loop->Modify(fd_.get(), want, this).ok()) interest_ = want;
+  }
+
+  TcpServer* const server_;
+  Loop* const loop_;
+  UniqueFd fd_;
+  Slot slot_;
+  std::unique_ptr<ServerSession> session_;
+  uint32_t interest_ = EPOLLIN;
+};
+
+class TcpServer::Listener : public EventLoop::Handler {
+ public:
+  explicit Listener(TcpServer* server) : server_(server) {}
+  void OnEvents(uint32_t, absl::Time now) override { server_->AcceptSome(now); }
+
+ private:
+  TcpServer* const server_;
+};
+
+TcpServer::Slot& TcpServer::Slot::operator=(Slot&& other) noexcept {
+  if (this != &other) {
+    Release();
+    server_ = other.server_;
+    ip_ = other.ip_;
+    other.server_ = nullptr;
+  }
+  return *this;
+}
+
+void TcpServer::Slot::Release() {
+  if (server_ != nullptr) server_->Leave(ip_);
+  server_ = nullptr;
+}
+
+TcpServer::TcpServer(MemoryRegistry* registry, const TcpOptions& options)
+    : registry_(registry),
+      options_(options),
+      limits_{options.handshake_timeout, options.idle_timeout,
+              options.frame_timeout},
+      accept_backoff_(kMinAcceptBackoff) {}
+
+TcpServer::~TcpServer() { Stop(); }
+
 absl::Status TcpServer::Start(const std::string& host, uint16_t port) {
-  auto fd = ListenTcp(host, port, &port_);
+  auto fd = ListenTcp(host, port, &port_, kBacklog);
   if (!fd.ok()) return fd.status();
   listener_ = std::move(*fd);
-  accept_thread_ = std::thread([this] { AcceptLoop(); });
+  auto bound = LocalAddress(listener_.get());
+  if (!bound.ok()) return bound.status();
+  address_ = FormatSockaddr(*bound);
+  int flags = ::fcntl(listener_.get(), F_GETFL);
+  ::fcntl(listener_.get(), F_SETFL, flags | O_NONBLOCK);
+  spare_ = OpenSpare();
+  const int n = std::max(1, options_.io_threads);
+  for (int i = 0; i < n; ++i) {
+    auto loop = std::make_unique<Loop>();
+    loop->loop = std::make_unique<EventLoop>(absl::StrCat("tcp-server-", i));
+    Loop* raw = loop.get();
+    EventLoop::TickFn tick;
+    if (i == 0) {
+      tick = [this, raw](absl::Time now) {
+        return std::min(ListenerTick(now), ConnTick(raw, now));
+      };
+    } else {
+      tick = [this, raw](absl::Time now) { return ConnTick(raw, now); };
+    }
+    loops_.push_back(std::move(loop));
+    // The listener goes in before the thread runs: no race on the handler.
+    if (i == 0) {
+      listener_handler_ = std::make_unique<Listener>(this);
+      if (absl::Status s = raw->loop->Start(std::move(tick)); !s.ok()) {
+        Stop();
+        return s;
+      }
+      raw->loop->Post([this, raw] {
+        if (!raw->loop->Add(listener_.get(), EPOLLIN, listener_handler_.get())
+                 .ok()) {
+          PauseAccept(absl::Now());
+        }
+      });
+    } else if (absl::Status s = raw->loop->Start(std::move(tick)); !s.ok()) {
+      Stop();
+      return s;
+    }
+  }
   return absl::OkStatus();
 }
 
 void TcpServer::Stop() {
-  if (stopping_.exchange(true)) return;
-  if (listener_.valid()) ::shutdown(listener_.get(), SHUT_RDWR);
-  if (accept_thread_.joinable()) accept_thread_.join();
-  std::list<std::unique_ptr<Conn>> conns;
-  {
-    MutexLock lock(&mu_);
-    conns.swap(conns_);
-  }
-  for (auto& c : conns) ::shutdown(c->fd.get(), SHUT_RDWR);
-  for (auto& c : conns) {
-    if (c->thread.joinable()) c->thread.join();
-  }
+  for (auto& l : loops_) l->loop->Stop();
+  // The loops are joined: this thread is the only one left.
+  for (auto& l : loops_) l->conns.clear();
+  loops_.clear();
+  listener_handler_.reset();
   listener_.Reset();
+  spare_.Reset();
 }
 
-void TcpServer::ReapFinishedLocked() {
-  for (auto it = conns_.begin(); it != conns_.end();) {
-    if ((*it)->done.load()) {
-      (*it)->thread.join();
-      it = conns_.erase(it);
+bool TcpServer::Admit(uint32_t ip) {
+  MutexLock lock(&mu_);
+  if (open_ >= static_cast<uint64_t>(options_.max_connections)) return false;
+  int& n = per_address_[ip];
+  if (n >= options_.max_connections_per_address) {
+    if (n == 0) per_address_.erase(ip);
+    return false;
+  }
+  ++n;
+  ++open_;
+  return true;
+}
+
+void TcpServer::Leave(uint32_t ip) {
+  MutexLock lock(&mu_);
+  --open_;
+  auto it = per_address_.find(ip);
+  if (it != per_address_.end() && --it->second <= 0) per_address_.erase(it);
+}
+
+bool TcpServer::ShedOne() {
+  if (!spare_.valid()) return false;
+  spare_.Reset();
+  const int fd = ::accept4(listener_.get(), nullptr, nullptr,
+                           SOCK_NONBLOCK | SOCK_CLOEXEC);
+  if (fd >= 0) {
+    SetResetOnClose(fd);
+    ::close(fd);
+    refused_.fetch_add(1, std::memory_order_relaxed);
+  }
+  spare_ = OpenSpare();
+  return fd >= 0 && spare_.valid();
+}
+
+void TcpServer::PauseAccept(absl::Time now) {
+  EventLoop* loop = loops_[0]->loop.get();
+  if (!accept_paused_) {
+    loop->Modify(listener_.get(), 0, listener_handler_.get()).IgnoreError();
+    accept_paused_ = true;
+    accept_pauses_.fetch_add(1, std::memory_order_relaxed);
+  }
+  accept_resume_ = now + accept_backoff_;
+  accept_backoff_ = std::min(accept_backoff_ * 2, kMaxAcceptBackoff);
+  loop->TickBy(accept_resume_);
+}
+
+absl::Duration TcpServer::ListenerTick(absl::Time now) {
+  if (!spare_.valid()) spare_ = OpenSpare();
+  if (!accept_paused_) return kIdleTick;
+  if (now < accept_resume_) return accept_resume_ - now;
+  EventLoop* loop = loops_[0]->loop.get();
+  if (!loop->Modify(listener_.get(), EPOLLIN, listener_handler_.get()).ok() &&
+      !loop->Add(listener_.get(), EPOLLIN, listener_handler_.get()).ok()) {
+    PauseAccept(now);
+    return accept_resume_ - now;
+  }
+  accept_paused_ = false;
+  AcceptSome(now);
+  return kIdleTick;
+}
+
+void TcpServer::AcceptSome(absl::Time now) {
+  for (int i = 0; i < kAcceptBatch; ++i) {
+    sockaddr_in peer{};
+    socklen_t len = sizeof(peer);
+    const int fd =
+        ::accept4(listener_.get(), reinterpret_cast<sockaddr*>(&peer), &len,
+                  SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      const int err = errno;
+      if (err == EAGAIN || err == EWOULDBLOCK) {
+        accept_backoff_ = kMinAcceptBackoff;
+        return;
+      }
+      if (err == EINTR || err == ECONNABORTED || err == EPROTO ||
+          err == EPERM) {
+        continue;  // That connection is gone; the next one may be fine.
+      }
+      if (err == EMFILE || err == ENFILE) {
+        fd_exhausted_.fetch_add(1, std::memory_order_relaxed);
+        if (ShedOne()) continue;
+      }
+      PauseAccept(now);  // No fd or memory even to shed: back off.
+      return;
+    }
+    UniqueFd conn(fd);
+    const uint32_t ip = ntohl(peer.sin_addr.s_addr);
+    if (!Admit(ip)) {
+      SetResetOnClose(conn.get());
+      refused_.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
+    accepted_.fetch_add(1, std::memory_order_relaxed);
+    Slot slot(this, ip);
+    Loop* target = loops_[next_loop_++ % loops_.size()].get();
+    if (target == loops_[0].get()) {
+      Adopt(target, std::move(conn), std::move(slot), now);
     } else {
-      ++it;
+      // Dropped with the task (closing the fd, freeing the slot) if that
+      // loop stops first.
+      target->loop->Post([this, target, conn = std::move(conn),
+                          slot = std::move(slot)]() mutable {
+        Adopt(target, std::move(conn), std::move(slot), absl::Now());
+      });
     }
   }
 }
 
-void TcpServer::AcceptLoop() {
-  while (!stopping_.load()) {
-    pollfd pfd{listener_.get(), POLLIN, 0};
-    int n = ::poll(&pfd, 1, absl::ToInt64Milliseconds(kWakeInterval));
-    if (n <= 0) continue;
-    int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
-    TuneDataSocket(fd);
-    SetRecvTimeout(fd, kWakeInterval);
-    // An initiator that stops reading READ data is dropped after this long
-    // rather than pinning this thread and the buffer's lease.
-    timeval send_timeout = absl::ToTimeval(kWakeInterval * kMaxStalledWakeups);
-    ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_timeout,
-                 sizeof(send_timeout));
-    accepted_.fetch_add(1);
-    MutexLock lock(&mu_);
-    ReapFinishedLocked();
-    if (stopping_.load()) {
-      ::close(fd);
-      break;
-    }
-    auto conn = std::make_unique<Conn>();
-    conn->fd.Reset(fd);
-    Conn* raw = conn.get();
-    conns_.push_back(std::move(conn));
-    raw->thread = std::thread([this, raw] { Serve(raw); });
-  }
+void TcpServer::Adopt(Loop* loop, UniqueFd fd, Slot slot, absl::Time now) {
+  TuneDataSocket(fd.get());
+  const int raw_fd = fd.get();
+  auto conn =
+      std::make_unique<Conn>(this, loop, std::move(fd), std::move(slot), now);
+  if (!loop->loop->Add(raw_fd, EPOLLIN, conn.get()).ok()) return;
+  loop->conns.emplace(conn.get(), std::move(conn));
+  loop->loop->TickBy(now + kBusyTick);
 }
 
-void TcpServer::Serve(Conn* conn) {
-  const int fd = conn->fd.get();
-  while (!stopping_.load()) {
-    uint8_t hdr[kRequestHeaderBytes];
-    absl::Status s = ReadFullPatient(fd, hdr, sizeof(hdr), stopping_,
-                                     kMaxStalledWakeups, /*idle_ok=*/true);
-    if (!s.ok()) break;
-    RequestHeader req;
-    if (!DecodeRequest(hdr, &req).ok()) break;  // Garbage: drop connection.
-    if (req.op == WireOp::kWrite) {
-      s = HandleWrite(fd, req.request_id, req.remote_addr, req.length);
-    } else {
-      s = HandleRead(fd, req.request_id, req.remote_addr, req.length);
-    }
-    if (!s.ok()) break;
-  }
-  ::shutdown(fd, SHUT_RDWR);
-  conn->done.store(true);
+absl::Duration TcpServer::ConnTick(Loop* loop, absl::Time now) {
+  if (loop->conns.empty()) return kIdleTick;
+  std::vector<Conn*> conns;
+  conns.reserve(loop->conns.size());
+  for (auto& [raw, conn] : loop->conns) conns.push_back(raw);
+  for (Conn* c : conns) c->CheckTimeouts(now);  // May close (erase) c.
+  return kBusyTick;
 }
 
-absl::Status TcpServer::HandleWrite(int fd, uint64_t id, uint64_t addr,
-                                    uint64_t len) {
-  auto lease = registry_->Acquire(addr, len, /*need_remote=*/true);
-  if (!lease.ok()) {
-    // Consume the payload so the stream stays in sync, write nothing.
-    if (absl::Status s =
-            ReadFullPatient(fd, nullptr, len, stopping_, kMaxStalledWakeups);
-        !s.ok()) {
-      return s;
-    }
-    return SendResponse(fd, WireOp::kWriteAck, WireStatus::kOutOfBounds, id, 0,
-                        nullptr);
-  }
-  if (absl::Status s = ReadFullPatient(fd, reinterpret_cast<void*>(addr), len,
-                                       stopping_, kMaxStalledWakeups);
-      !s.ok()) {
-    return s;
-  }
-  lease->Release();
-  // Acknowledged only now: a WRITE completes after the target applied it.
-  return SendResponse(fd, WireOp::kWriteAck, WireStatus::kOk, id, 0, nullptr);
+TcpServer::Counters TcpServer::counters() const {
+  Counters c;
+  c.accepted = accepted_.load(std::memory_order_relaxed);
+  c.refused = refused_.load(std::memory_order_relaxed);
+  c.timeouts = timeouts_.load(std::memory_order_relaxed);
+  c.bad_frames = bad_frames_.load(std::memory_order_relaxed);
+  c.fd_exhausted = fd_exhausted_.load(std::memory_order_relaxed);
+  c.accept_pauses = accept_pauses_.load(std::memory_order_relaxed);
+  MutexLock lock(&mu_);
+  c.open = open_;
+  return c;
 }
 
-absl::Status TcpServer::HandleRead(int fd, uint64_t id, uint64_t addr,
-                                   uint64_t len) {
-  auto lease = registry_->Acquire(addr, len, /*need_remote=*/true);
-  if (!lease.ok()) {
-    return SendResponse(fd, WireOp::kReadData, WireStatus::kOutOfBounds, id, 0,
-                        nullptr);
-  }
-  return SendResponse(fd, WireOp::kReadData, WireStatus::kOk, id, len,
-                      reinterpret_cast<const void*>(addr));
+int TcpServer::threads() const {
+  int n = 0;
+  for (const auto& l : loops_) n += l->loop->running() ? 1 : 0;
+  return n;
 }
 
 }  // namespace ferry::tcp

@@ -1,67 +1,135 @@
 // TcpServer: the target side of the TCP transport. Accepts connections from
-// initiators and applies their READ/WRITE requests to registered memory.
+// initiators and applies their READ/WRITE requests to registered memory
+// (ServerSession: leases, bounds checks, frame validation).
 //
-// Every access is checked against `registry` (remote-accessible buffers
-// only) and holds a lease on the buffer while it runs, so unregistering
-// waits for it. A request outside registered memory is answered with an
-// error and touches nothing; a malformed frame closes that connection only.
-// Thread-safe; one thread per connection.
+// Threads: TcpOptions::io_threads event loops, whatever the number of
+// connections; the first one also owns the listener. Limits (TcpOptions):
+// connections in all and per peer address (one beyond is reset at once),
+// and the handshake, idle and frame timeouts of each connection.
+//
+// Out of descriptors (EMFILE/ENFILE), the listener does not spin: it keeps
+// one spare descriptor, frees it to accept and reset the waiting
+// connection, and re-arms it; if even that fails it stops polling the
+// listener for a back-off (10 ms doubling to 1 s) and tries again. Closed
+// connections are reaped by their loop as soon as they close or time out,
+// never by the acceptor, so descriptors come back by themselves.
+//
+// Thread-safe.
 #ifndef FERRY_TRANSPORT_TCP_TCP_SERVER_H_
 #define FERRY_TRANSPORT_TCP_TCP_SERVER_H_
 
 #include <atomic>
 #include <cstdint>
-#include <list>
 #include <memory>
 #include <string>
-#include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "common/mutex.h"
 #include "common/socket_util.h"
 #include "transport/memory_registry.h"
+#include "transport/options.h"
+#include "transport/tcp/event_loop.h"
+#include "transport/tcp/server_session.h"
 
 namespace ferry::tcp {
 
 class TcpServer {
  public:
-  // `registry` must outlive the server.
-  explicit TcpServer(MemoryRegistry* registry) : registry_(registry) {}
-  ~TcpServer() { Stop(); }
-
-  // Binds `host:port` (0 = any free port) and starts accepting.
-  absl::Status Start(const std::string& host, uint16_t port);
-  uint16_t port() const { return port_; }
-
-  // Closes the listener and every connection, and joins all threads.
-  void Stop();
-
-  // Connections served so far (for tests and stats).
-  uint64_t connections_accepted() const { return accepted_.load(); }
-
- private:
-  struct Conn {
-    UniqueFd fd;
-    std::thread thread;
-    std::atomic<bool> done{false};
+  struct Counters {
+    uint64_t accepted = 0;       // Connections admitted.
+    uint64_t refused = 0;        // Reset at once: over a cap or out of fds.
+    uint64_t open = 0;           // Admitted and not closed yet.
+    uint64_t timeouts = 0;       // Closed for a handshake/idle/frame timeout.
+    uint64_t bad_frames = 0;     // Closed for a malformed request.
+    uint64_t fd_exhausted = 0;   // accept() failed with EMFILE/ENFILE.
+    uint64_t accept_pauses = 0;  // Times the listener backed off.
   };
 
-  void AcceptLoop();
-  void Serve(Conn* conn);
-  // Returns non-OK when the connection must be closed.
-  absl::Status HandleWrite(int fd, uint64_t id, uint64_t addr, uint64_t len);
-  absl::Status HandleRead(int fd, uint64_t id, uint64_t addr, uint64_t len);
-  void ReapFinishedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `registry` must outlive the server. `options` is validated by the
+  // caller (TcpTransport::Install).
+  TcpServer(MemoryRegistry* registry, const TcpOptions& options);
+  ~TcpServer();
+  TcpServer(const TcpServer&) = delete;
+  TcpServer& operator=(const TcpServer&) = delete;
+
+  // Binds `host:port` (0 = any free port) and starts the loops.
+  absl::Status Start(const std::string& host, uint16_t port);
+  uint16_t port() const { return port_; }
+  // The bound address, "a.b.c.d:port".
+  const std::string& address() const { return address_; }
+
+  // Stops the loops, then closes the listener and every connection
+  // (releasing their leases).
+  void Stop();
+
+  Counters counters() const;
+  int threads() const;
+
+ private:
+  class Conn;
+  class Listener;
+  // A connection's place under the caps; gives it back when destroyed.
+  class Slot {
+   public:
+    Slot() = default;
+    Slot(TcpServer* server, uint32_t ip) : server_(server), ip_(ip) {}
+    Slot(Slot&& other) noexcept { *this = std::move(other); }
+    Slot& operator=(Slot&& other) noexcept;
+    ~Slot() { Release(); }
+    void Release();
+
+   private:
+    TcpServer* server_ = nullptr;
+    uint32_t ip_ = 0;
+  };
+  struct Loop {
+    std::unique_ptr<EventLoop> loop;
+    // Owned by the loop thread (by the caller after Stop).
+    absl::flat_hash_map<Conn*, std::unique_ptr<Conn>> conns;
+  };
+
+  // Listener's loop.
+  void AcceptSome(absl::Time now);
+  bool ShedOne();
+  void PauseAccept(absl::Time now);
+  absl::Duration ListenerTick(absl::Time now);
+  // Any loop.
+  void Adopt(Loop* loop, UniqueFd fd, Slot slot, absl::Time now);
+  absl::Duration ConnTick(Loop* loop, absl::Time now);
+  // Reserves a place for a connection from `ip`, or returns false.
+  bool Admit(uint32_t ip);
+  void Leave(uint32_t ip);
 
   MemoryRegistry* const registry_;
-  UniqueFd listener_;
+  const TcpOptions options_;
+  const ServerSession::Limits limits_;
   uint16_t port_ = 0;
-  std::thread accept_thread_;
-  std::atomic<bool> stopping_{false};
+  std::string address_;
+  UniqueFd listener_;
+  std::vector<std::unique_ptr<Loop>> loops_;
+  std::unique_ptr<Listener> listener_handler_;
+
+  // Listener's loop thread only.
+  UniqueFd spare_;  // Freed to shed a connection when fds run out.
+  size_t next_loop_ = 0;
+  bool accept_paused_ = false;
+  absl::Duration accept_backoff_;
+  absl::Time accept_resume_;
+
+  mutable Mutex mu_;
+  uint64_t open_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<uint32_t, int> per_address_ ABSL_GUARDED_BY(mu_);
+
   std::atomic<uint64_t> accepted_{0};
-  Mutex mu_;
-  std::list<std::unique_ptr<Conn>> conns_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> refused_{0};
+  std::atomic<uint64_t> timeouts_{0};
+  std::atomic<uint64_t> bad_frames_{0};
+  std::atomic<uint64_t> fd_exhausted_{0};
+  std::atomic<uint64_t> accept_pauses_{0};
 };
 
 }  // namespace ferry::tcp

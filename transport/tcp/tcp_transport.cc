@@ -1,46 +1,65 @@
 #include "transport/tcp/tcp_transport.h"
 
-#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "transport/tcp/wire.h"
 
 namespace ferry::tcp {
 namespace {
 
-// Deadlines are checked at this granularity.
-constexpr absl::Duration kReapInterval = absl::Milliseconds(20);
-// Reconnect backoff doubles from the first to the last value: a dead peer
-// costs one connect attempt per interval, not one per slice.
-constexpr absl::Duration kMinBackoff = absl::Milliseconds(50);
-constexpr absl::Duration kMaxBackoff = absl::Seconds(2);
-// Unregistering waits this long for peers' accesses in progress.
-constexpr absl::Duration kUnregisterWait = absl::Seconds(10);
+absl::Status ValidateOptions(const TransportOptions& o) {
+  const TcpOptions& t = o.tcp;
+  auto bad = [](absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat("tcp.", what));
+  };
+  if (t.connections_per_peer < 1 || t.connections_per_peer > 64) {
+    return bad("connections_per_peer must be in 1..64");
+  }
+  if (t.max_slice_bytes == 0 || t.max_slice_bytes > kMaxFrameLength) {
+    return bad("max_slice_bytes must be in 1..64 MiB");
+  }
+  if (t.io_threads < 1 || t.io_threads > 16) {
+    return bad("io_threads must be in 1..16");
+  }
+  if (t.max_connections < 1 || t.max_connections_per_address < 1) {
+    return bad("max_connections and max_connections_per_address must be >= 1");
+  }
+  if (t.max_peers < 1) return bad("max_peers must be >= 1");
+  if (t.handshake_timeout <= absl::ZeroDuration() ||
+      t.idle_timeout <= absl::ZeroDuration() ||
+      t.frame_timeout <= absl::ZeroDuration()) {
+    return bad("handshake_timeout, idle_timeout and frame_timeout must be > 0");
+  }
+  if (t.backoff_min <= absl::ZeroDuration() || t.backoff_max < t.backoff_min) {
+    return bad("backoff_min must be > 0 and backoff_max >= backoff_min");
+  }
+  if (o.connect_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("connect_timeout must be > 0");
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
 TcpTransport::TcpTransport(const TransportOptions& options)
-    : options_(options) {}
+    : options_(options),
+      server_(&registry_, options_.tcp),
+      client_(options_.tcp, options_.connect_timeout) {}
 
 TcpTransport::~TcpTransport() { Shutdown(); }
 
 absl::Status TcpTransport::Install(const TransportEnv& env,
                                    metadata::TransportEndpoint* endpoint) {
-  if (options_.tcp.connections_per_peer < 1 ||
-      options_.tcp.connections_per_peer > 64) {
-    return absl::InvalidArgumentError(
-        "tcp.connections_per_peer must be in 1..64");
-  }
-  if (options_.tcp.max_slice_bytes == 0 ||
-      options_.tcp.max_slice_bytes > (64u << 20)) {
-    return absl::InvalidArgumentError(
-        "tcp.max_slice_bytes must be in 1..64 MiB");
+  if (absl::Status s = ValidateOptions(options_); !s.ok()) return s;
+  if (absl::Status s = client_.Start(); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("TCP transport: ", s.message()));
   }
   if (absl::Status s = server_.Start(env.listen_host, 0); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("TCP transport: ", s.message()));
   }
-  endpoint->set_address(absl::StrCat(env.listen_host, ":", server_.port()));
-  reaper_ = std::thread([this] { ReaperLoop(); });
+  // The numeric address bound: peers never resolve names.
+  endpoint->set_address(server_.address());
   return absl::OkStatus();
 }
 
@@ -51,107 +70,19 @@ absl::StatusOr<MemoryHandle> TcpTransport::RegisterMemory(
 }
 
 absl::Status TcpTransport::UnregisterMemory(uintptr_t addr) {
-  return registry_.Remove(addr, kUnregisterWait);
-}
-
-TcpConnection* TcpTransport::PickLocked(Pool* pool, absl::Status* why) {
-  absl::Time now = absl::Now();
-  // Bury broken connections, and learn from them for the backoff: a peer
-  // that cannot be reached costs one connect attempt per backoff interval.
-  for (auto& c : pool->conns) {
-    if (!c->broken()) continue;
-    if (c->ever_connected()) {
-      pool->consecutive_failures = 0;
-    } else {
-      ++connect_failures_;
-      pool->last_failure = c->failure();
-      pool->retry_after =
-          now + std::min(kMaxBackoff,
-                         kMinBackoff *
-                             (1 << std::min(pool->consecutive_failures, 6)));
-      ++pool->consecutive_failures;
-    }
-    graveyard_.push_back(std::move(c));
-  }
-  pool->conns.erase(
-      std::remove(pool->conns.begin(), pool->conns.end(), nullptr),
-      pool->conns.end());
-  TcpConnection* best = nullptr;
-  for (auto& c : pool->conns) {
-    if (best == nullptr || c->load_bytes() < best->load_bytes()) best = c.get();
-  }
-  const size_t want = static_cast<size_t>(options_.tcp.connections_per_peer);
-  if (pool->conns.size() < want &&
-      (best == nullptr || best->load_bytes() > 0)) {
-    if (now < pool->retry_after && best == nullptr) {
-      *why = absl::UnavailableError(absl::StrCat(
-          "peer ", pool->addr.ToString(), " unreachable, retrying in ",
-          absl::FormatDuration(pool->retry_after - now), ": ",
-          pool->last_failure.message()));
-      return nullptr;
-    }
-    if (now >= pool->retry_after) {
-      pool->conns.push_back(std::make_unique<TcpConnection>(
-          pool->addr, options_.connect_timeout));
-      ++connects_started_;
-      best = pool->conns.back().get();
-    }
-  }
-  return best;
+  // A peer's access holds its lease at most frame_timeout (then the
+  // server closes that connection), so this wait is enough.
+  return registry_.Remove(addr, options_.tcp.frame_timeout + absl::Seconds(1));
 }
 
 void TcpTransport::Submit(absl::Span<Slice* const> slices) {
-  struct Routed {
-    Slice* slice;
-    TcpConnection* conn;
-    absl::Status error;
-  };
-  std::vector<Routed> routed;
-  routed.reserve(slices.size());
-  {
-    MutexLock lock(&mu_);
-    for (Slice* slice : slices) {
-      Routed r{slice, nullptr, absl::OkStatus()};
-      const metadata::TransportEndpoint* ep =
-          slice->target->FindTransport("tcp");
-      if (shut_down_) {
-        r.error = absl::CancelledError("TCP transport is shut down");
-      } else if (ep == nullptr) {
-        r.error = absl::FailedPreconditionError(absl::StrCat(
-            "segment '", slice->target->name(), "' has no TCP endpoint"));
-      } else {
-        auto& pool = pools_[ep->address()];
-        if (pool == nullptr) {
-          auto addr = ParseHostPort(ep->address());
-          if (!addr.ok()) {
-            r.error = addr.status();
-            routed.push_back(std::move(r));
-            continue;
-          }
-          pool = std::make_unique<Pool>();
-          pool->addr = *addr;
-        }
-        r.conn = PickLocked(pool.get(), &r.error);
-      }
-      routed.push_back(std::move(r));
-    }
-  }
-  // Completions may run inline (a broken connection fails at once), so
-  // enqueue outside the lock.
-  for (Routed& r : routed) {
-    if (r.conn != nullptr) {
-      slices_.fetch_add(1, std::memory_order_relaxed);
-      bytes_.fetch_add(r.slice->length, std::memory_order_relaxed);
-      r.conn->Enqueue(r.slice);
-    } else {
-      r.slice->Complete(r.error);
-    }
-  }
+  client_.Submit(slices);
 }
 
 void TcpTransport::ClosePeer(const SegmentView& segment) {
-  // TODO(issue 9): close the peer's pool.
-  (void)segment;
+  if (const auto* ep = segment.FindTransport("tcp"); ep != nullptr) {
+    client_.ClosePeer(ep->address());
+  }
 }
 
 TransportStats TcpTransport::Stats() const {
@@ -160,47 +91,16 @@ TransportStats TcpTransport::Stats() const {
   NicStats& all = st.nics.emplace_back();
   all.name = "tcp";
   all.port_active = true;
-  all.slices = slices_.load(std::memory_order_relaxed);
-  all.bytes = bytes_.load(std::memory_order_relaxed);
-  MutexLock lock(&mu_);
-  for (const auto& [addr, pool] : pools_) st.endpoints += pool->conns.size();
-  st.connects_started = connects_started_;
-  st.connect_failures = connect_failures_;
+  client_.AddStats(&st);
+  const TcpServer::Counters c = server_.counters();
+  st.endpoints += c.open;
+  st.connects_accepted = c.accepted;
+  st.threads += server_.threads();
   return st;
 }
 
-void TcpTransport::ReaperLoop() {
-  while (!stop_reaper_.WaitForNotificationWithTimeout(kReapInterval)) {
-    std::vector<std::unique_ptr<TcpConnection>> dead;
-    {
-      absl::Time now = absl::Now();
-      MutexLock lock(&mu_);
-      for (auto& [addr, pool] : pools_) {
-        for (auto& c : pool->conns) c->ExpireOverdue(now);
-      }
-      dead.swap(graveyard_);
-    }
-    // Joining a connection's threads can take a moment: not under mu_.
-    dead.clear();
-  }
-}
-
 void TcpTransport::Shutdown() {
-  std::vector<std::unique_ptr<TcpConnection>> conns;
-  {
-    MutexLock lock(&mu_);
-    if (shut_down_) return;
-    shut_down_ = true;
-    for (auto& [addr, pool] : pools_) {
-      for (auto& c : pool->conns) conns.push_back(std::move(c));
-    }
-    pools_.clear();
-    for (auto& c : graveyard_) conns.push_back(std::move(c));
-    graveyard_.clear();
-  }
-  if (!stop_reaper_.HasBeenNotified()) stop_reaper_.Notify();
-  if (reaper_.joinable()) reaper_.join();
-  conns.clear();  // Fails what is still in flight with Cancelled.
+  client_.Shutdown();  // Cancels what is in flight.
   server_.Stop();
 }
 

@@ -2,23 +2,67 @@
 // hardware; also the reference the RDMA transport is compared with.
 //
 // Target side: a TcpServer applies peers' requests to this engine's
-// registered memory. Initiator side: a small pool of TcpConnections per peer
-// address; slices go to the least loaded live connection. Thread-safe.
+// registered memory. Initiator side: a TcpClient keeps a small pool of
+// connections per peer address. Both run on a fixed set of event-loop
+// threads (TcpOptions::io_threads each): no thread per connection.
+//
+// Failure model (what a user sees; the limits are TcpOptions, defaults in
+// brackets):
+//
+// * Deadlines. Every slice ends -- OK, failed, or DeadlineExceeded -- by
+//   its deadline plus 100 ms (deadlines are checked every 10 ms on the
+//   loop; the rest is loop latency), whatever the peer does: stopped
+//   (SIGSTOP, sendmsg would block), killed, black-holed, or dripping a
+//   response one byte at a time. A slice whose request has not reached the
+//   socket just leaves its queue. One whose request is (partly) on the
+//   wire cannot be taken back, so its connection is closed; the other
+//   slices on that connection that never reached the wire are retried on
+//   another connection (up to 4 tries), those that did fail with
+//   Unavailable (DeadlineExceeded if late). A WRITE that failed or timed
+//   out may or may not have been applied at the target, in whole or in
+//   part; it is never sent twice by the transport.
+// * Peer failures. A killed peer or a broken connection fails the slices on
+//   the wire with Unavailable at once. A peer that refuses, does not answer
+//   a connect within TransportOptions::connect_timeout [3 s], or drops
+//   connections before ever answering is backed off per address
+//   [100 ms doubling to 5 s]; meanwhile its slices fail at once with
+//   Unavailable "TCP peer A is backed off after N failed attempts (last:
+//   cause); next attempt in T", counted in TransportStats::fast_failures.
+//   At most one connect attempt per back-off interval: no storm. Slices
+//   that waited for the attempt that failed end with Unavailable naming
+//   its cause (connect_failures counts the attempts).
+// * Bad descriptors. A TCP endpoint that is not a numeric IPv4
+//   "address:port" fails its slices with InvalidArgument naming it and
+//   creates no state (names are not resolved: that could block).
+// * Bounded state, initiator: at most max_peers [1024] peer pools, least
+//   recently used idle ones dropped (ResourceExhausted for a new peer while
+//   all are busy); connections_per_peer [2] each, closed after half of
+//   idle_timeout unused; idle pools dropped after idle_timeout. ClosePeer
+//   drops a peer's pool at once if idle, else when its slices completed.
+// * Target limits: max_connections [4096] and max_connections_per_address
+//   [64] accepted connections (one more is reset at once); a connection is
+//   closed when its first request does not arrive within handshake_timeout
+//   [10 s], when it is idle for idle_timeout [60 s], or when one frame (a
+//   request with its payload, or a response until the peer took it) takes
+//   longer than frame_timeout [10 s] -- a lease on target memory is held
+//   no longer than that (plus the 50 ms check), and UnregisterMemory waits
+//   frame_timeout + 1 s for the accesses in progress. Out of fds, the listener
+//   sheds the waiting connections with a spare fd and backs off (10 ms doubling
+//   to 1 s) instead of spinning, and recovers as soon as fds come back.
+//   Malformed frames close that connection only.
+// * Threads: 2 x io_threads [1], created at Install; if the system refuses
+//   one, Install fails with ResourceExhausted (never an abort).
+// * Shutdown completes everything still queued or in flight with Cancelled.
+//
+// Thread-safe.
 #ifndef FERRY_TRANSPORT_TCP_TCP_TRANSPORT_H_
 #define FERRY_TRANSPORT_TCP_TCP_TRANSPORT_H_
 
-#include <atomic>
 #include <memory>
 #include <string>
-#include <thread>
-#include <vector>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
-#include "absl/synchronization/notification.h"
-#include "common/mutex.h"
 #include "transport/memory_registry.h"
-#include "transport/tcp/tcp_connection.h"
+#include "transport/tcp/tcp_client.h"
 #include "transport/tcp/tcp_server.h"
 #include "transport/transport.h"
 
@@ -43,39 +87,14 @@ class TcpTransport final : public Transport {
   TransportStats Stats() const override;
   void Shutdown() override;
 
+  // The target side, for tests.
+  const TcpServer& server() const { return server_; }
+
  private:
-  // The connections to one peer address, and its reconnect backoff.
-  struct Pool {
-    HostPort addr;
-    std::vector<std::unique_ptr<TcpConnection>> conns;
-    int consecutive_failures = 0;
-    absl::Time retry_after = absl::InfinitePast();
-    absl::Status last_failure;
-  };
-
-  // Picks (and if needed replaces) a connection; nullptr while backing off.
-  TcpConnection* PickLocked(Pool* pool, absl::Status* why)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ReaperLoop();
-
   const TransportOptions options_;
   MemoryRegistry registry_;
-  TcpServer server_{&registry_};
-
-  mutable Mutex mu_;
-  absl::flat_hash_map<std::string, std::unique_ptr<Pool>> pools_
-      ABSL_GUARDED_BY(mu_);
-  uint64_t connects_started_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t connect_failures_ ABSL_GUARDED_BY(mu_) = 0;
-  std::atomic<uint64_t> slices_{0};
-  std::atomic<uint64_t> bytes_{0};
-  // Broken connections, destroyed by the reaper thread (never by their own
-  // threads, which a destructor must join).
-  std::vector<std::unique_ptr<TcpConnection>> graveyard_ ABSL_GUARDED_BY(mu_);
-  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
-
-  absl::Notification stop_reaper_;
-  std::thread reaper_;
+  TcpServer server_;
+  TcpClient client_;
 };
 
 }  // namespace ferry::tcp

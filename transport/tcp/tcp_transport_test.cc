@@ -2,13 +2,25 @@
 // sockets, plus hostile peers speaking raw bytes.
 #include "transport/tcp/tcp_transport.h"
 
+#include <arpa/inet.h>
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <numeric>
+#include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/notification.h"
 #include "common/mutex.h"
 #include "common/socket_util.h"
@@ -25,20 +37,35 @@ class Sink : public SliceSink {
   void OnSliceDone(Slice* slice, const absl::Status& status) override {
     MutexLock lock(&mu_);
     statuses_.push_back(status);
+    times_.push_back(absl::Now());
+    ++done_[slice];
     cv_.SignalAll();
   }
-  std::vector<absl::Status> Wait(size_t n) {
+  std::vector<absl::Status> Wait(size_t n,
+                                 absl::Duration timeout = absl::Seconds(20)) {
     MutexLock lock(&mu_);
-    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    const absl::Time deadline = absl::Now() + timeout;
     while (statuses_.size() < n && !cv_.WaitWithDeadline(&mu_, deadline)) {
     }
     return statuses_;
+  }
+  std::vector<absl::Time> times() {
+    MutexLock lock(&mu_);
+    return times_;
+  }
+  // Completions of `slice` so far.
+  int count(Slice* slice) {
+    MutexLock lock(&mu_);
+    auto it = done_.find(slice);
+    return it == done_.end() ? 0 : it->second;
   }
 
  private:
   Mutex mu_;
   CondVar cv_;
   std::vector<absl::Status> statuses_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Time> times_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<Slice*, int> done_ ABSL_GUARDED_BY(mu_);
 };
 
 class TcpTransportTest : public ::testing::Test {
@@ -203,14 +230,477 @@ TEST_F(TcpTransportTest, SilentPeerHitsDeadline) {
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
 }
 
+// Shutdown must cancel a slice that would otherwise wait for its (far)
+// deadline: it completes with Cancelled, once, right after Shutdown.
 TEST_F(TcpTransportTest, ShutdownCancelsInFlight) {
+  uint16_t port = 0;
+  auto listener = ListenTcp("127.0.0.1", 0, &port);  // Accepts, never answers.
+  ASSERT_OK(listener);
+  auto silent = ViewWithPort(port);
+  char buf[8];
+  Slice s = MakeSlice(OpCode::kRead, buf, Remote(0), 8);
+  s.target = silent.get();
+  s.deadline = absl::Now() + absl::Seconds(60);
+  Slice* ss[] = {&s};
+  initiator_->Submit(ss);
+  const absl::Time shutdown_at = absl::Now();
+  initiator_->Shutdown();
+  auto st = sink_.Wait(1, absl::Seconds(5));
+  ASSERT_EQ(st.size(), 1u) << "Shutdown left the slice in flight";
+  EXPECT_STATUS(st[0], absl::StatusCode::kCancelled);
+  EXPECT_LT(sink_.times()[0] - shutdown_at, absl::Seconds(2));
+  EXPECT_EQ(sink_.count(&s), 1);
+}
+
+// A descriptor whose TCP endpoint is not host:port fails its slices with
+// InvalidArgument naming the address, and leaves nothing behind that the
+// stats, the deadline sweep or Shutdown could trip over.
+TEST_F(TcpTransportTest, UnparsableEndpointFailsCleanly) {
+  for (const char* bad : {"nohost", "nohost:", ":80", "1.2.3.4:99999"}) {
+    metadata::SegmentDescriptor d = view_->descriptor();
+    d.mutable_transports(0)->set_address(bad);
+    auto view = SegmentView::Create(d);
+    if (!view.ok()) continue;  // SegmentView may already refuse it.
+    Sink sink;
+    char buf[8];
+    Slice s = MakeSlice(OpCode::kRead, buf, Remote(0), 8);
+    s.target = view->get();
+    s.sink = &sink;
+    Slice* ss[] = {&s};
+    initiator_->Submit(ss);
+    auto st = sink.Wait(1, absl::Seconds(5));
+    ASSERT_EQ(st.size(), 1u) << bad;
+    EXPECT_STATUS(st[0], absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StrContains(st[0].message(), bad)) << st[0];
+    TransportStats stats = initiator_->Stats();
+    EXPECT_EQ(stats.peers, 0u) << bad;
+  }
+  // The transport still works, and its periodic work runs over the pools.
+  std::vector<uint8_t> src(64, 9);
+  Slice w = MakeSlice(OpCode::kWrite, src.data(), Remote(0), src.size());
+  Slice* ws[] = {&w};
+  initiator_->Submit(ws);
+  auto st = sink_.Wait(1);
+  ASSERT_EQ(st.size(), 1u);
+  EXPECT_OK(st[0]);
+  EXPECT_EQ(initiator_->Stats().peers, 1u);
+  initiator_->Shutdown();
+}
+
+// A peer that answers a READ header and then sends one byte per second
+// must not keep the slice past its deadline.
+TEST_F(TcpTransportTest, DripFeedingReadPeerHitsDeadline) {
   uint16_t port = 0;
   auto listener = ListenTcp("127.0.0.1", 0, &port);
   ASSERT_OK(listener);
+  Mutex mu;
+  CondVar cv;
+  bool stop = false;
+  std::thread dripper([&] {
+    pollfd pfd{listener->get(), POLLIN, 0};
+    if (::poll(&pfd, 1, 10000) != 1) return;
+    UniqueFd conn(::accept(listener->get(), nullptr, nullptr));
+    if (!conn.valid()) return;
+    SetRecvTimeout(conn.get(), absl::Seconds(10));
+    uint8_t hdr[kRequestHeaderBytes];
+    if (!ReadFull(conn.get(), hdr, sizeof(hdr)).ok()) return;
+    RequestHeader req;
+    if (!DecodeRequest(hdr, &req).ok()) return;
+    uint8_t resp[kResponseHeaderBytes];
+    EncodeResponse(
+        {WireOp::kReadData, WireStatus::kOk, req.request_id, req.length}, resp);
+    if (!WriteFull(conn.get(), resp, sizeof(resp)).ok()) return;
+    for (uint64_t i = 0; i < req.length; ++i) {
+      char b = 'x';
+      if (!WriteFull(conn.get(), &b, 1).ok()) return;
+      MutexLock lock(&mu);
+      const absl::Time next = absl::Now() + absl::Seconds(1);
+      while (!stop && !cv.WaitWithDeadline(&mu, next)) {
+      }
+      if (stop) return;
+    }
+  });
+  auto dripping = ViewWithPort(port);
+  std::vector<char> buf(64);
+  Slice s = MakeSlice(OpCode::kRead, buf.data(), Remote(0), buf.size());
+  s.target = dripping.get();
+  s.deadline = absl::Now() + absl::Milliseconds(1500);
+  Slice* ss[] = {&s};
+  initiator_->Submit(ss);
+  auto st = sink_.Wait(1, absl::Seconds(5));
+  {
+    MutexLock lock(&mu);
+    stop = true;
+    cv.SignalAll();
+  }
+  ASSERT_EQ(st.size(), 1u) << "the slice outlived its deadline by seconds";
+  EXPECT_STATUS(st[0], absl::StatusCode::kDeadlineExceeded);
+  EXPECT_LT(sink_.times()[0] - s.deadline, absl::Milliseconds(500));
+  initiator_->Shutdown();  // Closes the connection: the dripper ends.
+  dripper.join();
+}
+
+// Counts completions by code only (a storm of failures stores nothing).
+class CountingSink : public SliceSink {
+ public:
+  void OnSliceDone(Slice*, const absl::Status& status) override {
+    MutexLock lock(&mu_);
+    ++done_;
+    if (status.code() == absl::StatusCode::kUnavailable) ++unavailable_;
+    last_ = status;
+  }
+  int done() {
+    MutexLock lock(&mu_);
+    return done_;
+  }
+  int unavailable() {
+    MutexLock lock(&mu_);
+    return unavailable_;
+  }
+  absl::Status last() {
+    MutexLock lock(&mu_);
+    return last_;
+  }
+
+ private:
+  Mutex mu_;
+  int done_ ABSL_GUARDED_BY(mu_) = 0;
+  int unavailable_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status last_ ABSL_GUARDED_BY(mu_);
+};
+
+// Submitting to a peer that refuses connections as fast as possible for a
+// second: every slice fails once with Unavailable naming the peer, the
+// cause and the next try; connect attempts stay few (exponential backoff),
+// and the failures without an attempt are counted as fast failures.
+TEST_F(TcpTransportTest, RefusingPeerIsBackedOff) {
+  uint16_t port = 0;
+  { auto l = ListenTcp("127.0.0.1", 0, &port); }  // Closed: refused.
+  auto dead = ViewWithPort(port);
+  CountingSink sink;
+  char buf[8];
+  std::vector<Slice> slices;
+  const absl::Time end = absl::Now() + absl::Seconds(1);
+  int submitted = 0;
+  while (absl::Now() < end && submitted < 200000) {
+    Slice s = MakeSlice(OpCode::kRead, buf, Remote(0), 8);
+    s.target = dead.get();
+    s.sink = &sink;
+    Slice* ss[] = {&s};
+    initiator_->Submit(ss);
+    ++submitted;
+    // Each slice must be done before it goes out of scope: wait (bounded).
+    const absl::Time wait_end = absl::Now() + absl::Seconds(5);
+    while (sink.done() < submitted && absl::Now() < wait_end) {
+      std::this_thread::yield();
+    }
+    ASSERT_EQ(sink.done(), submitted);
+  }
+  EXPECT_EQ(sink.unavailable(), submitted);
+  const std::string msg(sink.last().message());
+  EXPECT_TRUE(absl::StrContains(msg, absl::StrCat("127.0.0.1:", port))) << msg;
+  EXPECT_TRUE(absl::StrContains(msg, "refused")) << msg;
+  EXPECT_TRUE(absl::StrContains(msg, "next")) << msg;
+  TransportStats stats = initiator_->Stats();
+  EXPECT_GE(stats.connects_started, 2u);
+  EXPECT_LE(stats.connects_started, 10u);
+  EXPECT_GE(stats.fast_failures,
+            static_cast<uint64_t>(submitted) - stats.connects_started * 4);
+}
+
+int ProcStatusField(const char* field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (absl::StartsWith(line, field)) {
+      int v = 0;
+      if (absl::SimpleAtoi(
+              absl::StripAsciiWhitespace(line.substr(std::strlen(field))),
+              &v)) {
+        return v;
+      }
+    }
+  }
+  return -1;
+}
+
+int OpenFds() {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    (void)e;
+    ++n;
+  }
+  return n;
+}
+
+// 1,000 peers (distinct addresses of one target), each used and closed in
+// turn: the pools, connections, threads and fds do not grow.
+TEST_F(TcpTransportTest, ThousandPeersOpenedAndClosedLeaveNothing) {
+  TransportOptions opts;
+  auto target = std::make_unique<TcpTransport>(opts);
+  TransportEnv env;
+  env.local_segment = "t2";
+  env.listen_host = "0.0.0.0";  // Reachable as any 127.x.y.z.
+  metadata::TransportEndpoint ep;
+  ASSERT_OK(target->Install(env, &ep));
+  MemoryRegion r;
+  r.addr = reinterpret_cast<uintptr_t>(target_buf_.data() + 4096);
+  r.length = 4096;
+  r.remote_accessible = true;
+  metadata::Buffer published;
+  ASSERT_OK(target->RegisterMemory(r, &published));
+  auto hp = ParseHostPort(ep.address());
+  ASSERT_OK(hp);
+  const int threads_before = ProcStatusField("Threads:");
+  const int fds_before = OpenFds();
+  uint64_t max_peers = 0;
+  for (int i = 0; i < 1000; ++i) {
+    metadata::SegmentDescriptor d = view_->descriptor();
+    d.mutable_transports(0)->set_address(
+        absl::StrCat("127.0.", 1 + i / 250, ".", 1 + i % 250, ":", hp->port));
+    auto view = SegmentView::Create(d);
+    ASSERT_OK(view);
+    Sink sink;
+    uint64_t src = 0x1234567800000000ull + i, dst = 0;
+    Slice w = MakeSlice(OpCode::kWrite, &src, r.addr + 8 * (i % 64), 8);
+    w.target = view->get();
+    w.sink = &sink;
+    Slice* ws[] = {&w};
+    initiator_->Submit(ws);
+    ASSERT_EQ(sink.Wait(1, absl::Seconds(10)).size(), 1u);
+    Slice rd = MakeSlice(OpCode::kRead, &dst, r.addr + 8 * (i % 64), 8);
+    rd.target = view->get();
+    rd.sink = &sink;
+    Slice* rs[] = {&rd};
+    initiator_->Submit(rs);
+    auto st = sink.Wait(2, absl::Seconds(10));
+    ASSERT_EQ(st.size(), 2u);
+    ASSERT_OK(st[0]);
+    ASSERT_OK(st[1]);
+    ASSERT_EQ(dst, src);
+    max_peers = std::max(max_peers, initiator_->Stats().peers);
+    initiator_->ClosePeer(**view);
+  }
+  EXPECT_GE(max_peers, 1u);  // The gauge counts open peers...
+  // ...and everything is released (closing is asynchronous: bounded wait).
+  const absl::Time end = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < end &&
+         (initiator_->Stats().peers > 0 || initiator_->Stats().endpoints > 0 ||
+          target->Stats().endpoints > 0 || OpenFds() > fds_before + 2)) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(initiator_->Stats().peers, 0u);
+  EXPECT_EQ(initiator_->Stats().endpoints, 0u);
+  EXPECT_EQ(target->Stats().endpoints, 0u);
+  EXPECT_LE(OpenFds(), fds_before + 2);
+  EXPECT_LE(ProcStatusField("Threads:"), threads_before + 2);
+  target->Shutdown();
+}
+
+// Connects to `to` from the loopback address `from` (blocking).
+absl::StatusOr<UniqueFd> ConnectFrom(const std::string& from,
+                                     const HostPort& to) {
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in src{};
+  src.sin_family = AF_INET;
+  ::inet_pton(AF_INET, from.c_str(), &src.sin_addr);
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&src), sizeof(src)) != 0) {
+    return absl::InternalError("bind");
+  }
+  sockaddr_in dst{};
+  dst.sin_family = AF_INET;
+  dst.sin_port = htons(to.port);
+  ::inet_pton(AF_INET, to.host.c_str(), &dst.sin_addr);
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&dst), sizeof(dst)) !=
+      0) {
+    return absl::UnavailableError(std::strerror(errno));
+  }
+  return fd;
+}
+
+// Sends one READ of 8 bytes on a raw connection; true if it was answered.
+bool Served(int fd, uint64_t remote) {
+  uint8_t hdr[kRequestHeaderBytes];
+  EncodeRequest({WireOp::kRead, 1, remote, 8}, hdr);
+  if (!WriteFull(fd, hdr, sizeof(hdr)).ok()) return false;
+  SetRecvTimeout(fd, absl::Seconds(5));
+  uint8_t resp[kResponseHeaderBytes + 8];
+  return ReadFull(fd, resp, sizeof(resp)).ok();
+}
+
+// The 65th connection from one address is refused (default cap 64); the
+// 64 before it, and connections from other addresses, are served.
+TEST_F(TcpTransportTest, ConnectionsPerAddressAreCapped) {
+  auto hp = ParseHostPort(target_addr_);
+  ASSERT_OK(hp);
+  std::vector<UniqueFd> conns;
+  for (int i = 0; i < 65; ++i) {
+    auto fd = ConnectFrom("127.0.0.2", *hp);
+    ASSERT_OK(fd);
+    conns.push_back(std::move(*fd));
+  }
+  auto other = ConnectFrom("127.0.0.3", *hp);
+  ASSERT_OK(other);
+  int served = 0;
+  for (auto& c : conns) served += Served(c.get(), Remote(0));
+  EXPECT_EQ(served, 64);
+  EXPECT_TRUE(Served(other->get(), Remote(0)));
+}
+
+// At most max_peers pools: idle ones are dropped least recently used
+// first; while all are busy a new peer fails with ResourceExhausted.
+TEST_F(TcpTransportTest, PeerPoolsAreBoundedLru) {
+  TransportOptions opts;
+  opts.tcp.max_peers = 4;
+  auto initiator = std::make_unique<TcpTransport>(opts);
+  TransportEnv env;
+  env.local_segment = "i2";
+  env.listen_host = "127.0.0.1";
+  metadata::TransportEndpoint ep;
+  ASSERT_OK(initiator->Install(env, &ep));
+  auto target = std::make_unique<TcpTransport>(TransportOptions());
+  env.listen_host = "0.0.0.0";
+  ASSERT_OK(target->Install(env, &ep));
+  MemoryRegion r;
+  r.addr = reinterpret_cast<uintptr_t>(target_buf_.data());
+  r.length = 4096;
+  r.remote_accessible = true;
+  metadata::Buffer published;
+  ASSERT_OK(target->RegisterMemory(r, &published));
+  auto hp = ParseHostPort(ep.address());
+  ASSERT_OK(hp);
+  auto view_at = [&](const std::string& address) {
+    metadata::SegmentDescriptor d = view_->descriptor();
+    d.mutable_transports(0)->set_address(address);
+    return *SegmentView::Create(d);
+  };
+  for (int i = 0; i < 20; ++i) {
+    auto view = view_at(absl::StrCat("127.0.2.", i + 1, ":", hp->port));
+    Sink sink;
+    uint64_t v = 0;
+    Slice s = MakeSlice(OpCode::kRead, &v, r.addr, 8);
+    s.target = view.get();
+    s.sink = &sink;
+    Slice* ss[] = {&s};
+    initiator->Submit(ss);
+    auto st = sink.Wait(1, absl::Seconds(10));
+    ASSERT_EQ(st.size(), 1u);
+    ASSERT_OK(st[0]);
+    EXPECT_LE(initiator->Stats().peers, 4u);
+  }
+  EXPECT_GE(initiator->Stats().evictions, 16u);
+  // Four peers busy (silent listeners: the READs wait for their deadline)...
+  std::vector<UniqueFd> silent;
+  std::vector<std::shared_ptr<const SegmentView>> views;
+  std::vector<Slice> busy(4);
+  std::vector<uint64_t> bufs(4);
+  Sink busy_sink;
+  for (int i = 0; i < 4; ++i) {
+    uint16_t port = 0;
+    auto l = ListenTcp("127.0.0.1", 0, &port);
+    ASSERT_OK(l);
+    silent.push_back(std::move(*l));
+    views.push_back(view_at(absl::StrCat("127.0.0.1:", port)));
+    busy[i] = MakeSlice(OpCode::kRead, &bufs[i], r.addr, 8);
+    busy[i].target = views.back().get();
+    busy[i].sink = &busy_sink;
+    Slice* ss[] = {&busy[i]};
+    initiator->Submit(ss);
+  }
+  // ...so a fifth is refused at once, naming the limit.
+  auto fifth = view_at(absl::StrCat("127.0.3.1:", hp->port));
+  Sink sink;
+  uint64_t v = 0;
+  Slice s = MakeSlice(OpCode::kRead, &v, r.addr, 8);
+  s.target = fifth.get();
+  s.sink = &sink;
+  Slice* ss[] = {&s};
+  initiator->Submit(ss);
+  auto st = sink.Wait(1, absl::Seconds(5));
+  ASSERT_EQ(st.size(), 1u);
+  EXPECT_STATUS(st[0], absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StrContains(st[0].message(), "max_peers")) << st[0];
+  initiator->Shutdown();  // Cancels the four.
+  EXPECT_EQ(busy_sink.Wait(4, absl::Seconds(5)).size(), 4u);
+  target->Shutdown();
+}
+
+// A peer whose connects are never answered (its accept queue is full, so
+// the kernel drops the SYNs, as a black-holed link would): the slices wait
+// no longer than the connect timeout, then the peer is backed off.
+TEST_F(TcpTransportTest, UnansweredConnectTimesOutAndBacksOff) {
+  uint16_t port = 0;
+  auto listener = ListenTcp("127.0.0.1", 0, &port, /*backlog=*/0);
+  ASSERT_OK(listener);
+  // Fill the accept queue (backlog 0 holds one connection).
+  std::vector<UniqueFd> fillers;
+  for (int i = 0; i < 2; ++i) {
+    auto sa = ParseIpv4Endpoint(absl::StrCat("127.0.0.1:", port));
+    ASSERT_OK(sa);
+    auto fd = StartConnect(*sa);
+    ASSERT_OK(fd);
+    fillers.push_back(std::move(*fd));
+  }
+  TransportOptions opts;
+  opts.connect_timeout = absl::Milliseconds(300);
+  opts.tcp.backoff_min = absl::Seconds(5);  // Surely still backing off below.
+  auto initiator = std::make_unique<TcpTransport>(opts);
+  TransportEnv env;
+  env.local_segment = "i3";
+  env.listen_host = "127.0.0.1";
+  metadata::TransportEndpoint ep;
+  ASSERT_OK(initiator->Install(env, &ep));
+  auto hole = ViewWithPort(port);
+  char buf[8];
+  Slice s = MakeSlice(OpCode::kRead, buf, Remote(0), 8);
+  s.target = hole.get();
+  s.deadline = absl::Now() + absl::Seconds(30);
+  const absl::Time start = absl::Now();
+  Slice* ss[] = {&s};
+  initiator->Submit(ss);
+  auto st = sink_.Wait(1, absl::Seconds(5));
+  ASSERT_EQ(st.size(), 1u);
+  EXPECT_STATUS(st[0], absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(absl::StrContains(st[0].message(), "no answer within")) << st[0];
+  EXPECT_LT(sink_.times()[0] - start, absl::Seconds(2));
+  // Backed off: the next slice fails at once, without a connect.
+  Slice s2 = MakeSlice(OpCode::kRead, buf, Remote(0), 8);
+  s2.target = hole.get();
+  Slice* ss2[] = {&s2};
+  initiator->Submit(ss2);
+  st = sink_.Wait(2, absl::Seconds(5));
+  ASSERT_EQ(st.size(), 2u);
+  EXPECT_STATUS(st[1], absl::StatusCode::kUnavailable);
+  TransportStats stats = initiator->Stats();
+  EXPECT_EQ(stats.connects_started, 1u);
+  EXPECT_EQ(stats.fast_failures, 1u);
+  initiator->Shutdown();
+}
+
+// ClosePeer on a busy peer fails nothing: the slice ends on its own (here
+// at its deadline), then the pool goes.
+TEST_F(TcpTransportTest, ClosePeerWaitsForSlicesInFlight) {
+  uint16_t port = 0;
+  auto listener = ListenTcp("127.0.0.1", 0, &port);  // Never answers.
+  ASSERT_OK(listener);
   auto silent = ViewWithPort(port);
-  absl::Status s = ReadOnce(silent.get(), absl::Seconds(10),
-                            /*shutdown_after_submit=*/true);
-  EXPECT_FALSE(s.ok());
+  char buf[8];
+  Slice s = MakeSlice(OpCode::kRead, buf, Remote(0), 8);
+  s.target = silent.get();
+  s.deadline = absl::Now() + absl::Milliseconds(500);
+  Slice* ss[] = {&s};
+  initiator_->Submit(ss);
+  initiator_->ClosePeer(*silent);
+  EXPECT_EQ(initiator_->Stats().peers, 1u);  // Still busy.
+  auto st = sink_.Wait(1, absl::Seconds(5));
+  ASSERT_EQ(st.size(), 1u);
+  EXPECT_STATUS(st[0], absl::StatusCode::kDeadlineExceeded);
+  const absl::Time end = absl::Now() + absl::Seconds(5);
+  while (initiator_->Stats().peers > 0 && absl::Now() < end) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(initiator_->Stats().peers, 0u);
+  EXPECT_EQ(initiator_->Stats().endpoints, 0u);
 }
 
 }  // namespace

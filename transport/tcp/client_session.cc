@@ -1,0 +1,209 @@
+#include "transport/tcp/client_session.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace ferry::tcp {
+namespace {
+
+const char* OpName(const Slice& slice) {
+  return slice.op == OpCode::kWrite ? "WRITE" : "READ";
+}
+
+}  // namespace
+
+void ClientSession::Add(Slice* slice) {
+  Entry e;
+  e.slice = slice;
+  e.id = next_id_++;
+  e.sent = 0;
+  const bool write = slice->op == OpCode::kWrite;
+  e.total = kRequestHeaderBytes + (write ? slice->length : 0);
+  EncodeRequest({write ? WireOp::kWrite : WireOp::kRead, e.id, slice->remote,
+                 slice->length},
+                e.header);
+  load_bytes_ += slice->length;
+  unsent_.push_back(e);
+}
+
+int ClientSession::PrepareOutput(iovec* iov, int max_iov) const {
+  int n = 0;
+  for (const Entry& e : unsent_) {
+    if (n + 2 > max_iov) break;
+    if (e.sent < kRequestHeaderBytes) {
+      iov[n++] = {const_cast<uint8_t*>(e.header) + e.sent,
+                  kRequestHeaderBytes - e.sent};
+    }
+    if (e.total > kRequestHeaderBytes) {
+      const size_t off =
+          std::max(e.sent, kRequestHeaderBytes) - kRequestHeaderBytes;
+      iov[n++] = {static_cast<uint8_t*>(e.slice->local) + off,
+                  e.slice->length - off};
+    }
+  }
+  return n;
+}
+
+void ClientSession::OnSent(size_t n) {
+  while (n > 0 && !unsent_.empty()) {
+    Entry& e = unsent_.front();
+    const size_t take = std::min(n, e.total - e.sent);
+    e.sent += take;
+    n -= take;
+    if (e.sent == e.total) {
+      awaiting_.push_back(e);
+      unsent_.pop_front();
+    }
+  }
+}
+
+std::pair<uint8_t*, size_t> ClientSession::InputBuffer() {
+  if (body_left_ > 0) return {body_, body_left_};  // Nothing is staged.
+  if (staged_begin_ == staged_end_) {
+    staged_begin_ = staged_end_ = 0;
+  } else if (staged_end_ == kStagingBytes) {
+    std::memmove(staging_, staging_ + staged_begin_,
+                 staged_end_ - staged_begin_);
+    staged_end_ -= staged_begin_;
+    staged_begin_ = 0;
+  }
+  return {staging_ + staged_end_, kStagingBytes - staged_end_};
+}
+
+absl::Status ClientSession::OnReceived(size_t n, std::vector<Done>* done) {
+  if (body_left_ > 0) {
+    n = std::min(n, body_left_);
+    body_ += n;
+    body_left_ -= n;
+    if (body_left_ == 0) FinishFront(absl::OkStatus(), done);
+  } else {
+    staged_end_ += std::min(n, kStagingBytes - staged_end_);
+  }
+  return Process(done);
+}
+
+void ClientSession::FinishFront(absl::Status status, std::vector<Done>* done) {
+  Entry& e = awaiting_.front();
+  load_bytes_ -= e.slice->length;
+  done->push_back({e.slice, std::move(status)});
+  awaiting_.pop_front();
+}
+
+absl::Status ClientSession::Process(std::vector<Done>* done) {
+  while (true) {
+    const size_t staged = staged_end_ - staged_begin_;
+    if (body_left_ > 0) {
+      if (staged == 0) return absl::OkStatus();
+      const size_t take = std::min(staged, body_left_);
+      std::memcpy(body_, staging_ + staged_begin_, take);
+      body_ += take;
+      body_left_ -= take;
+      staged_begin_ += take;
+      if (body_left_ == 0) FinishFront(absl::OkStatus(), done);
+      continue;
+    }
+    if (staged < kResponseHeaderBytes) return absl::OkStatus();
+    ResponseHeader h;
+    if (absl::Status s = DecodeResponse(staging_ + staged_begin_, &h);
+        !s.ok()) {
+      return absl::DataLossError(absl::StrCat(
+          "peer ", peer_, " sent a bad response header: ", s.message()));
+    }
+    staged_begin_ += kResponseHeaderBytes;
+    answered_any_ = true;
+    if (awaiting_.empty()) {
+      return absl::DataLossError(
+          absl::StrCat("peer ", peer_, " answered request ", h.request_id,
+                       ", which is not waiting for an answer"));
+    }
+    const Entry& e = awaiting_.front();
+    const Slice& slice = *e.slice;
+    if (h.request_id != e.id) {
+      return absl::DataLossError(
+          absl::StrCat("peer ", peer_, " answered request ", h.request_id,
+                       " out of order (request ", e.id, " is next)"));
+    }
+    const bool write = slice.op == OpCode::kWrite;
+    if (h.op != (write ? WireOp::kWriteAck : WireOp::kReadData)) {
+      return absl::DataLossError(absl::StrCat("peer ", peer_, " answered ",
+                                              OpName(slice), " request ", e.id,
+                                              " with the wrong opcode"));
+    }
+    if (h.status != WireStatus::kOk) {
+      FinishFront(absl::InvalidArgumentError(absl::StrCat(
+                      "target '", slice.target->name(), "' at ", peer_,
+                      " rejected ", OpName(slice), " of 0x",
+                      absl::Hex(slice.remote), "+", slice.length,
+                      ": not inside a buffer registered as remote-accessible")),
+                  done);
+      continue;
+    }
+    if (write) {
+      FinishFront(absl::OkStatus(), done);
+      continue;
+    }
+    if (h.length != slice.length) {
+      return absl::DataLossError(
+          absl::StrCat("peer ", peer_, " answered READ request ", e.id, " of ",
+                       slice.length, " bytes with ", h.length, " bytes"));
+    }
+    body_ = static_cast<uint8_t*>(slice.local);
+    body_left_ = h.length;  // Never 0: slices are at least 1 byte.
+  }
+}
+
+absl::Status SliceDeadlineError(absl::string_view peer, const Slice& slice) {
+  return absl::DeadlineExceededError(
+      absl::StrCat("TCP ", OpName(slice), " of ", slice.length, " bytes to ",
+                   peer, " did not complete before its deadline"));
+}
+
+bool ClientSession::Expire(absl::Time now, std::vector<Done>* done) {
+  bool must_abort = false;
+  for (auto it = unsent_.begin(); it != unsent_.end();) {
+    if (it->slice->deadline < now) {
+      if (it->sent == 0) {
+        load_bytes_ -= it->slice->length;
+        done->push_back({it->slice, SliceDeadlineError(peer_, *it->slice)});
+        it = unsent_.erase(it);
+        continue;
+      }
+      must_abort = true;
+    }
+    ++it;
+  }
+  for (const Entry& e : awaiting_) {
+    if (e.slice->deadline < now) {
+      must_abort = true;
+      break;
+    }
+  }
+  return must_abort;
+}
+
+void ClientSession::Abort(const absl::Status& cause, absl::Time now,
+                          std::vector<Slice*>* retry, std::vector<Done>* done) {
+  auto end = [&](Slice* slice) {
+    done->push_back({slice, slice->deadline < now
+                                ? SliceDeadlineError(peer_, *slice)
+                                : cause});
+  };
+  for (const Entry& e : unsent_) {
+    if (e.sent == 0 && retry != nullptr) {
+      retry->push_back(e.slice);
+    } else {
+      end(e.slice);
+    }
+  }
+  for (const Entry& e : awaiting_) end(e.slice);
+  unsent_.clear();
+  awaiting_.clear();
+  load_bytes_ = 0;
+  body_ = nullptr;
+  body_left_ = 0;
+  staged_begin_ = staged_end_ = 0;
+}
+
+}  // namespace ferry::tcp

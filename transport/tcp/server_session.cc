@@ -1,0 +1,207 @@
+#include "transport/tcp/server_session.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace ferry::tcp {
+
+ServerSession::ServerSession(MemoryRegistry* registry, const Limits& limits,
+                             absl::Time now)
+    : registry_(registry), limits_(limits), created_(now), last_done_(now) {}
+
+std::pair<uint8_t*, size_t> ServerSession::InputBuffer() {
+  if (!wants_input()) return {nullptr, 0};
+  if (staged_begin_ == staged_end_) {
+    staged_begin_ = staged_end_ = 0;
+    // A payload with nothing staged goes straight to the target memory.
+    if (payload_left_ > 0 && payload_ != nullptr) {
+      return {payload_, payload_left_};
+    }
+  } else if (staged_end_ == kStagingBytes) {
+    std::memmove(staging_, staging_ + staged_begin_,
+                 staged_end_ - staged_begin_);
+    staged_end_ -= staged_begin_;
+    staged_begin_ = 0;
+  }
+  return {staging_ + staged_end_, kStagingBytes - staged_end_};
+}
+
+absl::Status ServerSession::OnReceived(size_t n, absl::Time now) {
+  if (staged_begin_ == staged_end_ && payload_left_ > 0 &&
+      payload_ != nullptr) {
+    n = std::min(n, payload_left_);
+    payload_ += n;
+    payload_left_ -= n;
+    if (payload_left_ == 0) EndPayload(now);
+  } else {
+    staged_end_ += std::min(n, kStagingBytes - staged_end_);
+  }
+  absl::Status s = Process(now);
+  UpdateFrameClock(now);
+  return s;
+}
+
+absl::Status ServerSession::Process(absl::Time now) {
+  while (true) {
+    const size_t staged = staged_end_ - staged_begin_;
+    if (payload_left_ > 0) {
+      if (staged == 0) return absl::OkStatus();
+      const size_t take = std::min(staged, payload_left_);
+      if (payload_ != nullptr) {
+        std::memcpy(payload_, staging_ + staged_begin_, take);
+        payload_ += take;
+      }
+      payload_left_ -= take;
+      staged_begin_ += take;
+      if (payload_left_ == 0) EndPayload(now);
+      continue;
+    }
+    // Leave further requests staged while the peer is not taking answers.
+    if (!wants_input() || staged < kRequestHeaderBytes) {
+      return absl::OkStatus();
+    }
+    const uint8_t* header = staging_ + staged_begin_;
+    staged_begin_ += kRequestHeaderBytes;
+    if (absl::Status s = StartRequest(header, now); !s.ok()) return s;
+  }
+}
+
+absl::Status ServerSession::StartRequest(const uint8_t* header,
+                                         absl::Time now) {
+  RequestHeader req;
+  if (absl::Status s = DecodeRequest(header, &req); !s.ok()) {
+    return absl::DataLossError(
+        absl::StrCat("bad request header: ", s.message()));
+  }
+  ++requests_;
+  // Only remote-accessible registered memory, wholly inside one buffer.
+  auto lease = registry_->Acquire(req.remote_addr, req.length,
+                                  /*need_remote=*/true);
+  uint8_t* const target = reinterpret_cast<uint8_t*>(req.remote_addr);
+  if (req.op == WireOp::kWrite) {
+    payload_left_ = req.length;
+    payload_id_ = req.request_id;
+    if (lease.ok()) {
+      payload_ = target;
+      payload_status_ = WireStatus::kOk;
+      payload_lease_ = std::move(*lease);
+    } else {
+      payload_ = nullptr;  // Drained, to keep the stream in sync.
+      payload_status_ = WireStatus::kOutOfBounds;
+    }
+    return absl::OkStatus();
+  }
+  Response r;
+  if (lease.ok()) {
+    EncodeResponse(
+        {WireOp::kReadData, WireStatus::kOk, req.request_id, req.length},
+        r.header);
+    r.data = target;
+    r.length = req.length;
+    r.lease = std::move(*lease);
+  } else {
+    EncodeResponse(
+        {WireOp::kReadData, WireStatus::kOutOfBounds, req.request_id, 0},
+        r.header);
+  }
+  frame_since_ = absl::InfiniteFuture();  // This request is complete.
+  last_done_ = now;
+  Queue(std::move(r), now);
+  return absl::OkStatus();
+}
+
+void ServerSession::EndPayload(absl::Time now) {
+  // Applied: only now is the WRITE acknowledged.
+  payload_lease_.Release();
+  payload_ = nullptr;
+  Response r;
+  EncodeResponse({WireOp::kWriteAck, payload_status_, payload_id_, 0},
+                 r.header);
+  frame_since_ = absl::InfiniteFuture();
+  last_done_ = now;
+  Queue(std::move(r), now);
+}
+
+void ServerSession::Queue(Response r, absl::Time now) {
+  if (out_.empty()) out_since_ = now;
+  out_.push_back(std::move(r));
+}
+
+int ServerSession::PrepareOutput(iovec* iov, int max_iov) const {
+  int n = 0;
+  for (const Response& r : out_) {
+    if (n + 2 > max_iov) break;
+    if (r.sent < kResponseHeaderBytes) {
+      iov[n++] = {const_cast<uint8_t*>(r.header) + r.sent,
+                  kResponseHeaderBytes - r.sent};
+    }
+    if (r.length > 0) {
+      const size_t off =
+          std::max(r.sent, kResponseHeaderBytes) - kResponseHeaderBytes;
+      iov[n++] = {const_cast<uint8_t*>(r.data) + off, r.length - off};
+    }
+  }
+  return n;
+}
+
+absl::Status ServerSession::OnSent(size_t n, absl::Time now) {
+  const bool was_paused = !wants_input();
+  while (n > 0 && !out_.empty()) {
+    Response& r = out_.front();
+    const size_t total = kResponseHeaderBytes + r.length;
+    const size_t take = std::min(n, total - r.sent);
+    r.sent += take;
+    n -= take;
+    if (r.sent == total) {
+      out_.pop_front();  // Releases the lease.
+      last_done_ = now;
+      out_since_ = out_.empty() ? absl::InfiniteFuture() : now;
+    }
+  }
+  absl::Status s;
+  if (was_paused && wants_input()) s = Process(now);  // Staged requests.
+  UpdateFrameClock(now);
+  return s;
+}
+
+void ServerSession::UpdateFrameClock(absl::Time now) {
+  // The clock runs only while the session reads: a paused one waits for
+  // the peer to take responses, which out_since_ bounds.
+  if (!mid_frame() || !wants_input()) {
+    frame_since_ = absl::InfiniteFuture();
+  } else if (frame_since_ == absl::InfiniteFuture()) {
+    frame_since_ = now;
+  }
+}
+
+absl::Status ServerSession::CheckTimeouts(absl::Time now) const {
+  if (requests_ == 0 && now - created_ > limits_.handshake_timeout) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "no request within ", absl::FormatDuration(limits_.handshake_timeout),
+        " of connecting"));
+  }
+  if (now - frame_since_ > limits_.frame_timeout) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "request frame incomplete after ",
+        absl::FormatDuration(limits_.frame_timeout), " (",
+        payload_left_ > 0 ? absl::StrCat(payload_left_, " payload bytes due")
+                          : std::string("partial header"),
+        ")"));
+  }
+  if (now - out_since_ > limits_.frame_timeout) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("peer took no response for ",
+                     absl::FormatDuration(limits_.frame_timeout)));
+  }
+  if (requests_ > 0 && !mid_frame() && out_.empty() &&
+      now - last_done_ > limits_.idle_timeout) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("idle for ", absl::FormatDuration(limits_.idle_timeout)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ferry::tcp

@@ -1,0 +1,124 @@
+// ServerSession: the target's half of the TCP wire protocol for one
+// accepted connection, with no I/O of its own (the server moves the bytes,
+// so this state machine can be tested and fuzzed alone).
+//
+// Requests are handled in arrival order. Each header is validated before
+// use; each access is checked against the registry (remote-accessible
+// buffers only) and holds a lease on its buffer until its bytes have moved:
+// a WRITE's payload is received straight into the target memory, a READ's
+// data is sent straight from it. A range outside registered memory is
+// answered with an error status and touches nothing (a WRITE's payload is
+// drained). A malformed header ends the session.
+//
+// Bounded: at most kMaxQueuedResponses responses wait for the peer to take
+// them; while that many wait, no more input is read (the peer's requests
+// stay in its socket), so a peer that does not read cannot make the
+// target queue work. Timeouts (CheckTimeouts) bound how long a peer may
+// hold the connection idle, or hold a lease with a frame it does not finish.
+//
+// Not thread-safe: one event-loop thread uses it.
+#ifndef FERRY_TRANSPORT_TCP_SERVER_SESSION_H_
+#define FERRY_TRANSPORT_TCP_SERVER_SESSION_H_
+
+#include <sys/uio.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "transport/memory_registry.h"
+#include "transport/tcp/wire.h"
+
+namespace ferry::tcp {
+
+class ServerSession {
+ public:
+  struct Limits {
+    absl::Duration handshake_timeout = absl::Seconds(10);
+    absl::Duration idle_timeout = absl::Seconds(60);
+    absl::Duration frame_timeout = absl::Seconds(10);
+  };
+  static constexpr size_t kMaxQueuedResponses = 16;
+
+  // `registry` must outlive the session. `now`: when the connection was
+  // accepted.
+  ServerSession(MemoryRegistry* registry, const Limits& limits, absl::Time now);
+  ServerSession(const ServerSession&) = delete;
+  ServerSession& operator=(const ServerSession&) = delete;
+
+  // Input: where to receive the next bytes, then OnReceived with how many
+  // arrived there. Empty while too many responses wait (stop reading). A
+  // non-OK return (DataLoss naming the fault) means: close the connection.
+  bool wants_input() const { return out_.size() < kMaxQueuedResponses; }
+  std::pair<uint8_t*, size_t> InputBuffer();
+  absl::Status OnReceived(size_t n, absl::Time now);
+
+  // Output: bytes to send next, as at most `max_iov` iovecs; then OnSent
+  // with how many of them went out. OnSent may resume requests that were
+  // staged while output was full: non-OK as for OnReceived.
+  bool has_output() const { return !out_.empty(); }
+  int PrepareOutput(iovec* iov, int max_iov) const;
+  absl::Status OnSent(size_t n, absl::Time now);
+
+  // DeadlineExceeded saying which limit the peer overran, if it did: the
+  // caller closes the connection.
+  absl::Status CheckTimeouts(absl::Time now) const;
+
+  // Requests whose header was accepted.
+  uint64_t requests() const { return requests_; }
+  // The start of a request or some of its bytes have arrived, but not all.
+  bool mid_frame() const {
+    return payload_left_ > 0 || staged_end_ > staged_begin_;
+  }
+
+ private:
+  struct Response {
+    uint8_t header[kResponseHeaderBytes];
+    const uint8_t* data = nullptr;  // READ data, in the leased buffer.
+    size_t length = 0;              // Of data.
+    size_t sent = 0;                // Of header + data.
+    MemoryRegistry::Lease lease;
+  };
+
+  static constexpr size_t kStagingBytes = 4096;
+
+  absl::Status Process(absl::Time now);
+  absl::Status StartRequest(const uint8_t* header, absl::Time now);
+  void EndPayload(absl::Time now);
+  void Queue(Response r, absl::Time now);
+  // Frame timing: called whenever input state may have changed.
+  void UpdateFrameClock(absl::Time now);
+
+  MemoryRegistry* const registry_;
+  const Limits limits_;
+  const absl::Time created_;
+  uint64_t requests_ = 0;
+
+  // Input. Headers (and any payload bytes read with them) are staged.
+  uint8_t staging_[kStagingBytes];
+  size_t staged_begin_ = 0;
+  size_t staged_end_ = 0;
+  // The WRITE whose payload is arriving: its destination (null: drained),
+  // bytes still due, id and answer, and the lease on the target buffer.
+  uint8_t* payload_ = nullptr;
+  size_t payload_left_ = 0;
+  uint64_t payload_id_ = 0;
+  WireStatus payload_status_ = WireStatus::kOk;
+  MemoryRegistry::Lease payload_lease_;
+
+  std::deque<Response> out_;
+
+  // Since when the current input frame has been in progress (while input
+  // is read), and the front response has waited for the peer; the last
+  // time a request or response finished.
+  absl::Time frame_since_ = absl::InfiniteFuture();
+  absl::Time out_since_ = absl::InfiniteFuture();
+  absl::Time last_done_;
+};
+
+}  // namespace ferry::tcp
+
+#endif  // FERRY_TRANSPORT_TCP_SERVER_SESSION_H_

@@ -1,0 +1,232 @@
+// ServerSession alone: bytes in, bytes out, a fake clock.
+#include "transport/tcp/server_session.h"
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/status_testing.h"
+#include "gtest/gtest.h"
+#include "transport/tcp/wire.h"
+
+namespace ferry::tcp {
+namespace {
+
+const absl::Time kT0 = absl::FromUnixSeconds(1000);
+
+class ServerSessionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    mem_.assign(1 << 16, 0);
+    MemoryRegion r;
+    r.addr = base();
+    r.length = mem_.size();
+    r.remote_accessible = true;
+    ASSERT_OK(registry_.Add(r));
+    limits_.handshake_timeout = absl::Seconds(10);
+    limits_.idle_timeout = absl::Seconds(60);
+    limits_.frame_timeout = absl::Seconds(5);
+  }
+
+  uint64_t base() const { return reinterpret_cast<uint64_t>(mem_.data()); }
+
+  static std::string Request(WireOp op, uint64_t id, uint64_t addr,
+                             uint64_t len) {
+    uint8_t h[kRequestHeaderBytes];
+    EncodeRequest({op, id, addr, len}, h);
+    return std::string(reinterpret_cast<char*>(h), sizeof(h));
+  }
+
+  // Feeds `bytes` in pieces of at most `chunk`.
+  static absl::Status Feed(ServerSession& s, const std::string& bytes,
+                           absl::Time now, size_t chunk = 1 << 20) {
+    size_t off = 0;
+    while (off < bytes.size()) {
+      auto [buf, len] = s.InputBuffer();
+      if (len == 0) return absl::ResourceExhaustedError("input paused");
+      const size_t n = std::min({len, chunk, bytes.size() - off});
+      std::memcpy(buf, bytes.data() + off, n);
+      off += n;
+      if (absl::Status st = s.OnReceived(n, now); !st.ok()) return st;
+    }
+    return absl::OkStatus();
+  }
+
+  // Takes all output (in pieces of at most `chunk`).
+  static std::string Drain(ServerSession& s, absl::Time now,
+                           size_t chunk = 1 << 20) {
+    std::string out;
+    while (s.has_output()) {
+      iovec iov[16];
+      const int n = s.PrepareOutput(iov, 16);
+      size_t taken = 0;
+      for (int i = 0; i < n && taken < chunk; ++i) {
+        const size_t k = std::min(iov[i].iov_len, chunk - taken);
+        out.append(static_cast<char*>(iov[i].iov_base), k);
+        taken += k;
+      }
+      EXPECT_OK(s.OnSent(taken, now));
+    }
+    return out;
+  }
+
+  static std::vector<ResponseHeader> Responses(const std::string& out) {
+    std::vector<ResponseHeader> r;
+    size_t off = 0;
+    while (off + kResponseHeaderBytes <= out.size()) {
+      ResponseHeader h;
+      EXPECT_OK(DecodeResponse(
+          reinterpret_cast<const uint8_t*>(out.data()) + off, &h));
+      r.push_back(h);
+      off += kResponseHeaderBytes + h.length;
+    }
+    EXPECT_EQ(off, out.size());
+    return r;
+  }
+
+  std::vector<uint8_t> mem_;
+  MemoryRegistry registry_;
+  ServerSession::Limits limits_;
+};
+
+TEST_F(ServerSessionTest, WriteIsAppliedThenAcknowledged) {
+  for (size_t chunk : {1u, 7u, 33u, 4096u, 1u << 20}) {
+    ServerSession s(&registry_, limits_, kT0);
+    std::string payload(5000, static_cast<char>(chunk));
+    ASSERT_OK(Feed(s, Request(WireOp::kWrite, 9, base() + 100, 5000) + payload,
+                   kT0, chunk));
+    EXPECT_EQ(std::memcmp(mem_.data() + 100, payload.data(), 5000), 0);
+    auto r = Responses(Drain(s, kT0, chunk));
+    ASSERT_EQ(r.size(), 1u);
+    EXPECT_EQ(r[0].op, WireOp::kWriteAck);
+    EXPECT_EQ(r[0].status, WireStatus::kOk);
+    EXPECT_EQ(r[0].request_id, 9u);
+  }
+}
+
+TEST_F(ServerSessionTest, ReadIsAnsweredFromMemory) {
+  for (size_t i = 0; i < 300; ++i) mem_[i] = static_cast<uint8_t>(i * 7);
+  ServerSession s(&registry_, limits_, kT0);
+  ASSERT_OK(Feed(s, Request(WireOp::kRead, 3, base() + 10, 200), kT0));
+  const std::string out = Drain(s, kT0, 13);
+  auto r = Responses(out);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].length, 200u);
+  EXPECT_EQ(
+      std::memcmp(out.data() + kResponseHeaderBytes, mem_.data() + 10, 200), 0);
+}
+
+TEST_F(ServerSessionTest, OutOfBoundsIsRejectedAndTouchesNothing) {
+  ServerSession s(&registry_, limits_, kT0);
+  const uint64_t end = base() + mem_.size();
+  std::string payload(64, 'x');
+  // Straddles the end; then an OK request on the same stream.
+  ASSERT_OK(Feed(s,
+                 Request(WireOp::kWrite, 1, end - 32, 64) + payload +
+                     Request(WireOp::kRead, 2, end, 1) +
+                     Request(WireOp::kRead, 3, base(), 8),
+                 kT0, 5));
+  auto r = Responses(Drain(s, kT0));
+  ASSERT_EQ(r.size(), 3u);
+  EXPECT_EQ(r[0].status, WireStatus::kOutOfBounds);
+  EXPECT_EQ(r[1].status, WireStatus::kOutOfBounds);
+  EXPECT_EQ(r[1].length, 0u);
+  EXPECT_EQ(r[2].status, WireStatus::kOk);
+  for (size_t i = mem_.size() - 32; i < mem_.size(); ++i) ASSERT_EQ(mem_[i], 0);
+}
+
+TEST_F(ServerSessionTest, BadHeaderEndsTheSession) {
+  ServerSession s(&registry_, limits_, kT0);
+  std::string garbage(kRequestHeaderBytes, 'Z');
+  EXPECT_STATUS(Feed(s, garbage, kT0), absl::StatusCode::kDataLoss);
+  ServerSession s2(&registry_, limits_, kT0);
+  EXPECT_STATUS(Feed(s2, Request(WireOp::kRead, 1, base(), 0), kT0),
+                absl::StatusCode::kDataLoss);  // Length 0.
+}
+
+TEST_F(ServerSessionTest, LeaseHeldWhilePayloadArrives) {
+  ServerSession s(&registry_, limits_, kT0);
+  ASSERT_OK(Feed(s, Request(WireOp::kWrite, 1, base(), 100) + "abc", kT0));
+  // Mid-payload: the buffer cannot be unregistered.
+  EXPECT_STATUS(registry_.Remove(base(), absl::ZeroDuration()),
+                absl::StatusCode::kFailedPrecondition);
+  ASSERT_OK(Feed(s, std::string(97, 'd'), kT0));
+  Drain(s, kT0);
+  EXPECT_OK(registry_.Remove(base(), absl::ZeroDuration()));
+}
+
+TEST_F(ServerSessionTest, HandshakeTimeout) {
+  ServerSession s(&registry_, limits_, kT0);
+  EXPECT_OK(s.CheckTimeouts(kT0 + absl::Seconds(10)));
+  EXPECT_STATUS(s.CheckTimeouts(kT0 + absl::Seconds(11)),
+                absl::StatusCode::kDeadlineExceeded);
+  ServerSession s2(&registry_, limits_, kT0);
+  ASSERT_OK(
+      Feed(s2, Request(WireOp::kRead, 1, base(), 8), kT0 + absl::Seconds(9)));
+  Drain(s2, kT0 + absl::Seconds(9));
+  EXPECT_OK(s2.CheckTimeouts(kT0 + absl::Seconds(11)));
+}
+
+TEST_F(ServerSessionTest, IdleTimeoutCountsFromTheLastAnswer) {
+  ServerSession s(&registry_, limits_, kT0);
+  const absl::Time t1 = kT0 + absl::Seconds(1);
+  ASSERT_OK(Feed(s, Request(WireOp::kRead, 1, base(), 8), t1));
+  const absl::Time t2 = kT0 + absl::Seconds(2);
+  Drain(s, t2);
+  EXPECT_OK(s.CheckTimeouts(t2 + absl::Seconds(60)));
+  EXPECT_STATUS(s.CheckTimeouts(t2 + absl::Seconds(61)),
+                absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_F(ServerSessionTest, FrameTimeoutForPartialHeaderAndPayload) {
+  ServerSession s(&registry_, limits_, kT0);
+  ASSERT_OK(Feed(s, Request(WireOp::kRead, 1, base(), 8), kT0));
+  Drain(s, kT0);
+  const absl::Time t1 = kT0 + absl::Seconds(20);
+  ASSERT_OK(Feed(s, Request(WireOp::kRead, 2, base(), 8).substr(0, 10), t1));
+  EXPECT_OK(s.CheckTimeouts(t1 + absl::Seconds(5)));
+  EXPECT_STATUS(s.CheckTimeouts(t1 + absl::Seconds(6)),
+                absl::StatusCode::kDeadlineExceeded);
+
+  ServerSession w(&registry_, limits_, kT0);
+  ASSERT_OK(Feed(w, Request(WireOp::kWrite, 1, base(), 1000) + "x", kT0));
+  // Dripping the payload does not reset the frame's clock.
+  for (int i = 1; i <= 5; ++i) {
+    ASSERT_OK(Feed(w, "x", kT0 + absl::Seconds(i)));
+  }
+  EXPECT_STATUS(w.CheckTimeouts(kT0 + absl::Seconds(6)),
+                absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_F(ServerSessionTest, ResponseNotTakenTimesOut) {
+  ServerSession s(&registry_, limits_, kT0);
+  ASSERT_OK(Feed(s, Request(WireOp::kRead, 1, base(), 60000), kT0));
+  iovec iov[4];
+  ASSERT_GT(s.PrepareOutput(iov, 4), 0);
+  ASSERT_OK(s.OnSent(1000, kT0 + absl::Seconds(1)));  // Takes a little.
+  EXPECT_OK(s.CheckTimeouts(kT0 + absl::Seconds(5)));
+  EXPECT_STATUS(s.CheckTimeouts(kT0 + absl::Seconds(6)),
+                absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_F(ServerSessionTest, StopsReadingWhileResponsesWait) {
+  ServerSession s(&registry_, limits_, kT0);
+  std::string reqs;
+  const size_t n = ServerSession::kMaxQueuedResponses + 5;
+  for (size_t i = 0; i < n; ++i) {
+    reqs += Request(WireOp::kRead, i + 1, base(), 1000);
+  }
+  ASSERT_OK(Feed(s, reqs, kT0));  // All staged at once.
+  EXPECT_FALSE(s.wants_input());
+  EXPECT_EQ(s.InputBuffer().second, 0u);
+  EXPECT_EQ(s.requests(), ServerSession::kMaxQueuedResponses);
+  // A paused session does not count the staged frame against the peer.
+  EXPECT_OK(s.CheckTimeouts(kT0 + absl::Seconds(4)));
+  // Taking answers resumes the staged requests.
+  auto r = Responses(Drain(s, kT0));
+  ASSERT_EQ(r.size(), n);
+  for (size_t i = 0; i < n; ++i) EXPECT_EQ(r[i].request_id, i + 1);
+}
+
+}  // namespace
+}  // namespace ferry::tcp

@@ -1,0 +1,175 @@
+// TcpServer's limits over real loopback sockets: caps, timeouts, leases
+// given back, a fixed number of threads.
+#include "transport/tcp/tcp_server.h"
+
+#include <sys/socket.h>
+
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/socket_util.h"
+#include "common/status_testing.h"
+#include "gtest/gtest.h"
+#include "transport/tcp/tcp_test_util.h"
+#include "transport/tcp/wire.h"
+
+namespace ferry::tcp {
+namespace {
+
+using ::ferry::tcp::testing::ConnectFrom;
+using ::ferry::tcp::testing::Served;
+using ::ferry::tcp::testing::ThreadCount;
+using ::ferry::tcp::testing::WaitForClose;
+
+class TcpServerTest : public ::testing::Test {
+ protected:
+  void Start(const TcpOptions& options, size_t buffer = 1 << 20) {
+    mem_.assign(buffer, 0x11);
+    MemoryRegion r;
+    r.addr = base();
+    r.length = mem_.size();
+    r.remote_accessible = true;
+    ASSERT_OK(registry_.Add(r));
+    server_ = std::make_unique<TcpServer>(&registry_, options);
+    ASSERT_OK(server_->Start("127.0.0.1", 0));
+  }
+
+  void TearDown() override {
+    if (server_ != nullptr) server_->Stop();
+  }
+
+  uint64_t base() const { return reinterpret_cast<uint64_t>(mem_.data()); }
+
+  absl::StatusOr<UniqueFd> Connect(const std::string& from = "127.0.0.1") {
+    return ConnectFrom(from, server_->address());
+  }
+
+  // Declared first: outlives the server's use of it.
+  std::vector<uint8_t> mem_;
+  MemoryRegistry registry_;
+  std::unique_ptr<TcpServer> server_;
+};
+
+TEST_F(TcpServerTest, GlobalCapResetsExtraConnectionsUntilOneCloses) {
+  TcpOptions o;
+  o.max_connections = 3;
+  Start(o);
+  std::vector<UniqueFd> conns;
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_OK_AND_ASSIGN(UniqueFd fd,
+                         Connect(absl::StrCat("127.0.0.", 10 + i)));
+    conns.push_back(std::move(fd));
+  }
+  int served = 0;
+  for (auto& c : conns) served += Served(c.get(), base());
+  EXPECT_EQ(served, 3);
+  EXPECT_EQ(server_->counters().refused, 1u);
+  // A slot comes back once a connection closes.
+  conns[0].Reset();
+  const absl::Time end = absl::Now() + absl::Seconds(5);
+  bool again = false;
+  while (!again && absl::Now() < end) {
+    ASSERT_OK_AND_ASSIGN(UniqueFd fd, Connect("127.0.0.20"));
+    again = Served(fd.get(), base());
+  }
+  EXPECT_TRUE(again);
+}
+
+TEST_F(TcpServerTest, HandshakeTimeoutClosesASilentConnection) {
+  TcpOptions o;
+  o.handshake_timeout = absl::Milliseconds(200);
+  Start(o);
+  ASSERT_OK_AND_ASSIGN(UniqueFd fd, Connect());
+  ASSERT_OK_AND_ASSIGN(absl::Duration took,
+                       WaitForClose(fd.get(), absl::Seconds(5)));
+  EXPECT_GE(took, absl::Milliseconds(150));
+  EXPECT_EQ(server_->counters().timeouts, 1u);
+  EXPECT_EQ(server_->counters().open, 0u);
+}
+
+TEST_F(TcpServerTest, IdleTimeoutClosesAnIdleConnection) {
+  TcpOptions o;
+  o.idle_timeout = absl::Milliseconds(300);
+  Start(o);
+  ASSERT_OK_AND_ASSIGN(UniqueFd fd, Connect());
+  ASSERT_TRUE(Served(fd.get(), base()));
+  ASSERT_OK_AND_ASSIGN(absl::Duration took,
+                       WaitForClose(fd.get(), absl::Seconds(5)));
+  EXPECT_GE(took, absl::Milliseconds(250));
+  EXPECT_EQ(server_->counters().timeouts, 1u);
+}
+
+TEST_F(TcpServerTest, IncompleteFrameIsClosedAndItsLeaseReleased) {
+  TcpOptions o;
+  o.frame_timeout = absl::Milliseconds(300);
+  Start(o);
+  // A header cut short.
+  ASSERT_OK_AND_ASSIGN(UniqueFd a, Connect());
+  uint8_t hdr[kRequestHeaderBytes];
+  EncodeRequest({WireOp::kWrite, 1, base(), 4096}, hdr);
+  ASSERT_OK(WriteFull(a.get(), hdr, 10));
+  // A WRITE whose payload stops half-way: it holds a lease on the buffer.
+  ASSERT_OK_AND_ASSIGN(UniqueFd b, Connect());
+  ASSERT_OK(WriteFull(b.get(), hdr, sizeof(hdr)));
+  std::vector<uint8_t> half(2048, 0x22);
+  ASSERT_OK(WriteFull(b.get(), half.data(), half.size()));
+  EXPECT_OK(WaitForClose(a.get(), absl::Seconds(5)));
+  EXPECT_OK(WaitForClose(b.get(), absl::Seconds(5)));
+  EXPECT_EQ(server_->counters().timeouts, 2u);
+  // The lease went with the connection: unregistering does not wait.
+  EXPECT_OK(registry_.Remove(base(), absl::Seconds(1)));
+}
+
+TEST_F(TcpServerTest, PeerThatDoesNotReadIsClosedAndItsLeaseReleased) {
+  TcpOptions o;
+  o.frame_timeout = absl::Milliseconds(300);
+  Start(o, 32 << 20);
+  ASSERT_OK_AND_ASSIGN(UniqueFd fd, Connect());
+  int small = 4096;  // Fill the peer's window quickly.
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+  uint8_t hdr[kRequestHeaderBytes];
+  EncodeRequest({WireOp::kRead, 1, base(), 32 << 20}, hdr);
+  ASSERT_OK(WriteFull(fd.get(), hdr, sizeof(hdr)));
+  // The response cannot be sent while nobody reads: the server gives up
+  // after frame_timeout and releases the buffer.
+  const absl::Time end = absl::Now() + absl::Seconds(5);
+  while (server_->counters().accepted == 0 && absl::Now() < end) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  while (server_->counters().open > 0 && absl::Now() < end) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(server_->counters().open, 0u);
+  EXPECT_EQ(server_->counters().timeouts, 1u);
+  EXPECT_OK(registry_.Remove(base(), absl::Seconds(1)));
+}
+
+TEST_F(TcpServerTest, ManyConnectionsFewThreads) {
+  TcpOptions o;
+  o.io_threads = 2;
+  Start(o);
+  EXPECT_EQ(server_->threads(), 2);
+  const int threads = ThreadCount();
+  std::vector<UniqueFd> conns;
+  for (int i = 0; i < 300; ++i) {
+    ASSERT_OK_AND_ASSIGN(UniqueFd fd,
+                         Connect(absl::StrCat("127.0.1.", 1 + i % 200)));
+    conns.push_back(std::move(fd));
+  }
+  int served = 0;
+  for (auto& c : conns) served += Served(c.get(), base() + 8);
+  EXPECT_EQ(served, 300);
+  EXPECT_EQ(ThreadCount(), threads);
+  EXPECT_EQ(server_->counters().open, 300u);
+  conns.clear();
+  const absl::Time end = absl::Now() + absl::Seconds(5);
+  while (server_->counters().open > 0 && absl::Now() < end) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(server_->counters().open, 0u);  // Reaped without any accept.
+}
+
+}  // namespace
+}  // namespace ferry::tcp
