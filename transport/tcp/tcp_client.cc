@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/dma_annotations.h"
 #include "common/socket_util.h"
 
 namespace ferry::tcp {
@@ -125,7 +126,13 @@ class TcpClient::Conn : public EventLoop::Handler {
       const bool answered_before = session_.answered_any();
       for (int round = 0; round < kMaxRounds; ++round) {
         auto [buf, len] = session_.InputBuffer();
-        const ssize_t n = ::recv(fd_.get(), buf, len, 0);
+        // Payload goes straight into application memory, as a NIC's DMA
+        // would (common/dma_annotations.h).
+        ssize_t n;
+        {
+          ScopedDmaAccess dma;
+          n = ::recv(fd_.get(), buf, len, 0);
+        }
         if (n > 0) {
           if (absl::Status s = session_.OnReceived(n, &done); !s.ok()) {
             client_->Complete(pool_, &done, now);
@@ -164,7 +171,11 @@ class TcpClient::Conn : public EventLoop::Handler {
       msghdr msg{};
       msg.msg_iov = iov;
       msg.msg_iovlen = session_.PrepareOutput(iov, kMaxIov);
-      const ssize_t n = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL);
+      ssize_t n;
+      {
+        ScopedDmaAccess dma;  // Payload from application memory.
+        n = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL);
+      }
       if (n > 0) {
         size_t offered = 0;
         for (size_t i = 0; i < msg.msg_iovlen; ++i) offered += iov[i].iov_len;

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/dma_annotations.h"
 
 namespace ferry::tcp {
 namespace {
@@ -59,7 +60,13 @@ class TcpServer::Conn : public EventLoop::Handler {
           break;
         }
         auto [buf, len] = session_->InputBuffer();
-        const ssize_t n = ::recv(fd_.get(), buf, len, 0);
+        // Payload goes straight into application memory, as a NIC's DMA
+        // would (common/dma_annotations.h).
+        ssize_t n;
+        {
+          ScopedDmaAccess dma;
+          n = ::recv(fd_.get(), buf, len, 0);
+        }
         if (n > 0) {
           if (absl::Status s = session_->OnReceived(n, now); !s.ok()) {
             server_->bad_frames_.fetch_add(1, std::memory_order_relaxed);
@@ -81,7 +88,11 @@ class TcpServer::Conn : public EventLoop::Handler {
         msg.msg_iovlen = session_->PrepareOutput(iov, kMaxIov);
         size_t offered = 0;
         for (size_t i = 0; i < msg.msg_iovlen; ++i) offered += iov[i].iov_len;
-        const ssize_t n = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL);
+        ssize_t n;
+        {
+          ScopedDmaAccess dma;  // Payload from application memory.
+          n = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL);
+        }
         if (n > 0) {
           if (absl::Status s = session_->OnSent(n, now); !s.ok()) {
             server_->bad_frames_.fetch_add(1, std::memory_order_relaxed);
