@@ -4,9 +4,17 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "google/protobuf/stubs/logging.h"
 #include "metadata/proto/metadata.pb.h"
 #include "metadata/validation.h"
 #include "transport/segment_view.h"
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  // Protobuf logs every string field that is not UTF-8: noise here, and
+  // slow.
+  google::protobuf::SetLogHandler(nullptr);
+  return 0;
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ferry::metadata::SegmentDescriptor desc;
