@@ -271,29 +271,37 @@ SitePlan PlanSite(const uint8_t* site) {
 
 // Writes the 5 bytes at `site` within its aligned 16-byte block (bytes
 // beyond the block must already hold what `code` has there).
-absl::Status WriteSite(uint8_t* site, const uint8_t code[kSiteBytes]) {
+// Not instrumented: a sanitizer would check these accesses against shadow
+// memory that libc's text does not have.
+FERRY_UNINSTRUMENTED bool WriteSiteBytes(uint8_t* site,
+                                         const uint8_t code[kSiteBytes]) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(site);
   const size_t offset = a & 15;
   const size_t in_block = offset + kSiteBytes <= 16 ? kSiteBytes : 16 - offset;
   for (size_t i = in_block; i < kSiteBytes; ++i) {
-    if (site[i] != code[i]) {
-      return absl::InternalError("a jump cannot be written atomically here");
-    }
+    if (site[i] != code[i]) return false;
   }
   if (offset % 8 + in_block <= 8) {
     auto* word = reinterpret_cast<uint64_t*>(a & ~uintptr_t{7});
     uint64_t v = __atomic_load_n(word, __ATOMIC_SEQ_CST);
-    std::memcpy(reinterpret_cast<uint8_t*>(&v) + (a & 7), code, in_block);
+    uint8_t* bytes = reinterpret_cast<uint8_t*>(&v) + (a & 7);
+    for (size_t i = 0; i < in_block; ++i) bytes[i] = code[i];
     __atomic_store_n(word, v, __ATOMIC_SEQ_CST);
-    return absl::OkStatus();
+    return true;
   }
-  void* block = reinterpret_cast<void*>(a & ~uintptr_t{15});
-  uint64_t old[2], desired[2];
-  std::memcpy(old, block, 16);
-  std::memcpy(desired, old, 16);
-  std::memcpy(reinterpret_cast<uint8_t*>(desired) + offset, code, in_block);
-  if (Cas16(block, old, desired)) return absl::OkStatus();
-  return absl::InternalError("libc's code changed while it was patched");
+  auto* block = reinterpret_cast<uint64_t*>(a & ~uintptr_t{15});
+  uint64_t old[2] = {block[0], block[1]};
+  uint64_t desired[2] = {old[0], old[1]};
+  uint8_t* bytes = reinterpret_cast<uint8_t*>(desired) + offset;
+  for (size_t i = 0; i < in_block; ++i) bytes[i] = code[i];
+  return Cas16(block, old, desired);
+}
+
+absl::Status WriteSite(uint8_t* site, const uint8_t code[kSiteBytes]) {
+  if (WriteSiteBytes(site, code)) return absl::OkStatus();
+  return absl::InternalError(
+      "libc's code changed while it was patched, or a jump cannot be "
+      "written atomically there");
 }
 
 // A page for trampolines in [lo, hi) (page-aligned bounds), or null.
