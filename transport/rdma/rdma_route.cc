@@ -174,6 +174,7 @@ void RdmaTransport::RouteRun(absl::Span<Slice* const> run, absl::Time now,
     auto ep =
         RailEndpoint(peer, r / n_remote, devices[r % n_remote].name(), &why);
     if (ep == nullptr) {
+      fast_failures_.fetch_add(buckets[r].size(), std::memory_order_relaxed);
       while (Slice* s = buckets[r].pop_front()) s->Complete(why);
       continue;
     }
@@ -186,6 +187,7 @@ std::shared_ptr<Endpoint> RdmaTransport::RailEndpoint(
     absl::Status* why) {
   std::shared_ptr<Endpoint> ep;
   bool created = false;
+  Later later;
   {
     MutexLock lock(&peer->mu);
     Peer::Rail& rail = peer->GetRail(local, remote_nic);
@@ -195,41 +197,44 @@ std::shared_ptr<Endpoint> RdmaTransport::RailEndpoint(
           st == Endpoint::State::kConnected) {
         ep = rail.ep;
       } else {
-        rail.ep = nullptr;
+        // Failed under us (a QP error seen by a poller that has not told
+        // the connector yet): tell it now.
+        Actions acts;
+        rail.conn.Failed(rail.ep->id(), &acts);
+        ApplyLocked(peer.get(), &rail, acts, nullptr, nullptr, &later);
       }
     }
     if (ep == nullptr) {
       const int64_t now = absl::GetCurrentTimeNanos();
-      if (peer->retry_after_ns > now) {
+      if (peer->backoff.Admit(now) == ConnectBackoff::Verdict::kFailFast) {
         // Fail fast while backing off: no reconnect storm.
         *why = absl::UnavailableError(absl::StrCat(
             "RDMA peer '", peer->name(), "' unreachable (retrying in ",
-            (peer->retry_after_ns - now) / 1000000,
-            " ms): ", peer->last_error.message()));
+            (peer->backoff.retry_after_ns() - now) / 1000000,
+            " ms): ", peer->backoff.last_error().message()));
         return nullptr;
       }
-      ep = std::make_shared<Endpoint>(
-          next_endpoint_id_.fetch_add(1), peer, peer->incarnation, local,
-          nics_[local].get(), remote_nic, rail.epoch);
-      rail.ep = ep;
+      ep = std::make_shared<Endpoint>(next_endpoint_id_.fetch_add(1), peer,
+                                      peer->incarnation, local,
+                                      nics_[local].get(), remote_nic);
+      ep->backoff_gen = peer->backoff.generation();
+      Actions acts;
+      rail.conn.Need(ep->id(), &acts);
+      ApplyLocked(peer.get(), &rail, acts, ep, nullptr, &later);
       created = true;
     }
   }
   ep->used.store(true, std::memory_order_relaxed);
-  if (created) {
-    StoreInsert(ep);
-    QueueJob({Job::Kind::kConnect, ep});
-  }
+  ep->active.store(true, std::memory_order_relaxed);
+  if (created) StoreInsert(ep);
+  RunLater(&later, /*inline_ok=*/true);
   return ep;
 }
 
 void RdmaTransport::StoreInsert(const std::shared_ptr<Endpoint>& ep) {
   std::vector<std::shared_ptr<Endpoint>> evicted;
-  {
-    MutexLock lock(&store_mu_);
-    store_.Insert(ep->id(), ep, &evicted);
-  }
-  for (auto& v : evicted) Close(v);
+  store_.Insert(ep, &evicted);
+  for (auto& v : evicted) Close(v, /*evicted=*/true);
 }
 
 void RdmaTransport::Enqueue(const std::shared_ptr<Endpoint>& ep, SliceQueue* q,
