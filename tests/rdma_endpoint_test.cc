@@ -1,6 +1,7 @@
 // The RDMA transport's endpoints and memory under stress, engines in one
 // process on softrnic (softrnic_test_main: softrnic0 on 127.0.0.1,
-// softrnic1 on 127.0.0.2), every byte verified:
+// softrnic1 on 127.0.0.2), every byte verified, no sleeps ordering events
+// (conditions are awaited with a deadline):
 //   - simultaneous connects from both sides resolve to one endpoint;
 //   - the endpoint store bounds the endpoints a target accepts, evicting
 //     idle ones without losing work;
@@ -176,16 +177,37 @@ TEST(RdmaEndpointTest, TransfersToItsOwnSegmentWork) {
   }
 }
 
+// Whether any byte of [p, p + len) lies in memory registered with `e`:
+// registering its pages is refused as overlapping exactly then (else the
+// probe registers and unregisters them again).
+bool Registered(TransferEngine& e, const uint8_t* p, size_t len) {
+  const uintptr_t page = 4096;
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(p) & ~(page - 1);
+  const uintptr_t hi =
+      (reinterpret_cast<uintptr_t>(p) + len + page - 1) & ~(page - 1);
+  absl::Status s = e.RegisterLocalMemory(reinterpret_cast<void*>(lo), hi - lo,
+                                         "*", /*remote_accessible=*/false);
+  if (s.ok()) {
+    EXPECT_OK(e.UnregisterLocalMemory(reinterpret_cast<void*>(lo)));
+    return false;
+  }
+  EXPECT_STATUS(s, absl::StatusCode::kAlreadyExists);
+  return true;
+}
+
 TEST(RdmaEndpointTest, MrCacheRegistersSourcesOnEveryNicAndEvicts) {
   // Unregistered sources under the MR cache: each is registered (on both
   // NICs) on first use, older ones are unregistered to stay near the
   // budget, and a source used again after its eviction is registered
-  // again -- with every WRITE landing. The sources are cut from one
-  // allocation at odd offsets, so neighbours share a page and their
-  // registrations must be merged.
+  // again -- with every WRITE landing. Sources 0 and 1 are cut from the
+  // allocation back to back at odd offsets, so they share a page and
+  // their registrations must be merged; the others are a page apart.
   constexpr size_t kSource = (256 << 10) + 100;
-  std::vector<uint8_t> arena(6 * kSource + 4096);
-  auto source = [&](int k) { return arena.data() + 1000 + k * kSource; };
+  constexpr size_t kStride = kSource + 2 * 4096;
+  std::vector<uint8_t> arena(6 * kStride + 4096);
+  auto source = [&](int k) {
+    return arena.data() + 1000 + (k == 0 ? 0 : kSource + (k - 1) * kStride);
+  };
   for (int k = 0; k < 6; ++k) std::memset(source(k), 0x20 + k, kSource);
   Node target;
   ASSERT_OK(target.Start("target", "embedded"));
@@ -202,15 +224,26 @@ TEST(RdmaEndpointTest, MrCacheRegistersSourcesOnEveryNicAndEvicts) {
     for (int k = 0; k < 6; ++k) {
       auto st = RunBatch(initiator, Writes(source(k), *seg,
                                            target.addr(k * kSource), kSource));
-      ASSERT_OK(st) << round << " " << k << ": " << st.status();
+      ASSERT_OK(st) << round << " " << k;
       ASSERT_EQ(st->state, TransferState::kCompleted) << st->first_error;
       ASSERT_EQ(
           std::count(target.mem.get() + k * kSource,
                      target.mem.get() + (k + 1) * kSource, uint8_t(0x20 + k)),
           static_cast<std::ptrdiff_t>(kSource))
           << round << " " << k;
+      // The latest source is registered now.
+      ASSERT_TRUE(Registered(initiator, source(k), kSource)) << round << k;
     }
   }
+  // Evictions happened: 6 sources (five registrations, 0 and 1 merged)
+  // do not fit in a budget of about two; the least recently used (2, 3)
+  // are gone, the last one (5) is not.
+  int registered = 0;
+  for (int k = 0; k < 6; ++k) registered += Registered(initiator, source(k), 1);
+  EXPECT_LE(registered, 3);
+  EXPECT_FALSE(Registered(initiator, source(2), kSource));
+  EXPECT_FALSE(Registered(initiator, source(3), kSource));
+  EXPECT_TRUE(Registered(initiator, source(5), kSource));
   // Both NICs carried the cached registrations' slices.
   auto nics = initiator.GetTransportStats()[0].nics;
   EXPECT_GT(nics[0].slices, 0u);
@@ -396,7 +429,10 @@ TEST(RdmaEndpointTest, RemoteBufferIsNeverWrittenAfterItsUnregistration) {
   // From here on nothing may touch the buffer.
   std::memset(victim.get(), 0xee, kBuffer);
   const int failed_before = failed_batches.load();
-  absl::SleepFor(absl::Milliseconds(500));
+  // A few more batches, each refused, while nothing may change the buffer.
+  EXPECT_TRUE(
+      WaitUntil([&] { return failed_batches.load() >= failed_before + 3; },
+                absl::Seconds(30)));
   stop.store(true);
   writer.join();
   EXPECT_EQ(std::count(victim.get(), victim.get() + kBuffer, uint8_t{0xee}),
