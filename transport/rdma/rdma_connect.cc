@@ -364,7 +364,15 @@ void RdmaTransport::RunConnect(const EndpointPtr& ep, uint64_t attempt,
   }
   const RailConnector::Outcome outcome =
       s.ok() ? OutcomeOf(reply) : RailConnector::Outcome::kFailed;
-  if (!s.ok() && !skipped) {
+  if (s.ok() && outcome == RailConnector::Outcome::kRefused) {
+    std::string reason = reply.reason();
+    for (char& c : reason) {
+      if (c < ' ' || c > '~') c = '?';  // From the wire, into a status.
+    }
+    s = absl::UnavailableError(
+        absl::StrCat("RDMA peer '", peer->name(), "' refused the rail ",
+                     nic->name(), " -> ", ep->remote_nic(), ": ", reason));
+  } else if (!s.ok() && !skipped) {
     s = absl::Status(
         s.code(),
         absl::StrCat("RDMA handshake with '", peer->name(), "' (", nic->name(),

@@ -82,15 +82,25 @@
 //   * A peer's control messages are validated completely (handshake.h)
 //     before use; a bad one is refused with InvalidArgument and changes
 //     nothing.
+//   * Endpoint evicted, or ClosePeer: the peer is told (DISCONNECT) and
+//     answers at once; it stops using the connection, moves what waited on
+//     it to a new one and lets its posted work drain (flushed after R / 2);
+//     we keep our QPs that long, or drop them at once if the peer had
+//     nothing posted. No slice fails because of a close. An engine that
+//     shuts down sends the DISCONNECTs already queued (for up to 200 ms)
+//     and no others: its peers' keepalives find the rest within K + H + Q.
 //
 // LIMITS (defaults): endpoints rdma.max_endpoints (4096; busy ones are
-// never evicted, so the store may exceed it); peer records rdma.max_peers
-// (1024; ones with endpoints are never dropped); rails per peer 64 x 64;
-// QPs per connect request 16; control threads kControlThreads (4); one
-// connect at a time to a peer not reached yet, four at a time otherwise;
-// notices to a peer that did not answer one are skipped for R. Threads:
-// one worker per NIC (or rdma.worker_threads), the control threads, one
-// housekeeper; TransportStats::threads counts them.
+// never evicted, so the store may exceed it; closed and failed ones count
+// until their QPs are gone); peer records rdma.max_peers (1024; ones with
+// endpoints are never dropped); rails per peer 64 x 64; QPs per connect
+// request 16; control threads kControlThreads (4: a silent peer holds one
+// for up to R per handshake, so four silent peers at once delay others'
+// handshakes by up to R); one connect at a time to a peer not reached
+// yet, four at a time otherwise; notices to a peer that did not answer
+// one are skipped for R. Threads: one worker per NIC (or
+// rdma.worker_threads), the control threads, one housekeeper;
+// TransportStats::threads counts them.
 //
 // Thread-safe as the Transport interface requires. Lock order:
 // Poller::poll_mu, PeerTable (peers), Peer::mu, EndpointStore,
