@@ -48,6 +48,7 @@ inline void SetSliceRoute(Slice* s, int rail, uint32_t rkey) {
 inline bool SliceFailedOn(const Slice* s, int rail) {
   return rail < 64 && ((s->scratch[1] >> rail) & 1);
 }
+inline uint64_t SliceFailedRails(const Slice* s) { return s->scratch[1]; }
 inline void SetSliceFailedOn(Slice* s, int rail) {
   if (rail >= 0 && rail < 64) s->scratch[1] |= uint64_t{1} << rail;
 }
