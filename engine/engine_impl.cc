@@ -119,6 +119,7 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
   env.local_segment = options.local_segment_name;
   env.incarnation = incarnation_;
   env.listen_host = options.listen_host;
+  env.rpc_address = rpc_server_->address();
   peer_channel_ = std::make_unique<metadata::GrpcPeerChannel>(
       &peer_service_, peer_client_.get(), options.local_segment_name);
   env.peer_channel = peer_channel_.get();

@@ -149,11 +149,16 @@ absl::StatusOr<MemoryRegistry::Lease> EngineImpl::AcquireLocal(uintptr_t addr,
         MutexLock lock(&cache_mu_);
         ForgetRegistering(lo);
       }
-      // Another thread is registering (part of) it, or a registered
-      // buffer overlaps: wait for registrations in progress, then look
-      // again.
+      // Another thread is registering (part of) it, a registration over
+      // it was retired and its last transfer is ending (its completion
+      // releases the lease a moment after the application saw it), or a
+      // registered buffer overlaps: wait for the first two, finish what
+      // retired, then look again.
       local_memory_.AwaitReservations(start, end - start,
                                       absl::Now() + kReservationWait);
+      if (retired_count_.load(std::memory_order_acquire) > 0) {
+        ProcessReleases();
+      }
       lease = local_memory_.Acquire(addr, length, /*need_remote=*/false);
       if (lease.ok()) return lease;
       last = reserved;

@@ -1,6 +1,7 @@
 // The RDMA transport's endpoints and memory under stress, engines in one
 // process on softrnic (softrnic_test_main: softrnic0 on 127.0.0.1,
-// softrnic1 on 127.0.0.2), every byte verified:
+// softrnic1 on 127.0.0.2), every byte verified, no sleeps ordering events
+// (conditions are awaited with a deadline):
 //   - simultaneous connects from both sides resolve to one endpoint;
 //   - the endpoint store bounds the endpoints a target accepts, evicting
 //     idle ones without losing work;
@@ -53,6 +54,18 @@ struct Node {
     return all.empty() ? TransportStats{} : all[0];
   }
 };
+
+// Polls `cond` (which the transports' threads make true) until it holds or
+// `timeout` passes.
+template <typename F>
+bool WaitUntil(F cond, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!cond()) {
+    if (absl::Now() > deadline) return cond();
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return true;
+}
 
 // `n` WRITEs of `each` bytes: source + i * each -> dst + i * each on `seg`.
 std::vector<TransferRequest> Writes(const uint8_t* source, SegmentHandle seg,
@@ -164,16 +177,23 @@ TEST(RdmaEndpointTest, TransfersToItsOwnSegmentWork) {
   }
 }
 
+// Whether any byte of [p, p + len) lies in memory registered with `e`:
+// registering its pages is refused as overlapping exactly then (else the
+// probe registers and unregisters them again).
+
 TEST(RdmaEndpointTest, MrCacheRegistersSourcesOnEveryNicAndEvicts) {
   // Unregistered sources under the MR cache: each is registered (on both
   // NICs) on first use, older ones are unregistered to stay near the
   // budget, and a source used again after its eviction is registered
-  // again -- with every WRITE landing. The sources are cut from one
-  // allocation at odd offsets, so neighbours share a page and their
-  // registrations must be merged.
+  // again -- with every WRITE landing. Sources 0 and 1 are cut from the
+  // allocation back to back at odd offsets, so they share a page and
+  // their registrations must be merged; the others are a page apart.
   constexpr size_t kSource = (256 << 10) + 100;
-  std::vector<uint8_t> arena(6 * kSource + 4096);
-  auto source = [&](int k) { return arena.data() + 1000 + k * kSource; };
+  constexpr size_t kStride = kSource + 2 * 4096;
+  std::vector<uint8_t> arena(6 * kStride + 4096);
+  auto source = [&](int k) {
+    return arena.data() + 1000 + (k == 0 ? 0 : kSource + (k - 1) * kStride);
+  };
   for (int k = 0; k < 6; ++k) std::memset(source(k), 0x20 + k, kSource);
   Node target;
   ASSERT_OK(target.Start("target", "embedded"));
@@ -190,15 +210,26 @@ TEST(RdmaEndpointTest, MrCacheRegistersSourcesOnEveryNicAndEvicts) {
     for (int k = 0; k < 6; ++k) {
       auto st = RunBatch(initiator, Writes(source(k), *seg,
                                            target.addr(k * kSource), kSource));
-      ASSERT_OK(st) << round << " " << k << ": " << st.status();
+      ASSERT_OK(st) << round << " " << k;
       ASSERT_EQ(st->state, TransferState::kCompleted) << st->first_error;
       ASSERT_EQ(
           std::count(target.mem.get() + k * kSource,
                      target.mem.get() + (k + 1) * kSource, uint8_t(0x20 + k)),
           static_cast<std::ptrdiff_t>(kSource))
           << round << " " << k;
+      // Never far over the budget: at most one cover (the one just made,
+      // up to two sources when 0 and 1 merge) beyond it.
+      const EngineStats es = initiator.GetEngineStats();
+      ASSERT_GE(es.mr_cache_registrations, 1u) << round << " " << k;
+      ASSERT_LE(es.mr_cache_bytes, (600u << 10) + 2 * kStride)
+          << round << " " << k;
     }
   }
+  // Evictions happened: 6 sources (five registrations, 0 and 1 merged)
+  // do not fit in a budget of about two, twice over.
+  const EngineStats es = initiator.GetEngineStats();
+  EXPECT_GE(es.mr_cache_evictions, 5u);
+  EXPECT_LE(es.mr_cache_registrations, 3u);
   // Both NICs carried the cached registrations' slices.
   auto nics = initiator.GetTransportStats()[0].nics;
   EXPECT_GT(nics[0].slices, 0u);
@@ -233,7 +264,11 @@ TEST(RdmaEndpointTest, TargetStoreBoundsAcceptedEndpointsWithoutLosingWork) {
         CheckPattern(target.mem.get() + off, kBuffer / 8, off, 50 + round),
         kBuffer / 8)
         << round;
-    EXPECT_LE(target.stats().endpoints, 1u) << round;
+    // The evicted endpoint goes once its peer has let go of it (at once
+    // when it had nothing posted on it: its DISCONNECT answer says so).
+    EXPECT_TRUE(WaitUntil([&] { return target.stats().endpoints <= 1; },
+                          absl::Seconds(5)))
+        << round << ": " << target.stats().endpoints;
   }
   EXPECT_GT(target.stats().evictions, 0u);
   // The evicted side reconnected each time it was its turn again.
@@ -380,7 +415,10 @@ TEST(RdmaEndpointTest, RemoteBufferIsNeverWrittenAfterItsUnregistration) {
   // From here on nothing may touch the buffer.
   std::memset(victim.get(), 0xee, kBuffer);
   const int failed_before = failed_batches.load();
-  absl::SleepFor(absl::Milliseconds(500));
+  // A few more batches, each refused, while nothing may change the buffer.
+  EXPECT_TRUE(
+      WaitUntil([&] { return failed_batches.load() >= failed_before + 3; },
+                absl::Seconds(30)));
   stop.store(true);
   writer.join();
   EXPECT_EQ(std::count(victim.get(), victim.get() + kBuffer, uint8_t{0xee}),

@@ -151,7 +151,11 @@ bool MemoryRegistry::AwaitReservations(uintptr_t addr, size_t length,
     if (it != entries_.begin()) --it;
     for (; it != entries_.end() && it->first < end; ++it) {
       const MemoryRegion& r = it->second->region;
-      if (it->second->pending && r.addr + r.length > addr) overlapping = true;
+      const Entry& e = *it->second;
+      const bool unsettled =
+          e.pending ||
+          (e.retired && e.users.load(std::memory_order_seq_cst) != 0);
+      if (unsettled && r.addr + r.length > addr) overlapping = true;
     }
     if (!overlapping) return true;
     if (drained_.WaitWithDeadline(&mu_, deadline)) return false;

@@ -114,8 +114,9 @@ class MemoryRegistry {
                                            uintptr_t lease_addr,
                                            size_t lease_length);
   void CancelReservation(uintptr_t addr);
-  // Waits until no reservation overlaps [addr, addr + length), or until
-  // `deadline`; false if one still does.
+  // Waits until no reservation, and no retired buffer that still has
+  // leases, overlaps [addr, addr + length), or until `deadline`; false if
+  // one still does.
   bool AwaitReservations(uintptr_t addr, size_t length, absl::Time deadline);
 
   // Retiring: the buffer at `addr` takes no new lease, ever, but keeps its

@@ -64,6 +64,14 @@ struct RdmaOptions {
   // Endpoints kept at most; beyond this, idle ones are evicted (SIEVE),
   // busy ones never.
   size_t max_endpoints = 4096;
+  // Peer records (one per remote segment seen) kept at most; beyond this,
+  // records of peers without endpoints are dropped, least recently used
+  // first.
+  size_t max_peers = 1024;
+  // An endpoint idle this long is probed (a zero-length RDMA WRITE): the
+  // endpoint of a peer that died without a word then fails and is dropped
+  // (see rdma_transport.h for the bound). Zero disables the probes.
+  absl::Duration keepalive_interval = absl::Seconds(2);
   // Failover: tries per slice (each on a rail it has not failed on while
   // one is left; at least one try per rail); errors after which a rail is
   // paused, and for how long before it is probed again (doubling, up to

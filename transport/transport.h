@@ -90,6 +90,9 @@ struct TransportEnv {
   // it to tell a restarted engine from a live one.
   uint64_t incarnation = 0;
   std::string listen_host;  // Address to bind listeners to.
+  // This engine's peer-service address (as published in its descriptor),
+  // for peers that must call back (e.g. to close a connection).
+  std::string rpc_address;
   // Handshakes and other control messages to the same transport of a
   // peer engine (outlives the transport).
   PeerChannel* peer_channel = nullptr;

@@ -57,10 +57,15 @@ void SliceQueue::Append(SliceQueue* other) {
   other->size_ = 0;
 }
 
+std::atomic<int64_t> Endpoint::alive_{0};
+
+int64_t EndpointsAlive() { return Endpoint::alive_.load(); }
+
 Endpoint::~Endpoint() {
   for (QueuePair& q : qps) {
     if (q.qp != nullptr) ibv_destroy_qp(q.qp);
   }
+  alive_.fetch_sub(1, std::memory_order_relaxed);
 }
 
 uint32_t Endpoint::PostedLocked() const {
@@ -168,23 +173,49 @@ bool Endpoint::PostFence(QueuePair* q) {
 }
 
 ibv_wc_status Endpoint::CompleteLocked(int qp, const ibv_wc& wc, Slice** done,
-                                       uint32_t* n) {
+                                       uint32_t* n, bool* qp_error) {
   *n = 0;
+  *qp_error = false;
   QueuePair& q = qps[qp];
   // A stale or foreign wr_id completes nothing.
   if (wc.wr_id < q.head || wc.wr_id >= q.next) return IBV_WC_SUCCESS;
   const uint32_t count = static_cast<uint32_t>(wc.wr_id - q.head + 1);
-  // A failed fence says nothing against the slices before it (each of
-  // them that failed had its own completion).
-  const bool fence = q.posted[wc.wr_id % kMaxOutstanding] == nullptr;
+  // A failed fence or keepalive says nothing against the slices before it
+  // (each of them that failed had its own completion).
+  const bool no_slice = q.posted[wc.wr_id % kMaxOutstanding] == nullptr;
   for (uint32_t i = 0; i < count; ++i) {
     Slice* s = q.posted[q.head % kMaxOutstanding];
     if (s != nullptr) done[(*n)++] = s;
     ++q.head;
   }
   nic_->posted_wrs.fetch_sub(count, std::memory_order_relaxed);
-  if (wc.status != IBV_WC_SUCCESS) SetStateLocked(State::kFailed);
-  return fence ? IBV_WC_SUCCESS : wc.status;
+  if (wc.status != IBV_WC_SUCCESS) {
+    *qp_error = true;
+    SetStateLocked(State::kFailed);
+  }
+  return no_slice ? IBV_WC_SUCCESS : wc.status;
+}
+
+bool Endpoint::PostKeepaliveLocked() {
+  if (state() != State::kConnected || qps.empty()) return false;
+  QueuePair* q = &qps[next_qp_ % qps.size()];
+  next_qp_ = (next_qp_ + 1) % qps.size();
+  if (q->qp == nullptr || nic_->posted_wrs.load(std::memory_order_relaxed) >=
+                              nic_->max_posted_wrs()) {
+    return false;
+  }
+  return PostFence(q);
+}
+
+void Endpoint::ReclaimPostedLocked(SliceQueue* out) {
+  for (QueuePair& q : qps) {
+    for (uint64_t seq = q.head; seq < q.next; ++seq) {
+      if (Slice* s = q.posted[seq % kMaxOutstanding]) out->push_back(s);
+    }
+    nic_->posted_wrs.fetch_sub(static_cast<uint32_t>(q.next - q.head),
+                               std::memory_order_relaxed);
+    q.head = q.next;
+  }
 }
 
 }  // namespace ferry::rdma

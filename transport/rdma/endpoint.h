@@ -4,11 +4,12 @@
 // it. Several QPs per endpoint let a NIC work on one rail in parallel;
 // chains of slices alternate between them.
 //
-// Threads: a connector thread brings it from kConnecting to kConnected, or
-// installs the QPs a peer's request brought (adoption); any thread posts
-// on it (Submit runs to completion on the caller's thread); pollers
-// complete its slices. `mu` guards the QPs and the queues; the atomics are
-// read without it by the rail selector and the endpoint store.
+// Its rail's RailConnector (connector.h) decides its life; RdmaTransport
+// carries that out: kConnecting until the QPs are installed, kConnected,
+// then kClosing or kFailed, draining, and dropped. Any thread posts on it
+// (Submit runs to completion on the caller's thread); pollers complete
+// its slices. `mu` guards the QPs and the queues; the atomics are read
+// without it by the rail selector, the store and the housekeeper.
 #ifndef FERRY_TRANSPORT_RDMA_ENDPOINT_H_
 #define FERRY_TRANSPORT_RDMA_ENDPOINT_H_
 
@@ -47,6 +48,7 @@ inline void SetSliceRoute(Slice* s, int rail, uint32_t rkey) {
 inline bool SliceFailedOn(const Slice* s, int rail) {
   return rail < 64 && ((s->scratch[1] >> rail) & 1);
 }
+inline uint64_t SliceFailedRails(const Slice* s) { return s->scratch[1]; }
 inline void SetSliceFailedOn(Slice* s, int rail) {
   if (rail >= 0 && rail < 64) s->scratch[1] |= uint64_t{1} << rail;
 }
@@ -85,6 +87,9 @@ struct QueuePair {
   uint32_t count() const { return static_cast<uint32_t>(next - head); }
 };
 
+// Endpoint objects alive in this process (for leak checks in tests).
+int64_t EndpointsAlive();
+
 class Endpoint {
  public:
   enum class State : uint8_t {
@@ -94,18 +99,20 @@ class Endpoint {
     kFailed,      // A QP failed or set-up failed: no new slices; drains.
   };
 
-  // `known_epoch`: the rail's epoch when the endpoint was created, what a
-  // connect request from it claims to know (see handshake.proto).
+  // `off_rail`: the accepting end of a connection from this engine to its
+  // own segment, which is not its rail's endpoint (the initiating end is).
   Endpoint(uint64_t id, std::shared_ptr<Peer> peer, uint64_t peer_incarnation,
            int local_nic, Nic* nic, std::string remote_nic,
-           uint64_t known_epoch)
+           bool off_rail = false)
       : id_(id),
         peer_(std::move(peer)),
         peer_incarnation_(peer_incarnation),
         local_nic_(local_nic),
         nic_(nic),
         remote_nic_(std::move(remote_nic)),
-        known_epoch_(known_epoch) {}
+        off_rail_(off_rail) {
+    alive_.fetch_add(1, std::memory_order_relaxed);
+  }
   // Destroys the QPs (they must be drained).
   ~Endpoint();
   Endpoint(const Endpoint&) = delete;
@@ -117,7 +124,7 @@ class Endpoint {
   int local_nic() const { return local_nic_; }
   Nic* nic() const { return nic_; }
   const std::string& remote_nic() const { return remote_nic_; }
-  uint64_t known_epoch() const { return known_epoch_; }
+  bool off_rail() const { return off_rail_; }
 
   State state() const { return state_.load(std::memory_order_acquire); }
 
@@ -143,11 +150,23 @@ class Endpoint {
   // Takes the slices that `wc` (a completion of QP `qp`) completes, in
   // order, into done[0, *n) (room for kMaxOutstanding): on an RC QP a
   // completion means every WR posted before it is done as well. Returns
-  // the status of the last one (the others succeeded). An error moves the
-  // endpoint to kFailed. (A fence WR, posted after a refused post, has no
-  // slice: it is counted, not returned.)
+  // the status of the last slice (the others succeeded); *qp_error says
+  // whether the completion was an error, which moves the endpoint to
+  // kFailed -- also when it was a WR without a slice (a fence or a
+  // keepalive), whose failure says nothing against the slices before it.
   ibv_wc_status CompleteLocked(int qp, const ibv_wc& wc, Slice** done,
-                               uint32_t* n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+                               uint32_t* n, bool* qp_error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  // Posts a keepalive: a signaled zero-length RDMA WRITE (it touches no
+  // memory; a dead peer fails it with retry-exceeded, or a NAK). False if
+  // there is no room or the device refused it.
+  bool PostKeepaliveLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  // The device is dead (IBV_EVENT_DEVICE_FATAL): it will not touch memory
+  // again nor report completions. Takes every posted slice off the QPs
+  // into *out (they never completed), and returns the WRs' budget.
+  void ReclaimPostedLocked(SliceQueue* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // Slices posted on all QPs.
   uint32_t PostedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
@@ -178,19 +197,18 @@ class Endpoint {
   SliceQueue waiting ABSL_GUARDED_BY(mu);
   // Epoch of the connection (see handshake.proto).
   uint64_t epoch ABSL_GUARDED_BY(mu) = 0;
-  // Set when our connect request lost the tie-break: the peer's request
-  // is expected by then, or the endpoint fails.
-  int64_t adopt_deadline_ns ABSL_GUARDED_BY(mu) = 0;
   // QPs this side accepted are usable only once the initiator says its QPs
   // can receive (a READY message): a NIC drops packets for a QP that is
-  // not yet in RTR. Posting waits for it, or for confirm_deadline_ns.
-  // Until then the endpoint is not evicted either: the initiator may be
-  // about to use it. Written under `mu`; read without it by the store.
+  // not yet in RTR. Posting waits for it (or its deadline, the
+  // connector's). Until then the endpoint is not evicted either: the
+  // initiator may be about to use it. Written under `mu`; read without it
+  // by the store.
   std::atomic<bool> confirmed{true};
-  int64_t confirm_deadline_ns ABSL_GUARDED_BY(mu) = 0;
-  // The target side is creating QPs for it (OnConnect): it is neither
-  // ours to connect nor to close meanwhile.
-  bool accepting ABSL_GUARDED_BY(mu) = false;
+  // Out of service (kClosing / kFailed): posted work past this is flushed
+  // (the peer closed it and we drain our own use), and the QPs are kept
+  // at least until drop_after_ns (we closed it: the peer drains its use).
+  int64_t drain_deadline_ns ABSL_GUARDED_BY(mu) = 0;
+  int64_t drop_after_ns ABSL_GUARDED_BY(mu) = 0;
 
   // Slices waiting or posted (the store never evicts a busy endpoint).
   std::atomic<uint32_t> busy{0};
@@ -198,6 +216,15 @@ class Endpoint {
   std::atomic<uint64_t> inflight_bytes{0};
   // Used since the store's hand last passed (SIEVE's visited bit).
   std::atomic<bool> used{false};
+  // Used since the housekeeper last looked (keepalive), and when it last
+  // saw it used (housekeeper only).
+  std::atomic<bool> active{true};
+  int64_t last_active_ns = 0;
+  // The peer's backoff generation when this endpoint was admitted
+  // (ConnectBackoff::generation; set before the endpoint is shared).
+  uint64_t backoff_gen = 0;
+  // ClosePeer: close it as soon as it is idle.
+  std::atomic<bool> close_when_idle{false};
   // The rail has errors on record: the next success clears them.
   std::atomic<bool> suspect{false};
   // A slice succeeded here (and the rail is marked proven).
@@ -215,7 +242,10 @@ class Endpoint {
   const int local_nic_;
   Nic* const nic_;
   const std::string remote_nic_;
-  const uint64_t known_epoch_;
+  const bool off_rail_;
+
+  friend int64_t EndpointsAlive();
+  static std::atomic<int64_t> alive_;
 };
 
 }  // namespace ferry::rdma

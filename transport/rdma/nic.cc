@@ -73,29 +73,19 @@ absl::StatusOr<std::unique_ptr<Nic>> Nic::Open(ibv_device* dev, int gid_index) {
                      ibv_port_state_str(port.state), ")"));
   }
   nic->lid_ = port.lid;
-  if (gid_index >= 0) {
-    if (ibv_query_gid(nic->ctx_, 1, gid_index, &nic->gid_) != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(nic->name_, " has no GID index ", gid_index));
+  nic->requested_gid_index_ = gid_index;
+  {
+    ibv_gid g{};
+    int index = 0;
+    absl::Status s = PickGid(nic->ctx_, gid_index, &g, &index);
+    if (!s.ok() &&
+        (gid_index >= 0 || port.link_layer == IBV_LINK_LAYER_ETHERNET)) {
+      return absl::Status(s.code(),
+                          absl::StrCat(nic->name_, ": ", s.message()));
     }
-    nic->gid_index_ = gid_index;
-  } else {
-    int best = -1, best_score = 0;
-    for (int i = 0; i < port.gid_tbl_len; ++i) {
-      ibv_gid g;
-      if (ibv_query_gid(nic->ctx_, 1, i, &g) != 0) continue;
-      int score = GidScore(g);
-      if (score > best_score) {
-        best = i;
-        best_score = score;
-        nic->gid_ = g;
-      }
-    }
-    if (best < 0 && port.link_layer == IBV_LINK_LAYER_ETHERNET) {
-      return absl::UnavailableError(
-          absl::StrCat(nic->name_, " has no usable GID"));
-    }
-    nic->gid_index_ = std::max(best, 0);
+    MutexLock lock(&nic->gid_mu_);
+    nic->gid_ = g;
+    nic->gid_index_ = index;
   }
   ibv_device_attr attr{};
   ibv_query_device(nic->ctx_, &attr);
@@ -113,6 +103,48 @@ absl::StatusOr<std::unique_ptr<Nic>> Nic::Open(ibv_device* dev, int gid_index) {
         absl::StrCat(nic->name_, ": cannot create CQ"));
   }
   return nic;
+}
+
+absl::Status PickGid(ibv_context* ctx, int requested, ibv_gid* gid,
+                     int* index) {
+  if (requested >= 0) {
+    if (ibv_query_gid(ctx, 1, requested, gid) != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("no GID index ", requested));
+    }
+    *index = requested;
+    return absl::OkStatus();
+  }
+  ibv_port_attr port{};
+  if (ibv_query_port(ctx, 1, &port) != 0) {
+    return absl::UnavailableError("ibv_query_port failed");
+  }
+  int best = -1, best_score = 0;
+  for (int i = 0; i < port.gid_tbl_len; ++i) {
+    ibv_gid g;
+    if (ibv_query_gid(ctx, 1, i, &g) != 0) continue;
+    const int score = GidScore(g);
+    if (score > best_score) {
+      best = i;
+      best_score = score;
+      *gid = g;
+    }
+  }
+  *index = std::max(best, 0);
+  if (best < 0) return absl::NotFoundError("no usable GID");
+  return absl::OkStatus();
+}
+
+bool Nic::RefreshGid() {
+  ibv_gid g{};
+  int index = 0;
+  if (!PickGid(ctx_, requested_gid_index_, &g, &index).ok()) return false;
+  MutexLock lock(&gid_mu_);
+  const bool changed =
+      index != gid_index_ || std::memcmp(g.raw, gid_.raw, sizeof(g.raw)) != 0;
+  gid_ = g;
+  gid_index_ = index;
+  return changed;
 }
 
 Nic::~Nic() {

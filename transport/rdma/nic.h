@@ -1,7 +1,8 @@
 // Nic: one RDMA device context (device, PD, CQ, completion channel) and
-// the port and GID Ferry uses on it. Thread-compatible after Open; the
-// counters are atomics, written by the data path and read by the rail
-// selector and Stats.
+// the port and GID Ferry uses on it. Thread-safe after Open: the GID is
+// re-read on IBV_EVENT_GID_CHANGE under its own lock; the counters and
+// states are atomics, written by the data path and the worker and read by
+// the rail selector and Stats.
 #ifndef FERRY_TRANSPORT_RDMA_NIC_H_
 #define FERRY_TRANSPORT_RDMA_NIC_H_
 
@@ -13,7 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "common/mutex.h"
 
 namespace ferry::rdma {
 
@@ -38,8 +41,18 @@ class Nic {
   ibv_pd* pd() const { return pd_; }
   ibv_cq* cq() const { return cq_; }
   ibv_comp_channel* channel() const { return channel_; }
-  const ibv_gid& gid() const { return gid_; }
-  int gid_index() const { return gid_index_; }
+  // The GID (and its index) new connections use.
+  ibv_gid gid() const {
+    MutexLock lock(&gid_mu_);
+    return gid_;
+  }
+  int gid_index() const {
+    MutexLock lock(&gid_mu_);
+    return gid_index_;
+  }
+  // Re-reads the GID table (IBV_EVENT_GID_CHANGE): the entry asked for at
+  // Open, or the best one now. Returns whether the GID changed.
+  bool RefreshGid();
   uint16_t lid() const { return lid_; }
   int cq_depth() const { return cq_depth_; }
   // Work requests this NIC may have posted at once (see kCqDepth).
@@ -56,10 +69,17 @@ class Nic {
   std::atomic<uint64_t> bytes{0};
   std::atomic<uint64_t> errors{0};
 
+  // Usable for new slices: port ACTIVE and the device alive.
   bool port_active() const {
     return port_active_.load(std::memory_order_relaxed);
   }
-  void set_port_active(bool up) { port_active_.store(up); }
+  void set_port_active(bool up) { port_active_.store(up && !fatal()); }
+  // IBV_EVENT_DEVICE_FATAL: the device is dead for the rest of the run.
+  bool fatal() const { return fatal_.load(std::memory_order_acquire); }
+  void set_fatal() {
+    fatal_.store(true, std::memory_order_release);
+    port_active_.store(false);
+  }
 
  private:
   Nic() = default;
@@ -69,12 +89,19 @@ class Nic {
   ibv_pd* pd_ = nullptr;
   ibv_comp_channel* channel_ = nullptr;
   ibv_cq* cq_ = nullptr;
-  ibv_gid gid_{};
-  int gid_index_ = 0;
+  mutable Mutex gid_mu_;
+  ibv_gid gid_ ABSL_GUARDED_BY(gid_mu_){};
+  int gid_index_ ABSL_GUARDED_BY(gid_mu_) = 0;
+  int requested_gid_index_ = -1;
   uint16_t lid_ = 0;
   int cq_depth_ = 0;
   std::atomic<bool> port_active_{true};
+  std::atomic<bool> fatal_{false};
 };
+
+// The GID of port 1 to use: entry `requested` (>= 0), or the best-ranked
+// one (GidScore). NotFound if there is none worth using.
+absl::Status PickGid(ibv_context* ctx, int requested, ibv_gid* gid, int* index);
 
 // Ranks a GID for RoCE use: routable IPv4-mapped > global IPv6 >
 // link-local IPv4 > link-local IPv6; 0 for an empty entry.

@@ -56,7 +56,8 @@ absl::StatusOr<ibv_qp*> CreateQp(Nic* nic, uint32_t* max_inline) {
 void DescribeQp(ibv_qp* qp, Nic* nic, QpInfo* info) {
   info->set_nic(nic->name());
   info->set_qpn(qp->qp_num);
-  info->set_gid(std::string(reinterpret_cast<const char*>(nic->gid().raw), 16));
+  const ibv_gid gid = nic->gid();
+  info->set_gid(std::string(reinterpret_cast<const char*>(gid.raw), 16));
   info->set_lid(nic->lid());
   info->set_psn(qp->qp_num & 0xffffff);
 }

@@ -71,6 +71,7 @@ size_t RdmaTransport::Poll() {
 }
 
 size_t RdmaTransport::PollNicLocked(Poller* p) {
+  if (p->nic->fatal()) return 0;
   ibv_wc wcs[kPollBatch];
   const int n = ibv_poll_cq(p->nic->cq(), kPollBatch, wcs);
   for (int i = 0; i < n; ++i) HandleCompletion(p, wcs[i]);
@@ -105,9 +106,12 @@ void RdmaTransport::HandleCompletion(Poller* p, const ibv_wc& wc) {
   {
     MutexLock lock(&ep->mu);
     const Endpoint::State before = ep->state();
-    status = ep->CompleteLocked(ref.qp, wc, done, &n);
-    newly_failed =
-        status != IBV_WC_SUCCESS && before != Endpoint::State::kFailed;
+    bool qp_error = false;
+    status = ep->CompleteLocked(ref.qp, wc, done, &n, &qp_error);
+    // A failed fence or keepalive breaks the endpoint as much as a failed
+    // slice does (its QP is in error), though it fails no slice.
+    newly_failed = qp_error && before != Endpoint::State::kFailed &&
+                   before != Endpoint::State::kClosing;
     // Completions made room: post what waits, on this thread.
     if (ep->state() == Endpoint::State::kConnected && !ep->waiting.empty()) {
       post = ep->PostLocked();
@@ -121,11 +125,23 @@ void RdmaTransport::HandleCompletion(Poller* p, const ibv_wc& wc) {
   for (uint32_t i = 0; i < n; ++i) bytes += done[i]->length;
   ep->Unload(n, bytes);
   if (status == IBV_WC_SUCCESS) {
-    if (ep->suspect.load(std::memory_order_relaxed) ||
-        !ep->proven.load(std::memory_order_relaxed)) {
+    if (!newly_failed && (ep->suspect.load(std::memory_order_relaxed) ||
+                          !ep->proven.load(std::memory_order_relaxed))) {
       NoteRailSuccess(ep);
     }
     CompleteOk(done, n);
+    if (newly_failed) {
+      // A WR without a slice failed (a keepalive: the peer is gone, and
+      // is not told -- it would only cost an RPC timeout).
+      ep->nic()->errors.fetch_add(1, std::memory_order_relaxed);
+      FailEndpoint(ref.ep,
+                   absl::UnavailableError(absl::StrCat(
+                       "RDMA connection ", ep->nic()->name(), " -> ",
+                       ep->peer()->name(), "/", ep->remote_nic(),
+                       " failed: ", ibv_wc_status_str(wc.status))),
+                   /*flush=*/false,
+                   /*tell_peer=*/wc.status != IBV_WC_RETRY_EXC_ERR);
+    }
   } else {
     // In order on an RC QP: all but the last succeeded.
     if (n > 1) CompleteOk(done, n - 1);
@@ -139,11 +155,11 @@ void RdmaTransport::HandleCompletion(Poller* p, const ibv_wc& wc) {
           status != IBV_WC_REM_ACCESS_ERR) {
         NoteRailError(*ep);
       }
-      if (newly_failed) FailEndpoint(ref.ep, why, /*flush=*/false);
+      if (newly_failed) {
+        FailEndpoint(ref.ep, why, /*flush=*/false,
+                     /*tell_peer=*/status != IBV_WC_RETRY_EXC_ERR);
+      }
       Retry(failed, why);
-    } else if (newly_failed) {
-      FailEndpoint(ref.ep, absl::UnavailableError(ibv_wc_status_str(status)),
-                   false);
     }
   }
   AfterPost(ref.ep, post);
@@ -151,22 +167,24 @@ void RdmaTransport::HandleCompletion(Poller* p, const ibv_wc& wc) {
 }
 
 void RdmaTransport::FailEndpoint(const std::shared_ptr<Endpoint>& ep,
-                                 const absl::Status& why, bool flush) {
-  // Off its rail and out of the store first, so that slices routed from
+                                 const absl::Status& why, bool flush,
+                                 bool tell_peer) {
+  // Off its rail first (its connector told), so that slices routed from
   // now on get a fresh endpoint or another rail.
-  {
+  Later later;
+  if (!ep->off_rail()) {
     Peer* peer = ep->peer();
     MutexLock lock(&peer->mu);
     Peer::Rail* r = peer->FindRail(ep->local_nic(), ep->remote_nic());
-    if (r != nullptr && r->ep == ep) r->ep = nullptr;
+    if (r != nullptr && r->ep == ep) {
+      Actions acts;
+      r->conn.Failed(ep->id(), &acts);
+      ApplyLocked(peer, r, acts, nullptr, nullptr, &later);
+    }
   }
-  {
-    MutexLock lock(&store_mu_);
-    const auto* cur = store_.Peek(ep->id());
-    if (cur != nullptr && *cur == ep) store_.Erase(ep->id());
-  }
+  if (!tell_peer) later.jobs.clear();  // Only a DISCONNECT to a dead peer.
+  store_.Drain(ep);
   SliceQueue waiting;
-  bool drained;
   {
     MutexLock lock(&ep->mu);
     ep->SetStateLocked(Endpoint::State::kFailed);
@@ -178,11 +196,11 @@ void RdmaTransport::FailEndpoint(const std::shared_ptr<Endpoint>& ep,
         if (q.qp != nullptr && q.count() > 0) FlushQp(q.qp);
       }
     }
-    drained = ep->PostedLocked() == 0;
   }
   ep->Unload(waiting);
   while (Slice* s = waiting.pop_front()) Retry(s, why);
-  if (drained) DropIfDrained(ep);
+  RunLater(&later, /*inline_ok=*/true);  // A DISCONNECT notice at most.
+  DropIfDrained(ep);
 }
 
 void RdmaTransport::DropIfDrained(const std::shared_ptr<Endpoint>& ep) {
@@ -191,15 +209,29 @@ void RdmaTransport::DropIfDrained(const std::shared_ptr<Endpoint>& ep) {
     MutexLock lock(&ep->mu);
     const Endpoint::State st = ep->state();
     if ((st != Endpoint::State::kFailed && st != Endpoint::State::kClosing) ||
-        ep->PostedLocked() != 0) {
+        ep->PostedLocked() != 0 ||
+        absl::GetCurrentTimeNanos() < ep->drop_after_ns) {
       return;
     }
     for (const QueuePair& q : ep->qps) {
       if (q.qp != nullptr) qpns.push_back(q.qp->qp_num);
     }
   }
-  // The QPs are destroyed with the endpoint's last reference (a closing
-  // endpoint's disconnect job holds one until the peer let go).
+  if (!ep->off_rail()) {
+    // Never dropped while still its rail's (the rail would keep it, and
+    // its peer record, alive for good): a failure that did not go through
+    // FailEndpoint is told to the connector here.
+    Peer* peer = ep->peer();
+    MutexLock lock(&peer->mu);
+    Peer::Rail* r = peer->FindRail(ep->local_nic(), ep->remote_nic());
+    if (r != nullptr && r->ep == ep) {
+      Actions ignored;  // A DISCONNECT at most; FailEndpoint's job.
+      r->conn.Failed(ep->id(), &ignored);
+      r->ep = nullptr;
+    }
+  }
+  // The QPs are destroyed with the endpoint's last reference.
+  store_.Remove(*ep);
   Poller* p = pollers_[ep->local_nic()].get();
   MutexLock lock(&p->map_mu);
   for (uint32_t qpn : qpns) {
@@ -275,15 +307,40 @@ void RdmaTransport::OnPortChange(Poller* p, bool up) {
   // slices move to other rails at once rather than after the QP's retry
   // timeout.
   std::vector<std::shared_ptr<Endpoint>> eps;
-  {
-    MutexLock lock(&store_mu_);
-    store_.ForEach([&](const uint64_t&, const std::shared_ptr<Endpoint>& ep) {
-      if (ep->local_nic() == p->index) eps.push_back(ep);
-    });
+  for (auto& ep : store_.Live()) {
+    if (ep->local_nic() == p->index) eps.push_back(std::move(ep));
   }
   const absl::Status why = absl::UnavailableError(
       absl::StrCat("port of RDMA NIC ", p->nic->name(), " went down"));
   for (auto& ep : eps) FailEndpoint(ep, why, /*flush=*/true);
+}
+
+void RdmaTransport::OnDeviceFatal(Poller* p) {
+  p->nic->set_fatal();
+  // The device is dead: it reports no more completions and moves no more
+  // bytes, so the slices posted on it are taken back and retried on the
+  // other NICs at once; its endpoints are failed and dropped.
+  std::vector<std::shared_ptr<Endpoint>> eps;
+  for (auto& ep : store_.Live()) {
+    if (ep->local_nic() == p->index) eps.push_back(std::move(ep));
+  }
+  for (auto& ep : store_.Draining()) {
+    if (ep->local_nic() == p->index) eps.push_back(std::move(ep));
+  }
+  const absl::Status why = absl::UnavailableError(
+      absl::StrCat("RDMA NIC ", p->nic->name(), " failed (device fatal)"));
+  for (auto& ep : eps) {
+    SliceQueue posted;
+    {
+      MutexLock lock(&ep->mu);
+      ep->SetStateLocked(Endpoint::State::kFailed);
+      ep->ReclaimPostedLocked(&posted);
+    }
+    FailEndpoint(ep, why, /*flush=*/false);
+    ep->Unload(posted);
+    while (Slice* s = posted.pop_front()) Retry(s, why);
+    DropIfDrained(ep);
+  }
 }
 
 void RdmaTransport::WaitEvents(Worker* w, int64_t timeout_us, bool channels) {
@@ -292,8 +349,10 @@ void RdmaTransport::WaitEvents(Worker* w, int64_t timeout_us, bool channels) {
   pollfd fds[kMaxFds];
   size_t n = 0;
   for (Poller* p : w->pollers) {
-    fds[n++] = {channels ? p->nic->channel()->fd : -1, POLLIN, 0};
-    fds[n++] = {p->nic->context()->async_fd, POLLIN, 0};
+    // A dead device's channel may stay readable forever: not polled.
+    const bool live = !p->nic->fatal();
+    fds[n++] = {channels && live ? p->nic->channel()->fd : -1, POLLIN, 0};
+    fds[n++] = {p->async_dead ? -1 : p->nic->context()->async_fd, POLLIN, 0};
   }
   fds[n++] = {w->wake_fd, POLLIN, 0};
   const timespec ts = {static_cast<time_t>(timeout_us / 1000000),
@@ -314,9 +373,29 @@ void RdmaTransport::WaitEvents(Worker* w, int64_t timeout_us, bool channels) {
       if (ibv_get_async_event(nic->context(), &ev) == 0) {
         const ibv_event_type type = ev.event_type;
         ibv_ack_async_event(&ev);
-        if (type == IBV_EVENT_PORT_ERR) OnPortChange(p, false);
-        if (type == IBV_EVENT_PORT_ACTIVE) OnPortChange(p, true);
+        switch (type) {
+          case IBV_EVENT_PORT_ERR:
+            OnPortChange(p, false);
+            break;
+          case IBV_EVENT_PORT_ACTIVE:
+            OnPortChange(p, true);
+            break;
+          case IBV_EVENT_DEVICE_FATAL:
+            if (!nic->fatal()) OnDeviceFatal(p);
+            break;
+          case IBV_EVENT_GID_CHANGE:
+            // Connections made from now on carry the new GID; existing
+            // ones fail if the old address stops working, and are made
+            // again.
+            nic->RefreshGid();
+            break;
+          default:
+            // QP and CQ events: the completions report those errors.
+            break;
+        }
       }
+    } else if (fds[2 * k + 1].revents & (POLLERR | POLLHUP | POLLNVAL)) {
+      p->async_dead = true;  // Never again in the poll set.
     }
   }
   if (fds[n - 1].revents & POLLIN) {
@@ -369,7 +448,9 @@ void RdmaTransport::WorkerLoop(Worker* w) {
     // Sleep until a completion, a wake-up or a port event. Arm first, then
     // poll once more: a completion between the last poll and arming would
     // otherwise raise no event.
-    for (Poller* p : w->pollers) ibv_req_notify_cq(p->nic->cq(), 0);
+    for (Poller* p : w->pollers) {
+      if (!p->nic->fatal()) ibv_req_notify_cq(p->nic->cq(), 0);
+    }
     if (poll_all() > 0) continue;
     WaitEvents(w, kIdleSleepUs, /*channels=*/true);
   }

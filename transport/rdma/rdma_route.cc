@@ -9,6 +9,7 @@
 
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
+#include "transport/rdma/rail_router.h"
 #include "transport/rdma/rdma_transport.h"
 
 namespace ferry::rdma {
@@ -17,10 +18,6 @@ namespace {
 // How often slices may bounce off endpoints that failed under them before
 // they fail.
 constexpr int kMaxReroutes = 4;
-struct RailState {
-  uint64_t load = 0;  // Bytes in flight on the rail's endpoint.
-  bool paused = false;
-};
 
 }  // namespace
 
@@ -81,32 +78,28 @@ void RdmaTransport::RouteRun(absl::Span<Slice* const> run, absl::Time now,
   const int64_t now_ns = absl::ToUnixNanos(now);
 
   // The run's snapshot: rail loads and health, one lock.
-  absl::InlinedVector<RailState, 16> rails(n_rails);
+  RailRouter router(n_local, n_remote, options_.rdma.slice_bytes,
+                    rotate_.fetch_add(1, std::memory_order_relaxed));
   {
     MutexLock lock(&peer->mu);
     for (const Peer::Rail& r : peer->rails) {
       int j = 0;
       while (j < n_remote && devices[j].name() != r.remote_nic) ++j;
       if (j == n_remote) continue;
-      RailState& rs = rails[r.local * n_remote + j];
+      RailRouter::RailState& rs = router.rail(r.local * n_remote + j);
       rs.paused = r.health.paused_until_ns > now_ns;
       if (r.ep != nullptr) {
         rs.load = r.ep->inflight_bytes.load(std::memory_order_relaxed);
       }
     }
   }
-  absl::InlinedVector<uint64_t, 8> nic_load(n_local);
-  absl::InlinedVector<bool, 8> nic_up(n_local);
   for (int i = 0; i < n_local; ++i) {
-    nic_load[i] = nics_[i]->inflight_bytes.load(std::memory_order_relaxed);
-    nic_up[i] = nics_[i]->port_active();
+    router.SetNic(i, nics_[i]->inflight_bytes.load(std::memory_order_relaxed),
+                  nics_[i]->port_active());
   }
-  absl::InlinedVector<int64_t, 8> keys(n_remote, -1);
-  int keys_for = -1;  // The buffer `keys` holds the remote keys of.
+  int keys_for = -1;  // The buffer the router holds the remote keys of.
   absl::InlinedVector<SliceQueue, 16> buckets(n_rails);
   absl::InlinedVector<uint64_t, 16> bucket_bytes(n_rails, 0);
-  const uint64_t unit = options_.rdma.slice_bytes;
-  const uint64_t rot = rotate_.fetch_add(1, std::memory_order_relaxed);
 
   for (Slice* s : run) {
     if (s->deadline <= now) {
@@ -124,48 +117,19 @@ void RdmaTransport::RouteRun(absl::Span<Slice* const> run, absl::Time now,
       keys_for = s->remote_buffer;
       for (int j = 0; j < n_remote; ++j) {
         uint32_t k;
-        keys[j] = view.DeviceKey(t, keys_for, j, &k) ? int64_t{k} : -1;
+        router.key(j) = view.DeviceKey(t, keys_for, j, &k) ? int64_t{k} : -1;
       }
     }
-    // The least loaded rail: local NIC load plus rail load, charging a NIC
-    // four slices per topology tier away from the buffer (near NICs win at
-    // low load, all stripe under load) and one slice for leaving the
-    // matched pair (NIC i <-> remote NIC i, the usual rail wiring). Paused
-    // rails and rails this slice already failed on are used only if
-    // nothing else is left.
-    int best = -1;
-    uint64_t best_score = ~uint64_t{0};
-    for (int pass = 0; pass < 2 && best < 0; ++pass) {
-      for (int li = 0; li < n_local; ++li) {
-        const int i = static_cast<int>((li + rot) % n_local);
-        if (!nic_up[i]) continue;
-        const uint64_t base =
-            nic_load[i] + static_cast<uint64_t>(mr->tiers[i]) * 4 * unit;
-        for (int rj = 0; rj < n_remote; ++rj) {
-          const int j = static_cast<int>((rj + rot + i) % n_remote);
-          if (keys[j] < 0) continue;
-          const int r = i * n_remote + j;
-          if (pass == 0 && (rails[r].paused || SliceFailedOn(s, r))) {
-            continue;
-          }
-          uint64_t score = base + rails[r].load;
-          if (j != i % n_remote) score += unit;
-          if (score < best_score) {
-            best_score = score;
-            best = r;
-          }
-        }
-      }
-    }
+    const int best = router.Choose(mr->tiers, SliceFailedRails(s));
     if (best < 0) {
       s->Complete(absl::UnavailableError(absl::StrCat(
           "no usable RDMA rail to segment '", view.name(),
           "' (all local ports down, or no remote key for the buffer)")));
       continue;
     }
-    SetSliceRoute(s, best, static_cast<uint32_t>(keys[best % n_remote]));
-    rails[best].load += s->length;
-    nic_load[best / n_remote] += s->length;
+    SetSliceRoute(s, best,
+                  static_cast<uint32_t>(router.key(router.remote_of(best))));
+    router.Assign(best, s->length);
     buckets[best].push_back(s);
     bucket_bytes[best] += s->length;
   }
@@ -174,6 +138,7 @@ void RdmaTransport::RouteRun(absl::Span<Slice* const> run, absl::Time now,
     auto ep =
         RailEndpoint(peer, r / n_remote, devices[r % n_remote].name(), &why);
     if (ep == nullptr) {
+      fast_failures_.fetch_add(buckets[r].size(), std::memory_order_relaxed);
       while (Slice* s = buckets[r].pop_front()) s->Complete(why);
       continue;
     }
@@ -186,6 +151,7 @@ std::shared_ptr<Endpoint> RdmaTransport::RailEndpoint(
     absl::Status* why) {
   std::shared_ptr<Endpoint> ep;
   bool created = false;
+  Later later;
   {
     MutexLock lock(&peer->mu);
     Peer::Rail& rail = peer->GetRail(local, remote_nic);
@@ -195,41 +161,44 @@ std::shared_ptr<Endpoint> RdmaTransport::RailEndpoint(
           st == Endpoint::State::kConnected) {
         ep = rail.ep;
       } else {
-        rail.ep = nullptr;
+        // Failed under us (a QP error seen by a poller that has not told
+        // the connector yet): tell it now.
+        Actions acts;
+        rail.conn.Failed(rail.ep->id(), &acts);
+        ApplyLocked(peer.get(), &rail, acts, nullptr, nullptr, &later);
       }
     }
     if (ep == nullptr) {
       const int64_t now = absl::GetCurrentTimeNanos();
-      if (peer->retry_after_ns > now) {
+      if (peer->backoff.Admit(now) == ConnectBackoff::Verdict::kFailFast) {
         // Fail fast while backing off: no reconnect storm.
         *why = absl::UnavailableError(absl::StrCat(
             "RDMA peer '", peer->name(), "' unreachable (retrying in ",
-            (peer->retry_after_ns - now) / 1000000,
-            " ms): ", peer->last_error.message()));
+            (peer->backoff.retry_after_ns() - now) / 1000000,
+            " ms): ", peer->backoff.last_error().message()));
         return nullptr;
       }
-      ep = std::make_shared<Endpoint>(
-          next_endpoint_id_.fetch_add(1), peer, peer->incarnation, local,
-          nics_[local].get(), remote_nic, rail.epoch);
-      rail.ep = ep;
+      ep = std::make_shared<Endpoint>(next_endpoint_id_.fetch_add(1), peer,
+                                      peer->incarnation, local,
+                                      nics_[local].get(), remote_nic);
+      ep->backoff_gen = peer->backoff.generation();
+      Actions acts;
+      rail.conn.Need(ep->id(), &acts);
+      ApplyLocked(peer.get(), &rail, acts, ep, nullptr, &later);
       created = true;
     }
   }
   ep->used.store(true, std::memory_order_relaxed);
-  if (created) {
-    StoreInsert(ep);
-    QueueJob({Job::Kind::kConnect, ep});
-  }
+  ep->active.store(true, std::memory_order_relaxed);
+  if (created) StoreInsert(ep);
+  RunLater(&later, /*inline_ok=*/true);
   return ep;
 }
 
 void RdmaTransport::StoreInsert(const std::shared_ptr<Endpoint>& ep) {
   std::vector<std::shared_ptr<Endpoint>> evicted;
-  {
-    MutexLock lock(&store_mu_);
-    store_.Insert(ep->id(), ep, &evicted);
-  }
-  for (auto& v : evicted) Close(v);
+  store_.Insert(ep, &evicted);
+  for (auto& v : evicted) Close(v, /*evicted=*/true);
 }
 
 void RdmaTransport::Enqueue(const std::shared_ptr<Endpoint>& ep, SliceQueue* q,

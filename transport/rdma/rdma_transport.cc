@@ -13,23 +13,12 @@
 #include "absl/strings/str_cat.h"
 
 namespace ferry::rdma {
-namespace {
-
-constexpr int kConnectorThreads = 2;
-
-}  // namespace
 
 RdmaTransport::RdmaTransport(const TransportOptions& options)
     : options_(options),
-      store_(
-          options.rdma.max_endpoints,
-          // Only idle endpoints may go: never one with work queued or in
-          // flight, one still connecting, or one its initiator has not
-          // confirmed (it may be about to send on it).
-          [](const std::shared_ptr<Endpoint>& ep) { return !ep->Idle(); },
-          [](const std::shared_ptr<Endpoint>& ep) {
-            return ep->used.exchange(false, std::memory_order_relaxed);
-          }) {}
+      peers_(options.rdma.max_peers,
+             [this](const std::string& name) { return MakePeer(name); }),
+      store_(options.rdma.max_endpoints) {}
 
 RdmaTransport::~RdmaTransport() { Shutdown(); }
 
@@ -44,8 +33,12 @@ absl::Status RdmaTransport::ValidateOptions() const {
   if (o.worker_threads < 0 || o.worker_threads > 64) {
     return absl::InvalidArgumentError("rdma.worker_threads must be 0..64");
   }
-  if (o.max_endpoints < 1) {
-    return absl::InvalidArgumentError("rdma.max_endpoints must be >= 1");
+  if (o.max_endpoints < 1 || o.max_peers < 1) {
+    return absl::InvalidArgumentError(
+        "rdma.max_endpoints and rdma.max_peers must be >= 1");
+  }
+  if (o.keepalive_interval < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("rdma.keepalive_interval must be >= 0");
   }
   if (o.max_attempts < 1 || o.pause_after_errors < 1 || o.spin_polls < 0 ||
       o.pause_duration < absl::ZeroDuration()) {
@@ -105,8 +98,8 @@ absl::Status RdmaTransport::Install(const TransportEnv& env,
   for (size_t i = 0; i < nics_.size(); ++i) {
     metadata::Device* d = endpoint->add_devices();
     d->set_name(nics_[i]->name());
-    d->set_gid(
-        std::string(reinterpret_cast<const char*>(nics_[i]->gid().raw), 16));
+    const ibv_gid gid = nics_[i]->gid();
+    d->set_gid(std::string(reinterpret_cast<const char*>(gid.raw), 16));
     d->set_lid(nics_[i]->lid());
     auto p = std::make_unique<Poller>();
     p->nic = nics_[i].get();
@@ -139,8 +132,8 @@ absl::Status RdmaTransport::Install(const TransportEnv& env,
     Worker* raw = w.get();
     w->thread = std::thread([this, raw] { WorkerLoop(raw); });
   }
-  for (int i = 0; i < kConnectorThreads; ++i) {
-    connectors_.emplace_back([this] { ConnectorLoop(); });
+  for (int i = 0; i < kControlThreads; ++i) {
+    control_threads_.emplace_back([this] { ControlLoop(); });
   }
   housekeeper_ = std::thread([this] { HousekeeperLoop(); });
   return absl::OkStatus();
@@ -164,6 +157,9 @@ absl::StatusOr<MemoryHandle> RdmaTransport::RegisterMemory(
   entry->mrs.assign(nics_.size(), nullptr);
   std::vector<int> errors(nics_.size(), 0);
   auto reg = [&](size_t i) {
+    // A dead device (IBV_EVENT_DEVICE_FATAL) registers nothing: the buffer
+    // is used, and published, on the others.
+    if (nics_[i]->fatal()) return;
     entry->mrs[i] =
         ibv_reg_mr(nics_[i]->pd(), reinterpret_cast<void*>(region.addr),
                    region.length, access);
@@ -177,17 +173,18 @@ absl::StatusOr<MemoryHandle> RdmaTransport::RegisterMemory(
     for (size_t i = 0; i < nics_.size(); ++i) reg(i);
   }
   for (size_t i = 0; i < nics_.size(); ++i) {
-    if (entry->mrs[i] == nullptr) {
+    if (entry->mrs[i] == nullptr && !nics_[i]->fatal()) {
       for (ibv_mr* mr : entry->mrs) {
         if (mr != nullptr) ibv_dereg_mr(mr);
       }
       return absl::ResourceExhaustedError(absl::StrCat(
           "ibv_reg_mr on ", nics_[i]->name(), ": ", std::strerror(errors[i])));
     }
-    entry->lkeys.push_back(entry->mrs[i]->lkey);
+    entry->lkeys.push_back(entry->mrs[i] != nullptr ? entry->mrs[i]->lkey : 0);
   }
   if (region.remote_accessible) {
     for (size_t i = 0; i < nics_.size(); ++i) {
+      if (entry->mrs[i] == nullptr) continue;
       metadata::NicKey* k = published->add_keys();
       k->set_nic(nics_[i]->name());
       k->set_rkey(entry->mrs[i]->rkey);
@@ -213,7 +210,9 @@ absl::Status RdmaTransport::UnregisterMemory(uintptr_t addr) {
   // The engine no longer uses the buffer (its leases are gone); a peer
   // still accessing it gets a remote access error, never stale memory:
   // ibv_dereg_mr waits for accesses in progress.
-  for (ibv_mr* mr : entry->mrs) ibv_dereg_mr(mr);
+  for (ibv_mr* mr : entry->mrs) {
+    if (mr != nullptr) ibv_dereg_mr(mr);
+  }
   return absl::OkStatus();
 }
 
@@ -224,22 +223,20 @@ int RdmaTransport::NicIndex(absl::string_view name) const {
   return -1;
 }
 
-std::shared_ptr<Peer> RdmaTransport::PeerNamed(const std::string& name) {
-  MutexLock lock(&peers_mu_);
-  std::shared_ptr<Peer>& p = peers_[name];
-  if (p == nullptr) p = std::make_shared<Peer>(name);
-  return p;
+std::shared_ptr<Peer> RdmaTransport::MakePeer(const std::string& name) {
+  return std::make_shared<Peer>(
+      name, env_.local_segment < name,
+      absl::ToInt64Nanoseconds(options_.connect_timeout));
 }
 
-std::shared_ptr<Peer> RdmaTransport::FindPeer(const std::string& name) {
-  MutexLock lock(&peers_mu_);
-  auto it = peers_.find(name);
-  return it == peers_.end() ? nullptr : it->second;
+int RdmaTransport::ThreadsRunning() const {
+  return static_cast<int>(workers_.size() + control_threads_.size()) +
+         (housekeeper_.joinable() ? 1 : 0);
 }
 
 std::shared_ptr<Peer> RdmaTransport::PeerForView(const SegmentView& view,
                                                  absl::Status* why) {
-  std::shared_ptr<Peer> peer = PeerNamed(view.name());
+  std::shared_ptr<Peer> peer = peers_.Get(view.name());
   std::vector<std::shared_ptr<Endpoint>> old;
   {
     MutexLock lock(&peer->mu);
@@ -268,8 +265,22 @@ std::shared_ptr<Peer> RdmaTransport::PeerForView(const SegmentView& view,
 }
 
 void RdmaTransport::ClosePeer(const SegmentView& segment) {
-  // TODO(issue 9): close the peer's endpoints and drop its record.
-  (void)segment;
+  if (stopping_.load()) return;
+  std::shared_ptr<Peer> peer = peers_.Remove(segment.name());
+  if (peer == nullptr) return;
+  std::vector<std::shared_ptr<Endpoint>> eps;
+  {
+    MutexLock lock(&peer->mu);
+    for (const Peer::Rail& r : peer->rails) {
+      if (r.ep != nullptr) eps.push_back(r.ep);
+    }
+  }
+  // Idle ones go now; busy or connecting ones as soon as they are idle
+  // (the housekeeper looks every 50 ms). Their slices are not failed.
+  for (auto& ep : eps) {
+    ep->close_when_idle.store(true, std::memory_order_relaxed);
+    Close(ep, /*evicted=*/false);
+  }
 }
 
 TransportStats RdmaTransport::Stats() const {
@@ -282,11 +293,12 @@ TransportStats RdmaTransport::Stats() const {
     n.slices = nic->slices.load(std::memory_order_relaxed);
     n.bytes = nic->bytes.load(std::memory_order_relaxed);
     n.errors = nic->errors.load(std::memory_order_relaxed);
+    n.fatal = nic->fatal();
   }
-  {
-    MutexLock lock(&store_mu_);
-    st.endpoints = store_.size();
-  }
+  st.endpoints = store_.size();
+  st.peers = peers_.size();
+  st.threads = static_cast<uint64_t>(ThreadsRunning());
+  st.fast_failures = fast_failures_.load();
   st.connects_started = connects_started_.load();
   st.connects_accepted = connects_accepted_.load();
   st.connect_failures = connect_failures_.load();
@@ -305,10 +317,11 @@ void RdmaTransport::Shutdown() {
   }
   {
     MutexLock lock(&jobs_mu_);
+    farewell_deadline_ = absl::Now() + kFarewell;
     jobs_cv_.SignalAll();
   }
-  for (auto& t : connectors_) t.join();
-  connectors_.clear();
+  for (auto& t : control_threads_) t.join();
+  control_threads_.clear();
   if (!stop_housekeeper_.HasBeenNotified()) stop_housekeeper_.Notify();
   if (housekeeper_.joinable()) housekeeper_.join();
   for (auto& w : workers_) {
@@ -318,27 +331,19 @@ void RdmaTransport::Shutdown() {
     if (w->thread.joinable()) w->thread.join();
   }
   // Every endpoint, wherever it is referenced.
-  std::vector<std::shared_ptr<Endpoint>> eps;
-  {
-    MutexLock lock(&store_mu_);
-    store_.ForEach([&](const uint64_t&, const std::shared_ptr<Endpoint>& ep) {
-      eps.push_back(ep);
-    });
-    store_.Clear();
-  }
+  std::vector<std::shared_ptr<Endpoint>> eps = store_.TakeAll();
   {
     MutexLock lock(&jobs_mu_);
-    for (Job& j : jobs_) eps.push_back(std::move(j.ep));
+    for (Job& j : jobs_) {
+      if (j.ep != nullptr) eps.push_back(std::move(j.ep));
+    }
     jobs_.clear();
   }
-  {
-    MutexLock lock(&peers_mu_);
-    for (auto& [name, peer] : peers_) {
-      MutexLock plock(&peer->mu);
-      for (Peer::Rail& r : peer->rails) {
-        if (r.ep != nullptr) eps.push_back(std::move(r.ep));
-        r.ep = nullptr;
-      }
+  for (auto& peer : peers_.TakeAll()) {
+    MutexLock plock(&peer->mu);
+    for (Peer::Rail& r : peer->rails) {
+      if (r.ep != nullptr) eps.push_back(std::move(r.ep));
+      r.ep = nullptr;
     }
   }
   for (auto& p : pollers_) {
@@ -372,13 +377,11 @@ void RdmaTransport::Shutdown() {
   }
   eps.clear();
   {
-    MutexLock lock(&peers_mu_);
-    peers_.clear();
-  }
-  {
     MutexLock lock(&mr_mu_);
     for (auto& [addr, entry] : mrs_) {
-      for (ibv_mr* mr : entry->mrs) ibv_dereg_mr(mr);
+      for (ibv_mr* mr : entry->mrs) {
+        if (mr != nullptr) ibv_dereg_mr(mr);
+      }
     }
     mrs_.clear();
   }

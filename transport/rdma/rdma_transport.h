@@ -7,37 +7,115 @@
 // usable (local NIC, remote NIC) rail, preferring NICs near the buffer, so
 // the slices of one request are striped over all NICs.
 //
-// An endpoint is a set of RC QPs on one rail, shared by both directions:
-// the side that needs it first asks the peer to connect (over the peer
-// service, on a connector thread, so the data path never blocks on a
-// handshake); a simultaneous connect from both sides resolves to one
-// endpoint (see handshake.proto). Slices for a connecting endpoint wait in
-// its queue. Endpoints live in a bounded store with SIEVE eviction that
-// never evicts one with work queued or in flight; an evicted endpoint is
-// closed with the peer (it drains its own use first).
+// An endpoint is a set of RC QPs on one rail, shared by both directions.
+// Each rail's connection set-up is a state machine (RailConnector,
+// connector.h) that decides and that this class executes: the side that
+// needs a rail first asks the peer to connect (over the PeerChannel, on a
+// control thread, so the data path never blocks on a handshake); a
+// simultaneous connect from both sides resolves to one endpoint (see
+// handshake.proto). Slices for a connecting endpoint wait in its queue.
+// Endpoints live in a bounded store (endpoint_store.h) that never evicts
+// one with work queued or in flight; an evicted endpoint is closed with
+// the peer. Peer records live in a bounded table (peer.h).
 //
 // Posting runs to completion on the submitting thread: WR chains,
 // selectively signaled, small WRITEs inline, bounded per QP and per NIC.
 // Completions are reaped by whichever thread polls: an application thread
 // waiting for its batch (Poll), or else a worker thread (one per NIC, or
 // rdma.worker_threads serving the NICs round robin), which spins briefly
-// and then sleeps on the completion channels (an idle engine uses no CPU),
-// and stays out of the way while application threads poll.
+// and then sleeps on the completion channels and the devices' async-event
+// fds (an idle engine uses no CPU), and stays out of the way while
+// application threads poll.
 //
-// A slice whose completion fails is retried on a rail it has not failed on;
-// a rail with repeated errors is paused and probed again later, for longer
-// each time; a port going down flushes its QPs at once; a peer restart
-// (new incarnation) retires its endpoints; failed handshakes back off.
+// FAILURE MODEL -- what a request sees for each fault, and how quickly.
+// T: EngineOptions::transfer_timeout (each slice's deadline); H: the
+// housekeeping interval, 50 ms; R: the peer RPC timeout (rpc_timeout, which
+// is the transport's connect_timeout, 3 s); Q: the QP retry time, 4.096 us
+// * 2^rdma.qp_timeout * (rdma.qp_retry_count + 1), about 0.54 s at the
+// defaults (14, 7); K: rdma.keepalive_interval, 2 s.
+//
+//   * Every request ends, COMPLETED, FAILED or TIMEOUT, by T + H plus the
+//     time to flush a QP and reap the flush (a few ms; softrnic's send
+//     timeout, 0.5 s, if a post was blocked by a peer that stopped
+//     reading): slices waiting on an endpoint (connecting, or full) are
+//     failed by the housekeeper at their deadline, and a QP whose oldest
+//     posted slice is past its deadline is flushed -- a posted slice ends
+//     only when the NIC says it is done with the memory, so the caller may
+//     free it at once. rdma_fault_test checks T + 1 s for each fault below.
+//   * Peer killed: its QPs stop answering, posted WRs fail after Q
+//     (softrnic: at once, the connection is refused) and are retried on
+//     other rails; new handshakes are refused (see "unreachable"). FAILED
+//     with Unavailable, or TIMEOUT.
+//   * Peer stopped (SIGSTOP) or its link black-holed: posted WRs fail
+//     after Q and are retried; handshakes wait up to R, and the slices
+//     waiting on them end at T: TIMEOUT (DeadlineExceeded, with the last
+//     error).
+//   * Peer unreachable or refusing: the handshakes of the first contact
+//     fail (Unavailable, naming the peer and the cause); then the peer is
+//     backed off, 50 ms doubling to 1.6 s, with one probe handshake at a
+//     time after that: meanwhile requests fail at once with
+//     "RDMA peer 'name' unreachable (retrying in N ms): <cause>", counted
+//     in TransportStats::fast_failures. No retry loop runs inside the
+//     transport: a slice is tried at most max(rdma.max_attempts, rails)
+//     times.
+//   * Local port down (IBV_EVENT_PORT_ERR): the NIC's QPs are flushed at
+//     once and their slices move to other NICs; with none left, requests
+//     fail at once: Unavailable "no usable RDMA rail".
+//   * Local device fatal (IBV_EVENT_DEVICE_FATAL): like a port down, and
+//     the NIC is out of service for the rest of the run
+//     (NicStats::fatal); its posted slices are taken back and retried
+//     elsewhere (a dead device moves no more bytes).
+//   * GID change (IBV_EVENT_GID_CHANGE): the GID is read again; connections
+//     made afterwards use it (existing ones fail if the old address stops
+//     working, and are made again).
+//   * Peer restarted: its endpoints are failed as soon as its new
+//     incarnation is seen (its descriptor, request or reply); requests
+//     with the old descriptor fail with FailedPrecondition ("RefreshSegment
+//     and resubmit"), which makes the engine fetch the new one.
+//   * Peer died with idle endpoints (e.g. a killed initiator): an endpoint
+//     idle for K is probed with a zero-length RDMA WRITE; a dead peer fails
+//     it, and the endpoint, its QPs (and softrnic's sockets) are gone
+//     within K + H + Q.
+//   * Remote access error (a bad or stale key, an unregistered range):
+//     InvalidArgument; one more rail is tried; the rail's health is not
+//     charged.
+//   * A peer's control messages are validated completely (handshake.h)
+//     before use; a bad one is refused with InvalidArgument and changes
+//     nothing.
+//   * Endpoint evicted, or ClosePeer: the peer is told (DISCONNECT) and
+//     answers at once; it stops using the connection, moves what waited on
+//     it to a new one and lets its posted work drain (flushed after R / 2);
+//     we keep our QPs that long, or drop them at once if the peer had
+//     nothing posted. No slice fails because of a close. An engine that
+//     shuts down sends the DISCONNECTs already queued (for up to 200 ms)
+//     and no others: its peers' keepalives find the rest within K + H + Q.
+//
+// LIMITS (defaults): endpoints rdma.max_endpoints (4096; busy ones are
+// never evicted, so the store may exceed it; closed and failed ones count
+// until their QPs are gone); peer records rdma.max_peers (1024; ones with
+// endpoints are never dropped); rails per peer 64 x 64; QPs per connect
+// request 16; control threads kControlThreads (4: a silent peer holds one
+// for up to R per handshake, so four silent peers at once delay others'
+// handshakes by up to R); one connect at a time to a peer not reached
+// yet, four at a time otherwise; notices to a peer that did not answer
+// one are skipped for R. Threads: one worker per NIC (or
+// rdma.worker_threads), the control threads, one housekeeper;
+// TransportStats::threads counts them.
 //
 // Thread-safe as the Transport interface requires. Lock order:
-// Poller::poll_mu, peers_mu_, Peer::mu, store_mu_, Endpoint::mu,
-// Poller::map_mu, jobs_mu_. Sinks are called with no lock held but
-// poll_mu.
+// Poller::poll_mu, PeerTable (peers), Peer::mu, EndpointStore,
+// Endpoint::mu, Poller::map_mu, jobs_mu_. Sinks are called with no lock
+// held but poll_mu. gRPC threads (OnExchange) never wait for a drain, a
+// post or another RPC: what would block is queued for the control
+// threads.
 //
-// Implementation split by concern: rdma_transport.cc (lifecycle, memory,
-// peers, stats), rdma_route.cc (rail choice, endpoints, posting),
-// rdma_connect.cc (handshakes, adoption, eviction, housekeeping),
-// rdma_poll.cc (workers, completions, failover).
+// Implementation split by concern: connector.{h,cc} (the set-up state
+// machines), handshake.{h,cc} (message validation), endpoint_store.{h,cc},
+// peer.{h,cc} (peer records and table), rdma_transport.cc (lifecycle,
+// memory, peers, stats), rdma_route.cc (rail choice, endpoints, posting),
+// rdma_connect.cc (executing the connectors' actions, handshakes, notices,
+// closing, housekeeping, keepalive), rdma_poll.cc (workers, completions,
+// failover, async events).
 #ifndef FERRY_TRANSPORT_RDMA_RDMA_TRANSPORT_H_
 #define FERRY_TRANSPORT_RDMA_RDMA_TRANSPORT_H_
 
@@ -45,7 +123,6 @@
 #include <deque>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -54,13 +131,14 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/notification.h"
 #include "common/mutex.h"
+#include "transport/rdma/connector.h"
 #include "transport/rdma/endpoint.h"
+#include "transport/rdma/endpoint_store.h"
 #include "transport/rdma/handshake.pb.h"
 #include "transport/rdma/local_mr.h"
 #include "transport/rdma/nic.h"
 #include "transport/rdma/peer.h"
 #include "transport/rdma/qp.h"
-#include "transport/rdma/sieve_cache.h"
 #include "transport/rdma/topology.h"
 #include "transport/transport.h"
 
@@ -68,6 +146,14 @@ namespace ferry::rdma {
 
 class RdmaTransport final : public Transport {
  public:
+  // Threads running handshakes, notices and closes (never the data path).
+  static constexpr int kControlThreads = 4;
+  // Connects running at once to one peer that has been reached.
+  static constexpr int kMaxConnectsPerPeer = 4;
+  // How long Shutdown lets queued notices (DISCONNECTs of closed
+  // endpoints) go out.
+  static constexpr absl::Duration kFarewell = absl::Milliseconds(200);
+
   explicit RdmaTransport(const TransportOptions& options);
   ~RdmaTransport() override;
 
@@ -85,9 +171,12 @@ class RdmaTransport final : public Transport {
   void Shutdown() override;
 
  private:
+  using EndpointPtr = std::shared_ptr<Endpoint>;
+  using Actions = RailConnector::Actions;
+
   // Where a QP's completions go.
   struct QpRef {
-    std::shared_ptr<Endpoint> ep;
+    EndpointPtr ep;
     int qp = 0;
   };
   // Per NIC: its CQ's poller state and where its QPs' completions go.
@@ -98,8 +187,10 @@ class RdmaTransport final : public Transport {
     Mutex map_mu;
     absl::flat_hash_map<uint32_t, QpRef> by_qpn ABSL_GUARDED_BY(map_mu);
     // Endpoints that had slices to post but no room in the NIC's budget.
-    std::vector<std::shared_ptr<Endpoint>> starved ABSL_GUARDED_BY(map_mu);
+    std::vector<EndpointPtr> starved ABSL_GUARDED_BY(map_mu);
     std::atomic<bool> any_starved{false};
+    // The async-event fd reported an error: left out of the poll set.
+    bool async_dead = false;  // Its worker's only.
   };
   // A worker thread and the NICs it serves (rdma.worker_threads).
   struct Worker {
@@ -108,10 +199,29 @@ class RdmaTransport final : public Transport {
     int wake_fd = -1;
     std::thread thread;
   };
+  // Work for the control threads.
   struct Job {
-    enum class Kind { kConnect, kDisconnect };
-    Kind kind;
-    std::shared_ptr<Endpoint> ep;
+    enum class Kind {
+      kConnect,  // Send attempt `attempt` of `ep` claiming `epoch`.
+      kNotice,   // Tell `peer` `notice` about connection `epoch` of the
+                 // rail (`local`, `remote_nic`), of its run `incarnation`
+                 // (a DISCONNECT of ours: `ep`, dropped early if the peer
+                 // had nothing posted).
+      kClose,    // The peer closed `ep`'s connection: drain and drop it.
+      kFail,     // Fail `ep` with `why` (flush if `flush`).
+      kPost,     // `ep` may send: post what waits.
+    };
+    Kind kind = Kind::kConnect;
+    EndpointPtr ep;
+    std::shared_ptr<Peer> peer;
+    uint64_t attempt = 0;
+    uint64_t epoch = 0;
+    RailNotice::Kind notice = RailNotice::READY;
+    int local = 0;
+    std::string remote_nic;
+    uint64_t incarnation = 0;
+    absl::Status why;
+    bool flush = false;
   };
 
   // --- rdma_transport.cc
@@ -119,10 +229,9 @@ class RdmaTransport final : public Transport {
   // The Peer for the segment `view` describes; null with *why set if the
   // view is from a process of that segment which has since restarted.
   std::shared_ptr<Peer> PeerForView(const SegmentView& view, absl::Status* why);
-  // The Peer of segment `name`, created if needed / or null if unknown.
-  std::shared_ptr<Peer> PeerNamed(const std::string& name);
-  std::shared_ptr<Peer> FindPeer(const std::string& name);
+  std::shared_ptr<Peer> MakePeer(const std::string& name);
   int NicIndex(absl::string_view name) const;
+  int ThreadsRunning() const;
 
   // --- rdma_route.cc
   // Routes slices that share one target snapshot. `reroutes` bounds how
@@ -132,51 +241,68 @@ class RdmaTransport final : public Transport {
   // The rail's endpoint, created (and its connect queued) if it has none.
   // Null with *why set while the peer is backing off after failed
   // handshakes.
-  std::shared_ptr<Endpoint> RailEndpoint(const std::shared_ptr<Peer>& peer,
-                                         int local,
-                                         const std::string& remote_nic,
-                                         absl::Status* why);
+  EndpointPtr RailEndpoint(const std::shared_ptr<Peer>& peer, int local,
+                           const std::string& remote_nic, absl::Status* why);
   // Inserts a new endpoint into the store and closes what it evicts.
-  void StoreInsert(const std::shared_ptr<Endpoint>& ep);
+  void StoreInsert(const EndpointPtr& ep);
   // Queues `q` on `ep` and posts what fits; slices the endpoint cannot
   // take (it failed or closed meanwhile) are routed again.
-  void Enqueue(const std::shared_ptr<Endpoint>& ep, SliceQueue* q,
-               uint64_t bytes, absl::Time now, int reroutes);
+  void Enqueue(const EndpointPtr& ep, SliceQueue* q, uint64_t bytes,
+               absl::Time now, int reroutes);
   // Posts ep's waiting slices; on a refused post fails the endpoint, on a
   // full NIC budget parks it with the worker.
-  void PostOrPark(const std::shared_ptr<Endpoint>& ep);
-  void AfterPost(const std::shared_ptr<Endpoint>& ep,
-                 Endpoint::PostResult result);
+  void PostOrPark(const EndpointPtr& ep);
+  void AfterPost(const EndpointPtr& ep, Endpoint::PostResult result);
 
   // --- rdma_connect.cc
   void QueueJob(Job job);
-  void ConnectorLoop();
-  void RunConnect(const std::shared_ptr<Endpoint>& ep);
-  void RunDisconnect(const std::shared_ptr<Endpoint>& ep);
+  void ControlLoop();
+  // Connect jobs to `peer` may start now (jobs_mu_ held).
+  bool MayStartConnect(const Peer* peer) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(jobs_mu_);
+  void RunConnect(const EndpointPtr& ep, uint64_t attempt, uint64_t epoch);
+  void RunNotice(const Job& job);
   absl::StatusOr<std::string> OnExchange(const std::string& from,
                                          const std::string& payload);
   absl::StatusOr<ConnectReply> OnConnect(const std::string& from,
                                          const ConnectRequest& req);
-  // The rail's current endpoint a notice is about, if it comes from the
-  // peer's current run (*peer is set either way).
-  std::shared_ptr<Endpoint> NoticeTarget(const std::string& from,
-                                         const RailNotice& n,
-                                         std::shared_ptr<Peer>* peer);
-  void OnReady(const std::shared_ptr<Endpoint>& ep, const RailNotice& n);
-  void OnDisconnect(Peer* peer, const std::shared_ptr<Endpoint>& ep,
-                    const RailNotice& n);
+  // A connect from this engine to its own segment: the accepting end is a
+  // separate endpoint, off the rail (adopting would join a QP to itself).
+  absl::StatusOr<ConnectReply> AcceptSelf(const ConnectRequest& req, int local);
+  RailNoticeReply OnNotice(const std::string& from, const RailNotice& n);
   absl::Status CreateQps(Nic* nic, int n, std::vector<QueuePair>* qps);
-  // Installs connected QPs into a connecting endpoint, registers them for
-  // completions and, if `confirmed` (the other side's QPs can receive),
-  // posts its waiting slices. Returns false (and leaves the QPs to the
-  // caller) if the endpoint is no longer connecting.
-  bool Activate(const std::shared_ptr<Endpoint>& ep,
-                std::vector<QueuePair>* qps, uint64_t epoch, bool confirmed);
-  // A notice about connection `epoch` of the endpoint's rail to its peer
-  // (bounded by the RPC timeout; the reply carries nothing).
-  void Tell(const Endpoint& ep, RailNotice::Kind kind, uint64_t epoch);
-  // Takes an evicted endpoint out of service and queues its disconnect.
-  void Close(const std::shared_ptr<Endpoint>& ep);
+  // Executes what a rail's connector decided. Under the peer's lock:
+  // keeps the rail's endpoint in step with the connector (`created`: an
+  // endpoint made for this step, if any) and moves endpoints' states; the
+  // rest -- posting, failing, RPCs -- is left in *later for RunLater,
+  // after the lock. `qps`: the connected QPs of a kActivate.
+  struct Later {
+    std::vector<Job> jobs;
+    std::vector<std::pair<EndpointPtr, absl::Status>> fails;
+    std::vector<EndpointPtr> flush;  // Of `fails`: flush their QPs.
+    std::vector<EndpointPtr> posts;
+    bool activated = false;
+  };
+  void ApplyLocked(Peer* peer, Peer::Rail* rail, const Actions& acts,
+                   const EndpointPtr& created, std::vector<QueuePair>* qps,
+                   Later* later) ABSL_EXCLUSIVE_LOCKS_REQUIRED(peer->mu);
+  // `inline_ok`: the caller may fail endpoints and post on this thread (a
+  // control thread); otherwise (a gRPC thread) that is queued.
+  void RunLater(Later* later, bool inline_ok);
+  // Installs connected QPs into `ep` (state kConnected) and registers them
+  // for completions; false (QPs left to the caller) if `ep` is no longer
+  // connecting.
+  bool InstallLocked(const EndpointPtr& ep, std::vector<QueuePair>* qps,
+                     uint64_t epoch, bool confirmed);
+  Job NoticeJob(Peer* peer, const Endpoint& ep, RailNotice::Kind kind,
+                uint64_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(peer->mu);
+  // Takes an idle endpoint out of service and tells the peer (`evicted`:
+  // by the store, counted; else by ClosePeer). Returns false if it was not
+  // idle.
+  bool Close(const EndpointPtr& ep, bool evicted);
+  // The peer closed `ep`'s connection: no new slices, waiting ones go
+  // elsewhere, posted ones drain (flushed at the drain deadline).
+  void CloseForPeer(const EndpointPtr& ep);
   void HousekeeperLoop();
   void Housekeep(int64_t now_ns);
 
@@ -189,15 +315,19 @@ class RdmaTransport final : public Transport {
   size_t PollNicLocked(Poller* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->poll_mu);
   void HandleCompletion(Poller* p, const ibv_wc& wc);
   // No new slices; waiting ones are routed elsewhere; the endpoint leaves
-  // its rail and the store. Its QPs drain (flushed if `flush`).
-  void FailEndpoint(const std::shared_ptr<Endpoint>& ep,
-                    const absl::Status& why, bool flush);
-  // Forgets a failed or closed endpoint once nothing is posted on it.
-  void DropIfDrained(const std::shared_ptr<Endpoint>& ep);
+  // its rail (its connector is told) and the store's live set. Its QPs
+  // drain (flushed if `flush`). The peer is told (DISCONNECT) if the
+  // connection was up, unless !tell_peer (it no longer answers).
+  void FailEndpoint(const EndpointPtr& ep, const absl::Status& why, bool flush,
+                    bool tell_peer = true);
+  // Forgets a failed or closed endpoint once nothing is posted on it and
+  // its linger time passed.
+  void DropIfDrained(const EndpointPtr& ep);
   void Retry(Slice* slice, const absl::Status& status);
   void NoteRailError(const Endpoint& ep);
   void NoteRailSuccess(Endpoint* ep);
   void OnPortChange(Poller* p, bool up);
+  void OnDeviceFatal(Poller* p);
 
   const TransportOptions options_;
   TransportEnv env_;
@@ -218,18 +348,18 @@ class RdmaTransport final : public Transport {
   Mutex mr_mu_;
   std::map<uintptr_t, std::unique_ptr<LocalMr>> mrs_ ABSL_GUARDED_BY(mr_mu_);
 
-  Mutex peers_mu_;
-  absl::flat_hash_map<std::string, std::shared_ptr<Peer>> peers_
-      ABSL_GUARDED_BY(peers_mu_);
-
-  mutable Mutex store_mu_;
-  SieveCache<uint64_t, std::shared_ptr<Endpoint>> store_
-      ABSL_GUARDED_BY(store_mu_);
+  PeerTable peers_;
+  EndpointStore store_;
 
   Mutex jobs_mu_;
   CondVar jobs_cv_;
   std::deque<Job> jobs_ ABSL_GUARDED_BY(jobs_mu_);
-  std::vector<std::thread> connectors_;
+  // Connect jobs running per peer.
+  absl::flat_hash_map<const Peer*, int> connects_running_
+      ABSL_GUARDED_BY(jobs_mu_);
+  // Shutdown: queued notices still go out until then.
+  absl::Time farewell_deadline_ ABSL_GUARDED_BY(jobs_mu_);
+  std::vector<std::thread> control_threads_;
   absl::Notification stop_housekeeper_;
   std::thread housekeeper_;
 
@@ -239,6 +369,7 @@ class RdmaTransport final : public Transport {
   std::atomic<uint64_t> connect_races_{0};
   std::atomic<uint64_t> evictions_{0};
   std::atomic<uint64_t> retries_{0};
+  std::atomic<uint64_t> fast_failures_{0};
 };
 
 }  // namespace ferry::rdma

@@ -1,0 +1,306 @@
+// RDMA under process and link faults, across processes (on softrnic):
+//   - initiators killed after a short session leave the target's endpoint
+//     count and fd count bounded (the keepalive finds them);
+//   - every request ends within transfer_timeout plus the documented
+//     bound (rdma_transport.h) when the peer is stopped (SIGSTOP) after
+//     or before the handshake, killed mid-transfer, or our links drop.
+// tests/engine_peer is the target process, tests/rdma_session_peer the
+// initiator process.
+#include <signal.h>
+#include <sys/types.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/status_testing.h"
+#include "engine/transfer_engine.h"
+#include "gtest/gtest.h"
+#include "tests/subprocess.h"
+#include "tools/pattern.h"
+#include "transport/rdma/endpoint.h"
+#include "transport/rdma/rdma_test_util.h"
+#include "transport/softrnic/softrnic_control.h"
+
+namespace ferry {
+namespace {
+
+using ferry::testing::RunfilePath;
+using ferry::testing::Subprocess;
+
+// What rdma_transport.h promises beyond transfer_timeout: the housekeeping
+// interval, a flush and its completion, and a post blocked by a peer that
+// stopped reading (softrnic's send timeout); with room for a loaded CI
+// machine.
+constexpr absl::Duration kDeadlineSlack = absl::Seconds(1);
+
+template <typename F>
+bool WaitUntil(F cond, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!cond()) {
+    if (absl::Now() > deadline) return cond();
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return true;
+}
+
+uint64_t Endpoints(const TransferEngine& e) {
+  auto st = e.GetTransportStats();
+  return st.empty() ? 0 : st[0].endpoints;
+}
+
+TEST(RdmaFaultTest, KilledInitiatorsLeaveTheTargetBounded) {
+  // 50 initiator processes in turn each connect, write, and are killed
+  // with their endpoints connected. The target probes endpoints idle for
+  // K = 500 ms: a dead session's endpoint fails and is dropped (its QPs and
+  // softrnic's sockets with it) within K + H (50 ms) + Q (the QP retry
+  // time, 0.54 s), so the target never holds more than the sessions of
+  // that window, and nothing once they are all gone.
+  constexpr absl::Duration kKeepalive = absl::Milliseconds(500);
+  const absl::Duration kWindow =
+      kKeepalive + absl::Milliseconds(50 + 540) + absl::Milliseconds(500);
+  EngineOptions o;
+  o.local_segment_name = "target";
+  o.transports = {"rdma"};
+  o.rdma.keepalive_interval = kKeepalive;
+  TransferEngine target;
+  ASSERT_OK(target.Init(o));
+  constexpr size_t kBuffer = 1 << 20;
+  std::unique_ptr<uint8_t[]> mem(new uint8_t[kBuffer]);
+  ASSERT_OK(target.RegisterLocalMemory(mem.get(), kBuffer));
+  auto session = [&](int k) {
+    auto p = Subprocess::Start(
+        {RunfilePath("tests/rdma_session_peer"), absl::StrCat("--name=s", k),
+         absl::StrCat("--metadata=", target.metadata_address()),
+         "--target=target", "--bytes=65536"});
+    ASSERT_OK(p);
+    auto line = (*p)->ReadLine(absl::Seconds(30));
+    ASSERT_OK(line);
+    ASSERT_EQ(*line, "DONE COMPLETED");
+    (*p)->Kill();
+  };
+  session(-1);  // Warms up what stays (gRPC, softrnic listeners).
+  ASSERT_TRUE(
+      WaitUntil([&] { return Endpoints(target) == 0; }, absl::Seconds(10)))
+      << Endpoints(target);
+  const int fds = rdma::testing::OpenFds();
+  const std::string fds_before = rdma::testing::FdSummary();
+  std::vector<absl::Time> killed;
+  uint64_t most = 0;
+  for (int k = 0; k < 50; ++k) {
+    SCOPED_TRACE(k);
+    session(k);
+    if (HasFatalFailure()) return;
+    const absl::Time now = absl::Now();
+    killed.push_back(now);
+    const uint64_t held = Endpoints(target);
+    most = std::max(most, held);
+    // One endpoint per session; those killed before the window are gone.
+    const uint64_t recent =
+        std::count_if(killed.begin(), killed.end(),
+                      [&](absl::Time t) { return t > now - kWindow; });
+    EXPECT_LE(held, recent)
+        << "sessions killed in the last " << absl::FormatDuration(kWindow);
+  }
+  EXPECT_TRUE(WaitUntil([&] { return Endpoints(target) == 0; }, kWindow))
+      << Endpoints(target);
+  EXPECT_LT(most, 50u);
+  EXPECT_TRUE(WaitUntil([&] { return rdma::testing::OpenFds() <= fds; },
+                        absl::Seconds(5)))
+      << rdma::testing::OpenFds() << " fds: " << rdma::testing::FdSummary()
+      << "; before: " << fds << ": " << fds_before;
+  EXPECT_EQ(rdma::EndpointsAlive(), 0);
+  std::printf("at most %llu endpoints held at once for 50 sessions\n",
+              static_cast<unsigned long long>(most));
+  target.Shutdown();
+}
+
+// The test's engine initiates; tests/engine_peer is the target.
+class RdmaDeadlineTest : public ::testing::Test {
+ protected:
+  static constexpr size_t kPeerBuffer = 32 << 20;
+  static constexpr absl::Duration kTimeout = absl::Seconds(2);
+
+  void SetUp() override {
+    EngineOptions o;
+    o.local_segment_name = "initiator";
+    o.transports = {"rdma"};
+    o.transfer_timeout = kTimeout;
+    o.rpc_timeout = absl::Seconds(5);  // Longer than the transfers'.
+    ASSERT_OK(engine_.Init(o));
+    local_.reset(new uint8_t[kPeerBuffer]);
+    FillPattern(local_.get(), kPeerBuffer, 0, 3);
+    ASSERT_OK(engine_.RegisterLocalMemory(local_.get(), kPeerBuffer));
+    auto peer = Subprocess::Start(
+        {RunfilePath("tests/engine_peer"), "--name=peer",
+         absl::StrCat("--metadata=", engine_.metadata_address()),
+         absl::StrCat("--buffer_size=", kPeerBuffer), "--seed=9",
+         "--transport=rdma"});
+    ASSERT_OK(peer);
+    peer_ = std::move(*peer);
+    auto ready = peer_->ReadLine(absl::Seconds(30));
+    ASSERT_OK(ready);
+    std::vector<std::string> parts = absl::StrSplit(*ready, ' ');
+    ASSERT_EQ(parts[0], "READY") << *ready;
+    remote_ = std::stoull(parts[1]);
+    auto seg = engine_.OpenSegment("peer");
+    ASSERT_OK(seg);
+    seg_ = *seg;
+  }
+
+  void TearDown() override {
+    if (stopped_) ::kill(peer_->pid(), SIGCONT);
+    softrnic::SetLink("softrnic0", true);
+    softrnic::SetLink("softrnic1", true);
+    peer_.reset();
+    engine_.Shutdown();
+  }
+
+  void Stop() {
+    ASSERT_EQ(::kill(peer_->pid(), SIGSTOP), 0);
+    stopped_ = true;
+  }
+
+  // `n` WRITEs and `n` READs of `len` bytes.
+  std::vector<TransferRequest> Requests(int n, size_t len) {
+    std::vector<TransferRequest> reqs;
+    for (int i = 0; i < 2 * n; ++i) {
+      TransferRequest r;
+      r.opcode = i % 2 == 0 ? OpCode::kWrite : OpCode::kRead;
+      r.source = local_.get() + i * len;
+      r.target_id = seg_;
+      r.target_offset = remote_ + i * len;
+      r.length = len;
+      reqs.push_back(r);
+    }
+    return reqs;
+  }
+
+  absl::StatusOr<BatchId> Submit(const std::vector<TransferRequest>& reqs) {
+    auto batch = engine_.AllocateBatch(reqs.size());
+    if (!batch.ok()) return batch.status();
+    if (absl::Status s = engine_.SubmitTransfer(*batch, reqs); !s.ok()) {
+      return s;
+    }
+    return *batch;
+  }
+
+  // Waits for `batch` (submitted at `start`) and checks that it ended by
+  // the deadline plus the slack, and how.
+  void ExpectEndsInTime(BatchId batch, absl::Time start, bool may_complete) {
+    auto st = engine_.WaitBatch(batch, kTimeout + absl::Seconds(20));
+    const absl::Duration took = absl::Now() - start;
+    ASSERT_OK(st);
+    EXPECT_LE(took, kTimeout + kDeadlineSlack) << took;
+    std::printf("ended after %s: state %d, %zu completed, %zu failed: %s\n",
+                absl::FormatDuration(took).c_str(), static_cast<int>(st->state),
+                st->completed, st->failed, st->first_error.ToString().c_str());
+    if (!may_complete) {
+      EXPECT_TRUE(st->state == TransferState::kTimeout ||
+                  st->state == TransferState::kFailed)
+          << static_cast<int>(st->state);
+    }
+    EXPECT_NE(st->state, TransferState::kPending);
+    ASSERT_OK(engine_.FreeBatch(batch));
+  }
+
+  // A first transfer, so that rails are connected: `n` WRITEs and READs
+  // of 64 KiB (n = 1 uses one rail, more stripe over all).
+  void Connect(int n) {
+    auto batch = Submit(Requests(n, n == 1 ? 4096 : 64 << 10));
+    ASSERT_OK(batch);
+    auto st = engine_.WaitBatch(*batch, absl::Seconds(30));
+    ASSERT_OK(st);
+    ASSERT_EQ(st->state, TransferState::kCompleted) << st->first_error;
+    ASSERT_OK(engine_.FreeBatch(*batch));
+  }
+
+  // Submits 128 slices with softrnic slowing every frame (posting blocks
+  // on it, so the submission runs on its own thread), runs `fault` once
+  // some are posted, and checks that the batch ends in time.
+  template <typename F>
+  void MidTransfer(F fault) {
+    auto nic_slices = [&] {
+      uint64_t n = 0;
+      for (const NicStats& s : engine_.GetTransportStats()[0].nics) {
+        n += s.slices;
+      }
+      return n;
+    };
+    const uint64_t before = nic_slices();
+    ASSERT_EQ(softrnic::SetDelayUs("softrnic0", 2000), 0);
+    ASSERT_EQ(softrnic::SetDelayUs("softrnic1", 2000), 0);
+    const absl::Time start = absl::Now();
+    absl::StatusOr<BatchId> batch;
+    std::thread submit([&] { batch = Submit(Requests(64, 128 << 10)); });
+    const bool posting = WaitUntil([&] { return nic_slices() >= before + 16; },
+                                   absl::Seconds(10));
+    fault();
+    submit.join();
+    softrnic::SetDelayUs("softrnic0", 0);
+    softrnic::SetDelayUs("softrnic1", 0);
+    ASSERT_TRUE(posting);
+    ASSERT_OK(batch);
+    ExpectEndsInTime(*batch, start, /*may_complete=*/true);
+  }
+
+  TransferEngine engine_;
+  std::unique_ptr<uint8_t[]> local_;
+  std::unique_ptr<Subprocess> peer_;
+  uint64_t remote_ = 0;
+  SegmentHandle seg_ = 0;
+  bool stopped_ = false;
+};
+
+TEST_F(RdmaDeadlineTest, PeerStoppedAfterTheHandshake) {
+  Connect(8);
+  Stop();
+  const absl::Time start = absl::Now();
+  auto batch = Submit(Requests(64, 128 << 10));
+  ASSERT_OK(batch);
+  ExpectEndsInTime(*batch, start, /*may_complete=*/false);
+}
+
+TEST_F(RdmaDeadlineTest, PeerStoppedDuringTheHandshakes) {
+  // One rail (and the peer-service channel) is up; the peer stops; the
+  // next requests stripe over all four rails, three of which must connect
+  // first: their connect RPCs wait for an answer that does not come
+  // (rpc_timeout is longer than the transfer timeout), and the slices
+  // waiting on those endpoints end by their deadline anyway.
+  Connect(1);
+  Stop();
+  const absl::Time start = absl::Now();
+  auto batch = Submit(Requests(32, 64 << 10));
+  ASSERT_OK(batch);
+  ExpectEndsInTime(*batch, start, /*may_complete=*/false);
+}
+
+TEST_F(RdmaDeadlineTest, PeerStoppedBeforeTheHandshake) {
+  Stop();
+  const absl::Time start = absl::Now();
+  auto batch = Submit(Requests(16, 64 << 10));
+  ASSERT_OK(batch);
+  ExpectEndsInTime(*batch, start, /*may_complete=*/false);
+}
+
+TEST_F(RdmaDeadlineTest, PeerKilledMidTransfer) {
+  Connect(8);
+  MidTransfer([&] { peer_->Kill(); });
+}
+
+TEST_F(RdmaDeadlineTest, OurLinksDropMidTransfer) {
+  Connect(8);
+  MidTransfer([&] {
+    ASSERT_EQ(softrnic::SetLink("softrnic0", false), 0);
+    ASSERT_EQ(softrnic::SetLink("softrnic1", false), 0);
+  });
+}
+
+}  // namespace
+}  // namespace ferry

@@ -1,0 +1,339 @@
+// The RDMA transport on its own, on softrnic, with handshakes carried by
+// an in-process FakePeerNetwork (no engine, no gRPC), so that faults of
+// the control path can be scripted: a refused or silent peer, a notice
+// delivered at a chosen moment, peers opened and closed by the thousand.
+//
+//   - an unreachable peer gets a bounded number of handshakes, and its
+//     requests fail fast with one status naming it and the cause;
+//   - a handshake with a peer that never answers ends by the deadline;
+//   - a DISCONNECT notice is answered at once (the drain runs on the
+//     transport's threads, not the caller's);
+//   - 1,000 peers opened, used and closed leave peers, endpoints and
+//     threads flat;
+//   - an idle endpoint whose peer vanished is found by the keepalive;
+//   - DEVICE_FATAL and GID_CHANGE async events (softrnic injects them).
+#include <infiniband/verbs.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_testing.h"
+#include "gtest/gtest.h"
+#include "tools/pattern.h"
+#include "transport/rdma/endpoint.h"
+#include "transport/rdma/handshake.pb.h"
+#include "transport/rdma/rdma_test_util.h"
+#include "transport/softrnic/softrnic_control.h"
+
+namespace ferry::rdma {
+namespace {
+
+using testing::FakePeerNetwork;
+using testing::TestNode;
+using testing::TestSink;
+
+TransportOptions OneNic() {
+  TransportOptions o;
+  o.rdma.devices = {"softrnic0"};
+  o.connect_timeout = absl::Seconds(3);
+  return o;
+}
+
+// Polls `cond` until it holds or `timeout` passes (the transport's own
+// threads make the progress; this only looks).
+template <typename F>
+bool WaitUntil(F cond, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!cond()) {
+    if (absl::Now() > deadline) return cond();
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return true;
+}
+
+// Writes `n` slices of `len` bytes from `from` to `to` and waits for them;
+// returns the failures' statuses (empty: all succeeded).
+std::vector<absl::Status> WriteAndWait(
+    TestNode* from, const TestNode& to, size_t off, size_t len, int n,
+    absl::Duration timeout = absl::Seconds(10)) {
+  TestSink sink;
+  auto slices = from->MakeSlices(to, OpCode::kWrite, off, len, n, &sink);
+  from->Submit(&slices);
+  std::vector<absl::Status> bad;
+  if (!sink.WaitFor(n, timeout + absl::Seconds(5))) {
+    bad.push_back(absl::DeadlineExceededError("slices never completed"));
+    // The slices live on this stack: the transport must let go of them.
+    from->Stop();
+    return bad;
+  }
+  for (const absl::Status& s : sink.statuses()) {
+    if (!s.ok()) bad.push_back(s);
+  }
+  return bad;
+}
+
+TEST(RdmaTransportTest, UnreachablePeerFailsFastWithBoundedHandshakes) {
+  // Two NICs each: four rails; the peer is backed off as a whole.
+  FakePeerNetwork net;
+  TransportOptions o;
+  ASSERT_OK_AND_ASSIGN(auto target, TestNode::Start(&net, "t", o));
+  ASSERT_OK_AND_ASSIGN(auto init, TestNode::Start(&net, "i", o, 8 << 20));
+  net.SetFault("t", FakePeerNetwork::Fault::kRefuse);
+  const absl::Duration kRun = absl::Seconds(2);
+  const absl::Time start = absl::Now();
+  size_t slices = 0;
+  std::vector<absl::Status> failures;
+  while (absl::Now() - start < kRun) {
+    TestSink sink;
+    auto batch = init->MakeSlices(*target, OpCode::kWrite, 0, 65536, 64, &sink);
+    init->Submit(&batch);
+    ASSERT_TRUE(sink.WaitFor(batch.size(), absl::Seconds(10)));
+    slices += batch.size();
+    for (const absl::Status& s : sink.statuses()) failures.push_back(s);
+  }
+  const TransportStats st = init->stats();
+  const int handshakes = net.calls("t");
+  // One handshake at first contact (the other rails wait for it, then see
+  // the peer backed off), then one probe per backoff period: 50 ms
+  // doubling, probes at 50, 150, 350, 750 and 1550 ms within 2 s; one
+  // more for a slow machine.
+  EXPECT_LE(handshakes, 1 + 5 + 1) << slices << " slices";
+  std::printf("%d handshakes, %zu slices, %llu fast failures\n", handshakes,
+              slices, static_cast<unsigned long long>(st.fast_failures));
+  EXPECT_EQ(failures.size(), slices);
+  for (const absl::Status& s : failures) {
+    ASSERT_FALSE(s.ok());
+    ASSERT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+    // Names the peer and the cause.
+    ASSERT_TRUE(absl::StrContains(s.message(), "'t'")) << s;
+    ASSERT_TRUE(absl::StrContains(s.message(), "connection refused")) << s;
+  }
+  // Nearly all of them failed without touching the network.
+  EXPECT_GE(st.fast_failures, slices - 64 * 10) << st.fast_failures;
+  EXPECT_GT(slices, 1000u);
+}
+
+TEST(RdmaTransportTest, HandshakeWithSilentPeerEndsByTheDeadline) {
+  // The peer's control path accepts the call and never answers (a stopped
+  // process): every slice still ends by its deadline plus the documented
+  // bound (the housekeeping interval, with slack for a loaded machine).
+  FakePeerNetwork net(/*rpc_timeout=*/absl::Seconds(30));
+  ASSERT_OK_AND_ASSIGN(auto target, TestNode::Start(&net, "t", OneNic()));
+  ASSERT_OK_AND_ASSIGN(auto init, TestNode::Start(&net, "i", OneNic()));
+  net.SetFault("t", FakePeerNetwork::Fault::kSilent);
+  TestSink sink;
+  const absl::Time start = absl::Now();
+  auto slices = init->MakeSlices(*target, OpCode::kWrite, 0, 4096, 8, &sink,
+                                 absl::Seconds(1));
+  init->Submit(&slices);
+  ASSERT_TRUE(sink.WaitFor(slices.size(), absl::Seconds(5)));
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_LT(took, absl::Seconds(1) + absl::Milliseconds(500)) << took;
+  for (const absl::Status& s : sink.statuses()) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  }
+  net.SetFault("t", FakePeerNetwork::Fault::kNone);  // Frees the connector.
+}
+
+TEST(RdmaTransportTest, DisconnectNoticeIsAnsweredAtOnce) {
+  // The target is busy on the rail -- posting slowly (softrnic delays each
+  // frame, and posting blocks on it) -- when the initiator's DISCONNECT
+  // arrives: the answer must not wait for that work (the handler runs on a
+  // gRPC thread in the real engine); the drain is the transport's job.
+  FakePeerNetwork net;
+  ASSERT_OK_AND_ASSIGN(auto target, TestNode::Start(&net, "t", OneNic()));
+  ASSERT_OK_AND_ASSIGN(auto init, TestNode::Start(&net, "i", OneNic()));
+  ASSERT_TRUE(WriteAndWait(init.get(), *target, 0, 4096, 1).empty());
+  const uint64_t routed = target->stats().nics[0].slices;
+  if (softrnic::SetDelayUs("softrnic0", 100000) != 0) {
+    GTEST_SKIP() << "softrnic_set_delay_us unavailable";
+  }
+  TestSink sink;
+  auto work = target->MakeSlices(*init, OpCode::kWrite, 0, 4096, 8, &sink);
+  std::thread poster([&] { target->Submit(&work); });
+  // The slices are on the endpoint (counted before they are posted).
+  ASSERT_TRUE(
+      WaitUntil([&] { return target->stats().nics[0].slices >= routed + 8; },
+                absl::Seconds(5)));
+  RdmaMessage msg;
+  RailNotice* n = msg.mutable_notice();
+  n->set_kind(RailNotice::DISCONNECT);
+  n->set_initiator_segment("i");
+  n->set_initiator_incarnation(init->incarnation());
+  n->set_initiator_nic("softrnic0");
+  n->set_target_nic("softrnic0");
+  n->set_epoch(1);  // The rail's first connection.
+  auto as_i = net.Join("i", "i-test");
+  const absl::Time start = absl::Now();
+  auto reply = as_i->Call("t", "rdma", msg.SerializeAsString());
+  const absl::Duration took = absl::Now() - start;
+  poster.join();
+  softrnic::SetDelayUs("softrnic0", 0);
+  EXPECT_OK(reply);
+  EXPECT_LT(took, absl::Milliseconds(50)) << took;
+  // The work still ends, completed where it was or on a new endpoint.
+  ASSERT_TRUE(sink.WaitFor(work.size(), absl::Seconds(20)));
+  for (const absl::Status& s : sink.statuses()) EXPECT_OK(s);
+}
+
+TEST(RdmaTransportTest, ThousandPeersOpenedUsedAndClosedStayFlat) {
+  // One initiator opens, uses and closes 1,000 targets in turn (each a new
+  // transport with its own segment); a long-lived target serves 1,000
+  // initiators in turn the same way. Peer records, endpoints and threads
+  // must not grow with the number of peers ever seen.
+  FakePeerNetwork net;
+  TransportOptions o = OneNic();
+  o.rdma.max_peers = 64;
+  ASSERT_OK_AND_ASSIGN(auto hub, TestNode::Start(&net, "hub", o));
+  constexpr int kPeers = 1000;
+  int threads_at_100 = 0;
+  TransportStats at_100;
+  for (int k = 0; k < kPeers; ++k) {
+    SCOPED_TRACE(k);
+    ASSERT_OK_AND_ASSIGN(auto other,
+                         TestNode::Start(&net, absl::StrCat("p", k), o));
+    // Even peers are targets of the hub, odd ones initiators to it.
+    TestNode* from = k % 2 == 0 ? hub.get() : other.get();
+    TestNode* to = k % 2 == 0 ? other.get() : hub.get();
+    FillPattern(from->mem(), 4096, 0, k);
+    ASSERT_TRUE(WriteAndWait(from, *to, 0, 4096, 1).empty());
+    ASSERT_EQ(CheckPattern(to->mem(), 4096, 0, k), 4096u);
+    from->transport().ClosePeer(*to->view());
+    // The closing side's DISCONNECT reaches the other, which lets go too.
+    other->Stop();
+    if (k == 100) {
+      ASSERT_TRUE(WaitUntil([&] { return hub->stats().endpoints == 0; },
+                            absl::Seconds(5)));
+      threads_at_100 = testing::ThreadCount();
+      at_100 = hub->stats();
+    }
+  }
+  ASSERT_TRUE(
+      WaitUntil([&] { return hub->stats().endpoints == 0; }, absl::Seconds(5)))
+      << hub->stats().endpoints;
+  const TransportStats st = hub->stats();
+  // Records of peers without endpoints beyond max_peers are dropped.
+  EXPECT_LE(at_100.peers, 64u);
+  EXPECT_TRUE(
+      WaitUntil([&] { return hub->stats().peers <= 64; }, absl::Seconds(2)))
+      << hub->stats().peers;
+  EXPECT_EQ(st.threads, at_100.threads);
+  EXPECT_GT(st.threads, 0u);
+  EXPECT_LE(testing::ThreadCount(), threads_at_100 + 2);
+}
+
+TEST(RdmaTransportTest, KeepaliveReapsEndpointsOfAVanishedPeer) {
+  // The initiator goes away without a word (its QPs are destroyed, as
+  // when its process is killed): the target's idle endpoint to it is
+  // probed, fails, and is dropped within keepalive + the QP retry time.
+  FakePeerNetwork net;
+  TransportOptions o = OneNic();
+  o.rdma.keepalive_interval = absl::Milliseconds(200);
+  ASSERT_OK_AND_ASSIGN(auto target, TestNode::Start(&net, "t", o));
+  ASSERT_OK_AND_ASSIGN(auto init, TestNode::Start(&net, "i", o));
+  ASSERT_TRUE(WriteAndWait(init.get(), *target, 0, 4096, 1).empty());
+  ASSERT_EQ(target->stats().endpoints, 1u);
+  net.SetFault("i", FakePeerNetwork::Fault::kRefuse);  // No notices either.
+  init->Stop();
+  EXPECT_TRUE(WaitUntil([&] { return target->stats().endpoints == 0; },
+                        absl::Seconds(5)))
+      << target->stats().endpoints;
+  // And the objects (with their QPs) are gone, not just out of the store.
+  init.reset();
+  EXPECT_TRUE(
+      WaitUntil([&] { return EndpointsAlive() == 0; }, absl::Seconds(2)))
+      << EndpointsAlive();
+}
+
+// softrnic raises the event on every context of the device, so both
+// transports of this process see it.
+TEST(RdmaTransportTest, DeviceFatalFailsOverAndIsReported) {
+  FakePeerNetwork net;
+  TransportOptions o;  // Both NICs.
+  ASSERT_OK_AND_ASSIGN(auto target, TestNode::Start(&net, "t", o, 32 << 20));
+  ASSERT_OK_AND_ASSIGN(auto init, TestNode::Start(&net, "i", o, 32 << 20));
+  ASSERT_TRUE(WriteAndWait(init.get(), *target, 0, 65536, 8).empty());
+  FillPattern(init->mem(), 32 << 20, 0, 5);
+  TestSink sink;
+  auto slices =
+      init->MakeSlices(*target, OpCode::kWrite, 0, 64 << 10, 512, &sink);
+  init->Submit(&slices);
+  if (softrnic::InjectAsyncEvent("softrnic1", IBV_EVENT_DEVICE_FATAL) != 0) {
+    const int err = errno;
+    ASSERT_TRUE(sink.WaitFor(slices.size(), absl::Seconds(20)));
+    if (err == ENOSYS) GTEST_SKIP() << "softrnic_inject_async_event: ENOSYS";
+    FAIL() << "InjectAsyncEvent: " << std::strerror(err);
+  }
+  ASSERT_TRUE(sink.WaitFor(slices.size(), absl::Seconds(20)));
+  for (const absl::Status& s : sink.statuses()) ASSERT_OK(s);
+  EXPECT_EQ(CheckPattern(target->mem(), 32 << 20, 0, 5), size_t{32 << 20});
+  for (TestNode* n : {init.get(), target.get()}) {
+    const TransportStats st = n->stats();
+    ASSERT_EQ(st.nics.size(), 2u);
+    EXPECT_TRUE(st.nics[0].port_active);
+    EXPECT_FALSE(st.nics[1].port_active) << n->name();
+    EXPECT_TRUE(st.nics[1].fatal) << n->name();
+  }
+  // New transfers avoid the dead NIC from the start.
+  const uint64_t before = init->stats().nics[1].slices;
+  ASSERT_TRUE(WriteAndWait(init.get(), *target, 0, 65536, 64).empty());
+  EXPECT_EQ(init->stats().nics[1].slices, before);
+}
+
+TEST(RdmaTransportTest, GidChangeIsPickedUpByNewConnections) {
+  FakePeerNetwork net;
+  ASSERT_OK_AND_ASSIGN(auto target, TestNode::Start(&net, "t", OneNic()));
+  ASSERT_OK_AND_ASSIGN(auto init, TestNode::Start(&net, "i", OneNic()));
+  // Every GID the initiator puts in a connect request.
+  Mutex mu;
+  std::vector<std::string> gids;
+  net.SetInterceptor([&](const std::string& from, const std::string&,
+                         const std::string& payload) {
+    RdmaMessage m;
+    if (from == "i" && m.ParseFromString(payload) && m.has_connect()) {
+      MutexLock lock(&mu);
+      for (const QpInfo& q : m.connect().initiator_qps()) {
+        gids.push_back(q.gid());
+      }
+    }
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(WriteAndWait(init.get(), *target, 0, 4096, 1).empty());
+  if (softrnic::InjectAsyncEvent("softrnic0", IBV_EVENT_GID_CHANGE) != 0) {
+    if (errno == ENOSYS) GTEST_SKIP() << "softrnic_inject_async_event: ENOSYS";
+    FAIL() << "InjectAsyncEvent: " << std::strerror(errno);
+  }
+  // The GID now in the device's table.
+  ibv_gid now{};
+  {
+    int n = 0;
+    ibv_device** list = ibv_get_device_list(&n);
+    ASSERT_NE(list, nullptr);
+    ibv_context* ctx = nullptr;
+    for (int i = 0; i < n; ++i) {
+      if (std::string(ibv_get_device_name(list[i])) == "softrnic0") {
+        ctx = ibv_open_device(list[i]);
+      }
+    }
+    ibv_free_device_list(list);
+    ASSERT_NE(ctx, nullptr);
+    ASSERT_EQ(ibv_query_gid(ctx, 1, 0, &now), 0);
+    ibv_close_device(ctx);
+  }
+  // A new connection (to a new peer) carries the GID from after the event.
+  ASSERT_OK_AND_ASSIGN(auto second, TestNode::Start(&net, "u", OneNic()));
+  ASSERT_TRUE(WriteAndWait(init.get(), *second, 0, 4096, 1).empty());
+  MutexLock lock(&mu);
+  ASSERT_FALSE(gids.empty());
+  EXPECT_EQ(gids.back(), std::string(reinterpret_cast<char*>(now.raw), 16));
+}
+
+}  // namespace
+}  // namespace ferry::rdma

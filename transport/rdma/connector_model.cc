@@ -1,0 +1,744 @@
+#include "transport/rdma/connector_model.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "transport/rdma/handshake.h"
+
+namespace ferry::rdma::model {
+namespace {
+
+using Kind = RailConnector::Action::Kind;
+using Phase = RailConnector::Phase;
+
+constexpr int kAccepted = 0, kLost = 1, kSuperseded = 2, kStale = 3, kError = 4,
+              kRefused = 5;
+constexpr int kReady = 0, kDisconnect = 1;
+
+const char* EventName(World::Event::Kind k) {
+  switch (k) {
+    case World::Event::Kind::kNeed:
+      return "need";
+    case World::Event::Kind::kRunSend:
+      return "send";
+    case World::Event::Kind::kDeliver:
+      return "deliver";
+    case World::Event::Kind::kDrop:
+      return "drop";
+    case World::Event::Kind::kOpDone:
+      return "op-done";
+    case World::Event::Kind::kOpFail:
+      return "op-fail";
+    case World::Event::Kind::kTimer:
+      return "timer";
+    case World::Event::Kind::kUse:
+      return "use-fails";
+    case World::Event::Kind::kLocalFail:
+      return "local-fail";
+    case World::Event::Kind::kEvict:
+      return "evict";
+    case World::Event::Kind::kRestart:
+      return "restart";
+    case World::Event::Kind::kLearn:
+      return "learn-restart";
+  }
+  return "?";
+}
+
+}  // namespace
+
+std::string World::Event::Describe() const {
+  return absl::StrCat(EventName(kind), "(", side == 0 ? "a" : "b", ",", index,
+                      ")");
+}
+
+World::World(const Budget& budget) : budget_(budget) {
+  // Side 0 ("a") sorts first: it wins tie-breaks.
+  sides_.emplace_back(true);
+  sides_.emplace_back(false);
+  for (Side& s : sides_) {
+    s.inc = next_inc_++;
+    s.needs_left = budget.needs;
+  }
+  sides_[0].peer_inc = sides_[1].inc;
+  sides_[1].peer_inc = sides_[0].inc;
+}
+
+int World::NewQp(int side) {
+  qps_.push_back(Qp{side, true, -1});
+  return static_cast<int>(qps_.size()) - 1;
+}
+
+void World::Kill(int qp) {
+  if (qp >= 0) qps_[qp].alive = false;
+}
+
+void World::DropEndpoint(int side, uint64_t ep) {
+  auto it = sides_[side].ep_qp.find(ep);
+  if (it == sides_[side].ep_qp.end()) return;
+  Kill(it->second);
+  sides_[side].ep_qp.erase(it);
+}
+
+void World::Exec(int side, const RailConnector::Actions& acts, Ctx* ctx) {
+  Side& s = sides_[side];
+  const int other = 1 - side;
+  for (const RailConnector::Action& a : acts) {
+    switch (a.kind) {
+      case Kind::kSendRequest: {
+        Op op;
+        op.type = Op::Type::kSend;
+        op.side = side;
+        op.side_inc = s.inc;
+        op.ep = a.ep;
+        op.attempt = a.attempt;
+        op.epoch = a.epoch;
+        ops_.push_back(op);
+        s.ep_qp.emplace(a.ep, -1);
+        break;
+      }
+      case Kind::kInstall: {
+        Op op;
+        op.type = Op::Type::kInstall;
+        op.side = side;
+        op.side_inc = s.inc;
+        op.ep = a.ep;
+        op.attempt = a.attempt;
+        op.epoch = a.epoch;
+        auto it = s.attempt_qp.find(a.attempt);
+        if (it == s.attempt_qp.end()) {
+          error_ = "install of an attempt without QPs";
+          break;
+        }
+        op.qp = it->second;
+        s.attempt_qp.erase(it);
+        op.remote_qp = ctx->reply_qp;
+        ops_.push_back(op);
+        break;
+      }
+      case Kind::kAccept: {
+        if (ctx->request == nullptr) {
+          error_ = "accept outside a request";
+          break;
+        }
+        Op op;
+        op.type = Op::Type::kAccept;
+        op.side = side;
+        op.side_inc = s.inc;
+        op.ep = a.ep;
+        op.attempt = ctx->request->attempt;
+        op.epoch = a.epoch;
+        op.qp = ctx->request->qp;
+        op.req_from_inc = ctx->request->from_inc;
+        ops_.push_back(op);
+        if (a.fresh) s.ep_qp.emplace(a.ep, -1);
+        break;
+      }
+      case Kind::kReply:
+      case Kind::kReplyAccepted:
+      case Kind::kRefuse: {
+        Msg m;
+        m.type = Msg::Type::kReply;
+        m.to = other;
+        m.from_inc = s.inc;
+        m.to_inc = ctx->reply_to_inc;
+        m.attempt = ctx->reply_attempt;
+        m.epoch = a.epoch;
+        if (a.kind == Kind::kReplyAccepted) {
+          m.result = kAccepted;
+          m.qp = ctx->new_qp;
+        } else if (a.kind == Kind::kRefuse) {
+          m.result = kRefused;
+        } else {
+          m.result =
+              a.result == ConnectReply::LOST_TIE_BREAK ? kLost : kSuperseded;
+        }
+        Send(m);
+        break;
+      }
+      case Kind::kActivate: {
+        auto it = s.ep_qp.find(a.ep);
+        if (it == s.ep_qp.end() || ctx->new_qp < 0) {
+          error_ = absl::StrCat("activate of unknown endpoint ", a.ep);
+          break;
+        }
+        Kill(it->second);
+        it->second = ctx->new_qp;
+        ctx->new_qp_used = true;
+        break;
+      }
+      case Kind::kConfirm:
+        break;
+      case Kind::kFail:
+        ++fails_;
+        DropEndpoint(side, a.ep);
+        break;
+      case Kind::kClose:
+        DropEndpoint(side, a.ep);
+        break;
+      case Kind::kTellReady:
+      case Kind::kTellDisconnect: {
+        Msg m;
+        m.type = Msg::Type::kNotice;
+        m.to = other;
+        m.from_inc = s.inc;
+        m.to_inc = s.peer_inc;
+        m.epoch = a.epoch;
+        m.result = a.kind == Kind::kTellReady ? kReady : kDisconnect;
+        Send(m);
+        break;
+      }
+    }
+  }
+}
+
+bool World::UseFails(int side) const {
+  const Side& s = sides_[side];
+  if (s.m.phase() != Phase::kConnected || !s.m.confirmed()) return false;
+  auto it = s.ep_qp.find(s.m.ep());
+  if (it == s.ep_qp.end() || it->second < 0) return true;
+  const int q = it->second;
+  const int r = qps_[q].remote;
+  if (!qps_[q].alive || r < 0 || !qps_[r].alive) return true;
+  // A peer QP not connected yet (not in RTR) drops what we send, and RC
+  // retransmits until it is: that fails only if it never gets there (it
+  // dies) or it is connected to another QP.
+  return qps_[r].remote != q && qps_[r].remote != -1;
+}
+
+std::vector<World::Event> World::Enabled() const {
+  using K = Event::Kind;
+  std::vector<Event> ev;
+  const bool busy = !msgs_.empty() || !ops_.empty();
+  for (int side = 0; side < 2; ++side) {
+    const Side& s = sides_[side];
+    if (s.needs_left > 0 && s.m.phase() == Phase::kIdle) {
+      ev.push_back({K::kNeed, side, 0});
+    }
+    if (s.m.deadline_ns() != 0 && (!budget_.lazy_timers || !busy)) {
+      ev.push_back({K::kTimer, side, 0});
+    }
+    if (UseFails(side)) ev.push_back({K::kUse, side, 0});
+    if (budget_.local_failures > 0 && s.m.phase() != Phase::kIdle) {
+      ev.push_back({K::kLocalFail, side, 0});
+    }
+    if (budget_.evictions > 0 && s.m.phase() == Phase::kConnected &&
+        s.m.confirmed()) {
+      ev.push_back({K::kEvict, side, 0});
+    }
+  }
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    const int side = ops_[i].side;
+    if (ops_[i].type == Op::Type::kSend) {
+      ev.push_back({K::kRunSend, side, static_cast<int>(i)});
+    } else {
+      ev.push_back({K::kOpDone, side, static_cast<int>(i)});
+      if (budget_.op_failures > 0) {
+        ev.push_back({K::kOpFail, side, static_cast<int>(i)});
+      }
+    }
+  }
+  for (size_t i = 0; i < msgs_.size(); ++i) {
+    ev.push_back({K::kDeliver, msgs_[i].to, static_cast<int>(i)});
+    if (budget_.drops > 0) {
+      ev.push_back({K::kDrop, msgs_[i].to, static_cast<int>(i)});
+    }
+  }
+  if (budget_.restarts > 0) ev.push_back({K::kRestart, 1, 0});
+  if (sides_[0].peer_inc != sides_[1].inc) ev.push_back({K::kLearn, 0, 0});
+  return ev;
+}
+
+void World::Deliver(const Msg& m) {
+  Side& t = sides_[m.to];
+  RailConnector::Actions acts;
+  Ctx ctx;
+  switch (m.type) {
+    case Msg::Type::kRequest: {
+      ctx.request = &m;
+      ctx.reply_attempt = m.attempt;
+      ctx.reply_to_inc = m.from_inc;
+      // The transport's peer-level checks, then the rail's machine.
+      if (m.to_inc != 0 && m.to_inc != t.inc) {
+        Msg r;
+        r.type = Msg::Type::kReply;
+        r.to = 1 - m.to;
+        r.from_inc = t.inc;
+        r.to_inc = m.from_inc;
+        r.attempt = m.attempt;
+        r.epoch = t.inc;  // The target's incarnation rides here.
+        r.result = kStale;
+        Send(r);
+        return;
+      }
+      if (m.from_inc != t.peer_inc) {
+        if (m.from_inc < t.peer_inc) {  // An earlier run of the peer.
+          Msg r;
+          r.type = Msg::Type::kReply;
+          r.to = 1 - m.to;
+          r.from_inc = t.inc;
+          r.to_inc = m.from_inc;
+          r.attempt = m.attempt;
+          r.result = kError;
+          Send(r);
+          return;
+        }
+        t.m.Restart(&acts);
+        Exec(m.to, acts, &ctx);
+        acts.clear();
+        t.peer_inc = m.from_inc;
+      }
+      t.m.OnRequest(m.epoch, next_ep_++, &acts);
+      Exec(m.to, acts, &ctx);
+      return;
+    }
+    case Msg::Type::kReply: {
+      if (m.to_inc != t.inc) return;  // To a process that is gone.
+      RailConnector::Outcome outcome = RailConnector::Outcome::kFailed;
+      switch (m.result) {
+        case kAccepted:
+          outcome = RailConnector::Outcome::kAccepted;
+          break;
+        case kLost:
+          outcome = RailConnector::Outcome::kLostTieBreak;
+          break;
+        case kSuperseded:
+          outcome = RailConnector::Outcome::kSuperseded;
+          break;
+        case kRefused:
+          outcome = RailConnector::Outcome::kRefused;
+          break;
+        case kStale:
+          if (m.epoch > t.peer_inc) {
+            t.m.Restart(&acts);
+            Exec(m.to, acts, &ctx);
+            acts.clear();
+            t.peer_inc = m.epoch;
+          }
+          break;
+        default:
+          break;
+      }
+      ctx.reply_qp = m.qp;
+      t.m.OnReply(m.attempt, outcome, m.result == kStale ? 0 : m.epoch,
+                  absl::UnavailableError("model"), now_, &acts);
+      // The attempt's QPs go unless an install took them.
+      auto it = t.attempt_qp.find(m.attempt);
+      bool installing = false;
+      for (const auto& a : acts) installing |= a.kind == Kind::kInstall;
+      if (it != t.attempt_qp.end() && !installing) {
+        Kill(it->second);
+        t.attempt_qp.erase(it);
+      }
+      Exec(m.to, acts, &ctx);
+      // An accepted reply that installs nothing leaves the target's QP to
+      // the DISCONNECT the machine sent.
+      return;
+    }
+    case Msg::Type::kNotice:
+      if (m.from_inc != t.peer_inc || m.to_inc != t.inc) return;
+      if (m.result == kReady) {
+        t.m.OnReady(m.epoch, &acts);
+      } else {
+        t.m.OnDisconnect(m.epoch, &acts);
+      }
+      Exec(m.to, acts, &ctx);
+      return;
+  }
+}
+
+void World::Apply(const Event& e) {
+  ApplyOne(e);
+  // A send whose attempt is no longer the machine's current one does
+  // nothing when it runs (BeginSend refuses it without side effects):
+  // forget it now, so that interleavings differing only in when it runs
+  // are one state.
+  ops_.erase(
+      std::remove_if(ops_.begin(), ops_.end(),
+                     [&](const Op& op) {
+                       return op.type == Op::Type::kSend &&
+                              (op.side_inc != sides_[op.side].inc ||
+                               !sides_[op.side].m.request_out() ||
+                               sides_[op.side].m.attempt() != op.attempt);
+                     }),
+      ops_.end());
+}
+
+void World::ApplyOne(const Event& e) {
+  using K = Event::Kind;
+  RailConnector::Actions acts;
+  Ctx ctx;
+  Side& s = sides_[e.side];
+  switch (e.kind) {
+    case K::kNeed:
+      --s.needs_left;
+      s.wanted = true;
+      s.m.Need(next_ep_++, &acts);
+      Exec(e.side, acts, &ctx);
+      return;
+    case K::kRunSend: {
+      const Op op = ops_[e.index];
+      ops_.erase(ops_.begin() + e.index);
+      if (op.side_inc != s.inc) return;
+      if (!s.m.BeginSend(op.attempt)) return;
+      const int q = NewQp(e.side);
+      s.attempt_qp[op.attempt] = q;
+      Msg m;
+      m.type = Msg::Type::kRequest;
+      m.to = 1 - e.side;
+      m.from_inc = s.inc;
+      m.to_inc = s.peer_inc;
+      m.attempt = op.attempt;
+      m.qp = q;
+      m.epoch = op.epoch;
+      Send(m);
+      return;
+    }
+    case K::kDeliver: {
+      const Msg m = msgs_[e.index];
+      msgs_.erase(msgs_.begin() + e.index);
+      Deliver(m);
+      return;
+    }
+    case K::kDrop: {
+      --budget_.drops;
+      const Msg m = msgs_[e.index];
+      msgs_.erase(msgs_.begin() + e.index);
+      if (m.type == Msg::Type::kNotice) return;
+      // The caller's RPC fails: it sees an error instead of the reply.
+      Msg r;
+      r.type = Msg::Type::kReply;
+      r.attempt = m.attempt;
+      r.result = kError;
+      if (m.type == Msg::Type::kRequest) {
+        r.to = 1 - m.to;
+        r.to_inc = m.from_inc;
+      } else {
+        r.to = m.to;
+        r.to_inc = m.to_inc;
+        // The target's QP of an accepted reply stays with the target's
+        // endpoint; the initiator never learns of it.
+      }
+      Send(r);
+      return;
+    }
+    case K::kOpDone:
+    case K::kOpFail: {
+      const bool ok = e.kind == K::kOpDone;
+      if (!ok) --budget_.op_failures;
+      const Op op = ops_[e.index];
+      ops_.erase(ops_.begin() + e.index);
+      if (op.side_inc != s.inc) return;  // Its process is gone.
+      const absl::Status result =
+          ok ? absl::OkStatus() : absl::UnavailableError("QP failure");
+      if (op.type == Op::Type::kAccept) {
+        ctx.reply_attempt = op.attempt;
+        ctx.reply_to_inc = op.req_from_inc;
+        if (ok) {
+          ctx.new_qp = NewQp(e.side);
+          qps_[ctx.new_qp].remote = op.qp;
+        }
+        s.m.AcceptDone(op.ep, op.epoch, result, now_, &acts);
+      } else {
+        ctx.new_qp = op.qp;
+        if (ok) qps_[op.qp].remote = op.remote_qp;
+        s.m.Installed(op.ep, op.epoch, result, &acts);
+      }
+      Exec(e.side, acts, &ctx);
+      if (ctx.new_qp >= 0 && !ctx.new_qp_used) Kill(ctx.new_qp);
+      return;
+    }
+    case K::kTimer:
+      s.m.Tick(std::numeric_limits<int64_t>::max(), &acts);
+      Exec(e.side, acts, &ctx);
+      return;
+    case K::kUse:
+    case K::kLocalFail: {
+      if (e.kind == K::kLocalFail) --budget_.local_failures;
+      const uint64_t ep = s.m.ep();
+      DropEndpoint(e.side, ep);
+      ++fails_;
+      s.m.Failed(ep, &acts);
+      Exec(e.side, acts, &ctx);
+      return;
+    }
+    case K::kEvict:
+      --budget_.evictions;
+      if (!s.m.Close(s.m.ep(), &acts)) error_ = "eviction refused";
+      Exec(e.side, acts, &ctx);
+      return;
+    case K::kRestart: {
+      --budget_.restarts;
+      Side fresh(false);
+      fresh.inc = next_inc_++;
+      fresh.peer_inc = sides_[0].inc;  // From the peer's descriptor.
+      fresh.needs_left = s.needs_left;
+      for (auto& [ep, q] : s.ep_qp) Kill(q);
+      for (auto& [att, q] : s.attempt_qp) Kill(q);
+      for (Qp& q : qps_) {
+        if (q.side == 1) q.alive = false;
+      }
+      sides_[1] = fresh;
+      // Its operations die with it, failing the RPCs they were answering;
+      // messages to it find the new run.
+      for (const Op& op : ops_) {
+        if (op.side != 1 || op.type != Op::Type::kAccept) continue;
+        Msg r;
+        r.type = Msg::Type::kReply;
+        r.to = 0;
+        r.to_inc = op.req_from_inc;
+        r.attempt = op.attempt;
+        r.result = kError;
+        Send(r);
+      }
+      ops_.erase(std::remove_if(ops_.begin(), ops_.end(),
+                                [](const Op& op) { return op.side == 1; }),
+                 ops_.end());
+      return;
+    }
+    case K::kLearn:
+      // The peer's new descriptor (fetched after failures).
+      sides_[0].m.Restart(&acts);
+      Exec(0, acts, &ctx);
+      sides_[0].peer_inc = sides_[1].inc;
+      return;
+  }
+}
+
+bool World::Quiescent() const {
+  if (!msgs_.empty() || !ops_.empty()) return false;
+  for (int side = 0; side < 2; ++side) {
+    if (sides_[side].m.deadline_ns() != 0 || UseFails(side)) return false;
+  }
+  return true;
+}
+
+absl::Status World::CheckStep() const {
+  if (!error_.empty()) return absl::InternalError(error_);
+  for (const Side& s : sides_) {
+    if (absl::Status st = s.m.CheckInvariants(); !st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status World::CheckQuiescent() const {
+  for (int side = 0; side < 2; ++side) {
+    const Side& s = sides_[side];
+    const Phase p = s.m.phase();
+    if (p != Phase::kIdle && p != Phase::kConnected) {
+      return absl::InternalError(
+          absl::StrCat("side ", side, " wedged in ", s.m.DebugString()));
+    }
+    for (const auto& [ep, q] : s.ep_qp) {
+      if (ep != s.m.ep()) {
+        return absl::InternalError(
+            absl::StrCat("side ", side, " keeps endpoint ", ep,
+                         " that is not the rail's: ", s.m.DebugString()));
+      }
+    }
+  }
+  auto qp_of = [&](int side) {
+    const Side& s = sides_[side];
+    auto it = s.ep_qp.find(s.m.ep());
+    return it == s.ep_qp.end() ? -1 : it->second;
+  };
+  const bool c0 = sides_[0].m.phase() == Phase::kConnected;
+  const bool c1 = sides_[1].m.phase() == Phase::kConnected;
+  if (c0 && c1) {
+    const int q0 = qp_of(0), q1 = qp_of(1);
+    if (q0 < 0 || q1 < 0 || qps_[q0].remote != q1 || qps_[q1].remote != q0 ||
+        !qps_[q0].alive || !qps_[q1].alive) {
+      return absl::InternalError(absl::StrCat(
+          "sides disagree on the endpoint: ", sides_[0].m.DebugString(), " q",
+          q0, " | ", sides_[1].m.DebugString(), " q", q1));
+    }
+    if (sides_[0].m.conn_epoch() != sides_[1].m.conn_epoch()) {
+      return absl::InternalError("sides disagree on the connection's epoch");
+    }
+  } else if (c0 || c1) {
+    return absl::InternalError(
+        absl::StrCat("half-open: ", sides_[0].m.DebugString(), " | ",
+                     sides_[1].m.DebugString()));
+  }
+  // No QP outlives its endpoint.
+  int alive = 0;
+  for (const Qp& q : qps_) alive += q.alive;
+  const int expected = (c0 ? 1 : 0) + (c1 ? 1 : 0);
+  if (alive != expected) {
+    return absl::InternalError(
+        absl::StrCat(alive, " QPs alive for ", expected, " connected sides"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status World::CheckLive() const {
+  for (int side = 0; side < 2; ++side) {
+    const Side& s = sides_[side];
+    const bool wanted = sides_[0].wanted || sides_[1].wanted;
+    if (wanted && s.m.phase() != Phase::kConnected) {
+      return absl::InternalError(
+          absl::StrCat("without faults, side ", side,
+                       " did not connect: ", s.m.DebugString()));
+    }
+  }
+  if (fails_ != 0) {
+    return absl::InternalError(
+        absl::StrCat(fails_, " endpoints failed without a fault"));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+void Put(std::string* k, uint64_t v) {
+  k->append(reinterpret_cast<const char*>(&v), sizeof(v));
+}
+
+}  // namespace
+
+std::string World::Key() const {
+  std::string k;
+  k.reserve(512);
+  for (const Side& s : sides_) {
+    s.m.AppendKey(&k);
+    Put(&k, s.inc);
+    Put(&k, s.peer_inc);
+    Put(&k, static_cast<uint64_t>(s.needs_left) * 2 + (s.wanted ? 1 : 0));
+    Put(&k, s.ep_qp.size());
+    for (const auto& [ep, q] : s.ep_qp) {
+      Put(&k, ep);
+      Put(&k, static_cast<uint64_t>(q));
+    }
+    Put(&k, s.attempt_qp.size());
+    for (const auto& [a, q] : s.attempt_qp) {
+      Put(&k, a);
+      Put(&k, static_cast<uint64_t>(q));
+    }
+  }
+  Put(&k, qps_.size());
+  for (const Qp& q : qps_) {
+    Put(&k, (static_cast<uint64_t>(q.remote + 1) << 2) | (q.alive ? 2u : 0u) |
+                static_cast<uint64_t>(q.side));
+  }
+  // Messages and operations in flight are sets: any may go next.
+  std::vector<std::string> parts;
+  parts.reserve(msgs_.size() + ops_.size());
+  for (const Msg& m : msgs_) {
+    std::string p;
+    Put(&p, static_cast<uint64_t>(m.type) | static_cast<uint64_t>(m.to) << 8 |
+                static_cast<uint64_t>(m.result) << 16);
+    Put(&p, m.from_inc);
+    Put(&p, m.to_inc);
+    Put(&p, m.attempt);
+    Put(&p, static_cast<uint64_t>(m.qp));
+    Put(&p, m.epoch);
+    parts.push_back(std::move(p));
+  }
+  std::sort(parts.begin(), parts.end());
+  Put(&k, parts.size());
+  for (const std::string& p : parts) k += p;
+  parts.clear();
+  for (const Op& o : ops_) {
+    std::string p;
+    Put(&p, static_cast<uint64_t>(o.type) | static_cast<uint64_t>(o.side) << 8);
+    Put(&p, o.side_inc);
+    Put(&p, o.ep);
+    Put(&p, o.attempt);
+    Put(&p, o.epoch);
+    Put(&p, static_cast<uint64_t>(o.qp));
+    Put(&p, static_cast<uint64_t>(o.remote_qp));
+    Put(&p, o.req_from_inc);
+    parts.push_back(std::move(p));
+  }
+  std::sort(parts.begin(), parts.end());
+  Put(&k, parts.size());
+  for (const std::string& p : parts) k += p;
+  Put(&k, static_cast<uint64_t>(budget_.drops) |
+              static_cast<uint64_t>(budget_.op_failures) << 8 |
+              static_cast<uint64_t>(budget_.local_failures) << 16 |
+              static_cast<uint64_t>(budget_.evictions) << 24 |
+              static_cast<uint64_t>(budget_.restarts) << 32);
+  Put(&k, static_cast<uint64_t>(fails_));
+  Put(&k, next_ep_);
+  return k;
+}
+
+absl::Status World::InjectPayload(const std::string& payload) {
+  // Side 1's peer handler, given a message from side 0 ("a").
+  auto msg = ParseRdmaMessage(payload);
+  if (!msg.ok()) return msg.status();
+  if (msg->has_connect()) {
+    const ConnectRequest& req = msg->connect();
+    if (absl::Status s = ValidateConnectRequest(req, "a"); !s.ok()) return s;
+    if (req.target_nic() != "nic0" || req.initiator_nic() != "nic0") {
+      return absl::NotFoundError("no such rail");
+    }
+    Msg m;
+    m.type = Msg::Type::kRequest;
+    m.to = 1;
+    m.from_inc = req.initiator_incarnation();
+    m.to_inc = req.target_incarnation();
+    m.attempt = req.initiator_qps(0).qpn();  // Any id: replies go nowhere.
+    m.qp = NewQp(0);
+    qps_[m.qp].alive = false;  // Nobody's: a forged request's QP.
+    m.epoch = req.rail_epoch();
+    Deliver(m);
+    return absl::OkStatus();
+  }
+  const RailNotice& n = msg->notice();
+  if (absl::Status s = ValidateRailNotice(n, "a"); !s.ok()) return s;
+  Msg m;
+  m.type = Msg::Type::kNotice;
+  m.to = 1;
+  m.from_inc = n.initiator_incarnation();
+  m.to_inc = n.target_incarnation();
+  m.epoch = n.epoch();
+  m.result = n.kind() == RailNotice::READY ? kReady : kDisconnect;
+  Deliver(m);
+  return absl::OkStatus();
+}
+
+absl::Status World::InjectReply(const std::string& payload) {
+  Side& t = sides_[1];
+  if (!t.m.request_out() || t.attempt_qp.count(t.m.attempt()) == 0) {
+    return absl::FailedPreconditionError("no request out");
+  }
+  ConnectReply reply;
+  if (!reply.ParseFromString(payload)) {
+    return absl::InvalidArgumentError("malformed RDMA connect reply");
+  }
+  if (absl::Status s = ValidateConnectReply(reply, 1); !s.ok()) return s;
+  Msg m;
+  m.type = Msg::Type::kReply;
+  m.to = 1;
+  m.to_inc = t.inc;
+  m.attempt = t.m.attempt();
+  m.epoch = reply.epoch();
+  switch (OutcomeOf(reply)) {
+    case RailConnector::Outcome::kAccepted:
+      m.result = kAccepted;
+      m.qp = NewQp(0);
+      qps_[m.qp].alive = false;  // Forged: no QP behind it.
+      break;
+    case RailConnector::Outcome::kLostTieBreak:
+      m.result = kLost;
+      break;
+    case RailConnector::Outcome::kSuperseded:
+      m.result = kSuperseded;
+      break;
+    case RailConnector::Outcome::kRefused:
+      m.result = kRefused;
+      break;
+    case RailConnector::Outcome::kFailed:
+      m.result =
+          reply.result() == ConnectReply::STALE_INCARNATION ? kStale : kError;
+      m.epoch = reply.target_incarnation();
+      break;
+  }
+  Deliver(m);
+  return absl::OkStatus();
+}
+
+}  // namespace ferry::rdma::model

@@ -1,0 +1,107 @@
+// RailRouter: the rail choice for one run of slices to one peer, from a
+// snapshot of the loads and health taken once per run (no lock, no
+// verbs; header-only, it is on the data path).
+//
+// A rail is a (local NIC i, remote NIC j) pair, index i * n_remote + j.
+// Each slice takes the least loaded usable rail: local NIC load plus rail
+// load, charging a NIC four slices per topology tier away from the
+// slice's buffer (near NICs win at low load, all stripe under load) and
+// one slice for leaving the matched pair (NIC i <-> remote NIC i, the
+// usual rail wiring). NICs whose port is down and remote NICs without a
+// key for the buffer are never used; paused rails and rails the slice
+// already failed on only if nothing else is left. The snapshot is updated
+// as slices are assigned (Assign), so the slices of one request spread
+// over all NICs; `rotation` varies where ties start from run to run.
+#ifndef FERRY_TRANSPORT_RDMA_RAIL_ROUTER_H_
+#define FERRY_TRANSPORT_RDMA_RAIL_ROUTER_H_
+
+#include <cstdint>
+
+#include "absl/container/inlined_vector.h"
+
+namespace ferry::rdma {
+
+class RailRouter {
+ public:
+  struct RailState {
+    uint64_t load = 0;  // Bytes in flight on the rail's endpoint.
+    bool paused = false;
+  };
+
+  // `unit`: the slice size the tier and pair charges are counted in.
+  RailRouter(int n_local, int n_remote, uint64_t unit, uint64_t rotation)
+      : n_local_(n_local),
+        n_remote_(n_remote),
+        unit_(unit),
+        rot_(rotation),
+        rails_(static_cast<size_t>(n_local) * n_remote),
+        nic_load_(n_local, 0),
+        nic_up_(n_local, false),
+        keys_(n_remote, -1) {}
+
+  int n_rails() const { return n_local_ * n_remote_; }
+  int local_of(int rail) const { return rail / n_remote_; }
+  int remote_of(int rail) const { return rail % n_remote_; }
+
+  RailState& rail(int r) { return rails_[r]; }
+  void SetNic(int i, uint64_t load, bool up) {
+    nic_load_[i] = load;
+    nic_up_[i] = up;
+  }
+  // The remote key, per remote NIC, of the buffer the next slices target
+  // (-1: that NIC has none).
+  int64_t& key(int j) { return keys_[j]; }
+
+  // The best rail for a slice whose buffer is `tiers[i]` topology tiers
+  // from local NIC i, and which failed on the rails of `failed` (bit r:
+  // rail r); -1 if none is usable.
+  template <typename Tiers>
+  int Choose(const Tiers& tiers, uint64_t failed) const {
+    int best = -1;
+    uint64_t best_score = ~uint64_t{0};
+    for (int pass = 0; pass < 2 && best < 0; ++pass) {
+      for (int li = 0; li < n_local_; ++li) {
+        const int i = static_cast<int>((li + rot_) % n_local_);
+        if (!nic_up_[i]) continue;
+        const uint64_t base =
+            nic_load_[i] + static_cast<uint64_t>(tiers[i]) * 4 * unit_;
+        for (int rj = 0; rj < n_remote_; ++rj) {
+          const int j = static_cast<int>((rj + rot_ + i) % n_remote_);
+          if (keys_[j] < 0) continue;
+          const int r = i * n_remote_ + j;
+          if (pass == 0 &&
+              (rails_[r].paused || (r < 64 && ((failed >> r) & 1)))) {
+            continue;
+          }
+          uint64_t score = base + rails_[r].load;
+          if (j != i % n_remote_) score += unit_;
+          if (score < best_score) {
+            best_score = score;
+            best = r;
+          }
+        }
+      }
+    }
+    return best;
+  }
+
+  // Counts a slice of `length` bytes routed to rail `r`.
+  void Assign(int r, uint64_t length) {
+    rails_[r].load += length;
+    nic_load_[r / n_remote_] += length;
+  }
+
+ private:
+  const int n_local_;
+  const int n_remote_;
+  const uint64_t unit_;
+  const uint64_t rot_;
+  absl::InlinedVector<RailState, 16> rails_;
+  absl::InlinedVector<uint64_t, 8> nic_load_;
+  absl::InlinedVector<bool, 8> nic_up_;
+  absl::InlinedVector<int64_t, 8> keys_;
+};
+
+}  // namespace ferry::rdma
+
+#endif  // FERRY_TRANSPORT_RDMA_RAIL_ROUTER_H_
