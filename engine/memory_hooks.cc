@@ -15,13 +15,17 @@
 // The callbacks run where a sanitizer's runtime cannot follow: glibc calls
 // madvise on a thread's stack as the thread exits, after ThreadSanitizer
 // dropped the thread's state. So everything on the hook path carries no
-// sanitizer instrumentation at all.
+// sanitizer instrumentation at all. Never inlined: a function inlined into
+// an instrumented caller is instrumented as the caller is (clang 14 puts
+// TSan's atomic hooks into WriteSiteBytes that way, which then write
+// shadow memory for libc's text and fault).
 #if defined(__clang__)
-#define FERRY_UNINSTRUMENTED __attribute__((disable_sanitizer_instrumentation))
+#define FERRY_UNINSTRUMENTED \
+  __attribute__((disable_sanitizer_instrumentation, noinline))
 #else
 #define FERRY_UNINSTRUMENTED                              \
   __attribute__((no_sanitize_address, no_sanitize_thread, \
-                 no_sanitize_undefined))
+                 no_sanitize_undefined, noinline))
 #endif
 
 namespace ferry {
