@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/dma_annotations.h"
 
 namespace ferry::tcp {
 namespace {
@@ -97,7 +98,10 @@ absl::Status ClientSession::Process(std::vector<Done>* done) {
     if (body_left_ > 0) {
       if (staged == 0) return absl::OkStatus();
       const size_t take = std::min(staged, body_left_);
-      std::memcpy(body_, staging_ + staged_begin_, take);
+      {
+        ScopedDmaAccess dma;  // Into application memory, as recv() is.
+        std::memcpy(body_, staging_ + staged_begin_, take);
+      }
       body_ += take;
       body_left_ -= take;
       staged_begin_ += take;

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/dma_annotations.h"
 
 namespace ferry::tcp {
 
@@ -51,6 +52,7 @@ absl::Status ServerSession::Process(absl::Time now) {
       if (staged == 0) return absl::OkStatus();
       const size_t take = std::min(staged, payload_left_);
       if (payload_ != nullptr) {
+        ScopedDmaAccess dma;  // Into application memory, as recv() is.
         std::memcpy(payload_, staging_ + staged_begin_, take);
         payload_ += take;
       }
