@@ -12,11 +12,13 @@ stop=0
 trap 'stop=1' INT TERM
 
 # The load: a clang build of everything, from scratch, over and over (in
-# its own output base, so it never shares the test run's server).
+# its own output base, so it never shares the test run's server, and with
+# no disk cache, so every round compiles).
 (
   while ((stop == 0)); do
     bazel --output_base="$load_base" clean >/dev/null 2>&1
-    bazel --output_base="$load_base" build --config=clang --jobs=2 -k //... \
+    bazel --output_base="$load_base" build --config=clang --jobs=2 -k \
+      --disk_cache= //... \
       >/dev/null 2>&1 || true
   done
 ) &
