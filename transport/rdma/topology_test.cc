@@ -1,7 +1,9 @@
 #include "transport/rdma/topology.h"
 
+#include <stdlib.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -54,9 +56,14 @@ TEST(TopologyTest, FromNumaNodes) {
 class FakeSysfs {
  public:
   FakeSysfs() {
-    root_ = std::filesystem::temp_directory_path() /
-            ("ferry_sysfs_" + std::to_string(::getpid()));
-    std::filesystem::remove_all(root_);
+    // mkdtemp, not the pid: Bazel's sandbox gives every test the same pid
+    // in its own namespace while they share /tmp (concurrent runs of this
+    // test collided in a stress run).
+    std::string dir =
+        (std::filesystem::temp_directory_path() / "ferry_sysfs_XXXXXX")
+            .string();
+    if (::mkdtemp(dir.data()) == nullptr) std::abort();
+    root_ = dir;
     Device("pci0000:00/0000:00:01.0/0000:01:00.0", "0x030200", "0x10de", 0);
     Device("pci0000:00/0000:00:01.0/0000:01:01.0", "0x020700", "0x15b3", 0);
     Device("pci0000:00/0000:00:02.0", "0x020700", "0x15b3", 0);
