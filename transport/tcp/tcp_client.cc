@@ -39,7 +39,7 @@ absl::Status BackoffError(absl::string_view address, int failures,
 
 }  // namespace
 
-struct TcpClient::Pool {
+struct TcpClient::Pool : std::enable_shared_from_this<TcpClient::Pool> {
   Pool(std::string address_in, const sockaddr_in& addr_in, Loop* loop_in,
        absl::Time now)
       : address(std::move(address_in)),
@@ -108,6 +108,9 @@ class TcpClient::Conn : public EventLoop::Handler {
 
   void OnEvents(uint32_t events, absl::Time now) override {
     if (closed_) return;
+    // Completing a slice may retire a closing pool and drop the last
+    // reference to it, while this handler still needs the pool.
+    const std::shared_ptr<Pool> keep = pool_->shared_from_this();
     if (!session_.empty()) last_busy_ = now;
     if (!connected_) {
       int err = SocketError(fd_.get());
@@ -504,6 +507,9 @@ void TcpClient::OnConnAnswered(Pool* pool) {
 
 void TcpClient::OnConnClosed(Pool* pool, Conn* conn, const absl::Status& cause,
                              bool failed, absl::Time now) {
+  // Complete may retire a closing pool; the retries and MaybeRetire below
+  // still use it (the close may start in a Conn handler holding nothing).
+  const std::shared_ptr<Pool> keep = pool->shared_from_this();
   std::vector<Slice*> retry;
   std::vector<Done> done;
   conn->session().Abort(cause, now, &retry, &done);

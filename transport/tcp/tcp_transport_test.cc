@@ -703,5 +703,56 @@ TEST_F(TcpTransportTest, ClosePeerWaitsForSlicesInFlight) {
   EXPECT_EQ(initiator_->Stats().endpoints, 0u);
 }
 
+// Accepts one connection on `listener` within `timeout` (invalid if none).
+UniqueFd AcceptWithin(int listener, absl::Duration timeout) {
+  pollfd pfd{listener, POLLIN, 0};
+  if (::poll(&pfd, 1, static_cast<int>(absl::ToInt64Milliseconds(timeout))) !=
+      1) {
+    return UniqueFd();
+  }
+  return UniqueFd(::accept(listener, nullptr, nullptr));
+}
+
+// ClosePeer while a READ is on the wire, then the peer drops the
+// connection: the close starts inside the connection's own event handler,
+// with no other reference to the closing pool up the stack, and completing
+// the last slice retires the pool there. Nothing may touch the pool after
+// that (ASan saw a use-after-free here).
+TEST_F(TcpTransportTest, ClosedPeerDroppingConnectionWithSliceOnWire) {
+  uint16_t port = 0;
+  auto listener = ListenTcp("127.0.0.1", 0, &port);
+  ASSERT_OK(listener);
+  auto silent = ViewWithPort(port);
+  char buf[8];
+  Slice s = MakeSlice(OpCode::kRead, buf, Remote(0), 8);
+  s.target = silent.get();
+  Slice* ss[] = {&s};
+  initiator_->Submit(ss);
+  UniqueFd conn = AcceptWithin(listener->get(), absl::Seconds(5));
+  ASSERT_TRUE(conn.valid());
+  uint8_t hdr[kRequestHeaderBytes];
+  SetRecvTimeout(conn.get(), absl::Seconds(5));
+  ASSERT_OK(ReadFull(conn.get(), hdr, sizeof(hdr)));  // On the wire.
+  initiator_->ClosePeer(*silent);
+  // A slice to the same address goes to a new pool on the same (only)
+  // loop, posted after ClosePeer's task: once its connection arrives, the
+  // old pool is closing for sure.
+  char buf2[8];
+  Slice s2 = MakeSlice(OpCode::kRead, buf2, Remote(0), 8);
+  s2.target = silent.get();
+  s2.deadline = absl::Now() + absl::Milliseconds(300);
+  Slice* ss2[] = {&s2};
+  initiator_->Submit(ss2);
+  UniqueFd conn2 = AcceptWithin(listener->get(), absl::Seconds(5));
+  ASSERT_TRUE(conn2.valid());
+  conn.Reset();  // The peer drops the first connection.
+  auto st = sink_.Wait(2, absl::Seconds(5));
+  ASSERT_EQ(st.size(), 2u);
+  EXPECT_EQ(sink_.count(&s), 1);
+  EXPECT_EQ(sink_.count(&s2), 1);
+  for (const absl::Status& status : st) EXPECT_FALSE(status.ok()) << status;
+  initiator_->Shutdown();
+}
+
 }  // namespace
 }  // namespace ferry::tcp
