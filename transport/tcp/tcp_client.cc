@@ -604,6 +604,10 @@ absl::Duration TcpClient::Tick(Loop* loop, absl::Time now) {
                        absl::FormatDuration(connect_timeout_))),
                    /*failed=*/true, now);
         } else {
+          // Nothing is on the wire before the connect completed, so late
+          // slices leave now rather than at the connect timeout, which
+          // may be seconds after their deadline.
+          c->session().Expire(now, &done);
           busy = true;
         }
         continue;

@@ -754,5 +754,38 @@ TEST_F(TcpTransportTest, ClosedPeerDroppingConnectionWithSliceOnWire) {
   initiator_->Shutdown();
 }
 
+// A slice's deadline holds while its connection is still connecting: with
+// the default connect timeout (3 s) to a peer whose SYNs go unanswered (a
+// full accept queue), a slice with 500 ms to go ends by its deadline plus
+// the documented 100 ms (plus slack for a loaded machine), not when the
+// connect times out.
+TEST_F(TcpTransportTest, DeadlineHoldsWhileConnecting) {
+  uint16_t port = 0;
+  auto listener = ListenTcp("127.0.0.1", 0, &port, /*backlog=*/0);
+  ASSERT_OK(listener);
+  // Fill the accept queue (backlog 0 holds one connection).
+  std::vector<UniqueFd> fillers;
+  for (int i = 0; i < 2; ++i) {
+    auto sa = ParseIpv4Endpoint(absl::StrCat("127.0.0.1:", port));
+    ASSERT_OK(sa);
+    auto fd = StartConnect(*sa);
+    ASSERT_OK(fd);
+    fillers.push_back(std::move(*fd));
+  }
+  auto hole = ViewWithPort(port);
+  char buf[8];
+  Slice s = MakeSlice(OpCode::kRead, buf, Remote(0), 8);
+  s.target = hole.get();
+  s.deadline = absl::Now() + absl::Milliseconds(500);
+  Slice* ss[] = {&s};
+  initiator_->Submit(ss);
+  auto st = sink_.Wait(1, absl::Seconds(5));
+  ASSERT_EQ(st.size(), 1u);
+  EXPECT_STATUS(st[0], absl::StatusCode::kDeadlineExceeded);
+  EXPECT_LT(sink_.times()[0] - s.deadline, absl::Milliseconds(400))
+      << "completed " << (sink_.times()[0] - s.deadline)
+      << " after the deadline";
+}
+
 }  // namespace
 }  // namespace ferry::tcp
