@@ -523,18 +523,22 @@ void TcpClient::OnConnClosed(Pool* pool, Conn* conn, const absl::Status& cause,
   }
   if (owned != nullptr) pool->loop->loop->DestroyLater(std::move(owned));
   if (failed) RecordFailure(pool, cause, now);
+  // Each slice's fate is settled before any completes: a completed slice
+  // may be freed by its sink, so it must not be looked at again.
+  std::vector<Slice*> again;
   for (Slice* slice : retry) {
     if (++slice->attempts >= kMaxAttempts) {
       done.push_back({slice, cause});
+    } else {
+      again.push_back(slice);
     }
   }
   Complete(pool, &done, now);
-  for (Slice* slice : retry) {
-    if (slice->attempts >= kMaxAttempts) continue;
+  for (Slice* slice : again) {
     retries_.fetch_add(1, std::memory_order_relaxed);
     Dispatch(pool, slice, now, /*retry=*/true);
   }
-  if (!retry.empty()) FlushAll(pool, now);
+  if (!again.empty()) FlushAll(pool, now);
   MaybeRetire(pool);
 }
 
