@@ -327,6 +327,7 @@ void TcpClient::Submit(absl::Span<Slice* const> slices) {
   }
   for (auto& [pool, list] : routed) {
     bool post = false;
+    bool fast_failed = false;
     {
       MutexLock lock(&pool->mu);
       if (now < pool->fail_until) {
@@ -335,12 +336,19 @@ void TcpClient::Submit(absl::Span<Slice* const> slices) {
             BackoffError(pool->address, pool->fail_count, pool->fail_cause,
                          pool->fail_until - now);
         for (Slice* slice : list) failed.push_back({slice, s});
-        pool->outstanding.fetch_sub(list.size(), std::memory_order_relaxed);
         fast_failures_.fetch_add(list.size(), std::memory_order_relaxed);
-        continue;
+        fast_failed = true;
+      } else {
+        pool->inbox.insert(pool->inbox.end(), list.begin(), list.end());
+        if (!pool->wake_posted) post = pool->wake_posted = true;
       }
-      pool->inbox.insert(pool->inbox.end(), list.begin(), list.end());
-      if (!pool->wake_posted) post = pool->wake_posted = true;
+    }
+    if (fast_failed) {
+      if (pool->outstanding.fetch_sub(list.size(), std::memory_order_relaxed) ==
+          static_cast<int64_t>(list.size())) {
+        MaybeRetireLater(pool);
+      }
+      continue;
     }
     slices_.fetch_add(list.size(), std::memory_order_relaxed);
     for (Slice* slice : list) {
@@ -351,6 +359,19 @@ void TcpClient::Submit(absl::Span<Slice* const> slices) {
     }
   }
   for (Done& d : failed) d.slice->Complete(d.status);
+}
+
+void TcpClient::MaybeRetireLater(const std::shared_ptr<Pool>& pool) {
+  {
+    MutexLock lock(&mu_);
+    auto it = pools_.find(pool->address);
+    // Still routed to: it is not closing, and its next slice comes here.
+    if (it != pools_.end() && it->second == pool) return;
+  }
+  // Dropped (ClosePeer, eviction): the task that marked it closing may
+  // have run while these slices were counted, and left the pool to retire
+  // with its last slice, which is now.
+  pool->loop->loop->Post([this, pool] { MaybeRetire(pool.get()); });
 }
 
 bool TcpClient::EvictIdleLocked() {

@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -852,6 +853,83 @@ TEST_F(TcpTransportTest, DeadlineHoldsWhileConnecting) {
   EXPECT_LT(sink_.times()[0] - s.deadline, absl::Milliseconds(400))
       << "completed " << (sink_.times()[0] - s.deadline)
       << " after the deadline";
+}
+
+// ClosePeer while Submit fails a slice of that backed-off peer at once:
+// the pool still goes once the slice is done. Timing-dependent: ClosePeer
+// must land after Submit counted the slice for the pool and before it
+// failed it, which a long batch to another backed-off peer ahead of it
+// makes likely; a round that misses only checks less.
+TEST_F(TcpTransportTest, ClosePeerDuringFastFailureReleasesThePool) {
+  TransportOptions opts;
+  opts.tcp.backoff_min = absl::Seconds(30);  // Backed off all test long.
+  opts.tcp.backoff_max = absl::Seconds(30);
+  auto initiator = std::make_unique<TcpTransport>(opts);
+  TransportEnv env;
+  env.local_segment = "i5";
+  env.listen_host = "127.0.0.1";
+  metadata::TransportEndpoint ep;
+  ASSERT_OK(initiator->Install(env, &ep));
+  uint16_t port_p = 0, port_q = 0;
+  { auto l = ListenTcp("127.0.0.1", 0, &port_p); }  // Closed: refused.
+  { auto l = ListenTcp("127.0.0.1", 0, &port_q); }
+  auto p = ViewWithPort(port_p);
+  auto q = ViewWithPort(port_q);
+  CountingSink sink;
+  char buf[8];
+  int expected = 0;
+  auto wait_done = [&] {
+    const absl::Time end = absl::Now() + absl::Seconds(10);
+    while (sink.done() < expected && absl::Now() < end) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    return sink.done() == expected;
+  };
+  constexpr int kBatch = 200000;
+  std::vector<Slice> batch(kBatch + 1);
+  std::vector<Slice*> ptrs;
+  for (int i = 0; i <= kBatch; ++i) {
+    batch[i] = MakeSlice(OpCode::kRead, buf, Remote(0), 8);
+    batch[i].target = i < kBatch ? q.get() : p.get();
+    batch[i].sink = &sink;
+    ptrs.push_back(&batch[i]);
+  }
+  for (int round = 0; round < 5; ++round) {
+    // Both peers refuse once, so both are backed off (p's pool is new
+    // every round).
+    Slice warm[2] = {MakeSlice(OpCode::kRead, buf, Remote(0), 8),
+                     MakeSlice(OpCode::kRead, buf, Remote(0), 8)};
+    warm[0].target = p.get();
+    warm[1].target = q.get();
+    for (Slice& w : warm) {
+      w.sink = &sink;
+      Slice* ws[] = {&w};
+      initiator->Submit(ws);
+      ++expected;
+      ASSERT_TRUE(wait_done());
+    }
+    std::atomic<bool> go{false};
+    std::thread closer([&] {
+      while (!go.load()) std::this_thread::yield();
+      // Into the batch: Submit holds its lock while it counts the slices.
+      absl::SleepFor(absl::Milliseconds(1));
+      initiator->ClosePeer(*p);
+    });
+    go.store(true);
+    initiator->Submit(ptrs);
+    closer.join();
+    expected += kBatch + 1;
+    ASSERT_TRUE(wait_done());
+    // Had ClosePeer come before the batch, the batch made p a new pool.
+    initiator->ClosePeer(*p);
+    const absl::Time end = absl::Now() + absl::Seconds(5);
+    while (initiator->Stats().peers > 1 && absl::Now() < end) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    ASSERT_EQ(initiator->Stats().peers, 1u) << "round " << round;  // q.
+  }
+  EXPECT_EQ(sink.unavailable(), expected);
+  initiator->Shutdown();
 }
 
 }  // namespace
