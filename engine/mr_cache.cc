@@ -177,6 +177,9 @@ absl::StatusOr<MemoryRegistry::Lease> EngineImpl::AcquireLocal(uintptr_t addr,
       handles.push_back(*handle);
     }
     const size_t registered = handles.size();
+    // A release recorded while it registered (and not yet processed by
+    // another thread) must invalidate it before it serves this request.
+    if (s.ok() && watcher_->MaybePending()) ProcessReleases();
     bool invalidated = false;
     if (s.ok()) {
       MutexLock lock(&cache_mu_);

@@ -252,6 +252,25 @@ TEST(RdmaTransportTest, KeepaliveReapsEndpointsOfAVanishedPeer) {
       << EndpointsAlive();
 }
 
+TEST(RdmaTransportTest, ShutdownWithAKeepaliveOutstanding) {
+  // A keepalive probe has no slice (a null entry among the posted ones):
+  // shutting down while one waits for its acknowledgement must skip it.
+  FakePeerNetwork net;
+  TransportOptions o = OneNic();
+  o.rdma.keepalive_interval = absl::Milliseconds(100);
+  ASSERT_OK_AND_ASSIGN(auto target, TestNode::Start(&net, "t", o));
+  ASSERT_OK_AND_ASSIGN(auto init, TestNode::Start(&net, "i", o));
+  ASSERT_TRUE(WriteAndWait(init.get(), *target, 0, 4096, 1).empty());
+  ASSERT_EQ(target->stats().nics[0].outstanding_wrs, 0u);
+  net.SetFault("i", FakePeerNetwork::Fault::kRefuse);
+  init->Stop();  // Its QPs are gone: the probe waits out the retries.
+  ASSERT_TRUE(
+      WaitUntil([&] { return target->stats().nics[0].outstanding_wrs > 0; },
+                absl::Seconds(5)));
+  target->Stop();
+  EXPECT_EQ(EndpointsAlive(), 0);
+}
+
 // softrnic raises the event on every context of the device, so both
 // transports of this process see it.
 TEST(RdmaTransportTest, DeviceFatalFailsOverAndIsReported) {

@@ -18,6 +18,9 @@ struct NicStats {
   uint64_t bytes = 0;
   // Slices that failed on this NIC (and were retried or failed).
   uint64_t errors = 0;
+  // Work requests posted on this NIC and not yet completed, keepalive
+  // probes and fences included (RDMA).
+  uint64_t outstanding_wrs = 0;
   // The device reported a fatal error (IBV_EVENT_DEVICE_FATAL): it is out
   // of service for the rest of the engine's life.
   bool fatal = false;

@@ -216,6 +216,9 @@ class Endpoint {
   std::atomic<uint64_t> inflight_bytes{0};
   // Used since the store's hand last passed (SIEVE's visited bit).
   std::atomic<bool> used{false};
+  // Drained or removed from the EndpointStore (set under its lock): it
+  // never goes back to the live set, whatever a racing insert says.
+  mutable std::atomic<bool> left_store{false};
   // Used since the housekeeper last looked (keepalive), and when it last
   // saw it used (housekeeper only).
   std::atomic<bool> active{true};

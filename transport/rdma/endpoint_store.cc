@@ -16,17 +16,20 @@ EndpointStore::EndpointStore(size_t max_live)
 void EndpointStore::Insert(const EndpointPtr& ep,
                            std::vector<EndpointPtr>* evicted) {
   MutexLock lock(&mu_);
+  // A racing failure may have drained and dropped it before it got here.
+  if (ep->left_store.load(std::memory_order_relaxed)) return;
   live_.Insert(ep->id(), ep, evicted);
 }
 
 void EndpointStore::Keep(const EndpointPtr& ep) {
   MutexLock lock(&mu_);
-  if (draining_.contains(ep->id())) return;
+  if (ep->left_store.load(std::memory_order_relaxed)) return;
   live_.Insert(ep->id(), ep, nullptr, /*allow_evict=*/false);
 }
 
 void EndpointStore::Drain(const EndpointPtr& ep) {
   MutexLock lock(&mu_);
+  ep->left_store.store(true, std::memory_order_relaxed);
   const EndpointPtr* cur = live_.Peek(ep->id());
   if (cur != nullptr && *cur == ep) live_.Erase(ep->id());
   draining_[ep->id()] = ep;
@@ -34,6 +37,7 @@ void EndpointStore::Drain(const EndpointPtr& ep) {
 
 bool EndpointStore::Remove(const Endpoint& ep) {
   MutexLock lock(&mu_);
+  ep.left_store.store(true, std::memory_order_relaxed);
   bool held = false;
   const EndpointPtr* cur = live_.Peek(ep.id());
   if (cur != nullptr && cur->get() == &ep) held = live_.Erase(ep.id());

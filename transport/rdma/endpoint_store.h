@@ -34,7 +34,9 @@ class EndpointStore {
   explicit EndpointStore(size_t max_live);
 
   // Adds a new live endpoint; appends those evicted to make room (idle
-  // ones, for the caller to close) to *evicted.
+  // ones, for the caller to close) to *evicted. Insert and Keep do nothing
+  // for an endpoint that was ever drained or removed: a failure racing
+  // with its insertion may have dropped it already.
   void Insert(const EndpointPtr& ep, std::vector<EndpointPtr>* evicted);
   // Puts back an endpoint that was evicted but turned out busy, without
   // evicting another for it.

@@ -67,6 +67,25 @@ TEST(EndpointStoreTest, DrainingEndpointsAreHeldUntilRemoved) {
   EXPECT_EQ(store.size(), 0u);
 }
 
+TEST(EndpointStoreTest, DroppedEndpointsNeverComeBack) {
+  // A failure can drain and drop an endpoint between its creation (or a
+  // Close that found it busy) and the insertion that follows: the late
+  // Insert or Keep must not bring it back to the live set for good.
+  EndpointStore store(8);
+  std::vector<std::shared_ptr<Endpoint>> evicted;
+  auto fresh = MakeEndpoint(1, Endpoint::State::kConnecting);
+  store.Drain(fresh);
+  EXPECT_TRUE(store.Remove(*fresh));
+  store.Insert(fresh, &evicted);
+  EXPECT_EQ(store.size(), 0u);
+  auto busy = MakeEndpoint(2, Endpoint::State::kConnected);
+  store.Insert(busy, &evicted);
+  store.Drain(busy);
+  EXPECT_TRUE(store.Remove(*busy));
+  store.Keep(busy);
+  EXPECT_EQ(store.size(), 0u);
+}
+
 TEST(PeerTableTest, DropsLeastRecentlyUsedPeersWithoutEndpoints) {
   PeerTable table(2, [](const std::string& name) {
     return std::make_shared<Peer>(name, true, 1000);

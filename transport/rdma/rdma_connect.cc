@@ -833,7 +833,13 @@ void RdmaTransport::Housekeep(int64_t now_ns) {
           !live && ep->drain_deadline_ns != 0 && now_ns > ep->drain_deadline_ns;
       for (QueuePair& q : ep->qps) {
         if (q.qp == nullptr || q.count() == 0) continue;
-        const Slice* oldest = q.posted[q.head % kMaxOutstanding];
+        // The oldest slice, past any keepalive or fence (null entries):
+        // one of those waiting for its acknowledgement must not hide the
+        // slices behind it from their deadlines.
+        const Slice* oldest = nullptr;
+        for (uint64_t seq = q.head; seq < q.next && oldest == nullptr; ++seq) {
+          oldest = q.posted[seq % kMaxOutstanding];
+        }
         if (drain_over || (oldest != nullptr && oldest->deadline <= now)) {
           FlushQp(q.qp);
         }

@@ -341,6 +341,14 @@ void RdmaTransport::OnDeviceFatal(Poller* p) {
     while (Slice* s = posted.pop_front()) Retry(s, why);
     DropIfDrained(ep);
   }
+  // Endpoints parked for this NIC's WR budget: it frees none any more (and
+  // the poller skips a fatal NIC), so the list would hold them for good.
+  std::vector<std::shared_ptr<Endpoint>> parked;
+  {
+    MutexLock lock(&p->map_mu);
+    parked.swap(p->starved);
+    p->any_starved.store(false, std::memory_order_relaxed);
+  }
 }
 
 void RdmaTransport::WaitEvents(Worker* w, int64_t timeout_us, bool channels) {

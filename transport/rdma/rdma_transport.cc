@@ -293,6 +293,7 @@ TransportStats RdmaTransport::Stats() const {
     n.slices = nic->slices.load(std::memory_order_relaxed);
     n.bytes = nic->bytes.load(std::memory_order_relaxed);
     n.errors = nic->errors.load(std::memory_order_relaxed);
+    n.outstanding_wrs = nic->posted_wrs.load(std::memory_order_relaxed);
     n.fatal = nic->fatal();
   }
   st.endpoints = store_.size();
@@ -367,8 +368,9 @@ void RdmaTransport::Shutdown() {
       for (QueuePair& q : ep->qps) {
         if (q.qp != nullptr) ibv_destroy_qp(q.qp);
         q.qp = nullptr;
+        // Keepalives and fences are posted without a slice (null).
         for (uint64_t seq = q.head; seq < q.next; ++seq) {
-          gone.push_back(q.posted[seq % kMaxOutstanding]);
+          if (Slice* s = q.posted[seq % kMaxOutstanding]) gone.push_back(s);
         }
         q.head = q.next;
       }

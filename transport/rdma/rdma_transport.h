@@ -358,7 +358,10 @@ class RdmaTransport final : public Transport {
   absl::flat_hash_map<const Peer*, int> connects_running_
       ABSL_GUARDED_BY(jobs_mu_);
   // Shutdown: queued notices still go out until then.
-  absl::Time farewell_deadline_ ABSL_GUARDED_BY(jobs_mu_);
+  // Until Shutdown sets it (just after stopping_), no deadline: a control
+  // thread waking in between still sends the queued notices.
+  absl::Time farewell_deadline_ ABSL_GUARDED_BY(jobs_mu_) =
+      absl::InfiniteFuture();
   std::vector<std::thread> control_threads_;
   absl::Notification stop_housekeeper_;
   std::thread housekeeper_;
