@@ -44,7 +44,9 @@ class ScopedDmaAccess {
     AnnotateIgnoreReadsEnd(__FILE__, __LINE__);
   }
 #else
-  ScopedDmaAccess() = default;
+  // User-provided (not = default), so that an unused-variable warning does
+  // not fire on the scope object where it does nothing.
+  ScopedDmaAccess() {}
 #endif
   ScopedDmaAccess(const ScopedDmaAccess&) = delete;
   ScopedDmaAccess& operator=(const ScopedDmaAccess&) = delete;

@@ -129,6 +129,7 @@ void ServerSession::EndPayload(absl::Time now) {
 
 void ServerSession::Queue(Response r, absl::Time now) {
   if (out_.empty()) out_since_ = now;
+  r.queued = now;
   out_.push_back(std::move(r));
 }
 
@@ -160,7 +161,10 @@ absl::Status ServerSession::OnSent(size_t n, absl::Time now) {
     if (r.sent == total) {
       out_.pop_front();  // Releases the lease.
       last_done_ = now;
-      out_since_ = out_.empty() ? absl::InfiniteFuture() : now;
+      // The next answer's clock started when it was queued, not now: a
+      // peer taking one answer per frame_timeout must not hold the leases
+      // of the 15 behind it for 16 times that.
+      out_since_ = out_.empty() ? absl::InfiniteFuture() : out_.front().queued;
     }
   }
   absl::Status s;

@@ -80,6 +80,7 @@ class ServerSession {
     const uint8_t* data = nullptr;  // READ data, in the leased buffer.
     size_t length = 0;              // Of data.
     size_t sent = 0;                // Of header + data.
+    absl::Time queued;              // The frame timeout counts from here.
     MemoryRegistry::Lease lease;
   };
 

@@ -209,6 +209,24 @@ TEST_F(ServerSessionTest, ResponseNotTakenTimesOut) {
                 absl::StatusCode::kDeadlineExceeded);
 }
 
+TEST_F(ServerSessionTest, EveryAnswerIsTakenWithinTheFrameTimeout) {
+  // A peer that takes one answer just inside the frame timeout must not
+  // keep the others (each holding a lease on the buffer) for longer.
+  ServerSession s(&registry_, limits_, kT0);
+  std::string reqs;
+  for (size_t i = 0; i < ServerSession::kMaxQueuedResponses; ++i) {
+    reqs += Request(WireOp::kRead, i + 1, base(), 1000);
+  }
+  ASSERT_OK(Feed(s, reqs, kT0));
+  const size_t one = kResponseHeaderBytes + 1000;
+  ASSERT_OK(s.OnSent(one, kT0 + absl::Seconds(4)));
+  EXPECT_OK(s.CheckTimeouts(kT0 + absl::Seconds(4)));
+  // The second answer waited since kT0: 6 s > the 5 s frame timeout.
+  ASSERT_OK(s.OnSent(one, kT0 + absl::Seconds(6)));
+  EXPECT_STATUS(s.CheckTimeouts(kT0 + absl::Seconds(6)),
+                absl::StatusCode::kDeadlineExceeded);
+}
+
 TEST_F(ServerSessionTest, StopsReadingWhileResponsesWait) {
   ServerSession s(&registry_, limits_, kT0);
   std::string reqs;

@@ -39,7 +39,7 @@ absl::Status BackoffError(absl::string_view address, int failures,
 
 }  // namespace
 
-struct TcpClient::Pool {
+struct TcpClient::Pool : std::enable_shared_from_this<TcpClient::Pool> {
   Pool(std::string address_in, const sockaddr_in& addr_in, Loop* loop_in,
        absl::Time now)
       : address(std::move(address_in)),
@@ -108,6 +108,9 @@ class TcpClient::Conn : public EventLoop::Handler {
 
   void OnEvents(uint32_t events, absl::Time now) override {
     if (closed_) return;
+    // Completing a slice may retire a closing pool and drop the last
+    // reference to it, while this handler still needs the pool.
+    const std::shared_ptr<Pool> keep = pool_->shared_from_this();
     if (!session_.empty()) last_busy_ = now;
     if (!connected_) {
       int err = SocketError(fd_.get());
@@ -324,6 +327,7 @@ void TcpClient::Submit(absl::Span<Slice* const> slices) {
   }
   for (auto& [pool, list] : routed) {
     bool post = false;
+    bool fast_failed = false;
     {
       MutexLock lock(&pool->mu);
       if (now < pool->fail_until) {
@@ -332,12 +336,19 @@ void TcpClient::Submit(absl::Span<Slice* const> slices) {
             BackoffError(pool->address, pool->fail_count, pool->fail_cause,
                          pool->fail_until - now);
         for (Slice* slice : list) failed.push_back({slice, s});
-        pool->outstanding.fetch_sub(list.size(), std::memory_order_relaxed);
         fast_failures_.fetch_add(list.size(), std::memory_order_relaxed);
-        continue;
+        fast_failed = true;
+      } else {
+        pool->inbox.insert(pool->inbox.end(), list.begin(), list.end());
+        if (!pool->wake_posted) post = pool->wake_posted = true;
       }
-      pool->inbox.insert(pool->inbox.end(), list.begin(), list.end());
-      if (!pool->wake_posted) post = pool->wake_posted = true;
+    }
+    if (fast_failed) {
+      if (pool->outstanding.fetch_sub(list.size(), std::memory_order_relaxed) ==
+          static_cast<int64_t>(list.size())) {
+        MaybeRetireLater(pool);
+      }
+      continue;
     }
     slices_.fetch_add(list.size(), std::memory_order_relaxed);
     for (Slice* slice : list) {
@@ -348,6 +359,19 @@ void TcpClient::Submit(absl::Span<Slice* const> slices) {
     }
   }
   for (Done& d : failed) d.slice->Complete(d.status);
+}
+
+void TcpClient::MaybeRetireLater(const std::shared_ptr<Pool>& pool) {
+  {
+    MutexLock lock(&mu_);
+    auto it = pools_.find(pool->address);
+    // Still routed to: it is not closing, and its next slice comes here.
+    if (it != pools_.end() && it->second == pool) return;
+  }
+  // Dropped (ClosePeer, eviction): the task that marked it closing may
+  // have run while these slices were counted, and left the pool to retire
+  // with its last slice, which is now.
+  pool->loop->loop->Post([this, pool] { MaybeRetire(pool.get()); });
 }
 
 bool TcpClient::EvictIdleLocked() {
@@ -504,6 +528,9 @@ void TcpClient::OnConnAnswered(Pool* pool) {
 
 void TcpClient::OnConnClosed(Pool* pool, Conn* conn, const absl::Status& cause,
                              bool failed, absl::Time now) {
+  // Complete may retire a closing pool; the retries and MaybeRetire below
+  // still use it (the close may start in a Conn handler holding nothing).
+  const std::shared_ptr<Pool> keep = pool->shared_from_this();
   std::vector<Slice*> retry;
   std::vector<Done> done;
   conn->session().Abort(cause, now, &retry, &done);
@@ -517,18 +544,22 @@ void TcpClient::OnConnClosed(Pool* pool, Conn* conn, const absl::Status& cause,
   }
   if (owned != nullptr) pool->loop->loop->DestroyLater(std::move(owned));
   if (failed) RecordFailure(pool, cause, now);
+  // Each slice's fate is settled before any completes: a completed slice
+  // may be freed by its sink, so it must not be looked at again.
+  std::vector<Slice*> again;
   for (Slice* slice : retry) {
     if (++slice->attempts >= kMaxAttempts) {
       done.push_back({slice, cause});
+    } else {
+      again.push_back(slice);
     }
   }
   Complete(pool, &done, now);
-  for (Slice* slice : retry) {
-    if (slice->attempts >= kMaxAttempts) continue;
+  for (Slice* slice : again) {
     retries_.fetch_add(1, std::memory_order_relaxed);
     Dispatch(pool, slice, now, /*retry=*/true);
   }
-  if (!retry.empty()) FlushAll(pool, now);
+  if (!again.empty()) FlushAll(pool, now);
   MaybeRetire(pool);
 }
 
@@ -598,6 +629,10 @@ absl::Duration TcpClient::Tick(Loop* loop, absl::Time now) {
                        absl::FormatDuration(connect_timeout_))),
                    /*failed=*/true, now);
         } else {
+          // Nothing is on the wire before the connect completed, so late
+          // slices leave now rather than at the connect timeout, which
+          // may be seconds after their deadline.
+          c->session().Expire(now, &done);
           busy = true;
         }
         continue;

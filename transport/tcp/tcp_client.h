@@ -114,6 +114,10 @@ class TcpClient {
   absl::Status BackoffStatus(const Pool& pool, absl::Time now) const;
   // Any thread.
   bool EvictIdleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Has the loop retire `pool` if it was dropped: for slices that ended
+  // outside the loop (fast failures).
+  void MaybeRetireLater(const std::shared_ptr<Pool>& pool)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   const TcpOptions options_;
   const absl::Duration connect_timeout_;

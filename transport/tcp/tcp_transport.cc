@@ -70,9 +70,11 @@ absl::StatusOr<MemoryHandle> TcpTransport::RegisterMemory(
 }
 
 absl::Status TcpTransport::UnregisterMemory(uintptr_t addr) {
-  // A peer's access holds its lease at most frame_timeout (then the
-  // server closes that connection), so this wait is enough.
-  return registry_.Remove(addr, options_.tcp.frame_timeout + absl::Seconds(1));
+  // A peer's access holds its lease at most 2 x frame_timeout (then the
+  // server closes that connection; tcp_transport.h), so this wait is
+  // enough: a buffer is never left half-unregistered and still served.
+  return registry_.Remove(addr,
+                          2 * options_.tcp.frame_timeout + absl::Seconds(1));
 }
 
 void TcpTransport::Submit(absl::Span<Slice* const> slices) {

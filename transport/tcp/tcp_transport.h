@@ -44,12 +44,14 @@
 //   closed when its first request does not arrive within handshake_timeout
 //   [10 s], when it is idle for idle_timeout [60 s], or when one frame (a
 //   request with its payload, or a response until the peer took it) takes
-//   longer than frame_timeout [10 s] -- a lease on target memory is held
-//   no longer than that (plus the 50 ms check), and UnregisterMemory waits
-//   frame_timeout + 1 s for the accesses in progress. Out of fds, the listener
-//   sheds the waiting connections with a spare fd and backs off (10 ms doubling
-//   to 1 s) instead of spinning, and recovers as soon as fds come back.
-//   Malformed frames close that connection only.
+//   longer than frame_timeout [10 s]; a READ response counts from when it
+//   was queued, however many wait before it. So a lease on target memory
+//   is held at most 2 x frame_timeout (a WRITE payload, then a paused
+//   queue of answers) plus the 50 ms check, and UnregisterMemory waits
+//   2 x frame_timeout + 1 s for the accesses in progress. Out of fds, the
+//   listener sheds the waiting connections with a spare fd and backs off (10 ms
+//   doubling to 1 s) instead of spinning, and recovers as soon as fds come
+//   back. Malformed frames close that connection only.
 // * Threads: 2 x io_threads [1], created at Install; if the system refuses
 //   one, Install fails with ResourceExhausted (never an abort).
 // * Shutdown completes everything still queued or in flight with Cancelled.

@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -677,6 +678,73 @@ TEST_F(TcpTransportTest, UnansweredConnectTimesOutAndBacksOff) {
   initiator->Shutdown();
 }
 
+// Frees each slice as it completes, as an engine may once a slice is done
+// (a transport must never touch a slice after completing it).
+class FreeingSink : public SliceSink {
+ public:
+  void OnSliceDone(Slice* slice, const absl::Status& status) override {
+    delete slice;
+    MutexLock lock(&mu_);
+    statuses_.push_back(status);
+  }
+  std::vector<absl::Status> Wait(size_t n, absl::Duration timeout) {
+    const absl::Time end = absl::Now() + timeout;
+    while (absl::Now() < end) {
+      {
+        MutexLock lock(&mu_);
+        if (statuses_.size() >= n) break;
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    MutexLock lock(&mu_);
+    return statuses_;
+  }
+
+ private:
+  Mutex mu_;
+  std::vector<absl::Status> statuses_ ABSL_GUARDED_BY(mu_);
+};
+
+// A slice on its last try (attempts is transport-owned; set here as if it
+// had bounced off three closing connections) whose connection times out
+// before it reached the wire: it fails with the connection's cause, and
+// its memory is not read after the sink freed it (ASan).
+TEST_F(TcpTransportTest, SliceOutOfAttemptsIsNotTouchedAfterCompletion) {
+  uint16_t port = 0;
+  auto listener = ListenTcp("127.0.0.1", 0, &port, /*backlog=*/0);
+  ASSERT_OK(listener);
+  std::vector<UniqueFd> fillers;  // A full accept queue: SYNs are dropped.
+  for (int i = 0; i < 2; ++i) {
+    auto sa = ParseIpv4Endpoint(absl::StrCat("127.0.0.1:", port));
+    ASSERT_OK(sa);
+    auto fd = StartConnect(*sa);
+    ASSERT_OK(fd);
+    fillers.push_back(std::move(*fd));
+  }
+  TransportOptions opts;
+  opts.connect_timeout = absl::Milliseconds(200);
+  auto initiator = std::make_unique<TcpTransport>(opts);
+  TransportEnv env;
+  env.local_segment = "i4";
+  env.listen_host = "127.0.0.1";
+  metadata::TransportEndpoint ep;
+  ASSERT_OK(initiator->Install(env, &ep));
+  auto hole = ViewWithPort(port);
+  FreeingSink sink;
+  static char buf[8];
+  auto* s = new Slice(MakeSlice(OpCode::kRead, buf, Remote(0), 8));
+  s->target = hole.get();
+  s->sink = &sink;
+  s->attempts = 3;
+  Slice* ss[] = {s};
+  initiator->Submit(ss);
+  auto st = sink.Wait(1, absl::Seconds(5));
+  ASSERT_EQ(st.size(), 1u);
+  EXPECT_STATUS(st[0], absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(absl::StrContains(st[0].message(), "no answer within")) << st[0];
+  initiator->Shutdown();
+}
+
 // ClosePeer on a busy peer fails nothing: the slice ends on its own (here
 // at its deadline), then the pool goes.
 TEST_F(TcpTransportTest, ClosePeerWaitsForSlicesInFlight) {
@@ -701,6 +769,167 @@ TEST_F(TcpTransportTest, ClosePeerWaitsForSlicesInFlight) {
   }
   EXPECT_EQ(initiator_->Stats().peers, 0u);
   EXPECT_EQ(initiator_->Stats().endpoints, 0u);
+}
+
+// Accepts one connection on `listener` within `timeout` (invalid if none).
+UniqueFd AcceptWithin(int listener, absl::Duration timeout) {
+  pollfd pfd{listener, POLLIN, 0};
+  if (::poll(&pfd, 1, static_cast<int>(absl::ToInt64Milliseconds(timeout))) !=
+      1) {
+    return UniqueFd();
+  }
+  return UniqueFd(::accept(listener, nullptr, nullptr));
+}
+
+// ClosePeer while a READ is on the wire, then the peer drops the
+// connection: the close starts inside the connection's own event handler,
+// with no other reference to the closing pool up the stack, and completing
+// the last slice retires the pool there. Nothing may touch the pool after
+// that (ASan saw a use-after-free here).
+TEST_F(TcpTransportTest, ClosedPeerDroppingConnectionWithSliceOnWire) {
+  uint16_t port = 0;
+  auto listener = ListenTcp("127.0.0.1", 0, &port);
+  ASSERT_OK(listener);
+  auto silent = ViewWithPort(port);
+  char buf[8];
+  Slice s = MakeSlice(OpCode::kRead, buf, Remote(0), 8);
+  s.target = silent.get();
+  Slice* ss[] = {&s};
+  initiator_->Submit(ss);
+  UniqueFd conn = AcceptWithin(listener->get(), absl::Seconds(5));
+  ASSERT_TRUE(conn.valid());
+  uint8_t hdr[kRequestHeaderBytes];
+  SetRecvTimeout(conn.get(), absl::Seconds(5));
+  ASSERT_OK(ReadFull(conn.get(), hdr, sizeof(hdr)));  // On the wire.
+  initiator_->ClosePeer(*silent);
+  // A slice to the same address goes to a new pool on the same (only)
+  // loop, posted after ClosePeer's task: once its connection arrives, the
+  // old pool is closing for sure.
+  char buf2[8];
+  Slice s2 = MakeSlice(OpCode::kRead, buf2, Remote(0), 8);
+  s2.target = silent.get();
+  s2.deadline = absl::Now() + absl::Milliseconds(300);
+  Slice* ss2[] = {&s2};
+  initiator_->Submit(ss2);
+  UniqueFd conn2 = AcceptWithin(listener->get(), absl::Seconds(5));
+  ASSERT_TRUE(conn2.valid());
+  conn.Reset();  // The peer drops the first connection.
+  auto st = sink_.Wait(2, absl::Seconds(5));
+  ASSERT_EQ(st.size(), 2u);
+  EXPECT_EQ(sink_.count(&s), 1);
+  EXPECT_EQ(sink_.count(&s2), 1);
+  for (const absl::Status& status : st) EXPECT_FALSE(status.ok()) << status;
+  initiator_->Shutdown();
+}
+
+// A slice's deadline holds while its connection is still connecting: with
+// the default connect timeout (3 s) to a peer whose SYNs go unanswered (a
+// full accept queue), a slice with 500 ms to go ends by its deadline plus
+// the documented 100 ms (plus slack for a loaded machine), not when the
+// connect times out.
+TEST_F(TcpTransportTest, DeadlineHoldsWhileConnecting) {
+  uint16_t port = 0;
+  auto listener = ListenTcp("127.0.0.1", 0, &port, /*backlog=*/0);
+  ASSERT_OK(listener);
+  // Fill the accept queue (backlog 0 holds one connection).
+  std::vector<UniqueFd> fillers;
+  for (int i = 0; i < 2; ++i) {
+    auto sa = ParseIpv4Endpoint(absl::StrCat("127.0.0.1:", port));
+    ASSERT_OK(sa);
+    auto fd = StartConnect(*sa);
+    ASSERT_OK(fd);
+    fillers.push_back(std::move(*fd));
+  }
+  auto hole = ViewWithPort(port);
+  char buf[8];
+  Slice s = MakeSlice(OpCode::kRead, buf, Remote(0), 8);
+  s.target = hole.get();
+  s.deadline = absl::Now() + absl::Milliseconds(500);
+  Slice* ss[] = {&s};
+  initiator_->Submit(ss);
+  auto st = sink_.Wait(1, absl::Seconds(5));
+  ASSERT_EQ(st.size(), 1u);
+  EXPECT_STATUS(st[0], absl::StatusCode::kDeadlineExceeded);
+  EXPECT_LT(sink_.times()[0] - s.deadline, absl::Milliseconds(400))
+      << "completed " << (sink_.times()[0] - s.deadline)
+      << " after the deadline";
+}
+
+// ClosePeer while Submit fails a slice of that backed-off peer at once:
+// the pool still goes once the slice is done. Timing-dependent: ClosePeer
+// must land after Submit counted the slice for the pool and before it
+// failed it, which a long batch to another backed-off peer ahead of it
+// makes likely; a round that misses only checks less.
+TEST_F(TcpTransportTest, ClosePeerDuringFastFailureReleasesThePool) {
+  TransportOptions opts;
+  opts.tcp.backoff_min = absl::Seconds(30);  // Backed off all test long.
+  opts.tcp.backoff_max = absl::Seconds(30);
+  auto initiator = std::make_unique<TcpTransport>(opts);
+  TransportEnv env;
+  env.local_segment = "i5";
+  env.listen_host = "127.0.0.1";
+  metadata::TransportEndpoint ep;
+  ASSERT_OK(initiator->Install(env, &ep));
+  uint16_t port_p = 0, port_q = 0;
+  { auto l = ListenTcp("127.0.0.1", 0, &port_p); }  // Closed: refused.
+  { auto l = ListenTcp("127.0.0.1", 0, &port_q); }
+  auto p = ViewWithPort(port_p);
+  auto q = ViewWithPort(port_q);
+  CountingSink sink;
+  char buf[8];
+  int expected = 0;
+  auto wait_done = [&] {
+    const absl::Time end = absl::Now() + absl::Seconds(10);
+    while (sink.done() < expected && absl::Now() < end) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    return sink.done() == expected;
+  };
+  constexpr int kBatch = 200000;
+  std::vector<Slice> batch(kBatch + 1);
+  std::vector<Slice*> ptrs;
+  for (int i = 0; i <= kBatch; ++i) {
+    batch[i] = MakeSlice(OpCode::kRead, buf, Remote(0), 8);
+    batch[i].target = i < kBatch ? q.get() : p.get();
+    batch[i].sink = &sink;
+    ptrs.push_back(&batch[i]);
+  }
+  for (int round = 0; round < 5; ++round) {
+    // Both peers refuse once, so both are backed off (p's pool is new
+    // every round).
+    Slice warm[2] = {MakeSlice(OpCode::kRead, buf, Remote(0), 8),
+                     MakeSlice(OpCode::kRead, buf, Remote(0), 8)};
+    warm[0].target = p.get();
+    warm[1].target = q.get();
+    for (Slice& w : warm) {
+      w.sink = &sink;
+      Slice* ws[] = {&w};
+      initiator->Submit(ws);
+      ++expected;
+      ASSERT_TRUE(wait_done());
+    }
+    std::atomic<bool> go{false};
+    std::thread closer([&] {
+      while (!go.load()) std::this_thread::yield();
+      // Into the batch: Submit holds its lock while it counts the slices.
+      absl::SleepFor(absl::Milliseconds(1));
+      initiator->ClosePeer(*p);
+    });
+    go.store(true);
+    initiator->Submit(ptrs);
+    closer.join();
+    expected += kBatch + 1;
+    ASSERT_TRUE(wait_done());
+    // Had ClosePeer come before the batch, the batch made p a new pool.
+    initiator->ClosePeer(*p);
+    const absl::Time end = absl::Now() + absl::Seconds(5);
+    while (initiator->Stats().peers > 1 && absl::Now() < end) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    ASSERT_EQ(initiator->Stats().peers, 1u) << "round " << round;  // q.
+  }
+  EXPECT_EQ(sink.unavailable(), expected);
+  initiator->Shutdown();
 }
 
 }  // namespace
