@@ -185,18 +185,25 @@ size_t SymbolSize(void* fn) {
   return static_cast<const ElfW(Sym)*>(extra)->st_size;
 }
 
+// A trampoline page mapped at exactly `at`, or null (taken, or an old
+// kernel that treats MAP_FIXED_NOREPLACE as a hint and mapped elsewhere).
+uint8_t* MapPageAt(uintptr_t at, uintptr_t page) {
+  void* p = mmap(reinterpret_cast<void*>(at), page,
+                 PROT_READ | PROT_WRITE | PROT_EXEC,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+  if (p == MAP_FAILED) return nullptr;
+  if (p == reinterpret_cast<void*>(at)) return static_cast<uint8_t*>(p);
+  munmap(p, page);
+  return nullptr;
+}
+
 // A page for trampolines within a rel32 jump of `near`, or null.
 uint8_t* MapNear(uintptr_t near) {
   const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
   const uintptr_t base = (near + (1 << 20)) & ~(page - 1);
   for (uintptr_t step = 0; step < (uintptr_t{1} << 30); step += 1 << 20) {
     for (const uintptr_t at : {base + step, base - step - (2 << 20)}) {
-      void* p = mmap(reinterpret_cast<void*>(at), page,
-                     PROT_READ | PROT_WRITE | PROT_EXEC,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
-      if (p == MAP_FAILED) continue;
-      if (p == reinterpret_cast<void*>(at)) return static_cast<uint8_t*>(p);
-      munmap(p, page);  // An old kernel ignored the hint.
+      if (uint8_t* p = MapPageAt(at, page)) return p;
     }
   }
   return nullptr;
@@ -313,12 +320,7 @@ uint8_t* MapInRange(uintptr_t lo, uintptr_t hi) {
   const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
   for (uintptr_t at = (lo + page - 1) & ~(page - 1); at + page <= hi;
        at += page) {
-    void* p = mmap(reinterpret_cast<void*>(at), page,
-                   PROT_READ | PROT_WRITE | PROT_EXEC,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
-    if (p == MAP_FAILED) continue;
-    if (p == reinterpret_cast<void*>(at)) return static_cast<uint8_t*>(p);
-    munmap(p, page);  // An old kernel ignored the hint.
+    if (uint8_t* p = MapPageAt(at, page)) return p;
   }
   return nullptr;
 }

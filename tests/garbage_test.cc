@@ -41,6 +41,7 @@
 #include "gtest/gtest.h"
 #include "metadata/metadata_client.h"
 #include "metadata/proto/metadata.grpc.pb.h"
+#include "tests/process_usage.h"
 #include "tests/subprocess.h"
 #include "tools/pattern.h"
 #include "tools/tool_test_util.h"

@@ -22,10 +22,13 @@
 #include "common/status_testing.h"
 #include "engine/transfer_engine.h"
 #include "gtest/gtest.h"
+#include "tests/process_usage.h"
 #include "tools/pattern.h"
 
 namespace ferry {
 namespace {
+
+using ::ferry::testing::WaitUntil;
 
 constexpr size_t kBuffer = 8 << 20;
 
@@ -57,16 +60,6 @@ struct Node {
 
 // Polls `cond` (which the transports' threads make true) until it holds or
 // `timeout` passes.
-template <typename F>
-bool WaitUntil(F cond, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (!cond()) {
-    if (absl::Now() > deadline) return cond();
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  return true;
-}
-
 // `n` WRITEs of `each` bytes: source + i * each -> dst + i * each on `seg`.
 std::vector<TransferRequest> Writes(const uint8_t* source, SegmentHandle seg,
                                     uint64_t dst, size_t each, int n = 1) {

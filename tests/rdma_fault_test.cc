@@ -22,6 +22,7 @@
 #include "common/status_testing.h"
 #include "engine/transfer_engine.h"
 #include "gtest/gtest.h"
+#include "tests/process_usage.h"
 #include "tests/subprocess.h"
 #include "tools/pattern.h"
 #include "transport/rdma/endpoint.h"
@@ -31,24 +32,17 @@
 namespace ferry {
 namespace {
 
+using ferry::testing::DescribeFds;
+using ferry::testing::OpenFds;
 using ferry::testing::RunfilePath;
 using ferry::testing::Subprocess;
+using ferry::testing::WaitUntil;
 
 // What rdma_transport.h promises beyond transfer_timeout: the housekeeping
 // interval, a flush and its completion, and a post blocked by a peer that
 // stopped reading (softrnic's send timeout); with room for a loaded CI
 // machine.
 constexpr absl::Duration kDeadlineSlack = absl::Seconds(1);
-
-template <typename F>
-bool WaitUntil(F cond, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (!cond()) {
-    if (absl::Now() > deadline) return cond();
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  return true;
-}
 
 uint64_t Endpoints(const TransferEngine& e) {
   auto st = e.GetTransportStats();
@@ -94,8 +88,8 @@ TEST(RdmaFaultTest, KilledInitiatorsLeaveTheTargetBounded) {
       absl::Seconds(10)))
       << Endpoints(target) << " in the store, " << rdma::EndpointsAlive()
       << " alive";
-  const int fds = rdma::testing::OpenFds();
-  const std::string fds_before = rdma::testing::FdSummary();
+  const int fds = OpenFds();
+  const std::string fds_before = DescribeFds(getpid());
   std::vector<absl::Time> killed;
   uint64_t most = 0;
   for (int k = 0; k < 50; ++k) {
@@ -116,10 +110,9 @@ TEST(RdmaFaultTest, KilledInitiatorsLeaveTheTargetBounded) {
   EXPECT_TRUE(WaitUntil([&] { return Endpoints(target) == 0; }, kWindow))
       << Endpoints(target);
   EXPECT_LT(most, 50u);
-  EXPECT_TRUE(WaitUntil([&] { return rdma::testing::OpenFds() <= fds; },
-                        absl::Seconds(5)))
-      << rdma::testing::OpenFds() << " fds: " << rdma::testing::FdSummary()
-      << "; before: " << fds << ": " << fds_before;
+  EXPECT_TRUE(WaitUntil([&] { return OpenFds() <= fds; }, absl::Seconds(5)))
+      << OpenFds() << " fds: " << DescribeFds(getpid()) << "; before: " << fds
+      << ": " << fds_before;
   EXPECT_TRUE(
       WaitUntil([] { return rdma::EndpointsAlive() == 0; }, absl::Seconds(5)))
       << rdma::EndpointsAlive();

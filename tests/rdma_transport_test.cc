@@ -26,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_testing.h"
 #include "gtest/gtest.h"
+#include "tests/process_usage.h"
 #include "tools/pattern.h"
 #include "transport/rdma/endpoint.h"
 #include "transport/rdma/handshake.pb.h"
@@ -35,6 +36,7 @@
 namespace ferry::rdma {
 namespace {
 
+using ::ferry::testing::WaitUntil;
 using testing::FakePeerNetwork;
 using testing::TestNode;
 using testing::TestSink;
@@ -48,16 +50,6 @@ TransportOptions OneNic() {
 
 // Polls `cond` until it holds or `timeout` passes (the transport's own
 // threads make the progress; this only looks).
-template <typename F>
-bool WaitUntil(F cond, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (!cond()) {
-    if (absl::Now() > deadline) return cond();
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  return true;
-}
-
 // Writes `n` slices of `len` bytes from `from` to `to` and waits for them;
 // returns the failures' statuses (empty: all succeeded).
 std::vector<absl::Status> WriteAndWait(
@@ -211,7 +203,7 @@ TEST(RdmaTransportTest, ThousandPeersOpenedUsedAndClosedStayFlat) {
     if (k == 100) {
       ASSERT_TRUE(WaitUntil([&] { return hub->stats().endpoints == 0; },
                             absl::Seconds(5)));
-      threads_at_100 = testing::ThreadCount();
+      threads_at_100 = ::ferry::testing::ThreadCount();
       at_100 = hub->stats();
     }
   }
@@ -226,7 +218,7 @@ TEST(RdmaTransportTest, ThousandPeersOpenedUsedAndClosedStayFlat) {
       << hub->stats().peers;
   EXPECT_EQ(st.threads, at_100.threads);
   EXPECT_GT(st.threads, 0u);
-  EXPECT_LE(testing::ThreadCount(), threads_at_100 + 2);
+  EXPECT_LE(::ferry::testing::ThreadCount(), threads_at_100 + 2);
 }
 
 TEST(RdmaTransportTest, KeepaliveReapsEndpointsOfAVanishedPeer) {

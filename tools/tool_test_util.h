@@ -1,7 +1,7 @@
 // Helpers for tests that run the real tools (transfer_bench, metadata_server)
 // as subprocesses and watch them from outside: start one under a lowered fd
-// limit, wait for its "ready" line, read its thread count, RSS and open fds
-// from /proc, and open raw TCP connections to its ports.
+// limit, wait for its "ready" line, and open raw TCP connections to its
+// ports (tests/process_usage.h reads its threads, RSS and fds).
 #ifndef FERRY_TOOLS_TOOL_TEST_UTIL_H_
 #define FERRY_TOOLS_TOOL_TEST_UTIL_H_
 
@@ -29,21 +29,6 @@ absl::StatusOr<std::unique_ptr<Subprocess>> StartTool(
 absl::StatusOr<std::string> WaitForLine(Subprocess& child,
                                         const std::string& prefix,
                                         absl::Duration timeout);
-
-struct ProcessUsage {
-  int threads = 0;
-  int64_t rss_kb = 0;
-  int open_fds = 0;
-};
-
-// Reads /proc/<pid>/status and /proc/<pid>/fd.
-absl::StatusOr<ProcessUsage> ReadProcessUsage(pid_t pid);
-
-// "name xN, ..." of the process's threads (/proc/<pid>/task/*/comm) and
-// "kind xN, ..." of its open fds (socket, pipe, anon_inode:..., file), most
-// frequent first: what to print when a bound on either is exceeded.
-std::string DescribeThreads(pid_t pid);
-std::string DescribeFds(pid_t pid);
 
 // True while `pid` exists and is not a zombie.
 bool ProcessAlive(pid_t pid);

@@ -211,8 +211,8 @@ EngineOptions BaseOptions(const std::string& name, const std::string& md) {
   o.local_segment_name = name;
   o.metadata_endpoint = md;
   o.listen_host = absl::GetFlag(FLAGS_listen_host);
-  o.transports = absl::StrSplit(absl::GetFlag(FLAGS_protocol), ',',
-                                absl::SkipEmpty());
+  o.transports =
+      absl::StrSplit(absl::GetFlag(FLAGS_protocol), ',', absl::SkipEmpty());
   o.tcp.connections_per_peer = absl::GetFlag(FLAGS_tcp_connections);
   o.tcp.max_slice_bytes = absl::GetFlag(FLAGS_tcp_slice_bytes);
   if (const std::string d = absl::GetFlag(FLAGS_device_name); !d.empty()) {

@@ -28,11 +28,8 @@ MemoryRegistry::Lease& MemoryRegistry::Lease::operator=(
 }
 
 MemoryRegistry::Lease MemoryRegistry::Lease::Clone() const {
-  Lease lease;
-  if (registry_ == nullptr) return lease;
-  entry_->users.fetch_add(1, std::memory_order_seq_cst);
-  lease.registry_ = registry_;
-  lease.entry_ = entry_;
+  if (registry_ == nullptr) return Lease();
+  Lease lease(registry_, entry_);
   // Removal has begun: new leases fail, as Acquire's would.
   if (entry_->closing.load(std::memory_order_seq_cst)) lease.Release();
   return lease;
@@ -117,18 +114,12 @@ absl::StatusOr<MemoryRegistry::Lease> MemoryRegistry::ActivateAndAcquire(
   entry->pending = false;
   entry->closing.store(false, std::memory_order_seq_cst);
   drained_.SignalAll();
-  const MemoryRegion& r = entry->region;
-  if (lease_addr < r.addr || lease_addr + lease_length < lease_addr ||
-      lease_addr + lease_length > r.addr + r.length) {
+  if (!entry->Covers(lease_addr, lease_length)) {
     return absl::InvalidArgumentError(
         absl::StrCat("range 0x", absl::Hex(lease_addr), "+", lease_length,
                      " is not inside the buffer being activated"));
   }
-  entry->users.fetch_add(1, std::memory_order_relaxed);
-  Lease lease;
-  lease.registry_ = this;
-  lease.entry_ = entry;
-  return lease;
+  return Lease(this, entry);
 }
 
 void MemoryRegistry::CancelReservation(uintptr_t addr) {
@@ -234,10 +225,7 @@ const MemoryRegistry::Entry* MemoryRegistry::FindLocked(uintptr_t addr,
   auto it = entries_.upper_bound(addr);
   if (it == entries_.begin()) return nullptr;
   --it;
-  const MemoryRegion& r = it->second->region;
-  if (addr + length < addr) return nullptr;
-  if (addr + length > r.addr + r.length) return nullptr;
-  return it->second.get();
+  return it->second->Covers(addr, length) ? it->second.get() : nullptr;
 }
 
 absl::StatusOr<MemoryRegistry::Lease> MemoryRegistry::Acquire(
@@ -254,11 +242,7 @@ absl::StatusOr<MemoryRegistry::Lease> MemoryRegistry::Acquire(
         absl::StrCat("buffer at 0x", absl::Hex(entry->region.addr),
                      " is not registered as remote-accessible"));
   }
-  entry->users.fetch_add(1, std::memory_order_relaxed);
-  Lease lease;
-  lease.registry_ = this;
-  lease.entry_ = entry;
-  return lease;
+  return Lease(this, entry);
 }
 
 bool MemoryRegistry::Contains(uintptr_t addr, size_t length,

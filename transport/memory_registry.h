@@ -50,6 +50,12 @@ class MemoryRegistry {
     // for good, removed once its last lease went.
     bool pending = false;
     bool retired = false;
+
+    // Whether [addr, addr + length) lies inside the region (no wrap).
+    bool Covers(uintptr_t addr, size_t length) const {
+      return addr >= region.addr && addr + length >= addr &&
+             addr + length <= region.addr + region.length;
+    }
   };
 
  public:
@@ -72,8 +78,7 @@ class MemoryRegistry {
     Lease Clone() const;
     // Whether [addr, addr + length) lies inside the leased buffer.
     bool Covers(uintptr_t addr, size_t length) const {
-      return held() && addr >= entry_->region.addr && addr + length >= addr &&
-             addr + length <= entry_->region.addr + entry_->region.length;
+      return held() && entry_->Covers(addr, length);
     }
     // Handle `i` given to Add, or nullptr.
     const void* handle(size_t i) const {
@@ -83,6 +88,12 @@ class MemoryRegistry {
 
    private:
     friend class MemoryRegistry;
+    // Counts one more user of `entry`.
+    Lease(MemoryRegistry* registry, Entry* entry)
+        : registry_(registry), entry_(entry) {
+      entry_->users.fetch_add(1, std::memory_order_seq_cst);
+    }
+
     MemoryRegistry* registry_ = nullptr;
     Entry* entry_ = nullptr;
   };

@@ -1,10 +1,8 @@
 #include "transport/rdma/rdma_test_util.h"
 
-#include <dirent.h>
 #include <unistd.h>
 
 #include <cstring>
-#include <map>
 #include <random>
 
 #include "absl/strings/match.h"
@@ -264,43 +262,5 @@ void TestNode::Submit(std::vector<Slice>* slices) {
   for (Slice& s : *slices) ptrs.push_back(&s);
   transport_->Submit(absl::MakeSpan(ptrs));
 }
-
-namespace {
-
-int CountDir(const char* path) {
-  DIR* d = opendir(path);
-  if (d == nullptr) return -1;
-  int n = 0;
-  while (dirent* e = readdir(d)) {
-    if (e->d_name[0] != '.') ++n;
-  }
-  closedir(d);
-  return n;
-}
-
-}  // namespace
-
-int OpenFds() { return CountDir("/proc/self/fd") - 1; }  // Minus the DIR's.
-
-std::string FdSummary() {
-  std::map<std::string, int> kinds;
-  DIR* d = opendir("/proc/self/fd");
-  if (d == nullptr) return "?";
-  while (dirent* e = readdir(d)) {
-    if (e->d_name[0] == '.') continue;
-    char target[256] = {0};
-    const std::string path = std::string("/proc/self/fd/") + e->d_name;
-    const ssize_t n = readlink(path.c_str(), target, sizeof(target) - 1);
-    std::string kind = n > 0 ? std::string(target, n) : "?";
-    const size_t colon = kind.find(':');
-    if (colon != std::string::npos) kind = kind.substr(0, colon);
-    ++kinds[kind];
-  }
-  closedir(d);
-  std::string out;
-  for (const auto& [k, n] : kinds) absl::StrAppend(&out, k, "=", n, " ");
-  return out;
-}
-int ThreadCount() { return CountDir("/proc/self/task"); }
 
 }  // namespace ferry::rdma::testing

@@ -155,13 +155,6 @@ class TestNode {
   bool stopped_ = false;
 };
 
-// Open file descriptors of this process, and what they are
-// ("socket=3 pipe=2 ...").
-int OpenFds();
-std::string FdSummary();
-// Threads of this process.
-int ThreadCount();
-
 }  // namespace ferry::rdma::testing
 
 #endif  // FERRY_TRANSPORT_RDMA_RDMA_TEST_UTIL_H_

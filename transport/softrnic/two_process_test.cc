@@ -6,7 +6,6 @@
 // device configuration from FERRY_SOFTRNIC_DEVICES (and its default) is
 // checked in a fresh process.
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -25,6 +24,7 @@
 #include "absl/time/time.h"
 #include "common/status_testing.h"
 #include "gtest/gtest.h"
+#include "tests/process_usage.h"
 #include "tests/subprocess.h"
 #include "transport/softrnic/softrnic_control.h"
 #include "transport/softrnic/verbs_test_util.h"
@@ -55,16 +55,6 @@ int CountClosedByPeer(const std::vector<int>& fds, int want, int timeout_ms) {
     }
     usleep(10000);
   }
-}
-
-// The number of open file descriptors of this process.
-int CountFds() {
-  DIR* d = opendir("/proc/self/fd");
-  if (d == nullptr) return -1;
-  int n = 0;
-  while (readdir(d) != nullptr) ++n;
-  closedir(d);
-  return n - 3;  // ".", ".." and the directory's own descriptor.
 }
 
 std::string Hex64(uint64_t v) {
@@ -791,7 +781,7 @@ TEST_F(TwoProcessTest, KilledPeersLeaveNoDescriptorsBehind) {
   std::string err;
   ctx_ = OpenDeviceByName("softrnic0", &err);
   ASSERT_NE(ctx_, nullptr) << err;
-  const int baseline = CountFds();
+  const int baseline = ::ferry::testing::OpenFds();
   ASSERT_GT(baseline, 0);
   ConnectOptions co;
   // ACK timeout ~67 ms, 7 retries: a dead peer still fails the QP within
@@ -826,10 +816,10 @@ TEST_F(TwoProcessTest, KilledPeersLeaveNoDescriptorsBehind) {
   }
   // The peers' exits are seen asynchronously: wait for the count to drop.
   const auto deadline = Clock::now() + std::chrono::seconds(10);
-  int now = CountFds();
+  int now = ::ferry::testing::OpenFds();
   while (now > baseline && Clock::now() < deadline) {
     usleep(10000);
-    now = CountFds();
+    now = ::ferry::testing::OpenFds();
   }
   EXPECT_LE(now, baseline) << kSessions << " sessions with dead peers left "
                            << now - baseline << " descriptors open";

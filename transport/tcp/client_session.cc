@@ -33,16 +33,9 @@ int ClientSession::PrepareOutput(iovec* iov, int max_iov) const {
   int n = 0;
   for (const Entry& e : unsent_) {
     if (n + 2 > max_iov) break;
-    if (e.sent < kRequestHeaderBytes) {
-      iov[n++] = {const_cast<uint8_t*>(e.header) + e.sent,
-                  kRequestHeaderBytes - e.sent};
-    }
-    if (e.total > kRequestHeaderBytes) {
-      const size_t off =
-          std::max(e.sent, kRequestHeaderBytes) - kRequestHeaderBytes;
-      iov[n++] = {static_cast<uint8_t*>(e.slice->local) + off,
-                  e.slice->length - off};
-    }
+    n += UnsentFrame(e.header, kRequestHeaderBytes,
+                     static_cast<const uint8_t*>(e.slice->local),
+                     e.total - kRequestHeaderBytes, e.sent, iov + n);
   }
   return n;
 }

@@ -137,15 +137,8 @@ int ServerSession::PrepareOutput(iovec* iov, int max_iov) const {
   int n = 0;
   for (const Response& r : out_) {
     if (n + 2 > max_iov) break;
-    if (r.sent < kResponseHeaderBytes) {
-      iov[n++] = {const_cast<uint8_t*>(r.header) + r.sent,
-                  kResponseHeaderBytes - r.sent};
-    }
-    if (r.length > 0) {
-      const size_t off =
-          std::max(r.sent, kResponseHeaderBytes) - kResponseHeaderBytes;
-      iov[n++] = {const_cast<uint8_t*>(r.data) + off, r.length - off};
-    }
+    n += UnsentFrame(r.header, kResponseHeaderBytes, r.data, r.length, r.sent,
+                     iov + n);
   }
   return n;
 }

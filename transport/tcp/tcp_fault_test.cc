@@ -25,41 +25,16 @@
 #include "gtest/gtest.h"
 #include "tests/subprocess.h"
 #include "tools/pattern.h"
+#include "transport/tcp/tcp_test_util.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace ferry::tcp {
 namespace {
 
+using ::ferry::tcp::testing::RecordingSink;
+
 using ::ferry::testing::RunfilePath;
 using ::ferry::testing::Subprocess;
-
-class Sink : public SliceSink {
- public:
-  void OnSliceDone(Slice*, const absl::Status& status) override {
-    MutexLock lock(&mu_);
-    statuses_.push_back(status);
-    times_.push_back(absl::Now());
-    cv_.SignalAll();
-  }
-  // Waits up to `timeout` for `n` completions; returns those seen.
-  std::vector<absl::Status> Wait(size_t n, absl::Duration timeout) {
-    MutexLock lock(&mu_);
-    const absl::Time deadline = absl::Now() + timeout;
-    while (statuses_.size() < n && !cv_.WaitWithDeadline(&mu_, deadline)) {
-    }
-    return statuses_;
-  }
-  std::vector<absl::Time> times() {
-    MutexLock lock(&mu_);
-    return times_;
-  }
-
- private:
-  Mutex mu_;
-  CondVar cv_;
-  std::vector<absl::Status> statuses_ ABSL_GUARDED_BY(mu_);
-  std::vector<absl::Time> times_ ABSL_GUARDED_BY(mu_);
-};
 
 struct PeerStats {
   int threads = 0;
@@ -129,7 +104,7 @@ class TcpFaultTest : public ::testing::Test {
   // remote_ + offset + i * len, with `deadline`, completing into `sink`.
   std::vector<Slice> MakeSlices(OpCode op, uint8_t* local, uint64_t offset,
                                 size_t n, size_t len, absl::Time deadline,
-                                Sink* sink) {
+                                RecordingSink* sink) {
     std::vector<Slice> slices(n);
     for (size_t i = 0; i < n; ++i) {
       Slice& s = slices[i];
@@ -156,7 +131,7 @@ class TcpFaultTest : public ::testing::Test {
     constexpr size_t kLen = 256 << 10;
     std::vector<uint8_t> src(kLen), dst(kLen);
     FillPattern(src.data(), kLen, 0, seed);
-    Sink sink;
+    RecordingSink sink;
     auto w = MakeSlices(OpCode::kWrite, src.data(), 0, 1, kLen,
                         absl::Now() + absl::Seconds(2), &sink);
     Submit(w);
@@ -271,7 +246,7 @@ TEST_F(TcpFaultTest, StoppedPeerEndsLargeWriteByDeadline) {
   ASSERT_EQ(::kill(peer_->pid(), SIGSTOP), 0);
   constexpr size_t kSlices = 16, kLen = 4 << 20;
   std::vector<uint8_t> src(kSlices * kLen, 0x5a);
-  Sink sink;
+  RecordingSink sink;
   const absl::Time deadline = absl::Now() + absl::Seconds(2);
   // Above the ranges VerifiedTransfer uses: a timed-out WRITE may have
   // been applied in part.
@@ -302,7 +277,7 @@ TEST_F(TcpFaultTest, KilledPeerFailsWriteAtOnce) {
   ASSERT_EQ(::kill(peer_->pid(), SIGSTOP), 0);  // The WRITE stays mid-way.
   constexpr size_t kSlices = 16, kLen = 4 << 20;
   std::vector<uint8_t> src(kSlices * kLen, 0xa5);
-  Sink sink;
+  RecordingSink sink;
   auto w = MakeSlices(OpCode::kWrite, src.data(), 64 << 20, kSlices, kLen,
                       absl::Now() + absl::Seconds(30), &sink);
   Submit(w);

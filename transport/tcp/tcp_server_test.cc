@@ -12,6 +12,7 @@
 #include "common/socket_util.h"
 #include "common/status_testing.h"
 #include "gtest/gtest.h"
+#include "tests/process_usage.h"
 #include "transport/tcp/tcp_test_util.h"
 #include "transport/tcp/wire.h"
 
@@ -20,8 +21,8 @@ namespace {
 
 using ::ferry::tcp::testing::ConnectFrom;
 using ::ferry::tcp::testing::Served;
-using ::ferry::tcp::testing::ThreadCount;
 using ::ferry::tcp::testing::WaitForClose;
+using ::ferry::testing::ThreadCount;
 
 class TcpServerTest : public ::testing::Test {
  protected:

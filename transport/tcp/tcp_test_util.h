@@ -1,28 +1,96 @@
 // Helpers for the TCP transport's tests: raw client sockets that speak (or
-// abuse) the wire protocol, and process gauges.
+// abuse) the wire protocol, a peer that never answers a connect, and a
+// sink that records completions.
 #ifndef FERRY_TRANSPORT_TCP_TCP_TEST_UTIL_H_
 #define FERRY_TRANSPORT_TCP_TCP_TEST_UTIL_H_
 
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <errno.h>
 #include <poll.h>
 #include <sys/socket.h>
 
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <string>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/mutex.h"
 #include "common/socket_util.h"
 #include "transport/tcp/wire.h"
+#include "transport/transport.h"
 
 namespace ferry::tcp::testing {
+
+// Records each completion's status and time, and how often each slice
+// completed (exactly once is the contract); Wait blocks for a count.
+class RecordingSink final : public SliceSink {
+ public:
+  void OnSliceDone(Slice* slice, const absl::Status& status) override {
+    MutexLock lock(&mu_);
+    statuses_.push_back(status);
+    times_.push_back(absl::Now());
+    ++done_[slice];
+    cv_.SignalAll();
+  }
+  // Waits up to `timeout` for `n` completions in all; returns the statuses
+  // seen, in completion order.
+  std::vector<absl::Status> Wait(size_t n,
+                                 absl::Duration timeout = absl::Seconds(20)) {
+    MutexLock lock(&mu_);
+    const absl::Time deadline = absl::Now() + timeout;
+    while (statuses_.size() < n && !cv_.WaitWithDeadline(&mu_, deadline)) {
+    }
+    return statuses_;
+  }
+  std::vector<absl::Time> times() {
+    MutexLock lock(&mu_);
+    return times_;
+  }
+  // Completions of `slice` so far.
+  int count(Slice* slice) {
+    MutexLock lock(&mu_);
+    auto it = done_.find(slice);
+    return it == done_.end() ? 0 : it->second;
+  }
+
+ private:
+  Mutex mu_;
+  CondVar cv_;
+  std::vector<absl::Status> statuses_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Time> times_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<Slice*, int> done_ ABSL_GUARDED_BY(mu_);
+};
+
+// A listener on 127.0.0.1 whose accept queue is full, so that the kernel
+// drops further SYNs as a black-holed link would: connects to `port` are
+// never answered while it lives.
+struct BlackHole {
+  UniqueFd listener;
+  std::vector<UniqueFd> fillers;
+  uint16_t port = 0;
+};
+
+inline absl::StatusOr<BlackHole> StartBlackHole() {
+  BlackHole h;
+  auto listener = ListenTcp("127.0.0.1", 0, &h.port, /*backlog=*/0);
+  if (!listener.ok()) return listener.status();
+  h.listener = std::move(*listener);
+  auto sa = ParseIpv4Endpoint(absl::StrCat("127.0.0.1:", h.port));
+  if (!sa.ok()) return sa.status();
+  for (int i = 0; i < 2; ++i) {  // Backlog 0 holds one connection.
+    auto fd = StartConnect(*sa);
+    if (!fd.ok()) return fd.status();
+    h.fillers.push_back(std::move(*fd));
+  }
+  return h;
+}
 
 // Connects to `to` ("a.b.c.d:port") from the loopback address `from`
 // (blocking).
@@ -78,30 +146,6 @@ inline absl::StatusOr<absl::Duration> WaitForClose(int fd,
     }
   }
   return absl::DeadlineExceededError("the peer kept the connection open");
-}
-
-// Threads of this process.
-inline int ThreadCount() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (absl::StartsWith(line, "Threads:")) {
-      return std::atoi(line.c_str() + 8);
-    }
-  }
-  return -1;
-}
-
-// Open descriptors of this process.
-inline int FdCount() {
-  DIR* dir = ::opendir("/proc/self/fd");
-  if (dir == nullptr) return -1;
-  int n = 0;
-  while (dirent* e = ::readdir(dir)) {
-    if (e->d_name[0] != '.') ++n;
-  }
-  ::closedir(dir);
-  return n - 1;  // The directory's own.
 }
 
 }  // namespace ferry::tcp::testing

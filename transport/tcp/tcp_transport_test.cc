@@ -27,47 +27,26 @@
 #include "common/socket_util.h"
 #include "common/status_testing.h"
 #include "gtest/gtest.h"
+#include "tests/process_usage.h"
+#include "transport/tcp/tcp_test_util.h"
 #include "transport/tcp/wire.h"
 
 namespace ferry::tcp {
 namespace {
 
-// Collects completions; waits for a count.
-class Sink : public SliceSink {
- public:
-  void OnSliceDone(Slice* slice, const absl::Status& status) override {
-    MutexLock lock(&mu_);
-    statuses_.push_back(status);
-    times_.push_back(absl::Now());
-    ++done_[slice];
-    cv_.SignalAll();
-  }
-  std::vector<absl::Status> Wait(size_t n,
-                                 absl::Duration timeout = absl::Seconds(20)) {
-    MutexLock lock(&mu_);
-    const absl::Time deadline = absl::Now() + timeout;
-    while (statuses_.size() < n && !cv_.WaitWithDeadline(&mu_, deadline)) {
-    }
-    return statuses_;
-  }
-  std::vector<absl::Time> times() {
-    MutexLock lock(&mu_);
-    return times_;
-  }
-  // Completions of `slice` so far.
-  int count(Slice* slice) {
-    MutexLock lock(&mu_);
-    auto it = done_.find(slice);
-    return it == done_.end() ? 0 : it->second;
-  }
+using ::ferry::tcp::testing::RecordingSink;
 
- private:
-  Mutex mu_;
-  CondVar cv_;
-  std::vector<absl::Status> statuses_ ABSL_GUARDED_BY(mu_);
-  std::vector<absl::Time> times_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<Slice*, int> done_ ABSL_GUARDED_BY(mu_);
-};
+// A transport with `opts`, installed as segment `name` on 127.0.0.1.
+absl::StatusOr<std::unique_ptr<TcpTransport>> Installed(
+    const TransportOptions& opts, const std::string& name) {
+  auto t = std::make_unique<TcpTransport>(opts);
+  TransportEnv env;
+  env.local_segment = name;
+  env.listen_host = "127.0.0.1";
+  metadata::TransportEndpoint ep;
+  if (absl::Status s = t->Install(env, &ep); !s.ok()) return s;
+  return t;
+}
 
 class TcpTransportTest : public ::testing::Test {
  protected:
@@ -145,7 +124,7 @@ class TcpTransportTest : public ::testing::Test {
   std::vector<uint8_t> target_buf_;
   std::shared_ptr<const SegmentView> view_;
   std::string target_addr_;
-  Sink sink_;
+  RecordingSink sink_;
   std::unique_ptr<TcpTransport> target_, initiator_;
 };
 
@@ -262,7 +241,7 @@ TEST_F(TcpTransportTest, UnparsableEndpointFailsCleanly) {
     d.mutable_transports(0)->set_address(bad);
     auto view = SegmentView::Create(d);
     if (!view.ok()) continue;  // SegmentView may already refuse it.
-    Sink sink;
+    RecordingSink sink;
     char buf[8];
     Slice s = MakeSlice(OpCode::kRead, buf, Remote(0), 8);
     s.target = view->get();
@@ -409,31 +388,6 @@ TEST_F(TcpTransportTest, RefusingPeerIsBackedOff) {
             static_cast<uint64_t>(submitted) - stats.connects_started * 4);
 }
 
-int ProcStatusField(const char* field) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (absl::StartsWith(line, field)) {
-      int v = 0;
-      if (absl::SimpleAtoi(
-              absl::StripAsciiWhitespace(line.substr(std::strlen(field))),
-              &v)) {
-        return v;
-      }
-    }
-  }
-  return -1;
-}
-
-int OpenFds() {
-  int n = 0;
-  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
-    (void)e;
-    ++n;
-  }
-  return n;
-}
-
 // 1,000 peers (distinct addresses of one target), each used and closed in
 // turn: the pools, connections, threads and fds do not grow.
 TEST_F(TcpTransportTest, ThousandPeersOpenedAndClosedLeaveNothing) {
@@ -452,8 +406,8 @@ TEST_F(TcpTransportTest, ThousandPeersOpenedAndClosedLeaveNothing) {
   ASSERT_OK(target->RegisterMemory(r, &published));
   auto hp = ParseHostPort(ep.address());
   ASSERT_OK(hp);
-  const int threads_before = ProcStatusField("Threads:");
-  const int fds_before = OpenFds();
+  const int threads_before = ::ferry::testing::ThreadCount();
+  const int fds_before = ::ferry::testing::OpenFds();
   uint64_t max_peers = 0;
   for (int i = 0; i < 1000; ++i) {
     metadata::SegmentDescriptor d = view_->descriptor();
@@ -461,7 +415,7 @@ TEST_F(TcpTransportTest, ThousandPeersOpenedAndClosedLeaveNothing) {
         absl::StrCat("127.0.", 1 + i / 250, ".", 1 + i % 250, ":", hp->port));
     auto view = SegmentView::Create(d);
     ASSERT_OK(view);
-    Sink sink;
+    RecordingSink sink;
     uint64_t src = 0x1234567800000000ull + i, dst = 0;
     Slice w = MakeSlice(OpCode::kWrite, &src, r.addr + 8 * (i % 64), 8);
     w.target = view->get();
@@ -487,14 +441,15 @@ TEST_F(TcpTransportTest, ThousandPeersOpenedAndClosedLeaveNothing) {
   const absl::Time end = absl::Now() + absl::Seconds(10);
   while (absl::Now() < end &&
          (initiator_->Stats().peers > 0 || initiator_->Stats().endpoints > 0 ||
-          target->Stats().endpoints > 0 || OpenFds() > fds_before + 2)) {
+          target->Stats().endpoints > 0 ||
+          ::ferry::testing::OpenFds() > fds_before + 2)) {
     absl::SleepFor(absl::Milliseconds(10));
   }
   EXPECT_EQ(initiator_->Stats().peers, 0u);
   EXPECT_EQ(initiator_->Stats().endpoints, 0u);
   EXPECT_EQ(target->Stats().endpoints, 0u);
-  EXPECT_LE(OpenFds(), fds_before + 2);
-  EXPECT_LE(ProcStatusField("Threads:"), threads_before + 2);
+  EXPECT_LE(::ferry::testing::OpenFds(), fds_before + 2);
+  EXPECT_LE(::ferry::testing::ThreadCount(), threads_before + 2);
   target->Shutdown();
 }
 
@@ -577,7 +532,7 @@ TEST_F(TcpTransportTest, PeerPoolsAreBoundedLru) {
   };
   for (int i = 0; i < 20; ++i) {
     auto view = view_at(absl::StrCat("127.0.2.", i + 1, ":", hp->port));
-    Sink sink;
+    RecordingSink sink;
     uint64_t v = 0;
     Slice s = MakeSlice(OpCode::kRead, &v, r.addr, 8);
     s.target = view.get();
@@ -595,7 +550,7 @@ TEST_F(TcpTransportTest, PeerPoolsAreBoundedLru) {
   std::vector<std::shared_ptr<const SegmentView>> views;
   std::vector<Slice> busy(4);
   std::vector<uint64_t> bufs(4);
-  Sink busy_sink;
+  RecordingSink busy_sink;
   for (int i = 0; i < 4; ++i) {
     uint16_t port = 0;
     auto l = ListenTcp("127.0.0.1", 0, &port);
@@ -610,7 +565,7 @@ TEST_F(TcpTransportTest, PeerPoolsAreBoundedLru) {
   }
   // ...so a fifth is refused at once, naming the limit.
   auto fifth = view_at(absl::StrCat("127.0.3.1:", hp->port));
-  Sink sink;
+  RecordingSink sink;
   uint64_t v = 0;
   Slice s = MakeSlice(OpCode::kRead, &v, r.addr, 8);
   s.target = fifth.get();
@@ -630,27 +585,12 @@ TEST_F(TcpTransportTest, PeerPoolsAreBoundedLru) {
 // the kernel drops the SYNs, as a black-holed link would): the slices wait
 // no longer than the connect timeout, then the peer is backed off.
 TEST_F(TcpTransportTest, UnansweredConnectTimesOutAndBacksOff) {
-  uint16_t port = 0;
-  auto listener = ListenTcp("127.0.0.1", 0, &port, /*backlog=*/0);
-  ASSERT_OK(listener);
-  // Fill the accept queue (backlog 0 holds one connection).
-  std::vector<UniqueFd> fillers;
-  for (int i = 0; i < 2; ++i) {
-    auto sa = ParseIpv4Endpoint(absl::StrCat("127.0.0.1:", port));
-    ASSERT_OK(sa);
-    auto fd = StartConnect(*sa);
-    ASSERT_OK(fd);
-    fillers.push_back(std::move(*fd));
-  }
+  ASSERT_OK_AND_ASSIGN(testing::BlackHole hole_peer, testing::StartBlackHole());
+  const uint16_t port = hole_peer.port;
   TransportOptions opts;
   opts.connect_timeout = absl::Milliseconds(300);
   opts.tcp.backoff_min = absl::Seconds(5);  // Surely still backing off below.
-  auto initiator = std::make_unique<TcpTransport>(opts);
-  TransportEnv env;
-  env.local_segment = "i3";
-  env.listen_host = "127.0.0.1";
-  metadata::TransportEndpoint ep;
-  ASSERT_OK(initiator->Install(env, &ep));
+  ASSERT_OK_AND_ASSIGN(auto initiator, Installed(opts, "i3"));
   auto hole = ViewWithPort(port);
   char buf[8];
   Slice s = MakeSlice(OpCode::kRead, buf, Remote(0), 8);
@@ -710,25 +650,11 @@ class FreeingSink : public SliceSink {
 // before it reached the wire: it fails with the connection's cause, and
 // its memory is not read after the sink freed it (ASan).
 TEST_F(TcpTransportTest, SliceOutOfAttemptsIsNotTouchedAfterCompletion) {
-  uint16_t port = 0;
-  auto listener = ListenTcp("127.0.0.1", 0, &port, /*backlog=*/0);
-  ASSERT_OK(listener);
-  std::vector<UniqueFd> fillers;  // A full accept queue: SYNs are dropped.
-  for (int i = 0; i < 2; ++i) {
-    auto sa = ParseIpv4Endpoint(absl::StrCat("127.0.0.1:", port));
-    ASSERT_OK(sa);
-    auto fd = StartConnect(*sa);
-    ASSERT_OK(fd);
-    fillers.push_back(std::move(*fd));
-  }
+  ASSERT_OK_AND_ASSIGN(testing::BlackHole hole_peer, testing::StartBlackHole());
+  const uint16_t port = hole_peer.port;
   TransportOptions opts;
   opts.connect_timeout = absl::Milliseconds(200);
-  auto initiator = std::make_unique<TcpTransport>(opts);
-  TransportEnv env;
-  env.local_segment = "i4";
-  env.listen_host = "127.0.0.1";
-  metadata::TransportEndpoint ep;
-  ASSERT_OK(initiator->Install(env, &ep));
+  ASSERT_OK_AND_ASSIGN(auto initiator, Installed(opts, "i4"));
   auto hole = ViewWithPort(port);
   FreeingSink sink;
   static char buf[8];
@@ -828,18 +754,8 @@ TEST_F(TcpTransportTest, ClosedPeerDroppingConnectionWithSliceOnWire) {
 // the documented 100 ms (plus slack for a loaded machine), not when the
 // connect times out.
 TEST_F(TcpTransportTest, DeadlineHoldsWhileConnecting) {
-  uint16_t port = 0;
-  auto listener = ListenTcp("127.0.0.1", 0, &port, /*backlog=*/0);
-  ASSERT_OK(listener);
-  // Fill the accept queue (backlog 0 holds one connection).
-  std::vector<UniqueFd> fillers;
-  for (int i = 0; i < 2; ++i) {
-    auto sa = ParseIpv4Endpoint(absl::StrCat("127.0.0.1:", port));
-    ASSERT_OK(sa);
-    auto fd = StartConnect(*sa);
-    ASSERT_OK(fd);
-    fillers.push_back(std::move(*fd));
-  }
+  ASSERT_OK_AND_ASSIGN(testing::BlackHole hole_peer, testing::StartBlackHole());
+  const uint16_t port = hole_peer.port;
   auto hole = ViewWithPort(port);
   char buf[8];
   Slice s = MakeSlice(OpCode::kRead, buf, Remote(0), 8);
@@ -864,12 +780,7 @@ TEST_F(TcpTransportTest, ClosePeerDuringFastFailureReleasesThePool) {
   TransportOptions opts;
   opts.tcp.backoff_min = absl::Seconds(30);  // Backed off all test long.
   opts.tcp.backoff_max = absl::Seconds(30);
-  auto initiator = std::make_unique<TcpTransport>(opts);
-  TransportEnv env;
-  env.local_segment = "i5";
-  env.listen_host = "127.0.0.1";
-  metadata::TransportEndpoint ep;
-  ASSERT_OK(initiator->Install(env, &ep));
+  ASSERT_OK_AND_ASSIGN(auto initiator, Installed(opts, "i5"));
   uint16_t port_p = 0, port_q = 0;
   { auto l = ListenTcp("127.0.0.1", 0, &port_p); }  // Closed: refused.
   { auto l = ListenTcp("127.0.0.1", 0, &port_q); }

@@ -2,6 +2,7 @@
 
 #include <endian.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -59,6 +60,19 @@ void EncodeResponse(const ResponseHeader& h,
   Put16(out + 6, static_cast<uint16_t>(h.status));
   Put64(out + 8, h.request_id);
   Put64(out + 16, h.length);
+}
+
+int UnsentFrame(const uint8_t* header, size_t header_bytes, const uint8_t* body,
+                size_t body_bytes, size_t sent, iovec* iov) {
+  int n = 0;
+  if (sent < header_bytes) {
+    iov[n++] = {const_cast<uint8_t*>(header) + sent, header_bytes - sent};
+  }
+  if (body_bytes > 0) {
+    const size_t off = std::max(sent, header_bytes) - header_bytes;
+    iov[n++] = {const_cast<uint8_t*>(body) + off, body_bytes - off};
+  }
+  return n;
 }
 
 absl::Status DecodeRequest(const uint8_t in[kRequestHeaderBytes],

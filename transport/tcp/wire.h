@@ -13,6 +13,8 @@
 #ifndef FERRY_TRANSPORT_TCP_WIRE_H_
 #define FERRY_TRANSPORT_TCP_WIRE_H_
 
+#include <sys/uio.h>
+
 #include <cstddef>
 #include <cstdint>
 
@@ -56,6 +58,12 @@ struct ResponseHeader {
 
 void EncodeRequest(const RequestHeader& h, uint8_t out[kRequestHeaderBytes]);
 void EncodeResponse(const ResponseHeader& h, uint8_t out[kResponseHeaderBytes]);
+
+// What is left to send of a frame -- a header of `header_bytes`, then
+// `body_bytes` at `body` -- once `sent` bytes of it went out, as at most two
+// iovecs at `iov`; returns how many it wrote.
+int UnsentFrame(const uint8_t* header, size_t header_bytes, const uint8_t* body,
+                size_t body_bytes, size_t sent, iovec* iov);
 
 // DataLoss with a reason if the bytes are not a valid header.
 absl::Status DecodeRequest(const uint8_t in[kRequestHeaderBytes],
