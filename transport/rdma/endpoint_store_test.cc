@@ -107,25 +107,49 @@ TEST(PeerTableTest, DropsLeastRecentlyUsedPeersWithoutEndpoints) {
   EXPECT_EQ(table.evictions(), 2u);
   // With every old record busy the table grows past its bound, and Trim
   // brings it back once they are idle.
-  {
-    MutexLock lock(&a->mu);
-    a->rails.front().ep = nullptr;
-  }
   auto d = table.Find("d");
   {
     MutexLock lock(&d->mu);
     d->GetRail(0, "nic").ep = MakeEndpoint(2, Endpoint::State::kConnected);
   }
   table.Get("e");
-  EXPECT_EQ(table.size(), 2u);  // "a" went.
+  EXPECT_EQ(table.size(), 3u);  // "a" and "d" are busy, "e" is new.
+  {
+    MutexLock lock(&a->mu);
+    a->rails.front().ep = nullptr;
+  }
   {
     MutexLock lock(&d->mu);
     d->rails.front().ep = nullptr;
   }
+  table.Trim();
+  EXPECT_EQ(table.size(), 2u);
+  EXPECT_EQ(table.Find("e")->name(), "e");  // The most recent stays.
   EXPECT_EQ(table.Remove("e")->name(), "e");
   EXPECT_EQ(table.Remove("e"), nullptr);
-  table.Trim();
-  EXPECT_LE(table.size(), 2u);
+}
+
+TEST(PeerTest, AnEarlierRunNeverComesBack) {
+  // A descriptor, connect request or STALE reply naming a run the peer
+  // has since replaced must not roll the record back to it.
+  Peer peer("p", true, 1000);
+  MutexLock lock(&peer.mu);
+  std::vector<std::shared_ptr<Endpoint>> old;
+  EXPECT_TRUE(peer.SeeIncarnation(1, &old));
+  peer.GetRail(0, "nic").ep = MakeEndpoint(1, Endpoint::State::kConnected);
+  EXPECT_TRUE(peer.SeeIncarnation(1, &old));  // The same run: nothing.
+  EXPECT_TRUE(old.empty());
+  EXPECT_TRUE(peer.SeeIncarnation(2, &old));  // Restarted.
+  EXPECT_EQ(old.size(), 1u);
+  EXPECT_EQ(peer.incarnation, 2u);
+  peer.GetRail(0, "nic").ep = MakeEndpoint(2, Endpoint::State::kConnected);
+  old.clear();
+  EXPECT_FALSE(peer.SeeIncarnation(1, &old));  // Dead: refused.
+  EXPECT_EQ(peer.incarnation, 2u);
+  EXPECT_TRUE(old.empty());
+  EXPECT_NE(peer.rails.front().ep, nullptr);
+  EXPECT_TRUE(peer.SeeIncarnation(0, &old));  // Unknown: ignored.
+  EXPECT_EQ(peer.incarnation, 2u);
 }
 
 }  // namespace

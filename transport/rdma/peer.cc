@@ -19,13 +19,11 @@ Peer::Rail& Peer::GetRail(int local, absl::string_view remote_nic) {
                             timeout_ns_);
 }
 
-bool Peer::IsDead(uint64_t inc) const {
-  return std::find(dead_.begin(), dead_.end(), inc) != dead_.end();
-}
-
-std::vector<std::shared_ptr<Endpoint>> Peer::Restarted(uint64_t inc) {
-  std::vector<std::shared_ptr<Endpoint>> old;
-  if (incarnation != 0 && incarnation != inc) {
+bool Peer::SeeIncarnation(uint64_t inc,
+                          std::vector<std::shared_ptr<Endpoint>>* old) {
+  if (inc == 0 || inc == incarnation) return true;
+  if (std::find(dead_.begin(), dead_.end(), inc) != dead_.end()) return false;
+  if (incarnation != 0) {
     dead_.push_back(incarnation);
     if (dead_.size() > kDeadIncarnations) dead_.erase(dead_.begin());
   }
@@ -36,14 +34,14 @@ std::vector<std::shared_ptr<Endpoint>> Peer::Restarted(uint64_t inc) {
     // which the caller does for every endpoint returned.
     RailConnector::Actions ignored;
     r.conn.Restart(&ignored);
-    if (r.ep != nullptr) old.push_back(std::move(r.ep));
+    if (r.ep != nullptr) old->push_back(std::move(r.ep));
     r.ep = nullptr;
     r.health = RailHealth{};
   }
   backoff.Succeeded();
   unresponsive_until_ns = 0;
   reached.store(false, std::memory_order_relaxed);
-  return old;
+  return true;
 }
 
 bool Peer::HasEndpoints() const {
@@ -83,14 +81,6 @@ PeerTable::PeerPtr PeerTable::Remove(const std::string& name) {
   lru_.erase(it->second.lru);
   map_.erase(it);
   return p;
-}
-
-std::vector<PeerTable::PeerPtr> PeerTable::All() const {
-  std::vector<PeerPtr> v;
-  MutexLock lock(&mu_);
-  v.reserve(map_.size());
-  for (const auto& [name, e] : map_) v.push_back(e.peer);
-  return v;
 }
 
 std::vector<PeerTable::PeerPtr> PeerTable::TakeAll() {

@@ -75,13 +75,15 @@ class Peer : public std::enable_shared_from_this<Peer> {
   Rail& GetRail(int local, absl::string_view remote_nic)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
-  // Whether `incarnation` belonged to a process of this segment that has
-  // since been replaced.
-  bool IsDead(uint64_t incarnation) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
-  // Records that the segment now runs as `incarnation`: the current one is
-  // dead, every rail's connector restarts, and the rails' endpoints are
-  // returned (for the caller to fail) and forgotten.
-  std::vector<std::shared_ptr<Endpoint>> Restarted(uint64_t incarnation)
+  // Takes note of `incarnation` (0: unknown, ignored) as the segment's
+  // run, as a descriptor, a connect request or a reply names it -- the one
+  // place that decides, so that none of them can bring back a dead run.
+  // False for a run that has since been replaced: refuse what came with
+  // it; nothing changes. For a new run the current one is dead, every
+  // rail's connector restarts, and the rails' endpoints are appended to
+  // *old (for the caller to fail, flushing their QPs) and forgotten.
+  bool SeeIncarnation(uint64_t incarnation,
+                      std::vector<std::shared_ptr<Endpoint>>* old)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // Some rail has an endpoint.
   bool HasEndpoints() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
@@ -124,7 +126,6 @@ class PeerTable {
   PeerPtr Find(const std::string& name);
   // Removes and returns the record of `name` (null if none).
   PeerPtr Remove(const std::string& name);
-  std::vector<PeerPtr> All() const;
   // Drops records over the bound whose peers have no endpoint any more
   // (the bound is also enforced as records are made).
   void Trim();

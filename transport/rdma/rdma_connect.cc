@@ -383,10 +383,9 @@ void RdmaTransport::RunConnect(const EndpointPtr& ep, uint64_t attempt,
   bool install = false;
   {
     MutexLock lock(&peer->mu);
-    if (stale && reply.target_incarnation() != 0 &&
-        reply.target_incarnation() != peer->incarnation) {
-      restarted = peer->Restarted(reply.target_incarnation());
-    }
+    // A STALE reply names the target's run: a newer one restarts the
+    // peer; an older one (late, or forged) changes nothing.
+    if (stale) peer->SeeIncarnation(reply.target_incarnation(), &restarted);
     if (s.code() == absl::StatusCode::kDeadlineExceeded) {
       peer->unresponsive_until_ns =
           absl::GetCurrentTimeNanos() +
@@ -401,7 +400,10 @@ void RdmaTransport::RunConnect(const EndpointPtr& ep, uint64_t attempt,
       ApplyLocked(peer, rail, acts, nullptr, nullptr, &later);
     }
   }
-  for (auto& old : restarted) later.fails.emplace_back(old, s);
+  for (auto& old : restarted) {
+    later.fails.emplace_back(old, absl::UnavailableError("peer restarted"));
+    later.flush.push_back(old);
+  }
   RunLater(&later, /*inline_ok=*/true);
   if (!install) {
     // Any connection the peer made for a moot reply is closed by the
@@ -571,12 +573,9 @@ absl::StatusOr<ConnectReply> RdmaTransport::OnConnect(
     // Decide under the peer's lock; the QPs are made without it (on
     // softrnic connecting one may take a dial of up to a second).
     MutexLock lock(&peer->mu);
-    if (peer->incarnation != req.initiator_incarnation()) {
-      if (peer->IsDead(req.initiator_incarnation())) {
-        return absl::FailedPreconditionError(
-            "RDMA connect request from an earlier run of its segment");
-      }
-      retired = peer->Restarted(req.initiator_incarnation());
+    if (!peer->SeeIncarnation(req.initiator_incarnation(), &retired)) {
+      return absl::FailedPreconditionError(
+          "RDMA connect request from an earlier run of its segment");
     }
     peer->unresponsive_until_ns = 0;  // It is talking to us.
     if (peer->rpc_address.empty()) {
@@ -817,7 +816,6 @@ void RdmaTransport::Housekeep(int64_t now_ns) {
   // bytes, so they complete only when the flush says the NIC is done).
   auto expire = [&](const EndpointPtr& ep, bool live) {
     SliceQueue expired;
-    Endpoint::PostResult post = Endpoint::PostResult::kDone;
     {
       MutexLock lock(&ep->mu);
       SliceQueue keep;
@@ -856,7 +854,6 @@ void RdmaTransport::Housekeep(int64_t now_ns) {
         }
       }
     }
-    AfterPost(ep, post);
     ep->Unload(expired);
     while (Slice* s = expired.pop_front()) {
       s->Complete(absl::DeadlineExceededError(

@@ -240,17 +240,14 @@ std::shared_ptr<Peer> RdmaTransport::PeerForView(const SegmentView& view,
   std::vector<std::shared_ptr<Endpoint>> old;
   {
     MutexLock lock(&peer->mu);
-    if (peer->incarnation != view.incarnation()) {
-      if (peer->IsDead(view.incarnation())) {
-        *why = absl::FailedPreconditionError(absl::StrCat(
-            "the descriptor of segment '", view.name(),
-            "' is from an earlier run of that engine (it restarted): "
-            "RefreshSegment and resubmit"));
-        return nullptr;
-      }
-      // A new incarnation: the segment's engine restarted, so its QPs and
-      // keys are gone.
-      old = peer->Restarted(view.incarnation());
+    // A new incarnation: the segment's engine restarted, so its QPs and
+    // keys are gone.
+    if (!peer->SeeIncarnation(view.incarnation(), &old)) {
+      *why = absl::FailedPreconditionError(absl::StrCat(
+          "the descriptor of segment '", view.name(),
+          "' is from an earlier run of that engine (it restarted): "
+          "RefreshSegment and resubmit"));
+      return nullptr;
     }
     // Fixed for an incarnation, unless the peer was first known from its
     // own connect request: copied once, not per run.
@@ -368,12 +365,8 @@ void RdmaTransport::Shutdown() {
       for (QueuePair& q : ep->qps) {
         if (q.qp != nullptr) ibv_destroy_qp(q.qp);
         q.qp = nullptr;
-        // Keepalives and fences are posted without a slice (null).
-        for (uint64_t seq = q.head; seq < q.next; ++seq) {
-          if (Slice* s = q.posted[seq % kMaxOutstanding]) gone.push_back(s);
-        }
-        q.head = q.next;
       }
+      ep->ReclaimPostedLocked(&gone);
     }
     while (Slice* s = gone.pop_front()) s->Complete(cancelled);
   }
