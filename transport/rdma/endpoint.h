@@ -163,9 +163,10 @@ class Endpoint {
   // there is no room or the device refused it.
   bool PostKeepaliveLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
-  // The device is dead (IBV_EVENT_DEVICE_FATAL): it will not touch memory
-  // again nor report completions. Takes every posted slice off the QPs
-  // into *out (they never completed), and returns the WRs' budget.
+  // No completion will come for what is posted: the device is dead
+  // (IBV_EVENT_DEVICE_FATAL) or the QPs were destroyed (shutdown). Takes
+  // every posted slice off the QPs into *out (keepalives and fences have
+  // none), and returns the WRs' budget.
   void ReclaimPostedLocked(SliceQueue* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // Slices posted on all QPs.
