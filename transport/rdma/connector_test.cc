@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/hash/hash.h"
 #include "absl/strings/str_join.h"
@@ -268,7 +269,16 @@ class Checker {
   }
 
   absl::Status Explore(const World& w, int depth) {
-    if (!seen_.insert(absl::HashOf(w.Key())).second) return absl::OkStatus();
+    // Seen at this depth or shallower: explored as far as it can be from
+    // here. Seen only deeper (and maybe cut there): its subtree is explored
+    // again, or states reachable only below the cut would be missed. Keys
+    // are kept as 64-bit hashes: for a few million states a collision (a
+    // state wrongly skipped) has a chance of about 1 in 10^6.
+    auto [it, fresh] = seen_.try_emplace(absl::HashOf(w.Key()), depth);
+    if (!fresh) {
+      if (it->second <= depth) return absl::OkStatus();
+      it->second = depth;
+    }
     if (absl::Status s = w.CheckStep(); !s.ok()) return Fail(s);
     if (w.Quiescent()) {
       ++quiescent_;
@@ -307,7 +317,7 @@ class Checker {
   const Budget budget_;
   const int max_depth_;
   const bool liveness_;
-  absl::flat_hash_set<size_t> seen_;
+  absl::flat_hash_map<size_t, int> seen_;  // The shallowest depth seen.
   std::vector<std::string> path_;
   size_t quiescent_ = 0;
   size_t cut_ = 0;
