@@ -85,7 +85,10 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
   if (embedded) services.push_back(&metadata_service_);
   auto server = metadata::RpcServer::Start(
       absl::StrCat(options.listen_host, ":", options.rpc_port), services);
-  if (!server.ok()) return server.status();
+  if (!server.ok()) {
+    StopMrCache();  // Gives its watcher back.
+    return server.status();
+  }
   rpc_server_ = std::move(*server);
 
   const std::string metadata_addr =

@@ -41,8 +41,6 @@ struct WatcherSlot {
 WatcherSlot g_pool[MemoryWatcher::kMaxWatchers];
 // Watchers in use, for the hooks (null: free).
 std::atomic<MemoryWatcher*> g_active_watchers[MemoryWatcher::kMaxWatchers];
-// Given out when the pool is empty: it always reports overflow.
-MemoryWatcher g_overflow_watcher;
 
 void** g_curbrk = nullptr;  // glibc's record of the program break.
 // Which hooks are in (in the order of DoInstall's table).
@@ -472,15 +470,11 @@ MemoryWatcher* MemoryWatcher::Acquire() {
     g_active_watchers[i].store(w, std::memory_order_release);
     return w;
   }
-  // No slot: nothing would be recorded for it, so it must assume that
-  // everything it watches may be gone, always.
-  g_overflow_watcher.slot_ = -1;
-  g_overflow_watcher.overflow_flag_.store(true);
-  return &g_overflow_watcher;
+  return nullptr;
 }
 
 void MemoryWatcher::Release(MemoryWatcher* w) {
-  if (w == nullptr || w->slot_ < 0) return;
+  if (w == nullptr) return;
   const int slot = w->slot_;
   g_active_watchers[slot].store(nullptr, std::memory_order_release);
   // A hook that loaded it before may still record into it: harmless, the
@@ -538,8 +532,7 @@ uint64_t MemoryWatcher::Drain(std::vector<Range>* out, bool* overflow) {
   out->insert(out->end(), ranges_, ranges_ + count_);
   count_ = 0;
   lock_.clear(std::memory_order_release);
-  *overflow = overflow_flag_.exchange(false) || slot_ < 0;
-  if (slot_ < 0) overflow_flag_.store(true);  // Unwatched: always.
+  *overflow = overflow_flag_.exchange(false);
   return seen;
 }
 

@@ -51,9 +51,9 @@ class MemoryWatcher {
   };
   static constexpr int kMaxWatchers = 64;
 
-  // A watcher from the pool, registered with the hooks. Past kMaxWatchers
-  // in use, a shared one that always reports overflow ("everything may be
-  // gone"): correct, only slower. Call after InstallMemoryHooks succeeded.
+  // A watcher from the pool, registered with the hooks; null when all
+  // kMaxWatchers are in use (EngineOptions::mr_cache_bytes documents the
+  // limit). Call after InstallMemoryHooks succeeded.
   static MemoryWatcher* Acquire();
   // Gives it back to the pool.
   static void Release(MemoryWatcher* watcher);

@@ -52,6 +52,13 @@ absl::Status EngineImpl::StartMrCache() {
         s.message(), "); register memory with RegisterLocalMemory instead"));
   }
   if (watcher_ == nullptr) watcher_ = MemoryWatcher::Acquire();
+  if (watcher_ == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "mr_cache_bytes > 0: ", MemoryWatcher::kMaxWatchers,
+        " engines of this process use the MR cache already (the most the "
+        "memory hooks serve); set mr_cache_bytes = 0 here and register "
+        "memory with RegisterLocalMemory"));
+  }
   return absl::OkStatus();
 }
 

@@ -73,6 +73,8 @@ struct EngineOptions {
   // registration is dropped as soon as its memory is unmapped, freed back
   // to the kernel or remapped (memory hooks in libc, as UCX does; x86-64;
   // Init fails with FailedPrecondition where they cannot be installed).
+  // At most 64 engines of one process may have it on at once (the hooks'
+  // watcher pool); Init of one more fails with ResourceExhausted.
   // 0 (the default): unregistered sources are an error.
   size_t mr_cache_bytes = 0;
   // Upper bound of AllocateBatch capacity.

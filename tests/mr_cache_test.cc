@@ -172,6 +172,38 @@ TEST_P(MrCacheTest, StrictModeCatchesAStaleRegistration) {
   ASSERT_EQ(munmap(p, kLen), 0);
 }
 
+// The hooks serve at most kMaxMrCacheEngines MR caches per
+// process. One engine past them gets a clear error from Init (it used to
+// get a watcher that reported "everything released" on every call, so each
+// request from unregistered memory failed); an Init that fails later gives
+// its watcher back (it used to keep it for good).
+// EngineOptions::mr_cache_bytes documents it.
+constexpr int kMaxMrCacheEngines = 64;
+
+TEST(MrCacheLimitTest, EnginesPastTheWatcherPoolFailInitClearly) {
+  EngineOptions o;
+  o.transports = {"tcp"};
+  o.mr_cache_bytes = 1 << 20;
+  o.listen_host = "203.0.113.1";  // Not ours: the RPC server cannot start.
+  for (int i = 0; i < kMaxMrCacheEngines + 4; ++i) {
+    TransferEngine e;
+    o.local_segment_name = absl::StrCat("e", i);
+    ASSERT_FALSE(e.Init(o).ok());
+  }
+  o.listen_host = "127.0.0.1";
+  std::vector<std::unique_ptr<TransferEngine>> engines;
+  for (int i = 0; i < kMaxMrCacheEngines; ++i) {
+    engines.push_back(std::make_unique<TransferEngine>());
+    o.local_segment_name = absl::StrCat("e", i);
+    ASSERT_OK(engines.back()->Init(o)) << i;
+  }
+  TransferEngine one_more;
+  o.local_segment_name = "one_more";
+  EXPECT_STATUS(one_more.Init(o), absl::StatusCode::kResourceExhausted);
+  engines.pop_back();  // Its watcher goes back to the pool.
+  EXPECT_OK(one_more.Init(o));
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, MrCacheTest,
                          ::testing::Values("tcp", "rdma"),
                          [](const auto& info) { return info.param; });
