@@ -64,12 +64,48 @@ absl::StatusOr<uint64_t> RaiseFdLimitToHard() {
   return lim.rlim_cur;
 }
 
+namespace {
+
+// A timeout the server can act on: a zero one would close every client
+// before it spoke, an infinite one would never free its connection.
+absl::Status CheckTimeout(const char* name, absl::Duration d) {
+  if (d <= absl::ZeroDuration() || d == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RpcServerOptions.", name, " must be > 0 and finite, not ",
+                     absl::FormatDuration(d)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateOptions(const RpcServerOptions& o) {
+  if (o.max_connections < 0 || o.max_connections_per_peer < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RpcServerOptions.max_connections (", o.max_connections,
+        ") and max_connections_per_peer (", o.max_connections_per_peer,
+        ") must be >= 0 (0: derived from the fd limit)"));
+  }
+  if (o.max_threads < 1 || o.max_streams_per_connection < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RpcServerOptions.max_threads (", o.max_threads,
+                     ") and max_streams_per_connection (",
+                     o.max_streams_per_connection, ") must be >= 1"));
+  }
+  if (absl::Status s = CheckTimeout("handshake_timeout", o.handshake_timeout);
+      !s.ok()) {
+    return s;
+  }
+  return CheckTimeout("idle_timeout", o.idle_timeout);
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<RpcServer>> RpcServer::Start(
     const std::string& listen_address,
     const std::vector<grpc::Service*>& services,
     const RpcServerOptions& options) {
   auto hp = ParseHostPort(listen_address);
   if (!hp.ok()) return hp.status();
+  if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
   auto fd_limit = RaiseFdLimitToHard();
   if (!fd_limit.ok()) {
     std::fprintf(stderr, "ferry rpc server: %s\n",
@@ -87,7 +123,6 @@ absl::StatusOr<std::unique_ptr<RpcServer>> RpcServer::Start(
     o.max_connections_per_peer = std::max(1, o.max_connections / 2);
   }
   o.max_threads = std::max(o.max_threads, kMinThreads);
-  o.max_streams_per_connection = std::max(o.max_streams_per_connection, 1);
 
   uint16_t bound_port = 0;
   auto listen_fd = ListenTcp(hp->host, hp->port, &bound_port);

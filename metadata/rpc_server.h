@@ -47,7 +47,9 @@ struct RpcServerOptions {
   // A connection with no call for this long is closed (clients reconnect
   // transparently on their next call).
   absl::Duration idle_timeout = absl::Minutes(2);
-  // Threads serving calls, over all connections.
+  // Threads serving calls, over all connections (at least 8 are used).
+  // Start fails with InvalidArgument for a negative cap, a count below 1,
+  // or a timeout that is not > 0 and finite.
   int max_threads = 64;
   int max_streams_per_connection = 32;
 };

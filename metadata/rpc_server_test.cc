@@ -218,6 +218,30 @@ TEST_F(RpcServerTest, ReportsAddressInUse) {
   EXPECT_STATUS(second, absl::StatusCode::kUnavailable);
 }
 
+TEST_F(RpcServerTest, RejectsOptionsItCouldNotServeWith) {
+  // Each of these used to be accepted and bent silently: a zero handshake
+  // timeout closed every client before it spoke.
+  auto bad = [&](auto change) {
+    RpcServerOptions o;
+    change(o);
+    return RpcServer::Start("127.0.0.1:0", {&service_}, o).status();
+  };
+  EXPECT_STATUS(
+      bad([](auto& o) { o.handshake_timeout = absl::ZeroDuration(); }),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_STATUS(bad([](auto& o) { o.idle_timeout = -absl::Seconds(1); }),
+                absl::StatusCode::kInvalidArgument);
+  EXPECT_STATUS(bad([](auto& o) { o.idle_timeout = absl::InfiniteDuration(); }),
+                absl::StatusCode::kInvalidArgument);
+  EXPECT_STATUS(bad([](auto& o) { o.max_connections = -1; }),
+                absl::StatusCode::kInvalidArgument);
+  EXPECT_STATUS(bad([](auto& o) { o.max_threads = 0; }),
+                absl::StatusCode::kInvalidArgument);
+  EXPECT_STATUS(bad([](auto& o) { o.max_streams_per_connection = 0; }),
+                absl::StatusCode::kInvalidArgument);
+  EXPECT_OK(bad([](auto&) {}));
+}
+
 TEST(RaiseFdLimitTest, RaisesTheSoftLimitToTheHardLimit) {
   rlimit orig{};
   ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &orig), 0);

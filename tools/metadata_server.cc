@@ -29,7 +29,7 @@ ABSL_FLAG(absl::Duration, idle_timeout, absl::Minutes(2),
           "close a connection with no call for this long");
 ABSL_FLAG(absl::Duration, handshake_timeout, absl::Seconds(5),
           "close a new connection that sends nothing for this long");
-ABSL_FLAG(int, max_threads, 64, "threads serving calls");
+ABSL_FLAG(int, max_threads, 64, "threads serving calls (at least 8 are used)");
 
 namespace {
 std::atomic<bool> g_stop{false};
