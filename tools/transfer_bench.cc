@@ -31,6 +31,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -424,8 +425,18 @@ int RunInitiator(TransferEngine& engine) {
                                    "be positive"),
         "flags");
   }
+  const double duration = absl::GetFlag(FLAGS_duration);
+  const double warmup = absl::GetFlag(FLAGS_warmup);
+  if (!(duration > 0) || !(warmup >= 0) || !std::isfinite(duration) ||
+      !std::isfinite(warmup)) {
+    Die(absl::InvalidArgumentError(absl::StrCat("--duration (", duration,
+                                                ") must be > 0 and --warmup (",
+                                                warmup, ") >= 0, both finite")),
+        "flags");
+  }
   const size_t region = buffer / static_cast<size_t>(threads);
-  if (region < block * static_cast<size_t>(batch_size)) {
+  // Divided, not multiplied: block x batch_size may overflow.
+  if (block > region / static_cast<size_t>(batch_size)) {
     Die(absl::InvalidArgumentError(
             absl::StrCat("buffer_size ", buffer, " is too small for ", threads,
                          " thread(s) x batch_size x block_size")),
@@ -466,9 +477,8 @@ int RunInitiator(TransferEngine& engine) {
     }
   }
   std::vector<ThreadStats> stats(static_cast<size_t>(threads));
-  const absl::Time start =
-      absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_warmup));
-  const absl::Time end = start + absl::Seconds(absl::GetFlag(FLAGS_duration));
+  const absl::Time start = absl::Now() + absl::Seconds(warmup);
+  const absl::Time end = start + absl::Seconds(duration);
   std::vector<std::thread> workers;
   for (int t = 0; t < threads; ++t) {
     workers.emplace_back(InitiatorThread, std::ref(engine), *seg, local,
@@ -592,7 +602,13 @@ int Main() {
   if (mode == "target") {
     if (name.empty()) name = absl::GetFlag(FLAGS_segment_id);
     EngineOptions o = BaseOptions(name, md);
-    o.rpc_port = static_cast<uint16_t>(absl::GetFlag(FLAGS_rpc_port));
+    const int port = absl::GetFlag(FLAGS_rpc_port);
+    if (port < 0 || port > 65535) {
+      Die(absl::InvalidArgumentError(absl::StrCat(
+              "--rpc_port=", port, " is not a port (0..65535; 0: any)")),
+          "flags");
+    }
+    o.rpc_port = static_cast<uint16_t>(port);
     TransferEngine engine;
     if (absl::Status s = engine.Init(o); !s.ok()) Die(s, "Init");
     void* target_buf = SetUpTarget(engine, buffer);

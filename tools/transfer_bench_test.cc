@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -231,6 +232,30 @@ TEST_F(TransferBenchTest, WrongPatternSeedFailsTheReadVerify) {
 // A segment whose advertised addresses nothing listens on: the initiator
 // must back off, print the status once with a count, and stop non-zero
 // after --max_consecutive_errors, instead of millions of resubmissions.
+// Flags that used to crash (SIGFPE on an overflowing block x batch size),
+// wrap (a port past 65535) or measure nothing without a word: each is an
+// exit status 1 with the flag named.
+TEST_F(TransferBenchTest, BadFlagsGetAClearError) {
+  const std::vector<std::vector<std::string>> cases = {
+      {"--mode=target", "--rpc_port=70000"},
+      {"--mode=target", "--rpc_port=-1"},
+      {"--mode=local", "--block_size=1099511627776", "--batch_size=16777216"},
+      {"--mode=local", "--duration=0"},
+      {"--mode=local", "--duration=nan"},
+      {"--mode=local", "--warmup=-1"},
+  };
+  for (const auto& args : cases) {
+    SCOPED_TRACE(absl::StrJoin(args, " "));
+    BenchRun run = RunBench(args);
+    EXPECT_EQ(run.exit_code, 1);
+    EXPECT_TRUE(std::any_of(run.lines.begin(), run.lines.end(),
+                            [](const std::string& l) {
+                              return absl::StrContains(l, "INVALID_ARGUMENT");
+                            }))
+        << absl::StrJoin(run.lines, "\n");
+  }
+}
+
 TEST_F(TransferBenchTest, UnreachableTargetStopsWithOneClearStatus) {
   ASSERT_OK_AND_ASSIGN(auto md, StartTool({RunfilePath("tools/metadata_server"),
                                            "--listen=127.0.0.1:0"}));
