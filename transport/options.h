@@ -37,7 +37,7 @@ struct TcpOptions {
   // its last byte) takes longer than frame_timeout.
   absl::Duration handshake_timeout = absl::Seconds(10);
   absl::Duration idle_timeout = absl::Seconds(60);
-  absl::Duration frame_timeout = absl::Seconds(10);
+  absl::Duration frame_timeout = absl::Seconds(10);  // Each at most 1 h.
 
   // Initiator side. Peer addresses with state (a connection pool, backoff)
   // kept at most; beyond, the least recently used idle one is dropped. A

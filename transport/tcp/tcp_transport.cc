@@ -26,10 +26,16 @@ absl::Status ValidateOptions(const TransportOptions& o) {
     return bad("max_connections and max_connections_per_address must be >= 1");
   }
   if (t.max_peers < 1) return bad("max_peers must be >= 1");
-  if (t.handshake_timeout <= absl::ZeroDuration() ||
-      t.idle_timeout <= absl::ZeroDuration() ||
-      t.frame_timeout <= absl::ZeroDuration()) {
-    return bad("handshake_timeout, idle_timeout and frame_timeout must be > 0");
+  // Bounded: a peer's lease on a buffer lasts up to 2 x frame_timeout,
+  // and UnregisterMemory waits that long (an infinite one never returned).
+  const absl::Duration kMaxTimeout = absl::Hours(1);
+  for (absl::Duration d :
+       {t.handshake_timeout, t.idle_timeout, t.frame_timeout}) {
+    if (d <= absl::ZeroDuration() || d > kMaxTimeout) {
+      return bad(
+          "handshake_timeout, idle_timeout and frame_timeout must be in "
+          "(0, 1h]");
+    }
   }
   if (t.backoff_min <= absl::ZeroDuration() || t.backoff_max < t.backoff_min) {
     return bad("backoff_min must be > 0 and backoff_max >= backoff_min");

@@ -48,6 +48,31 @@ absl::StatusOr<std::unique_ptr<TcpTransport>> Installed(
   return t;
 }
 
+// Options the transport cannot honour fail Install with InvalidArgument:
+// an infinite frame timeout made UnregisterMemory wait for ever.
+TEST(TcpTransportOptionsTest, RejectsWhatItCannotHonour) {
+  auto install = [](auto change) {
+    TransportOptions o;
+    change(o);
+    return Installed(o, "x").status();
+  };
+  EXPECT_OK(install([](TransportOptions&) {}));
+  EXPECT_STATUS(install([](TransportOptions& o) {
+                  o.tcp.frame_timeout = absl::InfiniteDuration();
+                }),
+                absl::StatusCode::kInvalidArgument);
+  EXPECT_STATUS(install([](TransportOptions& o) {
+                  o.tcp.idle_timeout = absl::ZeroDuration();
+                }),
+                absl::StatusCode::kInvalidArgument);
+  EXPECT_STATUS(install([](TransportOptions& o) {
+                  o.tcp.handshake_timeout = absl::Hours(2);
+                }),
+                absl::StatusCode::kInvalidArgument);
+  EXPECT_STATUS(install([](TransportOptions& o) { o.tcp.io_threads = 0; }),
+                absl::StatusCode::kInvalidArgument);
+}
+
 class TcpTransportTest : public ::testing::Test {
  protected:
   void SetUp() override {
