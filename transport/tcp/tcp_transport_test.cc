@@ -34,7 +34,9 @@
 namespace ferry::tcp {
 namespace {
 
+using ::ferry::tcp::testing::ConnectFrom;
 using ::ferry::tcp::testing::RecordingSink;
+using ::ferry::tcp::testing::Served;
 
 // A transport with `opts`, installed as segment `name` on 127.0.0.1.
 absl::StatusOr<std::unique_ptr<TcpTransport>> Installed(
@@ -478,49 +480,16 @@ TEST_F(TcpTransportTest, ThousandPeersOpenedAndClosedLeaveNothing) {
   target->Shutdown();
 }
 
-// Connects to `to` from the loopback address `from` (blocking).
-absl::StatusOr<UniqueFd> ConnectFrom(const std::string& from,
-                                     const HostPort& to) {
-  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_in src{};
-  src.sin_family = AF_INET;
-  ::inet_pton(AF_INET, from.c_str(), &src.sin_addr);
-  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&src), sizeof(src)) != 0) {
-    return absl::InternalError("bind");
-  }
-  sockaddr_in dst{};
-  dst.sin_family = AF_INET;
-  dst.sin_port = htons(to.port);
-  ::inet_pton(AF_INET, to.host.c_str(), &dst.sin_addr);
-  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&dst), sizeof(dst)) !=
-      0) {
-    return absl::UnavailableError(std::strerror(errno));
-  }
-  return fd;
-}
-
-// Sends one READ of 8 bytes on a raw connection; true if it was answered.
-bool Served(int fd, uint64_t remote) {
-  uint8_t hdr[kRequestHeaderBytes];
-  EncodeRequest({WireOp::kRead, 1, remote, 8}, hdr);
-  if (!WriteFull(fd, hdr, sizeof(hdr)).ok()) return false;
-  SetRecvTimeout(fd, absl::Seconds(5));
-  uint8_t resp[kResponseHeaderBytes + 8];
-  return ReadFull(fd, resp, sizeof(resp)).ok();
-}
-
 // The 65th connection from one address is refused (default cap 64); the
 // 64 before it, and connections from other addresses, are served.
 TEST_F(TcpTransportTest, ConnectionsPerAddressAreCapped) {
-  auto hp = ParseHostPort(target_addr_);
-  ASSERT_OK(hp);
   std::vector<UniqueFd> conns;
   for (int i = 0; i < 65; ++i) {
-    auto fd = ConnectFrom("127.0.0.2", *hp);
+    auto fd = ConnectFrom("127.0.0.2", target_addr_);
     ASSERT_OK(fd);
     conns.push_back(std::move(*fd));
   }
-  auto other = ConnectFrom("127.0.0.3", *hp);
+  auto other = ConnectFrom("127.0.0.3", target_addr_);
   ASSERT_OK(other);
   int served = 0;
   for (auto& c : conns) served += Served(c.get(), Remote(0));
