@@ -38,10 +38,13 @@ MemoryRegistry::Lease MemoryRegistry::Lease::Clone() const {
 void MemoryRegistry::Lease::Release() {
   if (registry_ == nullptr) return;
   // The entry must not be touched after the decrement: a Remove waiting
-  // for it may free it at once. The last lease therefore always wakes
-  // waiters (under the registry's lock, so none can miss it); leases of a
-  // run of requests are clones, so that happens about once per batch.
-  if (entry_->users.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+  // for it may free it at once. The last lease wakes the waiters (under
+  // the registry's lock, so none can miss it) -- only if there are any:
+  // each waiter is counted before it looks at `users` (both seq_cst), so
+  // either it sees this decrement or this sees it. Without waiters the
+  // last lease takes no lock (the TCP target's every WRITE ends one).
+  if (entry_->users.fetch_sub(1, std::memory_order_seq_cst) == 1 &&
+      registry_->waiters_.load(std::memory_order_seq_cst) > 0) {
     MutexLock lock(&registry_->mu_);
     registry_->drained_.SignalAll();
   }
@@ -133,6 +136,7 @@ void MemoryRegistry::CancelReservation(uintptr_t addr) {
 bool MemoryRegistry::AwaitReservations(uintptr_t addr, size_t length,
                                        absl::Time deadline) {
   MutexLock lock(&mu_);
+  Waiting waiting(this);
   const uintptr_t end = addr + length < addr ? ~uintptr_t{0} : addr + length;
   while (true) {
     bool overlapping = false;
@@ -207,6 +211,7 @@ absl::Status MemoryRegistry::Remove(uintptr_t addr, absl::Duration wait) {
   Entry* entry = it->second.get();
   entry->closing.store(true, std::memory_order_seq_cst);
   const absl::Time deadline = absl::Now() + wait;
+  Waiting waiting(this);
   while (entry->users.load(std::memory_order_seq_cst) != 0) {
     if (drained_.WaitWithDeadline(&mu_, deadline) &&
         entry->users.load(std::memory_order_seq_cst) != 0) {

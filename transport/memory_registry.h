@@ -174,6 +174,22 @@ class MemoryRegistry {
 
   mutable Mutex mu_;
   CondVar drained_;  // A closing entry's last lease went away.
+  // Threads waiting on drained_ for leases to go (Lease::Release signals
+  // only when there are some).
+  std::atomic<int> waiters_{0};
+  // Counts a waiter for its scope; made before it first looks at `users`.
+  class Waiting {
+   public:
+    explicit Waiting(MemoryRegistry* r) : r_(r) {
+      r_->waiters_.fetch_add(1, std::memory_order_seq_cst);
+    }
+    ~Waiting() { r_->waiters_.fetch_sub(1, std::memory_order_seq_cst); }
+    Waiting(const Waiting&) = delete;
+    Waiting& operator=(const Waiting&) = delete;
+
+   private:
+    MemoryRegistry* r_;
+  };
   // Keyed by start address; buffers never overlap, so the candidate for an
   // address is the last entry that starts at or below it.
   std::map<uintptr_t, std::unique_ptr<Entry>> entries_ ABSL_GUARDED_BY(mu_);
