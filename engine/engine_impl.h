@@ -118,10 +118,9 @@ class EngineImpl {
   // Ends the record of a registration in progress at `lo`; true if a
   // release invalidated it meanwhile.
   bool ForgetRegistering(uintptr_t lo) ABSL_EXCLUSIVE_LOCKS_REQUIRED(cache_mu_);
-  // Unregisters the cached registration at `addr`; if transfers use it,
-  // retires it (no new lease; unregistered once free) when
-  // `retire_if_busy`, else leaves it. True if it is gone now.
-  bool DropCached(uintptr_t addr, bool retire_if_busy);
+  // Unregisters the cached registration at `addr` if no transfer uses it
+  // (ProcessReleases retires busy ones itself). True if it is gone now.
+  bool DropCached(uintptr_t addr);
   // Drops cached registrations whose memory was released or replaced
   // (as the memory hooks saw), and finishes retired ones.
   void ProcessReleases();

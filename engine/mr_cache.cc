@@ -131,7 +131,7 @@ absl::StatusOr<MemoryRegistry::Lease> EngineImpl::AcquireLocal(uintptr_t addr,
       }
     }
     for (uintptr_t a : merged) {
-      if (!DropCached(a, /*retire_if_busy=*/false)) {
+      if (!DropCached(a)) {
         return absl::FailedPreconditionError(absl::StrCat(
             "MR cache: local source 0x", absl::Hex(addr), "+", length,
             " shares pages with a cached registration that transfers are "
@@ -243,23 +243,11 @@ bool EngineImpl::ForgetRegistering(uintptr_t lo) {
   return false;
 }
 
-bool EngineImpl::DropCached(uintptr_t addr, bool retire_if_busy) {
-  if (local_memory_.RetireIfIdle(addr)) {
-    ForgetCached(addr);
-    UnregisterCached(addr);
-    return true;
-  }
-  if (!retire_if_busy) return false;
-  // Transfers still use it (its memory was released under them: the
-  // application's bug, but not a reason to corrupt later transfers): no
-  // new lease from now on; unregistered once the last one is gone.
-  if (local_memory_.Retire(addr).ok()) {
-    ForgetCached(addr);
-    MutexLock lock(&cache_mu_);
-    retired_.push_back(addr);
-    retired_count_.store(retired_.size(), std::memory_order_release);
-  }
-  return false;
+bool EngineImpl::DropCached(uintptr_t addr) {
+  if (!local_memory_.RetireIfIdle(addr)) return false;
+  ForgetCached(addr);
+  UnregisterCached(addr);
+  return true;
 }
 
 void EngineImpl::ProcessReleases() {
@@ -330,7 +318,7 @@ void EngineImpl::EvictCached(uintptr_t keep) {
       length = it->second.length;
     }
     // Never pulled from under a transfer: one in use is skipped.
-    if (DropCached(a, /*retire_if_busy=*/false)) {
+    if (DropCached(a)) {
       freed += length;
       mr_cache_evictions_.fetch_add(1, std::memory_order_relaxed);
     }
@@ -345,7 +333,7 @@ void EngineImpl::DropCachedOverlapping(uintptr_t addr, size_t length) {
       if (Overlaps(a, c.length, addr, length)) overlapping.push_back(a);
     }
   }
-  for (uintptr_t a : overlapping) DropCached(a, /*retire_if_busy=*/false);
+  for (uintptr_t a : overlapping) DropCached(a);
 }
 
 void EngineImpl::ForgetCached(uintptr_t addr) {
