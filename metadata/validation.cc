@@ -142,8 +142,18 @@ absl::Status ValidateSegmentDescriptor(const SegmentDescriptor& segment) {
     const std::string named = absl::StrCat(field, " ('", t.transport(), "')");
     // A TCP endpoint is useless without an address; others may not need
     // one (RDMA is reached through its devices), but any given must parse.
-    if (t.transport() == "tcp" && t.address().empty()) {
-      return invalid(absl::StrCat(named, ".address"), "missing");
+    if (t.transport() == "tcp") {
+      if (t.address().empty()) {
+        return invalid(absl::StrCat(named, ".address"), "missing");
+      }
+      // What the TCP transport dials: an IPv4 address, not a name (which
+      // would pass here and then fail every request).
+      if (!ParseIpv4Endpoint(t.address()).ok()) {
+        return invalid(
+            absl::StrCat(named, ".address"),
+            absl::StrCat("'", absl::CHexEscape(t.address().substr(0, 64)),
+                         "' is not an IPv4 address:port"));
+      }
     }
     if (!t.address().empty()) {
       if (absl::Status s =

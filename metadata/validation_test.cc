@@ -58,6 +58,10 @@ TEST(ValidationTest, RefusesEachBadFieldNamingIt) {
        [](auto* d) { d->mutable_transports(0)->set_address("nohost"); }},
       {"transports[0] ('tcp').address",
        [](auto* d) { d->mutable_transports(0)->set_address(""); }},
+      // A name: the TCP transport dials IPv4 addresses only, so it would
+      // fail every request instead of OpenSegment.
+      {"transports[0] ('tcp').address",
+       [](auto* d) { d->mutable_transports(0)->set_address("myhost:17101"); }},
       {"transports[0] ('tcp').address",
        [](auto* d) { d->mutable_transports(0)->set_address(":80"); }},
       {"transports[0] ('tcp').address",
