@@ -398,11 +398,19 @@ SOFTRNIC_EXPORT int ibv_dereg_mr(ibv_mr* ibmr) {
   // connection is closed, which the requester sees as a lost packet. A copy
   // between QPs of this process is not interrupted: it ends after at most
   // one message. No key lookup can start a new access (live_key is 0).
+  // Most accesses end within microseconds: they get a millisecond before
+  // their connections are cut (and a retransmission), and the scan of
+  // every connection, under the process-wide registry lock, is repeated
+  // only every 100 ms after that.
   auto pause = std::chrono::microseconds(20);
   const Clock::time_point start = Clock::now();
+  Clock::time_point next_abort = start + std::chrono::milliseconds(1);
   bool reported = false;
   while (mr->inflight.load(std::memory_order_acquire) != 0) {
-    AbortConnectionsHolding(mr);
+    if (Clock::now() >= next_abort) {
+      AbortConnectionsHolding(mr);
+      next_abort = Clock::now() + std::chrono::milliseconds(100);
+    }
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::microseconds(1000));
     if (!reported && Clock::now() - start > std::chrono::seconds(5)) {
