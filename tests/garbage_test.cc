@@ -187,10 +187,6 @@ constexpr uint8_t kH2Data = 0, kH2Headers = 1, kH2RstStream = 3,
                   kH2Continuation = 9;
 constexpr uint8_t kEndHeaders = 0x4;
 
-std::string H2Preface() {
-  return "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + H2Frame(kH2Settings, 0, 0, "");
-}
-
 // One garbage connection: what to send, and whether to linger reading the
 // answer (so the server gets to process it) before closing.
 struct Shot {
@@ -598,7 +594,7 @@ TEST_F(GarbageTest, EveryPortKeepsServingThroughGarbage) {
       std::string prefix;
       switch (p.kind) {
         case PortKind::kGrpc:
-          prefix = H2Preface();
+          prefix = testing::Http2ClientPreface();
           break;
         case PortKind::kTcpTransport:
           prefix = Bytes().U32(kTcpMagic).U8(1).str();
@@ -619,19 +615,20 @@ TEST_F(GarbageTest, EveryPortKeepsServingThroughGarbage) {
       case PortKind::kGrpc:
         // A frame far above the peer's max frame size; a gRPC message
         // prefix claiming 4 GiB; a window update overflowing the window.
-        v.push_back({H2Preface() + H2Frame(kH2Headers, kEndHeaders, 1,
-                                           Random(64), 0xffffff)});
         v.push_back(
-            {H2Preface() +
+            {testing::Http2ClientPreface() +
+             H2Frame(kH2Headers, kEndHeaders, 1, Random(64), 0xffffff)});
+        v.push_back(
+            {testing::Http2ClientPreface() +
              H2Frame(kH2Headers, kEndHeaders, 1, GrpcRequestHeaders()) +
              H2Frame(kH2Data, 0, 1,
                      Bytes().U8(0).U32(0xffffffffu).Str(Random(100)).str())});
         v.push_back(
-            {H2Preface() +
+            {testing::Http2ClientPreface() +
              H2Frame(kH2WindowUpdate, 0, 0, Bytes().U32(0x7fffffff).str()) +
              H2Frame(kH2WindowUpdate, 0, 0, Bytes().U32(0x7fffffff).str())});
-        v.push_back(
-            {H2Preface() + H2Frame(kH2Settings, 0, 0, Random(6), 6 * 100000)});
+        v.push_back({testing::Http2ClientPreface() +
+                     H2Frame(kH2Settings, 0, 0, Random(6), 6 * 100000)});
         break;
       case PortKind::kTcpTransport:
         for (uint64_t len : {(64ull << 20) + 1, 1ull << 40, ~0ull}) {
@@ -662,7 +659,7 @@ TEST_F(GarbageTest, EveryPortKeepsServingThroughGarbage) {
     std::vector<Shot> v;
     switch (p.kind) {
       case PortKind::kGrpc: {
-        const std::string full = H2Preface();
+        const std::string full = testing::Http2ClientPreface();
         v.push_back({full.substr(0, 10), false});
         v.push_back(
             {full + H2Frame(kH2Headers, kEndHeaders, 1, GrpcRequestHeaders())
@@ -704,18 +701,19 @@ TEST_F(GarbageTest, EveryPortKeepsServingThroughGarbage) {
     std::vector<Shot> v;
     switch (p.kind) {
       case PortKind::kGrpc: {
-        std::string reset = H2Preface();
+        std::string reset = testing::Http2ClientPreface();
         for (uint32_t s = 1; s < 2 * 300; s += 2) {
           reset += H2Frame(kH2Headers, kEndHeaders, s, GrpcRequestHeaders());
           reset += H2Frame(kH2RstStream, 0, s, Bytes().U32(8).str());
         }
         v.push_back({reset});
-        std::string cont = H2Preface() + H2Frame(kH2Headers, 0, 1, "");
+        std::string cont =
+            testing::Http2ClientPreface() + H2Frame(kH2Headers, 0, 1, "");
         for (int i = 0; i < 2000; ++i) {
           cont += H2Frame(kH2Continuation, 0, 1, Random(512));
         }
         v.push_back({cont});
-        std::string ping = H2Preface();
+        std::string ping = testing::Http2ClientPreface();
         for (int i = 0; i < 2000; ++i)
           ping += H2Frame(kH2Ping, 0, 0, Random(8));
         v.push_back({ping});
@@ -876,7 +874,7 @@ TEST_F(GarbageTest, EveryPortKeepsServingThroughGarbage) {
           continue;
         }
         if (i % 3 == 1 && p.kind == PortKind::kGrpc) {
-          const std::string pre = H2Preface();
+          const std::string pre = testing::Http2ClientPreface();
           (void)send(fd.get(), pre.data(), pre.size(), MSG_NOSIGNAL);
         }
         idle.push_back(std::move(fd));
