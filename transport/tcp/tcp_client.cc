@@ -328,6 +328,10 @@ void TcpClient::Submit(absl::Span<Slice* const> slices) {
   for (auto& [pool, list] : routed) {
     bool post = false;
     bool fast_failed = false;
+    // Counted before they are handed over: once in the inbox a loop may
+    // complete them, and their sink free them, at any moment.
+    uint64_t bytes = 0;
+    for (const Slice* slice : list) bytes += slice->length;
     {
       MutexLock lock(&pool->mu);
       if (now < pool->fail_until) {
@@ -351,9 +355,7 @@ void TcpClient::Submit(absl::Span<Slice* const> slices) {
       continue;
     }
     slices_.fetch_add(list.size(), std::memory_order_relaxed);
-    for (Slice* slice : list) {
-      bytes_.fetch_add(slice->length, std::memory_order_relaxed);
-    }
+    bytes_.fetch_add(bytes, std::memory_order_relaxed);
     if (post) {
       pool->loop->loop->Post([this, p = pool] { Drain(p, absl::Now()); });
     }
