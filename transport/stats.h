@@ -49,6 +49,12 @@ struct TransportStats {
   // (connection pools, peer records), and threads it runs now.
   uint64_t peers = 0;
   uint64_t threads = 0;
+  // Target side (TCP): connections reset at once (over a cap or out of
+  // fds), closed for a handshake/idle/frame timeout, and closed for a
+  // malformed request.
+  uint64_t refused_connections = 0;
+  uint64_t timed_out_connections = 0;
+  uint64_t bad_frames = 0;
 };
 
 }  // namespace ferry

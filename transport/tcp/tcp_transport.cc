@@ -103,6 +103,9 @@ TransportStats TcpTransport::Stats() const {
   const TcpServer::Counters c = server_.counters();
   st.endpoints += c.open;
   st.connects_accepted = c.accepted;
+  st.refused_connections = c.refused;
+  st.timed_out_connections = c.timeouts;
+  st.bad_frames = c.bad_frames;
   st.threads += server_.threads();
   return st;
 }

@@ -218,6 +218,7 @@ TEST_F(TcpTransportTest, GarbageFrameClosesOnlyThatConnection) {
   auto st = sink_.Wait(1);
   ASSERT_OK(st[0]) << st[0];
   EXPECT_EQ(target_buf_[64], 7);
+  EXPECT_EQ(target_->Stats().bad_frames, 1u);  // The garbage, counted.
 }
 
 TEST_F(TcpTransportTest, UnreachablePeerFailsFast) {
@@ -495,6 +496,7 @@ TEST_F(TcpTransportTest, ConnectionsPerAddressAreCapped) {
   for (auto& c : conns) served += Served(c.get(), Remote(0));
   EXPECT_EQ(served, 64);
   EXPECT_TRUE(Served(other->get(), Remote(0)));
+  EXPECT_EQ(target_->Stats().refused_connections, 1u);
 }
 
 // At most max_peers pools: idle ones are dropped least recently used
