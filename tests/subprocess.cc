@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace ferry::testing {
 
@@ -99,6 +100,22 @@ absl::StatusOr<std::string> Subprocess::Ask(const std::string& line,
                                             absl::Duration timeout) {
   if (absl::Status s = WriteLine(line); !s.ok()) return s;
   return ReadLine(timeout);
+}
+
+absl::StatusOr<std::vector<std::string>> Subprocess::AskOk(
+    const std::string& line, absl::Duration timeout) {
+  auto answer = Ask(line, timeout);
+  if (!answer.ok()) {
+    return absl::Status(answer.status().code(),
+                        absl::StrCat(line, ": ", answer.status().message()));
+  }
+  std::vector<std::string> words =
+      absl::StrSplit(*answer, ' ', absl::SkipEmpty());
+  if (words.empty() || words[0] != "ok") {
+    return absl::UnknownError(absl::StrCat(line, " -> ", *answer));
+  }
+  words.erase(words.begin());
+  return words;
 }
 
 void Subprocess::Kill() {

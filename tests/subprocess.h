@@ -29,6 +29,10 @@ class Subprocess {
   // Sends a command and returns its one-line answer.
   absl::StatusOr<std::string> Ask(const std::string& line,
                                   absl::Duration timeout = absl::Seconds(30));
+  // Ask, for a child that answers "ok [words...]" or "err reason": the
+  // words after "ok", or an error naming the command and the answer.
+  absl::StatusOr<std::vector<std::string>> AskOk(
+      const std::string& line, absl::Duration timeout = absl::Seconds(30));
 
   // SIGKILLs the child and reaps it.
   void Kill();

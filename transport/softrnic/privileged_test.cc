@@ -58,19 +58,9 @@ class Peer {
 
   // The answer's words after "ok"; fails the test on "err" or no answer.
   std::vector<std::string> Ask(const std::string& cmd) {
-    auto answer = proc_->Ask(cmd, absl::Seconds(30));
-    if (!answer.ok()) {
-      ADD_FAILURE() << cmd << ": " << answer.status();
-      return {};
-    }
-    std::vector<std::string> words =
-        absl::StrSplit(*answer, ' ', absl::SkipEmpty());
-    if (words.empty() || words[0] != "ok") {
-      ADD_FAILURE() << cmd << " -> " << *answer;
-      return {};
-    }
-    words.erase(words.begin());
-    return words;
+    auto words = proc_->AskOk(cmd);
+    if (!words.ok()) ADD_FAILURE() << words.status();
+    return words.ok() ? *std::move(words) : std::vector<std::string>{};
   }
 
   Subprocess* proc() { return proc_.get(); }

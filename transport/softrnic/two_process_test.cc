@@ -111,19 +111,9 @@ class TwoProcessTest : public ::testing::Test {
   // on "err" or no answer).
   std::vector<std::string> Ask(const std::string& cmd,
                                absl::Duration timeout = absl::Seconds(30)) {
-    auto answer = peer_->Ask(cmd, timeout);
-    if (!answer.ok()) {
-      ADD_FAILURE() << cmd << ": " << answer.status();
-      return {};
-    }
-    std::vector<std::string> words =
-        absl::StrSplit(*answer, ' ', absl::SkipEmpty());
-    if (words.empty() || words[0] != "ok") {
-      ADD_FAILURE() << cmd << " -> " << *answer;
-      return {};
-    }
-    words.erase(words.begin());
-    return words;
+    auto words = peer_->AskOk(cmd, timeout);
+    if (!words.ok()) ADD_FAILURE() << words.status();
+    return words.ok() ? *std::move(words) : std::vector<std::string>{};
   }
 
   // Opens the peer's QP on `peer_dev` and a local one on `local_dev`, and
