@@ -18,7 +18,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "common/status_testing.h"
 #include "gtest/gtest.h"
