@@ -183,12 +183,10 @@ void KillDevice(Device* dev) {
 }
 
 void PostAsyncEvent(Device* dev, const ibv_async_event& event) {
-  std::vector<Context*> contexts;
-  {
-    ferry::MutexLock lock(&dev->mu);
-    contexts = dev->contexts;
-  }
-  for (Context* c : contexts) {
+  // Under the device's lock, so that ibv_close_device (which leaves the
+  // list under it) cannot close or free a context being written to.
+  ferry::MutexLock lock(&dev->mu);
+  for (Context* c : dev->contexts) {
     ibv_async_event e = event;
     if (e.event_type == IBV_EVENT_PORT_ERR ||
         e.event_type == IBV_EVENT_PORT_ACTIVE ||

@@ -216,16 +216,17 @@ void EnterError(const std::shared_ptr<Qp>& qp, int async_event) {
     std::vector<std::pair<Cq*, ibv_wc>> flushed;
     Flush(qp.get(), &flushed);
     for (auto& [cq, wc] : flushed) PushCompletion(cq, wc);
-  }
-  if (changed) {
-    DisconnectQp(qp, /*also_accepted=*/false);
-    if (async_event >= 0) {
+    // The event too: after ibv_destroy_qp the application may close the
+    // context, whose event pipe this writes (TSan saw the write race with
+    // ibv_close_device's close).
+    if (changed && async_event >= 0) {
       ibv_async_event e{};
       e.event_type = static_cast<ibv_event_type>(async_event);
       e.element.qp = &qp->qp;
       PostAsyncEvent(reinterpret_cast<Context*>(qp->qp.context), e);
     }
   }
+  if (changed) DisconnectQp(qp, /*also_accepted=*/false);
 }
 
 }  // namespace softrnic
