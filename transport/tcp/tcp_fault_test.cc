@@ -293,7 +293,8 @@ TEST_F(TcpFaultTest, KilledPeerFailsWriteAtOnce) {
 
 // Issue 9, defect 2: with a thread limit (a container's pids limit), a
 // target must neither abort when it cannot create a thread nor need one
-// per connection. Run as nobody with RLIMIT_NPROC (root is exempt).
+// per connection. Run as a user of its own with RLIMIT_NPROC (root is
+// exempt).
 TEST_F(TcpFaultTest, ThreadLimitNeverAborts) {
   // No thread to spare at all: Install fails cleanly.
   {

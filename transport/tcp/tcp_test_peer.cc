@@ -28,8 +28,8 @@ ABSL_FLAG(uint64_t, buffer_size, 16 << 20, "registered bytes");
 ABSL_FLAG(uint64_t, seed, 1, "pattern seed of the initial contents");
 ABSL_FLAG(int, fd_limit, 0, "RLIMIT_NOFILE soft limit to run with (0: keep)");
 ABSL_FLAG(int, nproc_limit, 0,
-          "run as user nobody with this RLIMIT_NPROC (threads of that user; "
-          "0: keep the user and limit)");
+          "run as a user of its own with this RLIMIT_NPROC (threads of that "
+          "user; 0: keep the user and limit)");
 
 namespace {
 
@@ -95,11 +95,15 @@ int main(int argc, char** argv) {
   }
   if (int limit = absl::GetFlag(FLAGS_nproc_limit); limit > 0) {
     // RLIMIT_NPROC binds only a user that is not root: what a container's
-    // pids limit does to a process.
+    // pids limit does to a process. It counts every thread of the user on
+    // the machine, so each run takes a uid of its own (no passwd entry
+    // needed): runs in parallel (--runs_per_test) must not share a count,
+    // as they did as user nobody.
+    const uid_t uid = 200000 + static_cast<uid_t>(getpid() % 100000);
     rlimit rl{static_cast<rlim_t>(limit), static_cast<rlim_t>(limit)};
-    if (setgid(65534) != 0 || setuid(65534) != 0 ||
+    if (setgid(uid) != 0 || setuid(uid) != 0 ||
         setrlimit(RLIMIT_NPROC, &rl) != 0) {
-      std::printf("ERR cannot drop to nobody: %s\n", std::strerror(errno));
+      std::printf("ERR cannot drop to uid %u: %s\n", uid, std::strerror(errno));
       return 1;
     }
   }
