@@ -12,9 +12,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "common/send_all.h"
 
 namespace ferry {
@@ -28,82 +31,225 @@ absl::Status ErrnoStatus(absl::string_view what, int err) {
   return absl::UnavailableError(absl::StrCat(what, ": ", std::strerror(err)));
 }
 
-absl::StatusOr<sockaddr_in> Resolve(const HostPort& addr) {
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(addr.port);
-  if (inet_pton(AF_INET, addr.host.c_str(), &sa.sin_addr) == 1) return sa;
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  int rc = getaddrinfo(addr.host.c_str(), nullptr, &hints, &res);
-  if (rc != 0 || res == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cannot resolve host '", addr.host, "': ", gai_strerror(rc)));
+// Normalizes an IPv4-mapped IPv6 address (from a dual-stack socket) to
+// IPv4, so peers and caps see one form of each address.
+void Unmap(SockAddr* sa) {
+  if (sa->family() != AF_INET6) return;
+  const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&sa->storage);
+  if (!IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr)) return;
+  sockaddr_in in4{};
+  in4.sin_family = AF_INET;
+  in4.sin_port = in6->sin6_port;
+  std::memcpy(&in4.sin_addr, &in6->sin6_addr.s6_addr[12], 4);
+  sa->storage = {};
+  std::memcpy(&sa->storage, &in4, sizeof(in4));
+  sa->len = sizeof(in4);
+}
+
+// A literal address (no lookup), or nullopt.
+std::optional<SockAddr> ParseLiteral(const std::string& host, uint16_t port) {
+  SockAddr sa;
+  auto* in4 = reinterpret_cast<sockaddr_in*>(&sa.storage);
+  if (inet_pton(AF_INET, host.c_str(), &in4->sin_addr) == 1) {
+    in4->sin_family = AF_INET;
+    in4->sin_port = htons(port);
+    sa.len = sizeof(sockaddr_in);
+    return sa;
   }
-  sa.sin_addr = reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr;
-  freeaddrinfo(res);
+  auto* in6 = reinterpret_cast<sockaddr_in6*>(&sa.storage);
+  if (inet_pton(AF_INET6, host.c_str(), &in6->sin6_addr) == 1) {
+    in6->sin6_family = AF_INET6;
+    in6->sin6_port = htons(port);
+    sa.len = sizeof(sockaddr_in6);
+    return sa;
+  }
+  return std::nullopt;
+}
+
+absl::StatusOr<SockAddr> Resolve(const HostPort& addr) {
+  if (auto sa = ParseLiteral(addr.host, addr.port)) return *sa;
+  auto host = ResolveHost(addr.host);
+  if (!host.ok()) return host.status();
+  return *ParseLiteral(*host, addr.port);
+}
+
+absl::StatusOr<SockAddr> SocketName(int fd, bool peer) {
+  SockAddr sa;
+  sa.len = sizeof(sa.storage);
+  const int rc = peer ? ::getpeername(fd, sa.mutable_get(), &sa.len)
+                      : ::getsockname(fd, sa.mutable_get(), &sa.len);
+  if (rc != 0) return ErrnoStatus(peer ? "getpeername" : "getsockname", errno);
+  Unmap(&sa);
   return sa;
 }
 
 }  // namespace
 
-std::string HostPort::ToString() const { return absl::StrCat(host, ":", port); }
+std::string JoinHostPort(absl::string_view host, uint16_t port) {
+  if (absl::StrContains(host, ':')) return absl::StrCat("[", host, "]:", port);
+  return absl::StrCat(host, ":", port);
+}
+
+std::string HostPort::ToString() const { return JoinHostPort(host, port); }
 
 absl::StatusOr<HostPort> ParseHostPort(absl::string_view text) {
-  size_t colon = text.rfind(':');
+  auto bad = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(why, ", got '", text.substr(0, 128), "'"));
+  };
+  const size_t colon = text.rfind(':');
   if (colon == absl::string_view::npos || colon == 0 ||
       colon + 1 == text.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("expected host:port, got '", text, "'"));
+    return bad("expected host:port");
+  }
+  absl::string_view host = text.substr(0, colon);
+  if (absl::ConsumePrefix(&host, "[")) {
+    if (!absl::ConsumeSuffix(&host, "]") || host.empty() ||
+        !absl::StrContains(host, ':')) {
+      return bad("expected [ipv6]:port");
+    }
+  } else if (absl::StrContains(host, ':')) {
+    return bad("an IPv6 address needs brackets: [ipv6]:port");
+  } else if (absl::StrContains(host, ']') || absl::StrContains(host, '[')) {
+    return bad("expected host:port");
   }
   uint32_t port = 0;
   if (!absl::SimpleAtoi(text.substr(colon + 1), &port) || port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("bad port in '", text, "'"));
+    return bad("bad port");
   }
   HostPort hp;
-  hp.host = std::string(text.substr(0, colon));
+  hp.host = std::string(host);
   hp.port = static_cast<uint16_t>(port);
   return hp;
 }
 
-absl::StatusOr<sockaddr_in> ParseIpv4Endpoint(absl::string_view text) {
+uint16_t SockAddr::port() const {
+  if (family() == AF_INET) {
+    return ntohs(reinterpret_cast<const sockaddr_in*>(&storage)->sin_port);
+  }
+  if (family() == AF_INET6) {
+    return ntohs(reinterpret_cast<const sockaddr_in6*>(&storage)->sin6_port);
+  }
+  return 0;
+}
+
+std::string SockAddr::Host() const {
+  char buf[INET6_ADDRSTRLEN] = "?";
+  if (family() == AF_INET) {
+    inet_ntop(AF_INET,
+              &reinterpret_cast<const sockaddr_in*>(&storage)->sin_addr, buf,
+              sizeof(buf));
+  } else if (family() == AF_INET6) {
+    inet_ntop(AF_INET6,
+              &reinterpret_cast<const sockaddr_in6*>(&storage)->sin6_addr, buf,
+              sizeof(buf));
+  }
+  return buf;
+}
+
+std::string SockAddr::ToString() const { return JoinHostPort(Host(), port()); }
+
+bool SockAddr::IsLoopback() const {
+  if (family() == AF_INET) {
+    const uint32_t ip =
+        ntohl(reinterpret_cast<const sockaddr_in*>(&storage)->sin_addr.s_addr);
+    return (ip >> 24) == 127;
+  }
+  if (family() == AF_INET6) {
+    const in6_addr& a =
+        reinterpret_cast<const sockaddr_in6*>(&storage)->sin6_addr;
+    return IN6_IS_ADDR_LOOPBACK(&a) ||
+           (IN6_IS_ADDR_V4MAPPED(&a) && a.s6_addr[12] == 127);
+  }
+  return false;
+}
+
+bool SockAddr::IsWildcard() const {
+  if (family() == AF_INET) {
+    return reinterpret_cast<const sockaddr_in*>(&storage)->sin_addr.s_addr ==
+           htonl(INADDR_ANY);
+  }
+  if (family() == AF_INET6) {
+    const in6_addr& a =
+        reinterpret_cast<const sockaddr_in6*>(&storage)->sin6_addr;
+    return IN6_IS_ADDR_UNSPECIFIED(&a);
+  }
+  return false;
+}
+
+absl::uint128 SockAddr::IpKey() const {
+  if (family() == AF_INET) {
+    const uint32_t ip =
+        ntohl(reinterpret_cast<const sockaddr_in*>(&storage)->sin_addr.s_addr);
+    return absl::MakeUint128(0, (uint64_t{0xffff} << 32) | ip);
+  }
+  if (family() == AF_INET6) {
+    const uint8_t* b =
+        reinterpret_cast<const sockaddr_in6*>(&storage)->sin6_addr.s6_addr;
+    uint64_t hi = 0, lo = 0;
+    for (int i = 0; i < 8; ++i) hi = (hi << 8) | b[i];
+    for (int i = 8; i < 16; ++i) lo = (lo << 8) | b[i];
+    return absl::MakeUint128(hi, lo);
+  }
+  return 0;
+}
+
+absl::StatusOr<SockAddr> ParseNumericEndpoint(absl::string_view text) {
   constexpr size_t kMaxShown = 64;
   auto bad = [&](absl::string_view why) {
     const bool cut = text.size() > kMaxShown;
     return absl::InvalidArgumentError(
         absl::StrCat("endpoint '", text.substr(0, kMaxShown), cut ? "..." : "",
-                     "' is not a numeric IPv4 address:port (", why, ")"));
+                     "' is not a numeric address:port (", why, ")"));
   };
-  const size_t colon = text.rfind(':');
-  if (colon == absl::string_view::npos || colon == 0 ||
-      colon + 1 == text.size()) {
-    return bad("expected address:port");
-  }
-  uint32_t port = 0;
-  if (!absl::SimpleAtoi(text.substr(colon + 1), &port) || port == 0 ||
-      port > 65535) {
-    return bad("port must be 1..65535");
-  }
-  const absl::string_view host = text.substr(0, colon);
-  if (host.size() > 15) return bad("not a dotted quad");
-  char buf[16];
-  std::memcpy(buf, host.data(), host.size());
-  buf[host.size()] = 0;
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(static_cast<uint16_t>(port));
-  if (inet_pton(AF_INET, buf, &sa.sin_addr) != 1) {
-    return bad("not a dotted quad; names are not resolved");
-  }
-  return sa;
+  if (text.size() > kMaxShown) return bad("too long");
+  auto hp = ParseHostPort(text);
+  if (!hp.ok()) return bad(hp.status().message());
+  if (hp->port == 0) return bad("port must be 1..65535");
+  auto sa = ParseLiteral(hp->host, hp->port);
+  if (!sa) return bad("not an IP literal; names are not resolved");
+  return *sa;
 }
 
-std::string FormatSockaddr(const sockaddr_in& addr) {
-  char buf[INET_ADDRSTRLEN] = "?";
-  inet_ntop(AF_INET, &addr.sin_addr, buf, sizeof(buf));
-  return absl::StrCat(buf, ":", ntohs(addr.sin_port));
+absl::StatusOr<std::string> ResolveHost(absl::string_view host) {
+  const std::string h(host);
+  if (auto sa = ParseLiteral(h, 0)) return h;
+  if (h.empty()) return absl::InvalidArgumentError("empty host name");
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  const int rc = getaddrinfo(h.c_str(), nullptr, &hints, &res);
+  if (rc != 0 || res == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot resolve host '", h, "': ", gai_strerror(rc)));
+  }
+  // IPv4 first: most RoCE fabrics and every softrnic NIC use it.
+  const addrinfo* pick = res;
+  for (const addrinfo* p = res; p != nullptr; p = p->ai_next) {
+    if (p->ai_family == AF_INET) {
+      pick = p;
+      break;
+    }
+  }
+  SockAddr sa;
+  std::memcpy(&sa.storage, pick->ai_addr,
+              std::min<size_t>(pick->ai_addrlen, sizeof(sa.storage)));
+  sa.len = static_cast<socklen_t>(pick->ai_addrlen);
+  freeaddrinfo(res);
+  Unmap(&sa);
+  return sa.Host();
+}
+
+bool IsLoopbackHost(absl::string_view host) {
+  auto sa = ParseLiteral(std::string(host), 0);
+  return sa && sa->IsLoopback();
+}
+
+bool IsWildcardHost(absl::string_view host) {
+  if (host.empty()) return true;
+  auto sa = ParseLiteral(std::string(host), 0);
+  return sa && sa->IsWildcard();
 }
 
 UniqueFd& UniqueFd::operator=(UniqueFd&& other) noexcept {
@@ -118,21 +264,28 @@ void UniqueFd::Reset(int fd) {
 
 absl::StatusOr<UniqueFd> ListenTcp(const std::string& host, uint16_t port,
                                    uint16_t* bound_port, int backlog) {
-  HostPort hp{host, port};
+  HostPort hp{host.empty() ? "::" : host, port};
   auto sa = Resolve(hp);
   if (!sa.ok()) return sa.status();
-  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  UniqueFd fd(::socket(sa->family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid() && host.empty() && errno == EAFNOSUPPORT) {
+    // No IPv6 on this host: every IPv4 interface instead.
+    return ListenTcp("0.0.0.0", port, bound_port, backlog);
+  }
   if (!fd.valid()) return ErrnoStatus("socket", errno);
   int one = 1;
   ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&*sa), sizeof(*sa)) != 0) {
+  if (sa->family() == AF_INET6 && sa->IsWildcard()) {
+    int zero = 0;  // Dual stack: IPv4 peers too, whatever bindv6only says.
+    ::setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
+  }
+  if (::bind(fd.get(), sa->get(), sa->len) != 0) {
     return ErrnoStatus(absl::StrCat("bind ", hp.ToString()), errno);
   }
   if (::listen(fd.get(), backlog) != 0) return ErrnoStatus("listen", errno);
-  sockaddr_in bound{};
-  socklen_t len = sizeof(bound);
-  ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&bound), &len);
-  if (bound_port != nullptr) *bound_port = ntohs(bound.sin_port);
+  auto bound = LocalAddress(fd.get());
+  if (!bound.ok()) return bound.status();
+  if (bound_port != nullptr) *bound_port = bound->port();
   return fd;
 }
 
@@ -140,9 +293,10 @@ absl::StatusOr<UniqueFd> ConnectTcp(const HostPort& addr,
                                     absl::Duration timeout) {
   auto sa = Resolve(addr);
   if (!sa.ok()) return sa.status();
-  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  UniqueFd fd(
+      ::socket(sa->family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!fd.valid()) return ErrnoStatus("socket", errno);
-  int rc = ::connect(fd.get(), reinterpret_cast<sockaddr*>(&*sa), sizeof(*sa));
+  int rc = ::connect(fd.get(), sa->get(), sa->len);
   if (rc != 0 && errno != EINPROGRESS) {
     return ErrnoStatus(absl::StrCat("connect ", addr.ToString()), errno);
   }
@@ -171,22 +325,16 @@ absl::StatusOr<UniqueFd> ConnectTcp(const HostPort& addr,
   return fd;
 }
 
-absl::StatusOr<sockaddr_in> LocalAddress(int fd) {
-  sockaddr_in sa{};
-  socklen_t len = sizeof(sa);
-  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
-    return ErrnoStatus("getsockname", errno);
-  }
-  return sa;
-}
+absl::StatusOr<SockAddr> LocalAddress(int fd) { return SocketName(fd, false); }
 
-absl::StatusOr<UniqueFd> StartConnect(const sockaddr_in& addr) {
-  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+absl::StatusOr<SockAddr> PeerAddress(int fd) { return SocketName(fd, true); }
+
+absl::StatusOr<UniqueFd> StartConnect(const SockAddr& addr) {
+  UniqueFd fd(
+      ::socket(addr.family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!fd.valid()) return ErrnoStatus("socket", errno);
-  if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr),
-                sizeof(addr)) != 0 &&
-      errno != EINPROGRESS) {
-    return ErrnoStatus(absl::StrCat("connect ", FormatSockaddr(addr)), errno);
+  if (::connect(fd.get(), addr.get(), addr.len) != 0 && errno != EINPROGRESS) {
+    return ErrnoStatus(absl::StrCat("connect ", addr.ToString()), errno);
   }
   return fd;
 }

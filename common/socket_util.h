@@ -5,6 +5,7 @@
 #define FERRY_COMMON_SOCKET_UTIL_H_
 
 #include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/uio.h>
 
 #include <atomic>
@@ -12,6 +13,7 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/numeric/int128.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -20,22 +22,58 @@
 namespace ferry {
 
 struct HostPort {
-  std::string host;
+  std::string host;  // A name, an IPv4 literal or an IPv6 literal (no [ ]).
   uint16_t port = 0;
+  // "host:port", or "[v6]:port" for an IPv6 literal.
   std::string ToString() const;
 };
 
-// Parses "host:port" (IPv4 literal or name; port 0..65535). Returns
-// InvalidArgument with the offending text otherwise.
+// Parses "host:port" or "[ipv6]:port" (port 0..65535). A bare IPv6
+// literal without brackets is ambiguous and rejected. Returns
+// InvalidArgument with the offending text otherwise. No name lookup.
 absl::StatusOr<HostPort> ParseHostPort(absl::string_view text);
 
-// Parses a numeric IPv4 endpoint "a.b.c.d:port" (port 1..65535) without
-// any name lookup, so it never blocks. InvalidArgument naming the text
-// (shortened if long) otherwise.
-absl::StatusOr<sockaddr_in> ParseIpv4Endpoint(absl::string_view text);
+// "host:port", bracketing `host` if it is an IPv6 literal.
+std::string JoinHostPort(absl::string_view host, uint16_t port);
 
-// "a.b.c.d:port".
-std::string FormatSockaddr(const sockaddr_in& addr);
+// An IPv4 or IPv6 socket address.
+struct SockAddr {
+  sockaddr_storage storage{};
+  socklen_t len = 0;
+
+  int family() const { return storage.ss_family; }
+  const sockaddr* get() const {
+    return reinterpret_cast<const sockaddr*>(&storage);
+  }
+  sockaddr* mutable_get() { return reinterpret_cast<sockaddr*>(&storage); }
+  uint16_t port() const;
+  // The numeric host, without brackets ("10.0.0.1", "fe80::1").
+  std::string Host() const;
+  // "a.b.c.d:port" or "[v6]:port".
+  std::string ToString() const;
+  // 127.0.0.0/8, ::1 or an IPv4-mapped loopback.
+  bool IsLoopback() const;
+  // 0.0.0.0 or ::.
+  bool IsWildcard() const;
+  // The IP address alone as one number (IPv4 as IPv4-mapped IPv6), for
+  // per-address counts.
+  absl::uint128 IpKey() const;
+};
+
+// Parses a numeric endpoint "a.b.c.d:port" or "[v6]:port" (port 1..65535)
+// without any name lookup, so it never blocks. InvalidArgument naming the
+// text (shortened if long) otherwise.
+absl::StatusOr<SockAddr> ParseNumericEndpoint(absl::string_view text);
+
+// Resolves a host name or literal to one numeric address (IPv4 preferred,
+// as most RDMA fabrics are configured). May block on DNS: never call it on
+// a data path. InvalidArgument if it does not resolve.
+absl::StatusOr<std::string> ResolveHost(absl::string_view host);
+
+// True if `host` is a numeric loopback address (127/8, ::1).
+bool IsLoopbackHost(absl::string_view host);
+// True if `host` is a numeric wildcard address (0.0.0.0, ::) or empty.
+bool IsWildcardHost(absl::string_view host);
 
 // An owned file descriptor; closes on destruction.
 class UniqueFd {
@@ -62,18 +100,24 @@ class UniqueFd {
 };
 
 // Creates a listening TCP socket bound to `host:port` (port 0 picks a free
-// one), with room for `backlog` pending connections. On success stores the
-// bound port in `*bound_port`.
+// one), with room for `backlog` pending connections. `host` may be a name,
+// an IPv4 or IPv6 literal; "" or "::" binds every interface of both
+// families (dual stack), "0.0.0.0" every IPv4 interface. On success stores
+// the bound port in `*bound_port`.
 absl::StatusOr<UniqueFd> ListenTcp(const std::string& host, uint16_t port,
                                    uint16_t* bound_port, int backlog = 128);
 
-// The local address a socket is bound to.
-absl::StatusOr<sockaddr_in> LocalAddress(int fd);
+// The local address a socket is bound to (IPv4-mapped IPv6 addresses of a
+// dual-stack socket are reported as IPv4).
+absl::StatusOr<SockAddr> LocalAddress(int fd);
+
+// The address of a socket's peer, as LocalAddress.
+absl::StatusOr<SockAddr> PeerAddress(int fd);
 
 // Starts connecting a non-blocking socket to `addr` and returns it at once;
 // it turns writable when the attempt ended (then SocketError tells how).
 // Unavailable if the attempt failed at once (no fd, refused, ...).
-absl::StatusOr<UniqueFd> StartConnect(const sockaddr_in& addr);
+absl::StatusOr<UniqueFd> StartConnect(const SockAddr& addr);
 
 // The pending error of a socket (SO_ERROR; 0 if none), clearing it.
 int SocketError(int fd);

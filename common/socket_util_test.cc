@@ -70,32 +70,103 @@ TEST(SocketTest, RecvTimeoutIsDeadlineExceeded) {
             absl::StatusCode::kDeadlineExceeded);
 }
 
-TEST(ParseIpv4EndpointTest, AcceptsDottedQuadAndPort) {
-  auto sa = ParseIpv4Endpoint("10.1.2.3:4567");
+TEST(ParseNumericEndpointTest, AcceptsIpv4AndBracketedIpv6) {
+  auto sa = ParseNumericEndpoint("10.1.2.3:4567");
   ASSERT_OK(sa);
-  EXPECT_EQ(FormatSockaddr(*sa), "10.1.2.3:4567");
+  EXPECT_EQ(sa->family(), AF_INET);
+  EXPECT_EQ(sa->ToString(), "10.1.2.3:4567");
+  EXPECT_FALSE(sa->IsLoopback());
+  auto v6 = ParseNumericEndpoint("[fd00::1:2]:80");
+  ASSERT_OK(v6);
+  EXPECT_EQ(v6->family(), AF_INET6);
+  EXPECT_EQ(v6->Host(), "fd00::1:2");
+  EXPECT_EQ(v6->port(), 80);
+  EXPECT_EQ(v6->ToString(), "[fd00::1:2]:80");
+  ASSERT_OK_AND_ASSIGN(SockAddr lo6, ParseNumericEndpoint("[::1]:9"));
+  EXPECT_TRUE(lo6.IsLoopback());
+  ASSERT_OK_AND_ASSIGN(SockAddr lo4, ParseNumericEndpoint("127.3.2.1:9"));
+  EXPECT_TRUE(lo4.IsLoopback());
+  ASSERT_OK_AND_ASSIGN(SockAddr any, ParseNumericEndpoint("0.0.0.0:9"));
+  EXPECT_TRUE(any.IsWildcard());
+  // One key per IP whatever the family it came in.
+  ASSERT_OK_AND_ASSIGN(SockAddr mapped,
+                       ParseNumericEndpoint("[::ffff:10.1.2.3]:1"));
+  EXPECT_EQ(mapped.IpKey(), sa->IpKey());
+  EXPECT_NE(v6->IpKey(), sa->IpKey());
 }
 
-TEST(ParseIpv4EndpointTest, RejectsNamesAndGarbageWithoutLookup) {
-  for (const char* bad : {"", "nohost", "nohost:80", "localhost:80", ":80",
-                          "1.2.3.4:", "1.2.3.4:0", "1.2.3.4:65536", "1.2.3.4:x",
-                          "1.2.3:80", "1.2.3.4.5:80", "01234567890123456789:1",
-                          "1.2.3.4:80:80", "[::1]:80"}) {
-    auto sa = ParseIpv4Endpoint(bad);
+TEST(ParseNumericEndpointTest, RejectsNamesAndGarbageWithoutLookup) {
+  for (const char* bad :
+       {"", "nohost", "nohost:80", "localhost:80", ":80",
+        "1.2.3.4:", "1.2.3.4:0", "1.2.3.4:65536", "1.2.3.4:x", "1.2.3:80",
+        "1.2.3.4.5:80", "01234567890123456789:1", "1.2.3.4:80:80", "::1:80",
+        "[::1:80", "[]:80", "[1.2.3.4]:80", "[fe80::1%eth0]:80"}) {
+    auto sa = ParseNumericEndpoint(bad);
     EXPECT_STATUS(sa, absl::StatusCode::kInvalidArgument) << bad;
   }
   // The message names the input, shortened if it is long.
-  EXPECT_NE(ParseIpv4Endpoint("nohost").status().message().find("'nohost'"),
+  EXPECT_NE(ParseNumericEndpoint("nohost").status().message().find("'nohost'"),
             absl::string_view::npos);
   const std::string huge(100000, 'x');
-  EXPECT_LT(ParseIpv4Endpoint(huge).status().message().size(), 200u);
+  EXPECT_LT(ParseNumericEndpoint(huge).status().message().size(), 200u);
+}
+
+TEST(ParseHostPortTest, BracketsIpv6) {
+  ASSERT_OK_AND_ASSIGN(HostPort hp, ParseHostPort("[::1]:50"));
+  EXPECT_EQ(hp.host, "::1");
+  EXPECT_EQ(hp.ToString(), "[::1]:50");
+  EXPECT_EQ(JoinHostPort("fd00::2", 7), "[fd00::2]:7");
+  EXPECT_EQ(JoinHostPort("host-a", 7), "host-a:7");
+}
+
+TEST(ResolveHostTest, LiteralsAndNames) {
+  ASSERT_OK_AND_ASSIGN(std::string v4, ResolveHost("10.0.0.1"));
+  EXPECT_EQ(v4, "10.0.0.1");
+  ASSERT_OK_AND_ASSIGN(std::string v6, ResolveHost("::1"));
+  EXPECT_EQ(v6, "::1");
+  // "localhost" is in every /etc/hosts; IPv4 is preferred.
+  ASSERT_OK_AND_ASSIGN(std::string named, ResolveHost("localhost"));
+  EXPECT_EQ(named, "127.0.0.1");
+  EXPECT_STATUS(ResolveHost("no-such-host.invalid"),
+                absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(IsLoopbackHost("127.0.0.1"));
+  EXPECT_TRUE(IsLoopbackHost("::1"));
+  EXPECT_FALSE(IsLoopbackHost("10.0.0.1"));
+  EXPECT_FALSE(IsLoopbackHost("localhost"));  // Only literals.
+  EXPECT_TRUE(IsWildcardHost(""));
+  EXPECT_TRUE(IsWildcardHost("::"));
+  EXPECT_TRUE(IsWildcardHost("0.0.0.0"));
+  EXPECT_FALSE(IsWildcardHost("10.0.0.1"));
+}
+
+TEST(SocketTest, Ipv6AndDualStackListeners) {
+  // Every interface of both families: reachable over IPv4 and IPv6.
+  uint16_t port = 0;
+  ASSERT_OK_AND_ASSIGN(UniqueFd any, ListenTcp("", 0, &port));
+  for (const char* host : {"127.0.0.1", "::1"}) {
+    SCOPED_TRACE(host);
+    ASSERT_OK_AND_ASSIGN(UniqueFd c,
+                         ConnectTcp({host, port}, absl::Seconds(2)));
+    UniqueFd s(::accept(any.get(), nullptr, nullptr));
+    ASSERT_TRUE(s.valid());
+    ASSERT_OK_AND_ASSIGN(SockAddr peer, PeerAddress(s.get()));
+    // A dual-stack socket sees IPv4 peers as IPv4, not ::ffff:a.b.c.d.
+    EXPECT_EQ(peer.Host(), host);
+  }
+  // An IPv6 literal.
+  uint16_t port6 = 0;
+  ASSERT_OK_AND_ASSIGN(UniqueFd l6, ListenTcp("::1", 0, &port6));
+  ASSERT_OK_AND_ASSIGN(SockAddr local, LocalAddress(l6.get()));
+  EXPECT_EQ(local.ToString(), JoinHostPort("::1", port6));
+  ASSERT_OK_AND_ASSIGN(UniqueFd c6,
+                       ConnectTcp({"::1", port6}, absl::Seconds(2)));
 }
 
 TEST(SocketTest, StartConnectCompletesOrFails) {
   uint16_t port = 0;
   auto listener = ListenTcp("127.0.0.1", 0, &port);
   ASSERT_OK(listener);
-  auto sa = ParseIpv4Endpoint("127.0.0.1:" + std::to_string(port));
+  auto sa = ParseNumericEndpoint("127.0.0.1:" + std::to_string(port));
   ASSERT_OK(sa);
   auto fd = StartConnect(*sa);
   ASSERT_OK(fd);

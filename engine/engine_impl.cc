@@ -7,6 +7,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "common/host_info.h"
 #include "common/socket_util.h"
 #include "metadata/validation.h"
 
@@ -34,9 +35,20 @@ absl::Status EngineImpl::ValidateOptions(const EngineOptions& o) const {
     return absl::InvalidArgumentError(
         absl::StrCat("local_segment_name: ", s.message()));
   }
-  if (auto hp = ParseHostPort(absl::StrCat(o.listen_host, ":0")); !hp.ok()) {
+  for (const auto& [field, host] : {std::pair<const char*, const std::string&>{
+                                        "listen_host", o.listen_host},
+                                    {"advertise_host", o.advertise_host}}) {
+    if (host.empty()) continue;
+    if (auto hp = ParseHostPort(JoinHostPort(host, 0)); !hp.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": ", hp.status().message()));
+    }
+  }
+  if (IsWildcardHost(o.advertise_host) && !o.advertise_host.empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("listen_host: ", hp.status().message()));
+        absl::StrCat("advertise_host '", o.advertise_host,
+                     "' is a wildcard; peers need an address they can reach "
+                     "(leave it empty to have one chosen)"));
   }
   if (o.metadata_endpoint != "embedded") {
     if (auto hp = ParseHostPort(o.metadata_endpoint); !hp.ok()) {
@@ -70,12 +82,63 @@ absl::Status EngineImpl::ValidateOptions(const EngineOptions& o) const {
   return absl::OkStatus();
 }
 
+absl::Status EngineImpl::ChooseAdvertisedHost(const EngineOptions& o,
+                                              const TransportOptions& topts) {
+  // An address the user gave: resolved once, here, and never a wildcard.
+  auto take = [this](const char* field, const std::string& host,
+                     const char* reason) {
+    auto r = ResolveHost(host);
+    if (r.ok() && IsWildcardHost(*r)) {
+      r = absl::InvalidArgumentError(
+          absl::StrCat("'", host, "' is a wildcard address"));
+    }
+    if (!r.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": ", r.status().message()));
+    }
+    advertised_host_ = *r;
+    advertised_reason_ = reason;
+    return absl::OkStatus();
+  };
+  if (!o.advertise_host.empty()) {
+    return take("advertise_host", o.advertise_host,
+                "EngineOptions::advertise_host");
+  }
+  if (!IsWildcardHost(o.listen_host)) {
+    return take("listen_host", o.listen_host, "the address listen_host binds");
+  }
+  for (const std::string& t : o.transports) {
+    std::string hint = TransportAdvertiseHint(t, topts);
+    if (!hint.empty()) {
+      advertised_host_ = std::move(hint);
+      advertised_reason_ = absl::StrCat(
+          "the address of the interface behind the first ", t, " device");
+      return absl::OkStatus();
+    }
+  }
+  if (auto primary = PrimaryHostAddress(); primary.ok()) {
+    advertised_host_ = *primary;
+    advertised_reason_ = "the host's primary address";
+  } else {
+    advertised_host_ = "127.0.0.1";
+    advertised_reason_ =
+        "loopback: the host has no other address (only peers on this host "
+        "can reach it)";
+  }
+  return absl::OkStatus();
+}
+
 absl::Status EngineImpl::Init(const EngineOptions& options) {
   if (initialized_) {
     return absl::AlreadyExistsError("engine is already initialized");
   }
   if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
   options_ = options;
+  TransportOptions topts;
+  topts.tcp = options.tcp;
+  topts.rdma = options.rdma;
+  topts.connect_timeout = options.rpc_timeout;
+  if (absl::Status s = ChooseAdvertisedHost(options, topts); !s.ok()) return s;
   if (absl::Status s = StartMrCache(); !s.ok()) return s;
   absl::BitGen gen;
   incarnation_ = absl::Uniform<uint64_t>(gen, 1, ~uint64_t{0});
@@ -84,15 +147,25 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
   const bool embedded = options.metadata_endpoint == "embedded";
   if (embedded) services.push_back(&metadata_service_);
   auto server = metadata::RpcServer::Start(
-      absl::StrCat(options.listen_host, ":", options.rpc_port), services);
+      JoinHostPort(options.listen_host.empty() ? "::" : options.listen_host,
+                   options.rpc_port),
+      services);
   if (!server.ok()) {
     StopMrCache();  // Gives its watcher back.
     return server.status();
   }
   rpc_server_ = std::move(*server);
 
+  const std::string rpc_address =
+      JoinHostPort(advertised_host_, rpc_server_->port());
+  metadata_address_ = embedded ? rpc_address : options.metadata_endpoint;
+  // An embedded service is called through loopback when it listens there
+  // too: the advertised address may be one only remote peers can use.
   const std::string metadata_addr =
-      embedded ? rpc_server_->address() : options.metadata_endpoint;
+      !embedded ? options.metadata_endpoint
+      : IsWildcardHost(options.listen_host)
+          ? JoinHostPort("127.0.0.1", rpc_server_->port())
+          : rpc_server_->address();
   metadata_ = std::make_unique<metadata::MetadataClient>(metadata_addr,
                                                          options.rpc_timeout);
   peer_client_ = std::make_unique<metadata::PeerClient>(options.rpc_timeout);
@@ -112,17 +185,15 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
   metadata::SegmentDescriptor desc;
   desc.set_name(options.local_segment_name);
   desc.set_incarnation(incarnation_);
-  desc.set_rpc_address(rpc_server_->address());
+  desc.set_rpc_address(rpc_address);
+  desc.set_network_id(NetworkIdentity());
 
-  TransportOptions topts;
-  topts.tcp = options.tcp;
-  topts.rdma = options.rdma;
-  topts.connect_timeout = options.rpc_timeout;
   TransportEnv env;
   env.local_segment = options.local_segment_name;
   env.incarnation = incarnation_;
   env.listen_host = options.listen_host;
-  env.rpc_address = rpc_server_->address();
+  env.advertise_host = advertised_host_;
+  env.rpc_address = rpc_address;
   peer_channel_ = std::make_unique<metadata::GrpcPeerChannel>(
       &peer_service_, peer_client_.get(), options.local_segment_name);
   env.peer_channel = peer_channel_.get();
@@ -191,7 +262,7 @@ void EngineImpl::Shutdown() {
 }
 
 std::string EngineImpl::metadata_address() const {
-  return metadata_ != nullptr ? metadata_->address() : "";
+  return metadata_ != nullptr ? metadata_address_ : "";
 }
 
 absl::Status EngineImpl::RegisterLocalMemory(void* addr, size_t length,

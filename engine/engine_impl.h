@@ -67,6 +67,10 @@ class EngineImpl {
 
   const EngineOptions& options() const { return options_; }
   std::string metadata_address() const;
+  const std::string& advertised_host() const { return advertised_host_; }
+  const std::string& advertised_host_reason() const {
+    return advertised_reason_;
+  }
 
   absl::Status RegisterLocalMemory(void* addr, size_t length,
                                    const std::string& location,
@@ -97,6 +101,10 @@ class EngineImpl {
   friend struct TargetCursor;
 
   absl::Status ValidateOptions(const EngineOptions& options) const;
+  // Sets advertised_host_ and advertised_reason_ (EngineOptions::
+  // advertise_host says how). May resolve names: Init only.
+  absl::Status ChooseAdvertisedHost(const EngineOptions& options,
+                                    const TransportOptions& topts);
   absl::Status RegisterLocked(const MemoryRegion& region)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(register_mu_);
   absl::Status UnregisterLocked(uintptr_t addr, absl::Duration wait)
@@ -153,6 +161,11 @@ class EngineImpl {
   EngineOptions options_;
   std::atomic<bool> initialized_{false};
   uint64_t incarnation_ = 0;
+  // What peers are told (EngineOptions::advertise_host), and why.
+  std::string advertised_host_;
+  std::string advertised_reason_;
+  // What other engines pass as metadata_endpoint to use this one's.
+  std::string metadata_address_;
 
   metadata::MetadataServiceImpl metadata_service_;
   metadata::PeerServiceImpl peer_service_;

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/host_info.h"
 #include "metadata/validation.h"
 
 namespace ferry {
@@ -71,6 +72,10 @@ absl::StatusOr<std::shared_ptr<const SegmentView>> SegmentCache::Fetch(
     const std::string& name) {
   auto desc = client_->GetSegment(name);
   if (!desc.ok()) return desc.status();
+  if (absl::Status s = metadata::CheckReachable(*desc, NetworkIdentity());
+      !s.ok()) {
+    return s;
+  }
   return SegmentView::Create(std::move(*desc));
 }
 

@@ -27,6 +27,14 @@ absl::Status TransferEngine::Init(const EngineOptions& options) {
   return impl_->Init(options);
 }
 void TransferEngine::Shutdown() { impl_->Shutdown(); }
+std::string TransferEngine::advertised_host() const {
+  return impl_->advertised_host();
+}
+
+std::string TransferEngine::advertised_host_reason() const {
+  return impl_->advertised_host_reason();
+}
+
 std::string TransferEngine::metadata_address() const {
   return impl_->metadata_address();
 }

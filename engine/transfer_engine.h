@@ -45,10 +45,22 @@ struct EngineOptions {
   // then use metadata_address() of this one); "host:port": use a running
   // service (another engine's embedded one, or tools/metadata_server).
   std::string metadata_endpoint = "embedded";
-  // IPv4 address the engine's listeners bind to and advertise to peers.
-  std::string listen_host = "127.0.0.1";
+  // Where the engine's listeners (gRPC server, TCP transport) bind: a host
+  // name, an IPv4 or IPv6 literal, "0.0.0.0" (every IPv4 interface), or ""
+  // (every interface, IPv4 and IPv6).
+  std::string listen_host = "";
+  // The address peers are told to reach this engine at (in its segment
+  // descriptor): a host name (resolved once, at Init) or an IP literal.
+  // Empty: chosen at Init, in this order: listen_host if it names one
+  // address; the address of the network interface behind the first RDMA
+  // NIC (with the rdma transport); the host's primary address (the one of
+  // the default route's interface); loopback on a host with no other
+  // address. A peer on another host that finds a loopback address in a
+  // descriptor fails OpenSegment with FailedPrecondition saying so.
+  std::string advertise_host = "";
   // Port of the engine's gRPC server (peer service, embedded metadata).
-  // 0 picks a free port.
+  // 0 picks a free port; set one where a firewall must let peers in
+  // (docs/deployment.md lists every port).
   uint16_t rpc_port = 0;
   // Transports to install, in order of preference; a request uses the first
   // one that the target segment also serves.
@@ -190,6 +202,12 @@ class TransferEngine {
   // Removes this segment from the metadata service, stops transports and
   // servers. Requests still in flight end FAILED. Idempotent.
   void Shutdown();
+
+  // The address this engine advertises to peers (EngineOptions::
+  // advertise_host, resolved, or the one chosen at Init) and why it was
+  // chosen. Empty before Init.
+  std::string advertised_host() const;
+  std::string advertised_host_reason() const;
 
   // "host:port" of this engine's gRPC server; with an embedded metadata
   // service this is what other engines pass as metadata_endpoint.

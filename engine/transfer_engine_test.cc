@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <numeric>
+#include <tuple>
 #include <vector>
 
 #include "common/socket_util.h"
@@ -437,6 +438,134 @@ TEST(EngineInitTest, BadOptions) {
   o.metadata_endpoint = "embedded";
   ASSERT_OK(e.Init(o));  // Retry after failures works.
   EXPECT_EQ(e.Init(o).code(), absl::StatusCode::kAlreadyExists);
+}
+
+// Where an engine binds and what it tells peers are separate: binding
+// every interface never publishes a wildcard, and each choice says why.
+TEST(EngineInitTest, AdvertisedAddressIsRoutableAndExplained) {
+  struct Case {
+    std::string listen, advertise;
+    std::string want;  // Empty: the primary address, or loopback.
+    std::string reason;
+  };
+  const std::vector<Case> cases = {
+      {"127.0.0.1", "", "127.0.0.1", "listen_host"},
+      {"localhost", "", "127.0.0.1", "listen_host"},
+      {"", "localhost", "127.0.0.1", "advertise_host"},
+      {"::1", "", "::1", "listen_host"},
+      {"0.0.0.0", "127.0.0.2", "127.0.0.2", "advertise_host"},
+      {"", "", "", ""},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(
+        absl::StrCat("listen '", c.listen, "' advertise '", c.advertise, "'"));
+    TransferEngine e;
+    EngineOptions o;
+    o.local_segment_name = "adv";
+    o.listen_host = c.listen;
+    o.advertise_host = c.advertise;
+    ASSERT_OK(e.Init(o));
+    const std::string host = e.advertised_host();
+    EXPECT_FALSE(IsWildcardHost(host)) << host;
+    if (!c.want.empty()) {
+      EXPECT_EQ(host, c.want);
+      EXPECT_NE(e.advertised_host_reason().find(c.reason), std::string::npos)
+          << e.advertised_host_reason();
+    }
+    // Published as such: the descriptor's addresses use it, with the
+    // ports bound, and say which host and namespace they come from.
+    metadata::MetadataClient client(e.metadata_address(), absl::Seconds(2));
+    ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor d,
+                         client.GetSegment("adv"));
+    ASSERT_OK_AND_ASSIGN(HostPort rpc, ParseHostPort(d.rpc_address()));
+    EXPECT_EQ(rpc.host, host);
+    ASSERT_EQ(d.transports_size(), 1);
+    ASSERT_OK_AND_ASSIGN(HostPort tcp,
+                         ParseHostPort(d.transports(0).address()));
+    EXPECT_EQ(tcp.host, host);
+    EXPECT_FALSE(d.network_id().empty());
+    e.Shutdown();
+  }
+}
+
+// IPv6 end to end: the metadata service, the peer service and the TCP
+// transport on ::1, with bytes verified.
+TEST(EngineInitTest, TransfersOverIpv6) {
+  TransferEngine target, initiator;
+  EngineOptions t;
+  t.local_segment_name = "v6-target";
+  t.listen_host = "::1";
+  ASSERT_OK(target.Init(t));
+  EXPECT_EQ(target.metadata_address().rfind("[::1]:", 0), 0u)
+      << target.metadata_address();
+  EngineOptions i;
+  i.local_segment_name = "v6-initiator";
+  i.listen_host = "::1";
+  i.metadata_endpoint = target.metadata_address();
+  ASSERT_OK(initiator.Init(i));
+  std::vector<uint8_t> remote(1 << 16, 0), local(1 << 16);
+  std::iota(local.begin(), local.end(), 3);
+  ASSERT_OK(
+      target.RegisterLocalMemory(remote.data(), remote.size(), "cpu:0", true));
+  ASSERT_OK(initiator.RegisterLocalMemory(local.data(), local.size()));
+  ASSERT_OK_AND_ASSIGN(SegmentHandle seg, initiator.OpenSegment("v6-target"));
+  ASSERT_OK_AND_ASSIGN(BatchId batch, initiator.AllocateBatch(1));
+  TransferRequest r;
+  r.opcode = OpCode::kWrite;
+  r.source = local.data();
+  r.target_id = seg;
+  r.target_offset = reinterpret_cast<uint64_t>(remote.data());
+  r.length = local.size();
+  ASSERT_OK(initiator.SubmitTransfer(batch, {r}));
+  ASSERT_OK_AND_ASSIGN(BatchStatus st,
+                       initiator.WaitBatch(batch, absl::Seconds(20)));
+  EXPECT_EQ(st.completed, 1u);
+  EXPECT_EQ(remote, local);
+  ASSERT_OK(initiator.FreeBatch(batch));
+}
+
+TEST(EngineInitTest, BadAddressesAreRefusedNamingTheOption) {
+  for (const auto& [listen, advertise, field] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"", "0.0.0.0", "advertise_host"},
+           {"", "::", "advertise_host"},
+           {"", "no-such-host.invalid", "advertise_host"},
+           {"a:b:c", "", "listen_host"},
+           {"no-such-host.invalid", "", "listen_host"},
+           {"192.0.2.1", "", "192.0.2.1"},  // Not ours: cannot bind.
+       }) {
+    TransferEngine e;
+    EngineOptions o;
+    o.local_segment_name = "bad";
+    o.listen_host = listen;
+    o.advertise_host = advertise;
+    absl::Status s = e.Init(o);
+    EXPECT_FALSE(s.ok()) << listen << " / " << advertise;
+    EXPECT_NE(s.message().find(field), std::string::npos) << s;
+  }
+}
+
+// A target that advertises loopback is reachable from its own host, and
+// refused with the fix from a peer that is not (here: a descriptor that
+// says it was published from elsewhere).
+TEST(EngineInitTest, LoopbackFromAnotherHostFailsOpenSegmentSayingSo) {
+  TransferEngine md;
+  EngineOptions mo;
+  mo.local_segment_name = "md";
+  mo.listen_host = "127.0.0.1";
+  ASSERT_OK(md.Init(mo));
+  metadata::MetadataClient client(md.metadata_address(), absl::Seconds(2));
+  ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor d, client.GetSegment("md"));
+  d.set_name("elsewhere");
+  d.set_network_id("another-boot/net:1");
+  d.clear_version();
+  ASSERT_OK(client.PutSegment(d).status());
+  ASSERT_OK(md.OpenSegment("md").status());  // Same host: fine.
+  auto h = md.OpenSegment("elsewhere");
+  EXPECT_STATUS(h, absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(h.status().message().find("loopback address 127.0.0.1"),
+            std::string::npos)
+      << h.status();
 }
 
 }  // namespace

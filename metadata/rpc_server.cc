@@ -17,6 +17,7 @@
 #include <cstring>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/numeric/int128.h"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/resource_quota.h"
 #include "grpcpp/server_posix.h"
@@ -163,7 +164,8 @@ absl::StatusOr<std::unique_ptr<RpcServer>> RpcServer::Start(
     return absl::InternalError(
         absl::StrCat("cannot start gRPC server for ", listen_address));
   }
-  server->address_ = absl::StrCat(hp->host, ":", bound_port);
+  server->address_ = JoinHostPort(hp->host, bound_port);
+  server->port_ = bound_port;
   server->accept_thread_ = std::thread([s = server.get()] { s->AcceptLoop(); });
   return server;
 }
@@ -199,7 +201,7 @@ void RpcServer::Shutdown() {
 void RpcServer::AcceptLoop() {
   struct Pending {
     int fd;
-    uint32_t peer;
+    absl::uint128 peer;
     absl::Time deadline;
   };
   // A connection gRPC owns. gRPC closes it without telling us, and its fd
@@ -208,13 +210,13 @@ void RpcServer::AcceptLoop() {
   struct Live {
     int fd;
     ino_t ino;
-    uint32_t peer;
+    absl::uint128 peer;
   };
   const size_t max_total = static_cast<size_t>(options_.max_connections);
   const int max_peer = options_.max_connections_per_peer;
   std::vector<Pending> pending;
   std::vector<Live> live;
-  absl::flat_hash_map<uint32_t, int> per_peer;
+  absl::flat_hash_map<absl::uint128, int> per_peer;
   std::vector<pollfd> pfds;
   int spare = OpenSpareFd();
   absl::Duration backoff = kMinBackoff;
@@ -222,11 +224,11 @@ void RpcServer::AcceptLoop() {
   absl::Time last_prune = absl::InfinitePast();
   absl::Time last_log = absl::InfinitePast();
 
-  auto release = [&](uint32_t peer) {
+  auto release = [&](absl::uint128 peer) {
     auto it = per_peer.find(peer);
     if (it != per_peer.end() && --it->second <= 0) per_peer.erase(it);
   };
-  auto peer_count = [&](uint32_t peer) {
+  auto peer_count = [&](absl::uint128 peer) {
     auto it = per_peer.find(peer);
     return it == per_peer.end() ? 0 : it->second;
   };
@@ -327,11 +329,10 @@ void RpcServer::AcceptLoop() {
 
     if (!accepting || n <= 0 || (pfds[1].revents & POLLIN) == 0) continue;
     for (int k = 0; k < kAcceptsPerWakeup; ++k) {
-      sockaddr_in sa{};
-      socklen_t len = sizeof(sa);
-      const int fd =
-          ::accept4(listen_fd_.get(), reinterpret_cast<sockaddr*>(&sa), &len,
-                    SOCK_NONBLOCK | SOCK_CLOEXEC);
+      SockAddr sa;
+      sa.len = sizeof(sa.storage);
+      const int fd = ::accept4(listen_fd_.get(), sa.mutable_get(), &sa.len,
+                               SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) {
         const int err = errno;
         if (err == EINTR || err == ECONNABORTED) continue;
@@ -363,7 +364,7 @@ void RpcServer::AcceptLoop() {
         backoff = std::min(backoff * 2, kMaxBackoff);
         break;
       }
-      const uint32_t peer = sa.sin_addr.s_addr;
+      const absl::uint128 peer = sa.IpKey();
       auto full = [&] {
         return live.size() + pending.size() >= max_total ||
                peer_count(peer) >= max_peer;

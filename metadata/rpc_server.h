@@ -70,7 +70,8 @@ absl::StatusOr<uint64_t> RaiseFdLimitToHard();
 class RpcServer {
  public:
   // Starts serving `services` (not owned; must outlive the server) on
-  // `listen_address` ("host:port", IPv4; port 0 picks a free one). Requests
+  // `listen_address` ("host:port" or "[ipv6]:port"; a host of "::" or
+  // "0.0.0.0" binds every interface; port 0 picks a free one). Requests
   // larger than kMaxRpcMessageBytes are rejected by gRPC with
   // RESOURCE_EXHAUSTED.
   static absl::StatusOr<std::unique_ptr<RpcServer>> Start(
@@ -82,6 +83,7 @@ class RpcServer {
 
   // "host:port" with the port actually bound.
   const std::string& address() const { return address_; }
+  uint16_t port() const { return port_; }
 
   RpcServerStats stats() const;
 
@@ -96,6 +98,7 @@ class RpcServer {
   RpcServerOptions options_;
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
+  uint16_t port_ = 0;
   UniqueFd listen_fd_;
   // Written by Shutdown to wake the accept thread.
   UniqueFd wake_read_;

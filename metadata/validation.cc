@@ -118,6 +118,11 @@ absl::Status ValidateSegmentDescriptor(const SegmentDescriptor& segment) {
       return with_where(s);
     }
   }
+  if (!segment.network_id().empty() &&
+      !IsToken(segment.network_id(), kMaxNetworkIdBytes)) {
+    return invalid("network_id", absl::StrCat("not printable, or over ",
+                                              kMaxNetworkIdBytes, " bytes"));
+  }
   if (static_cast<size_t>(segment.transports_size()) >
       kMaxTransportsPerSegment) {
     return invalid("transports",
@@ -146,13 +151,13 @@ absl::Status ValidateSegmentDescriptor(const SegmentDescriptor& segment) {
       if (t.address().empty()) {
         return invalid(absl::StrCat(named, ".address"), "missing");
       }
-      // What the TCP transport dials: an IPv4 address, not a name (which
+      // What the TCP transport dials: an IP address, not a name (which
       // would pass here and then fail every request).
-      if (!ParseIpv4Endpoint(t.address()).ok()) {
+      if (!ParseNumericEndpoint(t.address()).ok()) {
         return invalid(
             absl::StrCat(named, ".address"),
             absl::StrCat("'", absl::CHexEscape(t.address().substr(0, 64)),
-                         "' is not an IPv4 address:port"));
+                         "' is not a numeric IPv4 or [IPv6] address:port"));
       }
     }
     if (!t.address().empty()) {
@@ -245,6 +250,40 @@ absl::Status ValidateSegmentDescriptor(const SegmentDescriptor& segment) {
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckReachable(const SegmentDescriptor& segment,
+                            absl::string_view local_network_id) {
+  if (segment.network_id().empty() ||
+      segment.network_id() == local_network_id) {
+    return absl::OkStatus();
+  }
+  auto loopback = [](const std::string& address) {
+    auto hp = ParseHostPort(address);
+    return hp.ok() && IsLoopbackHost(hp->host);
+  };
+  std::string field, address;
+  if (loopback(segment.rpc_address())) {
+    field = "rpc_address";
+    address = segment.rpc_address();
+  }
+  for (const TransportEndpoint& t : segment.transports()) {
+    if (field.empty() && loopback(t.address())) {
+      field = absl::StrCat(t.transport(), " address");
+      address = t.address();
+    }
+  }
+  if (field.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "segment '", segment.name(), "' advertises the loopback address ",
+      address, " (", field,
+      "), but it was published from another host or "
+      "network namespace (",
+      segment.network_id(), "; this engine: ", local_network_id,
+      "), so it cannot be reached from here. Give that "
+      "engine an address its peers can route to: EngineOptions::"
+      "advertise_host or listen_host, transfer_bench --advertise_host, or "
+      "--local_server_name=<its IP>:<port>"));
 }
 
 }  // namespace ferry::metadata

@@ -25,6 +25,7 @@ constexpr size_t kMaxKeyIndexEntries = 1 << 21;
 constexpr size_t kMaxLocationBytes = 64;
 constexpr size_t kMaxAddressBytes = 256;
 constexpr size_t kMaxTransportNameBytes = 32;
+constexpr size_t kMaxNetworkIdBytes = 128;
 constexpr size_t kMaxDeviceNameBytes = 64;
 constexpr size_t kGidBytes = 16;
 // gRPC message cap for every Ferry service: a full descriptor of
@@ -47,6 +48,14 @@ absl::Status ValidateBuffer(const Buffer& buffer);
 // device the segment lists). InvalidArgument names the segment and the
 // offending field, e.g. "segment 'x': transports[0] ('tcp').address: ...".
 absl::Status ValidateSegmentDescriptor(const SegmentDescriptor& segment);
+
+// FailedPrecondition if `segment` was published from another host or
+// network namespace than `local_network_id` (NetworkIdentity()) and
+// advertises a loopback address (its rpc_address or a transport's), which
+// cannot be reached from here; the message says how to fix the publisher.
+// A descriptor without network_id passes.
+absl::Status CheckReachable(const SegmentDescriptor& segment,
+                            absl::string_view local_network_id);
 
 }  // namespace ferry::metadata
 

@@ -58,6 +58,10 @@ TEST(ValidationTest, RefusesEachBadFieldNamingIt) {
        [](auto* d) { d->mutable_transports(0)->set_address("nohost"); }},
       {"transports[0] ('tcp').address",
        [](auto* d) { d->mutable_transports(0)->set_address(""); }},
+      {"transports[0] ('tcp').address",
+       [](auto* d) { d->mutable_transports(0)->set_address("::1:80"); }},
+      {"network_id", [](auto* d) { d->set_network_id("two words"); }},
+      {"network_id", [](auto* d) { d->set_network_id(std::string(129, 'n')); }},
       // A name: the TCP transport dials IPv4 addresses only, so it would
       // fail every request instead of OpenSegment.
       {"transports[0] ('tcp').address",
@@ -154,6 +158,38 @@ TEST(ValidationTest, RdmaNeedsNoAddressButAnyGivenMustParse) {
   d.mutable_transports(1)->set_address("10.0.0.2");
   EXPECT_STATUS(ValidateSegmentDescriptor(d),
                 absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ValidationTest, AcceptsIpv6Endpoints) {
+  SegmentDescriptor d = Good();
+  d.set_rpc_address("[fd00::2]:17100");
+  d.mutable_transports(0)->set_address("[fd00::2]:17101");
+  EXPECT_OK(ValidateSegmentDescriptor(d));
+}
+
+TEST(CheckReachableTest, LoopbackFromAnotherHostIsRefusedWithTheFix) {
+  SegmentDescriptor d = Good();
+  d.set_network_id("boot-a/net:1");
+  EXPECT_OK(CheckReachable(d, "boot-b/net:2"));  // Routable addresses.
+  for (auto spoil : std::vector<std::function<void(SegmentDescriptor*)>>{
+           [](auto* d) { d->set_rpc_address("127.0.0.1:17100"); },
+           [](auto* d) { d->set_rpc_address("[::1]:17100"); },
+           [](auto* d) {
+             d->mutable_transports(0)->set_address("127.0.1.1:17101");
+           }}) {
+    SegmentDescriptor bad = Good();
+    bad.set_network_id("boot-a/net:1");
+    spoil(&bad);
+    // The same host and namespace shares loopback.
+    EXPECT_OK(CheckReachable(bad, "boot-a/net:1"));
+    absl::Status s = CheckReachable(bad, "boot-a/net:2");
+    EXPECT_STATUS(s, absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(s.message().find("loopback"), absl::string_view::npos) << s;
+    EXPECT_NE(s.message().find("advertise_host"), absl::string_view::npos) << s;
+    // Descriptors of engines that do not say where they run pass.
+    bad.clear_network_id();
+    EXPECT_OK(CheckReachable(bad, "boot-a/net:2"));
+  }
 }
 
 }  // namespace

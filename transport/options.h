@@ -26,7 +26,11 @@ struct TcpOptions {
   // accepted. There is no thread per connection.
   int io_threads = 1;
 
-  // Target side. Connections accepted and open at once, in all and per
+  // Target side. Port the transport listens on (on EngineOptions's
+  // listen_host); 0 picks a free one, which a firewall cannot know in
+  // advance: set one where peers cross a firewall.
+  uint16_t port = 0;
+  // Connections accepted and open at once, in all and per
   // peer IP address; one beyond either cap is closed (reset) at once.
   int max_connections = 4096;
   int max_connections_per_address = 64;

@@ -89,7 +89,13 @@ struct TransportEnv {
   // This run of the engine, as published in its descriptor: peers compare
   // it to tell a restarted engine from a live one.
   uint64_t incarnation = 0;
-  std::string listen_host;  // Address to bind listeners to.
+  // Address to bind listeners to: a host, an IP literal, or "" (every
+  // interface, IPv4 and IPv6).
+  std::string listen_host;
+  // Numeric address peers reach this host at, published in endpoints
+  // (never a name: peers do not resolve on their data path). Empty: the
+  // address bound (tests that bind one address).
+  std::string advertise_host;
   // This engine's peer-service address (as published in its descriptor),
   // for peers that must call back (e.g. to close a connection).
   std::string rpc_address;
@@ -163,6 +169,13 @@ struct TransportOptions {
 // A new transport is added by one entry in transport_factory.cc.
 absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(
     absl::string_view name, const TransportOptions& options);
+
+// The numeric address of the network interface behind transport `name`'s
+// first usable device (for RDMA: the first ACTIVE NIC's RoCE GID), which
+// the engine advertises by default; empty if the transport has no devices
+// or none maps to an IP address (InfiniBand).
+std::string TransportAdvertiseHint(absl::string_view name,
+                                   const TransportOptions& options);
 
 }  // namespace ferry
 

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "transport/rdma/nic.h"
 #include "transport/rdma/rdma_transport.h"
 #include "transport/tcp/tcp_transport.h"
 #include "transport/transport.h"
@@ -14,6 +15,8 @@ namespace {
 struct Factory {
   const char* name;
   std::function<std::unique_ptr<Transport>(const TransportOptions&)> make;
+  // Optional (TransportAdvertiseHint).
+  std::function<std::string(const TransportOptions&)> advertise_hint;
 };
 
 // Adding a transport: implement Transport, add one line here.
@@ -22,11 +25,16 @@ const std::vector<Factory>& Factories() {
       {"rdma",
        [](const TransportOptions& o) {
          return std::make_unique<rdma::RdmaTransport>(o);
+       },
+       [](const TransportOptions& o) {
+         auto host = rdma::FirstNicAddress(o.rdma);
+         return host.ok() ? *host : std::string();
        }},
       {"tcp",
        [](const TransportOptions& o) {
          return std::make_unique<tcp::TcpTransport>(o);
-       }},
+       },
+       nullptr},
   };
   return *factories;
 }
@@ -42,6 +50,14 @@ absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(
   }
   return absl::NotFoundError(absl::StrCat(
       "unknown transport '", name, "'; known: ", absl::StrJoin(known, ", ")));
+}
+
+std::string TransportAdvertiseHint(absl::string_view name,
+                                   const TransportOptions& options) {
+  for (const Factory& f : Factories()) {
+    if (name == f.name && f.advertise_hint) return f.advertise_hint(options);
+  }
+  return "";
 }
 
 }  // namespace ferry

@@ -1,6 +1,8 @@
 #include "transport/rdma/nic.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 
 #include <algorithm>
 #include <cstring>
@@ -152,6 +154,38 @@ Nic::~Nic() {
   if (channel_ != nullptr) ibv_destroy_comp_channel(channel_);
   if (pd_ != nullptr) ibv_dealloc_pd(pd_);
   if (ctx_ != nullptr) ibv_close_device(ctx_);
+}
+
+std::string GidAddress(const ibv_gid& gid) {
+  const int score = GidScore(gid);
+  const uint8_t* g = gid.raw;
+  char buf[INET6_ADDRSTRLEN] = "";
+  if (score == 4) {
+    inet_ntop(AF_INET, g + 12, buf, sizeof(buf));
+  } else if (score == 3) {
+    inet_ntop(AF_INET6, g, buf, sizeof(buf));
+  }
+  return buf;
+}
+
+absl::StatusOr<std::string> FirstNicAddress(const RdmaOptions& options) {
+  auto devices = ListDevices(options.devices);
+  if (!devices.ok()) return devices.status();
+  for (ibv_device* dev : *devices) {
+    ibv_context* ctx = ibv_open_device(dev);
+    if (ctx == nullptr) continue;
+    ibv_port_attr port{};
+    ibv_gid gid{};
+    int index = 0;
+    std::string host;
+    if (ibv_query_port(ctx, 1, &port) == 0 && port.state == IBV_PORT_ACTIVE &&
+        PickGid(ctx, options.gid_index, &gid, &index).ok()) {
+      host = GidAddress(gid);
+    }
+    ibv_close_device(ctx);
+    if (!host.empty()) return host;
+  }
+  return absl::NotFoundError("no ACTIVE RDMA device has an IP address");
 }
 
 }  // namespace ferry::rdma

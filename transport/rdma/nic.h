@@ -17,6 +17,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "common/mutex.h"
+#include "transport/options.h"
 
 namespace ferry::rdma {
 
@@ -112,6 +113,15 @@ int GidScore(const ibv_gid& gid);
 // kernel RDMA, and no softrnic on LD_LIBRARY_PATH).
 absl::StatusOr<std::vector<ibv_device*>> ListDevices(
     const std::vector<std::string>& filter);
+
+// The IP address a GID carries (RoCE: the netdev's address), or "" for a
+// GID that carries none (InfiniBand, link-local, empty).
+std::string GidAddress(const ibv_gid& gid);
+
+// The IP address behind the first ACTIVE device of `options.devices` (all
+// if empty), from the GID it would use: what a host whose first RDMA NIC
+// is RoCE advertises by default. NotFound if no device has one.
+absl::StatusOr<std::string> FirstNicAddress(const RdmaOptions& options);
 
 }  // namespace ferry::rdma
 

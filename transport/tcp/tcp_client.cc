@@ -40,7 +40,7 @@ absl::Status BackoffError(absl::string_view address, int failures,
 }  // namespace
 
 struct TcpClient::Pool : std::enable_shared_from_this<TcpClient::Pool> {
-  Pool(std::string address_in, const sockaddr_in& addr_in, Loop* loop_in,
+  Pool(std::string address_in, const SockAddr& addr_in, Loop* loop_in,
        absl::Time now)
       : address(std::move(address_in)),
         addr(addr_in),
@@ -48,7 +48,7 @@ struct TcpClient::Pool : std::enable_shared_from_this<TcpClient::Pool> {
         last_active(now) {}
 
   const std::string address;
-  const sockaddr_in addr;
+  const SockAddr addr;
   Loop* const loop;
 
   // Submit hands slices over here; the loop drains them.
@@ -293,7 +293,8 @@ void TcpClient::Submit(absl::Span<Slice* const> slices) {
               "segment '", target->name(), "' has no TCP endpoint"));
         } else if (auto it = pools_.find(ep->address()); it != pools_.end()) {
           pool = it->second;
-        } else if (auto addr = ParseIpv4Endpoint(ep->address()); !addr.ok()) {
+        } else if (auto addr = ParseNumericEndpoint(ep->address());
+                   !addr.ok()) {
           // No pool for an address that does not parse: nothing is kept.
           error = absl::InvalidArgumentError(absl::StrCat(
               "segment '", target->name(), "': TCP ", addr.status().message()));

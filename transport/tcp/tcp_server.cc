@@ -190,7 +190,7 @@ absl::Status TcpServer::Start(const std::string& host, uint16_t port) {
   listener_ = std::move(*fd);
   auto bound = LocalAddress(listener_.get());
   if (!bound.ok()) return bound.status();
-  address_ = FormatSockaddr(*bound);
+  address_ = bound->ToString();
   int flags = ::fcntl(listener_.get(), F_GETFL);
   ::fcntl(listener_.get(), F_SETFL, flags | O_NONBLOCK);
   spare_ = OpenSpare();
@@ -239,7 +239,7 @@ void TcpServer::Stop() {
   spare_.Reset();
 }
 
-bool TcpServer::Admit(uint32_t ip) {
+bool TcpServer::Admit(absl::uint128 ip) {
   MutexLock lock(&mu_);
   if (open_ >= static_cast<uint64_t>(options_.max_connections)) return false;
   int& n = per_address_[ip];
@@ -252,7 +252,7 @@ bool TcpServer::Admit(uint32_t ip) {
   return true;
 }
 
-void TcpServer::Leave(uint32_t ip) {
+void TcpServer::Leave(absl::uint128 ip) {
   MutexLock lock(&mu_);
   --open_;
   auto it = per_address_.find(ip);
@@ -302,11 +302,10 @@ absl::Duration TcpServer::ListenerTick(absl::Time now) {
 
 void TcpServer::AcceptSome(absl::Time now) {
   for (int i = 0; i < kAcceptBatch; ++i) {
-    sockaddr_in peer{};
-    socklen_t len = sizeof(peer);
-    const int fd =
-        ::accept4(listener_.get(), reinterpret_cast<sockaddr*>(&peer), &len,
-                  SOCK_NONBLOCK | SOCK_CLOEXEC);
+    SockAddr peer;
+    peer.len = sizeof(peer.storage);
+    const int fd = ::accept4(listener_.get(), peer.mutable_get(), &peer.len,
+                             SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       const int err = errno;
       if (err == EAGAIN || err == EWOULDBLOCK) {
@@ -325,7 +324,7 @@ void TcpServer::AcceptSome(absl::Time now) {
       return;
     }
     UniqueFd conn(fd);
-    const uint32_t ip = ntohl(peer.sin_addr.s_addr);
+    const absl::uint128 ip = peer.IpKey();
     if (!Admit(ip)) {
       SetResetOnClose(conn.get());
       refused_.fetch_add(1, std::memory_order_relaxed);

@@ -26,6 +26,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/numeric/int128.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/mutex.h"
@@ -76,7 +77,7 @@ class TcpServer {
   class Slot {
    public:
     Slot() = default;
-    Slot(TcpServer* server, uint32_t ip) : server_(server), ip_(ip) {}
+    Slot(TcpServer* server, absl::uint128 ip) : server_(server), ip_(ip) {}
     Slot(Slot&& other) noexcept { *this = std::move(other); }
     Slot& operator=(Slot&& other) noexcept;
     ~Slot() { Release(); }
@@ -84,7 +85,7 @@ class TcpServer {
 
    private:
     TcpServer* server_ = nullptr;
-    uint32_t ip_ = 0;
+    absl::uint128 ip_ = 0;
   };
   struct Loop {
     std::unique_ptr<EventLoop> loop;
@@ -101,8 +102,8 @@ class TcpServer {
   void Adopt(Loop* loop, UniqueFd fd, Slot slot, absl::Time now);
   absl::Duration ConnTick(Loop* loop, absl::Time now);
   // Reserves a place for a connection from `ip`, or returns false.
-  bool Admit(uint32_t ip);
-  void Leave(uint32_t ip);
+  bool Admit(absl::uint128 ip);
+  void Leave(absl::uint128 ip);
 
   MemoryRegistry* const registry_;
   const TcpOptions options_;
@@ -122,7 +123,7 @@ class TcpServer {
 
   mutable Mutex mu_;
   uint64_t open_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::flat_hash_map<uint32_t, int> per_address_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<absl::uint128, int> per_address_ ABSL_GUARDED_BY(mu_);
 
   std::atomic<uint64_t> accepted_{0};
   std::atomic<uint64_t> refused_{0};

@@ -82,7 +82,7 @@ inline absl::StatusOr<BlackHole> StartBlackHole() {
   auto listener = ListenTcp("127.0.0.1", 0, &h.port, /*backlog=*/0);
   if (!listener.ok()) return listener.status();
   h.listener = std::move(*listener);
-  auto sa = ParseIpv4Endpoint(absl::StrCat("127.0.0.1:", h.port));
+  auto sa = ParseNumericEndpoint(absl::StrCat("127.0.0.1:", h.port));
   if (!sa.ok()) return sa.status();
   for (int i = 0; i < 2; ++i) {  // Backlog 0 holds one connection.
     auto fd = StartConnect(*sa);
@@ -96,7 +96,7 @@ inline absl::StatusOr<BlackHole> StartBlackHole() {
 // (blocking).
 inline absl::StatusOr<UniqueFd> ConnectFrom(const std::string& from,
                                             const std::string& to) {
-  auto dst = ParseIpv4Endpoint(to);
+  auto dst = ParseNumericEndpoint(to);
   if (!dst.ok()) return dst.status();
   UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   sockaddr_in src{};
@@ -105,8 +105,7 @@ inline absl::StatusOr<UniqueFd> ConnectFrom(const std::string& from,
   if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&src), sizeof(src)) != 0) {
     return absl::InternalError(absl::StrCat("bind: ", std::strerror(errno)));
   }
-  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&*dst), sizeof(*dst)) !=
-      0) {
+  if (::connect(fd.get(), dst->get(), dst->len) != 0) {
     return absl::UnavailableError(std::strerror(errno));
   }
   return fd;

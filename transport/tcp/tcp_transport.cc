@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/socket_util.h"
 #include "transport/tcp/wire.h"
 
 namespace ferry::tcp {
@@ -61,11 +62,14 @@ absl::Status TcpTransport::Install(const TransportEnv& env,
   if (absl::Status s = client_.Start(); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("TCP transport: ", s.message()));
   }
-  if (absl::Status s = server_.Start(env.listen_host, 0); !s.ok()) {
+  if (absl::Status s = server_.Start(env.listen_host, options_.tcp.port);
+      !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("TCP transport: ", s.message()));
   }
-  // The numeric address bound: peers never resolve names.
-  endpoint->set_address(server_.address());
+  // A numeric address: peers never resolve names.
+  endpoint->set_address(env.advertise_host.empty()
+                            ? server_.address()
+                            : JoinHostPort(env.advertise_host, server_.port()));
   return absl::OkStatus();
 }
 
