@@ -1,6 +1,7 @@
 // metadata_server: a standalone Ferry metadata service, for deployments
 // where no engine should own the segment table.
-//   metadata_server --listen=0.0.0.0:50051
+//   metadata_server                      (every interface, port 12050)
+//   metadata_server --listen=10.0.0.1:12050
 // It raises its soft fd limit to the hard limit at start-up and caps its
 // connections (see metadata/rpc_server.h): a flood of clients is refused,
 // not allowed to make it deaf, and it answers again once they leave.
@@ -17,8 +18,11 @@
 #include "metadata/metadata_service.h"
 #include "metadata/rpc_server.h"
 
-ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
-          "host:port to serve on (port 0 picks one)");
+// 12050 is below every Linux ephemeral range (32768-60999 by default), so
+// a restart never finds it taken by an outgoing connection.
+ABSL_FLAG(std::string, listen, "[::]:12050",
+          "host:port or [ipv6]:port to serve on; [::] or 0.0.0.0 is every "
+          "interface (port 0 picks one)");
 ABSL_FLAG(int, max_connections, 0,
           "connections served at once; more are closed at once (0: a quarter "
           "of the fd limit, 16..4096)");

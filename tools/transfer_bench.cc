@@ -47,6 +47,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/mutex.h"
+#include "common/socket_util.h"
 #include "engine/transfer_engine.h"
 #include "tools/pattern.h"
 
@@ -54,10 +55,19 @@ ABSL_FLAG(std::string, mode, "local", "target | initiator | local");
 ABSL_FLAG(std::string, metadata_server, "embedded",
           "\"embedded\" or host:port of a metadata service");
 ABSL_FLAG(std::string, local_server_name, "",
-          "this engine's segment name (default: target/initiator)");
+          "this engine's segment name (default: target/initiator). As in "
+          "Mooncake, host:port (e.g. 10.0.0.1:12345) also sets the address "
+          "advertised to peers and the RPC port, unless --advertise_host or "
+          "--rpc_port say otherwise");
 ABSL_FLAG(std::string, segment_id, "target", "segment name of the target");
-ABSL_FLAG(std::string, listen_host, "127.0.0.1", "address to listen on");
+ABSL_FLAG(std::string, listen_host, "",
+          "address to bind to (empty: every interface, IPv4 and IPv6)");
+ABSL_FLAG(std::string, advertise_host, "",
+          "address peers are told to reach this engine at (empty: from "
+          "--local_server_name=host:port, else --listen_host if it is one "
+          "address, else the first RDMA NIC's, else the host's primary one)");
 ABSL_FLAG(int, rpc_port, 0, "port of this engine's gRPC server (0: any)");
+ABSL_FLAG(int, tcp_port, 0, "port of the TCP transport (0: any)");
 ABSL_FLAG(std::string, protocol, "tcp",
           "tcp | rdma, or a comma-separated list in order of preference "
           "(a target with rdma,tcp serves initiators of either)");
@@ -207,11 +217,30 @@ void* AllocBuffer(size_t size) {
   return p;
 }
 
+uint16_t PortFlag(const char* flag, int port) {
+  if (port < 0 || port > 65535) {
+    Die(absl::InvalidArgumentError(absl::StrCat(
+            "--", flag, "=", port, " is not a port (0..65535; 0: any)")),
+        "flags");
+  }
+  return static_cast<uint16_t>(port);
+}
+
+// `name` is the segment name; as with Mooncake's --local_server_name, a
+// name of the form host:port also gives the address to advertise and the
+// RPC port, unless flags set them.
 EngineOptions BaseOptions(const std::string& name, const std::string& md) {
   EngineOptions o;
   o.local_segment_name = name;
   o.metadata_endpoint = md;
   o.listen_host = absl::GetFlag(FLAGS_listen_host);
+  o.advertise_host = absl::GetFlag(FLAGS_advertise_host);
+  o.rpc_port = PortFlag("rpc_port", absl::GetFlag(FLAGS_rpc_port));
+  o.tcp.port = PortFlag("tcp_port", absl::GetFlag(FLAGS_tcp_port));
+  if (auto hp = ParseHostPort(name); hp.ok() && hp->port != 0) {
+    if (o.advertise_host.empty()) o.advertise_host = hp->host;
+    if (o.rpc_port == 0) o.rpc_port = hp->port;
+  }
   o.transports =
       absl::StrSplit(absl::GetFlag(FLAGS_protocol), ',', absl::SkipEmpty());
   o.tcp.connections_per_peer = absl::GetFlag(FLAGS_tcp_connections);
@@ -601,19 +630,15 @@ int Main() {
   const std::string md = absl::GetFlag(FLAGS_metadata_server);
   if (mode == "target") {
     if (name.empty()) name = absl::GetFlag(FLAGS_segment_id);
-    EngineOptions o = BaseOptions(name, md);
-    const int port = absl::GetFlag(FLAGS_rpc_port);
-    if (port < 0 || port > 65535) {
-      Die(absl::InvalidArgumentError(absl::StrCat(
-              "--rpc_port=", port, " is not a port (0..65535; 0: any)")),
-          "flags");
-    }
-    o.rpc_port = static_cast<uint16_t>(port);
     TransferEngine engine;
-    if (absl::Status s = engine.Init(o); !s.ok()) Die(s, "Init");
+    if (absl::Status s = engine.Init(BaseOptions(name, md)); !s.ok()) {
+      Die(s, "Init");
+    }
     void* target_buf = SetUpTarget(engine, buffer);
-    std::printf("target ready: segment=%s metadata=%s\n", name.c_str(),
-                engine.metadata_address().c_str());
+    std::printf("target ready: segment=%s metadata=%s advertised=%s (%s)\n",
+                name.c_str(), engine.metadata_address().c_str(),
+                engine.advertised_host().c_str(),
+                engine.advertised_host_reason().c_str());
     std::fflush(stdout);
     const double life = absl::GetFlag(FLAGS_target_seconds);
     const absl::Time end =
@@ -640,10 +665,12 @@ int Main() {
   }
   if (mode == "local") {
     // Two engines in one process: the target embeds the metadata service.
+    // Only the initiator takes the port flags (two engines cannot share).
+    EngineOptions to = BaseOptions(absl::GetFlag(FLAGS_segment_id), md);
+    to.rpc_port = 0;
+    to.tcp.port = 0;
     TransferEngine target;
-    if (absl::Status s =
-            target.Init(BaseOptions(absl::GetFlag(FLAGS_segment_id), md));
-        !s.ok()) {
+    if (absl::Status s = target.Init(to); !s.ok()) {
       Die(s, "Init target");
     }
     void* target_buf = SetUpTarget(target, buffer);
@@ -670,9 +697,10 @@ int Main() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Measures Ferry transfers between two engines.\n"
-      "  transfer_bench --mode=target --segment_id=target --rpc_port=50051\n"
-      "  transfer_bench --mode=initiator --metadata_server=H:50051 "
-      "--segment_id=target --operation=read --verify\n"
+      "  transfer_bench --mode=target --local_server_name=10.0.0.1:12345\n"
+      "  transfer_bench --mode=initiator --metadata_server=10.0.0.1:12345 "
+      "--segment_id=10.0.0.1:12345 --local_server_name=10.0.0.2:12346 "
+      "--operation=read --verify\n"
       "  transfer_bench --mode=local   (both engines in one process)\n"
       "--verify checks every byte, whatever ran against the target before: "
       "a WRITE is read back and compared; a READ run first writes a "
