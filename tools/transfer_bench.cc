@@ -635,10 +635,13 @@ int Main() {
       Die(s, "Init");
     }
     void* target_buf = SetUpTarget(engine, buffer);
-    std::printf("target ready: segment=%s metadata=%s advertised=%s (%s)\n",
-                name.c_str(), engine.metadata_address().c_str(),
+    // Scripts parse the ready line to its end: what the engine advertises
+    // goes on a line of its own, before it.
+    std::printf("target address: advertised=%s (%s)\n",
                 engine.advertised_host().c_str(),
                 engine.advertised_host_reason().c_str());
+    std::printf("target ready: segment=%s metadata=%s\n", name.c_str(),
+                engine.metadata_address().c_str());
     std::fflush(stdout);
     const double life = absl::GetFlag(FLAGS_target_seconds);
     const absl::Time end =
