@@ -89,6 +89,17 @@ struct RdmaOptions {
   // faster at the risk of spurious errors under congestion.
   int qp_timeout = 14;
   int qp_retry_count = 7;
+  // Addressing of every packet (the GRH on RoCE). traffic_class is the IP
+  // header's DSCP << 2 | ECN: the default 106 (DSCP 26, ECN-capable) is the
+  // class lossless (PFC + ECN) RoCE fabrics are commonly configured for,
+  // and the value perftest's --tclass takes there; use the one your
+  // fabric's QoS gives RoCE. service_level is the IB SL (on RoCE, the PCP
+  // where the port trusts it). hop_limit is the IP TTL; flow_label (20
+  // bits) lets switches hash flows apart with ECMP.
+  int traffic_class = 106;
+  int service_level = 0;
+  int hop_limit = 64;
+  uint32_t flow_label = 0;
   // Worker threads polling the NICs' completion queues when no application
   // thread does (0: one per NIC; fewer serve the NICs round robin); empty
   // polls (each with a yield) before a worker sleeps on the completion

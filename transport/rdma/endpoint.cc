@@ -86,13 +86,13 @@ Endpoint::PostResult Endpoint::PostLocked() {
     QueuePair* q = nullptr;
     for (size_t k = 0; k < qps.size() && q == nullptr; ++k) {
       QueuePair& c = qps[(next_qp_ + k) % qps.size()];
-      if (c.count() < kMaxOutstanding) {
+      if (c.count() < c.window) {
         q = &c;
         next_qp_ = (next_qp_ + k + 1) % qps.size();
       }
     }
     if (q == nullptr) return PostResult::kDone;  // Completions make room.
-    uint32_t n = std::min<uint32_t>({kMaxChain, kMaxOutstanding - q->count(),
+    uint32_t n = std::min<uint32_t>({kMaxChain, q->window - q->count(),
                                      static_cast<uint32_t>(waiting.size())});
     // Reserve room in the NIC's CQ budget for the whole chain.
     const uint32_t before =
@@ -156,7 +156,7 @@ Endpoint::PostResult Endpoint::PostLocked() {
 }
 
 bool Endpoint::PostFence(QueuePair* q) {
-  if (q->count() >= kMaxOutstanding) return false;
+  if (q->count() >= q->window) return false;
   ibv_send_wr wr{};
   const uint64_t seq = q->next++;
   q->posted[seq % kMaxOutstanding] = nullptr;  // No slice.

@@ -79,6 +79,9 @@ class SliceQueue {
 struct QueuePair {
   ibv_qp* qp = nullptr;
   uint32_t max_inline = 0;
+  // WRs posted at most (<= kMaxOutstanding): what the device's send queue
+  // depth allows (QpCaps).
+  uint32_t window = kMaxOutstanding;
   std::array<Slice*, kMaxOutstanding> posted{};
   uint64_t head = 1;
   uint64_t next = 1;

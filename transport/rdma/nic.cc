@@ -75,6 +75,8 @@ absl::StatusOr<std::unique_ptr<Nic>> Nic::Open(ibv_device* dev, int gid_index) {
                      ibv_port_state_str(port.state), ")"));
   }
   nic->lid_ = port.lid;
+  nic->active_mtu_ = port.active_mtu;
+  nic->link_layer_ = port.link_layer;
   nic->requested_gid_index_ = gid_index;
   {
     ibv_gid g{};
@@ -89,8 +91,11 @@ absl::StatusOr<std::unique_ptr<Nic>> Nic::Open(ibv_device* dev, int gid_index) {
     nic->gid_ = g;
     nic->gid_index_ = index;
   }
-  ibv_device_attr attr{};
-  ibv_query_device(nic->ctx_, &attr);
+  ibv_device_attr& attr = nic->attr_;
+  if (ibv_query_device(nic->ctx_, &attr) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("ibv_query_device(", nic->name_, ")"));
+  }
   nic->pd_ = ibv_alloc_pd(nic->ctx_);
   nic->channel_ = ibv_create_comp_channel(nic->ctx_);
   if (nic->pd_ == nullptr || nic->channel_ == nullptr) {

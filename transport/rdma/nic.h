@@ -56,6 +56,11 @@ class Nic {
   bool RefreshGid();
   uint16_t lid() const { return lid_; }
   int cq_depth() const { return cq_depth_; }
+  // From ibv_query_port / ibv_query_device at Open: what QPs on this NIC
+  // are set up with (never constants that fit one device).
+  ibv_mtu active_mtu() const { return active_mtu_; }
+  uint8_t link_layer() const { return link_layer_; }
+  const ibv_device_attr& device_attr() const { return attr_; }
   // Work requests this NIC may have posted at once (see kCqDepth).
   uint32_t max_posted_wrs() const {
     return static_cast<uint32_t>(cq_depth_ / 2);
@@ -96,6 +101,9 @@ class Nic {
   int requested_gid_index_ = -1;
   uint16_t lid_ = 0;
   int cq_depth_ = 0;
+  ibv_mtu active_mtu_ = IBV_MTU_1024;
+  uint8_t link_layer_ = IBV_LINK_LAYER_UNSPECIFIED;
+  ibv_device_attr attr_{};
   std::atomic<bool> port_active_{true};
   std::atomic<bool> fatal_{false};
 };

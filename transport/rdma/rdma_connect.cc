@@ -111,15 +111,16 @@ void RdmaTransport::ControlLoop() {
 absl::Status RdmaTransport::CreateQps(Nic* nic, int n,
                                       std::vector<QueuePair>* qps) {
   for (int k = 0; k < n; ++k) {
-    uint32_t max_inline = 0;
-    auto qp = CreateQp(nic, &max_inline);
+    QpCaps caps;
+    auto qp = CreateQp(nic, &caps);
     if (!qp.ok()) {
       DestroyQps(qps);
       return qp.status();
     }
     QueuePair& q = qps->emplace_back();
     q.qp = *qp;
-    q.max_inline = max_inline;
+    q.max_inline = caps.max_inline;
+    q.window = caps.window;
   }
   return absl::OkStatus();
 }

@@ -51,6 +51,15 @@ absl::Status RdmaTransport::ValidateOptions() const {
     return absl::InvalidArgumentError(
         "rdma.qp_timeout must be 1..31 and rdma.qp_retry_count 0..7");
   }
+  if (o.traffic_class < 0 || o.traffic_class > 255 || o.service_level < 0 ||
+      o.service_level > 15 || o.hop_limit < 1 || o.hop_limit > 255 ||
+      o.flow_label > 0xfffff) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rdma.traffic_class must be 0..255 (", o.traffic_class,
+                     "), rdma.service_level 0..15 (", o.service_level,
+                     "), rdma.hop_limit 1..255 (", o.hop_limit,
+                     ") and rdma.flow_label below 2^20 (", o.flow_label, ")"));
+  }
   for (int cpu : o.worker_cpus) {
     if (cpu < 0 || cpu >= CPU_SETSIZE) {
       return absl::InvalidArgumentError(
@@ -72,6 +81,10 @@ absl::Status RdmaTransport::Install(const TransportEnv& env,
   }
   timers_.timeout = static_cast<uint8_t>(options_.rdma.qp_timeout);
   timers_.retry_count = static_cast<uint8_t>(options_.rdma.qp_retry_count);
+  timers_.traffic_class = static_cast<uint8_t>(options_.rdma.traffic_class);
+  timers_.service_level = static_cast<uint8_t>(options_.rdma.service_level);
+  timers_.hop_limit = static_cast<uint8_t>(options_.rdma.hop_limit);
+  timers_.flow_label = options_.rdma.flow_label;
   auto devices = ListDevices(options_.rdma.devices);
   if (!devices.ok()) return devices.status();
   std::string skipped;
