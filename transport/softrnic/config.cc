@@ -88,6 +88,39 @@ void* ThreadMain(void* p) {
 
 }  // namespace
 
+namespace {
+
+// "softrnic": what the emulation can do. "roce-1500": a RoCE port on a
+// netdev with the Ethernet default MTU of 1500 bytes, whose active_mtu is
+// therefore 1024 (the largest IB MTU that fits a frame with its headers),
+// with device limits below the values Ferry once hard-coded (send queue
+// 512, 16 READs in flight, inline 64): a device that refuses every one of
+// those constants, so tests show that nothing depends on them.
+constexpr Profile kProfiles[] = {
+    {"softrnic", IBV_MTU_4096, IBV_MTU_4096, kMaxQpWr, kMaxSge, kMaxCqe,
+     kMaxInline, 16, 16},
+    {"roce-1500", IBV_MTU_1024, IBV_MTU_4096, 256, 4, 1 << 16, 32, 8, 4},
+};
+
+const Profile& LoadProfile() {
+  const char* want = std::getenv("FERRY_SOFTRNIC_PROFILE");
+  if (want == nullptr || *want == '\0') return kProfiles[0];
+  for (const Profile& p : kProfiles) {
+    if (std::strcmp(p.name, want) == 0) return p;
+  }
+  std::fprintf(stderr,
+               "softrnic: unknown FERRY_SOFTRNIC_PROFILE=%s; using softrnic\n",
+               want);
+  return kProfiles[0];
+}
+
+}  // namespace
+
+const Profile& GetProfile() {
+  static const Profile& profile = LoadProfile();
+  return profile;
+}
+
 const Limits& GetLimits() {
   static const Limits* limits = new Limits(LoadLimits());
   return *limits;

@@ -109,7 +109,7 @@ SOFTRNIC_EXPORT ibv_cq* ibv_create_cq(ibv_context* context, int cqe,
     errno = EIO;
     return nullptr;
   }
-  if (cqe < 1 || cqe > kMaxCqe || comp_vector < 0 ||
+  if (cqe < 1 || cqe > GetProfile().max_cqe || comp_vector < 0 ||
       comp_vector >= context->num_comp_vectors) {
     errno = EINVAL;
     return nullptr;
@@ -137,7 +137,8 @@ SOFTRNIC_EXPORT int ibv_resize_cq(ibv_cq* ibcq, int cqe) {
   if (Dead(ibcq->context)) return EIO;
   auto* cq = reinterpret_cast<Cq*>(ibcq);
   ferry::MutexLock lock(&cq->mu);
-  if (cqe < 1 || cqe > kMaxCqe || static_cast<size_t>(cqe) < cq->count) {
+  if (cqe < 1 || cqe > GetProfile().max_cqe ||
+      static_cast<size_t>(cqe) < cq->count) {
     return EINVAL;
   }
   std::vector<ibv_wc> ring(static_cast<size_t>(cqe));

@@ -306,19 +306,20 @@ SOFTRNIC_EXPORT int ibv_query_device(ibv_context* context,
   attr->vendor_part_id = 1;
   attr->hw_ver = 1;
   attr->max_qp = kMaxQp;
-  attr->max_qp_wr = kMaxQpWr;
+  const Profile& hw = GetProfile();
+  attr->max_qp_wr = hw.max_qp_wr;
   attr->device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN |
                            IBV_DEVICE_PORT_ACTIVE_EVENT |
                            IBV_DEVICE_CHANGE_PHY_PORT;
-  attr->max_sge = kMaxSge;
-  attr->max_sge_rd = kMaxSge;
+  attr->max_sge = hw.max_sge;
+  attr->max_sge_rd = hw.max_sge;
   attr->max_cq = 1 << 16;
-  attr->max_cqe = kMaxCqe;
+  attr->max_cqe = hw.max_cqe;
   attr->max_mr = 1 << 20;
   attr->max_pd = 1 << 16;
-  attr->max_qp_rd_atom = 16;
-  attr->max_qp_init_rd_atom = 16;
-  attr->max_res_rd_atom = 16 * kMaxQp;
+  attr->max_qp_rd_atom = hw.max_qp_rd_atom;
+  attr->max_qp_init_rd_atom = hw.max_qp_init_rd_atom;
+  attr->max_res_rd_atom = hw.max_qp_rd_atom * kMaxQp;
   attr->atomic_cap = IBV_ATOMIC_NONE;
   attr->max_srq = 0;
   attr->max_pkeys = 1;
@@ -335,8 +336,8 @@ SOFTRNIC_EXPORT int ibv_query_port(ibv_context* context, uint8_t port_num,
   ibv_port_attr a{};
   bool up = dev->LinkUp();
   a.state = up ? IBV_PORT_ACTIVE : IBV_PORT_DOWN;
-  a.max_mtu = IBV_MTU_4096;
-  a.active_mtu = IBV_MTU_4096;
+  a.max_mtu = GetProfile().max_mtu;
+  a.active_mtu = GetProfile().active_mtu;
   a.gid_tbl_len = kGidTableLen;
   a.port_cap_flags = 0;
   a.max_msg_sz = kMaxMsgSize;

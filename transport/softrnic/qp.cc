@@ -96,8 +96,10 @@ int CheckValues(const ibv_qp_attr& a, int mask) {
       return EINVAL;
     }
   }
+  const Profile& hw = GetProfile();
+  // As hardware: no path MTU above the port's active MTU.
   if ((mask & IBV_QP_PATH_MTU) &&
-      (a.path_mtu < IBV_MTU_256 || a.path_mtu > IBV_MTU_4096)) {
+      (a.path_mtu < IBV_MTU_256 || a.path_mtu > hw.active_mtu)) {
     return EINVAL;
   }
   if ((mask & IBV_QP_DEST_QPN) && a.dest_qp_num > 0xffffff) return EINVAL;
@@ -105,8 +107,12 @@ int CheckValues(const ibv_qp_attr& a, int mask) {
   if ((mask & IBV_QP_RETRY_CNT) && a.retry_cnt > 7) return EINVAL;
   if ((mask & IBV_QP_RNR_RETRY) && a.rnr_retry > 7) return EINVAL;
   if ((mask & IBV_QP_MIN_RNR_TIMER) && a.min_rnr_timer > 31) return EINVAL;
-  if ((mask & IBV_QP_MAX_QP_RD_ATOMIC) && a.max_rd_atomic > 16) return EINVAL;
-  if ((mask & IBV_QP_MAX_DEST_RD_ATOMIC) && a.max_dest_rd_atomic > 16) {
+  if ((mask & IBV_QP_MAX_QP_RD_ATOMIC) &&
+      a.max_rd_atomic > hw.max_qp_init_rd_atom) {
+    return EINVAL;
+  }
+  if ((mask & IBV_QP_MAX_DEST_RD_ATOMIC) &&
+      a.max_dest_rd_atomic > hw.max_qp_rd_atom) {
     return EINVAL;
   }
   return 0;
@@ -247,10 +253,14 @@ SOFTRNIC_EXPORT ibv_qp* ibv_create_qp(ibv_pd* ibpd, ibv_qp_init_attr* init) {
     return nullptr;
   }
   ibv_qp_cap& cap = init->cap;
+  const Profile& hw = GetProfile();
   if (init->send_cq == nullptr || init->recv_cq == nullptr ||
-      cap.max_send_wr < 1 || cap.max_send_wr > kMaxQpWr ||
-      cap.max_recv_wr > kMaxQpWr || cap.max_send_sge > kMaxSge ||
-      cap.max_recv_sge > kMaxSge || cap.max_inline_data > kMaxInline) {
+      cap.max_send_wr < 1 ||
+      cap.max_send_wr > static_cast<uint32_t>(hw.max_qp_wr) ||
+      cap.max_recv_wr > static_cast<uint32_t>(hw.max_qp_wr) ||
+      cap.max_send_sge > static_cast<uint32_t>(hw.max_sge) ||
+      cap.max_recv_sge > static_cast<uint32_t>(hw.max_sge) ||
+      cap.max_inline_data > hw.max_inline) {
     errno = EINVAL;
     return nullptr;
   }
@@ -265,7 +275,7 @@ SOFTRNIC_EXPORT ibv_qp* ibv_create_qp(ibv_pd* ibpd, ibv_qp_init_attr* init) {
   // drivers round requested capabilities up.
   cap.max_send_sge = std::max<uint32_t>(cap.max_send_sge, 1);
   cap.max_recv_sge = std::max<uint32_t>(cap.max_recv_sge, 1);
-  cap.max_inline_data = kMaxInline;
+  cap.max_inline_data = hw.max_inline;
   qp->cap = cap;
   qp->sq_sig_all = init->sq_sig_all != 0;
   qp->qp.context = ibpd->context;

@@ -45,7 +45,7 @@ namespace softrnic {
 
 using Clock = std::chrono::steady_clock;
 
-// Device limits reported by ibv_query_device and enforced.
+// Capacities of the emulation: no profile may report more (Profile).
 constexpr int kMaxQpWr = 16384;
 constexpr int kMaxSge = 16;
 constexpr int kMaxCqe = 1 << 20;
@@ -77,6 +77,25 @@ struct Limits {
 
 // Read from the environment on first use.
 const Limits& GetLimits();
+
+// What a device reports (ibv_query_device, ibv_query_port) and enforces
+// (create and modify of QPs and CQs), as a given kind of hardware would.
+// Chosen by FERRY_SOFTRNIC_PROFILE (default "softrnic"); an unknown name is
+// reported on stderr and the default used. Every value is within the
+// emulation's capacities above.
+struct Profile {
+  const char* name;
+  // The port's MTU: modify_qp with a larger path_mtu fails with EINVAL.
+  ibv_mtu active_mtu;
+  ibv_mtu max_mtu;
+  int max_qp_wr;            // create_qp: max_send_wr/max_recv_wr above: EINVAL.
+  int max_sge;              // create_qp: max_send_sge/max_recv_sge above.
+  int max_cqe;              // create_cq/resize_cq above.
+  uint32_t max_inline;      // create_qp: max_inline_data above.
+  int max_qp_rd_atom;       // modify_qp: max_dest_rd_atomic above.
+  int max_qp_init_rd_atom;  // modify_qp: max_rd_atomic above.
+};
+const Profile& GetProfile();
 
 // Runs `fn` on a new detached thread named `name` (at most 15 characters);
 // false (with a message on stderr) if the system refuses one, e.g. under a

@@ -3,11 +3,14 @@
 // test's runfiles), so that the binary, linked against rdma-core's
 // libibverbs, loads softrnic instead; then checks it did and runs gtest.
 // FERRY_SOFTRNIC_DEVICES defaults to two devices on 127.0.0.1 and
-// 127.0.0.2 unless the test environment sets it.
+// 127.0.0.2 unless the test environment sets it. --softrnic_profile=NAME
+// (e.g. as a test target's args) sets FERRY_SOFTRNIC_PROFILE: the same
+// test against another kind of hardware.
 #include <stdlib.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -35,6 +38,12 @@ int main(int argc, char** argv) {
     setenv("FERRY_SOFTRNIC_REEXEC", "1", 1);
     setenv("FERRY_SOFTRNIC_DEVICES", "softrnic0=127.0.0.1,softrnic1=127.0.0.2",
            /*overwrite=*/0);
+    constexpr char kProfileFlag[] = "--softrnic_profile=";
+    for (int i = 1; i < argc; ++i) {
+      if (std::strncmp(argv[i], kProfileFlag, sizeof(kProfileFlag) - 1) == 0) {
+        setenv("FERRY_SOFTRNIC_PROFILE", argv[i] + sizeof(kProfileFlag) - 1, 1);
+      }
+    }
     execv("/proc/self/exe", argv);
     std::perror("softrnic_test_main: execv");
     return 1;
