@@ -107,7 +107,11 @@ TEST(RdmaFaultTest, KilledInitiatorsLeaveTheTargetBounded) {
     EXPECT_LE(held, recent)
         << "sessions killed in the last " << absl::FormatDuration(kWindow);
   }
-  EXPECT_TRUE(WaitUntil([&] { return Endpoints(target) == 0; }, kWindow))
+  // Nothing is held once every session is gone. The per-session bound
+  // above is the tight check; this one allows the last probe's failure
+  // some slack on a loaded machine (a run with both cores busy once took
+  // longer than kWindow for the last endpoint; it left within 5 s).
+  EXPECT_TRUE(WaitUntil([&] { return Endpoints(target) == 0; }, 3 * kWindow))
       << Endpoints(target);
   EXPECT_LT(most, 50u);
   EXPECT_TRUE(WaitUntil([&] { return OpenFds() <= fds; }, absl::Seconds(5)))
