@@ -1,7 +1,9 @@
 // The engine over the RDMA transport on softrnic, two engines in one
 // process with two soft NICs (softrnic0 on 127.0.0.1, softrnic1 on
 // 127.0.0.2; softrnic_test_main sets that up): every byte verified.
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -229,6 +231,48 @@ TEST_F(TinyEndpointStoreTest, EvictionNeverLosesInFlightWork) {
               size_t{4 << 20})
         << round;
   }
+}
+
+// On a RoCE NIC's GID table (link-local and RoCE v1 entries first; the
+// "roce-1500" profile), Ferry picks the IPv4-mapped RoCE v2 entry by type
+// and reaches a peer pinned to it (rdma.gid_index, as MC_GID_INDEX pins
+// Mooncake). Picking by address alone takes the RoCE v1 twin, whose packets
+// a v2 QP drops: every request would time out.
+TEST(RdmaGidTest, PicksRoceV2ByTypeAndReachesAV2Peer) {
+  const char* profile = std::getenv("FERRY_SOFTRNIC_PROFILE");
+  if (profile == nullptr || std::string(profile) != "roce-1500") {
+    GTEST_SKIP() << "needs the roce-1500 GID table";
+  }
+  EngineOptions t;
+  t.local_segment_name = "v2-target";
+  t.transports = {"rdma"};
+  t.rdma.gid_index = 3;  // IPv4-mapped RoCE v2, set by hand.
+  t.transfer_timeout = absl::Seconds(5);
+  TransferEngine target, initiator;
+  ASSERT_OK(target.Init(t));
+  EngineOptions i = t;
+  i.local_segment_name = "picking-initiator";
+  i.metadata_endpoint = target.metadata_address();
+  i.rdma.gid_index = -1;  // Ferry's own choice.
+  ASSERT_OK(initiator.Init(i));
+  std::vector<uint8_t> remote(1 << 20, 0), local(1 << 20);
+  FillPattern(local.data(), local.size(), 0, 5);
+  ASSERT_OK(target.RegisterLocalMemory(remote.data(), remote.size()));
+  ASSERT_OK(initiator.RegisterLocalMemory(local.data(), local.size()));
+  ASSERT_OK_AND_ASSIGN(SegmentHandle seg, initiator.OpenSegment("v2-target"));
+  ASSERT_OK_AND_ASSIGN(BatchId batch, initiator.AllocateBatch(1));
+  TransferRequest r;
+  r.opcode = OpCode::kWrite;
+  r.source = local.data();
+  r.target_id = seg;
+  r.target_offset = reinterpret_cast<uint64_t>(remote.data());
+  r.length = local.size();
+  ASSERT_OK(initiator.SubmitTransfer(batch, {r}));
+  ASSERT_OK_AND_ASSIGN(BatchStatus st,
+                       initiator.WaitBatch(batch, absl::Seconds(20)));
+  EXPECT_EQ(st.completed, 1u) << st.first_error;
+  EXPECT_EQ(remote, local);
+  ASSERT_OK(initiator.FreeBatch(batch));
 }
 
 }  // namespace

@@ -60,7 +60,10 @@ struct RdmaOptions {
   // A request is split into slices of this size (4 KiB .. 64 MiB), and the
   // slices are striped over all usable (local NIC, remote NIC) rails.
   size_t slice_bytes = 64 << 10;
-  // GID index; -1 picks the best routable one (IPv4-mapped RoCE v2 first).
+  // GID index; -1 picks by type: on RoCE the best RoCE v2 entry
+  // (IPv4-mapped, then global IPv6, link-local last; RoCE v1 never), on
+  // InfiniBand the best entry. -1 also defers to the environment variable
+  // MC_GID_INDEX, as Mooncake TE does.
   int gid_index = -1;
   // RC QPs per endpoint (one endpoint per local NIC, remote NIC pair);
   // slices alternate between them (1..16).

@@ -5,8 +5,10 @@
 #include <netinet/in.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -81,7 +83,8 @@ absl::StatusOr<std::unique_ptr<Nic>> Nic::Open(ibv_device* dev, int gid_index) {
   {
     ibv_gid g{};
     int index = 0;
-    absl::Status s = PickGid(nic->ctx_, gid_index, &g, &index);
+    std::string why;
+    absl::Status s = PickGid(nic->ctx_, gid_index, &g, &index, &why);
     if (!s.ok() &&
         (gid_index >= 0 || port.link_layer == IBV_LINK_LAYER_ETHERNET)) {
       return absl::Status(s.code(),
@@ -90,6 +93,7 @@ absl::StatusOr<std::unique_ptr<Nic>> Nic::Open(ibv_device* dev, int gid_index) {
     MutexLock lock(&nic->gid_mu_);
     nic->gid_ = g;
     nic->gid_index_ = index;
+    nic->gid_reason_ = std::move(why);
   }
   ibv_device_attr& attr = nic->attr_;
   if (ibv_query_device(nic->ctx_, &attr) != 0) {
@@ -112,24 +116,41 @@ absl::StatusOr<std::unique_ptr<Nic>> Nic::Open(ibv_device* dev, int gid_index) {
   return nic;
 }
 
-absl::Status PickGid(ibv_context* ctx, int requested, ibv_gid* gid,
-                     int* index) {
+absl::Status PickGid(ibv_context* ctx, int requested, ibv_gid* gid, int* index,
+                     std::string* why) {
+  std::string ignored;
+  if (why == nullptr) why = &ignored;
   if (requested >= 0) {
     if (ibv_query_gid(ctx, 1, requested, gid) != 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("no GID index ", requested));
     }
     *index = requested;
+    *why = absl::StrCat("index ", requested, " as configured");
     return absl::OkStatus();
   }
   ibv_port_attr port{};
   if (ibv_query_port(ctx, 1, &port) != 0) {
     return absl::UnavailableError("ibv_query_port failed");
   }
+  // RoCE: a RoCE v2 entry (routable over IP; v1 is not, and a v1 QP cannot
+  // talk to a v2 one), the best-ranked by GidScore, link-local last. A
+  // device that cannot say an entry's type (no ibv_query_gid_ex) is taken
+  // at its word for every entry.
+  const bool roce = port.link_layer == IBV_LINK_LAYER_ETHERNET;
   int best = -1, best_score = 0;
+  int skipped_v1 = 0;
   for (int i = 0; i < port.gid_tbl_len; ++i) {
     ibv_gid g;
     if (ibv_query_gid(ctx, 1, i, &g) != 0) continue;
+    if (roce) {
+      ibv_gid_entry e{};
+      if (ibv_query_gid_ex(ctx, 1, i, &e, 0) == 0 &&
+          e.gid_type == IBV_GID_TYPE_ROCE_V1) {
+        if (GidScore(g) > 0) ++skipped_v1;
+        continue;
+      }
+    }
     const int score = GidScore(g);
     if (score > best_score) {
       best = i;
@@ -138,15 +159,32 @@ absl::Status PickGid(ibv_context* ctx, int requested, ibv_gid* gid,
     }
   }
   *index = std::max(best, 0);
-  if (best < 0) return absl::NotFoundError("no usable GID");
+  if (best < 0) {
+    return absl::NotFoundError(absl::StrCat(
+        "no usable GID", skipped_v1 > 0 ? " (only RoCE v1 entries; set "
+                                          "rdma.gid_index to use one)"
+                                        : ""));
+  }
+  static constexpr const char* kKinds[] = {"", "link-local IPv6",
+                                           "link-local IPv4-mapped",
+                                           "global IPv6", "IPv4-mapped"};
+  *why = absl::StrCat(roce ? "RoCE v2 " : "", kKinds[best_score],
+                      ", the best of ", port.gid_tbl_len, " entries",
+                      skipped_v1 > 0
+                          ? absl::StrCat(" (", skipped_v1, " RoCE v1 skipped)")
+                          : "");
   return absl::OkStatus();
 }
 
 bool Nic::RefreshGid() {
   ibv_gid g{};
   int index = 0;
-  if (!PickGid(ctx_, requested_gid_index_, &g, &index).ok()) return false;
+  std::string why;
+  if (!PickGid(ctx_, requested_gid_index_, &g, &index, &why).ok()) {
+    return false;
+  }
   MutexLock lock(&gid_mu_);
+  gid_reason_ = std::move(why);
   const bool changed =
       index != gid_index_ || std::memcmp(g.raw, gid_.raw, sizeof(g.raw)) != 0;
   gid_ = g;
@@ -173,6 +211,16 @@ std::string GidAddress(const ibv_gid& gid) {
   return buf;
 }
 
+int EffectiveGidIndex(const RdmaOptions& options) {
+  if (options.gid_index >= 0) return options.gid_index;
+  const char* env = std::getenv("MC_GID_INDEX");
+  int index = -1;
+  if (env != nullptr && absl::SimpleAtoi(env, &index) && index >= 0) {
+    return index;
+  }
+  return -1;
+}
+
 absl::StatusOr<std::string> FirstNicAddress(const RdmaOptions& options) {
   auto devices = ListDevices(options.devices);
   if (!devices.ok()) return devices.status();
@@ -184,7 +232,7 @@ absl::StatusOr<std::string> FirstNicAddress(const RdmaOptions& options) {
     int index = 0;
     std::string host;
     if (ibv_query_port(ctx, 1, &port) == 0 && port.state == IBV_PORT_ACTIVE &&
-        PickGid(ctx, options.gid_index, &gid, &index).ok()) {
+        PickGid(ctx, EffectiveGidIndex(options), &gid, &index).ok()) {
       host = GidAddress(gid);
     }
     ibv_close_device(ctx);

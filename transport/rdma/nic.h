@@ -51,6 +51,11 @@ class Nic {
     MutexLock lock(&gid_mu_);
     return gid_index_;
   }
+  // Why that GID: its type and kind, or "as configured".
+  std::string gid_reason() const {
+    MutexLock lock(&gid_mu_);
+    return gid_reason_;
+  }
   // Re-reads the GID table (IBV_EVENT_GID_CHANGE): the entry asked for at
   // Open, or the best one now. Returns whether the GID changed.
   bool RefreshGid();
@@ -98,6 +103,7 @@ class Nic {
   mutable Mutex gid_mu_;
   ibv_gid gid_ ABSL_GUARDED_BY(gid_mu_){};
   int gid_index_ ABSL_GUARDED_BY(gid_mu_) = 0;
+  std::string gid_reason_ ABSL_GUARDED_BY(gid_mu_);
   int requested_gid_index_ = -1;
   uint16_t lid_ = 0;
   int cq_depth_ = 0;
@@ -108,9 +114,12 @@ class Nic {
   std::atomic<bool> fatal_{false};
 };
 
-// The GID of port 1 to use: entry `requested` (>= 0), or the best-ranked
-// one (GidScore). NotFound if there is none worth using.
-absl::Status PickGid(ibv_context* ctx, int requested, ibv_gid* gid, int* index);
+// The GID of port 1 to use: entry `requested` (>= 0), or on RoCE the
+// best-ranked (GidScore) RoCE v2 entry, never a RoCE v1 one; elsewhere the
+// best-ranked. NotFound if there is none worth using. `why` (optional)
+// says which kind of entry was chosen.
+absl::Status PickGid(ibv_context* ctx, int requested, ibv_gid* gid, int* index,
+                     std::string* why = nullptr);
 
 // Ranks a GID for RoCE use: routable IPv4-mapped > global IPv6 >
 // link-local IPv4 > link-local IPv6; 0 for an empty entry.
@@ -121,6 +130,10 @@ int GidScore(const ibv_gid& gid);
 // kernel RDMA, and no softrnic on LD_LIBRARY_PATH).
 absl::StatusOr<std::vector<ibv_device*>> ListDevices(
     const std::vector<std::string>& filter);
+
+// RdmaOptions::gid_index, or else the environment's MC_GID_INDEX (as
+// Mooncake TE reads it), or -1 (pick by type).
+int EffectiveGidIndex(const RdmaOptions& options);
 
 // The IP address a GID carries (RoCE: the netdev's address), or "" for a
 // GID that carries none (InfiniBand, link-local, empty).

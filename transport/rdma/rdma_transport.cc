@@ -89,7 +89,7 @@ absl::Status RdmaTransport::Install(const TransportEnv& env,
   if (!devices.ok()) return devices.status();
   std::string skipped;
   for (ibv_device* dev : *devices) {
-    auto nic = Nic::Open(dev, options_.rdma.gid_index);
+    auto nic = Nic::Open(dev, EffectiveGidIndex(options_.rdma));
     if (!nic.ok()) {
       absl::StrAppend(&skipped, " ", nic.status().message(), ";");
       continue;  // Only ACTIVE ports are used.

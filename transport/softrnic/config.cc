@@ -95,11 +95,13 @@ namespace {
 // therefore 1024 (the largest IB MTU that fits a frame with its headers),
 // with device limits below the values Ferry once hard-coded (send queue
 // 512, 16 READs in flight, inline 64): a device that refuses every one of
-// those constants, so tests show that nothing depends on them.
+// those constants, so tests show that nothing depends on them. Its GID
+// table holds link-local and RoCE v1 entries before the one to use, as a
+// RoCE NIC's does, so picking the first routable-looking entry fails.
 constexpr Profile kProfiles[] = {
     {"softrnic", IBV_MTU_4096, IBV_MTU_4096, kMaxQpWr, kMaxSge, kMaxCqe,
-     kMaxInline, 16, 16},
-    {"roce-1500", IBV_MTU_1024, IBV_MTU_4096, 256, 4, 1 << 16, 32, 8, 4},
+     kMaxInline, 16, 16, 1},
+    {"roce-1500", IBV_MTU_1024, IBV_MTU_4096, 256, 4, 1 << 16, 32, 8, 4, 4},
 };
 
 const Profile& LoadProfile() {

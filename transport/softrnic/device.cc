@@ -30,6 +30,30 @@ void Device::GidFor(ibv_gid* gid) const {
   std::memcpy(&gid->raw[12], &ip, 4);
 }
 
+void Device::GidAt(int index, ibv_gid* gid, bool* roce_v1) const {
+  *roce_v1 = false;
+  if (GetProfile().gid_table_len == 1) {
+    GidFor(gid);
+    return;
+  }
+  // [0] fe80 v1, [1] fe80 v2, [2] IPv4-mapped v1, [3] IPv4-mapped v2.
+  *roce_v1 = index % 2 == 0;
+  if (index >= 2) {
+    GidFor(gid);
+    return;
+  }
+  std::memset(gid->raw, 0, sizeof(gid->raw));
+  if (!gid_valid.load(std::memory_order_acquire)) return;
+  gid->raw[0] = 0xfe;
+  gid->raw[1] = 0x80;
+  // An interface identifier of the device's own (EUI-64 style): unique,
+  // not routable.
+  gid->raw[8] = 0x02;
+  gid->raw[11] = 0xff;
+  gid->raw[12] = 0xfe;
+  std::memcpy(&gid->raw[13], reinterpret_cast<const uint8_t*>(&ip) + 1, 3);
+}
+
 std::vector<Device*>& Devices() {
   static std::vector<Device*>* devices = [] {
     auto* list = new std::vector<Device*>();
@@ -338,7 +362,7 @@ SOFTRNIC_EXPORT int ibv_query_port(ibv_context* context, uint8_t port_num,
   a.state = up ? IBV_PORT_ACTIVE : IBV_PORT_DOWN;
   a.max_mtu = GetProfile().max_mtu;
   a.active_mtu = GetProfile().active_mtu;
-  a.gid_tbl_len = kGidTableLen;
+  a.gid_tbl_len = GetProfile().gid_table_len;
   a.port_cap_flags = 0;
   a.max_msg_sz = kMaxMsgSize;
   a.pkey_tbl_len = 1;
@@ -361,11 +385,12 @@ SOFTRNIC_EXPORT int ibv_query_gid(ibv_context* context, uint8_t port_num,
     return -1;
   }
   Device* dev = reinterpret_cast<Context*>(context)->dev;
-  if (port_num != 1 || index < 0 || index >= kGidTableLen) {
+  if (port_num != 1 || index < 0 || index >= GetProfile().gid_table_len) {
     errno = EINVAL;
     return -1;
   }
-  dev->GidFor(gid);
+  bool v1 = false;
+  dev->GidAt(index, gid, &v1);
   return 0;
 }
 
@@ -397,11 +422,17 @@ SOFTRNIC_EXPORT int ibv_query_gid_type(ibv_context* context, uint8_t port_num,
     errno = EIO;
     return -1;
   }
-  if (port_num != 1 || index >= kGidTableLen) {
+  if (port_num != 1 ||
+      index >= static_cast<unsigned>(GetProfile().gid_table_len)) {
     errno = EINVAL;
     return -1;
   }
-  *type = 1;  // IBV_GID_TYPE_SYSFS_ROCE_V2
+  ibv_gid gid;
+  bool v1 = false;
+  reinterpret_cast<Context*>(context)->dev->GidAt(static_cast<int>(index), &gid,
+                                                  &v1);
+  // IBV_GID_TYPE_SYSFS_IB_ROCE_V1 (0) or IBV_GID_TYPE_SYSFS_ROCE_V2 (1).
+  *type = v1 ? 0 : 1;
   return 0;
 }
 
@@ -411,13 +442,17 @@ SOFTRNIC_EXPORT int _ibv_query_gid_ex(ibv_context* context, uint32_t port_num,
   if (Dead(context)) return EIO;
   Device* dev = reinterpret_cast<Context*>(context)->dev;
   if (flags != 0 || entry_size < sizeof(ibv_gid_entry)) return EINVAL;
-  if (port_num != 1 || gid_index >= kGidTableLen) return ENODATA;
+  if (port_num != 1 ||
+      gid_index >= static_cast<uint32_t>(GetProfile().gid_table_len)) {
+    return ENODATA;
+  }
   if (!dev->gid_valid.load()) return ENODATA;  // An empty entry.
   std::memset(entry, 0, entry_size);
-  dev->GidFor(&entry->gid);
+  bool v1 = false;
+  dev->GidAt(static_cast<int>(gid_index), &entry->gid, &v1);
   entry->gid_index = gid_index;
   entry->port_num = 1;
-  entry->gid_type = IBV_GID_TYPE_ROCE_V2;
+  entry->gid_type = v1 ? IBV_GID_TYPE_ROCE_V1 : IBV_GID_TYPE_ROCE_V2;
   entry->ndev_ifindex = 1;
   return 0;
 }
@@ -427,10 +462,18 @@ SOFTRNIC_EXPORT ssize_t _ibv_query_gid_table(ibv_context* context,
                                              size_t max_entries, uint32_t flags,
                                              size_t entry_size) {
   if (flags != 0 || entry_size < sizeof(ibv_gid_entry)) return -EINVAL;
-  if (max_entries < kGidTableLen) return -EINVAL;
-  int rc = _ibv_query_gid_ex(context, 1, 0, entries, 0, entry_size);
-  if (rc == ENODATA) return 0;  // No valid entry.
-  return rc == 0 ? kGidTableLen : -rc;
+  const int len = GetProfile().gid_table_len;
+  if (max_entries < static_cast<size_t>(len)) return -EINVAL;
+  ssize_t n = 0;
+  for (int i = 0; i < len; ++i) {
+    auto* e = reinterpret_cast<ibv_gid_entry*>(
+        reinterpret_cast<uint8_t*>(entries) + n * entry_size);
+    const int rc = _ibv_query_gid_ex(context, 1, i, e, 0, entry_size);
+    if (rc == ENODATA) continue;  // An empty entry.
+    if (rc != 0) return -rc;
+    ++n;
+  }
+  return n;
 }
 
 SOFTRNIC_EXPORT int ibv_get_async_event(ibv_context* context,

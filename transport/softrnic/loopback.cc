@@ -131,8 +131,12 @@ bool ExecuteLoopback(const std::shared_ptr<Qp>& qp) {
         ++n;
       }
     }
+    // Anything the general path must handle: links, injected delays, and
+    // a peer of the other RoCE version (whose drops it emulates).
     if (n == 0 || !qp->dev->LinkUp() || !peer->dev->LinkUp() ||
-        qp->dev->delay_us.load(std::memory_order_relaxed) != 0) {
+        qp->dev->delay_us.load(std::memory_order_relaxed) != 0 ||
+        peer->sgid_v1.load(std::memory_order_acquire) !=
+            qp->sgid_v1.load(std::memory_order_acquire)) {
       return false;
     }
     const int done = Execute(qp.get(), peer.get(), work, n);

@@ -92,7 +92,7 @@ int CheckValues(const ibv_qp_attr& a, int mask) {
     // RoCE: the link layer is Ethernet, so a GRH with the peer's GID is
     // mandatory.
     if (!a.ah_attr.is_global || a.ah_attr.port_num != 1 ||
-        a.ah_attr.grh.sgid_index >= kGidTableLen) {
+        a.ah_attr.grh.sgid_index >= GetProfile().gid_table_len) {
       return EINVAL;
     }
   }
@@ -356,8 +356,17 @@ SOFTRNIC_EXPORT int ibv_modify_qp(ibv_qp* ibqp, ibv_qp_attr* a, int mask) {
     }
     if (to == IBV_QPS_RTR && cur == IBV_QPS_INIT) {
       const uint8_t* g = s.ah_attr.grh.dgid.raw;
+      // Only an IPv4-mapped GID routes (ours carry the port in 8..9); any
+      // other, e.g. link-local, leaves the QP with nowhere to send: its
+      // requests time out, as with a GID no switch routes.
+      bool mapped = g[10] == 0xff && g[11] == 0xff;
+      for (int i = 0; i < 8; ++i) mapped = mapped && g[i] == 0;
       std::memcpy(&qp->peer_ip, g + 12, 4);
-      qp->peer_port = static_cast<uint16_t>(g[8] << 8 | g[9]);
+      qp->peer_port = mapped ? static_cast<uint16_t>(g[8] << 8 | g[9]) : 0;
+      ibv_gid sgid;
+      bool v1 = false;
+      qp->dev->GidAt(s.ah_attr.grh.sgid_index, &sgid, &v1);
+      qp->sgid_v1.store(v1, std::memory_order_release);
       qp->expected_msn = 0;
       connect = true;
     }

@@ -122,13 +122,14 @@ bool Dial(const std::shared_ptr<Qp>& qp) {
     port = qp->peer_port;
     dest = qp->attr.dest_qp_num;
   }
-  if (!qp->dev->LinkUp()) return false;
+  if (!qp->dev->LinkUp() || port == 0) return false;  // port 0: unroutable.
   std::shared_ptr<Connection> conn = Dial(qp->dev, ip, port, kDialTimeoutMs);
   if (conn == nullptr) return false;
   Frame hello{};
   hello.type = FrameType::kHello;
   hello.qpn = dest;
   hello.aux = qp->qp.qp_num;
+  if (qp->sgid_v1.load(std::memory_order_acquire)) hello.flags = kFlagRoceV1;
   uint8_t out[kHeaderBytes];
   EncodeFrame(hello, out);
   iovec iov{out, sizeof(out)};
@@ -441,7 +442,10 @@ void Kick(const std::shared_ptr<Qp>& qp) {
         // Injected delay applies in-process too, as on the wire.
         std::this_thread::sleep_for(std::chrono::microseconds(us));
       }
-      if (peer != nullptr && qp->dev->LinkUp() && peer->dev->LinkUp()) {
+      // A QP drops packets of the other RoCE version.
+      if (peer != nullptr && qp->dev->LinkUp() && peer->dev->LinkUp() &&
+          peer->sgid_v1.load(std::memory_order_acquire) ==
+              qp->sgid_v1.load(std::memory_order_acquire)) {
         GatherSource src;
         for (int i = 1; i < niov; ++i) {
           src.Add(static_cast<const uint8_t*>(iov[i].iov_base), iov[i].iov_len);

@@ -514,6 +514,13 @@ class Acceptor {
       return;
     }
     std::shared_ptr<Qp> qp = QpForHello(dev_, hello);
+    if (qp != nullptr && ((hello.flags & kFlagRoceV1) != 0) !=
+                             qp->sgid_v1.load(std::memory_order_acquire)) {
+      // The other RoCE version: a NIC drops such packets without a word,
+      // and the sender's QP times out.
+      Drop(fd);
+      return;
+    }
     if (qp == nullptr) {
       // The socket buffer of a new connection takes a header at once.
       uint8_t out[kHeaderBytes];

@@ -52,7 +52,7 @@ constexpr int kMaxCqe = 1 << 20;
 constexpr uint32_t kMaxInline = 256;
 constexpr uint32_t kMaxMsgSize = 1u << 30;
 constexpr int kMaxQp = 1 << 16;
-constexpr int kGidTableLen = 1;
+constexpr int kMaxGidTableLen = 4;
 
 struct DeviceConfig {
   std::string name;
@@ -94,6 +94,13 @@ struct Profile {
   uint32_t max_inline;      // create_qp: max_inline_data above.
   int max_qp_rd_atom;       // modify_qp: max_dest_rd_atomic above.
   int max_qp_init_rd_atom;  // modify_qp: max_rd_atomic above.
+  // GID entries: 1 (one RoCE v2 IPv4-mapped GID) or 4, as a RoCE NIC's
+  // table on a netdev with one IPv4 address: [0] link-local RoCE v1,
+  // [1] link-local RoCE v2, [2] IPv4-mapped RoCE v1, [3] IPv4-mapped RoCE
+  // v2. A QP reaches only QPs of its own source GID's type (a v1 packet is
+  // dropped by a v2 QP; the sender times out), and a link-local GID routes
+  // nowhere here.
+  int gid_table_len;
 };
 const Profile& GetProfile();
 
@@ -154,7 +161,12 @@ struct Device {
   ferry::CondVar timer_cv;
   std::vector<std::weak_ptr<Qp>> timer_qps ABSL_GUARDED_BY(timer_mu);
 
+  // The GID the emulation routes by: IPv4-mapped, the listener port in
+  // bytes 8..9. Zeros while the device's address is gone.
   void GidFor(ibv_gid* gid) const;
+  // Entry `index` of the GID table (Profile::gid_table_len entries) and
+  // whether it is RoCE v1.
+  void GidAt(int index, ibv_gid* gid, bool* roce_v1) const;
 };
 
 // All configured devices; created on first use.
@@ -412,6 +424,9 @@ struct Qp {
   bool has_loop_peer ABSL_GUARDED_BY(mu) = false;
   in_addr peer_ip ABSL_GUARDED_BY(mu){};
   uint16_t peer_port ABSL_GUARDED_BY(mu) = 0;
+  // Its source GID (at RTR) is RoCE v1: it talks only to v1 QPs. Atomic:
+  // the same-process path reads the peer QP's without the peer's lock.
+  std::atomic<bool> sgid_v1{false};
   // Unsignaled WQEs that completed: their SQ slots are retired only when a
   // later signaled WQE completes, as on hardware.
   uint32_t done_unsignaled ABSL_GUARDED_BY(mu) = 0;

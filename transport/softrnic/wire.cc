@@ -77,7 +77,7 @@ bool DecodeFrame(const uint8_t in[kHeaderBytes], uint32_t max_length,
   if (!KnownType(in[5])) return false;
   f->type = static_cast<FrameType>(in[5]);
   f->flags = be16toh(Get<uint16_t>(in + 6));
-  if ((f->flags & ~kFlagSolicited) != 0) return false;
+  if ((f->flags & ~(kFlagSolicited | kFlagRoceV1)) != 0) return false;
   f->qpn = be32toh(Get<uint32_t>(in + 8));
   f->msn = be32toh(Get<uint32_t>(in + 12));
   f->length = be32toh(Get<uint32_t>(in + 16));

@@ -45,6 +45,8 @@ enum class NakCode : uint32_t {
 };
 
 constexpr uint16_t kFlagSolicited = 1;
+// HELLO: the requester QP's source GID is RoCE v1 (a v2 QP drops it).
+constexpr uint16_t kFlagRoceV1 = 2;
 
 struct Frame {
   FrameType type;
