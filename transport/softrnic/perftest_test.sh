@@ -1,0 +1,78 @@
+#!/bin/bash
+# Runs Debian's unmodified perftest (ib_write_bw, ib_read_bw, ib_send_bw,
+# ib_write_lat, ib_read_lat) on softrnic: the tools every RDMA user
+# measures a fabric with. They link librdmacm and the hardware providers'
+# direct-verbs libraries (libmlx5, libefa) and are bound at load
+# (BIND_NOW), so every symbol those import must exist in softrnic's
+# libibverbs.so.1; then each must move data between two processes. Only
+# correctness is checked here: performance is measured by
+# tools/bench_perftest.sh.
+set -u
+
+LIBDIR="${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-ferry}/transport/softrnic"
+export LD_LIBRARY_PATH="$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# Under --config=asan softrnic is instrumented and perftest is not: the
+# ASan runtime must come first (see ibverbs_utils_test.sh).
+asan_rt="$(ldd "$LIBDIR/libibverbs.so.1" | awk '/libasan/ {print $3}')"
+if [[ -n "$asan_rt" ]]; then
+  export LD_PRELOAD="$asan_rt"
+  export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1"
+fi
+export FERRY_SOFTRNIC_DEVICES="${FERRY_SOFTRNIC_DEVICES:-softrnic0=127.0.0.1,softrnic1=127.0.0.2}"
+OUT="${TEST_TMPDIR:-$(mktemp -d)}"
+passed=0 failed=0
+
+for prog in ib_write_bw ib_read_bw ib_send_bw ib_write_lat ib_read_lat; do
+  if ! command -v "$prog" >/dev/null; then
+    echo "FAIL: $prog not installed (apt-get install perftest; tools/dev.sh setup)"
+    echo "0 passed, 1 failed"
+    exit 1
+  fi
+done
+
+listening() {  # port: a TCP listener on it (from /proc, without connecting)
+  local hex
+  hex=$(printf '%04X' "$1")
+  awk -v p=":$hex" 'NR > 1 && $4 == "0A" && substr($2, length($2) - 4) == p \
+    { found = 1 } END { exit !found }' /proc/net/tcp /proc/net/tcp6
+}
+
+# run NAME PROG ARGS...: server on softrnic1, client on softrnic0.
+run() {
+  local name=$1 prog=$2
+  shift 2
+  local port=$((20000 + RANDOM % 20000)) waited=0
+  timeout 60 "$prog" -d softrnic1 -x 0 -p "$port" "$@" \
+    >"$OUT/$name.server" 2>&1 &
+  local spid=$!
+  while ! listening "$port" && kill -0 "$spid" 2>/dev/null &&
+    ((waited < 300)); do
+    sleep 0.1
+    waited=$((waited + 1))
+  done
+  timeout 60 "$prog" -d softrnic0 -x 0 -p "$port" "$@" 127.0.0.2 \
+    >"$OUT/$name.client" 2>&1
+  local crc=$?
+  wait "$spid"
+  local src=$?
+  # The result line: the message size first, then the iterations.
+  local line
+  line=$(awk '$1 ~ /^[0-9]+$/ && NF >= 4 {l = $0} END {print l}' "$OUT/$name.client")
+  if ((crc == 0 && src == 0)) && [[ -n "$line" ]]; then
+    echo "PASS: $name: $line"
+    passed=$((passed + 1))
+  else
+    echo "FAIL: $name (server exit $src, client exit $crc)"
+    tail -n 15 "$OUT/$name.server" "$OUT/$name.client"
+    failed=$((failed + 1))
+  fi
+}
+
+run write_bw ib_write_bw -s 65536 -n 500
+run read_bw ib_read_bw -s 65536 -n 500
+run send_bw ib_send_bw -s 4096 -n 500
+run write_lat ib_write_lat -s 64 -n 500
+run read_lat ib_read_lat -s 64 -n 500
+
+echo "$passed passed, $failed failed"
+((failed == 0))
