@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Ferry's engine against the raw-verbs ceiling of the same soft NIC, in the
+# same run: Debian's unmodified perftest (ib_write_bw, ib_read_bw) and
+# transfer_bench --protocol=rdma, each between two processes on softrnic0
+# (127.0.0.1), one QP's worth of work in flight, 1 MiB messages,
+# interleaved for several rounds; medians and the ratio engine/perftest.
+# What it says: what Ferry's engine (slicing, batches, completion
+# tracking, the metadata and handshake it needs) costs on top of raw verbs.
+# softrnic loopback is not a real NIC: compare ratios, not absolute GB/s.
+#   tools/bench_perftest.sh [seconds-per-sample] [rounds]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs="${1:-4}"
+rounds="${2:-3}"
+size=$((1 << 20))
+targets=(//tools:transfer_bench //transport/softrnic:libibverbs.so.1)
+bazel build -c opt "${targets[@]}" >/dev/null 2>&1 || bazel build -c opt "${targets[@]}"
+command -v ib_write_bw >/dev/null || { echo "needs perftest (tools/dev.sh setup)"; exit 1; }
+bin="$(bazel info -c opt bazel-bin 2>/dev/null)"
+export LD_LIBRARY_PATH="$bin/transport/softrnic"
+export FERRY_SOFTRNIC_DEVICES="softrnic0=127.0.0.1"
+
+tmp="$(mktemp -d)"
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+source tools/bench_lib.sh
+
+# perftest's average bandwidth in GB/s (10^9 bytes, as transfer_bench).
+# perftest prints MB/sec of 2^20 bytes (checked: 48,933 x 64 KiB in 3 s
+# printed as 1019.42).
+perftest_run() {  # tool
+  local port
+  port="$(free_port)"
+  timeout 120 "$1" -d softrnic0 -x 0 -p "$port" -s "$size" -D "$secs" \
+    >/dev/null 2>&1 &
+  pids+=($!)
+  sleep 0.5
+  timeout 120 "$1" -d softrnic0 -x 0 -p "$port" -s "$size" -D "$secs" \
+    127.0.0.1 >"$tmp/perftest.txt" 2>&1
+  wait "${pids[-1]}" 2>/dev/null || true
+  awk -v s="$size" '$1 == s && NF >= 4 {printf "%.4f\n", $4 * 1048576 / 1e9}' \
+    "$tmp/perftest.txt" | tail -1
+}
+
+bench_run() {  # read|write
+  local port
+  port="$(free_port)"
+  "$bin/tools/transfer_bench" --mode=target --protocol=rdma \
+    --listen_host=127.0.0.1 --rpc_port="$port" --buffer_size=$((256 << 20)) \
+    >"$tmp/target.log" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 100); do grep -q "target ready" "$tmp/target.log" && break; sleep 0.1; done
+  "$bin/tools/transfer_bench" --mode=initiator --protocol=rdma \
+    --listen_host=127.0.0.1 --metadata_server="127.0.0.1:$port" \
+    --segment_id=target --operation="$1" --block_size="$size" --batch_size=8 \
+    --buffer_size=$((256 << 20)) --duration="$secs" --warmup=1 --report=json \
+    >"$tmp/bench.json" 2>/dev/null
+  kill "${pids[-1]}" 2>/dev/null || true
+  wait "${pids[-1]}" 2>/dev/null || true
+  json_field "$tmp/bench.json" throughput_gbps
+}
+
+pw=() pr=() fw=() fr=()
+for r in $(seq "$rounds"); do
+  pw+=("$(perftest_run ib_write_bw)")
+  fw+=("$(bench_run write)")
+  pr+=("$(perftest_run ib_read_bw)")
+  fr+=("$(bench_run read)")
+  echo "round $r: ib_write_bw ${pw[-1]}  transfer_bench write ${fw[-1]}  ib_read_bw ${pr[-1]}  transfer_bench read ${fr[-1]} GB/s"
+done
+for op in write read; do
+  if [[ $op == write ]]; then p=("${pw[@]}") f=("${fw[@]}"); else p=("${pr[@]}") f=("${fr[@]}"); fi
+  mp="$(median "${p[@]}")"
+  mf="$(median "${f[@]}")"
+  echo "median $op, 1 MiB: ib_${op}_bw $mp GB/s (range $(printf '%s\n' "${p[@]}" | sort -g | head -1)-$(printf '%s\n' "${p[@]}" | sort -g | tail -1)), transfer_bench $mf GB/s (range $(printf '%s\n' "${f[@]}" | sort -g | head -1)-$(printf '%s\n' "${f[@]}" | sort -g | tail -1)); ratio engine/perftest $(python3 -c "print('%.3f' % ($mf / $mp))")"
+done
