@@ -3,6 +3,7 @@
 // 127.0.0.2; softrnic_test_main sets that up): every byte verified.
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -273,6 +274,35 @@ TEST(RdmaGidTest, PicksRoceV2ByTypeAndReachesAV2Peer) {
   EXPECT_EQ(st.completed, 1u) << st.first_error;
   EXPECT_EQ(remote, local);
   ASSERT_OK(initiator.FreeBatch(batch));
+}
+
+// rdma.fork_safe calls ibv_fork_init before any registration; out of
+// range addressing options are refused at Init, naming them.
+TEST(RdmaOptionsTest, ForkSafeAndAddressingOptions) {
+  EngineOptions o;
+  o.local_segment_name = "opts";
+  o.listen_host = "127.0.0.1";
+  o.transports = {"rdma"};
+  o.rdma.fork_safe = true;
+  {
+    TransferEngine e;
+    ASSERT_OK(e.Init(o));
+    std::vector<uint8_t> mem(1 << 16);
+    EXPECT_OK(e.RegisterLocalMemory(mem.data(), mem.size()));
+    EXPECT_OK(e.UnregisterLocalMemory(mem.data()));
+  }
+  for (auto spoil : std::vector<std::function<void(RdmaOptions*)>>{
+           [](RdmaOptions* r) { r->traffic_class = 256; },
+           [](RdmaOptions* r) { r->service_level = 16; },
+           [](RdmaOptions* r) { r->hop_limit = 0; },
+           [](RdmaOptions* r) { r->flow_label = 1 << 20; }}) {
+    EngineOptions bad = o;
+    spoil(&bad.rdma);
+    TransferEngine e;
+    absl::Status s = e.Init(bad);
+    EXPECT_STATUS(s, absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("rdma.traffic_class"), std::string::npos) << s;
+  }
 }
 
 }  // namespace

@@ -92,6 +92,15 @@ struct RdmaOptions {
   // faster at the risk of spurious errors under congestion.
   int qp_timeout = 14;
   int qp_retry_count = 7;
+  // Fork safety: a process that forks while memory is registered may have
+  // its pages copied on write under the NIC (the child touches them) on
+  // kernels before 5.13 / rdma-core before 35. true calls ibv_fork_init at
+  // Install (registered ranges are excluded from fork, at one madvise per
+  // registration); Install fails if that is too late (memory registered
+  // already) or unsupported. false (default): nothing is done, which is
+  // safe where ibv_is_fork_initialized() says IBV_FORK_UNNEEDED (modern
+  // kernels); RDMAV_FORK_SAFE=1 in the environment does the same as true.
+  bool fork_safe = false;
   // Addressing of every packet (the GRH on RoCE). traffic_class is the IP
   // header's DSCP << 2 | ECN: the default 106 (DSCP 26, ECN-capable) is the
   // class lossless (PFC + ECN) RoCE fabrics are commonly configured for,

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -209,6 +210,21 @@ std::string GidAddress(const ibv_gid& gid) {
     inet_ntop(AF_INET6, g, buf, sizeof(buf));
   }
   return buf;
+}
+
+std::string MemlockAdvice(size_t nics) {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_MEMLOCK, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) {
+    return "";
+  }
+  return absl::StrCat(
+      "; registered memory is pinned and counts against the locked-memory "
+      "limit (RLIMIT_MEMLOCK, now ",
+      rl.rlim_cur, " bytes, once per NIC: ", nics,
+      " here) unless the process has CAP_IPC_LOCK. Raise it: 'ulimit -l "
+      "unlimited' in the shell, LimitMEMLOCK=infinity for a systemd "
+      "service, '--ulimit memlock=-1' for docker, a 'memlock unlimited' "
+      "line in /etc/security/limits.conf; or register less");
 }
 
 int EffectiveGidIndex(const RdmaOptions& options) {

@@ -131,6 +131,11 @@ int GidScore(const ibv_gid& gid);
 absl::StatusOr<std::vector<ibv_device*>> ListDevices(
     const std::vector<std::string>& filter);
 
+// After an ibv_reg_mr that failed with ENOMEM: if the locked-memory limit
+// (RLIMIT_MEMLOCK) binds this process, what it is and how to raise it
+// ("; ..."), else "". Each of `nics` devices pins its own registration.
+std::string MemlockAdvice(size_t nics);
+
 // RdmaOptions::gid_index, or else the environment's MC_GID_INDEX (as
 // Mooncake TE reads it), or -1 (pick by type).
 int EffectiveGidIndex(const RdmaOptions& options);

@@ -85,6 +85,13 @@ absl::Status RdmaTransport::Install(const TransportEnv& env,
   timers_.service_level = static_cast<uint8_t>(options_.rdma.service_level);
   timers_.hop_limit = static_cast<uint8_t>(options_.rdma.hop_limit);
   timers_.flow_label = options_.rdma.flow_label;
+  if (options_.rdma.fork_safe) {
+    if (int rc = ibv_fork_init(); rc != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rdma.fork_safe: ibv_fork_init failed (", std::strerror(rc),
+          "): it must run before any memory is registered in this process"));
+    }
+  }
   auto devices = ListDevices(options_.rdma.devices);
   if (!devices.ok()) return devices.status();
   std::string skipped;
@@ -190,8 +197,10 @@ absl::StatusOr<MemoryHandle> RdmaTransport::RegisterMemory(
       for (ibv_mr* mr : entry->mrs) {
         if (mr != nullptr) ibv_dereg_mr(mr);
       }
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "ibv_reg_mr on ", nics_[i]->name(), ": ", std::strerror(errors[i])));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("ibv_reg_mr of ", region.length, " bytes on ",
+                       nics_[i]->name(), ": ", std::strerror(errors[i]),
+                       errors[i] == ENOMEM ? MemlockAdvice(nics_.size()) : ""));
     }
     entry->lkeys.push_back(entry->mrs[i] != nullptr ? entry->mrs[i]->lkey : 0);
   }

@@ -2,7 +2,10 @@
 // identity.
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/capability.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -279,6 +282,44 @@ SOFTRNIC_EXPORT int ibv_dealloc_pd(ibv_pd* ibpd) {
   return 0;
 }
 
+// ---- Locked memory --------------------------------------------------------
+// A NIC pins registered pages, and the kernel charges them to the process's
+// RLIMIT_MEMLOCK unless it has CAP_IPC_LOCK: ibv_reg_mr fails with ENOMEM
+// past the limit. softrnic pins nothing but keeps the same account, so the
+// error (and Ferry's handling of it) shows up where it would on hardware.
+namespace {
+
+std::atomic<uint64_t>& PinnedBytes() {
+  static std::atomic<uint64_t> pinned{0};
+  return pinned;
+}
+
+bool HasIpcLock() {
+  __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[2]{};
+  if (syscall(SYS_capget, &hdr, data) != 0) return false;
+  return (data[CAP_IPC_LOCK / 32].effective & (1u << (CAP_IPC_LOCK % 32))) != 0;
+}
+
+// Charges the pages of [addr, addr + length); false (nothing charged) if
+// that would pass the limit.
+bool ChargePinned(uintptr_t addr, size_t length, uint64_t* charged) {
+  const uintptr_t page = 4096;
+  const uint64_t bytes =
+      ((addr + length + page - 1) & ~(page - 1)) - (addr & ~(page - 1));
+  rlimit rl{};
+  const bool limited = getrlimit(RLIMIT_MEMLOCK, &rl) == 0 &&
+                       rl.rlim_cur != RLIM_INFINITY && !HasIpcLock();
+  uint64_t now = PinnedBytes().load(std::memory_order_relaxed);
+  do {
+    if (limited && now + bytes > rl.rlim_cur) return false;
+  } while (!PinnedBytes().compare_exchange_weak(now, now + bytes));
+  *charged = bytes;
+  return true;
+}
+
+}  // namespace
+
 SOFTRNIC_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* ibpd, void* addr,
                                          size_t length, uint64_t iova,
                                          unsigned int access) {
@@ -304,11 +345,17 @@ SOFTRNIC_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* ibpd, void* addr,
     return nullptr;
   }
   auto* pd = reinterpret_cast<Pd*>(ibpd);
+  uint64_t pinned = 0;
+  if (!ChargePinned(reinterpret_cast<uintptr_t>(addr), length, &pinned)) {
+    errno = ENOMEM;  // As the kernel: over RLIMIT_MEMLOCK.
+    return nullptr;
+  }
   uint64_t* frames = nullptr;
   if (StrictMode().load(std::memory_order_relaxed)) {
     if (int err =
             RecordFrames(reinterpret_cast<uintptr_t>(addr), length, &frames);
         err != 0) {
+      PinnedBytes().fetch_sub(pinned);
       errno = err;
       return nullptr;
     }
@@ -324,6 +371,7 @@ SOFTRNIC_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* ibpd, void* addr,
     } else {
       if (t.used >= kMaxSlots) {
         delete[] frames;
+        PinnedBytes().fetch_sub(pinned);
         errno = ENOMEM;
         return nullptr;
       }
@@ -345,6 +393,7 @@ SOFTRNIC_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* ibpd, void* addr,
     mr->length = length;
     mr->strict = frames != nullptr;
     mr->frames = frames;
+    mr->pinned = pinned;
     mr->mr.lkey = mr->mr.rkey = (slot << 8) | gen;
     mr->live_key.store(mr->mr.lkey, std::memory_order_release);
   }
@@ -422,6 +471,8 @@ SOFTRNIC_EXPORT int ibv_dereg_mr(ibv_mr* ibmr) {
     }
   }
   mr->pd->users.fetch_sub(1);
+  PinnedBytes().fetch_sub(mr->pinned);
+  mr->pinned = 0;
   delete[] mr->frames;
   mr->frames = nullptr;
   mr->strict = false;

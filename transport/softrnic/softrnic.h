@@ -241,6 +241,8 @@ struct Mr {
   // `start` on; every access checks the frames of the pages it touches.
   bool strict = false;
   uint64_t* frames = nullptr;
+  // Bytes charged to the process's locked-memory budget (whole pages).
+  uint64_t pinned = 0;
   // The key while registered, 0 once deregistered. The fields above are
   // written before it is published and stay fixed until dereg has seen
   // `inflight` drop to zero.
