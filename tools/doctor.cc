@@ -1,0 +1,329 @@
+// doctor: checks whether Ferry's RDMA transport will work on this host,
+// and if not, what to change. Every check prints OK, WARN or FAIL with
+// what it saw; every WARN and FAIL comes with its fix. Exit status 1 if
+// any check failed.
+//   doctor [--json] [--device_name=mlx5_0,mlx5_1] [--register_bytes=N]
+// Covers: the verbs library (rdma-core or softrnic), devices, port state,
+// link layer, active MTU, the GID table with types and the GID Ferry
+// would pick (and why), device limits, the locked-memory limit against
+// what will be registered, hugepages, fork safety, and the NIC priority
+// matrix Ferry derives from the NUMA and PCI topology.
+#include <dlfcn.h>
+#include <infiniband/verbs.h>
+#include <link.h>
+#include <linux/capability.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "transport/options.h"
+#include "transport/rdma/nic.h"
+#include "transport/rdma/topology.h"
+
+ABSL_FLAG(bool, json, false, "print one JSON object instead of a table");
+ABSL_FLAG(std::string, device_name, "",
+          "devices to check, comma-separated (empty: every one)");
+ABSL_FLAG(uint64_t, register_bytes, 1ull << 30,
+          "bytes the application will register (transfer_bench's "
+          "--buffer_size): the locked-memory limit must hold them once per "
+          "NIC");
+
+namespace ferry {
+namespace {
+
+enum class Level { kOk, kWarn, kFail };
+
+struct Check {
+  std::string name;
+  Level level;
+  std::string detail;
+  std::string fix;  // For kWarn and kFail.
+};
+
+const char* LevelName(Level l) {
+  return l == Level::kOk ? "OK" : l == Level::kWarn ? "WARN" : "FAIL";
+}
+
+int MtuBytes(ibv_mtu m) { return 128 << static_cast<int>(m); }
+
+// Which libibverbs this process loaded: softrnic exports softrnic_version.
+std::string VerbsLibrary() {
+  using VersionFn = const char* (*)();
+  if (auto fn = reinterpret_cast<VersionFn>(
+          dlsym(RTLD_DEFAULT, "softrnic_version"))) {
+    return absl::StrCat("softrnic ", fn(), " (emulated NICs)");
+  }
+  std::string path;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* out) {
+        const std::string name = info->dlpi_name;
+        if (name.find("libibverbs.so") != std::string::npos) {
+          *static_cast<std::string*>(out) = name;
+        }
+        return 0;
+      },
+      &path);
+  return absl::StrCat("rdma-core libibverbs (", path.empty() ? "?" : path, ")");
+}
+
+bool HasIpcLock() {
+  __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[2]{};
+  if (syscall(SYS_capget, &hdr, data) != 0) return false;
+  return (data[CAP_IPC_LOCK / 32].effective & (1u << (CAP_IPC_LOCK % 32))) != 0;
+}
+
+std::string ReadLine(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+void CheckMemlock(size_t nics, std::vector<Check>* out) {
+  const uint64_t want =
+      absl::GetFlag(FLAGS_register_bytes) * std::max<size_t>(nics, 1);
+  rlimit rl{};
+  getrlimit(RLIMIT_MEMLOCK, &rl);
+  if (rl.rlim_cur == RLIM_INFINITY || HasIpcLock()) {
+    out->push_back({"memlock", Level::kOk,
+                    rl.rlim_cur == RLIM_INFINITY
+                        ? "unlimited"
+                        : "limited, but the process has CAP_IPC_LOCK",
+                    ""});
+    return;
+  }
+  const bool enough = rl.rlim_cur >= want;
+  out->push_back(
+      {"memlock", enough ? Level::kOk : Level::kFail,
+       absl::StrCat("RLIMIT_MEMLOCK ", rl.rlim_cur, " bytes; ",
+                    absl::GetFlag(FLAGS_register_bytes), " bytes on ", nics,
+                    " NIC(s) pin ", want),
+       enough ? ""
+              : "raise it: 'ulimit -l unlimited', LimitMEMLOCK=infinity "
+                "(systemd), --ulimit memlock=-1 (docker), or a 'memlock "
+                "unlimited' line in /etc/security/limits.conf"});
+}
+
+void CheckHost(std::vector<Check>* out) {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string line, total = "0", size = "?";
+  while (std::getline(meminfo, line)) {
+    std::vector<std::string> f =
+        absl::StrSplit(line, absl::ByAnyChar(" :"), absl::SkipEmpty());
+    if (f.size() >= 2 && f[0] == "HugePages_Total") total = f[1];
+    if (f.size() >= 2 && f[0] == "Hugepagesize") size = f[1] + " kB";
+  }
+  const std::string thp =
+      ReadLine("/sys/kernel/mm/transparent_hugepage/enabled");
+  out->push_back(
+      {"hugepages", Level::kOk,
+       absl::StrCat(total, " reserved of ", size,
+                    "; transparent hugepages: ", thp.empty() ? "?" : thp),
+       ""});
+  const ibv_fork_status fork = ibv_is_fork_initialized();
+  out->push_back(
+      {"fork safety", fork == IBV_FORK_DISABLED ? Level::kWarn : Level::kOk,
+       fork == IBV_FORK_UNNEEDED  ? "not needed (the kernel keeps registered "
+                                    "pages across fork)"
+       : fork == IBV_FORK_ENABLED ? "ibv_fork_init is on"
+                                  : "off, and this kernel needs it",
+       fork == IBV_FORK_DISABLED
+           ? "an application that forks with memory registered must set "
+             "RdmaOptions::fork_safe (or RDMAV_FORK_SAFE=1)"
+           : ""});
+}
+
+// One device: port, link layer, MTU, GIDs, the pick, limits.
+void CheckDevice(ibv_device* dev, std::vector<Check>* out,
+                 std::vector<std::string>* usable) {
+  const std::string name = ibv_get_device_name(dev);
+  ibv_context* ctx = ibv_open_device(dev);
+  if (ctx == nullptr) {
+    out->push_back({name, Level::kFail, "ibv_open_device failed",
+                    "check /dev/infiniband permissions and the driver "
+                    "(dmesg)"});
+    return;
+  }
+  ibv_port_attr port{};
+  ibv_device_attr attr{};
+  if (ibv_query_port(ctx, 1, &port) != 0 || ibv_query_device(ctx, &attr) != 0) {
+    out->push_back({name, Level::kFail, "cannot query port 1 or the device",
+                    "check the driver (dmesg, ibv_devinfo)"});
+    ibv_close_device(ctx);
+    return;
+  }
+  const bool roce = port.link_layer == IBV_LINK_LAYER_ETHERNET;
+  const std::string where = absl::StrCat(name, " port 1");
+  if (port.state != IBV_PORT_ACTIVE) {
+    out->push_back({where, Level::kFail,
+                    absl::StrCat("state ", ibv_port_state_str(port.state),
+                                 "; Ferry uses ACTIVE ports only"),
+                    roce ? "bring the netdev up with a carrier (ip link; "
+                           "cable, switch port)"
+                         : "check the cable and that a subnet manager runs "
+                           "(ibstat, opensm)"});
+    ibv_close_device(ctx);
+    return;
+  }
+  out->push_back(
+      {where, Level::kOk,
+       absl::StrCat("ACTIVE, ", roce ? "Ethernet (RoCE)" : "InfiniBand",
+                    roce ? "" : absl::StrCat(", LID ", port.lid)),
+       ""});
+  const bool small_mtu = port.active_mtu < IBV_MTU_4096;
+  out->push_back(
+      {absl::StrCat(name, " MTU"), small_mtu ? Level::kWarn : Level::kOk,
+       absl::StrCat("active ", MtuBytes(port.active_mtu), ", max ",
+                    MtuBytes(port.max_mtu),
+                    "; QPs use the smaller of both sides' active MTU"),
+       small_mtu && roce
+           ? "for full speed set jumbo frames end to end (ip link set dev "
+             "<netdev> mtu 9000 on every host and switch port)"
+       : small_mtu ? "raise the subnet's MTU in the subnet manager"
+                   : ""});
+  // The GID table with types.
+  std::vector<std::string> entries;
+  for (int i = 0; i < port.gid_tbl_len && i < 16; ++i) {
+    ibv_gid_entry e{};
+    if (ibv_query_gid_ex(ctx, 1, i, &e, 0) != 0) continue;
+    const std::string ip = rdma::GidAddress(e.gid);
+    entries.push_back(absl::StrCat(
+        "[", i, "] ",
+        e.gid_type == IBV_GID_TYPE_ROCE_V1   ? "RoCE v1"
+        : e.gid_type == IBV_GID_TYPE_ROCE_V2 ? "RoCE v2"
+                                             : "IB",
+        " ",
+        ip.empty() ? absl::BytesToHexString(absl::string_view(
+                         reinterpret_cast<const char*>(e.gid.raw), 16))
+                   : ip));
+  }
+  out->push_back({absl::StrCat(name, " GID table"), Level::kOk,
+                  entries.empty() ? "empty" : absl::StrJoin(entries, "; "),
+                  ""});
+  RdmaOptions opts;
+  const int requested = rdma::EffectiveGidIndex(opts);
+  ibv_gid gid{};
+  int index = 0;
+  std::string why;
+  absl::Status pick = rdma::PickGid(ctx, requested, &gid, &index, &why);
+  if (!pick.ok() && roce) {
+    out->push_back({absl::StrCat(name, " GID"), Level::kFail,
+                    std::string(pick.message()),
+                    "configure a RoCE v2 address on the netdev (an IPv4 "
+                    "address gives an IPv4-mapped v2 GID), or pin one with "
+                    "MC_GID_INDEX / rdma.gid_index"});
+  } else {
+    const std::string ip = rdma::GidAddress(gid);
+    out->push_back(
+        {absl::StrCat(name, " GID"), Level::kOk,
+         absl::StrCat("index ", index, " (", why, ")",
+                      ip.empty() ? "" : absl::StrCat(", address ", ip)),
+         ""});
+  }
+  out->push_back(
+      {absl::StrCat(name, " limits"), Level::kOk,
+       absl::StrCat("max_qp_wr ", attr.max_qp_wr, ", max_sge ", attr.max_sge,
+                    ", max_cqe ", attr.max_cqe, ", READ depth ",
+                    attr.max_qp_rd_atom, "/", attr.max_qp_init_rd_atom,
+                    ", max_mr_size ", attr.max_mr_size),
+       ""});
+  usable->push_back(name);
+  ibv_close_device(ctx);
+}
+
+std::string JsonEscape(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20) {
+      absl::StrAppend(&out, "\\u00", absl::Hex(c, absl::kZeroPad2));
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
+int Main() {
+  std::vector<Check> checks;
+  checks.push_back({"verbs library", Level::kOk, VerbsLibrary(), ""});
+  std::vector<std::string> filter;
+  if (const std::string d = absl::GetFlag(FLAGS_device_name); !d.empty()) {
+    filter = absl::StrSplit(d, ',', absl::SkipEmpty());
+  }
+  auto devices = rdma::ListDevices(filter);
+  std::vector<std::string> usable;
+  if (!devices.ok()) {
+    checks.push_back({"devices", Level::kFail,
+                      std::string(devices.status().message()),
+                      "install rdma-core and your NIC's driver (ibv_devices "
+                      "must list it), or run on softrnic: tools/softrnic-run"});
+  } else {
+    checks.push_back(
+        {"devices", Level::kOk, absl::StrCat(devices->size(), " found"), ""});
+    for (ibv_device* dev : *devices) CheckDevice(dev, &checks, &usable);
+    if (usable.empty()) {
+      checks.push_back({"usable NICs", Level::kFail, "none",
+                        "fix the FAILs above: Ferry needs an ACTIVE port"});
+    } else {
+      const rdma::Topology topo = rdma::Topology::FromSysfs("/sys", usable);
+      checks.push_back(
+          {"NIC priority matrix", Level::kOk, topo.ToJson(usable), ""});
+    }
+  }
+  CheckMemlock(usable.size(), &checks);
+  CheckHost(&checks);
+
+  int fails = 0, warns = 0;
+  for (const Check& c : checks) {
+    fails += c.level == Level::kFail;
+    warns += c.level == Level::kWarn;
+  }
+  if (absl::GetFlag(FLAGS_json)) {
+    std::string out = "{\"checks\":[";
+    for (size_t i = 0; i < checks.size(); ++i) {
+      const Check& c = checks[i];
+      absl::StrAppend(&out, i ? "," : "", "{\"name\":\"", JsonEscape(c.name),
+                      "\",\"level\":\"", LevelName(c.level), "\",\"detail\":\"",
+                      JsonEscape(c.detail), "\",\"fix\":\"", JsonEscape(c.fix),
+                      "\"}");
+    }
+    absl::StrAppend(&out, "],\"fails\":", fails, ",\"warnings\":", warns, "}");
+    std::printf("%s\n", out.c_str());
+  } else {
+    for (const Check& c : checks) {
+      std::printf("%-4s  %-22s %s\n", LevelName(c.level), c.name.c_str(),
+                  c.detail.c_str());
+      if (!c.fix.empty())
+        std::printf("      %-22s fix: %s\n", "", c.fix.c_str());
+    }
+    std::printf("%d failed, %d warnings\n", fails, warns);
+  }
+  return fails > 0 ? 1 : 0;
+}
+
+}  // namespace
+}  // namespace ferry
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Checks whether Ferry's RDMA transport will work on this host.\n"
+      "  doctor [--json] [--device_name=...] [--register_bytes=N]");
+  absl::ParseCommandLine(argc, argv);
+  return ferry::Main();
+}

@@ -1,0 +1,81 @@
+#!/bin/bash
+# tools/doctor on softrnic: a healthy set-up passes; each broken one is
+# flagged with its fix and a non-zero exit status.
+#   1. default profile: every check OK, exit 0, valid JSON;
+#   2. "roce-1500" (a RoCE port on a 1500-byte netdev, link-local and
+#      RoCE v1 GIDs first): the MTU is a warning with its fix, and the GID
+#      picked is the IPv4-mapped RoCE v2 entry (index 3), v1 skipped;
+#   3. a device that cannot be opened (its address is not this host's);
+#   4. a locked-memory limit too small for the registration planned,
+#      without CAP_IPC_LOCK.
+set -u
+RUNFILES="${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}"
+DOCTOR="$RUNFILES/tools/doctor"
+export LD_LIBRARY_PATH="$RUNFILES/transport/softrnic"
+asan_rt="$(ldd "$LD_LIBRARY_PATH/libibverbs.so.1" | awk '/libasan/ {print $3}')"
+[[ -n "$asan_rt" ]] && export ASAN_OPTIONS="detect_leaks=0"
+OUT="${TEST_TMPDIR:-$(mktemp -d)}"
+passed=0 failed=0
+pass() { echo "PASS: $1"; passed=$((passed + 1)); }
+fail() { echo "FAIL: $1"; shift; cat "$@"; failed=$((failed + 1)); }
+
+json() {  # file, python expression over the parsed report `r`
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+r = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+c = {x["name"]: x for x in r["checks"]}
+sys.exit(0 if eval("(" + sys.argv[2] + ")") else 1)
+PY
+}
+
+FERRY_SOFTRNIC_DEVICES=softrnic0=127.0.0.1 "$DOCTOR" --json >"$OUT/ok.json" 2>&1
+rc=$?
+if ((rc == 0)) && json "$OUT/ok.json" \
+    'r["fails"] == 0 and c["softrnic0 GID"]["detail"].startswith("index 0")'; then
+  pass "healthy softrnic: all OK"
+else
+  fail "healthy softrnic (exit $rc)" "$OUT/ok.json"
+fi
+
+FERRY_SOFTRNIC_PROFILE=roce-1500 FERRY_SOFTRNIC_DEVICES=softrnic0=127.0.0.1 \
+  "$DOCTOR" --json >"$OUT/roce.json" 2>&1
+rc=$?
+if ((rc == 0)) && json "$OUT/roce.json" \
+    'c["softrnic0 MTU"]["level"] == "WARN" and "mtu 9000" in c["softrnic0 MTU"]["fix"]
+     and c["softrnic0 GID"]["detail"].startswith("index 3")
+     and "RoCE v1 skipped" in c["softrnic0 GID"]["detail"]
+     and "RoCE v1" in c["softrnic0 GID table"]["detail"]'; then
+  pass "roce-1500: MTU 1024 warned with its fix; RoCE v2 GID picked, v1 skipped"
+else
+  fail "roce-1500 (exit $rc)" "$OUT/roce.json"
+fi
+
+FERRY_SOFTRNIC_DEVICES=softrnic0=127.0.0.1,softrnic9=192.0.2.1 \
+  "$DOCTOR" --json >"$OUT/dead.json" 2>/dev/null
+rc=$?
+if ((rc == 1)) && json "$OUT/dead.json" \
+    'c["softrnic9"]["level"] == "FAIL" and c["softrnic9"]["fix"] and r["fails"] == 1'; then
+  pass "a device that cannot be opened fails, with a fix"
+else
+  fail "unopenable device (exit $rc)" "$OUT/dead.json"
+fi
+
+if ! command -v setpriv >/dev/null || [[ $(id -u) -ne 0 ]]; then
+  fail "needs root and setpriv (util-linux) to drop CAP_IPC_LOCK"
+else
+  FERRY_SOFTRNIC_DEVICES=softrnic0=127.0.0.1 setpriv \
+    --bounding-set=-ipc_lock --inh-caps=-ipc_lock bash -c \
+    "ulimit -l 1024 && exec '$DOCTOR' --json --register_bytes=$((64 << 20))" \
+    >"$OUT/memlock.json" 2>&1
+  rc=$?
+  if ((rc == 1)) && json "$OUT/memlock.json" \
+      'c["memlock"]["level"] == "FAIL" and "ulimit -l unlimited" in c["memlock"]["fix"]
+       and "1048576" in c["memlock"]["detail"]'; then
+    pass "a 1 MiB memlock limit without CAP_IPC_LOCK fails, with the fix"
+  else
+    fail "low memlock (exit $rc)" "$OUT/memlock.json"
+  fi
+fi
+
+echo "$passed passed, $failed failed"
+((failed == 0))
