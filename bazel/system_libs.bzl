@@ -26,6 +26,7 @@ _LIBS = {
     "gtest": ["gtest"],
     "ibverbs": ["libibverbs"],
     "protobuf": ["protobuf"],
+    "spdlog": ["spdlog"],
 }
 
 def _system_libs_impl(rctx):
@@ -40,8 +41,13 @@ def _system_libs_impl(rctx):
             fail("pkg-config --libs %s failed: %s (run tools/dev.sh setup)" %
                  (" ".join(modules), res.stderr))
         flags = [f for f in res.stdout.strip().split(" ") if f]
+        # Macros a library's headers need (spdlog: SPDLOG_COMPILED_LIB,
+        # SPDLOG_FMT_EXTERNAL); include paths are builtin.
+        cflags = rctx.execute([pkg_config, "--cflags-only-other"] + modules)
+        defines = [f[2:] for f in cflags.stdout.strip().split(" ") if f.startswith("-D")]
         build.append(
             "cc_library(\n    name = \"%s\",\n    linkopts = %s,\n" % (name, repr(flags)) +
+            "    defines = %s,\n" % repr(defines) +
             "    visibility = [\"//visibility:public\"],\n)\n",
         )
     rctx.file("WORKSPACE", "workspace(name = \"system\")\n")

@@ -7,7 +7,10 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/host_info.h"
+#include "common/log.h"
 #include "common/socket_util.h"
 #include "metadata/validation.h"
 
@@ -59,6 +62,16 @@ absl::Status EngineImpl::ValidateOptions(const EngineOptions& o) const {
   }
   if (o.transports.empty()) {
     return absl::InvalidArgumentError("no transport requested");
+  }
+  for (absl::string_view part :
+       absl::StrSplit(o.log_level, ',', absl::SkipEmpty())) {
+    std::pair<absl::string_view, absl::string_view> kv =
+        absl::StrSplit(part, absl::MaxSplits('=', 1));
+    if (auto l = log::ParseLevel(kv.second.empty() ? kv.first : kv.second);
+        !l.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("log_level: ", l.status().message()));
+    }
   }
   absl::flat_hash_set<std::string> seen;
   for (const std::string& t : o.transports) {
@@ -133,6 +146,9 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
     return absl::AlreadyExistsError("engine is already initialized");
   }
   if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
+  if (!options.log_level.empty()) {
+    if (absl::Status s = log::SetLevels(options.log_level); !s.ok()) return s;
+  }
   options_ = options;
   TransportOptions topts;
   topts.tcp = options.tcp;
@@ -221,6 +237,9 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
   }
   if (auto v = metadata_->PutSegment(desc); !v.ok()) {
     absl::Status s = v.status();
+    FERRY_LOG(kError, "metadata", "cannot publish segment '",
+              options.local_segment_name, "' to ", metadata_addr, ": ",
+              s.message());
     ReleaseAll();
     return absl::Status(
         s.code(),
@@ -229,6 +248,16 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
                      s.message()));
   }
   initialized_ = true;
+  FERRY_LOG(
+      kInfo, "engine", "segment '", options.local_segment_name,
+      "' up: metadata ", embedded ? "embedded at " : "at ", metadata_address_,
+      ", rpc ", rpc_address, ", bound to '",
+      options.listen_host.empty() ? "every interface" : options.listen_host,
+      "', advertising ", advertised_host_, " (", advertised_reason_,
+      "), transports [", absl::StrJoin(options.transports, ","),
+      "], rpc_timeout ", absl::FormatDuration(options.rpc_timeout),
+      ", transfer_timeout ", absl::FormatDuration(options.transfer_timeout),
+      ", mr_cache_bytes ", options.mr_cache_bytes);
   return absl::OkStatus();
 }
 

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/host_info.h"
+#include "common/log.h"
 #include "metadata/validation.h"
 
 namespace ferry {
@@ -70,13 +71,23 @@ void SegmentCache::Stop() {
 
 absl::StatusOr<std::shared_ptr<const SegmentView>> SegmentCache::Fetch(
     const std::string& name) {
-  auto desc = client_->GetSegment(name);
-  if (!desc.ok()) return desc.status();
-  if (absl::Status s = metadata::CheckReachable(*desc, NetworkIdentity());
-      !s.ok()) {
-    return s;
+  auto view = [&]() -> absl::StatusOr<std::shared_ptr<const SegmentView>> {
+    auto desc = client_->GetSegment(name);
+    if (!desc.ok()) return desc.status();
+    if (absl::Status s = metadata::CheckReachable(*desc, NetworkIdentity());
+        !s.ok()) {
+      return s;
+    }
+    return SegmentView::Create(std::move(*desc));
+  }();
+  // An unknown name is the caller's business (OpenSegment says so); the
+  // rest is what an operator needs to see: the service unreachable, bad
+  // or unreachable descriptors.
+  if (!view.ok() && view.status().code() != absl::StatusCode::kNotFound) {
+    FERRY_LOG_EVERY(kWarn, "metadata", absl::Seconds(1), "cannot use segment '",
+                    name, "': ", view.status().message());
   }
-  return SegmentView::Create(std::move(*desc));
+  return view;
 }
 
 SegmentHandle SegmentCache::HandleOf(size_t slot) const {

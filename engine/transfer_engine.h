@@ -58,6 +58,10 @@ struct EngineOptions {
   // address. A peer on another host that finds a loopback address in a
   // descriptor fails OpenSegment with FailedPrecondition saying so.
   std::string advertise_host = "";
+  // Log levels (common/log.h): "" leaves them as they are (FERRY_LOG_LEVEL
+  // or "info"); else a level ("debug") or per component ("warn,rdma=info")
+  // applied at Init, for the whole process.
+  std::string log_level = "";
   // Port of the engine's gRPC server (peer service, embedded metadata).
   // 0 picks a free port; set one where a firewall must let peers in
   // (docs/deployment.md lists every port).

@@ -8,6 +8,10 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_join.h"
+#include "common/log.h"
+#include "common/mutex.h"
 #include "common/status_testing.h"
 #include "engine/transfer_engine.h"
 #include "gtest/gtest.h"
@@ -303,6 +307,61 @@ TEST(RdmaOptionsTest, ForkSafeAndAddressingOptions) {
     EXPECT_STATUS(s, absl::StatusCode::kInvalidArgument);
     EXPECT_NE(s.message().find("rdma.traffic_class"), std::string::npos) << s;
   }
+}
+
+// What an operator needs is logged, through the host's sink when it sets
+// one: the configuration at Init, connects with their rail, and a port
+// going down with what happens to its slices.
+TEST(RdmaLogTest, InitConnectsAndPortEventsAreLogged) {
+  Mutex mu;
+  std::vector<std::string> lines;
+  log::SetSink([&](log::Level, absl::string_view c, absl::string_view m) {
+    MutexLock lock(&mu);
+    lines.push_back(absl::StrCat(c, ": ", m));
+  });
+  {
+    EngineOptions t;
+    t.local_segment_name = "logged";
+    t.listen_host = "127.0.0.1";
+    t.transports = {"rdma"};
+    TransferEngine target, initiator;
+    ASSERT_OK(target.Init(t));
+    EngineOptions i = t;
+    i.local_segment_name = "logger";
+    i.metadata_endpoint = target.metadata_address();
+    ASSERT_OK(initiator.Init(i));
+    std::vector<uint8_t> remote(1 << 20), local(1 << 20, 3);
+    ASSERT_OK(target.RegisterLocalMemory(remote.data(), remote.size()));
+    ASSERT_OK(initiator.RegisterLocalMemory(local.data(), local.size()));
+    ASSERT_OK_AND_ASSIGN(SegmentHandle seg, initiator.OpenSegment("logged"));
+    ASSERT_OK_AND_ASSIGN(BatchId batch, initiator.AllocateBatch(1));
+    TransferRequest r;
+    r.opcode = OpCode::kWrite;
+    r.source = local.data();
+    r.target_id = seg;
+    r.target_offset = reinterpret_cast<uint64_t>(remote.data());
+    r.length = local.size();
+    ASSERT_OK(initiator.SubmitTransfer(batch, {r}));
+    ASSERT_OK(initiator.WaitBatch(batch, absl::Seconds(20)).status());
+    ASSERT_OK(initiator.FreeBatch(batch));
+    ASSERT_EQ(softrnic::SetLink("softrnic1", false), 0);
+    absl::SleepFor(absl::Milliseconds(300));  // The async event's thread.
+    ASSERT_EQ(softrnic::SetLink("softrnic1", true), 0);
+  }
+  log::SetSink(nullptr);
+  MutexLock lock(&mu);
+  auto has = [&](absl::string_view a, absl::string_view b) {
+    for (const std::string& l : lines) {
+      if (absl::StrContains(l, a) && absl::StrContains(l, b)) return true;
+    }
+    return false;
+  };
+  EXPECT_TRUE(has("engine: segment 'logged' up", "advertising 127.0.0.1"))
+      << absl::StrJoin(lines, "\n");
+  EXPECT_TRUE(has("rdma: connected to 'logged' on softrnic", "QPs"))
+      << absl::StrJoin(lines, "\n");
+  EXPECT_TRUE(has("rdma: port of softrnic1", "down"))
+      << absl::StrJoin(lines, "\n");
 }
 
 }  // namespace

@@ -11,7 +11,8 @@ PACKAGES=(
   bazel-bootstrap pkg-config g++ python3
   libibverbs-dev libabsl-dev libprotobuf-dev protobuf-compiler
   libgrpc++-dev protobuf-compiler-grpc libgtest-dev libgmock-dev
-  libbenchmark-dev iperf3 ibverbs-utils perftest iproute2 clang-format
+  libbenchmark-dev libspdlog-dev iperf3 ibverbs-utils perftest iproute2
+  clang-format
   clang libclang-rt-14-dev
 )
 

@@ -68,6 +68,9 @@ ABSL_FLAG(std::string, advertise_host, "",
           "address, else the first RDMA NIC's, else the host's primary one)");
 ABSL_FLAG(int, rpc_port, 0, "port of this engine's gRPC server (0: any)");
 ABSL_FLAG(int, tcp_port, 0, "port of the TCP transport (0: any)");
+ABSL_FLAG(std::string, log_level, "",
+          "log levels: a level (debug, info, warn, error, off) or per "
+          "component ('warn,rdma=info'); empty: FERRY_LOG_LEVEL, else info");
 ABSL_FLAG(std::string, protocol, "tcp",
           "tcp | rdma, or a comma-separated list in order of preference "
           "(a target with rdma,tcp serves initiators of either)");
@@ -235,6 +238,7 @@ EngineOptions BaseOptions(const std::string& name, const std::string& md) {
   o.metadata_endpoint = md;
   o.listen_host = absl::GetFlag(FLAGS_listen_host);
   o.advertise_host = absl::GetFlag(FLAGS_advertise_host);
+  o.log_level = absl::GetFlag(FLAGS_log_level);
   o.rpc_port = PortFlag("rpc_port", absl::GetFlag(FLAGS_rpc_port));
   o.tcp.port = PortFlag("tcp_port", absl::GetFlag(FLAGS_tcp_port));
   if (auto hp = ParseHostPort(name); hp.ok() && hp->port != 0) {

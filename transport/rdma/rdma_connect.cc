@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "transport/rdma/handshake.h"
 #include "transport/rdma/rdma_transport.h"
 
@@ -143,6 +144,9 @@ bool RdmaTransport::InstallLocked(const EndpointPtr& ep,
     }
   }
   ep->SetStateLocked(Endpoint::State::kConnected);
+  FERRY_LOG(kInfo, "rdma", "connected to '", ep->peer()->name(), "' on ",
+            nics_[ep->local_nic()]->name(), " -> ", ep->remote_nic(), " (",
+            ep->qps.size(), " QPs, epoch ", epoch, ")");
   return true;
 }
 
@@ -229,10 +233,15 @@ void RdmaTransport::ApplyLocked(Peer* peer, Peer::Rail* rail,
           connect_failures_.fetch_add(1, std::memory_order_relaxed);
           RailHealth& h = rail->health;
           h.errors = 0;
-          h.paused_until_ns =
-              now + (absl::ToInt64Nanoseconds(options_.rdma.pause_duration)
-                     << std::min<uint32_t>(h.pauses, 6));
+          const int64_t pause =
+              absl::ToInt64Nanoseconds(options_.rdma.pause_duration)
+              << std::min<uint32_t>(h.pauses, 6);
+          h.paused_until_ns = now + pause;
           ++h.pauses;
+          FERRY_LOG_EVERY(kWarn, "rdma", absl::Seconds(1), "rail to '",
+                          peer->name(), "' paused for ",
+                          absl::FormatDuration(absl::Nanoseconds(pause)), ": ",
+                          a.why.message());
         }
         if (ep == nullptr) break;
         if (rail->ep == ep) rail->ep = nullptr;
@@ -769,7 +778,12 @@ bool RdmaTransport::Close(const EndpointPtr& ep, bool evicted) {
     }
     return false;
   }
-  if (evicted) evictions_.fetch_add(1, std::memory_order_relaxed);
+  if (evicted) {
+    evictions_.fetch_add(1, std::memory_order_relaxed);
+    FERRY_LOG_EVERY(kInfo, "rdma", absl::Seconds(1), "idle endpoint to '",
+                    ep->peer()->name(), "' evicted (rdma.max_endpoints ",
+                    options_.rdma.max_endpoints, ")");
+  }
   store_.Drain(ep);
   RunLater(&later, /*inline_ok=*/false);
   return true;

@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "transport/rdma/rdma_transport.h"
 
 namespace ferry::rdma {
@@ -169,6 +170,9 @@ void RdmaTransport::HandleCompletion(Poller* p, const ibv_wc& wc) {
 void RdmaTransport::FailEndpoint(const std::shared_ptr<Endpoint>& ep,
                                  const absl::Status& why, bool flush,
                                  bool tell_peer) {
+  FERRY_LOG_EVERY(kWarn, "rdma", absl::Seconds(1), "endpoint to '",
+                  ep->peer()->name(), "' on ", nics_[ep->local_nic()]->name(),
+                  " -> ", ep->remote_nic(), " disconnected: ", why.message());
   // Off its rail first (its connector told), so that slices routed from
   // now on get a fresh endpoint or another rail.
   Later later;
@@ -242,6 +246,8 @@ void RdmaTransport::DropIfDrained(const std::shared_ptr<Endpoint>& ep) {
 
 void RdmaTransport::Retry(Slice* slice, const absl::Status& status) {
   retries_.fetch_add(1, std::memory_order_relaxed);
+  FERRY_LOG_EVERY(kInfo, "rdma", absl::Seconds(1),
+                  "slice retried on another rail: ", status.message());
   ++slice->attempts;
   SetSliceFailedOn(slice, SliceRail(slice));
   const SegmentView& view = *slice->target;
@@ -286,6 +292,10 @@ void RdmaTransport::NoteRailError(const Endpoint& ep) {
                         << std::min<uint32_t>(h.pauses, 6);
   ++h.pauses;
   h.paused_until_ns = absl::GetCurrentTimeNanos() + pause;
+  FERRY_LOG_EVERY(
+      kWarn, "rdma", absl::Seconds(1), "rail ", nics_[ep.local_nic()]->name(),
+      " -> '", peer->name(), "'/", ep.remote_nic(), " paused for ",
+      absl::FormatDuration(absl::Nanoseconds(pause)), " after repeated errors");
 }
 
 void RdmaTransport::NoteRailSuccess(Endpoint* ep) {
@@ -296,11 +306,17 @@ void RdmaTransport::NoteRailSuccess(Endpoint* ep) {
   MutexLock lock(&peer->mu);
   Peer::Rail* r = peer->FindRail(ep->local_nic(), ep->remote_nic());
   if (r == nullptr) return;
+  if (suspect && r->health.pauses > 0) {
+    FERRY_LOG(kInfo, "rdma", "rail ", nics_[ep->local_nic()]->name(), " -> '",
+              peer->name(), "'/", ep->remote_nic(), " works again");
+  }
   if (suspect) r->health = RailHealth{};
   r->health.proven = true;
 }
 
 void RdmaTransport::OnPortChange(Poller* p, bool up) {
+  FERRY_LOG(kWarn, "rdma", "port of ", p->nic->name(), " is ",
+            up ? "ACTIVE again" : "down: its slices move to other NICs");
   p->nic->set_port_active(up);
   if (up) return;
   // A dead port: fail its endpoints now, flushing their QPs, so their
@@ -316,6 +332,8 @@ void RdmaTransport::OnPortChange(Poller* p, bool up) {
 }
 
 void RdmaTransport::OnDeviceFatal(Poller* p) {
+  FERRY_LOG(kError, "rdma", p->nic->name(),
+            ": IBV_EVENT_DEVICE_FATAL; out of service until restart");
   p->nic->set_fatal();
   // The device is dead: it reports no more completions and moves no more
   // bytes, so the slices posted on it are taken back and retried on the

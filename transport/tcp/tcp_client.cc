@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/dma_annotations.h"
+#include "common/log.h"
 #include "common/socket_util.h"
 
 namespace ferry::tcp {
@@ -508,6 +509,10 @@ void TcpClient::RecordFailure(Pool* pool, const absl::Status& cause,
       now + std::min(options_.backoff_max,
                      options_.backoff_min *
                          (int64_t{1} << std::min(pool->failures - 1, 20)));
+  FERRY_LOG_EVERY(kWarn, "tcp", absl::Seconds(1), "peer ", pool->address, ": ",
+                  cause.message(), "; not tried again for ",
+                  absl::FormatDuration(pool->retry_after - now), " (failure ",
+                  pool->failures, ")");
   // With no connection left, Submit fails the peer's slices at once until
   // the next attempt is due.
   if (pool->conns.empty()) {
