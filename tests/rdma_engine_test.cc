@@ -238,6 +238,32 @@ TEST_F(TinyEndpointStoreTest, EvictionNeverLosesInFlightWork) {
   }
 }
 
+// One WRITE of `local` to `remote` (registered on both sides) in a batch
+// of its own; the batch's status once it ended.
+absl::StatusOr<BatchStatus> WriteOnce(TransferEngine& initiator,
+                                      const std::string& target,
+                                      const std::vector<uint8_t>& local,
+                                      const std::vector<uint8_t>& remote) {
+  auto seg = initiator.OpenSegment(target);
+  if (!seg.ok()) return seg.status();
+  auto batch = initiator.AllocateBatch(1);
+  if (!batch.ok()) return batch.status();
+  TransferRequest r;
+  r.opcode = OpCode::kWrite;
+  r.source = const_cast<uint8_t*>(local.data());
+  r.target_id = *seg;
+  r.target_offset = reinterpret_cast<uint64_t>(remote.data());
+  r.length = local.size();
+  if (absl::Status s = initiator.SubmitTransfer(*batch, {r}); !s.ok()) {
+    return s;
+  }
+  auto st = initiator.WaitBatch(*batch, absl::Seconds(20));
+  if (absl::Status s = initiator.FreeBatch(*batch); st.ok() && !s.ok()) {
+    return s;
+  }
+  return st;
+}
+
 // On a RoCE NIC's GID table (link-local and RoCE v1 entries first; the
 // "roce-1500" profile), Ferry picks the IPv4-mapped RoCE v2 entry by type
 // and reaches a peer pinned to it (rdma.gid_index, as MC_GID_INDEX pins
@@ -264,20 +290,10 @@ TEST(RdmaGidTest, PicksRoceV2ByTypeAndReachesAV2Peer) {
   FillPattern(local.data(), local.size(), 0, 5);
   ASSERT_OK(target.RegisterLocalMemory(remote.data(), remote.size()));
   ASSERT_OK(initiator.RegisterLocalMemory(local.data(), local.size()));
-  ASSERT_OK_AND_ASSIGN(SegmentHandle seg, initiator.OpenSegment("v2-target"));
-  ASSERT_OK_AND_ASSIGN(BatchId batch, initiator.AllocateBatch(1));
-  TransferRequest r;
-  r.opcode = OpCode::kWrite;
-  r.source = local.data();
-  r.target_id = seg;
-  r.target_offset = reinterpret_cast<uint64_t>(remote.data());
-  r.length = local.size();
-  ASSERT_OK(initiator.SubmitTransfer(batch, {r}));
   ASSERT_OK_AND_ASSIGN(BatchStatus st,
-                       initiator.WaitBatch(batch, absl::Seconds(20)));
+                       WriteOnce(initiator, "v2-target", local, remote));
   EXPECT_EQ(st.completed, 1u) << st.first_error;
   EXPECT_EQ(remote, local);
-  ASSERT_OK(initiator.FreeBatch(batch));
 }
 
 // rdma.fork_safe calls ibv_fork_init before any registration; out of
@@ -333,17 +349,9 @@ TEST(RdmaLogTest, InitConnectsAndPortEventsAreLogged) {
     std::vector<uint8_t> remote(1 << 20), local(1 << 20, 3);
     ASSERT_OK(target.RegisterLocalMemory(remote.data(), remote.size()));
     ASSERT_OK(initiator.RegisterLocalMemory(local.data(), local.size()));
-    ASSERT_OK_AND_ASSIGN(SegmentHandle seg, initiator.OpenSegment("logged"));
-    ASSERT_OK_AND_ASSIGN(BatchId batch, initiator.AllocateBatch(1));
-    TransferRequest r;
-    r.opcode = OpCode::kWrite;
-    r.source = local.data();
-    r.target_id = seg;
-    r.target_offset = reinterpret_cast<uint64_t>(remote.data());
-    r.length = local.size();
-    ASSERT_OK(initiator.SubmitTransfer(batch, {r}));
-    ASSERT_OK(initiator.WaitBatch(batch, absl::Seconds(20)).status());
-    ASSERT_OK(initiator.FreeBatch(batch));
+    ASSERT_OK_AND_ASSIGN(BatchStatus st,
+                         WriteOnce(initiator, "logged", local, remote));
+    EXPECT_EQ(st.completed, 1u) << st.first_error;
     ASSERT_EQ(softrnic::SetLink("softrnic1", false), 0);
     absl::SleepFor(absl::Milliseconds(300));  // The async event's thread.
     ASSERT_EQ(softrnic::SetLink("softrnic1", true), 0);
