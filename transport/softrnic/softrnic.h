@@ -46,9 +46,9 @@ namespace softrnic {
 using Clock = std::chrono::steady_clock;
 
 // Capacities of the emulation: no profile may report more (Profile).
-constexpr int kMaxQpWr = 16384;
-constexpr int kMaxSge = 16;
-constexpr int kMaxCqe = 1 << 20;
+constexpr int kMaxQpWr = 32768;
+constexpr int kMaxSge = 30;
+constexpr int kMaxCqe = 4194303;
 constexpr uint32_t kMaxInline = 256;
 constexpr uint32_t kMaxMsgSize = 1u << 30;
 constexpr int kMaxQp = 1 << 16;
