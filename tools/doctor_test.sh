@@ -6,7 +6,8 @@
 #      RoCE v1 GIDs first): the MTU is a warning with its fix, and the GID
 #      picked is the IPv4-mapped RoCE v2 entry (index 3), v1 skipped;
 #   3. a device that cannot be opened (its address is not this host's);
-#   4. a locked-memory limit too small for the registration planned,
+#   4. a port with RoCE v1 GIDs only;
+#   5. a locked-memory limit too small for the registration planned,
 #      without CAP_IPC_LOCK.
 set -u
 RUNFILES="${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}"
@@ -58,6 +59,17 @@ if ((rc == 1)) && json "$OUT/dead.json" \
   pass "a device that cannot be opened fails, with a fix"
 else
   fail "unopenable device (exit $rc)" "$OUT/dead.json"
+fi
+
+FERRY_SOFTRNIC_PROFILE=roce-v1-only FERRY_SOFTRNIC_DEVICES=softrnic0=127.0.0.1 \
+  "$DOCTOR" --json >"$OUT/v1.json" 2>&1
+rc=$?
+if ((rc == 1)) && json "$OUT/v1.json" \
+    'c["softrnic0 GID"]["level"] == "FAIL" and "only RoCE v1" in c["softrnic0 GID"]["detail"]
+     and "RoCE v2" in c["softrnic0 GID"]["fix"]'; then
+  pass "a port with RoCE v1 GIDs only fails, with the fix"
+else
+  fail "no RoCE v2 GID (exit $rc)" "$OUT/v1.json"
 fi
 
 if ! command -v setpriv >/dev/null || [[ $(id -u) -ne 0 ]]; then

@@ -99,16 +99,20 @@ namespace {
 // table holds link-local and RoCE v1 entries before the one to use, as a
 // RoCE NIC's does, so picking the first routable-looking entry fails.
 constexpr Profile kProfiles[] = {
-    {"softrnic", IBV_MTU_4096, IBV_MTU_4096, 16384, 16, 1 << 20, kMaxInline,
-     16, 16, 1},
+    {"softrnic", IBV_MTU_4096, IBV_MTU_4096, 16384, 16, 1 << 20, kMaxInline, 16,
+     16, 1},
     // ConnectX-5 (mlx5, vendor_part_id 4119) as `ibv_devinfo -v` prints it
     // in open-mpi/ompi#6137 (the same limits appear for Connect-IB in
     // ofiwg/libfabric#9940 and another mlx5 in #8256): max_qp_wr 32768,
     // max_sge 30, max_cqe 4194303, max_qp_rd_atom and max_qp_init_rd_atom
     // 16; on a 1500-byte netdev (active_mtu 1024, max_mtu 4096) with a RoCE
     // GID table. ibv_devinfo does not print the inline limit: softrnic's.
-    {"cx5-roce", IBV_MTU_1024, IBV_MTU_4096, 32768, 30, 4194303, kMaxInline,
-     16, 16, 4},
+    {"cx5-roce", IBV_MTU_1024, IBV_MTU_4096, 32768, 30, 4194303, kMaxInline, 16,
+     16, 4},
+    // A RoCE port whose GIDs are RoCE v1 only (an old kernel or a port set
+    // to v1 mode): nothing a routed fabric can use.
+    {"roce-v1-only", IBV_MTU_1024, IBV_MTU_4096, 32768, 30, 4194303, kMaxInline,
+     16, 16, 2},
     {"roce-1500", IBV_MTU_1024, IBV_MTU_4096, 256, 4, 1 << 16, 32, 8, 4, 4},
 };
 

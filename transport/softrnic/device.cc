@@ -36,9 +36,12 @@ void Device::GidAt(int index, ibv_gid* gid, bool* roce_v1) const {
     GidFor(gid);
     return;
   }
-  // [0] fe80 v1, [1] fe80 v2, [2] IPv4-mapped v1, [3] IPv4-mapped v2.
-  *roce_v1 = index % 2 == 0;
-  if (index >= 2) {
+  // 4 entries: [0] fe80 v1, [1] fe80 v2, [2] IPv4-mapped v1, [3]
+  // IPv4-mapped v2. 2 entries (a port left in RoCE v1 mode): [0] fe80 v1,
+  // [1] IPv4-mapped v1.
+  const bool v1_only = GetProfile().gid_table_len == 2;
+  *roce_v1 = v1_only || index % 2 == 0;
+  if (index >= (v1_only ? 1 : 2)) {
     GidFor(gid);
     return;
   }

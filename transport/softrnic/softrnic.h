@@ -94,7 +94,8 @@ struct Profile {
   uint32_t max_inline;      // create_qp: max_inline_data above.
   int max_qp_rd_atom;       // modify_qp: max_dest_rd_atomic above.
   int max_qp_init_rd_atom;  // modify_qp: max_rd_atomic above.
-  // GID entries: 1 (one RoCE v2 IPv4-mapped GID) or 4, as a RoCE NIC's
+  // GID entries: 1 (one RoCE v2 IPv4-mapped GID), 2 (a port with RoCE v1
+  // only: link-local and IPv4-mapped v1), or 4, as a RoCE NIC's
   // table on a netdev with one IPv4 address: [0] link-local RoCE v1,
   // [1] link-local RoCE v2, [2] IPv4-mapped RoCE v1, [3] IPv4-mapped RoCE
   // v2. A QP reaches only QPs of its own source GID's type (a v1 packet is
