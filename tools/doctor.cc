@@ -3,6 +3,7 @@
 // what it saw; every WARN and FAIL comes with its fix. Exit status 1 if
 // any check failed.
 //   doctor [--json] [--device_name=mlx5_0,mlx5_1] [--register_bytes=N]
+//   doctor --serve=PORT  /  doctor --peer=HOST:PORT  (the NIC pair matrix)
 // Covers: the verbs library (rdma-core or softrnic), devices, port state,
 // link layer, active MTU, the GID table with types and the GID Ferry
 // would pick (and why), device limits, the locked-memory limit against
@@ -28,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "tools/doctor_peer.h"
 #include "transport/options.h"
 #include "transport/rdma/nic.h"
 #include "transport/rdma/topology.h"
@@ -35,6 +37,14 @@
 ABSL_FLAG(bool, json, false, "print one JSON object instead of a table");
 ABSL_FLAG(std::string, device_name, "",
           "devices to check, comma-separated (empty: every one)");
+ABSL_FLAG(std::string, peer, "",
+          "host:port of a 'doctor --serve' on another host: probe every "
+          "local x remote NIC pair (handshake, verified WRITE and READ, "
+          "latency)");
+ABSL_FLAG(int, serve, -1,
+          "serve probes from other hosts' doctor --peer on this port (0: "
+          "any); runs until killed or --serve_seconds");
+ABSL_FLAG(double, serve_seconds, 0, "with --serve: stop after this long");
 ABSL_FLAG(uint64_t, register_bytes, 1ull << 30,
           "bytes the application will register (transfer_bench's "
           "--buffer_size): the locked-memory limit must hold them once per "
@@ -43,14 +53,8 @@ ABSL_FLAG(uint64_t, register_bytes, 1ull << 30,
 namespace ferry {
 namespace {
 
-enum class Level { kOk, kWarn, kFail };
-
-struct Check {
-  std::string name;
-  Level level;
-  std::string detail;
-  std::string fix;  // For kWarn and kFail.
-};
+using doctor::Check;
+using doctor::Level;
 
 const char* LevelName(Level l) {
   return l == Level::kOk ? "OK" : l == Level::kWarn ? "WARN" : "FAIL";
@@ -260,6 +264,18 @@ std::string JsonEscape(const std::string& s) {
 }
 
 int Main() {
+  if (const int port = absl::GetFlag(FLAGS_serve); port >= 0) {
+    std::vector<std::string> devices;
+    if (const std::string d = absl::GetFlag(FLAGS_device_name); !d.empty()) {
+      devices = absl::StrSplit(d, ',', absl::SkipEmpty());
+    }
+    absl::Status s = port > 65535
+                         ? absl::InvalidArgumentError("--serve: not a port")
+                         : doctor::Serve(static_cast<uint16_t>(port), devices,
+                                         absl::GetFlag(FLAGS_serve_seconds));
+    if (!s.ok()) std::fprintf(stderr, "doctor: %s\n", s.ToString().c_str());
+    return s.ok() ? 0 : 1;
+  }
   std::vector<Check> checks;
   checks.push_back({"verbs library", Level::kOk, VerbsLibrary(), ""});
   std::vector<std::string> filter;
@@ -288,6 +304,9 @@ int Main() {
   }
   CheckMemlock(usable.size(), &checks);
   CheckHost(&checks);
+  if (const std::string peer = absl::GetFlag(FLAGS_peer); !peer.empty()) {
+    doctor::ProbePeer(peer, filter, &checks);
+  }
 
   int fails = 0, warns = 0;
   for (const Check& c : checks) {
@@ -323,7 +342,9 @@ int Main() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Checks whether Ferry's RDMA transport will work on this host.\n"
-      "  doctor [--json] [--device_name=...] [--register_bytes=N]");
+      "  doctor [--json] [--device_name=...] [--register_bytes=N]\n"
+      "  doctor --serve=PORT                 (on the peer host)\n"
+      "  doctor --peer=HOST:PORT             (every NIC pair, both ways)");
   absl::ParseCommandLine(argc, argv);
   return ferry::Main();
 }
