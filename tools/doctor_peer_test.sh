@@ -97,7 +97,7 @@ if ((rc == 1)) && json "$tmp/matrix.json" \
      and "verified" in c["peer softrnic0 -> softrnic0"]["detail"]
      and c["peer softrnic0 -> softrnic1"]["level"] == "FAIL"
      and "route" in c["peer softrnic0 -> softrnic1"]["fix"]'; then
-  pass "reachable pair verified; the unroutable NIC fails, with a fix"
+  pass "reachable pair verified; the unroutable NIC fails, with a fix: $(python3 -c "import json,sys; r=json.loads(open(sys.argv[1]).read().strip().splitlines()[-1]); print([c[\"detail\"] for c in r[\"checks\"] if c[\"name\"]==\"peer softrnic0 -> softrnic1\"][0])" "$tmp/matrix.json")"
 else
   fail "pair matrix (exit $rc)" "$tmp/matrix.json" "$tmp/matrix.json.err"
 fi
