@@ -248,6 +248,17 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
                      s.message()));
   }
   initialized_ = true;
+  if (IsLoopbackHost(advertised_host_) && !embedded) {
+    if (auto md = ParseHostPort(options.metadata_endpoint);
+        md.ok() && !IsLoopbackHost(md->host) && md->host != "localhost") {
+      FERRY_LOG(kWarn, "engine", "segment '", options.local_segment_name,
+                "' advertises the loopback address ", advertised_host_,
+                " to the metadata service at ", options.metadata_endpoint,
+                ": peers on other hosts will be refused at OpenSegment. Set "
+                "advertise_host (or listen_host) to an address they can "
+                "route to");
+    }
+  }
   FERRY_LOG(
       kInfo, "engine", "segment '", options.local_segment_name,
       "' up: metadata ", embedded ? "embedded at " : "at ", metadata_address_,
