@@ -181,6 +181,11 @@ done
 # initiator refuses at once, saying so (it used to retry millions of
 # times against its own loopback).
 if start_target "loop" --protocol=tcp --segment_id=loop --advertise_host=127.0.0.1; then
+  if grep -q "advertises the loopback address 127.0.0.1 to the metadata service" "$tmp/loop.target"; then
+    pass "the target warns that it advertises loopback to a remote metadata service"
+  else
+    fail "no warning from the loopback target"; cat "$tmp/loop.target"
+  fi
   start=$(date +%s%N)
   if run_initiator "loop" loop --protocol=tcp --operation=write; then
     fail "loopback target: the initiator succeeded"
