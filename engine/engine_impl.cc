@@ -177,11 +177,25 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
   metadata_address_ = embedded ? rpc_address : options.metadata_endpoint;
   // An embedded service is called through loopback when it listens there
   // too: the advertised address may be one only remote peers can use.
-  const std::string metadata_addr =
-      !embedded ? options.metadata_endpoint
-      : IsWildcardHost(options.listen_host)
-          ? JoinHostPort("127.0.0.1", rpc_server_->port())
-          : rpc_server_->address();
+  // Names are resolved here, once: the clients then dial addresses, with
+  // no DNS on any later call.
+  std::string metadata_addr;
+  if (!embedded) {
+    auto md = ParseHostPort(options.metadata_endpoint);
+    auto host = md.ok() ? ResolveHost(md->host) : md.status();
+    if (!host.ok()) {
+      ReleaseAll();
+      return absl::InvalidArgumentError(
+          absl::StrCat("metadata_endpoint: ", host.status().message()));
+    }
+    metadata_addr = JoinHostPort(*host, md->port);
+  } else if (IsWildcardHost(options.listen_host)) {
+    metadata_addr = JoinHostPort("127.0.0.1", rpc_server_->port());
+  } else {
+    auto host = ResolveHost(options.listen_host);  // Bound: it resolves.
+    metadata_addr = JoinHostPort(host.ok() ? *host : options.listen_host,
+                                 rpc_server_->port());
+  }
   metadata_ = std::make_unique<metadata::MetadataClient>(metadata_addr,
                                                          options.rpc_timeout);
   peer_client_ = std::make_unique<metadata::PeerClient>(options.rpc_timeout);

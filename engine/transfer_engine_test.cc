@@ -543,6 +543,24 @@ TEST(EngineInitTest, BadAddressesAreRefusedNamingTheOption) {
     EXPECT_FALSE(s.ok()) << listen << " / " << advertise;
     EXPECT_NE(s.message().find(field), std::string::npos) << s;
   }
+  // A metadata service named by host name is resolved once, at Init.
+  TransferEngine md, e, bad;
+  EngineOptions mo;
+  mo.local_segment_name = "md";
+  mo.listen_host = "127.0.0.1";
+  ASSERT_OK(md.Init(mo));
+  ASSERT_OK_AND_ASSIGN(HostPort hp, ParseHostPort(md.metadata_address()));
+  EngineOptions o;
+  o.local_segment_name = "named";
+  o.listen_host = "127.0.0.1";
+  o.metadata_endpoint = JoinHostPort("localhost", hp.port);
+  ASSERT_OK(e.Init(o));
+  EXPECT_OK(e.OpenSegment("md").status());
+  o.local_segment_name = "unnamed";
+  o.metadata_endpoint = "no-such-host.invalid:1";
+  absl::Status s = bad.Init(o);
+  EXPECT_STATUS(s, absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("metadata_endpoint"), std::string::npos) << s;
 }
 
 // A target that advertises loopback is reachable from its own host, and

@@ -1,6 +1,9 @@
 #include "metadata/metadata_client.h"
 
+#include <sys/socket.h>
+
 #include "absl/strings/str_cat.h"
+#include "common/socket_util.h"
 #include "metadata/grpc_status.h"
 #include "metadata/validation.h"
 
@@ -19,7 +22,15 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
   // calls failed with UNAVAILABLE.
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
+  // A numeric address goes to gRPC's sockaddr resolver ("ipv4:", "ipv6:"),
+  // not its DNS one: no c-ares resolution (and no c-ares allocation left
+  // behind at exit) for what is already an address. Names still resolve.
+  std::string target = address;
+  if (auto sa = ParseNumericEndpoint(address); sa.ok()) {
+    target = absl::StrCat(sa->family() == AF_INET6 ? "ipv6:" : "ipv4:",
+                          sa->ToString());
+  }
+  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(),
                                    args);
 }
 
