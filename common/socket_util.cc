@@ -268,8 +268,9 @@ absl::StatusOr<UniqueFd> ListenTcp(const std::string& host, uint16_t port,
   auto sa = Resolve(hp);
   if (!sa.ok()) return sa.status();
   UniqueFd fd(::socket(sa->family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!fd.valid() && host.empty() && errno == EAFNOSUPPORT) {
-    // No IPv6 on this host: every IPv4 interface instead.
+  if (!fd.valid() && errno == EAFNOSUPPORT && sa->family() == AF_INET6 &&
+      sa->IsWildcard()) {
+    // IPv6 is disabled on this host: every IPv4 interface instead.
     return ListenTcp("0.0.0.0", port, bound_port, backlog);
   }
   if (!fd.valid()) return ErrnoStatus("socket", errno);

@@ -102,7 +102,8 @@ class UniqueFd {
 // Creates a listening TCP socket bound to `host:port` (port 0 picks a free
 // one), with room for `backlog` pending connections. `host` may be a name,
 // an IPv4 or IPv6 literal; "" or "::" binds every interface of both
-// families (dual stack), "0.0.0.0" every IPv4 interface. On success stores
+// families (dual stack; every IPv4 one where IPv6 is disabled), "0.0.0.0"
+// every IPv4 interface. On success stores
 // the bound port in `*bound_port`.
 absl::StatusOr<UniqueFd> ListenTcp(const std::string& host, uint16_t port,
                                    uint16_t* bound_port, int backlog = 128);
