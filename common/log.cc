@@ -4,6 +4,7 @@
 #include <memory>
 #include <mutex>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -86,7 +87,7 @@ class Router : public spdlog::sinks::base_sink<std::mutex> {
 
 struct State {
   std::shared_ptr<Router> router = std::make_shared<Router>();
-  Mutex mu;  // Serializes making loggers.
+  Mutex mu;  // Serializes making components.
 };
 
 State& Get() {
@@ -102,20 +103,32 @@ State& Get() {
   return *state;
 }
 
-std::shared_ptr<spdlog::logger> Logger(absl::string_view component) {
-  State& s = Get();
-  const std::string name(component);
-  if (auto l = spdlog::get(name)) return l;
-  MutexLock lock(&s.mu);
-  if (auto l = spdlog::get(name)) return l;
-  auto l = std::make_shared<spdlog::logger>(name, s.router);
-  // The registry gives it the level set last for its name, or the global
-  // one (FERRY_LOG_LEVEL, SetLevel, SetLevels).
-  spdlog::initialize_logger(l);
-  return l;
-}
-
 }  // namespace
+
+class Component {
+ public:
+  explicit Component(std::shared_ptr<spdlog::logger> logger)
+      : logger_(std::move(logger)) {}
+  spdlog::logger& logger() const { return *logger_; }
+
+ private:
+  const std::shared_ptr<spdlog::logger> logger_;
+};
+
+Component* GetComponent(absl::string_view name) {
+  State& s = Get();
+  MutexLock lock(&s.mu);
+  static auto* components = new absl::flat_hash_map<std::string, Component*>;
+  Component*& c = (*components)[name];
+  if (c == nullptr) {
+    auto l = std::make_shared<spdlog::logger>(std::string(name), s.router);
+    // The registry gives it the level set last for its name, or the global
+    // one (FERRY_LOG_LEVEL, SetLevel, SetLevels), and applies later changes.
+    spdlog::initialize_logger(l);
+    c = new Component(std::move(l));
+  }
+  return c;
+}
 
 absl::StatusOr<Level> ParseLevel(absl::string_view name) {
   const std::string n = absl::AsciiStrToLower(name);
@@ -140,7 +153,7 @@ void SetLevel(Level level) {
   spdlog::set_level(ToSpd(level));
 }
 
-absl::Status SetLevels(absl::string_view spec) {
+absl::Status ValidateLevels(absl::string_view spec) {
   // Checked here: spdlog ignores what it cannot parse.
   for (absl::string_view part : absl::StrSplit(spec, ',', absl::SkipEmpty())) {
     std::pair<absl::string_view, absl::string_view> kv =
@@ -151,6 +164,11 @@ absl::Status SetLevels(absl::string_view spec) {
           absl::StrCat("log levels '", spec, "': ", l.status().message()));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status SetLevels(absl::string_view spec) {
+  if (absl::Status s = ValidateLevels(spec); !s.ok()) return s;
   Get();
   spdlog::cfg::helpers::load_levels(std::string(spec));
   return absl::OkStatus();
@@ -158,14 +176,13 @@ absl::Status SetLevels(absl::string_view spec) {
 
 void SetSink(Sink sink) { Get().router->Set(std::move(sink)); }
 
-bool Enabled(Level level, absl::string_view component) {
-  return level != Level::kOff && Logger(component)->should_log(ToSpd(level));
+bool Enabled(const Component* component, Level level) {
+  return level != Level::kOff && component->logger().should_log(ToSpd(level));
 }
 
-void Write(Level level, absl::string_view component,
-           absl::string_view message) {
-  Logger(component)->log(ToSpd(level), "{}",
-                         fmt::string_view(message.data(), message.size()));
+void Write(const Component* component, Level level, absl::string_view message) {
+  component->logger().log(ToSpd(level), "{}",
+                          fmt::string_view(message.data(), message.size()));
 }
 
 bool RateLimit::Allow(absl::Duration interval, uint64_t* suppressed) {

@@ -39,8 +39,11 @@ absl::string_view LevelName(Level level);
 
 // Sets the level of every component.
 void SetLevel(Level level);
-// Applies a FERRY_LOG_LEVEL-style spec ("warn,rdma=debug").
-// InvalidArgument for a malformed one (nothing is changed then).
+// Checks a FERRY_LOG_LEVEL-style spec ("warn,rdma=debug") without applying
+// it: InvalidArgument naming what is not a level.
+absl::Status ValidateLevels(absl::string_view spec);
+// Applies such a spec. InvalidArgument for a malformed one (nothing is
+// changed then).
 absl::Status SetLevels(absl::string_view spec);
 
 // Receives every line that passes the level; replaces the default sink
@@ -50,8 +53,13 @@ using Sink = std::function<void(Level level, absl::string_view component,
                                 absl::string_view message)>;
 void SetSink(Sink sink);
 
-bool Enabled(Level level, absl::string_view component);
-void Write(Level level, absl::string_view component, absl::string_view message);
+// One component's logger, made on first use and never destroyed: the
+// macros look it up once per call site, so a line below the level costs an
+// atomic load, not a lookup in the registry.
+class Component;
+Component* GetComponent(absl::string_view name);
+bool Enabled(const Component* component, Level level);
+void Write(const Component* component, Level level, absl::string_view message);
 
 // Per call site: at most one line per `interval`; the next one that
 // passes says how many were suppressed in between.
@@ -68,27 +76,33 @@ class RateLimit {
 
 }  // namespace ferry::log
 
-#define FERRY_LOG(level, component, ...)                                \
-  do {                                                                  \
-    if (::ferry::log::Enabled(::ferry::log::Level::level, component)) { \
-      ::ferry::log::Write(::ferry::log::Level::level, component,        \
-                          ::absl::StrCat(__VA_ARGS__));                 \
-    }                                                                   \
+#define FERRY_LOG(level, component, ...)                                    \
+  do {                                                                      \
+    static ::ferry::log::Component* const ferry_log_component_ =            \
+        ::ferry::log::GetComponent(component);                              \
+    if (::ferry::log::Enabled(ferry_log_component_,                         \
+                              ::ferry::log::Level::level)) {                \
+      ::ferry::log::Write(ferry_log_component_, ::ferry::log::Level::level, \
+                          ::absl::StrCat(__VA_ARGS__));                     \
+    }                                                                       \
   } while (0)
 
-#define FERRY_LOG_EVERY(level, component, interval, ...)                \
-  do {                                                                  \
-    static ::ferry::log::RateLimit ferry_log_limit_;                    \
-    uint64_t ferry_log_dropped_ = 0;                                    \
-    if (::ferry::log::Enabled(::ferry::log::Level::level, component) && \
-        ferry_log_limit_.Allow(interval, &ferry_log_dropped_)) {        \
-      ::ferry::log::Write(                                              \
-          ::ferry::log::Level::level, component,                        \
-          ferry_log_dropped_ == 0                                       \
-              ? ::absl::StrCat(__VA_ARGS__)                             \
-              : ::absl::StrCat(__VA_ARGS__, " (", ferry_log_dropped_,   \
-                               " similar suppressed)"));                \
-    }                                                                   \
+#define FERRY_LOG_EVERY(level, component, interval, ...)              \
+  do {                                                                \
+    static ::ferry::log::Component* const ferry_log_component_ =      \
+        ::ferry::log::GetComponent(component);                        \
+    static ::ferry::log::RateLimit ferry_log_limit_;                  \
+    uint64_t ferry_log_dropped_ = 0;                                  \
+    if (::ferry::log::Enabled(ferry_log_component_,                   \
+                              ::ferry::log::Level::level) &&          \
+        ferry_log_limit_.Allow(interval, &ferry_log_dropped_)) {      \
+      ::ferry::log::Write(                                            \
+          ferry_log_component_, ::ferry::log::Level::level,           \
+          ferry_log_dropped_ == 0                                     \
+              ? ::absl::StrCat(__VA_ARGS__)                           \
+              : ::absl::StrCat(__VA_ARGS__, " (", ferry_log_dropped_, \
+                               " similar suppressed)"));              \
+    }                                                                 \
   } while (0)
 
 #endif  // FERRY_COMMON_LOG_H_

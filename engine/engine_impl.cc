@@ -63,15 +63,8 @@ absl::Status EngineImpl::ValidateOptions(const EngineOptions& o) const {
   if (o.transports.empty()) {
     return absl::InvalidArgumentError("no transport requested");
   }
-  for (absl::string_view part :
-       absl::StrSplit(o.log_level, ',', absl::SkipEmpty())) {
-    std::pair<absl::string_view, absl::string_view> kv =
-        absl::StrSplit(part, absl::MaxSplits('=', 1));
-    if (auto l = log::ParseLevel(kv.second.empty() ? kv.first : kv.second);
-        !l.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("log_level: ", l.status().message()));
-    }
+  if (absl::Status s = log::ValidateLevels(o.log_level); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("log_level: ", s.message()));
   }
   absl::flat_hash_set<std::string> seen;
   for (const std::string& t : o.transports) {
