@@ -12,9 +12,7 @@
 #include <dlfcn.h>
 #include <infiniband/verbs.h>
 #include <link.h>
-#include <linux/capability.h>
 #include <sys/resource.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -29,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/capabilities.h"
 #include "tools/doctor_peer.h"
 #include "transport/options.h"
 #include "transport/rdma/nic.h"
@@ -82,13 +81,6 @@ std::string VerbsLibrary() {
   return absl::StrCat("rdma-core libibverbs (", path.empty() ? "?" : path, ")");
 }
 
-bool HasIpcLock() {
-  __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, 0};
-  __user_cap_data_struct data[2]{};
-  if (syscall(SYS_capget, &hdr, data) != 0) return false;
-  return (data[CAP_IPC_LOCK / 32].effective & (1u << (CAP_IPC_LOCK % 32))) != 0;
-}
-
 std::string ReadLine(const std::string& path) {
   std::ifstream in(path);
   std::string line;
@@ -101,7 +93,7 @@ void CheckMemlock(size_t nics, std::vector<Check>* out) {
       absl::GetFlag(FLAGS_register_bytes) * std::max<size_t>(nics, 1);
   rlimit rl{};
   getrlimit(RLIMIT_MEMLOCK, &rl);
-  if (rl.rlim_cur == RLIM_INFINITY || HasIpcLock()) {
+  if (rl.rlim_cur == RLIM_INFINITY || ferry::HasCapability(CAP_IPC_LOCK)) {
     out->push_back({"memlock", Level::kOk,
                     rl.rlim_cur == RLIM_INFINITY
                         ? "unlimited"

@@ -2,10 +2,8 @@
 // identity.
 #include <errno.h>
 #include <fcntl.h>
-#include <linux/capability.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +12,7 @@
 #include <cstring>
 #include <deque>
 
+#include "common/capabilities.h"
 #include "transport/softrnic/connection.h"
 #include "transport/softrnic/softrnic.h"
 
@@ -294,13 +293,6 @@ std::atomic<uint64_t>& PinnedBytes() {
   return pinned;
 }
 
-bool HasIpcLock() {
-  __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, 0};
-  __user_cap_data_struct data[2]{};
-  if (syscall(SYS_capget, &hdr, data) != 0) return false;
-  return (data[CAP_IPC_LOCK / 32].effective & (1u << (CAP_IPC_LOCK % 32))) != 0;
-}
-
 // Charges the pages of [addr, addr + length); false (nothing charged) if
 // that would pass the limit.
 bool ChargePinned(uintptr_t addr, size_t length, uint64_t* charged) {
@@ -309,7 +301,8 @@ bool ChargePinned(uintptr_t addr, size_t length, uint64_t* charged) {
       ((addr + length + page - 1) & ~(page - 1)) - (addr & ~(page - 1));
   rlimit rl{};
   const bool limited = getrlimit(RLIMIT_MEMLOCK, &rl) == 0 &&
-                       rl.rlim_cur != RLIM_INFINITY && !HasIpcLock();
+                       rl.rlim_cur != RLIM_INFINITY &&
+                       !ferry::HasCapability(CAP_IPC_LOCK);
   uint64_t now = PinnedBytes().load(std::memory_order_relaxed);
   do {
     if (limited && now + bytes > rl.rlim_cur) return false;
