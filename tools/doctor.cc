@@ -102,15 +102,11 @@ void CheckMemlock(size_t nics, std::vector<Check>* out) {
     return;
   }
   const bool enough = rl.rlim_cur >= want;
-  out->push_back(
-      {"memlock", enough ? Level::kOk : Level::kFail,
-       absl::StrCat("RLIMIT_MEMLOCK ", rl.rlim_cur, " bytes; ",
-                    absl::GetFlag(FLAGS_register_bytes), " bytes on ", nics,
-                    " NIC(s) pin ", want),
-       enough ? ""
-              : "raise it: 'ulimit -l unlimited', LimitMEMLOCK=infinity "
-                "(systemd), --ulimit memlock=-1 (docker), or a 'memlock "
-                "unlimited' line in /etc/security/limits.conf"});
+  out->push_back({"memlock", enough ? Level::kOk : Level::kFail,
+                  absl::StrCat("RLIMIT_MEMLOCK ", rl.rlim_cur, " bytes; ",
+                               absl::GetFlag(FLAGS_register_bytes),
+                               " bytes on ", nics, " NIC(s) pin ", want),
+                  enough ? "" : rdma::kRaiseMemlock});
 }
 
 void CheckHost(std::vector<Check>* out) {

@@ -221,10 +221,8 @@ std::string MemlockAdvice(size_t nics) {
       "; registered memory is pinned and counts against the locked-memory "
       "limit (RLIMIT_MEMLOCK, now ",
       rl.rlim_cur, " bytes, once per NIC: ", nics,
-      " here) unless the process has CAP_IPC_LOCK. Raise it: 'ulimit -l "
-      "unlimited' in the shell, LimitMEMLOCK=infinity for a systemd "
-      "service, '--ulimit memlock=-1' for docker, a 'memlock unlimited' "
-      "line in /etc/security/limits.conf; or register less");
+      " here) unless the process has CAP_IPC_LOCK. ", kRaiseMemlock,
+      "; or register less");
 }
 
 int EffectiveGidIndex(const RdmaOptions& options) {

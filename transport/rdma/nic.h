@@ -136,6 +136,12 @@ absl::StatusOr<std::vector<ibv_device*>> ListDevices(
 // ("; ..."), else "". Each of `nics` devices pins its own registration.
 std::string MemlockAdvice(size_t nics);
 
+// How to raise RLIMIT_MEMLOCK, for that error and the doctor.
+inline constexpr char kRaiseMemlock[] =
+    "raise it: 'ulimit -l unlimited' in the shell, LimitMEMLOCK=infinity "
+    "for a systemd service, '--ulimit memlock=-1' for docker, a 'memlock "
+    "unlimited' line in /etc/security/limits.conf";
+
 // RdmaOptions::gid_index, or else the environment's MC_GID_INDEX (as
 // Mooncake TE reads it), or -1 (pick by type).
 int EffectiveGidIndex(const RdmaOptions& options);
