@@ -98,9 +98,11 @@ namespace {
 // those constants, so tests show that nothing depends on them. Its GID
 // table holds link-local and RoCE v1 entries before the one to use, as a
 // RoCE NIC's does, so picking the first routable-looking entry fails.
+constexpr uint8_t kEth = IBV_LINK_LAYER_ETHERNET;
+constexpr uint8_t kIb = IBV_LINK_LAYER_INFINIBAND;
 constexpr Profile kProfiles[] = {
     {"softrnic", IBV_MTU_4096, IBV_MTU_4096, 16384, 16, 1 << 20, kMaxInline, 16,
-     16, 1},
+     16, 1, kEth},
     // ConnectX-5 (mlx5, vendor_part_id 4119) as `ibv_devinfo -v` prints it
     // in open-mpi/ompi#6137 (the same limits appear for Connect-IB in
     // ofiwg/libfabric#9940 and another mlx5 in #8256): max_qp_wr 32768,
@@ -108,12 +110,21 @@ constexpr Profile kProfiles[] = {
     // 16; on a 1500-byte netdev (active_mtu 1024, max_mtu 4096) with a RoCE
     // GID table. ibv_devinfo does not print the inline limit: softrnic's.
     {"cx5-roce", IBV_MTU_1024, IBV_MTU_4096, 32768, 30, 4194303, kMaxInline, 16,
-     16, 4},
+     16, 4, kEth},
     // A RoCE port whose GIDs are RoCE v1 only (an old kernel or a port set
     // to v1 mode): nothing a routed fabric can use.
     {"roce-v1-only", IBV_MTU_1024, IBV_MTU_4096, 32768, 30, 4194303, kMaxInline,
-     16, 16, 2},
-    {"roce-1500", IBV_MTU_1024, IBV_MTU_4096, 256, 4, 1 << 16, 32, 8, 4, 4},
+     16, 16, 2, kEth},
+    {"roce-1500", IBV_MTU_1024, IBV_MTU_4096, 256, 4, 1 << 16, 32, 8, 4, 4,
+     kEth},
+    // An mlx5 InfiniBand port (ConnectX-4, vendor_part_id 4115, in
+    // open-mpi/ompi#9087 and openucx/ucx#7613; ConnectX-5 4119 in
+    // open-mpi/ompi#6184): the device limits of cx5-roce, the IB link
+    // layer's native 4096-byte MTU, a LID from the subnet manager and one
+    // GID, fe80::<port GUID> (the default subnet prefix), that nothing
+    // needs within a subnet.
+    {"mlx5-ib", IBV_MTU_4096, IBV_MTU_4096, 32768, 30, 4194303, kMaxInline, 16,
+     16, 1, kIb},
 };
 
 const Profile& LoadProfile() {

@@ -32,6 +32,15 @@ void Device::GidFor(ibv_gid* gid) const {
 
 void Device::GidAt(int index, ibv_gid* gid, bool* roce_v1) const {
   *roce_v1 = false;
+  if (InfiniBand()) {
+    // The default subnet prefix and the port GUID: the port's identity
+    // whatever its IP (IPoIB) address is doing.
+    std::memset(gid->raw, 0, sizeof(gid->raw));
+    gid->raw[0] = 0xfe;
+    gid->raw[1] = 0x80;
+    std::memcpy(&gid->raw[8], &guid, 8);
+    return;
+  }
   if (GetProfile().gid_table_len == 1) {
     GidFor(gid);
     return;
@@ -147,6 +156,7 @@ int StartDevice(Device* dev) {
     return EAGAIN;
   }
   dev->port.store(ntohs(sa.sin_port));
+  if (InfiniBand()) dev->lid.store(AssignLid(dev->ip, ntohs(sa.sin_port)));
   dev->started = true;
   return 0;
 }
@@ -363,18 +373,24 @@ SOFTRNIC_EXPORT int ibv_query_port(ibv_context* context, uint8_t port_num,
   ibv_port_attr a{};
   bool up = dev->LinkUp();
   a.state = up ? IBV_PORT_ACTIVE : IBV_PORT_DOWN;
+  const bool ib = InfiniBand();
+  const uint16_t lid = dev->lid.load();
+  // An InfiniBand port the subnet manager has not configured (no LID)
+  // stays in INIT with its link up: it cannot carry traffic.
+  if (ib && up && lid == 0) a.state = IBV_PORT_INIT;
   a.max_mtu = GetProfile().max_mtu;
   a.active_mtu = GetProfile().active_mtu;
   a.gid_tbl_len = GetProfile().gid_table_len;
   a.port_cap_flags = 0;
   a.max_msg_sz = kMaxMsgSize;
   a.pkey_tbl_len = 1;
-  a.lid = 0;  // RoCE: no LIDs.
+  a.lid = ib ? lid : 0;  // RoCE: no LIDs.
+  a.sm_lid = ib ? kSubnetManagerLid : 0;
   a.max_vl_num = 1;
   a.active_width = 2;         // 4x
   a.active_speed = 32;        // EDR (25 Gbps per lane)
   a.phys_state = up ? 5 : 3;  // LinkUp : Disabled
-  a.link_layer = IBV_LINK_LAYER_ETHERNET;
+  a.link_layer = GetProfile().link_layer;
   // The caller's struct may be the short compat layout (verbs.h passes an
   // ibv_port_attr cast to _compat_ibv_port_attr): write only through flags.
   std::memcpy(out, &a, offsetof(ibv_port_attr, flags) + sizeof(a.flags));
@@ -434,8 +450,9 @@ SOFTRNIC_EXPORT int ibv_query_gid_type(ibv_context* context, uint8_t port_num,
   bool v1 = false;
   reinterpret_cast<Context*>(context)->dev->GidAt(static_cast<int>(index), &gid,
                                                   &v1);
-  // IBV_GID_TYPE_SYSFS_IB_ROCE_V1 (0) or IBV_GID_TYPE_SYSFS_ROCE_V2 (1).
-  *type = v1 ? 0 : 1;
+  // IBV_GID_TYPE_SYSFS_IB_ROCE_V1 (0: also InfiniBand's) or
+  // IBV_GID_TYPE_SYSFS_ROCE_V2 (1).
+  *type = v1 || InfiniBand() ? 0 : 1;
   return 0;
 }
 
@@ -449,14 +466,18 @@ SOFTRNIC_EXPORT int _ibv_query_gid_ex(ibv_context* context, uint32_t port_num,
       gid_index >= static_cast<uint32_t>(GetProfile().gid_table_len)) {
     return ENODATA;
   }
-  if (!dev->gid_valid.load()) return ENODATA;  // An empty entry.
+  // A RoCE entry is empty while its address is gone; InfiniBand's is the
+  // port's GUID, always there.
+  if (!InfiniBand() && !dev->gid_valid.load()) return ENODATA;
   std::memset(entry, 0, entry_size);
   bool v1 = false;
   dev->GidAt(static_cast<int>(gid_index), &entry->gid, &v1);
   entry->gid_index = gid_index;
   entry->port_num = 1;
-  entry->gid_type = v1 ? IBV_GID_TYPE_ROCE_V1 : IBV_GID_TYPE_ROCE_V2;
-  entry->ndev_ifindex = 1;
+  entry->gid_type = InfiniBand() ? IBV_GID_TYPE_IB
+                    : v1         ? IBV_GID_TYPE_ROCE_V1
+                                 : IBV_GID_TYPE_ROCE_V2;
+  entry->ndev_ifindex = InfiniBand() ? 0 : 1;
   return 0;
 }
 

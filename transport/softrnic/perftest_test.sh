@@ -37,12 +37,14 @@ listening() {  # port: a TCP listener on it (from /proc, without connecting)
     { found = 1 } END { exit !found }' /proc/net/tcp /proc/net/tcp6
 }
 
-# run NAME PROG ARGS...: server on softrnic1, client on softrnic0.
+# run NAME PROG ARGS...: server on softrnic1, client on softrnic0, with
+# GID addressing (-x 0, RoCE) unless ADDRESSING says otherwise.
+ADDRESSING=(-x 0)
 run() {
   local name=$1 prog=$2
   shift 2
   local port=$((20000 + RANDOM % 20000)) waited=0
-  timeout 60 "$prog" -d softrnic1 -x 0 -p "$port" "$@" \
+  timeout 60 "$prog" -d softrnic1 "${ADDRESSING[@]}" -p "$port" "$@" \
     >"$OUT/$name.server" 2>&1 &
   local spid=$!
   while ! listening "$port" && kill -0 "$spid" 2>/dev/null &&
@@ -50,7 +52,7 @@ run() {
     sleep 0.1
     waited=$((waited + 1))
   done
-  timeout 60 "$prog" -d softrnic0 -x 0 -p "$port" "$@" 127.0.0.2 \
+  timeout 60 "$prog" -d softrnic0 "${ADDRESSING[@]}" -p "$port" "$@" 127.0.0.2 \
     >"$OUT/$name.client" 2>&1
   local crc=$?
   wait "$spid"
@@ -73,6 +75,23 @@ run read_bw ib_read_bw -s 65536 -n 500
 run send_bw ib_send_bw -s 4096 -n 500
 run write_lat ib_write_lat -s 64 -n 500
 run read_lat ib_read_lat -s 64 -n 500
+
+# An InfiniBand port ("mlx5-ib"): perftest addresses the peer by its LID,
+# with no GRH, as on an IB fabric.
+export FERRY_SOFTRNIC_PROFILE=mlx5-ib
+ADDRESSING=()
+run ib_write_bw ib_write_bw -s 65536 -n 500
+run ib_read_lat ib_read_lat -s 64 -n 500
+unset FERRY_SOFTRNIC_PROFILE
+if grep -Eq 'Link type +: IB' "$OUT/ib_write_bw.client" &&
+  grep -Eq 'remote address: LID 0x[0-9a-f]*[1-9a-f]' "$OUT/ib_write_bw.client"; then
+  echo "PASS: perftest saw an InfiniBand link and a peer LID"
+  passed=$((passed + 1))
+else
+  echo "FAIL: perftest's header on mlx5-ib lacks 'Link type: IB' or a LID"
+  head -n 25 "$OUT/ib_write_bw.client"
+  failed=$((failed + 1))
+fi
 
 echo "$passed passed, $failed failed"
 ((failed == 0))

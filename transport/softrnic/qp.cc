@@ -90,9 +90,10 @@ int CheckValues(const ibv_qp_attr& a, int mask) {
   }
   if (mask & IBV_QP_AV) {
     // RoCE: the link layer is Ethernet, so a GRH with the peer's GID is
-    // mandatory.
-    if (!a.ah_attr.is_global || a.ah_attr.port_num != 1 ||
-        a.ah_attr.grh.sgid_index >= GetProfile().gid_table_len) {
+    // mandatory. InfiniBand: the DLID routes; a GRH is optional.
+    if ((!a.ah_attr.is_global && !InfiniBand()) || a.ah_attr.port_num != 1 ||
+        (a.ah_attr.is_global &&
+         a.ah_attr.grh.sgid_index >= GetProfile().gid_table_len)) {
       return EINVAL;
     }
   }
@@ -354,7 +355,17 @@ SOFTRNIC_EXPORT int ibv_modify_qp(ibv_qp* ibqp, ibv_qp_attr* a, int mask) {
       s.qp_state = to;
       qp->qp.state = to;
     }
-    if (to == IBV_QPS_RTR && cur == IBV_QPS_INIT) {
+    if (to == IBV_QPS_RTR && cur == IBV_QPS_INIT && InfiniBand()) {
+      // Switches forward by DLID, GRH or not: the subnet manager's table
+      // says which port holds it. A DLID no live port holds (0 included)
+      // routes nowhere; the QP's requests time out.
+      if (!ResolveLid(s.ah_attr.dlid, &qp->peer_ip, &qp->peer_port)) {
+        qp->peer_port = 0;
+      }
+      qp->sgid_v1.store(false, std::memory_order_release);
+      qp->expected_msn = 0;
+      connect = true;
+    } else if (to == IBV_QPS_RTR && cur == IBV_QPS_INIT) {
       const uint8_t* g = s.ah_attr.grh.dgid.raw;
       // Only an IPv4-mapped GID routes (ours carry the port in 8..9); any
       // other, e.g. link-local, leaves the QP with nowhere to send: its

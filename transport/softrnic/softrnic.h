@@ -102,8 +102,26 @@ struct Profile {
   // dropped by a v2 QP; the sender times out), and a link-local GID routes
   // nowhere here.
   int gid_table_len;
+  // IBV_LINK_LAYER_ETHERNET (RoCE: QPs address peers by GID, with a GRH)
+  // or IBV_LINK_LAYER_INFINIBAND: the port gets a LID from the emulated
+  // subnet manager (subnet.cc), its one GID is fe80::<port GUID>, and a QP
+  // reaches its peer by DLID, with or without a GRH.
+  uint8_t link_layer;
 };
 const Profile& GetProfile();
+inline bool InfiniBand() {
+  return GetProfile().link_layer == IBV_LINK_LAYER_INFINIBAND;
+}
+
+// The emulated subnet manager's LID table (subnet.cc). LID 1 is the subnet
+// manager's own; AssignLid gives the port listening at ip:port a unicast
+// LID of its own, or 0 (reported on stderr) if the table cannot be written:
+// such a port stays in INIT, as one with no subnet manager does.
+constexpr uint16_t kSubnetManagerLid = 1;
+uint16_t AssignLid(in_addr ip, uint16_t port);
+// The listener of the live port holding `lid`; false if none does (a DLID
+// that no port holds routes nowhere).
+bool ResolveLid(uint16_t lid, in_addr* ip, uint16_t* port);
 
 // Runs `fn` on a new detached thread named `name` (at most 15 characters);
 // false (with a message on stderr) if the system refuses one, e.g. under a
@@ -154,6 +172,8 @@ struct Device {
   bool timer_running ABSL_GUARDED_BY(mu) = false;
   // Listener port, host order; set once, before `started`.
   std::atomic<uint16_t> port{0};
+  // InfiniBand profile: the port's LID, set once with `port` (0: none).
+  std::atomic<uint16_t> lid{0};
   // Open contexts, for async events.
   std::vector<Context*> contexts ABSL_GUARDED_BY(mu);
 
