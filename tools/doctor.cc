@@ -217,6 +217,12 @@ void CheckDevice(ibv_device* dev, std::vector<Check>* out,
                     "configure a RoCE v2 address on the netdev (an IPv4 "
                     "address gives an IPv4-mapped v2 GID), or pin one with "
                     "MC_GID_INDEX / rdma.gid_index"});
+  } else if (!roce) {
+    out->push_back(
+        {absl::StrCat(name, " GID"), Level::kOk,
+         absl::StrCat("not needed: InfiniBand routes by LID ", port.lid,
+                      " within the subnet, and Ferry sends no GRH there"),
+         ""});
   } else {
     const std::string ip = rdma::GidAddress(gid);
     out->push_back(

@@ -8,7 +8,9 @@
 #   3. a device that cannot be opened (its address is not this host's);
 #   4. a port with RoCE v1 GIDs only;
 #   5. a locked-memory limit too small for the registration planned,
-#      without CAP_IPC_LOCK.
+#      without CAP_IPC_LOCK;
+#   6. "mlx5-ib" (InfiniBand): ACTIVE with a LID, no GID needed; and the
+#      same port with no subnet manager (no LID: INIT) fails with the fix.
 set -u
 RUNFILES="${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}"
 DOCTOR="$RUNFILES/tools/doctor"
@@ -29,48 +31,57 @@ sys.exit(0 if eval("(" + sys.argv[2] + ")") else 1)
 PY
 }
 
+# expect CODE FILE EXPR WHAT: the doctor just run (exit status in $rc)
+# exited with CODE and its JSON report in FILE satisfies EXPR.
+expect() {
+  if ((rc == $1)) && json "$2" "$3"; then
+    pass "$4"
+  else
+    fail "$4 (exit $rc)" "$2"
+  fi
+}
+
 FERRY_SOFTRNIC_DEVICES=softrnic0=127.0.0.1 "$DOCTOR" --json >"$OUT/ok.json" 2>&1
 rc=$?
-if ((rc == 0)) && json "$OUT/ok.json" \
-    'r["fails"] == 0 and c["softrnic0 GID"]["detail"].startswith("index 0")'; then
-  pass "healthy softrnic: all OK"
-else
-  fail "healthy softrnic (exit $rc)" "$OUT/ok.json"
-fi
+expect 0 "$OUT/ok.json" 'r["fails"] == 0 and c["softrnic0 GID"]["detail"].startswith("index 0")' \
+  "healthy softrnic: all OK"
 
 FERRY_SOFTRNIC_PROFILE=roce-1500 FERRY_SOFTRNIC_DEVICES=softrnic0=127.0.0.1 \
   "$DOCTOR" --json >"$OUT/roce.json" 2>&1
 rc=$?
-if ((rc == 0)) && json "$OUT/roce.json" \
-    'c["softrnic0 MTU"]["level"] == "WARN" and "mtu 9000" in c["softrnic0 MTU"]["fix"]
+expect 0 "$OUT/roce.json" 'c["softrnic0 MTU"]["level"] == "WARN" and "mtu 9000" in c["softrnic0 MTU"]["fix"]
      and c["softrnic0 GID"]["detail"].startswith("index 3")
      and "RoCE v1 skipped" in c["softrnic0 GID"]["detail"]
-     and "RoCE v1" in c["softrnic0 GID table"]["detail"]'; then
-  pass "roce-1500: MTU 1024 warned with its fix; RoCE v2 GID picked, v1 skipped"
-else
-  fail "roce-1500 (exit $rc)" "$OUT/roce.json"
-fi
+     and "RoCE v1" in c["softrnic0 GID table"]["detail"]' \
+  "roce-1500: MTU 1024 warned with its fix; RoCE v2 GID picked, v1 skipped"
 
 FERRY_SOFTRNIC_DEVICES=softrnic0=127.0.0.1,softrnic9=192.0.2.1 \
   "$DOCTOR" --json >"$OUT/dead.json" 2>/dev/null
 rc=$?
-if ((rc == 1)) && json "$OUT/dead.json" \
-    'c["softrnic9"]["level"] == "FAIL" and c["softrnic9"]["fix"] and r["fails"] == 1'; then
-  pass "a device that cannot be opened fails, with a fix"
-else
-  fail "unopenable device (exit $rc)" "$OUT/dead.json"
-fi
+expect 1 "$OUT/dead.json" 'c["softrnic9"]["level"] == "FAIL" and c["softrnic9"]["fix"] and r["fails"] == 1' \
+  "a device that cannot be opened fails, with a fix"
 
 FERRY_SOFTRNIC_PROFILE=roce-v1-only FERRY_SOFTRNIC_DEVICES=softrnic0=127.0.0.1 \
   "$DOCTOR" --json >"$OUT/v1.json" 2>&1
 rc=$?
-if ((rc == 1)) && json "$OUT/v1.json" \
-    'c["softrnic0 GID"]["level"] == "FAIL" and "only RoCE v1" in c["softrnic0 GID"]["detail"]
-     and "RoCE v2" in c["softrnic0 GID"]["fix"]'; then
-  pass "a port with RoCE v1 GIDs only fails, with the fix"
-else
-  fail "no RoCE v2 GID (exit $rc)" "$OUT/v1.json"
-fi
+expect 1 "$OUT/v1.json" 'c["softrnic0 GID"]["level"] == "FAIL" and "only RoCE v1" in c["softrnic0 GID"]["detail"]
+     and "RoCE v2" in c["softrnic0 GID"]["fix"]' \
+  "a port with RoCE v1 GIDs only fails, with the fix"
+
+FERRY_SOFTRNIC_PROFILE=mlx5-ib FERRY_SOFTRNIC_DEVICES=softrnic0=127.0.0.1 \
+  "$DOCTOR" --json >"$OUT/ib.json" 2>&1
+rc=$?
+expect 0 "$OUT/ib.json" 'r["fails"] == 0 and "InfiniBand, LID " in c["softrnic0 port 1"]["detail"]
+     and c["softrnic0 GID"]["detail"].startswith("not needed")' \
+  "mlx5-ib: ACTIVE InfiniBand port with a LID; no GID needed"
+# No subnet table can be written: no subnet manager, no LID.
+FERRY_SOFTRNIC_SUBNET=/proc/no-subnet-manager FERRY_SOFTRNIC_PROFILE=mlx5-ib \
+  FERRY_SOFTRNIC_DEVICES=softrnic0=127.0.0.1 \
+  "$DOCTOR" --json >"$OUT/nosm.json" 2>/dev/null
+rc=$?
+expect 1 "$OUT/nosm.json" 'c["softrnic0 port 1"]["level"] == "FAIL" and "INIT" in c["softrnic0 port 1"]["detail"]
+     and "opensm" in c["softrnic0 port 1"]["fix"]' \
+  "mlx5-ib with no subnet manager: the port in INIT fails, with the fix"
 
 if ! command -v setpriv >/dev/null || [[ $(id -u) -ne 0 ]]; then
   fail "needs root and setpriv (util-linux) to drop CAP_IPC_LOCK"
@@ -80,13 +91,9 @@ else
     "ulimit -l 1024 && exec '$DOCTOR' --json --register_bytes=$((64 << 20))" \
     >"$OUT/memlock.json" 2>&1
   rc=$?
-  if ((rc == 1)) && json "$OUT/memlock.json" \
-      'c["memlock"]["level"] == "FAIL" and "ulimit -l unlimited" in c["memlock"]["fix"]
-       and "1048576" in c["memlock"]["detail"]'; then
-    pass "a 1 MiB memlock limit without CAP_IPC_LOCK fails, with the fix"
-  else
-    fail "low memlock (exit $rc)" "$OUT/memlock.json"
-  fi
+  expect 1 "$OUT/memlock.json" 'c["memlock"]["level"] == "FAIL" and "ulimit -l unlimited" in c["memlock"]["fix"]
+       and "1048576" in c["memlock"]["detail"]' \
+    "a 1 MiB memlock limit without CAP_IPC_LOCK fails, with the fix"
 fi
 
 echo "$passed passed, $failed failed"
