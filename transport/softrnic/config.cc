@@ -111,6 +111,12 @@ constexpr Profile kProfiles[] = {
     // GID table. ibv_devinfo does not print the inline limit: softrnic's.
     {"cx5-roce", IBV_MTU_1024, IBV_MTU_4096, 32768, 30, 4194303, kMaxInline, 16,
      16, 4, kEth},
+    // ConnectX-6 (vendor_part_id 4123 in openucx/ucx#8229; ConnectX-6 Lx,
+    // 4127, in openucx/ucx#10317) prints the same max_qp_wr, max_cqe and
+    // READ depths as the ConnectX-5 above; max_sge is taken as the other
+    // mlx5 generations' 30. The RoCE set-up is cx5-roce's.
+    {"cx6-roce", IBV_MTU_1024, IBV_MTU_4096, 32768, 30, 4194303, kMaxInline, 16,
+     16, 4, kEth},
     // A RoCE port whose GIDs are RoCE v1 only (an old kernel or a port set
     // to v1 mode): nothing a routed fabric can use.
     {"roce-v1-only", IBV_MTU_1024, IBV_MTU_4096, 32768, 30, 4194303, kMaxInline,
