@@ -193,7 +193,28 @@ bool Nic::RefreshGid() {
   return changed;
 }
 
+absl::Status Nic::RegisterProbePage() {
+  if (probe_mr_ != nullptr) return absl::OkStatus();
+  if (probe_ == nullptr) {
+    probe_ = std::aligned_alloc(kProbePageBytes, kProbePageBytes);
+    if (probe_ == nullptr) {
+      return absl::ResourceExhaustedError("no memory for the probe page");
+    }
+    std::memset(probe_, 0, kProbePageBytes);
+  }
+  probe_mr_ = ibv_reg_mr(pd_, probe_, kProbePageBytes,
+                         IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                             IBV_ACCESS_REMOTE_READ);
+  if (probe_mr_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat(
+        name_, ": cannot register the probe page: ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
 Nic::~Nic() {
+  if (probe_mr_ != nullptr) ibv_dereg_mr(probe_mr_);
+  std::free(probe_);
   if (cq_ != nullptr) ibv_destroy_cq(cq_);
   if (channel_ != nullptr) ibv_destroy_comp_channel(channel_);
   if (pd_ != nullptr) ibv_dealloc_pd(pd_);

@@ -27,6 +27,9 @@ namespace ferry::rdma {
 // overrun).
 constexpr int kCqDepth = 1 << 16;
 
+// Size of a NIC's probe page (Nic::RegisterProbePage).
+constexpr size_t kProbePageBytes = 4096;
+
 class Nic {
  public:
   // Opens `dev`, checks that port 1 is ACTIVE, picks the best GID (or
@@ -66,6 +69,17 @@ class Nic {
   ibv_mtu active_mtu() const { return active_mtu_; }
   uint8_t link_layer() const { return link_layer_; }
   const ibv_device_attr& device_attr() const { return attr_; }
+  // The probe page: kProbePageBytes that any peer may RDMA WRITE and READ
+  // to check this rail end to end (tools/doctor --peer=SEGMENT), so that a
+  // check never touches application memory. Registered by
+  // RegisterProbePage (the transport does, at Install); 0/0 until then.
+  // Its contents mean nothing: concurrent probes may overwrite each other.
+  absl::Status RegisterProbePage();
+  uint64_t probe_addr() const { return reinterpret_cast<uint64_t>(probe_); }
+  uint32_t probe_rkey() const {
+    return probe_mr_ != nullptr ? probe_mr_->rkey : 0;
+  }
+
   // Work requests this NIC may have posted at once (see kCqDepth).
   uint32_t max_posted_wrs() const {
     return static_cast<uint32_t>(cq_depth_ / 2);
@@ -100,6 +114,8 @@ class Nic {
   ibv_pd* pd_ = nullptr;
   ibv_comp_channel* channel_ = nullptr;
   ibv_cq* cq_ = nullptr;
+  void* probe_ = nullptr;
+  ibv_mr* probe_mr_ = nullptr;
   mutable Mutex gid_mu_;
   ibv_gid gid_ ABSL_GUARDED_BY(gid_mu_){};
   int gid_index_ ABSL_GUARDED_BY(gid_mu_) = 0;

@@ -11,6 +11,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 
 namespace ferry::rdma {
 
@@ -121,6 +122,14 @@ absl::Status RdmaTransport::Install(const TransportEnv& env,
     const ibv_gid gid = nics_[i]->gid();
     d->set_gid(std::string(reinterpret_cast<const char*>(gid.raw), 16));
     d->set_lid(nics_[i]->lid());
+    // Not fatal: the probe page only serves the doctor.
+    if (absl::Status s = nics_[i]->RegisterProbePage(); s.ok()) {
+      d->set_probe_addr(nics_[i]->probe_addr());
+      d->set_probe_rkey(nics_[i]->probe_rkey());
+    } else {
+      FERRY_LOG(kWarn, "rdma", s.message(),
+                "; tools/doctor cannot probe this NIC");
+    }
     auto p = std::make_unique<Poller>();
     p->nic = nics_[i].get();
     p->index = static_cast<int>(i);
