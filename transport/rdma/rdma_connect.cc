@@ -713,6 +713,9 @@ RailNoticeReply RdmaTransport::OnNotice(const std::string& from,
   // has nothing posted, the peer may drop its QPs at once.
   for (const Job& j : later.jobs) {
     if (j.kind != Job::Kind::kClose) continue;
+    FERRY_LOG(kInfo, "rdma", "rail to '", from, "' on ",
+              nics_[j.ep->local_nic()]->name(), " -> ", j.ep->remote_nic(),
+              " closed by the peer (epoch ", n.epoch(), ")");
     if (!j.ep->mu.TryLock()) continue;
     const Endpoint::State st = j.ep->state();
     if (st == Endpoint::State::kConnected ||
