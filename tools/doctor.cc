@@ -3,7 +3,9 @@
 // what it saw; every WARN and FAIL comes with its fix. Exit status 1 if
 // any check failed.
 //   doctor [--json] [--device_name=mlx5_0,mlx5_1] [--register_bytes=N]
-//   doctor --serve=PORT  /  doctor --peer=HOST:PORT  (the NIC pair matrix)
+//   doctor --metadata=HOST:PORT --peer=SEGMENT  (the NIC pair matrix
+//   against a running engine), or doctor --serve=PORT on the other host and
+//   doctor --peer=HOST:PORT here
 // Covers: the verbs library (rdma-core or softrnic), devices, port state,
 // link layer, active MTU, the GID table with types and the GID Ferry
 // would pick (and why), device limits, the locked-memory limit against
@@ -37,9 +39,12 @@ ABSL_FLAG(bool, json, false, "print one JSON object instead of a table");
 ABSL_FLAG(std::string, device_name, "",
           "devices to check, comma-separated (empty: every one)");
 ABSL_FLAG(std::string, peer, "",
-          "host:port of a 'doctor --serve' on another host: probe every "
-          "local x remote NIC pair (handshake, verified WRITE and READ, "
-          "latency)");
+          "what to probe every local x remote NIC pair of (handshake, "
+          "verified WRITE and READ, latency): the segment name of a running "
+          "engine (with --metadata), or host:port of a 'doctor --serve'");
+ABSL_FLAG(std::string, metadata, "",
+          "host:port of the metadata service (a metadata_server, or the "
+          "engine that embeds it): --peer is then a segment name");
 ABSL_FLAG(int, serve, -1,
           "serve probes from other hosts' doctor --peer on this port (0: "
           "any); runs until killed or --serve_seconds");
@@ -299,7 +304,11 @@ int Main() {
   CheckMemlock(usable.size(), &checks);
   CheckHost(&checks);
   if (const std::string peer = absl::GetFlag(FLAGS_peer); !peer.empty()) {
-    doctor::ProbePeer(peer, filter, &checks);
+    if (const std::string md = absl::GetFlag(FLAGS_metadata); !md.empty()) {
+      doctor::ProbeSegment(md, peer, filter, &checks);
+    } else {
+      doctor::ProbePeer(peer, filter, &checks);
+    }
   }
 
   int fails = 0, warns = 0;
@@ -337,8 +346,10 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Checks whether Ferry's RDMA transport will work on this host.\n"
       "  doctor [--json] [--device_name=...] [--register_bytes=N]\n"
+      "  doctor --metadata=HOST:PORT --peer=SEGMENT\n"
+      "                                      (every NIC pair to an engine)\n"
       "  doctor --serve=PORT                 (on the peer host)\n"
-      "  doctor --peer=HOST:PORT             (every NIC pair, both ways)");
+      "  doctor --peer=HOST:PORT             (every NIC pair to it)");
   absl::ParseCommandLine(argc, argv);
   return ferry::Main();
 }

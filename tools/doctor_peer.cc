@@ -4,43 +4,27 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <map>
 #include <memory>
-#include <thread>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/socket_util.h"
+#include "tools/doctor_probe.h"
 #include "transport/rdma/handshake.pb.h"
-#include "transport/rdma/nic.h"
 #include "transport/rdma/qp.h"
 
 namespace ferry::doctor {
 namespace {
 
-constexpr size_t kBuffer = 64 << 10;
 constexpr size_t kProbeBytes = 4096;
 constexpr size_t kMaxLine = 8192;
-constexpr int kLatencySamples = 50;
 constexpr absl::Duration kLineTimeout = absl::Seconds(10);
-constexpr absl::Duration kCompletionTimeout = absl::Seconds(3);
-// Short RC timers: an unreachable NIC fails the probe in about
-// 4.096 us * 2^12 * 4 = 67 ms instead of Ferry's half second.
-constexpr uint8_t kProbeTimeout = 12;
-constexpr uint8_t kProbeRetries = 3;
-
-void Fill(uint8_t* p, size_t n, uint32_t seed) {
-  for (size_t i = 0; i < n; ++i)
-    p[i] = static_cast<uint8_t>(seed * 131 + i * 7);
-}
 
 absl::StatusOr<std::string> ReadLine(int fd) {
   std::string line;
@@ -57,54 +41,6 @@ absl::Status WriteLine(int fd, const std::string& line) {
   return WriteFull(fd, (line + "\n").data(), line.size() + 1);
 }
 
-std::map<std::string, ibv_device*> Devices(
-    const std::vector<std::string>& filter) {
-  std::map<std::string, ibv_device*> out;
-  auto list = rdma::ListDevices(filter);
-  if (!list.ok()) return out;
-  for (ibv_device* d : *list) out[ibv_get_device_name(d)] = d;
-  return out;
-}
-
-// One probe's verbs objects.
-struct Probe {
-  std::unique_ptr<rdma::Nic> nic;
-  ibv_qp* qp = nullptr;
-  std::unique_ptr<uint8_t[]> buf;
-  ibv_mr* mr = nullptr;
-  ~Probe() {
-    if (qp != nullptr) ibv_destroy_qp(qp);
-    if (mr != nullptr) ibv_dereg_mr(mr);
-  }
-};
-
-absl::StatusOr<std::unique_ptr<Probe>> NewProbe(ibv_device* dev) {
-  auto p = std::make_unique<Probe>();
-  auto nic = rdma::Nic::Open(dev, rdma::EffectiveGidIndex(RdmaOptions()));
-  if (!nic.ok()) return nic.status();
-  p->nic = std::move(*nic);
-  rdma::QpCaps caps;
-  auto qp = rdma::CreateQp(p->nic.get(), &caps);
-  if (!qp.ok()) return qp.status();
-  p->qp = *qp;
-  p->buf.reset(new uint8_t[kBuffer]());
-  p->mr = ibv_reg_mr(p->nic->pd(), p->buf.get(), kBuffer,
-                     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-                         IBV_ACCESS_REMOTE_READ);
-  if (p->mr == nullptr) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("ibv_reg_mr: ", std::strerror(errno)));
-  }
-  return p;
-}
-
-rdma::QpTimers ProbeTimers() {
-  rdma::QpTimers t;
-  t.timeout = kProbeTimeout;
-  t.retry_count = kProbeRetries;
-  return t;
-}
-
 std::string Describe(const Probe& p) {
   rdma::QpInfo info;
   rdma::DescribeQp(p.qp, p.nic.get(), &info);
@@ -117,36 +53,6 @@ absl::StatusOr<rdma::QpInfo> ParseInfo(absl::string_view hex) {
     return absl::InvalidArgumentError("bad QP information");
   }
   return info;
-}
-
-// Posts one signaled WR and waits for its completion (bounded).
-absl::Status RunOne(Probe* p, ibv_wr_opcode op, uint64_t local, uint32_t len,
-                    uint64_t remote, uint32_t rkey) {
-  ibv_sge sge{local, len, p->mr->lkey};
-  ibv_send_wr wr{}, *bad = nullptr;
-  wr.wr_id = 1;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  wr.opcode = op;
-  wr.send_flags = IBV_SEND_SIGNALED;
-  wr.wr.rdma.remote_addr = remote;
-  wr.wr.rdma.rkey = rkey;
-  if (int rc = ibv_post_send(p->qp, &wr, &bad); rc != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("ibv_post_send: ", std::strerror(rc)));
-  }
-  const absl::Time deadline = absl::Now() + kCompletionTimeout;
-  ibv_wc wc{};
-  while (absl::Now() < deadline) {
-    const int n = ibv_poll_cq(p->nic->cq(), 1, &wc);
-    if (n < 0) return absl::UnavailableError("ibv_poll_cq failed");
-    if (n == 1) {
-      if (wc.status == IBV_WC_SUCCESS) return absl::OkStatus();
-      return absl::UnavailableError(ibv_wc_status_str(wc.status));
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(20));
-  }
-  return absl::DeadlineExceededError("no completion within 3 s");
 }
 
 // Serves one client's probes until it says BYE or goes away.
@@ -301,18 +207,7 @@ void ProbePeer(const std::string& peer, const std::vector<std::string>& filter,
         WriteLine(fd, "DONE").IgnoreError();
         continue;
       }
-      uint8_t* buf = probe.buf.get();
-      Fill(buf, kProbeBytes, seed);
-      const uint64_t base = reinterpret_cast<uint64_t>(buf);
-      s = RunOne(&probe, IBV_WR_RDMA_WRITE, base, kProbeBytes, addr, rkey);
-      if (s.ok()) {
-        s = RunOne(&probe, IBV_WR_RDMA_READ, base + kProbeBytes, kProbeBytes,
-                   addr, rkey);
-      }
-      if (s.ok() && std::memcmp(buf, buf + kProbeBytes, kProbeBytes) != 0) {
-        s = absl::DataLossError("the READ returned other bytes");
-      }
-      std::string verdict;
+      s = WriteReadVerify(&probe, kProbeBytes, addr, rkey, seed);
       if (s.ok() && WriteLine(fd, absl::StrCat("VERIFY ", seed)).ok()) {
         auto v = ReadLine(fd);
         if (!v.ok() || *v != "OK") {
@@ -320,36 +215,16 @@ void ProbePeer(const std::string& peer, const std::vector<std::string>& filter,
                                          : std::string(v.status().message()));
         }
       }
-      std::vector<double> us;
-      for (int i = 0; s.ok() && i < kLatencySamples; ++i) {
-        const absl::Time t0 = absl::Now();
-        s = RunOne(&probe, IBV_WR_RDMA_WRITE, base, 8, addr, rkey);
-        us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
-      }
+      const absl::StatusOr<double> p50 =
+          s.ok() ? WriteLatencyUs(&probe, addr, rkey)
+                 : absl::StatusOr<double>(s);
       WriteLine(fd, "DONE").IgnoreError();
       ++seed;
-      if (!s.ok()) {
-        fail(name, std::string(s.message()),
-             "no answer from the peer NIC on this rail: check that the two "
-             "addresses route to each other (ping from this NIC's address), "
-             "the VLAN and PFC/ECN settings, and that both use RoCE v2");
+      if (!p50.ok()) {
+        out->push_back(UnreachableVerdict(name, p50.status()));
         continue;
       }
-      std::sort(us.begin(), us.end());
-      const ibv_mtu local_mtu = probe.nic->active_mtu();
-      const bool mismatch =
-          info->mtu() != 0 && info->mtu() != static_cast<uint32_t>(local_mtu);
-      const std::string detail = absl::StrCat(
-          "WRITE and READ of ", kProbeBytes, " B verified; 8 B WRITE p50 ",
-          absl::StrFormat("%.1f", us[us.size() / 2]), " us; MTU ",
-          128 << local_mtu, " here, ", info->mtu() ? 128 << info->mtu() : 0,
-          " there");
-      out->push_back(
-          {name, mismatch ? Level::kFail : Level::kOk, detail,
-           mismatch ? "MTU mismatch: the path runs at the smaller one; give "
-                      "both hosts' netdevs and the switch ports the same "
-                      "(jumbo) MTU"
-                    : ""});
+      out->push_back(PairVerdict(name, probe, info->mtu(), kProbeBytes, *p50));
     }
   }
   WriteLine(fd, "BYE").IgnoreError();

@@ -1,8 +1,8 @@
 // The doctor's reachability matrix: for every local NIC x remote NIC, a
 // handshake, a verified RDMA WRITE and READ, and the latency of small
-// WRITEs, with QPs set up exactly as Ferry's RDMA transport sets them up
-// (transport/rdma/qp.h: MTU from both ports, GID by type, READ depths from
-// both devices). The other side runs `doctor --serve=PORT`.
+// WRITEs (doctor_probe.h). The other side is a `doctor --serve=PORT`
+// (doctor_peer.cc) or a running engine found by its segment name
+// (doctor_segment.cc).
 #ifndef FERRY_TOOLS_DOCTOR_PEER_H_
 #define FERRY_TOOLS_DOCTOR_PEER_H_
 
@@ -11,17 +11,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "tools/doctor_probe.h"
 
 namespace ferry::doctor {
-
-enum class Level { kOk, kWarn, kFail };
-
-struct Check {
-  std::string name;
-  Level level;
-  std::string detail;
-  std::string fix;  // For kWarn and kFail.
-};
 
 // Serves probes on `port` (every interface) for `seconds` (0: until
 // killed), one client at a time. `devices`: the NICs offered (empty: every
@@ -33,6 +25,16 @@ absl::Status Serve(uint16_t port, const std::vector<std::string>& devices,
 // and a NIC of the server at `peer` ("host:port"), one check per pair.
 void ProbePeer(const std::string& peer, const std::vector<std::string>& devices,
                std::vector<Check>* out);
+
+// Probes every pair of a local NIC and a NIC of the running engine whose
+// segment is `segment`, found through the metadata service at `metadata`
+// ("host:port"): Ferry's own RDMA handshake with that engine (a rail of
+// one QP, closed afterwards), a verified WRITE and READ of its NIC's probe
+// page (never application memory) and the WRITE latency. One check per
+// pair, after one for the segment.
+void ProbeSegment(const std::string& metadata, const std::string& segment,
+                  const std::vector<std::string>& devices,
+                  std::vector<Check>* out);
 
 }  // namespace ferry::doctor
 

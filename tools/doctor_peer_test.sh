@@ -5,11 +5,18 @@
 #   1. the reachable pair: WRITE and READ verified, latency, MTU; the pair
 #      to the NIC the client cannot route to: FAIL with a fix; exit 1;
 #   2. an MTU mismatch (the server on the roce-1500 profile, active MTU
-#      1024; the client at 4096) is flagged with its fix.
+#      1024; the client at 4096) is flagged with its fix;
+#   3. the same matrix against a running engine on the server host, found
+#      by its segment name through its embedded metadata service
+#      (--metadata, --peer=SEGMENT): the reachable pair verified on the
+#      engine's probe page, the unroutable one FAIL; the engine closed
+#      every rail the doctor opened and still moves verified data; an
+#      unknown segment fails with its fix.
 # Needs root (ip netns). Everything it creates is removed on exit.
 set -uo pipefail
 RUNFILES="${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}"
 DOCTOR="$RUNFILES/tools/doctor"
+BENCH="$RUNFILES/tools/transfer_bench"
 LIBDIR="$RUNFILES/transport/softrnic"
 if [[ $(id -u) -ne 0 ]] || ! command -v ip >/dev/null; then
   echo "doctor_peer_test needs root and iproute2"
@@ -114,6 +121,59 @@ if ((rc == 1)) && json "$tmp/mtu.json" \
   pass "an MTU mismatch is flagged, with the fix"
 else
   fail "MTU mismatch (exit $rc)" "$tmp/mtu.json" "$tmp/mtu.json.err"
+fi
+
+# 3. A running engine, by segment name.
+(exec ip netns exec "$S" env LD_LIBRARY_PATH="$LIBDIR" \
+  FERRY_SOFTRNIC_DEVICES="softrnic0=$SA,softrnic1=$SB" \
+  "$BENCH" --mode=target --protocol=rdma --segment_id=engine \
+  --local_server_name=engine --advertise_host="$SA" --rpc_port=17701 \
+  --buffer_size=$((16 << 20)) --target_seconds=60) >"$tmp/engine.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do grep -q "target ready" "$tmp/engine.log" && break; sleep 0.1; done
+segment_probe() {  # report file, segment
+  ip netns exec "$C" env LD_LIBRARY_PATH="$LIBDIR" \
+    FERRY_SOFTRNIC_DEVICES="softrnic0=$CA" timeout 60 \
+    "$DOCTOR" --json --metadata="$SA:17701" --peer="$2" >"$tmp/$1" 2>"$tmp/$1.err"
+}
+segment_probe engine.json engine
+rc=$?
+if ((rc == 1)) && json "$tmp/engine.json" \
+    'c["segment engine"]["level"] == "OK"
+     and "2 with a probe page" in c["segment engine"]["detail"]
+     and c["peer softrnic0 -> softrnic0"]["level"] == "OK"
+     and "verified" in c["peer softrnic0 -> softrnic0"]["detail"]
+     and c["peer softrnic0 -> softrnic1"]["level"] == "FAIL"
+     and "route" in c["peer softrnic0 -> softrnic1"]["fix"]'; then
+  pass "a running engine by segment name: reachable pair verified, the unroutable NIC fails"
+else
+  fail "segment probe (exit $rc)" "$tmp/engine.json" "$tmp/engine.json.err" "$tmp/engine.log"
+fi
+# The engine answered both connects and took both rails down again.
+connected=$(grep -c "connected to 'doctor@" "$tmp/engine.log")
+closed=$(grep -c "rail to 'doctor@.*closed by the peer" "$tmp/engine.log")
+if ((connected == 2 && closed == 2)); then
+  pass "the engine connected the doctor's 2 rails and closed both"
+else
+  fail "the doctor's rails: $connected connected, $closed closed" "$tmp/engine.log"
+fi
+if ip netns exec "$S" env LD_LIBRARY_PATH="$LIBDIR" \
+  FERRY_SOFTRNIC_DEVICES="softrnic0=$SA" timeout 60 \
+  "$BENCH" --mode=initiator --protocol=rdma --metadata_server="$SA:17701" \
+  --segment_id=engine --buffer_size=$((16 << 20)) --duration=1 --verify \
+  >"$tmp/after.log" 2>&1; then
+  pass "the engine still moves verified data after the doctor"
+else
+  fail "a transfer after the doctor" "$tmp/after.log" "$tmp/engine.log"
+fi
+segment_probe nosuch.json no-such-segment
+rc=$?
+if ((rc == 1)) && json "$tmp/nosuch.json" \
+    'c["segment no-such-segment"]["level"] == "FAIL"
+     and "--metadata" in c["segment no-such-segment"]["fix"]'; then
+  pass "an unknown segment fails, with the fix"
+else
+  fail "unknown segment (exit $rc)" "$tmp/nosuch.json" "$tmp/nosuch.json.err"
 fi
 
 echo "$passed passed, $failed failed"

@@ -1,0 +1,220 @@
+// doctor --metadata=HOST:PORT --peer=SEGMENT: the NIC pair matrix against a
+// running engine. The doctor speaks the engine's own RDMA handshake
+// (transport/rdma/handshake.proto, carried by PeerService.Exchange) as a
+// peer segment of its own, "doctor@<host>:<pid>": a ConnectRequest for a
+// rail of one QP, READY once its QP is connected, and DISCONNECT when the
+// probe is done, so the engine keeps nothing of it. The WRITE and READ go
+// to the probe page the engine's RDMA transport publishes per NIC in its
+// descriptor (metadata.proto, Device.probe_addr/probe_rkey): never to
+// application memory.
+#include <unistd.h>
+
+#include <random>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "grpcpp/channel.h"
+#include "grpcpp/client_context.h"
+#include "metadata/metadata_client.h"
+#include "metadata/proto/metadata.grpc.pb.h"
+#include "tools/doctor_peer.h"
+#include "tools/doctor_probe.h"
+#include "transport/rdma/handshake.h"
+#include "transport/rdma/handshake.pb.h"
+#include "transport/rdma/qp.h"
+
+namespace ferry::doctor {
+namespace {
+
+constexpr absl::Duration kRpcTimeout = absl::Seconds(10);
+// Bytes WRITTEN and READ per pair, at a random slot of the probe page, so
+// that two doctors probing one engine at once rarely meet.
+constexpr uint32_t kSlotBytes = 512;
+
+// One Exchange with the engine; `out` gets the reply payload parsed.
+template <typename Reply>
+absl::Status Exchange(metadata::PeerService::Stub* stub,
+                      const std::string& from, const rdma::RdmaMessage& msg,
+                      Reply* out) {
+  metadata::ExchangeRequest req;
+  req.set_transport("rdma");
+  req.set_from_segment(from);
+  req.set_payload(msg.SerializeAsString());
+  metadata::ExchangeResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + kRpcTimeout));
+  grpc::Status s = stub->Exchange(&ctx, req, &resp);
+  if (!s.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("the engine's peer service: ", s.error_message()));
+  }
+  if (!out->ParseFromString(resp.payload())) {
+    return absl::DataLossError("the engine's handshake reply does not parse");
+  }
+  return absl::OkStatus();
+}
+
+struct Session {
+  metadata::PeerService::Stub* stub;
+  std::string from;
+  uint64_t incarnation;         // Ours.
+  uint64_t target_incarnation;  // The engine's, from its descriptor.
+};
+
+rdma::RdmaMessage Notice(const Session& ss, rdma::RailNotice::Kind kind,
+                         const std::string& local_nic,
+                         const std::string& remote_nic, uint64_t epoch) {
+  rdma::RdmaMessage m;
+  rdma::RailNotice* n = m.mutable_notice();
+  n->set_kind(kind);
+  n->set_initiator_segment(ss.from);
+  n->set_initiator_incarnation(ss.incarnation);
+  n->set_initiator_nic(local_nic);
+  n->set_target_nic(remote_nic);
+  n->set_epoch(epoch);
+  n->set_target_incarnation(ss.target_incarnation);
+  return m;
+}
+
+// Probes one pair; appends its check.
+void ProbePair(const Session& ss, const std::string& local_nic,
+               ibv_device* ldev, const metadata::Device& remote, uint32_t seed,
+               std::vector<Check>* out) {
+  const std::string name =
+      absl::StrCat("peer ", local_nic, " -> ", remote.name());
+  auto p = NewProbe(ldev);
+  if (!p.ok()) {
+    out->push_back({name, Level::kFail, std::string(p.status().message()),
+                    "fix the local NIC first"});
+    return;
+  }
+  Probe& probe = **p;
+  rdma::RdmaMessage m;
+  rdma::ConnectRequest* req = m.mutable_connect();
+  req->set_initiator_segment(ss.from);
+  req->set_initiator_incarnation(ss.incarnation);
+  req->set_target_incarnation(ss.target_incarnation);
+  req->set_initiator_nic(local_nic);
+  req->set_target_nic(remote.name());
+  rdma::DescribeQp(probe.qp, probe.nic.get(), req->add_initiator_qps());
+  rdma::ConnectReply reply;
+  absl::Status s = Exchange(ss.stub, ss.from, m, &reply);
+  if (s.ok()) s = rdma::ValidateConnectReply(reply, 1);
+  if (!s.ok()) {
+    out->push_back({name, Level::kFail, std::string(s.message()),
+                    "the engine's RPC address must be reachable from here "
+                    "(its advertise_host and port; docs/deployment.md)"});
+    return;
+  }
+  if (reply.result() != rdma::ConnectReply::ACCEPTED) {
+    out->push_back(
+        {name, Level::kFail,
+         absl::StrCat("the engine refused the rail (",
+                      rdma::ConnectReply::Result_Name(reply.result()),
+                      reply.reason().empty() ? "" : ": ", reply.reason(), ")"),
+         reply.result() == rdma::ConnectReply::STALE_INCARNATION
+             ? "the engine restarted while probing: run the doctor again"
+             : "see the engine's log and its own doctor checks"});
+    return;
+  }
+  const rdma::QpInfo& target = reply.target_qps(0);
+  s = rdma::ConnectQp(probe.qp, probe.nic.get(), target, ProbeTimers());
+  if (!s.ok()) {
+    out->push_back({name, Level::kFail,
+                    absl::StrCat("QP set-up refused: ", s.message()),
+                    "the two NICs disagree on MTU or GID type; compare "
+                    "both hosts' doctor MTU and GID lines"});
+  }
+  rdma::RailNoticeReply ignored;
+  if (s.ok()) {
+    s = Exchange(ss.stub, ss.from,
+                 Notice(ss, rdma::RailNotice::READY, local_nic, remote.name(),
+                        reply.epoch()),
+                 &ignored);
+  }
+  absl::StatusOr<double> p50 = absl::UnavailableError("not run");
+  if (s.ok()) {
+    const uint64_t slot =
+        (seed % (rdma::kProbePageBytes / kSlotBytes)) * kSlotBytes;
+    s = WriteReadVerify(&probe, kSlotBytes, remote.probe_addr() + slot,
+                        remote.probe_rkey(), seed);
+    p50 = s.ok() ? WriteLatencyUs(&probe, remote.probe_addr() + slot,
+                                  remote.probe_rkey())
+                 : absl::StatusOr<double>(s);
+    if (!p50.ok()) out->push_back(UnreachableVerdict(name, p50.status()));
+  }
+  // Whatever happened: the engine drops the rail now, not at its timeout.
+  Exchange(ss.stub, ss.from,
+           Notice(ss, rdma::RailNotice::DISCONNECT, local_nic, remote.name(),
+                  reply.epoch()),
+           &ignored)
+      .IgnoreError();
+  if (p50.ok()) {
+    out->push_back(PairVerdict(name, probe, target.mtu(), kSlotBytes, *p50));
+  } else if (!s.ok() && out->back().name != name) {
+    out->push_back(UnreachableVerdict(name, s));
+  }
+}
+
+}  // namespace
+
+void ProbeSegment(const std::string& metadata, const std::string& segment,
+                  const std::vector<std::string>& filter,
+                  std::vector<Check>* out) {
+  const std::string check = absl::StrCat("segment ", segment);
+  metadata::MetadataClient client(metadata, kRpcTimeout);
+  auto desc = client.GetSegment(segment);
+  if (!desc.ok()) {
+    out->push_back(
+        {check, Level::kFail,
+         absl::StrCat("cannot look it up at ", metadata, ": ",
+                      desc.status().message()),
+         "check --metadata (the metadata server, or the engine that embeds "
+         "it) and the segment name the engine was started with"});
+    return;
+  }
+  const metadata::TransportEndpoint* rdma = nullptr;
+  for (const auto& t : desc->transports()) {
+    if (t.transport() == "rdma") rdma = &t;
+  }
+  if (rdma == nullptr || rdma->devices_size() == 0) {
+    out->push_back({check, Level::kFail, "the engine runs no RDMA transport",
+                    "start it with the rdma transport (and an RDMA NIC)"});
+    return;
+  }
+  int probeable = 0;
+  for (const auto& d : rdma->devices()) probeable += d.probe_rkey() != 0;
+  out->push_back(
+      {check, probeable == 0 ? Level::kFail : Level::kOk,
+       absl::StrCat("RPC at ", desc->rpc_address(), ", ", rdma->devices_size(),
+                    " RDMA NIC(s), ", probeable, " with a probe page"),
+       probeable == 0 ? "the engine publishes no probe page (a Ferry before "
+                        "the doctor could probe engines): upgrade it, or run "
+                        "'doctor --serve' on its host"
+                      : ""});
+  const auto local = Devices(filter);
+  if (local.empty()) {
+    out->push_back({"peer", Level::kFail, "no local NIC to probe from",
+                    "see the checks above"});
+    return;
+  }
+  if (probeable == 0) return;
+  auto stub = metadata::PeerService::NewStub(
+      metadata::MakeChannel(desc->rpc_address()));
+  char host[256] = "";
+  ::gethostname(host, sizeof(host) - 1);
+  std::random_device rd;
+  Session ss{stub.get(), absl::StrCat("doctor@", host, ":", ::getpid()),
+             (uint64_t{rd()} << 32 | rd()) | 1, desc->incarnation()};
+  uint32_t seed = rd();
+  for (const auto& [lname, ldev] : local) {
+    for (const metadata::Device& remote : rdma->devices()) {
+      if (remote.probe_rkey() == 0) continue;
+      ProbePair(ss, lname, ldev, remote, seed++, out);
+    }
+  }
+}
+
+}  // namespace ferry::doctor
