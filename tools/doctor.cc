@@ -11,13 +11,17 @@
 // would pick (and why), device limits, the locked-memory limit against
 // what will be registered, hugepages, fork safety, and the NIC priority
 // matrix Ferry derives from the NUMA and PCI topology.
+#include <dirent.h>
 #include <dlfcn.h>
 #include <infiniband/verbs.h>
+#include <limits.h>
 #include <link.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -26,6 +30,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -67,11 +72,35 @@ const char* LevelName(Level l) {
 int MtuBytes(ibv_mtu m) { return 128 << static_cast<int>(m); }
 
 // Which libibverbs this process loaded: softrnic exports softrnic_version.
-std::string VerbsLibrary() {
+// The rdma-core release behind a libibverbs path: the library's real name
+// is libibverbs.so.1.<ABI minor>.<release> (rdma-core 44.0 ships
+// libibverbs.so.1.14.44.0). Empty if the name does not say.
+std::string RdmaCoreRelease(const std::string& path) {
+  char real[PATH_MAX];
+  if (::realpath(path.c_str(), real) == nullptr) return "";
+  const std::string name = real;
+  const std::string key = "libibverbs.so.1.";
+  const size_t at = name.rfind(key);
+  if (at == std::string::npos) return "";
+  std::vector<std::string> parts =
+      absl::StrSplit(name.substr(at + key.size()), '.');
+  if (parts.size() < 2) return "";
+  parts.erase(parts.begin());  // The ABI minor.
+  return absl::StrJoin(parts, ".");
+}
+
+// rdma-core 32 added ibv_query_gid_ex, which Ferry uses to skip RoCE v1
+// GIDs by type.
+constexpr int kMinRdmaCore = 32;
+
+// The verbs library loaded: softrnic, or rdma-core with its release and
+// the providers (hardware drivers' user-space halves) installed with it.
+Check VerbsLibrary() {
   using VersionFn = const char* (*)();
   if (auto fn = reinterpret_cast<VersionFn>(
           dlsym(RTLD_DEFAULT, "softrnic_version"))) {
-    return absl::StrCat("softrnic ", fn(), " (emulated NICs)");
+    return {"verbs library", Level::kOk,
+            absl::StrCat("softrnic ", fn(), " (emulated NICs)"), ""};
   }
   std::string path;
   dl_iterate_phdr(
@@ -83,7 +112,43 @@ std::string VerbsLibrary() {
         return 0;
       },
       &path);
-  return absl::StrCat("rdma-core libibverbs (", path.empty() ? "?" : path, ")");
+  const std::string release = path.empty() ? "" : RdmaCoreRelease(path);
+  std::vector<std::string> providers;
+  if (const size_t slash = path.rfind('/'); slash != std::string::npos) {
+    const std::string dir = path.substr(0, slash) + "/libibverbs";
+    if (DIR* d = ::opendir(dir.c_str())) {
+      while (dirent* e = ::readdir(d)) {
+        const std::string f = e->d_name;
+        const size_t dash = f.find("-rdmav");
+        if (f.rfind("lib", 0) == 0 && dash != std::string::npos) {
+          providers.push_back(f.substr(3, dash - 3));
+        }
+      }
+      ::closedir(d);
+    }
+  }
+  std::sort(providers.begin(), providers.end());
+  const std::string detail = absl::StrCat(
+      "rdma-core ", release.empty() ? "(release unknown)" : release, ", ",
+      path.empty() ? "?" : path, "; providers: ",
+      providers.empty() ? "none" : absl::StrJoin(providers, " "));
+  int major = 0;
+  const bool old =
+      !release.empty() &&
+      absl::SimpleAtoi(release.substr(0, release.find('.')), &major) &&
+      major < kMinRdmaCore;
+  if (old) {
+    return {"verbs library", Level::kFail, detail,
+            absl::StrCat("Ferry needs rdma-core ", kMinRdmaCore,
+                         " or later (ibv_query_gid_ex): upgrade rdma-core "
+                         "(libibverbs1 ibverbs-providers)")};
+  }
+  if (providers.empty()) {
+    return {"verbs library", Level::kWarn, detail,
+            "no provider libraries: install ibverbs-providers (the NIC "
+            "driver's user-space half)"};
+  }
+  return {"verbs library", Level::kOk, detail, ""};
 }
 
 std::string ReadLine(const std::string& path) {
@@ -276,7 +341,7 @@ int Main() {
     return s.ok() ? 0 : 1;
   }
   std::vector<Check> checks;
-  checks.push_back({"verbs library", Level::kOk, VerbsLibrary(), ""});
+  checks.push_back(VerbsLibrary());
   std::vector<std::string> filter;
   if (const std::string d = absl::GetFlag(FLAGS_device_name); !d.empty()) {
     filter = absl::StrSplit(d, ',', absl::SkipEmpty());

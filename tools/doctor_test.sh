@@ -9,7 +9,9 @@
 #   4. a port with RoCE v1 GIDs only;
 #   5. a locked-memory limit too small for the registration planned,
 #      without CAP_IPC_LOCK;
-#   6. "mlx5-ib" (InfiniBand): ACTIVE with a LID, no GID needed; and the
+#   6. rdma-core's own libibverbs (no softrnic): its release is named, and
+#      a host with no RDMA device fails with the fix;
+#   7. "mlx5-ib" (InfiniBand): ACTIVE with a LID, no GID needed; and the
 #      same port with no subnet manager (no LID: INIT) fails with the fix.
 set -u
 RUNFILES="${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}"
@@ -67,6 +69,17 @@ rc=$?
 expect 1 "$OUT/v1.json" 'c["softrnic0 GID"]["level"] == "FAIL" and "only RoCE v1" in c["softrnic0 GID"]["detail"]
      and "RoCE v2" in c["softrnic0 GID"]["fix"]' \
   "a port with RoCE v1 GIDs only fails, with the fix"
+
+if compgen -G "/sys/class/infiniband/*" >/dev/null; then
+  pass "rdma-core's libibverbs: skipped (this host has RDMA devices)"
+else
+  LD_LIBRARY_PATH= "$DOCTOR" --json >"$OUT/rdmacore.json" 2>/dev/null
+  rc=$?
+  expect 1 "$OUT/rdmacore.json" '__import__("re").match(r"rdma-core \d+\.\d+, ", c["verbs library"]["detail"])
+       and c["verbs library"]["level"] != "FAIL"
+       and c["devices"]["level"] == "FAIL" and "softrnic-run" in c["devices"]["fix"]' \
+    "rdma-core's libibverbs: release named; no RDMA device fails, with the fix"
+fi
 
 FERRY_SOFTRNIC_PROFILE=mlx5-ib FERRY_SOFTRNIC_DEVICES=softrnic0=127.0.0.1 \
   "$DOCTOR" --json >"$OUT/ib.json" 2>&1
