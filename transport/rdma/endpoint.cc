@@ -8,6 +8,15 @@ namespace {
 // WRs posted with one ibv_post_send.
 constexpr uint32_t kMaxChain = 32;
 
+// Whether `next` continues `s` in both local and remote memory, with the
+// same keys and opcode: one work request can move both.
+bool Adjacent(const Slice* s, const Slice* next) {
+  return next->op == s->op && next->local_handle == s->local_handle &&
+         static_cast<const char*>(s->local) + s->length == next->local &&
+         s->remote + s->length == next->remote &&
+         SliceRkey(next) == SliceRkey(s);
+}
+
 }  // namespace
 
 void SliceQueue::push_back(Slice* s) {
@@ -19,6 +28,13 @@ void SliceQueue::push_back(Slice* s) {
     tail_ = s;
   }
   ++size_;
+}
+
+void PushGroupFront(Slice* group, SliceQueue* q) {
+  Slice* members[kMaxCoalescedSlices];
+  uint32_t n = 0;
+  for (Slice* s = group; s != nullptr; s = s->next) members[n++] = s;
+  while (n > 0) q->push_front(members[--n]);
 }
 
 void SliceQueue::push_front(Slice* s) {
@@ -107,9 +123,24 @@ Endpoint::PostResult Endpoint::PostLocked() {
     ibv_sge sges[kMaxChain];
     for (uint32_t i = 0; i < n; ++i) {
       Slice* s = waiting.pop_front();
+      // Slices that continue it in memory (a request's slices routed to
+      // this rail one after another) join its work request: one WQE, one
+      // completion, one frame on the wire instead of one per slice. Linked
+      // through `next`; the group completes or fails as one.
+      uint64_t length = s->length;
+      uint32_t group = 1;
+      for (Slice* last = s;
+           group < kMaxCoalescedSlices && !waiting.empty() &&
+           length + waiting.front()->length <= kMaxCoalescedBytes &&
+           Adjacent(last, waiting.front());
+           ++group) {
+        last->next = waiting.pop_front();
+        last = last->next;
+        length += last->length;
+      }
       const auto* mr = static_cast<const LocalMr*>(s->local_handle);
       sges[i] = {reinterpret_cast<uint64_t>(s->local),
-                 static_cast<uint32_t>(s->length), mr->lkeys[nic]};
+                 static_cast<uint32_t>(length), mr->lkeys[nic]};
       ibv_send_wr& wr = wrs[i];
       wr = {};
       const uint64_t seq = q->next++;
@@ -121,8 +152,14 @@ Endpoint::PostResult Endpoint::PostLocked() {
           s->op == OpCode::kWrite ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
       wr.wr.rdma.remote_addr = s->remote;
       wr.wr.rdma.rkey = SliceRkey(s);
-      if (s->op == OpCode::kWrite && s->length <= q->max_inline) {
+      if (s->op == OpCode::kWrite && length <= q->max_inline) {
         wr.send_flags |= IBV_SEND_INLINE;
+      }
+      // Coalescing may have taken the slices the chain was sized for:
+      // then this WR ends it, and the unused CQ budget goes back.
+      if (i + 1 < n && waiting.empty()) {
+        nic_->posted_wrs.fetch_sub(n - (i + 1), std::memory_order_relaxed);
+        n = i + 1;
       }
       // Selective signaling, and the chain's last WR always, so every
       // posted slice completes without waiting for later traffic.
@@ -140,7 +177,7 @@ Endpoint::PostResult Endpoint::PostLocked() {
       for (ibv_send_wr* w = bad; w != nullptr; w = w->next) ++unposted;
       for (uint32_t k = 0; k < unposted; ++k) {
         const uint64_t seq = --q->next;
-        waiting.push_front(q->posted[seq % kMaxOutstanding]);
+        PushGroupFront(q->posted[seq % kMaxOutstanding], &waiting);
       }
       nic_->posted_wrs.fetch_sub(unposted, std::memory_order_relaxed);
       // The posted part may end with an unsignaled WR, whose success would
@@ -173,8 +210,10 @@ bool Endpoint::PostFence(QueuePair* q) {
 }
 
 ibv_wc_status Endpoint::CompleteLocked(int qp, const ibv_wc& wc, Slice** done,
-                                       uint32_t* n, bool* qp_error) {
+                                       uint32_t* n, uint32_t* last_group,
+                                       bool* qp_error) {
   *n = 0;
+  *last_group = 0;
   *qp_error = false;
   QueuePair& q = qps[qp];
   // A stale or foreign wr_id completes nothing.
@@ -184,8 +223,13 @@ ibv_wc_status Endpoint::CompleteLocked(int qp, const ibv_wc& wc, Slice** done,
   // (each of them that failed had its own completion).
   const bool no_slice = q.posted[wc.wr_id % kMaxOutstanding] == nullptr;
   for (uint32_t i = 0; i < count; ++i) {
-    Slice* s = q.posted[q.head % kMaxOutstanding];
-    if (s != nullptr) done[(*n)++] = s;
+    *last_group = *n;
+    for (Slice* s = q.posted[q.head % kMaxOutstanding]; s != nullptr;) {
+      Slice* next = s->next;
+      s->next = nullptr;
+      done[(*n)++] = s;
+      s = next;
+    }
     ++q.head;
   }
   nic_->posted_wrs.fetch_sub(count, std::memory_order_relaxed);
@@ -210,7 +254,11 @@ bool Endpoint::PostKeepaliveLocked() {
 void Endpoint::ReclaimPostedLocked(SliceQueue* out) {
   for (QueuePair& q : qps) {
     for (uint64_t seq = q.head; seq < q.next; ++seq) {
-      if (Slice* s = q.posted[seq % kMaxOutstanding]) out->push_back(s);
+      for (Slice* s = q.posted[seq % kMaxOutstanding]; s != nullptr;) {
+        Slice* next = s->next;
+        out->push_back(s);
+        s = next;
+      }
     }
     nic_->posted_wrs.fetch_sub(static_cast<uint32_t>(q.next - q.head),
                                std::memory_order_relaxed);

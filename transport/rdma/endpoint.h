@@ -73,8 +73,23 @@ class SliceQueue {
   size_t size_ = 0;
 };
 
+// Slices that continue each other in memory, routed to one endpoint one
+// after another, are posted as one work request of at most this many
+// slices and bytes (a request's 64 KiB slices on one rail become 1 MiB
+// WRs, as perftest posts them). Failover, routing and completion stay per
+// slice; only the WR is shared.
+constexpr uint32_t kMaxCoalescedSlices = 16;
+constexpr uint64_t kMaxCoalescedBytes = 1 << 20;
+// Slices one completion can complete (every WR of a QP, each a group).
+constexpr uint32_t kMaxCompletedSlices = kMaxOutstanding * kMaxCoalescedSlices;
+
+// Puts the slices of a WR's group (linked through Slice::next) back at the
+// front of `q`, in their order.
+void PushGroupFront(Slice* group, SliceQueue* q);
+
 // One RC QP of an endpoint and the slices posted on it, in order: WR
-// wr_id = seq, and slice `seq` sits at posted[seq % kMaxOutstanding] for
+// wr_id = seq, and the group of slices it moves (the first, the others
+// linked through Slice::next) sits at posted[seq % kMaxOutstanding] for
 // seq in [head, next).
 struct QueuePair {
   ibv_qp* qp = nullptr;
@@ -151,14 +166,16 @@ class Endpoint {
   PostResult PostLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // Takes the slices that `wc` (a completion of QP `qp`) completes, in
-  // order, into done[0, *n) (room for kMaxOutstanding): on an RC QP a
-  // completion means every WR posted before it is done as well. Returns
-  // the status of the last slice (the others succeeded); *qp_error says
+  // order, into done[0, *n) (room for kMaxCompletedSlices): on an RC QP a
+  // completion means every WR posted before it is done as well. The last
+  // WR's slices are done[*last_group, *n). Returns the status of that WR
+  // (the ones before it succeeded); *qp_error says
   // whether the completion was an error, which moves the endpoint to
   // kFailed -- also when it was a WR without a slice (a fence or a
   // keepalive), whose failure says nothing against the slices before it.
   ibv_wc_status CompleteLocked(int qp, const ibv_wc& wc, Slice** done,
-                               uint32_t* n, bool* qp_error)
+                               uint32_t* n, uint32_t* last_group,
+                               bool* qp_error)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // Posts a keepalive: a signaled zero-length RDMA WRITE (it touches no

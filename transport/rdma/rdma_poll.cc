@@ -98,8 +98,10 @@ void RdmaTransport::HandleCompletion(Poller* p, const ibv_wc& wc) {
     ref = it->second;
   }
   Endpoint* ep = ref.ep.get();
-  Slice* done[kMaxOutstanding];
-  uint32_t n = 0;
+  // 32 KiB: the poller's and the application's polling threads have the
+  // default stacks.
+  Slice* done[kMaxCompletedSlices];
+  uint32_t n = 0, last_group = 0;
   ibv_wc_status status;
   bool newly_failed = false;
   bool drained = false;
@@ -108,7 +110,7 @@ void RdmaTransport::HandleCompletion(Poller* p, const ibv_wc& wc) {
     MutexLock lock(&ep->mu);
     const Endpoint::State before = ep->state();
     bool qp_error = false;
-    status = ep->CompleteLocked(ref.qp, wc, done, &n, &qp_error);
+    status = ep->CompleteLocked(ref.qp, wc, done, &n, &last_group, &qp_error);
     // A failed fence or keepalive breaks the endpoint as much as a failed
     // slice does (its QP is in error), though it fails no slice.
     newly_failed = qp_error && before != Endpoint::State::kFailed &&
@@ -144,10 +146,11 @@ void RdmaTransport::HandleCompletion(Poller* p, const ibv_wc& wc) {
                    /*tell_peer=*/wc.status != IBV_WC_RETRY_EXC_ERR);
     }
   } else {
-    // In order on an RC QP: all but the last succeeded.
-    if (n > 1) CompleteOk(done, n - 1);
-    if (n > 0) {
-      Slice* failed = done[n - 1];
+    // In order on an RC QP: all but the last WR succeeded; its slices
+    // (one, or a coalesced group) failed.
+    if (last_group > 0) CompleteOk(done, last_group);
+    if (n > last_group) {
+      Slice* failed = done[last_group];
       const absl::Status why = CompletionError(*failed, *ep, status);
       ep->nic()->errors.fetch_add(1, std::memory_order_relaxed);
       // A flushed WR never ran: the error that broke the QP was counted.
@@ -160,7 +163,10 @@ void RdmaTransport::HandleCompletion(Poller* p, const ibv_wc& wc) {
         FailEndpoint(ref.ep, why, /*flush=*/false,
                      /*tell_peer=*/status != IBV_WC_RETRY_EXC_ERR);
       }
-      Retry(failed, why);
+      for (uint32_t i = last_group; i < n; ++i) {
+        Retry(done[i],
+              i == last_group ? why : CompletionError(*done[i], *ep, status));
+      }
     }
   }
   AfterPost(ref.ep, post);
