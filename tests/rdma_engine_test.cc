@@ -29,6 +29,7 @@ class RdmaEngineTest : public ::testing::Test {
   size_t max_endpoints_ = 4096;
   int worker_threads_ = 0;
   absl::Duration wait_spin_ = absl::Microseconds(50);
+  std::vector<std::string> devices_;  // Empty: every NIC.
 
   void SetUp() override {
     EngineOptions t;
@@ -38,6 +39,7 @@ class RdmaEngineTest : public ::testing::Test {
     t.rdma.max_endpoints = max_endpoints_;
     t.rdma.worker_threads = worker_threads_;
     t.wait_spin = wait_spin_;
+    t.rdma.devices = devices_;
     ASSERT_OK(target_.Init(t));
     EngineOptions i = t;
     i.local_segment_name = "initiator";
@@ -191,6 +193,36 @@ TEST_F(OneWorkerTest, ServesBothNicsWithoutApplicationPolling) {
   ASSERT_EQ(nics.size(), 2u);
   EXPECT_GT(nics[0].slices, 0u);
   EXPECT_GT(nics[1].slices, 0u);
+}
+
+// One NIC on each side, so one rail: a request's slices reach its
+// endpoint one after another and are posted as shared work requests (up to
+// 16 slices, 1 MiB each): fewer WRs than slices, and every byte where it
+// belongs. (Over several rails slices alternate, and each is its own WR.)
+class OneRailTest : public RdmaEngineTest {
+ protected:
+  void SetUp() override {
+    devices_ = {"softrnic0"};
+    RdmaEngineTest::SetUp();
+  }
+};
+
+TEST_F(OneRailTest, AdjacentSlicesShareWorkRequests) {
+  constexpr size_t kBlock = 4 << 20;  // 64 slices of 64 KiB.
+  FillPattern(local_.get(), kBlock, 0, 77);
+  BatchStatus st = Run({Req(OpCode::kWrite, 0, kBlock)});
+  ASSERT_EQ(st.state, TransferState::kCompleted) << st.first_error;
+  ASSERT_EQ(CheckPattern(remote_.get(), kBlock, 0, 77), kBlock);
+  st = Run({Req(OpCode::kRead, 0, kBlock)});
+  ASSERT_EQ(st.state, TransferState::kCompleted) << st.first_error;
+  uint64_t slices = 0, wrs = 0;
+  for (const NicStats& n : initiator_.GetTransportStats()[0].nics) {
+    slices += n.slices;
+    wrs += n.work_requests;
+  }
+  EXPECT_GE(slices, 2 * kBlock / (64 << 10));
+  EXPECT_LT(wrs * 4, slices)
+      << wrs << " work requests for " << slices << " slices";
 }
 
 class TinyEndpointStoreTest : public RdmaEngineTest {

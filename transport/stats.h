@@ -18,6 +18,9 @@ struct NicStats {
   uint64_t bytes = 0;
   // Slices that failed on this NIC (and were retried or failed).
   uint64_t errors = 0;
+  // Work requests posted for slices (RDMA): one moves a slice, or several
+  // that continue each other in memory (coalesced), so at most `slices`.
+  uint64_t work_requests = 0;
   // Work requests posted on this NIC and not yet completed, keepalive
   // probes and fences included (RDMA).
   uint64_t outstanding_wrs = 0;

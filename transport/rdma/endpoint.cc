@@ -11,10 +11,7 @@ constexpr uint32_t kMaxChain = 32;
 // Whether `next` continues `s` in both local and remote memory, with the
 // same keys and opcode: one work request can move both.
 bool Adjacent(const Slice* s, const Slice* next) {
-  return next->op == s->op && next->local_handle == s->local_handle &&
-         static_cast<const char*>(s->local) + s->length == next->local &&
-         s->remote + s->length == next->remote &&
-         SliceRkey(next) == SliceRkey(s);
+  return ContinuesInMemory(s, next) && SliceRkey(next) == SliceRkey(s);
 }
 
 }  // namespace
@@ -185,9 +182,11 @@ Endpoint::PostResult Endpoint::PostLocked() {
       // completion, or its flush, covers everything before it), and if
       // even that is refused, flush the QP.
       if (unposted < n && !PostFence(q)) FlushQp(q->qp);
+      nic_->work_requests.fetch_add(n - unposted, std::memory_order_relaxed);
       SetStateLocked(State::kFailed);
       return PostResult::kRefused;
     }
+    nic_->work_requests.fetch_add(n, std::memory_order_relaxed);
   }
   return PostResult::kDone;
 }

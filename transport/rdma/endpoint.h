@@ -45,6 +45,15 @@ inline uint32_t SliceRkey(const Slice* s) {
 inline void SetSliceRoute(Slice* s, int rail, uint32_t rkey) {
   s->scratch[0] = (uint64_t{rkey} << 32) | static_cast<uint32_t>(rail + 1);
 }
+// Whether `next` continues `s` in local and remote memory (same opcode,
+// local registration and remote buffer): one work request can move both
+// once they share a rail (Endpoint::PostLocked coalesces such slices).
+inline bool ContinuesInMemory(const Slice* s, const Slice* next) {
+  return next->op == s->op && next->local_handle == s->local_handle &&
+         next->target == s->target && next->remote_buffer == s->remote_buffer &&
+         static_cast<const char*>(s->local) + s->length == next->local &&
+         s->remote + s->length == next->remote;
+}
 inline bool SliceFailedOn(const Slice* s, int rail) {
   return rail < 64 && ((s->scratch[1] >> rail) & 1);
 }

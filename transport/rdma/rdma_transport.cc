@@ -321,6 +321,7 @@ TransportStats RdmaTransport::Stats() const {
     n.slices = nic->slices.load(std::memory_order_relaxed);
     n.bytes = nic->bytes.load(std::memory_order_relaxed);
     n.errors = nic->errors.load(std::memory_order_relaxed);
+    n.work_requests = nic->work_requests.load(std::memory_order_relaxed);
     n.outstanding_wrs = nic->posted_wrs.load(std::memory_order_relaxed);
     n.fatal = nic->fatal();
   }
