@@ -216,7 +216,8 @@ TEST_F(OneRailTest, AdjacentSlicesShareWorkRequests) {
   st = Run({Req(OpCode::kRead, 0, kBlock)});
   ASSERT_EQ(st.state, TransferState::kCompleted) << st.first_error;
   uint64_t slices = 0, wrs = 0;
-  for (const NicStats& n : initiator_.GetTransportStats()[0].nics) {
+  const std::vector<TransportStats> stats = initiator_.GetTransportStats();
+  for (const NicStats& n : stats[0].nics) {
     slices += n.slices;
     wrs += n.work_requests;
   }
