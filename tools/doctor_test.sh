@@ -20,6 +20,7 @@ export LD_LIBRARY_PATH="$RUNFILES/transport/softrnic"
 asan_rt="$(ldd "$LD_LIBRARY_PATH/libibverbs.so.1" | awk '/libasan/ {print $3}')"
 [[ -n "$asan_rt" ]] && export ASAN_OPTIONS="detect_leaks=0"
 OUT="${TEST_TMPDIR:-$(mktemp -d)}"
+export FERRY_SOFTRNIC_SUBNET="$OUT/softrnic-subnet"
 passed=0 failed=0
 pass() { echo "PASS: $1"; passed=$((passed + 1)); }
 fail() { echo "FAIL: $1"; shift; cat "$@"; failed=$((failed + 1)); }

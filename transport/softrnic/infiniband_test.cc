@@ -1,10 +1,13 @@
 // softrnic's "mlx5-ib" profile behaves as an InfiniBand port: a LID from the
 // subnet manager, one GID (fe80::<port GUID>), peers addressed by DLID with
 // no GRH; a DLID no port holds routes nowhere. Runs with
-// --softrnic_profile=mlx5-ib and a subnet table of its own.
+// --softrnic_profile=mlx5-ib and a subnet table of its own
+// (softrnic_test_main puts it in TEST_TMPDIR).
 #include <infiniband/verbs.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,6 +57,32 @@ class InfinibandTest : public ::testing::Test {
     if (int rc = ModifyToInit(qp, o)) return rc;
     if (int rc = ToRtrByLid(qp, dest_qpn, dlid, o)) return rc;
     return ModifyToRts(qp, o);
+  }
+
+  // A new QP on softrnic0 sent to `dlid`, whose peer, a new QP on
+  // softrnic1, is connected back to it by its real LID: a WRITE must end
+  // in IBV_WC_RETRY_EXC_ERR.
+  void ExpectRoutesNowhere(uint16_t dlid) {
+    std::string err;
+    auto e = Endpoint::Create(ctx_a_, EndpointOptions(), &err);
+    ASSERT_NE(e, nullptr) << err;
+    auto p = Endpoint::Create(ctx_b_, EndpointOptions(), &err);
+    ASSERT_NE(p, nullptr) << err;
+    Endpoint* peer = p.get();
+    ConnectOptions o;
+    o.timeout = 8;  // 1 ms per try.
+    o.retry_cnt = 1;
+    ASSERT_EQ(ConnectByLid(peer->qp(), e->qpn(), Port(ctx_a_).lid, o), 0);
+    ASSERT_EQ(ConnectByLid(e->qp(), peer->qpn(), dlid, o), 0);
+    Buffer* src = e->Reg(4096);
+    Buffer* dst = peer->Reg(4096);
+    ASSERT_EQ(PostRdma(e->qp(), IBV_WR_RDMA_WRITE, 1, src, 0, 4096, dst->addr(),
+                       dst->rkey()),
+              0);
+    std::vector<ibv_wc> wc;
+    ASSERT_EQ(PollCompletions(e->cq(), 1, &wc), 1);
+    EXPECT_EQ(wc[0].status, IBV_WC_RETRY_EXC_ERR)
+        << ibv_wc_status_str(wc[0].status);
   }
 
   std::string error_;
@@ -121,23 +150,25 @@ TEST_F(InfinibandTest, WriteAndReadByLidWithoutGrh) {
 TEST_F(InfinibandTest, UnassignedDlidRoutesNowhere) {
   for (uint16_t dlid : {uint16_t{0}, uint16_t{0xbffe}}) {
     SCOPED_TRACE(dlid);
-    std::string err;
-    auto e = Endpoint::Create(ctx_a_, EndpointOptions(), &err);
-    ASSERT_NE(e, nullptr) << err;
-    ConnectOptions o;
-    o.timeout = 8;  // 1 ms per try.
-    o.retry_cnt = 1;
-    ASSERT_EQ(ConnectByLid(e->qp(), b_->qpn(), dlid, o), 0);
-    Buffer* src = e->Reg(4096);
-    Buffer* dst = b_->Reg(4096);
-    ASSERT_EQ(PostRdma(e->qp(), IBV_WR_RDMA_WRITE, 1, src, 0, 4096, dst->addr(),
-                       dst->rkey()),
-              0);
-    std::vector<ibv_wc> wc;
-    ASSERT_EQ(PollCompletions(e->cq(), 1, &wc), 1);
-    EXPECT_EQ(wc[0].status, IBV_WC_RETRY_EXC_ERR)
-        << ibv_wc_status_str(wc[0].status);
+    ExpectRoutesNowhere(dlid);
   }
+}
+
+// An entry that outlived its port (nobody holds it locked) is no route,
+// even though it names a live listener: softrnic1's, where a QP waits for
+// exactly this requester.
+TEST_F(InfinibandTest, StaleLidEntryRoutesNowhere) {
+  const char* dir = std::getenv("FERRY_SOFTRNIC_SUBNET");
+  ASSERT_NE(dir, nullptr) << "softrnic_test_main sets it";
+  constexpr uint16_t kStale = 0xbffd;
+  const std::string live =
+      std::string(dir) + "/" + std::to_string(Port(ctx_b_).lid);
+  std::ifstream in(live);
+  std::string line;
+  ASSERT_TRUE(std::getline(in, line)) << live;
+  std::ofstream(std::string(dir) + "/" + std::to_string(kStale))
+      << line << "\n";
+  ExpectRoutesNowhere(kStale);
 }
 
 }  // namespace

@@ -20,6 +20,7 @@ if [[ -n "$asan_rt" ]]; then
 fi
 export FERRY_SOFTRNIC_DEVICES="${FERRY_SOFTRNIC_DEVICES:-softrnic0=127.0.0.1,softrnic1=127.0.0.2}"
 OUT="${TEST_TMPDIR:-$(mktemp -d)}"
+export FERRY_SOFTRNIC_SUBNET="$OUT/softrnic-subnet"
 passed=0 failed=0
 
 for prog in ib_write_bw ib_read_bw ib_send_bw ib_write_lat ib_read_lat; do

@@ -3,7 +3,8 @@
 // test's runfiles), so that the binary, linked against rdma-core's
 // libibverbs, loads softrnic instead; then checks it did and runs gtest.
 // FERRY_SOFTRNIC_DEVICES defaults to two devices on 127.0.0.1 and
-// 127.0.0.2 unless the test environment sets it. --softrnic_profile=NAME
+// 127.0.0.2 unless the test environment sets it, FERRY_SOFTRNIC_SUBNET to
+// a directory in the test's TEST_TMPDIR. --softrnic_profile=NAME
 // (e.g. as a test target's args) sets FERRY_SOFTRNIC_PROFILE: the same
 // test against another kind of hardware.
 #include <stdlib.h>
@@ -38,6 +39,12 @@ int main(int argc, char** argv) {
     setenv("FERRY_SOFTRNIC_REEXEC", "1", 1);
     setenv("FERRY_SOFTRNIC_DEVICES", "softrnic0=127.0.0.1,softrnic1=127.0.0.2",
            /*overwrite=*/0);
+    // InfiniBand profiles: a subnet (LID table) of the test's own.
+    if (const char* tmp = getenv("TEST_TMPDIR"); tmp != nullptr) {
+      setenv("FERRY_SOFTRNIC_SUBNET",
+             (std::string(tmp) + "/softrnic-subnet").c_str(),
+             /*overwrite=*/0);
+    }
     constexpr char kProfileFlag[] = "--softrnic_profile=";
     for (int i = 1; i < argc; ++i) {
       if (std::strncmp(argv[i], kProfileFlag, sizeof(kProfileFlag) - 1) == 0) {
