@@ -213,8 +213,13 @@ TEST_F(OneRailTest, AdjacentSlicesShareWorkRequests) {
   BatchStatus st = Run({Req(OpCode::kWrite, 0, kBlock)});
   ASSERT_EQ(st.state, TransferState::kCompleted) << st.first_error;
   ASSERT_EQ(CheckPattern(remote_.get(), kBlock, 0, 77), kBlock);
-  st = Run({Req(OpCode::kRead, 0, kBlock)});
+  // READ it back in two adjacent requests of one batch (coalescing across
+  // requests, too).
+  std::memset(local_.get(), 0, kBlock);
+  st = Run({Req(OpCode::kRead, 0, kBlock / 2),
+            Req(OpCode::kRead, kBlock / 2, kBlock / 2)});
   ASSERT_EQ(st.state, TransferState::kCompleted) << st.first_error;
+  ASSERT_EQ(CheckPattern(local_.get(), kBlock, 0, 77), kBlock);
   uint64_t slices = 0, wrs = 0;
   const std::vector<TransportStats> stats = initiator_.GetTransportStats();
   for (const NicStats& n : stats[0].nics) {

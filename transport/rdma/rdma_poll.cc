@@ -152,7 +152,8 @@ void RdmaTransport::HandleCompletion(Poller* p, const ibv_wc& wc) {
     if (n > last_group) {
       Slice* failed = done[last_group];
       const absl::Status why = CompletionError(*failed, *ep, status);
-      ep->nic()->errors.fetch_add(1, std::memory_order_relaxed);
+      // NicStats.errors counts slices, each of the group.
+      ep->nic()->errors.fetch_add(n - last_group, std::memory_order_relaxed);
       // A flushed WR never ran: the error that broke the QP was counted.
       // A remote access error is the request's fault, not the rail's.
       if (newly_failed && status != IBV_WC_WR_FLUSH_ERR &&
