@@ -11,7 +11,8 @@
 #      (--metadata, --peer=SEGMENT): the reachable pair verified on the
 #      engine's probe page, the unroutable one FAIL; the engine closed
 #      every rail the doctor opened and still moves verified data; an
-#      unknown segment fails with its fix.
+#      engine whose RPC address cannot be reached is one FAIL, not a wait
+#      per pair; an unknown segment fails with its fix.
 # Needs root (ip netns). Everything it creates is removed on exit.
 set -uo pipefail
 RUNFILES="${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}"
@@ -166,6 +167,31 @@ if ip netns exec "$S" env LD_LIBRARY_PATH="$LIBDIR" \
 else
   fail "a transfer after the doctor" "$tmp/after.log" "$tmp/engine.log"
 fi
+# An engine whose advertised RPC address the client cannot reach: one
+# FAIL with the fix, and no waiting out every other pair.
+(exec ip netns exec "$S" env LD_LIBRARY_PATH="$LIBDIR" \
+  FERRY_SOFTRNIC_DEVICES="softrnic0=$SA,softrnic1=$SB" \
+  "$BENCH" --mode=target --protocol=rdma --segment_id=hidden \
+  --local_server_name=hidden --advertise_host="$SB" --rpc_port=17702 \
+  --buffer_size=$((16 << 20)) --target_seconds=60) >"$tmp/hidden.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do grep -q "target ready" "$tmp/hidden.log" && break; sleep 0.1; done
+start=$(date +%s)
+ip netns exec "$C" env LD_LIBRARY_PATH="$LIBDIR" \
+  FERRY_SOFTRNIC_DEVICES="softrnic0=$CA" timeout 60 \
+  "$DOCTOR" --json --metadata="$SA:17702" --peer=hidden >"$tmp/hidden.json" 2>"$tmp/hidden.json.err"
+rc=$?
+took=$(($(date +%s) - start))
+if ((rc == 1 && took < 30)) && json "$tmp/hidden.json" \
+    'c["peer softrnic0 -> softrnic0"]["level"] == "FAIL"
+     and "RPC address" in c["peer softrnic0 -> softrnic0"]["fix"]
+     and "not probed" in c["peer"]["detail"]
+     and "peer softrnic0 -> softrnic1" not in c'; then
+  pass "an engine whose RPC address is unreachable: one FAIL with the fix, the rest skipped (${took} s)"
+else
+  fail "unreachable RPC address (exit $rc, ${took} s)" "$tmp/hidden.json" "$tmp/hidden.json.err" "$tmp/hidden.log"
+fi
+
 segment_probe nosuch.json no-such-segment
 rc=$?
 if ((rc == 1)) && json "$tmp/nosuch.json" \

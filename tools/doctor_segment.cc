@@ -3,9 +3,10 @@
 // (transport/rdma/handshake.proto, carried by PeerService.Exchange) as a
 // peer segment of its own, "doctor@<host>:<pid>": a ConnectRequest for a
 // rail of one QP, READY once its QP is connected, and DISCONNECT when the
-// probe is done, so the engine keeps nothing of it. The WRITE and READ go
-// to the probe page the engine's RDMA transport publishes per NIC in its
-// descriptor (metadata.proto, Device.probe_addr/probe_rkey): never to
+// probe is done, so the engine closes the rail at once (its record of the
+// doctor as a peer stays until its peer table's LRU bound evicts it). The WRITE
+// and READ go to the probe page the engine's RDMA transport publishes per NIC
+// in its descriptor (metadata.proto, Device.probe_addr/probe_rkey): never to
 // application memory.
 #include <unistd.h>
 
@@ -78,17 +79,23 @@ rdma::RdmaMessage Notice(const Session& ss, rdma::RailNotice::Kind kind,
   return m;
 }
 
-// Probes one pair; appends its check.
-void ProbePair(const Session& ss, const std::string& local_nic,
+// Probes one pair; appends its check. False if the engine's peer service
+// did not answer at all: the other pairs would only wait as long.
+bool ProbePair(const Session& ss, const std::string& local_nic,
                ibv_device* ldev, const metadata::Device& remote, uint32_t seed,
                std::vector<Check>* out) {
   const std::string name =
       absl::StrCat("peer ", local_nic, " -> ", remote.name());
+  auto fail = [&](const std::string& detail, const std::string& fix) {
+    out->push_back({name, Level::kFail, detail, fix});
+  };
+  constexpr char kRpcFix[] =
+      "the engine's RPC address must be reachable from here (its "
+      "advertise_host and port; docs/deployment.md)";
   auto p = NewProbe(ldev);
   if (!p.ok()) {
-    out->push_back({name, Level::kFail, std::string(p.status().message()),
-                    "fix the local NIC first"});
-    return;
+    fail(std::string(p.status().message()), "fix the local NIC first");
+    return true;
   }
   Probe& probe = **p;
   rdma::RdmaMessage m;
@@ -101,61 +108,55 @@ void ProbePair(const Session& ss, const std::string& local_nic,
   rdma::DescribeQp(probe.qp, probe.nic.get(), req->add_initiator_qps());
   rdma::ConnectReply reply;
   absl::Status s = Exchange(ss.stub, ss.from, m, &reply);
+  // No answer at all (not even one that does not parse): stop probing.
+  const bool answered = s.ok() || s.code() == absl::StatusCode::kDataLoss;
   if (s.ok()) s = rdma::ValidateConnectReply(reply, 1);
   if (!s.ok()) {
-    out->push_back({name, Level::kFail, std::string(s.message()),
-                    "the engine's RPC address must be reachable from here "
-                    "(its advertise_host and port; docs/deployment.md)"});
-    return;
+    fail(std::string(s.message()), kRpcFix);
+    return answered;
   }
   if (reply.result() != rdma::ConnectReply::ACCEPTED) {
-    out->push_back(
-        {name, Level::kFail,
-         absl::StrCat("the engine refused the rail (",
+    fail(absl::StrCat("the engine refused the rail (",
                       rdma::ConnectReply::Result_Name(reply.result()),
                       reply.reason().empty() ? "" : ": ", reply.reason(), ")"),
          reply.result() == rdma::ConnectReply::STALE_INCARNATION
              ? "the engine restarted while probing: run the doctor again"
-             : "see the engine's log and its own doctor checks"});
-    return;
+             : "see the engine's log and its own doctor checks");
+    return true;
   }
+  // From here the engine holds a rail for us: whatever happens, it is told
+  // to drop it (DISCONNECT) rather than wait for its timeout.
   const rdma::QpInfo& target = reply.target_qps(0);
+  rdma::RailNoticeReply ignored;
   s = rdma::ConnectQp(probe.qp, probe.nic.get(), target, ProbeTimers());
   if (!s.ok()) {
-    out->push_back({name, Level::kFail,
-                    absl::StrCat("QP set-up refused: ", s.message()),
-                    "the two NICs disagree on MTU or GID type; compare "
-                    "both hosts' doctor MTU and GID lines"});
-  }
-  rdma::RailNoticeReply ignored;
-  if (s.ok()) {
-    s = Exchange(ss.stub, ss.from,
-                 Notice(ss, rdma::RailNotice::READY, local_nic, remote.name(),
-                        reply.epoch()),
-                 &ignored);
-  }
-  absl::StatusOr<double> p50 = absl::UnavailableError("not run");
-  if (s.ok()) {
+    fail(absl::StrCat("QP set-up refused: ", s.message()),
+         "the two NICs disagree on MTU or GID type; compare both hosts' "
+         "doctor MTU and GID lines");
+  } else if (s = Exchange(ss.stub, ss.from,
+                          Notice(ss, rdma::RailNotice::READY, local_nic,
+                                 remote.name(), reply.epoch()),
+                          &ignored);
+             !s.ok()) {
+    fail(absl::StrCat("READY not delivered: ", s.message()), kRpcFix);
+  } else {
     const uint64_t slot =
         (seed % (rdma::kProbePageBytes / kSlotBytes)) * kSlotBytes;
-    s = WriteReadVerify(&probe, kSlotBytes, remote.probe_addr() + slot,
-                        remote.probe_rkey(), seed);
-    p50 = s.ok() ? WriteLatencyUs(&probe, remote.probe_addr() + slot,
-                                  remote.probe_rkey())
-                 : absl::StatusOr<double>(s);
-    if (!p50.ok()) out->push_back(UnreachableVerdict(name, p50.status()));
+    const uint64_t addr = remote.probe_addr() + slot;
+    s = WriteReadVerify(&probe, kSlotBytes, addr, remote.probe_rkey(), seed);
+    const absl::StatusOr<double> p50 =
+        s.ok() ? WriteLatencyUs(&probe, addr, remote.probe_rkey())
+               : absl::StatusOr<double>(s);
+    out->push_back(
+        p50.ok() ? PairVerdict(name, probe, target.mtu(), kSlotBytes, *p50)
+                 : UnreachableVerdict(name, p50.status()));
   }
-  // Whatever happened: the engine drops the rail now, not at its timeout.
   Exchange(ss.stub, ss.from,
            Notice(ss, rdma::RailNotice::DISCONNECT, local_nic, remote.name(),
                   reply.epoch()),
            &ignored)
       .IgnoreError();
-  if (p50.ok()) {
-    out->push_back(PairVerdict(name, probe, target.mtu(), kSlotBytes, *p50));
-  } else if (!s.ok() && out->back().name != name) {
-    out->push_back(UnreachableVerdict(name, s));
-  }
+  return true;
 }
 
 }  // namespace
@@ -212,7 +213,13 @@ void ProbeSegment(const std::string& metadata, const std::string& segment,
   for (const auto& [lname, ldev] : local) {
     for (const metadata::Device& remote : rdma->devices()) {
       if (remote.probe_rkey() == 0) continue;
-      ProbePair(ss, lname, ldev, remote, seed++, out);
+      if (!ProbePair(ss, lname, ldev, remote, seed++, out)) {
+        out->push_back({"peer", Level::kFail,
+                        "the other NIC pairs were not probed: the engine's "
+                        "peer service did not answer",
+                        "fix that first (see the pair above)"});
+        return;
+      }
     }
   }
 }
