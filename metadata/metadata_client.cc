@@ -45,11 +45,13 @@ void MetadataClient::Prepare(grpc::ClientContext* ctx) const {
 }
 
 absl::StatusOr<uint64_t> MetadataClient::PutSegment(
-    const SegmentDescriptor& segment) {
+    const SegmentDescriptor& segment, absl::Duration lease_ttl) {
   grpc::ClientContext ctx;
   Prepare(&ctx);
   PutSegmentRequest req;
   *req.mutable_segment() = segment;
+  req.set_lease_ttl_ms(
+      static_cast<uint32_t>(absl::ToInt64Milliseconds(lease_ttl)));
   PutSegmentResponse resp;
   grpc::Status s = stub_->PutSegment(&ctx, req, &resp);
   if (!s.ok()) {
@@ -57,6 +59,22 @@ absl::StatusOr<uint64_t> MetadataClient::PutSegment(
         s, absl::StrCat("metadata server ", address_, " PutSegment"));
   }
   return resp.version();
+}
+
+absl::StatusOr<absl::Duration> MetadataClient::KeepAlive(
+    const std::string& name, uint64_t incarnation) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx);
+  KeepAliveRequest req;
+  req.set_name(name);
+  req.set_incarnation(incarnation);
+  KeepAliveResponse resp;
+  grpc::Status s = stub_->KeepAlive(&ctx, req, &resp);
+  if (!s.ok()) {
+    return FromGrpcStatus(
+        s, absl::StrCat("metadata server ", address_, " KeepAlive"));
+  }
+  return absl::Milliseconds(resp.lease_ttl_ms());
 }
 
 absl::StatusOr<uint64_t> MetadataClient::UpdateBuffers(

@@ -24,8 +24,16 @@ class MetadataClient {
 
   const std::string& address() const { return address_; }
 
-  // Returns the version assigned by the server.
-  absl::StatusOr<uint64_t> PutSegment(const SegmentDescriptor& segment);
+  // Returns the version assigned by the server. With a nonzero `lease_ttl`
+  // the server removes the segment that long after the last PutSegment,
+  // KeepAlive or UpdateBuffers for it.
+  absl::StatusOr<uint64_t> PutSegment(
+      const SegmentDescriptor& segment,
+      absl::Duration lease_ttl = absl::ZeroDuration());
+  // Renews the segment's lease; NotFound: the server does not know it
+  // (restarted, or the lease expired): publish it again.
+  absl::StatusOr<absl::Duration> KeepAlive(const std::string& name,
+                                           uint64_t incarnation);
   absl::StatusOr<uint64_t> UpdateBuffers(const UpdateBuffersRequest& request);
   // The descriptor is validated (ValidateSegmentDescriptor) before it is
   // returned: a bad one from the server yields InvalidArgument naming the

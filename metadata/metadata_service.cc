@@ -8,9 +8,23 @@ namespace ferry::metadata {
 grpc::Status MetadataServiceImpl::PutSegment(grpc::ServerContext*,
                                              const PutSegmentRequest* request,
                                              PutSegmentResponse* response) {
-  auto version = store_.Put(request->segment());
+  auto version = store_.Put(request->segment(),
+                            absl::Milliseconds(request->lease_ttl_ms()));
   if (!version.ok()) return ToGrpcStatus(version.status());
   response->set_version(*version);
+  return grpc::Status::OK;
+}
+
+grpc::Status MetadataServiceImpl::KeepAlive(grpc::ServerContext*,
+                                            const KeepAliveRequest* request,
+                                            KeepAliveResponse* response) {
+  if (absl::Status s = ValidateSegmentName(request->name()); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  auto ttl = store_.KeepAlive(request->name(), request->incarnation());
+  if (!ttl.ok()) return ToGrpcStatus(ttl.status());
+  response->set_lease_ttl_ms(
+      static_cast<uint32_t>(absl::ToInt64Milliseconds(*ttl)));
   return grpc::Status::OK;
 }
 

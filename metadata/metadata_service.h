@@ -26,6 +26,9 @@ class MetadataServiceImpl final : public MetadataService::Service {
   grpc::Status ListSegments(grpc::ServerContext* ctx,
                             const ListSegmentsRequest* request,
                             ListSegmentsResponse* response) override;
+  grpc::Status KeepAlive(grpc::ServerContext* ctx,
+                         const KeepAliveRequest* request,
+                         KeepAliveResponse* response) override;
 
  private:
   SegmentStore store_;

@@ -9,9 +9,31 @@
 
 namespace ferry::metadata {
 
-absl::StatusOr<uint64_t> SegmentStore::Put(SegmentDescriptor segment) {
+void SegmentStore::ExpireLocked() {
+  const absl::Time now = clock_();
+  while (!expiry_.empty() && expiry_.begin()->first <= now) {
+    segments_.erase(expiry_.begin()->second);
+    expiry_.erase(expiry_.begin());
+  }
+}
+
+void SegmentStore::RenewLocked(const std::string& name, Entry* e) {
+  if (e->expires != absl::InfiniteFuture()) expiry_.erase({e->expires, name});
+  e->expires = e->ttl > absl::ZeroDuration() ? clock_() + e->ttl
+                                             : absl::InfiniteFuture();
+  if (e->expires != absl::InfiniteFuture()) expiry_.insert({e->expires, name});
+}
+
+absl::StatusOr<uint64_t> SegmentStore::Put(SegmentDescriptor segment,
+                                           absl::Duration lease_ttl) {
   if (absl::Status s = ValidateSegmentDescriptor(segment); !s.ok()) return s;
+  if (lease_ttl < absl::ZeroDuration() || lease_ttl > kMaxLeaseTtl) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lease TTL ", absl::FormatDuration(lease_ttl),
+        " is outside 0 (none) .. ", absl::FormatDuration(kMaxLeaseTtl)));
+  }
   MutexLock lock(&mu_);
+  ExpireLocked();
   auto it = segments_.find(segment.name());
   if (it == segments_.end() && segments_.size() >= kMaxSegments) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -19,9 +41,31 @@ absl::StatusOr<uint64_t> SegmentStore::Put(SegmentDescriptor segment) {
   }
   uint64_t version = next_version_++;
   segment.set_version(version);
-  std::string name = segment.name();
-  segments_[name] = std::move(segment);
+  const std::string name = segment.name();
+  Entry& e = segments_[name];
+  e.segment = std::move(segment);
+  e.ttl = lease_ttl;
+  RenewLocked(name, &e);
   return version;
+}
+
+absl::StatusOr<absl::Duration> SegmentStore::KeepAlive(const std::string& name,
+                                                       uint64_t incarnation) {
+  MutexLock lock(&mu_);
+  ExpireLocked();
+  auto it = segments_.find(name);
+  if (it == segments_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("segment '", name,
+                     "' is not registered (its lease expired, or the "
+                     "metadata service restarted)"));
+  }
+  if (it->second.segment.incarnation() != incarnation) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "segment '", name, "' belongs to another engine instance"));
+  }
+  RenewLocked(name, &it->second);
+  return it->second.ttl;
 }
 
 absl::StatusOr<uint64_t> SegmentStore::UpdateBuffers(
@@ -31,17 +75,18 @@ absl::StatusOr<uint64_t> SegmentStore::UpdateBuffers(
     if (absl::Status s = ValidateBuffer(b); !s.ok()) return s;
   }
   MutexLock lock(&mu_);
+  ExpireLocked();
   auto it = segments_.find(request.name());
   if (it == segments_.end()) {
     return absl::NotFoundError(
         absl::StrCat("segment '", request.name(), "' is not registered"));
   }
-  if (it->second.incarnation() != request.incarnation()) {
+  if (it->second.segment.incarnation() != request.incarnation()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "segment '", request.name(), "' belongs to another engine instance"));
   }
   // Build the result on a copy so that a failure changes nothing.
-  SegmentDescriptor updated = it->second;
+  SegmentDescriptor updated = it->second.segment;
   absl::flat_hash_set<uint64_t> remove(request.remove_addrs().begin(),
                                        request.remove_addrs().end());
   auto* buffers = updated.mutable_buffers();
@@ -59,7 +104,9 @@ absl::StatusOr<uint64_t> SegmentStore::UpdateBuffers(
   if (absl::Status s = ValidateSegmentDescriptor(updated); !s.ok()) return s;
   uint64_t version = next_version_++;
   updated.set_version(version);
-  it->second = std::move(updated);
+  it->second.segment = std::move(updated);
+  // An update from the owner shows it alive, as a KeepAlive does.
+  RenewLocked(request.name(), &it->second);
   return version;
 }
 
@@ -67,24 +114,28 @@ absl::StatusOr<SegmentDescriptor> SegmentStore::Get(
     const std::string& name) const {
   MutexLock lock(&mu_);
   auto it = segments_.find(name);
-  if (it == segments_.end()) {
+  if (it == segments_.end() || Expired(it->second)) {
     return absl::NotFoundError(
         absl::StrCat("segment '", name, "' is not registered"));
   }
-  return it->second;
+  return it->second.segment;
 }
 
 absl::Status SegmentStore::Remove(const std::string& name,
                                   uint64_t incarnation) {
   MutexLock lock(&mu_);
+  ExpireLocked();
   auto it = segments_.find(name);
   if (it == segments_.end()) {
     return absl::NotFoundError(
         absl::StrCat("segment '", name, "' is not registered"));
   }
-  if (incarnation != 0 && it->second.incarnation() != incarnation) {
+  if (incarnation != 0 && it->second.segment.incarnation() != incarnation) {
     return absl::FailedPreconditionError(absl::StrCat(
         "segment '", name, "' belongs to another engine instance"));
+  }
+  if (it->second.expires != absl::InfiniteFuture()) {
+    expiry_.erase({it->second.expires, name});
   }
   segments_.erase(it);
   return absl::OkStatus();
@@ -94,7 +145,9 @@ std::vector<std::string> SegmentStore::List() const {
   MutexLock lock(&mu_);
   std::vector<std::string> names;
   names.reserve(segments_.size());
-  for (const auto& [name, seg] : segments_) names.push_back(name);
+  for (const auto& [name, e] : segments_) {
+    if (!Expired(e)) names.push_back(name);
+  }
   std::sort(names.begin(), names.end());
   return names;
 }

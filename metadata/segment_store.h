@@ -1,16 +1,27 @@
 // SegmentStore: the metadata service's in-memory table of segment
-// descriptors. Thread-safe: every method may be called concurrently.
+// descriptors, each with an optional lease. Thread-safe: every method may
+// be called concurrently.
+//
+// A segment put with a lease TTL is removed once that long has passed
+// since its last Put or KeepAlive: the segment of an engine that crashed
+// goes away by itself. Expired segments are removed by the next call of
+// any method (a lookup of an expired one already says NotFound).
 #ifndef FERRY_METADATA_SEGMENT_STORE_H_
 #define FERRY_METADATA_SEGMENT_STORE_H_
 
 #include <cstdint>
+#include <functional>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/mutex.h"
 #include "metadata/proto/metadata.pb.h"
 
@@ -20,10 +31,24 @@ class SegmentStore {
  public:
   // Bounds the table so a client cannot exhaust the server's memory.
   static constexpr size_t kMaxSegments = 1 << 16;
+  // Longest lease a segment may ask for.
+  static constexpr absl::Duration kMaxLeaseTtl = absl::Hours(1);
 
-  // Validates and stores `segment`, replacing any entry of the same name.
+  using Clock = std::function<absl::Time()>;
+  explicit SegmentStore(Clock clock = [] { return absl::Now(); })
+      : clock_(std::move(clock)) {}
+
+  // Validates and stores `segment`, replacing any entry of the same name,
+  // with a lease of `lease_ttl` (zero: none; at most kMaxLeaseTtl).
   // Returns the version assigned to it.
-  absl::StatusOr<uint64_t> Put(SegmentDescriptor segment);
+  absl::StatusOr<uint64_t> Put(SegmentDescriptor segment,
+                               absl::Duration lease_ttl = absl::ZeroDuration());
+
+  // Renews the lease of `name` held by run `incarnation`: NotFound if the
+  // segment is not (or no longer) here, FailedPrecondition if another run
+  // holds it. Returns the lease's TTL (zero: the segment has none).
+  absl::StatusOr<absl::Duration> KeepAlive(const std::string& name,
+                                           uint64_t incarnation);
 
   // Adds and removes buffers of an existing segment. Fails with NotFound if
   // the segment does not exist, FailedPrecondition if `incarnation` is not
@@ -42,9 +67,23 @@ class SegmentStore {
   std::vector<std::string> List() const;
 
  private:
+  struct Entry {
+    SegmentDescriptor segment;
+    absl::Duration ttl;  // Zero: no lease.
+    absl::Time expires = absl::InfiniteFuture();
+  };
+  // Removes the segments whose lease has expired.
+  void ExpireLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sets `e`'s expiry from now and its TTL.
+  void RenewLocked(const std::string& name, Entry* e)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool Expired(const Entry& e) const { return e.expires <= clock_(); }
+
+  const Clock clock_;
   mutable Mutex mu_;
-  absl::flat_hash_map<std::string, SegmentDescriptor> segments_
-      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, Entry> segments_ ABSL_GUARDED_BY(mu_);
+  // Leased segments by expiry, soonest first.
+  std::set<std::pair<absl::Time, std::string>> expiry_ ABSL_GUARDED_BY(mu_);
   uint64_t next_version_ ABSL_GUARDED_BY(mu_) = 1;
 };
 

@@ -33,6 +33,77 @@ TEST(SegmentStoreTest, PutGetRemove) {
   EXPECT_EQ(store.Remove("a", 0).code(), absl::StatusCode::kNotFound);
 }
 
+// A clock the test moves by hand.
+class FakeClock {
+ public:
+  absl::Time Now() const { return now_; }
+  void Advance(absl::Duration d) { now_ += d; }
+  SegmentStore::Clock AsClock() {
+    return [this] { return Now(); };
+  }
+
+ private:
+  absl::Time now_ = absl::FromUnixSeconds(1000);
+};
+
+TEST(SegmentStoreTest, LeasedSegmentGoesAwayAfterItsTtl) {
+  FakeClock clock;
+  SegmentStore store(clock.AsClock());
+  ASSERT_OK(store.Put(MakeSegment("leased", 1), absl::Seconds(10)).status());
+  ASSERT_OK(store.Put(MakeSegment("forever", 2)).status());
+  clock.Advance(absl::Seconds(9));
+  EXPECT_OK(store.Get("leased").status());
+  clock.Advance(absl::Seconds(1));
+  EXPECT_EQ(store.Get("leased").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store.List(), std::vector<std::string>{"forever"});
+  // Gone for good: a renewal cannot bring it back, only a new Put.
+  EXPECT_EQ(store.KeepAlive("leased", 1).status().code(),
+            absl::StatusCode::kNotFound);
+  clock.Advance(absl::Hours(100));
+  EXPECT_OK(store.Get("forever").status());
+}
+
+TEST(SegmentStoreTest, KeepAliveAndUpdatesRenewTheLease) {
+  FakeClock clock;
+  SegmentStore store(clock.AsClock());
+  ASSERT_OK(store.Put(MakeSegment("a", 5), absl::Seconds(3)).status());
+  for (int i = 0; i < 5; ++i) {
+    clock.Advance(absl::Seconds(2));
+    ASSERT_OK_AND_ASSIGN(absl::Duration ttl, store.KeepAlive("a", 5));
+    EXPECT_EQ(ttl, absl::Seconds(3));
+  }
+  EXPECT_EQ(store.KeepAlive("a", 6).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  clock.Advance(absl::Seconds(2));
+  UpdateBuffersRequest req;
+  req.set_name("a");
+  req.set_incarnation(5);
+  Buffer* b = req.add_add();
+  b->set_addr(0x10000);
+  b->set_length(0x1000);
+  b->set_location("cpu:0");
+  ASSERT_OK(store.UpdateBuffers(req).status());
+  clock.Advance(absl::Seconds(2));
+  EXPECT_OK(store.Get("a").status()) << "the update renewed the lease";
+  clock.Advance(absl::Seconds(1));
+  EXPECT_EQ(store.Get("a").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(SegmentStoreTest, ReplacingALeasedSegmentKeepsOneExpiry) {
+  FakeClock clock;
+  SegmentStore store(clock.AsClock());
+  ASSERT_OK(store.Put(MakeSegment("a", 1), absl::Seconds(1)).status());
+  // A new run of the engine, without a lease: the old expiry must not
+  // remove it.
+  ASSERT_OK(store.Put(MakeSegment("a", 2)).status());
+  clock.Advance(absl::Seconds(5));
+  ASSERT_OK_AND_ASSIGN(SegmentDescriptor got, store.Get("a"));
+  EXPECT_EQ(got.incarnation(), 2u);
+  EXPECT_OK(store.Remove("a", 2));
+  EXPECT_EQ(store.Put(MakeSegment("a", 3), absl::Hours(2)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(SegmentStoreTest, RejectsBadDescriptors) {
   SegmentStore store;
   EXPECT_EQ(store.Put(MakeSegment("", 1)).status().code(),
