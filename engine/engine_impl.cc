@@ -80,6 +80,13 @@ absl::Status EngineImpl::ValidateOptions(const EngineOptions& o) const {
   if (o.max_batch_capacity == 0) {
     return absl::InvalidArgumentError("max_batch_capacity must be positive");
   }
+  if (o.metadata_lease_ttl != absl::ZeroDuration() &&
+      (o.metadata_lease_ttl < absl::Milliseconds(300) ||
+       o.metadata_lease_ttl > absl::Hours(1))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "metadata_lease_ttl ", absl::FormatDuration(o.metadata_lease_ttl),
+        " is outside 300ms .. 1h (or 0: no lease)"));
+  }
   if (o.max_queued_notifications == 0 || o.max_queued_notification_bytes == 0) {
     return absl::InvalidArgumentError(
         "max_queued_notifications and max_queued_notification_bytes must be "
@@ -242,8 +249,9 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
     ReleaseAll();
     return s;
   }
-  if (auto v = metadata_->PutSegment(desc); !v.ok()) {
-    absl::Status s = v.status();
+  publisher_ = std::make_unique<SegmentPublisher>(metadata_.get(),
+                                                  options.metadata_lease_ttl);
+  if (absl::Status s = publisher_->Publish(desc); !s.ok()) {
     FERRY_LOG(kError, "metadata", "cannot publish segment '",
               options.local_segment_name, "' to ", metadata_addr, ": ",
               s.message());
@@ -274,12 +282,16 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
       "', advertising ", advertised_host_, " (", advertised_reason_,
       "), transports [", absl::StrJoin(options.transports, ","),
       "], rpc_timeout ", absl::FormatDuration(options.rpc_timeout),
+      ", metadata_lease_ttl ", absl::FormatDuration(options.metadata_lease_ttl),
       ", transfer_timeout ", absl::FormatDuration(options.transfer_timeout),
       ", mr_cache_bytes ", options.mr_cache_bytes);
   return absl::OkStatus();
 }
 
 void EngineImpl::ReleaseAll() {
+  // No renewal may race with the removal or outlive the client.
+  if (publisher_ != nullptr) publisher_->Stop();
+  publisher_.reset();
   // Requests waiting for a descriptor end first (Cancelled): none may
   // reach a transport that is going away.
   if (segments_ != nullptr) segments_->Stop();
@@ -302,6 +314,8 @@ void EngineImpl::ReleaseAll() {
 void EngineImpl::Shutdown() {
   if (!initialized_) return;
   initialized_ = false;
+  // Renewals stop before the removal: none may publish the segment again.
+  if (publisher_ != nullptr) publisher_->Stop();
   // Best effort: a stopped metadata service must not stall shutdown long.
   metadata_->RemoveSegment(options_.local_segment_name, incarnation_)
       .IgnoreError();
@@ -356,11 +370,7 @@ absl::Status EngineImpl::RegisterLocked(const MemoryRegion& region) {
   const size_t registered = handles.size();
   if (s.ok()) s = local_memory_.Add(region, std::move(handles));
   if (s.ok() && region.remote_accessible) {
-    metadata::UpdateBuffersRequest req;
-    req.set_name(options_.local_segment_name);
-    req.set_incarnation(incarnation_);
-    *req.add_add() = published;
-    s = metadata_->UpdateBuffers(req).status();
+    s = publisher_->AddBuffer(published);
     if (!s.ok()) {
       local_memory_.Remove(region.addr, absl::ZeroDuration()).IgnoreError();
     }
@@ -407,11 +417,7 @@ absl::Status EngineImpl::UnregisterLocked(uintptr_t a, absl::Duration wait) {
   }
   // ...then stop advertising it.
   if (region->remote_accessible) {
-    metadata::UpdateBuffersRequest req;
-    req.set_name(options_.local_segment_name);
-    req.set_incarnation(incarnation_);
-    req.add_remove_addrs(a);
-    absl::Status s = metadata_->UpdateBuffers(req).status();
+    absl::Status s = publisher_->RemoveBuffer(a);
     if (!s.ok() && result.ok()) {
       result = absl::Status(s.code(),
                             absl::StrCat("buffer unregistered locally, but the "

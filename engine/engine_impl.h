@@ -19,6 +19,7 @@
 #include "engine/batch_table.h"
 #include "engine/memory_hooks.h"
 #include "engine/segment_cache.h"
+#include "engine/segment_publisher.h"
 #include "engine/transfer_engine.h"
 #include "metadata/metadata_client.h"
 #include "metadata/metadata_service.h"
@@ -171,6 +172,9 @@ class EngineImpl {
   metadata::PeerServiceImpl peer_service_;
   std::unique_ptr<metadata::RpcServer> rpc_server_;
   std::unique_ptr<metadata::MetadataClient> metadata_;
+  // Keeps the segment published (lease renewals, re-publication); after
+  // metadata_, which it uses.
+  std::unique_ptr<SegmentPublisher> publisher_;
   std::unique_ptr<metadata::PeerClient> peer_client_;
   std::unique_ptr<metadata::GrpcPeerChannel> peer_channel_;
   std::vector<std::unique_ptr<Transport>> transports_;

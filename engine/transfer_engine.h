@@ -71,6 +71,14 @@ struct EngineOptions {
   std::vector<std::string> transports = {"tcp"};
   // Deadline of every metadata and peer RPC.
   absl::Duration rpc_timeout = absl::Seconds(3);
+  // The lease on this engine's segment in the metadata service: renewed
+  // every third of it; if the engine dies, its segment is removed this long
+  // after the last renewal, and peers' requests to it end FAILED
+  // ("no longer registered") instead of retrying a dead address. The
+  // engine also publishes its segment again by itself when the service
+  // lost it (a metadata_server restarted). Zero: no lease, the segment
+  // stays until removed (Mooncake's behaviour). At most 1 h.
+  absl::Duration metadata_lease_ttl = absl::Seconds(10);
   // A request not completed this long after submission ends in TIMEOUT.
   absl::Duration transfer_timeout = absl::Seconds(30);
   // Per-transport settings (transport/options.h).

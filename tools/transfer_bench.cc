@@ -67,6 +67,9 @@ ABSL_FLAG(std::string, advertise_host, "",
           "--local_server_name=host:port, else --listen_host if it is one "
           "address, else the first RDMA NIC's, else the host's primary one)");
 ABSL_FLAG(int, rpc_port, 0, "port of this engine's gRPC server (0: any)");
+ABSL_FLAG(double, metadata_lease_seconds, 10,
+          "lease on this engine's segment in the metadata service (0: none): "
+          "a killed engine's segment goes away this long after it died");
 ABSL_FLAG(int, tcp_port, 0, "port of the TCP transport (0: any)");
 ABSL_FLAG(std::string, log_level, "",
           "log levels: a level (debug, info, warn, error, off) or per "
@@ -240,6 +243,8 @@ EngineOptions BaseOptions(const std::string& name, const std::string& md) {
   o.advertise_host = absl::GetFlag(FLAGS_advertise_host);
   o.log_level = absl::GetFlag(FLAGS_log_level);
   o.rpc_port = PortFlag("rpc_port", absl::GetFlag(FLAGS_rpc_port));
+  o.metadata_lease_ttl =
+      absl::Seconds(absl::GetFlag(FLAGS_metadata_lease_seconds));
   o.tcp.port = PortFlag("tcp_port", absl::GetFlag(FLAGS_tcp_port));
   if (auto hp = ParseHostPort(name); hp.ok() && hp->port != 0) {
     if (o.advertise_host.empty()) o.advertise_host = hp->host;

@@ -1,0 +1,74 @@
+// SegmentPublisher: keeps this engine's segment published in the metadata
+// service. It holds what was published (the descriptor from Init and the
+// buffers registered since), sends each registration as an incremental
+// update, renews the segment's lease, and publishes the whole segment
+// again when the service no longer knows it: a metadata_server restarted
+// without its data, or the lease expired while the engine could not reach
+// it. Transfers never wait for it; a metadata service that is down only
+// delays the next renewal.
+//
+// Thread-safe. Publish, AddBuffer and RemoveBuffer are serialized with the
+// renewals, so that a re-publication never drops a buffer being added.
+#ifndef FERRY_ENGINE_SEGMENT_PUBLISHER_H_
+#define FERRY_ENGINE_SEGMENT_PUBLISHER_H_
+
+#include <cstdint>
+#include <map>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "common/mutex.h"
+#include "metadata/metadata_client.h"
+#include "metadata/proto/metadata.pb.h"
+
+namespace ferry {
+
+class SegmentPublisher {
+ public:
+  // `client` must outlive the publisher. A zero `lease_ttl` publishes
+  // without a lease (the segment stays until removed) and renews nothing.
+  SegmentPublisher(metadata::MetadataClient* client, absl::Duration lease_ttl)
+      : client_(client), lease_ttl_(lease_ttl) {}
+  ~SegmentPublisher() { Stop(); }
+  SegmentPublisher(const SegmentPublisher&) = delete;
+  SegmentPublisher& operator=(const SegmentPublisher&) = delete;
+
+  // Publishes `segment` (its buffers included) and, with a lease, starts
+  // renewing it every lease_ttl / 3.
+  absl::Status Publish(const metadata::SegmentDescriptor& segment);
+  // Adds one buffer to the published segment (one UpdateBuffers; the whole
+  // segment again if the service lost it).
+  absl::Status AddBuffer(const metadata::Buffer& buffer);
+  // Removes the buffer at `addr` from the published segment.
+  absl::Status RemoveBuffer(uint64_t addr);
+  // Stops renewing (the segment is not removed: the engine does that).
+  void Stop();
+
+  // Times the segment was published again after the service lost it.
+  uint64_t republished() const;
+
+ private:
+  void RenewLoop();
+  // Publishes the whole segment again.
+  absl::Status RepublishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(publish_mu_);
+
+  metadata::MetadataClient* const client_;
+  const absl::Duration lease_ttl_;
+
+  // Held across the RPCs that change what is published.
+  mutable Mutex publish_mu_;
+  metadata::SegmentDescriptor segment_ ABSL_GUARDED_BY(publish_mu_);
+  std::map<uint64_t, metadata::Buffer> buffers_ ABSL_GUARDED_BY(publish_mu_);
+  uint64_t republished_ ABSL_GUARDED_BY(publish_mu_) = 0;
+
+  Mutex stop_mu_;
+  CondVar stop_cv_;
+  bool stopping_ ABSL_GUARDED_BY(stop_mu_) = false;
+  std::thread renewer_;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_ENGINE_SEGMENT_PUBLISHER_H_
