@@ -43,6 +43,20 @@ absl::StatusOr<uint64_t> SegmentStore::Put(SegmentDescriptor segment,
   segment.set_version(version);
   const std::string name = segment.name();
   Entry& e = segments_[name];
+  e.buffers.clear();
+  e.keys = 0;
+  for (Buffer& b : *segment.mutable_buffers()) {
+    e.keys += b.keys_size();
+    const uint64_t addr = b.addr();
+    e.buffers.emplace(addr, std::move(b));
+  }
+  segment.clear_buffers();
+  e.device_names.clear();
+  e.devices = 0;
+  for (const TransportEndpoint& t : segment.transports()) {
+    e.devices += t.devices_size();
+    for (const Device& d : t.devices()) e.device_names.insert(d.name());
+  }
   e.segment = std::move(segment);
   e.ttl = lease_ttl;
   RenewLocked(name, &e);
@@ -81,33 +95,84 @@ absl::StatusOr<uint64_t> SegmentStore::UpdateBuffers(
     return absl::NotFoundError(
         absl::StrCat("segment '", request.name(), "' is not registered"));
   }
-  if (it->second.segment.incarnation() != request.incarnation()) {
+  Entry& e = it->second;
+  if (e.segment.incarnation() != request.incarnation()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "segment '", request.name(), "' belongs to another engine instance"));
   }
-  // Build the result on a copy so that a failure changes nothing.
-  SegmentDescriptor updated = it->second.segment;
-  absl::flat_hash_set<uint64_t> remove(request.remove_addrs().begin(),
-                                       request.remove_addrs().end());
-  auto* buffers = updated.mutable_buffers();
-  size_t before = buffers->size();
-  buffers->erase(std::remove_if(buffers->begin(), buffers->end(),
-                                [&](const Buffer& b) {
-                                  return remove.contains(b.addr());
-                                }),
-                 buffers->end());
-  if (before - buffers->size() != remove.size()) {
-    return absl::NotFoundError(
-        "a buffer to remove is not registered in the segment");
+  // Applied in place with an undo log, so that a failure changes nothing.
+  std::vector<Buffer> removed;
+  std::vector<uint64_t> added;
+  size_t keys = e.keys;
+  auto undo = [&](absl::Status why) {
+    for (uint64_t a : added) e.buffers.erase(a);
+    for (Buffer& b : removed) {
+      const uint64_t a = b.addr();
+      e.buffers.emplace(a, std::move(b));
+    }
+    return why;
+  };
+  for (uint64_t addr : request.remove_addrs()) {
+    auto b = e.buffers.find(addr);
+    if (b == e.buffers.end()) {
+      return undo(
+          absl::NotFoundError(absl::StrCat("buffer 0x", absl::Hex(addr),
+                                           " to remove is not registered in "
+                                           "the segment")));
+    }
+    keys -= b->second.keys_size();
+    removed.push_back(std::move(b->second));
+    e.buffers.erase(b);
   }
-  for (const Buffer& b : request.add()) *buffers->Add() = b;
-  if (absl::Status s = ValidateSegmentDescriptor(updated); !s.ok()) return s;
-  uint64_t version = next_version_++;
-  updated.set_version(version);
-  it->second.segment = std::move(updated);
+  for (int i = 0; i < request.add_size(); ++i) {
+    const Buffer& b = request.add(i);
+    const std::string field = absl::StrCat("add[", i, "]");
+    for (const NicKey& k : b.keys()) {
+      if (!e.device_names.contains(k.nic())) {
+        return undo(absl::InvalidArgumentError(absl::StrCat(
+            field, ": NIC '", k.nic(),
+            "' is not a device of any of the segment's transports")));
+      }
+    }
+    auto next = e.buffers.lower_bound(b.addr());
+    if (next != e.buffers.end() && next->first < b.addr() + b.length()) {
+      return undo(absl::InvalidArgumentError(
+          absl::StrCat(field, ": 0x", absl::Hex(b.addr()),
+                       " overlaps the buffer at 0x", absl::Hex(next->first))));
+    }
+    if (next != e.buffers.begin()) {
+      const Buffer& prev = std::prev(next)->second;
+      if (prev.addr() + prev.length() > b.addr()) {
+        return undo(absl::InvalidArgumentError(absl::StrCat(
+            field, ": 0x", absl::Hex(b.addr()), " overlaps the buffer at 0x",
+            absl::Hex(prev.addr()))));
+      }
+    }
+    keys += b.keys_size();
+    e.buffers.emplace(b.addr(), b);
+    added.push_back(b.addr());
+  }
+  if (e.buffers.size() > kMaxBuffersPerSegment || keys > kMaxKeysPerSegment ||
+      e.devices * e.buffers.size() > kMaxKeyIndexEntries) {
+    return undo(absl::ResourceExhaustedError(absl::StrCat(
+        "segment '", request.name(), "' would hold ", e.buffers.size(),
+        " buffers with ", keys, " NIC keys; at most ", kMaxBuffersPerSegment,
+        " buffers, ", kMaxKeysPerSegment, " keys and ", kMaxKeyIndexEntries,
+        " buffer x device entries")));
+  }
+  e.keys = keys;
+  const uint64_t version = next_version_++;
+  e.segment.set_version(version);
   // An update from the owner shows it alive, as a KeepAlive does.
-  RenewLocked(request.name(), &it->second);
+  RenewLocked(request.name(), &e);
   return version;
+}
+
+SegmentDescriptor SegmentStore::Assemble(const Entry& e) {
+  SegmentDescriptor d = e.segment;
+  d.mutable_buffers()->Reserve(static_cast<int>(e.buffers.size()));
+  for (const auto& [addr, b] : e.buffers) *d.add_buffers() = b;
+  return d;
 }
 
 absl::StatusOr<SegmentDescriptor> SegmentStore::Get(
@@ -118,7 +183,7 @@ absl::StatusOr<SegmentDescriptor> SegmentStore::Get(
     return absl::NotFoundError(
         absl::StrCat("segment '", name, "' is not registered"));
   }
-  return it->second.segment;
+  return Assemble(it->second);
 }
 
 absl::Status SegmentStore::Remove(const std::string& name,

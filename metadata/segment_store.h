@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <set>
 #include <string>
 #include <utility>
@@ -18,6 +19,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/clock.h"
@@ -50,11 +52,13 @@ class SegmentStore {
   absl::StatusOr<absl::Duration> KeepAlive(const std::string& name,
                                            uint64_t incarnation);
 
-  // Adds and removes buffers of an existing segment. Fails with NotFound if
-  // the segment does not exist, FailedPrecondition if `incarnation` is not
-  // the stored one (a stale engine), InvalidArgument if a buffer is bad or
-  // overlaps another, NotFound if an address to remove is not registered.
-  // Nothing changes on failure.
+  // Adds and removes buffers of an existing segment, in O(k log n) for k
+  // buffers in a segment of n. Fails with NotFound if the segment does not
+  // exist, FailedPrecondition if `incarnation` is not the stored one (a
+  // stale engine), InvalidArgument if a buffer is bad, overlaps another or
+  // names a NIC the segment does not have, ResourceExhausted past the
+  // per-segment limits, NotFound if an address to remove is not
+  // registered. Nothing changes on failure.
   absl::StatusOr<uint64_t> UpdateBuffers(const UpdateBuffersRequest& request);
 
   // Returns a copy of the named descriptor or NotFound.
@@ -68,10 +72,18 @@ class SegmentStore {
 
  private:
   struct Entry {
+    // Everything but the buffers, which are kept by address, so that an
+    // update of k buffers costs O(k log n), not a pass over all n.
     SegmentDescriptor segment;
+    std::map<uint64_t, Buffer> buffers;
+    size_t keys = 0;     // NIC keys over all buffers.
+    size_t devices = 0;  // Devices over all transports.
+    absl::flat_hash_set<std::string> device_names;
     absl::Duration ttl;  // Zero: no lease.
     absl::Time expires = absl::InfiniteFuture();
   };
+  // The descriptor of `e`, buffers in address order.
+  static SegmentDescriptor Assemble(const Entry& e);
   // Removes the segments whose lease has expired.
   void ExpireLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sets `e`'s expiry from now and its TTL.

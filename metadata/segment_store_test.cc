@@ -104,6 +104,80 @@ TEST(SegmentStoreTest, ReplacingALeasedSegmentKeepsOneExpiry) {
             absl::StatusCode::kInvalidArgument);
 }
 
+Buffer MakeBuffer(uint64_t addr, uint64_t length) {
+  Buffer b;
+  b.set_addr(addr);
+  b.set_length(length);
+  b.set_location("cpu:0");
+  return b;
+}
+
+// An update that fails part-way (its third change overlaps) leaves the
+// segment as it was: the removal before it is undone, the addition too.
+TEST(SegmentStoreTest, FailedUpdateChangesNothing) {
+  SegmentStore store;
+  ASSERT_OK(store.Put(MakeSegment("a", 1)).status());  // 0x1000+0x1000.
+  UpdateBuffersRequest add;
+  add.set_name("a");
+  add.set_incarnation(1);
+  *add.add_add() = MakeBuffer(0x4000, 0x1000);
+  ASSERT_OK(store.UpdateBuffers(add).status());
+  ASSERT_OK_AND_ASSIGN(SegmentDescriptor before, store.Get("a"));
+
+  UpdateBuffersRequest bad;
+  bad.set_name("a");
+  bad.set_incarnation(1);
+  bad.add_remove_addrs(0x1000);
+  *bad.add_add() = MakeBuffer(0x8000, 0x100);
+  *bad.add_add() = MakeBuffer(0x3800, 0x1000);  // Overlaps 0x4000.
+  absl::Status s = store.UpdateBuffers(bad).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("overlaps the buffer at 0x4000"),
+            std::string::npos)
+      << s;
+  ASSERT_OK_AND_ASSIGN(SegmentDescriptor after, store.Get("a"));
+  EXPECT_EQ(after.SerializeAsString(), before.SerializeAsString());
+
+  // Removing one that is not there: NotFound, nothing removed either.
+  UpdateBuffersRequest missing;
+  missing.set_name("a");
+  missing.set_incarnation(1);
+  missing.add_remove_addrs(0x4000);
+  missing.add_remove_addrs(0x9000);
+  EXPECT_EQ(store.UpdateBuffers(missing).status().code(),
+            absl::StatusCode::kNotFound);
+  ASSERT_OK_AND_ASSIGN(after, store.Get("a"));
+  EXPECT_EQ(after.buffers_size(), 2);
+}
+
+// Many buffers, added one at a time, come back in address order, each
+// once, and an overlap with any of them is found.
+TEST(SegmentStoreTest, ThousandsOfBuffersOneByOne) {
+  SegmentStore store;
+  SegmentDescriptor seg = MakeSegment("big", 1);
+  seg.clear_buffers();
+  ASSERT_OK(store.Put(seg).status());
+  constexpr int kBuffers = 5000;
+  for (int i = kBuffers - 1; i >= 0; --i) {
+    UpdateBuffersRequest r;
+    r.set_name("big");
+    r.set_incarnation(1);
+    *r.add_add() = MakeBuffer(0x100000 + uint64_t{i} * 0x2000, 0x1000);
+    ASSERT_OK(store.UpdateBuffers(r).status()) << i;
+  }
+  ASSERT_OK_AND_ASSIGN(SegmentDescriptor got, store.Get("big"));
+  ASSERT_EQ(got.buffers_size(), kBuffers);
+  for (int i = 0; i < kBuffers; ++i) {
+    EXPECT_EQ(got.buffers(i).addr(), 0x100000 + uint64_t{i} * 0x2000);
+  }
+  UpdateBuffersRequest r;
+  r.set_name("big");
+  r.set_incarnation(1);
+  *r.add_add() = MakeBuffer(0x100000 + 2500 * 0x2000 + 0xfff, 0x10);
+  EXPECT_EQ(store.UpdateBuffers(r).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(SegmentStoreTest, RejectsBadDescriptors) {
   SegmentStore store;
   EXPECT_EQ(store.Put(MakeSegment("", 1)).status().code(),
