@@ -162,13 +162,15 @@ TEST(SegmentStoreTest, ThousandsOfBuffersOneByOne) {
     UpdateBuffersRequest r;
     r.set_name("big");
     r.set_incarnation(1);
-    *r.add_add() = MakeBuffer(0x100000 + uint64_t{i} * 0x2000, 0x1000);
+    *r.add_add() =
+        MakeBuffer(0x100000 + static_cast<uint64_t>(i) * 0x2000, 0x1000);
     ASSERT_OK(store.UpdateBuffers(r).status()) << i;
   }
   ASSERT_OK_AND_ASSIGN(SegmentDescriptor got, store.Get("big"));
   ASSERT_EQ(got.buffers_size(), kBuffers);
   for (int i = 0; i < kBuffers; ++i) {
-    EXPECT_EQ(got.buffers(i).addr(), 0x100000 + uint64_t{i} * 0x2000);
+    EXPECT_EQ(got.buffers(i).addr(),
+              0x100000 + static_cast<uint64_t>(i) * 0x2000);
   }
   UpdateBuffersRequest r;
   r.set_name("big");

@@ -36,11 +36,22 @@ BAZEL=(bazel)
 # C++ toolchain: each gets its own output base, so that switching between
 # them and gcc never rebuilds from scratch (a disk cache, if the user set
 # one, is shared).
+# Bazel names a link to its execroot after this directory (bazel-<dir>);
+# the execroot mirrors the source tree, BUILD files and all, so //... would
+# load it as packages unless .bazelignore lists it (it lists the usual
+# clone names). In a clone under another name the link is dropped before
+# each use of //... (a build makes it again; nothing here needs it).
+drop_execroot_link() {
+  local link="bazel-${PWD##*/}"
+  if [[ -L "$link" ]] && ! grep -qx "$link" .bazelignore; then rm -f "$link"; fi
+}
+
 clang_bazel() {
   BAZEL=(bazel "--output_base=${HOME}/.cache/ferry-bazel-$1")
 }
 
 build() {
+  drop_execroot_link
   "${BAZEL[@]}" build -c opt //... "$@"
 }
 
@@ -88,10 +99,12 @@ run_tests() {
     shift
   done
   ((${#targets[@]} > 0)) || targets=(//...)
+  drop_execroot_link
   out="$(mktemp)"
   "${BAZEL[@]}" test "${flags[@]}" "${targets[@]}" 2>&1 | tee "$out"
   rc=${PIPESTATUS[0]}
   local logs tests_query t
+  drop_execroot_link  # The test run made it again.
   logs="$("${BAZEL[@]}" info "${flags[@]}" bazel-testlogs 2>/dev/null)"
   tests_query="tests($(
     IFS=+
@@ -141,6 +154,7 @@ test_cmd() {
 clang_check() {
   setup
   clang_bazel clang
+  drop_execroot_link
   if "${BAZEL[@]}" build --config=clang -k //... "$@"; then
     PASSED=1
   else
@@ -177,6 +191,7 @@ fuzz() {
   local seconds="${1:-60}"
   clang_bazel fuzz
   local targets
+  drop_execroot_link
   targets="$("${BAZEL[@]}" query 'attr(tags, "fuzzer", //...)' 2>/dev/null)"
   "${BAZEL[@]}" build --config=fuzz $targets || {
     echo "0 passed, 1 failed"
