@@ -326,11 +326,9 @@ std::string EngineImpl::metadata_address() const {
   return metadata_ != nullptr ? metadata_address_ : "";
 }
 
-absl::Status EngineImpl::RegisterLocalMemory(void* addr, size_t length,
-                                             const std::string& location,
-                                             bool remote_accessible) {
-  if (!initialized_)
-    return absl::FailedPreconditionError("engine not initialized");
+absl::StatusOr<MemoryRegion> EngineImpl::MakeRegion(void* addr, size_t length,
+                                                    const std::string& location,
+                                                    bool remote_accessible) {
   MemoryRegion region;
   region.addr = reinterpret_cast<uintptr_t>(addr);
   region.length = length;
@@ -345,22 +343,66 @@ absl::Status EngineImpl::RegisterLocalMemory(void* addr, size_t length,
       ValidateRegion(region.addr, region.length).ok()) {
     DropCachedOverlapping(region.addr, region.length);
   }
-  MutexLock lock(&register_mu_);
-  return RegisterLocked(region);
+  return region;
 }
 
-absl::Status EngineImpl::RegisterLocked(const MemoryRegion& region) {
+absl::Status EngineImpl::RegisterLocalMemory(void* addr, size_t length,
+                                             const std::string& location,
+                                             bool remote_accessible) {
+  return RegisterLocalMemoryBatch({{addr, length}}, location,
+                                  remote_accessible);
+}
+
+absl::Status EngineImpl::RegisterLocalMemoryBatch(
+    const std::vector<BufferEntry>& buffers, const std::string& location,
+    bool remote_accessible) {
+  if (!initialized_)
+    return absl::FailedPreconditionError("engine not initialized");
+  std::vector<MemoryRegion> regions;
+  regions.reserve(buffers.size());
+  for (const BufferEntry& b : buffers) {
+    auto region = MakeRegion(b.addr, b.length, location, remote_accessible);
+    if (!region.ok()) return region.status();
+    regions.push_back(std::move(*region));
+  }
+  MutexLock lock(&register_mu_);
+  std::vector<metadata::Buffer> published;
+  absl::Status s;
+  size_t attached = 0;
+  for (; attached < regions.size(); ++attached) {
+    metadata::Buffer b;
+    s = AttachLocked(regions[attached], &b);
+    if (!s.ok()) {
+      if (regions.size() > 1) {
+        s = absl::Status(
+            s.code(), absl::StrCat("buffer ", attached, " of ", regions.size(),
+                                   ": ", s.message()));
+      }
+      break;
+    }
+    if (remote_accessible) published.push_back(std::move(b));
+  }
+  // One metadata round trip for the whole batch.
+  if (s.ok()) s = publisher_->AddBuffers(published);
+  if (!s.ok()) {
+    // All or nothing: a failed batch leaves nothing registered.
+    for (size_t i = 0; i < attached; ++i) DetachLocked(regions[i].addr);
+  }
+  return s;
+}
+
+absl::Status EngineImpl::AttachLocked(const MemoryRegion& region,
+                                      metadata::Buffer* published) {
   // Checked first, so nothing is registered with a transport for a region
   // that cannot be added (register_mu_ keeps the check valid until Add).
   if (absl::Status s = local_memory_.CheckAvailable(region); !s.ok()) return s;
-  metadata::Buffer published;
-  published.set_addr(region.addr);
-  published.set_length(region.length);
-  published.set_location(region.location);
+  published->set_addr(region.addr);
+  published->set_length(region.length);
+  published->set_location(region.location);
   std::vector<const void*> handles;
   absl::Status s;
   for (auto& t : transports_) {
-    auto handle = t->RegisterMemory(region, &published);
+    auto handle = t->RegisterMemory(region, published);
     if (!handle.ok()) {
       s = handle.status();
       break;
@@ -369,39 +411,65 @@ absl::Status EngineImpl::RegisterLocked(const MemoryRegion& region) {
   }
   const size_t registered = handles.size();
   if (s.ok()) s = local_memory_.Add(region, std::move(handles));
-  if (s.ok() && region.remote_accessible) {
-    s = publisher_->AddBuffer(published);
-    if (!s.ok()) {
-      local_memory_.Remove(region.addr, absl::ZeroDuration()).IgnoreError();
-    }
-  }
   if (!s.ok()) {
     // Roll back so that a failed registration leaves nothing behind.
     for (size_t i = 0; i < registered; ++i) {
       transports_[i]->UnregisterMemory(region.addr).IgnoreError();
     }
-    return s;
-  }
-  return absl::OkStatus();
-}
-
-absl::Status EngineImpl::UnregisterLocalMemory(void* addr) {
-  if (!initialized_)
-    return absl::FailedPreconditionError("engine not initialized");
-  const uintptr_t a = reinterpret_cast<uintptr_t>(addr);
-  absl::Status s;
-  {
-    MutexLock lock(&register_mu_);
-    s = UnregisterLocked(a, options_.transfer_timeout);
-  }
-  if (s.code() != absl::StatusCode::kNotFound &&
-      s.code() != absl::StatusCode::kFailedPrecondition) {
-    ForgetCached(a);
   }
   return s;
 }
 
-absl::Status EngineImpl::UnregisterLocked(uintptr_t a, absl::Duration wait) {
+void EngineImpl::DetachLocked(uintptr_t addr) {
+  local_memory_.Remove(addr, absl::ZeroDuration()).IgnoreError();
+  for (auto& t : transports_) t->UnregisterMemory(addr).IgnoreError();
+}
+
+absl::Status EngineImpl::UnregisterLocalMemory(void* addr) {
+  return UnregisterLocalMemoryBatch({addr});
+}
+
+absl::Status EngineImpl::UnregisterLocalMemoryBatch(
+    const std::vector<void*>& addrs) {
+  if (!initialized_)
+    return absl::FailedPreconditionError("engine not initialized");
+  absl::Status result;
+  std::vector<uint64_t> unpublish;
+  std::vector<uintptr_t> forget;
+  {
+    MutexLock lock(&register_mu_);
+    for (void* addr : addrs) {
+      const uintptr_t a = reinterpret_cast<uintptr_t>(addr);
+      bool remote = false;
+      absl::Status s = UnregisterLocked(a, options_.transfer_timeout, &remote);
+      if (remote) unpublish.push_back(a);
+      if (s.code() != absl::StatusCode::kNotFound &&
+          s.code() != absl::StatusCode::kFailedPrecondition) {
+        forget.push_back(a);
+      }
+      if (!s.ok() && result.ok()) {
+        result = addrs.size() > 1
+                     ? absl::Status(s.code(), absl::StrCat("0x", absl::Hex(a),
+                                                           ": ", s.message()))
+                     : s;
+      }
+    }
+    // ...then stop advertising them: one metadata round trip.
+    if (absl::Status s = publisher_->RemoveBuffers(unpublish);
+        !s.ok() && result.ok()) {
+      result = absl::Status(s.code(),
+                            absl::StrCat("buffers unregistered locally, but "
+                                         "the metadata update failed: ",
+                                         s.message()));
+    }
+  }
+  for (uintptr_t a : forget) ForgetCached(a);  // Outside register_mu_.
+  return result;
+}
+
+absl::Status EngineImpl::UnregisterLocked(uintptr_t a, absl::Duration wait,
+                                          bool* unpublish) {
+  *unpublish = false;
   std::optional<MemoryRegion> region = local_memory_.Lookup(a);
   if (!region.has_value()) {
     return absl::NotFoundError(
@@ -415,16 +483,8 @@ absl::Status EngineImpl::UnregisterLocked(uintptr_t a, absl::Duration wait) {
     absl::Status s = t->UnregisterMemory(a);
     if (!s.ok() && result.ok()) result = s;
   }
-  // ...then stop advertising it.
-  if (region->remote_accessible) {
-    absl::Status s = publisher_->RemoveBuffer(a);
-    if (!s.ok() && result.ok()) {
-      result = absl::Status(s.code(),
-                            absl::StrCat("buffer unregistered locally, but the "
-                                         "metadata update failed: ",
-                                         s.message()));
-    }
-  }
+  // ...and the caller stops advertising it.
+  *unpublish = region->remote_accessible;
   return result;
 }
 

@@ -77,6 +77,10 @@ class EngineImpl {
                                    const std::string& location,
                                    bool remote_accessible);
   absl::Status UnregisterLocalMemory(void* addr);
+  absl::Status RegisterLocalMemoryBatch(const std::vector<BufferEntry>& buffers,
+                                        const std::string& location,
+                                        bool remote_accessible);
+  absl::Status UnregisterLocalMemoryBatch(const std::vector<void*>& addrs);
 
   absl::StatusOr<SegmentHandle> OpenSegment(const std::string& name);
   absl::Status RefreshSegment(SegmentHandle handle);
@@ -106,9 +110,22 @@ class EngineImpl {
   // advertise_host says how). May resolve names: Init only.
   absl::Status ChooseAdvertisedHost(const EngineOptions& options,
                                     const TransportOptions& topts);
-  absl::Status RegisterLocked(const MemoryRegion& region)
+  // The region of a registration request (validated; cached overlapping
+  // registrations dropped).
+  absl::StatusOr<MemoryRegion> MakeRegion(void* addr, size_t length,
+                                          const std::string& location,
+                                          bool remote_accessible);
+  // Registers `region` locally and with every transport, and fills the
+  // entry to publish; nothing is left behind on failure.
+  absl::Status AttachLocked(const MemoryRegion& region,
+                            metadata::Buffer* published)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(register_mu_);
-  absl::Status UnregisterLocked(uintptr_t addr, absl::Duration wait)
+  // Undoes AttachLocked (nothing can use the region yet).
+  void DetachLocked(uintptr_t addr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(register_mu_);
+  // Unregisters locally and from the transports; *unpublish says whether
+  // the caller must remove it from the published segment.
+  absl::Status UnregisterLocked(uintptr_t addr, absl::Duration wait,
+                                bool* unpublish)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(register_mu_);
 
   // MR cache (mr_cache.cc): leases the local range, registering a

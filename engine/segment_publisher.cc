@@ -38,34 +38,44 @@ absl::Status SegmentPublisher::RepublishLocked() {
   return s;
 }
 
-absl::Status SegmentPublisher::AddBuffer(const metadata::Buffer& buffer) {
+absl::Status SegmentPublisher::AddBuffers(
+    const std::vector<metadata::Buffer>& buffers) {
+  if (buffers.empty()) return absl::OkStatus();
   MutexLock lock(&publish_mu_);
   metadata::UpdateBuffersRequest req;
   req.set_name(segment_.name());
   req.set_incarnation(segment_.incarnation());
-  *req.add_add() = buffer;
+  for (const metadata::Buffer& b : buffers) *req.add_add() = b;
   absl::Status s = client_->UpdateBuffers(req).status();
   if (s.code() == absl::StatusCode::kNotFound) {
-    // The service lost the segment: publish all of it, this buffer too.
-    buffers_[buffer.addr()] = buffer;
+    // The service lost the segment: publish all of it, these buffers too.
+    for (const metadata::Buffer& b : buffers) buffers_[b.addr()] = b;
     s = RepublishLocked();
-    if (!s.ok()) buffers_.erase(buffer.addr());
+    if (!s.ok()) {
+      for (const metadata::Buffer& b : buffers) buffers_.erase(b.addr());
+    }
     return s;
   }
-  if (s.ok()) buffers_[buffer.addr()] = buffer;
+  if (s.ok()) {
+    for (const metadata::Buffer& b : buffers) buffers_[b.addr()] = b;
+  }
   return s;
 }
 
-absl::Status SegmentPublisher::RemoveBuffer(uint64_t addr) {
+absl::Status SegmentPublisher::RemoveBuffers(
+    const std::vector<uint64_t>& addrs) {
+  if (addrs.empty()) return absl::OkStatus();
   MutexLock lock(&publish_mu_);
-  const bool had = buffers_.erase(addr) > 0;
   metadata::UpdateBuffersRequest req;
   req.set_name(segment_.name());
   req.set_incarnation(segment_.incarnation());
-  req.add_remove_addrs(addr);
+  for (uint64_t a : addrs) {
+    if (buffers_.erase(a) > 0) req.add_remove_addrs(a);
+  }
+  if (req.remove_addrs_size() == 0) return absl::OkStatus();
   absl::Status s = client_->UpdateBuffers(req).status();
-  if (s.code() == absl::StatusCode::kNotFound && had) {
-    // Lost with the segment, or never there: the segment as it is now.
+  if (s.code() == absl::StatusCode::kNotFound) {
+    // Lost with the segment: publish the segment as it is now.
     s = RepublishLocked();
   }
   return s;

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <map>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -38,11 +39,13 @@ class SegmentPublisher {
   // Publishes `segment` (its buffers included) and, with a lease, starts
   // renewing it every lease_ttl / 3.
   absl::Status Publish(const metadata::SegmentDescriptor& segment);
-  // Adds one buffer to the published segment (one UpdateBuffers; the whole
-  // segment again if the service lost it).
-  absl::Status AddBuffer(const metadata::Buffer& buffer);
-  // Removes the buffer at `addr` from the published segment.
-  absl::Status RemoveBuffer(uint64_t addr);
+  // Adds buffers to the published segment: one UpdateBuffers for all of
+  // them (the whole segment again if the service lost it). On failure none
+  // is added.
+  absl::Status AddBuffers(const std::vector<metadata::Buffer>& buffers);
+  // Removes the buffers at `addrs` from the published segment, in one
+  // UpdateBuffers.
+  absl::Status RemoveBuffers(const std::vector<uint64_t>& addrs);
   // Stops renewing (the segment is not removed: the engine does that).
   void Stop();
 

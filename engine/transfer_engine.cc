@@ -46,6 +46,17 @@ absl::Status TransferEngine::RegisterLocalMemory(void* addr, size_t length,
                                                  bool remote_accessible) {
   return impl_->RegisterLocalMemory(addr, length, location, remote_accessible);
 }
+absl::Status TransferEngine::RegisterLocalMemoryBatch(
+    const std::vector<BufferEntry>& buffers, const std::string& location,
+    bool remote_accessible) {
+  return impl_->RegisterLocalMemoryBatch(buffers, location, remote_accessible);
+}
+
+absl::Status TransferEngine::UnregisterLocalMemoryBatch(
+    const std::vector<void*>& addrs) {
+  return impl_->UnregisterLocalMemoryBatch(addrs);
+}
+
 absl::Status TransferEngine::UnregisterLocalMemory(void* addr) {
   return impl_->UnregisterLocalMemory(addr);
 }

@@ -203,6 +203,54 @@ TEST_F(EngineTest, RegistrationRules) {
             absl::StatusCode::kNotFound);
 }
 
+// A batch registers all its buffers with one metadata update (the segment's
+// version moves by one), they serve transfers, and a batch with one bad
+// entry leaves none registered.
+TEST_F(EngineTest, BatchRegistrationIsOneUpdateAndAllOrNothing) {
+  constexpr int kBuffers = 100;
+  constexpr size_t kLen = 4096;
+  std::vector<uint8_t> mem(kBuffers * 2 * kLen, 0x5c);
+  std::vector<BufferEntry> entries;
+  for (int i = 0; i < kBuffers; ++i) {
+    entries.push_back({mem.data() + i * 2 * kLen, kLen});
+  }
+  metadata::MetadataClient md(a_.metadata_address(), absl::Seconds(3));
+  ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor before, md.GetSegment("a"));
+  // Versions count every update of the store: the newest before the batch.
+  ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor other, md.GetSegment("b"));
+  const uint64_t newest = std::max(before.version(), other.version());
+  ASSERT_OK(a_.RegisterLocalMemoryBatch(entries, "cpu:0"));
+  ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor after, md.GetSegment("a"));
+  EXPECT_EQ(after.buffers_size(), before.buffers_size() + kBuffers);
+  EXPECT_EQ(after.version(), newest + 1) << "one update for the batch";
+  // The last one serves a READ.
+  TransferRequest r = Req(OpCode::kRead, 0, 0, kLen);
+  r.target_offset = reinterpret_cast<uint64_t>(entries.back().addr);
+  BatchStatus st = Run({r});
+  EXPECT_EQ(st.state, TransferState::kCompleted) << st.first_error;
+  EXPECT_EQ(local_[kLen - 1], 0x5c);
+
+  std::vector<void*> addrs;
+  for (const BufferEntry& e : entries) addrs.push_back(e.addr);
+  ASSERT_OK(a_.UnregisterLocalMemoryBatch(addrs));
+  ASSERT_OK_AND_ASSIGN(after, md.GetSegment("a"));
+  EXPECT_EQ(after.buffers_size(), before.buffers_size());
+
+  // Entry 50 overlaps entry 49: the batch fails naming it, and the 49
+  // before it are rolled back.
+  entries[50].addr = static_cast<uint8_t*>(entries[49].addr) + 100;
+  absl::Status s = a_.RegisterLocalMemoryBatch(entries);
+  EXPECT_EQ(s.code(), absl::StatusCode::kAlreadyExists) << s;
+  EXPECT_NE(s.message().find("buffer 50 of 100"), std::string::npos) << s;
+  ASSERT_OK_AND_ASSIGN(after, md.GetSegment("a"));
+  EXPECT_EQ(after.buffers_size(), before.buffers_size());
+  EXPECT_OK(a_.RegisterLocalMemory(entries[0].addr, kLen));
+  EXPECT_OK(a_.UnregisterLocalMemory(entries[0].addr));
+  // Unregistering what is not there names it; the others still go.
+  EXPECT_EQ(a_.UnregisterLocalMemoryBatch({entries[1].addr}).code(),
+            absl::StatusCode::kNotFound);
+}
+
 TEST_F(EngineTest, NewRemoteBufferIsFoundWithoutManualRefresh) {
   std::vector<uint8_t> extra(4096, 0x11);
   ASSERT_OK(a_.RegisterLocalMemory(extra.data(), extra.size()));
