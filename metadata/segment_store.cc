@@ -188,6 +188,12 @@ absl::StatusOr<SegmentDescriptor> SegmentStore::Get(
 
 absl::Status SegmentStore::Remove(const std::string& name,
                                   uint64_t incarnation) {
+  if (incarnation == 0) {
+    // Without it any client could delete any engine's segment by name.
+    return absl::InvalidArgumentError(
+        absl::StrCat("removing segment '", name,
+                     "' needs the incarnation of the engine run that owns it"));
+  }
   MutexLock lock(&mu_);
   ExpireLocked();
   auto it = segments_.find(name);
@@ -195,7 +201,7 @@ absl::Status SegmentStore::Remove(const std::string& name,
     return absl::NotFoundError(
         absl::StrCat("segment '", name, "' is not registered"));
   }
-  if (incarnation != 0 && it->second.segment.incarnation() != incarnation) {
+  if (it->second.segment.incarnation() != incarnation) {
     return absl::FailedPreconditionError(absl::StrCat(
         "segment '", name, "' belongs to another engine instance"));
   }

@@ -64,8 +64,10 @@ class SegmentStore {
   // Returns a copy of the named descriptor or NotFound.
   absl::StatusOr<SegmentDescriptor> Get(const std::string& name) const;
 
-  // Removes the named segment. With a nonzero `incarnation`, removes it only
-  // if it matches (FailedPrecondition otherwise). NotFound if absent.
+  // Removes the named segment if `incarnation` is its owner's
+  // (FailedPrecondition otherwise; InvalidArgument for 0, which once meant
+  // "any": any client could then remove any engine's segment by name).
+  // NotFound if absent.
   absl::Status Remove(const std::string& name, uint64_t incarnation);
 
   std::vector<std::string> List() const;

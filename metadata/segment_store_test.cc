@@ -30,7 +30,11 @@ TEST(SegmentStoreTest, PutGetRemove) {
   EXPECT_EQ(store.Remove("a", 8).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_OK(store.Remove("a", 7));
   EXPECT_EQ(store.Get("a").status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(store.Remove("a", 0).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store.Remove("a", 7).code(), absl::StatusCode::kNotFound);
+  // Only the owner's run removes a segment: no wildcard.
+  ASSERT_OK(store.Put(MakeSegment("b", 9)).status());
+  EXPECT_EQ(store.Remove("b", 0).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_OK(store.Get("b").status());
 }
 
 // A clock the test moves by hand.
