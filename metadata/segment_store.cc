@@ -58,6 +58,7 @@ absl::StatusOr<uint64_t> SegmentStore::Put(SegmentDescriptor segment,
     for (const Device& d : t.devices()) e.device_names.insert(d.name());
   }
   e.segment = std::move(segment);
+  e.assembled.reset();
   e.ttl = lease_ttl;
   RenewLocked(name, &e);
   return version;
@@ -161,6 +162,7 @@ absl::StatusOr<uint64_t> SegmentStore::UpdateBuffers(
         " buffer x device entries")));
   }
   e.keys = keys;
+  e.assembled.reset();
   const uint64_t version = next_version_++;
   e.segment.set_version(version);
   // An update from the owner shows it alive, as a KeepAlive does.
@@ -177,13 +179,21 @@ SegmentDescriptor SegmentStore::Assemble(const Entry& e) {
 
 absl::StatusOr<SegmentDescriptor> SegmentStore::Get(
     const std::string& name) const {
-  MutexLock lock(&mu_);
-  auto it = segments_.find(name);
-  if (it == segments_.end() || Expired(it->second)) {
-    return absl::NotFoundError(
-        absl::StrCat("segment '", name, "' is not registered"));
+  std::shared_ptr<const SegmentDescriptor> d;
+  {
+    MutexLock lock(&mu_);
+    auto it = segments_.find(name);
+    if (it == segments_.end() || Expired(it->second)) {
+      return absl::NotFoundError(
+          absl::StrCat("segment '", name, "' is not registered"));
+    }
+    const Entry& e = it->second;
+    if (e.assembled == nullptr) {
+      e.assembled = std::make_shared<const SegmentDescriptor>(Assemble(e));
+    }
+    d = e.assembled;
   }
-  return Assemble(it->second);
+  return *d;  // The copy, outside the lock.
 }
 
 absl::Status SegmentStore::Remove(const std::string& name,

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <utility>
@@ -83,6 +84,11 @@ class SegmentStore {
     absl::flat_hash_set<std::string> device_names;
     absl::Duration ttl;  // Zero: no lease.
     absl::Time expires = absl::InfiniteFuture();
+    // The whole descriptor as last assembled for a reader; reset by every
+    // change. Readers copy it outside the lock, so a large segment's Gets
+    // hold the lock only to take a reference (after the first Get that
+    // follows a change, which assembles it).
+    mutable std::shared_ptr<const SegmentDescriptor> assembled;
   };
   // The descriptor of `e`, buffers in address order.
   static SegmentDescriptor Assemble(const Entry& e);

@@ -154,6 +154,26 @@ TEST(SegmentStoreTest, FailedUpdateChangesNothing) {
   EXPECT_EQ(after.buffers_size(), 2);
 }
 
+// What a reader gets follows every change (readers share an assembled
+// copy of the descriptor, which each change must drop).
+TEST(SegmentStoreTest, ReadersSeeEveryChange) {
+  SegmentStore store;
+  ASSERT_OK(store.Put(MakeSegment("a", 1)).status());
+  ASSERT_OK_AND_ASSIGN(SegmentDescriptor d, store.Get("a"));
+  EXPECT_EQ(d.buffers_size(), 1);
+  UpdateBuffersRequest add;
+  add.set_name("a");
+  add.set_incarnation(1);
+  *add.add_add() = MakeBuffer(0x8000, 0x100);
+  ASSERT_OK(store.UpdateBuffers(add).status());
+  ASSERT_OK_AND_ASSIGN(d, store.Get("a"));
+  EXPECT_EQ(d.buffers_size(), 2);
+  ASSERT_OK(store.Put(MakeSegment("a", 2)).status());
+  ASSERT_OK_AND_ASSIGN(d, store.Get("a"));
+  EXPECT_EQ(d.incarnation(), 2u);
+  EXPECT_EQ(d.buffers_size(), 1);
+}
+
 // Many buffers, added one at a time, come back in address order, each
 // once, and an overlap with any of them is found.
 TEST(SegmentStoreTest, ThousandsOfBuffersOneByOne) {
