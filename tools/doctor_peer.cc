@@ -16,6 +16,7 @@
 #include "absl/time/clock.h"
 #include "common/socket_util.h"
 #include "tools/doctor_probe.h"
+#include "tools/pattern.h"
 #include "transport/rdma/handshake.pb.h"
 #include "transport/rdma/qp.h"
 
@@ -92,11 +93,9 @@ void ServeClient(int fd, const std::map<std::string, ibv_device*>& devices) {
       if (!WriteLine(fd, reply).ok()) return;
     } else if (f[0] == "VERIFY" && f.size() == 2 && probe != nullptr) {
       uint32_t seed = 0;
-      std::vector<uint8_t> want(kProbeBytes);
       if (!absl::SimpleAtoi(f[1], &seed)) return;
-      Fill(want.data(), want.size(), seed);
       const bool same =
-          std::memcmp(want.data(), probe->buf.get(), kProbeBytes) == 0;
+          CheckPattern(probe->buf.get(), kProbeBytes, 0, seed) == kProbeBytes;
       if (!WriteLine(fd, same ? "OK" : "ERR the WRITE left other bytes").ok()) {
         return;
       }

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "tools/pattern.h"
 
 namespace ferry::doctor {
 namespace {
@@ -81,18 +82,13 @@ rdma::QpTimers ProbeTimers() {
   return t;
 }
 
-void Fill(uint8_t* p, size_t n, uint32_t seed) {
-  for (size_t i = 0; i < n; ++i)
-    p[i] = static_cast<uint8_t>(seed * 131 + i * 7);
-}
-
 absl::Status WriteReadVerify(Probe* p, uint32_t len, uint64_t remote,
                              uint32_t rkey, uint32_t seed) {
   if (len > kProbeBufferBytes / 2) {
     return absl::InvalidArgumentError("probe longer than its buffer");
   }
   uint8_t* buf = p->buf.get();
-  Fill(buf, len, seed);
+  FillPattern(buf, len, 0, seed);
   std::memset(buf + kProbeBufferBytes / 2, 0, len);
   const uint64_t base = reinterpret_cast<uint64_t>(buf);
   absl::Status s = RunOne(p, IBV_WR_RDMA_WRITE, base, len, remote, rkey);
@@ -100,7 +96,8 @@ absl::Status WriteReadVerify(Probe* p, uint32_t len, uint64_t remote,
     s = RunOne(p, IBV_WR_RDMA_READ, base + kProbeBufferBytes / 2, len, remote,
                rkey);
   }
-  if (s.ok() && std::memcmp(buf, buf + kProbeBufferBytes / 2, len) != 0) {
+  if (s.ok() &&
+      CheckPattern(buf + kProbeBufferBytes / 2, len, 0, seed) != len) {
     s = absl::DataLossError("the READ returned other bytes than were written");
   }
   return s;

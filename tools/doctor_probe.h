@@ -51,11 +51,8 @@ absl::StatusOr<std::unique_ptr<Probe>> NewProbe(ibv_device* dev);
 // (4.096 us * 2^12 * 4) instead of Ferry's half second.
 rdma::QpTimers ProbeTimers();
 
-// A data pattern that depends on the seed and on the position.
-void Fill(uint8_t* p, size_t n, uint32_t seed);
-
-// WRITEs `len` bytes of pattern `seed` from the probe's buffer to
-// (remote, rkey), READs them back into the buffer's second half and
+// WRITEs `len` bytes of pattern `seed` (tools/pattern.h) from the probe's
+// buffer to (remote, rkey), READs them back into the buffer's second half and
 // compares. `len` is at most kProbeBufferBytes / 2.
 absl::Status WriteReadVerify(Probe* p, uint32_t len, uint64_t remote,
                              uint32_t rkey, uint32_t seed);

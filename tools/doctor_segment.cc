@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
+#include "metadata/grpc_status.h"
 #include "metadata/metadata_client.h"
 #include "metadata/proto/metadata.grpc.pb.h"
 #include "tools/doctor_peer.h"
@@ -46,10 +47,8 @@ absl::Status Exchange(metadata::PeerService::Stub* stub,
   metadata::ExchangeResponse resp;
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + kRpcTimeout));
-  grpc::Status s = stub->Exchange(&ctx, req, &resp);
-  if (!s.ok()) {
-    return absl::UnavailableError(
-        absl::StrCat("the engine's peer service: ", s.error_message()));
+  if (grpc::Status s = stub->Exchange(&ctx, req, &resp); !s.ok()) {
+    return metadata::FromGrpcStatus(s, "the engine's peer service");
   }
   if (!out->ParseFromString(resp.payload())) {
     return absl::DataLossError("the engine's handshake reply does not parse");
@@ -108,8 +107,10 @@ bool ProbePair(const Session& ss, const std::string& local_nic,
   rdma::DescribeQp(probe.qp, probe.nic.get(), req->add_initiator_qps());
   rdma::ConnectReply reply;
   absl::Status s = Exchange(ss.stub, ss.from, m, &reply);
-  // No answer at all (not even one that does not parse): stop probing.
-  const bool answered = s.ok() || s.code() == absl::StatusCode::kDataLoss;
+  // No answer at all: stop probing. An engine that refused the request
+  // (INVALID_ARGUMENT, ...) or sent a reply that does not parse answered.
+  const bool answered = s.code() != absl::StatusCode::kUnavailable &&
+                        s.code() != absl::StatusCode::kDeadlineExceeded;
   if (s.ok()) s = rdma::ValidateConnectReply(reply, 1);
   if (!s.ok()) {
     fail(std::string(s.message()), kRpcFix);
