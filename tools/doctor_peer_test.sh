@@ -125,13 +125,18 @@ else
 fi
 
 # 3. A running engine, by segment name.
-(exec ip netns exec "$S" env LD_LIBRARY_PATH="$LIBDIR" \
-  FERRY_SOFTRNIC_DEVICES="softrnic0=$SA,softrnic1=$SB" \
-  "$BENCH" --mode=target --protocol=rdma --segment_id=engine \
-  --local_server_name=engine --advertise_host="$SA" --rpc_port=17701 \
-  --buffer_size=$((16 << 20)) --target_seconds=60) >"$tmp/engine.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 100); do grep -q "target ready" "$tmp/engine.log" && break; sleep 0.1; done
+engine() {  # segment, advertised address, RPC port (log: $tmp/<segment>.log)
+  (exec ip netns exec "$S" env LD_LIBRARY_PATH="$LIBDIR" \
+    FERRY_SOFTRNIC_DEVICES="softrnic0=$SA,softrnic1=$SB" \
+    "$BENCH" --mode=target --protocol=rdma --segment_id="$1" \
+    --local_server_name="$1" --advertise_host="$2" --rpc_port="$3" \
+    --buffer_size=$((16 << 20)) --target_seconds=60) >"$tmp/$1.log" 2>&1 &
+  pids+=($!)
+  local _
+  for _ in $(seq 100); do grep -q "target ready" "$tmp/$1.log" && return 0; sleep 0.1; done
+  return 1
+}
+engine engine "$SA" 17701 || fail "engine did not start" "$tmp/engine.log"
 segment_probe() {  # report file, segment
   ip netns exec "$C" env LD_LIBRARY_PATH="$LIBDIR" \
     FERRY_SOFTRNIC_DEVICES="softrnic0=$CA" timeout 60 \
@@ -169,13 +174,7 @@ else
 fi
 # An engine whose advertised RPC address the client cannot reach: one
 # FAIL with the fix, and no waiting out every other pair.
-(exec ip netns exec "$S" env LD_LIBRARY_PATH="$LIBDIR" \
-  FERRY_SOFTRNIC_DEVICES="softrnic0=$SA,softrnic1=$SB" \
-  "$BENCH" --mode=target --protocol=rdma --segment_id=hidden \
-  --local_server_name=hidden --advertise_host="$SB" --rpc_port=17702 \
-  --buffer_size=$((16 << 20)) --target_seconds=60) >"$tmp/hidden.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 100); do grep -q "target ready" "$tmp/hidden.log" && break; sleep 0.1; done
+engine hidden "$SB" 17702 || fail "engine did not start" "$tmp/hidden.log"
 start=$(date +%s)
 ip netns exec "$C" env LD_LIBRARY_PATH="$LIBDIR" \
   FERRY_SOFTRNIC_DEVICES="softrnic0=$CA" timeout 60 \
