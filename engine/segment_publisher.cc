@@ -38,13 +38,18 @@ absl::Status SegmentPublisher::RepublishLocked() {
   return s;
 }
 
+metadata::UpdateBuffersRequest SegmentPublisher::UpdateRequestLocked() const {
+  metadata::UpdateBuffersRequest req;
+  req.set_name(segment_.name());
+  req.set_incarnation(segment_.incarnation());
+  return req;
+}
+
 absl::Status SegmentPublisher::AddBuffers(
     const std::vector<metadata::Buffer>& buffers) {
   if (buffers.empty()) return absl::OkStatus();
   MutexLock lock(&publish_mu_);
-  metadata::UpdateBuffersRequest req;
-  req.set_name(segment_.name());
-  req.set_incarnation(segment_.incarnation());
+  metadata::UpdateBuffersRequest req = UpdateRequestLocked();
   for (const metadata::Buffer& b : buffers) *req.add_add() = b;
   absl::Status s = client_->UpdateBuffers(req).status();
   if (s.code() == absl::StatusCode::kNotFound) {
@@ -66,9 +71,7 @@ absl::Status SegmentPublisher::RemoveBuffers(
     const std::vector<uint64_t>& addrs) {
   if (addrs.empty()) return absl::OkStatus();
   MutexLock lock(&publish_mu_);
-  metadata::UpdateBuffersRequest req;
-  req.set_name(segment_.name());
-  req.set_incarnation(segment_.incarnation());
+  metadata::UpdateBuffersRequest req = UpdateRequestLocked();
   for (uint64_t a : addrs) {
     if (buffers_.erase(a) > 0) req.add_remove_addrs(a);
   }

@@ -54,6 +54,9 @@ class SegmentPublisher {
 
  private:
   void RenewLoop();
+  // An UpdateBuffers request for this segment, to fill in.
+  metadata::UpdateBuffersRequest UpdateRequestLocked() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(publish_mu_);
   // Publishes the whole segment again.
   absl::Status RepublishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(publish_mu_);
 
