@@ -208,6 +208,11 @@ class EngineImpl {
     uint64_t last_use;
   };
   mutable Mutex cache_mu_;
+  // Takes a cached registration out of the cache and retires it (no new
+  // lease); ProcessReleases unregisters it once its leases are gone.
+  std::map<uintptr_t, CachedMr>::iterator RetireCachedLocked(
+      std::map<uintptr_t, CachedMr>::iterator it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(cache_mu_);
   std::map<uintptr_t, CachedMr> cache_ ABSL_GUARDED_BY(cache_mu_);
   size_t cache_bytes_ ABSL_GUARDED_BY(cache_mu_) = 0;
   uint64_t cache_clock_ ABSL_GUARDED_BY(cache_mu_) = 0;

@@ -130,14 +130,19 @@ absl::StatusOr<MemoryRegistry::Lease> EngineImpl::AcquireLocal(uintptr_t addr,
         }
       }
     }
+    bool busy = false;
     for (uintptr_t a : merged) {
-      if (!DropCached(a)) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "MR cache: local source 0x", absl::Hex(addr), "+", length,
-            " shares pages with a cached registration that transfers are "
-            "using; retry, or register the memory with RegisterLocalMemory"));
-      }
+      if (DropCached(a)) continue;
+      // In use (often by the transfer the application just saw complete:
+      // its lease goes a moment later, on the completing thread). Retired
+      // instead: it takes no new lease, and the reservation below waits
+      // for its last one, as for any retired registration.
+      MutexLock lock(&cache_mu_);
+      auto it = cache_.find(a);
+      if (it != cache_.end()) RetireCachedLocked(it);
+      busy = true;
     }
+    if (busy) ProcessReleases();  // Finishes those that went idle meanwhile.
     MemoryRegion region;
     region.addr = lo;
     region.length = hi - lo;
@@ -243,6 +248,17 @@ bool EngineImpl::ForgetRegistering(uintptr_t lo) {
   return false;
 }
 
+std::map<uintptr_t, EngineImpl::CachedMr>::iterator
+EngineImpl::RetireCachedLocked(std::map<uintptr_t, CachedMr>::iterator it) {
+  // Retired before the lock is released: from here on no request can
+  // lease it, whatever thread it runs on.
+  local_memory_.Retire(it->first).IgnoreError();
+  retired_.push_back(it->first);
+  retired_count_.store(retired_.size(), std::memory_order_release);
+  cache_bytes_ -= it->second.length;
+  return cache_.erase(it);
+}
+
 bool EngineImpl::DropCached(uintptr_t addr) {
   if (!local_memory_.RetireIfIdle(addr)) return false;
   ForgetCached(addr);
@@ -269,12 +285,7 @@ void EngineImpl::ProcessReleases() {
         ++it;
         continue;
       }
-      // Retired before the lock is released: from here on no request can
-      // lease it, whatever thread it runs on.
-      local_memory_.Retire(it->first).IgnoreError();
-      retired_.push_back(it->first);
-      cache_bytes_ -= it->second.length;
-      it = cache_.erase(it);
+      it = RetireCachedLocked(it);
       mr_cache_invalidations_.fetch_add(1, std::memory_order_relaxed);
     }
     for (Registering& r : registering_) {
