@@ -87,6 +87,11 @@ absl::Status EngineImpl::ValidateOptions(const EngineOptions& o) const {
         "metadata_lease_ttl ", absl::FormatDuration(o.metadata_lease_ttl),
         " is outside 300ms .. 1h (or 0: no lease)"));
   }
+  if (o.segment_name_wait > absl::Hours(1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "segment_name_wait ", absl::FormatDuration(o.segment_name_wait),
+        " is more than 1h (negative: the lease TTL plus 1s)"));
+  }
   if (o.max_queued_notifications == 0 || o.max_queued_notification_bytes == 0) {
     return absl::InvalidArgumentError(
         "max_queued_notifications and max_queued_notification_bytes must be "
@@ -249,9 +254,15 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
     ReleaseAll();
     return s;
   }
-  publisher_ = std::make_unique<SegmentPublisher>(metadata_.get(),
-                                                  options.metadata_lease_ttl);
-  if (absl::Status s = publisher_->Publish(desc); !s.ok()) {
+  // This run's owner key: only this run can change or remove the segment,
+  // and a second engine with the same name cannot take it over.
+  publisher_ = std::make_unique<SegmentPublisher>(
+      metadata_.get(), metadata::NewOwnerKey(), options.metadata_lease_ttl);
+  const absl::Duration name_wait =
+      options.segment_name_wait >= absl::ZeroDuration()
+          ? options.segment_name_wait
+          : options.metadata_lease_ttl + absl::Seconds(1);
+  if (absl::Status s = publisher_->Publish(desc, name_wait); !s.ok()) {
     FERRY_LOG(kError, "metadata", "cannot publish segment '",
               options.local_segment_name, "' to ", metadata_addr, ": ",
               s.message());
@@ -315,10 +326,8 @@ void EngineImpl::Shutdown() {
   if (!initialized_) return;
   initialized_ = false;
   // Renewals stop before the removal: none may publish the segment again.
-  if (publisher_ != nullptr) publisher_->Stop();
   // Best effort: a stopped metadata service must not stall shutdown long.
-  metadata_->RemoveSegment(options_.local_segment_name, incarnation_)
-      .IgnoreError();
+  if (publisher_ != nullptr) publisher_->Withdraw();
   ReleaseAll();
 }
 

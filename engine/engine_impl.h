@@ -188,7 +188,7 @@ class EngineImpl {
   metadata::MetadataServiceImpl metadata_service_;
   metadata::PeerServiceImpl peer_service_;
   std::unique_ptr<metadata::RpcServer> rpc_server_;
-  std::unique_ptr<metadata::MetadataClient> metadata_;
+  std::unique_ptr<metadata::Store> metadata_;
   // Keeps the segment published (lease renewals, re-publication); after
   // metadata_, which it uses.
   std::unique_ptr<SegmentPublisher> publisher_;

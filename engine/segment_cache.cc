@@ -23,8 +23,7 @@ constexpr absl::Duration kDeadlineTick = absl::Milliseconds(10);
 
 }  // namespace
 
-SegmentCache::SegmentCache(metadata::MetadataClient* client, uint16_t tag,
-                           ReadyFn ready)
+SegmentCache::SegmentCache(metadata::Store* client, uint16_t tag, ReadyFn ready)
     : client_(client), tag_(tag), ready_(std::move(ready)) {}
 
 SegmentCache::~SegmentCache() { Stop(); }
@@ -72,7 +71,7 @@ void SegmentCache::Stop() {
 absl::StatusOr<std::shared_ptr<const SegmentView>> SegmentCache::Fetch(
     const std::string& name) {
   auto view = [&]() -> absl::StatusOr<std::shared_ptr<const SegmentView>> {
-    auto desc = client_->GetSegment(name);
+    auto desc = client_->Get(name);
     if (!desc.ok()) return desc.status();
     if (absl::Status s = metadata::CheckReachable(*desc, NetworkIdentity());
         !s.ok()) {

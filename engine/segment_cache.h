@@ -36,7 +36,7 @@
 #include "absl/time/time.h"
 #include "common/mutex.h"
 #include "engine/transfer_engine.h"
-#include "metadata/metadata_client.h"
+#include "metadata/store.h"
 #include "transport/segment_view.h"
 
 namespace ferry {
@@ -60,7 +60,7 @@ class SegmentCache {
                          const absl::Status& fetch)>;
 
   // `client` must outlive the cache. `tag` distinguishes engines' handles.
-  SegmentCache(metadata::MetadataClient* client, uint16_t tag, ReadyFn ready);
+  SegmentCache(metadata::Store* client, uint16_t tag, ReadyFn ready);
   // Stops the refresher (Stop()).
   ~SegmentCache();
   SegmentCache(const SegmentCache&) = delete;
@@ -160,7 +160,7 @@ class SegmentCache {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Deliver(std::vector<Delivery>* deliveries);
 
-  metadata::MetadataClient* const client_;
+  metadata::Store* const client_;
   const uint16_t tag_;
   const ReadyFn ready_;
 

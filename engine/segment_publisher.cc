@@ -3,20 +3,35 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/log.h"
 
 namespace ferry {
 
 absl::Status SegmentPublisher::Publish(
-    const metadata::SegmentDescriptor& segment) {
+    const metadata::SegmentDescriptor& segment, absl::Duration name_wait) {
   {
     MutexLock lock(&publish_mu_);
     segment_ = segment;
     segment_.clear_buffers();
     buffers_.clear();
     for (const metadata::Buffer& b : segment.buffers()) buffers_[b.addr()] = b;
-    if (auto v = client_->PutSegment(segment, lease_ttl_); !v.ok()) {
-      return v.status();
+    const absl::Time give_up = absl::Now() + name_wait;
+    bool told = false;
+    while (true) {
+      absl::Status s = store_->Put(PutRequestLocked()).status();
+      if (s.ok()) break;
+      if (s.code() != absl::StatusCode::kAlreadyExists ||
+          absl::Now() >= give_up) {
+        return s;
+      }
+      if (!told) {
+        told = true;
+        FERRY_LOG(kWarn, "metadata", "waiting up to ",
+                  absl::FormatDuration(name_wait), " for segment name '",
+                  segment.name(), "': ", s.message());
+      }
+      absl::SleepFor(absl::Milliseconds(200));
     }
   }
   if (lease_ttl_ > absl::ZeroDuration() && !renewer_.joinable()) {
@@ -25,14 +40,23 @@ absl::Status SegmentPublisher::Publish(
   return absl::OkStatus();
 }
 
+metadata::PutSegmentRequest SegmentPublisher::PutRequestLocked() const {
+  metadata::PutSegmentRequest req;
+  *req.mutable_segment() = segment_;
+  for (const auto& [addr, b] : buffers_)
+    *req.mutable_segment()->add_buffers() = b;
+  req.set_lease_ttl_ms(
+      static_cast<uint32_t>(absl::ToInt64Milliseconds(lease_ttl_)));
+  req.set_owner_key(owner_key_);
+  return req;
+}
+
 absl::Status SegmentPublisher::RepublishLocked() {
-  metadata::SegmentDescriptor full = segment_;
-  for (const auto& [addr, b] : buffers_) *full.add_buffers() = b;
-  absl::Status s = client_->PutSegment(full, lease_ttl_).status();
+  absl::Status s = store_->Put(PutRequestLocked()).status();
   if (s.ok()) {
     ++republished_;
     FERRY_LOG(kInfo, "metadata", "segment '", segment_.name(),
-              "' published again to ", client_->address(), " (",
+              "' published again to ", store_->Describe(), " (",
               buffers_.size(), " buffers): the service had lost it");
   }
   return s;
@@ -42,6 +66,7 @@ metadata::UpdateBuffersRequest SegmentPublisher::UpdateRequestLocked() const {
   metadata::UpdateBuffersRequest req;
   req.set_name(segment_.name());
   req.set_incarnation(segment_.incarnation());
+  req.set_owner_key(owner_key_);
   return req;
 }
 
@@ -51,7 +76,7 @@ absl::Status SegmentPublisher::AddBuffers(
   MutexLock lock(&publish_mu_);
   metadata::UpdateBuffersRequest req = UpdateRequestLocked();
   for (const metadata::Buffer& b : buffers) *req.add_add() = b;
-  absl::Status s = client_->UpdateBuffers(req).status();
+  absl::Status s = store_->UpdateBuffers(req).status();
   if (s.code() == absl::StatusCode::kNotFound) {
     // The service lost the segment: publish all of it, these buffers too.
     for (const metadata::Buffer& b : buffers) buffers_[b.addr()] = b;
@@ -76,7 +101,7 @@ absl::Status SegmentPublisher::RemoveBuffers(
     if (buffers_.erase(a) > 0) req.add_remove_addrs(a);
   }
   if (req.remove_addrs_size() == 0) return absl::OkStatus();
-  absl::Status s = client_->UpdateBuffers(req).status();
+  absl::Status s = store_->UpdateBuffers(req).status();
   if (s.code() == absl::StatusCode::kNotFound) {
     // Lost with the segment: publish the segment as it is now.
     s = RepublishLocked();
@@ -94,14 +119,15 @@ void SegmentPublisher::RenewLoop() {
       }
       if (stopping_) return;
     }
-    std::string name;
-    uint64_t incarnation;
+    metadata::KeepAliveRequest req;
     {
       MutexLock lock(&publish_mu_);
-      name = segment_.name();
-      incarnation = segment_.incarnation();
+      req.set_name(segment_.name());
+      req.set_incarnation(segment_.incarnation());
+      req.set_owner_key(owner_key_);
     }
-    auto ttl = client_->KeepAlive(name, incarnation);
+    const std::string& name = req.name();
+    auto ttl = store_->KeepAlive(req);
     if (ttl.ok()) continue;
     if (ttl.status().code() == absl::StatusCode::kNotFound) {
       MutexLock lock(&publish_mu_);
@@ -131,6 +157,19 @@ void SegmentPublisher::Stop() {
   }
   stop_cv_.SignalAll();
   if (renewer_.joinable()) renewer_.join();
+}
+
+void SegmentPublisher::Withdraw() {
+  Stop();
+  metadata::RemoveSegmentRequest req;
+  {
+    MutexLock lock(&publish_mu_);
+    if (segment_.name().empty()) return;  // Never published.
+    req.set_name(segment_.name());
+    req.set_incarnation(segment_.incarnation());
+    req.set_owner_key(owner_key_);
+  }
+  store_->Remove(req).IgnoreError();
 }
 
 uint64_t SegmentPublisher::republished() const {

@@ -14,31 +14,39 @@
 
 #include <cstdint>
 #include <map>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/mutex.h"
-#include "metadata/metadata_client.h"
 #include "metadata/proto/metadata.pb.h"
+#include "metadata/store.h"
 
 namespace ferry {
 
 class SegmentPublisher {
  public:
-  // `client` must outlive the publisher. A zero `lease_ttl` publishes
-  // without a lease (the segment stays until removed) and renews nothing.
-  SegmentPublisher(metadata::MetadataClient* client, absl::Duration lease_ttl)
-      : client_(client), lease_ttl_(lease_ttl) {}
+  // `store` must outlive the publisher. Every change carries `owner_key`
+  // (this engine run's). A zero `lease_ttl` publishes without a lease (the
+  // segment stays until removed) and renews nothing.
+  SegmentPublisher(metadata::Store* store, std::string owner_key,
+                   absl::Duration lease_ttl)
+      : store_(store),
+        owner_key_(std::move(owner_key)),
+        lease_ttl_(lease_ttl) {}
   ~SegmentPublisher() { Stop(); }
   SegmentPublisher(const SegmentPublisher&) = delete;
   SegmentPublisher& operator=(const SegmentPublisher&) = delete;
 
   // Publishes `segment` (its buffers included) and, with a lease, starts
-  // renewing it every lease_ttl / 3.
-  absl::Status Publish(const metadata::SegmentDescriptor& segment);
+  // renewing it every lease_ttl / 3. While another engine run holds the
+  // name (AlreadyExists), tries again for up to `name_wait`.
+  absl::Status Publish(const metadata::SegmentDescriptor& segment,
+                       absl::Duration name_wait = absl::ZeroDuration());
   // Adds buffers to the published segment: one UpdateBuffers for all of
   // them (the whole segment again if the service lost it). On failure none
   // is added.
@@ -46,8 +54,10 @@ class SegmentPublisher {
   // Removes the buffers at `addrs` from the published segment, in one
   // UpdateBuffers.
   absl::Status RemoveBuffers(const std::vector<uint64_t>& addrs);
-  // Stops renewing (the segment is not removed: the engine does that).
+  // Stops renewing. Idempotent.
   void Stop();
+  // Stops renewing and removes the segment from the store (best effort).
+  void Withdraw();
 
   // Times the segment was published again after the service lost it.
   uint64_t republished() const;
@@ -60,7 +70,12 @@ class SegmentPublisher {
   // Publishes the whole segment again.
   absl::Status RepublishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(publish_mu_);
 
-  metadata::MetadataClient* const client_;
+  // Publishes the whole segment: the descriptor and every buffer.
+  metadata::PutSegmentRequest PutRequestLocked() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(publish_mu_);
+
+  metadata::Store* const store_;
+  const std::string owner_key_;
   const absl::Duration lease_ttl_;
 
   // Held across the RPCs that change what is published.

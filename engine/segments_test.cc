@@ -50,7 +50,7 @@ class ForgingMetadataService final : public metadata::MetadataService::Service {
   grpc::Status PutSegment(grpc::ServerContext*,
                           const metadata::PutSegmentRequest* req,
                           metadata::PutSegmentResponse* resp) override {
-    auto v = store_.Put(req->segment());
+    auto v = store_.Put(*req);
     if (!v.ok()) return metadata::ToGrpcStatus(v.status());
     resp->set_version(*v);
     return grpc::Status::OK;
@@ -88,8 +88,7 @@ class ForgingMetadataService final : public metadata::MetadataService::Service {
   grpc::Status RemoveSegment(grpc::ServerContext*,
                              const metadata::RemoveSegmentRequest* req,
                              metadata::RemoveSegmentResponse*) override {
-    return metadata::ToGrpcStatus(
-        store_.Remove(req->name(), req->incarnation()));
+    return metadata::ToGrpcStatus(store_.Remove(*req));
   }
 
  private:

@@ -79,6 +79,13 @@ struct EngineOptions {
   // lost it (a metadata_server restarted). Zero: no lease, the segment
   // stays until removed (Mooncake's behaviour). At most 1 h.
   absl::Duration metadata_lease_ttl = absl::Seconds(10);
+  // A segment name belongs to one engine run at a time. If another run
+  // holds it (its lease lives), Init waits up to this long for it to be
+  // released before failing AlreadyExists: a run restarted after a crash
+  // comes up once the crashed run's lease has ended, while a second engine
+  // started by mistake with a live engine's name fails. Negative (the
+  // default): metadata_lease_ttl plus one second. Zero: fail at once.
+  absl::Duration segment_name_wait = absl::Seconds(-1);
   // A request not completed this long after submission ends in TIMEOUT.
   absl::Duration transfer_timeout = absl::Seconds(30);
   // Per-transport settings (transport/options.h).

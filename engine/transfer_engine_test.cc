@@ -14,6 +14,7 @@
 #include "common/status_testing.h"
 #include "gtest/gtest.h"
 #include "metadata/metadata_client.h"
+#include "metadata/store_testing.h"
 
 namespace ferry {
 namespace {
@@ -88,6 +89,33 @@ TEST_F(EngineTest, WriteAndReadManyRequests) {
   st = Run({Req(OpCode::kRead, 0, 0, local_.size())});
   EXPECT_EQ(st.state, TransferState::kCompleted) << st.first_error;
   EXPECT_EQ(local_, expect);
+}
+
+// A second engine started with a live engine's name fails, takes nothing
+// over, and removes nothing when it goes: peers still reach the first.
+TEST_F(EngineTest, ATakenSegmentNameFailsInitAndOrphansNobody) {
+  EngineOptions o;
+  o.local_segment_name = "c";
+  o.metadata_endpoint = a_.metadata_address();
+  TransferEngine first;
+  ASSERT_OK(first.Init(o));
+  o.segment_name_wait = absl::Milliseconds(300);
+  {
+    TransferEngine second;
+    absl::Status s = second.Init(o);
+    EXPECT_EQ(s.code(), absl::StatusCode::kAlreadyExists) << s;
+    EXPECT_NE(s.message().find("held by a live engine"), std::string::npos)
+        << s;
+  }
+  metadata::MetadataClient md(a_.metadata_address(), absl::Seconds(3));
+  // Still published by the first (the second's exit removed nothing).
+  EXPECT_OK(md.Get("c"));
+  EXPECT_OK(b_.OpenSegment("c"));
+  // Once the first run is gone, the name is free at once.
+  first.Shutdown();
+  TransferEngine next;
+  o.segment_name_wait = absl::ZeroDuration();
+  EXPECT_OK(next.Init(o));
 }
 
 TEST_F(EngineTest, PerRequestStatus) {
@@ -215,12 +243,12 @@ TEST_F(EngineTest, BatchRegistrationIsOneUpdateAndAllOrNothing) {
     entries.push_back({mem.data() + i * 2 * kLen, kLen});
   }
   metadata::MetadataClient md(a_.metadata_address(), absl::Seconds(3));
-  ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor before, md.GetSegment("a"));
+  ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor before, md.Get("a"));
   // Versions count every update of the store: the newest before the batch.
-  ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor other, md.GetSegment("b"));
+  ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor other, md.Get("b"));
   const uint64_t newest = std::max(before.version(), other.version());
   ASSERT_OK(a_.RegisterLocalMemoryBatch(entries, "cpu:0"));
-  ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor after, md.GetSegment("a"));
+  ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor after, md.Get("a"));
   EXPECT_EQ(after.buffers_size(), before.buffers_size() + kBuffers);
   EXPECT_EQ(after.version(), newest + 1) << "one update for the batch";
   // The last one serves a READ.
@@ -233,7 +261,7 @@ TEST_F(EngineTest, BatchRegistrationIsOneUpdateAndAllOrNothing) {
   std::vector<void*> addrs;
   for (const BufferEntry& e : entries) addrs.push_back(e.addr);
   ASSERT_OK(a_.UnregisterLocalMemoryBatch(addrs));
-  ASSERT_OK_AND_ASSIGN(after, md.GetSegment("a"));
+  ASSERT_OK_AND_ASSIGN(after, md.Get("a"));
   EXPECT_EQ(after.buffers_size(), before.buffers_size());
 
   // Entry 50 overlaps entry 49: the batch fails naming it, and the 49
@@ -242,7 +270,7 @@ TEST_F(EngineTest, BatchRegistrationIsOneUpdateAndAllOrNothing) {
   absl::Status s = a_.RegisterLocalMemoryBatch(entries);
   EXPECT_EQ(s.code(), absl::StatusCode::kAlreadyExists) << s;
   EXPECT_NE(s.message().find("buffer 50 of 100"), std::string::npos) << s;
-  ASSERT_OK_AND_ASSIGN(after, md.GetSegment("a"));
+  ASSERT_OK_AND_ASSIGN(after, md.Get("a"));
   EXPECT_EQ(after.buffers_size(), before.buffers_size());
   EXPECT_OK(a_.RegisterLocalMemory(entries[0].addr, kLen));
   EXPECT_OK(a_.UnregisterLocalMemory(entries[0].addr));
@@ -315,7 +343,7 @@ TEST_F(EngineTest, SilentPeerTimesOutAndBatchCannotBeFreedMeanwhile) {
   buf->set_addr(0x10000);
   buf->set_length(0x10000);
   metadata::MetadataClient md(a_.metadata_address(), absl::Seconds(3));
-  ASSERT_OK(md.PutSegment(d));
+  ASSERT_OK(md.Put(metadata::PutOf(d)));
   auto silent = b_.OpenSegment("silent");
   ASSERT_OK(silent);
   TransferRequest r = Req(OpCode::kRead, 0, 0, 64);
@@ -523,8 +551,7 @@ TEST(EngineInitTest, AdvertisedAddressIsRoutableAndExplained) {
     // Published as such: the descriptor's addresses use it, with the
     // ports bound, and say which host and namespace they come from.
     metadata::MetadataClient client(e.metadata_address(), absl::Seconds(2));
-    ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor d,
-                         client.GetSegment("adv"));
+    ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor d, client.Get("adv"));
     ASSERT_OK_AND_ASSIGN(HostPort rpc, ParseHostPort(d.rpc_address()));
     EXPECT_EQ(rpc.host, host);
     ASSERT_EQ(d.transports_size(), 1);
@@ -621,11 +648,11 @@ TEST(EngineInitTest, LoopbackFromAnotherHostFailsOpenSegmentSayingSo) {
   mo.listen_host = "127.0.0.1";
   ASSERT_OK(md.Init(mo));
   metadata::MetadataClient client(md.metadata_address(), absl::Seconds(2));
-  ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor d, client.GetSegment("md"));
+  ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor d, client.Get("md"));
   d.set_name("elsewhere");
   d.set_network_id("another-boot/net:1");
   d.clear_version();
-  ASSERT_OK(client.PutSegment(d).status());
+  ASSERT_OK(client.Put(metadata::PutOf(d)).status());
   ASSERT_OK(md.OpenSegment("md").status());  // Same host: fine.
   auto h = md.OpenSegment("elsewhere");
   EXPECT_STATUS(h, absl::StatusCode::kFailedPrecondition);

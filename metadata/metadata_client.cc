@@ -44,16 +44,11 @@ void MetadataClient::Prepare(grpc::ClientContext* ctx) const {
   ctx->set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout_));
 }
 
-absl::StatusOr<uint64_t> MetadataClient::PutSegment(
-    const SegmentDescriptor& segment, absl::Duration lease_ttl) {
+absl::StatusOr<uint64_t> MetadataClient::Put(const PutSegmentRequest& request) {
   grpc::ClientContext ctx;
   Prepare(&ctx);
-  PutSegmentRequest req;
-  *req.mutable_segment() = segment;
-  req.set_lease_ttl_ms(
-      static_cast<uint32_t>(absl::ToInt64Milliseconds(lease_ttl)));
   PutSegmentResponse resp;
-  grpc::Status s = stub_->PutSegment(&ctx, req, &resp);
+  grpc::Status s = stub_->PutSegment(&ctx, request, &resp);
   if (!s.ok()) {
     return FromGrpcStatus(
         s, absl::StrCat("metadata server ", address_, " PutSegment"));
@@ -62,14 +57,11 @@ absl::StatusOr<uint64_t> MetadataClient::PutSegment(
 }
 
 absl::StatusOr<absl::Duration> MetadataClient::KeepAlive(
-    const std::string& name, uint64_t incarnation) {
+    const KeepAliveRequest& request) {
   grpc::ClientContext ctx;
   Prepare(&ctx);
-  KeepAliveRequest req;
-  req.set_name(name);
-  req.set_incarnation(incarnation);
   KeepAliveResponse resp;
-  grpc::Status s = stub_->KeepAlive(&ctx, req, &resp);
+  grpc::Status s = stub_->KeepAlive(&ctx, request, &resp);
   if (!s.ok()) {
     return FromGrpcStatus(
         s, absl::StrCat("metadata server ", address_, " KeepAlive"));
@@ -90,8 +82,7 @@ absl::StatusOr<uint64_t> MetadataClient::UpdateBuffers(
   return resp.version();
 }
 
-absl::StatusOr<SegmentDescriptor> MetadataClient::GetSegment(
-    const std::string& name) {
+absl::StatusOr<SegmentDescriptor> MetadataClient::Get(const std::string& name) {
   grpc::ClientContext ctx;
   Prepare(&ctx);
   GetSegmentRequest req;
@@ -117,20 +108,16 @@ absl::StatusOr<SegmentDescriptor> MetadataClient::GetSegment(
   return std::move(*resp.mutable_segment());
 }
 
-absl::Status MetadataClient::RemoveSegment(const std::string& name,
-                                           uint64_t incarnation) {
+absl::Status MetadataClient::Remove(const RemoveSegmentRequest& request) {
   grpc::ClientContext ctx;
   Prepare(&ctx);
-  RemoveSegmentRequest req;
-  req.set_name(name);
-  req.set_incarnation(incarnation);
   RemoveSegmentResponse resp;
   return FromGrpcStatus(
-      stub_->RemoveSegment(&ctx, req, &resp),
+      stub_->RemoveSegment(&ctx, request, &resp),
       absl::StrCat("metadata server ", address_, " RemoveSegment"));
 }
 
-absl::StatusOr<std::vector<std::string>> MetadataClient::ListSegments() {
+absl::StatusOr<std::vector<std::string>> MetadataClient::List() {
   grpc::ClientContext ctx;
   Prepare(&ctx);
   ListSegmentsRequest req;

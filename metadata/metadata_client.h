@@ -14,33 +14,30 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "metadata/proto/metadata.grpc.pb.h"
+#include "metadata/store.h"
 
 namespace ferry::metadata {
 
-class MetadataClient {
+class MetadataClient final : public Store {
  public:
   // `address` is "host:port". Does not connect yet.
   MetadataClient(const std::string& address, absl::Duration rpc_timeout);
 
   const std::string& address() const { return address_; }
 
-  // Returns the version assigned by the server. With a nonzero `lease_ttl`
-  // the server removes the segment that long after the last PutSegment,
-  // KeepAlive or UpdateBuffers for it.
-  absl::StatusOr<uint64_t> PutSegment(
-      const SegmentDescriptor& segment,
-      absl::Duration lease_ttl = absl::ZeroDuration());
-  // Renews the segment's lease; NotFound: the server does not know it
-  // (restarted, or the lease expired): publish it again.
-  absl::StatusOr<absl::Duration> KeepAlive(const std::string& name,
-                                           uint64_t incarnation);
-  absl::StatusOr<uint64_t> UpdateBuffers(const UpdateBuffersRequest& request);
-  // The descriptor is validated (ValidateSegmentDescriptor) before it is
-  // returned: a bad one from the server yields InvalidArgument naming the
-  // field. DataLoss if the server answers with another segment.
-  absl::StatusOr<SegmentDescriptor> GetSegment(const std::string& name);
-  absl::Status RemoveSegment(const std::string& name, uint64_t incarnation);
-  absl::StatusOr<std::vector<std::string>> ListSegments();
+  // Store, over gRPC. Get validates the descriptor
+  // (ValidateSegmentDescriptor) before returning it: a bad one from the
+  // server yields InvalidArgument naming the field; DataLoss if the server
+  // answers with another segment.
+  absl::StatusOr<uint64_t> Put(const PutSegmentRequest& request) override;
+  absl::StatusOr<absl::Duration> KeepAlive(
+      const KeepAliveRequest& request) override;
+  absl::StatusOr<uint64_t> UpdateBuffers(
+      const UpdateBuffersRequest& request) override;
+  absl::StatusOr<SegmentDescriptor> Get(const std::string& name) override;
+  absl::Status Remove(const RemoveSegmentRequest& request) override;
+  absl::StatusOr<std::vector<std::string>> List() override;
+  std::string Describe() const override { return address_; }
 
  private:
   void Prepare(grpc::ClientContext* ctx) const;

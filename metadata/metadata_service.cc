@@ -5,11 +5,13 @@
 
 namespace ferry::metadata {
 
+MetadataServiceImpl::MetadataServiceImpl()
+    : own_store_(std::make_unique<SegmentStore>()), store_(own_store_.get()) {}
+
 grpc::Status MetadataServiceImpl::PutSegment(grpc::ServerContext*,
                                              const PutSegmentRequest* request,
                                              PutSegmentResponse* response) {
-  auto version = store_.Put(request->segment(),
-                            absl::Milliseconds(request->lease_ttl_ms()));
+  auto version = store_->Put(*request);
   if (!version.ok()) return ToGrpcStatus(version.status());
   response->set_version(*version);
   return grpc::Status::OK;
@@ -18,10 +20,7 @@ grpc::Status MetadataServiceImpl::PutSegment(grpc::ServerContext*,
 grpc::Status MetadataServiceImpl::KeepAlive(grpc::ServerContext*,
                                             const KeepAliveRequest* request,
                                             KeepAliveResponse* response) {
-  if (absl::Status s = ValidateSegmentName(request->name()); !s.ok()) {
-    return ToGrpcStatus(s);
-  }
-  auto ttl = store_.KeepAlive(request->name(), request->incarnation());
+  auto ttl = store_->KeepAlive(*request);
   if (!ttl.ok()) return ToGrpcStatus(ttl.status());
   response->set_lease_ttl_ms(
       static_cast<uint32_t>(absl::ToInt64Milliseconds(*ttl)));
@@ -31,7 +30,7 @@ grpc::Status MetadataServiceImpl::KeepAlive(grpc::ServerContext*,
 grpc::Status MetadataServiceImpl::UpdateBuffers(
     grpc::ServerContext*, const UpdateBuffersRequest* request,
     UpdateBuffersResponse* response) {
-  auto version = store_.UpdateBuffers(*request);
+  auto version = store_->UpdateBuffers(*request);
   if (!version.ok()) return ToGrpcStatus(version.status());
   response->set_version(*version);
   return grpc::Status::OK;
@@ -43,7 +42,7 @@ grpc::Status MetadataServiceImpl::GetSegment(grpc::ServerContext*,
   if (absl::Status s = ValidateSegmentName(request->name()); !s.ok()) {
     return ToGrpcStatus(s);
   }
-  auto segment = store_.Get(request->name());
+  auto segment = store_->Get(request->name());
   if (!segment.ok()) return ToGrpcStatus(segment.status());
   *response->mutable_segment() = std::move(*segment);
   return grpc::Status::OK;
@@ -52,16 +51,15 @@ grpc::Status MetadataServiceImpl::GetSegment(grpc::ServerContext*,
 grpc::Status MetadataServiceImpl::RemoveSegment(
     grpc::ServerContext*, const RemoveSegmentRequest* request,
     RemoveSegmentResponse*) {
-  if (absl::Status s = ValidateSegmentName(request->name()); !s.ok()) {
-    return ToGrpcStatus(s);
-  }
-  return ToGrpcStatus(store_.Remove(request->name(), request->incarnation()));
+  return ToGrpcStatus(store_->Remove(*request));
 }
 
 grpc::Status MetadataServiceImpl::ListSegments(grpc::ServerContext*,
                                                const ListSegmentsRequest*,
                                                ListSegmentsResponse* response) {
-  for (std::string& name : store_.List()) response->add_names(std::move(name));
+  auto names = store_->List();
+  if (!names.ok()) return ToGrpcStatus(names.status());
+  for (std::string& name : *names) response->add_names(std::move(name));
   return grpc::Status::OK;
 }
 

@@ -1,8 +1,11 @@
-// MetadataServiceImpl: the gRPC front of a SegmentStore. Hosted either inside
-// an engine (metadata endpoint "embedded") or by tools/metadata_server.
-// Thread-safe; gRPC calls it from its own threads.
+// MetadataServiceImpl: the gRPC front of a Store (store.h). Hosted either
+// inside an engine (metadata endpoint "embedded", an in-memory store) or by
+// tools/metadata_server (in-memory or durable). Thread-safe; gRPC calls it
+// from its own threads.
 #ifndef FERRY_METADATA_METADATA_SERVICE_H_
 #define FERRY_METADATA_METADATA_SERVICE_H_
+
+#include <memory>
 
 #include "metadata/proto/metadata.grpc.pb.h"
 #include "metadata/segment_store.h"
@@ -11,6 +14,11 @@ namespace ferry::metadata {
 
 class MetadataServiceImpl final : public MetadataService::Service {
  public:
+  // Serves an in-memory SegmentStore of its own.
+  MetadataServiceImpl();
+  // Serves `store`, which must outlive the service.
+  explicit MetadataServiceImpl(Store* store) : store_(store) {}
+
   grpc::Status PutSegment(grpc::ServerContext* ctx,
                           const PutSegmentRequest* request,
                           PutSegmentResponse* response) override;
@@ -31,7 +39,8 @@ class MetadataServiceImpl final : public MetadataService::Service {
                          KeepAliveResponse* response) override;
 
  private:
-  SegmentStore store_;
+  std::unique_ptr<SegmentStore> own_store_;
+  Store* store_;
 };
 
 }  // namespace ferry::metadata

@@ -9,6 +9,7 @@
 #include "metadata/metadata_client.h"
 #include "metadata/peer_service.h"
 #include "metadata/rpc_server.h"
+#include "metadata/store_testing.h"
 
 namespace ferry::metadata {
 namespace {
@@ -36,16 +37,16 @@ TEST_F(MetadataServiceTest, RoundTrip) {
   auto* t = seg.add_transports();
   t->set_transport("tcp");
   t->set_address("127.0.0.1:5000");
-  auto v = client_->PutSegment(seg);
+  auto v = client_->Put(PutOf(seg));
   ASSERT_OK(v);
-  auto got = client_->GetSegment("engine-a");
+  auto got = client_->Get("engine-a");
   ASSERT_OK(got);
   EXPECT_EQ(got->transports(0).address(), "127.0.0.1:5000");
-  auto names = client_->ListSegments();
+  auto names = client_->List();
   ASSERT_OK(names);
   EXPECT_EQ(names->size(), 1u);
-  EXPECT_OK(client_->RemoveSegment("engine-a", 42));
-  auto gone = client_->GetSegment("engine-a");
+  EXPECT_OK(client_->Remove(RemoveOf("engine-a", 42)));
+  auto gone = client_->Get("engine-a");
   EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound);
   EXPECT_NE(gone.status().message().find("engine-a"), std::string::npos);
 }
@@ -53,9 +54,9 @@ TEST_F(MetadataServiceTest, RoundTrip) {
 TEST_F(MetadataServiceTest, MalformedRequestsGetErrorsAndServerSurvives) {
   SegmentDescriptor bad;
   bad.set_name("bad name");
-  EXPECT_EQ(client_->PutSegment(bad).status().code(),
+  EXPECT_EQ(client_->Put(PutOf(bad)).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(client_->GetSegment("").status().code(),
+  EXPECT_EQ(client_->Get("").status().code(),
             absl::StatusCode::kInvalidArgument);
   // Oversized: 40 MiB of location strings exceeds the 32 MiB message cap.
   SegmentDescriptor huge;
@@ -66,12 +67,12 @@ TEST_F(MetadataServiceTest, MalformedRequestsGetErrorsAndServerSurvives) {
     b->set_length(1);
     b->set_location(std::string(60 << 10, 'x'));
   }
-  auto s = client_->PutSegment(huge).status();
+  auto s = client_->Put(PutOf(huge)).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
   // Still serving.
   SegmentDescriptor ok;
   ok.set_name("ok");
-  EXPECT_OK(client_->PutSegment(ok));
+  EXPECT_OK(client_->Put(PutOf(ok)));
 }
 
 // A second server on a port in use fails, instead of sharing the port
@@ -83,7 +84,7 @@ TEST_F(MetadataServiceTest, ASecondServerCannotTakeTheSamePort) {
   // The first still answers everything itself.
   for (int i = 0; i < 20; ++i) {
     metadata::MetadataClient fresh(server_->address(), absl::Seconds(3));
-    EXPECT_OK(fresh.ListSegments());
+    EXPECT_OK(fresh.List());
   }
 }
 
@@ -133,7 +134,7 @@ TEST(MetadataClientTest, UnreachableServerFailsFast) {
   // Nothing listens on port 1 of loopback.
   MetadataClient client("127.0.0.1:1", absl::Seconds(2));
   absl::Time start = absl::Now();
-  auto s = client.GetSegment("x").status();
+  auto s = client.Get("x").status();
   EXPECT_TRUE(s.code() == absl::StatusCode::kUnavailable ||
               s.code() == absl::StatusCode::kDeadlineExceeded)
       << s;

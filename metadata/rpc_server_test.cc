@@ -76,7 +76,7 @@ class RpcServerTest : public ::testing::Test {
 
   absl::Status Ask() {
     MetadataClient client(server_->address(), absl::Seconds(3));
-    return client.ListSegments().status();
+    return client.List().status();
   }
 
   MetadataServiceImpl service_;

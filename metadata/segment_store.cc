@@ -24,61 +24,107 @@ void SegmentStore::RenewLocked(const std::string& name, Entry* e) {
   if (e->expires != absl::InfiniteFuture()) expiry_.insert({e->expires, name});
 }
 
-absl::StatusOr<uint64_t> SegmentStore::Put(SegmentDescriptor segment,
-                                           absl::Duration lease_ttl) {
-  if (absl::Status s = ValidateSegmentDescriptor(segment); !s.ok()) return s;
-  if (lease_ttl < absl::ZeroDuration() || lease_ttl > kMaxLeaseTtl) {
+namespace {
+
+absl::Status NotRegistered(const std::string& name) {
+  return absl::NotFoundError(absl::StrCat(
+      "segment '", name,
+      "' is not registered (never published, its lease expired, or the "
+      "metadata service restarted without it)"));
+}
+
+absl::Status HeldByAnother(const std::string& name) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("segment '", name,
+                   "' is held by another engine run (another owner key)"));
+}
+
+}  // namespace
+
+absl::StatusOr<uint64_t> SegmentStore::Put(const PutSegmentRequest& request) {
+  MutexLock lock(&mu_);
+  return PutLocked(request, /*check_owner=*/true);
+}
+
+absl::StatusOr<uint64_t> SegmentStore::Restore(const PutSegmentRequest& request,
+                                               uint64_t version) {
+  MutexLock lock(&mu_);
+  next_version_ = std::max(next_version_, version);
+  return PutLocked(request, /*check_owner=*/false);
+}
+
+void SegmentStore::AdvanceVersion(uint64_t version) {
+  MutexLock lock(&mu_);
+  next_version_ = std::max(next_version_, version);
+}
+
+absl::StatusOr<uint64_t> SegmentStore::PutLocked(
+    const PutSegmentRequest& request, bool check_owner) {
+  const SegmentDescriptor& in = request.segment();
+  if (absl::Status s = ValidateSegmentDescriptor(in); !s.ok()) return s;
+  if (absl::Status s = ValidateOwnerKey(request.owner_key()); !s.ok()) {
+    return s;
+  }
+  const absl::Duration lease_ttl = absl::Milliseconds(request.lease_ttl_ms());
+  if (lease_ttl > kMaxLeaseTtl) {
     return absl::InvalidArgumentError(absl::StrCat(
         "lease TTL ", absl::FormatDuration(lease_ttl),
         " is outside 0 (none) .. ", absl::FormatDuration(kMaxLeaseTtl)));
   }
-  MutexLock lock(&mu_);
   ExpireLocked();
-  auto it = segments_.find(segment.name());
+  auto it = segments_.find(in.name());
   if (it == segments_.end() && segments_.size() >= kMaxSegments) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "metadata store holds ", kMaxSegments, " segments, its limit"));
   }
-  uint64_t version = next_version_++;
-  segment.set_version(version);
-  const std::string name = segment.name();
-  Entry& e = segments_[name];
+  if (check_owner && it != segments_.end() &&
+      it->second.owner_key != request.owner_key()) {
+    const Entry& held = it->second;
+    return absl::AlreadyExistsError(absl::StrCat(
+        "segment name '", in.name(), "' is held by a live engine (rpc ",
+        held.segment.rpc_address(), ", incarnation ",
+        held.segment.incarnation(), ") ",
+        held.ttl > absl::ZeroDuration()
+            ? absl::StrCat("whose lease ends in ",
+                           absl::FormatDuration(absl::Ceil(
+                               held.expires - clock_(), absl::Milliseconds(1))),
+                           " unless renewed")
+            : "without a lease, until it removes it",
+        ": choose another name, or stop that engine first"));
+  }
+  const uint64_t version = next_version_++;
+  Entry& e = segments_[in.name()];
+  e.segment = in;
+  e.segment.set_version(version);
+  e.segment.clear_buffers();
   e.buffers.clear();
   e.keys = 0;
-  for (Buffer& b : *segment.mutable_buffers()) {
+  for (const Buffer& b : in.buffers()) {
     e.keys += b.keys_size();
-    const uint64_t addr = b.addr();
-    e.buffers.emplace(addr, std::move(b));
+    e.buffers.emplace(b.addr(), b);
   }
-  segment.clear_buffers();
   e.device_names.clear();
   e.devices = 0;
-  for (const TransportEndpoint& t : segment.transports()) {
+  for (const TransportEndpoint& t : in.transports()) {
     e.devices += t.devices_size();
     for (const Device& d : t.devices()) e.device_names.insert(d.name());
   }
-  e.segment = std::move(segment);
+  e.owner_key = request.owner_key();
   e.assembled.reset();
   e.ttl = lease_ttl;
-  RenewLocked(name, &e);
+  RenewLocked(in.name(), &e);
   return version;
 }
 
-absl::StatusOr<absl::Duration> SegmentStore::KeepAlive(const std::string& name,
-                                                       uint64_t incarnation) {
+absl::StatusOr<absl::Duration> SegmentStore::KeepAlive(
+    const KeepAliveRequest& request) {
+  const std::string& name = request.name();
+  if (absl::Status s = ValidateSegmentName(name); !s.ok()) return s;
   MutexLock lock(&mu_);
   ExpireLocked();
   auto it = segments_.find(name);
-  if (it == segments_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("segment '", name,
-                     "' is not registered (its lease expired, or the "
-                     "metadata service restarted)"));
-  }
-  if (it->second.segment.incarnation() != incarnation) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "segment '", name, "' belongs to another engine instance"));
-  }
+  if (it == segments_.end()) return NotRegistered(name);
+  if (it->second.owner_key != request.owner_key()) return HeldByAnother(name);
   RenewLocked(name, &it->second);
   return it->second.ttl;
 }
@@ -92,15 +138,9 @@ absl::StatusOr<uint64_t> SegmentStore::UpdateBuffers(
   MutexLock lock(&mu_);
   ExpireLocked();
   auto it = segments_.find(request.name());
-  if (it == segments_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("segment '", request.name(), "' is not registered"));
-  }
+  if (it == segments_.end()) return NotRegistered(request.name());
   Entry& e = it->second;
-  if (e.segment.incarnation() != request.incarnation()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "segment '", request.name(), "' belongs to another engine instance"));
-  }
+  if (e.owner_key != request.owner_key()) return HeldByAnother(request.name());
   // Applied in place with an undo log, so that a failure changes nothing.
   std::vector<Buffer> removed;
   std::vector<uint64_t> added;
@@ -177,8 +217,7 @@ SegmentDescriptor SegmentStore::Assemble(const Entry& e) {
   return d;
 }
 
-absl::StatusOr<SegmentDescriptor> SegmentStore::Get(
-    const std::string& name) const {
+absl::StatusOr<SegmentDescriptor> SegmentStore::Get(const std::string& name) {
   std::shared_ptr<const SegmentDescriptor> d;
   {
     MutexLock lock(&mu_);
@@ -196,25 +235,14 @@ absl::StatusOr<SegmentDescriptor> SegmentStore::Get(
   return *d;  // The copy, outside the lock.
 }
 
-absl::Status SegmentStore::Remove(const std::string& name,
-                                  uint64_t incarnation) {
-  if (incarnation == 0) {
-    // Without it any client could delete any engine's segment by name.
-    return absl::InvalidArgumentError(
-        absl::StrCat("removing segment '", name,
-                     "' needs the incarnation of the engine run that owns it"));
-  }
+absl::Status SegmentStore::Remove(const RemoveSegmentRequest& request) {
+  const std::string& name = request.name();
+  if (absl::Status s = ValidateSegmentName(name); !s.ok()) return s;
   MutexLock lock(&mu_);
   ExpireLocked();
   auto it = segments_.find(name);
-  if (it == segments_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("segment '", name, "' is not registered"));
-  }
-  if (it->second.segment.incarnation() != incarnation) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "segment '", name, "' belongs to another engine instance"));
-  }
+  if (it == segments_.end()) return NotRegistered(name);
+  if (it->second.owner_key != request.owner_key()) return HeldByAnother(name);
   if (it->second.expires != absl::InfiniteFuture()) {
     expiry_.erase({it->second.expires, name});
   }
@@ -222,7 +250,7 @@ absl::Status SegmentStore::Remove(const std::string& name,
   return absl::OkStatus();
 }
 
-std::vector<std::string> SegmentStore::List() const {
+absl::StatusOr<std::vector<std::string>> SegmentStore::List() {
   MutexLock lock(&mu_);
   std::vector<std::string> names;
   names.reserve(segments_.size());
@@ -231,6 +259,23 @@ std::vector<std::string> SegmentStore::List() const {
   }
   std::sort(names.begin(), names.end());
   return names;
+}
+
+SegmentStore::Snapshot SegmentStore::TakeSnapshot() const {
+  MutexLock lock(&mu_);
+  Snapshot snap;
+  snap.next_version = next_version_;
+  snap.segments.reserve(segments_.size());
+  for (const auto& [name, e] : segments_) {
+    if (Expired(e)) continue;
+    PutSegmentRequest put;
+    *put.mutable_segment() = Assemble(e);
+    put.set_owner_key(e.owner_key);
+    put.set_lease_ttl_ms(
+        static_cast<uint32_t>(absl::ToInt64Milliseconds(e.ttl)));
+    snap.segments.emplace_back(std::move(put), e.segment.version());
+  }
+  return snap;
 }
 
 }  // namespace ferry::metadata

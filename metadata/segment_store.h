@@ -1,11 +1,8 @@
-// SegmentStore: the metadata service's in-memory table of segment
-// descriptors, each with an optional lease. Thread-safe: every method may
-// be called concurrently.
+// SegmentStore: the in-memory Store (store.h), the embedded metadata
+// service's table and the base of DurableStore. Thread-safe.
 //
-// A segment put with a lease TTL is removed once that long has passed
-// since its last Put or KeepAlive: the segment of an engine that crashed
-// goes away by itself. Expired segments are removed by the next call of
-// any method (a lookup of an expired one already says NotFound).
+// Expired segments are removed by the next change (a lookup of an expired
+// one already says NotFound).
 #ifndef FERRY_METADATA_SEGMENT_STORE_H_
 #define FERRY_METADATA_SEGMENT_STORE_H_
 
@@ -27,10 +24,11 @@
 #include "absl/time/time.h"
 #include "common/mutex.h"
 #include "metadata/proto/metadata.pb.h"
+#include "metadata/store.h"
 
 namespace ferry::metadata {
 
-class SegmentStore {
+class SegmentStore final : public Store {
  public:
   // Bounds the table so a client cannot exhaust the server's memory.
   static constexpr size_t kMaxSegments = 1 << 16;
@@ -41,37 +39,32 @@ class SegmentStore {
   explicit SegmentStore(Clock clock = [] { return absl::Now(); })
       : clock_(std::move(clock)) {}
 
-  // Validates and stores `segment`, replacing any entry of the same name,
-  // with a lease of `lease_ttl` (zero: none; at most kMaxLeaseTtl).
-  // Returns the version assigned to it.
-  absl::StatusOr<uint64_t> Put(SegmentDescriptor segment,
-                               absl::Duration lease_ttl = absl::ZeroDuration());
+  // Store. Updates of k buffers in a segment of n cost O(k log n).
+  absl::StatusOr<uint64_t> Put(const PutSegmentRequest& request) override;
+  absl::StatusOr<absl::Duration> KeepAlive(
+      const KeepAliveRequest& request) override;
+  absl::StatusOr<uint64_t> UpdateBuffers(
+      const UpdateBuffersRequest& request) override;
+  absl::StatusOr<SegmentDescriptor> Get(const std::string& name) override;
+  absl::Status Remove(const RemoveSegmentRequest& request) override;
+  absl::StatusOr<std::vector<std::string>> List() override;
+  std::string Describe() const override { return "memory"; }
 
-  // Renews the lease of `name` held by run `incarnation`: NotFound if the
-  // segment is not (or no longer) here, FailedPrecondition if another run
-  // holds it. Returns the lease's TTL (zero: the segment has none).
-  absl::StatusOr<absl::Duration> KeepAlive(const std::string& name,
-                                           uint64_t incarnation);
-
-  // Adds and removes buffers of an existing segment, in O(k log n) for k
-  // buffers in a segment of n. Fails with NotFound if the segment does not
-  // exist, FailedPrecondition if `incarnation` is not the stored one (a
-  // stale engine), InvalidArgument if a buffer is bad, overlaps another or
-  // names a NIC the segment does not have, ResourceExhausted past the
-  // per-segment limits, NotFound if an address to remove is not
-  // registered. Nothing changes on failure.
-  absl::StatusOr<uint64_t> UpdateBuffers(const UpdateBuffersRequest& request);
-
-  // Returns a copy of the named descriptor or NotFound.
-  absl::StatusOr<SegmentDescriptor> Get(const std::string& name) const;
-
-  // Removes the named segment if `incarnation` is its owner's
-  // (FailedPrecondition otherwise; InvalidArgument for 0, which once meant
-  // "any": any client could then remove any engine's segment by name).
-  // NotFound if absent.
-  absl::Status Remove(const std::string& name, uint64_t incarnation);
-
-  std::vector<std::string> List() const;
+  // For a backend that replays its own history (DurableStore): Put without
+  // the ownership check (the history is already decided), with the given
+  // version; later versions continue after it. The lease starts now.
+  absl::StatusOr<uint64_t> Restore(const PutSegmentRequest& request,
+                                   uint64_t version);
+  // Every stored segment as the PutSegmentRequest that recreates it (owner
+  // key and lease TTL included), with the version each has; and the next
+  // version the store would assign.
+  struct Snapshot {
+    std::vector<std::pair<PutSegmentRequest, uint64_t>> segments;
+    uint64_t next_version = 1;
+  };
+  Snapshot TakeSnapshot() const;
+  // Makes the next assigned version at least `version`.
+  void AdvanceVersion(uint64_t version);
 
  private:
   struct Entry {
@@ -82,6 +75,7 @@ class SegmentStore {
     size_t keys = 0;     // NIC keys over all buffers.
     size_t devices = 0;  // Devices over all transports.
     absl::flat_hash_set<std::string> device_names;
+    std::string owner_key;
     absl::Duration ttl;  // Zero: no lease.
     absl::Time expires = absl::InfiniteFuture();
     // The whole descriptor as last assembled for a reader; reset by every
@@ -94,6 +88,9 @@ class SegmentStore {
   static SegmentDescriptor Assemble(const Entry& e);
   // Removes the segments whose lease has expired.
   void ExpireLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<uint64_t> PutLocked(const PutSegmentRequest& request,
+                                     bool check_owner)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sets `e`'s expiry from now and its TTL.
   void RenewLocked(const std::string& name, Entry* e)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

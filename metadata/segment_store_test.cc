@@ -2,6 +2,7 @@
 
 #include "common/status_testing.h"
 #include "gtest/gtest.h"
+#include "metadata/store_testing.h"
 
 namespace ferry::metadata {
 namespace {
@@ -18,25 +19,6 @@ SegmentDescriptor MakeSegment(const std::string& name, uint64_t incarnation) {
   return seg;
 }
 
-TEST(SegmentStoreTest, PutGetRemove) {
-  SegmentStore store;
-  auto v1 = store.Put(MakeSegment("a", 7));
-  ASSERT_OK(v1);
-  auto got = store.Get("a");
-  ASSERT_OK(got);
-  EXPECT_EQ(got->incarnation(), 7u);
-  EXPECT_EQ(got->version(), *v1);
-  EXPECT_EQ(store.List(), std::vector<std::string>{"a"});
-  EXPECT_EQ(store.Remove("a", 8).code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_OK(store.Remove("a", 7));
-  EXPECT_EQ(store.Get("a").status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(store.Remove("a", 7).code(), absl::StatusCode::kNotFound);
-  // Only the owner's run removes a segment: no wildcard.
-  ASSERT_OK(store.Put(MakeSegment("b", 9)).status());
-  EXPECT_EQ(store.Remove("b", 0).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_OK(store.Get("b").status());
-}
-
 // A clock the test moves by hand.
 class FakeClock {
  public:
@@ -50,18 +32,95 @@ class FakeClock {
   absl::Time now_ = absl::FromUnixSeconds(1000);
 };
 
+TEST(SegmentStoreTest, PutGetRemove) {
+  SegmentStore store;
+  auto v1 = store.Put(PutOf(MakeSegment("a", 7)));
+  ASSERT_OK(v1);
+  auto got = store.Get("a");
+  ASSERT_OK(got);
+  EXPECT_EQ(got->incarnation(), 7u);
+  EXPECT_EQ(got->version(), *v1);
+  EXPECT_EQ(*store.List(), std::vector<std::string>{"a"});
+  EXPECT_EQ(store.Remove(RemoveOf("a", 8)).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_OK(store.Remove(RemoveOf("a", 7)));
+  EXPECT_EQ(store.Get("a").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store.Remove(RemoveOf("a", 7)).code(), absl::StatusCode::kNotFound);
+  // Only the owner's run removes a segment: knowing its name and
+  // incarnation (both in the descriptor) is not enough.
+  ASSERT_OK(store.Put(PutOf(MakeSegment("b", 9))).status());
+  RemoveSegmentRequest forged = RemoveOf("b", 9);
+  forged.set_owner_key(TestOwnerKey(10));
+  EXPECT_EQ(store.Remove(forged).code(), absl::StatusCode::kFailedPrecondition);
+  forged.clear_owner_key();
+  EXPECT_EQ(store.Remove(forged).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_OK(store.Get("b").status());
+}
+
+// The probe of issue 11: a client that read a live segment's descriptor
+// puts it back with its own listener and the same incarnation. Refused,
+// and the owner's entry is untouched; after the owner's lease ends the
+// name is free.
+TEST(SegmentStoreTest, ALiveSegmentCannotBeTakenOver) {
+  FakeClock clock;
+  SegmentStore store(clock.AsClock());
+  ASSERT_OK(store.Put(PutOf(MakeSegment("victim", 7), absl::Seconds(10))));
+  ASSERT_OK_AND_ASSIGN(SegmentDescriptor seen, store.Get("victim"));
+  seen.set_rpc_address("10.6.6.6:666");
+  absl::Status s =
+      store.Put(PutOf(seen, absl::Seconds(10), /*owner=*/666)).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kAlreadyExists) << s;
+  EXPECT_NE(s.message().find("lease ends in 10s"), std::string::npos) << s;
+  UpdateBuffersRequest inject;
+  inject.set_name("victim");
+  inject.set_incarnation(7);
+  inject.set_owner_key(TestOwnerKey(666));
+  *inject.add_add() = seen.buffers(0);
+  inject.mutable_add(0)->set_addr(0x900000);
+  EXPECT_EQ(store.UpdateBuffers(inject).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  KeepAliveRequest renew = KeepAliveOf("victim", 666);
+  EXPECT_EQ(store.KeepAlive(renew).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_OK_AND_ASSIGN(SegmentDescriptor now, store.Get("victim"));
+  EXPECT_EQ(now.rpc_address(), "127.0.0.1:1");
+  EXPECT_EQ(now.buffers_size(), 1);
+  // Keys are required, and bounded.
+  PutSegmentRequest keyless = PutOf(MakeSegment("other", 1));
+  keyless.clear_owner_key();
+  EXPECT_EQ(store.Put(keyless).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // The owner dies: after its lease the name is free for a new run.
+  clock.Advance(absl::Seconds(10));
+  EXPECT_OK(store.Put(PutOf(seen, absl::Seconds(10), /*owner=*/8)));
+}
+
+// A segment published without a lease is held until its owner removes it.
+TEST(SegmentStoreTest, AnUnleasedNameIsHeldUntilRemoved) {
+  FakeClock clock;
+  SegmentStore store(clock.AsClock());
+  ASSERT_OK(store.Put(PutOf(MakeSegment("a", 1))));
+  clock.Advance(absl::Hours(10));
+  absl::Status s = store.Put(PutOf(MakeSegment("a", 2))).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kAlreadyExists) << s;
+  EXPECT_NE(s.message().find("without a lease"), std::string::npos) << s;
+  ASSERT_OK(store.Remove(RemoveOf("a", 1)));
+  EXPECT_OK(store.Put(PutOf(MakeSegment("a", 2))));
+}
+
 TEST(SegmentStoreTest, LeasedSegmentGoesAwayAfterItsTtl) {
   FakeClock clock;
   SegmentStore store(clock.AsClock());
-  ASSERT_OK(store.Put(MakeSegment("leased", 1), absl::Seconds(10)).status());
-  ASSERT_OK(store.Put(MakeSegment("forever", 2)).status());
+  ASSERT_OK(
+      store.Put(PutOf(MakeSegment("leased", 1), absl::Seconds(10))).status());
+  ASSERT_OK(store.Put(PutOf(MakeSegment("forever", 2))).status());
   clock.Advance(absl::Seconds(9));
   EXPECT_OK(store.Get("leased").status());
   clock.Advance(absl::Seconds(1));
   EXPECT_EQ(store.Get("leased").status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(store.List(), std::vector<std::string>{"forever"});
+  EXPECT_EQ(*store.List(), std::vector<std::string>{"forever"});
   // Gone for good: a renewal cannot bring it back, only a new Put.
-  EXPECT_EQ(store.KeepAlive("leased", 1).status().code(),
+  EXPECT_EQ(store.KeepAlive(KeepAliveOf("leased", 1)).status().code(),
             absl::StatusCode::kNotFound);
   clock.Advance(absl::Hours(100));
   EXPECT_OK(store.Get("forever").status());
@@ -70,18 +129,20 @@ TEST(SegmentStoreTest, LeasedSegmentGoesAwayAfterItsTtl) {
 TEST(SegmentStoreTest, KeepAliveAndUpdatesRenewTheLease) {
   FakeClock clock;
   SegmentStore store(clock.AsClock());
-  ASSERT_OK(store.Put(MakeSegment("a", 5), absl::Seconds(3)).status());
+  ASSERT_OK(store.Put(PutOf(MakeSegment("a", 5), absl::Seconds(3))).status());
   for (int i = 0; i < 5; ++i) {
     clock.Advance(absl::Seconds(2));
-    ASSERT_OK_AND_ASSIGN(absl::Duration ttl, store.KeepAlive("a", 5));
+    ASSERT_OK_AND_ASSIGN(absl::Duration ttl,
+                         store.KeepAlive(KeepAliveOf("a", 5)));
     EXPECT_EQ(ttl, absl::Seconds(3));
   }
-  EXPECT_EQ(store.KeepAlive("a", 6).status().code(),
+  EXPECT_EQ(store.KeepAlive(KeepAliveOf("a", 6)).status().code(),
             absl::StatusCode::kFailedPrecondition);
   clock.Advance(absl::Seconds(2));
   UpdateBuffersRequest req;
   req.set_name("a");
   req.set_incarnation(5);
+  req.set_owner_key(TestOwnerKey(5));
   Buffer* b = req.add_add();
   b->set_addr(0x10000);
   b->set_length(0x1000);
@@ -96,16 +157,20 @@ TEST(SegmentStoreTest, KeepAliveAndUpdatesRenewTheLease) {
 TEST(SegmentStoreTest, ReplacingALeasedSegmentKeepsOneExpiry) {
   FakeClock clock;
   SegmentStore store(clock.AsClock());
-  ASSERT_OK(store.Put(MakeSegment("a", 1), absl::Seconds(1)).status());
-  // A new run of the engine, without a lease: the old expiry must not
+  ASSERT_OK(store.Put(PutOf(MakeSegment("a", 1), absl::Seconds(1))).status());
+  // The owner publishes again without a lease: the old expiry must not
   // remove it.
-  ASSERT_OK(store.Put(MakeSegment("a", 2)).status());
+  ASSERT_OK(store
+                .Put(PutOf(MakeSegment("a", 2), absl::ZeroDuration(),
+                           /*owner=*/1))
+                .status());
   clock.Advance(absl::Seconds(5));
   ASSERT_OK_AND_ASSIGN(SegmentDescriptor got, store.Get("a"));
   EXPECT_EQ(got.incarnation(), 2u);
-  EXPECT_OK(store.Remove("a", 2));
-  EXPECT_EQ(store.Put(MakeSegment("a", 3), absl::Hours(2)).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_OK(store.Remove(RemoveOf("a", 1)));
+  EXPECT_EQ(
+      store.Put(PutOf(MakeSegment("a", 3), absl::Hours(2))).status().code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 Buffer MakeBuffer(uint64_t addr, uint64_t length) {
@@ -120,10 +185,11 @@ Buffer MakeBuffer(uint64_t addr, uint64_t length) {
 // segment as it was: the removal before it is undone, the addition too.
 TEST(SegmentStoreTest, FailedUpdateChangesNothing) {
   SegmentStore store;
-  ASSERT_OK(store.Put(MakeSegment("a", 1)).status());  // 0x1000+0x1000.
+  ASSERT_OK(store.Put(PutOf(MakeSegment("a", 1))).status());  // 0x1000+0x1000.
   UpdateBuffersRequest add;
   add.set_name("a");
   add.set_incarnation(1);
+  add.set_owner_key(TestOwnerKey(1));
   *add.add_add() = MakeBuffer(0x4000, 0x1000);
   ASSERT_OK(store.UpdateBuffers(add).status());
   ASSERT_OK_AND_ASSIGN(SegmentDescriptor before, store.Get("a"));
@@ -131,6 +197,7 @@ TEST(SegmentStoreTest, FailedUpdateChangesNothing) {
   UpdateBuffersRequest bad;
   bad.set_name("a");
   bad.set_incarnation(1);
+  bad.set_owner_key(TestOwnerKey(1));
   bad.add_remove_addrs(0x1000);
   *bad.add_add() = MakeBuffer(0x8000, 0x100);
   *bad.add_add() = MakeBuffer(0x3800, 0x1000);  // Overlaps 0x4000.
@@ -146,6 +213,7 @@ TEST(SegmentStoreTest, FailedUpdateChangesNothing) {
   UpdateBuffersRequest missing;
   missing.set_name("a");
   missing.set_incarnation(1);
+  missing.set_owner_key(TestOwnerKey(1));
   missing.add_remove_addrs(0x4000);
   missing.add_remove_addrs(0x9000);
   EXPECT_EQ(store.UpdateBuffers(missing).status().code(),
@@ -158,17 +226,20 @@ TEST(SegmentStoreTest, FailedUpdateChangesNothing) {
 // copy of the descriptor, which each change must drop).
 TEST(SegmentStoreTest, ReadersSeeEveryChange) {
   SegmentStore store;
-  ASSERT_OK(store.Put(MakeSegment("a", 1)).status());
+  ASSERT_OK(store.Put(PutOf(MakeSegment("a", 1))).status());
   ASSERT_OK_AND_ASSIGN(SegmentDescriptor d, store.Get("a"));
   EXPECT_EQ(d.buffers_size(), 1);
   UpdateBuffersRequest add;
   add.set_name("a");
   add.set_incarnation(1);
+  add.set_owner_key(TestOwnerKey(1));
   *add.add_add() = MakeBuffer(0x8000, 0x100);
   ASSERT_OK(store.UpdateBuffers(add).status());
   ASSERT_OK_AND_ASSIGN(d, store.Get("a"));
   EXPECT_EQ(d.buffers_size(), 2);
-  ASSERT_OK(store.Put(MakeSegment("a", 2)).status());
+  ASSERT_OK(
+      store.Put(PutOf(MakeSegment("a", 2), absl::ZeroDuration(), /*owner=*/1))
+          .status());
   ASSERT_OK_AND_ASSIGN(d, store.Get("a"));
   EXPECT_EQ(d.incarnation(), 2u);
   EXPECT_EQ(d.buffers_size(), 1);
@@ -180,12 +251,13 @@ TEST(SegmentStoreTest, ThousandsOfBuffersOneByOne) {
   SegmentStore store;
   SegmentDescriptor seg = MakeSegment("big", 1);
   seg.clear_buffers();
-  ASSERT_OK(store.Put(seg).status());
+  ASSERT_OK(store.Put(PutOf(seg)).status());
   constexpr int kBuffers = 5000;
   for (int i = kBuffers - 1; i >= 0; --i) {
     UpdateBuffersRequest r;
     r.set_name("big");
     r.set_incarnation(1);
+    r.set_owner_key(TestOwnerKey(1));
     *r.add_add() =
         MakeBuffer(0x100000 + static_cast<uint64_t>(i) * 0x2000, 0x1000);
     ASSERT_OK(store.UpdateBuffers(r).status()) << i;
@@ -199,6 +271,7 @@ TEST(SegmentStoreTest, ThousandsOfBuffersOneByOne) {
   UpdateBuffersRequest r;
   r.set_name("big");
   r.set_incarnation(1);
+  r.set_owner_key(TestOwnerKey(1));
   *r.add_add() = MakeBuffer(0x100000 + 2500 * 0x2000 + 0xfff, 0x10);
   EXPECT_EQ(store.UpdateBuffers(r).status().code(),
             absl::StatusCode::kInvalidArgument);
@@ -206,25 +279,26 @@ TEST(SegmentStoreTest, ThousandsOfBuffersOneByOne) {
 
 TEST(SegmentStoreTest, RejectsBadDescriptors) {
   SegmentStore store;
-  EXPECT_EQ(store.Put(MakeSegment("", 1)).status().code(),
+  EXPECT_EQ(store.Put(PutOf(MakeSegment("", 1))).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(store.Put(MakeSegment("has space", 1)).status().code(),
+  EXPECT_EQ(store.Put(PutOf(MakeSegment("has space", 1))).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(store.Put(MakeSegment(std::string(300, 'x'), 1)).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      store.Put(PutOf(MakeSegment(std::string(300, 'x'), 1))).status().code(),
+      absl::StatusCode::kInvalidArgument);
   SegmentDescriptor zero = MakeSegment("z", 1);
   zero.mutable_buffers(0)->set_length(0);
-  EXPECT_EQ(store.Put(zero).status().code(),
+  EXPECT_EQ(store.Put(PutOf(zero)).status().code(),
             absl::StatusCode::kInvalidArgument);
   SegmentDescriptor wrap = MakeSegment("w", 1);
   wrap.mutable_buffers(0)->set_addr(~0ull - 10);
-  EXPECT_EQ(store.Put(wrap).status().code(),
+  EXPECT_EQ(store.Put(PutOf(wrap)).status().code(),
             absl::StatusCode::kInvalidArgument);
   SegmentDescriptor overlap = MakeSegment("o", 1);
   Buffer* b = overlap.add_buffers();
   b->set_addr(0x1800);
   b->set_length(0x100);
-  EXPECT_EQ(store.Put(overlap).status().code(),
+  EXPECT_EQ(store.Put(PutOf(overlap)).status().code(),
             absl::StatusCode::kInvalidArgument);
   SegmentDescriptor badgid = MakeSegment("g", 1);
   auto* t = badgid.add_transports();
@@ -232,17 +306,18 @@ TEST(SegmentStoreTest, RejectsBadDescriptors) {
   auto* d = t->add_devices();
   d->set_name("nic0");
   d->set_gid("short");
-  EXPECT_EQ(store.Put(badgid).status().code(),
+  EXPECT_EQ(store.Put(PutOf(badgid)).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(store.List().empty());
+  EXPECT_TRUE(store.List()->empty());
 }
 
 TEST(SegmentStoreTest, UpdateBuffersIsAtomicAndChecksIncarnation) {
   SegmentStore store;
-  ASSERT_OK(store.Put(MakeSegment("a", 5)));
+  ASSERT_OK(store.Put(PutOf(MakeSegment("a", 5))));
   UpdateBuffersRequest add;
   add.set_name("a");
   add.set_incarnation(5);
+  add.set_owner_key(TestOwnerKey(5));
   Buffer* nb = add.add_add();
   nb->set_addr(0x4000);
   nb->set_length(0x10);
@@ -252,6 +327,7 @@ TEST(SegmentStoreTest, UpdateBuffersIsAtomicAndChecksIncarnation) {
 
   UpdateBuffersRequest stale = add;
   stale.set_incarnation(4);
+  stale.set_owner_key(TestOwnerKey(4));
   EXPECT_EQ(store.UpdateBuffers(stale).status().code(),
             absl::StatusCode::kFailedPrecondition);
 
@@ -259,6 +335,7 @@ TEST(SegmentStoreTest, UpdateBuffersIsAtomicAndChecksIncarnation) {
   UpdateBuffersRequest bad;
   bad.set_name("a");
   bad.set_incarnation(5);
+  bad.set_owner_key(TestOwnerKey(5));
   bad.add_remove_addrs(0x1000);
   Buffer* ob = bad.add_add();
   ob->set_addr(0x4008);
@@ -270,6 +347,7 @@ TEST(SegmentStoreTest, UpdateBuffersIsAtomicAndChecksIncarnation) {
   UpdateBuffersRequest missing;
   missing.set_name("a");
   missing.set_incarnation(5);
+  missing.set_owner_key(TestOwnerKey(5));
   missing.add_remove_addrs(0x9999);
   EXPECT_EQ(store.UpdateBuffers(missing).status().code(),
             absl::StatusCode::kNotFound);
@@ -277,6 +355,7 @@ TEST(SegmentStoreTest, UpdateBuffersIsAtomicAndChecksIncarnation) {
   UpdateBuffersRequest remove;
   remove.set_name("a");
   remove.set_incarnation(5);
+  remove.set_owner_key(TestOwnerKey(5));
   remove.add_remove_addrs(0x1000);
   ASSERT_OK(store.UpdateBuffers(remove));
   auto seg = store.Get("a");

@@ -348,7 +348,7 @@ class GarbageTest : public ::testing::Test {
   void FindPorts() {
     metadata::MetadataClient client(md_addr_, absl::Seconds(3));
     ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor d,
-                         client.GetSegment("garbage_target"));
+                         client.Get("garbage_target"));
     ASSERT_GT(d.buffers_size(), 0);
     info_.buffer_addr = d.buffers(0).addr();
     info_.buffer_len = d.buffers(0).length();
@@ -403,8 +403,7 @@ class GarbageTest : public ::testing::Test {
       i.broken = !s.ok();
     }
     metadata::MetadataClient client(md_addr_, absl::Seconds(3));
-    EXPECT_OK(client.GetSegment("garbage_target"))
-        << "metadata_server RPC " << when;
+    EXPECT_OK(client.Get("garbage_target")) << "metadata_server RPC " << when;
     EXPECT_OK(PeerServiceAnswers()) << "target gRPC " << when;
     if (!check_bounds) return;
     CheckUsage("metadata_server", md_->pid(), md_base_);

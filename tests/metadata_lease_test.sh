@@ -3,6 +3,8 @@
 # tools/metadata_server and transfer_bench engines on loopback (TCP).
 #   1. a target killed with SIGKILL: its segment is gone after its lease
 #      (1 s here), and a new initiator's open fails with NotFound at once;
+#      a second target cannot take a live target's name, and a run
+#      restarted after a kill -9 takes it back once the lease has ended;
 #   2. the metadata_server killed with SIGKILL and restarted empty on the
 #      same port: a live target publishes its segment again by itself, and
 #      a new initiator reaches it;
@@ -70,6 +72,26 @@ if ((rc1 == 0 && rc2 != 0)) && grep -q "not registered" "$tmp/after.json"; then
 else
   fail "lease expiry (before: exit $rc1, after: exit $rc2)" "$tmp/after.json" "$tmp/md1.log"
 fi
+
+# 1b. Ownership of the name: a second target under a live target's name
+# fails (its lease is renewed), and a run restarted right after a kill -9
+# takes the name back once the dead run's lease has ended.
+start_target owned owned.log || fail "target did not start" "$tmp/owned.log"
+owner_pid=$target_pid
+timeout 30 "$BENCH" --mode=target --protocol=tcp --metadata_server="$MD" \
+  --segment_id=owned --local_server_name=owned --listen_host=127.0.0.1 \
+  --metadata_lease_seconds=1 --target_seconds=60 >"$tmp/dup.log" 2>&1
+rc_dup=$?
+kill -9 "$owner_pid"
+start_target owned restarted.log
+rc_restart=$?
+if ((rc_dup != 0)) && grep -q "ALREADY_EXISTS.*held by a live engine" "$tmp/dup.log" &&
+  ((rc_restart == 0)) && initiator owned 0.3 owned.json; then
+  pass "a live segment's name is refused to a second engine; a restarted run takes it back after the lease"
+else
+  fail "name ownership (duplicate exit $rc_dup, restart $rc_restart)" "$tmp/dup.log" "$tmp/restarted.log" "$tmp/owned.json"
+fi
+kill "$target_pid" 2>/dev/null
 
 # 2 and 3. The metadata_server dies and comes back empty. Two targets, so
 # that the two initiators never write the same memory.

@@ -167,7 +167,7 @@ void ProbeSegment(const std::string& metadata, const std::string& segment,
                   std::vector<Check>* out) {
   const std::string check = absl::StrCat("segment ", segment);
   metadata::MetadataClient client(metadata, kRpcTimeout);
-  auto desc = client.GetSegment(segment);
+  auto desc = client.Get(segment);
   if (!desc.ok()) {
     out->push_back(
         {check, Level::kFail,

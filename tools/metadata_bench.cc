@@ -126,7 +126,10 @@ struct Server {
       }
     }
     metadata::MetadataClient c(rpc->address(), absl::Seconds(5));
-    if (!c.PutSegment(d).ok()) std::abort();
+    metadata::PutSegmentRequest put;
+    *put.mutable_segment() = d;
+    put.set_owner_key(metadata::NewOwnerKey());
+    if (!c.Put(put).ok()) std::abort();
   }
 };
 Server* g_server = nullptr;
@@ -148,7 +151,7 @@ void BM_GetSegment(benchmark::State& state) {
       state.ResumeTiming();
     }
     const absl::Time t0 = absl::Now();
-    if (!client->GetSegment("bench").ok()) std::abort();
+    if (!client->Get("bench").ok()) std::abort();
     us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
   }
   std::sort(us.begin(), us.end());

@@ -129,7 +129,7 @@ TEST_P(RpcServerFdTest, SurvivesFdExhaustionAndRecovers) {
   }
   // And the ordinary client the engines use.
   metadata::MetadataClient client(address_, absl::Seconds(2));
-  EXPECT_OK(client.ListSegments());
+  EXPECT_OK(client.List());
   ASSERT_TRUE(ProcessAlive(server_->pid()));
 }
 

@@ -55,7 +55,9 @@ ABSL_FLAG(std::string, mode, "local", "target | initiator | local");
 ABSL_FLAG(std::string, metadata_server, "embedded",
           "\"embedded\" or host:port of a metadata service");
 ABSL_FLAG(std::string, local_server_name, "",
-          "this engine's segment name (default: target/initiator). As in "
+          "this engine's segment name (default: the target's is "
+          "--segment_id, an initiator's initiator-HOST-PID, so that several "
+          "initiators can share a metadata service). As in "
           "Mooncake, host:port (e.g. 10.0.0.1:12345) also sets the address "
           "advertised to peers and the RPC port, unless --advertise_host or "
           "--rpc_port say otherwise");
@@ -453,6 +455,16 @@ double Percentile(std::vector<double>& v, double p) {
   return v[k];
 }
 
+std::string DefaultInitiatorName() {
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
+  std::string h = host;
+  for (char& c : h) {
+    if (c <= ' ' || c > '~') c = '_';
+  }
+  return absl::StrCat("initiator-", h.empty() ? "host" : h, "-", getpid());
+}
+
 int RunInitiator(TransferEngine& engine) {
   const size_t buffer = absl::GetFlag(FLAGS_buffer_size);
   const int threads = absl::GetFlag(FLAGS_threads);
@@ -663,7 +675,9 @@ int Main() {
     return 0;
   }
   if (mode == "initiator") {
-    if (name.empty()) name = "initiator";
+    // A segment name belongs to one engine run at a time: a fixed default
+    // would make a second initiator wait for the first one's name.
+    if (name.empty()) name = DefaultInitiatorName();
     if (md == "embedded") {
       Die(absl::InvalidArgumentError(
               "initiator needs --metadata_server=host:port (the target's)"),
@@ -688,7 +702,7 @@ int Main() {
     void* target_buf = SetUpTarget(target, buffer);
     TransferEngine initiator;
     if (absl::Status s = initiator.Init(
-            BaseOptions(name.empty() ? "initiator" : name,
+            BaseOptions(name.empty() ? DefaultInitiatorName() : name,
                         md == "embedded" ? target.metadata_address() : md));
         !s.ok()) {
       Die(s, "Init initiator");

@@ -22,6 +22,7 @@
 #include "common/status_testing.h"
 #include "gtest/gtest.h"
 #include "metadata/metadata_client.h"
+#include "metadata/store_testing.h"
 #include "tests/subprocess.h"
 #include "tools/tool_test_util.h"
 
@@ -137,8 +138,7 @@ class TransferBenchTest : public ::testing::Test {
   // the process, as a bad DMA or a bug in the target would.
   void CorruptTarget(uint64_t offset, size_t len) {
     metadata::MetadataClient client(metadata_, absl::Seconds(3));
-    ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor d,
-                         client.GetSegment("bt"));
+    ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor d, client.Get("bt"));
     ASSERT_GT(d.buffers_size(), 0);
     const int fd = open(absl::StrCat("/proc/", target_->pid(), "/mem").c_str(),
                         O_RDWR | O_CLOEXEC);
@@ -289,7 +289,7 @@ TEST_F(TransferBenchTest, UnreachableTargetStopsWithOneClearStatus) {
   b->set_length(kBuffer);
   b->set_location("cpu:0");
   metadata::MetadataClient client(md_addr, absl::Seconds(3));
-  ASSERT_OK(client.PutSegment(ghost));
+  ASSERT_OK(client.Put(metadata::PutOf(ghost)));
 
   const absl::Time start = absl::Now();
   BenchRun run =
