@@ -218,6 +218,7 @@ SegmentDescriptor SegmentStore::Assemble(const Entry& e) {
 }
 
 absl::StatusOr<SegmentDescriptor> SegmentStore::Get(const std::string& name) {
+  if (absl::Status s = ValidateSegmentName(name); !s.ok()) return s;
   std::shared_ptr<const SegmentDescriptor> d;
   {
     MutexLock lock(&mu_);

@@ -9,7 +9,9 @@
 #      same port: a live target publishes its segment again by itself, and
 #      a new initiator reaches it;
 #   3. while the metadata_server is down, an initiator whose connection is
-#      already up (to another target) keeps moving verified data.
+#      already up (to another target) keeps moving verified data;
+#   4. a durable metadata_server (--data_dir) killed with SIGKILL and
+#      restarted has every segment at once.
 set -uo pipefail
 RUNFILES="${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}"
 BENCH="$RUNFILES/tools/transfer_bench"
@@ -36,11 +38,13 @@ wait_for() {  # file, text: up to 10 s
 
 port=$(free_port)
 MD="127.0.0.1:$port"
-start_md() {  # log name
-  "$MDS" --listen="$MD" >"$tmp/$1" 2>&1 &
+start_md() {  # log name, then metadata_server flags
+  local log=$1
+  shift
+  "$MDS" --listen="$MD" "$@" >"$tmp/$log" 2>&1 &
   md_pid=$!
   pids+=($md_pid)
-  wait_for "$tmp/$1" "listening" || sleep 1
+  wait_for "$tmp/$log" "listening" || sleep 1
 }
 start_target() {  # segment, log name
   "$BENCH" --mode=target --protocol=tcp --metadata_server="$MD" \
@@ -127,6 +131,23 @@ then
   pass "an initiator with its connection up moved verified data, with no error, while the metadata_server was down"
 else
   fail "transfers during the outage (exit $rc_during)" "$tmp/during.json"
+fi
+
+# 4. A durable metadata_server (--data_dir) killed with SIGKILL and
+# restarted keeps its segments: a new initiator reaches the target at once,
+# and the target never had to publish again.
+kill -9 "$md_pid"
+wait "$md_pid" 2>/dev/null
+start_md md3.log --data_dir="$tmp/mddata"
+start_target kept kept.log || fail "target did not start" "$tmp/kept.log"
+kill -9 "$md_pid"
+wait "$md_pid" 2>/dev/null
+start_md md4.log --data_dir="$tmp/mddata"
+if grep -q "segments recovered" "$tmp/md4.log" && initiator kept 0.3 kept.json &&
+  ! grep -q "published again" "$tmp/kept.log"; then
+  pass "a durable metadata_server restarted after kill -9 kept the segments: $(grep -o '[0-9]* segments recovered' "$tmp/md4.log")"
+else
+  fail "durable restart" "$tmp/md4.log" "$tmp/kept.log" "$tmp/kept.json"
 fi
 
 echo "$passed passed, $failed failed"

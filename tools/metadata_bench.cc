@@ -4,105 +4,60 @@
 //     the metadata service (the engine's embedded one, over gRPC on
 //     loopback): what a KV-cache store pays at start-up for its blocks.
 //     TCP transport, so no NIC registration is measured;
+//     Second argument: 0 the embedded (in-memory) service, 1 a standalone
+//     service with the durable store (an fdatasync per change, in
+//     $TMPDIR);
 //   - GetSegment from 1 and 64 concurrent clients (each its own channel)
 //     against the metadata service the standalone metadata_server runs
 //     (MetadataServiceImpl behind RpcServer, here in-process on loopback),
 //     for a segment of 16 or 1,024 buffers: calls/s and the clients' p50 and
-//     p99 latency.
+//     p99 latency. Second argument: 0 in-memory store, 1 durable.
 //   bazel run -c opt //tools:metadata_bench
+#include <stdlib.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/time/clock.h"
 #include "benchmark/benchmark.h"
 #include "engine/transfer_engine.h"
+#include "metadata/durable_store.h"
 #include "metadata/metadata_client.h"
 #include "metadata/metadata_service.h"
 #include "metadata/rpc_server.h"
+#include "metadata/segment_store.h"
 
 namespace ferry {
 namespace {
 
 constexpr size_t kBufferBytes = 4096;
 
-struct Setup {
-  TransferEngine engine;
-  std::unique_ptr<uint8_t[]> memory;
-  explicit Setup(size_t n) : memory(new uint8_t[n * 2 * kBufferBytes]()) {
-    EngineOptions o;
-    o.local_segment_name = "registration-bench";
-    o.transports = {"tcp"};
-    o.log_level = "warn";
-    if (!engine.Init(o).ok()) std::abort();
-  }
-  std::vector<BufferEntry> Entries(size_t n) {
-    std::vector<BufferEntry> e(n);
-    for (size_t i = 0; i < n; ++i) {
-      e[i] = {memory.get() + i * 2 * kBufferBytes, kBufferBytes};
-    }
-    return e;
-  }
-};
-
-void Unregister(Setup& s, const std::vector<BufferEntry>& entries) {
-  std::vector<void*> addrs;
-  for (const BufferEntry& e : entries) addrs.push_back(e.addr);
-  if (!s.engine.UnregisterLocalMemoryBatch(addrs).ok()) std::abort();
-}
-
-void BM_RegisterOneByOne(benchmark::State& state) {
-  const size_t n = static_cast<size_t>(state.range(0));
-  Setup s(n);
-  const std::vector<BufferEntry> entries = s.Entries(n);
-  for (auto _ : state) {
-    for (const BufferEntry& e : entries) {
-      if (!s.engine.RegisterLocalMemory(e.addr, e.length).ok()) std::abort();
-    }
-    state.PauseTiming();
-    Unregister(s, entries);
-    state.ResumeTiming();
-  }
-  state.counters["buffers/s"] = benchmark::Counter(
-      static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate);
-}
-
-void BM_RegisterBatch(benchmark::State& state) {
-  const size_t n = static_cast<size_t>(state.range(0));
-  Setup s(n);
-  const std::vector<BufferEntry> entries = s.Entries(n);
-  for (auto _ : state) {
-    if (!s.engine.RegisterLocalMemoryBatch(entries).ok()) std::abort();
-    state.PauseTiming();
-    Unregister(s, entries);
-    state.ResumeTiming();
-  }
-  state.counters["buffers/s"] = benchmark::Counter(
-      static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate);
-}
-
-BENCHMARK(BM_RegisterOneByOne)
-    ->Arg(100)
-    ->Arg(1000)
-    ->Arg(10000)
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime();
-BENCHMARK(BM_RegisterBatch)
-    ->Arg(100)
-    ->Arg(1000)
-    ->Arg(10000)
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime();
-
 // The server, shared by the threads of one benchmark run.
 struct Server {
-  metadata::MetadataServiceImpl service;
+  std::unique_ptr<metadata::Store> store;
+  std::unique_ptr<metadata::MetadataServiceImpl> service;
   std::unique_ptr<metadata::RpcServer> rpc;
-  explicit Server(int buffers) {
-    auto s = metadata::RpcServer::Start("127.0.0.1:0", {&service});
+  // A store that is durable keeps its files in a fresh directory.
+  Server(int buffers, bool durable) {
+    if (durable) {
+      const char* tmp = std::getenv("TMPDIR");
+      std::string dir =
+          std::string(tmp != nullptr ? tmp : "/tmp") + "/metadata_bench-XXXXXX";
+      if (mkdtemp(dir.data()) == nullptr) std::abort();
+      auto d = metadata::DurableStore::Open(dir);
+      if (!d.ok()) std::abort();
+      store = std::move(*d);
+    } else {
+      store = std::make_unique<metadata::SegmentStore>();
+    }
+    service = std::make_unique<metadata::MetadataServiceImpl>(store.get());
+    auto s = metadata::RpcServer::Start("127.0.0.1:0", {service.get()});
     if (!s.ok()) std::abort();
     rpc = std::move(*s);
+    if (buffers < 0) return;  // No segment of its own.
     metadata::SegmentDescriptor d;
     d.set_name("bench");
     d.set_incarnation(1);
@@ -131,13 +86,84 @@ struct Server {
     put.set_owner_key(metadata::NewOwnerKey());
     if (!c.Put(put).ok()) std::abort();
   }
+  ~Server() { rpc->Shutdown(); }
 };
+struct Setup {
+  std::unique_ptr<Server> server;  // Standalone durable service, or none.
+  TransferEngine engine;
+  std::unique_ptr<uint8_t[]> memory;
+  Setup(size_t n, bool durable) : memory(new uint8_t[n * 2 * kBufferBytes]()) {
+    EngineOptions o;
+    if (durable) {
+      server = std::make_unique<Server>(-1, true);
+      o.metadata_endpoint = server->rpc->address();
+    }
+    o.local_segment_name = "registration-bench";
+    o.transports = {"tcp"};
+    o.log_level = "warn";
+    if (!engine.Init(o).ok()) std::abort();
+  }
+  std::vector<BufferEntry> Entries(size_t n) {
+    std::vector<BufferEntry> e(n);
+    for (size_t i = 0; i < n; ++i) {
+      e[i] = {memory.get() + i * 2 * kBufferBytes, kBufferBytes};
+    }
+    return e;
+  }
+};
+
+void Unregister(Setup& s, const std::vector<BufferEntry>& entries) {
+  std::vector<void*> addrs;
+  for (const BufferEntry& e : entries) addrs.push_back(e.addr);
+  if (!s.engine.UnregisterLocalMemoryBatch(addrs).ok()) std::abort();
+}
+
+void BM_RegisterOneByOne(benchmark::State& state) {
+  const size_t n = static_cast<size_t>(state.range(0));
+  Setup s(n, state.range(1) != 0);
+  const std::vector<BufferEntry> entries = s.Entries(n);
+  for (auto _ : state) {
+    for (const BufferEntry& e : entries) {
+      if (!s.engine.RegisterLocalMemory(e.addr, e.length).ok()) std::abort();
+    }
+    state.PauseTiming();
+    Unregister(s, entries);
+    state.ResumeTiming();
+  }
+  state.counters["buffers/s"] = benchmark::Counter(
+      static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_RegisterBatch(benchmark::State& state) {
+  const size_t n = static_cast<size_t>(state.range(0));
+  Setup s(n, state.range(1) != 0);
+  const std::vector<BufferEntry> entries = s.Entries(n);
+  for (auto _ : state) {
+    if (!s.engine.RegisterLocalMemoryBatch(entries).ok()) std::abort();
+    state.PauseTiming();
+    Unregister(s, entries);
+    state.ResumeTiming();
+  }
+  state.counters["buffers/s"] = benchmark::Counter(
+      static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+BENCHMARK(BM_RegisterOneByOne)
+    ->ArgsProduct({{100, 1000, 10000}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_RegisterBatch)
+    ->ArgsProduct({{100, 1000, 10000}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
 Server* g_server = nullptr;
 
 void BM_GetSegment(benchmark::State& state) {
   if (state.thread_index() == 0) {
     delete g_server;  // The previous run's; its threads are done.
-    g_server = new Server(static_cast<int>(state.range(0)));
+    g_server =
+        new Server(static_cast<int>(state.range(0)), state.range(1) != 0);
   }
   // Thread 0 made the server before any thread enters the loop (the
   // library starts them together); each thread has its own channel.
@@ -167,8 +193,7 @@ void BM_GetSegment(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_GetSegment)
-    ->Arg(16)
-    ->Arg(1024)
+    ->ArgsProduct({{16, 1024}, {0, 1}})
     ->Threads(1)
     ->Threads(64)
     ->UseRealTime();

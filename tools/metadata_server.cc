@@ -2,6 +2,7 @@
 // where no engine should own the segment table.
 //   metadata_server                      (every interface, port 12050)
 //   metadata_server --listen=10.0.0.1:12050
+//   metadata_server --data_dir=/var/lib/ferry-metadata   (survives restarts)
 // It raises its soft fd limit to the hard limit at start-up and caps its
 // connections (see metadata/rpc_server.h): a flood of clients is refused,
 // not allowed to make it deaf, and it answers again once they leave.
@@ -9,14 +10,17 @@
 
 #include <atomic>
 #include <cstdio>
+#include <memory>
 #include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "metadata/durable_store.h"
 #include "metadata/metadata_service.h"
 #include "metadata/rpc_server.h"
+#include "metadata/segment_store.h"
 
 // 12050 is below every Linux ephemeral range (32768-60999 by default), so
 // a restart never finds it taken by an outgoing connection.
@@ -34,6 +38,10 @@ ABSL_FLAG(absl::Duration, idle_timeout, absl::Minutes(2),
 ABSL_FLAG(absl::Duration, handshake_timeout, absl::Seconds(5),
           "close a new connection that sends nothing for this long");
 ABSL_FLAG(int, max_threads, 64, "threads serving calls (at least 8 are used)");
+ABSL_FLAG(std::string, data_dir, "",
+          "keep the segment table in this directory (a snapshot and an "
+          "fsync'd log), so that a restart, even after kill -9, keeps every "
+          "segment; empty: in memory only");
 
 namespace {
 std::atomic<bool> g_stop{false};
@@ -44,7 +52,28 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   signal(SIGINT, OnSignal);
   signal(SIGTERM, OnSignal);
-  ferry::metadata::MetadataServiceImpl service;
+  std::unique_ptr<ferry::metadata::Store> store;
+  const std::string data_dir = absl::GetFlag(FLAGS_data_dir);
+  if (data_dir.empty()) {
+    store = std::make_unique<ferry::metadata::SegmentStore>();
+  } else {
+    auto durable = ferry::metadata::DurableStore::Open(data_dir);
+    if (!durable.ok()) {
+      std::fprintf(stderr, "metadata_server: %s\n",
+                   durable.status().ToString().c_str());
+      return 1;
+    }
+    const auto& r = (*durable)->recovery();
+    std::printf(
+        "metadata_server: store %s: %llu segments recovered (%llu log "
+        "records replayed%s, %llu bytes of torn tail dropped)\n",
+        data_dir.c_str(), static_cast<unsigned long long>(r.segments),
+        static_cast<unsigned long long>(r.log_records),
+        r.had_snapshot ? " after the snapshot" : "",
+        static_cast<unsigned long long>(r.torn_bytes));
+    store = std::move(*durable);
+  }
+  ferry::metadata::MetadataServiceImpl service(store.get());
   ferry::metadata::RpcServerOptions options;
   options.max_connections = absl::GetFlag(FLAGS_max_connections);
   options.max_connections_per_peer =

@@ -1,0 +1,269 @@
+#include "metadata/durable_store.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "metadata/record_file.h"
+
+namespace ferry::metadata {
+namespace {
+
+absl::Status Errno(const std::string& what, const std::string& path) {
+  return absl::InternalError(
+      absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
+}
+
+absl::Status SyncDir(const std::string& dir) {
+  int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Errno("open", dir);
+  absl::Status s = fsync(fd) == 0 ? absl::OkStatus() : Errno("fsync", dir);
+  close(fd);
+  return s;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DurableStore>> DurableStore::Open(
+    const std::string& dir, SegmentStore::Clock clock) {
+  if (dir.empty()) {
+    return absl::InvalidArgumentError("durable store: empty directory name");
+  }
+  if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    return Errno("mkdir", dir);
+  }
+  std::unique_ptr<DurableStore> store(new DurableStore(dir, std::move(clock)));
+  const std::string lock = dir + "/LOCK";
+  store->lock_fd_ = open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (store->lock_fd_ < 0) return Errno("open", lock);
+  if (flock(store->lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "metadata store ", dir,
+        " is in use by another process (a metadata_server already runs "
+        "with this --data_dir)"));
+  }
+  if (absl::Status s = store->Recover(); !s.ok()) return s;
+  return store;
+}
+
+DurableStore::~DurableStore() {
+  MutexLock lock(&write_mu_);
+  if (log_fd_ >= 0) close(log_fd_);
+  if (lock_fd_ >= 0) close(lock_fd_);  // Releases the flock.
+}
+
+absl::Status DurableStore::Recover() {
+  MutexLock lock(&write_mu_);
+  const std::string snap_path = dir_ + "/snapshot";
+  uint64_t snap_lsn = 0;
+  auto snap = ReadRecordFile(snap_path);
+  if (snap.ok()) {
+    recovery_.had_snapshot = true;
+    snapshot_bytes_ = snap->good_bytes;
+    LogRecord header;
+    if (snap->torn_bytes != 0 || snap->payloads.empty() ||
+        !header.ParseFromString(snap->payloads[0]) || !header.has_snapshot() ||
+        header.snapshot().segments() != snap->payloads.size() - 1) {
+      return absl::DataLossError(absl::StrCat(
+          "metadata store snapshot ", snap_path,
+          " is corrupt (it is written whole and renamed into place, so this "
+          "is not a torn write): move it away to start empty, or restore it "
+          "from a backup"));
+    }
+    snap_lsn = header.snapshot().lsn();
+    for (size_t i = 1; i < snap->payloads.size(); ++i) {
+      LogRecord r;
+      if (!r.ParseFromString(snap->payloads[i]) || !r.has_put()) {
+        return absl::DataLossError(absl::StrCat("metadata store snapshot ",
+                                                snap_path, ": record ", i,
+                                                " is not a segment"));
+      }
+      if (auto v = mem_.Restore(r.put(), r.version()); !v.ok()) {
+        return absl::DataLossError(absl::StrCat("metadata store snapshot ",
+                                                snap_path, ": record ", i, ": ",
+                                                v.status().message()));
+      }
+    }
+    mem_.AdvanceVersion(header.snapshot().next_version());
+  } else if (snap.status().code() != absl::StatusCode::kNotFound) {
+    return snap.status();
+  }
+  lsn_ = snap_lsn;
+
+  const std::string log_path = dir_ + "/log";
+  auto log = ReadRecordFile(log_path);
+  uint64_t good = 0;
+  if (log.ok()) {
+    for (const std::string& payload : log->payloads) {
+      LogRecord r;
+      if (!r.ParseFromString(payload) || r.has_snapshot() ||
+          r.lsn() <= lsn_ && r.lsn() > snap_lsn) {
+        // Intact bytes that are not a record in sequence: treated as the
+        // start of a corrupt tail.
+        break;
+      }
+      good += 8 + payload.size();
+      if (r.lsn() <= snap_lsn) continue;  // Already in the snapshot.
+      ApplyLocked(r).IgnoreError();
+      lsn_ = r.lsn();
+      ++recovery_.log_records;
+    }
+    recovery_.torn_bytes = log->good_bytes + log->torn_bytes - good;
+  } else if (log.status().code() != absl::StatusCode::kNotFound) {
+    return log.status();
+  }
+  log_fd_ = open(log_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (log_fd_ < 0) return Errno("open", log_path);
+  if (recovery_.torn_bytes > 0) {
+    FERRY_LOG(kWarn, "metadata", "metadata store log ", log_path, ": cut ",
+              recovery_.torn_bytes,
+              " bytes of torn or corrupt tail after record ", lsn_,
+              " (changes never acknowledged)");
+    if (ftruncate(log_fd_, static_cast<off_t>(good)) != 0 ||
+        fdatasync(log_fd_) != 0) {
+      return Errno("truncate", log_path);
+    }
+  }
+  if (lseek(log_fd_, static_cast<off_t>(good), SEEK_SET) < 0) {
+    return Errno("lseek", log_path);
+  }
+  log_bytes_ = good;
+  if (absl::Status s = SyncDir(dir_); !s.ok()) return s;
+  auto names = mem_.List();
+  recovery_.segments = names.ok() ? names->size() : 0;
+  return absl::OkStatus();
+}
+
+absl::Status DurableStore::ApplyLocked(const LogRecord& r) {
+  if (r.has_put()) return mem_.Restore(r.put(), r.version()).status();
+  if (r.has_update()) {
+    mem_.AdvanceVersion(r.version());
+    return mem_.UpdateBuffers(r.update()).status();
+  }
+  if (r.has_remove()) return mem_.Remove(r.remove());
+  return absl::OkStatus();
+}
+
+absl::Status DurableStore::Refuse() const {
+  return absl::UnavailableError(absl::StrCat(
+      "metadata store ", dir_,
+      " accepts no changes after a failed write (memory and disk may "
+      "differ): ",
+      failed_.message(), "; restart the metadata_server"));
+}
+
+absl::Status DurableStore::AppendLocked(LogRecord record) {
+  record.set_lsn(lsn_ + 1);
+  const std::string frame = FrameRecord(record.SerializeAsString());
+  absl::Status s = WriteAll(log_fd_, frame, /*sync=*/true, dir_ + "/log");
+  if (!s.ok()) {
+    failed_ = s;
+    FERRY_LOG(kError, "metadata", "metadata store: ", s.message());
+    return Refuse();
+  }
+  ++lsn_;
+  log_bytes_ += frame.size();
+  if (log_bytes_ > kMinCompactBytes && log_bytes_ > snapshot_bytes_) {
+    if (absl::Status c = CompactLocked(); !c.ok()) {
+      // The change itself is durable in the log; later ones are refused.
+      failed_ = c;
+      FERRY_LOG(kError, "metadata", "metadata store compaction: ", c.message());
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DurableStore::CompactLocked() {
+  SegmentStore::Snapshot snap = mem_.TakeSnapshot();
+  LogRecord header;
+  header.mutable_snapshot()->set_lsn(lsn_);
+  header.mutable_snapshot()->set_next_version(snap.next_version);
+  header.mutable_snapshot()->set_segments(snap.segments.size());
+  std::string data = FrameRecord(header.SerializeAsString());
+  for (auto& [put, version] : snap.segments) {
+    LogRecord r;
+    r.set_version(version);
+    *r.mutable_put() = std::move(put);
+    data += FrameRecord(r.SerializeAsString());
+  }
+  const std::string tmp = dir_ + "/snapshot.tmp";
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return Errno("open", tmp);
+  absl::Status s = WriteAll(fd, data, /*sync=*/true, tmp);
+  close(fd);
+  if (!s.ok()) return s;
+  const std::string path = dir_ + "/snapshot";
+  if (rename(tmp.c_str(), path.c_str()) != 0) return Errno("rename", tmp);
+  if (absl::Status d = SyncDir(dir_); !d.ok()) return d;
+  // The snapshot holds everything up to lsn_: the log starts over. A crash
+  // before the truncation leaves records the replay skips by LSN.
+  if (ftruncate(log_fd_, 0) != 0 || lseek(log_fd_, 0, SEEK_SET) < 0 ||
+      fdatasync(log_fd_) != 0) {
+    return Errno("truncate", dir_ + "/log");
+  }
+  snapshot_bytes_ = data.size();
+  log_bytes_ = 0;
+  ++compactions_;
+  return absl::OkStatus();
+}
+
+uint64_t DurableStore::compactions() const {
+  MutexLock lock(&write_mu_);
+  return compactions_;
+}
+
+absl::StatusOr<uint64_t> DurableStore::Put(const PutSegmentRequest& request) {
+  MutexLock lock(&write_mu_);
+  if (!failed_.ok()) return Refuse();
+  auto v = mem_.Put(request);
+  if (!v.ok()) return v;
+  LogRecord r;
+  r.set_version(*v);
+  *r.mutable_put() = request;
+  if (absl::Status s = AppendLocked(std::move(r)); !s.ok()) return s;
+  return v;
+}
+
+absl::StatusOr<absl::Duration> DurableStore::KeepAlive(
+    const KeepAliveRequest& request) {
+  return mem_.KeepAlive(request);
+}
+
+absl::StatusOr<uint64_t> DurableStore::UpdateBuffers(
+    const UpdateBuffersRequest& request) {
+  MutexLock lock(&write_mu_);
+  if (!failed_.ok()) return Refuse();
+  auto v = mem_.UpdateBuffers(request);
+  if (!v.ok()) return v;
+  LogRecord r;
+  r.set_version(*v);
+  *r.mutable_update() = request;
+  if (absl::Status s = AppendLocked(std::move(r)); !s.ok()) return s;
+  return v;
+}
+
+absl::StatusOr<SegmentDescriptor> DurableStore::Get(const std::string& name) {
+  return mem_.Get(name);
+}
+
+absl::Status DurableStore::Remove(const RemoveSegmentRequest& request) {
+  MutexLock lock(&write_mu_);
+  if (!failed_.ok()) return Refuse();
+  if (absl::Status s = mem_.Remove(request); !s.ok()) return s;
+  LogRecord r;
+  *r.mutable_remove() = request;
+  return AppendLocked(std::move(r));
+}
+
+absl::StatusOr<std::vector<std::string>> DurableStore::List() {
+  return mem_.List();
+}
+
+}  // namespace ferry::metadata

@@ -1,0 +1,210 @@
+#include "metadata/store_conformance.h"
+
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "common/status_testing.h"
+#include "metadata/store_testing.h"
+
+namespace ferry::metadata {
+
+void StoreConformanceTest::SetUp() {
+  auto store = GetParam().make();
+  ASSERT_OK(store);
+  store_ = *store;
+}
+
+std::string BackendName(const testing::TestParamInfo<StoreBackend>& info) {
+  return info.param.name;
+}
+
+namespace {
+
+constexpr uint64_t kStride = 0x100000;
+
+Buffer BufferAt(uint64_t i) {
+  Buffer b;
+  b.set_addr(0x10000000 + i * kStride);
+  b.set_length(0x1000);
+  b.set_location("cpu:0");
+  return b;
+}
+
+SegmentDescriptor Seg(const std::string& name, uint64_t incarnation,
+                      int buffers = 1) {
+  SegmentDescriptor s;
+  s.set_name(name);
+  s.set_incarnation(incarnation);
+  s.set_rpc_address("127.0.0.1:1");
+  TransportEndpoint* t = s.add_transports();
+  t->set_transport("tcp");
+  t->set_address("127.0.0.1:2");
+  // Out of address order on purpose: Get returns them sorted.
+  for (int i = buffers - 1; i >= 0; --i) *s.add_buffers() = BufferAt(i);
+  return s;
+}
+
+UpdateBuffersRequest UpdateOf(const std::string& name, uint64_t owner) {
+  UpdateBuffersRequest r;
+  r.set_name(name);
+  r.set_incarnation(owner);
+  r.set_owner_key(TestOwnerKey(owner));
+  return r;
+}
+
+TEST_P(StoreConformanceTest, PutGetListRemove) {
+  ASSERT_OK_AND_ASSIGN(uint64_t v1, store_->Put(PutOf(Seg("a", 7, 3))));
+  ASSERT_OK_AND_ASSIGN(SegmentDescriptor got, store_->Get("a"));
+  EXPECT_EQ(got.incarnation(), 7u);
+  EXPECT_EQ(got.version(), v1);
+  ASSERT_EQ(got.buffers_size(), 3);
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(got.buffers(i).addr(), BufferAt(i).addr());
+  EXPECT_EQ(got.transports(0).address(), "127.0.0.1:2");
+  ASSERT_OK(store_->Put(PutOf(Seg("b", 8))));
+  ASSERT_OK_AND_ASSIGN(auto names, store_->List());
+  EXPECT_EQ(names, (std::vector<std::string>{"a", "b"}));
+  EXPECT_OK(store_->Remove(RemoveOf("a", 7)));
+  EXPECT_STATUS(store_->Get("a"), absl::StatusCode::kNotFound);
+  EXPECT_STATUS(store_->Remove(RemoveOf("a", 7)), absl::StatusCode::kNotFound);
+  ASSERT_OK_AND_ASSIGN(names, store_->List());
+  EXPECT_EQ(names, std::vector<std::string>{"b"});
+}
+
+TEST_P(StoreConformanceTest, OnlyTheOwnerChangesASegment) {
+  const absl::Duration lease = absl::Seconds(30);
+  ASSERT_OK(store_->Put(PutOf(Seg("a", 7), lease)));
+  // Another run, with everything a reader of the descriptor knows.
+  absl::Status s = store_->Put(PutOf(Seg("a", 7), lease, /*owner=*/8)).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kAlreadyExists) << s;
+  UpdateBuffersRequest u = UpdateOf("a", 8);
+  *u.add_add() = BufferAt(5);
+  EXPECT_STATUS(store_->UpdateBuffers(u),
+                absl::StatusCode::kFailedPrecondition);
+  EXPECT_STATUS(store_->KeepAlive(KeepAliveOf("a", 8)),
+                absl::StatusCode::kFailedPrecondition);
+  EXPECT_STATUS(store_->Remove(RemoveOf("a", 8)),
+                absl::StatusCode::kFailedPrecondition);
+  ASSERT_OK_AND_ASSIGN(SegmentDescriptor got, store_->Get("a"));
+  EXPECT_EQ(got.buffers_size(), 1);
+  // The owner itself publishes again (a re-publication) freely.
+  ASSERT_OK(store_->Put(PutOf(Seg("a", 9, 2), lease, /*owner=*/7)));
+  ASSERT_OK_AND_ASSIGN(got, store_->Get("a"));
+  EXPECT_EQ(got.incarnation(), 9u);
+  EXPECT_EQ(got.buffers_size(), 2);
+  EXPECT_OK(store_->Remove(RemoveOf("a", 7)));
+  // Free again: anyone may take it.
+  EXPECT_OK(store_->Put(PutOf(Seg("a", 8), lease)));
+}
+
+TEST_P(StoreConformanceTest, UpdatesAreIncrementalAndAllOrNothing) {
+  ASSERT_OK_AND_ASSIGN(uint64_t v0, store_->Put(PutOf(Seg("a", 1))));
+  UpdateBuffersRequest add = UpdateOf("a", 1);
+  *add.add_add() = BufferAt(2);
+  *add.add_add() = BufferAt(1);
+  ASSERT_OK_AND_ASSIGN(uint64_t v1, store_->UpdateBuffers(add));
+  EXPECT_GT(v1, v0);
+  ASSERT_OK_AND_ASSIGN(SegmentDescriptor got, store_->Get("a"));
+  ASSERT_EQ(got.buffers_size(), 3);
+  EXPECT_EQ(got.version(), v1);
+  EXPECT_EQ(got.buffers(1).addr(), BufferAt(1).addr());
+  // A removal plus an overlapping add: neither happens.
+  UpdateBuffersRequest bad = UpdateOf("a", 1);
+  bad.add_remove_addrs(BufferAt(0).addr());
+  Buffer overlap = BufferAt(2);
+  overlap.set_addr(overlap.addr() + 0x800);
+  *bad.add_add() = overlap;
+  EXPECT_STATUS(store_->UpdateBuffers(bad), absl::StatusCode::kInvalidArgument);
+  UpdateBuffersRequest missing = UpdateOf("a", 1);
+  missing.add_remove_addrs(BufferAt(0).addr());
+  missing.add_remove_addrs(0x999);
+  EXPECT_STATUS(store_->UpdateBuffers(missing), absl::StatusCode::kNotFound);
+  ASSERT_OK_AND_ASSIGN(got, store_->Get("a"));
+  EXPECT_EQ(got.buffers_size(), 3);
+  EXPECT_EQ(got.version(), v1) << "a failed update changes nothing";
+  UpdateBuffersRequest rm = UpdateOf("a", 1);
+  rm.add_remove_addrs(BufferAt(0).addr());
+  rm.add_remove_addrs(BufferAt(2).addr());
+  ASSERT_OK(store_->UpdateBuffers(rm));
+  ASSERT_OK_AND_ASSIGN(got, store_->Get("a"));
+  ASSERT_EQ(got.buffers_size(), 1);
+  EXPECT_EQ(got.buffers(0).addr(), BufferAt(1).addr());
+  EXPECT_STATUS(store_->UpdateBuffers(UpdateOf("nobody", 1)),
+                absl::StatusCode::kNotFound);
+}
+
+TEST_P(StoreConformanceTest, LeasesExpireUnlessRenewed) {
+  const absl::Duration lease = GetParam().min_lease;
+  ASSERT_OK(store_->Put(PutOf(Seg("gone", 1), lease)));
+  ASSERT_OK(store_->Put(PutOf(Seg("kept", 2), lease)));
+  ASSERT_OK(store_->Put(PutOf(Seg("forever", 3))));
+  const absl::Time end = absl::Now() + 3 * lease;
+  while (absl::Now() < end) {
+    absl::SleepFor(lease / 5);
+    ASSERT_OK_AND_ASSIGN(absl::Duration ttl,
+                         store_->KeepAlive(KeepAliveOf("kept", 2)));
+    EXPECT_GE(ttl, lease);
+  }
+  EXPECT_STATUS(store_->Get("gone"), absl::StatusCode::kNotFound);
+  EXPECT_STATUS(store_->KeepAlive(KeepAliveOf("gone", 1)),
+                absl::StatusCode::kNotFound);
+  EXPECT_OK(store_->Get("kept"));
+  EXPECT_OK(store_->Get("forever"));
+  ASSERT_OK_AND_ASSIGN(auto names, store_->List());
+  EXPECT_EQ(names, (std::vector<std::string>{"forever", "kept"}));
+  // The expired name is free for a new run.
+  EXPECT_OK(store_->Put(PutOf(Seg("gone", 4), lease)));
+}
+
+TEST_P(StoreConformanceTest, BadRequestsAreRefusedAndChangeNothing) {
+  PutSegmentRequest keyless = PutOf(Seg("a", 1));
+  keyless.clear_owner_key();
+  EXPECT_STATUS(store_->Put(keyless), absl::StatusCode::kInvalidArgument);
+  EXPECT_STATUS(store_->Put(PutOf(Seg("has space", 1))),
+                absl::StatusCode::kInvalidArgument);
+  SegmentDescriptor overlap = Seg("a", 1, 2);
+  overlap.mutable_buffers(0)->set_addr(overlap.buffers(1).addr() + 1);
+  EXPECT_STATUS(store_->Put(PutOf(overlap)),
+                absl::StatusCode::kInvalidArgument);
+  SegmentDescriptor wrap = Seg("a", 1);
+  wrap.mutable_buffers(0)->set_addr(~uint64_t{0} - 10);
+  EXPECT_STATUS(store_->Put(PutOf(wrap)), absl::StatusCode::kInvalidArgument);
+  EXPECT_STATUS(store_->Get(""), absl::StatusCode::kInvalidArgument);
+  EXPECT_STATUS(store_->Get(std::string(300, 'x')),
+                absl::StatusCode::kInvalidArgument);
+  ASSERT_OK_AND_ASSIGN(auto names, store_->List());
+  EXPECT_TRUE(names.empty());
+}
+
+// Several writers on one segment at once: every change lands, each with
+// its own version. (Also the TSan stage's view of each backend.)
+TEST_P(StoreConformanceTest, ConcurrentUpdatesAllLand) {
+  ASSERT_OK(store_->Put(PutOf(Seg("a", 1))));
+  constexpr int kThreads = 4, kEach = 25;
+  std::vector<std::vector<uint64_t>> versions(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kEach; ++i) {
+        UpdateBuffersRequest u = UpdateOf("a", 1);
+        *u.add_add() = BufferAt(1 + t * kEach + i);
+        auto v = store_->UpdateBuffers(u);
+        EXPECT_OK(v);
+        if (v.ok()) versions[t].push_back(*v);
+        EXPECT_OK(store_->Get("a"));
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::set<uint64_t> all;
+  for (const auto& v : versions) all.insert(v.begin(), v.end());
+  EXPECT_EQ(all.size(), size_t{kThreads * kEach});
+  ASSERT_OK_AND_ASSIGN(SegmentDescriptor got, store_->Get("a"));
+  EXPECT_EQ(got.buffers_size(), 1 + kThreads * kEach);
+  EXPECT_EQ(got.version(), *all.rbegin());
+}
+
+}  // namespace
+}  // namespace ferry::metadata
