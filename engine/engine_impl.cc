@@ -12,6 +12,7 @@
 #include "common/host_info.h"
 #include "common/log.h"
 #include "common/socket_util.h"
+#include "metadata/metadata_address.h"
 #include "metadata/validation.h"
 
 namespace ferry {
@@ -53,11 +54,15 @@ absl::Status EngineImpl::ValidateOptions(const EngineOptions& o) const {
                      "' is a wildcard; peers need an address they can reach "
                      "(leave it empty to have one chosen)"));
   }
-  if (o.metadata_endpoint != "embedded") {
-    if (auto hp = ParseHostPort(o.metadata_endpoint); !hp.ok()) {
+  if (auto a = metadata::ParseMetadataAddress(o.metadata_endpoint); !a.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metadata_endpoint: ", a.status().message()));
+  }
+  if (!o.metadata_namespace.empty()) {
+    if (absl::Status s = metadata::ValidateSegmentName(o.metadata_namespace);
+        !s.ok()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("metadata_endpoint must be \"embedded\" or host:port: ",
-                       hp.status().message()));
+          absl::StrCat("metadata_namespace: ", s.message()));
     }
   }
   if (o.transports.empty()) {
@@ -164,8 +169,21 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
   absl::BitGen gen;
   incarnation_ = absl::Uniform<uint64_t>(gen, 1, ~uint64_t{0});
 
+  auto md_address = metadata::ParseMetadataAddress(options.metadata_endpoint);
+  if (!md_address.ok()) {
+    StopMrCache();
+    return absl::InvalidArgumentError(
+        absl::StrCat("metadata_endpoint: ", md_address.status().message()));
+  }
+  if (md_address->kind == metadata::MetadataAddress::Kind::kP2p) {
+    StopMrCache();
+    return absl::UnimplementedError(
+        "metadata_endpoint P2PHANDSHAKE is not supported yet: use "
+        "\"embedded\", a metadata service's host:port, or etcd://");
+  }
   std::vector<grpc::Service*> services = {&peer_service_};
-  const bool embedded = options.metadata_endpoint == "embedded";
+  const bool embedded =
+      md_address->kind == metadata::MetadataAddress::Kind::kEmbedded;
   if (embedded) services.push_back(&metadata_service_);
   auto server = metadata::RpcServer::Start(
       JoinHostPort(options.listen_host.empty() ? "::" : options.listen_host,
@@ -180,29 +198,43 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
   const std::string rpc_address =
       JoinHostPort(advertised_host_, rpc_server_->port());
   metadata_address_ = embedded ? rpc_address : options.metadata_endpoint;
-  // An embedded service is called through loopback when it listens there
-  // too: the advertised address may be one only remote peers can use.
-  // Names are resolved here, once: the clients then dial addresses, with
-  // no DNS on any later call.
-  std::string metadata_addr;
-  if (!embedded) {
-    auto md = ParseHostPort(options.metadata_endpoint);
-    auto host = md.ok() ? ResolveHost(md->host) : md.status();
-    if (!host.ok()) {
+  std::unique_ptr<metadata::Store> store;
+  if (embedded) {
+    // An embedded service is called through loopback when it listens
+    // there too: the advertised address may be one only remote peers can
+    // use.
+    std::string local;
+    if (IsWildcardHost(options.listen_host)) {
+      local = JoinHostPort("127.0.0.1", rpc_server_->port());
+    } else {
+      auto host = ResolveHost(options.listen_host);  // Bound: it resolves.
+      local = JoinHostPort(host.ok() ? *host : options.listen_host,
+                           rpc_server_->port());
+    }
+    store =
+        std::make_unique<metadata::MetadataClient>(local, options.rpc_timeout);
+  } else {
+    // Names are resolved here, once: the store then dials addresses, with
+    // no DNS on any later call.
+    auto connected = metadata::ConnectStore(*md_address, options.rpc_timeout);
+    if (!connected.ok()) {
       ReleaseAll();
       return absl::InvalidArgumentError(
-          absl::StrCat("metadata_endpoint: ", host.status().message()));
+          absl::StrCat("metadata_endpoint: ", connected.status().message()));
     }
-    metadata_addr = JoinHostPort(*host, md->port);
-  } else if (IsWildcardHost(options.listen_host)) {
-    metadata_addr = JoinHostPort("127.0.0.1", rpc_server_->port());
-  } else {
-    auto host = ResolveHost(options.listen_host);  // Bound: it resolves.
-    metadata_addr = JoinHostPort(host.ok() ? *host : options.listen_host,
-                                 rpc_server_->port());
+    store = std::move(*connected);
   }
-  metadata_ = std::make_unique<metadata::MetadataClient>(metadata_addr,
-                                                         options.rpc_timeout);
+  if (!options.metadata_namespace.empty()) {
+    auto ns = metadata::NamespacedStore::Create(std::move(store),
+                                                options.metadata_namespace);
+    if (!ns.ok()) {
+      ReleaseAll();
+      return ns.status();
+    }
+    store = std::move(*ns);
+  }
+  metadata_ = std::move(store);
+  const std::string metadata_addr = metadata_->Describe();
   peer_client_ = std::make_unique<metadata::PeerClient>(options.rpc_timeout);
   segments_ = std::make_unique<SegmentCache>(
       metadata_.get(), NextHandleTag(),

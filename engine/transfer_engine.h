@@ -41,10 +41,18 @@ struct EngineOptions {
   // This engine's segment name, unique among the engines sharing a metadata
   // service. Printable ASCII, no spaces, at most 256 bytes.
   std::string local_segment_name;
-  // "embedded": run the metadata service inside this engine (other engines
-  // then use metadata_address() of this one); "host:port": use a running
-  // service (another engine's embedded one, or tools/metadata_server).
+  // Where segments are published and looked up, written as in Mooncake
+  // (metadata/metadata_address.h):
+  //   "embedded": run a metadata service inside this engine (other engines
+  //     then use metadata_address() of this one);
+  //   "host:port" or "ferry://host:port": a running Ferry service (another
+  //     engine's embedded one, or tools/metadata_server);
+  //   "etcd://host:port[,host:port...]": an etcd v3 cluster, directly.
   std::string metadata_endpoint = "embedded";
+  // A namespace (a cluster id): this engine's segment is published as
+  // "<namespace>/<name>" and it opens segments of its namespace only, so
+  // several clusters share one metadata service or etcd. Empty: none.
+  std::string metadata_namespace = "";
   // Where the engine's listeners (gRPC server, TCP transport) bind: a host
   // name, an IPv4 or IPv6 literal, "0.0.0.0" (every IPv4 interface), or ""
   // (every interface, IPv4 and IPv6).

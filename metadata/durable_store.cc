@@ -104,7 +104,7 @@ absl::Status DurableStore::Recover() {
     for (const std::string& payload : log->payloads) {
       LogRecord r;
       if (!r.ParseFromString(payload) || r.has_snapshot() ||
-          r.lsn() <= lsn_ && r.lsn() > snap_lsn) {
+          (r.lsn() <= lsn_ && r.lsn() > snap_lsn)) {
         // Intact bytes that are not a record in sequence: treated as the
         // start of a corrupt tail.
         break;

@@ -10,6 +10,7 @@
 
 #include <functional>
 #include <memory>
+#include <ostream>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -27,14 +28,19 @@ struct StoreBackend {
   absl::Duration min_lease = absl::Milliseconds(500);
 };
 
-class StoreConformanceTest : public testing::TestWithParam<StoreBackend> {
+// gtest prints a parameter by its name.
+inline void PrintTo(const StoreBackend& backend, std::ostream* os) {
+  *os << backend.name;
+}
+
+class StoreConformanceTest : public ::testing::TestWithParam<StoreBackend> {
  protected:
   void SetUp() override;
   std::shared_ptr<Store> store_;
 };
 
 // For INSTANTIATE_TEST_SUITE_P's name generator.
-std::string BackendName(const testing::TestParamInfo<StoreBackend>& info);
+std::string BackendName(const ::testing::TestParamInfo<StoreBackend>& info);
 
 }  // namespace ferry::metadata
 

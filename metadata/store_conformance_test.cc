@@ -63,7 +63,7 @@ absl::StatusOr<std::shared_ptr<Store>> OverGrpc(
 
 INSTANTIATE_TEST_SUITE_P(
     Backends, StoreConformanceTest,
-    testing::Values(
+    ::testing::Values(
         StoreBackend{"Memory", Memory}, StoreBackend{"Durable", Durable},
         StoreBackend{"GrpcMemory", [] { return OverGrpc(Memory()); }},
         StoreBackend{"GrpcDurable", [] { return OverGrpc(Durable()); }}),

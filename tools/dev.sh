@@ -14,6 +14,7 @@ PACKAGES=(
   libbenchmark-dev libspdlog-dev iperf3 ibverbs-utils perftest iproute2
   clang-format
   clang libclang-rt-14-dev
+  etcd-server golang-etcd-server-dev
 )
 
 setup() {

@@ -6,12 +6,13 @@
 //     TCP transport, so no NIC registration is measured;
 //     Second argument: 0 the embedded (in-memory) service, 1 a standalone
 //     service with the durable store (an fdatasync per change, in
-//     $TMPDIR);
+//     $TMPDIR), 2 etcd directly (METADATA_BENCH_ETCD=etcd://host:port);
 //   - GetSegment from 1 and 64 concurrent clients (each its own channel)
 //     against the metadata service the standalone metadata_server runs
 //     (MetadataServiceImpl behind RpcServer, here in-process on loopback),
 //     for a segment of 16 or 1,024 buffers: calls/s and the clients' p50 and
-//     p99 latency. Second argument: 0 in-memory store, 1 durable.
+//     p99 latency. Second argument: 0 in-memory store, 1 durable, 2 etcd
+//     (the server's store is etcd at METADATA_BENCH_ETCD).
 //   bazel run -c opt //tools:metadata_bench
 #include <stdlib.h>
 
@@ -21,10 +22,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "benchmark/benchmark.h"
 #include "engine/transfer_engine.h"
 #include "metadata/durable_store.h"
+#include "metadata/etcd/etcd_store.h"
 #include "metadata/metadata_client.h"
 #include "metadata/metadata_service.h"
 #include "metadata/rpc_server.h"
@@ -34,15 +37,39 @@ namespace ferry {
 namespace {
 
 constexpr size_t kBufferBytes = 4096;
+int g_prefix = 0;  // Key prefixes and namespaces, fresh per run.
+
+std::string EtcdAddress() {
+  const char* e = std::getenv("METADATA_BENCH_ETCD");
+  return e != nullptr ? e : "";
+}
+
+// Backend 2 (etcd) runs only against a running etcd.
+bool BackendAvailable(benchmark::State& state) {
+  if (state.range(1) == 2 && EtcdAddress().empty()) {
+    state.SkipWithError("etcd: set METADATA_BENCH_ETCD=etcd://host:port");
+    return false;
+  }
+  return true;
+}
 
 // The server, shared by the threads of one benchmark run.
 struct Server {
   std::unique_ptr<metadata::Store> store;
   std::unique_ptr<metadata::MetadataServiceImpl> service;
   std::unique_ptr<metadata::RpcServer> rpc;
-  // A store that is durable keeps its files in a fresh directory.
-  Server(int buffers, bool durable) {
-    if (durable) {
+  // Backend 0: in memory; 1: durable, its files in a fresh directory;
+  // 2: etcd at $METADATA_BENCH_ETCD, under a fresh key prefix.
+  Server(int buffers, int backend) {
+    if (backend == 2) {
+      auto o = metadata::ParseEtcdAddress(EtcdAddress());
+      if (!o.ok()) std::abort();
+      o->prefix =
+          absl::StrCat("metadata-bench-", getpid(), "-", ++g_prefix, "/");
+      auto e = metadata::EtcdStore::Create(*o);
+      if (!e.ok()) std::abort();
+      store = std::move(*e);
+    } else if (backend == 1) {
       const char* tmp = std::getenv("TMPDIR");
       std::string dir =
           std::string(tmp != nullptr ? tmp : "/tmp") + "/metadata_bench-XXXXXX";
@@ -92,11 +119,16 @@ struct Setup {
   std::unique_ptr<Server> server;  // Standalone durable service, or none.
   TransferEngine engine;
   std::unique_ptr<uint8_t[]> memory;
-  Setup(size_t n, bool durable) : memory(new uint8_t[n * 2 * kBufferBytes]()) {
+  // Backend 0: the embedded service; 1: a standalone one over the durable
+  // store; 2: etcd directly (engine metadata etcd://...).
+  Setup(size_t n, int backend) : memory(new uint8_t[n * 2 * kBufferBytes]()) {
     EngineOptions o;
-    if (durable) {
-      server = std::make_unique<Server>(-1, true);
+    if (backend == 1) {
+      server = std::make_unique<Server>(-1, 1);
       o.metadata_endpoint = server->rpc->address();
+    } else if (backend == 2) {
+      o.metadata_endpoint = EtcdAddress();
+      o.metadata_namespace = absl::StrCat("bench-", getpid(), "-", ++g_prefix);
     }
     o.local_segment_name = "registration-bench";
     o.transports = {"tcp"};
@@ -120,7 +152,8 @@ void Unregister(Setup& s, const std::vector<BufferEntry>& entries) {
 
 void BM_RegisterOneByOne(benchmark::State& state) {
   const size_t n = static_cast<size_t>(state.range(0));
-  Setup s(n, state.range(1) != 0);
+  if (!BackendAvailable(state)) return;
+  Setup s(n, static_cast<int>(state.range(1)));
   const std::vector<BufferEntry> entries = s.Entries(n);
   for (auto _ : state) {
     for (const BufferEntry& e : entries) {
@@ -136,7 +169,8 @@ void BM_RegisterOneByOne(benchmark::State& state) {
 
 void BM_RegisterBatch(benchmark::State& state) {
   const size_t n = static_cast<size_t>(state.range(0));
-  Setup s(n, state.range(1) != 0);
+  if (!BackendAvailable(state)) return;
+  Setup s(n, static_cast<int>(state.range(1)));
   const std::vector<BufferEntry> entries = s.Entries(n);
   for (auto _ : state) {
     if (!s.engine.RegisterLocalMemoryBatch(entries).ok()) std::abort();
@@ -149,21 +183,22 @@ void BM_RegisterBatch(benchmark::State& state) {
 }
 
 BENCHMARK(BM_RegisterOneByOne)
-    ->ArgsProduct({{100, 1000, 10000}, {0, 1}})
+    ->ArgsProduct({{100, 1000, 10000}, {0, 1, 2}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK(BM_RegisterBatch)
-    ->ArgsProduct({{100, 1000, 10000}, {0, 1}})
+    ->ArgsProduct({{100, 1000, 10000}, {0, 1, 2}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
 Server* g_server = nullptr;
 
 void BM_GetSegment(benchmark::State& state) {
+  if (!BackendAvailable(state)) return;
   if (state.thread_index() == 0) {
     delete g_server;  // The previous run's; its threads are done.
-    g_server =
-        new Server(static_cast<int>(state.range(0)), state.range(1) != 0);
+    g_server = new Server(static_cast<int>(state.range(0)),
+                          static_cast<int>(state.range(1)));
   }
   // Thread 0 made the server before any thread enters the loop (the
   // library starts them together); each thread has its own channel.
@@ -193,7 +228,7 @@ void BM_GetSegment(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_GetSegment)
-    ->ArgsProduct({{16, 1024}, {0, 1}})
+    ->ArgsProduct({{16, 1024}, {0, 1, 2}})
     ->Threads(1)
     ->Threads(64)
     ->UseRealTime();

@@ -3,6 +3,8 @@
 //   metadata_server                      (every interface, port 12050)
 //   metadata_server --listen=10.0.0.1:12050
 //   metadata_server --data_dir=/var/lib/ferry-metadata   (survives restarts)
+//   metadata_server --etcd=etcd://10.0.0.5:2379,10.0.0.6:2379  (several
+//       servers share one etcd cluster's table)
 // It raises its soft fd limit to the hard limit at start-up and caps its
 // connections (see metadata/rpc_server.h): a flood of clients is refused,
 // not allowed to make it deaf, and it answers again once they leave.
@@ -18,6 +20,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "metadata/durable_store.h"
+#include "metadata/etcd/etcd_store.h"
 #include "metadata/metadata_service.h"
 #include "metadata/rpc_server.h"
 #include "metadata/segment_store.h"
@@ -42,6 +45,10 @@ ABSL_FLAG(std::string, data_dir, "",
           "keep the segment table in this directory (a snapshot and an "
           "fsync'd log), so that a restart, even after kill -9, keeps every "
           "segment; empty: in memory only");
+ABSL_FLAG(std::string, etcd, "",
+          "keep the segment table in this etcd v3 cluster, "
+          "etcd://host:port[,host:port...]: several metadata_servers (and "
+          "engines with metadata etcd://) then share it");
 
 namespace {
 std::atomic<bool> g_stop{false};
@@ -54,7 +61,24 @@ int main(int argc, char** argv) {
   signal(SIGTERM, OnSignal);
   std::unique_ptr<ferry::metadata::Store> store;
   const std::string data_dir = absl::GetFlag(FLAGS_data_dir);
-  if (data_dir.empty()) {
+  const std::string etcd = absl::GetFlag(FLAGS_etcd);
+  if (!etcd.empty() && !data_dir.empty()) {
+    std::fprintf(stderr,
+                 "metadata_server: --etcd and --data_dir exclude "
+                 "each other\n");
+    return 1;
+  }
+  if (!etcd.empty()) {
+    auto opts = ferry::metadata::ParseEtcdAddress(etcd);
+    auto s =
+        opts.ok() ? ferry::metadata::EtcdStore::Create(*opts) : opts.status();
+    if (!s.ok()) {
+      std::fprintf(stderr, "metadata_server: --etcd: %s\n",
+                   s.status().ToString().c_str());
+      return 1;
+    }
+    store = std::move(*s);
+  } else if (data_dir.empty()) {
     store = std::make_unique<ferry::metadata::SegmentStore>();
   } else {
     auto durable = ferry::metadata::DurableStore::Open(data_dir);

@@ -53,7 +53,11 @@
 
 ABSL_FLAG(std::string, mode, "local", "target | initiator | local");
 ABSL_FLAG(std::string, metadata_server, "embedded",
-          "\"embedded\" or host:port of a metadata service");
+          "\"embedded\", host:port (or ferry://host:port) of a Ferry "
+          "metadata service, or etcd://host:port[,host:port...]");
+ABSL_FLAG(std::string, metadata_namespace, "",
+          "namespace (cluster id) of the segments: engines see only their "
+          "namespace's (empty: none)");
 ABSL_FLAG(std::string, local_server_name, "",
           "this engine's segment name (default: the target's is "
           "--segment_id, an initiator's initiator-HOST-PID, so that several "
@@ -241,6 +245,7 @@ EngineOptions BaseOptions(const std::string& name, const std::string& md) {
   EngineOptions o;
   o.local_segment_name = name;
   o.metadata_endpoint = md;
+  o.metadata_namespace = absl::GetFlag(FLAGS_metadata_namespace);
   o.listen_host = absl::GetFlag(FLAGS_listen_host);
   o.advertise_host = absl::GetFlag(FLAGS_advertise_host);
   o.log_level = absl::GetFlag(FLAGS_log_level);

@@ -1,0 +1,684 @@
+#include "metadata/etcd/etcd_store.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "common/socket_util.h"
+#include "metadata/grpc_status.h"
+#include "metadata/segment_store.h"
+#include "metadata/validation.h"
+
+namespace ferry::metadata {
+
+using etcdserverpb::Compare;
+using etcdserverpb::RequestOp;
+using etcdserverpb::TxnRequest;
+using etcdserverpb::TxnResponse;
+
+namespace {
+
+std::string Escape(const std::string& name) {
+  std::string out;
+  for (char c : name) {
+    if (c == '%') {
+      out += "%25";
+    } else if (c == '/') {
+      out += "%2F";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+std::string Unescape(absl::string_view s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s.substr(i, 3) == "%25") {
+      out += '%';
+      i += 2;
+    } else if (s.substr(i, 3) == "%2F") {
+      out += '/';
+      i += 2;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
+// The smallest key above every key that starts with `prefix`.
+std::string PrefixEnd(std::string prefix) {
+  while (!prefix.empty()) {
+    if (static_cast<uint8_t>(prefix.back()) < 0xff) {
+      prefix.back() = static_cast<char>(prefix.back() + 1);
+      return prefix;
+    }
+    prefix.pop_back();
+  }
+  return std::string(1, '\0');  // Every key.
+}
+
+RequestOp RangeOp(const std::string& key, const std::string& end = "",
+                  int64_t limit = 0, bool descend = false) {
+  RequestOp op;
+  auto* r = op.mutable_request_range();
+  r->set_key(key);
+  r->set_range_end(end);
+  r->set_limit(limit);
+  if (descend) {
+    r->set_sort_order(etcdserverpb::RangeRequest::DESCEND);
+    r->set_sort_target(etcdserverpb::RangeRequest::KEY);
+  }
+  return op;
+}
+
+RequestOp PutOp(const std::string& key, const std::string& value,
+                int64_t lease) {
+  RequestOp op;
+  auto* p = op.mutable_request_put();
+  p->set_key(key);
+  p->set_value(value);
+  p->set_lease(lease);
+  return op;
+}
+
+RequestOp DeleteOp(const std::string& key, const std::string& end = "") {
+  RequestOp op;
+  op.mutable_request_delete_range()->set_key(key);
+  op.mutable_request_delete_range()->set_range_end(end);
+  return op;
+}
+
+Compare ValueIs(const std::string& key, const std::string& value) {
+  Compare c;
+  c.set_key(key);
+  c.set_target(Compare::VALUE);
+  c.set_result(Compare::EQUAL);
+  c.set_value(value);
+  return c;
+}
+
+Compare Absent(const std::string& key) {
+  Compare c;
+  c.set_key(key);
+  c.set_target(Compare::CREATE);
+  c.set_result(Compare::EQUAL);
+  c.set_create_revision(0);
+  return c;
+}
+
+Compare ModRevisionIs(const std::string& key, int64_t rev) {
+  Compare c;
+  c.set_key(key);
+  c.set_target(Compare::MOD);
+  c.set_result(Compare::EQUAL);
+  c.set_mod_revision(rev);
+  return c;
+}
+
+absl::Status NotRegistered(const std::string& name) {
+  return absl::NotFoundError(absl::StrCat(
+      "segment '", name,
+      "' is not registered (never published, or its lease expired)"));
+}
+
+absl::Status HeldByAnother(const std::string& name) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("segment '", name,
+                   "' is held by another engine run (another owner key)"));
+}
+
+std::shared_ptr<grpc::Channel> EtcdChannel(const std::vector<std::string>& eps,
+                                           std::string* error) {
+  std::vector<std::string> addrs;
+  int family = 0;
+  for (const std::string& ep : eps) {
+    auto hp = ParseHostPort(ep);
+    if (!hp.ok() || hp->port == 0) {
+      *error = absl::StrCat("etcd endpoint '", ep, "' is not host:port");
+      return nullptr;
+    }
+    auto host = ResolveHost(hp->host);
+    if (!host.ok()) {
+      *error =
+          absl::StrCat("etcd endpoint '", ep, "': ", host.status().message());
+      return nullptr;
+    }
+    auto sa = ParseNumericEndpoint(JoinHostPort(*host, hp->port));
+    if (!sa.ok()) {
+      *error = std::string(sa.status().message());
+      return nullptr;
+    }
+    if (family != 0 && sa->family() != family) {
+      *error = "etcd endpoints mix IPv4 and IPv6 addresses";
+      return nullptr;
+    }
+    family = sa->family();
+    addrs.push_back(sa->ToString());
+  }
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxRpcMessageBytes);
+  args.SetMaxSendMessageSize(kMaxRpcMessageBytes);
+  // Every member is a way in: calls go on over the live ones when one dies.
+  args.SetLoadBalancingPolicyName("round_robin");
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  const std::string target = absl::StrCat(
+      family == AF_INET6 ? "ipv6:" : "ipv4:", absl::StrJoin(addrs, ","));
+  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(),
+                                   args);
+}
+
+void SetDeadline(grpc::ClientContext* ctx, absl::Time deadline) {
+  ctx->set_deadline(absl::ToChronoTime(deadline));
+}
+
+}  // namespace
+
+struct EtcdStore::Snapshot {
+  bool exists = false;
+  std::string owner_key;
+  EtcdSegmentMeta meta;
+  int64_t meta_revision = 0;
+  // The buffers read: all of them, or those around an update's addresses.
+  std::map<uint64_t, Buffer> buffers;
+};
+
+absl::StatusOr<EtcdOptions> ParseEtcdAddress(const std::string& address) {
+  constexpr absl::string_view kScheme = "etcd://";
+  if (!absl::StartsWith(address, kScheme)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", address, "' is not an etcd:// address"));
+  }
+  EtcdOptions o;
+  for (absl::string_view ep :
+       absl::StrSplit(address.substr(kScheme.size()), ',')) {
+    auto hp = ParseHostPort(ep);
+    if (!hp.ok() || hp->port == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("etcd address '", address, "': '", ep,
+                       "' is not host:port (etcd://host:port[,host:port...])"));
+    }
+    o.endpoints.emplace_back(ep);
+  }
+  return o;
+}
+
+absl::StatusOr<std::unique_ptr<EtcdStore>> EtcdStore::Create(
+    EtcdOptions options) {
+  if (options.endpoints.empty()) {
+    return absl::InvalidArgumentError("etcd store: no endpoints");
+  }
+  if (options.prefix.empty() || options.prefix.back() != '/') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "etcd key prefix '", options.prefix, "' must end with '/'"));
+  }
+  if (options.max_txn_ops < 8) {
+    return absl::InvalidArgumentError("etcd max_txn_ops must be at least 8");
+  }
+  std::string error;
+  auto channel = EtcdChannel(options.endpoints, &error);
+  if (channel == nullptr) return absl::InvalidArgumentError(error);
+  std::unique_ptr<EtcdStore> store(new EtcdStore(std::move(options)));
+  store->kv_ = etcdserverpb::KV::NewStub(channel);
+  store->lease_ = etcdserverpb::Lease::NewStub(channel);
+  return store;
+}
+
+EtcdStore::EtcdStore(EtcdOptions options) : options_(std::move(options)) {}
+
+std::string EtcdStore::Describe() const {
+  return absl::StrCat("etcd://", absl::StrJoin(options_.endpoints, ","), " (",
+                      options_.prefix, ")");
+}
+
+std::string EtcdStore::OwnerKey(const std::string& name) const {
+  return absl::StrCat(options_.prefix, "owner/", Escape(name));
+}
+std::string EtcdStore::MetaKey(const std::string& name) const {
+  return absl::StrCat(options_.prefix, "meta/", Escape(name));
+}
+std::string EtcdStore::BufPrefix(const std::string& name) const {
+  return absl::StrCat(options_.prefix, "buf/", Escape(name), "/");
+}
+std::string EtcdStore::BufKey(const std::string& name, uint64_t addr) const {
+  return absl::StrCat(BufPrefix(name), absl::Hex(addr, absl::kZeroPad16));
+}
+
+absl::StatusOr<TxnResponse> EtcdStore::Txn(const TxnRequest& txn,
+                                           absl::Time deadline) {
+  while (true) {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, deadline);
+    TxnResponse resp;
+    grpc::Status s = kv_->Txn(&ctx, txn, &resp);
+    if (s.ok()) return resp;
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE ||
+        absl::Now() + absl::Milliseconds(50) >= deadline) {
+      return FromGrpcStatus(s, absl::StrCat("etcd ", Describe(), " Txn"));
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+}
+
+absl::StatusOr<int64_t> EtcdStore::GrantLease(absl::Duration ttl,
+                                              absl::Time deadline) {
+  etcdserverpb::LeaseGrantRequest req;
+  req.set_ttl(std::max<int64_t>(
+      1, absl::ToInt64Seconds(absl::Ceil(ttl, absl::Seconds(1)))));
+  while (true) {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, deadline);
+    etcdserverpb::LeaseGrantResponse resp;
+    grpc::Status s = lease_->LeaseGrant(&ctx, req, &resp);
+    if (s.ok()) {
+      if (!resp.error().empty()) {
+        return absl::UnavailableError(
+            absl::StrCat("etcd LeaseGrant: ", resp.error()));
+      }
+      return resp.id();
+    }
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE ||
+        absl::Now() + absl::Milliseconds(50) >= deadline) {
+      return FromGrpcStatus(s,
+                            absl::StrCat("etcd ", Describe(), " LeaseGrant"));
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+}
+
+void EtcdStore::RevokeLease(int64_t id, absl::Time deadline) {
+  if (id == 0) return;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, deadline);
+  etcdserverpb::LeaseRevokeRequest req;
+  req.set_id(id);
+  etcdserverpb::LeaseRevokeResponse resp;
+  lease_->LeaseRevoke(&ctx, req, &resp);  // Best effort: it expires anyway.
+}
+
+absl::StatusOr<uint64_t> EtcdStore::WriteChanges(
+    const std::string& name, std::vector<Compare> first_compares,
+    std::vector<RequestOp> ops, EtcdSegmentMeta meta, absl::Time deadline) {
+  const size_t per_txn = static_cast<size_t>(options_.max_txn_ops);
+  const int64_t lease = meta.lease_id();
+  if (ops.size() + 1 <= per_txn) {
+    TxnRequest txn;
+    for (Compare& c : first_compares) *txn.add_compare() = std::move(c);
+    for (RequestOp& op : ops) *txn.add_success() = std::move(op);
+    *txn.add_success() = PutOp(MetaKey(name), meta.SerializeAsString(), lease);
+    auto resp = Txn(txn, deadline);
+    if (!resp.ok()) return resp.status();
+    if (!resp->succeeded()) {
+      return absl::AbortedError("the segment changed meanwhile");
+    }
+    return static_cast<uint64_t>(resp->header().revision());
+  }
+  // Too many for one transaction: the meta says pending until the last.
+  EtcdSegmentMeta pending = meta;
+  pending.set_pending(true);
+  int64_t meta_rev = 0;
+  size_t next = 0;
+  bool first = true;
+  while (first || next < ops.size()) {
+    TxnRequest txn;
+    if (first) {
+      for (Compare& c : first_compares) *txn.add_compare() = std::move(c);
+      *txn.add_success() =
+          PutOp(MetaKey(name), pending.SerializeAsString(), lease);
+    } else {
+      *txn.add_compare() = ModRevisionIs(MetaKey(name), meta_rev);
+    }
+    while (next < ops.size() &&
+           static_cast<size_t>(txn.success_size()) < per_txn) {
+      *txn.add_success() = std::move(ops[next++]);
+    }
+    auto resp = Txn(txn, deadline);
+    if (!resp.ok()) return resp.status();
+    if (!resp->succeeded()) {
+      return absl::AbortedError("the segment changed meanwhile");
+    }
+    if (first) meta_rev = resp->header().revision();
+    first = false;
+  }
+  TxnRequest done;
+  *done.add_compare() = ModRevisionIs(MetaKey(name), meta_rev);
+  *done.add_success() = PutOp(MetaKey(name), meta.SerializeAsString(), lease);
+  auto resp = Txn(done, deadline);
+  if (!resp.ok()) return resp.status();
+  if (!resp->succeeded()) {
+    return absl::AbortedError("the segment changed meanwhile");
+  }
+  return static_cast<uint64_t>(resp->header().revision());
+}
+
+absl::StatusOr<uint64_t> EtcdStore::Put(const PutSegmentRequest& request) {
+  const SegmentDescriptor& in = request.segment();
+  if (absl::Status s = ValidateSegmentDescriptor(in); !s.ok()) return s;
+  if (absl::Status s = ValidateOwnerKey(request.owner_key()); !s.ok()) {
+    return s;
+  }
+  const absl::Duration ttl = absl::Milliseconds(request.lease_ttl_ms());
+  if (ttl > SegmentStore::kMaxLeaseTtl) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lease TTL ", absl::FormatDuration(ttl), " is outside 0 (none) .. ",
+        absl::FormatDuration(SegmentStore::kMaxLeaseTtl)));
+  }
+  const std::string& name = in.name();
+  const absl::Time deadline = absl::Now() + options_.rpc_timeout;
+  MutexLock lock(&write_mu_);
+  // Who holds the name now, and under which lease (to revoke it after a
+  // re-publication).
+  auto before = ReadSegment(name, /*all_buffers=*/true, nullptr);
+  if (!before.ok()) return before.status();
+  if (before->exists && before->owner_key != request.owner_key()) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("segment name '", name, "' is held by a live engine (rpc ",
+                     before->meta.segment().rpc_address(), ", incarnation ",
+                     before->meta.segment().incarnation(), ") ",
+                     before->meta.lease_id() != 0
+                         ? "until its etcd lease runs out unless renewed"
+                         : "without a lease, until it removes it",
+                     ": choose another name, or stop that engine first"));
+  }
+  int64_t lease = 0;
+  if (ttl > absl::ZeroDuration()) {
+    auto id = GrantLease(ttl, deadline);
+    if (!id.ok()) return id.status();
+    lease = *id;
+  }
+  EtcdSegmentMeta meta;
+  *meta.mutable_segment() = in;
+  meta.mutable_segment()->clear_buffers();
+  meta.mutable_segment()->set_version(0);
+  meta.set_lease_id(lease);
+  meta.set_lease_ttl_ms(request.lease_ttl_ms());
+  meta.set_buffers(in.buffers_size());
+  uint64_t keys = 0;
+  std::vector<RequestOp> ops;
+  // The old run's buffers that this one does not have (etcd refuses a
+  // transaction that deletes and puts the same key).
+  std::set<uint64_t> kept;
+  for (const Buffer& b : in.buffers()) kept.insert(b.addr());
+  for (const auto& [addr, b] : before->buffers) {
+    if (kept.count(addr) == 0) ops.push_back(DeleteOp(BufKey(name, addr)));
+  }
+  ops.push_back(PutOp(OwnerKey(name), request.owner_key(), lease));
+  for (const Buffer& b : in.buffers()) {
+    keys += b.keys_size();
+    ops.push_back(PutOp(BufKey(name, b.addr()), b.SerializeAsString(), lease));
+  }
+  meta.set_keys(keys);
+  // Taken only if still free, or still ours.
+  std::vector<Compare> guard = {
+      before->exists ? ValueIs(OwnerKey(name), request.owner_key())
+                     : Absent(OwnerKey(name))};
+  auto v = WriteChanges(name, std::move(guard), std::move(ops), meta, deadline);
+  if (!v.ok()) {
+    RevokeLease(lease, deadline);
+    if (v.status().code() == absl::StatusCode::kAborted) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "segment name '", name,
+          "' was taken by another engine run while this one published it"));
+    }
+    return v.status();
+  }
+  if (before->exists && before->meta.lease_id() != lease) {
+    RevokeLease(before->meta.lease_id(), deadline);
+  }
+  return v;
+}
+
+absl::StatusOr<EtcdStore::Snapshot> EtcdStore::ReadSegment(
+    const std::string& name, bool all_buffers,
+    const UpdateBuffersRequest* around) {
+  const absl::Time deadline = absl::Now() + options_.rpc_timeout;
+  const std::string prefix = BufPrefix(name);
+  const std::string end = PrefixEnd(prefix);
+  while (true) {
+    TxnRequest txn;  // No compares: the ops run on one revision.
+    *txn.add_success() = RangeOp(OwnerKey(name));
+    *txn.add_success() = RangeOp(MetaKey(name));
+    if (all_buffers) {
+      *txn.add_success() = RangeOp(prefix, end);
+    } else if (around != nullptr) {
+      for (const Buffer& b : around->add()) {
+        // The first buffer at or above it, and the last one below.
+        *txn.add_success() = RangeOp(BufKey(name, b.addr()), end, 1);
+        *txn.add_success() =
+            RangeOp(prefix, BufKey(name, b.addr()), 1, /*descend=*/true);
+      }
+      for (uint64_t a : around->remove_addrs()) {
+        *txn.add_success() = RangeOp(BufKey(name, a));
+      }
+    }
+    auto resp = Txn(txn, deadline);
+    if (!resp.ok()) return resp.status();
+    Snapshot snap;
+    const auto& owner = resp->responses(0).response_range();
+    const auto& meta = resp->responses(1).response_range();
+    if (owner.kvs_size() == 0 || meta.kvs_size() == 0) return snap;
+    snap.exists = true;
+    snap.owner_key = owner.kvs(0).value();
+    if (!snap.meta.ParseFromString(meta.kvs(0).value())) {
+      return absl::DataLossError(
+          absl::StrCat("etcd key ", MetaKey(name), " holds no segment record"));
+    }
+    snap.meta_revision = meta.kvs(0).mod_revision();
+    for (int i = 2; i < resp->responses_size(); ++i) {
+      for (const auto& kv : resp->responses(i).response_range().kvs()) {
+        Buffer b;
+        if (!b.ParseFromString(kv.value())) {
+          return absl::DataLossError(
+              absl::StrCat("etcd key ", kv.key(), " holds no buffer"));
+        }
+        const uint64_t addr = b.addr();
+        snap.buffers.emplace(addr, std::move(b));
+      }
+    }
+    const bool complete =
+        !all_buffers || snap.buffers.size() == snap.meta.buffers();
+    if (!snap.meta.pending() && complete) return snap;
+    // A large change is being written: wait for it.
+    if (absl::Now() + absl::Milliseconds(20) >= deadline) {
+      return absl::UnavailableError(
+          absl::StrCat("segment '", name,
+                       "' is being published (its change is still "
+                       "being written to etcd)"));
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
+absl::StatusOr<uint64_t> EtcdStore::UpdateBuffers(
+    const UpdateBuffersRequest& request) {
+  const std::string& name = request.name();
+  if (absl::Status s = ValidateSegmentName(name); !s.ok()) return s;
+  for (const Buffer& b : request.add()) {
+    if (absl::Status s = ValidateBuffer(b); !s.ok()) return s;
+  }
+  const absl::Time deadline = absl::Now() + options_.rpc_timeout;
+  MutexLock lock(&write_mu_);
+  // A small update reads only the buffers it touches and the neighbours of
+  // those it adds. One that also removes reads the whole segment: a
+  // neighbour it removes would hide the next one out.
+  const size_t ranges = 2 * request.add_size() + request.remove_addrs_size();
+  const bool all = ranges + 2 > static_cast<size_t>(options_.max_txn_ops) ||
+                   (request.add_size() > 0 && request.remove_addrs_size() > 0);
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    auto snap = ReadSegment(name, all, all ? nullptr : &request);
+    if (!snap.ok()) return snap.status();
+    if (!snap->exists) return NotRegistered(name);
+    if (snap->owner_key != request.owner_key()) return HeldByAnother(name);
+    std::map<uint64_t, Buffer>& bufs = snap->buffers;
+    EtcdSegmentMeta meta = snap->meta;
+    std::set<std::string> devices;
+    for (const TransportEndpoint& t : meta.segment().transports()) {
+      for (const Device& d : t.devices()) devices.insert(d.name());
+    }
+    uint64_t count = meta.buffers();
+    uint64_t keys = meta.keys();
+    std::vector<RequestOp> ops;
+    for (uint64_t addr : request.remove_addrs()) {
+      auto it = bufs.find(addr);
+      if (it == bufs.end()) {
+        return absl::NotFoundError(
+            absl::StrCat("buffer 0x", absl::Hex(addr),
+                         " to remove is not registered in the segment"));
+      }
+      keys -= it->second.keys_size();
+      --count;
+      bufs.erase(it);
+      ops.push_back(DeleteOp(BufKey(name, addr)));
+    }
+    for (int i = 0; i < request.add_size(); ++i) {
+      const Buffer& b = request.add(i);
+      const std::string field = absl::StrCat("add[", i, "]");
+      for (const NicKey& k : b.keys()) {
+        if (devices.count(k.nic()) == 0) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              field, ": NIC '", k.nic(),
+              "' is not a device of any of the segment's transports"));
+        }
+      }
+      auto next = bufs.lower_bound(b.addr());
+      if (next != bufs.end() && next->first < b.addr() + b.length()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ": 0x", absl::Hex(b.addr()),
+                         " overlaps the buffer at 0x", absl::Hex(next->first)));
+      }
+      if (next != bufs.begin()) {
+        const Buffer& prev = std::prev(next)->second;
+        if (prev.addr() + prev.length() > b.addr()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              field, ": 0x", absl::Hex(b.addr()), " overlaps the buffer at 0x",
+              absl::Hex(prev.addr())));
+        }
+      }
+      keys += b.keys_size();
+      ++count;
+      bufs.emplace(b.addr(), b);
+      ops.push_back(PutOp(BufKey(name, b.addr()), b.SerializeAsString(),
+                          meta.lease_id()));
+    }
+    if (count > kMaxBuffersPerSegment || keys > kMaxKeysPerSegment) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "segment '", name, "' would hold ", count, " buffers with ", keys,
+          " NIC keys; at most ", kMaxBuffersPerSegment, " buffers and ",
+          kMaxKeysPerSegment, " keys"));
+    }
+    meta.set_buffers(count);
+    meta.set_keys(keys);
+    std::vector<Compare> guard = {
+        ValueIs(OwnerKey(name), request.owner_key()),
+        ModRevisionIs(MetaKey(name), snap->meta_revision)};
+    auto v =
+        WriteChanges(name, std::move(guard), std::move(ops), meta, deadline);
+    if (v.ok() || v.status().code() != absl::StatusCode::kAborted) return v;
+    // Changed between the read and the write (by the owner from elsewhere,
+    // or its lease ran out): read again.
+  }
+  return absl::AbortedError(absl::StrCat(
+      "segment '", name, "' kept changing during 20 attempts to update it"));
+}
+
+absl::StatusOr<absl::Duration> EtcdStore::KeepAlive(
+    const KeepAliveRequest& request) {
+  const std::string& name = request.name();
+  if (absl::Status s = ValidateSegmentName(name); !s.ok()) return s;
+  auto snap = ReadSegment(name, /*all_buffers=*/false, nullptr);
+  if (!snap.ok()) return snap.status();
+  if (!snap->exists) return NotRegistered(name);
+  if (snap->owner_key != request.owner_key()) return HeldByAnother(name);
+  if (snap->meta.lease_id() == 0) return absl::ZeroDuration();
+  const absl::Time deadline = absl::Now() + options_.rpc_timeout;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, deadline);
+  auto stream = lease_->LeaseKeepAlive(&ctx);
+  etcdserverpb::LeaseKeepAliveRequest req;
+  req.set_id(snap->meta.lease_id());
+  etcdserverpb::LeaseKeepAliveResponse resp;
+  const bool ok = stream->Write(req) && stream->Read(&resp);
+  stream->WritesDone();
+  grpc::Status s = stream->Finish();
+  if (!ok) {
+    return FromGrpcStatus(
+        s.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "stream ended")
+               : s,
+        absl::StrCat("etcd ", Describe(), " LeaseKeepAlive"));
+  }
+  if (resp.ttl() <= 0) return NotRegistered(name);  // Expired meanwhile.
+  return absl::Seconds(resp.ttl());
+}
+
+absl::StatusOr<SegmentDescriptor> EtcdStore::Get(const std::string& name) {
+  if (absl::Status s = ValidateSegmentName(name); !s.ok()) return s;
+  auto snap = ReadSegment(name, /*all_buffers=*/true, nullptr);
+  if (!snap.ok()) return snap.status();
+  if (!snap->exists) return NotRegistered(name);
+  SegmentDescriptor d = snap->meta.segment();
+  d.set_version(static_cast<uint64_t>(snap->meta_revision));
+  d.mutable_buffers()->Reserve(static_cast<int>(snap->buffers.size()));
+  for (auto& [addr, b] : snap->buffers) *d.add_buffers() = std::move(b);
+  // Anyone with write access to etcd could have put anything there.
+  if (absl::Status s = ValidateSegmentDescriptor(d); !s.ok()) {
+    return absl::DataLossError(absl::StrCat(
+        "etcd holds an invalid descriptor for '", name, "': ", s.message()));
+  }
+  return d;
+}
+
+absl::Status EtcdStore::Remove(const RemoveSegmentRequest& request) {
+  const std::string& name = request.name();
+  if (absl::Status s = ValidateSegmentName(name); !s.ok()) return s;
+  const absl::Time deadline = absl::Now() + options_.rpc_timeout;
+  MutexLock lock(&write_mu_);
+  TxnRequest txn;
+  *txn.add_compare() = ValueIs(OwnerKey(name), request.owner_key());
+  *txn.add_success() = RangeOp(MetaKey(name));
+  *txn.add_success() = DeleteOp(OwnerKey(name));
+  *txn.add_success() = DeleteOp(MetaKey(name));
+  *txn.add_success() = DeleteOp(BufPrefix(name), PrefixEnd(BufPrefix(name)));
+  *txn.add_failure() = RangeOp(OwnerKey(name));
+  auto resp = Txn(txn, deadline);
+  if (!resp.ok()) return resp.status();
+  if (!resp->succeeded()) {
+    if (resp->responses(0).response_range().kvs_size() == 0) {
+      return NotRegistered(name);
+    }
+    return HeldByAnother(name);
+  }
+  EtcdSegmentMeta meta;
+  const auto& kvs = resp->responses(0).response_range().kvs();
+  if (!kvs.empty() && meta.ParseFromString(kvs[0].value())) {
+    RevokeLease(meta.lease_id(), deadline);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> EtcdStore::List() {
+  const std::string prefix = absl::StrCat(options_.prefix, "meta/");
+  TxnRequest txn;
+  RequestOp op = RangeOp(prefix, PrefixEnd(prefix));
+  op.mutable_request_range()->set_keys_only(true);
+  *txn.add_success() = std::move(op);
+  auto resp = Txn(txn, absl::Now() + options_.rpc_timeout);
+  if (!resp.ok()) return resp.status();
+  std::vector<std::string> names;
+  for (const auto& kv : resp->responses(0).response_range().kvs()) {
+    names.push_back(
+        Unescape(absl::string_view(kv.key()).substr(prefix.size())));
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+}  // namespace ferry::metadata

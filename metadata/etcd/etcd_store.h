@@ -1,0 +1,115 @@
+// EtcdStore: the Store (metadata/store.h) on an etcd v3 cluster, through
+// etcd's own gRPC API (KV, Lease) with Ferry's gRPC stack. Several
+// metadata_servers, or engines directly (metadata address
+// "etcd://host:port[,host:port...]"), share one etcd cluster; etcd's Raft
+// gives the high availability.
+//
+// Layout, under a key prefix (default "ferry/"; a namespace per cluster
+// makes several share one etcd), with the segment name escaped ('/' and
+// '%' as %2F, %25):
+//   <prefix>owner/<name>       the owner key (the only compare target)
+//   <prefix>meta/<name>        EtcdSegmentMeta: the descriptor without
+//                              buffers, lease, counts
+//   <prefix>buf/<name>/<addr>  one Buffer per key, addr as 16 hex digits,
+//                              so key order is address order
+// All three hang off the segment's etcd lease, so etcd itself removes a
+// dead engine's segment when the lease runs out. Every change is one
+// transaction that compares the owner key (and, for buffer updates, the
+// meta key's revision read before), so another client can neither take
+// over a live name nor change what it does not own; an update of k
+// buffers reads only their neighbours and writes only them. Versions are
+// etcd revisions. A change larger than one transaction may hold (etcd's
+// --max-txn-ops, 128 by default) is written in several, with the meta
+// marked pending meanwhile; readers wait for it.
+//
+// etcd leases have whole seconds: a TTL is rounded up, and etcd raises it
+// to its minimum (about 2 s with default election timeouts).
+//
+// Who can read etcd can read owner keys: etcd's own authentication is the
+// boundary there. Thread-safe. Calls that fail with UNAVAILABLE (a member
+// down) are retried on the other endpoints until the RPC timeout.
+#ifndef FERRY_METADATA_ETCD_ETCD_STORE_H_
+#define FERRY_METADATA_ETCD_ETCD_STORE_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/mutex.h"
+#include "metadata/proto/store_log.pb.h"
+#include "metadata/store.h"
+#include "rpc.grpc.pb.h"
+
+namespace ferry::metadata {
+
+struct EtcdOptions {
+  // host:port of each member (or of any subset).
+  std::vector<std::string> endpoints;
+  // Every key starts with it.
+  std::string prefix = "ferry/";
+  absl::Duration rpc_timeout = absl::Seconds(3);
+  // Operations per transaction (etcd's --max-txn-ops, 128 by default).
+  int max_txn_ops = 120;
+};
+
+class EtcdStore final : public Store {
+ public:
+  // Checks the options; does not connect yet (the first call does).
+  static absl::StatusOr<std::unique_ptr<EtcdStore>> Create(EtcdOptions options);
+
+  absl::StatusOr<uint64_t> Put(const PutSegmentRequest& request) override;
+  absl::StatusOr<absl::Duration> KeepAlive(
+      const KeepAliveRequest& request) override;
+  absl::StatusOr<uint64_t> UpdateBuffers(
+      const UpdateBuffersRequest& request) override;
+  absl::StatusOr<SegmentDescriptor> Get(const std::string& name) override;
+  absl::Status Remove(const RemoveSegmentRequest& request) override;
+  absl::StatusOr<std::vector<std::string>> List() override;
+  std::string Describe() const override;
+
+ private:
+  explicit EtcdStore(EtcdOptions options);
+
+  // What one consistent read of a segment found.
+  struct Snapshot;
+  absl::StatusOr<Snapshot> ReadSegment(const std::string& name,
+                                       bool all_buffers,
+                                       const UpdateBuffersRequest* around);
+  // Runs `txn`, retrying UNAVAILABLE until the deadline.
+  absl::StatusOr<etcdserverpb::TxnResponse> Txn(
+      const etcdserverpb::TxnRequest& txn, absl::Time deadline);
+  absl::StatusOr<int64_t> GrantLease(absl::Duration ttl, absl::Time deadline);
+  void RevokeLease(int64_t id, absl::Time deadline);
+  // Writes `ops` in as many transactions as needed: the first guarded by
+  // `first_compares` (and marking the meta pending if more follow), the
+  // rest by the meta's revision staying put, then the final meta.
+  absl::StatusOr<uint64_t> WriteChanges(
+      const std::string& name,
+      std::vector<etcdserverpb::Compare> first_compares,
+      std::vector<etcdserverpb::RequestOp> ops, EtcdSegmentMeta meta,
+      absl::Time deadline);
+
+  std::string OwnerKey(const std::string& name) const;
+  std::string MetaKey(const std::string& name) const;
+  std::string BufPrefix(const std::string& name) const;
+  std::string BufKey(const std::string& name, uint64_t addr) const;
+
+  const EtcdOptions options_;
+  std::unique_ptr<etcdserverpb::KV::Stub> kv_;
+  std::unique_ptr<etcdserverpb::Lease::Stub> lease_;
+  // Changes from this process are serialized: an engine changes only its
+  // own segment, and its changes then never race each other's compares.
+  Mutex write_mu_;
+};
+
+// Parses "etcd://host:port[,host:port...]" into options (other fields
+// default). InvalidArgument naming what is wrong.
+absl::StatusOr<EtcdOptions> ParseEtcdAddress(const std::string& address);
+
+}  // namespace ferry::metadata
+
+#endif  // FERRY_METADATA_ETCD_ETCD_STORE_H_

@@ -1,0 +1,211 @@
+// The etcd store against real etcd servers on loopback: the shared store
+// suite, namespaces, segments larger than one transaction, two clients on
+// one cluster, and a 3-member cluster that loses a member mid-run.
+#include "metadata/etcd/etcd_store.h"
+
+#include <atomic>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/status_testing.h"
+#include "gtest/gtest.h"
+#include "metadata/etcd/etcd_testing.h"
+#include "metadata/store_conformance.h"
+#include "metadata/store_testing.h"
+
+namespace ferry::metadata {
+namespace {
+
+// One single-member cluster for the whole suite; each store gets a key
+// prefix of its own, so each test starts empty.
+EtcdCluster* SharedCluster() {
+  static EtcdCluster* cluster = [] {
+    auto c = EtcdCluster::Start(1);
+    if (!c.ok()) {
+      ADD_FAILURE() << c.status();
+      return static_cast<EtcdCluster*>(nullptr);
+    }
+    return c->release();
+  }();
+  return cluster;
+}
+
+absl::StatusOr<std::unique_ptr<EtcdStore>> FreshStore(
+    const std::vector<std::string>& endpoints, int max_txn_ops = 120) {
+  static std::atomic<int> n{0};
+  EtcdOptions o;
+  o.endpoints = endpoints;
+  o.prefix = absl::StrCat("test-", n.fetch_add(1), "/");
+  o.max_txn_ops = max_txn_ops;
+  return EtcdStore::Create(o);
+}
+
+absl::StatusOr<std::shared_ptr<Store>> Etcd() {
+  EtcdCluster* c = SharedCluster();
+  if (c == nullptr) return absl::UnavailableError("no etcd");
+  auto s = FreshStore(c->endpoints());
+  if (!s.ok()) return s.status();
+  return std::shared_ptr<Store>(std::move(*s));
+}
+
+// Small transactions, so that the suite's segments also take the path of
+// changes written in several.
+absl::StatusOr<std::shared_ptr<Store>> EtcdSmallTxns() {
+  EtcdCluster* c = SharedCluster();
+  if (c == nullptr) return absl::UnavailableError("no etcd");
+  auto s = FreshStore(c->endpoints(), 8);
+  if (!s.ok()) return s.status();
+  return std::shared_ptr<Store>(std::move(*s));
+}
+
+// etcd leases are whole seconds, at least its minimum (1 s with the test
+// members' timers).
+INSTANTIATE_TEST_SUITE_P(
+    Etcd, StoreConformanceTest,
+    ::testing::Values(StoreBackend{"Etcd", Etcd, absl::Seconds(1)},
+                      StoreBackend{"EtcdSmallTxns", EtcdSmallTxns,
+                                   absl::Seconds(1)}),
+    BackendName);
+
+SegmentDescriptor Seg(const std::string& name, uint64_t incarnation,
+                      int buffers) {
+  SegmentDescriptor s;
+  s.set_name(name);
+  s.set_incarnation(incarnation);
+  s.set_rpc_address("127.0.0.1:1");
+  for (int i = 0; i < buffers; ++i) {
+    Buffer* b = s.add_buffers();
+    b->set_addr(0x100000ull * (i + 1));
+    b->set_length(0x1000);
+    b->set_location("cpu:0");
+  }
+  return s;
+}
+
+TEST(EtcdStoreTest, NamespacesShareOneCluster) {
+  ASSERT_NE(SharedCluster(), nullptr);
+  ASSERT_OK_AND_ASSIGN(auto a, FreshStore(SharedCluster()->endpoints()));
+  ASSERT_OK_AND_ASSIGN(auto b, FreshStore(SharedCluster()->endpoints()));
+  // The same name, two owners, two clusters' namespaces: no conflict.
+  ASSERT_OK(a->Put(PutOf(Seg("prefill-0", 1, 1))));
+  ASSERT_OK(b->Put(PutOf(Seg("prefill-0", 2, 2))));
+  ASSERT_OK_AND_ASSIGN(SegmentDescriptor in_a, a->Get("prefill-0"));
+  ASSERT_OK_AND_ASSIGN(SegmentDescriptor in_b, b->Get("prefill-0"));
+  EXPECT_EQ(in_a.incarnation(), 1u);
+  EXPECT_EQ(in_b.incarnation(), 2u);
+  EXPECT_EQ(in_b.buffers_size(), 2);
+  // Names with '/' and '%' stay apart from their look-alikes.
+  ASSERT_OK(a->Put(PutOf(Seg("x/y", 3, 1))));
+  ASSERT_OK(a->Put(PutOf(Seg("x%2Fy", 4, 2))));
+  ASSERT_OK_AND_ASSIGN(SegmentDescriptor slash, a->Get("x/y"));
+  EXPECT_EQ(slash.buffers_size(), 1);
+  ASSERT_OK_AND_ASSIGN(auto names, a->List());
+  EXPECT_EQ(names, (std::vector<std::string>{"prefill-0", "x%2Fy", "x/y"}));
+}
+
+// A segment of 1,000 buffers and a batch of 500 more: many transactions
+// each, read back whole.
+TEST(EtcdStoreTest, LargeSegmentsAndBatches) {
+  ASSERT_NE(SharedCluster(), nullptr);
+  ASSERT_OK_AND_ASSIGN(auto s, FreshStore(SharedCluster()->endpoints()));
+  ASSERT_OK(s->Put(PutOf(Seg("big", 1, 1000), absl::Seconds(30))));
+  ASSERT_OK_AND_ASSIGN(SegmentDescriptor d, s->Get("big"));
+  EXPECT_EQ(d.buffers_size(), 1000);
+  UpdateBuffersRequest add;
+  add.set_name("big");
+  add.set_owner_key(TestOwnerKey(1));
+  for (int i = 0; i < 500; ++i) {
+    Buffer* b = add.add_add();
+    b->set_addr(0x100000ull * 2000 + 0x10000ull * i);
+    b->set_length(0x100);
+    b->set_location("cpu:0");
+  }
+  ASSERT_OK(s->UpdateBuffers(add));
+  ASSERT_OK_AND_ASSIGN(d, s->Get("big"));
+  EXPECT_EQ(d.buffers_size(), 1500);
+  UpdateBuffersRequest rm;
+  rm.set_name("big");
+  rm.set_owner_key(TestOwnerKey(1));
+  for (const Buffer& b : add.add()) rm.add_remove_addrs(b.addr());
+  ASSERT_OK(s->UpdateBuffers(rm));
+  ASSERT_OK_AND_ASSIGN(d, s->Get("big"));
+  EXPECT_EQ(d.buffers_size(), 1000);
+  EXPECT_OK(s->Remove(RemoveOf("big", 1)));
+}
+
+// Two clients (two metadata servers, or two engines) on one cluster and
+// prefix see one table, and ownership holds across them.
+TEST(EtcdStoreTest, TwoClientsShareOneTable) {
+  ASSERT_NE(SharedCluster(), nullptr);
+  EtcdOptions o;
+  o.endpoints = SharedCluster()->endpoints();
+  o.prefix = "shared-table/";
+  ASSERT_OK_AND_ASSIGN(auto one, EtcdStore::Create(o));
+  ASSERT_OK_AND_ASSIGN(auto two, EtcdStore::Create(o));
+  ASSERT_OK(one->Put(PutOf(Seg("decode-3", 7, 2), absl::Seconds(30))));
+  ASSERT_OK_AND_ASSIGN(SegmentDescriptor d, two->Get("decode-3"));
+  EXPECT_EQ(d.incarnation(), 7u);
+  EXPECT_STATUS(two->Put(PutOf(Seg("decode-3", 8, 1), absl::Seconds(30))),
+                absl::StatusCode::kAlreadyExists);
+  EXPECT_STATUS(two->Remove(RemoveOf("decode-3", 8)),
+                absl::StatusCode::kFailedPrecondition);
+  EXPECT_OK(two->Remove(RemoveOf("decode-3", 7)));  // With the owner's key.
+  EXPECT_STATUS(one->Get("decode-3"), absl::StatusCode::kNotFound);
+}
+
+// High availability: a 3-member cluster loses a member mid-run (the first
+// endpoint the clients know). Registration, lookup and leases go on.
+TEST(EtcdStoreTest, ThreeMembersSurviveLosingOne) {
+  ASSERT_OK_AND_ASSIGN(auto cluster, EtcdCluster::Start(3));
+  EtcdOptions o;
+  o.endpoints = cluster->endpoints();
+  o.prefix = "ha/";
+  o.rpc_timeout = absl::Seconds(5);
+  ASSERT_OK_AND_ASSIGN(auto store, EtcdStore::Create(o));
+  const absl::Duration lease = absl::Seconds(2);
+  ASSERT_OK(store->Put(PutOf(Seg("alive", 1, 1), lease)));
+  ASSERT_OK(store->Put(PutOf(Seg("dead", 2, 1), lease)));
+  std::atomic<bool> stop{false};
+  std::atomic<int> renewals{0}, renewal_errors{0};
+  std::thread renewer([&] {
+    while (!stop.load()) {
+      if (store->KeepAlive(KeepAliveOf("alive", 1)).ok()) {
+        renewals.fetch_add(1);
+      } else {
+        renewal_errors.fetch_add(1);
+      }
+      absl::SleepFor(absl::Milliseconds(400));
+    }
+  });
+  absl::SleepFor(absl::Milliseconds(500));
+  cluster->Kill(0);
+  // Registration and lookup through the survivors.
+  ASSERT_OK(store->Put(PutOf(Seg("after", 3, 4), lease)));
+  UpdateBuffersRequest add;
+  add.set_name("alive");
+  add.set_owner_key(TestOwnerKey(1));
+  Buffer* b = add.add_add();
+  b->set_addr(0x7000000);
+  b->set_length(0x1000);
+  b->set_location("cpu:0");
+  ASSERT_OK(store->UpdateBuffers(add));
+  ASSERT_OK_AND_ASSIGN(SegmentDescriptor after, store->Get("after"));
+  EXPECT_EQ(after.buffers_size(), 4);
+  // Leases: the renewed one lives past 2 TTLs, the other one expires.
+  absl::SleepFor(3 * lease);
+  stop.store(true);
+  renewer.join();
+  ASSERT_OK_AND_ASSIGN(SegmentDescriptor alive, store->Get("alive"));
+  EXPECT_EQ(alive.buffers_size(), 2);
+  EXPECT_STATUS(store->Get("dead"), absl::StatusCode::kNotFound);
+  EXPECT_GE(renewals.load(), 10);
+  ASSERT_OK_AND_ASSIGN(auto names, store->List());
+  EXPECT_EQ(names, (std::vector<std::string>{"alive"}))
+      << "'after' was put with a lease nobody renewed";
+  std::printf("renewals %d, failed while the member died %d\n", renewals.load(),
+              renewal_errors.load());
+}
+
+}  // namespace
+}  // namespace ferry::metadata

@@ -1,0 +1,131 @@
+#!/bin/bash
+# Engines on an etcd v3 cluster (Debian's etcd-server, one member on
+# loopback), with the real processes:
+#   1. a target and an initiator with --metadata_server=etcd://...,
+#      over TCP and over RDMA (softrnic), verified data;
+#   2. two metadata_servers on one etcd (--etcd): a target published
+#      through one is reached by an initiator that asks the other;
+#   3. namespaces: a segment of cluster A is invisible from cluster B;
+#   4. a target killed with SIGKILL: etcd's lease removes its segment.
+set -uo pipefail
+RUNFILES="${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}"
+BENCH="$RUNFILES/tools/transfer_bench"
+MDS="$RUNFILES/tools/metadata_server"
+LIBDIR="$RUNFILES/transport/softrnic"
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+pids=()
+cleanup() {
+  local p
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
+  wait 2>/dev/null
+}
+trap cleanup EXIT
+passed=0 failed=0
+pass() { echo "PASS: $1"; passed=$((passed + 1)); }
+fail() { echo "FAIL: $1"; shift; tail -n 20 "$@"; failed=$((failed + 1)); }
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+wait_for() {  # file, text: up to 10 s
+  local _
+  for _ in $(seq 100); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
+  return 1
+}
+if [[ ! -x /usr/bin/etcd ]]; then
+  echo "FAIL: etcd not installed (apt-get install etcd-server; tools/dev.sh setup)"
+  echo "0 passed, 1 failed"
+  exit 1
+fi
+
+cport=$(free_port)
+pport=$(free_port)
+/usr/bin/etcd --name=m0 --data-dir="$tmp/etcd" \
+  --listen-client-urls="http://127.0.0.1:$cport" \
+  --advertise-client-urls="http://127.0.0.1:$cport" \
+  --listen-peer-urls="http://127.0.0.1:$pport" \
+  --initial-advertise-peer-urls="http://127.0.0.1:$pport" \
+  --initial-cluster="m0=http://127.0.0.1:$pport" \
+  --heartbeat-interval=50 --election-timeout=500 \
+  --logger=zap --log-level=error >"$tmp/etcd.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do
+  python3 -c "import socket; socket.create_connection(('127.0.0.1', $cport), 1)" 2>/dev/null && break
+  sleep 0.1
+done
+ETCD="etcd://127.0.0.1:$cport"
+
+start_target() {  # segment, log, protocol, metadata, then flags
+  local seg=$1 log=$2 proto=$3 md=$4
+  shift 4
+  env LD_LIBRARY_PATH="$LIBDIR" "$BENCH" --mode=target --protocol="$proto" \
+    --metadata_server="$md" --segment_id="$seg" --local_server_name="$seg" \
+    --listen_host=127.0.0.1 --buffer_size=$((8 << 20)) --target_seconds=60 \
+    "$@" >"$tmp/$log" 2>&1 &
+  target_pid=$!
+  pids+=($target_pid)
+  wait_for "$tmp/$log" "target ready"
+}
+initiator() {  # segment, log, protocol, metadata, then flags
+  local seg=$1 log=$2 proto=$3 md=$4
+  shift 4
+  timeout 60 env LD_LIBRARY_PATH="$LIBDIR" "$BENCH" --mode=initiator \
+    --protocol="$proto" --metadata_server="$md" --segment_id="$seg" \
+    --listen_host=127.0.0.1 --buffer_size=$((8 << 20)) --block_size=65536 \
+    --duration=0.3 --verify --report=json "$@" >"$tmp/$log" 2>&1
+}
+
+# 1. Engines on etcd directly.
+for proto in tcp rdma; do
+  if start_target "t-$proto" "t-$proto.log" "$proto" "$ETCD" &&
+    initiator "t-$proto" "i-$proto.json" "$proto" "$ETCD"; then
+    pass "$proto: target and initiator on $ETCD moved verified data"
+  else
+    fail "$proto over etcd" "$tmp/t-$proto.log" "$tmp/i-$proto.json"
+  fi
+done
+
+# 2. Two metadata_servers sharing one etcd.
+md_ports=()
+for n in 1 2; do
+  port=$(free_port)
+  md_ports+=("$port")
+  "$MDS" --listen="127.0.0.1:$port" --etcd="$ETCD" >"$tmp/md$n.log" 2>&1 &
+  pids+=($!)
+  wait_for "$tmp/md$n.log" "listening" || fail "metadata_server $n" "$tmp/md$n.log"
+done
+if start_target via-md1 via-md1.log tcp "127.0.0.1:${md_ports[0]}" &&
+  initiator via-md1 via-md2.json tcp "127.0.0.1:${md_ports[1]}"; then
+  pass "a target published through one metadata_server was reached through another on the same etcd"
+else
+  fail "two metadata_servers on one etcd" "$tmp/via-md1.log" "$tmp/via-md2.json"
+fi
+
+# 3. Namespaces.
+start_target shared ns-a.log tcp "$ETCD" --metadata_namespace=cluster-a
+initiator shared ns-b.json tcp "$ETCD" --metadata_namespace=cluster-b
+rc_b=$?
+initiator shared ns-a.json tcp "$ETCD" --metadata_namespace=cluster-a
+rc_a=$?
+if ((rc_b != 0 && rc_a == 0)) && grep -q "not registered" "$tmp/ns-b.json"; then
+  pass "a segment of namespace cluster-a is reached from cluster-a and not seen from cluster-b"
+else
+  fail "namespaces (from b: exit $rc_b, from a: exit $rc_a)" "$tmp/ns-b.json" "$tmp/ns-a.json"
+fi
+
+# 4. A killed target's segment goes with its etcd lease.
+start_target doomed doomed.log tcp "$ETCD" --metadata_lease_seconds=1
+kill -9 "$target_pid"
+gone=no
+for _ in $(seq 40); do
+  initiator doomed after.json tcp "$ETCD" && continue
+  grep -q "not registered" "$tmp/after.json" && { gone=yes; break; }
+  sleep 0.25
+done
+if [[ $gone == yes ]]; then
+  pass "a killed target's segment left etcd with its lease"
+else
+  fail "lease expiry on etcd" "$tmp/after.json" "$tmp/doomed.log"
+fi
+
+echo "$passed passed, $failed failed"
+((failed == 0))
