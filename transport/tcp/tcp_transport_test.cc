@@ -526,16 +526,25 @@ TEST_F(TcpTransportTest, PeerPoolsAreBoundedLru) {
     d.mutable_transports(0)->set_address(address);
     return *SegmentView::Create(d);
   };
-  for (int i = 0; i < 20; ++i) {
-    auto view = view_at(absl::StrCat("127.0.2.", i + 1, ":", hp->port));
-    RecordingSink sink;
-    uint64_t v = 0;
-    Slice s = MakeSlice(OpCode::kRead, &v, r.addr, 8);
-    s.target = view.get();
-    s.sink = &sink;
+  // Each peer's slice, sink and view live to the end of the test, so that
+  // a late or second completion of an earlier one is seen (counted), not
+  // written into a later iteration's objects at the same stack address.
+  constexpr int kPeers = 20;
+  std::vector<std::shared_ptr<const SegmentView>> peer_views;
+  std::vector<std::unique_ptr<RecordingSink>> peer_sinks;
+  std::vector<Slice> peer_slices(kPeers);
+  std::vector<uint64_t> peer_bufs(kPeers);
+  for (int i = 0; i < kPeers; ++i) {
+    peer_views.push_back(
+        view_at(absl::StrCat("127.0.2.", i + 1, ":", hp->port)));
+    peer_sinks.push_back(std::make_unique<RecordingSink>());
+    Slice& s = peer_slices[i];
+    s = MakeSlice(OpCode::kRead, &peer_bufs[i], r.addr, 8);
+    s.target = peer_views.back().get();
+    s.sink = peer_sinks.back().get();
     Slice* ss[] = {&s};
     initiator->Submit(ss);
-    auto st = sink.Wait(1, absl::Seconds(10));
+    auto st = peer_sinks.back()->Wait(1, absl::Seconds(10));
     ASSERT_EQ(st.size(), 1u);
     ASSERT_OK(st[0]);
     EXPECT_LE(initiator->Stats().peers, 4u);
@@ -575,6 +584,10 @@ TEST_F(TcpTransportTest, PeerPoolsAreBoundedLru) {
   initiator->Shutdown();  // Cancels the four.
   EXPECT_EQ(busy_sink.Wait(4, absl::Seconds(5)).size(), 4u);
   target->Shutdown();
+  for (int i = 0; i < kPeers; ++i) {
+    EXPECT_EQ(peer_sinks[i]->count(&peer_slices[i]), 1) << "peer " << i;
+    EXPECT_EQ(peer_sinks[i]->Wait(0).size(), 1u) << "peer " << i;
+  }
 }
 
 // A peer whose connects are never answered (its accept queue is full, so
