@@ -24,6 +24,9 @@ using etcdserverpb::TxnResponse;
 
 namespace {
 
+// Buffers read below an added address before reading the whole segment.
+constexpr int64_t kWindowKeys = 64;
+
 std::string Escape(const std::string& name) {
   std::string out;
   for (char c : name) {
@@ -67,16 +70,12 @@ std::string PrefixEnd(std::string prefix) {
 }
 
 RequestOp RangeOp(const std::string& key, const std::string& end = "",
-                  int64_t limit = 0, bool descend = false) {
+                  int64_t limit = 0) {
   RequestOp op;
   auto* r = op.mutable_request_range();
   r->set_key(key);
   r->set_range_end(end);
   r->set_limit(limit);
-  if (descend) {
-    r->set_sort_order(etcdserverpb::RangeRequest::DESCEND);
-    r->set_sort_target(etcdserverpb::RangeRequest::KEY);
-  }
   return op;
 }
 
@@ -190,6 +189,9 @@ struct EtcdStore::Snapshot {
   int64_t meta_revision = 0;
   // The buffers read: all of them, or those around an update's addresses.
   std::map<uint64_t, Buffer> buffers;
+  // A window below an added address held more than kWindowKeys buffers:
+  // the one that matters may be missing; read the whole segment instead.
+  bool window_truncated = false;
 };
 
 absl::StatusOr<EtcdOptions> ParseEtcdAddress(const std::string& address) {
@@ -403,6 +405,7 @@ absl::StatusOr<uint64_t> EtcdStore::Put(const PutSegmentRequest& request) {
   meta.set_lease_ttl_ms(request.lease_ttl_ms());
   meta.set_buffers(in.buffers_size());
   uint64_t keys = 0;
+  uint64_t longest = 0;
   std::vector<RequestOp> ops;
   // The old run's buffers that this one does not have (etcd refuses a
   // transaction that deletes and puts the same key).
@@ -414,9 +417,11 @@ absl::StatusOr<uint64_t> EtcdStore::Put(const PutSegmentRequest& request) {
   ops.push_back(PutOp(OwnerKey(name), request.owner_key(), lease));
   for (const Buffer& b : in.buffers()) {
     keys += b.keys_size();
+    longest = std::max<uint64_t>(longest, b.length());
     ops.push_back(PutOp(BufKey(name, b.addr()), b.SerializeAsString(), lease));
   }
   meta.set_keys(keys);
+  meta.set_max_buffer_length(longest);
   // Taken only if still free, or still ours.
   std::vector<Compare> guard = {
       before->exists ? ValueIs(OwnerKey(name), request.owner_key())
@@ -451,10 +456,8 @@ absl::StatusOr<EtcdStore::Snapshot> EtcdStore::ReadSegment(
       *txn.add_success() = RangeOp(prefix, end);
     } else if (around != nullptr) {
       for (const Buffer& b : around->add()) {
-        // The first buffer at or above it, and the last one below.
+        // The first buffer at or above it (the one below: next read).
         *txn.add_success() = RangeOp(BufKey(name, b.addr()), end, 1);
-        *txn.add_success() =
-            RangeOp(prefix, BufKey(name, b.addr()), 1, /*descend=*/true);
       }
       for (uint64_t a : around->remove_addrs()) {
         *txn.add_success() = RangeOp(BufKey(name, a));
@@ -486,6 +489,36 @@ absl::StatusOr<EtcdStore::Snapshot> EtcdStore::ReadSegment(
     }
     const bool complete =
         !all_buffers || snap.buffers.size() == snap.meta.buffers();
+    if (!snap.meta.pending() && complete && around != nullptr && !all_buffers &&
+        around->add_size() > 0 && snap.meta.max_buffer_length() > 0) {
+      // The buffers just below each added address that could reach it,
+      // read at the same revision. etcd sorts a whole range to read it in
+      // descending order, so "the last key below" would cost O(n); this
+      // window holds one key in practice (blocks of one size).
+      TxnRequest below;
+      const uint64_t reach = snap.meta.max_buffer_length() - 1;
+      for (const Buffer& b : around->add()) {
+        const uint64_t lo = b.addr() > reach ? b.addr() - reach : 0;
+        RequestOp op =
+            RangeOp(BufKey(name, lo), BufKey(name, b.addr()), kWindowKeys);
+        op.mutable_request_range()->set_revision(resp->header().revision());
+        *below.add_success() = std::move(op);
+      }
+      auto w = Txn(below, deadline);
+      if (!w.ok()) return w.status();
+      for (const auto& r : w->responses()) {
+        if (r.response_range().more()) snap.window_truncated = true;
+        for (const auto& kv : r.response_range().kvs()) {
+          Buffer b;
+          if (!b.ParseFromString(kv.value())) {
+            return absl::DataLossError(
+                absl::StrCat("etcd key ", kv.key(), " holds no buffer"));
+          }
+          const uint64_t addr = b.addr();
+          snap.buffers.emplace(addr, std::move(b));
+        }
+      }
+    }
     if (!snap.meta.pending() && complete) return snap;
     // A large change is being written: wait for it.
     if (absl::Now() + absl::Milliseconds(20) >= deadline) {
@@ -513,11 +546,16 @@ absl::StatusOr<uint64_t> EtcdStore::UpdateBuffers(
   const size_t ranges = 2 * request.add_size() + request.remove_addrs_size();
   const bool all = ranges + 2 > static_cast<size_t>(options_.max_txn_ops) ||
                    (request.add_size() > 0 && request.remove_addrs_size() > 0);
+  bool read_all = all;
   for (int attempt = 0; attempt < 20; ++attempt) {
-    auto snap = ReadSegment(name, all, all ? nullptr : &request);
+    auto snap = ReadSegment(name, read_all, read_all ? nullptr : &request);
     if (!snap.ok()) return snap.status();
     if (!snap->exists) return NotRegistered(name);
     if (snap->owner_key != request.owner_key()) return HeldByAnother(name);
+    if (snap->window_truncated) {
+      read_all = true;
+      continue;
+    }
     std::map<uint64_t, Buffer>& bufs = snap->buffers;
     EtcdSegmentMeta meta = snap->meta;
     std::set<std::string> devices;
@@ -565,6 +603,8 @@ absl::StatusOr<uint64_t> EtcdStore::UpdateBuffers(
       }
       keys += b.keys_size();
       ++count;
+      meta.set_max_buffer_length(
+          std::max<uint64_t>(meta.max_buffer_length(), b.length()));
       bufs.emplace(b.addr(), b);
       ops.push_back(PutOp(BufKey(name, b.addr()), b.SerializeAsString(),
                           meta.lease_id()));

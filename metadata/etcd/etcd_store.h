@@ -17,7 +17,9 @@
 // transaction that compares the owner key (and, for buffer updates, the
 // meta key's revision read before), so another client can neither take
 // over a live name nor change what it does not own; an update of k
-// buffers reads only their neighbours and writes only them. Versions are
+// buffers reads only their neighbours (the next buffer up, and those in
+// the window below that the segment's longest buffer could reach from)
+// and writes only them. Versions are
 // etcd revisions. A change larger than one transaction may hold (etcd's
 // --max-txn-ops, 128 by default) is written in several, with the meta
 // marked pending meanwhile; readers wait for it.

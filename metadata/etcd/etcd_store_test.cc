@@ -134,6 +134,46 @@ TEST(EtcdStoreTest, LargeSegmentsAndBatches) {
   EXPECT_OK(s->Remove(RemoveOf("big", 1)));
 }
 
+// An update reads only a window below each address it adds, as wide as
+// the segment's longest buffer: a long buffer far below is still found,
+// and so is one behind more small buffers than the window reads.
+TEST(EtcdStoreTest, OverlapsAreFoundFarBelow) {
+  ASSERT_NE(SharedCluster(), nullptr);
+  ASSERT_OK_AND_ASSIGN(auto s, FreshStore(SharedCluster()->endpoints()));
+  SegmentDescriptor d = Seg("a", 1, 0);
+  Buffer* big = d.add_buffers();
+  big->set_addr(uint64_t{1} << 40);
+  big->set_length(uint64_t{1} << 30);
+  big->set_location("cpu:0");
+  ASSERT_OK(s->Put(PutOf(d)));
+  auto add = [&](uint64_t addr, uint64_t len) {
+    UpdateBuffersRequest u;
+    u.set_name("a");
+    u.set_owner_key(TestOwnerKey(1));
+    Buffer* b = u.add_add();
+    b->set_addr(addr);
+    b->set_length(len);
+    b->set_location("cpu:0");
+    return s->UpdateBuffers(u).status();
+  };
+  // Inside the 1 GiB buffer, 512 MiB above its start.
+  EXPECT_STATUS(add((uint64_t{1} << 40) + (uint64_t{1} << 29), 4096),
+                absl::StatusCode::kInvalidArgument);
+  // A long buffer that reaches past a new address, and 100 small ones
+  // below it, inside the window: the window is cut short before the long
+  // one, and the whole segment is read.
+  const uint64_t base = uint64_t{1} << 42;
+  ASSERT_OK(add(base, uint64_t{1} << 30));
+  for (int i = 0; i < 100; ++i) {
+    ASSERT_OK(add(base - 16 * (i + 1), 16)) << i;
+  }
+  EXPECT_STATUS(add(base + (uint64_t{1} << 30) - 4096, 4096),
+                absl::StatusCode::kInvalidArgument);
+  EXPECT_OK(add(base + (uint64_t{1} << 30), 4096));  // Just past its end.
+  ASSERT_OK_AND_ASSIGN(SegmentDescriptor got, s->Get("a"));
+  EXPECT_EQ(got.buffers_size(), 1 + 1 + 100 + 1);
+}
+
 // Two clients (two metadata servers, or two engines) on one cluster and
 // prefix see one table, and ownership holds across them.
 TEST(EtcdStoreTest, TwoClientsShareOneTable) {
