@@ -12,7 +12,9 @@
 #include "common/host_info.h"
 #include "common/log.h"
 #include "common/socket_util.h"
+#include "metadata/auth.h"
 #include "metadata/metadata_address.h"
+#include "metadata/p2p_store.h"
 #include "metadata/validation.h"
 
 namespace ferry {
@@ -34,8 +36,11 @@ uint16_t NextHandleTag() {
 EngineImpl::~EngineImpl() { Shutdown(); }
 
 absl::Status EngineImpl::ValidateOptions(const EngineOptions& o) const {
+  // In P2PHANDSHAKE mode the name is the engine's RPC address, chosen at
+  // Init; a name given is only a hint (host:port sets nothing here).
+  const bool p2p = o.metadata_endpoint == "P2PHANDSHAKE";
   if (absl::Status s = metadata::ValidateSegmentName(o.local_segment_name);
-      !s.ok()) {
+      !s.ok() && !(p2p && o.local_segment_name.empty())) {
     return absl::InvalidArgumentError(
         absl::StrCat("local_segment_name: ", s.message()));
   }
@@ -57,6 +62,14 @@ absl::Status EngineImpl::ValidateOptions(const EngineOptions& o) const {
   if (auto a = metadata::ParseMetadataAddress(o.metadata_endpoint); !a.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("metadata_endpoint: ", a.status().message()));
+  }
+  if (absl::Status s = metadata::ValidateAuthToken(o.auth_token); !s.ok()) {
+    return s;
+  }
+  if (p2p && !o.metadata_namespace.empty()) {
+    return absl::InvalidArgumentError(
+        "metadata_namespace has no meaning in P2PHANDSHAKE mode (segments "
+        "are named by their engines' addresses)");
   }
   if (!o.metadata_namespace.empty()) {
     if (absl::Status s = metadata::ValidateSegmentName(o.metadata_namespace);
@@ -175,12 +188,9 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("metadata_endpoint: ", md_address.status().message()));
   }
-  if (md_address->kind == metadata::MetadataAddress::Kind::kP2p) {
-    StopMrCache();
-    return absl::UnimplementedError(
-        "metadata_endpoint P2PHANDSHAKE is not supported yet: use "
-        "\"embedded\", a metadata service's host:port, or etcd://");
-  }
+  const bool p2p = md_address->kind == metadata::MetadataAddress::Kind::kP2p;
+  peer_service_.SetAuthToken(options.auth_token);
+  metadata_service_.SetAuthToken(options.auth_token);
   std::vector<grpc::Service*> services = {&peer_service_};
   const bool embedded =
       md_address->kind == metadata::MetadataAddress::Kind::kEmbedded;
@@ -198,8 +208,19 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
   const std::string rpc_address =
       JoinHostPort(advertised_host_, rpc_server_->port());
   metadata_address_ = embedded ? rpc_address : options.metadata_endpoint;
+  // P2PHANDSHAKE (Mooncake's): the segment is named by the engine's RPC
+  // address, where peers ask for its descriptor.
+  const std::string segment_name =
+      p2p ? rpc_address : options.local_segment_name;
+  options_.local_segment_name = segment_name;
+  peer_client_ = std::make_unique<metadata::PeerClient>(
+      options.rpc_timeout, metadata::PeerClient::kMaxStubs, options.auth_token);
   std::unique_ptr<metadata::Store> store;
-  if (embedded) {
+  if (p2p) {
+    auto own = std::make_unique<metadata::P2pStore>(peer_client_.get());
+    peer_service_.SetDescriptorSource(own->local());
+    store = std::move(own);
+  } else if (embedded) {
     // An embedded service is called through loopback when it listens
     // there too: the advertised address may be one only remote peers can
     // use.
@@ -211,12 +232,13 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
       local = JoinHostPort(host.ok() ? *host : options.listen_host,
                            rpc_server_->port());
     }
-    store =
-        std::make_unique<metadata::MetadataClient>(local, options.rpc_timeout);
+    store = std::make_unique<metadata::MetadataClient>(
+        local, options.rpc_timeout, options.auth_token);
   } else {
     // Names are resolved here, once: the store then dials addresses, with
     // no DNS on any later call.
-    auto connected = metadata::ConnectStore(*md_address, options.rpc_timeout);
+    auto connected = metadata::ConnectStore(*md_address, options.rpc_timeout,
+                                            options.auth_token);
     if (!connected.ok()) {
       ReleaseAll();
       return absl::InvalidArgumentError(
@@ -235,7 +257,6 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
   }
   metadata_ = std::move(store);
   const std::string metadata_addr = metadata_->Describe();
-  peer_client_ = std::make_unique<metadata::PeerClient>(options.rpc_timeout);
   segments_ = std::make_unique<SegmentCache>(
       metadata_.get(), NextHandleTag(),
       [this](Task* task, std::shared_ptr<const SegmentView> view,
@@ -250,19 +271,19 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
   });
 
   metadata::SegmentDescriptor desc;
-  desc.set_name(options.local_segment_name);
+  desc.set_name(segment_name);
   desc.set_incarnation(incarnation_);
   desc.set_rpc_address(rpc_address);
   desc.set_network_id(NetworkIdentity());
 
   TransportEnv env;
-  env.local_segment = options.local_segment_name;
+  env.local_segment = segment_name;
   env.incarnation = incarnation_;
   env.listen_host = options.listen_host;
   env.advertise_host = advertised_host_;
   env.rpc_address = rpc_address;
   peer_channel_ = std::make_unique<metadata::GrpcPeerChannel>(
-      &peer_service_, peer_client_.get(), options.local_segment_name);
+      &peer_service_, peer_client_.get(), segment_name);
   env.peer_channel = peer_channel_.get();
   for (const std::string& name : options.transports) {
     auto transport = CreateTransport(name, topts);
@@ -295,21 +316,19 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
           ? options.segment_name_wait
           : options.metadata_lease_ttl + absl::Seconds(1);
   if (absl::Status s = publisher_->Publish(desc, name_wait); !s.ok()) {
-    FERRY_LOG(kError, "metadata", "cannot publish segment '",
-              options.local_segment_name, "' to ", metadata_addr, ": ",
-              s.message());
+    FERRY_LOG(kError, "metadata", "cannot publish segment '", segment_name,
+              "' to ", metadata_addr, ": ", s.message());
     ReleaseAll();
     return absl::Status(
-        s.code(),
-        absl::StrCat("cannot publish segment '", options.local_segment_name,
-                     "' to the metadata service at ", metadata_addr, ": ",
-                     s.message()));
+        s.code(), absl::StrCat("cannot publish segment '", segment_name,
+                               "' to the metadata service at ", metadata_addr,
+                               ": ", s.message()));
   }
   initialized_ = true;
   if (IsLoopbackHost(advertised_host_) && !embedded) {
     if (auto md = ParseHostPort(options.metadata_endpoint);
         md.ok() && !IsLoopbackHost(md->host) && md->host != "localhost") {
-      FERRY_LOG(kWarn, "engine", "segment '", options.local_segment_name,
+      FERRY_LOG(kWarn, "engine", "segment '", segment_name,
                 "' advertises the loopback address ", advertised_host_,
                 " to the metadata service at ", options.metadata_endpoint,
                 ": peers on other hosts will be refused at OpenSegment. Set "
@@ -318,9 +337,9 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
     }
   }
   FERRY_LOG(
-      kInfo, "engine", "segment '", options.local_segment_name,
-      "' up: metadata ", embedded ? "embedded at " : "at ", metadata_address_,
-      ", rpc ", rpc_address, ", bound to '",
+      kInfo, "engine", "segment '", segment_name, "' up: metadata ",
+      embedded ? "embedded at " : "at ", metadata_address_, ", rpc ",
+      rpc_address, ", bound to '",
       options.listen_host.empty() ? "every interface" : options.listen_host,
       "', advertising ", advertised_host_, " (", advertised_reason_,
       "), transports [", absl::StrJoin(options.transports, ","),
@@ -341,6 +360,9 @@ void EngineImpl::ReleaseAll() {
   for (auto& t : transports_) t->Shutdown();
   if (rpc_server_ != nullptr) rpc_server_->Shutdown();
   rpc_server_.reset();
+  // No call is in progress once the server is down: the source (in
+  // metadata_) may go.
+  peer_service_.SetDescriptorSource(nullptr);
   // Every slice has completed (the transports cancelled what was left), so
   // no lease is held: the registrations go with the transports whose
   // handles they carry, and a later Init starts clean.
@@ -617,6 +639,7 @@ EngineStats EngineImpl::GetEngineStats() const {
   const SegmentCache::Stats seg = segments_->stats();
   st.segments_open = seg.open;
   st.descriptor_refreshes = seg.refreshes;
+  st.descriptor_pushes = seg.pushes;
   st.descriptor_refresh_failures = seg.refresh_failures;
   st.requests_waiting_for_descriptor = seg.parked_now;
   st.requests_waited_for_descriptor = seg.parked_total;

@@ -1,6 +1,7 @@
 #include "engine/segment_cache.h"
 
 #include <algorithm>
+#include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -49,6 +50,14 @@ void SegmentCache::Stop() {
     wake_.SignalAll();
     job_cv_.SignalAll();
   }
+  {
+    std::vector<WatchEntry> watches;
+    {
+      MutexLock lock(&mu_);
+      watches.swap(watches_);
+    }
+    watches.clear();  // Outside mu_: their last events may be waiting.
+  }
   if (refresher_.joinable()) refresher_.join();
   // Bounded by the RPC timeout of a fetch in flight.
   if (fetcher_.joinable()) fetcher_.join();
@@ -68,16 +77,24 @@ void SegmentCache::Stop() {
   Deliver(&cancelled);
 }
 
+absl::StatusOr<std::shared_ptr<const SegmentView>> SegmentCache::MakeView(
+    metadata::SegmentDescriptor desc) {
+  if (absl::Status s = metadata::ValidateSegmentDescriptor(desc); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = metadata::CheckReachable(desc, NetworkIdentity());
+      !s.ok()) {
+    return s;
+  }
+  return SegmentView::Create(std::move(desc));
+}
+
 absl::StatusOr<std::shared_ptr<const SegmentView>> SegmentCache::Fetch(
     const std::string& name) {
   auto view = [&]() -> absl::StatusOr<std::shared_ptr<const SegmentView>> {
     auto desc = client_->Get(name);
     if (!desc.ok()) return desc.status();
-    if (absl::Status s = metadata::CheckReachable(*desc, NetworkIdentity());
-        !s.ok()) {
-      return s;
-    }
-    return SegmentView::Create(std::move(*desc));
+    return MakeView(std::move(*desc));
   }();
   // An unknown name is the caller's business (OpenSegment says so); the
   // rest is what an operator needs to see: the service unreachable, bad
@@ -145,11 +162,72 @@ absl::StatusOr<SegmentHandle> SegmentCache::Open(const std::string& name) {
   const SegmentHandle handle = HandleOf(slot);
   by_name_[name] = handle;
   ++stats_.open;
+  StartWatchLocked(name, e->view);
   return handle;
+}
+
+void SegmentCache::StartWatchLocked(const std::string& name,
+                                    std::shared_ptr<const SegmentView> view) {
+  // The stream's own copy of the descriptor, which its events apply to in
+  // order (gRPC delivers one stream's events one at a time).
+  auto current =
+      std::make_shared<metadata::SegmentDescriptor>(view->descriptor());
+  auto watch = client_->WatchSegment(
+      name, current->version(),
+      [this, name, current](const metadata::SegmentEvent& ev) {
+        OnEvent(name, current.get(), ev);
+      });
+  // A store that cannot push (etcd, P2P): refresh on a miss, as before.
+  if (watch.ok()) watches_.push_back({name, std::move(*watch)});
+}
+
+void SegmentCache::OnEvent(const std::string& name,
+                           metadata::SegmentDescriptor* current,
+                           const metadata::SegmentEvent& ev) {
+  if (ev.gone()) {
+    // Removed, or its lease ran out: requests fetch again and fail with
+    // what the service says.
+    MutexLock lock(&mu_);
+    auto it = by_name_.find(name);
+    if (it == by_name_.end()) return;
+    auto slot = SlotOf(it->second);
+    if (!slot.ok()) return;
+    entries_[*slot]->stale = true;
+    QueueLocked(*slot);
+    return;
+  }
+  if (ev.has_full()) {
+    *current = ev.full();
+  } else {
+    // Removals, then additions, by address.
+    std::map<uint64_t, metadata::Buffer> bufs;
+    for (const metadata::Buffer& b : current->buffers()) bufs[b.addr()] = b;
+    for (uint64_t a : ev.remove_addrs()) bufs.erase(a);
+    for (const metadata::Buffer& b : ev.add()) bufs[b.addr()] = b;
+    current->clear_buffers();
+    for (auto& [addr, b] : bufs) *current->add_buffers() = std::move(b);
+    current->set_version(ev.version());
+  }
+  auto view = MakeView(*current);
+  if (!view.ok()) {
+    FERRY_LOG_EVERY(kWarn, "metadata", absl::Seconds(1),
+                    "a pushed change of segment '", name,
+                    "' is not usable: ", view.status().message());
+    return;
+  }
+  MutexLock lock(&mu_);
+  auto it = by_name_.find(name);
+  if (it == by_name_.end()) return;
+  auto slot = SlotOf(it->second);
+  if (!slot.ok()) return;
+  InstallLocked(entries_[*slot].get(), std::move(*view));
+  ++stats_.pushes;
 }
 
 absl::StatusOr<std::shared_ptr<const SegmentView>> SegmentCache::Close(
     SegmentHandle handle) {
+  // Ended outside mu_: its last event may be waiting for mu_.
+  std::unique_ptr<metadata::Watch> ended;
   std::vector<Delivery> closed;
   std::shared_ptr<const SegmentView> view;
   {
@@ -172,6 +250,13 @@ absl::StatusOr<std::shared_ptr<const SegmentView>> SegmentCache::Close(
       refresh_queue_.erase(
           std::find(refresh_queue_.begin(), refresh_queue_.end(), *slot));
       e->queued = false;
+    }
+    for (auto it = watches_.begin(); it != watches_.end(); ++it) {
+      if (it->name == e->name) {
+        ended = std::move(it->watch);
+        watches_.erase(it);
+        break;
+      }
     }
     e->in_use = false;
     e->view = nullptr;

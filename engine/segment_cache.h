@@ -113,6 +113,7 @@ class SegmentCache {
     uint64_t refresh_failures = 0;
     uint64_t parked_now = 0;
     uint64_t parked_total = 0;
+    uint64_t pushes = 0;  // Changes pushed by the metadata service.
   };
   Stats stats() const;
 
@@ -145,6 +146,16 @@ class SegmentCache {
   void QueueLocked(size_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::shared_ptr<const SegmentView>> Fetch(
       const std::string& name);
+  // Validates a descriptor (fetched or pushed) into a view.
+  static absl::StatusOr<std::shared_ptr<const SegmentView>> MakeView(
+      metadata::SegmentDescriptor desc);
+  // Watches an opened segment, if the store can push.
+  void StartWatchLocked(const std::string& name,
+                        std::shared_ptr<const SegmentView> view)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies a pushed change to the stream's copy `current` and installs it.
+  void OnEvent(const std::string& name, metadata::SegmentDescriptor* current,
+               const metadata::SegmentEvent& ev) ABSL_LOCKS_EXCLUDED(mu_);
   // Keeps the newer of the cached and the fetched snapshot.
   void InstallLocked(Entry* e, std::shared_ptr<const SegmentView> view)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -172,6 +183,11 @@ class SegmentCache {
   std::deque<size_t> free_slots_ ABSL_GUARDED_BY(mu_);
   std::vector<size_t> refresh_queue_ ABSL_GUARDED_BY(mu_);
   Stats stats_ ABSL_GUARDED_BY(mu_);
+  struct WatchEntry {
+    std::string name;
+    std::unique_ptr<metadata::Watch> watch;
+  };
+  std::vector<WatchEntry> watches_ ABSL_GUARDED_BY(mu_);
 
   struct FetchJob {
     size_t slot = 0;

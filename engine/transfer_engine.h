@@ -47,12 +47,23 @@ struct EngineOptions {
   //     then use metadata_address() of this one);
   //   "host:port" or "ferry://host:port": a running Ferry service (another
   //     engine's embedded one, or tools/metadata_server);
-  //   "etcd://host:port[,host:port...]": an etcd v3 cluster, directly.
+  //   "etcd://host:port[,host:port...]": an etcd v3 cluster, directly;
+  //   "P2PHANDSHAKE": no metadata service. The segment is named by this
+  //     engine's RPC address, host:port (local_segment_name() after Init;
+  //     set rpc_port and advertise_host to choose it), and peers ask the
+  //     engine at host:port for its descriptor.
   std::string metadata_endpoint = "embedded";
   // A namespace (a cluster id): this engine's segment is published as
   // "<namespace>/<name>" and it opens segments of its namespace only, so
   // several clusters share one metadata service or etcd. Empty: none.
   std::string metadata_namespace = "";
+  // A shared secret of the cluster (16+ printable characters; empty:
+  // none). When set, this engine's peer service and embedded metadata
+  // service answer only calls that carry it (others get UNAUTHENTICATED
+  // and change nothing), and the engine sends it on every call it makes.
+  // Give every engine and metadata_server of the cluster the same one.
+  // What it does and does not protect: metadata/auth.h.
+  std::string auth_token = "";
   // Where the engine's listeners (gRPC server, TCP transport) bind: a host
   // name, an IPv4 or IPv6 literal, "0.0.0.0" (every IPv4 interface), or ""
   // (every interface, IPv4 and IPv6).
@@ -187,6 +198,9 @@ struct EngineStats {
   // Descriptors fetched in the background (after a request missed its
   // buffer in the cached one, or failed), and fetches that failed.
   uint64_t descriptor_refreshes = 0;
+  // Changes of open segments pushed by the metadata service (WatchSegment)
+  // and applied without a fetch.
+  uint64_t descriptor_pushes = 0;
   uint64_t descriptor_refresh_failures = 0;
   // Requests waiting (kWaiting) for such a fetch now, and in total.
   uint64_t requests_waiting_for_descriptor = 0;
@@ -245,6 +259,8 @@ class TransferEngine {
   // "host:port" of this engine's gRPC server; with an embedded metadata
   // service this is what other engines pass as metadata_endpoint.
   std::string metadata_address() const;
+  // This engine's segment name: EngineOptions::local_segment_name, or in
+  // P2PHANDSHAKE mode the host:port peers open it by.
   const std::string& local_segment_name() const;
 
   // Registers [addr, addr + length) with every transport. `location` is

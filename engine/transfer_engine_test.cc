@@ -118,6 +118,132 @@ TEST_F(EngineTest, ATakenSegmentNameFailsInitAndOrphansNobody) {
   EXPECT_OK(next.Init(o));
 }
 
+// P2PHANDSHAKE: no metadata service. Each engine is named by its RPC
+// address and serves its own descriptor; a buffer registered after the
+// peer opened the segment is found by the refresh on a miss.
+TEST(EngineP2pTest, TransfersWithoutAMetadataService) {
+  std::vector<uint8_t> remote(1 << 16, 0x3c), local(1 << 16, 0);
+  std::vector<uint8_t> late(4096, 0x7e);
+  EngineOptions o;
+  o.metadata_endpoint = "P2PHANDSHAKE";
+  o.listen_host = "127.0.0.1";
+  TransferEngine target, initiator;
+  ASSERT_OK(target.Init(o));
+  ASSERT_OK(initiator.Init(o));
+  auto hp = ParseHostPort(target.local_segment_name());
+  ASSERT_OK(hp);
+  EXPECT_EQ(hp->host, "127.0.0.1");
+  EXPECT_NE(target.local_segment_name(), initiator.local_segment_name());
+  ASSERT_OK(
+      target.RegisterLocalMemory(remote.data(), remote.size(), "cpu:0", true));
+  ASSERT_OK(initiator.RegisterLocalMemory(local.data(), local.size()));
+  ASSERT_OK_AND_ASSIGN(SegmentHandle h,
+                       initiator.OpenSegment(target.local_segment_name()));
+  ASSERT_OK(
+      target.RegisterLocalMemory(late.data(), late.size(), "cpu:0", true));
+  ASSERT_OK_AND_ASSIGN(BatchId batch, initiator.AllocateBatch(2));
+  TransferRequest r;
+  r.opcode = OpCode::kRead;
+  r.source = local.data();
+  r.target_id = h;
+  r.target_offset = reinterpret_cast<uint64_t>(remote.data());
+  r.length = remote.size() / 2;
+  TransferRequest r2 = r;
+  r2.source = local.data() + remote.size() / 2;
+  r2.target_offset = reinterpret_cast<uint64_t>(late.data());
+  r2.length = late.size();
+  ASSERT_OK(initiator.SubmitTransfer(batch, {r, r2}));
+  ASSERT_OK_AND_ASSIGN(BatchStatus st,
+                       initiator.WaitBatch(batch, absl::Seconds(20)));
+  EXPECT_EQ(st.state, TransferState::kCompleted) << st.first_error;
+  EXPECT_EQ(local[0], 0x3c);
+  EXPECT_EQ(local[remote.size() / 2], 0x7e);
+  ASSERT_OK(initiator.FreeBatch(batch));
+  // A name that is not host:port is refused saying what P2P names are.
+  auto bad = initiator.OpenSegment("target");
+  EXPECT_STATUS(bad, absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("host:port"), std::string::npos)
+      << bad.status();
+  // An address where no engine runs: Unavailable, not a hang.
+  EXPECT_FALSE(initiator.OpenSegment("127.0.0.1:1").ok());
+}
+
+// Watches: a buffer registered (and one unregistered) after the peer
+// opened the segment is pushed to the peer's cached descriptor, with no
+// request missing it and no fetch.
+TEST_F(EngineTest, ChangesAfterOpenArePushed) {
+  std::vector<uint8_t> late(8192, 0x11);
+  const uint64_t fetches = b_.GetEngineStats().descriptor_refreshes;
+  auto has = [&](const void* p) {
+    auto bufs = b_.GetSegmentBuffers(seg_);
+    if (!bufs.ok()) return false;
+    for (const RemoteBuffer& r : *bufs) {
+      if (r.addr == reinterpret_cast<uint64_t>(p)) return true;
+    }
+    return false;
+  };
+  auto wait_until = [&](auto pred) {
+    const absl::Time end = absl::Now() + absl::Seconds(5);
+    while (!pred() && absl::Now() < end) absl::SleepFor(absl::Milliseconds(5));
+    return pred();
+  };
+  ASSERT_OK(a_.RegisterLocalMemory(late.data(), late.size(), "cpu:0", true));
+  EXPECT_TRUE(wait_until([&] { return has(late.data()); }))
+      << "the registration was not pushed";
+  ASSERT_OK(a_.UnregisterLocalMemory(late.data()));
+  EXPECT_TRUE(wait_until([&] { return !has(late.data()); }))
+      << "the unregistration was not pushed";
+  const EngineStats st = b_.GetEngineStats();
+  EXPECT_GE(st.descriptor_pushes, 2u);
+  EXPECT_EQ(st.descriptor_refreshes, fetches) << "pushed, not fetched";
+  EXPECT_TRUE(has(remote_.data()));
+}
+
+// A cluster with an auth token: an engine without it (or with another)
+// cannot join; one with it publishes, opens and moves data.
+TEST(EngineAuthTest, OnlyEnginesWithTheTokenJoin) {
+  const std::string token = "kv-cluster-7f3a9c2e51d0";
+  EngineOptions o;
+  o.local_segment_name = "auth-md";
+  o.listen_host = "127.0.0.1";
+  o.auth_token = token;
+  TransferEngine md;
+  ASSERT_OK(md.Init(o));
+  std::vector<uint8_t> remote(4096, 0x42), local(4096, 0);
+  ASSERT_OK(
+      md.RegisterLocalMemory(remote.data(), remote.size(), "cpu:0", true));
+  EngineOptions peer = o;
+  peer.local_segment_name = "auth-peer";
+  peer.metadata_endpoint = md.metadata_address();
+  for (const std::string& wrong : {std::string(), token + "0"}) {
+    peer.auth_token = wrong;
+    TransferEngine intruder;
+    absl::Status s = intruder.Init(peer);
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnauthenticated) << s;
+  }
+  peer.auth_token = "short";
+  TransferEngine bad;
+  EXPECT_EQ(bad.Init(peer).code(), absl::StatusCode::kInvalidArgument);
+  peer.auth_token = token;
+  TransferEngine member;
+  ASSERT_OK(member.Init(peer));
+  ASSERT_OK(member.RegisterLocalMemory(local.data(), local.size()));
+  ASSERT_OK_AND_ASSIGN(SegmentHandle h, member.OpenSegment("auth-md"));
+  ASSERT_OK_AND_ASSIGN(BatchId batch, member.AllocateBatch(1));
+  TransferRequest r;
+  r.opcode = OpCode::kRead;
+  r.source = local.data();
+  r.target_id = h;
+  r.target_offset = reinterpret_cast<uint64_t>(remote.data());
+  r.length = remote.size();
+  ASSERT_OK(member.SubmitTransfer(batch, {r}));
+  ASSERT_OK_AND_ASSIGN(BatchStatus st,
+                       member.WaitBatch(batch, absl::Seconds(20)));
+  EXPECT_EQ(st.state, TransferState::kCompleted) << st.first_error;
+  EXPECT_EQ(local[100], 0x42);
+  ASSERT_OK(member.FreeBatch(batch));
+}
+
 TEST_F(EngineTest, PerRequestStatus) {
   auto batch = b_.AllocateBatch(2);
   ASSERT_OK(batch);

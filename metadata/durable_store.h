@@ -68,6 +68,7 @@ class DurableStore final : public Store {
   absl::Status Remove(const RemoveSegmentRequest& request) override;
   absl::StatusOr<std::vector<std::string>> List() override;
   std::string Describe() const override { return dir_; }
+  SegmentStore* watchable() override { return &mem_; }
 
   const Recovery& recovery() const { return recovery_; }
   // Snapshots written since Open.

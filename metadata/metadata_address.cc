@@ -61,7 +61,8 @@ absl::StatusOr<MetadataAddress> ParseMetadataAddress(absl::string_view text) {
 }
 
 absl::StatusOr<std::unique_ptr<Store>> ConnectStore(
-    const MetadataAddress& address, absl::Duration rpc_timeout) {
+    const MetadataAddress& address, absl::Duration rpc_timeout,
+    const std::string& auth_token) {
   if (address.kind == MetadataAddress::Kind::kEtcd) {
     EtcdOptions o;
     o.endpoints = address.endpoints;
@@ -79,7 +80,7 @@ absl::StatusOr<std::unique_ptr<Store>> ConnectStore(
   auto host = hp.ok() ? ResolveHost(hp->host) : hp.status();
   if (!host.ok()) return host.status();
   return std::unique_ptr<Store>(std::make_unique<MetadataClient>(
-      JoinHostPort(*host, hp->port), rpc_timeout));
+      JoinHostPort(*host, hp->port), rpc_timeout, auth_token));
 }
 
 absl::StatusOr<std::unique_ptr<NamespacedStore>> NamespacedStore::Create(
@@ -134,6 +135,18 @@ absl::StatusOr<std::vector<std::string>> NamespacedStore::List() {
     if (absl::StartsWith(n, prefix_)) mine.push_back(n.substr(prefix_.size()));
   }
   return mine;
+}
+
+absl::StatusOr<std::unique_ptr<Watch>> NamespacedStore::WatchSegment(
+    const std::string& name, uint64_t after_version, EventFn fn) {
+  return inner_->WatchSegment(
+      Full(name), after_version,
+      [name, fn = std::move(fn)](const SegmentEvent& ev) {
+        if (!ev.has_full()) return fn(ev);
+        SegmentEvent renamed = ev;
+        renamed.mutable_full()->set_name(name);
+        fn(renamed);
+      });
 }
 
 std::string NamespacedStore::Describe() const {

@@ -41,8 +41,11 @@ absl::StatusOr<MetadataAddress> ParseMetadataAddress(absl::string_view text);
 
 // A Store for a kFerry or kEtcd address: a MetadataClient or an EtcdStore,
 // each call bounded by `rpc_timeout`. Host names are resolved here, once.
+// A Ferry service gets `auth_token` on every call (auth.h); etcd has its
+// own authentication.
 absl::StatusOr<std::unique_ptr<Store>> ConnectStore(
-    const MetadataAddress& address, absl::Duration rpc_timeout);
+    const MetadataAddress& address, absl::Duration rpc_timeout,
+    const std::string& auth_token = "");
 
 // NamespacedStore: `inner` seen through a namespace: segment "x" is stored
 // as "<ns>/x", List shows only this namespace's, and descriptors come back
@@ -63,6 +66,9 @@ class NamespacedStore final : public Store {
   absl::Status Remove(const RemoveSegmentRequest& request) override;
   absl::StatusOr<std::vector<std::string>> List() override;
   std::string Describe() const override;
+  absl::StatusOr<std::unique_ptr<Watch>> WatchSegment(const std::string& name,
+                                                      uint64_t after_version,
+                                                      EventFn fn) override;
 
  private:
   NamespacedStore(std::unique_ptr<Store> inner, std::string ns)

@@ -3,7 +3,9 @@
 #include <sys/socket.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/mutex.h"
 #include "common/socket_util.h"
+#include "metadata/auth.h"
 #include "metadata/grpc_status.h"
 #include "metadata/validation.h"
 
@@ -35,13 +37,16 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
 }
 
 MetadataClient::MetadataClient(const std::string& address,
-                               absl::Duration rpc_timeout)
+                               absl::Duration rpc_timeout,
+                               std::string auth_token)
     : address_(address),
       rpc_timeout_(rpc_timeout),
+      token_(std::move(auth_token)),
       stub_(MetadataService::NewStub(MakeChannel(address))) {}
 
 void MetadataClient::Prepare(grpc::ClientContext* ctx) const {
   ctx->set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout_));
+  AddAuthToken(ctx, token_);
 }
 
 absl::StatusOr<uint64_t> MetadataClient::Put(const PutSegmentRequest& request) {
@@ -128,6 +133,57 @@ absl::StatusOr<std::vector<std::string>> MetadataClient::List() {
         s, absl::StrCat("metadata server ", address_, " ListSegments"));
   }
   return std::vector<std::string>(resp.names().begin(), resp.names().end());
+}
+
+namespace {
+
+class ClientWatch final : public Watch,
+                          public grpc::ClientReadReactor<SegmentEvent> {
+ public:
+  ClientWatch(MetadataService::Stub* stub, const std::string& name,
+              uint64_t after, const std::string& token, Store::EventFn fn)
+      : fn_(std::move(fn)) {
+    AddAuthToken(&ctx_, token);
+    req_.set_name(name);
+    req_.set_after_version(after);
+    stub->async()->WatchSegment(&ctx_, &req_, this);
+    StartRead(&event_);
+    StartCall();
+  }
+  ~ClientWatch() override {
+    ctx_.TryCancel();
+    MutexLock lock(&mu_);
+    while (!done_) done_cv_.Wait(&mu_);
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // The stream ended; OnDone follows.
+    fn_(event_);
+    if (event_.gone()) return;
+    StartRead(&event_);
+  }
+  void OnDone(const grpc::Status&) override {
+    MutexLock lock(&mu_);
+    done_ = true;
+    done_cv_.SignalAll();
+  }
+
+ private:
+  const Store::EventFn fn_;
+  grpc::ClientContext ctx_;
+  WatchSegmentRequest req_;
+  SegmentEvent event_;
+  Mutex mu_;
+  CondVar done_cv_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Watch>> MetadataClient::WatchSegment(
+    const std::string& name, uint64_t after_version, EventFn fn) {
+  if (absl::Status s = ValidateSegmentName(name); !s.ok()) return s;
+  return std::unique_ptr<Watch>(std::make_unique<ClientWatch>(
+      stub_.get(), name, after_version, token_, std::move(fn)));
 }
 
 }  // namespace ferry::metadata

@@ -20,8 +20,10 @@ namespace ferry::metadata {
 
 class MetadataClient final : public Store {
  public:
-  // `address` is "host:port". Does not connect yet.
-  MetadataClient(const std::string& address, absl::Duration rpc_timeout);
+  // `address` is "host:port". Does not connect yet. Every call carries
+  // `auth_token` (auth.h) if it is not empty.
+  MetadataClient(const std::string& address, absl::Duration rpc_timeout,
+                 std::string auth_token = "");
 
   const std::string& address() const { return address_; }
 
@@ -38,12 +40,19 @@ class MetadataClient final : public Store {
   absl::Status Remove(const RemoveSegmentRequest& request) override;
   absl::StatusOr<std::vector<std::string>> List() override;
   std::string Describe() const override { return address_; }
+  // A WatchSegment stream; events are delivered on gRPC's threads. An
+  // error of the stream (the service went away) ends the watch with no
+  // further event: the reader then refreshes on a miss as before.
+  absl::StatusOr<std::unique_ptr<Watch>> WatchSegment(const std::string& name,
+                                                      uint64_t after_version,
+                                                      EventFn fn) override;
 
  private:
   void Prepare(grpc::ClientContext* ctx) const;
 
   std::string address_;
   absl::Duration rpc_timeout_;
+  std::string token_;
   std::unique_ptr<MetadataService::Stub> stub_;
 };
 

@@ -1,5 +1,11 @@
 #include "metadata/metadata_service.h"
 
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "metadata/auth.h"
 #include "metadata/grpc_status.h"
 #include "metadata/validation.h"
 
@@ -8,18 +14,183 @@ namespace ferry::metadata {
 MetadataServiceImpl::MetadataServiceImpl()
     : own_store_(std::make_unique<SegmentStore>()), store_(own_store_.get()) {}
 
-grpc::Status MetadataServiceImpl::PutSegment(grpc::ServerContext*,
+struct MetadataServiceImpl::WatchState {
+  Mutex mu;
+  WatchReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;  // Null once done.
+  bool queued = false;  // In poked_; guarded by the service's mu_.
+};
+
+// One WatchSegment stream: writes one event at a time, each computed from
+// the store when the previous write is done or a change is noticed.
+class MetadataServiceImpl::WatchReactor final
+    : public grpc::ServerWriteReactor<SegmentEvent> {
+ public:
+  WatchReactor(MetadataServiceImpl* service, SegmentStore* table,
+               std::string name, uint64_t after)
+      : service_(service),
+        table_(table),
+        name_(std::move(name)),
+        version_(after),
+        state_(std::make_shared<WatchState>()) {
+    {
+      MutexLock lock(&state_->mu);
+      state_->reactor = this;
+    }
+    std::weak_ptr<WatchState> weak = state_;
+    subscription_ = table_->Subscribe(name_, [service, weak] {
+      if (auto s = weak.lock()) service->Poke(std::move(s));
+    });
+    MutexLock lock(&state_->mu);
+    NextLocked();
+  }
+
+  // A change may be there: write it unless a write is out.
+  void NextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
+    if (writing_ || finished_) return;
+    std::optional<SegmentEvent> ev = table_->EventSince(name_, version_);
+    if (!ev.has_value()) return;
+    event_ = std::move(*ev);
+    if (!event_.gone()) version_ = event_.version();
+    writing_ = true;
+    StartWrite(&event_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    MutexLock lock(&state_->mu);
+    writing_ = false;
+    if (!ok) {
+      FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "write failed"));
+    } else if (event_.gone()) {
+      FinishLocked(grpc::Status::OK);
+    } else {
+      NextLocked();
+    }
+  }
+  void OnCancel() override {
+    MutexLock lock(&state_->mu);
+    FinishLocked(grpc::Status::CANCELLED);
+  }
+  void OnDone() override {
+    table_->Unsubscribe(subscription_);
+    {
+      MutexLock lock(&state_->mu);
+      state_->reactor = nullptr;
+    }
+    service_->Release();
+    delete this;
+  }
+  WatchState* state() { return state_.get(); }
+
+ private:
+  void FinishLocked(const grpc::Status& s)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
+    if (finished_) return;
+    finished_ = true;
+    Finish(s);
+  }
+
+  MetadataServiceImpl* const service_;
+  SegmentStore* const table_;
+  const std::string name_;
+  uint64_t version_;
+  std::shared_ptr<WatchState> state_;
+  uint64_t subscription_ = 0;
+  SegmentEvent event_;
+  bool writing_ = false;
+  bool finished_ = false;
+};
+
+MetadataServiceImpl::~MetadataServiceImpl() {
+  {
+    MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  wake_.SignalAll();
+  if (notifier_.joinable()) notifier_.join();
+}
+
+void MetadataServiceImpl::Release() {
+  MutexLock lock(&mu_);
+  --watches_;
+}
+
+void MetadataServiceImpl::Poke(std::shared_ptr<WatchState> state) {
+  // Called with the store's lock held: only queue.
+  MutexLock lock(&mu_);
+  if (state->queued || stopping_) return;
+  state->queued = true;
+  poked_.push_back(std::move(state));
+  wake_.Signal();
+}
+
+void MetadataServiceImpl::NotifierLoop() {
+  MutexLock lock(&mu_);
+  while (!stopping_) {
+    if (poked_.empty()) {
+      wake_.Wait(&mu_);
+      continue;
+    }
+    std::shared_ptr<WatchState> s = std::move(poked_.front());
+    poked_.pop_front();
+    s->queued = false;
+    mu_.Unlock();
+    {
+      MutexLock state_lock(&s->mu);
+      if (s->reactor != nullptr) s->reactor->NextLocked();
+    }
+    mu_.Lock();
+  }
+}
+
+grpc::ServerWriteReactor<SegmentEvent>* MetadataServiceImpl::WatchSegment(
+    grpc::CallbackServerContext* ctx, const WatchSegmentRequest* request) {
+  class Refused final : public grpc::ServerWriteReactor<SegmentEvent> {
+   public:
+    explicit Refused(const grpc::Status& s) { Finish(s); }
+    void OnDone() override { delete this; }
+  };
+  if (grpc::Status a = CheckAuthToken(*ctx, token_); !a.ok()) {
+    return new Refused(a);
+  }
+  if (absl::Status s = ValidateSegmentName(request->name()); !s.ok()) {
+    return new Refused(ToGrpcStatus(s));
+  }
+  SegmentStore* table = store_->watchable();
+  if (table == nullptr) {
+    return new Refused(ToGrpcStatus(absl::UnimplementedError(
+        absl::StrCat("this metadata service's store (", store_->Describe(),
+                     ") cannot push changes: refresh on a miss"))));
+  }
+  {
+    MutexLock lock(&mu_);
+    if (watches_ >= kMaxWatches) {
+      return new Refused(ToGrpcStatus(absl::ResourceExhaustedError(
+          absl::StrCat("this metadata service serves ", kMaxWatches,
+                       " watches, its limit"))));
+    }
+    ++watches_;
+    if (!notifier_.joinable()) {
+      notifier_ = std::thread([this] { NotifierLoop(); });
+    }
+  }
+  return new WatchReactor(this, table, request->name(),
+                          request->after_version());
+}
+
+grpc::Status MetadataServiceImpl::PutSegment(grpc::ServerContext* ctx,
                                              const PutSegmentRequest* request,
                                              PutSegmentResponse* response) {
+  if (grpc::Status a = CheckAuthToken(*ctx, token_); !a.ok()) return a;
   auto version = store_->Put(*request);
   if (!version.ok()) return ToGrpcStatus(version.status());
   response->set_version(*version);
   return grpc::Status::OK;
 }
 
-grpc::Status MetadataServiceImpl::KeepAlive(grpc::ServerContext*,
+grpc::Status MetadataServiceImpl::KeepAlive(grpc::ServerContext* ctx,
                                             const KeepAliveRequest* request,
                                             KeepAliveResponse* response) {
+  if (grpc::Status a = CheckAuthToken(*ctx, token_); !a.ok()) return a;
   auto ttl = store_->KeepAlive(*request);
   if (!ttl.ok()) return ToGrpcStatus(ttl.status());
   response->set_lease_ttl_ms(
@@ -28,17 +199,19 @@ grpc::Status MetadataServiceImpl::KeepAlive(grpc::ServerContext*,
 }
 
 grpc::Status MetadataServiceImpl::UpdateBuffers(
-    grpc::ServerContext*, const UpdateBuffersRequest* request,
+    grpc::ServerContext* ctx, const UpdateBuffersRequest* request,
     UpdateBuffersResponse* response) {
+  if (grpc::Status a = CheckAuthToken(*ctx, token_); !a.ok()) return a;
   auto version = store_->UpdateBuffers(*request);
   if (!version.ok()) return ToGrpcStatus(version.status());
   response->set_version(*version);
   return grpc::Status::OK;
 }
 
-grpc::Status MetadataServiceImpl::GetSegment(grpc::ServerContext*,
+grpc::Status MetadataServiceImpl::GetSegment(grpc::ServerContext* ctx,
                                              const GetSegmentRequest* request,
                                              GetSegmentResponse* response) {
+  if (grpc::Status a = CheckAuthToken(*ctx, token_); !a.ok()) return a;
   if (absl::Status s = ValidateSegmentName(request->name()); !s.ok()) {
     return ToGrpcStatus(s);
   }
@@ -49,14 +222,16 @@ grpc::Status MetadataServiceImpl::GetSegment(grpc::ServerContext*,
 }
 
 grpc::Status MetadataServiceImpl::RemoveSegment(
-    grpc::ServerContext*, const RemoveSegmentRequest* request,
+    grpc::ServerContext* ctx, const RemoveSegmentRequest* request,
     RemoveSegmentResponse*) {
+  if (grpc::Status a = CheckAuthToken(*ctx, token_); !a.ok()) return a;
   return ToGrpcStatus(store_->Remove(*request));
 }
 
-grpc::Status MetadataServiceImpl::ListSegments(grpc::ServerContext*,
+grpc::Status MetadataServiceImpl::ListSegments(grpc::ServerContext* ctx,
                                                const ListSegmentsRequest*,
                                                ListSegmentsResponse* response) {
+  if (grpc::Status a = CheckAuthToken(*ctx, token_); !a.ok()) return a;
   auto names = store_->List();
   if (!names.ok()) return ToGrpcStatus(names.status());
   for (std::string& name : *names) response->add_names(std::move(name));

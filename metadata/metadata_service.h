@@ -1,23 +1,43 @@
 // MetadataServiceImpl: the gRPC front of a Store (store.h). Hosted either
 // inside an engine (metadata endpoint "embedded", an in-memory store) or by
-// tools/metadata_server (in-memory or durable). Thread-safe; gRPC calls it
-// from its own threads.
+// tools/metadata_server (in-memory, durable or etcd). Thread-safe; gRPC
+// calls it from its own threads.
+//
+// WatchSegment streams are served without a thread each (gRPC's callback
+// API): one notifier thread turns the store's change notices into writes.
+// Only stores with an in-memory table (Store::watchable) can be watched;
+// others answer UNIMPLEMENTED and their readers refresh on a miss.
 #ifndef FERRY_METADATA_METADATA_SERVICE_H_
 #define FERRY_METADATA_METADATA_SERVICE_H_
 
+#include <deque>
 #include <memory>
+#include <thread>
 
+#include "absl/base/thread_annotations.h"
+#include "common/mutex.h"
 #include "metadata/proto/metadata.grpc.pb.h"
 #include "metadata/segment_store.h"
 
 namespace ferry::metadata {
 
-class MetadataServiceImpl final : public MetadataService::Service {
+class MetadataServiceImpl final
+    : public MetadataService::WithCallbackMethod_WatchSegment<
+          MetadataService::Service> {
  public:
+  // Watch streams served at once; more are refused RESOURCE_EXHAUSTED.
+  static constexpr int kMaxWatches = 4096;
+
   // Serves an in-memory SegmentStore of its own.
   MetadataServiceImpl();
   // Serves `store`, which must outlive the service.
   explicit MetadataServiceImpl(Store* store) : store_(store) {}
+  // The server must be shut down first (no stream left).
+  ~MetadataServiceImpl() override;
+
+  // Answers only calls carrying `token` (auth.h); empty: any. Call before
+  // serving.
+  void SetAuthToken(std::string token) { token_ = std::move(token); }
 
   grpc::Status PutSegment(grpc::ServerContext* ctx,
                           const PutSegmentRequest* request,
@@ -37,10 +57,29 @@ class MetadataServiceImpl final : public MetadataService::Service {
   grpc::Status KeepAlive(grpc::ServerContext* ctx,
                          const KeepAliveRequest* request,
                          KeepAliveResponse* response) override;
+  grpc::ServerWriteReactor<SegmentEvent>* WatchSegment(
+      grpc::CallbackServerContext* ctx,
+      const WatchSegmentRequest* request) override;
+
+  // One watch stream's state, shared by its reactor and the notifier.
+  struct WatchState;
 
  private:
+  class WatchReactor;
+  void Poke(std::shared_ptr<WatchState> state);
+  void Release();  // A watch ended.
+  void NotifierLoop();
+
   std::unique_ptr<SegmentStore> own_store_;
   Store* store_;
+  std::string token_;
+
+  Mutex mu_;
+  CondVar wake_;
+  std::deque<std::shared_ptr<WatchState>> poked_ ABSL_GUARDED_BY(mu_);
+  int watches_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread notifier_;  // Started with the first watch.
 };
 
 }  // namespace ferry::metadata

@@ -51,6 +51,105 @@ TEST_F(MetadataServiceTest, RoundTrip) {
   EXPECT_NE(gone.status().message().find("engine-a"), std::string::npos);
 }
 
+// WatchSegment pushes the whole descriptor first, then each change as a
+// delta, then `gone`; a watcher that is up to date gets nothing first.
+TEST_F(MetadataServiceTest, WatchPushesChanges) {
+  SegmentDescriptor seg;
+  seg.set_name("w");
+  seg.set_incarnation(3);
+  ASSERT_OK_AND_ASSIGN(uint64_t v0, client_->Put(PutOf(seg)));
+  Mutex mu;
+  CondVar cv;
+  std::vector<SegmentEvent> events;
+  auto collect = [&](const SegmentEvent& ev) {
+    MutexLock lock(&mu);
+    events.push_back(ev);
+    cv.SignalAll();
+  };
+  auto wait_for = [&](size_t n) {
+    MutexLock lock(&mu);
+    const absl::Time end = absl::Now() + absl::Seconds(5);
+    while (events.size() < n && !cv.WaitWithDeadline(&mu, end)) {
+    }
+    return events.size();
+  };
+  ASSERT_OK_AND_ASSIGN(auto watch, client_->WatchSegment("w", 0, collect));
+  ASSERT_OK_AND_ASSIGN(auto current,
+                       client_->WatchSegment("w", v0, [](auto&) {}));
+  ASSERT_EQ(wait_for(1), 1u);
+  UpdateBuffersRequest add;
+  add.set_name("w");
+  add.set_owner_key(TestOwnerKey(3));
+  Buffer* b = add.add_add();
+  b->set_addr(0x5000);
+  b->set_length(0x100);
+  b->set_location("cpu:0");
+  ASSERT_OK_AND_ASSIGN(uint64_t v1, client_->UpdateBuffers(add));
+  ASSERT_EQ(wait_for(2), 2u);
+  UpdateBuffersRequest rm;
+  rm.set_name("w");
+  rm.set_owner_key(TestOwnerKey(3));
+  rm.add_remove_addrs(0x5000);
+  ASSERT_OK(client_->UpdateBuffers(rm));
+  ASSERT_EQ(wait_for(3), 3u);
+  ASSERT_OK(client_->Remove(RemoveOf("w", 3)));
+  ASSERT_EQ(wait_for(4), 4u);
+  MutexLock lock(&mu);
+  EXPECT_TRUE(events[0].has_full());
+  EXPECT_EQ(events[0].version(), v0);
+  EXPECT_FALSE(events[1].has_full());
+  EXPECT_EQ(events[1].version(), v1);
+  ASSERT_EQ(events[1].add_size(), 1);
+  EXPECT_EQ(events[1].add(0).addr(), 0x5000u);
+  EXPECT_EQ(events[2].remove_addrs_size(), 1);
+  EXPECT_TRUE(events[3].gone());
+}
+
+// With a token, the metadata and peer services answer nothing else: a
+// call without it, or with another, is UNAUTHENTICATED and changes nothing.
+TEST(MetadataServiceAuthTest, CallsWithoutTheTokenAreRefused) {
+  const std::string token = "cluster-secret-0123456789";
+  MetadataServiceImpl service;
+  PeerServiceImpl peer;
+  service.SetAuthToken(token);
+  peer.SetAuthToken(token);
+  int notified = 0;
+  peer.SetNotifyHandler(
+      [&](const std::string&, const std::string&, const std::string&) {
+        ++notified;
+        return absl::OkStatus();
+      });
+  ASSERT_OK_AND_ASSIGN(auto server,
+                       RpcServer::Start("127.0.0.1:0", {&service, &peer}));
+  SegmentDescriptor seg;
+  seg.set_name("guarded");
+  seg.set_incarnation(1);
+  for (const std::string& wrong :
+       {std::string(), std::string("guess-guess-guess-1"), token + "x"}) {
+    MetadataClient c(server->address(), absl::Seconds(3), wrong);
+    EXPECT_STATUS(c.Put(PutOf(seg)), absl::StatusCode::kUnauthenticated);
+    EXPECT_STATUS(c.Get("guarded"), absl::StatusCode::kUnauthenticated);
+    EXPECT_STATUS(c.List(), absl::StatusCode::kUnauthenticated);
+    EXPECT_STATUS(c.Remove(RemoveOf("guarded", 1)),
+                  absl::StatusCode::kUnauthenticated);
+    PeerClient p(absl::Seconds(3), PeerClient::kMaxStubs, wrong);
+    EXPECT_STATUS(p.Notify(server->address(), "x", "kv-ready", "m"),
+                  absl::StatusCode::kUnauthenticated);
+    EXPECT_STATUS(p.Exchange(server->address(), "rdma", "x", "hello"),
+                  absl::StatusCode::kUnauthenticated);
+  }
+  EXPECT_EQ(notified, 0);
+  MetadataClient ok(server->address(), absl::Seconds(3), token);
+  ASSERT_OK_AND_ASSIGN(auto names, ok.List());
+  EXPECT_TRUE(names.empty()) << "a refused Put stored nothing";
+  ASSERT_OK(ok.Put(PutOf(seg)));
+  EXPECT_OK(ok.Get("guarded"));
+  PeerClient p(absl::Seconds(3), PeerClient::kMaxStubs, token);
+  EXPECT_OK(p.Notify(server->address(), "x", "kv-ready", "m"));
+  EXPECT_EQ(notified, 1);
+  server->Shutdown();
+}
+
 TEST_F(MetadataServiceTest, MalformedRequestsGetErrorsAndServerSurvives) {
   SegmentDescriptor bad;
   bad.set_name("bad name");

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "metadata/auth.h"
 #include "metadata/grpc_status.h"
 #include "metadata/metadata_client.h"
 #include "metadata/validation.h"
@@ -31,9 +32,10 @@ void PeerServiceImpl::SetNotifyHandler(NotifyHandler handler) {
   notify_ = std::make_shared<NotifyHandler>(std::move(handler));
 }
 
-grpc::Status PeerServiceImpl::Exchange(grpc::ServerContext*,
+grpc::Status PeerServiceImpl::Exchange(grpc::ServerContext* ctx,
                                        const ExchangeRequest* request,
                                        ExchangeResponse* response) {
+  if (grpc::Status a = CheckAuthToken(*ctx, token_); !a.ok()) return a;
   if (absl::Status s = ValidateSegmentName(request->from_segment()); !s.ok()) {
     return ToGrpcStatus(s);
   }
@@ -64,9 +66,38 @@ grpc::Status PeerServiceImpl::Exchange(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status PeerServiceImpl::Notify(grpc::ServerContext*,
+void PeerServiceImpl::SetDescriptorSource(Store* source) {
+  MutexLock lock(&mu_);
+  descriptor_source_ = source;
+}
+
+grpc::Status PeerServiceImpl::GetDescriptor(grpc::ServerContext* ctx,
+                                            const GetSegmentRequest* request,
+                                            GetSegmentResponse* response) {
+  if (grpc::Status a = CheckAuthToken(*ctx, token_); !a.ok()) return a;
+  if (absl::Status s = ValidateSegmentName(request->name()); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  Store* source;
+  {
+    MutexLock lock(&mu_);
+    source = descriptor_source_;
+  }
+  if (source == nullptr) {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                        "this engine does not run in P2PHANDSHAKE mode: ask "
+                        "its metadata service for its segment");
+  }
+  auto d = source->Get(request->name());
+  if (!d.ok()) return ToGrpcStatus(d.status());
+  *response->mutable_segment() = std::move(*d);
+  return grpc::Status::OK;
+}
+
+grpc::Status PeerServiceImpl::Notify(grpc::ServerContext* ctx,
                                      const NotifyRequest* request,
                                      NotifyResponse*) {
+  if (grpc::Status a = CheckAuthToken(*ctx, token_); !a.ok()) return a;
   if (absl::Status s = ValidateSegmentName(request->from_segment()); !s.ok()) {
     return ToGrpcStatus(s);
   }
@@ -125,6 +156,7 @@ absl::StatusOr<std::string> PeerClient::Exchange(
     const std::string& address, const std::string& transport,
     const std::string& from_segment, const std::string& payload) {
   grpc::ClientContext ctx;
+  AddAuthToken(&ctx, token_);
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout_));
   ExchangeRequest req;
   req.set_transport(transport);
@@ -141,11 +173,36 @@ absl::StatusOr<std::string> PeerClient::Exchange(
   return std::move(*resp.mutable_payload());
 }
 
+absl::StatusOr<SegmentDescriptor> PeerClient::GetDescriptor(
+    const std::string& address, const std::string& name) {
+  grpc::ClientContext ctx;
+  AddAuthToken(&ctx, token_);
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout_));
+  GetSegmentRequest req;
+  req.set_name(name);
+  GetSegmentResponse resp;
+  grpc::Status s = StubFor(address)->GetDescriptor(&ctx, req, &resp);
+  if (!s.ok()) {
+    return FromGrpcStatus(s, absl::StrCat("peer ", address, " GetDescriptor"));
+  }
+  if (resp.segment().name() != name) {
+    return absl::DataLossError(
+        absl::StrCat("peer ", address, " answered GetDescriptor('", name,
+                     "') with segment '", resp.segment().name(), "'"));
+  }
+  if (absl::Status v = ValidateSegmentDescriptor(resp.segment()); !v.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "peer ", address, " sent an invalid descriptor: ", v.message()));
+  }
+  return std::move(*resp.mutable_segment());
+}
+
 absl::Status PeerClient::Notify(const std::string& address,
                                 const std::string& from_segment,
                                 const std::string& name,
                                 const std::string& message) {
   grpc::ClientContext ctx;
+  AddAuthToken(&ctx, token_);
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout_));
   NotifyRequest req;
   req.set_from_segment(from_segment);

@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "common/mutex.h"
 #include "metadata/proto/metadata.grpc.pb.h"
+#include "metadata/store.h"
 #include "transport/peer_channel.h"
 
 namespace ferry::metadata {
@@ -44,12 +45,21 @@ class PeerServiceImpl final : public PeerService::Service {
   // what it captured) is not used again. For a transport's Shutdown.
   void RemoveExchangeHandler(const std::string& transport);
   void SetNotifyHandler(NotifyHandler handler);
+  // Answers only calls carrying `token` (auth.h); empty: any. Call before
+  // serving.
+  void SetAuthToken(std::string token) { token_ = std::move(token); }
+  // Serves GetDescriptor from `source` (null: UNIMPLEMENTED), which must
+  // stay valid until it is replaced. P2PHANDSHAKE mode.
+  void SetDescriptorSource(Store* source);
 
   grpc::Status Exchange(grpc::ServerContext* ctx,
                         const ExchangeRequest* request,
                         ExchangeResponse* response) override;
   grpc::Status Notify(grpc::ServerContext* ctx, const NotifyRequest* request,
                       NotifyResponse* response) override;
+  grpc::Status GetDescriptor(grpc::ServerContext* ctx,
+                             const GetSegmentRequest* request,
+                             GetSegmentResponse* response) override;
 
  private:
   struct Handler {
@@ -62,6 +72,8 @@ class PeerServiceImpl final : public PeerService::Service {
   absl::flat_hash_map<std::string, std::shared_ptr<Handler>> handlers_
       ABSL_GUARDED_BY(mu_);
   std::shared_ptr<NotifyHandler> notify_ ABSL_GUARDED_BY(mu_);
+  Store* descriptor_source_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::string token_;
 };
 
 // Client side of the peer service: one cached channel per peer address,
@@ -71,8 +83,12 @@ class PeerClient {
  public:
   static constexpr size_t kMaxStubs = 1024;
 
-  explicit PeerClient(absl::Duration rpc_timeout, size_t max_stubs = kMaxStubs)
-      : rpc_timeout_(rpc_timeout), max_stubs_(max_stubs) {}
+  // Every call carries `auth_token` (auth.h) if it is not empty.
+  explicit PeerClient(absl::Duration rpc_timeout, size_t max_stubs = kMaxStubs,
+                      std::string auth_token = "")
+      : rpc_timeout_(rpc_timeout),
+        max_stubs_(max_stubs),
+        token_(std::move(auth_token)) {}
 
   absl::StatusOr<std::string> Exchange(const std::string& address,
                                        const std::string& transport,
@@ -81,6 +97,10 @@ class PeerClient {
   absl::Status Notify(const std::string& address,
                       const std::string& from_segment, const std::string& name,
                       const std::string& message);
+  // The descriptor the engine at `address` publishes as `name`
+  // (P2PHANDSHAKE), validated; DataLoss if it answers with another one.
+  absl::StatusOr<SegmentDescriptor> GetDescriptor(const std::string& address,
+                                                  const std::string& name);
 
   // Closes the channel to `address`, if one is cached.
   void Forget(const std::string& address);
@@ -97,6 +117,7 @@ class PeerClient {
 
   const absl::Duration rpc_timeout_;
   const size_t max_stubs_;
+  const std::string token_;
   mutable Mutex mu_;
   absl::flat_hash_map<std::string, CachedStub> stubs_ ABSL_GUARDED_BY(mu_);
   std::list<std::string> lru_ ABSL_GUARDED_BY(mu_);  // Most recent first.

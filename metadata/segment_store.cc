@@ -12,9 +12,68 @@ namespace ferry::metadata {
 void SegmentStore::ExpireLocked() {
   const absl::Time now = clock_();
   while (!expiry_.empty() && expiry_.begin()->first <= now) {
-    segments_.erase(expiry_.begin()->second);
+    const std::string name = expiry_.begin()->second;
+    segments_.erase(name);
     expiry_.erase(expiry_.begin());
+    NotifyLocked(name);
   }
+}
+
+void SegmentStore::NotifyLocked(const std::string& name) {
+  auto it = listeners_.find(name);
+  if (it == listeners_.end()) return;
+  for (uint64_t id : it->second) subscriptions_[id].fn();
+}
+
+uint64_t SegmentStore::Subscribe(const std::string& name, Listener fn) {
+  MutexLock lock(&mu_);
+  const uint64_t id = next_subscription_++;
+  subscriptions_[id] = {name, std::move(fn)};
+  listeners_[name].push_back(id);
+  return id;
+}
+
+void SegmentStore::Unsubscribe(uint64_t id) {
+  MutexLock lock(&mu_);
+  auto it = subscriptions_.find(id);
+  if (it == subscriptions_.end()) return;
+  auto& ids = listeners_[it->second.name];
+  ids.erase(std::remove(ids.begin(), ids.end(), id), ids.end());
+  if (ids.empty()) listeners_.erase(it->second.name);
+  subscriptions_.erase(it);
+}
+
+std::optional<SegmentEvent> SegmentStore::EventSince(const std::string& name,
+                                                     uint64_t after_version) {
+  std::shared_ptr<const SegmentDescriptor> full;
+  SegmentEvent ev;
+  {
+    MutexLock lock(&mu_);
+    ExpireLocked();
+    auto it = segments_.find(name);
+    if (it == segments_.end()) {
+      ev.set_gone(true);
+      return ev;
+    }
+    const Entry& e = it->second;
+    if (after_version == e.segment.version()) return std::nullopt;
+    if (after_version >= e.put_version) {
+      for (const Entry::Change& c : e.changes) {
+        if (c.prev_version != after_version) continue;
+        ev.set_version(c.version);
+        for (const Buffer& b : c.add) *ev.add_add() = b;
+        for (uint64_t a : c.remove) ev.add_remove_addrs(a);
+        return ev;
+      }
+    }
+    if (e.assembled == nullptr) {
+      e.assembled = std::make_shared<const SegmentDescriptor>(Assemble(e));
+    }
+    full = e.assembled;
+  }
+  ev.set_version(full->version());
+  *ev.mutable_full() = *full;  // The copy, outside the lock.
+  return ev;
 }
 
 void SegmentStore::RenewLocked(const std::string& name, Entry* e) {
@@ -112,7 +171,10 @@ absl::StatusOr<uint64_t> SegmentStore::PutLocked(
   e.owner_key = request.owner_key();
   e.assembled.reset();
   e.ttl = lease_ttl;
+  e.put_version = version;
+  e.changes.clear();
   RenewLocked(in.name(), &e);
+  NotifyLocked(in.name());
   return version;
 }
 
@@ -204,9 +266,24 @@ absl::StatusOr<uint64_t> SegmentStore::UpdateBuffers(
   e.keys = keys;
   e.assembled.reset();
   const uint64_t version = next_version_++;
+  if (!listeners_.empty() && listeners_.contains(request.name())) {
+    Entry::Change c;
+    c.prev_version = e.segment.version();
+    c.version = version;
+    c.add.assign(request.add().begin(), request.add().end());
+    c.remove.assign(request.remove_addrs().begin(),
+                    request.remove_addrs().end());
+    e.changes.push_back(std::move(c));
+    if (e.changes.size() > kMaxRememberedChanges) e.changes.pop_front();
+  } else {
+    // Nobody watches: a later watcher starts from the whole descriptor.
+    e.changes.clear();
+    e.put_version = version;
+  }
   e.segment.set_version(version);
   // An update from the owner shows it alive, as a KeepAlive does.
   RenewLocked(request.name(), &e);
+  NotifyLocked(request.name());
   return version;
 }
 
@@ -248,6 +325,7 @@ absl::Status SegmentStore::Remove(const RemoveSegmentRequest& request) {
     expiry_.erase({it->second.expires, name});
   }
   segments_.erase(it);
+  NotifyLocked(name);
   return absl::OkStatus();
 }
 

@@ -7,9 +7,11 @@
 #define FERRY_METADATA_SEGMENT_STORE_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -49,6 +51,7 @@ class SegmentStore final : public Store {
   absl::Status Remove(const RemoveSegmentRequest& request) override;
   absl::StatusOr<std::vector<std::string>> List() override;
   std::string Describe() const override { return "memory"; }
+  SegmentStore* watchable() override { return this; }
 
   // For a backend that replays its own history (DurableStore): Put without
   // the ownership check (the history is already decided), with the given
@@ -65,6 +68,24 @@ class SegmentStore final : public Store {
   Snapshot TakeSnapshot() const;
   // Makes the next assigned version at least `version`.
   void AdvanceVersion(uint64_t version);
+
+  // Watching (MetadataService.WatchSegment). `fn` is called, with the
+  // store's lock held, after each change of `name` (put, update, removal,
+  // expiry): it must only note the fact (queue work for another thread)
+  // and never call into the store. Returns an id for Unsubscribe, after
+  // which `fn` is not called again.
+  using Listener = std::function<void()>;
+  uint64_t Subscribe(const std::string& name, Listener fn);
+  void Unsubscribe(uint64_t id);
+  // The next event for a watcher that has `after_version` (0: nothing):
+  // the change made right after it, the whole descriptor if the store no
+  // longer remembers that change (or the segment was published again),
+  // `gone` if the segment is not stored, or nothing if the watcher is up
+  // to date.
+  std::optional<SegmentEvent> EventSince(const std::string& name,
+                                         uint64_t after_version);
+  // Changes remembered per segment for watchers.
+  static constexpr size_t kMaxRememberedChanges = 1024;
 
  private:
   struct Entry {
@@ -83,7 +104,19 @@ class SegmentStore final : public Store {
     // hold the lock only to take a reference (after the first Get that
     // follows a change, which assembles it).
     mutable std::shared_ptr<const SegmentDescriptor> assembled;
+    // The version of the last Put, and the buffer changes since, oldest
+    // first (at most kMaxRememberedChanges), for watchers.
+    uint64_t put_version = 0;
+    struct Change {
+      uint64_t prev_version = 0;
+      uint64_t version = 0;
+      std::vector<Buffer> add;
+      std::vector<uint64_t> remove;
+    };
+    std::deque<Change> changes;
   };
+  // Tells the listeners of `name` that it changed.
+  void NotifyLocked(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The descriptor of `e`, buffers in address order.
   static SegmentDescriptor Assemble(const Entry& e);
   // Removes the segments whose lease has expired.
@@ -102,6 +135,15 @@ class SegmentStore final : public Store {
   // Leased segments by expiry, soonest first.
   std::set<std::pair<absl::Time, std::string>> expiry_ ABSL_GUARDED_BY(mu_);
   uint64_t next_version_ ABSL_GUARDED_BY(mu_) = 1;
+  struct Subscription {
+    std::string name;
+    Listener fn;
+  };
+  absl::flat_hash_map<uint64_t, Subscription> subscriptions_
+      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::vector<uint64_t>> listeners_
+      ABSL_GUARDED_BY(mu_);
+  uint64_t next_subscription_ ABSL_GUARDED_BY(mu_) = 1;
 };
 
 }  // namespace ferry::metadata

@@ -24,15 +24,27 @@
 #define FERRY_METADATA_STORE_H_
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "metadata/proto/metadata.pb.h"
 
 namespace ferry::metadata {
+
+class SegmentStore;
+
+// A watch started by Store::Watch; destroying it ends the watch (after
+// which its callback is not called again).
+class Watch {
+ public:
+  virtual ~Watch() = default;
+};
 
 class Store {
  public:
@@ -68,6 +80,22 @@ class Store {
 
   // Where the store is, for messages ("embedded", "host:port", a path).
   virtual std::string Describe() const = 0;
+
+  // Pushes each change of segment `name` after `after_version` to `fn`
+  // (SegmentEvent: the whole descriptor, a buffer delta, or gone), from a
+  // thread of the store's; `fn` must not block. Unimplemented where the
+  // backend cannot push (readers then refresh on a miss).
+  using EventFn = std::function<void(const SegmentEvent&)>;
+  virtual absl::StatusOr<std::unique_ptr<Watch>> WatchSegment(
+      const std::string& name, uint64_t after_version, EventFn fn) {
+    (void)name, (void)after_version, (void)fn;
+    return absl::UnimplementedError(
+        absl::StrCat(Describe(), " cannot push segment changes"));
+  }
+
+  // The in-memory table whose changes a metadata service pushes to its
+  // watchers (SegmentStore::Subscribe), or null.
+  virtual SegmentStore* watchable() { return nullptr; }
 };
 
 // Bytes of an owner key: enough randomness that it cannot be guessed.

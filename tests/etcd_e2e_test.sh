@@ -8,29 +8,11 @@
 #   3. namespaces: a segment of cluster A is invisible from cluster B;
 #   4. a target killed with SIGKILL: etcd's lease removes its segment.
 set -uo pipefail
-RUNFILES="${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}"
+# shellcheck source=test_lib.sh
+source "${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}/tests/test_lib.sh"
 BENCH="$RUNFILES/tools/transfer_bench"
 MDS="$RUNFILES/tools/metadata_server"
 LIBDIR="$RUNFILES/transport/softrnic"
-tmp="${TEST_TMPDIR:-$(mktemp -d)}"
-pids=()
-cleanup() {
-  local p
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-  wait 2>/dev/null
-}
-trap cleanup EXIT
-passed=0 failed=0
-pass() { echo "PASS: $1"; passed=$((passed + 1)); }
-fail() { echo "FAIL: $1"; shift; tail -n 20 "$@"; failed=$((failed + 1)); }
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
-wait_for() {  # file, text: up to 10 s
-  local _
-  for _ in $(seq 100); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
-  return 1
-}
 if [[ ! -x /usr/bin/etcd ]]; then
   echo "FAIL: etcd not installed (apt-get install etcd-server; tools/dev.sh setup)"
   echo "0 passed, 1 failed"
@@ -127,5 +109,4 @@ else
   fail "lease expiry on etcd" "$tmp/after.json" "$tmp/doomed.log"
 fi
 
-echo "$passed passed, $failed failed"
-((failed == 0))
+finish

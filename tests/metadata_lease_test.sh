@@ -11,30 +11,13 @@
 #   3. while the metadata_server is down, an initiator whose connection is
 #      already up (to another target) keeps moving verified data;
 #   4. a durable metadata_server (--data_dir) killed with SIGKILL and
-#      restarted has every segment at once.
+#      restarted has every segment at once;
+#   5. --auth_token_file: a call without the token is refused.
 set -uo pipefail
-RUNFILES="${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}"
+# shellcheck source=test_lib.sh
+source "${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}/tests/test_lib.sh"
 BENCH="$RUNFILES/tools/transfer_bench"
 MDS="$RUNFILES/tools/metadata_server"
-tmp="${TEST_TMPDIR:-$(mktemp -d)}"
-pids=()
-cleanup() {
-  local p
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-  wait 2>/dev/null
-}
-trap cleanup EXIT
-passed=0 failed=0
-pass() { echo "PASS: $1"; passed=$((passed + 1)); }
-fail() { echo "FAIL: $1"; shift; tail -n 20 "$@"; failed=$((failed + 1)); }
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
-wait_for() {  # file, text: up to 10 s
-  local _
-  for _ in $(seq 100); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
-  return 1
-}
 
 port=$(free_port)
 MD="127.0.0.1:$port"
@@ -46,20 +29,24 @@ start_md() {  # log name, then metadata_server flags
   pids+=($md_pid)
   wait_for "$tmp/$log" "listening" || sleep 1
 }
-start_target() {  # segment, log name
+start_target() {  # segment, log name, then flags
+  local seg=$1 log=$2
+  shift 2
   "$BENCH" --mode=target --protocol=tcp --metadata_server="$MD" \
-    --segment_id="$1" --local_server_name="$1" --listen_host=127.0.0.1 \
+    --segment_id="$seg" --local_server_name="$seg" --listen_host=127.0.0.1 \
     --buffer_size=$((8 << 20)) --metadata_lease_seconds=1 \
-    --target_seconds=60 >"$tmp/$2" 2>&1 &
+    --target_seconds=60 "$@" >"$tmp/$log" 2>&1 &
   target_pid=$!
   pids+=($target_pid)
-  wait_for "$tmp/$2" "target ready"
+  wait_for "$tmp/$log" "target ready"
 }
-initiator() {  # segment, seconds, log name
+initiator() {  # segment, seconds, log name, then flags
+  local seg=$1 secs=$2 log=$3
+  shift 3
   timeout 60 "$BENCH" --mode=initiator --protocol=tcp --metadata_server="$MD" \
-    --segment_id="$1" --listen_host=127.0.0.1 --buffer_size=$((8 << 20)) \
-    --block_size=65536 --duration="$2" --verify --max_consecutive_errors=1000000 \
-    --report=json >"$tmp/$3" 2>&1
+    --segment_id="$seg" --listen_host=127.0.0.1 --buffer_size=$((8 << 20)) \
+    --block_size=65536 --duration="$secs" --verify --max_consecutive_errors=1000000 \
+    --report=json "$@" >"$tmp/$log" 2>&1
 }
 
 start_md md1.log
@@ -150,5 +137,22 @@ else
   fail "durable restart" "$tmp/md4.log" "$tmp/kept.log" "$tmp/kept.json"
 fi
 
-echo "$passed passed, $failed failed"
-((failed == 0))
+# 5. Auth: a metadata_server and engines sharing a token; an initiator
+# without it is refused UNAUTHENTICATED, one with it moves verified data.
+kill -9 "$md_pid"
+wait "$md_pid" 2>/dev/null
+echo "ferry-test-token-5d1c0e8a" >"$tmp/token"
+start_md md5.log --auth_token_file="$tmp/token"
+start_target guarded guarded.log --auth_token_file="$tmp/token" ||
+  fail "target with the token did not start" "$tmp/guarded.log"
+initiator guarded 0.3 no-token.json
+rc_none=$?
+initiator guarded 0.3 token.json --auth_token_file="$tmp/token"
+rc_token=$?
+if ((rc_none != 0 && rc_token == 0)) && grep -q "UNAUTHENTICATED" "$tmp/no-token.json"; then
+  pass "with --auth_token_file a call without the token is refused UNAUTHENTICATED; with it, verified data"
+else
+  fail "auth (without: exit $rc_none, with: exit $rc_token)" "$tmp/no-token.json" "$tmp/token.json" "$tmp/guarded.log"
+fi
+
+finish

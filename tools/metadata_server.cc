@@ -19,6 +19,7 @@
 #include "absl/flags/parse.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "metadata/auth.h"
 #include "metadata/durable_store.h"
 #include "metadata/etcd/etcd_store.h"
 #include "metadata/metadata_service.h"
@@ -45,6 +46,9 @@ ABSL_FLAG(std::string, data_dir, "",
           "keep the segment table in this directory (a snapshot and an "
           "fsync'd log), so that a restart, even after kill -9, keeps every "
           "segment; empty: in memory only");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "answer only calls carrying the token in this file's first line "
+          "(metadata/auth.h); give engines the same token");
 ABSL_FLAG(std::string, etcd, "",
           "keep the segment table in this etcd v3 cluster, "
           "etcd://host:port[,host:port...]: several metadata_servers (and "
@@ -98,6 +102,15 @@ int main(int argc, char** argv) {
     store = std::move(*durable);
   }
   ferry::metadata::MetadataServiceImpl service(store.get());
+  if (const std::string f = absl::GetFlag(FLAGS_auth_token_file); !f.empty()) {
+    auto token = ferry::metadata::ReadAuthTokenFile(f);
+    if (!token.ok()) {
+      std::fprintf(stderr, "metadata_server: --auth_token_file: %s\n",
+                   token.status().ToString().c_str());
+      return 1;
+    }
+    service.SetAuthToken(*token);
+  }
   ferry::metadata::RpcServerOptions options;
   options.max_connections = absl::GetFlag(FLAGS_max_connections);
   options.max_connections_per_peer =

@@ -49,12 +49,18 @@
 #include "common/mutex.h"
 #include "common/socket_util.h"
 #include "engine/transfer_engine.h"
+#include "metadata/auth.h"
 #include "tools/pattern.h"
 
 ABSL_FLAG(std::string, mode, "local", "target | initiator | local");
 ABSL_FLAG(std::string, metadata_server, "embedded",
           "\"embedded\", host:port (or ferry://host:port) of a Ferry "
-          "metadata service, or etcd://host:port[,host:port...]");
+          "metadata service, etcd://host:port[,host:port...], or "
+          "P2PHANDSHAKE (no metadata service: the target prints its "
+          "segment name, host:port, for --segment_id)");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "the cluster's auth token, from this file's first line "
+          "(EngineOptions::auth_token)");
 ABSL_FLAG(std::string, metadata_namespace, "",
           "namespace (cluster id) of the segments: engines see only their "
           "namespace's (empty: none)");
@@ -246,6 +252,11 @@ EngineOptions BaseOptions(const std::string& name, const std::string& md) {
   o.local_segment_name = name;
   o.metadata_endpoint = md;
   o.metadata_namespace = absl::GetFlag(FLAGS_metadata_namespace);
+  if (const std::string f = absl::GetFlag(FLAGS_auth_token_file); !f.empty()) {
+    auto token = metadata::ReadAuthTokenFile(f);
+    if (!token.ok()) Die(token.status(), "--auth_token_file");
+    o.auth_token = *token;
+  }
   o.listen_host = absl::GetFlag(FLAGS_listen_host);
   o.advertise_host = absl::GetFlag(FLAGS_advertise_host);
   o.log_level = absl::GetFlag(FLAGS_log_level);
@@ -666,7 +677,10 @@ int Main() {
     std::printf("target address: advertised=%s (%s)\n",
                 engine.advertised_host().c_str(),
                 engine.advertised_host_reason().c_str());
-    std::printf("target ready: segment=%s metadata=%s\n", name.c_str(),
+    // In P2PHANDSHAKE mode the segment is named by the engine's address:
+    // initiators pass this as --segment_id.
+    std::printf("target ready: segment=%s metadata=%s\n",
+                engine.local_segment_name().c_str(),
                 engine.metadata_address().c_str());
     std::fflush(stdout);
     const double life = absl::GetFlag(FLAGS_target_seconds);

@@ -1,0 +1,81 @@
+#include "metadata/auth.h"
+
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+
+namespace ferry::metadata {
+namespace {
+
+constexpr char kHeader[] = "authorization";
+constexpr absl::string_view kBearer = "Bearer ";
+
+bool EqualConstantTime(absl::string_view a, absl::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  }
+  return diff == 0;
+}
+
+}  // namespace
+
+void AddAuthToken(grpc::ClientContext* ctx, const std::string& token) {
+  if (!token.empty()) ctx->AddMetadata(kHeader, absl::StrCat(kBearer, token));
+}
+
+grpc::Status CheckAuthToken(const grpc::ServerContextBase& ctx,
+                            const std::string& token) {
+  if (token.empty()) return grpc::Status::OK;
+  const auto& md = ctx.client_metadata();
+  auto it = md.find(kHeader);
+  if (it != md.end()) {
+    absl::string_view got(it->second.data(), it->second.size());
+    if (got.size() > kBearer.size() &&
+        got.substr(0, kBearer.size()) == kBearer &&
+        EqualConstantTime(got.substr(kBearer.size()), token)) {
+      return grpc::Status::OK;
+    }
+  }
+  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                      "this Ferry service requires its cluster's auth token "
+                      "(EngineOptions::auth_token, --auth_token_file): the "
+                      "call had none or another");
+}
+
+absl::Status ValidateAuthToken(const std::string& token) {
+  if (token.empty()) return absl::OkStatus();
+  if (token.size() < 16 || token.size() > kMaxAuthTokenBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("auth token: ", token.size(), " characters; 16..",
+                     kMaxAuthTokenBytes, " needed"));
+  }
+  for (char c : token) {
+    if (c <= ' ' || c > '~') {
+      return absl::InvalidArgumentError(
+          "auth token: printable characters without spaces only");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadAuthTokenFile(const std::string& path) {
+  std::ifstream f(path);
+  std::string token;
+  if (!f || !std::getline(f, token)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot read an auth token from ", path));
+  }
+  if (!token.empty() && token.back() == '\r') token.pop_back();
+  if (token.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, " holds no token"));
+  }
+  if (absl::Status s = ValidateAuthToken(token); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", s.message()));
+  }
+  return token;
+}
+
+}  // namespace ferry::metadata

@@ -1,0 +1,48 @@
+// Shared-token authentication of Ferry's gRPC services (metadata and peer).
+//
+// With a token configured, a service answers only calls that carry it in
+// the "authorization: Bearer <token>" header; any other call gets
+// UNAUTHENTICATED before its request is looked at, so it changes nothing.
+// Every engine and metadata_server of a cluster is given the same token.
+//
+// What it protects against: clients on the network that do not know the
+// token (a stray or hostile process that can reach the ports) reading,
+// publishing, removing or watching segments, handshaking with engines or
+// sending them notifications. What it does not: the token travels in the
+// clear unless TLS is on, so anyone who can sniff the traffic can learn
+// it; anyone who knows it is trusted as much as any engine (still bound by
+// owner keys: it cannot change another engine's segment); it does not
+// cover the data path (TCP frames and RDMA are authorized by their own
+// keys).
+#ifndef FERRY_METADATA_AUTH_H_
+#define FERRY_METADATA_AUTH_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "grpcpp/grpcpp.h"
+
+namespace ferry::metadata {
+
+constexpr size_t kMaxAuthTokenBytes = 4096;
+
+// Adds `token` to an outgoing call (nothing if it is empty).
+void AddAuthToken(grpc::ClientContext* ctx, const std::string& token);
+
+// OK if `token` is empty or the call carries exactly it; UNAUTHENTICATED
+// otherwise (compared in constant time).
+grpc::Status CheckAuthToken(const grpc::ServerContextBase& ctx,
+                            const std::string& token);
+
+// InvalidArgument unless `token` is empty or 16..kMaxAuthTokenBytes
+// printable characters without spaces.
+absl::Status ValidateAuthToken(const std::string& token);
+
+// Reads a token from a file (its first line), for command-line tools:
+// keeps it out of `ps`. InvalidArgument if unreadable or not a token.
+absl::StatusOr<std::string> ReadAuthTokenFile(const std::string& path);
+
+}  // namespace ferry::metadata
+
+#endif  // FERRY_METADATA_AUTH_H_

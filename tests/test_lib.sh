@@ -1,0 +1,32 @@
+# Shared by the shell tests that run Ferry's real processes: source it
+# after `set -uo pipefail`. Gives
+#   RUNFILES, tmp           where the built tools are, and a scratch dir;
+#   pids+=($!)              processes SIGKILLed and reaped at exit;
+#   pass MSG / fail MSG [LOG...]   count results (fail shows the logs' tails);
+#   free_port               a loopback TCP port nothing listens on now;
+#   wait_for FILE TEXT      up to 10 s for TEXT to appear in FILE;
+#   finish                  prints "N passed, N failed" and sets the status.
+RUNFILES="${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}"
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+pids=()
+_test_lib_cleanup() {
+  local p
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
+  wait 2>/dev/null
+}
+trap _test_lib_cleanup EXIT
+passed=0 failed=0
+pass() { echo "PASS: $1"; passed=$((passed + 1)); }
+fail() { echo "FAIL: $1"; shift; tail -n 20 "$@"; failed=$((failed + 1)); }
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+wait_for() {
+  local _
+  for _ in $(seq 100); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
+  return 1
+}
+finish() {
+  echo "$passed passed, $failed failed"
+  ((failed == 0))
+}
