@@ -3,6 +3,7 @@
 #include <sys/socket.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/happens_before.h"
 #include "common/mutex.h"
 #include "common/socket_util.h"
 #include "metadata/auth.h"
@@ -148,6 +149,7 @@ class ClientWatch final : public Watch,
     req_.set_after_version(after);
     stub->async()->WatchSegment(&ctx_, &req_, this);
     StartRead(&event_);
+    HappensBefore(this);  // Callbacks run on gRPC's threads.
     StartCall();
   }
   ~ClientWatch() override {
@@ -156,12 +158,14 @@ class ClientWatch final : public Watch,
     while (!done_) done_cv_.Wait(&mu_);
   }
   void OnReadDone(bool ok) override {
+    HappensAfter(this);
     if (!ok) return;  // The stream ended; OnDone follows.
     fn_(event_);
     if (event_.gone()) return;
     StartRead(&event_);
   }
   void OnDone(const grpc::Status&) override {
+    HappensAfter(this);
     MutexLock lock(&mu_);
     done_ = true;
     done_cv_.SignalAll();

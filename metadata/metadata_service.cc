@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/happens_before.h"
 #include "metadata/auth.h"
 #include "metadata/grpc_status.h"
 #include "metadata/validation.h"
@@ -42,6 +43,7 @@ class MetadataServiceImpl::WatchReactor final
     });
     MutexLock lock(&state_->mu);
     NextLocked();
+    HappensBefore(this);  // Callbacks run on gRPC's threads after this.
   }
 
   // A change may be there: write it unless a write is out.
@@ -56,6 +58,7 @@ class MetadataServiceImpl::WatchReactor final
   }
 
   void OnWriteDone(bool ok) override {
+    HappensAfter(this);
     MutexLock lock(&state_->mu);
     writing_ = false;
     if (!ok) {
@@ -67,10 +70,12 @@ class MetadataServiceImpl::WatchReactor final
     }
   }
   void OnCancel() override {
+    HappensAfter(this);
     MutexLock lock(&state_->mu);
     FinishLocked(grpc::Status::CANCELLED);
   }
   void OnDone() override {
+    HappensAfter(this);
     table_->Unsubscribe(subscription_);
     {
       MutexLock lock(&state_->mu);
@@ -79,7 +84,12 @@ class MetadataServiceImpl::WatchReactor final
     service_->Release();
     delete this;
   }
-  WatchState* state() { return state_.get(); }
+  // From the notifier, which holds state_->mu (it is the WatchState's mu,
+  // which the analysis cannot connect to this reactor).
+  void Poked() {
+    state_->mu.AssertHeld();
+    NextLocked();
+  }
 
  private:
   void FinishLocked(const grpc::Status& s)
@@ -136,7 +146,7 @@ void MetadataServiceImpl::NotifierLoop() {
     mu_.Unlock();
     {
       MutexLock state_lock(&s->mu);
-      if (s->reactor != nullptr) s->reactor->NextLocked();
+      if (s->reactor != nullptr) s->reactor->Poked();
     }
     mu_.Lock();
   }

@@ -113,7 +113,7 @@ TEST(MetadataServiceAuthTest, CallsWithoutTheTokenAreRefused) {
   PeerServiceImpl peer;
   service.SetAuthToken(token);
   peer.SetAuthToken(token);
-  int notified = 0;
+  std::atomic<int> notified{0};  // Written on a gRPC thread.
   peer.SetNotifyHandler(
       [&](const std::string&, const std::string&, const std::string&) {
         ++notified;

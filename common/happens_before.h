@@ -1,0 +1,46 @@
+// HappensBefore / HappensAfter: tell ThreadSanitizer about an ordering it
+// cannot see. gRPC's callback API constructs a reactor on one thread and
+// runs its callbacks on others, ordered by synchronization inside Debian's
+// libgrpc, which is not instrumented; without this every field a callback
+// reads that the constructor wrote is a "race" on paper. Mark the end of
+// the constructor HappensBefore(this) and the start of each callback
+// HappensAfter(this). No-ops outside TSan builds.
+#ifndef FERRY_COMMON_HAPPENS_BEFORE_H_
+#define FERRY_COMMON_HAPPENS_BEFORE_H_
+
+#if defined(__SANITIZE_THREAD__)
+#define FERRY_HB_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define FERRY_HB_TSAN 1
+#endif
+#endif
+
+#ifdef FERRY_HB_TSAN
+extern "C" {
+void AnnotateHappensBefore(const char* file, int line, const volatile void* p);
+void AnnotateHappensAfter(const char* file, int line, const volatile void* p);
+}
+#endif
+
+namespace ferry {
+
+inline void HappensBefore(const volatile void* p) {
+#ifdef FERRY_HB_TSAN
+  AnnotateHappensBefore(__FILE__, __LINE__, p);
+#else
+  (void)p;
+#endif
+}
+
+inline void HappensAfter(const volatile void* p) {
+#ifdef FERRY_HB_TSAN
+  AnnotateHappensAfter(__FILE__, __LINE__, p);
+#else
+  (void)p;
+#endif
+}
+
+}  // namespace ferry
+
+#endif  // FERRY_COMMON_HAPPENS_BEFORE_H_
