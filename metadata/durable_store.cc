@@ -219,10 +219,11 @@ uint64_t DurableStore::compactions() const {
   return compactions_;
 }
 
-absl::StatusOr<uint64_t> DurableStore::Put(const PutSegmentRequest& request) {
+absl::StatusOr<uint64_t> DurableStore::PutFrom(const PutSegmentRequest& request,
+                                               const std::string& client) {
   MutexLock lock(&write_mu_);
   if (!failed_.ok()) return Refuse();
-  auto v = mem_.Put(request);
+  auto v = mem_.PutFrom(request, client);
   if (!v.ok()) return v;
   LogRecord r;
   r.set_version(*v);
@@ -236,11 +237,11 @@ absl::StatusOr<absl::Duration> DurableStore::KeepAlive(
   return mem_.KeepAlive(request);
 }
 
-absl::StatusOr<uint64_t> DurableStore::UpdateBuffers(
-    const UpdateBuffersRequest& request) {
+absl::StatusOr<uint64_t> DurableStore::UpdateBuffersFrom(
+    const UpdateBuffersRequest& request, const std::string& client) {
   MutexLock lock(&write_mu_);
   if (!failed_.ok()) return Refuse();
-  auto v = mem_.UpdateBuffers(request);
+  auto v = mem_.UpdateBuffersFrom(request, client);
   if (!v.ok()) return v;
   LogRecord r;
   r.set_version(*v);

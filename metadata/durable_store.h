@@ -59,11 +59,22 @@ class DurableStore final : public Store {
       SegmentStore::Clock clock = [] { return absl::Now(); });
   ~DurableStore() override;
 
-  absl::StatusOr<uint64_t> Put(const PutSegmentRequest& request) override;
+  absl::StatusOr<uint64_t> Put(const PutSegmentRequest& request) override {
+    return PutFrom(request, "");
+  }
+  absl::StatusOr<uint64_t> PutFrom(const PutSegmentRequest& request,
+                                   const std::string& client) override;
   absl::StatusOr<absl::Duration> KeepAlive(
       const KeepAliveRequest& request) override;
   absl::StatusOr<uint64_t> UpdateBuffers(
-      const UpdateBuffersRequest& request) override;
+      const UpdateBuffersRequest& request) override {
+    return UpdateBuffersFrom(request, "");
+  }
+  absl::StatusOr<uint64_t> UpdateBuffersFrom(
+      const UpdateBuffersRequest& request, const std::string& client) override;
+  // Quotas of the table (SegmentStore::Limits); before use. A recovered
+  // segment counts against the total only (its client is not logged).
+  void SetLimits(const SegmentStore::Limits& limits) { mem_.SetLimits(limits); }
   absl::StatusOr<SegmentDescriptor> Get(const std::string& name) override;
   absl::Status Remove(const RemoveSegmentRequest& request) override;
   absl::StatusOr<std::vector<std::string>> List() override;

@@ -1,5 +1,7 @@
 #include "metadata/segment_store.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <utility>
 
@@ -13,7 +15,7 @@ void SegmentStore::ExpireLocked() {
   const absl::Time now = clock_();
   while (!expiry_.empty() && expiry_.begin()->first <= now) {
     const std::string name = expiry_.begin()->second;
-    segments_.erase(name);
+    EraseLocked(name);
     expiry_.erase(expiry_.begin());
     NotifyLocked(name);
   }
@@ -100,16 +102,17 @@ absl::Status HeldByAnother(const std::string& name) {
 
 }  // namespace
 
-absl::StatusOr<uint64_t> SegmentStore::Put(const PutSegmentRequest& request) {
+absl::StatusOr<uint64_t> SegmentStore::PutFrom(const PutSegmentRequest& request,
+                                               const std::string& client) {
   MutexLock lock(&mu_);
-  return PutLocked(request, /*check_owner=*/true);
+  return PutLocked(request, /*check_owner=*/true, client);
 }
 
 absl::StatusOr<uint64_t> SegmentStore::Restore(const PutSegmentRequest& request,
                                                uint64_t version) {
   MutexLock lock(&mu_);
   next_version_ = std::max(next_version_, version);
-  return PutLocked(request, /*check_owner=*/false);
+  return PutLocked(request, /*check_owner=*/false, "");
 }
 
 void SegmentStore::AdvanceVersion(uint64_t version) {
@@ -117,8 +120,57 @@ void SegmentStore::AdvanceVersion(uint64_t version) {
   next_version_ = std::max(next_version_, version);
 }
 
+void SegmentStore::ChargeLocked(const std::string& client, int64_t bytes,
+                                int segments) {
+  total_bytes_ += bytes;
+  if (bytes < 0) freed_bytes_ += static_cast<uint64_t>(-bytes);
+  if (client.empty()) return;
+  Usage& u = usage_[client];
+  u.bytes += bytes;
+  u.segments += segments;
+  if (u.segments == 0) usage_.erase(client);
+}
+
+absl::Status SegmentStore::CheckQuotaLocked(const std::string& client,
+                                            uint64_t old_bytes, uint64_t bytes,
+                                            bool new_segment) const {
+  if (total_bytes_ - old_bytes + bytes > limits_.max_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the metadata store holds ", total_bytes_, " bytes of descriptors; ",
+        bytes, " more would pass its limit of ", limits_.max_bytes));
+  }
+  if (client.empty()) return absl::OkStatus();
+  auto it = usage_.find(client);
+  const Usage u = it != usage_.end() ? it->second : Usage{};
+  if (u.bytes - old_bytes + bytes > limits_.max_client_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "client ", client, " holds ", u.bytes, " bytes of descriptors; ", bytes,
+        " more would pass its quota of ", limits_.max_client_bytes));
+  }
+  if (new_segment && u.segments >= limits_.max_client_segments) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "client ", client, " holds ", u.segments, " segments, its quota"));
+  }
+  return absl::OkStatus();
+}
+
+void SegmentStore::EraseLocked(const std::string& name) {
+  auto it = segments_.find(name);
+  if (it == segments_.end()) return;
+  ChargeLocked(it->second.client, -static_cast<int64_t>(it->second.bytes), -1);
+  segments_.erase(it);
+  // glibc keeps freed memory in its arenas: after a lot has been freed,
+  // give it back, so that a burst of large segments does not leave the
+  // server's RSS at its peak.
+  if (freed_bytes_ > (uint64_t{64} << 20)) {
+    malloc_trim(0);
+    freed_bytes_ = 0;
+  }
+}
+
 absl::StatusOr<uint64_t> SegmentStore::PutLocked(
-    const PutSegmentRequest& request, bool check_owner) {
+    const PutSegmentRequest& request, bool check_owner,
+    const std::string& client) {
   const SegmentDescriptor& in = request.segment();
   if (absl::Status s = ValidateSegmentDescriptor(in); !s.ok()) return s;
   if (absl::Status s = ValidateOwnerKey(request.owner_key()); !s.ok()) {
@@ -151,8 +203,23 @@ absl::StatusOr<uint64_t> SegmentStore::PutLocked(
             : "without a lease, until it removes it",
         ": choose another name, or stop that engine first"));
   }
+  const uint64_t bytes = in.ByteSizeLong();
+  const bool replacing = it != segments_.end();
+  const bool same_client = replacing && it->second.client == client;
+  if (absl::Status q = CheckQuotaLocked(
+          client, same_client ? it->second.bytes : 0, bytes, !same_client);
+      !q.ok()) {
+    return q;
+  }
+  if (replacing) {
+    ChargeLocked(it->second.client, -static_cast<int64_t>(it->second.bytes),
+                 -1);
+  }
+  ChargeLocked(client, static_cast<int64_t>(bytes), 1);
   const uint64_t version = next_version_++;
   Entry& e = segments_[in.name()];
+  e.client = client;
+  e.bytes = bytes;
   e.segment = in;
   e.segment.set_version(version);
   e.segment.clear_buffers();
@@ -191,8 +258,9 @@ absl::StatusOr<absl::Duration> SegmentStore::KeepAlive(
   return it->second.ttl;
 }
 
-absl::StatusOr<uint64_t> SegmentStore::UpdateBuffers(
-    const UpdateBuffersRequest& request) {
+absl::StatusOr<uint64_t> SegmentStore::UpdateBuffersFrom(
+    const UpdateBuffersRequest& request, const std::string& client) {
+  (void)client;  // Charged to the client that put the segment.
   if (absl::Status s = ValidateSegmentName(request.name()); !s.ok()) return s;
   for (const Buffer& b : request.add()) {
     if (absl::Status s = ValidateBuffer(b); !s.ok()) return s;
@@ -263,6 +331,18 @@ absl::StatusOr<uint64_t> SegmentStore::UpdateBuffers(
         " buffers, ", kMaxKeysPerSegment, " keys and ", kMaxKeyIndexEntries,
         " buffer x device entries")));
   }
+  // Bytes the change adds to the stored descriptor (a buffer costs its
+  // encoded size plus its field tag and length).
+  int64_t delta = 0;
+  for (const Buffer& b : request.add()) delta += b.ByteSizeLong() + 4;
+  for (const Buffer& b : removed) delta -= b.ByteSizeLong() + 4;
+  if (delta > 0) {
+    if (absl::Status q = CheckQuotaLocked(e.client, 0, delta, false); !q.ok()) {
+      return undo(q);
+    }
+  }
+  ChargeLocked(e.client, delta, 0);
+  e.bytes += delta;
   e.keys = keys;
   e.assembled.reset();
   const uint64_t version = next_version_++;
@@ -324,7 +404,7 @@ absl::Status SegmentStore::Remove(const RemoveSegmentRequest& request) {
   if (it->second.expires != absl::InfiniteFuture()) {
     expiry_.erase({it->second.expires, name});
   }
-  segments_.erase(it);
+  EraseLocked(name);
   NotifyLocked(name);
   return absl::OkStatus();
 }

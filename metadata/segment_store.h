@@ -37,16 +37,34 @@ class SegmentStore final : public Store {
   // Longest lease a segment may ask for.
   static constexpr absl::Duration kMaxLeaseTtl = absl::Hours(1);
 
+  // Memory a client may fill. Bytes are the stored descriptors' encoded
+  // sizes; a segment is charged to the client that put it (updates too).
+  struct Limits {
+    uint64_t max_bytes = uint64_t{2} << 30;
+    uint64_t max_client_bytes = uint64_t{256} << 20;
+    size_t max_client_segments = 4096;
+  };
+
   using Clock = std::function<absl::Time()>;
   explicit SegmentStore(Clock clock = [] { return absl::Now(); })
       : clock_(std::move(clock)) {}
+  // Before use.
+  void SetLimits(const Limits& limits) { limits_ = limits; }
 
   // Store. Updates of k buffers in a segment of n cost O(k log n).
-  absl::StatusOr<uint64_t> Put(const PutSegmentRequest& request) override;
+  absl::StatusOr<uint64_t> Put(const PutSegmentRequest& request) override {
+    return PutFrom(request, "");
+  }
+  absl::StatusOr<uint64_t> PutFrom(const PutSegmentRequest& request,
+                                   const std::string& client) override;
   absl::StatusOr<absl::Duration> KeepAlive(
       const KeepAliveRequest& request) override;
   absl::StatusOr<uint64_t> UpdateBuffers(
-      const UpdateBuffersRequest& request) override;
+      const UpdateBuffersRequest& request) override {
+    return UpdateBuffersFrom(request, "");
+  }
+  absl::StatusOr<uint64_t> UpdateBuffersFrom(
+      const UpdateBuffersRequest& request, const std::string& client) override;
   absl::StatusOr<SegmentDescriptor> Get(const std::string& name) override;
   absl::Status Remove(const RemoveSegmentRequest& request) override;
   absl::StatusOr<std::vector<std::string>> List() override;
@@ -97,6 +115,8 @@ class SegmentStore final : public Store {
     size_t devices = 0;  // Devices over all transports.
     absl::flat_hash_set<std::string> device_names;
     std::string owner_key;
+    std::string client;  // Charged for it; empty: no per-client quota.
+    uint64_t bytes = 0;  // Encoded size of the descriptor.
     absl::Duration ttl;  // Zero: no lease.
     absl::Time expires = absl::InfiniteFuture();
     // The whole descriptor as last assembled for a reader; reset by every
@@ -122,8 +142,18 @@ class SegmentStore final : public Store {
   // Removes the segments whose lease has expired.
   void ExpireLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<uint64_t> PutLocked(const PutSegmentRequest& request,
-                                     bool check_owner)
+                                     bool check_owner,
+                                     const std::string& client)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ResourceExhausted if `client` (with `old` of its bytes given back)
+  // cannot take `bytes` more, or one more segment if `new_segment`.
+  absl::Status CheckQuotaLocked(const std::string& client, uint64_t old_bytes,
+                                uint64_t bytes, bool new_segment) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ChargeLocked(const std::string& client, int64_t bytes, int segments)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Erases a segment, giving its memory back.
+  void EraseLocked(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sets `e`'s expiry from now and its TTL.
   void RenewLocked(const std::string& name, Entry* e)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -135,6 +165,15 @@ class SegmentStore final : public Store {
   // Leased segments by expiry, soonest first.
   std::set<std::pair<absl::Time, std::string>> expiry_ ABSL_GUARDED_BY(mu_);
   uint64_t next_version_ ABSL_GUARDED_BY(mu_) = 1;
+  Limits limits_;
+  struct Usage {
+    uint64_t bytes = 0;
+    size_t segments = 0;
+  };
+  absl::flat_hash_map<std::string, Usage> usage_ ABSL_GUARDED_BY(mu_);
+  uint64_t total_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Freed since the allocator last gave memory back to the system.
+  uint64_t freed_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   struct Subscription {
     std::string name;
     Listener fn;

@@ -366,3 +366,69 @@ TEST(SegmentStoreTest, UpdateBuffersIsAtomicAndChecksIncarnation) {
 
 }  // namespace
 }  // namespace ferry::metadata
+
+namespace ferry::metadata {
+namespace {
+
+SegmentDescriptor Sized(const std::string& name, uint64_t incarnation,
+                        int buffers) {
+  SegmentDescriptor s;
+  s.set_name(name);
+  s.set_incarnation(incarnation);
+  s.set_rpc_address("127.0.0.1:1");
+  for (int i = 0; i < buffers; ++i) {
+    Buffer* b = s.add_buffers();
+    b->set_addr(0x100000ull * (i + 1));
+    b->set_length(0x1000);
+    b->set_location("cpu:0");
+  }
+  return s;
+}
+
+// One client cannot fill the server: its bytes and segments are capped,
+// others still get in, and what it removes is given back.
+TEST(SegmentStoreQuotaTest, PerClientAndTotalLimits) {
+  SegmentStore store;
+  SegmentStore::Limits limits;
+  limits.max_client_bytes = 64 << 10;
+  limits.max_client_segments = 3;
+  limits.max_bytes = 200 << 10;
+  store.SetLimits(limits);
+  // ~2 KiB each: three fit, the fourth segment is over the count.
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_OK(store.PutFrom(PutOf(Sized(absl::StrCat("s", i), i + 1, 100)),
+                            "ipv4:10.0.0.66"));
+  }
+  absl::Status s =
+      store.PutFrom(PutOf(Sized("s3", 4, 100)), "ipv4:10.0.0.66").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("10.0.0.66"), std::string::npos) << s;
+  // Bytes: a segment of 5,000 buffers (~100 KiB) is over 64 KiB.
+  s = store.PutFrom(PutOf(Sized("big", 9, 5000)), "ipv4:10.0.0.77").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  // Another client still gets in.
+  ASSERT_OK(store.PutFrom(PutOf(Sized("other", 10, 100)), "ipv4:10.0.0.77"));
+  // Updates count too, and a refused one changes nothing.
+  UpdateBuffersRequest grow;
+  grow.set_name("other");
+  grow.set_owner_key(TestOwnerKey(10));
+  for (int i = 0; i < 4000; ++i) {
+    Buffer* b = grow.add_add();
+    b->set_addr(0x1000000000ull + 0x10000ull * i);
+    b->set_length(0x100);
+    b->set_location("cpu:0");
+  }
+  EXPECT_EQ(store.UpdateBuffersFrom(grow, "ipv4:10.0.0.77").status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(store.Get("other")->buffers_size(), 100);
+  // Removing gives the count back.
+  ASSERT_OK(store.Remove(RemoveOf("s0", 1)));
+  EXPECT_OK(store.PutFrom(PutOf(Sized("s3", 4, 100)), "ipv4:10.0.0.66"));
+  // The total: local callers (no client) are bound by it too.
+  s = store.Put(PutOf(Sized("huge", 20, 12000))).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("limit"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace ferry::metadata

@@ -69,6 +69,20 @@ class Store {
   virtual absl::StatusOr<uint64_t> UpdateBuffers(
       const UpdateBuffersRequest& request) = 0;
 
+  // Put and UpdateBuffers on behalf of `client` (a metadata service's
+  // caller, by address), counted against that client's quota where the
+  // store keeps quotas (SegmentStore::Limits). Others ignore `client`.
+  virtual absl::StatusOr<uint64_t> PutFrom(const PutSegmentRequest& request,
+                                           const std::string& client) {
+    (void)client;
+    return Put(request);
+  }
+  virtual absl::StatusOr<uint64_t> UpdateBuffersFrom(
+      const UpdateBuffersRequest& request, const std::string& client) {
+    (void)client;
+    return UpdateBuffers(request);
+  }
+
   // The named descriptor (without owner key) or NotFound.
   virtual absl::StatusOr<SegmentDescriptor> Get(const std::string& name) = 0;
 

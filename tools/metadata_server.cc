@@ -49,6 +49,13 @@ ABSL_FLAG(std::string, data_dir, "",
 ABSL_FLAG(std::string, auth_token_file, "",
           "answer only calls carrying the token in this file's first line "
           "(metadata/auth.h); give engines the same token");
+ABSL_FLAG(uint64_t, max_bytes, uint64_t{2} << 30,
+          "bytes of segment descriptors held in all (memory and durable "
+          "stores)");
+ABSL_FLAG(uint64_t, max_client_bytes, uint64_t{256} << 20,
+          "bytes of segment descriptors one client address may hold");
+ABSL_FLAG(uint64_t, max_client_segments, 4096,
+          "segments one client address may hold");
 ABSL_FLAG(std::string, etcd, "",
           "keep the segment table in this etcd v3 cluster, "
           "etcd://host:port[,host:port...]: several metadata_servers (and "
@@ -65,6 +72,10 @@ int main(int argc, char** argv) {
   signal(SIGTERM, OnSignal);
   std::unique_ptr<ferry::metadata::Store> store;
   const std::string data_dir = absl::GetFlag(FLAGS_data_dir);
+  ferry::metadata::SegmentStore::Limits limits;
+  limits.max_bytes = absl::GetFlag(FLAGS_max_bytes);
+  limits.max_client_bytes = absl::GetFlag(FLAGS_max_client_bytes);
+  limits.max_client_segments = absl::GetFlag(FLAGS_max_client_segments);
   const std::string etcd = absl::GetFlag(FLAGS_etcd);
   if (!etcd.empty() && !data_dir.empty()) {
     std::fprintf(stderr,
@@ -83,7 +94,9 @@ int main(int argc, char** argv) {
     }
     store = std::move(*s);
   } else if (data_dir.empty()) {
-    store = std::make_unique<ferry::metadata::SegmentStore>();
+    auto mem = std::make_unique<ferry::metadata::SegmentStore>();
+    mem->SetLimits(limits);
+    store = std::move(mem);
   } else {
     auto durable = ferry::metadata::DurableStore::Open(data_dir);
     if (!durable.ok()) {
@@ -99,6 +112,7 @@ int main(int argc, char** argv) {
         static_cast<unsigned long long>(r.log_records),
         r.had_snapshot ? " after the snapshot" : "",
         static_cast<unsigned long long>(r.torn_bytes));
+    (*durable)->SetLimits(limits);
     store = std::move(*durable);
   }
   ferry::metadata::MetadataServiceImpl service(store.get());
