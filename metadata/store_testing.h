@@ -31,6 +31,22 @@ inline PutSegmentRequest PutOf(const SegmentDescriptor& segment,
   return req;
 }
 
+// A segment of `buffers` 4 KiB buffers, 1 MiB apart.
+inline SegmentDescriptor TestSegment(const std::string& name,
+                                     uint64_t incarnation, int buffers) {
+  SegmentDescriptor s;
+  s.set_name(name);
+  s.set_incarnation(incarnation);
+  s.set_rpc_address("127.0.0.1:1");
+  for (int i = 0; i < buffers; ++i) {
+    Buffer* b = s.add_buffers();
+    b->set_addr(0x100000ull * (i + 1));
+    b->set_length(0x1000);
+    b->set_location("cpu:0");
+  }
+  return s;
+}
+
 inline KeepAliveRequest KeepAliveOf(const std::string& name, uint64_t owner) {
   KeepAliveRequest req;
   req.set_name(name);
