@@ -110,9 +110,11 @@ absl::Status EngineImpl::ValidateOptions(const EngineOptions& o) const {
         "segment_name_wait ", absl::FormatDuration(o.segment_name_wait),
         " is more than 1h (negative: the lease TTL plus 1s)"));
   }
-  if (o.max_queued_notifications == 0 || o.max_queued_notification_bytes == 0) {
+  if (o.max_queued_notifications == 0 || o.max_queued_notification_bytes == 0 ||
+      o.max_queued_notification_bytes_per_sender == 0) {
     return absl::InvalidArgumentError(
-        "max_queued_notifications and max_queued_notification_bytes must be "
+        "max_queued_notifications, max_queued_notification_bytes and "
+        "max_queued_notification_bytes_per_sender must be "
         "positive");
   }
   return absl::OkStatus();
@@ -264,11 +266,11 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
         OnDescriptorReady(task, std::move(view), fetch);
       });
   sink_.set_segments(segments_.get());
-  peer_service_.SetNotifyHandler([this](const std::string& from,
-                                        const std::string& name,
-                                        const std::string& message) {
-    return OnNotify(from, name, message);
-  });
+  peer_service_.SetNotifyHandler(
+      [this](const std::string& from, const std::string& name,
+             const std::string& message, const std::string& sender) {
+        return OnNotify(from, name, message, sender);
+      });
 
   metadata::SegmentDescriptor desc;
   desc.set_name(segment_name);
@@ -610,9 +612,21 @@ absl::Status EngineImpl::SendNotification(SegmentHandle target,
 
 absl::Status EngineImpl::OnNotify(const std::string& from,
                                   const std::string& name,
-                                  const std::string& message) {
+                                  const std::string& message,
+                                  const std::string& sender) {
   const size_t bytes = from.size() + name.size() + message.size();
   MutexLock lock(&notify_mu_);
+  // Per sender address too: one peer flooding the queue must not crowd out
+  // the others (the names it claims cost it nothing to vary).
+  size_t& from_sender = sender_bytes_[sender];
+  if (from_sender + bytes > options_.max_queued_notification_bytes_per_sender) {
+    ++notifications_refused_;
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "receiver holds ", from_sender, " bytes of notifications from ", sender,
+        ", its limit per sender (",
+        options_.max_queued_notification_bytes_per_sender,
+        "): it has not called GetNotifications"));
+  }
   if (notifications_.size() >= options_.max_queued_notifications ||
       notification_bytes_ + bytes > options_.max_queued_notification_bytes) {
     ++notifications_refused_;
@@ -622,7 +636,8 @@ absl::Status EngineImpl::OnNotify(const std::string& from,
         " bytes queued): it has not called GetNotifications"));
   }
   notification_bytes_ += bytes;
-  notifications_.push_back({from, name, message});
+  from_sender += bytes;
+  notifications_.push_back({from, name, message, sender});
   return absl::OkStatus();
 }
 
@@ -666,6 +681,7 @@ std::vector<Notification> EngineImpl::GetNotifications() {
                                 std::make_move_iterator(notifications_.end()));
   notifications_.clear();
   notification_bytes_ = 0;
+  sender_bytes_.clear();
   return out;
 }
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "common/mutex.h"
 #include "engine/batch_table.h"
@@ -173,7 +174,7 @@ class EngineImpl {
   // passes, or wait_spin passes without a completion.
   void DriveUntilDone(Batch* batch, absl::Time deadline);
   absl::Status OnNotify(const std::string& from, const std::string& name,
-                        const std::string& message);
+                        const std::string& message, const std::string& sender);
   void ReleaseAll();
 
   EngineOptions options_;
@@ -236,6 +237,8 @@ class EngineImpl {
   mutable Mutex notify_mu_;
   std::deque<Notification> notifications_ ABSL_GUARDED_BY(notify_mu_);
   size_t notification_bytes_ ABSL_GUARDED_BY(notify_mu_) = 0;
+  absl::flat_hash_map<std::string, size_t> sender_bytes_
+      ABSL_GUARDED_BY(notify_mu_);
   uint64_t notifications_refused_ ABSL_GUARDED_BY(notify_mu_) = 0;
 };
 

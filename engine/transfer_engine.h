@@ -135,6 +135,9 @@ struct EngineOptions {
   // engine's memory without bound.
   size_t max_queued_notifications = 1 << 16;
   size_t max_queued_notification_bytes = 64 << 20;
+  // Of those bytes, what one sender address may hold (a flood from one
+  // peer is refused while others still get through).
+  size_t max_queued_notification_bytes_per_sender = 8 << 20;
 };
 
 // One buffer of RegisterLocalMemoryBatch.
@@ -223,9 +226,15 @@ struct EngineStats {
 };
 
 struct Notification {
+  // The segment the sender says it is. Not authenticated: any holder of
+  // the cluster's token (or anyone, without one) can claim any name.
   std::string from_segment;
   std::string name;
   std::string message;
+  // Where the notification came from, as the connection shows it
+  // ("ipv4:10.0.0.7"): the sender cannot choose it. Check it against the
+  // claimed segment's address where that matters.
+  std::string sender_address;
 };
 
 class EngineImpl;

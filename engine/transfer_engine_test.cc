@@ -442,9 +442,41 @@ TEST_F(EngineTest, Notifications) {
   EXPECT_EQ(got[0].from_segment, "b");
   EXPECT_EQ(got[0].message, "layer=3");
   EXPECT_EQ(got[1].message, "layer=4");
+  // Where it came from, as the connection shows it (not what b claims).
+  EXPECT_EQ(got[0].sender_address, "ipv4:127.0.0.1");
   EXPECT_TRUE(a_.GetNotifications().empty());
   EXPECT_EQ(b_.SendNotification(seg_, "x", std::string(1 << 17, 'x')).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// One sender cannot fill a receiver's queue: past its share it is refused,
+// naming the limit, while the queue as a whole has room; once the
+// receiver takes its notifications the sender may send again.
+TEST(EngineNotifyTest, EachSenderHasAShareOfTheQueue) {
+  EngineOptions o;
+  o.local_segment_name = "receiver";
+  o.listen_host = "127.0.0.1";
+  o.max_queued_notification_bytes_per_sender = 256 << 10;
+  TransferEngine receiver;
+  ASSERT_OK(receiver.Init(o));
+  EngineOptions so = o;
+  so.local_segment_name = "flooder";
+  so.metadata_endpoint = receiver.metadata_address();
+  TransferEngine flooder;
+  ASSERT_OK(flooder.Init(so));
+  ASSERT_OK_AND_ASSIGN(SegmentHandle h, flooder.OpenSegment("receiver"));
+  const std::string chunk(60 << 10, 'f');
+  int sent = 0;
+  absl::Status s;
+  for (int i = 0; i < 100 && s.ok(); ++i) {
+    s = flooder.SendNotification(h, "flood", chunk);
+    if (s.ok()) ++sent;
+  }
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("per sender"), std::string::npos) << s;
+  EXPECT_EQ(sent, 4) << "4 x 60 KiB fit in 256 KiB";
+  EXPECT_EQ(receiver.GetNotifications().size(), 4u);
+  EXPECT_OK(flooder.SendNotification(h, "flood", chunk));
 }
 
 TEST_F(EngineTest, UnknownSegment) {

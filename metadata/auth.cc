@@ -2,8 +2,11 @@
 
 #include <fstream>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "metadata/connection_peers.h"
 
 namespace ferry::metadata {
 namespace {
@@ -43,6 +46,20 @@ grpc::Status CheckAuthToken(const grpc::ServerContextBase& ctx,
                       "this Ferry service requires its cluster's auth token "
                       "(EngineOptions::auth_token, --auth_token_file): the "
                       "call had none or another");
+}
+
+std::string CallerAddress(const grpc::ServerContextBase& ctx) {
+  std::string peer = ctx.peer();
+  // A connection RpcServer accepted and handed over by fd.
+  int fd = 0;
+  if (absl::StartsWith(peer, "fd:") && absl::SimpleAtoi(peer.substr(3), &fd)) {
+    std::string address = ConnectionPeer(fd);
+    if (!address.empty()) return address;
+  }
+  const size_t colon = peer.rfind(':');
+  const size_t scheme = peer.find(':');
+  if (colon != std::string::npos && colon != scheme) peer.resize(colon);
+  return peer;
 }
 
 absl::Status ValidateAuthToken(const std::string& token) {

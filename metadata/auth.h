@@ -35,6 +35,11 @@ void AddAuthToken(grpc::ClientContext* ctx, const std::string& token);
 grpc::Status CheckAuthToken(const grpc::ServerContextBase& ctx,
                             const std::string& token);
 
+// The caller's address as the connection shows it, without its port
+// ("ipv4:10.0.0.7", "ipv6:[fd00::7]"): what quotas are kept per, and what a
+// notification's receiver is told it came from.
+std::string CallerAddress(const grpc::ServerContextBase& ctx);
+
 // InvalidArgument unless `token` is empty or 16..kMaxAuthTokenBytes
 // printable characters without spaces.
 absl::Status ValidateAuthToken(const std::string& token);

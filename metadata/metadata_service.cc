@@ -12,20 +12,6 @@
 
 namespace ferry::metadata {
 
-namespace {
-
-// The caller's address without its port ("ipv4:10.0.0.7"): what quotas
-// are kept per.
-std::string ClientOf(const grpc::ServerContext& ctx) {
-  std::string peer = ctx.peer();
-  const size_t colon = peer.rfind(':');
-  const size_t scheme = peer.find(':');
-  if (colon != std::string::npos && colon != scheme) peer.resize(colon);
-  return peer;
-}
-
-}  // namespace
-
 MetadataServiceImpl::MetadataServiceImpl()
     : own_store_(std::make_unique<SegmentStore>()), store_(own_store_.get()) {}
 
@@ -205,7 +191,7 @@ grpc::Status MetadataServiceImpl::PutSegment(grpc::ServerContext* ctx,
                                              const PutSegmentRequest* request,
                                              PutSegmentResponse* response) {
   if (grpc::Status a = CheckAuthToken(*ctx, token_); !a.ok()) return a;
-  auto version = store_->PutFrom(*request, ClientOf(*ctx));
+  auto version = store_->PutFrom(*request, CallerAddress(*ctx));
   if (!version.ok()) return ToGrpcStatus(version.status());
   response->set_version(*version);
   return grpc::Status::OK;
@@ -226,7 +212,7 @@ grpc::Status MetadataServiceImpl::UpdateBuffers(
     grpc::ServerContext* ctx, const UpdateBuffersRequest* request,
     UpdateBuffersResponse* response) {
   if (grpc::Status a = CheckAuthToken(*ctx, token_); !a.ok()) return a;
-  auto version = store_->UpdateBuffersFrom(*request, ClientOf(*ctx));
+  auto version = store_->UpdateBuffersFrom(*request, CallerAddress(*ctx));
   if (!version.ok()) return ToGrpcStatus(version.status());
   response->set_version(*version);
   return grpc::Status::OK;

@@ -114,11 +114,11 @@ TEST(MetadataServiceAuthTest, CallsWithoutTheTokenAreRefused) {
   service.SetAuthToken(token);
   peer.SetAuthToken(token);
   std::atomic<int> notified{0};  // Written on a gRPC thread.
-  peer.SetNotifyHandler(
-      [&](const std::string&, const std::string&, const std::string&) {
-        ++notified;
-        return absl::OkStatus();
-      });
+  peer.SetNotifyHandler([&](const std::string&, const std::string&,
+                            const std::string&, const std::string&) {
+    ++notified;
+    return absl::OkStatus();
+  });
   ASSERT_OK_AND_ASSIGN(auto server,
                        RpcServer::Start("127.0.0.1:0", {&service, &peer}));
   SegmentDescriptor seg;
@@ -147,6 +147,30 @@ TEST(MetadataServiceAuthTest, CallsWithoutTheTokenAreRefused) {
   PeerClient p(absl::Seconds(3), PeerClient::kMaxStubs, token);
   EXPECT_OK(p.Notify(server->address(), "x", "kv-ready", "m"));
   EXPECT_EQ(notified, 1);
+  server->Shutdown();
+}
+
+// Quotas are per client address as the connection shows it: new
+// connections do not give a client a fresh quota.
+TEST(MetadataServiceQuotaTest, ClientQuotaHoldsAcrossConnections) {
+  SegmentStore store;
+  SegmentStore::Limits limits;
+  limits.max_client_segments = 3;
+  store.SetLimits(limits);
+  MetadataServiceImpl service(&store);
+  ASSERT_OK_AND_ASSIGN(auto server,
+                       RpcServer::Start("127.0.0.1:0", {&service}));
+  for (int i = 0; i < 4; ++i) {
+    MetadataClient fresh(server->address(), absl::Seconds(3));  // New channel.
+    auto v = fresh.Put(PutOf(TestSegment(absl::StrCat("q", i), i + 1, 1)));
+    if (i < 3) {
+      EXPECT_OK(v) << i;
+    } else {
+      EXPECT_STATUS(v, absl::StatusCode::kResourceExhausted);
+      EXPECT_NE(v.status().message().find("ipv4:127.0.0.1"), std::string::npos)
+          << v.status();
+    }
+  }
   server->Shutdown();
 }
 
@@ -200,13 +224,13 @@ TEST_F(MetadataServiceTest, PeerExchangeAndNotify) {
   // cannot see; the lock makes the order explicit.
   Mutex mu;
   std::string got_name, got_msg;
-  peer_.SetNotifyHandler(
-      [&](const std::string&, const std::string& name, const std::string& msg) {
-        MutexLock lock(&mu);
-        got_name = name;
-        got_msg = msg;
-        return absl::OkStatus();
-      });
+  peer_.SetNotifyHandler([&](const std::string&, const std::string& name,
+                             const std::string& msg, const std::string&) {
+    MutexLock lock(&mu);
+    got_name = name;
+    got_msg = msg;
+    return absl::OkStatus();
+  });
   PeerClient peer(absl::Seconds(5));
   auto r = peer.Exchange(server_->address(), "echo", "me", "hi");
   ASSERT_OK(r);

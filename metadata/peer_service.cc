@@ -116,8 +116,8 @@ grpc::Status PeerServiceImpl::Notify(grpc::ServerContext* ctx,
     return ToGrpcStatus(
         absl::UnavailableError("engine does not accept notifications yet"));
   }
-  return ToGrpcStatus(
-      (*handler)(request->from_segment(), request->name(), request->message()));
+  return ToGrpcStatus((*handler)(request->from_segment(), request->name(),
+                                 request->message(), CallerAddress(*ctx)));
 }
 
 std::shared_ptr<PeerService::Stub> PeerClient::StubFor(

@@ -33,9 +33,11 @@ class PeerServiceImpl final : public PeerService::Service {
   // the reply payload, an error is passed back to the caller as its status.
   using ExchangeHandler = PeerChannel::Handler;
   // An error (e.g. a full queue) is returned to the sender.
+  // `from_segment` is what the sender claims; `sender_address` is where
+  // the call came from (CallerAddress), which it cannot choose.
   using NotifyHandler = std::function<absl::Status(
       const std::string& from_segment, const std::string& name,
-      const std::string& message)>;
+      const std::string& message, const std::string& sender_address)>;
 
   // Routes Exchange calls for `transport` to `handler`, replacing any.
   void SetExchangeHandler(const std::string& transport,

@@ -18,9 +18,11 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/numeric/int128.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/resource_quota.h"
 #include "grpcpp/server_posix.h"
+#include "metadata/connection_peers.h"
 #include "metadata/validation.h"
 
 namespace ferry::metadata {
@@ -198,11 +200,28 @@ void RpcServer::Shutdown() {
   server_.reset();
 }
 
+namespace {
+
+// "ipv4:10.0.0.7" or "ipv6:[fd00::7]"; an IPv4-mapped IPv6 address (a dual
+// stack listener) as the IPv4 one it is.
+std::string AddressName(const SockAddr& sa) {
+  std::string host = sa.Host();
+  if (sa.family() == AF_INET6 && absl::StartsWithIgnoreCase(host, "::ffff:") &&
+      host.find('.') != std::string::npos) {
+    return absl::StrCat("ipv4:", host.substr(7));
+  }
+  return sa.family() == AF_INET6 ? absl::StrCat("ipv6:[", host, "]")
+                                 : absl::StrCat("ipv4:", host);
+}
+
+}  // namespace
+
 void RpcServer::AcceptLoop() {
   struct Pending {
     int fd;
     absl::uint128 peer;
     absl::Time deadline;
+    std::string address;  // "ipv4:a.b.c.d", for CallerAddress.
   };
   // A connection gRPC owns. gRPC closes it without telling us, and its fd
   // number may be reused at once, so it is alive while fstat(fd) still
@@ -260,6 +279,7 @@ void RpcServer::AcceptLoop() {
       release(p.peer);
       return;
     }
+    SetConnectionPeer(p.fd, p.address);
     grpc::AddInsecureChannelFromFd(server_.get(), p.fd);
     live.push_back({p.fd, st.st_ino, p.peer});
     accepted_.fetch_add(1);
@@ -376,7 +396,8 @@ void RpcServer::AcceptLoop() {
         continue;
       }
       ++per_peer[peer];
-      pending.push_back({fd, peer, now + options_.handshake_timeout});
+      pending.push_back(
+          {fd, peer, now + options_.handshake_timeout, AddressName(sa)});
     }
   }
   for (const Pending& p : pending) ::close(p.fd);
