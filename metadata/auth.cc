@@ -79,12 +79,17 @@ absl::Status ValidateAuthToken(const std::string& token) {
 }
 
 absl::StatusOr<std::string> ReadAuthTokenFile(const std::string& path) {
-  std::ifstream f(path);
-  std::string token;
-  if (!f || !std::getline(f, token)) {
+  // At most a token's length and a line end: the path may name anything
+  // (a huge file, /dev/zero), and reading must stay bounded.
+  std::ifstream f(path, std::ios::binary);
+  std::string buf(kMaxAuthTokenBytes + 2, '\0');
+  if (!f) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot read an auth token from ", path));
   }
+  f.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+  buf.resize(static_cast<size_t>(f.gcount()));
+  std::string token = buf.substr(0, buf.find('\n'));
   if (!token.empty() && token.back() == '\r') token.pop_back();
   if (token.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(path, " holds no token"));
