@@ -51,7 +51,7 @@ void SegmentCache::Stop() {
     job_cv_.SignalAll();
   }
   {
-    std::vector<WatchEntry> watches;
+    absl::flat_hash_map<std::string, std::unique_ptr<metadata::Watch>> watches;
     {
       MutexLock lock(&mu_);
       watches.swap(watches_);
@@ -178,7 +178,10 @@ void SegmentCache::StartWatchLocked(const std::string& name,
         OnEvent(name, current.get(), ev);
       });
   // A store that cannot push (etcd, P2P): refresh on a miss, as before.
-  if (watch.ok()) watches_.push_back({name, std::move(*watch)});
+  // One per open name: Close ends it before the name can be opened again
+  // (a watch must never be destroyed under mu_: its last event may wait
+  // for mu_).
+  if (watch.ok()) watches_[name] = std::move(*watch);
 }
 
 void SegmentCache::OnEvent(const std::string& name,
@@ -251,12 +254,9 @@ absl::StatusOr<std::shared_ptr<const SegmentView>> SegmentCache::Close(
           std::find(refresh_queue_.begin(), refresh_queue_.end(), *slot));
       e->queued = false;
     }
-    for (auto it = watches_.begin(); it != watches_.end(); ++it) {
-      if (it->name == e->name) {
-        ended = std::move(it->watch);
-        watches_.erase(it);
-        break;
-      }
+    if (auto w = watches_.find(e->name); w != watches_.end()) {
+      ended = std::move(w->second);
+      watches_.erase(w);
     }
     e->in_use = false;
     e->view = nullptr;

@@ -183,11 +183,9 @@ class SegmentCache {
   std::deque<size_t> free_slots_ ABSL_GUARDED_BY(mu_);
   std::vector<size_t> refresh_queue_ ABSL_GUARDED_BY(mu_);
   Stats stats_ ABSL_GUARDED_BY(mu_);
-  struct WatchEntry {
-    std::string name;
-    std::unique_ptr<metadata::Watch> watch;
-  };
-  std::vector<WatchEntry> watches_ ABSL_GUARDED_BY(mu_);
+  // The watch of each open segment whose store can push, by name.
+  absl::flat_hash_map<std::string, std::unique_ptr<metadata::Watch>> watches_
+      ABSL_GUARDED_BY(mu_);
 
   struct FetchJob {
     size_t slot = 0;

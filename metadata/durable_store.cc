@@ -61,6 +61,14 @@ DurableStore::~DurableStore() {
 
 absl::Status DurableStore::Recover() {
   MutexLock lock(&write_mu_);
+  // What was accepted once comes back whatever the limits are now.
+  mem_.EnforceLimits(false);
+  absl::Status s = RecoverLocked();
+  mem_.EnforceLimits(true);
+  return s;
+}
+
+absl::Status DurableStore::RecoverLocked() {
   const std::string snap_path = dir_ + "/snapshot";
   uint64_t snap_lsn = 0;
   auto snap = ReadRecordFile(snap_path);
@@ -111,7 +119,13 @@ absl::Status DurableStore::Recover() {
       }
       good += 8 + payload.size();
       if (r.lsn() <= snap_lsn) continue;  // Already in the snapshot.
-      ApplyLocked(r).IgnoreError();
+      // A record that does not apply again means memory would differ from
+      // what was acknowledged: count and report it, never silently.
+      if (absl::Status a = ApplyLocked(r); !a.ok()) {
+        ++recovery_.replay_errors;
+        FERRY_LOG(kError, "metadata", "metadata store ", dir_, ": log record ",
+                  r.lsn(), " did not apply again: ", a.message());
+      }
       lsn_ = r.lsn();
       ++recovery_.log_records;
     }
@@ -237,11 +251,11 @@ absl::StatusOr<absl::Duration> DurableStore::KeepAlive(
   return mem_.KeepAlive(request);
 }
 
-absl::StatusOr<uint64_t> DurableStore::UpdateBuffersFrom(
-    const UpdateBuffersRequest& request, const std::string& client) {
+absl::StatusOr<uint64_t> DurableStore::UpdateBuffers(
+    const UpdateBuffersRequest& request) {
   MutexLock lock(&write_mu_);
   if (!failed_.ok()) return Refuse();
-  auto v = mem_.UpdateBuffersFrom(request, client);
+  auto v = mem_.UpdateBuffers(request);
   if (!v.ok()) return v;
   LogRecord r;
   r.set_version(*v);

@@ -45,9 +45,10 @@ class DurableStore final : public Store {
   static constexpr uint64_t kMinCompactBytes = 4 << 20;
 
   struct Recovery {
-    uint64_t segments = 0;     // In the table after recovery.
-    uint64_t log_records = 0;  // Replayed from the log.
-    uint64_t torn_bytes = 0;   // Cut off the log's tail.
+    uint64_t segments = 0;       // In the table after recovery.
+    uint64_t log_records = 0;    // Replayed from the log.
+    uint64_t torn_bytes = 0;     // Cut off the log's tail.
+    uint64_t replay_errors = 0;  // Log records that did not apply again.
     bool had_snapshot = false;
   };
 
@@ -67,11 +68,7 @@ class DurableStore final : public Store {
   absl::StatusOr<absl::Duration> KeepAlive(
       const KeepAliveRequest& request) override;
   absl::StatusOr<uint64_t> UpdateBuffers(
-      const UpdateBuffersRequest& request) override {
-    return UpdateBuffersFrom(request, "");
-  }
-  absl::StatusOr<uint64_t> UpdateBuffersFrom(
-      const UpdateBuffersRequest& request, const std::string& client) override;
+      const UpdateBuffersRequest& request) override;
   // Quotas of the table (SegmentStore::Limits); before use. A recovered
   // segment counts against the total only (its client is not logged).
   void SetLimits(const SegmentStore::Limits& limits) { mem_.SetLimits(limits); }
@@ -89,6 +86,7 @@ class DurableStore final : public Store {
   DurableStore(std::string dir, SegmentStore::Clock clock)
       : dir_(std::move(dir)), mem_(std::move(clock)) {}
   absl::Status Recover();
+  absl::Status RecoverLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
   // Replays one log record into mem_.
   absl::Status ApplyLocked(const LogRecord& record)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -139,6 +140,7 @@ TEST(DurableStoreTest, ATornOrCorruptTailIsDropped) {
 TEST(DurableStoreTest, CompactionKeepsTheTable) {
   const std::string dir = FreshDir();
   constexpr int kSegments = 40;
+  std::map<std::string, uint64_t> versions;
   {
     ASSERT_OK_AND_ASSIGN(auto store, DurableStore::Open(dir));
     // ~25 KiB a Put: 40 segments, each put 6 times, pass 4 MiB.
@@ -157,6 +159,10 @@ TEST(DurableStoreTest, CompactionKeepsTheTable) {
     }
     ASSERT_OK(store->Remove(RemoveOf("s0", 1)));
     EXPECT_GE(store->compactions(), 1u);
+    for (int i = 1; i < kSegments; ++i) {
+      const std::string n = absl::StrCat("s", i);
+      versions[n] = store->Get(n)->version();
+    }
   }
   ASSERT_OK_AND_ASSIGN(auto store, DurableStore::Open(dir));
   EXPECT_TRUE(store->recovery().had_snapshot);
@@ -165,6 +171,9 @@ TEST(DurableStoreTest, CompactionKeepsTheTable) {
   ASSERT_EQ(s.buffers_size(), 1000);
   EXPECT_EQ(s.buffers(999).length(), 0x1005u) << "the last round's";
   EXPECT_STATUS(store->Get("s0"), absl::StatusCode::kNotFound);
+  // Every version exactly as before, whatever order the snapshot holds.
+  for (const auto& [n, v] : versions)
+    EXPECT_EQ(store->Get(n)->version(), v) << n;
 }
 
 TEST(DurableStoreTest, ACorruptSnapshotFailsOpenSayingSo) {

@@ -12,7 +12,7 @@
 
 namespace ferry::metadata {
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+grpc::ChannelArguments ChannelArgs() {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxRpcMessageBytes);
   args.SetMaxSendMessageSize(kMaxRpcMessageBytes);
@@ -25,6 +25,11 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
   // calls failed with UNAVAILABLE.
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  return args;
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+  grpc::ChannelArguments args = ChannelArgs();
   // A numeric address goes to gRPC's sockaddr resolver ("ipv4:", "ipv6:"),
   // not its DNS one: no c-ares resolution (and no c-ares allocation left
   // behind at exit) for what is already an address. Names still resolve.

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "grpcpp/support/channel_arguments.h"
 #include "metadata/proto/metadata.grpc.pb.h"
 #include "metadata/store.h"
 
@@ -56,7 +57,10 @@ class MetadataClient final : public Store {
   std::unique_ptr<MetadataService::Stub> stub_;
 };
 
-// Creates a channel with Ferry's message-size limits.
+// Ferry's channel settings: message-size limits and quick reconnection.
+grpc::ChannelArguments ChannelArgs();
+
+// Creates a channel with ChannelArgs().
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
 
 }  // namespace ferry::metadata

@@ -212,7 +212,7 @@ grpc::Status MetadataServiceImpl::UpdateBuffers(
     grpc::ServerContext* ctx, const UpdateBuffersRequest* request,
     UpdateBuffersResponse* response) {
   if (grpc::Status a = CheckAuthToken(*ctx, token_); !a.ok()) return a;
-  auto version = store_->UpdateBuffersFrom(*request, CallerAddress(*ctx));
+  auto version = store_->UpdateBuffers(*request);
   if (!version.ok()) return ToGrpcStatus(version.status());
   response->set_version(*version);
   return grpc::Status::OK;

@@ -7,6 +7,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/io/coded_stream.h"
 #include "metadata/validation.h"
 
 namespace ferry::metadata {
@@ -87,6 +88,14 @@ void SegmentStore::RenewLocked(const std::string& name, Entry* e) {
 
 namespace {
 
+// What a buffer adds to its descriptor's encoding: its field tag (one
+// byte), its length and its bytes.
+int64_t EncodedBufferBytes(const Buffer& b) {
+  const size_t n = b.ByteSizeLong();
+  return static_cast<int64_t>(
+      1 + google::protobuf::io::CodedOutputStream::VarintSize64(n) + n);
+}
+
 absl::Status NotRegistered(const std::string& name) {
   return absl::NotFoundError(absl::StrCat(
       "segment '", name,
@@ -111,8 +120,23 @@ absl::StatusOr<uint64_t> SegmentStore::PutFrom(const PutSegmentRequest& request,
 absl::StatusOr<uint64_t> SegmentStore::Restore(const PutSegmentRequest& request,
                                                uint64_t version) {
   MutexLock lock(&mu_);
-  next_version_ = std::max(next_version_, version);
-  return PutLocked(request, /*check_owner=*/false, "");
+  // The recorded version itself, whatever order segments come back in;
+  // later ones continue above every restored one.
+  const uint64_t next = std::max(next_version_, version + 1);
+  next_version_ = version;
+  auto v = PutLocked(request, /*check_owner=*/false, "");
+  next_version_ = next;
+  return v;
+}
+
+uint64_t SegmentStore::bytes() const {
+  MutexLock lock(&mu_);
+  return total_bytes_;
+}
+
+void SegmentStore::EnforceLimits(bool on) {
+  MutexLock lock(&mu_);
+  enforce_limits_ = on;
 }
 
 void SegmentStore::AdvanceVersion(uint64_t version) {
@@ -134,6 +158,7 @@ void SegmentStore::ChargeLocked(const std::string& client, int64_t bytes,
 absl::Status SegmentStore::CheckQuotaLocked(const std::string& client,
                                             uint64_t old_bytes, uint64_t bytes,
                                             bool new_segment) const {
+  if (!enforce_limits_) return absl::OkStatus();
   if (total_bytes_ - old_bytes + bytes > limits_.max_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the metadata store holds ", total_bytes_, " bytes of descriptors; ",
@@ -184,7 +209,8 @@ absl::StatusOr<uint64_t> SegmentStore::PutLocked(
   }
   ExpireLocked();
   auto it = segments_.find(in.name());
-  if (it == segments_.end() && segments_.size() >= kMaxSegments) {
+  if (enforce_limits_ && it == segments_.end() &&
+      segments_.size() >= kMaxSegments) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "metadata store holds ", kMaxSegments, " segments, its limit"));
   }
@@ -258,9 +284,9 @@ absl::StatusOr<absl::Duration> SegmentStore::KeepAlive(
   return it->second.ttl;
 }
 
-absl::StatusOr<uint64_t> SegmentStore::UpdateBuffersFrom(
-    const UpdateBuffersRequest& request, const std::string& client) {
-  (void)client;  // Charged to the client that put the segment.
+absl::StatusOr<uint64_t> SegmentStore::UpdateBuffers(
+    const UpdateBuffersRequest& request) {
+  // Charged to the client that put the segment.
   if (absl::Status s = ValidateSegmentName(request.name()); !s.ok()) return s;
   for (const Buffer& b : request.add()) {
     if (absl::Status s = ValidateBuffer(b); !s.ok()) return s;
@@ -331,12 +357,19 @@ absl::StatusOr<uint64_t> SegmentStore::UpdateBuffersFrom(
         " buffers, ", kMaxKeysPerSegment, " keys and ", kMaxKeyIndexEntries,
         " buffer x device entries")));
   }
-  // Bytes the change adds to the stored descriptor (a buffer costs its
-  // encoded size plus its field tag and length).
+  // Bytes the change adds to the stored descriptor: exactly what each
+  // buffer adds to its encoding, so that Put and UpdateBuffers charge and
+  // refund the same amounts.
   int64_t delta = 0;
-  for (const Buffer& b : request.add()) delta += b.ByteSizeLong() + 4;
-  for (const Buffer& b : removed) delta -= b.ByteSizeLong() + 4;
+  for (const Buffer& b : request.add()) delta += EncodedBufferBytes(b);
+  for (const Buffer& b : removed) delta -= EncodedBufferBytes(b);
   if (delta > 0) {
+    // The whole descriptor must still fit one GetSegment answer.
+    if (e.bytes + delta > kMaxDescriptorBytes) {
+      return undo(absl::ResourceExhaustedError(absl::StrCat(
+          "segment '", request.name(), "' would take ", e.bytes + delta,
+          " bytes encoded; at most ", kMaxDescriptorBytes)));
+    }
     if (absl::Status q = CheckQuotaLocked(e.client, 0, delta, false); !q.ok()) {
       return undo(q);
     }
@@ -346,7 +379,7 @@ absl::StatusOr<uint64_t> SegmentStore::UpdateBuffersFrom(
   e.keys = keys;
   e.assembled.reset();
   const uint64_t version = next_version_++;
-  if (!listeners_.empty() && listeners_.contains(request.name())) {
+  if (listeners_.contains(request.name())) {
     Entry::Change c;
     c.prev_version = e.segment.version();
     c.version = version;

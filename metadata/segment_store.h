@@ -27,6 +27,7 @@
 #include "common/mutex.h"
 #include "metadata/proto/metadata.pb.h"
 #include "metadata/store.h"
+#include "metadata/validation.h"
 
 namespace ferry::metadata {
 
@@ -50,6 +51,8 @@ class SegmentStore final : public Store {
       : clock_(std::move(clock)) {}
   // Before use.
   void SetLimits(const Limits& limits) { limits_ = limits; }
+  // Encoded bytes of the descriptors held now, as charged to the limits.
+  uint64_t bytes() const;
 
   // Store. Updates of k buffers in a segment of n cost O(k log n).
   absl::StatusOr<uint64_t> Put(const PutSegmentRequest& request) override {
@@ -60,11 +63,7 @@ class SegmentStore final : public Store {
   absl::StatusOr<absl::Duration> KeepAlive(
       const KeepAliveRequest& request) override;
   absl::StatusOr<uint64_t> UpdateBuffers(
-      const UpdateBuffersRequest& request) override {
-    return UpdateBuffersFrom(request, "");
-  }
-  absl::StatusOr<uint64_t> UpdateBuffersFrom(
-      const UpdateBuffersRequest& request, const std::string& client) override;
+      const UpdateBuffersRequest& request) override;
   absl::StatusOr<SegmentDescriptor> Get(const std::string& name) override;
   absl::Status Remove(const RemoveSegmentRequest& request) override;
   absl::StatusOr<std::vector<std::string>> List() override;
@@ -86,6 +85,11 @@ class SegmentStore final : public Store {
   Snapshot TakeSnapshot() const;
   // Makes the next assigned version at least `version`.
   void AdvanceVersion(uint64_t version);
+  // Off while a backend replays its history: what was accepted once is
+  // restored even if the limits (kMaxSegments, Limits) are lower now.
+  void EnforceLimits(bool on);
+  // Largest encoded descriptor: it must fit one GetSegment answer.
+  static constexpr uint64_t kMaxDescriptorBytes = kMaxRpcMessageBytes - 4096;
 
   // Watching (MetadataService.WatchSegment). `fn` is called, with the
   // store's lock held, after each change of `name` (put, update, removal,
@@ -166,6 +170,7 @@ class SegmentStore final : public Store {
   std::set<std::pair<absl::Time, std::string>> expiry_ ABSL_GUARDED_BY(mu_);
   uint64_t next_version_ ABSL_GUARDED_BY(mu_) = 1;
   Limits limits_;
+  bool enforce_limits_ ABSL_GUARDED_BY(mu_) = true;
   struct Usage {
     uint64_t bytes = 0;
     size_t segments = 0;

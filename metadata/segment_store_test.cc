@@ -408,7 +408,7 @@ TEST(SegmentStoreQuotaTest, PerClientAndTotalLimits) {
     b->set_length(0x100);
     b->set_location("cpu:0");
   }
-  EXPECT_EQ(store.UpdateBuffersFrom(grow, "ipv4:10.0.0.77").status().code(),
+  EXPECT_EQ(store.UpdateBuffers(grow).status().code(),
             absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(store.Get("other")->buffers_size(), 100);
   // Removing gives the count back.
@@ -418,6 +418,76 @@ TEST(SegmentStoreQuotaTest, PerClientAndTotalLimits) {
   s = store.Put(PutOf(Sized("huge", 20, 12000))).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
   EXPECT_NE(s.message().find("limit"), std::string::npos) << s;
+}
+
+// Put charges a segment's buffers at their exact encoded size, and
+// UpdateBuffers refunds the same: 1,000 small buffers put and then
+// unregistered one update at a time leave nothing behind (a refund larger
+// than the charge made the byte count wrap and refuse every later Put).
+TEST(SegmentStoreQuotaTest, ChargesAndRefundsMatch) {
+  SegmentStore store;
+  SegmentStore::Limits limits;
+  limits.max_bytes = 1 << 20;
+  store.SetLimits(limits);
+  ASSERT_OK(store.PutFrom(PutOf(Sized("a", 1, 1000)), "ipv4:10.0.0.1"));
+  for (int i = 0; i < 1000; ++i) {
+    UpdateBuffersRequest rm;
+    rm.set_name("a");
+    rm.set_owner_key(TestOwnerKey(1));
+    rm.add_remove_addrs(0x100000ull * (i + 1));
+    ASSERT_OK(store.UpdateBuffers(rm)) << i;
+  }
+  // What is held is what "a" (now without buffers) encodes to, give or
+  // take its version field; a refund larger than the charge would have
+  // left it 2 bytes per buffer short (wrapped around zero).
+  ASSERT_OK_AND_ASSIGN(SegmentDescriptor a, store.Get("a"));
+  EXPECT_LE(store.bytes(), a.ByteSizeLong());
+  EXPECT_GE(store.bytes() + 16, a.ByteSizeLong());
+  ASSERT_OK(store.Remove(RemoveOf("a", 1)));
+  EXPECT_EQ(store.bytes(), 0u);
+}
+
+// A descriptor must fit one GetSegment answer: updates that would grow it
+// past that are refused (keys are what make buffers large).
+TEST(SegmentStoreQuotaTest, ADescriptorStaysWithinOneAnswer) {
+  SegmentStore store;
+  SegmentStore::Limits limits;
+  limits.max_client_bytes = limits.max_bytes;
+  store.SetLimits(limits);
+  SegmentDescriptor d = Sized("wide", 1, 0);
+  TransportEndpoint* t = d.add_transports();
+  t->set_transport("rdma");
+  for (int n = 0; n < 64; ++n) {
+    Device* dev = t->add_devices();
+    dev->set_name(
+        absl::StrCat("nic-with-a-long-name-", n, std::string(40, 'x')));
+    dev->set_gid(std::string(16, '\1'));
+  }
+  ASSERT_OK(store.Put(PutOf(d)));
+  absl::Status last;
+  int batches = 0;
+  for (; batches < 20 && last.ok(); ++batches) {
+    UpdateBuffersRequest add;
+    add.set_name("wide");
+    add.set_owner_key(TestOwnerKey(1));
+    for (int i = 0; i < 1000; ++i) {
+      Buffer* b = add.add_add();
+      b->set_addr(0x100000ull * (batches * 1000 + i + 1));
+      b->set_length(0x1000);
+      b->set_location("cpu:0");
+      for (const Device& dev : t->devices()) {
+        NicKey* k = b->add_keys();
+        k->set_nic(dev.name());
+        k->set_rkey(i);
+      }
+    }
+    last = store.UpdateBuffers(add).status();
+  }
+  EXPECT_EQ(last.code(), absl::StatusCode::kResourceExhausted) << last;
+  EXPECT_NE(last.message().find("bytes encoded"), std::string::npos) << last;
+  ASSERT_OK_AND_ASSIGN(SegmentDescriptor got, store.Get("wide"));
+  EXPECT_LE(got.ByteSizeLong(), SegmentStore::kMaxDescriptorBytes);
+  EXPECT_GT(got.ByteSizeLong(), SegmentStore::kMaxDescriptorBytes / 2);
 }
 
 }  // namespace

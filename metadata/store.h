@@ -69,18 +69,14 @@ class Store {
   virtual absl::StatusOr<uint64_t> UpdateBuffers(
       const UpdateBuffersRequest& request) = 0;
 
-  // Put and UpdateBuffers on behalf of `client` (a metadata service's
-  // caller, by address), counted against that client's quota where the
-  // store keeps quotas (SegmentStore::Limits). Others ignore `client`.
+  // Put on behalf of `client` (a metadata service's caller, by address),
+  // which the segment is charged to where the store keeps quotas
+  // (SegmentStore::Limits; its later updates are charged to it too).
+  // Others ignore `client`.
   virtual absl::StatusOr<uint64_t> PutFrom(const PutSegmentRequest& request,
                                            const std::string& client) {
     (void)client;
     return Put(request);
-  }
-  virtual absl::StatusOr<uint64_t> UpdateBuffersFrom(
-      const UpdateBuffersRequest& request, const std::string& client) {
-    (void)client;
-    return UpdateBuffers(request);
   }
 
   // The named descriptor (without owner key) or NotFound.

@@ -135,6 +135,21 @@ TEST_P(StoreConformanceTest, UpdatesAreIncrementalAndAllOrNothing) {
                 absl::StatusCode::kNotFound);
 }
 
+// Unregistering and registering again at the same address, in one
+// update (a buffer re-registered with new keys): every backend takes it.
+TEST_P(StoreConformanceTest, AnAddressRemovedAndAddedInOneUpdate) {
+  ASSERT_OK(store_->Put(PutOf(Seg("a", 1, 2))));
+  UpdateBuffersRequest again = UpdateOf("a", 1);
+  again.add_remove_addrs(BufferAt(1).addr());
+  Buffer b = BufferAt(1);
+  b.set_length(0x800);
+  *again.add_add() = b;
+  ASSERT_OK(store_->UpdateBuffers(again));
+  ASSERT_OK_AND_ASSIGN(SegmentDescriptor got, store_->Get("a"));
+  ASSERT_EQ(got.buffers_size(), 2);
+  EXPECT_EQ(got.buffers(1).length(), 0x800u);
+}
+
 TEST_P(StoreConformanceTest, LeasesExpireUnlessRenewed) {
   const absl::Duration lease = GetParam().min_lease;
   ASSERT_OK(store_->Put(PutOf(Seg("gone", 1), lease)));

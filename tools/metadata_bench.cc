@@ -28,6 +28,7 @@
 #include "engine/transfer_engine.h"
 #include "metadata/durable_store.h"
 #include "metadata/etcd/etcd_store.h"
+#include "metadata/metadata_address.h"
 #include "metadata/metadata_client.h"
 #include "metadata/metadata_service.h"
 #include "metadata/rpc_server.h"
@@ -62,11 +63,15 @@ struct Server {
   // 2: etcd at $METADATA_BENCH_ETCD, under a fresh key prefix.
   Server(int buffers, int backend) {
     if (backend == 2) {
-      auto o = metadata::ParseEtcdAddress(EtcdAddress());
-      if (!o.ok()) std::abort();
-      o->prefix =
+      auto a = metadata::ParseMetadataAddress(EtcdAddress());
+      if (!a.ok() || a->kind != metadata::MetadataAddress::Kind::kEtcd) {
+        std::abort();
+      }
+      metadata::EtcdOptions o;
+      o.endpoints = a->endpoints;
+      o.prefix =
           absl::StrCat("metadata-bench-", getpid(), "-", ++g_prefix, "/");
-      auto e = metadata::EtcdStore::Create(*o);
+      auto e = metadata::EtcdStore::Create(o);
       if (!e.ok()) std::abort();
       store = std::move(*e);
     } else if (backend == 1) {

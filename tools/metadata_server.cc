@@ -21,7 +21,7 @@
 #include "absl/time/time.h"
 #include "metadata/auth.h"
 #include "metadata/durable_store.h"
-#include "metadata/etcd/etcd_store.h"
+#include "metadata/metadata_address.h"
 #include "metadata/metadata_service.h"
 #include "metadata/rpc_server.h"
 #include "metadata/segment_store.h"
@@ -84,9 +84,13 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (!etcd.empty()) {
-    auto opts = ferry::metadata::ParseEtcdAddress(etcd);
-    auto s =
-        opts.ok() ? ferry::metadata::EtcdStore::Create(*opts) : opts.status();
+    namespace md = ferry::metadata;
+    auto a = md::ParseMetadataAddress(etcd);
+    if (a.ok() && a->kind != md::MetadataAddress::Kind::kEtcd) {
+      a = absl::InvalidArgumentError(
+          "expected etcd://host:port[,host:port...]");
+    }
+    auto s = a.ok() ? md::ConnectStore(*a, absl::Seconds(3)) : a.status();
     if (!s.ok()) {
       std::fprintf(stderr, "metadata_server: --etcd: %s\n",
                    s.status().ToString().c_str());
@@ -107,11 +111,13 @@ int main(int argc, char** argv) {
     const auto& r = (*durable)->recovery();
     std::printf(
         "metadata_server: store %s: %llu segments recovered (%llu log "
-        "records replayed%s, %llu bytes of torn tail dropped)\n",
+        "records replayed%s, %llu bytes of torn tail dropped, %llu records "
+        "that did not apply again)\n",
         data_dir.c_str(), static_cast<unsigned long long>(r.segments),
         static_cast<unsigned long long>(r.log_records),
         r.had_snapshot ? " after the snapshot" : "",
-        static_cast<unsigned long long>(r.torn_bytes));
+        static_cast<unsigned long long>(r.torn_bytes),
+        static_cast<unsigned long long>(r.replay_errors));
     (*durable)->SetLimits(limits);
     store = std::move(*durable);
   }

@@ -12,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "common/socket_util.h"
 #include "metadata/grpc_status.h"
+#include "metadata/metadata_client.h"
 #include "metadata/segment_store.h"
 #include "metadata/validation.h"
 
@@ -163,13 +164,9 @@ std::shared_ptr<grpc::Channel> EtcdChannel(const std::vector<std::string>& eps,
     family = sa->family();
     addrs.push_back(sa->ToString());
   }
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(kMaxRpcMessageBytes);
-  args.SetMaxSendMessageSize(kMaxRpcMessageBytes);
+  grpc::ChannelArguments args = ChannelArgs();
   // Every member is a way in: calls go on over the live ones when one dies.
   args.SetLoadBalancingPolicyName("round_robin");
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   const std::string target = absl::StrCat(
       family == AF_INET6 ? "ipv6:" : "ipv4:", absl::StrJoin(addrs, ","));
   return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(),
@@ -180,11 +177,43 @@ void SetDeadline(grpc::ClientContext* ctx, absl::Time deadline) {
   ctx->set_deadline(absl::ToChronoTime(deadline));
 }
 
+// Makes `call` (one attempt, given a fresh context with `deadline`) again
+// while it fails UNAVAILABLE (a member down: the channel tries the others)
+// and the deadline allows.
+template <typename Call>
+grpc::Status RetryUnavailable(absl::Time deadline, Call call) {
+  while (true) {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, deadline);
+    grpc::Status s = call(&ctx);
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE ||
+        absl::Now() + absl::Milliseconds(50) >= deadline) {
+      return s;
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+}
+
+// Adds the buffers of a range response to `out`.
+absl::Status CollectBuffers(const etcdserverpb::RangeResponse& range,
+                            std::map<uint64_t, Buffer>* out) {
+  for (const auto& kv : range.kvs()) {
+    Buffer b;
+    if (!b.ParseFromString(kv.value())) {
+      return absl::DataLossError(
+          absl::StrCat("etcd key ", kv.key(), " holds no buffer"));
+    }
+    const uint64_t addr = b.addr();
+    out->emplace(addr, std::move(b));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 struct EtcdStore::Snapshot {
-  bool exists = false;
-  std::string owner_key;
+  bool exists = false;    // Owner key and record both there.
+  std::string owner_key;  // The owner key, if there (even without a record).
   EtcdSegmentMeta meta;
   int64_t meta_revision = 0;
   // The buffers read: all of them, or those around an update's addresses.
@@ -193,26 +222,6 @@ struct EtcdStore::Snapshot {
   // the one that matters may be missing; read the whole segment instead.
   bool window_truncated = false;
 };
-
-absl::StatusOr<EtcdOptions> ParseEtcdAddress(const std::string& address) {
-  constexpr absl::string_view kScheme = "etcd://";
-  if (!absl::StartsWith(address, kScheme)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("'", address, "' is not an etcd:// address"));
-  }
-  EtcdOptions o;
-  for (absl::string_view ep :
-       absl::StrSplit(address.substr(kScheme.size()), ',')) {
-    auto hp = ParseHostPort(ep);
-    if (!hp.ok() || hp->port == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("etcd address '", address, "': '", ep,
-                       "' is not host:port (etcd://host:port[,host:port...])"));
-    }
-    o.endpoints.emplace_back(ep);
-  }
-  return o;
-}
 
 absl::StatusOr<std::unique_ptr<EtcdStore>> EtcdStore::Create(
     EtcdOptions options) {
@@ -257,18 +266,13 @@ std::string EtcdStore::BufKey(const std::string& name, uint64_t addr) const {
 
 absl::StatusOr<TxnResponse> EtcdStore::Txn(const TxnRequest& txn,
                                            absl::Time deadline) {
-  while (true) {
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx, deadline);
-    TxnResponse resp;
-    grpc::Status s = kv_->Txn(&ctx, txn, &resp);
-    if (s.ok()) return resp;
-    if (s.error_code() != grpc::StatusCode::UNAVAILABLE ||
-        absl::Now() + absl::Milliseconds(50) >= deadline) {
-      return FromGrpcStatus(s, absl::StrCat("etcd ", Describe(), " Txn"));
-    }
-    absl::SleepFor(absl::Milliseconds(50));
-  }
+  TxnResponse resp;
+  grpc::Status s = RetryUnavailable(deadline, [&](grpc::ClientContext* ctx) {
+    return kv_->Txn(ctx, txn, &resp);
+  });
+  if (!s.ok())
+    return FromGrpcStatus(s, absl::StrCat("etcd ", Describe(), " Txn"));
+  return resp;
 }
 
 absl::StatusOr<int64_t> EtcdStore::GrantLease(absl::Duration ttl,
@@ -276,25 +280,18 @@ absl::StatusOr<int64_t> EtcdStore::GrantLease(absl::Duration ttl,
   etcdserverpb::LeaseGrantRequest req;
   req.set_ttl(std::max<int64_t>(
       1, absl::ToInt64Seconds(absl::Ceil(ttl, absl::Seconds(1)))));
-  while (true) {
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx, deadline);
-    etcdserverpb::LeaseGrantResponse resp;
-    grpc::Status s = lease_->LeaseGrant(&ctx, req, &resp);
-    if (s.ok()) {
-      if (!resp.error().empty()) {
-        return absl::UnavailableError(
-            absl::StrCat("etcd LeaseGrant: ", resp.error()));
-      }
-      return resp.id();
-    }
-    if (s.error_code() != grpc::StatusCode::UNAVAILABLE ||
-        absl::Now() + absl::Milliseconds(50) >= deadline) {
-      return FromGrpcStatus(s,
-                            absl::StrCat("etcd ", Describe(), " LeaseGrant"));
-    }
-    absl::SleepFor(absl::Milliseconds(50));
+  etcdserverpb::LeaseGrantResponse resp;
+  grpc::Status s = RetryUnavailable(deadline, [&](grpc::ClientContext* ctx) {
+    return lease_->LeaseGrant(ctx, req, &resp);
+  });
+  if (!s.ok()) {
+    return FromGrpcStatus(s, absl::StrCat("etcd ", Describe(), " LeaseGrant"));
   }
+  if (!resp.error().empty()) {
+    return absl::UnavailableError(
+        absl::StrCat("etcd LeaseGrant: ", resp.error()));
+  }
+  return resp.id();
 }
 
 void EtcdStore::RevokeLease(int64_t id, absl::Time deadline) {
@@ -330,6 +327,19 @@ absl::StatusOr<uint64_t> EtcdStore::WriteChanges(
   int64_t meta_rev = 0;
   size_t next = 0;
   bool first = true;
+  // A change that failed half-way would leave the segment pending for
+  // good (readers wait on it, and without a lease nothing ends it): it is
+  // removed instead, unless someone changed it since, and its owner
+  // publishes it again (the engine does when its renewal finds it gone).
+  auto abandon = [&](absl::Status why) {
+    TxnRequest drop;
+    *drop.add_compare() = ModRevisionIs(MetaKey(name), meta_rev);
+    *drop.add_success() = DeleteOp(OwnerKey(name));
+    *drop.add_success() = DeleteOp(MetaKey(name));
+    *drop.add_success() = DeleteOp(BufPrefix(name), PrefixEnd(BufPrefix(name)));
+    Txn(drop, absl::Now() + options_.rpc_timeout).IgnoreError();
+    return why;
+  };
   while (first || next < ops.size()) {
     TxnRequest txn;
     if (first) {
@@ -344,9 +354,11 @@ absl::StatusOr<uint64_t> EtcdStore::WriteChanges(
       *txn.add_success() = std::move(ops[next++]);
     }
     auto resp = Txn(txn, deadline);
-    if (!resp.ok()) return resp.status();
+    if (!resp.ok()) return first ? resp.status() : abandon(resp.status());
     if (!resp->succeeded()) {
-      return absl::AbortedError("the segment changed meanwhile");
+      absl::Status changed =
+          absl::AbortedError("the segment changed meanwhile");
+      return first ? changed : abandon(changed);
     }
     if (first) meta_rev = resp->header().revision();
     first = false;
@@ -355,9 +367,9 @@ absl::StatusOr<uint64_t> EtcdStore::WriteChanges(
   *done.add_compare() = ModRevisionIs(MetaKey(name), meta_rev);
   *done.add_success() = PutOp(MetaKey(name), meta.SerializeAsString(), lease);
   auto resp = Txn(done, deadline);
-  if (!resp.ok()) return resp.status();
+  if (!resp.ok()) return abandon(resp.status());
   if (!resp->succeeded()) {
-    return absl::AbortedError("the segment changed meanwhile");
+    return abandon(absl::AbortedError("the segment changed meanwhile"));
   }
   return static_cast<uint64_t>(resp->header().revision());
 }
@@ -377,10 +389,34 @@ absl::StatusOr<uint64_t> EtcdStore::Put(const PutSegmentRequest& request) {
   const std::string& name = in.name();
   const absl::Time deadline = absl::Now() + options_.rpc_timeout;
   MutexLock lock(&write_mu_);
+  // Re-read and try again when our own segment changed between the read
+  // and the write (its owner updating it through another client).
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    auto v = PutOnce(request, ttl, deadline);
+    if (v.ok() || v.status().code() != absl::StatusCode::kAborted) return v;
+  }
+  return absl::AbortedError(absl::StrCat(
+      "segment '", name, "' kept changing while it was published again"));
+}
+
+absl::StatusOr<uint64_t> EtcdStore::PutOnce(const PutSegmentRequest& request,
+                                            absl::Duration ttl,
+                                            absl::Time deadline) {
+  const SegmentDescriptor& in = request.segment();
+  const std::string& name = in.name();
   // Who holds the name now, and under which lease (to revoke it after a
-  // re-publication).
-  auto before = ReadSegment(name, /*all_buffers=*/true, nullptr);
+  // re-publication). A segment left half written is read as it is: its
+  // owner publishing it again is what repairs it.
+  auto before = ReadSegment(name, /*all_buffers=*/true, nullptr,
+                            /*wait_pending=*/false);
   if (!before.ok()) return before.status();
+  if (!before->exists && !before->owner_key.empty() &&
+      before->owner_key != request.owner_key()) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "segment name '", name,
+        "' is held by another engine run whose publication did not finish; "
+        "it is free once that run's lease runs out"));
+  }
   if (before->exists && before->owner_key != request.owner_key()) {
     return absl::AlreadyExistsError(
         absl::StrCat("segment name '", name, "' is held by a live engine (rpc ",
@@ -406,7 +442,10 @@ absl::StatusOr<uint64_t> EtcdStore::Put(const PutSegmentRequest& request) {
   meta.set_buffers(in.buffers_size());
   uint64_t keys = 0;
   uint64_t longest = 0;
-  std::vector<RequestOp> ops;
+  // The owner key first, so that it is in the first transaction (with the
+  // guard) however many follow.
+  std::vector<RequestOp> ops = {
+      PutOp(OwnerKey(name), request.owner_key(), lease)};
   // The old run's buffers that this one does not have (etcd refuses a
   // transaction that deletes and puts the same key).
   std::set<uint64_t> kept;
@@ -414,7 +453,6 @@ absl::StatusOr<uint64_t> EtcdStore::Put(const PutSegmentRequest& request) {
   for (const auto& [addr, b] : before->buffers) {
     if (kept.count(addr) == 0) ops.push_back(DeleteOp(BufKey(name, addr)));
   }
-  ops.push_back(PutOp(OwnerKey(name), request.owner_key(), lease));
   for (const Buffer& b : in.buffers()) {
     keys += b.keys_size();
     longest = std::max<uint64_t>(longest, b.length());
@@ -422,19 +460,26 @@ absl::StatusOr<uint64_t> EtcdStore::Put(const PutSegmentRequest& request) {
   }
   meta.set_keys(keys);
   meta.set_max_buffer_length(longest);
-  // Taken only if still free, or still ours.
-  std::vector<Compare> guard = {
-      before->exists ? ValueIs(OwnerKey(name), request.owner_key())
-                     : Absent(OwnerKey(name))};
+  // Taken only if still free, or still ours and as read (the deletions
+  // above are of what was read).
+  std::vector<Compare> guard;
+  if (!before->owner_key.empty()) {
+    // A missing record compares as revision 0.
+    guard = {ValueIs(OwnerKey(name), request.owner_key()),
+             ModRevisionIs(MetaKey(name), before->meta_revision)};
+  } else {
+    guard = {Absent(OwnerKey(name))};
+  }
   auto v = WriteChanges(name, std::move(guard), std::move(ops), meta, deadline);
   if (!v.ok()) {
     RevokeLease(lease, deadline);
-    if (v.status().code() == absl::StatusCode::kAborted) {
+    if (v.status().code() == absl::StatusCode::kAborted &&
+        before->owner_key.empty()) {
       return absl::AlreadyExistsError(absl::StrCat(
           "segment name '", name,
           "' was taken by another engine run while this one published it"));
     }
-    return v.status();
+    return v.status();  // Aborted with `before` ours: the caller reads again.
   }
   if (before->exists && before->meta.lease_id() != lease) {
     RevokeLease(before->meta.lease_id(), deadline);
@@ -444,7 +489,7 @@ absl::StatusOr<uint64_t> EtcdStore::Put(const PutSegmentRequest& request) {
 
 absl::StatusOr<EtcdStore::Snapshot> EtcdStore::ReadSegment(
     const std::string& name, bool all_buffers,
-    const UpdateBuffersRequest* around) {
+    const UpdateBuffersRequest* around, bool wait_pending) {
   const absl::Time deadline = absl::Now() + options_.rpc_timeout;
   const std::string prefix = BufPrefix(name);
   const std::string end = PrefixEnd(prefix);
@@ -468,24 +513,20 @@ absl::StatusOr<EtcdStore::Snapshot> EtcdStore::ReadSegment(
     Snapshot snap;
     const auto& owner = resp->responses(0).response_range();
     const auto& meta = resp->responses(1).response_range();
+    if (owner.kvs_size() > 0) snap.owner_key = owner.kvs(0).value();
+    // An owner key without its record is what a publication that died
+    // half-way leaves: no segment, but a name its owner may take again.
     if (owner.kvs_size() == 0 || meta.kvs_size() == 0) return snap;
     snap.exists = true;
-    snap.owner_key = owner.kvs(0).value();
     if (!snap.meta.ParseFromString(meta.kvs(0).value())) {
       return absl::DataLossError(
           absl::StrCat("etcd key ", MetaKey(name), " holds no segment record"));
     }
     snap.meta_revision = meta.kvs(0).mod_revision();
     for (int i = 2; i < resp->responses_size(); ++i) {
-      for (const auto& kv : resp->responses(i).response_range().kvs()) {
-        Buffer b;
-        if (!b.ParseFromString(kv.value())) {
-          return absl::DataLossError(
-              absl::StrCat("etcd key ", kv.key(), " holds no buffer"));
-        }
-        const uint64_t addr = b.addr();
-        snap.buffers.emplace(addr, std::move(b));
-      }
+      absl::Status s =
+          CollectBuffers(resp->responses(i).response_range(), &snap.buffers);
+      if (!s.ok()) return s;
     }
     const bool complete =
         !all_buffers || snap.buffers.size() == snap.meta.buffers();
@@ -508,18 +549,11 @@ absl::StatusOr<EtcdStore::Snapshot> EtcdStore::ReadSegment(
       if (!w.ok()) return w.status();
       for (const auto& r : w->responses()) {
         if (r.response_range().more()) snap.window_truncated = true;
-        for (const auto& kv : r.response_range().kvs()) {
-          Buffer b;
-          if (!b.ParseFromString(kv.value())) {
-            return absl::DataLossError(
-                absl::StrCat("etcd key ", kv.key(), " holds no buffer"));
-          }
-          const uint64_t addr = b.addr();
-          snap.buffers.emplace(addr, std::move(b));
-        }
+        absl::Status s = CollectBuffers(r.response_range(), &snap.buffers);
+        if (!s.ok()) return s;
       }
     }
-    if (!snap.meta.pending() && complete) return snap;
+    if (!wait_pending || (!snap.meta.pending() && complete)) return snap;
     // A large change is being written: wait for it.
     if (absl::Now() + absl::Milliseconds(20) >= deadline) {
       return absl::UnavailableError(
@@ -565,6 +599,8 @@ absl::StatusOr<uint64_t> EtcdStore::UpdateBuffers(
     uint64_t count = meta.buffers();
     uint64_t keys = meta.keys();
     std::vector<RequestOp> ops;
+    std::set<uint64_t> added_addrs;
+    for (const Buffer& b : request.add()) added_addrs.insert(b.addr());
     for (uint64_t addr : request.remove_addrs()) {
       auto it = bufs.find(addr);
       if (it == bufs.end()) {
@@ -575,7 +611,11 @@ absl::StatusOr<uint64_t> EtcdStore::UpdateBuffers(
       keys -= it->second.keys_size();
       --count;
       bufs.erase(it);
-      ops.push_back(DeleteOp(BufKey(name, addr)));
+      // Re-added in the same update: its put overwrites the key (etcd
+      // refuses a transaction that deletes and puts the same key).
+      if (added_addrs.count(addr) == 0) {
+        ops.push_back(DeleteOp(BufKey(name, addr)));
+      }
     }
     for (int i = 0; i < request.add_size(); ++i) {
       const Buffer& b = request.add(i);
@@ -609,11 +649,17 @@ absl::StatusOr<uint64_t> EtcdStore::UpdateBuffers(
       ops.push_back(PutOp(BufKey(name, b.addr()), b.SerializeAsString(),
                           meta.lease_id()));
     }
-    if (count > kMaxBuffersPerSegment || keys > kMaxKeysPerSegment) {
+    size_t device_count = 0;
+    for (const TransportEndpoint& t : meta.segment().transports()) {
+      device_count += t.devices_size();
+    }
+    if (count > kMaxBuffersPerSegment || keys > kMaxKeysPerSegment ||
+        device_count * count > kMaxKeyIndexEntries) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "segment '", name, "' would hold ", count, " buffers with ", keys,
-          " NIC keys; at most ", kMaxBuffersPerSegment, " buffers and ",
-          kMaxKeysPerSegment, " keys"));
+          " NIC keys; at most ", kMaxBuffersPerSegment, " buffers, ",
+          kMaxKeysPerSegment, " keys and ", kMaxKeyIndexEntries,
+          " buffer x device entries"));
     }
     meta.set_buffers(count);
     meta.set_keys(keys);

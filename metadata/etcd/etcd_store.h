@@ -76,11 +76,18 @@ class EtcdStore final : public Store {
  private:
   explicit EtcdStore(EtcdOptions options);
 
+  // One attempt of Put; Aborted if its own segment changed since the read.
+  absl::StatusOr<uint64_t> PutOnce(const PutSegmentRequest& request,
+                                   absl::Duration ttl, absl::Time deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
   // What one consistent read of a segment found.
   struct Snapshot;
+  // Waits (up to the RPC timeout) while a large change is half written,
+  // unless `wait_pending` is false (what is there, as it is).
   absl::StatusOr<Snapshot> ReadSegment(const std::string& name,
                                        bool all_buffers,
-                                       const UpdateBuffersRequest* around);
+                                       const UpdateBuffersRequest* around,
+                                       bool wait_pending = true);
   // Runs `txn`, retrying UNAVAILABLE until the deadline.
   absl::StatusOr<etcdserverpb::TxnResponse> Txn(
       const etcdserverpb::TxnRequest& txn, absl::Time deadline);
@@ -107,10 +114,6 @@ class EtcdStore final : public Store {
   // own segment, and its changes then never race each other's compares.
   Mutex write_mu_;
 };
-
-// Parses "etcd://host:port[,host:port...]" into options (other fields
-// default). InvalidArgument naming what is wrong.
-absl::StatusOr<EtcdOptions> ParseEtcdAddress(const std::string& address);
 
 }  // namespace ferry::metadata
 
