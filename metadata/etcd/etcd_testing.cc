@@ -11,7 +11,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "grpcpp/grpcpp.h"
 #include "metadata/etcd/etcd_store.h"
+#include "rpc.grpc.pb.h"
 
 namespace ferry::metadata {
 namespace {
@@ -133,5 +135,28 @@ std::string EtcdCluster::address() const {
 }
 
 void EtcdCluster::Kill(int i) { members_[i]->Kill(); }
+
+absl::StatusOr<int> EtcdCluster::LeaderIndex() const {
+  // Each member's own id (its Status header), and the leader's id as any
+  // member reports it.
+  std::vector<uint64_t> ids(endpoints_.size(), 0);
+  uint64_t leader = 0;
+  for (size_t i = 0; i < endpoints_.size(); ++i) {
+    auto channel = grpc::CreateChannel("ipv4:" + endpoints_[i],
+                                       grpc::InsecureChannelCredentials());
+    auto stub = etcdserverpb::Maintenance::NewStub(channel);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+    etcdserverpb::StatusRequest req;
+    etcdserverpb::StatusResponse resp;
+    if (!stub->Status(&ctx, req, &resp).ok()) continue;
+    ids[i] = resp.header().member_id();
+    if (resp.leader() != 0) leader = resp.leader();
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (leader != 0 && ids[i] == leader) return static_cast<int>(i);
+  }
+  return absl::UnavailableError("no etcd member names a leader");
+}
 
 }  // namespace ferry::metadata

@@ -29,6 +29,9 @@ class EtcdCluster {
   std::string address() const;
   // SIGKILLs member `i`.
   void Kill(int i);
+  // The index of the member that leads the cluster now, as the members'
+  // Maintenance.Status say; Unavailable if none answers with one.
+  absl::StatusOr<int> LeaderIndex() const;
 
  private:
   EtcdCluster() = default;
