@@ -13,13 +13,7 @@
 #ifndef FERRY_COMMON_DMA_ANNOTATIONS_H_
 #define FERRY_COMMON_DMA_ANNOTATIONS_H_
 
-#if defined(__SANITIZE_THREAD__)
-#define FERRY_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define FERRY_TSAN 1
-#endif
-#endif
+#include "common/sanitizers.h"
 
 #ifdef FERRY_TSAN
 extern "C" {

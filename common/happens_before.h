@@ -8,15 +8,9 @@
 #ifndef FERRY_COMMON_HAPPENS_BEFORE_H_
 #define FERRY_COMMON_HAPPENS_BEFORE_H_
 
-#if defined(__SANITIZE_THREAD__)
-#define FERRY_HB_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define FERRY_HB_TSAN 1
-#endif
-#endif
+#include "common/sanitizers.h"
 
-#ifdef FERRY_HB_TSAN
+#ifdef FERRY_TSAN
 extern "C" {
 void AnnotateHappensBefore(const char* file, int line, const volatile void* p);
 void AnnotateHappensAfter(const char* file, int line, const volatile void* p);
@@ -26,7 +20,7 @@ void AnnotateHappensAfter(const char* file, int line, const volatile void* p);
 namespace ferry {
 
 inline void HappensBefore(const volatile void* p) {
-#ifdef FERRY_HB_TSAN
+#ifdef FERRY_TSAN
   AnnotateHappensBefore(__FILE__, __LINE__, p);
 #else
   (void)p;
@@ -34,7 +28,7 @@ inline void HappensBefore(const volatile void* p) {
 }
 
 inline void HappensAfter(const volatile void* p) {
-#ifdef FERRY_HB_TSAN
+#ifdef FERRY_TSAN
   AnnotateHappensAfter(__FILE__, __LINE__, p);
 #else
   (void)p;

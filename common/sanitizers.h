@@ -1,5 +1,5 @@
-// Whether this build runs under a sanitizer that replaces malloc (ASan,
-// TSan). Their allocators quarantine freed blocks and unmap with raw
+// Which sanitizer this build runs under. FERRY_SANITIZER_ALLOCATOR: one
+// that replaces malloc (ASan, TSan). Their allocators quarantine freed blocks and unmap with raw
 // system calls, so tests of how glibc's allocator gives memory back skip
 // under them.
 #ifndef FERRY_COMMON_SANITIZERS_H_
@@ -14,6 +14,16 @@
 #endif
 #ifndef FERRY_SANITIZER_ALLOCATOR
 #define FERRY_SANITIZER_ALLOCATOR 0
+#endif
+
+// Defined in ThreadSanitizer builds (for its annotations:
+// dma_annotations.h, happens_before.h).
+#if defined(__SANITIZE_THREAD__)
+#define FERRY_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define FERRY_TSAN 1
+#endif
 #endif
 
 #endif  // FERRY_COMMON_SANITIZERS_H_
