@@ -19,6 +19,30 @@
 namespace ferry {
 namespace {
 
+// A request of `len` bytes between `local` and `remote` in segment `target`.
+TransferRequest ReqTo(OpCode op, SegmentHandle target, void* local,
+                      const void* remote, size_t len) {
+  TransferRequest r;
+  r.opcode = op;
+  r.source = local;
+  r.target_id = target;
+  r.target_offset = reinterpret_cast<uint64_t>(remote);
+  r.length = len;
+  return r;
+}
+
+// Runs `reqs` as one batch on `e` (allocated, submitted, waited for up to
+// 20 s and freed) and returns how it ended.
+absl::StatusOr<BatchStatus> RunBatch(TransferEngine& e,
+                                     const std::vector<TransferRequest>& reqs) {
+  auto batch = e.AllocateBatch(reqs.size());
+  if (!batch.ok()) return batch.status();
+  if (absl::Status s = e.SubmitTransfer(*batch, reqs); !s.ok()) return s;
+  auto st = e.WaitBatch(*batch, absl::Seconds(20));
+  if (absl::Status s = e.FreeBatch(*batch); !s.ok() && st.ok()) return s;
+  return st;
+}
+
 class EngineTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -141,24 +165,16 @@ TEST(EngineP2pTest, TransfersWithoutAMetadataService) {
                        initiator.OpenSegment(target.local_segment_name()));
   ASSERT_OK(
       target.RegisterLocalMemory(late.data(), late.size(), "cpu:0", true));
-  ASSERT_OK_AND_ASSIGN(BatchId batch, initiator.AllocateBatch(2));
-  TransferRequest r;
-  r.opcode = OpCode::kRead;
-  r.source = local.data();
-  r.target_id = h;
-  r.target_offset = reinterpret_cast<uint64_t>(remote.data());
-  r.length = remote.size() / 2;
-  TransferRequest r2 = r;
-  r2.source = local.data() + remote.size() / 2;
-  r2.target_offset = reinterpret_cast<uint64_t>(late.data());
-  r2.length = late.size();
-  ASSERT_OK(initiator.SubmitTransfer(batch, {r, r2}));
-  ASSERT_OK_AND_ASSIGN(BatchStatus st,
-                       initiator.WaitBatch(batch, absl::Seconds(20)));
+  ASSERT_OK_AND_ASSIGN(
+      BatchStatus st,
+      RunBatch(initiator,
+               {ReqTo(OpCode::kRead, h, local.data(), remote.data(),
+                      remote.size() / 2),
+                ReqTo(OpCode::kRead, h, local.data() + remote.size() / 2,
+                      late.data(), late.size())}));
   EXPECT_EQ(st.state, TransferState::kCompleted) << st.first_error;
   EXPECT_EQ(local[0], 0x3c);
   EXPECT_EQ(local[remote.size() / 2], 0x7e);
-  ASSERT_OK(initiator.FreeBatch(batch));
   // A name that is not host:port is refused saying what P2P names are.
   auto bad = initiator.OpenSegment("target");
   EXPECT_STATUS(bad, absl::StatusCode::kInvalidArgument);
@@ -229,19 +245,11 @@ TEST(EngineAuthTest, OnlyEnginesWithTheTokenJoin) {
   ASSERT_OK(member.Init(peer));
   ASSERT_OK(member.RegisterLocalMemory(local.data(), local.size()));
   ASSERT_OK_AND_ASSIGN(SegmentHandle h, member.OpenSegment("auth-md"));
-  ASSERT_OK_AND_ASSIGN(BatchId batch, member.AllocateBatch(1));
-  TransferRequest r;
-  r.opcode = OpCode::kRead;
-  r.source = local.data();
-  r.target_id = h;
-  r.target_offset = reinterpret_cast<uint64_t>(remote.data());
-  r.length = remote.size();
-  ASSERT_OK(member.SubmitTransfer(batch, {r}));
   ASSERT_OK_AND_ASSIGN(BatchStatus st,
-                       member.WaitBatch(batch, absl::Seconds(20)));
+                       RunBatch(member, {ReqTo(OpCode::kRead, h, local.data(),
+                                               remote.data(), remote.size())}));
   EXPECT_EQ(st.state, TransferState::kCompleted) << st.first_error;
   EXPECT_EQ(local[100], 0x42);
-  ASSERT_OK(member.FreeBatch(batch));
 }
 
 TEST_F(EngineTest, PerRequestStatus) {
@@ -742,19 +750,12 @@ TEST(EngineInitTest, TransfersOverIpv6) {
       target.RegisterLocalMemory(remote.data(), remote.size(), "cpu:0", true));
   ASSERT_OK(initiator.RegisterLocalMemory(local.data(), local.size()));
   ASSERT_OK_AND_ASSIGN(SegmentHandle seg, initiator.OpenSegment("v6-target"));
-  ASSERT_OK_AND_ASSIGN(BatchId batch, initiator.AllocateBatch(1));
-  TransferRequest r;
-  r.opcode = OpCode::kWrite;
-  r.source = local.data();
-  r.target_id = seg;
-  r.target_offset = reinterpret_cast<uint64_t>(remote.data());
-  r.length = local.size();
-  ASSERT_OK(initiator.SubmitTransfer(batch, {r}));
-  ASSERT_OK_AND_ASSIGN(BatchStatus st,
-                       initiator.WaitBatch(batch, absl::Seconds(20)));
+  ASSERT_OK_AND_ASSIGN(
+      BatchStatus st,
+      RunBatch(initiator, {ReqTo(OpCode::kWrite, seg, local.data(),
+                                 remote.data(), local.size())}));
   EXPECT_EQ(st.completed, 1u);
   EXPECT_EQ(remote, local);
-  ASSERT_OK(initiator.FreeBatch(batch));
 }
 
 TEST(EngineInitTest, BadAddressesAreRefusedNamingTheOption) {
