@@ -1,23 +1,13 @@
 #include "metadata/store.h"
 
-#include <sys/random.h>
-
-#include <cerrno>
-#include <cstring>
-
 #include "absl/strings/str_cat.h"
+#include "common/secure_random.h"
 
 namespace ferry::metadata {
 
 std::string NewOwnerKey() {
   std::string key(32, '\0');
-  size_t got = 0;
-  while (got < key.size()) {
-    // getrandom() of <= 256 bytes from an initialized pool does not fail
-    // or return short; EINTR is retried all the same.
-    ssize_t n = getrandom(key.data() + got, key.size() - got, 0);
-    if (n > 0) got += static_cast<size_t>(n);
-  }
+  SecureRandomBytes(key.data(), key.size());
   return key;
 }
 

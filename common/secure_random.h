@@ -1,0 +1,22 @@
+// Secrets from the kernel's CSPRNG (getrandom(2)): owner keys, data-path
+// buffer keys. Not for anything on a hot path.
+//
+// Thread-safe.
+#ifndef FERRY_COMMON_SECURE_RANDOM_H_
+#define FERRY_COMMON_SECURE_RANDOM_H_
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ferry {
+
+// Fills [out, out + n) with random bytes. Blocks only until the kernel's
+// pool is initialized at boot; never fails.
+void SecureRandomBytes(void* out, size_t n);
+
+// A random 64-bit value that is never 0, so that 0 can mean "no key".
+uint64_t SecureRandomNonZero64();
+
+}  // namespace ferry
+
+#endif  // FERRY_COMMON_SECURE_RANDOM_H_
