@@ -54,10 +54,12 @@ struct TransportStats {
   uint64_t threads = 0;
   // Target side (TCP): connections reset at once (over a cap or out of
   // fds), closed for a handshake/idle/frame timeout, and closed for a
-  // malformed request.
+  // malformed request; frames refused for a wrong buffer key or engine
+  // incarnation (nothing read or written).
   uint64_t refused_connections = 0;
   uint64_t timed_out_connections = 0;
   uint64_t bad_frames = 0;
+  uint64_t denied_frames = 0;
 };
 
 }  // namespace ferry

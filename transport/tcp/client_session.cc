@@ -15,6 +15,30 @@ const char* OpName(const Slice& slice) {
 
 }  // namespace
 
+absl::Status ClientSession::Refusal(WireStatus status,
+                                    const Slice& slice) const {
+  const std::string what =
+      absl::StrCat("target '", slice.target->name(), "' at ", peer_,
+                   " refused ", OpName(slice), " of 0x",
+                   absl::Hex(slice.remote), "+", slice.length, ": ");
+  switch (status) {
+    case WireStatus::kBadKey:
+      return absl::PermissionDeniedError(absl::StrCat(
+          what,
+          "the buffer's key is not the one in this engine's descriptor of the "
+          "segment (the buffer was unregistered, or registered again, since)"));
+    case WireStatus::kWrongIncarnation:
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, "the process there is not run ", slice.target->incarnation(),
+          " of the segment's engine, which the descriptor names (the engine "
+          "restarted, or another process took its port); nothing was read "
+          "or written"));
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, "not inside a buffer registered as remote-accessible"));
+  }
+}
+
 void ClientSession::Add(Slice* slice) {
   Entry e;
   e.slice = slice;
@@ -22,8 +46,14 @@ void ClientSession::Add(Slice* slice) {
   e.sent = 0;
   const bool write = slice->op == OpCode::kWrite;
   e.total = kRequestHeaderBytes + (write ? slice->length : 0);
+  const SegmentView& target = *slice->target;
+  // The engine places every slice in one buffer of its descriptor; one it
+  // did not place carries no key and is refused by the target.
+  const uint64_t key = slice->remote_buffer >= 0
+                           ? target.buffer(slice->remote_buffer).tcp_key()
+                           : 0;
   EncodeRequest({write ? WireOp::kWrite : WireOp::kRead, e.id, slice->remote,
-                 slice->length},
+                 slice->length, key, target.incarnation()},
                 e.header);
   load_bytes_ += slice->length;
   unsent_.push_back(e);
@@ -129,12 +159,7 @@ absl::Status ClientSession::Process(std::vector<Done>* done) {
                                               " with the wrong opcode"));
     }
     if (h.status != WireStatus::kOk) {
-      FinishFront(absl::InvalidArgumentError(absl::StrCat(
-                      "target '", slice.target->name(), "' at ", peer_,
-                      " rejected ", OpName(slice), " of 0x",
-                      absl::Hex(slice.remote), "+", slice.length,
-                      ": not inside a buffer registered as remote-accessible")),
-                  done);
+      FinishFront(Refusal(h.status, slice), done);
       continue;
     }
     if (write) {

@@ -86,6 +86,8 @@ class ClientSession {
              std::vector<Slice*>* retry, std::vector<Done>* done);
 
  private:
+  // The error a slice fails with when the target refused it with `status`.
+  absl::Status Refusal(WireStatus status, const Slice& slice) const;
   struct Entry {
     Slice* slice;
     uint64_t id;

@@ -10,8 +10,12 @@
 namespace ferry::tcp {
 
 ServerSession::ServerSession(MemoryRegistry* registry, const Limits& limits,
-                             absl::Time now)
-    : registry_(registry), limits_(limits), created_(now), last_done_(now) {}
+                             uint64_t incarnation, absl::Time now)
+    : registry_(registry),
+      limits_(limits),
+      incarnation_(incarnation),
+      created_(now),
+      last_done_(now) {}
 
 std::pair<uint8_t*, size_t> ServerSession::InputBuffer() {
   if (!wants_input()) return {nullptr, 0};
@@ -79,40 +83,53 @@ absl::Status ServerSession::StartRequest(const uint8_t* header,
         absl::StrCat("bad request header: ", s.message()));
   }
   ++requests_;
-  // Only remote-accessible registered memory, wholly inside one buffer.
-  auto lease = registry_->Acquire(req.remote_addr, req.length,
-                                  /*need_remote=*/true);
+  MemoryRegistry::Lease lease;
+  const WireStatus status = Admit(req, &lease);
   uint8_t* const target = reinterpret_cast<uint8_t*>(req.remote_addr);
   if (req.op == WireOp::kWrite) {
     payload_left_ = req.length;
     payload_id_ = req.request_id;
-    if (lease.ok()) {
-      payload_ = target;
-      payload_status_ = WireStatus::kOk;
-      payload_lease_ = std::move(*lease);
-    } else {
-      payload_ = nullptr;  // Drained, to keep the stream in sync.
-      payload_status_ = WireStatus::kOutOfBounds;
-    }
+    payload_status_ = status;
+    // Refused: drained, to keep the stream in sync.
+    payload_ = status == WireStatus::kOk ? target : nullptr;
+    payload_lease_ = std::move(lease);
     return absl::OkStatus();
   }
   Response r;
-  if (lease.ok()) {
-    EncodeResponse(
-        {WireOp::kReadData, WireStatus::kOk, req.request_id, req.length},
-        r.header);
+  const bool ok = status == WireStatus::kOk;
+  EncodeResponse(
+      {WireOp::kReadData, status, req.request_id, ok ? req.length : 0},
+      r.header);
+  if (ok) {
     r.data = target;
     r.length = req.length;
-    r.lease = std::move(*lease);
-  } else {
-    EncodeResponse(
-        {WireOp::kReadData, WireStatus::kOutOfBounds, req.request_id, 0},
-        r.header);
+    r.lease = std::move(lease);
   }
   frame_since_ = absl::InfiniteFuture();  // This request is complete.
   last_done_ = now;
   Queue(std::move(r), now);
   return absl::OkStatus();
+}
+
+WireStatus ServerSession::Admit(const RequestHeader& req,
+                                MemoryRegistry::Lease* lease) {
+  // Checked first: a frame meant for another run of this engine learns
+  // nothing about this one's memory, not even what is registered.
+  if (req.incarnation != incarnation_) {
+    ++denied_;
+    return WireStatus::kWrongIncarnation;
+  }
+  // Only remote-accessible registered memory, wholly inside one buffer.
+  auto leased = registry_->Acquire(req.remote_addr, req.length,
+                                   /*need_remote=*/true);
+  if (!leased.ok()) return WireStatus::kOutOfBounds;
+  const auto* key = static_cast<const BufferKey*>(leased->handle(0));
+  if (key == nullptr || key->value == 0 || key->value != req.key) {
+    ++denied_;
+    return WireStatus::kBadKey;
+  }
+  *lease = std::move(*leased);
+  return WireStatus::kOk;
 }
 
 void ServerSession::EndPayload(absl::Time now) {

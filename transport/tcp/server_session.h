@@ -4,7 +4,9 @@
 //
 // Requests are handled in arrival order. Each header is validated before
 // use; each access is checked against the registry (remote-accessible
-// buffers only) and holds a lease on its buffer until its bytes have moved:
+// buffers only, with the buffer's key and this engine run's incarnation:
+// a frame with another key or incarnation is answered with an error and
+// touches nothing) and holds a lease on its buffer until its bytes have moved:
 // a WRITE's payload is received straight into the target memory, a READ's
 // data is sent straight from it. A range outside registered memory is
 // answered with an error status and touches nothing (a WRITE's payload is
@@ -34,6 +36,13 @@
 
 namespace ferry::tcp {
 
+// A remote-accessible buffer's key: the registry's handle 0 of each such
+// buffer points at one (set by TcpTransport::RegisterMemory). A buffer
+// without one is served to nobody.
+struct BufferKey {
+  uint64_t value = 0;
+};
+
 class ServerSession {
  public:
   struct Limits {
@@ -43,9 +52,11 @@ class ServerSession {
   };
   static constexpr size_t kMaxQueuedResponses = 16;
 
-  // `registry` must outlive the session. `now`: when the connection was
+  // `registry` must outlive the session. `incarnation`: this engine run's,
+  // as published in its descriptor. `now`: when the connection was
   // accepted.
-  ServerSession(MemoryRegistry* registry, const Limits& limits, absl::Time now);
+  ServerSession(MemoryRegistry* registry, const Limits& limits,
+                uint64_t incarnation, absl::Time now);
   ServerSession(const ServerSession&) = delete;
   ServerSession& operator=(const ServerSession&) = delete;
 
@@ -69,6 +80,8 @@ class ServerSession {
 
   // Requests whose header was accepted.
   uint64_t requests() const { return requests_; }
+  // Of those, refused for a wrong key or incarnation.
+  uint64_t denied() const { return denied_; }
   // The start of a request or some of its bytes have arrived, but not all.
   bool mid_frame() const {
     return payload_left_ > 0 || staged_end_ > staged_begin_;
@@ -88,6 +101,9 @@ class ServerSession {
 
   absl::Status Process(absl::Time now);
   absl::Status StartRequest(const uint8_t* header, absl::Time now);
+  // Leases the request's range if the frame may access it; else says why
+  // not (and leases nothing).
+  WireStatus Admit(const RequestHeader& req, MemoryRegistry::Lease* lease);
   void EndPayload(absl::Time now);
   void Queue(Response r, absl::Time now);
   // Frame timing: called whenever input state may have changed.
@@ -95,8 +111,10 @@ class ServerSession {
 
   MemoryRegistry* const registry_;
   const Limits limits_;
+  const uint64_t incarnation_;
   const absl::Time created_;
   uint64_t requests_ = 0;
+  uint64_t denied_ = 0;
 
   // Input. Headers (and any payload bytes read with them) are staged.
   uint8_t staging_[kStagingBytes];

@@ -13,6 +13,8 @@ namespace ferry::tcp {
 namespace {
 
 const absl::Time kT0 = absl::FromUnixSeconds(1000);
+const BufferKey kKey{0x0123456789abcdefull};
+constexpr uint64_t kIncarnation = 42;
 
 class ServerSessionTest : public ::testing::Test {
  protected:
@@ -22,7 +24,7 @@ class ServerSessionTest : public ::testing::Test {
     r.addr = base();
     r.length = mem_.size();
     r.remote_accessible = true;
-    ASSERT_OK(registry_.Add(r));
+    ASSERT_OK(registry_.Add(r, {&kKey}));
     limits_.handshake_timeout = absl::Seconds(10);
     limits_.idle_timeout = absl::Seconds(60);
     limits_.frame_timeout = absl::Seconds(5);
@@ -31,9 +33,10 @@ class ServerSessionTest : public ::testing::Test {
   uint64_t base() const { return reinterpret_cast<uint64_t>(mem_.data()); }
 
   static std::string Request(WireOp op, uint64_t id, uint64_t addr,
-                             uint64_t len) {
+                             uint64_t len, uint64_t key = kKey.value,
+                             uint64_t incarnation = kIncarnation) {
     uint8_t h[kRequestHeaderBytes];
-    EncodeRequest({op, id, addr, len}, h);
+    EncodeRequest({op, id, addr, len, key, incarnation}, h);
     return std::string(reinterpret_cast<char*>(h), sizeof(h));
   }
 
@@ -91,7 +94,7 @@ class ServerSessionTest : public ::testing::Test {
 
 TEST_F(ServerSessionTest, WriteIsAppliedThenAcknowledged) {
   for (size_t chunk : {1u, 7u, 33u, 4096u, 1u << 20}) {
-    ServerSession s(&registry_, limits_, kT0);
+    ServerSession s(&registry_, limits_, kIncarnation, kT0);
     std::string payload(5000, static_cast<char>(chunk));
     ASSERT_OK(Feed(s, Request(WireOp::kWrite, 9, base() + 100, 5000) + payload,
                    kT0, chunk));
@@ -106,7 +109,7 @@ TEST_F(ServerSessionTest, WriteIsAppliedThenAcknowledged) {
 
 TEST_F(ServerSessionTest, ReadIsAnsweredFromMemory) {
   for (size_t i = 0; i < 300; ++i) mem_[i] = static_cast<uint8_t>(i * 7);
-  ServerSession s(&registry_, limits_, kT0);
+  ServerSession s(&registry_, limits_, kIncarnation, kT0);
   ASSERT_OK(Feed(s, Request(WireOp::kRead, 3, base() + 10, 200), kT0));
   const std::string out = Drain(s, kT0, 13);
   auto r = Responses(out);
@@ -117,7 +120,7 @@ TEST_F(ServerSessionTest, ReadIsAnsweredFromMemory) {
 }
 
 TEST_F(ServerSessionTest, OutOfBoundsIsRejectedAndTouchesNothing) {
-  ServerSession s(&registry_, limits_, kT0);
+  ServerSession s(&registry_, limits_, kIncarnation, kT0);
   const uint64_t end = base() + mem_.size();
   std::string payload(64, 'x');
   // Straddles the end; then an OK request on the same stream.
@@ -135,17 +138,67 @@ TEST_F(ServerSessionTest, OutOfBoundsIsRejectedAndTouchesNothing) {
   for (size_t i = mem_.size() - 32; i < mem_.size(); ++i) ASSERT_EQ(mem_[i], 0);
 }
 
+// Knowing an address is not enough: a frame with another key, or meant for
+// another run of the engine, reads and writes nothing and is answered
+// with its reason; the stream goes on.
+TEST_F(ServerSessionTest, WrongKeyOrIncarnationTouchesNothing) {
+  for (size_t i = 0; i < 64; ++i) mem_[i] = 0x11;
+  ServerSession s(&registry_, limits_, kIncarnation, kT0);
+  const std::string payload(64, 'x');
+  ASSERT_OK(Feed(
+      s,
+      Request(WireOp::kWrite, 1, base(), 64, kKey.value ^ 1) + payload +
+          Request(WireOp::kRead, 2, base(), 64, kKey.value + 1) +
+          Request(WireOp::kWrite, 3, base(), 64, kKey.value, kIncarnation + 1) +
+          payload + Request(WireOp::kRead, 4, base(), 64, 0, 0) +
+          Request(WireOp::kRead, 5, base(), 64),
+      kT0, 7));
+  const std::string out = Drain(s, kT0);
+  auto r = Responses(out);
+  ASSERT_EQ(r.size(), 5u);
+  EXPECT_EQ(r[0].status, WireStatus::kBadKey);
+  EXPECT_EQ(r[1].status, WireStatus::kBadKey);
+  EXPECT_EQ(r[1].length, 0u);  // No data.
+  EXPECT_EQ(r[2].status, WireStatus::kWrongIncarnation);
+  EXPECT_EQ(r[3].status, WireStatus::kWrongIncarnation);
+  EXPECT_EQ(r[4].status, WireStatus::kOk);
+  for (size_t i = 0; i < 64; ++i) ASSERT_EQ(mem_[i], 0x11) << i;
+  EXPECT_EQ(s.denied(), 4u);
+  EXPECT_EQ(s.requests(), 5u);
+}
+
+// A buffer registered without a key (not through TcpTransport) is served
+// to nobody, whatever the frame says.
+TEST_F(ServerSessionTest, BufferWithoutKeyIsServedToNobody) {
+  std::vector<uint8_t> other(4096, 0x22);
+  MemoryRegion r;
+  r.addr = reinterpret_cast<uintptr_t>(other.data());
+  r.length = other.size();
+  r.remote_accessible = true;
+  ASSERT_OK(registry_.Add(r));
+  ServerSession s(&registry_, limits_, kIncarnation, kT0);
+  ASSERT_OK(Feed(s,
+                 Request(WireOp::kRead, 1, r.addr, 8, 0) +
+                     Request(WireOp::kRead, 2, r.addr, 8, kKey.value),
+                 kT0));
+  auto resp = Responses(Drain(s, kT0));
+  ASSERT_EQ(resp.size(), 2u);
+  EXPECT_EQ(resp[0].status, WireStatus::kBadKey);
+  EXPECT_EQ(resp[1].status, WireStatus::kBadKey);
+  ASSERT_OK(registry_.Remove(r.addr, absl::ZeroDuration()));
+}
+
 TEST_F(ServerSessionTest, BadHeaderEndsTheSession) {
-  ServerSession s(&registry_, limits_, kT0);
+  ServerSession s(&registry_, limits_, kIncarnation, kT0);
   std::string garbage(kRequestHeaderBytes, 'Z');
   EXPECT_STATUS(Feed(s, garbage, kT0), absl::StatusCode::kDataLoss);
-  ServerSession s2(&registry_, limits_, kT0);
+  ServerSession s2(&registry_, limits_, kIncarnation, kT0);
   EXPECT_STATUS(Feed(s2, Request(WireOp::kRead, 1, base(), 0), kT0),
                 absl::StatusCode::kDataLoss);  // Length 0.
 }
 
 TEST_F(ServerSessionTest, LeaseHeldWhilePayloadArrives) {
-  ServerSession s(&registry_, limits_, kT0);
+  ServerSession s(&registry_, limits_, kIncarnation, kT0);
   ASSERT_OK(Feed(s, Request(WireOp::kWrite, 1, base(), 100) + "abc", kT0));
   // Mid-payload: the buffer cannot be unregistered.
   EXPECT_STATUS(registry_.Remove(base(), absl::ZeroDuration()),
@@ -156,11 +209,11 @@ TEST_F(ServerSessionTest, LeaseHeldWhilePayloadArrives) {
 }
 
 TEST_F(ServerSessionTest, HandshakeTimeout) {
-  ServerSession s(&registry_, limits_, kT0);
+  ServerSession s(&registry_, limits_, kIncarnation, kT0);
   EXPECT_OK(s.CheckTimeouts(kT0 + absl::Seconds(10)));
   EXPECT_STATUS(s.CheckTimeouts(kT0 + absl::Seconds(11)),
                 absl::StatusCode::kDeadlineExceeded);
-  ServerSession s2(&registry_, limits_, kT0);
+  ServerSession s2(&registry_, limits_, kIncarnation, kT0);
   ASSERT_OK(
       Feed(s2, Request(WireOp::kRead, 1, base(), 8), kT0 + absl::Seconds(9)));
   Drain(s2, kT0 + absl::Seconds(9));
@@ -168,7 +221,7 @@ TEST_F(ServerSessionTest, HandshakeTimeout) {
 }
 
 TEST_F(ServerSessionTest, IdleTimeoutCountsFromTheLastAnswer) {
-  ServerSession s(&registry_, limits_, kT0);
+  ServerSession s(&registry_, limits_, kIncarnation, kT0);
   const absl::Time t1 = kT0 + absl::Seconds(1);
   ASSERT_OK(Feed(s, Request(WireOp::kRead, 1, base(), 8), t1));
   const absl::Time t2 = kT0 + absl::Seconds(2);
@@ -179,7 +232,7 @@ TEST_F(ServerSessionTest, IdleTimeoutCountsFromTheLastAnswer) {
 }
 
 TEST_F(ServerSessionTest, FrameTimeoutForPartialHeaderAndPayload) {
-  ServerSession s(&registry_, limits_, kT0);
+  ServerSession s(&registry_, limits_, kIncarnation, kT0);
   ASSERT_OK(Feed(s, Request(WireOp::kRead, 1, base(), 8), kT0));
   Drain(s, kT0);
   const absl::Time t1 = kT0 + absl::Seconds(20);
@@ -188,7 +241,7 @@ TEST_F(ServerSessionTest, FrameTimeoutForPartialHeaderAndPayload) {
   EXPECT_STATUS(s.CheckTimeouts(t1 + absl::Seconds(6)),
                 absl::StatusCode::kDeadlineExceeded);
 
-  ServerSession w(&registry_, limits_, kT0);
+  ServerSession w(&registry_, limits_, kIncarnation, kT0);
   ASSERT_OK(Feed(w, Request(WireOp::kWrite, 1, base(), 1000) + "x", kT0));
   // Dripping the payload does not reset the frame's clock.
   for (int i = 1; i <= 5; ++i) {
@@ -199,7 +252,7 @@ TEST_F(ServerSessionTest, FrameTimeoutForPartialHeaderAndPayload) {
 }
 
 TEST_F(ServerSessionTest, ResponseNotTakenTimesOut) {
-  ServerSession s(&registry_, limits_, kT0);
+  ServerSession s(&registry_, limits_, kIncarnation, kT0);
   ASSERT_OK(Feed(s, Request(WireOp::kRead, 1, base(), 60000), kT0));
   iovec iov[4];
   ASSERT_GT(s.PrepareOutput(iov, 4), 0);
@@ -212,7 +265,7 @@ TEST_F(ServerSessionTest, ResponseNotTakenTimesOut) {
 TEST_F(ServerSessionTest, EveryAnswerIsTakenWithinTheFrameTimeout) {
   // A peer that takes one answer just inside the frame timeout must not
   // keep the others (each holding a lease on the buffer) for longer.
-  ServerSession s(&registry_, limits_, kT0);
+  ServerSession s(&registry_, limits_, kIncarnation, kT0);
   std::string reqs;
   for (size_t i = 0; i < ServerSession::kMaxQueuedResponses; ++i) {
     reqs += Request(WireOp::kRead, i + 1, base(), 1000);
@@ -228,7 +281,7 @@ TEST_F(ServerSessionTest, EveryAnswerIsTakenWithinTheFrameTimeout) {
 }
 
 TEST_F(ServerSessionTest, StopsReadingWhileResponsesWait) {
-  ServerSession s(&registry_, limits_, kT0);
+  ServerSession s(&registry_, limits_, kIncarnation, kT0);
   std::string reqs;
   const size_t n = ServerSession::kMaxQueuedResponses + 5;
   for (size_t i = 0; i < n; ++i) {

@@ -50,19 +50,24 @@ class TcpFaultTest : public ::testing::Test {
     ASSERT_OK_AND_ASSIGN(peer_, Subprocess::Start(args));
     ASSERT_OK_AND_ASSIGN(std::string ready, peer_->ReadLine(absl::Seconds(30)));
     std::vector<std::string> f = absl::StrSplit(ready, ' ');
-    ASSERT_EQ(f.size(), 4u) << ready;
+    ASSERT_EQ(f.size(), 6u) << ready;
     ASSERT_EQ(f[0], "READY") << ready;
     ASSERT_TRUE(absl::SimpleAtoi(f[1], &port_));
     ASSERT_TRUE(absl::SimpleAtoi(f[2], &remote_));
     ASSERT_TRUE(absl::SimpleAtoi(f[3], &remote_len_));
+    uint64_t key = 0, incarnation = 0;
+    ASSERT_TRUE(absl::SimpleAtoi(f[4], &key));
+    ASSERT_TRUE(absl::SimpleAtoi(f[5], &incarnation));
     metadata::SegmentDescriptor d;
     d.set_name("peer");
+    d.set_incarnation(incarnation);
     auto* t = d.add_transports();
     t->set_transport("tcp");
     t->set_address(absl::StrCat("127.0.0.1:", port_));
     auto* b = d.add_buffers();
     b->set_addr(remote_);
     b->set_length(remote_len_);
+    b->set_tcp_key(key);
     ASSERT_OK_AND_ASSIGN(view_, SegmentView::Create(d));
     NewInitiator();
   }
@@ -113,6 +118,7 @@ class TcpFaultTest : public ::testing::Test {
       s.remote = remote_ + offset + i * len;
       s.length = len;
       s.target = view_.get();
+      s.remote_buffer = 0;  // The target's only buffer.
       s.deadline = deadline;
       s.sink = sink;
     }

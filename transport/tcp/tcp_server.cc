@@ -44,8 +44,8 @@ class TcpServer::Conn : public EventLoop::Handler {
         loop_(loop),
         fd_(std::move(fd)),
         slot_(std::move(slot)),
-        session_(std::make_unique<ServerSession>(server->registry_,
-                                                 server->limits_, now)) {}
+        session_(std::make_unique<ServerSession>(
+            server->registry_, server->limits_, server->incarnation_, now)) {}
 
   int fd() const { return fd_.get(); }
 
@@ -68,7 +68,9 @@ class TcpServer::Conn : public EventLoop::Handler {
           n = ::recv(fd_.get(), buf, len, 0);
         }
         if (n > 0) {
-          if (absl::Status s = session_->OnReceived(n, now); !s.ok()) {
+          const absl::Status s = session_->OnReceived(n, now);
+          CountDenied();
+          if (!s.ok()) {
             server_->bad_frames_.fetch_add(1, std::memory_order_relaxed);
             return Close();
           }
@@ -136,6 +138,14 @@ class TcpServer::Conn : public EventLoop::Handler {
   }
 
  private:
+  void CountDenied() {
+    const uint64_t denied = session_->denied();
+    if (denied == denied_counted_) return;
+    server_->denied_.fetch_add(denied - denied_counted_,
+                               std::memory_order_relaxed);
+    denied_counted_ = denied;
+  }
+
   void UpdateInterest() {
     const uint32_t want = (session_->wants_input() ? EPOLLIN : 0u) |
                           (session_->has_output() ? EPOLLOUT : 0u);
@@ -148,6 +158,7 @@ class TcpServer::Conn : public EventLoop::Handler {
   UniqueFd fd_;
   Slot slot_;
   std::unique_ptr<ServerSession> session_;
+  uint64_t denied_counted_ = 0;  // Of session_->denied(), in server_->denied_.
   uint32_t interest_ = EPOLLIN;
 };
 
@@ -184,7 +195,9 @@ TcpServer::TcpServer(MemoryRegistry* registry, const TcpOptions& options)
 
 TcpServer::~TcpServer() { Stop(); }
 
-absl::Status TcpServer::Start(const std::string& host, uint16_t port) {
+absl::Status TcpServer::Start(const std::string& host, uint16_t port,
+                              uint64_t incarnation) {
+  incarnation_ = incarnation;  // Before any loop thread reads it.
   auto fd = ListenTcp(host, port, &port_, kBacklog);
   if (!fd.ok()) return fd.status();
   listener_ = std::move(*fd);
@@ -371,6 +384,7 @@ TcpServer::Counters TcpServer::counters() const {
   c.refused = refused_.load(std::memory_order_relaxed);
   c.timeouts = timeouts_.load(std::memory_order_relaxed);
   c.bad_frames = bad_frames_.load(std::memory_order_relaxed);
+  c.denied = denied_.load(std::memory_order_relaxed);
   c.fd_exhausted = fd_exhausted_.load(std::memory_order_relaxed);
   c.accept_pauses = accept_pauses_.load(std::memory_order_relaxed);
   MutexLock lock(&mu_);

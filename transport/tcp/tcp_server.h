@@ -41,11 +41,12 @@ namespace ferry::tcp {
 class TcpServer {
  public:
   struct Counters {
-    uint64_t accepted = 0;       // Connections admitted.
-    uint64_t refused = 0;        // Reset at once: over a cap or out of fds.
-    uint64_t open = 0;           // Admitted and not closed yet.
-    uint64_t timeouts = 0;       // Closed for a handshake/idle/frame timeout.
-    uint64_t bad_frames = 0;     // Closed for a malformed request.
+    uint64_t accepted = 0;    // Connections admitted.
+    uint64_t refused = 0;     // Reset at once: over a cap or out of fds.
+    uint64_t open = 0;        // Admitted and not closed yet.
+    uint64_t timeouts = 0;    // Closed for a handshake/idle/frame timeout.
+    uint64_t bad_frames = 0;  // Closed for a malformed request.
+    uint64_t denied = 0;  // Frames refused: wrong buffer key or incarnation.
     uint64_t fd_exhausted = 0;   // accept() failed with EMFILE/ENFILE.
     uint64_t accept_pauses = 0;  // Times the listener backed off.
   };
@@ -57,8 +58,10 @@ class TcpServer {
   TcpServer(const TcpServer&) = delete;
   TcpServer& operator=(const TcpServer&) = delete;
 
-  // Binds `host:port` (0 = any free port) and starts the loops.
-  absl::Status Start(const std::string& host, uint16_t port);
+  // Binds `host:port` (0 = any free port) and starts the loops, serving
+  // frames that name `incarnation` (this engine run's) only.
+  absl::Status Start(const std::string& host, uint16_t port,
+                     uint64_t incarnation);
   uint16_t port() const { return port_; }
   // The bound address, "a.b.c.d:port".
   const std::string& address() const { return address_; }
@@ -108,6 +111,7 @@ class TcpServer {
   MemoryRegistry* const registry_;
   const TcpOptions options_;
   const ServerSession::Limits limits_;
+  uint64_t incarnation_ = 0;  // Set by Start.
   uint16_t port_ = 0;
   std::string address_;
   UniqueFd listener_;
@@ -129,6 +133,7 @@ class TcpServer {
   std::atomic<uint64_t> refused_{0};
   std::atomic<uint64_t> timeouts_{0};
   std::atomic<uint64_t> bad_frames_{0};
+  std::atomic<uint64_t> denied_{0};
   std::atomic<uint64_t> fd_exhausted_{0};
   std::atomic<uint64_t> accept_pauses_{0};
 };

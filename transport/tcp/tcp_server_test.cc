@@ -20,6 +20,8 @@ namespace ferry::tcp {
 namespace {
 
 using ::ferry::tcp::testing::ConnectFrom;
+using ::ferry::tcp::testing::kTestIncarnation;
+using ::ferry::tcp::testing::kTestKey;
 using ::ferry::tcp::testing::Served;
 using ::ferry::tcp::testing::WaitForClose;
 using ::ferry::testing::ThreadCount;
@@ -32,9 +34,9 @@ class TcpServerTest : public ::testing::Test {
     r.addr = base();
     r.length = mem_.size();
     r.remote_accessible = true;
-    ASSERT_OK(registry_.Add(r));
+    ASSERT_OK(registry_.Add(r, {&kTestKey}));
     server_ = std::make_unique<TcpServer>(&registry_, options);
-    ASSERT_OK(server_->Start("127.0.0.1", 0));
+    ASSERT_OK(server_->Start("127.0.0.1", 0, kTestIncarnation));
   }
 
   void TearDown() override {
@@ -111,7 +113,8 @@ TEST_F(TcpServerTest, IncompleteFrameIsClosedAndItsLeaseReleased) {
   // A header cut short.
   ASSERT_OK_AND_ASSIGN(UniqueFd a, Connect());
   uint8_t hdr[kRequestHeaderBytes];
-  EncodeRequest({WireOp::kWrite, 1, base(), 4096}, hdr);
+  EncodeRequest(
+      {WireOp::kWrite, 1, base(), 4096, kTestKey.value, kTestIncarnation}, hdr);
   ASSERT_OK(WriteFull(a.get(), hdr, 10));
   // A WRITE whose payload stops half-way: it holds a lease on the buffer.
   ASSERT_OK_AND_ASSIGN(UniqueFd b, Connect());
@@ -133,7 +136,9 @@ TEST_F(TcpServerTest, PeerThatDoesNotReadIsClosedAndItsLeaseReleased) {
   int small = 4096;  // Fill the peer's window quickly.
   ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
   uint8_t hdr[kRequestHeaderBytes];
-  EncodeRequest({WireOp::kRead, 1, base(), 32 << 20}, hdr);
+  EncodeRequest(
+      {WireOp::kRead, 1, base(), 32 << 20, kTestKey.value, kTestIncarnation},
+      hdr);
   ASSERT_OK(WriteFull(fd.get(), hdr, sizeof(hdr)));
   // The response cannot be sent while nobody reads: the server gives up
   // after frame_timeout and releases the buffer.

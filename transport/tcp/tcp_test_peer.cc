@@ -1,7 +1,8 @@
 // tcp_test_peer: the target side of tcp_fault_test, in its own process so a
 // test can starve it of fds, SIGSTOP it or kill it. Runs a TcpTransport on
 // 127.0.0.1 with one remote-accessible buffer filled with a known pattern,
-// prints "READY <port> <buffer address> <buffer length>", then answers
+// prints "READY <port> <buffer address> <buffer length> <buffer key>
+// <incarnation>" (what a descriptor of it holds), then answers
 // commands on stdin, one line each:
 //   stats                          -> "threads <n> fds <n> cpu_ms <n>"
 // If Install fails it prints "ERR <status>" and exits with 1.
@@ -111,6 +112,7 @@ int main(int argc, char** argv) {
   ferry::tcp::TcpTransport transport(options);
   ferry::TransportEnv env;
   env.local_segment = "peer";
+  env.incarnation = 0x7e57000000000000ull + static_cast<uint64_t>(getpid());
   env.listen_host = "127.0.0.1";
   ferry::metadata::TransportEndpoint endpoint;
   if (absl::Status s = transport.Install(env, &endpoint); !s.ok()) {
@@ -133,9 +135,11 @@ int main(int argc, char** argv) {
     return 1;
   }
   const std::string address = endpoint.address();
-  std::printf("READY %s %llu %zu\n",
+  std::printf("READY %s %llu %zu %llu %llu\n",
               address.substr(address.rfind(':') + 1).c_str(),
-              static_cast<unsigned long long>(region.addr), size);
+              static_cast<unsigned long long>(region.addr), size,
+              static_cast<unsigned long long>(published.tcp_key()),
+              static_cast<unsigned long long>(env.incarnation));
   std::fflush(stdout);
   std::string line;
   while (std::getline(std::cin, line)) {

@@ -23,10 +23,17 @@
 #include "absl/time/time.h"
 #include "common/mutex.h"
 #include "common/socket_util.h"
+#include "transport/tcp/server_session.h"
 #include "transport/tcp/wire.h"
 #include "transport/transport.h"
 
 namespace ferry::tcp::testing {
+
+// The key tests register their servers' buffers under (as registry handle
+// 0), and the incarnation those servers run as: what raw test clients put
+// in their frames.
+inline const BufferKey kTestKey{0x6b65790000000001ull};
+constexpr uint64_t kTestIncarnation = 0x1ca4;
 
 // Records each completion's status and time, and how often each slice
 // completed (exactly once is the contract); Wait blocks for a count.
@@ -111,17 +118,22 @@ inline absl::StatusOr<UniqueFd> ConnectFrom(const std::string& from,
   return fd;
 }
 
-// Sends one READ of 8 bytes at `remote` on a raw connection; true if it was
-// answered with OK and the data.
-inline bool Served(int fd, uint64_t remote) {
+// Sends one READ of 8 bytes at `remote` with `key` and `incarnation` on a
+// raw connection; true if it was answered with OK and the data.
+inline bool Served(int fd, uint64_t remote, uint64_t key = kTestKey.value,
+                   uint64_t incarnation = kTestIncarnation) {
   uint8_t hdr[kRequestHeaderBytes];
-  EncodeRequest({WireOp::kRead, 1, remote, 8}, hdr);
+  EncodeRequest({WireOp::kRead, 1, remote, 8, key, incarnation}, hdr);
   if (!WriteFull(fd, hdr, sizeof(hdr)).ok()) return false;
   SetRecvTimeout(fd, absl::Seconds(5));
-  uint8_t resp[kResponseHeaderBytes + 8];
-  if (!ReadFull(fd, resp, sizeof(resp)).ok()) return false;
+  uint8_t resp[kResponseHeaderBytes];
   ResponseHeader h;
-  return DecodeResponse(resp, &h).ok() && h.status == WireStatus::kOk;
+  if (!ReadFull(fd, resp, sizeof(resp)).ok() ||
+      !DecodeResponse(resp, &h).ok() || h.status != WireStatus::kOk) {
+    return false;  // A refusal carries no data.
+  }
+  uint8_t data[8];
+  return ReadFull(fd, data, sizeof(data)).ok();
 }
 
 // Waits up to `timeout` for the peer to close `fd` (EOF or reset),

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/secure_random.h"
 #include "common/socket_util.h"
 #include "transport/tcp/wire.h"
 
@@ -62,7 +63,8 @@ absl::Status TcpTransport::Install(const TransportEnv& env,
   if (absl::Status s = client_.Start(); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("TCP transport: ", s.message()));
   }
-  if (absl::Status s = server_.Start(env.listen_host, options_.tcp.port);
+  if (absl::Status s =
+          server_.Start(env.listen_host, options_.tcp.port, env.incarnation);
       !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("TCP transport: ", s.message()));
   }
@@ -74,8 +76,31 @@ absl::Status TcpTransport::Install(const TransportEnv& env,
 }
 
 absl::StatusOr<MemoryHandle> TcpTransport::RegisterMemory(
-    const MemoryRegion& region, metadata::Buffer*) {
-  if (absl::Status s = registry_.Add(region); !s.ok()) return s;
+    const MemoryRegion& region, metadata::Buffer* published) {
+  if (!region.remote_accessible) {
+    if (absl::Status s = registry_.Add(region); !s.ok()) return s;
+    return nullptr;  // Only the initiator side uses it; no key.
+  }
+  // A fresh key per registration: a peer holding the key of a buffer that
+  // was unregistered cannot reach whatever is registered there next.
+  auto key = std::make_unique<BufferKey>();
+  key->value = SecureRandomNonZero64();
+  const BufferKey* handle = key.get();
+  {
+    MutexLock lock(&keys_mu_);
+    // Claimed before the buffer is servable, so that no frame ever sees
+    // it without its key.
+    if (!keys_.emplace(region.addr, std::move(key)).second) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "a buffer at 0x", absl::Hex(region.addr), " is already registered"));
+    }
+  }
+  if (absl::Status s = registry_.Add(region, {handle}); !s.ok()) {
+    MutexLock lock(&keys_mu_);
+    keys_.erase(region.addr);
+    return s;
+  }
+  if (published != nullptr) published->set_tcp_key(handle->value);
   return nullptr;  // The target side looks buffers up per request.
 }
 
@@ -83,8 +108,14 @@ absl::Status TcpTransport::UnregisterMemory(uintptr_t addr) {
   // A peer's access holds its lease at most 2 x frame_timeout (then the
   // server closes that connection; tcp_transport.h), so this wait is
   // enough: a buffer is never left half-unregistered and still served.
-  return registry_.Remove(addr,
-                          2 * options_.tcp.frame_timeout + absl::Seconds(1));
+  absl::Status s =
+      registry_.Remove(addr, 2 * options_.tcp.frame_timeout + absl::Seconds(1));
+  if (s.ok()) {
+    // No lease, hence no session, can see the key any more.
+    MutexLock lock(&keys_mu_);
+    keys_.erase(addr);
+  }
+  return s;
 }
 
 void TcpTransport::Submit(absl::Span<Slice* const> slices) {
@@ -110,6 +141,7 @@ TransportStats TcpTransport::Stats() const {
   st.refused_connections = c.refused;
   st.timed_out_connections = c.timeouts;
   st.bad_frames = c.bad_frames;
+  st.denied_frames = c.denied;
   st.threads += server_.threads();
   return st;
 }

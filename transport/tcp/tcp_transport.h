@@ -31,6 +31,15 @@
 //   At most one connect attempt per back-off interval: no storm. Slices
 //   that waited for the attempt that failed end with Unavailable naming
 //   its cause (connect_failures counts the attempts).
+// * Access. Each remote-accessible buffer gets a random 64-bit key at
+//   registration (a new one each time), published as Buffer.tcp_key; every
+//   frame carries the key of the buffer it touches and the target engine
+//   run's incarnation, both from the initiator's descriptor. A wrong key
+//   fails the slice with PermissionDenied, another incarnation (the target
+//   restarted, or another process now has its port) with
+//   FailedPrecondition; neither reads or writes a byte, and both are
+//   counted in TransportStats::denied_frames. A range in no
+//   remote-accessible buffer fails with InvalidArgument.
 // * Bad descriptors. A TCP endpoint that is not a numeric IPv4
 //   "address:port" fails its slices with InvalidArgument naming it and
 //   creates no state (names are not resolved: that could block).
@@ -60,9 +69,13 @@
 #ifndef FERRY_TRANSPORT_TCP_TCP_TRANSPORT_H_
 #define FERRY_TRANSPORT_TCP_TCP_TRANSPORT_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "common/mutex.h"
 #include "transport/memory_registry.h"
 #include "transport/tcp/tcp_client.h"
 #include "transport/tcp/tcp_server.h"
@@ -94,6 +107,11 @@ class TcpTransport final : public Transport {
 
  private:
   const TransportOptions options_;
+  // The keys of remote-accessible buffers, by address; registry_'s handle 0
+  // of each points into this map's values (declared first: outlives it).
+  Mutex keys_mu_;
+  absl::flat_hash_map<uintptr_t, std::unique_ptr<BufferKey>> keys_
+      ABSL_GUARDED_BY(keys_mu_);
   MemoryRegistry registry_;
   TcpServer server_;
   TcpClient client_;

@@ -84,6 +84,7 @@ class TcpTransportTest : public ::testing::Test {
     TransportEnv env;
     env.local_segment = "t";
     env.listen_host = "127.0.0.1";
+    env.incarnation = kIncarnation;
     metadata::TransportEndpoint ep;
     ASSERT_OK(target_->Install(env, &ep));
     metadata::TransportEndpoint ep2;
@@ -95,8 +96,11 @@ class TcpTransportTest : public ::testing::Test {
     r.remote_accessible = true;
     metadata::Buffer published;
     ASSERT_OK(target_->RegisterMemory(r, &published));
+    key_ = published.tcp_key();
+    ASSERT_NE(key_, 0u);
     metadata::SegmentDescriptor d;
     d.set_name("target");
+    d.set_incarnation(kIncarnation);
     auto* t = d.add_transports();
     t->set_transport("tcp");
     t->set_address(ep.address());
@@ -104,6 +108,7 @@ class TcpTransportTest : public ::testing::Test {
     auto* b = d.add_buffers();
     b->set_addr(r.addr);
     b->set_length(r.length);
+    b->set_tcp_key(key_);
     view_ = *SegmentView::Create(d);
   }
 
@@ -114,6 +119,9 @@ class TcpTransportTest : public ::testing::Test {
     s.remote = remote;
     s.length = len;
     s.target = view_.get();
+    // As the engine places it: the descriptor's buffer that holds the
+    // range (-1 for a range outside every buffer, sent with no key).
+    s.remote_buffer = view_->FindBufferIndex(remote, len);
     s.deadline = absl::Now() + absl::Seconds(10);
     s.sink = &sink_;
     return s;
@@ -148,7 +156,9 @@ class TcpTransportTest : public ::testing::Test {
   // touch while they shut down (a server thread may still be in sendmsg on
   // the memory when a READ has already completed at the initiator; a
   // shutdown completes slices through the sink).
+  static constexpr uint64_t kIncarnation = 0x7a9e7;
   std::vector<uint8_t> target_buf_;
+  uint64_t key_ = 0;  // Of target_buf_, as the target published it.
   std::shared_ptr<const SegmentView> view_;
   std::string target_addr_;
   RecordingSink sink_;
@@ -190,6 +200,129 @@ TEST_F(TcpTransportTest, OutOfBoundsWriteFailsAndWritesNothing) {
   for (size_t i = target_buf_.size() - 100; i < target_buf_.size(); ++i) {
     ASSERT_EQ(target_buf_[i], 0) << i;
   }
+}
+
+// Knowing an address is not enough: a raw peer that names the buffer's
+// address and the target's incarnation, but not the buffer's key, reads
+// and writes nothing; neither does a slice whose descriptor holds another
+// key. Each refusal is counted; the connection goes on.
+TEST_F(TcpTransportTest, AnAddressAloneReadsAndWritesNothing) {
+  std::fill(target_buf_.begin(), target_buf_.begin() + 64, 0x5a);
+  auto raw = ConnectFrom("127.0.0.1", target_addr_);
+  ASSERT_OK(raw);
+  EXPECT_FALSE(Served(raw->get(), Remote(0), /*key=*/0, kIncarnation));
+  EXPECT_FALSE(Served(raw->get(), Remote(0), key_ ^ 1, kIncarnation));
+  uint8_t hdr[kRequestHeaderBytes];
+  EncodeRequest({WireOp::kWrite, 2, Remote(0), 64, key_ + 1, kIncarnation},
+                hdr);
+  ASSERT_OK(WriteFull(raw->get(), hdr, sizeof(hdr)));
+  const std::vector<uint8_t> payload(64, 0xee);
+  ASSERT_OK(WriteFull(raw->get(), payload.data(), payload.size()));
+  uint8_t resp[kResponseHeaderBytes];
+  ASSERT_OK(ReadFull(raw->get(), resp, sizeof(resp)));
+  ResponseHeader h;
+  ASSERT_OK(DecodeResponse(resp, &h));
+  EXPECT_EQ(h.status, WireStatus::kBadKey);
+  EXPECT_TRUE(Served(raw->get(), Remote(0), key_, kIncarnation));
+
+  metadata::SegmentDescriptor d = view_->descriptor();
+  d.mutable_buffers(0)->set_tcp_key(key_ + 7);
+  auto forged = *SegmentView::Create(d);
+  std::vector<uint8_t> src(64, 0xee);
+  Slice w = MakeSlice(OpCode::kWrite, src.data(), Remote(0), src.size());
+  w.target = forged.get();
+  Slice* ws[] = {&w};
+  initiator_->Submit(ws);
+  auto st = sink_.Wait(1);
+  ASSERT_EQ(st.size(), 1u);
+  EXPECT_EQ(st[0].code(), absl::StatusCode::kPermissionDenied) << st[0];
+  for (size_t i = 0; i < 64; ++i) ASSERT_EQ(target_buf_[i], 0x5a) << i;
+  EXPECT_EQ(target_->Stats().denied_frames, 4u);
+  EXPECT_EQ(target_->Stats().bad_frames, 0u);
+}
+
+// Each registration has a key of its own: the key of a buffer that was
+// unregistered does not reach what is registered at its address next.
+TEST_F(TcpTransportTest, ReRegisteredBufferHasANewKey) {
+  ASSERT_OK(target_->UnregisterMemory(Remote(0)));
+  MemoryRegion r;
+  r.addr = Remote(0);
+  r.length = target_buf_.size();
+  r.remote_accessible = true;
+  metadata::Buffer published;
+  ASSERT_OK(target_->RegisterMemory(r, &published));
+  EXPECT_NE(published.tcp_key(), 0u);
+  EXPECT_NE(published.tcp_key(), key_);
+  char buf[8];
+  Slice old = MakeSlice(OpCode::kRead, buf, Remote(0), sizeof(buf));
+  Slice* ss[] = {&old};
+  initiator_->Submit(ss);
+  auto st = sink_.Wait(1);
+  EXPECT_EQ(st[0].code(), absl::StatusCode::kPermissionDenied) << st[0];
+  EXPECT_NE(st[0].message().find("key"), std::string::npos) << st[0];
+
+  metadata::SegmentDescriptor d = view_->descriptor();
+  d.mutable_buffers(0)->set_tcp_key(published.tcp_key());
+  auto fresh = *SegmentView::Create(d);
+  Slice now = MakeSlice(OpCode::kRead, buf, Remote(0), sizeof(buf));
+  now.target = fresh.get();
+  Slice* ns[] = {&now};
+  initiator_->Submit(ns);
+  st = sink_.Wait(2);
+  EXPECT_OK(st[1]) << st[1];
+}
+
+// Another process on the target's port -- here a new run of the target
+// with the same buffer at the same address and port -- is never written by
+// a sender whose descriptor names the old run: FailedPrecondition, and not
+// a byte changes.
+TEST_F(TcpTransportTest, StaleIncarnationNeverTouchesTheNewProcess) {
+  auto hp = ParseHostPort(target_addr_);
+  ASSERT_OK(hp);
+  target_->Shutdown();
+  target_.reset();
+  TransportOptions opts;
+  opts.tcp.port = hp->port;
+  auto next = std::make_unique<TcpTransport>(opts);
+  TransportEnv env;
+  env.local_segment = "t";
+  env.listen_host = "127.0.0.1";
+  env.incarnation = kIncarnation + 1;
+  metadata::TransportEndpoint ep;
+  ASSERT_OK(next->Install(env, &ep));
+  ASSERT_EQ(ep.address(), target_addr_);
+  MemoryRegion r;
+  r.addr = Remote(0);
+  r.length = target_buf_.size();
+  r.remote_accessible = true;
+  metadata::Buffer published;
+  ASSERT_OK(next->RegisterMemory(r, &published));
+  // Even with the new key: the old run's descriptor names another run.
+  metadata::SegmentDescriptor d = view_->descriptor();
+  d.mutable_buffers(0)->set_tcp_key(published.tcp_key());
+  auto stale = *SegmentView::Create(d);
+  std::vector<uint8_t> src(4096, 0xcd);
+  Slice w = MakeSlice(OpCode::kWrite, src.data(), Remote(0), src.size());
+  w.target = stale.get();
+  Slice* ws[] = {&w};
+  initiator_->Submit(ws);
+  auto st = sink_.Wait(1);
+  ASSERT_EQ(st.size(), 1u);
+  EXPECT_EQ(st[0].code(), absl::StatusCode::kFailedPrecondition) << st[0];
+  EXPECT_NE(st[0].message().find("restarted"), std::string::npos) << st[0];
+  for (size_t i = 0; i < src.size(); ++i) ASSERT_EQ(target_buf_[i], 0) << i;
+  EXPECT_EQ(next->Stats().denied_frames, 1u);
+  // The new run's descriptor reaches it.
+  d.set_incarnation(kIncarnation + 1);
+  auto current = *SegmentView::Create(d);
+  Slice w2 = MakeSlice(OpCode::kWrite, src.data(), Remote(0), src.size());
+  w2.target = current.get();
+  Slice* ws2[] = {&w2};
+  initiator_->Submit(ws2);
+  st = sink_.Wait(2);
+  EXPECT_OK(st[1]) << st[1];
+  EXPECT_EQ(target_buf_[0], 0xcd);
+  next->Shutdown();
 }
 
 TEST_F(TcpTransportTest, GarbageFrameClosesOnlyThatConnection) {
@@ -424,6 +557,7 @@ TEST_F(TcpTransportTest, ThousandPeersOpenedAndClosedLeaveNothing) {
   TransportEnv env;
   env.local_segment = "t2";
   env.listen_host = "0.0.0.0";  // Reachable as any 127.x.y.z.
+  env.incarnation = kIncarnation;
   metadata::TransportEndpoint ep;
   ASSERT_OK(target->Install(env, &ep));
   MemoryRegion r;
@@ -441,6 +575,7 @@ TEST_F(TcpTransportTest, ThousandPeersOpenedAndClosedLeaveNothing) {
     metadata::SegmentDescriptor d = view_->descriptor();
     d.mutable_transports(0)->set_address(
         absl::StrCat("127.0.", 1 + i / 250, ".", 1 + i % 250, ":", hp->port));
+    d.mutable_buffers(0)->set_tcp_key(published.tcp_key());
     auto view = SegmentView::Create(d);
     ASSERT_OK(view);
     RecordingSink sink;
@@ -493,9 +628,10 @@ TEST_F(TcpTransportTest, ConnectionsPerAddressAreCapped) {
   auto other = ConnectFrom("127.0.0.3", target_addr_);
   ASSERT_OK(other);
   int served = 0;
-  for (auto& c : conns) served += Served(c.get(), Remote(0));
+  for (auto& c : conns)
+    served += Served(c.get(), Remote(0), key_, kIncarnation);
   EXPECT_EQ(served, 64);
-  EXPECT_TRUE(Served(other->get(), Remote(0)));
+  EXPECT_TRUE(Served(other->get(), Remote(0), key_, kIncarnation));
   EXPECT_EQ(target_->Stats().refused_connections, 1u);
 }
 
@@ -512,6 +648,7 @@ TEST_F(TcpTransportTest, PeerPoolsAreBoundedLru) {
   ASSERT_OK(initiator->Install(env, &ep));
   auto target = std::make_unique<TcpTransport>(TransportOptions());
   env.listen_host = "0.0.0.0";
+  env.incarnation = kIncarnation;
   ASSERT_OK(target->Install(env, &ep));
   MemoryRegion r;
   r.addr = reinterpret_cast<uintptr_t>(target_buf_.data());
@@ -524,6 +661,7 @@ TEST_F(TcpTransportTest, PeerPoolsAreBoundedLru) {
   auto view_at = [&](const std::string& address) {
     metadata::SegmentDescriptor d = view_->descriptor();
     d.mutable_transports(0)->set_address(address);
+    d.mutable_buffers(0)->set_tcp_key(published.tcp_key());
     return *SegmentView::Create(d);
   };
   // Each peer's slice, sink and view live to the end of the test, so that

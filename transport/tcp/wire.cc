@@ -50,6 +50,8 @@ void EncodeRequest(const RequestHeader& h, uint8_t out[kRequestHeaderBytes]) {
   Put64(out + 8, h.request_id);
   Put64(out + 16, h.remote_addr);
   Put64(out + 24, h.length);
+  Put64(out + 32, h.key);
+  Put64(out + 40, h.incarnation);
 }
 
 void EncodeResponse(const ResponseHeader& h,
@@ -88,6 +90,8 @@ absl::Status DecodeRequest(const uint8_t in[kRequestHeaderBytes],
   h->request_id = Get64(in + 8);
   h->remote_addr = Get64(in + 16);
   h->length = Get64(in + 24);
+  h->key = Get64(in + 32);
+  h->incarnation = Get64(in + 40);
   if (h->length == 0 || h->length > kMaxFrameLength) {
     return absl::DataLossError(absl::StrCat("request length ", h->length,
                                             " outside 1..", kMaxFrameLength));
@@ -104,7 +108,7 @@ absl::Status DecodeResponse(const uint8_t in[kResponseHeaderBytes],
     return absl::DataLossError(absl::StrCat("bad response opcode ", op));
   }
   uint16_t status = Get16(in + 6);
-  if (status > static_cast<uint16_t>(WireStatus::kOutOfBounds)) {
+  if (status > static_cast<uint16_t>(WireStatus::kWrongIncarnation)) {
     return absl::DataLossError(absl::StrCat("bad response status ", status));
   }
   h->op = static_cast<WireOp>(op);

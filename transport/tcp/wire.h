@@ -2,10 +2,16 @@
 // every header is validated before any of its fields is used. A frame that
 // fails validation closes its connection and nothing else.
 //
-// Request (initiator -> target), 32 bytes, then `length` payload bytes for a
+// Request (initiator -> target), 48 bytes, then `length` payload bytes for a
 // WRITE:
 //   u32 magic 'FRRY' | u8 version | u8 opcode | u16 flags (0)
 //   u64 request_id | u64 remote_addr | u64 length
+//   u64 key | u64 incarnation
+// `key` is the target buffer's key from the segment descriptor
+// (Buffer.tcp_key) and `incarnation` the target engine run's, as the
+// initiator's descriptor names them: the target serves a frame only if both
+// match, so an address alone reads and writes nothing, and a sender with a
+// stale descriptor never touches a process that later took the same port.
 // Response (target -> initiator), 24 bytes, then `length` data bytes for a
 // successful READ:
 //   u32 magic 'FRRY' | u8 version | u8 opcode | u16 status
@@ -23,8 +29,8 @@
 namespace ferry::tcp {
 
 constexpr uint32_t kMagic = 0x46525259;  // "FRRY"
-constexpr uint8_t kVersion = 1;
-constexpr size_t kRequestHeaderBytes = 32;
+constexpr uint8_t kVersion = 2;
+constexpr size_t kRequestHeaderBytes = 48;
 constexpr size_t kResponseHeaderBytes = 24;
 // No slice is larger; a header announcing more is garbage.
 constexpr uint64_t kMaxFrameLength = 64ull << 20;
@@ -40,6 +46,11 @@ enum class WireStatus : uint16_t {
   kOk = 0,
   // Range not inside a buffer registered as remote-accessible.
   kOutOfBounds = 1,
+  // The key is not the buffer's (nothing was read or written).
+  kBadKey = 2,
+  // The frame names another run of the target engine (it restarted, or
+  // another process has its port): nothing was read or written.
+  kWrongIncarnation = 3,
 };
 
 struct RequestHeader {
@@ -47,6 +58,8 @@ struct RequestHeader {
   uint64_t request_id;
   uint64_t remote_addr;
   uint64_t length;
+  uint64_t key = 0;
+  uint64_t incarnation = 0;
 };
 
 struct ResponseHeader {

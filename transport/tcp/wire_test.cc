@@ -10,7 +10,9 @@ namespace {
 
 TEST(WireTest, RequestRoundTripInNetworkOrder) {
   uint8_t buf[kRequestHeaderBytes];
-  EncodeRequest({WireOp::kWrite, 0x0102030405060708, 0xdeadbeef, 4096}, buf);
+  EncodeRequest({WireOp::kWrite, 0x0102030405060708, 0xdeadbeef, 4096,
+                 0xa1a2a3a4a5a6a7a8, 0xb1b2b3b4b5b6b7b8},
+                buf);
   EXPECT_EQ(buf[0], 'F');
   EXPECT_EQ(buf[3], 'Y');
   EXPECT_EQ(buf[8], 0x01);  // Big-endian request id.
@@ -21,6 +23,10 @@ TEST(WireTest, RequestRoundTripInNetworkOrder) {
   EXPECT_EQ(h.request_id, 0x0102030405060708u);
   EXPECT_EQ(h.remote_addr, 0xdeadbeefu);
   EXPECT_EQ(h.length, 4096u);
+  EXPECT_EQ(h.key, 0xa1a2a3a4a5a6a7a8u);
+  EXPECT_EQ(h.incarnation, 0xb1b2b3b4b5b6b7b8u);
+  EXPECT_EQ(buf[32], 0xa1);  // Big-endian key, then incarnation.
+  EXPECT_EQ(buf[47], 0xb8);
 }
 
 TEST(WireTest, RejectsGarbageRequests) {
@@ -55,6 +61,12 @@ TEST(WireTest, ResponseValidation) {
   EXPECT_FALSE(DecodeResponse(buf, &h).ok());  // Errors carry no data.
   EncodeResponse({WireOp::kReadData, static_cast<WireStatus>(77), 7, 0}, buf);
   EXPECT_FALSE(DecodeResponse(buf, &h).ok());
+  for (WireStatus refusal :
+       {WireStatus::kBadKey, WireStatus::kWrongIncarnation}) {
+    EncodeResponse({WireOp::kWriteAck, refusal, 7, 0}, buf);
+    ASSERT_OK(DecodeResponse(buf, &h));
+    EXPECT_EQ(h.status, refusal);
+  }
 }
 
 }  // namespace

@@ -35,12 +35,14 @@ const ferry::SegmentView* View() {
   static const auto* view = [] {
     ferry::metadata::SegmentDescriptor d;
     d.set_name("target");
+    d.set_incarnation(7);
     auto* t = d.add_transports();
     t->set_transport("tcp");
     t->set_address("127.0.0.1:1");
     auto* b = d.add_buffers();
     b->set_addr(0x40000000);
     b->set_length(1 << 20);
+    b->set_tcp_key(0x6b6579);
     auto v = ferry::SegmentView::Create(d);
     if (!v.ok()) __builtin_trap();
     return new std::shared_ptr<const ferry::SegmentView>(*v);
@@ -69,6 +71,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     sl.local = memory[i].get();
     sl.remote = 0x40000000 + 4096 * i;
     sl.target = View();
+    sl.remote_buffer = 0;
     sl.deadline = t0 + absl::Seconds(static_cast<int64_t>(i + 1));
     s.Add(&sl);
   }

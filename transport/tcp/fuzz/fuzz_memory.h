@@ -16,6 +16,10 @@ namespace ferry::tcp::fuzz {
 constexpr uintptr_t kFuzzBase = 0x40000000;
 constexpr size_t kFuzzBytes = 64 << 10;
 constexpr size_t kGuardBytes = 4096;
+// The remote-accessible buffer's key, and the target's incarnation, which
+// frames must carry to reach it (server_frame.dict has both).
+constexpr uint64_t kFuzzKey = 0x6b65796b65796b65;  // "keykeyke"
+constexpr uint64_t kFuzzIncarnation = 0x696e63;    // "inc"
 
 // Returns the buffer's address (kFuzzBase if that worked), or 0.
 inline uintptr_t MapFuzzMemory() {

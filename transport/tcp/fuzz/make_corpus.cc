@@ -17,7 +17,8 @@ namespace {
 
 std::string Req(WireOp op, uint64_t id, uint64_t addr, uint64_t len) {
   uint8_t h[kRequestHeaderBytes];
-  EncodeRequest({op, id, addr, len}, h);
+  EncodeRequest({op, id, addr, len, fuzz::kFuzzKey, fuzz::kFuzzIncarnation},
+                h);
   return std::string(reinterpret_cast<char*>(h), sizeof(h));
 }
 
@@ -91,6 +92,14 @@ void ServerCorpus(const std::string& dir) {
                Req(WireOp::kWrite, 7, base + 64, 64) + std::string(64, 'b') +
                    Req(WireOp::kRead, 8, base + 64, 64)));
   Write(dir, "garbage", Server(0, 0, 0, std::string(40, 'Z')));
+  std::string refused = Req(WireOp::kRead, 1, base, 8);
+  refused[32] ^= 1;  // The key's first byte.
+  std::string stale = Req(WireOp::kWrite, 2, base, 8);
+  stale[47] ^= 1;  // The incarnation's last byte.
+  Write(dir, "wrong_key_and_incarnation",
+        Server(0, 0, 0,
+               refused + stale + std::string(8, 's') +
+                   Req(WireOp::kRead, 3, base, 8)));
 }
 
 void ClientCorpus(const std::string& dir) {
@@ -119,6 +128,11 @@ void ClientCorpus(const std::string& dir) {
         Client({{false, 16}}, 0, 0, 255, 15,
                Resp(WireOp::kReadData, WireStatus::kOk, 9, 16) +
                    std::string(16, 'q')));
+  Write(dir, "refused",
+        Client({{false, 8}, {true, 8}}, 0, 0, 255, 15,
+               Resp(WireOp::kReadData, WireStatus::kBadKey, 1, 0) +
+                   Resp(WireOp::kWriteAck, WireStatus::kWrongIncarnation, 2,
+                        0)));
   Write(dir, "partly_sent",
         Client({{true, 1000}, {false, 8}}, 0, 0, 1, 0,
                Resp(WireOp::kWriteAck, WireStatus::kOk, 1, 0)));

@@ -51,7 +51,9 @@ World* GetWorld() {
     w->priv.addr = w->base + kRemoteBytes;
     w->priv.length = fuzz::kFuzzBytes - kRemoteBytes;
     w->priv.remote_accessible = false;
-    if (!w->registry.Add(w->remote).ok() || !w->registry.Add(w->priv).ok()) {
+    static const ferry::tcp::BufferKey key{fuzz::kFuzzKey};
+    if (!w->registry.Add(w->remote, {&key}).ok() ||
+        !w->registry.Add(w->priv).ok()) {
       __builtin_trap();
     }
     std::memset(reinterpret_cast<void*>(w->priv.addr), kPrivateFill,
@@ -99,7 +101,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   absl::Time now = absl::FromUnixSeconds(1);
   std::string out;
   {
-    ServerSession s(&w->registry, limits, now);
+    ServerSession s(&w->registry, limits, fuzz::kFuzzIncarnation, now);
     size_t off = 0;
     while (true) {
       // Input, as the server reads it.
