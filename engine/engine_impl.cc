@@ -15,6 +15,7 @@
 #include "metadata/auth.h"
 #include "metadata/metadata_address.h"
 #include "metadata/p2p_store.h"
+#include "metadata/tls.h"
 #include "metadata/validation.h"
 
 namespace ferry {
@@ -191,16 +192,25 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
         absl::StrCat("metadata_endpoint: ", md_address.status().message()));
   }
   const bool p2p = md_address->kind == metadata::MetadataAddress::Kind::kP2p;
+  auto tls =
+      metadata::Tls::Load({options.tls_ca_file, options.tls_cert_file,
+                           options.tls_key_file, options.tls_server_name});
+  if (!tls.ok()) {
+    StopMrCache();
+    return tls.status();
+  }
   peer_service_.SetAuthToken(options.auth_token);
   metadata_service_.SetAuthToken(options.auth_token);
   std::vector<grpc::Service*> services = {&peer_service_};
   const bool embedded =
       md_address->kind == metadata::MetadataAddress::Kind::kEmbedded;
   if (embedded) services.push_back(&metadata_service_);
+  metadata::RpcServerOptions rpc_options;
+  rpc_options.tls = *tls;
   auto server = metadata::RpcServer::Start(
       JoinHostPort(options.listen_host.empty() ? "::" : options.listen_host,
                    options.rpc_port),
-      services);
+      services, rpc_options);
   if (!server.ok()) {
     StopMrCache();  // Gives its watcher back.
     return server.status();
@@ -216,7 +226,8 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
       p2p ? rpc_address : options.local_segment_name;
   options_.local_segment_name = segment_name;
   peer_client_ = std::make_unique<metadata::PeerClient>(
-      options.rpc_timeout, metadata::PeerClient::kMaxStubs, options.auth_token);
+      options.rpc_timeout, metadata::PeerClient::kMaxStubs, options.auth_token,
+      *tls);
   std::unique_ptr<metadata::Store> store;
   if (p2p) {
     auto own = std::make_unique<metadata::P2pStore>(peer_client_.get());
@@ -235,12 +246,12 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
                            rpc_server_->port());
     }
     store = std::make_unique<metadata::MetadataClient>(
-        local, options.rpc_timeout, options.auth_token);
+        local, options.rpc_timeout, options.auth_token, *tls);
   } else {
     // Names are resolved here, once: the store then dials addresses, with
     // no DNS on any later call.
     auto connected = metadata::ConnectStore(*md_address, options.rpc_timeout,
-                                            options.auth_token);
+                                            options.auth_token, *tls);
     if (!connected.ok()) {
       ReleaseAll();
       return absl::InvalidArgumentError(

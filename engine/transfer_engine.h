@@ -64,6 +64,20 @@ struct EngineOptions {
   // Give every engine and metadata_server of the cluster the same one.
   // What it does and does not protect: metadata/auth.h.
   std::string auth_token = "";
+  // Mutual TLS on the engine's gRPC traffic (metadata calls, handshakes,
+  // notifications, P2P descriptor reads): PEM files of the cluster CA, of
+  // this engine's certificate (signed by it) and of its key; all three or
+  // none. With them, the engine's peer service and embedded metadata
+  // service accept only clients with a certificate from that CA, and the
+  // engine checks every server's certificate against it and against the
+  // host it dialled (so certificates name the addresses peers dial,
+  // 127.0.0.1 included for an embedded service), or against
+  // tls_server_name if that is set. The data path is not encrypted. What
+  // it does and does not protect: metadata/tls.h.
+  std::string tls_ca_file = "";
+  std::string tls_cert_file = "";
+  std::string tls_key_file = "";
+  std::string tls_server_name = "";
   // Where the engine's listeners (gRPC server, TCP transport) bind: a host
   // name, an IPv4 or IPv6 literal, "0.0.0.0" (every IPv4 interface), or ""
   // (every interface, IPv4 and IPv6).

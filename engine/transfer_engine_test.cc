@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "metadata/metadata_client.h"
 #include "metadata/store_testing.h"
+#include "metadata/tls_testing.h"
 
 namespace ferry {
 namespace {
@@ -250,6 +251,66 @@ TEST(EngineAuthTest, OnlyEnginesWithTheTokenJoin) {
                                                remote.data(), remote.size())}));
   EXPECT_EQ(st.state, TransferState::kCompleted) << st.first_error;
   EXPECT_EQ(local[100], 0x42);
+}
+
+// With mutual TLS, only engines with a certificate from the cluster CA
+// join: one without TLS, or with another CA's certificate, cannot publish;
+// a member transfers and notifies as usual.
+TEST(EngineTlsTest, OnlyEnginesWithACertificateJoin) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/pki";
+  ASSERT_EQ(std::system(("mkdir -p '" + dir + "'").c_str()), 0);
+  ASSERT_OK_AND_ASSIGN(metadata::testing::TestPki pki,
+                       metadata::testing::MakeTestPki(dir));
+  auto with = [](EngineOptions o, const metadata::TlsFiles& f) {
+    o.tls_ca_file = f.ca_file;
+    o.tls_cert_file = f.cert_file;
+    o.tls_key_file = f.key_file;
+    return o;
+  };
+  EngineOptions o;
+  o.local_segment_name = "tls-md";
+  o.listen_host = "127.0.0.1";
+  TransferEngine md;
+  ASSERT_OK(md.Init(with(o, pki.node)));
+  std::vector<uint8_t> remote(4096, 0x42), local(4096, 0);
+  ASSERT_OK(
+      md.RegisterLocalMemory(remote.data(), remote.size(), "cpu:0", true));
+  EngineOptions peer = o;
+  peer.local_segment_name = "tls-peer";
+  peer.metadata_endpoint = md.metadata_address();
+  peer.rpc_timeout = absl::Seconds(2);
+  {
+    TransferEngine plain;
+    absl::Status s = plain.Init(peer);
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+    metadata::TlsFiles impostor = pki.rogue;
+    impostor.ca_file = pki.node.ca_file;
+    TransferEngine rogue;
+    s = rogue.Init(with(peer, impostor));
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  }
+  TransferEngine member;
+  ASSERT_OK(member.Init(with(peer, pki.node)));
+  ASSERT_OK(member.RegisterLocalMemory(local.data(), local.size()));
+  ASSERT_OK_AND_ASSIGN(SegmentHandle h, member.OpenSegment("tls-md"));
+  ASSERT_OK_AND_ASSIGN(BatchStatus st,
+                       RunBatch(member, {ReqTo(OpCode::kRead, h, local.data(),
+                                               remote.data(), remote.size())}));
+  EXPECT_EQ(st.state, TransferState::kCompleted) << st.first_error;
+  EXPECT_EQ(local[100], 0x42);
+  ASSERT_OK(member.SendNotification(h, "kv-ready", "over tls"));
+  auto got = md.GetNotifications();
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].message, "over tls");
+  EXPECT_EQ(got[0].sender_address, "ipv4:127.0.0.1");
+  // Bad files fail Init and name the file.
+  metadata::TlsFiles missing = pki.node;
+  missing.key_file = dir + "/no-such.key";
+  TransferEngine broken;
+  absl::Status s = broken.Init(with(peer, missing));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("no-such.key"), std::string::npos) << s;
 }
 
 TEST_F(EngineTest, PerRequestStatus) {

@@ -62,7 +62,7 @@ absl::StatusOr<MetadataAddress> ParseMetadataAddress(absl::string_view text) {
 
 absl::StatusOr<std::unique_ptr<Store>> ConnectStore(
     const MetadataAddress& address, absl::Duration rpc_timeout,
-    const std::string& auth_token) {
+    const std::string& auth_token, std::shared_ptr<const Tls> tls) {
   if (address.kind == MetadataAddress::Kind::kEtcd) {
     EtcdOptions o;
     o.endpoints = address.endpoints;
@@ -80,7 +80,7 @@ absl::StatusOr<std::unique_ptr<Store>> ConnectStore(
   auto host = hp.ok() ? ResolveHost(hp->host) : hp.status();
   if (!host.ok()) return host.status();
   return std::unique_ptr<Store>(std::make_unique<MetadataClient>(
-      JoinHostPort(*host, hp->port), rpc_timeout, auth_token));
+      JoinHostPort(*host, hp->port), rpc_timeout, auth_token, std::move(tls)));
 }
 
 absl::StatusOr<std::unique_ptr<NamespacedStore>> NamespacedStore::Create(

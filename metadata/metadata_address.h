@@ -26,6 +26,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "metadata/store.h"
+#include "metadata/tls.h"
 
 namespace ferry::metadata {
 
@@ -41,11 +42,13 @@ absl::StatusOr<MetadataAddress> ParseMetadataAddress(absl::string_view text);
 
 // A Store for a kFerry or kEtcd address: a MetadataClient or an EtcdStore,
 // each call bounded by `rpc_timeout`. Host names are resolved here, once.
-// A Ferry service gets `auth_token` on every call (auth.h); etcd has its
-// own authentication.
+// A Ferry service gets `auth_token` on every call (auth.h), over TLS if
+// `tls` is not null (tls.h); etcd has its own authentication and TLS,
+// which the etcd store does not use yet.
 absl::StatusOr<std::unique_ptr<Store>> ConnectStore(
     const MetadataAddress& address, absl::Duration rpc_timeout,
-    const std::string& auth_token = "");
+    const std::string& auth_token = "",
+    std::shared_ptr<const Tls> tls = nullptr);
 
 // NamespacedStore: `inner` seen through a namespace: segment "x" is stored
 // as "<ns>/x", List shows only this namespace's, and descriptors come back

@@ -28,7 +28,8 @@ grpc::ChannelArguments ChannelArgs() {
   return args;
 }
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
+                                           const Tls* tls) {
   grpc::ChannelArguments args = ChannelArgs();
   // A numeric address goes to gRPC's sockaddr resolver ("ipv4:", "ipv6:"),
   // not its DNS one: no c-ares resolution (and no c-ares allocation left
@@ -38,17 +39,22 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
     target = absl::StrCat(sa->family() == AF_INET6 ? "ipv6:" : "ipv4:",
                           sa->ToString());
   }
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(),
-                                   args);
+  if (tls == nullptr) {
+    return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(),
+                                     args);
+  }
+  tls->AddChannelArgs(&args);
+  return grpc::CreateCustomChannel(target, tls->ChannelCredentials(), args);
 }
 
 MetadataClient::MetadataClient(const std::string& address,
                                absl::Duration rpc_timeout,
-                               std::string auth_token)
+                               std::string auth_token,
+                               std::shared_ptr<const Tls> tls)
     : address_(address),
       rpc_timeout_(rpc_timeout),
       token_(std::move(auth_token)),
-      stub_(MetadataService::NewStub(MakeChannel(address))) {}
+      stub_(MetadataService::NewStub(MakeChannel(address, tls.get()))) {}
 
 void MetadataClient::Prepare(grpc::ClientContext* ctx) const {
   ctx->set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout_));

@@ -16,15 +16,18 @@
 #include "grpcpp/support/channel_arguments.h"
 #include "metadata/proto/metadata.grpc.pb.h"
 #include "metadata/store.h"
+#include "metadata/tls.h"
 
 namespace ferry::metadata {
 
 class MetadataClient final : public Store {
  public:
   // `address` is "host:port". Does not connect yet. Every call carries
-  // `auth_token` (auth.h) if it is not empty.
+  // `auth_token` (auth.h) if it is not empty, over TLS (tls.h) if `tls` is
+  // not null.
   MetadataClient(const std::string& address, absl::Duration rpc_timeout,
-                 std::string auth_token = "");
+                 std::string auth_token = "",
+                 std::shared_ptr<const Tls> tls = nullptr);
 
   const std::string& address() const { return address_; }
 
@@ -60,8 +63,9 @@ class MetadataClient final : public Store {
 // Ferry's channel settings: message-size limits and quick reconnection.
 grpc::ChannelArguments ChannelArgs();
 
-// Creates a channel with ChannelArgs().
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
+// Creates a channel with ChannelArgs(), over TLS if `tls` is not null.
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
+                                           const Tls* tls = nullptr);
 
 }  // namespace ferry::metadata
 

@@ -134,7 +134,7 @@ std::shared_ptr<PeerService::Stub> PeerClient::StubFor(
   }
   lru_.push_front(address);
   CachedStub& c = stubs_[address];
-  c.stub = PeerService::NewStub(MakeChannel(address));
+  c.stub = PeerService::NewStub(MakeChannel(address, tls_.get()));
   c.lru = lru_.begin();
   return c.stub;
 }

@@ -19,6 +19,7 @@
 #include "common/mutex.h"
 #include "metadata/proto/metadata.grpc.pb.h"
 #include "metadata/store.h"
+#include "metadata/tls.h"
 #include "transport/peer_channel.h"
 
 namespace ferry::metadata {
@@ -85,12 +86,15 @@ class PeerClient {
  public:
   static constexpr size_t kMaxStubs = 1024;
 
-  // Every call carries `auth_token` (auth.h) if it is not empty.
+  // Every call carries `auth_token` (auth.h) if it is not empty, over TLS
+  // (tls.h) if `tls` is not null.
   explicit PeerClient(absl::Duration rpc_timeout, size_t max_stubs = kMaxStubs,
-                      std::string auth_token = "")
+                      std::string auth_token = "",
+                      std::shared_ptr<const Tls> tls = nullptr)
       : rpc_timeout_(rpc_timeout),
         max_stubs_(max_stubs),
-        token_(std::move(auth_token)) {}
+        token_(std::move(auth_token)),
+        tls_(std::move(tls)) {}
 
   absl::StatusOr<std::string> Exchange(const std::string& address,
                                        const std::string& transport,
@@ -120,6 +124,7 @@ class PeerClient {
   const absl::Duration rpc_timeout_;
   const size_t max_stubs_;
   const std::string token_;
+  const std::shared_ptr<const Tls> tls_;
   mutable Mutex mu_;
   absl::flat_hash_map<std::string, CachedStub> stubs_ ABSL_GUARDED_BY(mu_);
   std::list<std::string> lru_ ABSL_GUARDED_BY(mu_);  // Most recent first.

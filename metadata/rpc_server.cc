@@ -127,6 +127,7 @@ absl::StatusOr<std::unique_ptr<RpcServer>> RpcServer::Start(
   }
   o.max_threads = std::max(o.max_threads, kMinThreads);
 
+  if (o.tls != nullptr) return StartTls(listen_address, services, o);
   uint16_t bound_port = 0;
   auto listen_fd = ListenTcp(hp->host, hp->port, &bound_port);
   if (!listen_fd.ok()) {
@@ -147,19 +148,7 @@ absl::StatusOr<std::unique_ptr<RpcServer>> RpcServer::Start(
   server->wake_write_.Reset(wake[1]);
 
   grpc::ServerBuilder builder;
-  builder.SetMaxReceiveMessageSize(kMaxRpcMessageBytes);
-  builder.SetMaxSendMessageSize(kMaxRpcMessageBytes);
-  grpc::ResourceQuota quota("ferry-rpc-server");
-  quota.SetMaxThreads(o.max_threads);
-  builder.SetResourceQuota(quota);
-  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
-                             o.max_streams_per_connection);
-  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
-                             ToMs(o.idle_timeout));
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveMs);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
-                             kKeepaliveTimeoutMs);
-  for (grpc::Service* s : services) builder.RegisterService(s);
+  Configure(services, o, &builder);
   // No listening port: connections come from AcceptLoop.
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr) {
@@ -169,6 +158,49 @@ absl::StatusOr<std::unique_ptr<RpcServer>> RpcServer::Start(
   server->address_ = JoinHostPort(hp->host, bound_port);
   server->port_ = bound_port;
   server->accept_thread_ = std::thread([s = server.get()] { s->AcceptLoop(); });
+  return server;
+}
+
+void RpcServer::Configure(const std::vector<grpc::Service*>& services,
+                          const RpcServerOptions& o,
+                          grpc::ServerBuilder* builder) {
+  builder->SetMaxReceiveMessageSize(kMaxRpcMessageBytes);
+  builder->SetMaxSendMessageSize(kMaxRpcMessageBytes);
+  grpc::ResourceQuota quota("ferry-rpc-server");
+  quota.SetMaxThreads(o.max_threads);
+  builder->SetResourceQuota(quota);
+  builder->AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                              o.max_streams_per_connection);
+  builder->AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                              ToMs(o.idle_timeout));
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveMs);
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                              kKeepaliveTimeoutMs);
+  for (grpc::Service* s : services) builder->RegisterService(s);
+}
+
+absl::StatusOr<std::unique_ptr<RpcServer>> RpcServer::StartTls(
+    const std::string& listen_address,
+    const std::vector<grpc::Service*>& services, const RpcServerOptions& o) {
+  auto hp = ParseHostPort(listen_address);
+  if (!hp.ok()) return hp.status();
+  std::unique_ptr<RpcServer> server(new RpcServer());
+  server->options_ = o;
+  grpc::ServerBuilder builder;
+  Configure(services, o, &builder);
+  int bound_port = 0;
+  builder.AddListeningPort(JoinHostPort(hp->host, hp->port),
+                           o.tls->ServerCredentials(), &bound_port);
+  server->server_ = builder.BuildAndStart();
+  if (server->server_ == nullptr || bound_port <= 0) {
+    if (server->server_ != nullptr) server->server_->Shutdown();
+    return absl::UnavailableError(absl::StrCat(
+        "cannot start gRPC server with TLS on ", listen_address,
+        " (port taken, or the certificate and key do not match; gRPC "
+        "logs say which)"));
+  }
+  server->address_ = JoinHostPort(hp->host, bound_port);
+  server->port_ = static_cast<uint16_t>(bound_port);
   return server;
 }
 
@@ -188,11 +220,11 @@ void RpcServer::Shutdown() {
   if (server_ == nullptr) return;
   stopping_.store(true);
   const char byte = 0;
-  if (::write(wake_write_.get(), &byte, 1) < 0) {
+  if (wake_write_.valid() && ::write(wake_write_.get(), &byte, 1) < 0) {
     // The pipe is non-blocking and the loop also polls stopping_ after
     // every wake-up; a full pipe already means a pending wake-up.
   }
-  if (accept_thread_.joinable()) accept_thread_.join();
+  if (accept_thread_.joinable()) accept_thread_.join();  // None with TLS.
   listen_fd_.Reset();
   server_->Shutdown(std::chrono::system_clock::now() +
                     std::chrono::milliseconds(500));

@@ -19,6 +19,12 @@
 // calls, an idle timeout, keepalive pings to find dead peers, and at most
 // max_threads threads for all calls (a call beyond that gets
 // RESOURCE_EXHAUSTED).
+//
+// With TLS (RpcServerOptions::tls), gRPC 1.51 cannot take connections by
+// fd (grpc_server_add_channel_from_fd supports insecure credentials only),
+// so gRPC's own listener serves the port: the per-call limits above still
+// hold, the accept-side ones (connection caps, handshake timeout, the
+// EMFILE shedding) do not, and stats() counts nothing.
 #ifndef FERRY_METADATA_RPC_SERVER_H_
 #define FERRY_METADATA_RPC_SERVER_H_
 
@@ -33,6 +39,7 @@
 #include "absl/time/time.h"
 #include "common/socket_util.h"
 #include "grpcpp/grpcpp.h"
+#include "metadata/tls.h"
 
 namespace ferry::metadata {
 
@@ -52,6 +59,8 @@ struct RpcServerOptions {
   // or a timeout that is not > 0 and finite.
   int max_threads = 64;
   int max_streams_per_connection = 32;
+  // Serve mutual TLS with these credentials (null: plaintext).
+  std::shared_ptr<const Tls> tls;
 };
 
 struct RpcServerStats {
@@ -93,6 +102,14 @@ class RpcServer {
 
  private:
   RpcServer() = default;
+  // What both ways of serving set: limits and services.
+  static void Configure(const std::vector<grpc::Service*>& services,
+                        const RpcServerOptions& o,
+                        grpc::ServerBuilder* builder);
+  // gRPC's own listener, with options.tls.
+  static absl::StatusOr<std::unique_ptr<RpcServer>> StartTls(
+      const std::string& listen_address,
+      const std::vector<grpc::Service*>& services, const RpcServerOptions& o);
   void AcceptLoop();
 
   RpcServerOptions options_;

@@ -13,6 +13,9 @@
 #   4. a durable metadata_server (--data_dir) killed with SIGKILL and
 #      restarted has every segment at once;
 #   5. --auth_token_file: a call without the token is refused.
+#   6. --tls_*: with mutual TLS (certificates made here with openssl), an
+#      engine without a certificate from the cluster CA cannot join; one
+#      with it moves verified data.
 set -uo pipefail
 # shellcheck source=test_lib.sh
 source "${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}/tests/test_lib.sh"
@@ -153,6 +156,34 @@ if ((rc_none != 0 && rc_token == 0)) && grep -q "UNAUTHENTICATED" "$tmp/no-token
   pass "with --auth_token_file a call without the token is refused UNAUTHENTICATED; with it, verified data"
 else
   fail "auth (without: exit $rc_none, with: exit $rc_token)" "$tmp/no-token.json" "$tmp/token.json" "$tmp/guarded.log"
+fi
+
+# 6. Mutual TLS on the metadata_server and the engines' peer services.
+kill -9 "$md_pid"
+wait "$md_pid" 2>/dev/null
+(
+  cd "$tmp" || exit 1
+  printf 'subjectAltName=IP:127.0.0.1\n' >san.cnf
+  timeout 60 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 \
+    -nodes -keyout ca.key -out ca.pem -days 2 -subj /CN=ferry-test-ca &&
+    timeout 60 openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 \
+      -nodes -keyout node.key -out node.csr -subj /CN=node &&
+    timeout 60 openssl x509 -req -in node.csr -CA ca.pem -CAkey ca.key \
+      -CAcreateserial -out node.pem -days 2 -extfile san.cnf
+) >"$tmp/openssl.log" 2>&1 || fail "openssl could not make certificates" "$tmp/openssl.log"
+tls=(--tls_ca_file="$tmp/ca.pem" --tls_cert_file="$tmp/node.pem" --tls_key_file="$tmp/node.key")
+start_md md6.log "${tls[@]}"
+grep -q "mutual TLS" "$tmp/md6.log" || fail "metadata_server did not say TLS" "$tmp/md6.log"
+start_target sealed sealed.log "${tls[@]}" ||
+  fail "target with TLS did not start" "$tmp/sealed.log"
+initiator sealed 0.3 no-tls.json
+rc_plain=$?
+initiator sealed 0.3 tls.json "${tls[@]}"
+rc_tls=$?
+if ((rc_plain != 0 && rc_tls == 0)) && grep -q "UNAVAILABLE" "$tmp/no-tls.json"; then
+  pass "with --tls_* an engine without a certificate cannot join (exit $rc_plain); with one, verified data"
+else
+  fail "tls (without: exit $rc_plain, with: exit $rc_tls)" "$tmp/no-tls.json" "$tmp/tls.json" "$tmp/sealed.log" "$tmp/md6.log"
 fi
 
 finish

@@ -15,6 +15,7 @@ PACKAGES=(
   clang-format
   clang libclang-rt-14-dev
   etcd-server golang-etcd-server-dev
+  openssl
 )
 
 setup() {

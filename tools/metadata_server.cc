@@ -25,6 +25,7 @@
 #include "metadata/metadata_service.h"
 #include "metadata/rpc_server.h"
 #include "metadata/segment_store.h"
+#include "metadata/tls.h"
 
 // 12050 is below every Linux ephemeral range (32768-60999 by default), so
 // a restart never finds it taken by an outgoing connection.
@@ -49,6 +50,12 @@ ABSL_FLAG(std::string, data_dir, "",
 ABSL_FLAG(std::string, auth_token_file, "",
           "answer only calls carrying the token in this file's first line "
           "(metadata/auth.h); give engines the same token");
+ABSL_FLAG(std::string, tls_ca_file, "",
+          "serve mutual TLS (metadata/tls.h): the cluster CA's PEM "
+          "certificate; clients must present a certificate it signed");
+ABSL_FLAG(std::string, tls_cert_file, "",
+          "this server's PEM certificate, signed by --tls_ca_file");
+ABSL_FLAG(std::string, tls_key_file, "", "this server's PEM private key");
 ABSL_FLAG(uint64_t, max_bytes, uint64_t{2} << 30,
           "bytes of segment descriptors held in all (memory and durable "
           "stores)");
@@ -138,6 +145,15 @@ int main(int argc, char** argv) {
   options.idle_timeout = absl::GetFlag(FLAGS_idle_timeout);
   options.handshake_timeout = absl::GetFlag(FLAGS_handshake_timeout);
   options.max_threads = absl::GetFlag(FLAGS_max_threads);
+  auto tls = ferry::metadata::Tls::Load({absl::GetFlag(FLAGS_tls_ca_file),
+                                         absl::GetFlag(FLAGS_tls_cert_file),
+                                         absl::GetFlag(FLAGS_tls_key_file)});
+  if (!tls.ok()) {
+    std::fprintf(stderr, "metadata_server: %s\n",
+                 tls.status().ToString().c_str());
+    return 1;
+  }
+  options.tls = *tls;
   auto server = ferry::metadata::RpcServer::Start(absl::GetFlag(FLAGS_listen),
                                                   {&service}, options);
   if (!server.ok()) {
@@ -145,8 +161,9 @@ int main(int argc, char** argv) {
                  server.status().ToString().c_str());
     return 1;
   }
-  std::printf("metadata_server listening on %s\n",
-              (*server)->address().c_str());
+  std::printf("metadata_server listening on %s%s\n",
+              (*server)->address().c_str(),
+              options.tls != nullptr ? " (mutual TLS)" : "");
   std::fflush(stdout);
   while (!g_stop.load()) absl::SleepFor(absl::Milliseconds(100));
   const ferry::metadata::RpcServerStats st = (*server)->stats();

@@ -61,6 +61,14 @@ ABSL_FLAG(std::string, metadata_server, "embedded",
 ABSL_FLAG(std::string, auth_token_file, "",
           "the cluster's auth token, from this file's first line "
           "(EngineOptions::auth_token)");
+ABSL_FLAG(std::string, tls_ca_file, "",
+          "mutual TLS on the engine's gRPC traffic (EngineOptions::tls_*): "
+          "the cluster CA's PEM certificate");
+ABSL_FLAG(std::string, tls_cert_file, "",
+          "this engine's PEM certificate, signed by --tls_ca_file");
+ABSL_FLAG(std::string, tls_key_file, "", "this engine's PEM private key");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "the name servers' certificates carry (empty: the host dialled)");
 ABSL_FLAG(std::string, metadata_namespace, "",
           "namespace (cluster id) of the segments: engines see only their "
           "namespace's (empty: none)");
@@ -257,6 +265,10 @@ EngineOptions BaseOptions(const std::string& name, const std::string& md) {
     if (!token.ok()) Die(token.status(), "--auth_token_file");
     o.auth_token = *token;
   }
+  o.tls_ca_file = absl::GetFlag(FLAGS_tls_ca_file);
+  o.tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file);
+  o.tls_key_file = absl::GetFlag(FLAGS_tls_key_file);
+  o.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
   o.listen_host = absl::GetFlag(FLAGS_listen_host);
   o.advertise_host = absl::GetFlag(FLAGS_advertise_host);
   o.log_level = absl::GetFlag(FLAGS_log_level);

@@ -1,0 +1,80 @@
+#include "metadata/tls.h"
+
+#include <fstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace ferry::metadata {
+namespace {
+
+// Reads a PEM file, bounded: the path may name anything (/dev/zero).
+absl::StatusOr<std::string> ReadPem(const std::string& what,
+                                    const std::string& path,
+                                    absl::string_view must_contain) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TLS ", what, ": cannot read ", path));
+  }
+  std::string buf(kMaxPemFileBytes + 1, '\0');
+  f.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+  buf.resize(static_cast<size_t>(f.gcount()));
+  if (buf.size() > kMaxPemFileBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TLS ", what, ": ", path, " is larger than ",
+                     kMaxPemFileBytes, " bytes; not a PEM file"));
+  }
+  if (!absl::StrContains(buf, must_contain)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TLS ", what, ": ", path, " holds no PEM block '", must_contain, "'"));
+  }
+  return buf;
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<const Tls>> Tls::Load(const TlsFiles& files) {
+  if (!files.enabled()) return std::shared_ptr<const Tls>();
+  if (files.ca_file.empty() || files.cert_file.empty() ||
+      files.key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "TLS needs all of a CA file, a certificate file and a key file");
+  }
+  std::shared_ptr<Tls> tls(new Tls());
+  auto ca = ReadPem("CA", files.ca_file, "-----BEGIN CERTIFICATE-----");
+  if (!ca.ok()) return ca.status();
+  auto cert =
+      ReadPem("certificate", files.cert_file, "-----BEGIN CERTIFICATE-----");
+  if (!cert.ok()) return cert.status();
+  // "BEGIN PRIVATE KEY", "BEGIN RSA PRIVATE KEY", "BEGIN EC PRIVATE KEY".
+  auto key = ReadPem("key", files.key_file, "PRIVATE KEY-----");
+  if (!key.ok()) return key.status();
+  tls->ca_ = std::move(*ca);
+  tls->cert_ = std::move(*cert);
+  tls->key_ = std::move(*key);
+  tls->server_name_ = files.server_name;
+  return std::shared_ptr<const Tls>(std::move(tls));
+}
+
+std::shared_ptr<grpc::ServerCredentials> Tls::ServerCredentials() const {
+  grpc::SslServerCredentialsOptions o(
+      GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  o.pem_root_certs = ca_;
+  o.pem_key_cert_pairs.push_back({key_, cert_});
+  return grpc::SslServerCredentials(o);
+}
+
+std::shared_ptr<grpc::ChannelCredentials> Tls::ChannelCredentials() const {
+  grpc::SslCredentialsOptions o;
+  o.pem_root_certs = ca_;
+  o.pem_private_key = key_;
+  o.pem_cert_chain = cert_;
+  return grpc::SslCredentials(o);
+}
+
+void Tls::AddChannelArgs(grpc::ChannelArguments* args) const {
+  if (!server_name_.empty()) args->SetSslTargetNameOverride(server_name_);
+}
+
+}  // namespace ferry::metadata

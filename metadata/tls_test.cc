@@ -1,0 +1,248 @@
+// Mutual TLS on the real gRPC metadata and peer services over loopback,
+// with certificates openssl makes for the test.
+#include "metadata/tls.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "common/mutex.h"
+#include "common/socket_util.h"
+#include "common/status_testing.h"
+#include "gtest/gtest.h"
+#include "metadata/metadata_client.h"
+#include "metadata/metadata_service.h"
+#include "metadata/peer_service.h"
+#include "metadata/rpc_server.h"
+#include "metadata/store_testing.h"
+#include "metadata/tls_testing.h"
+
+namespace ferry::metadata {
+namespace {
+
+using ::ferry::metadata::testing::MakeTestPki;
+using ::ferry::metadata::testing::TestPki;
+
+std::string TempDir(const std::string& name) {
+  const char* root = std::getenv("TEST_TMPDIR");
+  std::string dir = std::string(root != nullptr ? root : "/tmp") + "/" + name;
+  std::system(("rm -rf '" + dir + "' && mkdir -p '" + dir + "'").c_str());
+  return dir;
+}
+
+std::shared_ptr<const Tls> MustLoad(const TlsFiles& files) {
+  auto tls = Tls::Load(files);
+  EXPECT_OK(tls);
+  return tls.ok() ? *tls : nullptr;
+}
+
+SegmentDescriptor Segment(const std::string& name) {
+  SegmentDescriptor seg;
+  seg.set_name(name);
+  seg.set_incarnation(7);
+  return seg;
+}
+
+// Forwards one connection at a time between its port and `to`, keeping a
+// copy of every byte either way; for as long as it lives.
+class RecordingProxy {
+ public:
+  explicit RecordingProxy(const std::string& to) : to_(to) {
+    auto l = ListenTcp("127.0.0.1", 0, &port_);
+    if (l.ok()) listener_ = std::move(*l);
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~RecordingProxy() {
+    stop_ = true;
+    thread_.join();
+  }
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+  std::string seen() {
+    MutexLock lock(&mu_);
+    return seen_;
+  }
+
+ private:
+  void Run() {
+    const absl::Time end = absl::Now() + absl::Seconds(60);
+    UniqueFd a, b;
+    while (!stop_ && absl::Now() < end) {
+      pollfd p[3] = {{listener_.get(), POLLIN, 0},
+                     {a.get(), POLLIN, 0},
+                     {b.get(), POLLIN, 0}};
+      if (::poll(p, 3, 20) <= 0) continue;
+      if (p[0].revents & POLLIN) {
+        a.Reset(::accept(listener_.get(), nullptr, nullptr));
+        auto hp = ParseHostPort(to_);
+        auto c = hp.ok() ? ConnectTcp(*hp, absl::Seconds(2)) : hp.status();
+        b = c.ok() ? std::move(*c) : UniqueFd();
+      }
+      for (int i = 1; i <= 2; ++i) {
+        if (!(p[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        char buf[65536];
+        const int from = i == 1 ? a.get() : b.get();
+        const int dst = i == 1 ? b.get() : a.get();
+        const ssize_t n = ::recv(from, buf, sizeof(buf), 0);
+        if (n <= 0 || !WriteFull(dst, buf, n).ok()) {
+          a.Reset();
+          b.Reset();
+          break;
+        }
+        MutexLock lock(&mu_);
+        seen_.append(buf, n);
+      }
+    }
+  }
+
+  const std::string to_;
+  uint16_t port_ = 0;
+  UniqueFd listener_;
+  std::atomic<bool> stop_{false};
+  Mutex mu_;
+  std::string seen_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+class TlsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto pki = MakeTestPki(TempDir("pki"));
+    ASSERT_OK(pki);
+    pki_ = new TestPki(*pki);
+  }
+  static void TearDownTestSuite() { delete pki_; }
+
+  // A metadata and peer service with mutual TLS from `files` (none: plain).
+  void Serve(const TlsFiles* files) {
+    peer_.SetNotifyHandler([this](const std::string&, const std::string&,
+                                  const std::string&, const std::string&) {
+      ++notified_;
+      return absl::OkStatus();
+    });
+    RpcServerOptions o;
+    if (files != nullptr) o.tls = MustLoad(*files);
+    ASSERT_OK_AND_ASSIGN(
+        server_, RpcServer::Start("127.0.0.1:0", {&service_, &peer_}, o));
+  }
+
+  static TestPki* pki_;
+  MetadataServiceImpl service_;
+  PeerServiceImpl peer_;
+  std::unique_ptr<RpcServer> server_;
+  std::atomic<int> notified_{0};  // Written on a gRPC thread.
+};
+TestPki* TlsTest::pki_ = nullptr;
+
+TEST_F(TlsTest, LoadNamesWhatIsWrong) {
+  ASSERT_OK_AND_ASSIGN(auto none, Tls::Load({}));
+  EXPECT_EQ(none, nullptr);
+  TlsFiles partial = pki_->node;
+  partial.key_file.clear();
+  EXPECT_STATUS(Tls::Load(partial), absl::StatusCode::kInvalidArgument);
+  TlsFiles missing = pki_->node;
+  missing.cert_file = "/nonexistent/cert.pem";
+  absl::Status s = Tls::Load(missing).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "/nonexistent/cert.pem")) << s;
+  TlsFiles swapped = pki_->node;
+  std::swap(swapped.cert_file, swapped.key_file);  // A key is no cert.
+  EXPECT_STATUS(Tls::Load(swapped), absl::StatusCode::kInvalidArgument);
+  TlsFiles endless = pki_->node;
+  endless.ca_file = "/dev/zero";  // Bounded read, then refused.
+  s = Tls::Load(endless).status();
+  EXPECT_TRUE(absl::StrContains(s.message(), "larger than")) << s;
+  EXPECT_OK(Tls::Load(pki_->node));
+}
+
+// Only a client with a certificate from the cluster CA is served, and it
+// talks only to a server with one.
+TEST_F(TlsTest, ServesOnlyClientsOfTheClusterCa) {
+  Serve(&pki_->node);
+  MetadataClient good(server_->address(), absl::Seconds(3), "",
+                      MustLoad(pki_->node));
+  ASSERT_OK(good.Put(PutOf(Segment("a"))));
+  ASSERT_OK_AND_ASSIGN(SegmentDescriptor got, good.Get("a"));
+  EXPECT_EQ(got.incarnation(), 7u);
+
+  MetadataClient plain(server_->address(), absl::Seconds(3));
+  EXPECT_STATUS(plain.Get("a"), absl::StatusCode::kUnavailable);
+  EXPECT_STATUS(plain.Put(PutOf(Segment("b"))), absl::StatusCode::kUnavailable);
+  // A certificate from another CA, presented to a server it trusts.
+  TlsFiles impostor = pki_->rogue;
+  impostor.ca_file = pki_->node.ca_file;
+  MetadataClient rogue(server_->address(), absl::Seconds(3), "",
+                       MustLoad(impostor));
+  EXPECT_STATUS(rogue.Get("a"), absl::StatusCode::kUnavailable);
+  EXPECT_STATUS(rogue.Put(PutOf(Segment("b"))), absl::StatusCode::kUnavailable);
+  PeerClient peer(absl::Seconds(3), PeerClient::kMaxStubs, "",
+                  MustLoad(impostor));
+  EXPECT_STATUS(peer.Notify(server_->address(), "x", "kv-ready", "m"),
+                absl::StatusCode::kUnavailable);
+  ASSERT_OK_AND_ASSIGN(auto names, good.List());
+  EXPECT_EQ(names.size(), 1u) << "a refused Put stored nothing";
+  PeerClient ok_peer(absl::Seconds(3), PeerClient::kMaxStubs, "",
+                     MustLoad(pki_->node));
+  EXPECT_EQ(notified_, 0);
+  EXPECT_OK(ok_peer.Notify(server_->address(), "x", "kv-ready", "m"));
+  EXPECT_EQ(notified_, 1);
+}
+
+// A client does not talk to a server whose certificate another CA signed,
+// or whose certificate does not carry the name it expects.
+TEST_F(TlsTest, ClientChecksTheServer) {
+  TlsFiles impostor = pki_->rogue;
+  impostor.ca_file = pki_->node.ca_file;  // Would accept cluster clients.
+  Serve(&impostor);
+  MetadataClient c(server_->address(), absl::Seconds(3), "",
+                   MustLoad(pki_->node));
+  EXPECT_STATUS(c.Put(PutOf(Segment("a"))), absl::StatusCode::kUnavailable);
+  server_->Shutdown();
+
+  Serve(&pki_->node);
+  TlsFiles named = pki_->node;
+  named.server_name = "ferry.test";  // In the certificate.
+  MetadataClient by_name(server_->address(), absl::Seconds(3), "",
+                         MustLoad(named));
+  EXPECT_OK(by_name.Put(PutOf(Segment("a"))));
+  named.server_name = "other.test";  // Not in it.
+  MetadataClient wrong_name(server_->address(), absl::Seconds(3), "",
+                            MustLoad(named));
+  EXPECT_STATUS(wrong_name.Get("a"), absl::StatusCode::kUnavailable);
+}
+
+// What crosses the network is not readable: the token and the segment
+// name are in the recorded bytes without TLS and not with it.
+TEST_F(TlsTest, NothingReadableOnTheWire) {
+  const std::string token = "wire-secret-token-0123456789";
+  const std::string name = "segment-name-on-the-wire";
+  service_.SetAuthToken(token);
+  for (bool tls : {false, true}) {
+    Serve(tls ? &pki_->node : nullptr);
+    std::string seen;
+    {
+      RecordingProxy proxy(server_->address());
+      TlsFiles named = pki_->node;
+      named.server_name = "ferry.test";
+      MetadataClient c(proxy.address(), absl::Seconds(3), token,
+                       tls ? MustLoad(named) : nullptr);
+      ASSERT_OK(c.Put(PutOf(Segment(name))));
+      ASSERT_OK(c.Get(name));
+      seen = proxy.seen();
+    }
+    EXPECT_GT(seen.size(), 100u);
+    EXPECT_EQ(absl::StrContains(seen, token), !tls) << "tls=" << tls;
+    EXPECT_EQ(absl::StrContains(seen, name), !tls) << "tls=" << tls;
+    server_->Shutdown();
+  }
+}
+
+}  // namespace
+}  // namespace ferry::metadata
