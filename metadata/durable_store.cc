@@ -149,6 +149,11 @@ absl::Status DurableStore::RecoverLocked() {
     return Errno("lseek", log_path);
   }
   log_bytes_ = good;
+  // A change is seen in memory just before its record is synced, and
+  // changes are logged one at a time (write_mu_): a crash in between lost
+  // at most one change, which had the next version. Readers may have seen
+  // it, so no later change gets that version.
+  mem_.AdvanceVersion(mem_.NextVersion() + 1);
   if (absl::Status s = SyncDir(dir_); !s.ok()) return s;
   auto names = mem_.List();
   recovery_.segments = names.ok() ? names->size() : 0;

@@ -139,6 +139,11 @@ void SegmentStore::EnforceLimits(bool on) {
   enforce_limits_ = on;
 }
 
+uint64_t SegmentStore::NextVersion() const {
+  MutexLock lock(&mu_);
+  return next_version_;
+}
+
 void SegmentStore::AdvanceVersion(uint64_t version) {
   MutexLock lock(&mu_);
   next_version_ = std::max(next_version_, version);

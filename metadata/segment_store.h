@@ -85,6 +85,8 @@ class SegmentStore final : public Store {
   Snapshot TakeSnapshot() const;
   // Makes the next assigned version at least `version`.
   void AdvanceVersion(uint64_t version);
+  // The version the next change would get.
+  uint64_t NextVersion() const;
   // Off while a backend replays its history: what was accepted once is
   // restored even if the limits (kMaxSegments, Limits) are lower now.
   void EnforceLimits(bool on);
