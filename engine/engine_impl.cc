@@ -277,6 +277,7 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
         OnDescriptorReady(task, std::move(view), fetch);
       });
   sink_.set_segments(segments_.get());
+  sender_check_ = std::make_unique<SenderCheck>(metadata_.get());
   peer_service_.SetNotifyHandler(
       [this](const std::string& from, const std::string& name,
              const std::string& message, const std::string& sender) {
@@ -626,6 +627,14 @@ absl::Status EngineImpl::OnNotify(const std::string& from,
                                   const std::string& message,
                                   const std::string& sender) {
   const size_t bytes = from.size() + name.size() + message.size();
+  // Before the queue's lock: it may read the metadata.
+  const absl::Status verified = sender_check_->Verify(from, sender);
+  if (!verified.ok() && options_.refuse_unverified_notifications) {
+    MutexLock lock(&notify_mu_);
+    ++notifications_refused_;
+    return absl::PermissionDeniedError(absl::StrCat(
+        "receiver refuses unverified notifications: ", verified.message()));
+  }
   MutexLock lock(&notify_mu_);
   // Per sender address too: one peer flooding the queue must not crowd out
   // the others (the names it claims cost it nothing to vary).
@@ -648,7 +657,7 @@ absl::Status EngineImpl::OnNotify(const std::string& from,
   }
   notification_bytes_ += bytes;
   from_sender += bytes;
-  notifications_.push_back({from, name, message, sender});
+  notifications_.push_back({from, name, message, sender, verified.ok()});
   return absl::OkStatus();
 }
 

@@ -21,6 +21,7 @@
 #include "engine/memory_hooks.h"
 #include "engine/segment_cache.h"
 #include "engine/segment_publisher.h"
+#include "engine/sender_check.h"
 #include "engine/transfer_engine.h"
 #include "metadata/metadata_client.h"
 #include "metadata/metadata_service.h"
@@ -234,6 +235,7 @@ class EngineImpl {
   TaskSink sink_;
   BatchTable batches_;
 
+  std::unique_ptr<SenderCheck> sender_check_;  // Uses metadata_.
   mutable Mutex notify_mu_;
   std::deque<Notification> notifications_ ABSL_GUARDED_BY(notify_mu_);
   size_t notification_bytes_ ABSL_GUARDED_BY(notify_mu_) = 0;

@@ -152,6 +152,12 @@ struct EngineOptions {
   // Of those bytes, what one sender address may hold (a flood from one
   // peer is refused while others still get through).
   size_t max_queued_notification_bytes_per_sender = 8 << 20;
+  // Every notification's claimed sender segment is checked: it must be
+  // registered and published from the host the call came from
+  // (Notification::sender_verified). False (the default): unverified ones
+  // are queued too, marked; true: they are refused, PermissionDenied to
+  // the sender, naming what did not match.
+  bool refuse_unverified_notifications = false;
 };
 
 // One buffer of RegisterLocalMemoryBatch.
@@ -240,15 +246,17 @@ struct EngineStats {
 };
 
 struct Notification {
-  // The segment the sender says it is. Not authenticated: any holder of
-  // the cluster's token (or anyone, without one) can claim any name.
+  // The segment the sender says it is; trust it only if sender_verified.
   std::string from_segment;
   std::string name;
   std::string message;
   // Where the notification came from, as the connection shows it
-  // ("ipv4:10.0.0.7"): the sender cannot choose it. Check it against the
-  // claimed segment's address where that matters.
+  // ("ipv4:10.0.0.7"): the sender cannot choose it.
   std::string sender_address;
+  // from_segment is registered, and published from sender_address's host
+  // (looked up in the metadata when it arrived). It proves the host, not
+  // the process: another process on that host could claim the name too.
+  bool sender_verified = false;
 };
 
 class EngineImpl;

@@ -14,6 +14,7 @@
 #include "common/status_testing.h"
 #include "gtest/gtest.h"
 #include "metadata/metadata_client.h"
+#include "metadata/peer_service.h"
 #include "metadata/store_testing.h"
 #include "metadata/tls_testing.h"
 
@@ -513,6 +514,7 @@ TEST_F(EngineTest, Notifications) {
   EXPECT_EQ(got[1].message, "layer=4");
   // Where it came from, as the connection shows it (not what b claims).
   EXPECT_EQ(got[0].sender_address, "ipv4:127.0.0.1");
+  EXPECT_TRUE(got[0].sender_verified) << "b is published from 127.0.0.1";
   EXPECT_TRUE(a_.GetNotifications().empty());
   EXPECT_EQ(b_.SendNotification(seg_, "x", std::string(1 << 17, 'x')).code(),
             absl::StatusCode::kInvalidArgument);
@@ -546,6 +548,58 @@ TEST(EngineNotifyTest, EachSenderHasAShareOfTheQueue) {
   EXPECT_EQ(sent, 4) << "4 x 60 KiB fit in 256 KiB";
   EXPECT_EQ(receiver.GetNotifications().size(), 4u);
   EXPECT_OK(flooder.SendNotification(h, "flood", chunk));
+}
+
+// A notification that claims a segment published from another host, or
+// one that is not registered, is marked unverified; with
+// refuse_unverified_notifications it is refused, naming why, and not
+// queued. The spoof a live probe made ("kv-ready from prefill-0", sent
+// from elsewhere) is caught.
+TEST(EngineNotifyTest, ClaimedSendersAreChecked) {
+  EngineOptions o;
+  o.local_segment_name = "decode-0";
+  o.listen_host = "127.0.0.1";
+  TransferEngine receiver;
+  ASSERT_OK(receiver.Init(o));
+  metadata::MetadataClient md(receiver.metadata_address(), absl::Seconds(3));
+  metadata::SegmentDescriptor elsewhere =
+      metadata::TestSegment("prefill-0", 9, 0);
+  elsewhere.set_rpc_address("10.255.0.9:4000");  // Another host.
+  ASSERT_OK(md.Put(metadata::PutOf(elsewhere)));
+  metadata::PeerClient spoofer(absl::Seconds(3));
+  ASSERT_OK(spoofer.Notify(receiver.metadata_address(), "prefill-0", "kv-ready",
+                           "layer=0"));
+  ASSERT_OK(spoofer.Notify(receiver.metadata_address(), "nobody", "kv-ready",
+                           "layer=1"));
+  EngineOptions so = o;
+  so.local_segment_name = "prefill-1";
+  so.metadata_endpoint = receiver.metadata_address();
+  TransferEngine sender;
+  ASSERT_OK(sender.Init(so));
+  ASSERT_OK_AND_ASSIGN(SegmentHandle h, sender.OpenSegment("decode-0"));
+  ASSERT_OK(sender.SendNotification(h, "kv-ready", "layer=2"));
+  auto got = receiver.GetNotifications();
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_FALSE(got[0].sender_verified) << "prefill-0 is on 10.255.0.9";
+  EXPECT_FALSE(got[1].sender_verified) << "'nobody' is not registered";
+  EXPECT_TRUE(got[2].sender_verified) << "prefill-1 is on 127.0.0.1";
+
+  EngineOptions strict = o;
+  strict.local_segment_name = "decode-1";
+  strict.metadata_endpoint = receiver.metadata_address();
+  strict.refuse_unverified_notifications = true;
+  TransferEngine guarded;
+  ASSERT_OK(guarded.Init(strict));
+  ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor gd, md.Get("decode-1"));
+  absl::Status s =
+      spoofer.Notify(gd.rpc_address(), "prefill-0", "kv-ready", "layer=0");
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_NE(s.message().find("10.255.0.9"), std::string::npos) << s;
+  ASSERT_OK_AND_ASSIGN(SegmentHandle gh, sender.OpenSegment("decode-1"));
+  ASSERT_OK(sender.SendNotification(gh, "kv-ready", "layer=3"));
+  got = guarded.GetNotifications();
+  ASSERT_EQ(got.size(), 1u) << "only the verified one";
+  EXPECT_EQ(got[0].from_segment, "prefill-1");
 }
 
 TEST_F(EngineTest, UnknownSegment) {

@@ -1,0 +1,58 @@
+// SenderCheck: whether a notification's claimed sender is who the
+// connection says it is. The claimed segment must be registered (as this
+// engine sees the metadata) and its peer-service address must be on the
+// host the call came from. Lookups are cached briefly, so a burst of
+// notifications from one peer costs one metadata read.
+//
+// What this proves: the sender runs on the host the segment is published
+// from. Not which process there: another process on that host could still
+// claim it (give engines on shared hosts the cluster's token and TLS).
+//
+// Thread-safe.
+#ifndef FERRY_ENGINE_SENDER_CHECK_H_
+#define FERRY_ENGINE_SENDER_CHECK_H_
+
+#include <cstddef>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "common/mutex.h"
+#include "metadata/store.h"
+
+namespace ferry {
+
+class SenderCheck {
+ public:
+  static constexpr size_t kMaxCached = 1024;
+  static constexpr absl::Duration kCacheFor = absl::Seconds(2);
+
+  // `store` must outlive the check.
+  explicit SenderCheck(metadata::Store* store) : store_(store) {}
+
+  // OK if segment `claimed` is published with a peer-service address on
+  // the host of `caller` ("ipv4:10.0.0.7", "ipv6:[fd00::7]", as
+  // metadata::CallerAddress gives it); PermissionDenied saying what does
+  // not match, or Unavailable if the segment could not be looked up.
+  absl::Status Verify(const std::string& claimed, const std::string& caller);
+
+ private:
+  struct Cached {
+    std::string host;  // Of the segment's rpc address; empty: not found.
+    absl::Time at;
+  };
+
+  metadata::Store* const store_;
+  Mutex mu_;
+  absl::flat_hash_map<std::string, Cached> cache_ ABSL_GUARDED_BY(mu_);
+};
+
+// "ipv4:10.0.0.7" or "ipv6:[fd00::7]" -> the bare address; an IPv4 address
+// mapped into IPv6 (a dual-stack listener) as IPv4.
+std::string BareCallerHost(const std::string& caller);
+
+}  // namespace ferry
+
+#endif  // FERRY_ENGINE_SENDER_CHECK_H_
