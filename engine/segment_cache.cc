@@ -177,7 +177,8 @@ void SegmentCache::StartWatchLocked(const std::string& name,
       [this, name, current](const metadata::SegmentEvent& ev) {
         OnEvent(name, current.get(), ev);
       });
-  // A store that cannot push (etcd, P2P): refresh on a miss, as before.
+  // A store that cannot push (P2P, a metadata_server on etcd): refresh on
+  // a miss, as before.
   // One per open name: Close ends it before the name can be opened again
   // (a watch must never be destroyed under mu_: its last event may wait
   // for mu_).

@@ -172,8 +172,7 @@ class ClientWatch final : public Watch,
     HappensAfter(this);
     if (!ok) return;  // The stream ended; OnDone follows.
     fn_(event_);
-    if (event_.gone()) return;
-    StartRead(&event_);
+    StartRead(&event_);  // After `gone` too: the name may come back.
   }
   void OnDone(const grpc::Status&) override {
     HappensAfter(this);

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/happens_before.h"
 #include "metadata/auth.h"
+#include "metadata/forward_watch.h"
 #include "metadata/grpc_status.h"
 #include "metadata/validation.h"
 
@@ -51,6 +52,10 @@ class MetadataServiceImpl::WatchReactor final
     if (writing_ || finished_) return;
     std::optional<SegmentEvent> ev = table_->EventSince(name_, version_);
     if (!ev.has_value()) return;
+    // `gone` once; the watch goes on, and a publication under the name
+    // later comes whole (a restarted engine, or one whose lease ran out).
+    if (ev->gone() && gone_sent_) return;
+    gone_sent_ = ev->gone();
     event_ = std::move(*ev);
     if (!event_.gone()) version_ = event_.version();
     writing_ = true;
@@ -63,8 +68,6 @@ class MetadataServiceImpl::WatchReactor final
     writing_ = false;
     if (!ok) {
       FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "write failed"));
-    } else if (event_.gone()) {
-      FinishLocked(grpc::Status::OK);
     } else {
       NextLocked();
     }
@@ -108,6 +111,7 @@ class MetadataServiceImpl::WatchReactor final
   SegmentEvent event_;
   bool writing_ = false;
   bool finished_ = false;
+  bool gone_sent_ = false;  // The last event written was `gone`.
 };
 
 MetadataServiceImpl::~MetadataServiceImpl() {
@@ -166,11 +170,6 @@ grpc::ServerWriteReactor<SegmentEvent>* MetadataServiceImpl::WatchSegment(
     return new Refused(ToGrpcStatus(s));
   }
   SegmentStore* table = store_->watchable();
-  if (table == nullptr) {
-    return new Refused(ToGrpcStatus(absl::UnimplementedError(
-        absl::StrCat("this metadata service's store (", store_->Describe(),
-                     ") cannot push changes: refresh on a miss"))));
-  }
   {
     MutexLock lock(&mu_);
     if (watches_ >= kMaxWatches) {
@@ -182,6 +181,13 @@ grpc::ServerWriteReactor<SegmentEvent>* MetadataServiceImpl::WatchSegment(
     if (!notifier_.joinable()) {
       notifier_ = std::thread([this] { NotifierLoop(); });
     }
+  }
+  if (table == nullptr) {
+    // A store that pushes by itself (etcd), or cannot (then the stream
+    // ends UNIMPLEMENTED and the watcher refreshes on a miss).
+    return new ForwardWatchReactor(store_, request->name(),
+                                   request->after_version(),
+                                   [this] { Release(); });
   }
   return new WatchReactor(this, table, request->name(),
                           request->after_version());

@@ -5,8 +5,10 @@
 //
 // WatchSegment streams are served without a thread each (gRPC's callback
 // API): one notifier thread turns the store's change notices into writes.
-// Only stores with an in-memory table (Store::watchable) can be watched;
-// others answer UNIMPLEMENTED and their readers refresh on a miss.
+// Stores with an in-memory table (Store::watchable) are watched through
+// it; others through their own WatchSegment (ForwardWatchReactor: etcd's
+// watch), or, where they have none, the stream ends UNIMPLEMENTED and the
+// readers refresh on a miss.
 #ifndef FERRY_METADATA_METADATA_SERVICE_H_
 #define FERRY_METADATA_METADATA_SERVICE_H_
 

@@ -1,10 +1,12 @@
 #include "metadata/store_conformance.h"
 
+#include <map>
 #include <set>
 #include <thread>
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "common/mutex.h"
 #include "common/status_testing.h"
 #include "metadata/store_testing.h"
 
@@ -191,6 +193,134 @@ TEST_P(StoreConformanceTest, BadRequestsAreRefusedAndChangeNothing) {
                 absl::StatusCode::kInvalidArgument);
   ASSERT_OK_AND_ASSIGN(auto names, store_->List());
   EXPECT_TRUE(names.empty());
+}
+
+// What a watcher builds from the events it is pushed: the whole
+// descriptor, then deltas applied in order; `gone` when it went.
+class Follower {
+ public:
+  Store::EventFn Fn() {
+    return [this](const SegmentEvent& ev) {
+      MutexLock lock(&mu_);
+      ++events_;
+      if (ev.gone()) {
+        gone_ = true;
+      } else if (ev.has_full()) {
+        gone_ = false;
+        copy_ = ev.full();
+      } else {
+        std::map<uint64_t, Buffer> bufs;
+        for (const Buffer& b : copy_.buffers()) bufs[b.addr()] = b;
+        for (uint64_t a : ev.remove_addrs()) bufs.erase(a);
+        for (const Buffer& b : ev.add()) bufs[b.addr()] = b;
+        copy_.clear_buffers();
+        for (auto& [a, b] : bufs) *copy_.add_buffers() = b;
+        ++deltas_;
+      }
+      copy_.set_version(ev.version());
+      cv_.SignalAll();
+    };
+  }
+  // Waits up to 10 s until the copy is `want` (buffers and version).
+  bool WaitFor(const SegmentDescriptor& want) {
+    MutexLock lock(&mu_);
+    const absl::Time end = absl::Now() + absl::Seconds(10);
+    while (!SameLocked(want) && !cv_.WaitWithDeadline(&mu_, end)) {
+    }
+    return SameLocked(want);
+  }
+  bool WaitGone() {
+    MutexLock lock(&mu_);
+    const absl::Time end = absl::Now() + absl::Seconds(10);
+    while (!gone_ && !cv_.WaitWithDeadline(&mu_, end)) {
+    }
+    return gone_;
+  }
+  int events() {
+    MutexLock lock(&mu_);
+    return events_;
+  }
+  int deltas() {
+    MutexLock lock(&mu_);
+    return deltas_;
+  }
+
+ private:
+  bool SameLocked(const SegmentDescriptor& want)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (gone_ || copy_.version() != want.version() ||
+        copy_.buffers_size() != want.buffers_size()) {
+      return false;
+    }
+    for (int i = 0; i < want.buffers_size(); ++i) {
+      if (copy_.buffers(i).SerializeAsString() !=
+          want.buffers(i).SerializeAsString()) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  Mutex mu_;
+  CondVar cv_;
+  SegmentDescriptor copy_ ABSL_GUARDED_BY(mu_);
+  bool gone_ ABSL_GUARDED_BY(mu_) = false;
+  int events_ ABSL_GUARDED_BY(mu_) = 0;
+  int deltas_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// A watcher that opened the segment sees every later change pushed to it,
+// as deltas (registrations, unregistrations, a batch larger than one
+// etcd transaction), then its removal; a watcher from version 0 gets the
+// whole segment first; an ended watch gets nothing more.
+TEST_P(StoreConformanceTest, WatchesPushEveryChange) {
+  ASSERT_OK(store_->Put(PutOf(Seg("w", 3, 2))));
+  ASSERT_OK_AND_ASSIGN(SegmentDescriptor opened, store_->Get("w"));
+  Follower f;
+  auto watch = store_->WatchSegment("w", opened.version(), f.Fn());
+  if (watch.status().code() == absl::StatusCode::kUnimplemented) {
+    GTEST_SKIP() << GetParam().name << " cannot push: " << watch.status();
+  }
+  ASSERT_OK(watch);
+  {
+    SegmentEvent seed;
+    seed.set_version(opened.version());
+    *seed.mutable_full() = opened;
+    f.Fn()(seed);  // What the opener read.
+  }
+  UpdateBuffersRequest add = UpdateOf("w", 3);
+  *add.add_add() = BufferAt(7);
+  ASSERT_OK(store_->UpdateBuffers(add));
+  ASSERT_OK_AND_ASSIGN(SegmentDescriptor now, store_->Get("w"));
+  EXPECT_TRUE(f.WaitFor(now)) << "a registration after the open is pushed";
+  UpdateBuffersRequest rm = UpdateOf("w", 3);
+  rm.add_remove_addrs(BufferAt(0).addr());
+  ASSERT_OK(store_->UpdateBuffers(rm));
+  ASSERT_OK_AND_ASSIGN(now, store_->Get("w"));
+  EXPECT_TRUE(f.WaitFor(now)) << "an unregistration is pushed";
+  UpdateBuffersRequest batch = UpdateOf("w", 3);
+  for (int i = 0; i < 150; ++i) *batch.add_add() = BufferAt(100 + i);
+  ASSERT_OK(store_->UpdateBuffers(batch));
+  ASSERT_OK_AND_ASSIGN(now, store_->Get("w"));
+  EXPECT_TRUE(f.WaitFor(now)) << "a batch is pushed";
+  // The first change may come whole: a watch is set up asynchronously,
+  // and a store may keep changes only for segments watched at the time.
+  // Once the first arrived, the watch is there: the others are deltas.
+  EXPECT_GE(f.deltas(), 2) << "changes come as deltas, not whole";
+
+  Follower late;
+  ASSERT_OK_AND_ASSIGN(auto from_zero, store_->WatchSegment("w", 0, late.Fn()));
+  EXPECT_TRUE(late.WaitFor(now)) << "from version 0: the whole segment";
+
+  ASSERT_OK(store_->Remove(RemoveOf("w", 3)));
+  EXPECT_TRUE(f.WaitGone());
+  EXPECT_TRUE(late.WaitGone());
+  watch->reset();
+  const int seen = f.events();
+  ASSERT_OK(store_->Put(PutOf(Seg("w", 4, 1), absl::ZeroDuration(), 4)));
+  ASSERT_OK_AND_ASSIGN(now, store_->Get("w"));
+  EXPECT_TRUE(late.WaitFor(now)) << "a publication after gone is pushed whole";
+  EXPECT_EQ(f.events(), seen) << "an ended watch is called no more";
 }
 
 // Several writers on one segment at once: every change lands, each with

@@ -10,10 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "metadata/durable_store.h"
-#include "metadata/metadata_client.h"
-#include "metadata/metadata_service.h"
-#include "metadata/rpc_server.h"
 #include "metadata/segment_store.h"
+#include "metadata/store_over_grpc.h"
 
 namespace ferry::metadata {
 namespace {
@@ -35,31 +33,7 @@ absl::StatusOr<std::shared_ptr<Store>> Durable() {
   return std::shared_ptr<Store>(std::move(*s));
 }
 
-// A MetadataClient in front of a real server over `backend`.
-struct Served {
-  std::shared_ptr<Store> backend;
-  std::unique_ptr<MetadataServiceImpl> service;
-  std::unique_ptr<RpcServer> server;
-  std::unique_ptr<MetadataClient> client;
-  ~Served() {
-    client.reset();
-    if (server != nullptr) server->Shutdown();
-  }
-};
-
-absl::StatusOr<std::shared_ptr<Store>> OverGrpc(
-    absl::StatusOr<std::shared_ptr<Store>> backend) {
-  if (!backend.ok()) return backend.status();
-  auto served = std::make_shared<Served>();
-  served->backend = *backend;
-  served->service = std::make_unique<MetadataServiceImpl>(backend->get());
-  auto server = RpcServer::Start("127.0.0.1:0", {served->service.get()});
-  if (!server.ok()) return server.status();
-  served->server = std::move(*server);
-  served->client = std::make_unique<MetadataClient>(served->server->address(),
-                                                    absl::Seconds(5));
-  return std::shared_ptr<Store>(served, served->client.get());
-}
+using ::ferry::metadata::testing::OverGrpc;
 
 INSTANTIATE_TEST_SUITE_P(
     Backends, StoreConformanceTest,

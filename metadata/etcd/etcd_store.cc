@@ -241,6 +241,7 @@ absl::StatusOr<std::unique_ptr<EtcdStore>> EtcdStore::Create(
   std::unique_ptr<EtcdStore> store(new EtcdStore(std::move(options)));
   store->kv_ = etcdserverpb::KV::NewStub(channel);
   store->lease_ = etcdserverpb::Lease::NewStub(channel);
+  store->watch_ = etcdserverpb::Watch::NewStub(channel);
   return store;
 }
 
@@ -663,6 +664,11 @@ absl::StatusOr<uint64_t> EtcdStore::UpdateBuffers(
     }
     meta.set_buffers(count);
     meta.set_keys(keys);
+    meta.set_change_base(static_cast<uint64_t>(snap->meta_revision));
+    meta.clear_change_added();
+    meta.clear_change_removed();
+    for (const Buffer& b : request.add()) meta.add_change_added(b.addr());
+    for (uint64_t a : request.remove_addrs()) meta.add_change_removed(a);
     std::vector<Compare> guard = {
         ValueIs(OwnerKey(name), request.owner_key()),
         ModRevisionIs(MetaKey(name), snap->meta_revision)};

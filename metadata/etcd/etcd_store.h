@@ -24,6 +24,16 @@
 // --max-txn-ops, 128 by default) is written in several, with the meta
 // marked pending meanwhile; readers wait for it.
 //
+// Watches (WatchSegment) use etcd's Watch API: one stream per store, on
+// its own thread, with one etcd watch per watched segment, on its meta
+// key. Each finished change (never a pending one) says in the meta what it
+// added and removed since which version, so a watcher reads only the added
+// buffers, at that revision, and pushes a delta; a publication, a gap (a
+// version it did not see) or a compacted history makes it read the whole
+// segment and push it whole; a deleted meta (removed, lease ended) pushes
+// `gone`. When the stream breaks (a member died), it is opened again on
+// the live members and every watch resumes from the version it had.
+//
 // etcd leases have whole seconds: a TTL is rounded up, and etcd raises it
 // to its minimum (about 2 s with default election timeouts).
 //
@@ -33,8 +43,12 @@
 #ifndef FERRY_METADATA_ETCD_ETCD_STORE_H_
 #define FERRY_METADATA_ETCD_ETCD_STORE_H_
 
+#include <cstdint>
+#include <deque>
+#include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -62,6 +76,8 @@ class EtcdStore final : public Store {
  public:
   // Checks the options; does not connect yet (the first call does).
   static absl::StatusOr<std::unique_ptr<EtcdStore>> Create(EtcdOptions options);
+  // Ends every watch (their callbacks are not called again).
+  ~EtcdStore() override;
 
   absl::StatusOr<uint64_t> Put(const PutSegmentRequest& request) override;
   absl::StatusOr<absl::Duration> KeepAlive(
@@ -72,8 +88,34 @@ class EtcdStore final : public Store {
   absl::Status Remove(const RemoveSegmentRequest& request) override;
   absl::StatusOr<std::vector<std::string>> List() override;
   std::string Describe() const override;
+  // Never calls `fn` before returning, and never waits for etcd: events,
+  // the first one too, come from the store's watch thread.
+  absl::StatusOr<std::unique_ptr<Watch>> WatchSegment(const std::string& name,
+                                                      uint64_t after_version,
+                                                      EventFn fn) override;
 
  private:
+  class SegmentWatch;
+  struct Watcher;
+  using WatchStream = grpc::ClientReaderWriter<etcdserverpb::WatchRequest,
+                                               etcdserverpb::WatchResponse>;
+
+  // The watch thread: opens the stream, (re)creates every watch on it,
+  // handles what comes back; again after a break, until the store ends.
+  void WatchLoop();
+  void HandleWatchResponse(const etcdserverpb::WatchResponse& resp);
+  // Pushes the change a meta event describes to `w` (on the watch thread).
+  void OnMetaEvent(Watcher* w, const mvccpb::Event& ev);
+  // Reads the whole segment and pushes it (or `gone`).
+  void PushWhole(Watcher* w);
+  // Queues the create request of `w` for the current stream, if any.
+  void SendCreateLocked(const Watcher& w)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(watch_mu_);
+  void EndWatch(int64_t id);
+  // The writer thread: sends what is queued on the current stream, so
+  // that no caller (an engine holding its lock, a gRPC callback) ever
+  // waits for a write to etcd.
+  void WriteLoop();
   explicit EtcdStore(EtcdOptions options);
 
   // One attempt of Put; Aborted if its own segment changed since the read.
@@ -110,9 +152,29 @@ class EtcdStore final : public Store {
   const EtcdOptions options_;
   std::unique_ptr<etcdserverpb::KV::Stub> kv_;
   std::unique_ptr<etcdserverpb::Lease::Stub> lease_;
+  std::unique_ptr<etcdserverpb::Watch::Stub> watch_;
   // Changes from this process are serialized: an engine changes only its
   // own segment, and its changes then never race each other's compares.
   Mutex write_mu_;
+
+  Mutex watch_mu_;
+  // By etcd watch id (chosen here, one per WatchSegment).
+  std::map<int64_t, std::shared_ptr<Watcher>> watchers_
+      ABSL_GUARDED_BY(watch_mu_);
+  int64_t next_watch_id_ ABSL_GUARDED_BY(watch_mu_) = 1;
+  // The current stream and its context (null while it is being opened).
+  WatchStream* stream_ ABSL_GUARDED_BY(watch_mu_) = nullptr;
+  grpc::ClientContext* stream_ctx_ ABSL_GUARDED_BY(watch_mu_) = nullptr;
+  bool stopping_ ABSL_GUARDED_BY(watch_mu_) = false;
+  CondVar watch_cv_;  // Wakes WatchLoop's back-off when stopping.
+  // Requests for the current stream, and whether the writer is writing
+  // one (the stream is not finished under a write).
+  std::deque<etcdserverpb::WatchRequest> outbox_ ABSL_GUARDED_BY(watch_mu_);
+  bool writing_ ABSL_GUARDED_BY(watch_mu_) = false;
+  CondVar outbox_cv_;
+  // Started by the first WatchSegment.
+  std::thread watch_thread_;
+  std::thread writer_thread_;
 };
 
 }  // namespace ferry::metadata

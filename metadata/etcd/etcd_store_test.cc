@@ -12,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "metadata/etcd/etcd_testing.h"
 #include "metadata/store_conformance.h"
+#include "metadata/store_over_grpc.h"
 #include "metadata/store_testing.h"
 
 namespace ferry::metadata {
@@ -63,9 +64,12 @@ absl::StatusOr<std::shared_ptr<Store>> EtcdSmallTxns() {
 // members' timers).
 INSTANTIATE_TEST_SUITE_P(
     Etcd, StoreConformanceTest,
-    ::testing::Values(StoreBackend{"Etcd", Etcd, absl::Seconds(1)},
-                      StoreBackend{"EtcdSmallTxns", EtcdSmallTxns,
-                                   absl::Seconds(1)}),
+    ::testing::Values(
+        StoreBackend{"Etcd", Etcd, absl::Seconds(1)},
+        StoreBackend{"EtcdSmallTxns", EtcdSmallTxns, absl::Seconds(1)},
+        // A metadata_server on etcd, as engines see it.
+        StoreBackend{"GrpcEtcd", [] { return testing::OverGrpc(Etcd()); },
+                     absl::Seconds(1)}),
     BackendName);
 
 SegmentDescriptor Seg(const std::string& name, uint64_t incarnation,
@@ -196,6 +200,22 @@ TEST(EtcdStoreTest, ThreeMembersSurviveLosingOne) {
   const absl::Duration lease = absl::Seconds(2);
   ASSERT_OK(store->Put(PutOf(Seg("alive", 1, 1), lease)));
   ASSERT_OK(store->Put(PutOf(Seg("dead", 2, 1), lease)));
+  // Watches across the loss: the buffer added after it is pushed, and the
+  // unrenewed segment's end.
+  std::atomic<int> alive_added{0}, dead_gone{0};
+  ASSERT_OK_AND_ASSIGN(SegmentDescriptor alive0, store->Get("alive"));
+  ASSERT_OK_AND_ASSIGN(SegmentDescriptor dead0, store->Get("dead"));
+  ASSERT_OK_AND_ASSIGN(
+      auto alive_watch,
+      store->WatchSegment("alive", alive0.version(),
+                          [&](const SegmentEvent& ev) {
+                            alive_added.fetch_add(ev.add_size());
+                          }));
+  ASSERT_OK_AND_ASSIGN(
+      auto dead_watch,
+      store->WatchSegment("dead", dead0.version(), [&](const SegmentEvent& ev) {
+        if (ev.gone()) dead_gone++;
+      }));
   std::atomic<bool> stop{false};
   std::atomic<int> renewals{0}, renewal_errors{0};
   std::thread renewer([&] {
@@ -230,6 +250,8 @@ TEST(EtcdStoreTest, ThreeMembersSurviveLosingOne) {
   ASSERT_OK_AND_ASSIGN(SegmentDescriptor alive, store->Get("alive"));
   EXPECT_EQ(alive.buffers_size(), 2);
   EXPECT_STATUS(store->Get("dead"), absl::StatusCode::kNotFound);
+  EXPECT_EQ(alive_added.load(), 1) << "the update after the loss was pushed";
+  EXPECT_EQ(dead_gone.load(), 1) << "the expired lease was pushed";
   EXPECT_GE(renewals.load(), 10);
   ASSERT_OK_AND_ASSIGN(auto names, store->List());
   EXPECT_EQ(names, (std::vector<std::string>{"alive"}))

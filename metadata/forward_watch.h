@@ -1,0 +1,55 @@
+// ForwardWatchReactor: a MetadataService.WatchSegment stream fed by the
+// store's own WatchSegment (a metadata_server on etcd: etcd's watch,
+// through EtcdStore), for stores without an in-memory table.
+//
+// The store pushes events from its thread; they queue here and are written
+// one at a time. A client that does not take them fast enough (more than
+// kMaxQueued waiting) has its stream ended with RESOURCE_EXHAUSTED, and
+// refreshes on a miss as any watcher whose stream ends.
+#ifndef FERRY_METADATA_FORWARD_WATCH_H_
+#define FERRY_METADATA_FORWARD_WATCH_H_
+
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "common/mutex.h"
+#include "grpcpp/grpcpp.h"
+#include "metadata/proto/metadata.grpc.pb.h"
+#include "metadata/store.h"
+
+namespace ferry::metadata {
+
+class ForwardWatchReactor final
+    : public grpc::ServerWriteReactor<SegmentEvent> {
+ public:
+  static constexpr size_t kMaxQueued = 256;
+
+  // Starts watching `name` in `store` (which must outlive the stream);
+  // `on_done` runs once the stream is over, before the reactor goes. If
+  // the store refuses, the stream ends with its status.
+  ForwardWatchReactor(Store* store, const std::string& name,
+                      uint64_t after_version, std::function<void()> on_done);
+
+  void OnWriteDone(bool ok) override;
+  void OnCancel() override;
+  void OnDone() override;
+
+ private:
+  void Push(const SegmentEvent& ev);
+  void NextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinishLocked(const grpc::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::function<void()> on_done_;
+  std::unique_ptr<Watch> watch_;  // Ended in OnDone, outside mu_.
+  Mutex mu_;
+  std::deque<SegmentEvent> queue_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace ferry::metadata
+
+#endif  // FERRY_METADATA_FORWARD_WATCH_H_
