@@ -61,12 +61,15 @@ void TaskSink::OnSliceDone(Slice* slice, const absl::Status& status) {
     task->bytes_done.fetch_add(slice->length, std::memory_order_relaxed);
   } else {
     // Refused (InvalidArgument), addressed to an earlier run of the target
-    // (FailedPrecondition) or unreachable (Unavailable: it may have moved
-    // or restarted): the next submission re-reads its descriptor.
+    // (FailedPrecondition), sent with a key the buffer no longer has
+    // (PermissionDenied: registered again since) or unreachable
+    // (Unavailable: it may have moved or restarted): the next submission
+    // re-reads its descriptor.
     const absl::StatusCode code = status.code();
     if (segments_ != nullptr &&
         (code == absl::StatusCode::kInvalidArgument ||
          code == absl::StatusCode::kFailedPrecondition ||
+         code == absl::StatusCode::kPermissionDenied ||
          code == absl::StatusCode::kUnavailable)) {
       segments_->MarkStale(task->target);
     }

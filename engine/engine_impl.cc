@@ -277,7 +277,10 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
         OnDescriptorReady(task, std::move(view), fetch);
       });
   sink_.set_segments(segments_.get());
-  sender_check_ = std::make_unique<SenderCheck>(metadata_.get());
+  // P2P names are addresses: compared as they are, with no lookup (one
+  // would dial whatever a caller names).
+  sender_check_ =
+      std::make_unique<SenderCheck>(p2p ? nullptr : metadata_.get());
   peer_service_.SetNotifyHandler(
       [this](const std::string& from, const std::string& name,
              const std::string& message, const std::string& sender) {
@@ -622,23 +625,12 @@ absl::Status EngineImpl::SendNotification(SegmentHandle target,
                               options_.local_segment_name, name, message);
 }
 
-absl::Status EngineImpl::OnNotify(const std::string& from,
-                                  const std::string& name,
-                                  const std::string& message,
-                                  const std::string& sender) {
-  const size_t bytes = from.size() + name.size() + message.size();
-  // Before the queue's lock: it may read the metadata.
-  const absl::Status verified = sender_check_->Verify(from, sender);
-  if (!verified.ok() && options_.refuse_unverified_notifications) {
-    MutexLock lock(&notify_mu_);
-    ++notifications_refused_;
-    return absl::PermissionDeniedError(absl::StrCat(
-        "receiver refuses unverified notifications: ", verified.message()));
-  }
-  MutexLock lock(&notify_mu_);
+absl::Status EngineImpl::AdmitNotificationLocked(const std::string& sender,
+                                                 size_t bytes) {
   // Per sender address too: one peer flooding the queue must not crowd out
   // the others (the names it claims cost it nothing to vary).
-  size_t& from_sender = sender_bytes_[sender];
+  auto it = sender_bytes_.find(sender);
+  const size_t from_sender = it == sender_bytes_.end() ? 0 : it->second;
   if (from_sender + bytes > options_.max_queued_notification_bytes_per_sender) {
     ++notifications_refused_;
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -655,8 +647,38 @@ absl::Status EngineImpl::OnNotify(const std::string& from,
         " notifications, ", notification_bytes_,
         " bytes queued): it has not called GetNotifications"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status EngineImpl::OnNotify(const std::string& from,
+                                  const std::string& name,
+                                  const std::string& message,
+                                  const std::string& sender) {
+  const size_t bytes = from.size() + name.size() + message.size();
+  {
+    // A sender over its share costs no lookup.
+    MutexLock lock(&notify_mu_);
+    if (absl::Status s = AdmitNotificationLocked(sender, bytes); !s.ok()) {
+      return s;
+    }
+  }
+  // Outside the queue's lock: it may read the metadata (bounded).
+  const absl::Status verified = sender_check_->Verify(from, sender);
+  if (!verified.ok() && options_.refuse_unverified_notifications) {
+    MutexLock lock(&notify_mu_);
+    ++notifications_refused_;
+    // Unavailable stays what it is: the sender may try again.
+    return absl::Status(
+        verified.code(),
+        absl::StrCat("receiver refuses unverified notifications: ",
+                     verified.message()));
+  }
+  MutexLock lock(&notify_mu_);
+  if (absl::Status s = AdmitNotificationLocked(sender, bytes); !s.ok()) {
+    return s;  // Others queued meanwhile.
+  }
   notification_bytes_ += bytes;
-  from_sender += bytes;
+  sender_bytes_[sender] += bytes;
   notifications_.push_back({from, name, message, sender, verified.ok()});
   return absl::OkStatus();
 }

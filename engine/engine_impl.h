@@ -174,6 +174,10 @@ class EngineImpl {
   // Reaps completions on this thread until the batch is done, `deadline`
   // passes, or wait_spin passes without a completion.
   void DriveUntilDone(Batch* batch, absl::Time deadline);
+  // OK if a notification of `bytes` from `sender` fits the queue (counts a
+  // refusal otherwise).
+  absl::Status AdmitNotificationLocked(const std::string& sender, size_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(notify_mu_);
   absl::Status OnNotify(const std::string& from, const std::string& name,
                         const std::string& message, const std::string& sender);
   void ReleaseAll();

@@ -19,44 +19,62 @@ std::string BareCallerHost(const std::string& caller) {
   return std::string(h);
 }
 
-absl::Status SenderCheck::Verify(const std::string& claimed,
-                                 const std::string& caller) {
+absl::StatusOr<std::string> SenderCheck::PublishedHost(
+    const std::string& claimed) {
+  if (store_ == nullptr) {
+    // P2P: the name is the engine's host:port.
+    auto hp = ParseHostPort(claimed);
+    return hp.ok() ? BareCallerHost(hp->host) : "";
+  }
   const absl::Time now = absl::Now();
-  std::string host;
-  bool cached = false;
   {
     MutexLock lock(&mu_);
     auto it = cache_.find(claimed);
     if (it != cache_.end() && now - it->second.at < kCacheFor) {
-      host = it->second.host;
-      cached = true;
+      return it->second.host;
     }
+    if (in_flight_ >= kMaxLookupsInFlight) {
+      return absl::UnavailableError(absl::StrCat(
+          "too many sender lookups at once to check segment '", claimed, "'"));
+    }
+    ++in_flight_;
   }
-  if (!cached) {
-    auto desc = store_->Get(claimed);
-    if (!desc.ok() && desc.status().code() != absl::StatusCode::kNotFound) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot look up segment '", claimed,
-                       "' to check the sender: ", desc.status().message()));
-    }
-    if (desc.ok()) {
-      auto hp = ParseHostPort(desc->rpc_address());
-      host = hp.ok() ? BareCallerHost(hp->host) : "";
-    }
-    MutexLock lock(&mu_);
-    if (cache_.size() >= kMaxCached) cache_.clear();  // Rare; bounded.
-    cache_[claimed] = {host, now};
+  auto desc = store_->Get(claimed);
+  MutexLock lock(&mu_);
+  --in_flight_;
+  if (!desc.ok() && desc.status().code() != absl::StatusCode::kNotFound) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot look up segment '", claimed,
+                     "' to check the sender: ", desc.status().message()));
   }
+  std::string host;
+  if (desc.ok()) {
+    auto hp = ParseHostPort(desc->rpc_address());
+    if (hp.ok()) host = BareCallerHost(hp->host);
+  }
+  if (cache_.size() >= kMaxCached) {
+    absl::erase_if(
+        cache_, [&](const auto& e) { return now - e.second.at >= kCacheFor; });
+    if (cache_.size() >= kMaxCached) cache_.clear();  // Bounded either way.
+  }
+  cache_[claimed] = {host, now};
+  return host;
+}
+
+absl::Status SenderCheck::Verify(const std::string& claimed,
+                                 const std::string& caller) {
+  auto host = PublishedHost(claimed);
+  if (!host.ok()) return host.status();
   const std::string from = BareCallerHost(caller);
-  if (host.empty()) {
+  if (host->empty()) {
     return absl::PermissionDeniedError(
         absl::StrCat("notification from ", from, " claims segment '", claimed,
                      "', which is not registered"));
   }
-  if (host != from) {
+  if (*host != from) {
     return absl::PermissionDeniedError(
         absl::StrCat("notification from ", from, " claims segment '", claimed,
-                     "', which is published at ", host));
+                     "', which is published at ", *host));
   }
   return absl::OkStatus();
 }

@@ -186,6 +186,40 @@ TEST(EngineP2pTest, TransfersWithoutAMetadataService) {
   EXPECT_FALSE(initiator.OpenSegment("127.0.0.1:1").ok());
 }
 
+// A buffer registered again at the same address has a new TCP key: a peer
+// whose descriptor still has the old one (P2P: nothing is pushed) fails
+// once, PermissionDenied, and its next request reads the descriptor again
+// and succeeds.
+TEST(EngineP2pTest, ARefusedKeyRefreshesTheDescriptor) {
+  std::vector<uint8_t> remote(4096, 0x3c), local(4096, 0);
+  EngineOptions o;
+  o.metadata_endpoint = "P2PHANDSHAKE";
+  o.listen_host = "127.0.0.1";
+  TransferEngine target, initiator;
+  ASSERT_OK(target.Init(o));
+  ASSERT_OK(initiator.Init(o));
+  ASSERT_OK(
+      target.RegisterLocalMemory(remote.data(), remote.size(), "cpu:0", true));
+  ASSERT_OK(initiator.RegisterLocalMemory(local.data(), local.size()));
+  ASSERT_OK_AND_ASSIGN(SegmentHandle h,
+                       initiator.OpenSegment(target.local_segment_name()));
+  auto read = [&] {
+    return RunBatch(initiator, {ReqTo(OpCode::kRead, h, local.data(),
+                                      remote.data(), remote.size())});
+  };
+  ASSERT_OK_AND_ASSIGN(BatchStatus st, read());
+  ASSERT_EQ(st.state, TransferState::kCompleted) << st.first_error;
+  ASSERT_OK(target.UnregisterLocalMemory(remote.data()));
+  ASSERT_OK(
+      target.RegisterLocalMemory(remote.data(), remote.size(), "cpu:0", true));
+  ASSERT_OK_AND_ASSIGN(st, read());
+  EXPECT_EQ(st.state, TransferState::kFailed);
+  EXPECT_EQ(st.first_error.code(), absl::StatusCode::kPermissionDenied)
+      << st.first_error;
+  ASSERT_OK_AND_ASSIGN(st, read());
+  EXPECT_EQ(st.state, TransferState::kCompleted) << st.first_error;
+}
+
 // Watches: a buffer registered (and one unregistered) after the peer
 // opened the segment is pushed to the peer's cached descriptor, with no
 // request missing it and no fetch.
@@ -305,6 +339,24 @@ TEST(EngineTlsTest, OnlyEnginesWithACertificateJoin) {
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0].message, "over tls");
   EXPECT_EQ(got[0].sender_address, "ipv4:127.0.0.1");
+  // Over IPv6 (gRPC's own TLS listener names such peers percent-encoded):
+  // the sender is still seen, and verified.
+  EngineOptions o6 = with(o, pki.node);
+  o6.local_segment_name = "tls-md6";
+  o6.listen_host = "::1";
+  TransferEngine md6;
+  ASSERT_OK(md6.Init(o6));
+  EngineOptions p6 = o6;
+  p6.local_segment_name = "tls-peer6";
+  p6.metadata_endpoint = md6.metadata_address();
+  TransferEngine member6;
+  ASSERT_OK(member6.Init(p6));
+  ASSERT_OK_AND_ASSIGN(SegmentHandle h6, member6.OpenSegment("tls-md6"));
+  ASSERT_OK(member6.SendNotification(h6, "kv-ready", "over tls, ipv6"));
+  got = md6.GetNotifications();
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].sender_address, "ipv6:[::1]");
+  EXPECT_TRUE(got[0].sender_verified);
   // Bad files fail Init and name the file.
   metadata::TlsFiles missing = pki.node;
   missing.key_file = dir + "/no-such.key";

@@ -5,6 +5,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/string_view.h"
 #include "metadata/connection_peers.h"
 
@@ -56,6 +57,9 @@ std::string CallerAddress(const grpc::ServerContextBase& ctx) {
     std::string address = ConnectionPeer(fd);
     if (!address.empty()) return address;
   }
+  // gRPC's own listener (TLS) names IPv6 peers percent-encoded
+  // ("ipv6:%5Bfd00::7%5D:port").
+  peer = absl::StrReplaceAll(peer, {{"%5B", "["}, {"%5D", "]"}, {"%25", "%"}});
   const size_t colon = peer.rfind(':');
   const size_t scheme = peer.find(':');
   if (colon != std::string::npos && colon != scheme) peer.resize(colon);
