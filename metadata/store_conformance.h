@@ -26,6 +26,9 @@ struct StoreBackend {
   std::function<absl::StatusOr<std::shared_ptr<Store>>()> make;
   // The shortest lease TTL the backend honours.
   absl::Duration min_lease = absl::Milliseconds(500);
+  // Whether it must push changes (Store::WatchSegment); others may answer
+  // UNIMPLEMENTED, and the watch test skips them.
+  bool pushes = false;
 };
 
 // gtest prints a parameter by its name.

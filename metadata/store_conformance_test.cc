@@ -39,8 +39,10 @@ INSTANTIATE_TEST_SUITE_P(
     Backends, StoreConformanceTest,
     ::testing::Values(
         StoreBackend{"Memory", Memory}, StoreBackend{"Durable", Durable},
-        StoreBackend{"GrpcMemory", [] { return OverGrpc(Memory()); }},
-        StoreBackend{"GrpcDurable", [] { return OverGrpc(Durable()); }}),
+        StoreBackend{"GrpcMemory", [] { return OverGrpc(Memory()); },
+                     absl::Milliseconds(500), /*pushes=*/true},
+        StoreBackend{"GrpcDurable", [] { return OverGrpc(Durable()); },
+                     absl::Milliseconds(500), /*pushes=*/true}),
     BackendName);
 
 }  // namespace

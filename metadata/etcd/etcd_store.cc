@@ -27,6 +27,8 @@ namespace {
 
 // Buffers read below an added address before reading the whole segment.
 constexpr int64_t kWindowKeys = 64;
+// Addresses one change records in the meta for watchers (8 KiB x 10 B).
+constexpr size_t kMaxChangeAddrs = 8192;
 
 std::string Escape(const std::string& name) {
   std::string out;
@@ -664,11 +666,19 @@ absl::StatusOr<uint64_t> EtcdStore::UpdateBuffers(
     }
     meta.set_buffers(count);
     meta.set_keys(keys);
-    meta.set_change_base(static_cast<uint64_t>(snap->meta_revision));
     meta.clear_change_added();
     meta.clear_change_removed();
-    for (const Buffer& b : request.add()) meta.add_change_added(b.addr());
-    for (uint64_t a : request.remove_addrs()) meta.add_change_removed(a);
+    // Watchers read only what a change added; a change so large that its
+    // addresses would swell the meta toward etcd's request limit (1.5 MiB)
+    // has them read the whole segment instead (change_base 0).
+    if (static_cast<size_t>(request.add_size() + request.remove_addrs_size()) <=
+        kMaxChangeAddrs) {
+      meta.set_change_base(static_cast<uint64_t>(snap->meta_revision));
+      for (const Buffer& b : request.add()) meta.add_change_added(b.addr());
+      for (uint64_t a : request.remove_addrs()) meta.add_change_removed(a);
+    } else {
+      meta.set_change_base(0);
+    }
     std::vector<Compare> guard = {
         ValueIs(OwnerKey(name), request.owner_key()),
         ModRevisionIs(MetaKey(name), snap->meta_revision)};

@@ -111,7 +111,7 @@ class EtcdStore final : public Store {
   // Queues the create request of `w` for the current stream, if any.
   void SendCreateLocked(const Watcher& w)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(watch_mu_);
-  void EndWatch(int64_t id);
+  void EndWatch(const std::shared_ptr<Watcher>& w);
   // The writer thread: sends what is queued on the current stream, so
   // that no caller (an engine holding its lock, a gRPC callback) ever
   // waits for a write to etcd.

@@ -65,11 +65,12 @@ absl::StatusOr<std::shared_ptr<Store>> EtcdSmallTxns() {
 INSTANTIATE_TEST_SUITE_P(
     Etcd, StoreConformanceTest,
     ::testing::Values(
-        StoreBackend{"Etcd", Etcd, absl::Seconds(1)},
-        StoreBackend{"EtcdSmallTxns", EtcdSmallTxns, absl::Seconds(1)},
+        StoreBackend{"Etcd", Etcd, absl::Seconds(1), /*pushes=*/true},
+        StoreBackend{"EtcdSmallTxns", EtcdSmallTxns, absl::Seconds(1),
+                     /*pushes=*/true},
         // A metadata_server on etcd, as engines see it.
         StoreBackend{"GrpcEtcd", [] { return testing::OverGrpc(Etcd()); },
-                     absl::Seconds(1)}),
+                     absl::Seconds(1), /*pushes=*/true}),
     BackendName);
 
 SegmentDescriptor Seg(const std::string& name, uint64_t incarnation,
@@ -190,6 +191,73 @@ TEST(EtcdStoreTest, TwoClientsShareOneTable) {
 
 // High availability: a 3-member cluster loses its leader mid-run (a new
 // one must be elected). Registration, lookup and leases go on.
+// A change too large to list in the meta (over 8,192 addresses) is pushed
+// whole.
+TEST(EtcdStoreTest, HugeChangesArePushedWhole) {
+  ASSERT_NE(SharedCluster(), nullptr);
+  ASSERT_OK_AND_ASSIGN(auto store, FreshStore(SharedCluster()->endpoints()));
+  ASSERT_OK_AND_ASSIGN(uint64_t v0, store->Put(PutOf(Seg("huge", 1, 1))));
+  std::atomic<int> whole{0}, buffers{0};
+  ASSERT_OK_AND_ASSIGN(
+      auto watch, store->WatchSegment("huge", v0, [&](const SegmentEvent& ev) {
+        if (!ev.has_full()) return;
+        buffers = ev.full().buffers_size();
+        whole++;
+      }));
+  UpdateBuffersRequest batch;
+  batch.set_name("huge");
+  batch.set_owner_key(TestOwnerKey(1));
+  for (int i = 0; i < 9000; ++i) {
+    Buffer* b = batch.add_add();
+    b->set_addr(0x10000000ull + 0x10000ull * i);
+    b->set_length(0x1000);
+    b->set_location("cpu:0");
+  }
+  ASSERT_OK(store->UpdateBuffers(batch));
+  const absl::Time end = absl::Now() + absl::Seconds(20);
+  while (buffers.load() != 9001 && absl::Now() < end) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(buffers.load(), 9001);
+  EXPECT_EQ(whole.load(), 1);
+}
+
+// A watcher whose version etcd compacted away (a segment unchanged for a
+// long time, opened after auto-compaction) gets on: its watch is created
+// from the compaction point, and the next change is pushed.
+TEST(EtcdStoreTest, WatchesSurviveCompaction) {
+  ASSERT_NE(SharedCluster(), nullptr);
+  ASSERT_OK_AND_ASSIGN(auto store, FreshStore(SharedCluster()->endpoints()));
+  ASSERT_OK_AND_ASSIGN(uint64_t v0, store->Put(PutOf(Seg("still", 1, 1))));
+  for (int i = 0; i < 5; ++i) {  // Revisions move on elsewhere.
+    ASSERT_OK(store->Put(PutOf(Seg(absl::StrCat("busy", i), 2 + i, 1))));
+  }
+  ASSERT_OK_AND_ASSIGN(int64_t compacted, SharedCluster()->Compact());
+  ASSERT_GT(compacted, static_cast<int64_t>(v0) + 1);
+  std::atomic<int> events{0}, added{0};
+  ASSERT_OK_AND_ASSIGN(
+      auto watch, store->WatchSegment("still", v0, [&](const SegmentEvent& ev) {
+        events++;
+        added += ev.add_size();
+      }));
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_EQ(events.load(), 0) << "it had the current version already";
+  UpdateBuffersRequest add;
+  add.set_name("still");
+  add.set_owner_key(TestOwnerKey(1));
+  Buffer* b = add.add_add();
+  b->set_addr(0x7000000);
+  b->set_length(0x1000);
+  b->set_location("cpu:0");
+  ASSERT_OK(store->UpdateBuffers(add));
+  const absl::Time end = absl::Now() + absl::Seconds(10);
+  while (added.load() == 0 && absl::Now() < end) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(added.load(), 1) << "the change after the compaction was pushed";
+  EXPECT_EQ(events.load(), 1);
+}
+
 TEST(EtcdStoreTest, ThreeMembersSurviveLosingOne) {
   ASSERT_OK_AND_ASSIGN(auto cluster, EtcdCluster::Start(3));
   EtcdOptions o;

@@ -159,4 +159,28 @@ absl::StatusOr<int> EtcdCluster::LeaderIndex() const {
   return absl::UnavailableError("no etcd member names a leader");
 }
 
+absl::StatusOr<int64_t> EtcdCluster::Compact() {
+  auto channel = grpc::CreateChannel("ipv4:" + endpoints_[0],
+                                     grpc::InsecureChannelCredentials());
+  auto kv = etcdserverpb::KV::NewStub(channel);
+  etcdserverpb::RangeResponse range;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    etcdserverpb::RangeRequest req;
+    req.set_key("compact-probe");
+    grpc::Status s = kv->Range(&ctx, req, &range);
+    if (!s.ok()) return absl::UnavailableError(s.error_message());
+  }
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  etcdserverpb::CompactionRequest req;
+  req.set_revision(range.header().revision());
+  req.set_physical(true);
+  etcdserverpb::CompactionResponse resp;
+  grpc::Status s = kv->Compact(&ctx, req, &resp);
+  if (!s.ok()) return absl::UnavailableError(s.error_message());
+  return range.header().revision();
+}
+
 }  // namespace ferry::metadata

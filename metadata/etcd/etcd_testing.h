@@ -32,6 +32,9 @@ class EtcdCluster {
   // The index of the member that leads the cluster now, as the members'
   // Maintenance.Status say; Unavailable if none answers with one.
   absl::StatusOr<int> LeaderIndex() const;
+  // Compacts the history up to the current revision (what etcd's
+  // auto-compaction does), which it returns.
+  absl::StatusOr<int64_t> Compact();
 
  private:
   EtcdCluster() = default;

@@ -1,11 +1,13 @@
 // EtcdStore::WatchSegment: segment changes pushed from etcd's Watch API
 // (etcd_store.h says how).
+#include <algorithm>
 #include <atomic>
 #include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/log.h"
 #include "metadata/etcd/etcd_store.h"
 #include "metadata/validation.h"
 
@@ -14,15 +16,24 @@ namespace ferry::metadata {
 // One WatchSegment. `version` is what the watcher's copy is at; the rest
 // is the watch thread's after creation.
 struct EtcdStore::Watcher {
+  // Its etcd watch id; a new one each time the watch is created again on
+  // the same stream (etcd keeps a compacted watch's id in use). Read and
+  // written under the store's watch_mu_.
   int64_t id = 0;
   std::string name;
   std::string meta_key;
   Store::EventFn fn;
   std::atomic<uint64_t> version{0};
+  // The oldest revision etcd still has (from a compaction notice): a watch
+  // is created no earlier, whatever `version` is (a segment unchanged
+  // since before the compaction would otherwise be refused again and
+  // again). Events at or below `version` are skipped anyway.
+  std::atomic<int64_t> min_start{0};
   // Whether the watcher holds a descriptor deltas apply to (not after
   // `gone`, nor before the first whole push when it asked for one).
   bool known = false;
   bool need_whole = false;
+  bool gone_pushed = false;  // The last push was `gone`.
   // A call of `fn` and the end of the watch exclude each other, so that
   // no call follows the end.
   Mutex mu;
@@ -36,12 +47,13 @@ struct EtcdStore::Watcher {
 
 class EtcdStore::SegmentWatch final : public Watch {
  public:
-  SegmentWatch(EtcdStore* store, int64_t id) : store_(store), id_(id) {}
-  ~SegmentWatch() override { store_->EndWatch(id_); }
+  SegmentWatch(EtcdStore* store, std::shared_ptr<Watcher> w)
+      : store_(store), w_(std::move(w)) {}
+  ~SegmentWatch() override { store_->EndWatch(w_); }
 
  private:
   EtcdStore* const store_;
-  const int64_t id_;
+  const std::shared_ptr<Watcher> w_;
 };
 
 EtcdStore::~EtcdStore() {
@@ -75,19 +87,15 @@ absl::StatusOr<std::unique_ptr<Watch>> EtcdStore::WatchSegment(
     watch_thread_ = std::thread([this] { WatchLoop(); });
     writer_thread_ = std::thread([this] { WriteLoop(); });
   }
-  return std::unique_ptr<Watch>(new SegmentWatch(this, w->id));
+  return std::unique_ptr<Watch>(new SegmentWatch(this, w));
 }
 
-void EtcdStore::EndWatch(int64_t id) {
-  std::shared_ptr<Watcher> w;
+void EtcdStore::EndWatch(const std::shared_ptr<Watcher>& w) {
   {
     MutexLock lock(&watch_mu_);
-    auto it = watchers_.find(id);
-    if (it == watchers_.end()) return;
-    w = std::move(it->second);
-    watchers_.erase(it);
+    watchers_.erase(w->id);
     if (stream_ != nullptr) {
-      outbox_.emplace_back().mutable_cancel_request()->set_watch_id(id);
+      outbox_.emplace_back().mutable_cancel_request()->set_watch_id(w->id);
       outbox_cv_.Signal();
     }
   }
@@ -103,7 +111,8 @@ void EtcdStore::SendCreateLocked(const Watcher& w) {
   // From the next change after what the watcher has; from now if it has
   // nothing yet (it is pushed the whole segment once the watch is there).
   const uint64_t v = w.version.load();
-  c->set_start_revision(v == 0 ? 0 : static_cast<int64_t>(v) + 1);
+  c->set_start_revision(
+      v == 0 ? 0 : std::max(static_cast<int64_t>(v) + 1, w.min_start.load()));
   outbox_cv_.Signal();
 }
 
@@ -179,12 +188,24 @@ void EtcdStore::HandleWatchResponse(const etcdserverpb::WatchResponse& resp) {
   }
   if (resp.canceled()) {
     if (resp.compact_revision() > 0) {
+      w->min_start = resp.compact_revision();
       // The versions after the watcher's are compacted away: push the
       // whole segment, and watch again from there.
       PushWhole(w.get());
       MutexLock lock(&watch_mu_);
-      if (watchers_.count(w->id) > 0) SendCreateLocked(*w);
+      auto it = watchers_.find(w->id);
+      if (it == watchers_.end() || it->second != w) return;  // Ended.
+      watchers_.erase(it);
+      w->id = next_watch_id_++;
+      watchers_[w->id] = w;
+      SendCreateLocked(*w);
+      return;
     }
+    // Refused for another reason: nothing is pushed until the stream is
+    // opened again (the reader refreshes on a miss meanwhile).
+    FERRY_LOG_EVERY(kWarn, "metadata", absl::Seconds(10),
+                    "etcd ended the watch of segment '", w->name,
+                    "': ", resp.cancel_reason());
     return;
   }
   if (resp.created() && w->need_whole) {
@@ -202,6 +223,8 @@ void EtcdStore::PushWhole(Watcher* w) {
     // fetches on its own, and a later change is pushed whole).
     w->known = false;
     if (d.status().code() != absl::StatusCode::kNotFound) return;
+    if (w->gone_pushed) return;  // Said already.
+    w->gone_pushed = true;
     ev.set_version(w->version.load());
     ev.set_gone(true);
     w->Deliver(ev);
@@ -210,6 +233,7 @@ void EtcdStore::PushWhole(Watcher* w) {
   if (w->known && d->version() == w->version.load()) return;  // Has it.
   w->version = d->version();
   w->known = true;
+  w->gone_pushed = false;
   ev.set_version(d->version());
   *ev.mutable_full() = std::move(*d);
   w->Deliver(ev);
@@ -221,6 +245,8 @@ void EtcdStore::OnMetaEvent(Watcher* w, const mvccpb::Event& ev) {
   if (ev.type() == mvccpb::Event::DELETE) {
     w->version = rev;
     w->known = false;
+    if (w->gone_pushed) return;
+    w->gone_pushed = true;
     SegmentEvent gone;
     gone.set_version(rev);
     gone.set_gone(true);
