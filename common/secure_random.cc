@@ -2,6 +2,11 @@
 
 #include <sys/random.h>
 
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
 namespace ferry {
 
 void SecureRandomBytes(void* out, size_t n) {
@@ -11,7 +16,15 @@ void SecureRandomBytes(void* out, size_t n) {
     // Reads of <= 256 bytes from an initialized pool do not fail or return
     // short; larger ones may be cut by a signal, and EINTR is retried.
     const ssize_t r = getrandom(p + got, n - got, 0);
-    if (r > 0) got += static_cast<size_t>(r);
+    if (r > 0) {
+      got += static_cast<size_t>(r);
+    } else if (r < 0 && errno != EINTR && errno != EAGAIN) {
+      // No kernel randomness (ENOSYS: pre-3.17 kernel; EPERM: a seccomp
+      // filter): no secret can be made, and looping would hang.
+      std::fprintf(stderr, "ferry: getrandom failed: %s\n",
+                   std::strerror(errno));
+      std::abort();
+    }
   }
 }
 

@@ -11,7 +11,8 @@
 namespace ferry {
 
 // Fills [out, out + n) with random bytes. Blocks only until the kernel's
-// pool is initialized at boot; never fails.
+// pool is initialized at boot. Aborts, saying why, where the kernel gives
+// no randomness at all (getrandom missing or forbidden).
 void SecureRandomBytes(void* out, size_t n);
 
 // A random 64-bit value that is never 0, so that 0 can mean "no key".

@@ -176,6 +176,10 @@ void RpcServer::Configure(const std::vector<grpc::Service*>& services,
   builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveMs);
   builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
                               kKeepaliveTimeoutMs);
+  // Bounds a TLS handshake (gRPC's own listener; without TLS the accept
+  // loop bounds the first bytes).
+  builder->AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                              ToMs(o.handshake_timeout));
   for (grpc::Service* s : services) builder->RegisterService(s);
 }
 

@@ -23,8 +23,9 @@
 // With TLS (RpcServerOptions::tls), gRPC 1.51 cannot take connections by
 // fd (grpc_server_add_channel_from_fd supports insecure credentials only),
 // so gRPC's own listener serves the port: the per-call limits above still
-// hold, the accept-side ones (connection caps, handshake timeout, the
-// EMFILE shedding) do not, and stats() counts nothing.
+// hold, and handshake_timeout bounds the TLS handshake, but the
+// accept-side ones (connection caps, the EMFILE shedding) do not, and
+// stats() counts nothing.
 #ifndef FERRY_METADATA_RPC_SERVER_H_
 #define FERRY_METADATA_RPC_SERVER_H_
 

@@ -35,7 +35,14 @@ absl::StatusOr<std::string> ReadPem(const std::string& what,
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<const Tls>> Tls::Load(const TlsFiles& files) {
-  if (!files.enabled()) return std::shared_ptr<const Tls>();
+  if (!files.enabled()) {
+    if (!files.server_name.empty()) {
+      return absl::InvalidArgumentError(
+          "a TLS server name without the CA, certificate and key files "
+          "would leave TLS off");
+    }
+    return std::shared_ptr<const Tls>();
+  }
   if (files.ca_file.empty() || files.cert_file.empty() ||
       files.key_file.empty()) {
     return absl::InvalidArgumentError(

@@ -46,7 +46,7 @@ class Tls {
  public:
   // nullptr if `files` is not enabled. InvalidArgument naming the file if
   // one is missing, unreadable, too large or not PEM of the right kind, or
-  // if only some of the three are given.
+  // if only some of the three (or only server_name) are given.
   static absl::StatusOr<std::shared_ptr<const Tls>> Load(const TlsFiles& files);
 
   // Requires and verifies a client certificate.

@@ -144,6 +144,9 @@ TestPki* TlsTest::pki_ = nullptr;
 TEST_F(TlsTest, LoadNamesWhatIsWrong) {
   ASSERT_OK_AND_ASSIGN(auto none, Tls::Load({}));
   EXPECT_EQ(none, nullptr);
+  TlsFiles name_only;
+  name_only.server_name = "ferry.test";  // Not TLS: refused, not plaintext.
+  EXPECT_STATUS(Tls::Load(name_only), absl::StatusCode::kInvalidArgument);
   TlsFiles partial = pki_->node;
   partial.key_file.clear();
   EXPECT_STATUS(Tls::Load(partial), absl::StatusCode::kInvalidArgument);

@@ -96,7 +96,9 @@ class TcpServer::Conn : public EventLoop::Handler {
           n = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL);
         }
         if (n > 0) {
-          if (absl::Status s = session_->OnSent(n, now); !s.ok()) {
+          const absl::Status s = session_->OnSent(n, now);
+          CountDenied();  // OnSent may resume staged requests.
+          if (!s.ok()) {
             server_->bad_frames_.fetch_add(1, std::memory_order_relaxed);
             return Close();
           }
@@ -124,6 +126,7 @@ class TcpServer::Conn : public EventLoop::Handler {
   // closed nothing touches the target memory any more, so the session's
   // leases go at once.
   void Close() {
+    if (session_ != nullptr) CountDenied();
     // Leases and the slot go first: whoever sees the socket close sees
     // them released too.
     session_.reset();
