@@ -1,0 +1,383 @@
+// The C API over TransferEngine: handles are the C++ objects behind
+// opaque struct names; statuses are absl::Status copied onto the heap.
+#include "engine/capi/ferry_c.h"
+
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/time.h"
+#include "engine/transfer_engine.h"
+
+struct ferry_status {
+  absl::Status status;
+  std::string message;  // NUL-terminated, whatever absl keeps.
+};
+
+struct ferry_options {
+  ferry::EngineOptions options;
+};
+
+struct ferry_engine {
+  ferry::TransferEngine engine;
+};
+
+namespace {
+
+ferry_status* Wrap(absl::Status s) {
+  if (s.ok()) return nullptr;
+  auto* st = new (std::nothrow) ferry_status{std::move(s), ""};
+  if (st != nullptr) st->message = std::string(st->status.message());
+  return st;
+}
+
+ferry_status* Null(const char* what) {
+  return Wrap(absl::InvalidArgumentError(absl::StrCat(what, " is NULL")));
+}
+
+size_t CopyOut(const std::string& s, char* buf, size_t cap) {
+  if (buf != nullptr && cap > 0) {
+    const size_t n = std::min(s.size(), cap - 1);
+    std::memcpy(buf, s.data(), n);
+    buf[n] = '\0';
+  }
+  return s.size();
+}
+
+char* Dup(const std::string& s) {
+  char* p = static_cast<char*>(std::malloc(s.size() + 1));
+  if (p == nullptr) return nullptr;
+  std::memcpy(p, s.data(), s.size());
+  p[s.size()] = '\0';
+  return p;
+}
+
+int StateOf(ferry::TransferState s) {
+  switch (s) {
+    case ferry::TransferState::kWaiting:
+      return FERRY_WAITING;
+    case ferry::TransferState::kPending:
+      return FERRY_PENDING;
+    case ferry::TransferState::kCompleted:
+      return FERRY_COMPLETED;
+    case ferry::TransferState::kFailed:
+      return FERRY_FAILED;
+    case ferry::TransferState::kTimeout:
+      return FERRY_TIMEOUT;
+  }
+  return FERRY_FAILED;
+}
+
+using Setter =
+    std::function<absl::Status(ferry::EngineOptions&, absl::string_view)>;
+
+Setter String(std::string ferry::EngineOptions::*field) {
+  return [field](ferry::EngineOptions& o, absl::string_view v) {
+    o.*field = std::string(v);
+    return absl::OkStatus();
+  };
+}
+
+Setter Millis(absl::Duration ferry::EngineOptions::*field) {
+  return [field](ferry::EngineOptions& o, absl::string_view v) {
+    int64_t ms = 0;
+    if (!absl::SimpleAtoi(v, &ms)) {
+      return absl::InvalidArgumentError("not a number of milliseconds");
+    }
+    o.*field = absl::Milliseconds(ms);
+    return absl::OkStatus();
+  };
+}
+
+std::vector<std::string> List(absl::string_view v) {
+  return absl::StrSplit(v, ',', absl::SkipWhitespace());
+}
+
+const absl::flat_hash_map<std::string, Setter>& Setters() {
+  using O = ferry::EngineOptions;
+  static const auto* setters = new absl::flat_hash_map<std::string, Setter>{
+      {"local_segment_name", String(&O::local_segment_name)},
+      {"metadata_endpoint", String(&O::metadata_endpoint)},
+      {"metadata_namespace", String(&O::metadata_namespace)},
+      {"auth_token", String(&O::auth_token)},
+      {"tls_ca_file", String(&O::tls_ca_file)},
+      {"tls_cert_file", String(&O::tls_cert_file)},
+      {"tls_key_file", String(&O::tls_key_file)},
+      {"tls_server_name", String(&O::tls_server_name)},
+      {"listen_host", String(&O::listen_host)},
+      {"advertise_host", String(&O::advertise_host)},
+      {"log_level", String(&O::log_level)},
+      {"rpc_timeout_ms", Millis(&O::rpc_timeout)},
+      {"transfer_timeout_ms", Millis(&O::transfer_timeout)},
+      {"metadata_lease_ttl_ms", Millis(&O::metadata_lease_ttl)},
+      {"transports",
+       [](O& o, absl::string_view v) {
+         o.transports = List(v);
+         return absl::OkStatus();
+       }},
+      {"rdma_devices",
+       [](O& o, absl::string_view v) {
+         o.rdma.devices = List(v);
+         return absl::OkStatus();
+       }},
+      {"rpc_port",
+       [](O& o, absl::string_view v) {
+         uint32_t port = 0;
+         if (!absl::SimpleAtoi(v, &port) || port > 65535) {
+           return absl::InvalidArgumentError("not a port (0..65535)");
+         }
+         o.rpc_port = static_cast<uint16_t>(port);
+         return absl::OkStatus();
+       }},
+      {"mr_cache_bytes",
+       [](O& o, absl::string_view v) {
+         return absl::SimpleAtoi(v, &o.mr_cache_bytes)
+                    ? absl::OkStatus()
+                    : absl::InvalidArgumentError("not a byte count");
+       }},
+      {"max_batch_capacity",
+       [](O& o, absl::string_view v) {
+         return absl::SimpleAtoi(v, &o.max_batch_capacity)
+                    ? absl::OkStatus()
+                    : absl::InvalidArgumentError("not a count");
+       }},
+      {"refuse_unverified_notifications",
+       [](O& o, absl::string_view v) {
+         if (v != "0" && v != "1") {
+           return absl::InvalidArgumentError("not 0 or 1");
+         }
+         o.refuse_unverified_notifications = v == "1";
+         return absl::OkStatus();
+       }},
+  };
+  return *setters;
+}
+
+}  // namespace
+
+extern "C" {
+
+int ferry_status_code(const ferry_status* status) {
+  return status == nullptr ? FERRY_OK : static_cast<int>(status->status.code());
+}
+
+const char* ferry_status_message(const ferry_status* status) {
+  return status == nullptr ? "" : status->message.c_str();
+}
+
+void ferry_status_free(ferry_status* status) { delete status; }
+
+ferry_options* ferry_options_new(void) {
+  return new (std::nothrow) ferry_options();
+}
+
+void ferry_options_free(ferry_options* options) { delete options; }
+
+ferry_status* ferry_options_set(ferry_options* options, const char* key,
+                                const char* value) {
+  if (options == nullptr) return Null("options");
+  if (key == nullptr) return Null("key");
+  if (value == nullptr) return Null("value");
+  auto it = Setters().find(key);
+  if (it == Setters().end()) {
+    return Wrap(absl::InvalidArgumentError(
+        absl::StrCat("unknown engine option '", key, "'")));
+  }
+  absl::Status s = it->second(options->options, value);
+  if (!s.ok()) {
+    return Wrap(absl::InvalidArgumentError(
+        absl::StrCat("engine option ", key, "='", value, "': ", s.message())));
+  }
+  return nullptr;
+}
+
+ferry_status* ferry_engine_new(const ferry_options* options,
+                               ferry_engine** out) {
+  if (out == nullptr) return Null("out");
+  *out = nullptr;
+  if (options == nullptr) return Null("options");
+  auto engine = std::make_unique<ferry_engine>();
+  if (absl::Status s = engine->engine.Init(options->options); !s.ok()) {
+    return Wrap(std::move(s));
+  }
+  *out = engine.release();
+  return nullptr;
+}
+
+void ferry_engine_free(ferry_engine* engine) { delete engine; }
+
+size_t ferry_engine_segment_name(const ferry_engine* engine, char* buf,
+                                 size_t cap) {
+  if (engine == nullptr) return CopyOut("", buf, cap);
+  return CopyOut(engine->engine.local_segment_name(), buf, cap);
+}
+
+size_t ferry_engine_metadata_address(const ferry_engine* engine, char* buf,
+                                     size_t cap) {
+  if (engine == nullptr) return CopyOut("", buf, cap);
+  return CopyOut(engine->engine.metadata_address(), buf, cap);
+}
+
+ferry_status* ferry_register_memory(ferry_engine* engine, void* addr,
+                                    size_t length, const char* location,
+                                    int remote_accessible) {
+  if (engine == nullptr) return Null("engine");
+  return Wrap(engine->engine.RegisterLocalMemory(
+      addr, length, location == nullptr ? "*" : location,
+      remote_accessible != 0));
+}
+
+ferry_status* ferry_unregister_memory(ferry_engine* engine, void* addr) {
+  if (engine == nullptr) return Null("engine");
+  return Wrap(engine->engine.UnregisterLocalMemory(addr));
+}
+
+ferry_status* ferry_open_segment(ferry_engine* engine, const char* name,
+                                 ferry_segment* out) {
+  if (engine == nullptr) return Null("engine");
+  if (name == nullptr) return Null("name");
+  if (out == nullptr) return Null("out");
+  auto h = engine->engine.OpenSegment(name);
+  if (!h.ok()) return Wrap(h.status());
+  *out = *h;
+  return nullptr;
+}
+
+ferry_status* ferry_close_segment(ferry_engine* engine, ferry_segment segment) {
+  if (engine == nullptr) return Null("engine");
+  return Wrap(engine->engine.CloseSegment(segment));
+}
+
+ferry_status* ferry_batch_new(ferry_engine* engine, size_t capacity,
+                              ferry_batch* out) {
+  if (engine == nullptr) return Null("engine");
+  if (out == nullptr) return Null("out");
+  auto b = engine->engine.AllocateBatch(capacity);
+  if (!b.ok()) return Wrap(b.status());
+  *out = *b;
+  return nullptr;
+}
+
+ferry_status* ferry_submit(ferry_engine* engine, ferry_batch batch,
+                           const ferry_request* requests, size_t count) {
+  if (engine == nullptr) return Null("engine");
+  if (requests == nullptr && count > 0) return Null("requests");
+  std::vector<ferry::TransferRequest> reqs(count);
+  for (size_t i = 0; i < count; ++i) {
+    const ferry_request& r = requests[i];
+    if (r.opcode != FERRY_READ && r.opcode != FERRY_WRITE) {
+      return Wrap(absl::InvalidArgumentError(
+          absl::StrCat("request ", i, ": opcode ", r.opcode,
+                       " is not FERRY_READ or "
+                       "FERRY_WRITE")));
+    }
+    reqs[i].opcode =
+        r.opcode == FERRY_WRITE ? ferry::OpCode::kWrite : ferry::OpCode::kRead;
+    reqs[i].source = r.source;
+    reqs[i].target_id = r.target;
+    reqs[i].target_offset = r.target_offset;
+    reqs[i].length = r.length;
+  }
+  return Wrap(engine->engine.SubmitTransfer(batch, reqs));
+}
+
+ferry_status* ferry_batch_wait(ferry_engine* engine, ferry_batch batch,
+                               int64_t timeout_ms, ferry_batch_status* out) {
+  if (engine == nullptr) return Null("engine");
+  if (out == nullptr) return Null("out");
+  auto st = engine->engine.WaitBatch(
+      batch, timeout_ms < 0 ? absl::InfiniteDuration()
+                            : absl::Milliseconds(timeout_ms));
+  absl::StatusOr<ferry::BatchStatus> now =
+      st.ok() ? st : engine->engine.GetBatchStatus(batch);
+  if (now.ok()) {
+    out->state = StateOf(now->state);
+    out->total = now->total;
+    out->completed = now->completed;
+    out->failed = now->failed;
+    out->transferred_bytes = now->transferred_bytes;
+  }
+  return Wrap(st.status());
+}
+
+ferry_status* ferry_request_status(ferry_engine* engine, ferry_batch batch,
+                                   size_t index, int* state,
+                                   uint64_t* transferred_bytes,
+                                   ferry_status** error) {
+  if (engine == nullptr) return Null("engine");
+  if (error != nullptr) *error = nullptr;
+  auto st = engine->engine.GetTransferStatus(batch, index);
+  if (!st.ok()) return Wrap(st.status());
+  if (state != nullptr) *state = StateOf(st->state);
+  if (transferred_bytes != nullptr) {
+    *transferred_bytes = st->transferred_bytes;
+  }
+  if (error != nullptr) *error = Wrap(st->error);
+  return nullptr;
+}
+
+ferry_status* ferry_batch_free(ferry_engine* engine, ferry_batch batch) {
+  if (engine == nullptr) return Null("engine");
+  return Wrap(engine->engine.FreeBatch(batch));
+}
+
+ferry_status* ferry_send_notification(ferry_engine* engine,
+                                      ferry_segment target, const char* name,
+                                      const void* message,
+                                      size_t message_length) {
+  if (engine == nullptr) return Null("engine");
+  if (name == nullptr) return Null("name");
+  if (message == nullptr && message_length > 0) return Null("message");
+  return Wrap(engine->engine.SendNotification(
+      target, name,
+      std::string(static_cast<const char*>(message), message_length)));
+}
+
+ferry_status* ferry_get_notifications(ferry_engine* engine,
+                                      ferry_notification** out, size_t* count) {
+  if (engine == nullptr) return Null("engine");
+  if (out == nullptr) return Null("out");
+  if (count == nullptr) return Null("count");
+  *out = nullptr;
+  *count = 0;
+  std::vector<ferry::Notification> got = engine->engine.GetNotifications();
+  if (got.empty()) return nullptr;
+  auto* arr = static_cast<ferry_notification*>(
+      std::calloc(got.size(), sizeof(ferry_notification)));
+  if (arr == nullptr) {
+    return Wrap(absl::ResourceExhaustedError(absl::StrCat(
+        "no memory for ", got.size(), " notifications (they are lost)")));
+  }
+  for (size_t i = 0; i < got.size(); ++i) {
+    arr[i].from_segment = Dup(got[i].from_segment);
+    arr[i].name = Dup(got[i].name);
+    arr[i].message = Dup(got[i].message);
+    arr[i].message_length = got[i].message.size();
+    arr[i].sender_address = Dup(got[i].sender_address);
+    arr[i].sender_verified = got[i].sender_verified ? 1 : 0;
+  }
+  *out = arr;
+  *count = got.size();
+  return nullptr;
+}
+
+void ferry_notifications_free(ferry_notification* notifications, size_t count) {
+  if (notifications == nullptr) return;
+  for (size_t i = 0; i < count; ++i) {
+    std::free(notifications[i].from_segment);
+    std::free(notifications[i].name);
+    std::free(notifications[i].message);
+    std::free(notifications[i].sender_address);
+  }
+  std::free(notifications);
+}
+
+}  // extern "C"
