@@ -50,6 +50,20 @@ def _system_libs_impl(rctx):
             "    defines = %s,\n" % repr(defines) +
             "    visibility = [\"//visibility:public\"],\n)\n",
         )
+    # Python's C headers for extension modules (the python package):
+    # /usr/include/python3.X is not a builtin include directory, and a
+    # cc_library may only name include paths inside its repository, so the
+    # directory is linked in here.
+    py = rctx.execute([pkg_config, "--cflags-only-I", "python3"])
+    py_dirs = [f[2:] for f in py.stdout.strip().split(" ") if f.startswith("-I")]
+    if py.return_code == 0 and py_dirs:
+        rctx.symlink(py_dirs[0], "python3")
+        build.append(
+            "cc_library(\n    name = \"python_headers\",\n" +
+            "    hdrs = glob([\"python3/**/*.h\"]),\n" +
+            "    includes = [\"python3\"],\n" +
+            "    visibility = [\"//visibility:public\"],\n)\n",
+        )
     rctx.file("WORKSPACE", "workspace(name = \"system\")\n")
     rctx.file("BUILD", "\n".join(build))
 

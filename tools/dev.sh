@@ -2,7 +2,8 @@
 # Ferry's front door. On a fresh Debian 12 machine:
 #   tools/dev.sh demo   # installs what is needed, builds, runs a demo transfer
 #   tools/dev.sh test   # installs what is needed, runs the whole test suite
-# Other subcommands: setup, build, bench-tcp, format, and the checks CI runs
+# Other subcommands: setup, build, python (installs the Python package for
+# /usr/bin/python3), bench-tcp, format, and the checks CI runs
 # besides `test`: clang (thread-safety analysis), tsan, fuzz.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +17,7 @@ PACKAGES=(
   clang libclang-rt-14-dev
   etcd-server golang-etcd-server-dev
   openssl
+  python3-dev pybind11-dev python3-pytest python3-numpy
 )
 
 setup() {
@@ -239,8 +241,25 @@ format() {
     xargs clang-format -i
 }
 
+# Builds the `ferry` Python package and installs it for Debian's
+# /usr/bin/python3 (another python3 may come first on PATH), in the
+# directory Debian's python3 reads local packages from; idempotent.
+python_install() {
+  setup
+  drop_execroot_link
+  "${BAZEL[@]}" build //python:_ferry.so
+  local dest
+  dest="$(/usr/bin/python3 -c 'import sysconfig; print(sysconfig.get_path("purelib", "posix_local"))')"
+  rm -rf "$dest/ferry"
+  mkdir -p "$dest/ferry"
+  cp python/ferry/*.py "$dest/ferry/"
+  install -m 0755 "$("${BAZEL[@]}" info bazel-bin 2>/dev/null)/python/_ferry.so" "$dest/ferry/"
+  (cd / && /usr/bin/python3 -c 'import ferry; print("ferry installed:", ferry.__file__)')
+}
+
 case "${1:-}" in
   setup) setup ;;
+  python) python_install ;;
   build) shift; setup; build "$@" ;;
   demo) demo ;;
   test) shift; test_cmd "$@" ;;
@@ -250,7 +269,7 @@ case "${1:-}" in
   tsan) shift; tsan "$@" ;;
   fuzz) shift; fuzz "$@" ;;
   *)
-    echo "usage: tools/dev.sh setup|demo|test|build|bench-tcp|format|clang|tsan|fuzz" >&2
+    echo "usage: tools/dev.sh setup|demo|test|build|python|bench-tcp|format|clang|tsan|fuzz" >&2
     exit 2
     ;;
 esac

@@ -1,0 +1,212 @@
+"""Ferry: a transfer engine for KV-cache migration and multi-node transfers.
+
+The pythonic layer over Ferry's engine::
+
+    import ferry
+    with ferry.Engine(local_segment_name="decode-0") as engine:
+        kv = bytearray(1 << 20)
+        engine.register(kv)                  # zero-copy, pinned while registered
+        peer = engine.open_segment("prefill-0")
+        batch = engine.batch([ferry.Request.read(kv, peer, remote_addr)])
+        batch.wait(timeout=10)
+
+Options are EngineOptions' fields by name (ferry_c.h lists them); values
+may be str, int, bool or a list of str. Errors raise FerryError(code,
+message). Every call that waits releases the GIL; an Engine may be used from
+several threads.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from ferry.errors import FerryError  # noqa: F401  (re-exported)
+from ferry import errors
+from ferry import _ferry
+
+__all__ = ["Engine", "Batch", "Request", "Notification", "FerryError", "errors"]
+
+READ = _ferry.READ
+WRITE = _ferry.WRITE
+
+# Transfer states, as ferry_c.h numbers them.
+WAITING, PENDING, COMPLETED, FAILED, TIMEOUT = range(5)
+STATE_NAMES = ("WAITING", "PENDING", "COMPLETED", "FAILED", "TIMEOUT")
+
+
+def _option(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+@dataclass(frozen=True)
+class Request:
+    """One transfer: `length` bytes between local memory and a segment."""
+
+    opcode: int
+    local_addr: int
+    segment: int
+    remote_addr: int
+    length: int
+
+    @staticmethod
+    def read(local_addr: int, segment: int, remote_addr: int,
+             length: int) -> "Request":
+        return Request(READ, local_addr, segment, remote_addr, length)
+
+    @staticmethod
+    def write(local_addr: int, segment: int, remote_addr: int,
+              length: int) -> "Request":
+        return Request(WRITE, local_addr, segment, remote_addr, length)
+
+
+@dataclass(frozen=True)
+class Notification:
+    from_segment: str  # As the sender claims it; trust it if sender_verified.
+    name: str
+    message: bytes
+    sender_address: str  # As the connection shows it.
+    sender_verified: bool
+
+
+class Batch:
+    """Requests submitted together; wait() for them, then status()."""
+
+    def __init__(self, engine: "Engine", batch_id: int, count: int):
+        self._engine = engine
+        self._id = batch_id
+        self._count = count
+        self._freed = False
+
+    @property
+    def id(self) -> int:
+        return self._id
+
+    def wait(self, timeout: Optional[float] = None) -> Tuple[int, int]:
+        """Waits until every request is done: (state, bytes moved).
+
+        Raises FerryError(DEADLINE_EXCEEDED) if `timeout` (seconds; None:
+        no limit) passes first; the requests go on.
+        """
+        ms = -1 if timeout is None else max(0, int(timeout * 1000))
+        state, _, _, _, moved = self._engine._raw().wait(self._id, ms)
+        return state, moved
+
+    def status(self, index: int) -> Tuple[int, int, Optional[FerryError]]:
+        """Request `index`: (state, bytes moved, its error or None)."""
+        state, moved, code, message = self._engine._raw().request_status(
+            self._id, index)
+        return state, moved, (FerryError(code, message) if code else None)
+
+    def free(self) -> None:
+        if not self._freed:
+            self._engine._raw().free_batch(self._id)
+            self._freed = True
+
+
+class Engine:
+    """A Ferry engine: a context manager that shuts down on exit."""
+
+    def __init__(self, **options: Any):
+        self._lock = threading.Lock()
+        # Address -> memoryview of what is registered there: the view pins
+        # the object (alive, and not resizable) while it is registered.
+        self._pinned: Dict[int, memoryview] = {}
+        self._engine = _ferry.Engine(
+            [(k, _option(v)) for k, v in options.items()])
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Shuts the engine down (requests in flight end FAILED)."""
+        self._engine.close()
+        with self._lock:
+            self._pinned.clear()
+
+    def _raw(self) -> Any:
+        return self._engine
+
+    @property
+    def segment_name(self) -> str:
+        return self._engine.segment_name()
+
+    @property
+    def metadata_address(self) -> str:
+        return self._engine.metadata_address()
+
+    def register(self, buffer: Any, location: str = "cpu:0",
+                 remote_accessible: bool = True) -> int:
+        """Registers an object with the buffer protocol, zero-copy.
+
+        Returns its address. The object is kept alive, and cannot be
+        resized, until unregister().
+        """
+        view = memoryview(buffer)
+        addr, length, readonly = _ferry.buffer_address(view)
+        if readonly and remote_accessible:
+            view.release()
+            raise FerryError(
+                errors.INVALID_ARGUMENT,
+                "a read-only buffer cannot be remote-accessible (peers may "
+                "WRITE it); pass remote_accessible=False to send from it")
+        self._engine.register(addr, length, location, remote_accessible)
+        with self._lock:
+            self._pinned[addr] = view
+        return addr
+
+    def register_address(self, addr: int, length: int,
+                         location: str = "cpu:0",
+                         remote_accessible: bool = True) -> None:
+        """Registers raw memory the caller keeps alive."""
+        self._engine.register(addr, length, location, remote_accessible)
+
+    def unregister(self, buffer_or_addr: Any) -> None:
+        if isinstance(buffer_or_addr, int):
+            addr = buffer_or_addr
+        else:
+            addr = _ferry.buffer_address(buffer_or_addr)[0]
+        self._engine.unregister(addr)
+        with self._lock:
+            view = self._pinned.pop(addr, None)
+        if view is not None:
+            view.release()
+
+    def open_segment(self, name: str) -> int:
+        return self._engine.open_segment(name)
+
+    def close_segment(self, segment: int) -> None:
+        self._engine.close_segment(segment)
+
+    def batch(self, requests: Sequence[Request],
+              capacity: Optional[int] = None) -> Batch:
+        """Allocates a batch and submits `requests` to it (all or none)."""
+        batch_id = self._engine.new_batch(capacity or max(1, len(requests)))
+        try:
+            self._engine.submit(batch_id, [
+                (r.opcode, r.local_addr, r.segment, r.remote_addr, r.length)
+                for r in requests
+            ])
+        except FerryError:
+            self._engine.free_batch(batch_id)
+            raise
+        return Batch(self, batch_id, len(requests))
+
+    def notify(self, segment: int, name: str, message: bytes) -> None:
+        self._engine.notify(segment, name, bytes(message))
+
+    def notifications(self) -> List[Notification]:
+        return [Notification(*n) for n in self._engine.notifications()]
+
+
+def address_of(buffer: Any) -> int:
+    """The address of an object's buffer (buffer protocol)."""
+    return _ferry.buffer_address(memoryview(buffer))[0]

@@ -1,0 +1,234 @@
+// _ferry: the Python extension under the `ferry` package, a thin layer over
+// the C API (engine/capi/ferry_c.h), so that options, errors and handles
+// behave as they do for C. The pythonic layer (ferry/__init__.py) and the
+// Mooncake drop-in (ferry/mooncake.py) are Python on top of it.
+//
+// Every call that may wait (on the network, the metadata service or a
+// batch) releases the GIL. Errors raise ferry.errors.FerryError(code,
+// message).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "engine/capi/ferry_c.h"
+
+namespace py = pybind11;
+
+namespace {
+
+[[noreturn]] void Raise(int code, const std::string& message) {
+  py::object error = py::module_::import("ferry.errors").attr("FerryError");
+  PyErr_SetObject(error.ptr(), py::make_tuple(code, message).ptr());
+  throw py::error_already_set();
+}
+
+// Raises FerryError for a failed status (taking it); returns for OK.
+void Check(ferry_status* s) {
+  if (s == nullptr) return;
+  const int code = ferry_status_code(s);
+  const std::string message = ferry_status_message(s);
+  ferry_status_free(s);
+  Raise(code, message);
+}
+
+// Runs `call` (returning a ferry_status*) without the GIL, then checks it.
+template <typename Call>
+void Unlocked(Call call) {
+  ferry_status* s;
+  {
+    py::gil_scoped_release unlocked;
+    s = call();
+  }
+  Check(s);
+}
+
+using Request = std::tuple<int, uint64_t, uint64_t, uint64_t, uint64_t>;
+
+class Engine {
+ public:
+  explicit Engine(
+      const std::vector<std::pair<std::string, std::string>>& options) {
+    ferry_options* o = ferry_options_new();
+    for (const auto& [key, value] : options) {
+      ferry_status* s = ferry_options_set(o, key.c_str(), value.c_str());
+      if (s != nullptr) {
+        ferry_options_free(o);
+        Check(s);
+      }
+    }
+    ferry_status* s;
+    {
+      py::gil_scoped_release unlocked;
+      s = ferry_engine_new(o, &engine_);
+    }
+    ferry_options_free(o);
+    Check(s);
+  }
+  ~Engine() { Close(); }
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  void Close() {
+    if (engine_ == nullptr) return;
+    ferry_engine* e = engine_;
+    engine_ = nullptr;
+    py::gil_scoped_release unlocked;
+    ferry_engine_free(e);
+  }
+
+  std::string SegmentName() {
+    char buf[512];
+    ferry_engine_segment_name(Get(), buf, sizeof(buf));
+    return buf;
+  }
+  std::string MetadataAddress() {
+    char buf[512];
+    ferry_engine_metadata_address(Get(), buf, sizeof(buf));
+    return buf;
+  }
+
+  void Register(uint64_t addr, uint64_t length, const std::string& location,
+                bool remote) {
+    ferry_engine* e = Get();
+    Unlocked([&] {
+      return ferry_register_memory(e, reinterpret_cast<void*>(addr), length,
+                                   location.c_str(), remote ? 1 : 0);
+    });
+  }
+  void Unregister(uint64_t addr) {
+    ferry_engine* e = Get();
+    Unlocked([&] {
+      return ferry_unregister_memory(e, reinterpret_cast<void*>(addr));
+    });
+  }
+  uint64_t OpenSegment(const std::string& name) {
+    ferry_engine* e = Get();
+    ferry_segment h = 0;
+    Unlocked([&] { return ferry_open_segment(e, name.c_str(), &h); });
+    return h;
+  }
+  void CloseSegment(uint64_t h) {
+    ferry_engine* e = Get();
+    Unlocked([&] { return ferry_close_segment(e, h); });
+  }
+  uint64_t NewBatch(uint64_t capacity) {
+    ferry_batch b = 0;
+    Check(ferry_batch_new(Get(), capacity, &b));
+    return b;
+  }
+  // (opcode, local address, segment, remote address, length) each.
+  void Submit(uint64_t batch, const std::vector<Request>& requests) {
+    std::vector<ferry_request> reqs(requests.size());
+    for (size_t i = 0; i < requests.size(); ++i) {
+      const auto& [op, local, seg, remote, length] = requests[i];
+      reqs[i] = {op, reinterpret_cast<void*>(local), seg, remote, length};
+    }
+    ferry_engine* e = Get();
+    Unlocked([&] { return ferry_submit(e, batch, reqs.data(), reqs.size()); });
+  }
+  // (state, total, completed, failed, transferred bytes); raises
+  // FerryError(DEADLINE_EXCEEDED) if the timeout passed first.
+  std::tuple<int, uint64_t, uint64_t, uint64_t, uint64_t> Wait(
+      uint64_t batch, int64_t timeout_ms) {
+    ferry_batch_status st{};
+    ferry_engine* e = Get();
+    Unlocked([&] { return ferry_batch_wait(e, batch, timeout_ms, &st); });
+    return {st.state, st.total, st.completed, st.failed, st.transferred_bytes};
+  }
+  // (state, transferred bytes, error code, error message).
+  std::tuple<int, uint64_t, int, std::string> RequestStatus(uint64_t batch,
+                                                            uint64_t index) {
+    int state = 0;
+    uint64_t bytes = 0;
+    ferry_status* error = nullptr;
+    Check(ferry_request_status(Get(), batch, index, &state, &bytes, &error));
+    const int code = ferry_status_code(error);
+    std::string message = ferry_status_message(error);
+    ferry_status_free(error);
+    return {state, bytes, code, std::move(message)};
+  }
+  void FreeBatch(uint64_t batch) { Check(ferry_batch_free(Get(), batch)); }
+
+  void Notify(uint64_t segment, const std::string& name,
+              const py::bytes& message) {
+    std::string m = message;
+    ferry_engine* e = Get();
+    Unlocked([&] {
+      return ferry_send_notification(e, segment, name.c_str(), m.data(),
+                                     m.size());
+    });
+  }
+  // (from_segment, name, message bytes, sender address, verified) each.
+  std::vector<
+      std::tuple<std::string, std::string, py::bytes, std::string, bool>>
+  Notifications() {
+    ferry_notification* got = nullptr;
+    size_t n = 0;
+    Check(ferry_get_notifications(Get(), &got, &n));
+    std::vector<
+        std::tuple<std::string, std::string, py::bytes, std::string, bool>>
+        out;
+    for (size_t i = 0; i < n; ++i) {
+      out.emplace_back(got[i].from_segment, got[i].name,
+                       py::bytes(got[i].message, got[i].message_length),
+                       got[i].sender_address, got[i].sender_verified != 0);
+    }
+    ferry_notifications_free(got, n);
+    return out;
+  }
+
+ private:
+  ferry_engine* Get() {
+    if (engine_ == nullptr)
+      Raise(FERRY_FAILED_PRECONDITION, "engine is closed");
+    return engine_;
+  }
+
+  ferry_engine* engine_ = nullptr;
+};
+
+// The address and size of an object's buffer (buffer protocol), and
+// whether it is read-only. The caller keeps a memoryview of the object
+// while it uses the address, which pins it (a bytearray cannot be resized
+// while one exists).
+std::tuple<uint64_t, uint64_t, bool> BufferAddress(const py::object& obj) {
+  Py_buffer view;
+  if (PyObject_GetBuffer(obj.ptr(), &view, PyBUF_SIMPLE) != 0) {
+    throw py::error_already_set();
+  }
+  const auto out =
+      std::make_tuple(reinterpret_cast<uint64_t>(view.buf),
+                      static_cast<uint64_t>(view.len), view.readonly != 0);
+  PyBuffer_Release(&view);
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_ferry, m) {
+  m.doc() = "Ferry's C API for Python (use the `ferry` package).";
+  m.def("buffer_address", &BufferAddress, py::arg("obj"));
+  m.attr("READ") = static_cast<int>(FERRY_READ);
+  m.attr("WRITE") = static_cast<int>(FERRY_WRITE);
+  py::class_<Engine>(m, "Engine")
+      .def(py::init<const std::vector<std::pair<std::string, std::string>>&>())
+      .def("close", &Engine::Close)
+      .def("segment_name", &Engine::SegmentName)
+      .def("metadata_address", &Engine::MetadataAddress)
+      .def("register", &Engine::Register)
+      .def("unregister", &Engine::Unregister)
+      .def("open_segment", &Engine::OpenSegment)
+      .def("close_segment", &Engine::CloseSegment)
+      .def("new_batch", &Engine::NewBatch)
+      .def("submit", &Engine::Submit)
+      .def("wait", &Engine::Wait)
+      .def("request_status", &Engine::RequestStatus)
+      .def("free_batch", &Engine::FreeBatch)
+      .def("notify", &Engine::Notify)
+      .def("notifications", &Engine::Notifications);
+}

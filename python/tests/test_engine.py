@@ -1,0 +1,152 @@
+"""The pythonic layer (ferry): engines over loopback in this process."""
+
+import gc
+import threading
+import time
+
+import pytest
+
+import ferry
+from ferry import errors
+
+
+def start(name, metadata="embedded"):
+    return ferry.Engine(local_segment_name=name, listen_host="127.0.0.1",
+                        metadata_endpoint=metadata)
+
+
+@pytest.fixture
+def pair():
+    target = start("py-target")
+    initiator = start("py-initiator", target.metadata_address)
+    yield target, initiator
+    initiator.close()
+    target.close()
+
+
+def test_bad_options_raise_with_code_and_message():
+    with pytest.raises(ferry.FerryError) as e:
+        ferry.Engine(no_such_option=1)
+    assert e.value.code == errors.INVALID_ARGUMENT
+    assert "no_such_option" in e.value.message
+    with pytest.raises(ferry.FerryError) as e:
+        ferry.Engine(metadata_endpoint="redis://x:1")
+    assert e.value.code == errors.INVALID_ARGUMENT
+    assert "INVALID_ARGUMENT" in str(e.value)
+
+
+def test_write_read_and_notify(pair):
+    target, initiator = pair
+    remote = bytearray(1 << 20)
+    local = bytearray(range(256)) * 4096
+    back = bytearray(len(local))
+    raddr = target.register(remote)
+    laddr = initiator.register(local, remote_accessible=False)
+    baddr = initiator.register(back, remote_accessible=False)
+    seg = initiator.open_segment("py-target")
+    batch = initiator.batch([ferry.Request.write(laddr, seg, raddr, len(local))])
+    assert batch.wait(timeout=10) == (ferry.COMPLETED, len(local))
+    assert remote == local
+    batch.free()
+    batch = initiator.batch([ferry.Request.read(baddr, seg, raddr, len(back))])
+    state, moved = batch.wait(timeout=10)
+    assert state == ferry.COMPLETED and moved == len(back)
+    assert back == local
+    batch.free()
+    initiator.notify(seg, "kv-ready", b"layer\x000")
+    got = target.notifications()
+    assert len(got) == 1
+    assert got[0].from_segment == "py-initiator"
+    assert got[0].message == b"layer\x000"
+    assert got[0].sender_verified
+    for e, b in ((target, remote), (initiator, local), (initiator, back)):
+        e.unregister(b)
+
+
+def test_errors_of_requests(pair):
+    target, initiator = pair
+    remote = bytearray(4096)
+    raddr = target.register(remote)
+    local = bytearray(4096)
+    seg = initiator.open_segment("py-target")
+    # Local memory not registered: refused at submission, naming it.
+    with pytest.raises(ferry.FerryError) as e:
+        initiator.batch([ferry.Request.read(ferry.address_of(local), seg,
+                                            raddr, 4096)])
+    assert e.value.code == errors.INVALID_ARGUMENT
+    assert "request 0" in e.value.message
+    laddr = initiator.register(local, remote_accessible=False)
+    # A remote range in no buffer: the request fails and says why.
+    batch = initiator.batch([ferry.Request.read(laddr, seg, 0x10, 4096)])
+    state, _ = batch.wait(timeout=10)
+    assert state == ferry.FAILED
+    state, moved, error = batch.status(0)
+    assert state == ferry.FAILED and moved == 0
+    assert error.code == errors.INVALID_ARGUMENT
+    batch.free()
+    with pytest.raises(ferry.FerryError) as e:
+        initiator.open_segment("nobody")
+    assert e.value.code == errors.NOT_FOUND
+    initiator.unregister(local)
+    target.unregister(remote)
+
+
+def test_registered_buffers_are_pinned(pair):
+    target, _ = pair
+    buf = bytearray(4096)
+    target.register(buf)
+    with pytest.raises(BufferError):
+        buf.extend(b"x")  # Would move the memory peers write into.
+    target.unregister(buf)
+    buf.extend(b"x")  # Free again.
+    # A registered object lives while registered, even with no other
+    # reference.
+    addr = target.register(bytearray(b"\x07" * 4096))
+    gc.collect()
+    target.unregister(addr)
+    with pytest.raises(ferry.FerryError) as e:
+        target.register(b"read-only bytes")
+    assert e.value.code == errors.INVALID_ARGUMENT
+
+
+def test_wait_releases_the_gil(pair):
+    target, initiator = pair
+    # While one thread waits for a large transfer, another keeps running.
+    size = 64 << 20
+    remote = bytearray(size)
+    raddr = target.register(remote)
+    local = bytearray(size)
+    laddr = initiator.register(local, remote_accessible=False)
+    seg = initiator.open_segment("py-target")
+    ticks = [0]
+    stop = threading.Event()
+
+    def ticker():
+        while not stop.is_set():
+            ticks[0] += 1
+            time.sleep(0.0005)
+
+    t = threading.Thread(target=ticker)
+    t.start()
+    time.sleep(0.01)
+    b = initiator.batch([ferry.Request.write(laddr, seg, raddr, size)])
+    before = ticks[0]
+    start_time = time.monotonic()
+    assert b.wait(timeout=30)[0] == ferry.COMPLETED
+    waited = time.monotonic() - start_time
+    during = ticks[0] - before
+    stop.set()
+    t.join()
+    b.free()
+    assert during >= 5, f"the other thread ran {during} times in {waited:.3f} s"
+    initiator.unregister(local)
+    target.unregister(remote)
+
+
+def test_closed_engine_raises():
+    e = start("py-closed")
+    e.close()
+    with pytest.raises(ferry.FerryError) as err:
+        e.open_segment("x")
+    assert err.value.code == errors.FAILED_PRECONDITION
+    e.close()  # Idempotent.
