@@ -220,6 +220,7 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
   const std::string rpc_address =
       JoinHostPort(advertised_host_, rpc_server_->port());
   metadata_address_ = embedded ? rpc_address : options.metadata_endpoint;
+  rpc_address_ = rpc_address;
   // P2PHANDSHAKE (Mooncake's): the segment is named by the engine's RPC
   // address, where peers ask for its descriptor.
   const std::string segment_name =
@@ -404,6 +405,10 @@ void EngineImpl::Shutdown() {
 
 std::string EngineImpl::metadata_address() const {
   return metadata_ != nullptr ? metadata_address_ : "";
+}
+
+std::string EngineImpl::rpc_address() const {
+  return metadata_ != nullptr ? rpc_address_ : "";
 }
 
 absl::StatusOr<MemoryRegion> EngineImpl::MakeRegion(void* addr, size_t length,

@@ -70,6 +70,7 @@ class EngineImpl {
 
   const EngineOptions& options() const { return options_; }
   std::string metadata_address() const;
+  std::string rpc_address() const;
   const std::string& advertised_host() const { return advertised_host_; }
   const std::string& advertised_host_reason() const {
     return advertised_reason_;
@@ -190,6 +191,7 @@ class EngineImpl {
   std::string advertised_reason_;
   // What other engines pass as metadata_endpoint to use this one's.
   std::string metadata_address_;
+  std::string rpc_address_;  // This engine's gRPC server.
 
   metadata::MetadataServiceImpl metadata_service_;
   metadata::PeerServiceImpl peer_service_;

@@ -38,6 +38,7 @@ std::string TransferEngine::advertised_host_reason() const {
 std::string TransferEngine::metadata_address() const {
   return impl_->metadata_address();
 }
+std::string TransferEngine::rpc_address() const { return impl_->rpc_address(); }
 const std::string& TransferEngine::local_segment_name() const {
   return impl_->options().local_segment_name;
 }

@@ -287,9 +287,14 @@ class TransferEngine {
   std::string advertised_host() const;
   std::string advertised_host_reason() const;
 
-  // "host:port" of this engine's gRPC server; with an embedded metadata
-  // service this is what other engines pass as metadata_endpoint.
+  // The metadata service this engine uses: with an embedded one, this
+  // engine's gRPC address, which other engines pass as metadata_endpoint;
+  // else EngineOptions::metadata_endpoint as given. Empty before Init.
   std::string metadata_address() const;
+  // "host:port" of this engine's gRPC server (its peer service, and the
+  // embedded metadata service if there is one), as peers are told it.
+  // Empty before Init.
+  std::string rpc_address() const;
   // This engine's segment name: EngineOptions::local_segment_name, or in
   // P2PHANDSHAKE mode the host:port peers open it by.
   const std::string& local_segment_name() const;

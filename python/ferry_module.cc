@@ -10,6 +10,7 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -86,6 +87,11 @@ class Engine {
     ferry_engine_segment_name(Get(), buf, sizeof(buf));
     return buf;
   }
+  std::string RpcAddress() {
+    char buf[512];
+    ferry_engine_rpc_address(Get(), buf, sizeof(buf));
+    return buf;
+  }
   std::string MetadataAddress() {
     char buf[512];
     ferry_engine_metadata_address(Get(), buf, sizeof(buf));
@@ -105,6 +111,44 @@ class Engine {
     Unlocked([&] {
       return ferry_unregister_memory(e, reinterpret_cast<void*>(addr));
     });
+  }
+  void RegisterBatch(const std::vector<uint64_t>& addrs,
+                     const std::vector<uint64_t>& lengths,
+                     const std::string& location, bool remote) {
+    if (addrs.size() != lengths.size()) {
+      Raise(FERRY_INVALID_ARGUMENT, "addresses and lengths differ in count");
+    }
+    std::vector<void*> a(addrs.size());
+    std::vector<size_t> l(lengths.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      a[i] = reinterpret_cast<void*>(addrs[i]);
+      l[i] = lengths[i];
+    }
+    ferry_engine* e = Get();
+    Unlocked([&] {
+      return ferry_register_memory_batch(e, a.data(), l.data(), a.size(),
+                                         location.c_str(), remote ? 1 : 0);
+    });
+  }
+  void UnregisterBatch(const std::vector<uint64_t>& addrs) {
+    std::vector<void*> a(addrs.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      a[i] = reinterpret_cast<void*>(addrs[i]);
+    }
+    ferry_engine* e = Get();
+    Unlocked(
+        [&] { return ferry_unregister_memory_batch(e, a.data(), a.size()); });
+  }
+  // (address, length) of each remote-accessible buffer, by address.
+  std::vector<std::pair<uint64_t, uint64_t>> SegmentBuffers(uint64_t h) {
+    ferry_remote_buffer* bufs = nullptr;
+    size_t n = 0;
+    Check(ferry_segment_buffers(Get(), h, &bufs, &n));
+    std::vector<std::pair<uint64_t, uint64_t>> out;
+    for (size_t i = 0; i < n; ++i)
+      out.emplace_back(bufs[i].addr, bufs[i].length);
+    std::free(bufs);
+    return out;
   }
   uint64_t OpenSegment(const std::string& name) {
     ferry_engine* e = Get();
@@ -220,8 +264,12 @@ PYBIND11_MODULE(_ferry, m) {
       .def("close", &Engine::Close)
       .def("segment_name", &Engine::SegmentName)
       .def("metadata_address", &Engine::MetadataAddress)
+      .def("rpc_address", &Engine::RpcAddress)
       .def("register", &Engine::Register)
       .def("unregister", &Engine::Unregister)
+      .def("register_batch", &Engine::RegisterBatch)
+      .def("unregister_batch", &Engine::UnregisterBatch)
+      .def("segment_buffers", &Engine::SegmentBuffers)
       .def("open_segment", &Engine::OpenSegment)
       .def("close_segment", &Engine::CloseSegment)
       .def("new_batch", &Engine::NewBatch)

@@ -226,6 +226,12 @@ size_t ferry_engine_metadata_address(const ferry_engine* engine, char* buf,
   return CopyOut(engine->engine.metadata_address(), buf, cap);
 }
 
+size_t ferry_engine_rpc_address(const ferry_engine* engine, char* buf,
+                                size_t cap) {
+  if (engine == nullptr) return CopyOut("", buf, cap);
+  return CopyOut(engine->engine.rpc_address(), buf, cap);
+}
+
 ferry_status* ferry_register_memory(ferry_engine* engine, void* addr,
                                     size_t length, const char* location,
                                     int remote_accessible) {
@@ -238,6 +244,49 @@ ferry_status* ferry_register_memory(ferry_engine* engine, void* addr,
 ferry_status* ferry_unregister_memory(ferry_engine* engine, void* addr) {
   if (engine == nullptr) return Null("engine");
   return Wrap(engine->engine.UnregisterLocalMemory(addr));
+}
+
+ferry_status* ferry_register_memory_batch(ferry_engine* engine,
+                                          void* const* addrs,
+                                          const size_t* lengths, size_t count,
+                                          const char* location,
+                                          int remote_accessible) {
+  if (engine == nullptr) return Null("engine");
+  if (count > 0 && (addrs == nullptr || lengths == nullptr)) {
+    return Null("addrs or lengths");
+  }
+  std::vector<ferry::BufferEntry> entries(count);
+  for (size_t i = 0; i < count; ++i) entries[i] = {addrs[i], lengths[i]};
+  return Wrap(engine->engine.RegisterLocalMemoryBatch(
+      entries, location == nullptr ? "*" : location, remote_accessible != 0));
+}
+
+ferry_status* ferry_unregister_memory_batch(ferry_engine* engine,
+                                            void* const* addrs, size_t count) {
+  if (engine == nullptr) return Null("engine");
+  if (count > 0 && addrs == nullptr) return Null("addrs");
+  return Wrap(engine->engine.UnregisterLocalMemoryBatch(
+      std::vector<void*>(addrs, addrs + count)));
+}
+
+ferry_status* ferry_segment_buffers(ferry_engine* engine, ferry_segment segment,
+                                    ferry_remote_buffer** out, size_t* count) {
+  if (engine == nullptr) return Null("engine");
+  if (out == nullptr || count == nullptr) return Null("out or count");
+  *out = nullptr;
+  *count = 0;
+  auto bufs = engine->engine.GetSegmentBuffers(segment);
+  if (!bufs.ok()) return Wrap(bufs.status());
+  if (bufs->empty()) return nullptr;
+  auto* arr = static_cast<ferry_remote_buffer*>(
+      std::malloc(bufs->size() * sizeof(ferry_remote_buffer)));
+  if (arr == nullptr) return Wrap(absl::ResourceExhaustedError("no memory"));
+  for (size_t i = 0; i < bufs->size(); ++i) {
+    arr[i] = {(*bufs)[i].addr, (*bufs)[i].length};
+  }
+  *out = arr;
+  *count = bufs->size();
+  return nullptr;
 }
 
 ferry_status* ferry_open_segment(ferry_engine* engine, const char* name,

@@ -83,17 +83,37 @@ size_t ferry_engine_segment_name(const ferry_engine* engine, char* buf,
                                  size_t cap);
 size_t ferry_engine_metadata_address(const ferry_engine* engine, char* buf,
                                      size_t cap);
+size_t ferry_engine_rpc_address(const ferry_engine* engine, char* buf,
+                                size_t cap);
 
 /* Memory. location: "cpu:N", "cuda:N" or "*" (NULL: "*"). */
 ferry_status* ferry_register_memory(ferry_engine* engine, void* addr,
                                     size_t length, const char* location,
                                     int remote_accessible);
 ferry_status* ferry_unregister_memory(ferry_engine* engine, void* addr);
+/* Several buffers, all or none, with one metadata round trip. */
+ferry_status* ferry_register_memory_batch(ferry_engine* engine,
+                                          void* const* addrs,
+                                          const size_t* lengths, size_t count,
+                                          const char* location,
+                                          int remote_accessible);
+/* Each is attempted; the first error (naming its address) is returned. */
+ferry_status* ferry_unregister_memory_batch(ferry_engine* engine,
+                                            void* const* addrs, size_t count);
 
 typedef uint64_t ferry_segment;
 ferry_status* ferry_open_segment(ferry_engine* engine, const char* name,
                                  ferry_segment* out);
 ferry_status* ferry_close_segment(ferry_engine* engine, ferry_segment segment);
+
+/* The segment's remote-accessible buffers, from the cached descriptor,
+ * sorted by address: *out is an array of *count, freed with free(). */
+typedef struct {
+  uint64_t addr;
+  uint64_t length;
+} ferry_remote_buffer;
+ferry_status* ferry_segment_buffers(ferry_engine* engine, ferry_segment segment,
+                                    ferry_remote_buffer** out, size_t* count);
 
 enum { FERRY_READ = 0, FERRY_WRITE = 1 };
 typedef struct {

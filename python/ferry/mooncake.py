@@ -1,0 +1,400 @@
+"""A drop-in for Mooncake TE's Python API (`mooncake.engine`).
+
+A script written for Mooncake runs unchanged once
+
+    from mooncake.engine import TransferEngine, TransferOpcode, TransferNotify
+
+becomes
+
+    from ferry.mooncake import TransferEngine, TransferOpcode, TransferNotify
+
+Methods keep Mooncake's names, argument order, defaults and return
+conventions (ints: 0 or negative; batch ids). Differences, each for a
+reason, are listed in docs/python.md.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import threading
+import time
+from typing import Dict, List, Optional, Sequence
+
+from ferry import _ferry
+from ferry.errors import FerryError
+
+__all__ = ["TransferEngine", "TransferOpcode", "TransferNotify", "Read",
+           "Write", "SUPPORT_CUDA"]
+
+SUPPORT_CUDA = False
+
+_P2P = "P2PHANDSHAKE"
+# Transfer states (ferry_c.h).
+_WAITING, _PENDING, _COMPLETED, _FAILED, _TIMEOUT = range(5)
+
+
+class TransferOpcode(enum.IntEnum):
+    """Mooncake's binding spells them Read/Write; its docs, READ/WRITE."""
+
+    Read = 0
+    Write = 1
+    READ = 0
+    WRITE = 1
+
+
+Read = TransferOpcode.Read
+Write = TransferOpcode.Write
+
+
+class TransferNotify:
+    """A notification: sent with a transfer (`notify=`), or received."""
+
+    def __init__(self, name: str = "", msg: str = ""):
+        self.name = name
+        self.msg = msg
+
+    def __repr__(self) -> str:
+        return f"TransferNotify(name={self.name!r}, msg={self.msg!r})"
+
+
+def _metadata_endpoint(server: str, metadata_type: str = "") -> str:
+    """Mooncake's metadata strings as Ferry's metadata addresses."""
+    if server == _P2P or metadata_type.lower() in ("p2p", "p2phandshake"):
+        return _P2P
+    if "://" in server:
+        return server
+    if metadata_type:
+        return f"{metadata_type}://{server}"
+    return server  # host:port: Ferry's own metadata service.
+
+
+class TransferEngine:
+    """Mooncake's TransferEngine on Ferry."""
+
+    def __init__(self) -> None:
+        self._engine: Optional[_ferry.Engine] = None
+        self._lock = threading.Lock()
+        self._segments: Dict[str, int] = {}
+        self._managed: Dict[int, ctypes.Array] = {}
+
+    # ---- set-up ----------------------------------------------------------
+
+    def initialize(self, local_hostname: str, metadata_server: str,
+                   protocol: str, device_name: str) -> int:
+        return self.initialize_ext(local_hostname, metadata_server, protocol,
+                                   device_name, "")
+
+    def initialize_ext(self, local_hostname: str, metadata_server: str,
+                       protocol: str, device_name: str,
+                       metadata_type: str) -> int:
+        endpoint = _metadata_endpoint(metadata_server, metadata_type)
+        host, _, port = local_hostname.rpartition(":")
+        if not host or not port.isdigit():
+            host, port = local_hostname, ""
+        options = [("metadata_endpoint", endpoint),
+                   ("listen_host", host.strip("[]")),
+                   ("advertise_host", host.strip("[]")),
+                   ("transports", protocol or "tcp")]
+        if endpoint != _P2P:
+            options.append(("local_segment_name", local_hostname))
+        if device_name and protocol == "rdma":
+            options.append(("rdma_devices", device_name))
+        try:
+            self._engine = _ferry.Engine(options)
+        except FerryError:
+            return -1
+        return 0
+
+    def get_rpc_port(self) -> int:
+        if self._engine is None:
+            return -1
+        return int(self._engine.rpc_address().rpartition(":")[2])
+
+    # ---- buffers ---------------------------------------------------------
+
+    def allocate_managed_buffer(self, length: int) -> int:
+        """A buffer of `length` bytes, registered; its address (0: failed)."""
+        if self._engine is None or length <= 0:
+            return 0
+        buf = (ctypes.c_char * length)()
+        addr = ctypes.addressof(buf)
+        try:
+            self._engine.register(addr, length, "*", True)
+        except FerryError:
+            return 0
+        with self._lock:
+            self._managed[addr] = buf
+        return addr
+
+    def free_managed_buffer(self, buffer_addr: int, length: int) -> int:
+        with self._lock:
+            buf = self._managed.get(buffer_addr)
+        if buf is None or self._engine is None:
+            return -1
+        try:
+            self._engine.unregister(buffer_addr)
+        except FerryError:
+            return -1
+        with self._lock:
+            self._managed.pop(buffer_addr, None)
+        return 0
+
+    def get_first_buffer_address(self, segment_name: str) -> int:
+        """The lowest address among the segment's buffers (0: none)."""
+        if self._engine is None:
+            return 0
+        try:
+            handle = self._segment(segment_name)
+            buffers = self._engine.segment_buffers(handle)
+        except FerryError:
+            return 0
+        return buffers[0][0] if buffers else 0
+
+    @staticmethod
+    def write_bytes_to_buffer(dest_address: int, src_ptr: bytes,
+                              length: int) -> int:
+        data = bytes(src_ptr)
+        if length > len(data) or length < 0:
+            return -1
+        ctypes.memmove(dest_address, data, length)
+        return 0
+
+    @staticmethod
+    def read_bytes_from_buffer(source_address: int, length: int) -> bytes:
+        return ctypes.string_at(source_address, length)
+
+    # ---- registration ----------------------------------------------------
+
+    def register_memory(self, buffer_addr: int, capacity: int,
+                        location: str = "*") -> int:
+        return self._call(lambda e: e.register(buffer_addr, capacity,
+                                               location, True))
+
+    def unregister_memory(self, buffer_addr: int) -> int:
+        return self._call(lambda e: e.unregister(buffer_addr))
+
+    def batch_register_memory(self, buffer_addresses: Sequence[int],
+                              capacities: Sequence[int],
+                              location: str = "*") -> int:
+        if len(buffer_addresses) != len(capacities):
+            return -1
+        return self._call(lambda e: e.register_batch(
+            list(buffer_addresses), list(capacities), location, True))
+
+    def batch_unregister_memory(self,
+                                buffer_addresses: Sequence[int]) -> int:
+        return self._call(
+            lambda e: e.unregister_batch(list(buffer_addresses)))
+
+    # ---- transfers -------------------------------------------------------
+
+    def transfer_sync_write(self, target_hostname: str, buffer: int,
+                            peer_buffer_address: int, length: int,
+                            transport_hint: str = "") -> int:
+        return self.transfer_sync(target_hostname, buffer,
+                                  peer_buffer_address, length, Write)
+
+    def transfer_sync_read(self, target_hostname: str, buffer: int,
+                           peer_buffer_address: int, length: int,
+                           transport_hint: str = "") -> int:
+        return self.transfer_sync(target_hostname, buffer,
+                                  peer_buffer_address, length, Read)
+
+    def transfer_sync(self, target_hostname: str, buffer: int,
+                      peer_buffer_address: int, length: int,
+                      opcode: TransferOpcode,
+                      notify: Optional[TransferNotify] = None,
+                      transport_hint: str = "") -> int:
+        return self.batch_transfer_sync(target_hostname, [buffer],
+                                        [peer_buffer_address], [length],
+                                        opcode, notify)
+
+    def batch_transfer_sync_write(self, target_hostname: str,
+                                  buffers: Sequence[int],
+                                  peer_buffer_addresses: Sequence[int],
+                                  lengths: Sequence[int],
+                                  transport_hint: str = "") -> int:
+        return self.batch_transfer_sync(target_hostname, buffers,
+                                        peer_buffer_addresses, lengths, Write)
+
+    def batch_transfer_sync_read(self, target_hostname: str,
+                                 buffers: Sequence[int],
+                                 peer_buffer_addresses: Sequence[int],
+                                 lengths: Sequence[int],
+                                 transport_hint: str = "") -> int:
+        return self.batch_transfer_sync(target_hostname, buffers,
+                                        peer_buffer_addresses, lengths, Read)
+
+    def batch_transfer_sync(self, target_hostname: str,
+                            buffers: Sequence[int],
+                            peer_buffer_addresses: Sequence[int],
+                            lengths: Sequence[int], opcode: TransferOpcode,
+                            notify: Optional[TransferNotify] = None,
+                            transport_hint: str = "") -> int:
+        batch = self._submit(target_hostname, buffers, peer_buffer_addresses,
+                             lengths, opcode)
+        if batch <= 0:
+            return -1
+        try:
+            state = self._engine.wait(batch, -1)[0]
+        except FerryError:
+            state = _FAILED
+        self._free(batch)
+        if state != _COMPLETED:
+            return -1
+        if notify is not None:
+            try:
+                self._engine.notify(self._segment(target_hostname),
+                                    notify.name, notify.msg.encode())
+            except FerryError:
+                return -1
+        return 0
+
+    def batch_transfer_async_write(self, target_hostname: str,
+                                   buffers: Sequence[int],
+                                   peer_buffer_addresses: Sequence[int],
+                                   lengths: Sequence[int],
+                                   transport_hint: str = "") -> int:
+        return self.batch_transfer_async(target_hostname, buffers,
+                                         peer_buffer_addresses, lengths, Write)
+
+    def batch_transfer_async_read(self, target_hostname: str,
+                                  buffers: Sequence[int],
+                                  peer_buffer_addresses: Sequence[int],
+                                  lengths: Sequence[int],
+                                  transport_hint: str = "") -> int:
+        return self.batch_transfer_async(target_hostname, buffers,
+                                         peer_buffer_addresses, lengths, Read)
+
+    def batch_transfer_async(self, target_hostname: str,
+                             buffers: Sequence[int],
+                             peer_buffer_addresses: Sequence[int],
+                             lengths: Sequence[int], opcode: TransferOpcode,
+                             transport_hint: str = "") -> int:
+        """A batch id, or 0 if the batch could not be submitted."""
+        return max(0, self._submit(target_hostname, buffers,
+                                   peer_buffer_addresses, lengths, opcode))
+
+    def get_batch_transfer_status(self, batch_ids: Sequence[int]) -> int:
+        """Waits for every batch: 0 if all completed, -1 if any failed or
+        timed out. Each batch is freed either way."""
+        if self._engine is None:
+            return -1
+        result = 0
+        for batch in batch_ids:
+            try:
+                state = self._engine.wait(batch, -1)[0]
+            except FerryError:
+                state = _FAILED
+            if state != _COMPLETED:
+                result = -1
+            self._free(batch)
+        return result
+
+    def transfer_submit_write(self, target_hostname: str, buffer: int,
+                              peer_buffer_address: int, length: int,
+                              transport_hint: str = "") -> int:
+        """A batch id, or -1."""
+        batch = self._submit(target_hostname, [buffer],
+                             [peer_buffer_address], [length], Write)
+        return batch if batch > 0 else -1
+
+    def transfer_check_status(self, batch_id: int) -> int:
+        """1 completed, 0 running, -1 failed, -2 timed out (Mooncake's);
+        the batch is freed once it completed or failed."""
+        if self._engine is None:
+            return -1
+        try:
+            state = self._engine.request_status(batch_id, 0)[0]
+        except FerryError:
+            return -1
+        if state == _COMPLETED:
+            self._free(batch_id)
+            return 1
+        if state == _FAILED:
+            self._free(batch_id)
+            return -1
+        if state == _TIMEOUT:
+            return -2
+        return 0
+
+    # ---- the rest --------------------------------------------------------
+
+    def get_notifies(self) -> List[TransferNotify]:
+        if self._engine is None:
+            return []
+        return [TransferNotify(name, message.decode(errors="replace"))
+                for _, name, message, _, _ in self._engine.notifications()]
+
+    def send_probe(self, peer_server_name: str) -> int:
+        """0 if the peer's segment can be opened (its engine is there)."""
+        if self._engine is None:
+            return -1
+        try:
+            self._segment(peer_server_name, refresh=True)
+        except FerryError:
+            return -1
+        return 0
+
+    def _cuda(self, *args, **kwargs):
+        raise RuntimeError(
+            "ferry is not built with CUDA: the *_on_cuda methods need it")
+
+    transfer_write_on_cuda = _cuda
+    transfer_read_on_cuda = _cuda
+    batch_transfer_write_on_cuda = _cuda
+    batch_transfer_read_on_cuda = _cuda
+
+    # ---- internals -------------------------------------------------------
+
+    def _call(self, fn) -> int:
+        if self._engine is None:
+            return -1
+        try:
+            fn(self._engine)
+        except FerryError:
+            return -1
+        return 0
+
+    def _segment(self, name: str, refresh: bool = False) -> int:
+        with self._lock:
+            handle = self._segments.get(name)
+        if handle is None or refresh:
+            if handle is not None:
+                try:
+                    self._engine.close_segment(handle)
+                except FerryError:
+                    pass
+            handle = self._engine.open_segment(name)
+            with self._lock:
+                self._segments[name] = handle
+        return handle
+
+    def _submit(self, target: str, buffers: Sequence[int],
+                peers: Sequence[int], lengths: Sequence[int],
+                opcode: TransferOpcode) -> int:
+        if self._engine is None or not (len(buffers) == len(peers) ==
+                                        len(lengths)) or not buffers:
+            return -1
+        try:
+            handle = self._segment(target)
+            batch = self._engine.new_batch(len(buffers))
+        except FerryError:
+            return -1
+        op = int(opcode)
+        try:
+            self._engine.submit(batch, [
+                (op, b, handle, p, n)
+                for b, p, n in zip(buffers, peers, lengths)
+            ])
+        except FerryError:
+            self._free(batch)
+            return -1
+        return batch
+
+    def _free(self, batch: int) -> None:
+        try:
+            self._engine.free_batch(batch)
+        except FerryError:
+            pass
