@@ -3,6 +3,7 @@
 // (two engines in this process, over loopback).
 #include "engine/capi/ferry_c.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -147,6 +148,28 @@ TEST(FerryCTest, TransfersAndErrors) {
   EXPECT_EQ(count, 0u);
   EXPECT_EQ(got, nullptr);
 
+  // The segment's buffers, as the initiator sees them.
+  ferry_remote_buffer* bufs = nullptr;
+  EXPECT_C_OK(ferry_segment_buffers(init, seg, &bufs, &count));
+  ASSERT_EQ(count, 1u);
+  EXPECT_EQ(bufs[0].addr, reinterpret_cast<uint64_t>(remote.data()));
+  EXPECT_EQ(bufs[0].length, remote.size());
+  std::free(bufs);
+  char rpc[128];
+  ferry_engine_rpc_address(target, rpc, sizeof(rpc));
+  EXPECT_STREQ(rpc, md) << "an embedded service is the engine's own server";
+  // Batch registration: all or none.
+  std::vector<uint8_t> more(3 * 4096);
+  void* addrs[3] = {more.data(), more.data() + 4096, more.data() + 8192};
+  size_t lens[3] = {4096, 4096, 4096};
+  EXPECT_C_OK(ferry_register_memory_batch(init, addrs, lens, 3, "cpu:0", 1));
+  size_t overlapping[3] = {4096, 8192, 4096};
+  EXPECT_C_OK(ferry_unregister_memory_batch(init, addrs, 3));
+  t = Take(
+      ferry_register_memory_batch(init, addrs, overlapping, 3, nullptr, 1));
+  EXPECT_EQ(t.code, FERRY_ALREADY_EXISTS) << t.message;
+  EXPECT_EQ(Take(ferry_unregister_memory(init, addrs[0])).code, FERRY_NOT_FOUND)
+      << "nothing stayed registered";
   EXPECT_C_OK(ferry_close_segment(init, seg));
   EXPECT_C_OK(ferry_unregister_memory(init, local.data()));
   EXPECT_EQ(Take(ferry_unregister_memory(init, local.data())).code,
