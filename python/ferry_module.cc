@@ -254,8 +254,23 @@ std::tuple<uint64_t, uint64_t, bool> BufferAddress(const py::object& obj) {
 
 }  // namespace
 
+// This host's NICs as Mooncake's priority matrix (JSON).
+std::string LocalTopology(const std::string& devices) {
+  char* json = nullptr;
+  ferry_status* s;
+  {
+    py::gil_scoped_release unlocked;
+    s = ferry_local_topology(devices.c_str(), &json);
+  }
+  Check(s);
+  std::string out = json;
+  std::free(json);
+  return out;
+}
+
 PYBIND11_MODULE(_ferry, m) {
   m.doc() = "Ferry's C API for Python (use the `ferry` package).";
+  m.def("local_topology", &LocalTopology, py::arg("devices") = "");
   m.def("buffer_address", &BufferAddress, py::arg("obj"));
   m.attr("READ") = static_cast<int>(FERRY_READ);
   m.attr("WRITE") = static_cast<int>(FERRY_WRITE);

@@ -20,5 +20,7 @@ for rt in asan ubsan; do
 done
 export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"
 cd "$pkg"
-LD_PRELOAD="$preload" PYTHONPATH="$pkg" timeout 300 /usr/bin/python3 -m pytest \
-  -q -p no:cacheprovider "$runfiles/python/tests"
+# softrnic's libibverbs: the RDMA parts (topology) find soft NICs.
+LD_LIBRARY_PATH="$runfiles/transport/softrnic" LD_PRELOAD="$preload" \
+  PYTHONPATH="$pkg" timeout 300 /usr/bin/python3 -m pytest \
+    -q -p no:cacheprovider "$runfiles/python/tests"

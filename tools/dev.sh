@@ -252,7 +252,7 @@ python_install() {
   dest="$(/usr/bin/python3 -c 'import sysconfig; print(sysconfig.get_path("purelib", "posix_local"))')"
   rm -rf "$dest/ferry"
   mkdir -p "$dest/ferry"
-  cp python/ferry/*.py "$dest/ferry/"
+  cp python/ferry/*.py python/ferry/*.pyi python/ferry/py.typed "$dest/ferry/"
   install -m 0755 "$("${BAZEL[@]}" info bazel-bin 2>/dev/null)/python/_ferry.so" "$dest/ferry/"
   (cd / && /usr/bin/python3 -c 'import ferry; print("ferry installed:", ferry.__file__)')
 }

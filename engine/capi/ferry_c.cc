@@ -13,9 +13,12 @@
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "engine/transfer_engine.h"
+#include "transport/rdma/nic.h"
+#include "transport/rdma/topology.h"
 
 struct ferry_status {
   absl::Status status;
@@ -376,6 +379,30 @@ ferry_status* ferry_request_status(ferry_engine* engine, ferry_batch batch,
 ferry_status* ferry_batch_free(ferry_engine* engine, ferry_batch batch) {
   if (engine == nullptr) return Null("engine");
   return Wrap(engine->engine.FreeBatch(batch));
+}
+
+ferry_status* ferry_local_topology(const char* devices, char** json) {
+  if (json == nullptr) return Null("json");
+  *json = nullptr;
+  auto list = ferry::rdma::ListDevices(List(devices == nullptr ? "" : devices));
+  if (!list.ok()) return Wrap(list.status());
+  std::vector<std::string> names;
+  for (ibv_device* d : *list) names.push_back(ibv_get_device_name(d));
+  if (names.empty()) {
+    return Wrap(absl::NotFoundError(absl::StrCat(
+        "no RDMA NIC named in '", devices == nullptr ? "" : devices, "'")));
+  }
+  std::string matrix =
+      ferry::rdma::Topology::FromSysfs("/sys", names).ToJson(names);
+  if (matrix == "{}") {
+    // Sysfs places none of them (soft NICs, containers without /sys/class/
+    // infiniband): every NIC is as good as any other, for any location.
+    std::vector<std::string> quoted;
+    for (const std::string& n : names) quoted.push_back("\"" + n + "\"");
+    matrix = absl::StrCat("{\"*\": [[", absl::StrJoin(quoted, ", "), "]]}");
+  }
+  *json = Dup(matrix);
+  return nullptr;
 }
 
 ferry_status* ferry_send_notification(ferry_engine* engine,

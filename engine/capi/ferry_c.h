@@ -160,6 +160,13 @@ ferry_status* ferry_request_status(ferry_engine* engine, ferry_batch batch,
 /* FAILED_PRECONDITION while requests are in flight. */
 ferry_status* ferry_batch_free(ferry_engine* engine, ferry_batch batch);
 
+/* This host's RDMA NICs as Mooncake TE's priority matrix (JSON: each
+ * memory location's tiers of NIC names, best first), from sysfs; `devices`
+ * is a comma-separated filter (NULL or "": every NIC). Where sysfs places
+ * none of them (soft NICs), {"*": [[every NIC]]}. *json is a NUL-terminated
+ * string freed with free(). NOT_FOUND if there is no NIC. */
+ferry_status* ferry_local_topology(const char* devices, char** json);
+
 /* Notifications. */
 ferry_status* ferry_send_notification(ferry_engine* engine,
                                       ferry_segment target, const char* name,

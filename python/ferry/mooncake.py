@@ -327,6 +327,15 @@ class TransferEngine:
         return [TransferNotify(name, message.decode(errors="replace"))
                 for _, name, message, _, _ in self._engine.notifications()]
 
+    @staticmethod
+    def get_local_topology(device_name: Optional[str] = None) -> str:
+        """This host's RDMA NICs as Mooncake's priority matrix (JSON);
+        "{}" where there is none."""
+        try:
+            return _ferry.local_topology(device_name or "")
+        except FerryError:
+            return "{}"
+
     def send_probe(self, peer_server_name: str) -> int:
         """0 if the peer's segment can be opened (its engine is there)."""
         if self._engine is None:

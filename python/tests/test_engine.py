@@ -150,3 +150,36 @@ def test_closed_engine_raises():
         e.open_segment("x")
     assert err.value.code == errors.FAILED_PRECONDITION
     e.close()  # Idempotent.
+
+
+def test_several_threads_share_an_engine(pair):
+    target, initiator = pair
+    threads_n, size = 4, 1 << 16
+    remote = bytearray(threads_n * size)
+    raddr = target.register(remote)
+    local = bytearray(threads_n * size)
+    laddr = initiator.register(local, remote_accessible=False)
+    seg = initiator.open_segment("py-target")
+    errors_seen = []
+
+    def worker(i):
+        try:
+            off = i * size
+            for round_ in range(20):
+                local[off:off + size] = bytes([i * 20 + round_]) * size
+                b = initiator.batch([ferry.Request.write(
+                    laddr + off, seg, raddr + off, size)])
+                assert b.wait(timeout=10)[0] == ferry.COMPLETED
+                b.free()
+                assert remote[off:off + size] == local[off:off + size]
+        except Exception as e:  # Reported below, on the test's thread.
+            errors_seen.append(e)
+
+    ts = [threading.Thread(target=worker, args=(i,)) for i in range(threads_n)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout=60)
+    assert not errors_seen, errors_seen
+    initiator.unregister(local)
+    target.unregister(remote)

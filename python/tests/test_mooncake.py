@@ -146,3 +146,16 @@ def test_with_a_metadata_service():
                                      8192) == 0
         assert a.read_bytes_from_buffer(remote, 8192) == b"\x11" * 8192
         assert b.get_first_buffer_address("127.0.0.1:17001") == remote
+
+
+def test_local_topology():
+    import json
+    # softrnic's NICs (the test runs on softrnic): no NUMA placement in
+    # sysfs, so every NIC serves any location.
+    matrix = json.loads(TransferEngine.get_local_topology())
+    assert list(matrix) == ["*"]
+    nics = matrix["*"][0]
+    assert nics, matrix
+    assert json.loads(TransferEngine.get_local_topology(nics[0])) == {
+        "*": [[nics[0]]]}
+    assert TransferEngine.get_local_topology("no-such-nic") == "{}"

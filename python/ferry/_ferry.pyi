@@ -1,0 +1,55 @@
+"""Type stub of ferry._ferry, the extension under the `ferry` package (a thin
+layer over the C API, engine/capi/ferry_c.h). Errors raise
+ferry.errors.FerryError(code, message); every call that may wait releases
+the GIL."""
+
+from typing import List, Sequence, Tuple
+
+READ: int
+WRITE: int
+
+def buffer_address(obj: object) -> Tuple[int, int, bool]:
+    """(address, size, read-only) of an object's buffer (buffer protocol).
+    Keep a memoryview of the object while the address is in use."""
+
+def local_topology(devices: str = ...) -> str:
+    """This host's RDMA NICs as Mooncake's priority matrix (JSON);
+    `devices` is a comma-separated filter. FerryError(NOT_FOUND) if none."""
+
+class Engine:
+    def __init__(self, options: Sequence[Tuple[str, str]]) -> None:
+        """Starts an engine with EngineOptions' fields by name."""
+    def close(self) -> None:
+        """Shuts the engine down; idempotent."""
+    def segment_name(self) -> str: ...
+    def metadata_address(self) -> str: ...
+    def rpc_address(self) -> str:
+        """host:port of this engine's gRPC server."""
+    def register(self, addr: int, length: int, location: str,
+                 remote: bool) -> None: ...
+    def unregister(self, addr: int) -> None: ...
+    def register_batch(self, addrs: List[int], lengths: List[int],
+                       location: str, remote: bool) -> None:
+        """All or none, with one metadata round trip."""
+    def unregister_batch(self, addrs: List[int]) -> None: ...
+    def segment_buffers(self, segment: int) -> List[Tuple[int, int]]:
+        """(address, length) of the segment's remote-accessible buffers."""
+    def open_segment(self, name: str) -> int: ...
+    def close_segment(self, segment: int) -> None: ...
+    def new_batch(self, capacity: int) -> int: ...
+    def submit(self, batch: int,
+               requests: List[Tuple[int, int, int, int, int]]) -> None:
+        """(opcode, local address, segment, remote address, length) each;
+        all or none."""
+    def wait(self, batch: int,
+             timeout_ms: int) -> Tuple[int, int, int, int, int]:
+        """(state, total, completed, failed, bytes); FerryError
+        (DEADLINE_EXCEEDED) if the timeout passed first."""
+    def request_status(self, batch: int,
+                       index: int) -> Tuple[int, int, int, str]:
+        """(state, bytes, error code, error message) of one request."""
+    def free_batch(self, batch: int) -> None: ...
+    def notify(self, segment: int, name: str, message: bytes) -> None: ...
+    def notifications(
+            self) -> List[Tuple[str, str, bytes, str, bool]]:
+        """(from segment, name, message, sender address, verified) each."""
