@@ -12,7 +12,9 @@ mkdir -p "$pkg/ferry"
 cp "$RUNFILES"/python/ferry/*.py "$RUNFILES/python/_ferry.so" "$pkg/ferry/"
 preload=""
 for rt in asan ubsan; do
-  if ldd "$pkg/ferry/_ferry.so" | grep -q "lib${rt}"; then
+  # Not `ldd | grep -q`: grep quitting early can kill ldd (SIGPIPE) and,
+  # with pipefail, skip the preload at random.
+  if [[ "$(ldd "$pkg/ferry/_ferry.so")" == *"lib${rt}"* ]]; then
     preload="$(gcc -print-file-name=lib${rt}.so) $(gcc -print-file-name=libstdc++.so)"
   fi
 done

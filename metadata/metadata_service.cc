@@ -158,6 +158,7 @@ void MetadataServiceImpl::NotifierLoop() {
 
 grpc::ServerWriteReactor<SegmentEvent>* MetadataServiceImpl::WatchSegment(
     grpc::CallbackServerContext* ctx, const WatchSegmentRequest* request) {
+  HappensAfter(static_cast<grpc::Service*>(this));  // rpc_server.cc
   class Refused final : public grpc::ServerWriteReactor<SegmentEvent> {
    public:
     explicit Refused(const grpc::Status& s) { Finish(s); }

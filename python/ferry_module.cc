@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -63,51 +64,43 @@ class Engine {
       }
     }
     ferry_status* s;
+    ferry_engine* e = nullptr;
     {
       py::gil_scoped_release unlocked;
-      s = ferry_engine_new(o, &engine_);
+      s = ferry_engine_new(o, &e);
     }
     ferry_options_free(o);
     Check(s);
+    engine_ = std::shared_ptr<ferry_engine>(e, ferry_engine_free);
   }
   ~Engine() { Close(); }
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
+  // Calls in progress on other threads hold the engine (Get's copy), so
+  // it is shut down when the last of them returns.
   void Close() {
-    if (engine_ == nullptr) return;
-    ferry_engine* e = engine_;
-    engine_ = nullptr;
+    std::shared_ptr<ferry_engine> e = std::move(engine_);
     py::gil_scoped_release unlocked;
-    ferry_engine_free(e);
+    e.reset();
   }
 
-  std::string SegmentName() {
-    char buf[512];
-    ferry_engine_segment_name(Get(), buf, sizeof(buf));
-    return buf;
-  }
-  std::string RpcAddress() {
-    char buf[512];
-    ferry_engine_rpc_address(Get(), buf, sizeof(buf));
-    return buf;
-  }
-  std::string MetadataAddress() {
-    char buf[512];
-    ferry_engine_metadata_address(Get(), buf, sizeof(buf));
-    return buf;
-  }
+  std::string SegmentName() { return Copy(ferry_engine_segment_name); }
+  std::string RpcAddress() { return Copy(ferry_engine_rpc_address); }
+  std::string MetadataAddress() { return Copy(ferry_engine_metadata_address); }
 
   void Register(uint64_t addr, uint64_t length, const std::string& location,
                 bool remote) {
-    ferry_engine* e = Get();
+    const std::shared_ptr<ferry_engine> held = Get();
+    ferry_engine* e = held.get();
     Unlocked([&] {
       return ferry_register_memory(e, reinterpret_cast<void*>(addr), length,
                                    location.c_str(), remote ? 1 : 0);
     });
   }
   void Unregister(uint64_t addr) {
-    ferry_engine* e = Get();
+    const std::shared_ptr<ferry_engine> held = Get();
+    ferry_engine* e = held.get();
     Unlocked([&] {
       return ferry_unregister_memory(e, reinterpret_cast<void*>(addr));
     });
@@ -124,7 +117,8 @@ class Engine {
       a[i] = reinterpret_cast<void*>(addrs[i]);
       l[i] = lengths[i];
     }
-    ferry_engine* e = Get();
+    const std::shared_ptr<ferry_engine> held = Get();
+    ferry_engine* e = held.get();
     Unlocked([&] {
       return ferry_register_memory_batch(e, a.data(), l.data(), a.size(),
                                          location.c_str(), remote ? 1 : 0);
@@ -135,7 +129,8 @@ class Engine {
     for (size_t i = 0; i < a.size(); ++i) {
       a[i] = reinterpret_cast<void*>(addrs[i]);
     }
-    ferry_engine* e = Get();
+    const std::shared_ptr<ferry_engine> held = Get();
+    ferry_engine* e = held.get();
     Unlocked(
         [&] { return ferry_unregister_memory_batch(e, a.data(), a.size()); });
   }
@@ -143,7 +138,7 @@ class Engine {
   std::vector<std::pair<uint64_t, uint64_t>> SegmentBuffers(uint64_t h) {
     ferry_remote_buffer* bufs = nullptr;
     size_t n = 0;
-    Check(ferry_segment_buffers(Get(), h, &bufs, &n));
+    Check(ferry_segment_buffers(Get().get(), h, &bufs, &n));
     std::vector<std::pair<uint64_t, uint64_t>> out;
     for (size_t i = 0; i < n; ++i)
       out.emplace_back(bufs[i].addr, bufs[i].length);
@@ -151,18 +146,25 @@ class Engine {
     return out;
   }
   uint64_t OpenSegment(const std::string& name) {
-    ferry_engine* e = Get();
+    const std::shared_ptr<ferry_engine> held = Get();
+    ferry_engine* e = held.get();
     ferry_segment h = 0;
     Unlocked([&] { return ferry_open_segment(e, name.c_str(), &h); });
     return h;
   }
+  void RefreshSegment(uint64_t h) {
+    const std::shared_ptr<ferry_engine> held = Get();
+    ferry_engine* e = held.get();
+    Unlocked([&] { return ferry_refresh_segment(e, h); });
+  }
   void CloseSegment(uint64_t h) {
-    ferry_engine* e = Get();
+    const std::shared_ptr<ferry_engine> held = Get();
+    ferry_engine* e = held.get();
     Unlocked([&] { return ferry_close_segment(e, h); });
   }
   uint64_t NewBatch(uint64_t capacity) {
     ferry_batch b = 0;
-    Check(ferry_batch_new(Get(), capacity, &b));
+    Check(ferry_batch_new(Get().get(), capacity, &b));
     return b;
   }
   // (opcode, local address, segment, remote address, length) each.
@@ -172,7 +174,8 @@ class Engine {
       const auto& [op, local, seg, remote, length] = requests[i];
       reqs[i] = {op, reinterpret_cast<void*>(local), seg, remote, length};
     }
-    ferry_engine* e = Get();
+    const std::shared_ptr<ferry_engine> held = Get();
+    ferry_engine* e = held.get();
     Unlocked([&] { return ferry_submit(e, batch, reqs.data(), reqs.size()); });
   }
   // (state, total, completed, failed, transferred bytes); raises
@@ -180,7 +183,8 @@ class Engine {
   std::tuple<int, uint64_t, uint64_t, uint64_t, uint64_t> Wait(
       uint64_t batch, int64_t timeout_ms) {
     ferry_batch_status st{};
-    ferry_engine* e = Get();
+    const std::shared_ptr<ferry_engine> held = Get();
+    ferry_engine* e = held.get();
     Unlocked([&] { return ferry_batch_wait(e, batch, timeout_ms, &st); });
     return {st.state, st.total, st.completed, st.failed, st.transferred_bytes};
   }
@@ -190,18 +194,22 @@ class Engine {
     int state = 0;
     uint64_t bytes = 0;
     ferry_status* error = nullptr;
-    Check(ferry_request_status(Get(), batch, index, &state, &bytes, &error));
+    Check(ferry_request_status(Get().get(), batch, index, &state, &bytes,
+                               &error));
     const int code = ferry_status_code(error);
     std::string message = ferry_status_message(error);
     ferry_status_free(error);
     return {state, bytes, code, std::move(message)};
   }
-  void FreeBatch(uint64_t batch) { Check(ferry_batch_free(Get(), batch)); }
+  void FreeBatch(uint64_t batch) {
+    Check(ferry_batch_free(Get().get(), batch));
+  }
 
   void Notify(uint64_t segment, const std::string& name,
               const py::bytes& message) {
     std::string m = message;
-    ferry_engine* e = Get();
+    const std::shared_ptr<ferry_engine> held = Get();
+    ferry_engine* e = held.get();
     Unlocked([&] {
       return ferry_send_notification(e, segment, name.c_str(), m.data(),
                                      m.size());
@@ -213,7 +221,7 @@ class Engine {
   Notifications() {
     ferry_notification* got = nullptr;
     size_t n = 0;
-    Check(ferry_get_notifications(Get(), &got, &n));
+    Check(ferry_get_notifications(Get().get(), &got, &n));
     std::vector<
         std::tuple<std::string, std::string, py::bytes, std::string, bool>>
         out;
@@ -227,13 +235,26 @@ class Engine {
   }
 
  private:
-  ferry_engine* Get() {
-    if (engine_ == nullptr)
+  // A string the C API copies out, whatever its length.
+  std::string Copy(size_t (*get)(const ferry_engine*, char*, size_t)) {
+    const std::shared_ptr<ferry_engine> held = Get();
+    std::string out(get(held.get(), nullptr, 0) + 1, '\0');
+    out.resize(get(held.get(), out.data(), out.size()));
+    return out;
+  }
+
+  // The engine, held for the caller's call: Close only drops this
+  // reference, so an engine is shut down once the last call using it
+  // (another thread's, the GIL released) has returned. engine_ is only
+  // touched by threads holding the GIL.
+  std::shared_ptr<ferry_engine> Get() {
+    if (engine_ == nullptr) {
       Raise(FERRY_FAILED_PRECONDITION, "engine is closed");
+    }
     return engine_;
   }
 
-  ferry_engine* engine_ = nullptr;
+  std::shared_ptr<ferry_engine> engine_;
 };
 
 // The address and size of an object's buffer (buffer protocol), and
@@ -286,6 +307,7 @@ PYBIND11_MODULE(_ferry, m) {
       .def("unregister_batch", &Engine::UnregisterBatch)
       .def("segment_buffers", &Engine::SegmentBuffers)
       .def("open_segment", &Engine::OpenSegment)
+      .def("refresh_segment", &Engine::RefreshSegment)
       .def("close_segment", &Engine::CloseSegment)
       .def("new_batch", &Engine::NewBatch)
       .def("submit", &Engine::Submit)

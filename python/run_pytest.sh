@@ -12,7 +12,9 @@ cp "$runfiles"/python/ferry/*.py "$pkg/ferry/"
 cp "$runfiles/python/_ferry.so" "$pkg/ferry/"
 preload=""
 for rt in asan ubsan; do
-  if ldd "$pkg/ferry/_ferry.so" | grep -q "lib${rt}"; then
+  # Not `ldd | grep -q`: grep quitting early can kill ldd (SIGPIPE) and,
+  # with pipefail, skip the preload at random.
+  if [[ "$(ldd "$pkg/ferry/_ferry.so")" == *"lib${rt}"* ]]; then
     # libstdc++ too: python3 does not link it, and the runtime's
     # __cxa_throw interceptor needs the real one loaded when it starts.
     preload="$(gcc -print-file-name=lib${rt}.so) $(gcc -print-file-name=libstdc++.so)"

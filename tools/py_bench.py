@@ -40,15 +40,22 @@ def main() -> None:
     assert target.register_memory(raddr, args.buffer) == 0
     assert initiator.register_memory(laddr, args.buffer) == 0
 
+    # Batches walk the whole buffer, as transfer_bench's do (the same few
+    # blocks again and again would stay in cache).
     blocks = args.buffer // args.block
-    offsets = [(i % blocks) * args.block for i in range(args.batch)]
-    srcs = [laddr + o for o in offsets]
-    dsts = [raddr + o for o in offsets]
+    batches = []
+    for first in range(0, blocks, args.batch):
+        offsets = [((first + i) % blocks) * args.block
+                   for i in range(args.batch)]
+        batches.append(([laddr + o for o in offsets],
+                         [raddr + o for o in offsets]))
     lens = [args.block] * args.batch
     # One warm-up batch: connections up.
-    assert initiator.batch_transfer_sync_write(peer, srcs, dsts, lens) == 0
-    moved, start = 0, time.monotonic()
+    assert initiator.batch_transfer_sync_write(peer, *batches[0], lens) == 0
+    moved, n, start = 0, 0, time.monotonic()
     while time.monotonic() - start < args.seconds:
+        srcs, dsts = batches[n % len(batches)]
+        n += 1
         assert initiator.batch_transfer_sync_write(peer, srcs, dsts, lens) == 0
         moved += args.batch * args.block
     elapsed = time.monotonic() - start

@@ -15,12 +15,14 @@ bin="$(bazel info bazel-bin 2>/dev/null)"
 export LD_LIBRARY_PATH="$bin/transport/softrnic"
 cpp=() py=() cpp8=() py8=()
 for ((i = 0; i < rounds; i++)); do
+  # --tcp_connections=2: the engine's default, which py_bench's engines use.
   c="$("$bin/tools/transfer_bench" --mode=local --protocol="$proto" \
-    --block_size=65536 --batch_size=128 --duration=2 \
+    --block_size=65536 --batch_size=128 --duration=2 --tcp_connections=2 \
     --buffer_size=$((64 << 20)) --log_level=warn --report=json 2>/dev/null | tail -1)"
   p="$(/usr/bin/python3 tools/py_bench.py --protocol="$proto" --calls=2000 2>/dev/null | tail -1)"
   c8="$("$bin/tools/transfer_bench" --mode=local --protocol="$proto" \
     --block_size=8 --batch_size=1 --duration=1 --buffer_size=$((1 << 20)) \
+    --tcp_connections=2 \
     --log_level=warn --report=json 2>/dev/null | tail -1)"
   echo "round $i: c++ $c"
   echo "round $i: py  $p"

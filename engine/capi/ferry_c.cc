@@ -11,6 +11,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -35,11 +36,22 @@ struct ferry_engine {
 
 namespace {
 
+// Returned when a status itself cannot be allocated; never freed.
+ferry_status* OutOfMemory() {
+  static ferry_status* const oom = new ferry_status{
+      absl::ResourceExhaustedError("out of memory"), "out of memory"};
+  return oom;
+}
+
 ferry_status* Wrap(absl::Status s) {
   if (s.ok()) return nullptr;
-  auto* st = new (std::nothrow) ferry_status{std::move(s), ""};
-  if (st != nullptr) st->message = std::string(st->status.message());
-  return st;
+  try {
+    auto* st = new ferry_status{std::move(s), ""};
+    st->message = std::string(st->status.message());
+    return st;
+  } catch (const std::bad_alloc&) {
+    return OutOfMemory();
+  }
 }
 
 ferry_status* Null(const char* what) {
@@ -55,9 +67,10 @@ size_t CopyOut(const std::string& s, char* buf, size_t cap) {
   return s.size();
 }
 
+// Inside Guarded: running out of memory becomes RESOURCE_EXHAUSTED.
 char* Dup(const std::string& s) {
   char* p = static_cast<char*>(std::malloc(s.size() + 1));
-  if (p == nullptr) return nullptr;
+  if (p == nullptr) throw std::bad_alloc();
   std::memcpy(p, s.data(), s.size());
   p[s.size()] = '\0';
   return p;
@@ -101,7 +114,25 @@ Setter Millis(absl::Duration ferry::EngineOptions::*field) {
 }
 
 std::vector<std::string> List(absl::string_view v) {
-  return absl::StrSplit(v, ',', absl::SkipWhitespace());
+  std::vector<std::string> out;
+  for (absl::string_view item :
+       absl::StrSplit(v, ',', absl::SkipWhitespace())) {
+    out.emplace_back(absl::StripAsciiWhitespace(item));
+  }
+  return out;
+}
+
+// Runs an entry point's body: a C++ exception (allocation) never crosses
+// into C.
+template <typename Body>
+ferry_status* Guarded(Body body) {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return OutOfMemory();
+  } catch (const std::exception& e) {
+    return Wrap(absl::InternalError(e.what()));
+  }
 }
 
 const absl::flat_hash_map<std::string, Setter>& Setters() {
@@ -176,7 +207,9 @@ const char* ferry_status_message(const ferry_status* status) {
   return status == nullptr ? "" : status->message.c_str();
 }
 
-void ferry_status_free(ferry_status* status) { delete status; }
+void ferry_status_free(ferry_status* status) {
+  if (status != OutOfMemory()) delete status;
+}
 
 ferry_options* ferry_options_new(void) {
   return new (std::nothrow) ferry_options();
@@ -189,17 +222,19 @@ ferry_status* ferry_options_set(ferry_options* options, const char* key,
   if (options == nullptr) return Null("options");
   if (key == nullptr) return Null("key");
   if (value == nullptr) return Null("value");
-  auto it = Setters().find(key);
-  if (it == Setters().end()) {
-    return Wrap(absl::InvalidArgumentError(
-        absl::StrCat("unknown engine option '", key, "'")));
-  }
-  absl::Status s = it->second(options->options, value);
-  if (!s.ok()) {
-    return Wrap(absl::InvalidArgumentError(
-        absl::StrCat("engine option ", key, "='", value, "': ", s.message())));
-  }
-  return nullptr;
+  return Guarded([&]() -> ferry_status* {
+    auto it = Setters().find(key);
+    if (it == Setters().end()) {
+      return Wrap(absl::InvalidArgumentError(
+          absl::StrCat("unknown engine option '", key, "'")));
+    }
+    absl::Status s = it->second(options->options, value);
+    if (!s.ok()) {
+      return Wrap(absl::InvalidArgumentError(absl::StrCat(
+          "engine option ", key, "='", value, "': ", s.message())));
+    }
+    return nullptr;
+  });
 }
 
 ferry_status* ferry_engine_new(const ferry_options* options,
@@ -207,12 +242,14 @@ ferry_status* ferry_engine_new(const ferry_options* options,
   if (out == nullptr) return Null("out");
   *out = nullptr;
   if (options == nullptr) return Null("options");
-  auto engine = std::make_unique<ferry_engine>();
-  if (absl::Status s = engine->engine.Init(options->options); !s.ok()) {
-    return Wrap(std::move(s));
-  }
-  *out = engine.release();
-  return nullptr;
+  return Guarded([&]() -> ferry_status* {
+    auto engine = std::make_unique<ferry_engine>();
+    if (absl::Status s = engine->engine.Init(options->options); !s.ok()) {
+      return Wrap(std::move(s));
+    }
+    *out = engine.release();
+    return nullptr;
+  });
 }
 
 void ferry_engine_free(ferry_engine* engine) { delete engine; }
@@ -254,42 +291,48 @@ ferry_status* ferry_register_memory_batch(ferry_engine* engine,
                                           const size_t* lengths, size_t count,
                                           const char* location,
                                           int remote_accessible) {
-  if (engine == nullptr) return Null("engine");
-  if (count > 0 && (addrs == nullptr || lengths == nullptr)) {
-    return Null("addrs or lengths");
-  }
-  std::vector<ferry::BufferEntry> entries(count);
-  for (size_t i = 0; i < count; ++i) entries[i] = {addrs[i], lengths[i]};
-  return Wrap(engine->engine.RegisterLocalMemoryBatch(
-      entries, location == nullptr ? "*" : location, remote_accessible != 0));
+  return Guarded([&]() -> ferry_status* {
+    if (engine == nullptr) return Null("engine");
+    if (count > 0 && (addrs == nullptr || lengths == nullptr)) {
+      return Null("addrs or lengths");
+    }
+    std::vector<ferry::BufferEntry> entries(count);
+    for (size_t i = 0; i < count; ++i) entries[i] = {addrs[i], lengths[i]};
+    return Wrap(engine->engine.RegisterLocalMemoryBatch(
+        entries, location == nullptr ? "*" : location, remote_accessible != 0));
+  });
 }
 
 ferry_status* ferry_unregister_memory_batch(ferry_engine* engine,
                                             void* const* addrs, size_t count) {
-  if (engine == nullptr) return Null("engine");
-  if (count > 0 && addrs == nullptr) return Null("addrs");
-  return Wrap(engine->engine.UnregisterLocalMemoryBatch(
-      std::vector<void*>(addrs, addrs + count)));
+  return Guarded([&]() -> ferry_status* {
+    if (engine == nullptr) return Null("engine");
+    if (count > 0 && addrs == nullptr) return Null("addrs");
+    return Wrap(engine->engine.UnregisterLocalMemoryBatch(
+        std::vector<void*>(addrs, addrs + count)));
+  });
 }
 
 ferry_status* ferry_segment_buffers(ferry_engine* engine, ferry_segment segment,
                                     ferry_remote_buffer** out, size_t* count) {
-  if (engine == nullptr) return Null("engine");
-  if (out == nullptr || count == nullptr) return Null("out or count");
-  *out = nullptr;
-  *count = 0;
-  auto bufs = engine->engine.GetSegmentBuffers(segment);
-  if (!bufs.ok()) return Wrap(bufs.status());
-  if (bufs->empty()) return nullptr;
-  auto* arr = static_cast<ferry_remote_buffer*>(
-      std::malloc(bufs->size() * sizeof(ferry_remote_buffer)));
-  if (arr == nullptr) return Wrap(absl::ResourceExhaustedError("no memory"));
-  for (size_t i = 0; i < bufs->size(); ++i) {
-    arr[i] = {(*bufs)[i].addr, (*bufs)[i].length};
-  }
-  *out = arr;
-  *count = bufs->size();
-  return nullptr;
+  return Guarded([&]() -> ferry_status* {
+    if (engine == nullptr) return Null("engine");
+    if (out == nullptr || count == nullptr) return Null("out or count");
+    *out = nullptr;
+    *count = 0;
+    auto bufs = engine->engine.GetSegmentBuffers(segment);
+    if (!bufs.ok()) return Wrap(bufs.status());
+    if (bufs->empty()) return nullptr;
+    auto* arr = static_cast<ferry_remote_buffer*>(
+        std::malloc(bufs->size() * sizeof(ferry_remote_buffer)));
+    if (arr == nullptr) return Wrap(absl::ResourceExhaustedError("no memory"));
+    for (size_t i = 0; i < bufs->size(); ++i) {
+      arr[i] = {(*bufs)[i].addr, (*bufs)[i].length};
+    }
+    *out = arr;
+    *count = bufs->size();
+    return nullptr;
+  });
 }
 
 ferry_status* ferry_open_segment(ferry_engine* engine, const char* name,
@@ -301,6 +344,12 @@ ferry_status* ferry_open_segment(ferry_engine* engine, const char* name,
   if (!h.ok()) return Wrap(h.status());
   *out = *h;
   return nullptr;
+}
+
+ferry_status* ferry_refresh_segment(ferry_engine* engine,
+                                    ferry_segment segment) {
+  if (engine == nullptr) return Null("engine");
+  return Wrap(engine->engine.RefreshSegment(segment));
 }
 
 ferry_status* ferry_close_segment(ferry_engine* engine, ferry_segment segment) {
@@ -320,25 +369,27 @@ ferry_status* ferry_batch_new(ferry_engine* engine, size_t capacity,
 
 ferry_status* ferry_submit(ferry_engine* engine, ferry_batch batch,
                            const ferry_request* requests, size_t count) {
-  if (engine == nullptr) return Null("engine");
-  if (requests == nullptr && count > 0) return Null("requests");
-  std::vector<ferry::TransferRequest> reqs(count);
-  for (size_t i = 0; i < count; ++i) {
-    const ferry_request& r = requests[i];
-    if (r.opcode != FERRY_READ && r.opcode != FERRY_WRITE) {
-      return Wrap(absl::InvalidArgumentError(
-          absl::StrCat("request ", i, ": opcode ", r.opcode,
-                       " is not FERRY_READ or "
-                       "FERRY_WRITE")));
+  return Guarded([&]() -> ferry_status* {
+    if (engine == nullptr) return Null("engine");
+    if (requests == nullptr && count > 0) return Null("requests");
+    std::vector<ferry::TransferRequest> reqs(count);
+    for (size_t i = 0; i < count; ++i) {
+      const ferry_request& r = requests[i];
+      if (r.opcode != FERRY_READ && r.opcode != FERRY_WRITE) {
+        return Wrap(absl::InvalidArgumentError(
+            absl::StrCat("request ", i, ": opcode ", r.opcode,
+                         " is not FERRY_READ or "
+                         "FERRY_WRITE")));
+      }
+      reqs[i].opcode = r.opcode == FERRY_WRITE ? ferry::OpCode::kWrite
+                                               : ferry::OpCode::kRead;
+      reqs[i].source = r.source;
+      reqs[i].target_id = r.target;
+      reqs[i].target_offset = r.target_offset;
+      reqs[i].length = r.length;
     }
-    reqs[i].opcode =
-        r.opcode == FERRY_WRITE ? ferry::OpCode::kWrite : ferry::OpCode::kRead;
-    reqs[i].source = r.source;
-    reqs[i].target_id = r.target;
-    reqs[i].target_offset = r.target_offset;
-    reqs[i].length = r.length;
-  }
-  return Wrap(engine->engine.SubmitTransfer(batch, reqs));
+    return Wrap(engine->engine.SubmitTransfer(batch, reqs));
+  });
 }
 
 ferry_status* ferry_batch_wait(ferry_engine* engine, ferry_batch batch,
@@ -382,67 +433,74 @@ ferry_status* ferry_batch_free(ferry_engine* engine, ferry_batch batch) {
 }
 
 ferry_status* ferry_local_topology(const char* devices, char** json) {
-  if (json == nullptr) return Null("json");
-  *json = nullptr;
-  auto list = ferry::rdma::ListDevices(List(devices == nullptr ? "" : devices));
-  if (!list.ok()) return Wrap(list.status());
-  std::vector<std::string> names;
-  for (ibv_device* d : *list) names.push_back(ibv_get_device_name(d));
-  if (names.empty()) {
-    return Wrap(absl::NotFoundError(absl::StrCat(
-        "no RDMA NIC named in '", devices == nullptr ? "" : devices, "'")));
-  }
-  std::string matrix =
-      ferry::rdma::Topology::FromSysfs("/sys", names).ToJson(names);
-  if (matrix == "{}") {
-    // Sysfs places none of them (soft NICs, containers without /sys/class/
-    // infiniband): every NIC is as good as any other, for any location.
-    std::vector<std::string> quoted;
-    for (const std::string& n : names) quoted.push_back("\"" + n + "\"");
-    matrix = absl::StrCat("{\"*\": [[", absl::StrJoin(quoted, ", "), "]]}");
-  }
-  *json = Dup(matrix);
-  return nullptr;
+  return Guarded([&]() -> ferry_status* {
+    if (json == nullptr) return Null("json");
+    *json = nullptr;
+    auto list =
+        ferry::rdma::ListDevices(List(devices == nullptr ? "" : devices));
+    if (!list.ok()) return Wrap(list.status());
+    std::vector<std::string> names;
+    for (ibv_device* d : *list) names.push_back(ibv_get_device_name(d));
+    if (names.empty()) {
+      return Wrap(absl::NotFoundError(absl::StrCat(
+          "no RDMA NIC named in '", devices == nullptr ? "" : devices, "'")));
+    }
+    std::string matrix =
+        ferry::rdma::Topology::FromSysfs("/sys", names).ToJson(names);
+    if (matrix == "{}") {
+      // Sysfs places none of them (soft NICs, containers without /sys/class/
+      // infiniband): every NIC is as good as any other, for any location.
+      std::vector<std::string> quoted;
+      for (const std::string& n : names) quoted.push_back("\"" + n + "\"");
+      matrix = absl::StrCat("{\"*\": [[", absl::StrJoin(quoted, ", "), "]]}");
+    }
+    *json = Dup(matrix);
+    return nullptr;
+  });
 }
 
 ferry_status* ferry_send_notification(ferry_engine* engine,
                                       ferry_segment target, const char* name,
                                       const void* message,
                                       size_t message_length) {
-  if (engine == nullptr) return Null("engine");
-  if (name == nullptr) return Null("name");
-  if (message == nullptr && message_length > 0) return Null("message");
-  return Wrap(engine->engine.SendNotification(
-      target, name,
-      std::string(static_cast<const char*>(message), message_length)));
+  return Guarded([&]() -> ferry_status* {
+    if (engine == nullptr) return Null("engine");
+    if (name == nullptr) return Null("name");
+    if (message == nullptr && message_length > 0) return Null("message");
+    return Wrap(engine->engine.SendNotification(
+        target, name,
+        std::string(static_cast<const char*>(message), message_length)));
+  });
 }
 
 ferry_status* ferry_get_notifications(ferry_engine* engine,
                                       ferry_notification** out, size_t* count) {
-  if (engine == nullptr) return Null("engine");
-  if (out == nullptr) return Null("out");
-  if (count == nullptr) return Null("count");
-  *out = nullptr;
-  *count = 0;
-  std::vector<ferry::Notification> got = engine->engine.GetNotifications();
-  if (got.empty()) return nullptr;
-  auto* arr = static_cast<ferry_notification*>(
-      std::calloc(got.size(), sizeof(ferry_notification)));
-  if (arr == nullptr) {
-    return Wrap(absl::ResourceExhaustedError(absl::StrCat(
-        "no memory for ", got.size(), " notifications (they are lost)")));
-  }
-  for (size_t i = 0; i < got.size(); ++i) {
-    arr[i].from_segment = Dup(got[i].from_segment);
-    arr[i].name = Dup(got[i].name);
-    arr[i].message = Dup(got[i].message);
-    arr[i].message_length = got[i].message.size();
-    arr[i].sender_address = Dup(got[i].sender_address);
-    arr[i].sender_verified = got[i].sender_verified ? 1 : 0;
-  }
-  *out = arr;
-  *count = got.size();
-  return nullptr;
+  return Guarded([&]() -> ferry_status* {
+    if (engine == nullptr) return Null("engine");
+    if (out == nullptr) return Null("out");
+    if (count == nullptr) return Null("count");
+    *out = nullptr;
+    *count = 0;
+    std::vector<ferry::Notification> got = engine->engine.GetNotifications();
+    if (got.empty()) return nullptr;
+    auto* arr = static_cast<ferry_notification*>(
+        std::calloc(got.size(), sizeof(ferry_notification)));
+    if (arr == nullptr) {
+      return Wrap(absl::ResourceExhaustedError(absl::StrCat(
+          "no memory for ", got.size(), " notifications (they are lost)")));
+    }
+    for (size_t i = 0; i < got.size(); ++i) {
+      arr[i].from_segment = Dup(got[i].from_segment);
+      arr[i].name = Dup(got[i].name);
+      arr[i].message = Dup(got[i].message);
+      arr[i].message_length = got[i].message.size();
+      arr[i].sender_address = Dup(got[i].sender_address);
+      arr[i].sender_verified = got[i].sender_verified ? 1 : 0;
+    }
+    *out = arr;
+    *count = got.size();
+    return nullptr;
+  });
 }
 
 void ferry_notifications_free(ferry_notification* notifications, size_t count) {

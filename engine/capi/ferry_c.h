@@ -9,8 +9,12 @@
  * frees it with ferry_status_free (which accepts NULL).
  *
  * Thread-safety. An engine may be used from several threads at once, as
- * the C++ TransferEngine may. ferry_options is not thread-safe. A status
- * object belongs to the thread that got it.
+ * the C++ TransferEngine may, but ferry_engine_free must not run while any
+ * other call on the engine is in progress. ferry_options is not
+ * thread-safe. A status object belongs to the thread that got it.
+ *
+ * No C++ exception crosses this API: running out of memory is
+ * FERRY_RESOURCE_EXHAUSTED.
  *
  * Memory. Strings the API returns are copied into caller buffers or into
  * objects the caller frees with the matching *_free function.
@@ -52,7 +56,8 @@ int ferry_status_code(const ferry_status* status); /* FERRY_OK for NULL. */
 const char* ferry_status_message(const ferry_status* status);
 void ferry_status_free(ferry_status* status);
 
-/* Engine options: every EngineOptions field by name, as a string.
+/* Engine options: EngineOptions fields by name, as strings (those below;
+ * the rest keep their defaults).
  *   strings: local_segment_name, metadata_endpoint ("embedded", "host:port",
  *     "etcd://h:p[,h:p]", "P2PHANDSHAKE"), metadata_namespace, auth_token,
  *     tls_ca_file, tls_cert_file, tls_key_file, tls_server_name,
@@ -105,6 +110,10 @@ typedef uint64_t ferry_segment;
 ferry_status* ferry_open_segment(ferry_engine* engine, const char* name,
                                  ferry_segment* out);
 ferry_status* ferry_close_segment(ferry_engine* engine, ferry_segment segment);
+/* Fetches the segment's descriptor again; an error says the peer cannot be
+ * reached or is no longer registered. */
+ferry_status* ferry_refresh_segment(ferry_engine* engine,
+                                    ferry_segment segment);
 
 /* The segment's remote-accessible buffers, from the cached descriptor,
  * sorted by address: *out is an array of *count, freed with free(). */
@@ -145,7 +154,8 @@ ferry_status* ferry_batch_new(ferry_engine* engine, size_t capacity,
 /* All or none: on error (naming the request's index) none is submitted. */
 ferry_status* ferry_submit(ferry_engine* engine, ferry_batch batch,
                            const ferry_request* requests, size_t count);
-/* Waits up to timeout_ms for every submitted request. *out is filled when
+/* Waits up to timeout_ms (negative: no limit) for every submitted request.
+ * *out is filled when
  * the call returns OK or DEADLINE_EXCEEDED (the requests go on); a batch
  * that ended with a failed request returns OK with out->state FERRY_FAILED,
  * and its first error is given by ferry_request_status. */

@@ -5,9 +5,10 @@ The pythonic layer over Ferry's engine::
     import ferry
     with ferry.Engine(local_segment_name="decode-0") as engine:
         kv = bytearray(1 << 20)
-        engine.register(kv)                  # zero-copy, pinned while registered
+        addr = engine.register(kv)           # zero-copy, pinned while registered
         peer = engine.open_segment("prefill-0")
-        batch = engine.batch([ferry.Request.read(kv, peer, remote_addr)])
+        batch = engine.batch([ferry.Request.read(addr, peer, remote_addr,
+                                                 len(kv))])
         batch.wait(timeout=10)
 
 Options are EngineOptions' fields by name (ferry_c.h lists them); values
@@ -117,6 +118,8 @@ class Engine:
         # Address -> memoryview of what is registered there: the view pins
         # the object (alive, and not resizable) while it is registered.
         self._pinned: Dict[int, memoryview] = {}
+        # Read-only registrations (address -> length): never READ into.
+        self._readonly: Dict[int, int] = {}
         self._engine = _ferry.Engine(
             [(k, _option(v)) for k, v in options.items()])
 
@@ -125,6 +128,12 @@ class Engine:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    def __del__(self) -> None:
+        # The engine goes before the pins: peers may still WRITE into the
+        # pinned buffers until it is shut down.
+        if hasattr(self, "_engine"):
+            self.close()
 
     def close(self) -> None:
         """Shuts the engine down (requests in flight end FAILED)."""
@@ -161,6 +170,8 @@ class Engine:
         self._engine.register(addr, length, location, remote_accessible)
         with self._lock:
             self._pinned[addr] = view
+            if readonly:
+                self._readonly[addr] = length
         return addr
 
     def register_address(self, addr: int, length: int,
@@ -177,6 +188,7 @@ class Engine:
         self._engine.unregister(addr)
         with self._lock:
             view = self._pinned.pop(addr, None)
+            self._readonly.pop(addr, None)
         if view is not None:
             view.release()
 
@@ -189,6 +201,15 @@ class Engine:
     def batch(self, requests: Sequence[Request],
               capacity: Optional[int] = None) -> Batch:
         """Allocates a batch and submits `requests` to it (all or none)."""
+        with self._lock:
+            readonly = list(self._readonly.items())
+        for i, r in enumerate(requests):
+            if r.opcode == READ and any(a <= r.local_addr < a + n
+                                        for a, n in readonly):
+                raise FerryError(
+                    errors.INVALID_ARGUMENT,
+                    f"request {i}: a READ into a read-only buffer "
+                    f"(0x{r.local_addr:x})")
         batch_id = self._engine.new_batch(capacity or max(1, len(requests)))
         try:
             self._engine.submit(batch_id, [

@@ -58,6 +58,15 @@ class TransferNotify:
         return f"TransferNotify(name={self.name!r}, msg={self.msg!r})"
 
 
+def _host_of(local_hostname: str) -> str:
+    """The host of "host", "host:port", "[v6]:port" or a bare IPv6 address."""
+    if local_hostname.startswith("["):
+        return local_hostname[1:].partition("]")[0]
+    if local_hostname.count(":") == 1:
+        return local_hostname.partition(":")[0]
+    return local_hostname  # A name, an IPv4 address, or a bare IPv6 one.
+
+
 def _metadata_endpoint(server: str, metadata_type: str = "") -> str:
     """Mooncake's metadata strings as Ferry's metadata addresses."""
     if server == _P2P or metadata_type.lower() in ("p2p", "p2phandshake"):
@@ -89,22 +98,29 @@ class TransferEngine:
                        protocol: str, device_name: str,
                        metadata_type: str) -> int:
         endpoint = _metadata_endpoint(metadata_server, metadata_type)
-        host, _, port = local_hostname.rpartition(":")
-        if not host or not port.isdigit():
-            host, port = local_hostname, ""
+        host = _host_of(local_hostname)
+        # Listen on every interface (as Mooncake does); tell peers `host`.
         options = [("metadata_endpoint", endpoint),
-                   ("listen_host", host.strip("[]")),
-                   ("advertise_host", host.strip("[]")),
+                   ("advertise_host", host),
                    ("transports", protocol or "tcp")]
         if endpoint != _P2P:
             options.append(("local_segment_name", local_hostname))
         if device_name and protocol == "rdma":
             options.append(("rdma_devices", device_name))
+        self._close()  # Initialized again: a new engine, nothing cached.
         try:
             self._engine = _ferry.Engine(options)
         except FerryError:
             return -1
         return 0
+
+    def _close(self) -> None:
+        if self._engine is not None:
+            self._engine.close()
+        self._engine = None
+        with self._lock:
+            self._segments.clear()
+            self._managed.clear()
 
     def get_rpc_port(self) -> int:
         if self._engine is None:
@@ -141,7 +157,8 @@ class TransferEngine:
         return 0
 
     def get_first_buffer_address(self, segment_name: str) -> int:
-        """The lowest address among the segment's buffers (0: none)."""
+        """The lowest address among the segment's buffers (0: none); Ferry's
+        descriptors keep buffers by address, not in registration order."""
         if self._engine is None:
             return 0
         try:
@@ -341,8 +358,11 @@ class TransferEngine:
         if self._engine is None:
             return -1
         try:
-            self._segment(peer_server_name, refresh=True)
+            self._engine.refresh_segment(self._segment(peer_server_name))
         except FerryError:
+            # Opened again on the next transfer (the peer may come back).
+            with self._lock:
+                self._segments.pop(peer_server_name, None)
             return -1
         return 0
 
@@ -366,15 +386,10 @@ class TransferEngine:
             return -1
         return 0
 
-    def _segment(self, name: str, refresh: bool = False) -> int:
+    def _segment(self, name: str) -> int:
         with self._lock:
             handle = self._segments.get(name)
-        if handle is None or refresh:
-            if handle is not None:
-                try:
-                    self._engine.close_segment(handle)
-                except FerryError:
-                    pass
+        if handle is None:
             handle = self._engine.open_segment(name)
             with self._lock:
                 self._segments[name] = handle

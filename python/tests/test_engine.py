@@ -1,5 +1,6 @@
 """The pythonic layer (ferry): engines over loopback in this process."""
 
+import ctypes
 import gc
 import threading
 import time
@@ -103,10 +104,20 @@ def test_registered_buffers_are_pinned(pair):
     # reference.
     addr = target.register(bytearray(b"\x07" * 4096))
     gc.collect()
+    assert ctypes.string_at(addr, 4096) == b"\x07" * 4096
     target.unregister(addr)
     with pytest.raises(ferry.FerryError) as e:
         target.register(b"read-only bytes")
     assert e.value.code == errors.INVALID_ARGUMENT
+    # Registered to send from, a read-only buffer is never READ into.
+    ro = b"\x01" * 4096
+    roaddr = target.register(ro, remote_accessible=False)
+    seg = target.open_segment("py-target")
+    with pytest.raises(ferry.FerryError) as e:
+        target.batch([ferry.Request.read(roaddr, seg, 0x1000, 16)])
+    assert e.value.code == errors.INVALID_ARGUMENT
+    assert "read-only" in e.value.message
+    target.unregister(ro)
 
 
 def test_wait_releases_the_gil(pair):
@@ -128,15 +139,18 @@ def test_wait_releases_the_gil(pair):
 
     t = threading.Thread(target=ticker)
     t.start()
-    time.sleep(0.01)
-    b = initiator.batch([ferry.Request.write(laddr, seg, raddr, size)])
-    before = ticks[0]
-    start_time = time.monotonic()
-    assert b.wait(timeout=30)[0] == ferry.COMPLETED
-    waited = time.monotonic() - start_time
-    during = ticks[0] - before
-    stop.set()
-    t.join()
+    try:
+        time.sleep(0.01)
+        b = initiator.batch([ferry.Request.write(laddr, seg, raddr, size)])
+        before = ticks[0]
+        start_time = time.monotonic()
+        state = b.wait(timeout=30)[0]
+        waited = time.monotonic() - start_time
+        during = ticks[0] - before
+    finally:
+        stop.set()
+        t.join()
+    assert state == ferry.COMPLETED
     b.free()
     assert during >= 5, f"the other thread ran {during} times in {waited:.3f} s"
     initiator.unregister(local)
@@ -180,6 +194,35 @@ def test_several_threads_share_an_engine(pair):
         t.start()
     for t in ts:
         t.join(timeout=60)
+    assert not any(t.is_alive() for t in ts), "a worker hung"
     assert not errors_seen, errors_seen
     initiator.unregister(local)
     target.unregister(remote)
+
+
+def test_close_while_another_thread_waits():
+    target = start("py-close-target")
+    initiator = start("py-close-init", target.metadata_address)
+    size = 64 << 20
+    remote, local = bytearray(size), bytearray(size)
+    raddr = target.register(remote)
+    laddr = initiator.register(local, remote_accessible=False)
+    seg = initiator.open_segment("py-close-target")
+    b = initiator.batch([ferry.Request.write(laddr, seg, raddr, size)])
+    result = []
+
+    def waiter():
+        try:
+            result.append(b.wait(timeout=30)[0])
+        except ferry.FerryError as e:  # Closed under it: an error, no crash.
+            result.append(e.code)
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    initiator.close()  # The waiting call keeps the engine until it returns.
+    t.join(timeout=60)
+    assert not t.is_alive()
+    assert len(result) == 1
+    with pytest.raises(ferry.FerryError):
+        b.wait(timeout=1)
+    target.close()

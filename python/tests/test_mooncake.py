@@ -20,6 +20,8 @@ def pair():
     target, initiator = p2p_engine(), p2p_engine()
     # As SGLang names a P2P peer: its host and RPC port.
     yield target, initiator, f"127.0.0.1:{target.get_rpc_port()}"
+    initiator._close()
+    target._close()
 
 
 def test_opcodes_in_both_spellings():
@@ -146,6 +148,28 @@ def test_with_a_metadata_service():
                                      8192) == 0
         assert a.read_bytes_from_buffer(remote, 8192) == b"\x11" * 8192
         assert b.get_first_buffer_address("127.0.0.1:17001") == remote
+
+
+def test_ipv6_hostnames():
+    a, b = TransferEngine(), TransferEngine()
+    assert a.initialize("::1", "P2PHANDSHAKE", "tcp", "") == 0
+    assert b.initialize("[::1]:0", "P2PHANDSHAKE", "tcp", "") == 0
+    remote = a.allocate_managed_buffer(4096)
+    local = b.allocate_managed_buffer(4096)
+    peer = f"[::1]:{a.get_rpc_port()}"
+    assert b.transfer_sync_write(peer, local, remote, 4096) == 0
+    assert b.send_probe(peer) == 0
+    b._close()
+    a._close()
+
+
+def test_probe_of_a_peer_that_went_keeps_working_after_it_returns(pair):
+    target, initiator, peer = pair
+    assert initiator.send_probe(peer) == 0
+    assert initiator.send_probe("127.0.0.1:1") == -1  # Another, absent.
+    remote = target.allocate_managed_buffer(4096)
+    local = initiator.allocate_managed_buffer(4096)
+    assert initiator.transfer_sync_write(peer, local, remote, 4096) == 0
 
 
 def test_local_topology():
