@@ -247,14 +247,32 @@ format() {
 python_install() {
   setup
   drop_execroot_link
-  "${BAZEL[@]}" build //python:_ferry.so
+  "${BAZEL[@]}" build -c opt //python:_ferry.so
   local dest
   dest="$(/usr/bin/python3 -c 'import sysconfig; print(sysconfig.get_path("purelib", "posix_local"))')"
   rm -rf "$dest/ferry"
   mkdir -p "$dest/ferry"
   cp python/ferry/*.py python/ferry/*.pyi python/ferry/py.typed "$dest/ferry/"
-  install -m 0755 "$("${BAZEL[@]}" info bazel-bin 2>/dev/null)/python/_ferry.so" "$dest/ferry/"
+  install -m 0755 "$("${BAZEL[@]}" info -c opt bazel-bin 2>/dev/null)/python/_ferry.so" "$dest/ferry/"
   (cd / && /usr/bin/python3 -c 'import ferry; print("ferry installed:", ferry.__file__)')
+  # Another python3 first on PATH (pyenv, a venv) gets a copy too when it
+  # can load the extension (the same SOABI), so that a plain `python3`
+  # imports ferry as well; otherwise say which interpreter has it.
+  local soabi='import sysconfig; print(sysconfig.get_config_var("SOABI"))'
+  local other
+  other="$(cd / && python3 -c 'import sys; print(sys.executable)' 2>/dev/null || true)"
+  if [[ -n "$other" && "$(readlink -f "$other")" != "$(readlink -f /usr/bin/python3)" ]]; then
+    if [[ "$("$other" -c "$soabi")" == "$(/usr/bin/python3 -c "$soabi")" ]]; then
+      local other_dest
+      other_dest="$("$other" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
+      rm -rf "$other_dest/ferry"
+      cp -r "$dest/ferry" "$other_dest/ferry"
+      (cd / && "$other" -c 'import ferry; print("ferry installed:", ferry.__file__)')
+    else
+      echo "note: python3 on PATH is $other, which cannot load an extension" \
+        "built for /usr/bin/python3; use /usr/bin/python3" >&2
+    fi
+  fi
 }
 
 case "${1:-}" in
