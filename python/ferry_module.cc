@@ -50,6 +50,72 @@ void Unlocked(Call call) {
 }
 
 using Request = std::tuple<int, uint64_t, uint64_t, uint64_t, uint64_t>;
+using BatchState = std::tuple<int, uint64_t, uint64_t, uint64_t, uint64_t>;
+
+// The ints of a sequence, as uint64 (a negative or non-int item raises
+// FerryError(INVALID_ARGUMENT) naming `what` and its index). Through the
+// sequence protocol's fast path: per item this is the cost of a C call,
+// where a list of tuples converted by pybind11 cost several.
+std::vector<uint64_t> ToU64(const py::handle& seq, const char* what) {
+  PyObject* fast = PySequence_Fast(seq.ptr(), what);
+  if (fast == nullptr) {
+    PyErr_Clear();
+    Raise(FERRY_INVALID_ARGUMENT,
+          std::string(what) + " must be a sequence of ints");
+  }
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+  PyObject** items = PySequence_Fast_ITEMS(fast);
+  std::vector<uint64_t> out(static_cast<size_t>(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    const unsigned long long v = PyLong_Check(items[i])
+                                     ? PyLong_AsUnsignedLongLong(items[i])
+                                     : static_cast<unsigned long long>(-1);
+    if (v == static_cast<unsigned long long>(-1) &&
+        (!PyLong_Check(items[i]) || PyErr_Occurred() != nullptr)) {
+      PyErr_Clear();
+      Py_DECREF(fast);
+      Raise(FERRY_INVALID_ARGUMENT, std::string(what) + "[" +
+                                        std::to_string(i) +
+                                        "] is not an int in 0..2^64-1");
+    }
+    out[static_cast<size_t>(i)] = v;
+  }
+  Py_DECREF(fast);
+  return out;
+}
+
+// Requests of one opcode to one segment from three parallel sequences,
+// the shape of every Mooncake batch call.
+std::vector<ferry_request> SameRequests(int op, uint64_t segment,
+                                        const py::handle& buffers,
+                                        const py::handle& peers,
+                                        const py::handle& lengths) {
+  const std::vector<uint64_t> b = ToU64(buffers, "buffers");
+  const std::vector<uint64_t> p = ToU64(peers, "peer addresses");
+  const std::vector<uint64_t> l = ToU64(lengths, "lengths");
+  if (b.size() != p.size() || b.size() != l.size()) {
+    Raise(FERRY_INVALID_ARGUMENT,
+          "buffers, peer addresses and lengths differ in count (" +
+              std::to_string(b.size()) + ", " + std::to_string(p.size()) +
+              ", " + std::to_string(l.size()) + ")");
+  }
+  if (b.empty()) Raise(FERRY_INVALID_ARGUMENT, "no requests");
+  std::vector<ferry_request> reqs(b.size());
+  for (size_t i = 0; i < b.size(); ++i) {
+    reqs[i] = {op, reinterpret_cast<void*>(b[i]), segment, p[i], l[i]};
+  }
+  return reqs;
+}
+
+// A new batch holding `reqs`, in *b; on error no batch is left behind.
+ferry_status* NewBatchOf(ferry_engine* e,
+                         const std::vector<ferry_request>& reqs,
+                         ferry_batch* b) {
+  if (ferry_status* s = ferry_batch_new(e, reqs.size(), b)) return s;
+  ferry_status* s = ferry_submit(e, *b, reqs.data(), reqs.size());
+  if (s != nullptr) ferry_status_free(ferry_batch_free(e, *b));
+  return s;
+}
 
 class Engine {
  public:
@@ -178,10 +244,45 @@ class Engine {
     ferry_engine* e = held.get();
     Unlocked([&] { return ferry_submit(e, batch, reqs.data(), reqs.size()); });
   }
+  // A new batch holding requests of one opcode to one segment (three
+  // parallel sequences); its id. On error no batch is left behind.
+  uint64_t SubmitSame(int op, uint64_t segment, const py::object& buffers,
+                      const py::object& peers, const py::object& lengths) {
+    const std::vector<ferry_request> reqs =
+        SameRequests(op, segment, buffers, peers, lengths);
+    const std::shared_ptr<ferry_engine> held = Get();
+    ferry_engine* e = held.get();
+    ferry_batch b = 0;
+    Unlocked([&] { return NewBatchOf(e, reqs, &b); });
+    return b;
+  }
+  // SubmitSame, then waits (without limit: the engine's transfer_timeout
+  // ends every request) and frees the batch, all in one release of the
+  // GIL: a synchronous batch costs one crossing from Python, not four.
+  // The batch's final (state, total, completed, failed, transferred bytes).
+  BatchState TransferSame(int op, uint64_t segment, const py::object& buffers,
+                          const py::object& peers, const py::object& lengths) {
+    const std::vector<ferry_request> reqs =
+        SameRequests(op, segment, buffers, peers, lengths);
+    const std::shared_ptr<ferry_engine> held = Get();
+    ferry_engine* e = held.get();
+    ferry_batch_status st{};
+    Unlocked([&]() -> ferry_status* {
+      ferry_batch b = 0;
+      if (ferry_status* s = NewBatchOf(e, reqs, &b)) return s;
+      ferry_status* s = ferry_batch_wait(e, b, -1, &st);
+      // An unlimited wait returns once every request has ended, so the
+      // batch can go either way.
+      ferry_status* freed = ferry_batch_free(e, b);
+      if (s == nullptr) return freed;
+      ferry_status_free(freed);
+      return s;
+    });
+    return {st.state, st.total, st.completed, st.failed, st.transferred_bytes};
+  }
   // (state, total, completed, failed, transferred bytes); raises
   // FerryError(DEADLINE_EXCEEDED) if the timeout passed first.
-  std::tuple<int, uint64_t, uint64_t, uint64_t, uint64_t> Wait(
-      uint64_t batch, int64_t timeout_ms) {
+  BatchState Wait(uint64_t batch, int64_t timeout_ms) {
     ferry_batch_status st{};
     const std::shared_ptr<ferry_engine> held = Get();
     ferry_engine* e = held.get();
@@ -311,6 +412,8 @@ PYBIND11_MODULE(_ferry, m) {
       .def("close_segment", &Engine::CloseSegment)
       .def("new_batch", &Engine::NewBatch)
       .def("submit", &Engine::Submit)
+      .def("submit_same", &Engine::SubmitSame)
+      .def("transfer_same", &Engine::TransferSame)
       .def("wait", &Engine::Wait)
       .def("request_status", &Engine::RequestStatus)
       .def("free_batch", &Engine::FreeBatch)

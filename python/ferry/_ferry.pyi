@@ -43,6 +43,16 @@ class Engine:
                requests: List[Tuple[int, int, int, int, int]]) -> None:
         """(opcode, local address, segment, remote address, length) each;
         all or none."""
+    def submit_same(self, opcode: int, segment: int, buffers: Sequence[int],
+                    peers: Sequence[int], lengths: Sequence[int]) -> int:
+        """A new batch of one opcode to one segment, from three parallel
+        sequences (all or none); its id."""
+    def transfer_same(self, opcode: int, segment: int,
+                      buffers: Sequence[int], peers: Sequence[int],
+                      lengths: Sequence[int]) -> Tuple[int, int, int, int, int]:
+        """submit_same, waiting until every request ended, and the batch
+        freed, in one call; the final (state, total, completed, failed,
+        bytes)."""
     def wait(self, batch: int,
              timeout_ms: int) -> Tuple[int, int, int, int, int]:
         """(state, total, completed, failed, bytes); FerryError

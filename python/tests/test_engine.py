@@ -8,7 +8,7 @@ import time
 import pytest
 
 import ferry
-from ferry import errors
+from ferry import _ferry, errors
 
 
 def start(name, metadata="embedded"):
@@ -88,6 +88,47 @@ def test_errors_of_requests(pair):
     with pytest.raises(ferry.FerryError) as e:
         initiator.open_segment("nobody")
     assert e.value.code == errors.NOT_FOUND
+    initiator.unregister(local)
+    target.unregister(remote)
+
+
+def test_one_call_batches_of_the_extension(pair):
+    # The extension's one-opcode batches (ferry.mooncake's path): three
+    # parallel sequences; anything not an address or length is refused
+    # before a batch exists, naming the item.
+    target, initiator = pair
+    remote, local = bytearray(b"r" * 4096), bytearray(b"l" * 4096)
+    raddr, laddr = target.register(remote), initiator.register(local)
+    raw, seg = initiator._raw(), initiator.open_segment("py-target")
+    for bad, where in ((-1, "buffers[1]"), ("x", "buffers[1]"),
+                       (1 << 64, "buffers[1]")):
+        with pytest.raises(ferry.FerryError) as e:
+            raw.transfer_same(_ferry.WRITE, seg, [laddr, bad],
+                              [raddr, raddr], [8, 8])
+        assert e.value.code == errors.INVALID_ARGUMENT
+        assert where in e.value.message
+    with pytest.raises(ferry.FerryError) as e:
+        raw.submit_same(_ferry.WRITE, seg, [laddr], [raddr, raddr], [8])
+    assert "differ in count (1, 2, 1)" in e.value.message
+    with pytest.raises(ferry.FerryError) as e:
+        raw.submit_same(_ferry.WRITE, seg, [], [], [])
+    assert e.value.code == errors.INVALID_ARGUMENT
+    with pytest.raises(ferry.FerryError):
+        raw.transfer_same(_ferry.WRITE, seg, 5, [raddr], [8])
+    # A request the engine refuses (local memory not registered) leaves
+    # no batch behind, and the good one moves the bytes.
+    with pytest.raises(ferry.FerryError) as e:
+        raw.transfer_same(_ferry.WRITE, seg, [0x10], [raddr], [8])
+    assert "request 0" in e.value.message
+    state, total, done, failed, moved = raw.transfer_same(
+        _ferry.WRITE, seg, (laddr, laddr + 8), (raddr, raddr + 100), (8, 8))
+    assert (state, total, done, failed, moved) == (ferry.COMPLETED, 2, 2, 0,
+                                                   16)
+    assert remote[:8] == b"l" * 8 and remote[100:108] == b"l" * 8
+    assert remote[8:100] == b"r" * 92
+    batch = raw.submit_same(_ferry.READ, seg, [laddr], [raddr + 200], [4])
+    assert raw.wait(batch, 10000)[0] == ferry.COMPLETED
+    raw.free_batch(batch)
     initiator.unregister(local)
     target.unregister(remote)
 

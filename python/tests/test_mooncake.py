@@ -122,6 +122,14 @@ def test_errors_are_negative(pair):
                                               [8, 8]) == -1
     assert initiator.unregister_memory(uaddr) == -1
     assert initiator.batch_register_memory([uaddr], [4096, 1]) == -1
+    # Values that are not addresses or lengths, sync and async.
+    for bad in (-1, "x", 1.5, 1 << 64):
+        assert initiator.batch_transfer_sync_write(peer, [local, bad],
+                                                   [remote, remote],
+                                                   [8, 8]) == -1
+        assert initiator.batch_transfer_async_write(peer, [local],
+                                                    [remote], [bad]) == 0
+        assert initiator.transfer_submit_write(peer, local, bad, 8) == -1
     # The engine works on after all that.
     assert initiator.transfer_sync_read(peer, local, remote, 4096) == 0
 
