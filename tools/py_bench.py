@@ -1,8 +1,10 @@
 #!/usr/bin/python3
 """Python overhead of ferry.mooncake, for docs/performance.md.
 
-Two engines in this process (P2PHANDSHAKE, loopback), as transfer_bench
---mode=local runs its two:
+An initiator engine in this process and, with --target=host:port, a
+target in another (transfer_bench --mode=target, P2PHANDSHAKE), as
+transfer_bench --mode=initiator runs against it; without --target, two
+engines in this process, as transfer_bench --mode=local runs its two:
   - batches of --batch x --block bytes with batch_transfer_sync_write, for
     --seconds: the rate, as transfer_bench reports it (GB/s);
   - --calls 8-byte transfer_sync_write calls: the median and p99 time per
@@ -27,18 +29,33 @@ def main() -> None:
     p.add_argument("--buffer", type=int, default=64 << 20)
     p.add_argument("--seconds", type=float, default=2)
     p.add_argument("--calls", type=int, default=2000)
+    p.add_argument("--target", default="",
+                   help="host:port of a P2PHANDSHAKE target with a buffer of "
+                   "--buffer bytes (default: one in this process)")
     args = p.parse_args()
 
-    target, initiator = TransferEngine(), TransferEngine()
-    for e in (target, initiator):
+    engines = [TransferEngine() for _ in range(1 if args.target else 2)]
+    for e in engines:
         if e.initialize("127.0.0.1", "P2PHANDSHAKE", args.protocol, "") != 0:
             raise SystemExit("initialize failed")
-    peer = f"127.0.0.1:{target.get_rpc_port()}"
-    remote = (ctypes.c_char * args.buffer)()
+    initiator = engines[-1]
+    # Filled, as transfer_bench fills its buffers: every page present.
     local = (ctypes.c_char * args.buffer)()
-    raddr, laddr = ctypes.addressof(remote), ctypes.addressof(local)
-    assert target.register_memory(raddr, args.buffer) == 0
+    ctypes.memset(local, 1, args.buffer)
+    laddr = ctypes.addressof(local)
     assert initiator.register_memory(laddr, args.buffer) == 0
+    if args.target:
+        peer = args.target
+        raddr = initiator.get_first_buffer_address(peer)
+        if raddr <= 0:
+            raise SystemExit(f"target {peer} has no buffer")
+    else:
+        target = engines[0]
+        peer = f"127.0.0.1:{target.get_rpc_port()}"
+        remote = (ctypes.c_char * args.buffer)()
+        ctypes.memset(remote, 2, args.buffer)
+        raddr = ctypes.addressof(remote)
+        assert target.register_memory(raddr, args.buffer) == 0
 
     # Batches walk the whole buffer, as transfer_bench's do (the same few
     # blocks again and again would stay in cache).
@@ -52,6 +69,14 @@ def main() -> None:
     lens = [args.block] * args.batch
     # One warm-up batch: connections up.
     assert initiator.batch_transfer_sync_write(peer, *batches[0], lens) == 0
+    # The 8-byte calls first, as transfer_bench measures them: in a fresh
+    # process (after the bulk phase, loopback TCP answers slower).
+    times = []
+    for _ in range(args.calls):
+        t0 = time.perf_counter()
+        assert initiator.transfer_sync_write(peer, laddr, raddr, 8) == 0
+        times.append(time.perf_counter() - t0)
+    times.sort()
     moved, n, start = 0, 0, time.monotonic()
     while time.monotonic() - start < args.seconds:
         srcs, dsts = batches[n % len(batches)]
@@ -60,12 +85,6 @@ def main() -> None:
         moved += args.batch * args.block
     elapsed = time.monotonic() - start
 
-    times = []
-    for _ in range(args.calls):
-        t0 = time.perf_counter()
-        assert initiator.transfer_sync_write(peer, laddr, raddr, 8) == 0
-        times.append(time.perf_counter() - t0)
-    times.sort()
     print(json.dumps({
         "protocol": args.protocol, "batch": args.batch, "block": args.block,
         "seconds": round(elapsed, 3),
