@@ -1,9 +1,8 @@
 #include "metadata/tls.h"
 
-#include <fstream>
-
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/file_util.h"
 
 namespace ferry::metadata {
 namespace {
@@ -12,20 +11,10 @@ namespace {
 absl::StatusOr<std::string> ReadPem(const std::string& what,
                                     const std::string& path,
                                     absl::string_view must_contain) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("TLS ", what, ": cannot read ", path));
-  }
-  std::string buf(kMaxPemFileBytes + 1, '\0');
-  f.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-  buf.resize(static_cast<size_t>(f.gcount()));
-  if (buf.size() > kMaxPemFileBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("TLS ", what, ": ", path, " is larger than ",
-                     kMaxPemFileBytes, " bytes; not a PEM file"));
-  }
-  if (!absl::StrContains(buf, must_contain)) {
+  absl::StatusOr<std::string> buf =
+      ReadFileBounded(absl::StrCat("TLS ", what), path, kMaxPemFileBytes);
+  if (!buf.ok()) return buf.status();
+  if (!absl::StrContains(*buf, must_contain)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "TLS ", what, ": ", path, " holds no PEM block '", must_contain, "'"));
   }
