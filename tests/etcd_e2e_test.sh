@@ -53,7 +53,7 @@ initiator() {  # segment, log, protocol, metadata, then flags
   timeout 60 env LD_LIBRARY_PATH="$LIBDIR" "$BENCH" --mode=initiator \
     --protocol="$proto" --metadata_server="$md" --segment_id="$seg" \
     --listen_host=127.0.0.1 --buffer_size=$((8 << 20)) --block_size=65536 \
-    --duration=0.3 --verify --report=json "$@" >"$tmp/$log" 2>&1
+    --threads=1 --batch_size=16 --duration=0.3 --verify --report=json "$@" >"$tmp/$log" 2>&1
 }
 
 # 1. Engines on etcd directly.

@@ -48,7 +48,7 @@ initiator() {  # segment, seconds, log name, then flags
   shift 3
   timeout 60 "$BENCH" --mode=initiator --protocol=tcp --metadata_server="$MD" \
     --segment_id="$seg" --listen_host=127.0.0.1 --buffer_size=$((8 << 20)) \
-    --block_size=65536 --duration="$secs" --verify --max_consecutive_errors=1000000 \
+    --block_size=65536 --threads=1 --batch_size=16 --duration="$secs" --verify --max_consecutive_errors=1000000 \
     --report=json "$@" >"$tmp/$log" 2>&1
 }
 

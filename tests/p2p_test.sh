@@ -20,7 +20,7 @@ for proto in tcp rdma; do
     timeout 60 env LD_LIBRARY_PATH="$LIBDIR" "$BENCH" --mode=initiator \
       --protocol="$proto" --metadata_server=P2PHANDSHAKE --segment_id="$seg" \
       --listen_host=127.0.0.1 --buffer_size=$((8 << 20)) --block_size=65536 \
-      --duration=0.3 --verify --report=json >"$tmp/i-$proto.json" 2>&1; then
+      --threads=1 --batch_size=16 --duration=0.3 --verify --report=json >"$tmp/i-$proto.json" 2>&1; then
     pass "$proto: the target named itself $seg and an initiator moved verified data with no metadata service"
   else
     fail "$proto P2P (segment '$seg')" "$tmp/t-$proto.log" "$tmp/i-$proto.json"
@@ -29,7 +29,7 @@ done
 
 timeout 60 "$BENCH" --mode=initiator --protocol=tcp \
   --metadata_server=P2PHANDSHAKE --segment_id=target --listen_host=127.0.0.1 \
-  --duration=0.1 >"$tmp/bad.log" 2>&1
+  --threads=1 --batch_size=16 --duration=0.1 >"$tmp/bad.log" 2>&1
 rc=$?
 if ((rc != 0)) && grep -q "host:port" "$tmp/bad.log"; then
   pass "a P2P segment name that is not host:port is refused saying so"

@@ -130,7 +130,7 @@ run_initiator() {
   shift 2
   (on i timeout 60 "$BENCH" --mode=initiator --metadata_server="$MD" \
     --segment_id="$segment" --verify --buffer_size=$((64 << 20)) \
-    --duration=1 --report=json "$@") >"$tmp/$name.json" 2>"$tmp/$name.err"
+    --threads=1 --batch_size=16 --duration=1 --report=json "$@") >"$tmp/$name.json" 2>"$tmp/$name.err"
 }
 
 for proto in tcp rdma; do

@@ -57,7 +57,7 @@ bench_run() {  # read|write
   for _ in $(seq 100); do grep -q "target ready" "$tmp/target.log" && break; sleep 0.1; done
   "$bin/tools/transfer_bench" --mode=initiator --protocol=rdma \
     --listen_host=127.0.0.1 --metadata_server="127.0.0.1:$port" \
-    --segment_id=target --operation="$1" --block_size="$size" --batch_size=8 \
+    --segment_id=target --operation="$1" --block_size="$size" --batch_size=8 --threads=1 \
     --buffer_size=$((256 << 20)) --duration="$secs" --warmup=1 --report=json \
     >"$tmp/bench.json" 2>/dev/null
   kill "${pids[-1]}" 2>/dev/null || true

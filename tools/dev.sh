@@ -68,20 +68,20 @@ demo() {
   echo "== Ferry demo: two engines on loopback, embedded metadata service, TCP"
   echo "-- WRITE 1 MiB blocks, every byte verified (read back and compared)"
   "$bench" --mode=local --operation=write --block_size=1048576 --batch_size=8 \
-    --buffer_size=$((256 << 20)) --duration=2 --verify
+    --threads=1 --buffer_size=$((256 << 20)) --duration=2 --verify
   echo "-- READ 1 MiB blocks, every byte verified against the target's pattern"
   "$bench" --mode=local --operation=read --block_size=1048576 --batch_size=8 \
-    --buffer_size=$((256 << 20)) --duration=2 --verify
+    --threads=1 --buffer_size=$((256 << 20)) --duration=2 --verify
   echo "-- WRITE throughput, 1 MiB blocks"
   "$bench" --mode=local --operation=write --block_size=1048576 --batch_size=8 \
-    --buffer_size=$((256 << 20)) --duration=3
+    --threads=1 --buffer_size=$((256 << 20)) --duration=3
   echo "== The same over RDMA, on two softrnic soft NICs (no RDMA hardware here):"
   echo "   64 KiB slices striped over both, every byte verified"
   LD_LIBRARY_PATH="$bin/transport/softrnic" \
     FERRY_SOFTRNIC_DEVICES=softrnic0=127.0.0.1,softrnic1=127.0.0.2 \
     "$bench" --mode=local --protocol=rdma --operation=write \
-    --block_size=1048576 --batch_size=8 --buffer_size=$((256 << 20)) \
-    --duration=2 --verify
+    --block_size=1048576 --batch_size=8 --threads=1 \
+    --buffer_size=$((256 << 20)) --duration=2 --verify
 }
 
 # Runs `bazel test` with the given flags and adds the gtest case counts of

@@ -166,7 +166,8 @@ fi
 if ip netns exec "$S" env LD_LIBRARY_PATH="$LIBDIR" \
   FERRY_SOFTRNIC_DEVICES="softrnic0=$SA" timeout 60 \
   "$BENCH" --mode=initiator --protocol=rdma --metadata_server="$SA:17701" \
-  --segment_id=engine --buffer_size=$((16 << 20)) --duration=1 --verify \
+  --segment_id=engine --buffer_size=$((16 << 20)) --threads=1 \
+  --batch_size=16 --duration=1 --verify \
   >"$tmp/after.log" 2>&1; then
   pass "the engine still moves verified data after the doctor"
 else

@@ -20,7 +20,8 @@ bazel build -c opt //tools:transfer_bench //transport/softrnic:libibverbs.so.1 >
 bin="$(bazel info -c opt bazel-bin 2>/dev/null)"
 export LD_LIBRARY_PATH="$bin/transport/softrnic"
 # --tcp_connections=2: the engine's default, which py_bench's engines use.
-common=(--protocol="$proto" --tcp_connections=2 --log_level=warn --report=json)
+common=(--protocol="$proto" --tcp_connections=2 --threads=1 --log_level=warn
+  --report=json)
 big=$((64 << 20))
 work="$(mktemp -d)"
 target_pid=""

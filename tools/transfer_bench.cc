@@ -46,6 +46,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/file_util.h"
 #include "common/mutex.h"
 #include "common/socket_util.h"
 #include "engine/transfer_engine.h"
@@ -99,9 +100,12 @@ ABSL_FLAG(std::string, protocol, "tcp",
           "(a target with rdma,tcp serves initiators of either)");
 ABSL_FLAG(std::string, operation, "write", "read | write");
 ABSL_FLAG(uint64_t, block_size, 65536, "bytes per request");
-ABSL_FLAG(int, batch_size, 16, "requests per batch");
-ABSL_FLAG(int, threads, 1, "initiator threads");
-ABSL_FLAG(double, duration, 5, "seconds to run the initiator");
+// batch_size, threads, duration, block_size and buffer_size default to
+// Mooncake's transfer_engine_bench values, so its command lines measure
+// the same thing here.
+ABSL_FLAG(int, batch_size, 128, "requests per batch");
+ABSL_FLAG(int, threads, 12, "initiator threads");
+ABSL_FLAG(double, duration, 10, "seconds to run the initiator");
 ABSL_FLAG(double, warmup, 0,
           "seconds to run before measuring (like iperf3 -O)");
 ABSL_FLAG(uint64_t, buffer_size, 1ull << 30, "bytes registered on each side");
@@ -123,10 +127,23 @@ ABSL_FLAG(int, max_consecutive_errors, 100,
           "with no completed request between them, over all threads; 0: "
           "never stop (failing batches still back off)");
 ABSL_FLAG(std::string, report, "text", "text | json (last line)");
+ABSL_FLAG(std::string, report_unit, "GB",
+          "throughput unit of the text report and the progress lines: GB, "
+          "MB, KB (10^9, 10^6, 10^3 bytes), GiB, MiB, KiB (2^30, 2^20, 2^10 "
+          "bytes), Gb, Mb, Kb (bits); the JSON report stays in GB/s");
+ABSL_FLAG(int, report_precision, 2,
+          "decimals of the throughput in the text report (0..9)");
 ABSL_FLAG(int, tcp_connections, 1, "TCP connections per peer");
 ABSL_FLAG(uint64_t, tcp_slice_bytes, 4 << 20, "TCP transport slice size");
 ABSL_FLAG(std::string, device_name, "",
           "RDMA devices to use, comma-separated (empty: every active one)");
+ABSL_FLAG(std::string, nic_priority_matrix, "",
+          "file holding Mooncake TE's NIC priority matrix (JSON: each memory "
+          "location's tiers of NIC names, best first; at most 1 MiB); "
+          "empty: the topology read from sysfs");
+ABSL_FLAG(bool, auto_discovery, false,
+          "as in Mooncake: find every active NIC and the topology by itself, "
+          "leaving --device_name and --nic_priority_matrix unused");
 ABSL_FLAG(uint64_t, rdma_slice_bytes, 64 << 10, "RDMA transport slice size");
 ABSL_FLAG(int, qps_per_endpoint, 2, "RDMA QPs per (local, remote NIC) pair");
 ABSL_FLAG(double, target_seconds, 0,
@@ -243,6 +260,27 @@ void* AllocBuffer(size_t size) {
   return p;
 }
 
+// Bytes per --report_unit, Mooncake's units (b: bits); 0 if unknown.
+double ReportUnitBytes(const std::string& unit) {
+  static constexpr struct {
+    const char* name;
+    double bytes;
+  } kUnits[] = {{"GB", 1e9},      {"MB", 1e6},      {"KB", 1e3},
+                {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10},
+                {"Gb", 1e9 / 8},  {"Mb", 1e6 / 8},  {"Kb", 1e3 / 8}};
+  for (const auto& u : kUnits) {
+    if (unit == u.name) return u.bytes;
+  }
+  return 0;
+}
+
+// A throughput as --report_unit/s with --report_precision decimals.
+std::string Rate(double bytes_per_second) {
+  const std::string unit = absl::GetFlag(FLAGS_report_unit);
+  return absl::StrFormat("%.*f %s/s", absl::GetFlag(FLAGS_report_precision),
+                         bytes_per_second / ReportUnitBytes(unit), unit);
+}
+
 uint16_t PortFlag(const char* flag, int port) {
   if (port < 0 || port > 65535) {
     Die(absl::InvalidArgumentError(absl::StrCat(
@@ -284,8 +322,16 @@ EngineOptions BaseOptions(const std::string& name, const std::string& md) {
       absl::StrSplit(absl::GetFlag(FLAGS_protocol), ',', absl::SkipEmpty());
   o.tcp.connections_per_peer = absl::GetFlag(FLAGS_tcp_connections);
   o.tcp.max_slice_bytes = absl::GetFlag(FLAGS_tcp_slice_bytes);
-  if (const std::string d = absl::GetFlag(FLAGS_device_name); !d.empty()) {
-    o.rdma.devices = absl::StrSplit(d, ',', absl::SkipEmpty());
+  if (!absl::GetFlag(FLAGS_auto_discovery)) {
+    if (const std::string d = absl::GetFlag(FLAGS_device_name); !d.empty()) {
+      o.rdma.devices = absl::StrSplit(d, ',', absl::SkipEmpty());
+    }
+    if (const std::string m = absl::GetFlag(FLAGS_nic_priority_matrix);
+        !m.empty()) {
+      auto json = ReadFileBounded("--nic_priority_matrix", m, 1 << 20);
+      if (!json.ok()) Die(json.status(), "flags");
+      o.rdma.topology_json = *std::move(json);
+    }
   }
   o.rdma.slice_bytes = absl::GetFlag(FLAGS_rdma_slice_bytes);
   o.rdma.qps_per_endpoint = absl::GetFlag(FLAGS_qps_per_endpoint);
@@ -575,10 +621,13 @@ int RunInitiator(TransferEngine& engine) {
     absl::Time now = absl::Now();
     if (now - last < absl::Seconds(1) && now < end && !g_stop.load()) continue;
     uint64_t bytes = totals.bytes.load();
-    std::fprintf(progress, "[%5.1fs] %8.3f GB/s  %llu transfers  %llu errors",
+    std::fprintf(progress,
+                 "[%5.1fs, %5.1fs left] %s  %llu transfers  %llu errors",
                  absl::ToDoubleSeconds(now - start),
-                 static_cast<double>(bytes - last_bytes) /
-                     absl::ToDoubleSeconds(now - last) / 1e9,
+                 std::max(0.0, absl::ToDoubleSeconds(end - now)),
+                 Rate(static_cast<double>(bytes - last_bytes) /
+                      absl::ToDoubleSeconds(now - last))
+                     .c_str(),
                  static_cast<unsigned long long>(totals.transfers.load()),
                  static_cast<unsigned long long>(totals.errors.load()));
     if (verify) {
@@ -650,11 +699,11 @@ int RunInitiator(TransferEngine& engine) {
                                   " verify failures (verify FAILED)");
     }
     std::printf(
-        "%s %s: %.3f GB/s, %.0f transfers/s, batch latency p50 %.1f us p99 "
+        "%s %s: %s, %.0f transfers/s, batch latency p50 %.1f us p99 "
         "%.1f us, %llu bytes, %llu errors%s\n",
         absl::GetFlag(FLAGS_protocol).c_str(),
-        absl::GetFlag(FLAGS_operation).c_str(), gbps, tps, p50, p99,
-        static_cast<unsigned long long>(totals.bytes.load()),
+        absl::GetFlag(FLAGS_operation).c_str(), Rate(gbps * 1e9).c_str(), tps,
+        p50, p99, static_cast<unsigned long long>(totals.bytes.load()),
         static_cast<unsigned long long>(transfer_errors), verdict.c_str());
   }
   std::fflush(stdout);
@@ -673,6 +722,17 @@ int Main() {
   const std::string report = absl::GetFlag(FLAGS_report);
   if (report != "text" && report != "json") {
     Die(absl::InvalidArgumentError("--report must be text or json"), "flags");
+  }
+  if (ReportUnitBytes(absl::GetFlag(FLAGS_report_unit)) == 0) {
+    Die(absl::InvalidArgumentError(absl::StrCat(
+            "--report_unit=", absl::GetFlag(FLAGS_report_unit),
+            " is not one of GB, MB, KB, GiB, MiB, KiB, Gb, Mb, Kb")),
+        "flags");
+  }
+  if (const int p = absl::GetFlag(FLAGS_report_precision); p < 0 || p > 9) {
+    Die(absl::InvalidArgumentError(
+            absl::StrCat("--report_precision=", p, " is not in 0..9")),
+        "flags");
   }
   const size_t buffer = absl::GetFlag(FLAGS_buffer_size);
   std::string name = absl::GetFlag(FLAGS_local_server_name);

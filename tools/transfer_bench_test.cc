@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -127,6 +128,7 @@ class TransferBenchTest : public ::testing::Test {
                                   absl::StrCat("--buffer_size=", kBuffer),
                                   "--block_size=65536",
                                   "--batch_size=4",
+                                  "--threads=1",
                                   "--duration=1",
                                   "--verify",
                                   absl::StrCat("--report=", report)};
@@ -243,6 +245,10 @@ TEST_F(TransferBenchTest, BadFlagsGetAClearError) {
       {"--mode=local", "--duration=0"},
       {"--mode=local", "--duration=nan"},
       {"--mode=local", "--warmup=-1"},
+      {"--mode=local", "--report_unit=GBps"},
+      {"--mode=local", "--report_precision=10"},
+      {"--mode=local", "--nic_priority_matrix=/nonexistent/matrix.json"},
+      {"--mode=local", "--nic_priority_matrix=/dev/zero"},
   };
   for (const auto& args : cases) {
     SCOPED_TRACE(absl::StrJoin(args, " "));
@@ -254,6 +260,34 @@ TEST_F(TransferBenchTest, BadFlagsGetAClearError) {
                             }))
         << absl::StrJoin(run.lines, "\n");
   }
+}
+
+// Mooncake's defaults (128 x 64 KiB per batch, 12 threads) and its report
+// flags: the rate in the unit and precision asked for, and progress lines
+// with the time elapsed and left.
+TEST_F(TransferBenchTest, MooncakeDefaultsAndReportFlags) {
+  BenchRun run =
+      RunBench({"--mode=local", "--buffer_size=134217728", "--duration=1.6",
+                "--report_unit=MiB", "--report_precision=3"});
+  EXPECT_EQ(run.exit_code, 0) << run.Text();
+  const std::regex summary(
+      R"(^tcp write: [0-9]+\.[0-9]{3} MiB/s, [0-9]+ transfers/s, .*)");
+  const std::regex progress(
+      R"(^\[ +1\.[0-9]s, +0\.[0-9]s left\] [0-9]+\.[0-9]{3} MiB/s .*)");
+  int summaries = 0, progresses = 0;
+  for (const std::string& l : run.lines) {
+    summaries += std::regex_match(l, summary);
+    progresses += std::regex_match(l, progress);
+  }
+  EXPECT_EQ(summaries, 1) << run.Text();
+  EXPECT_GE(progresses, 1) << run.Text();
+
+  BenchRun json = RunBench({"--mode=local", "--buffer_size=134217728",
+                            "--duration=0.5", "--report=json"});
+  EXPECT_EQ(json.exit_code, 0) << json.Text();
+  EXPECT_EQ(JsonNumber(json.Json(), "batch_size"), 128) << json.Text();
+  EXPECT_EQ(JsonNumber(json.Json(), "threads"), 12) << json.Text();
+  EXPECT_EQ(JsonNumber(json.Json(), "block_size"), 65536) << json.Text();
 }
 
 TEST_F(TransferBenchTest, UnreachableTargetStopsWithOneClearStatus) {
