@@ -14,6 +14,7 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -67,11 +68,18 @@ std::vector<uint64_t> ToU64(const py::handle& seq, const char* what) {
   PyObject** items = PySequence_Fast_ITEMS(fast);
   std::vector<uint64_t> out(static_cast<size_t>(n));
   for (Py_ssize_t i = 0; i < n; ++i) {
-    const unsigned long long v = PyLong_Check(items[i])
-                                     ? PyLong_AsUnsignedLongLong(items[i])
+    // ints, and anything with __index__ (numpy's integers), as pybind11's
+    // own conversion takes them; not floats or strings.
+    PyObject* as_int =
+        PyIndex_Check(items[i]) ? PyNumber_Index(items[i]) : nullptr;
+    const unsigned long long v = as_int != nullptr
+                                     ? PyLong_AsUnsignedLongLong(as_int)
                                      : static_cast<unsigned long long>(-1);
-    if (v == static_cast<unsigned long long>(-1) &&
-        (!PyLong_Check(items[i]) || PyErr_Occurred() != nullptr)) {
+    const bool bad =
+        as_int == nullptr || (v == static_cast<unsigned long long>(-1) &&
+                              PyErr_Occurred() != nullptr);
+    Py_XDECREF(as_int);
+    if (bad) {
       PyErr_Clear();
       Py_DECREF(fast);
       Raise(FERRY_INVALID_ARGUMENT, std::string(what) + "[" +
@@ -137,7 +145,14 @@ class Engine {
     }
     ferry_options_free(o);
     Check(s);
-    engine_ = std::shared_ptr<ferry_engine>(e, ferry_engine_free);
+    // Pinned objects go only once the engine itself is freed: a call in
+    // progress on another thread keeps the engine, and with it every
+    // registration peers may still WRITE into, alive after Close().
+    engine_ = std::shared_ptr<ferry_engine>(e, [pins = pins_](ferry_engine* p) {
+      ferry_engine_free(p);
+      py::gil_scoped_acquire gil;
+      pins->clear();
+    });
   }
   ~Engine() { Close(); }
   Engine(const Engine&) = delete;
@@ -149,6 +164,21 @@ class Engine {
     std::shared_ptr<ferry_engine> e = std::move(engine_);
     py::gil_scoped_release unlocked;
     e.reset();
+  }
+
+  // Keeps `obj` (what is registered at `addr`) alive until Unpin(addr),
+  // or until the engine is freed.
+  void Pin(uint64_t addr, const py::object& obj) {
+    Get();
+    (*pins_)[addr] = obj;
+  }
+  // What Pin kept at `addr` (None if nothing), no longer kept.
+  py::object Unpin(uint64_t addr) {
+    auto it = pins_->find(addr);
+    if (it == pins_->end()) return py::none();
+    py::object obj = std::move(it->second);
+    pins_->erase(it);
+    return obj;
   }
 
   std::string SegmentName() { return Copy(ferry_engine_segment_name); }
@@ -355,6 +385,9 @@ class Engine {
     return engine_;
   }
 
+  // Touched only with the GIL held.
+  std::shared_ptr<std::unordered_map<uint64_t, py::object>> pins_ =
+      std::make_shared<std::unordered_map<uint64_t, py::object>>();
   std::shared_ptr<ferry_engine> engine_;
 };
 
@@ -399,6 +432,8 @@ PYBIND11_MODULE(_ferry, m) {
   py::class_<Engine>(m, "Engine")
       .def(py::init<const std::vector<std::pair<std::string, std::string>>&>())
       .def("close", &Engine::Close)
+      .def("pin", &Engine::Pin)
+      .def("unpin", &Engine::Unpin)
       .def("segment_name", &Engine::SegmentName)
       .def("metadata_address", &Engine::MetadataAddress)
       .def("rpc_address", &Engine::RpcAddress)

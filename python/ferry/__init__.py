@@ -19,6 +19,8 @@ several threads.
 
 from __future__ import annotations
 
+import math
+import operator
 import threading
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -94,7 +96,8 @@ class Batch:
         Raises FerryError(DEADLINE_EXCEEDED) if `timeout` (seconds; None:
         no limit) passes first; the requests go on.
         """
-        ms = -1 if timeout is None else max(0, int(timeout * 1000))
+        ms = (-1 if timeout is None or timeout == math.inf else
+              max(0, int(timeout * 1000)))
         state, _, _, _, moved = self._engine._raw().wait(self._id, ms)
         return state, moved
 
@@ -115,10 +118,9 @@ class Engine:
 
     def __init__(self, **options: Any):
         self._lock = threading.Lock()
-        # Address -> memoryview of what is registered there: the view pins
-        # the object (alive, and not resizable) while it is registered.
-        self._pinned: Dict[int, memoryview] = {}
-        # Read-only registrations (address -> length): never READ into.
+        # What is registered is pinned in the extension's engine (a
+        # memoryview keeps the object alive and not resizable) until it is
+        # unregistered or the engine is freed. Read-only registrations (address -> length): never READ into.
         self._readonly: Dict[int, int] = {}
         self._engine = _ferry.Engine(
             [(k, _option(v)) for k, v in options.items()])
@@ -130,16 +132,17 @@ class Engine:
         self.close()
 
     def __del__(self) -> None:
-        # The engine goes before the pins: peers may still WRITE into the
-        # pinned buffers until it is shut down.
         if hasattr(self, "_engine"):
             self.close()
 
     def close(self) -> None:
-        """Shuts the engine down (requests in flight end FAILED)."""
+        """Closes the engine: later calls raise. It shuts down (requests in
+        flight end FAILED) at once, or, while calls on other threads still
+        use it, when the last of them returns; only then are registered
+        objects released, since peers may WRITE into them until then."""
         self._engine.close()
         with self._lock:
-            self._pinned.clear()
+            self._readonly.clear()
 
     def _raw(self) -> Any:
         return self._engine
@@ -167,10 +170,14 @@ class Engine:
                 errors.INVALID_ARGUMENT,
                 "a read-only buffer cannot be remote-accessible (peers may "
                 "WRITE it); pass remote_accessible=False to send from it")
-        self._engine.register(addr, length, location, remote_accessible)
-        with self._lock:
-            self._pinned[addr] = view
-            if readonly:
+        try:
+            self._engine.register(addr, length, location, remote_accessible)
+        except BaseException:
+            view.release()
+            raise
+        self._engine.pin(addr, view)
+        if readonly:
+            with self._lock:
                 self._readonly[addr] = length
         return addr
 
@@ -181,14 +188,14 @@ class Engine:
         self._engine.register(addr, length, location, remote_accessible)
 
     def unregister(self, buffer_or_addr: Any) -> None:
-        if isinstance(buffer_or_addr, int):
-            addr = buffer_or_addr
-        else:
+        try:
+            addr = operator.index(buffer_or_addr)  # An int, numpy's too.
+        except TypeError:
             addr = _ferry.buffer_address(buffer_or_addr)[0]
         self._engine.unregister(addr)
         with self._lock:
-            view = self._pinned.pop(addr, None)
             self._readonly.pop(addr, None)
+        view = self._engine.unpin(addr)
         if view is not None:
             view.release()
 
@@ -216,7 +223,7 @@ class Engine:
                 (r.opcode, r.local_addr, r.segment, r.remote_addr, r.length)
                 for r in requests
             ])
-        except FerryError:
+        except BaseException:  # FerryError, or a value pybind11 refused.
             self._engine.free_batch(batch_id)
             raise
         return Batch(self, batch_id, len(requests))

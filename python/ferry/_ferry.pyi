@@ -43,6 +43,11 @@ class Engine:
                requests: List[Tuple[int, int, int, int, int]]) -> None:
         """(opcode, local address, segment, remote address, length) each;
         all or none."""
+    def pin(self, addr: int, obj: object) -> None:
+        """Keeps `obj` alive until unpin(addr) or until the engine is freed
+        (after close, once no call on another thread uses it)."""
+    def unpin(self, addr: int) -> object:
+        """What pin kept at `addr` (None if nothing), no longer kept."""
     def submit_same(self, opcode: int, segment: int, buffers: Sequence[int],
                     peers: Sequence[int], lengths: Sequence[int]) -> int:
         """A new batch of one opcode to one segment, from three parallel

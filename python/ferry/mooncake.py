@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import operator
 import threading
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Union
 
 from ferry import _ferry
 from ferry.errors import FerryError
@@ -58,6 +59,16 @@ class TransferNotify:
         return f"TransferNotify(name={self.name!r}, msg={self.msg!r})"
 
 
+def _batch_id(value: object) -> Optional[int]:
+    """A batch id as an int, or None for what cannot be one (a failed
+    submission's -1, 0, anything that is not an integer)."""
+    try:
+        batch = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+    return batch if 0 < batch < 1 << 64 else None
+
+
 def _host_of(local_hostname: str) -> str:
     """The host of "host", "host:port", "[v6]:port" or a bare IPv6 address."""
     if local_hostname.startswith("["):
@@ -85,7 +96,8 @@ class TransferEngine:
         self._engine: Optional[_ferry.Engine] = None
         self._lock = threading.Lock()
         self._segments: Dict[str, int] = {}
-        self._managed: Dict[int, ctypes.Array] = {}
+        # Managed buffers (address -> length); the engine pins them.
+        self._managed: Dict[int, int] = {}
 
     # ---- set-up ----------------------------------------------------------
 
@@ -137,16 +149,20 @@ class TransferEngine:
         addr = ctypes.addressof(buf)
         try:
             self._engine.register(addr, length, "*", True)
+            # The engine keeps the buffer alive until it is freed here or
+            # the engine itself is gone (a call on another thread may still
+            # hold it after close): peers may WRITE into it until then.
+            self._engine.pin(addr, buf)
         except FerryError:
             return 0
         with self._lock:
-            self._managed[addr] = buf
+            self._managed[addr] = length
         return addr
 
     def free_managed_buffer(self, buffer_addr: int, length: int) -> int:
         with self._lock:
-            buf = self._managed.get(buffer_addr)
-        if buf is None or self._engine is None:
+            managed = buffer_addr in self._managed
+        if not managed or self._engine is None:
             return -1
         try:
             self._engine.unregister(buffer_addr)
@@ -154,6 +170,7 @@ class TransferEngine:
             return -1
         with self._lock:
             self._managed.pop(buffer_addr, None)
+        self._engine.unpin(buffer_addr)
         return 0
 
     def get_first_buffer_address(self, segment_name: str) -> int:
@@ -169,9 +186,11 @@ class TransferEngine:
         return buffers[0][0] if buffers else 0
 
     @staticmethod
-    def write_bytes_to_buffer(dest_address: int, src_ptr: bytes,
+    def write_bytes_to_buffer(dest_address: int, src_ptr: Union[bytes, str],
                               length: int) -> int:
-        data = bytes(src_ptr)
+        # Mooncake's binding takes a char*, so str as well as bytes.
+        data = (src_ptr.encode() if isinstance(src_ptr, str) else
+                bytes(src_ptr))
         if length > len(data) or length < 0:
             return -1
         ctypes.memmove(dest_address, data, length)
@@ -250,7 +269,7 @@ class TransferEngine:
                             notify: Optional[TransferNotify] = None,
                             transport_hint: str = "") -> int:
         if self._engine is None or not (len(buffers) == len(
-                peer_buffer_addresses) == len(lengths)) or not buffers:
+                peer_buffer_addresses) == len(lengths)) or len(buffers) == 0:
             return -1
         try:
             # One call for the whole batch (submit, wait, free): the Python
@@ -303,6 +322,10 @@ class TransferEngine:
             return -1
         result = 0
         for batch in batch_ids:
+            batch = _batch_id(batch)
+            if batch is None:  # Such as a failed submission's -1.
+                result = -1
+                continue
             try:
                 state = self._engine.wait(batch, -1)[0]
             except FerryError:
@@ -323,7 +346,8 @@ class TransferEngine:
     def transfer_check_status(self, batch_id: int) -> int:
         """1 completed, 0 running, -1 failed, -2 timed out (Mooncake's);
         the batch is freed once it completed or failed."""
-        if self._engine is None:
+        batch_id = _batch_id(batch_id)
+        if self._engine is None or batch_id is None:
             return -1
         try:
             state = self._engine.request_status(batch_id, 0)[0]
@@ -402,7 +426,7 @@ class TransferEngine:
                 peers: Sequence[int], lengths: Sequence[int],
                 opcode: TransferOpcode) -> int:
         if self._engine is None or not (len(buffers) == len(peers) ==
-                                        len(lengths)) or not buffers:
+                                        len(lengths)) or len(buffers) == 0:
             return -1
         try:
             return self._engine.submit_same(int(opcode), self._segment(target),

@@ -241,6 +241,22 @@ def test_several_threads_share_an_engine(pair):
     target.unregister(remote)
 
 
+def wait_in_thread(batch):
+    """Waits for `batch` on a new thread: (the thread, [its state or, if
+    the engine closed under it, the error code])."""
+    result = []
+
+    def waiter():
+        try:
+            result.append(batch.wait(timeout=30)[0])
+        except ferry.FerryError as e:  # Closed under it: an error, no crash.
+            result.append(e.code)
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    return t, result
+
+
 def test_close_while_another_thread_waits():
     target = start("py-close-target")
     initiator = start("py-close-init", target.metadata_address)
@@ -250,20 +266,43 @@ def test_close_while_another_thread_waits():
     laddr = initiator.register(local, remote_accessible=False)
     seg = initiator.open_segment("py-close-target")
     b = initiator.batch([ferry.Request.write(laddr, seg, raddr, size)])
-    result = []
-
-    def waiter():
-        try:
-            result.append(b.wait(timeout=30)[0])
-        except ferry.FerryError as e:  # Closed under it: an error, no crash.
-            result.append(e.code)
-
-    t = threading.Thread(target=waiter)
-    t.start()
+    t, result = wait_in_thread(b)
     initiator.close()  # The waiting call keeps the engine until it returns.
     t.join(timeout=60)
     assert not t.is_alive()
     assert len(result) == 1
     with pytest.raises(ferry.FerryError):
         b.wait(timeout=1)
+    target.close()
+
+
+def test_close_keeps_registered_objects_until_the_engine_is_gone():
+    # A READ into an array only the engine references, waited on by another
+    # thread, and the engine closed under it: the array must live until
+    # the engine has really shut down (the READ may still land in it), and
+    # be released then. Dropping it at close() crashed (3 runs in 3).
+    numpy = pytest.importorskip("numpy")
+    import gc
+    import weakref
+    target = start("py-pin-target")
+    initiator = start("py-pin-init", target.metadata_address)
+    size = 128 << 20
+    remote = bytearray(b"R" * size)
+    raddr = target.register(remote)
+    local = numpy.zeros(size, dtype=numpy.uint8)
+    laddr = initiator.register(local, remote_accessible=False)
+    ref = weakref.ref(local)
+    del local
+    seg = initiator.open_segment("py-pin-target")
+    b = initiator.batch([ferry.Request.read(laddr, seg, raddr, size)])
+    t, result = wait_in_thread(b)
+    time.sleep(0.002)
+    initiator.close()
+    if t.is_alive():  # The wait still holds the engine: so is the array.
+        assert ref() is not None
+    t.join(timeout=60)
+    assert not t.is_alive() and len(result) == 1
+    gc.collect()
+    assert ref() is None, "the engine is gone but the array is still pinned"
+    target.unregister(remote)
     target.close()

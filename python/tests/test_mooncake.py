@@ -130,6 +130,9 @@ def test_errors_are_negative(pair):
         assert initiator.batch_transfer_async_write(peer, [local],
                                                     [remote], [bad]) == 0
         assert initiator.transfer_submit_write(peer, local, bad, 8) == -1
+    # A failed submission's -1 given to the status calls.
+    assert initiator.transfer_check_status(-1) == -1
+    assert initiator.get_batch_transfer_status([-1]) == -1
     # The engine works on after all that.
     assert initiator.transfer_sync_read(peer, local, remote, 4096) == 0
 
@@ -191,3 +194,28 @@ def test_local_topology():
     assert json.loads(TransferEngine.get_local_topology(nics[0])) == {
         "*": [[nics[0]]]}
     assert TransferEngine.get_local_topology("no-such-nic") == "{}"
+
+
+def test_numpy_integers_and_arrays(pair):
+    # Mooncake's binding converts with pybind11, which takes numpy's
+    # integers and arrays as it takes ints and lists.
+    numpy = pytest.importorskip("numpy")
+    target, initiator, peer = pair
+    remote = target.allocate_managed_buffer(4096)
+    local = initiator.allocate_managed_buffer(4096)
+    assert TransferEngine.write_bytes_to_buffer(local, "ferry!", 6) == 0
+    assert initiator.transfer_sync_write(peer, numpy.int64(local),
+                                         numpy.uint64(remote),
+                                         numpy.int32(6)) == 0
+    assert target.read_bytes_from_buffer(remote, 6) == b"ferry!"
+    src = numpy.array([local, local + 8], dtype=numpy.uint64)
+    dst = numpy.array([remote + 100, remote + 200], dtype=numpy.uint64)
+    assert initiator.batch_transfer_sync_write(
+        peer, src, dst, numpy.array([6, 6])) == 0
+    assert target.read_bytes_from_buffer(remote + 100, 6) == b"ferry!"
+    batch = initiator.batch_transfer_async_read(peer, src, dst,
+                                                numpy.array([4, 4]))
+    assert batch > 0
+    assert initiator.get_batch_transfer_status([numpy.int64(batch)]) == 0
+    assert initiator.batch_transfer_sync_write(
+        peer, numpy.array([], dtype=numpy.uint64), [], []) == -1
