@@ -275,15 +275,19 @@ size_t ferry_engine_rpc_address(const ferry_engine* engine, char* buf,
 ferry_status* ferry_register_memory(ferry_engine* engine, void* addr,
                                     size_t length, const char* location,
                                     int remote_accessible) {
-  if (engine == nullptr) return Null("engine");
-  return Wrap(engine->engine.RegisterLocalMemory(
-      addr, length, location == nullptr ? "*" : location,
-      remote_accessible != 0));
+  return Guarded([&]() -> ferry_status* {
+    if (engine == nullptr) return Null("engine");
+    return Wrap(engine->engine.RegisterLocalMemory(
+        addr, length, location == nullptr ? "*" : location,
+        remote_accessible != 0));
+  });
 }
 
 ferry_status* ferry_unregister_memory(ferry_engine* engine, void* addr) {
-  if (engine == nullptr) return Null("engine");
-  return Wrap(engine->engine.UnregisterLocalMemory(addr));
+  return Guarded([&]() -> ferry_status* {
+    if (engine == nullptr) return Null("engine");
+    return Wrap(engine->engine.UnregisterLocalMemory(addr));
+  });
 }
 
 ferry_status* ferry_register_memory_batch(ferry_engine* engine,
@@ -337,34 +341,42 @@ ferry_status* ferry_segment_buffers(ferry_engine* engine, ferry_segment segment,
 
 ferry_status* ferry_open_segment(ferry_engine* engine, const char* name,
                                  ferry_segment* out) {
-  if (engine == nullptr) return Null("engine");
-  if (name == nullptr) return Null("name");
-  if (out == nullptr) return Null("out");
-  auto h = engine->engine.OpenSegment(name);
-  if (!h.ok()) return Wrap(h.status());
-  *out = *h;
-  return nullptr;
+  return Guarded([&]() -> ferry_status* {
+    if (engine == nullptr) return Null("engine");
+    if (name == nullptr) return Null("name");
+    if (out == nullptr) return Null("out");
+    auto h = engine->engine.OpenSegment(name);
+    if (!h.ok()) return Wrap(h.status());
+    *out = *h;
+    return nullptr;
+  });
 }
 
 ferry_status* ferry_refresh_segment(ferry_engine* engine,
                                     ferry_segment segment) {
-  if (engine == nullptr) return Null("engine");
-  return Wrap(engine->engine.RefreshSegment(segment));
+  return Guarded([&]() -> ferry_status* {
+    if (engine == nullptr) return Null("engine");
+    return Wrap(engine->engine.RefreshSegment(segment));
+  });
 }
 
 ferry_status* ferry_close_segment(ferry_engine* engine, ferry_segment segment) {
-  if (engine == nullptr) return Null("engine");
-  return Wrap(engine->engine.CloseSegment(segment));
+  return Guarded([&]() -> ferry_status* {
+    if (engine == nullptr) return Null("engine");
+    return Wrap(engine->engine.CloseSegment(segment));
+  });
 }
 
 ferry_status* ferry_batch_new(ferry_engine* engine, size_t capacity,
                               ferry_batch* out) {
-  if (engine == nullptr) return Null("engine");
-  if (out == nullptr) return Null("out");
-  auto b = engine->engine.AllocateBatch(capacity);
-  if (!b.ok()) return Wrap(b.status());
-  *out = *b;
-  return nullptr;
+  return Guarded([&]() -> ferry_status* {
+    if (engine == nullptr) return Null("engine");
+    if (out == nullptr) return Null("out");
+    auto b = engine->engine.AllocateBatch(capacity);
+    if (!b.ok()) return Wrap(b.status());
+    *out = *b;
+    return nullptr;
+  });
 }
 
 ferry_status* ferry_submit(ferry_engine* engine, ferry_batch batch,
@@ -394,42 +406,48 @@ ferry_status* ferry_submit(ferry_engine* engine, ferry_batch batch,
 
 ferry_status* ferry_batch_wait(ferry_engine* engine, ferry_batch batch,
                                int64_t timeout_ms, ferry_batch_status* out) {
-  if (engine == nullptr) return Null("engine");
-  if (out == nullptr) return Null("out");
-  auto st = engine->engine.WaitBatch(
-      batch, timeout_ms < 0 ? absl::InfiniteDuration()
-                            : absl::Milliseconds(timeout_ms));
-  absl::StatusOr<ferry::BatchStatus> now =
-      st.ok() ? st : engine->engine.GetBatchStatus(batch);
-  if (now.ok()) {
-    out->state = StateOf(now->state);
-    out->total = now->total;
-    out->completed = now->completed;
-    out->failed = now->failed;
-    out->transferred_bytes = now->transferred_bytes;
-  }
-  return Wrap(st.status());
+  return Guarded([&]() -> ferry_status* {
+    if (engine == nullptr) return Null("engine");
+    if (out == nullptr) return Null("out");
+    auto st = engine->engine.WaitBatch(
+        batch, timeout_ms < 0 ? absl::InfiniteDuration()
+                              : absl::Milliseconds(timeout_ms));
+    absl::StatusOr<ferry::BatchStatus> now =
+        st.ok() ? st : engine->engine.GetBatchStatus(batch);
+    if (now.ok()) {
+      out->state = StateOf(now->state);
+      out->total = now->total;
+      out->completed = now->completed;
+      out->failed = now->failed;
+      out->transferred_bytes = now->transferred_bytes;
+    }
+    return Wrap(st.status());
+  });
 }
 
 ferry_status* ferry_request_status(ferry_engine* engine, ferry_batch batch,
                                    size_t index, int* state,
                                    uint64_t* transferred_bytes,
                                    ferry_status** error) {
-  if (engine == nullptr) return Null("engine");
-  if (error != nullptr) *error = nullptr;
-  auto st = engine->engine.GetTransferStatus(batch, index);
-  if (!st.ok()) return Wrap(st.status());
-  if (state != nullptr) *state = StateOf(st->state);
-  if (transferred_bytes != nullptr) {
-    *transferred_bytes = st->transferred_bytes;
-  }
-  if (error != nullptr) *error = Wrap(st->error);
-  return nullptr;
+  return Guarded([&]() -> ferry_status* {
+    if (engine == nullptr) return Null("engine");
+    if (error != nullptr) *error = nullptr;
+    auto st = engine->engine.GetTransferStatus(batch, index);
+    if (!st.ok()) return Wrap(st.status());
+    if (state != nullptr) *state = StateOf(st->state);
+    if (transferred_bytes != nullptr) {
+      *transferred_bytes = st->transferred_bytes;
+    }
+    if (error != nullptr) *error = Wrap(st->error);
+    return nullptr;
+  });
 }
 
 ferry_status* ferry_batch_free(ferry_engine* engine, ferry_batch batch) {
-  if (engine == nullptr) return Null("engine");
-  return Wrap(engine->engine.FreeBatch(batch));
+  return Guarded([&]() -> ferry_status* {
+    if (engine == nullptr) return Null("engine");
+    return Wrap(engine->engine.FreeBatch(batch));
+  });
 }
 
 ferry_status* ferry_local_topology(const char* devices, char** json) {
@@ -489,13 +507,19 @@ ferry_status* ferry_get_notifications(ferry_engine* engine,
       return Wrap(absl::ResourceExhaustedError(absl::StrCat(
           "no memory for ", got.size(), " notifications (they are lost)")));
     }
-    for (size_t i = 0; i < got.size(); ++i) {
-      arr[i].from_segment = Dup(got[i].from_segment);
-      arr[i].name = Dup(got[i].name);
-      arr[i].message = Dup(got[i].message);
-      arr[i].message_length = got[i].message.size();
-      arr[i].sender_address = Dup(got[i].sender_address);
-      arr[i].sender_verified = got[i].sender_verified ? 1 : 0;
+    try {
+      for (size_t i = 0; i < got.size(); ++i) {
+        arr[i].from_segment = Dup(got[i].from_segment);
+        arr[i].name = Dup(got[i].name);
+        arr[i].message = Dup(got[i].message);
+        arr[i].message_length = got[i].message.size();
+        arr[i].sender_address = Dup(got[i].sender_address);
+        arr[i].sender_verified = got[i].sender_verified ? 1 : 0;
+      }
+    } catch (...) {
+      // What was copied goes (calloc left the rest NULL); Guarded reports.
+      ferry_notifications_free(arr, got.size());
+      throw;
     }
     *out = arr;
     *count = got.size();
