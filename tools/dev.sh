@@ -18,6 +18,7 @@ PACKAGES=(
   etcd-server golang-etcd-server-dev
   openssl
   python3-dev pybind11-dev python3-pytest python3-numpy
+  ucx-utils python3-matplotlib
 )
 
 setup() {

@@ -1,0 +1,89 @@
+#!/bin/bash
+# tools/bench end to end: the quick profile on namespaced hosts (4 hosts;
+# tcp and rdma, READ and WRITE, two block sizes, 3 -> 1; iperf3, ucx_perftest
+# and memcpy references), then the smoke profile over a host list with the
+# netns launcher (namespaces standing in for ssh/srun hosts). Checks what
+# it writes: results.jsonl (machine info, every point with its rounds,
+# median and range), ratios.md, and the PNG plots. Needs root.
+# Prints "N passed, N failed".
+set -uo pipefail
+
+RUNFILES="${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}"
+if [[ $(id -u) -ne 0 ]]; then
+  echo "bench_test needs root (ip netns)"
+  echo "0 passed, 1 failed"
+  exit 1
+fi
+tmp="$(mktemp -d)"
+trap '"$RUNFILES/tools/cluster" clean 2>/dev/null; rm -rf "$tmp"' EXIT
+passed=0 failed=0
+check() {  # name, then the command that must succeed
+  local name="$1"
+  shift
+  if "$@" >"$tmp/check.out" 2>&1; then
+    echo "PASS: $name"
+    passed=$((passed + 1))
+  else
+    echo "FAIL: $name"
+    sed 's/^/  | /' "$tmp/check.out" | tail -20
+    failed=$((failed + 1))
+  fi
+}
+
+# The content of an output directory: $1 dir, $2 the expected points as a
+# Python expression over rows (list of dicts), $3 the plots.
+check_out() {
+  /usr/bin/python3 - "$@" <<'PY'
+import json, sys
+d, expect, plots = sys.argv[1], sys.argv[2], sys.argv[3].split()
+rows = [json.loads(l) for l in open(f"{d}/results.jsonl")]
+meta = rows[0]
+assert meta["kind"] == "meta" and meta["cores"] > 0 and meta["kernel"], meta
+ferry = [r for r in rows if r["kind"] == "ferry"]
+for r in rows[1:]:
+    assert r["unit"] == "GB/s" and r["rounds"], r
+    assert r["min"] <= r["median"] <= r["max"] and r["max"] > 0, r
+    assert len(r["rounds"]) == len(rows[1]["rounds"]), r
+got = eval(f"({expect})", {"rows": rows, "ferry": ferry})
+assert got is True, f"expected points missing: {expect}"
+table = [l for l in open(f"{d}/ratios.md") if l.startswith("| ") and "x |" in l]
+assert len(table) >= len(ferry), (len(table), len(ferry))
+for p in plots:
+    head = open(f"{d}/{p}", "rb").read(8)
+    assert head == b"\x89PNG\r\n\x1a\n", (p, head)
+print(f"{len(ferry)} Ferry points, {len(rows) - 1 - len(ferry)} references, "
+      f"{len(table)} ratios, plots {plots}")
+PY
+}
+
+out1="$tmp/quick"
+check "quick profile on 4 namespaced hosts runs end to end" \
+  timeout 900 "$RUNFILES/tools/bench" --profile quick --bin "$RUNFILES" \
+  --out "$out1"
+check "quick profile output: every point, the references, ratios, plots" \
+  check_out "$out1" '
+len([f for f in ferry if f["initiators"] == 1]) == 2 * 2 * 2 and
+{(f["protocol"], f["op"]) for f in ferry} >= {("tcp", "read"), ("tcp", "write"), ("rdma", "read"), ("rdma", "write")} and
+{f["protocol"] for f in ferry if f["initiators"] == 3} == {"tcp", "rdma"} and
+{r["streams"] for r in rows if r["kind"] == "iperf3"} == {1, 4} and
+{r["tls"] for r in rows if r["kind"] == "ucx"} == {"tcp", "sm"} and
+len([r for r in rows if r["kind"] == "memcpy"]) == 2 and
+all(len(r["rounds"]) == 3 for r in rows[1:])' "tcp.png rdma.png"
+
+# Hosts from a list, launched by the netns launcher: the path ssh and srun
+# take, with namespaces as the hosts.
+out2="$tmp/hostlist"
+check "smoke profile over a host list (netns launcher)" \
+  timeout 300 "$RUNFILES/tools/cluster" --bin "$RUNFILES" --hosts 2 -- \
+  bash -c 'source "$CLUSTER_ENV"
+    for i in 1 2; do
+      ip="CLUSTER_IP_${i}_1" dev="CLUSTER_DEVICES_$i"
+      echo "${CLUSTER_TAG}h$i ${!ip} ${!dev}"
+    done >"'"$tmp"'/hosts"
+    "'"$RUNFILES"'/tools/bench" --profile smoke --hosts-file "'"$tmp"'/hosts" \
+      --launcher netns --bin "'"$RUNFILES"'" --out "'"$out2"'"'
+check "host-list output" check_out "$out2" '
+len(ferry) == 1 and ferry[0]["protocol"] == "tcp"' "tcp.png"
+
+echo "$passed passed, $failed failed"
+((failed == 0))
