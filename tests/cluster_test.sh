@@ -159,6 +159,14 @@ if ((rc == 2)) && grep -q "hosts must be 2..64" <<<"$out"; then
 else
   fail "--hosts 1 (exit $rc): $out"
 fi
+# A flag without its value: an error, not a hang.
+out="$(timeout 10 "$CLUSTER" --bin "$RUNFILES" --hosts 2>&1)"
+rc=$?
+if ((rc == 2)) && grep -q "needs a value" <<<"$out"; then
+  pass "--hosts without a value refused: $out"
+else
+  fail "--hosts without a value (exit $rc): $out"
+fi
 # --delay needs netem: either it works or the error says so.
 out="$(timeout 60 "$CLUSTER" --bin "$RUNFILES" --hosts 2 --delay 1ms -- true 2>&1)"
 rc=$?
