@@ -1,0 +1,39 @@
+#!/bin/bash
+# Smoke test of a Google Benchmark binary: runs every benchmark in it
+# briefly (no timing is checked: CI machines are shared) and fails unless
+# the binary exits 0, each expected benchmark reported a result, and none
+# reported an error (each checks its own results and calls SkipWithError on
+# a wrong one). Usage: benchmark_smoke_test.sh BINARY NAME...
+# A NAME is a full benchmark name as printed, e.g. BM_SieveCacheFind/64.
+set -u
+
+bin="$1"
+shift
+out="$(mktemp)"
+trap 'rm -f "$out"' EXIT
+# Debian 12's Google Benchmark is 1.7.1: min_time is plain seconds.
+"$bin" --benchmark_min_time=0.01 --benchmark_color=false >"$out" 2>&1
+rc=$?
+failed=0
+if [[ $rc -ne 0 ]]; then
+  echo "FAIL: $bin exited with $rc"
+  failed=1
+fi
+if grep -q "ERROR OCCURRED" "$out"; then
+  echo "FAIL: a benchmark reported an error:"
+  grep "ERROR OCCURRED" "$out"
+  failed=1
+fi
+for name in "$@"; do
+  # A result line: the name, spaces, then the time.
+  if ! grep -Eq "^${name}[[:space:]]+[0-9]" "$out"; then
+    echo "FAIL: no result for $name"
+    failed=1
+  fi
+done
+cat "$out"
+if [[ $failed -ne 0 ]]; then
+  echo "0 passed, 1 failed"
+  exit 1
+fi
+echo "1 passed, 0 failed ($# benchmarks)"
