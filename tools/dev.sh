@@ -19,6 +19,7 @@ PACKAGES=(
   openssl
   python3-dev pybind11-dev python3-pytest python3-numpy
   ucx-utils python3-matplotlib
+  mkdocs mkdocs-material python3-pymdownx chromium
 )
 
 setup() {

@@ -1,0 +1,184 @@
+"""Opens the pages of a built Ferry site in headless Chromium and checks
+what a reader would see: the page rendered (Material's header and content),
+the site navigation is there with every part of the tutorial, code blocks
+in a language are highlighted, and no link inside the site is broken (its page exists,
+and so does its #fragment). Prints one line per failure and a summary;
+exits non-zero on any failure.
+
+    python3 tools/site_check.py SITE_DIR
+"""
+
+import html.parser
+import os
+import subprocess
+import sys
+import urllib.parse
+
+# Every page's navigation lists these (mkdocs.yml's nav): the five parts.
+PARTS = ["Quick start", "Programming model", "Internals", "Optimisation",
+         "Case studies", "Troubleshooting"]
+CHROMIUM_SECONDS = 60
+SOURCE_PAGES_RENDERED = 3
+
+
+class Dom(html.parser.HTMLParser):
+    """What the checks need from one rendered page."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.ids = set()
+        self.links = []  # href values of <a>
+        self.classes = []  # class lists of every element
+        self.nav_text = []
+        self._nav_depth = 0
+        self._code_depth = 0
+        self.code_blocks = 0  # <pre> blocks with code in them
+        self.highlighted = 0  # ... of which have syntax-token spans
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if "id" in a and a["id"]:
+            self.ids.add(a["id"])
+        if tag == "a" and a.get("name"):
+            self.ids.add(a["name"])
+        cls = (a.get("class") or "").split()
+        self.classes.append(cls)
+        if tag == "a" and a.get("href") is not None:
+            self.links.append(a["href"])
+        if tag == "nav" and "md-nav--primary" in cls:
+            self._nav_depth = 1
+        elif self._nav_depth and tag == "nav":
+            self._nav_depth += 1
+        if tag == "div" and "highlight" in cls:
+            # language-text is output or a diagram: nothing to highlight
+            # (the build refuses a block that names no language).
+            lang = [c for c in cls if c.startswith("language-")]
+            if lang and lang[0] != "language-text":
+                self.code_blocks += 1
+                self._code_depth = 1
+                self._tokens = False
+        elif self._code_depth and tag == "div":
+            self._code_depth += 1
+        elif self._code_depth and tag == "span" and cls and not self._tokens:
+            # Pygments wraps tokens in <span class="k|n|s|...">.
+            self._tokens = True
+            self.highlighted += 1
+
+    def handle_endtag(self, tag):
+        if self._nav_depth and tag == "nav":
+            self._nav_depth -= 1
+        if self._code_depth and tag == "div":
+            self._code_depth -= 1
+
+    def handle_data(self, data):
+        if self._nav_depth and data.strip():
+            self.nav_text.append(data.strip())
+
+
+def render(path):
+    """The DOM of a page after Chromium loaded it and ran its scripts."""
+    p = subprocess.run(
+        ["chromium", "--headless", "--no-sandbox", "--disable-gpu",
+         "--disable-dev-shm-usage", "--no-first-run", "--virtual-time-budget=2000",
+         "--dump-dom", "file://" + path],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        timeout=CHROMIUM_SECONDS)
+    if p.returncode != 0:
+        raise RuntimeError(f"chromium exit {p.returncode}")
+    return p.stdout
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    site = os.path.realpath(sys.argv[1])
+    pages = sorted(
+        os.path.join(d, f) for d, _, fs in os.walk(site) for f in fs
+        if f == "index.html" or f == "404.html")
+    if not pages:
+        sys.exit(f"site_check: no pages under {site}")
+    doms = {}
+    failures = []
+
+    def fail(page, what):
+        failures.append(f"{os.path.relpath(page, site)}: {what}")
+
+    rendered = 0
+    sources_rendered = 0
+    for page in pages:
+        # The generated pages of source files (src/) share one template:
+        # Chromium renders a few of them; the rest are checked as built.
+        is_source = os.path.relpath(page, site).startswith("src" + os.sep)
+        try:
+            if is_source and sources_rendered >= SOURCE_PAGES_RENDERED:
+                with open(page, encoding="utf-8") as f:
+                    text = f.read()
+            else:
+                text = render(page)
+                rendered += 1
+                sources_rendered += is_source
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            fail(page, f"Chromium did not render it ({e})")
+            continue
+        dom = Dom()
+        dom.feed(text)
+        doms[page] = dom
+        flat = {c for cls in dom.classes for c in cls}
+        if "md-header" not in flat or "md-content" not in flat:
+            fail(page, "no Material header or content: the theme did not "
+                 "render")
+        if os.path.basename(page) == "404.html":
+            continue
+        nav = " ".join(dom.nav_text)
+        missing = [p for p in PARTS if p not in nav]
+        if missing:
+            fail(page, f"navigation lacks {missing}")
+        if dom.code_blocks and dom.highlighted < dom.code_blocks:
+            fail(page, f"{dom.code_blocks - dom.highlighted} of "
+                 f"{dom.code_blocks} code blocks not highlighted")
+
+    checked = 0
+    for page, dom in doms.items():
+        if os.path.basename(page) == "404.html":
+            continue  # Its links are from the server's root, by design.
+        for href in dom.links:
+            u = urllib.parse.urlsplit(href)
+            if u.scheme in ("http", "https", "mailto") or href.startswith(
+                    "javascript:"):
+                continue
+            if u.scheme not in ("", "file"):
+                fail(page, f"link {href}: scheme {u.scheme}")
+                continue
+            checked += 1
+            if u.scheme == "file":
+                target = urllib.parse.unquote(u.path)
+            elif u.path:
+                target = os.path.normpath(os.path.join(
+                    os.path.dirname(page), urllib.parse.unquote(u.path)))
+            else:
+                target = page
+            if os.path.isdir(target):
+                target = os.path.join(target, "index.html")
+            if not target.startswith(site + os.sep):
+                fail(page, f"link {href} leaves the site")
+                continue
+            if not os.path.exists(target):
+                fail(page, f"broken link {href}")
+                continue
+            frag = urllib.parse.unquote(u.fragment)
+            if frag and target.endswith(".html"):
+                tdom = doms.get(target)
+                if tdom is not None and frag not in tdom.ids:
+                    fail(page, f"link {href}: no #{frag} in its page")
+
+    for f in failures:
+        print(f"site_check: {f}")
+    code = sum(d.code_blocks for d in doms.values())
+    print(f"site_check: {len(pages)} pages ({rendered} rendered in Chromium), "
+          f"{checked} links and "
+          f"{code} code blocks checked, {len(failures)} problems")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""MkDocs hooks for Ferry's site (mkdocs.yml: hooks).
+
+The docs link to the code they explain as files of the repository, relative
+to docs/ (`[rail_router.h](../transport/rdma/rail_router.h)`), so the links
+work where the markdown is read as files (an editor, a forge). Outside
+docs/ such a link would be broken in the site, and `mkdocs build --strict`
+fails on it. These hooks give every source file a docs page links to a page
+of its own in the site (`src/<path>/`, the file as a highlighted code
+block) and point the links there. A link to a file that does not exist is
+left alone, and --strict reports it.
+"""
+
+import logging
+import os
+import re
+import tempfile
+
+from mkdocs.structure.files import File
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# [text](target) with a target that leaves docs/ ; not images, not URLs.
+LINK = re.compile(r"(?<!!)\[([^\]]*)\]\((\.\./[^)\s#]+)(#[^)\s]*)?\)")
+LANG = {".cc": "cpp", ".h": "cpp", ".c": "c", ".py": "python", ".sh": "sh",
+        ".proto": "protobuf", ".bzl": "python", ".yml": "yaml",
+        ".json": "json", ".md": "markdown", ".pyi": "python"}
+FENCE = re.compile(r"^\s*(`{3,}|~{3,})\s*(\S*)")
+# Under "mkdocs" so that --strict counts its warnings.
+log = logging.getLogger("mkdocs.hooks.ferry_site")
+_gen_dir = None
+_sources = {}  # repository path -> generated page path (under src/)
+
+
+def _repo_path(page_src, target):
+    """The repository path a link from docs/<page_src> names, or None."""
+    docs = os.path.join(ROOT, "docs")
+    full = os.path.normpath(
+        os.path.join(docs, os.path.dirname(page_src), target))
+    if not full.startswith(ROOT + os.sep) or full.startswith(docs + os.sep):
+        return None
+    if not os.path.isfile(full):
+        return None
+    return os.path.relpath(full, ROOT)
+
+
+def _page_for(rel):
+    # A README.md outside docs/ becomes a code page too: its own links are
+    # the forge's, not the site's.
+    return "src/" + rel.replace(os.sep, "/") + ".md"
+
+
+def on_files(files, config):
+    """Adds a generated page for every repository file a docs page links."""
+    global _gen_dir
+    _gen_dir = tempfile.mkdtemp(prefix="ferry-site-src-")
+    docs = config["docs_dir"]
+    for f in list(files):
+        if not f.src_path.endswith(".md"):
+            continue
+        with open(os.path.join(docs, f.src_path), encoding="utf-8") as fh:
+            text = fh.read()
+        for m in LINK.finditer(text):
+            rel = _repo_path(f.src_path, m.group(2))
+            if rel is None or rel in _sources:
+                continue
+            page = _page_for(rel)
+            _sources[rel] = page
+            with open(os.path.join(ROOT, rel), encoding="utf-8",
+                      errors="replace") as src:
+                code = src.read()
+            fence = "````" if "```" in code else "```"
+            lang = LANG.get(os.path.splitext(rel)[1], "text")
+            if os.path.basename(rel) in ("BUILD", "WORKSPACE"):
+                lang = "python"
+            out = os.path.join(_gen_dir, page)
+            os.makedirs(os.path.dirname(out), exist_ok=True)
+            with open(out, "w", encoding="utf-8") as o:
+                o.write(f"# {rel}\n\nFerry's `{rel}`, as of this build of "
+                        f"the site.\n\n{fence}{lang}\n{code}"
+                        f"{'' if code.endswith(chr(10)) else chr(10)}"
+                        f"{fence}\n")
+            files.append(File(page, _gen_dir, config["site_dir"],
+                              config["use_directory_urls"]))
+    return files
+
+
+def _check_fences(markdown, src_path):
+    """Warns of a fenced block without a language: the reader gets no
+    highlighting, and the site check cannot tell code from output."""
+    open_fence = None
+    for n, line in enumerate(markdown.splitlines(), 1):
+        m = FENCE.match(line)
+        if not m:
+            continue
+        if open_fence is None:
+            open_fence = m.group(1)
+            if not m.group(2):
+                log.warning(f"{src_path}:{n}: a code block without a "
+                            "language (```sh, ```cpp, ```text ...)")
+        elif m.group(1).startswith(open_fence) and not m.group(2):
+            open_fence = None
+
+
+def on_page_markdown(markdown, page, config, files):
+    """Points links to repository files at their generated pages, and
+    checks every code block names its language."""
+    if not page.file.src_path.startswith("src/"):
+        _check_fences(markdown, page.file.src_path)
+
+    def sub(m):
+        rel = _repo_path(page.file.src_path, m.group(2))
+        if rel is None or rel not in _sources:
+            return m.group(0)
+        target = os.path.relpath(_sources[rel],
+                                 os.path.dirname(page.file.src_path) or ".")
+        return f"[{m.group(1)}]({target}{m.group(3) or ''})"
+
+    return LINK.sub(sub, markdown)
