@@ -50,7 +50,7 @@ void BM_RailRouteRun(benchmark::State& state) {
   for (auto _ : state) {
     RailRouter router(n_local, n_remote, kSliceBytes, rotation++);
     for (int i = 0; i < n_local; ++i) router.SetNic(i, 0, true);
-    for (int j = 0; j < n_remote; ++j) router.key(j) = 1000 + j;
+    for (int j = 0; j < n_remote; ++j) router.SetKey(j, 1000 + j);
     std::fill(used.begin(), used.end(), 0);
     for (int s = 0; s < run; ++s) {
       const int r = router.Choose(tiers, 0);

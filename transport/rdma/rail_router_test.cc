@@ -2,6 +2,7 @@
 #include "transport/rdma/rail_router.h"
 
 #include <map>
+#include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -15,7 +16,7 @@ constexpr uint64_t kUnit = 64 << 10;
 RailRouter TwoByTwo(uint64_t rotation = 0) {
   RailRouter r(2, 2, kUnit, rotation);
   for (int i = 0; i < 2; ++i) r.SetNic(i, 0, true);
-  for (int j = 0; j < 2; ++j) r.key(j) = 100 + j;
+  for (int j = 0; j < 2; ++j) r.SetKey(j, 100 + j);
   return r;
 }
 
@@ -48,7 +49,7 @@ TEST(RailRouterTest, AvoidsDownNicsMissingKeysPausedAndFailedRails) {
   RailRouter r = TwoByTwo();
   const std::vector<int> tiers = {0, 0};
   r.SetNic(0, 0, false);             // Port down: never.
-  r.key(1) = -1;                     // No key on remote NIC 1: never.
+  r.SetKey(1, -1);                   // No key on remote NIC 1: never.
   EXPECT_EQ(r.Choose(tiers, 0), 2);  // 1 -> 0, the only one left.
   // Paused or failed on: used only as the last resort.
   RailRouter p = TwoByTwo();
@@ -61,7 +62,7 @@ TEST(RailRouterTest, AvoidsDownNicsMissingKeysPausedAndFailedRails) {
   const int last = p.Choose(tiers, uint64_t{1} << 1);
   EXPECT_TRUE(last == 0 || last == 3) << last;
   // Nothing usable at all.
-  r.key(0) = -1;
+  r.SetKey(0, -1);
   EXPECT_EQ(r.Choose(tiers, 0), -1);
 }
 
@@ -71,6 +72,51 @@ TEST(RailRouterTest, RotationSpreadsTies) {
   for (uint64_t rot = 0; rot < 4; ++rot)
     ++chosen[TwoByTwo(rot).Choose(tiers, 0)];
   EXPECT_EQ(chosen.size(), 2u);  // Both matched pairs get turns.
+}
+
+// Choose keeps each local NIC's best remote NIC between slices rather
+// than scoring every rail; it must pick exactly the rail a full scan picks
+// (ties included), whatever the loads, pauses, keys, ports and failures,
+// and as they change between slices.
+TEST(RailRouterTest, ChooseAgreesWithAFullScan) {
+  std::mt19937_64 rng(42);
+  int checked = 0;
+  for (int round = 0; round < 300; ++round) {
+    const int n_local = 1 + static_cast<int>(rng() % 8);
+    const int n_remote = 1 + static_cast<int>(rng() % 8);
+    const uint64_t unit = 1 + rng() % 4;  // Small: many ties.
+    RailRouter r(n_local, n_remote, unit, rng() % 16);
+    for (int i = 0; i < n_local; ++i) r.SetNic(i, rng() % 8, rng() % 8 != 0);
+    for (int j = 0; j < n_remote; ++j) {
+      r.SetKey(j, rng() % 6 == 0 ? -1 : 7);
+    }
+    for (int k = 0; k < n_local * n_remote; ++k) {
+      r.rail(k).load = rng() % 8;
+      r.rail(k).paused = rng() % 5 == 0;
+    }
+    std::vector<int> tiers(n_local);
+    for (int step = 0; step < 40; ++step) {
+      for (int& t : tiers) t = static_cast<int>(rng() % 3);
+      switch (rng() % 8) {  // Change the snapshot between some slices.
+        case 0:
+          r.SetKey(static_cast<int>(rng() % n_remote), rng() % 3 == 0 ? -1 : 7);
+          break;
+        case 1:
+          r.rail(static_cast<int>(rng() % (n_local * n_remote))).paused ^= true;
+          break;
+        default:
+          break;
+      }
+      const uint64_t failed = rng() % 4 == 0 ? rng() : 0;
+      const int scan = r.ChooseByScan(tiers, failed);
+      const int fast = r.Choose(tiers, failed);
+      ASSERT_EQ(fast, scan) << "round " << round << " step " << step << ", "
+                            << n_local << "x" << n_remote;
+      ++checked;
+      if (fast >= 0) r.Assign(fast, rng() % (4 * unit));
+    }
+  }
+  EXPECT_EQ(checked, 300 * 40);
 }
 
 }  // namespace

@@ -117,7 +117,7 @@ void RdmaTransport::RouteRun(absl::Span<Slice* const> run, absl::Time now,
       keys_for = s->remote_buffer;
       for (int j = 0; j < n_remote; ++j) {
         uint32_t k;
-        router.key(j) = view.DeviceKey(t, keys_for, j, &k) ? int64_t{k} : -1;
+        router.SetKey(j, view.DeviceKey(t, keys_for, j, &k) ? int64_t{k} : -1);
       }
     }
     const int best = router.Choose(mr->tiers, SliceFailedRails(s));
