@@ -26,3 +26,35 @@ median() {
 json_field() {
   python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])[sys.argv[2]])' "$1" "$2"
 }
+
+# Runs every variant of the array `variants` for $rounds rounds, one sample
+# each per round through the function named by $1 (given the variant; its
+# first word is the value), interleaved with the order reversed every other
+# round so that drifting background load falls on every variant alike; the
+# load average before and after each round. Then per variant the median,
+# the min-max and the median's ratio to the first variant's.
+run_variants() {
+  local sample_fn="$1" n=${#variants[@]} r i order out m m0="" lo hi ratio
+  declare -A vals
+  for r in $(seq "$rounds"); do
+    order=$(seq 0 $((n - 1)))
+    ((r % 2 == 0)) && order=$(seq $((n - 1)) -1 0)
+    echo "round $r: loadavg before $(cut -d' ' -f1-3 /proc/loadavg)"
+    for i in $order; do
+      out="$("$sample_fn" "${variants[$i]}")"
+      vals[$i]="${vals[$i]:-} ${out%% *}"
+      echo "  [$i] ${variants[$i]}: $out"
+    done
+    echo "round $r: loadavg after $(cut -d' ' -f1-3 /proc/loadavg)"
+  done
+  for i in $(seq 0 $((n - 1))); do
+    # shellcheck disable=SC2086
+    set -- ${vals[$i]}
+    m="$(median "$@")"
+    lo="$(printf '%s\n' "$@" | sort -g | head -1)"
+    hi="$(printf '%s\n' "$@" | sort -g | tail -1)"
+    [[ -z "$m0" ]] && m0="$m"
+    ratio="$(python3 -c "print('%.3f' % ($m / $m0))" 2>/dev/null || echo nan)"
+    echo "variant [$i] ${variants[$i]}: median $m (min-max $lo-$hi), ratio to [0] $ratio"
+  done
+}
