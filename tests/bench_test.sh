@@ -4,7 +4,8 @@
 # and memcpy references), then the smoke profile over a host list with the
 # netns launcher (namespaces standing in for ssh/srun hosts). Checks what
 # it writes: results.jsonl (machine info, every point with its rounds,
-# median and range), ratios.md, and the PNG plots. Needs root.
+# median and range), ratios.md, summary.md and the PNG plots; --report
+# rebuilds the reports from the results. Needs root.
 # Prints "N passed, N failed".
 set -uo pipefail
 
@@ -34,7 +35,7 @@ check() {  # name, then the command that must succeed
 # Python expression over rows (list of dicts), $3 the plots.
 check_out() {
   /usr/bin/python3 - "$@" <<'PY'
-import json, sys
+import json, re, sys
 d, expect, plots = sys.argv[1], sys.argv[2], sys.argv[3].split()
 rows = [json.loads(l) for l in open(f"{d}/results.jsonl")]
 meta = rows[0]
@@ -48,6 +49,14 @@ got = eval(f"({expect})", {"rows": rows, "ferry": ferry})
 assert got is True, f"expected points missing: {expect}"
 table = [l for l in open(f"{d}/ratios.md") if l.startswith("| ") and "x |" in l]
 assert len(table) >= len(ferry), (len(table), len(ferry))
+summary = open(f"{d}/summary.md").read()
+first = ferry[0]
+blocks = {f["block"] for f in ferry if (f["hosts"], f["nics"]) ==
+          (first["hosts"], first["nics"])}
+rows_md = [l for l in summary.splitlines()
+           if re.match(r"^\| \d+ [KM]iB \|", l)]
+assert len(rows_md) >= len(blocks), (rows_md, blocks)
+assert all("(" in l and "–" in l for l in rows_md), rows_md  # median (min–max)
 for p in plots:
     head = open(f"{d}/{p}", "rb").read(8)
     assert head == b"\x89PNG\r\n\x1a\n", (p, head)
@@ -69,6 +78,12 @@ len([f for f in ferry if f["initiators"] == 1]) == 2 * 2 * 2 and
 {r["tls"] for r in rows if r["kind"] == "ucx"} == {"tcp", "sm"} and
 len([r for r in rows if r["kind"] == "memcpy"]) == 2 and
 all(len(r["rounds"]) == 3 for r in rows[1:])' "tcp.png rdma.png"
+
+# --report writes the reports again from the results alone.
+check "--report rebuilds ratios, summary and plots from results.jsonl" \
+  bash -c 'rm -f "$1"/ratios.md "$1"/summary.md "$1"/*.png &&
+    "$2/tools/bench" --report --out "$1" && test -s "$1/ratios.md" &&
+    test -s "$1/summary.md" && test -s "$1/rdma.png"' _ "$out1" "$RUNFILES"
 
 # Hosts from a list, launched by the netns launcher: the path ssh and srun
 # take, with namespaces as the hosts.
