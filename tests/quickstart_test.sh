@@ -3,8 +3,8 @@
 # TCP, the same over RDMA on softrnic, and the two-host transfer on a
 # tools/cluster. Takes the ```sh blocks that run transfer_bench or
 # tools/cluster, with the build steps left out and only the paths mapped to
-# this test's runfiles (bazel-bin/X -> the runfile X; tools/softrnic-run ->
-# softrnic's libibverbs on LD_LIBRARY_PATH; tools/cluster gets --bin).
+# this test's runfiles (bazel-bin/X -> the runfile X; tools/softrnic-run is
+# told where softrnic's library is; tools/cluster gets --bin).
 # Each must exit 0 and say "every byte verified". Needs root (namespaces).
 set -uo pipefail
 RUNFILES="${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}"
@@ -44,7 +44,7 @@ if ((${#cmds[@]} < 3)); then
 fi
 for f in "${cmds[@]}"; do
   sed -i \
-    -e "s|tools/softrnic-run bazel-bin/|env LD_LIBRARY_PATH=$RUNFILES/transport/softrnic $RUNFILES/|" \
+    -e "s|tools/softrnic-run bazel-bin/|FERRY_SOFTRNIC_LIB_DIR=$RUNFILES/transport/softrnic $RUNFILES/tools/softrnic-run $RUNFILES/|" \
     -e "s|^bazel-bin/|$RUNFILES/|" \
     -e "s|^tools/cluster |$RUNFILES/tools/cluster --bin $RUNFILES |" "$f"
   echo "== $(cat "$f")"

@@ -28,6 +28,9 @@ class Dom(html.parser.HTMLParser):
         super().__init__(convert_charrefs=True)
         self.ids = set()
         self.links = []  # href values of <a>
+        self.assets = []  # stylesheets, scripts, images
+        self.bare_pre = 0  # <pre> outside any highlight block
+        self._hl_depth = 0
         self.classes = []  # class lists of every element
         self.nav_text = []
         self._nav_depth = 0
@@ -45,6 +48,18 @@ class Dom(html.parser.HTMLParser):
         self.classes.append(cls)
         if tag == "a" and a.get("href") is not None:
             self.links.append(a["href"])
+        # What the page loads: the theme's styles and scripts, images.
+        if tag == "link" and "stylesheet" in (a.get("rel") or "") and \
+                a.get("href"):
+            self.assets.append(a["href"])
+        if tag in ("script", "img") and a.get("src"):
+            self.assets.append(a["src"])
+        if tag == "div" and "highlight" in cls:
+            self._hl_depth = 1
+        elif self._hl_depth and tag == "div":
+            self._hl_depth += 1
+        if tag == "pre" and not self._hl_depth:
+            self.bare_pre += 1  # A fence the highlighter never saw.
         if tag == "nav" and "md-nav--primary" in cls:
             self._nav_depth = 1
         elif self._nav_depth and tag == "nav":
@@ -65,6 +80,8 @@ class Dom(html.parser.HTMLParser):
             self.highlighted += 1
 
     def handle_endtag(self, tag):
+        if self._hl_depth and tag == "div":
+            self._hl_depth -= 1
         if self._nav_depth and tag == "nav":
             self._nav_depth -= 1
         if self._code_depth and tag == "div":
@@ -133,6 +150,9 @@ def main():
         missing = [p for p in PARTS if p not in nav]
         if missing:
             fail(page, f"navigation lacks {missing}")
+        if dom.bare_pre:
+            fail(page, f"{dom.bare_pre} code blocks outside the highlighter "
+                 "(a fence Markdown did not parse)")
         if dom.code_blocks and dom.highlighted < dom.code_blocks:
             fail(page, f"{dom.code_blocks - dom.highlighted} of "
                  f"{dom.code_blocks} code blocks not highlighted")
@@ -141,6 +161,16 @@ def main():
     for page, dom in doms.items():
         if os.path.basename(page) == "404.html":
             continue  # Its links are from the server's root, by design.
+        for src in dom.assets:
+            u = urllib.parse.urlsplit(src)
+            if u.scheme:
+                fail(page, f"loads {src} from outside the site (offline "
+                     "readers and CI have no internet)")
+                continue
+            target = os.path.normpath(os.path.join(
+                os.path.dirname(page), urllib.parse.unquote(u.path)))
+            if not os.path.isfile(target):
+                fail(page, f"loads {src}, which is not in the site")
         for href in dom.links:
             u = urllib.parse.urlsplit(href)
             if u.scheme in ("http", "https", "mailto") or href.startswith(
