@@ -1,0 +1,35 @@
+#!/bin/bash
+# Runs the optimisation chapter's A/B scripts (docs/optimisation.md) once,
+# briefly, as a reader would rerun them: tools/opt_bench.sh (transfer_bench
+# on softrnic, two processes) and tools/opt_perftest.sh (Debian's perftest
+# on softrnic). Each must print a numeric median for every variant. No
+# timing is checked: CI machines are shared.
+set -u
+RUNFILES="${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}"
+export OPT_NO_BUILD=1 OPT_BIN="$RUNFILES"
+passed=0
+failed=0
+check() {  # name, then the command
+  local name="$1" out
+  shift
+  out="$(timeout 120 "$@" 2>&1)"
+  local rc=$?
+  echo "$out" | tail -4
+  local medians
+  medians="$(grep -cE '^variant \[[0-9]+\] .*: median [0-9.]+[0-9] ' <<<"$out")"
+  if ((rc == 0 && medians == 2)) && ! grep -q "nan" <<<"$out"; then
+    echo "PASS: $name"
+    passed=$((passed + 1))
+  else
+    echo "FAIL: $name (exit $rc, $medians numeric medians of 2)"
+    failed=$((failed + 1))
+  fi
+}
+OPT_FLAGS="--operation=write --block_size=65536 --threads=1 --duration=1 --warmup=0" \
+  check "opt_bench.sh: batch 1 against 16" \
+  "$RUNFILES/tools/opt_bench.sh" -r 1 "--batch_size=1" "--batch_size=16"
+check "opt_perftest.sh: inline 0 against 64" \
+  "$RUNFILES/tools/opt_perftest.sh" -r 1 -m rate ib_write_bw \
+  "-s 64 -D 1 -I 0" "-s 64 -D 1 -I 64"
+echo "$passed passed, $failed failed"
+((failed == 0))
