@@ -4,9 +4,10 @@ The docs link to the code they explain as files of the repository, relative
 to docs/ (`[rail_router.h](../transport/rdma/rail_router.h)`), so the links
 work where the markdown is read as files (an editor, a forge). Outside
 docs/ such a link would be broken in the site, and `mkdocs build --strict`
-fails on it. These hooks give every source file a docs page links to a page
-of its own in the site (`src/<path>/`, the file as a highlighted code
-block) and point the links there. A link to a file that does not exist is
+fails on it; inside (docs/examples) it would be a raw download. These hooks
+give every source file a docs page links to a page of its own in the site
+(`src/<path>/`, the file as a highlighted code block) and point the links
+there. A link to a file that does not exist is
 left alone, and --strict reports it.
 """
 
@@ -18,8 +19,9 @@ import tempfile
 from mkdocs.structure.files import File
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# [text](target) with a target that leaves docs/ ; not images, not URLs.
-LINK = re.compile(r"(?<!!)\[([^\]]*)\]\((\.\./[^)\s#]+)(#[^)\s]*)?\)")
+# [text](target) with a relative target; not images, not URLs.
+LINK = re.compile(
+    r"(?<!!)\[([^\]]*)\]\(((?![a-z]+:|#|/)[^)\s#]+)(#[^)\s]*)?\)")
 LANG = {".cc": "cpp", ".h": "cpp", ".c": "c", ".py": "python", ".sh": "sh",
         ".proto": "protobuf", ".bzl": "python", ".yml": "yaml",
         ".json": "json", ".md": "markdown", ".pyi": "python"}
@@ -31,11 +33,16 @@ _sources = {}  # repository path -> generated page path (under src/)
 
 
 def _repo_path(page_src, target):
-    """The repository path a link from docs/<page_src> names, or None."""
+    """The repository path of the source file a link from docs/<page_src>
+    names, or None: pages, images and other site files stay themselves."""
     docs = os.path.join(ROOT, "docs")
     full = os.path.normpath(
         os.path.join(docs, os.path.dirname(page_src), target))
-    if not full.startswith(ROOT + os.sep) or full.startswith(docs + os.sep):
+    if not full.startswith(ROOT + os.sep):
+        return None
+    ext = os.path.splitext(full)[1]
+    if full.startswith(docs + os.sep) and (ext == ".md" or not (
+            ext in LANG or os.path.basename(full) == "BUILD")):
         return None
     if not os.path.isfile(full):
         return None
