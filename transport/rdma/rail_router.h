@@ -55,7 +55,10 @@ class RailRouter {
   // The remote key, per remote NIC, of the buffer the next slices target
   // (-1: that NIC has none).
   void SetKey(int j, int64_t key) {
-    if (keys_[j] != key) rows_valid_ = false;
+    // The rows depend on which remote NICs have a key, not on the keys: a
+    // run's next buffer usually has one on the same NICs, and then the
+    // rows stand.
+    if ((keys_[j] < 0) != (key < 0)) rows_valid_ = false;
     keys_[j] = key;
   }
   int64_t key(int j) const { return keys_[j]; }

@@ -98,8 +98,9 @@ TEST(RailRouterTest, ChooseAgreesWithAFullScan) {
     for (int step = 0; step < 40; ++step) {
       for (int& t : tiers) t = static_cast<int>(rng() % 3);
       switch (rng() % 8) {  // Change the snapshot between some slices.
-        case 0:
-          r.SetKey(static_cast<int>(rng() % n_remote), rng() % 3 == 0 ? -1 : 7);
+        case 0:             // Another buffer: keys change, present or not.
+          r.SetKey(static_cast<int>(rng() % n_remote),
+                   rng() % 3 == 0 ? -1 : static_cast<int64_t>(rng() % 1000));
           break;
         case 1:
           r.rail(static_cast<int>(rng() % (n_local * n_remote))).paused ^= true;
