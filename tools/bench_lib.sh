@@ -1,6 +1,15 @@
-# Shared helpers of the benchmark scripts (sourced, not run).
-# Callers set $tmp (a scratch directory) and $secs, and keep $pids for
-# cleanup.
+# Shared helpers of the benchmark scripts (sourced, not run). Sourcing it
+# makes a scratch directory $tmp and an EXIT trap that kills every pid the
+# caller adds to $pids and removes $tmp. Callers set $secs for iperf_run.
+
+tmp="$(mktemp -d)"
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
 
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'

@@ -20,14 +20,7 @@ bin="$(bazel info -c opt bazel-bin 2>/dev/null)"
 export LD_LIBRARY_PATH="$bin/transport/softrnic"
 export FERRY_SOFTRNIC_DEVICES="softrnic0=127.0.0.1"
 
-tmp="$(mktemp -d)"
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
+# A scratch $tmp, and $pids killed on exit.
 source tools/bench_lib.sh
 
 # perftest's average bandwidth in GB/s (10^9 bytes, as transfer_bench).

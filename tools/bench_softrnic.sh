@@ -17,14 +17,7 @@ export FERRY_SOFTRNIC_LIB_DIR="$bin/transport/softrnic"
 export FERRY_SOFTRNIC_DEVICES="softrnic0=127.0.0.1"
 bench="$bin/tools/verbs_bench"
 
-tmp="$(mktemp -d)"
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
+# A scratch $tmp, and $pids killed on exit.
 source tools/bench_lib.sh
 
 verbs_run() {

@@ -17,15 +17,7 @@ bazel build -c opt //tools:transfer_bench >/dev/null 2>&1 ||
 bench="$(bazel info -c opt bazel-bin 2>/dev/null)/tools/transfer_bench"
 command -v iperf3 >/dev/null || { echo "iperf3 missing: tools/dev.sh setup" >&2; exit 2; }
 
-tmp="$(mktemp -d)"
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-
+# A scratch $tmp, and $pids killed on exit.
 source tools/bench_lib.sh
 
 # The Ferry target stays up for all rounds.

@@ -45,14 +45,7 @@ export LD_LIBRARY_PATH="$bin/transport/softrnic"
 BENCH="$bin/tools/transfer_bench"
 common="${OPT_FLAGS:---operation=write --block_size=65536 --threads=1 --duration=3 --warmup=1}"
 buf=$((256 << 20))
-tmp="$(mktemp -d)"
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
+# A scratch $tmp, and $pids killed on exit.
 source tools/bench_lib.sh
 
 sample() {  # variant string
