@@ -61,7 +61,7 @@ absl::StatusOr<std::unique_ptr<Probe>> NewProbe(ibv_device* dev) {
   if (!nic.ok()) return nic.status();
   p->nic = std::move(*nic);
   rdma::QpCaps caps;
-  auto qp = rdma::CreateQp(p->nic.get(), &caps);
+  auto qp = rdma::CreateQp(p->nic.get(), rdma::QpPosting{}, &caps);
   if (!qp.ok()) return qp.status();
   p->qp = *qp;
   p->buf.reset(new uint8_t[kProbeBufferBytes]());

@@ -68,6 +68,16 @@ struct RdmaOptions {
   // RC QPs per endpoint (one endpoint per local NIC, remote NIC pair);
   // slices alternate between them (1..16).
   int qps_per_endpoint = 2;
+  // Selective signaling: every signal_every-th WR on a QP asks for a
+  // completion, and so does the last WR of every ibv_post_send chain (at
+  // most 32 WRs), hence 1..32. 1 signals every WR. Fewer completions save
+  // the NIC a CQE write and the poller a CQE per WR.
+  int signal_every = 16;
+  // WRITE work requests of up to inline_bytes go inline (the payload
+  // copied into the WQE at post time, no DMA read of it); capped by what
+  // the device grants (Ferry halves the ask until the device accepts it).
+  // 0 turns inline off (0..1024).
+  int inline_bytes = 64;
   // Endpoints kept at most; beyond this, idle ones are evicted (SIEVE),
   // busy ones never.
   size_t max_endpoints = 4096;

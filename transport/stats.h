@@ -21,6 +21,10 @@ struct NicStats {
   // Work requests posted for slices (RDMA): one moves a slice, or several
   // that continue each other in memory (coalesced), so at most `slices`.
   uint64_t work_requests = 0;
+  // Work completions reaped from this NIC's CQ (RDMA): one per signaled WR
+  // and per failed WR (selective signaling makes this smaller than
+  // work_requests), keepalive probes and fences included.
+  uint64_t completions = 0;
   // Work requests posted on this NIC and not yet completed, keepalive
   // probes and fences included (RDMA).
   uint64_t outstanding_wrs = 0;

@@ -5,9 +5,6 @@
 namespace ferry::rdma {
 namespace {
 
-// WRs posted with one ibv_post_send.
-constexpr uint32_t kMaxChain = 32;
-
 // Whether `next` continues `s` in both local and remote memory, with the
 // same keys and opcode: one work request can move both.
 bool Adjacent(const Slice* s, const Slice* next) {
@@ -160,7 +157,7 @@ Endpoint::PostResult Endpoint::PostLocked() {
       }
       // Selective signaling, and the chain's last WR always, so every
       // posted slice completes without waiting for later traffic.
-      if (++q->since_signal >= kSignalEvery || i + 1 == n) {
+      if (++q->since_signal >= q->signal_every || i + 1 == n) {
         wr.send_flags |= IBV_SEND_SIGNALED;
         q->since_signal = 0;
       }

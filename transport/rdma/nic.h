@@ -94,6 +94,7 @@ class Nic {
   std::atomic<uint64_t> bytes{0};
   std::atomic<uint64_t> errors{0};
   std::atomic<uint64_t> work_requests{0};
+  std::atomic<uint64_t> completions{0};
 
   // Usable for new slices: port ACTIVE and the device alive.
   bool port_active() const {

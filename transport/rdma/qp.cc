@@ -25,37 +25,38 @@ uint8_t ResponderDepth(const Nic& nic) {
       std::clamp(nic.device_attr().max_qp_rd_atom, 1, 255));
 }
 
-absl::StatusOr<ibv_qp*> CreateQp(Nic* nic, QpCaps* caps) {
+absl::StatusOr<ibv_qp*> CreateQp(Nic* nic, const QpPosting& posting,
+                                 QpCaps* caps) {
   const ibv_device_attr& dev = nic->device_attr();
   const uint32_t depth = std::min<uint32_t>(
       kSendQueueDepth, static_cast<uint32_t>(std::max(dev.max_qp_wr, 0)));
-  if (depth < 2 * kSignalEvery) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(nic->name(), ": max_qp_wr ", dev.max_qp_wr,
-                     " is below the ", 2 * kSignalEvery,
-                     " WRs a QP needs (a signaled chain and room for it)"));
+  const uint32_t unsignaled = posting.signal_every;
+  if (depth < 2 * unsignaled) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        nic->name(), ": max_qp_wr ", dev.max_qp_wr, " is below the ",
+        2 * unsignaled, " WRs a QP needs (a signaled run and room for it)"));
   }
   ibv_qp_init_attr init{};
-  init.send_cq = nic->cq();
-  init.recv_cq = nic->cq();
-  init.qp_type = IBV_QPT_RC;
-  init.cap.max_send_wr = depth;
-  init.cap.max_recv_wr = 1;
-  init.cap.max_send_sge = 1;
-  init.cap.max_recv_sge = 1;
-  init.cap.max_inline_data = kWantInline;
-  ibv_qp* qp = ibv_create_qp(nic->pd(), &init);
-  if (qp == nullptr) {
-    // Some devices refuse inline data: retry without.
-    init.cap = {depth, 1, 1, 1, 0};
+  ibv_qp* qp = nullptr;
+  uint32_t want = posting.inline_bytes;
+  for (;;) {
+    init = {};
+    init.send_cq = nic->cq();
+    init.recv_cq = nic->cq();
+    init.qp_type = IBV_QPT_RC;
+    init.cap = {depth, 1, 1, 1, want};
     qp = ibv_create_qp(nic->pd(), &init);
+    // Devices refuse inline data above their limit (some refuse any) with
+    // EINVAL; other errors (no memory, too many QPs) would not go away.
+    if (qp != nullptr || want == 0 || errno != EINVAL) break;
+    want /= 2;
   }
   if (qp == nullptr)
     return Errno(absl::StrCat("create QP on ", nic->name()), 0);
   // What was granted (>= asked): unsignaled WRs must fit beside a window.
-  caps->max_inline = init.cap.max_inline_data;
+  caps->max_inline = std::min(want, init.cap.max_inline_data);
   caps->window = std::min(kMaxOutstanding,
-                          std::max(init.cap.max_send_wr, depth) - kSignalEvery);
+                          std::max(init.cap.max_send_wr, depth) - unsignaled);
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_INIT;
   a.port_num = 1;

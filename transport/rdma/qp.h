@@ -19,12 +19,21 @@ namespace ferry::rdma {
 // signaling can never overflow it.
 constexpr uint32_t kMaxOutstanding = 256;
 constexpr uint32_t kSendQueueDepth = 2 * kMaxOutstanding;
-// Every kSignalEvery-th WR (and the last of each chain) is signaled.
-constexpr uint32_t kSignalEvery = 16;
-static_assert(kSendQueueDepth >= kMaxOutstanding + kSignalEvery,
+// WRs posted with one ibv_post_send. The last WR of a chain is always
+// signaled, so a signaling interval above this is never reached.
+constexpr uint32_t kMaxChain = 32;
+static_assert(kSendQueueDepth >= kMaxOutstanding + kMaxChain,
               "unsignaled WRs must always fit in the send queue");
-// Inline data asked for at creation (devices may grant less, or none).
-constexpr uint32_t kWantInline = 64;
+
+// How a QP's WRs are posted (RdmaOptions::signal_every, inline_bytes).
+struct QpPosting {
+  // Every signal_every-th WR (and the last of each chain) is signaled;
+  // 1..kMaxChain.
+  uint32_t signal_every = 16;
+  // WRITE WRs up to this many bytes go inline, within what the device
+  // grants; 0: none.
+  uint32_t inline_bytes = 64;
+};
 
 // What a QP is connected with: the RC transport timer (IB: ACK timeout
 // 4.096 us * 2^timeout, retries) and the addressing of its packets
@@ -41,15 +50,21 @@ struct QpTimers {
 // What the device granted a new QP (ibv_create_qp may give more than asked,
 // or less where the device's limits are lower).
 struct QpCaps {
-  uint32_t max_inline = 0;  // Inline bytes per WR.
-  uint32_t window = 0;      // WRs the data path may have posted at once.
+  // Inline bytes per WR: the smaller of what was asked and what the device
+  // granted (devices may round up; Ferry inlines only what it asked for).
+  uint32_t max_inline = 0;
+  uint32_t window = 0;  // WRs the data path may have posted at once.
 };
 
 // Creates an RC QP on `nic` (send and receive CQ: the NIC's) and moves it
 // to INIT. Its send queue is kSendQueueDepth deep, or what the device's
 // max_qp_wr allows (the window shrinks to match); ResourceExhausted if the
-// device cannot hold a window of at least one signaled chain.
-absl::StatusOr<ibv_qp*> CreateQp(Nic* nic, QpCaps* caps);
+// device cannot hold a window of at least one signaled run beside a run
+// of `posting.signal_every` unsignaled WRs. Asks for
+// `posting.inline_bytes` of inline data, halving the ask while the device
+// refuses it (devices state their limit only by refusing).
+absl::StatusOr<ibv_qp*> CreateQp(Nic* nic, const QpPosting& posting,
+                                 QpCaps* caps);
 // INIT -> RTR -> RTS towards `remote`, with the path MTU the smaller of
 // both ports' active MTUs and the READ depth both devices allow;
 // InvalidArgument if `remote` is malformed (it comes from the wire).

@@ -113,7 +113,7 @@ absl::Status RdmaTransport::CreateQps(Nic* nic, int n,
                                       std::vector<QueuePair>* qps) {
   for (int k = 0; k < n; ++k) {
     QpCaps caps;
-    auto qp = CreateQp(nic, &caps);
+    auto qp = CreateQp(nic, posting_, &caps);
     if (!qp.ok()) {
       DestroyQps(qps);
       return qp.status();
@@ -121,6 +121,7 @@ absl::Status RdmaTransport::CreateQps(Nic* nic, int n,
     QueuePair& q = qps->emplace_back();
     q.qp = *qp;
     q.max_inline = caps.max_inline;
+    q.signal_every = posting_.signal_every;
     q.window = caps.window;
   }
   return absl::OkStatus();

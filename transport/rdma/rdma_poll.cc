@@ -75,6 +75,7 @@ size_t RdmaTransport::PollNicLocked(Poller* p) {
   if (p->nic->fatal()) return 0;
   ibv_wc wcs[kPollBatch];
   const int n = ibv_poll_cq(p->nic->cq(), kPollBatch, wcs);
+  if (n > 0) p->nic->completions.fetch_add(n, std::memory_order_relaxed);
   for (int i = 0; i < n; ++i) HandleCompletion(p, wcs[i]);
   // Completions freed WR budget on this NIC: post what waited for it.
   if (p->any_starved.load(std::memory_order_acquire)) {

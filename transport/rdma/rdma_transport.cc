@@ -17,6 +17,8 @@ namespace ferry::rdma {
 
 RdmaTransport::RdmaTransport(const TransportOptions& options)
     : options_(options),
+      posting_{static_cast<uint32_t>(options.rdma.signal_every),
+               static_cast<uint32_t>(options.rdma.inline_bytes)},
       peers_(options.rdma.max_peers,
              [this](const std::string& name) { return MakePeer(name); }),
       store_(options.rdma.max_endpoints) {}
@@ -30,6 +32,16 @@ absl::Status RdmaTransport::ValidateOptions() const {
   }
   if (o.qps_per_endpoint < 1 || o.qps_per_endpoint > 16) {
     return absl::InvalidArgumentError("rdma.qps_per_endpoint must be 1..16");
+  }
+  if (o.signal_every < 1 || o.signal_every > static_cast<int>(kMaxChain)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rdma.signal_every must be 1..", kMaxChain, " (", o.signal_every,
+        "): the last WR of every chain of at most ", kMaxChain,
+        " is signaled anyway"));
+  }
+  if (o.inline_bytes < 0 || o.inline_bytes > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rdma.inline_bytes must be 0..1024 (", o.inline_bytes, ")"));
   }
   if (o.worker_threads < 0 || o.worker_threads > 64) {
     return absl::InvalidArgumentError("rdma.worker_threads must be 0..64");
@@ -322,6 +334,7 @@ TransportStats RdmaTransport::Stats() const {
     n.bytes = nic->bytes.load(std::memory_order_relaxed);
     n.errors = nic->errors.load(std::memory_order_relaxed);
     n.work_requests = nic->work_requests.load(std::memory_order_relaxed);
+    n.completions = nic->completions.load(std::memory_order_relaxed);
     n.outstanding_wrs = nic->posted_wrs.load(std::memory_order_relaxed);
     n.fatal = nic->fatal();
   }

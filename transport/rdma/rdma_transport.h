@@ -333,6 +333,7 @@ class RdmaTransport final : public Transport {
   TransportEnv env_;
   uint64_t incarnation_ = 0;
   QpTimers timers_;
+  const QpPosting posting_;
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> next_endpoint_id_{1};
   // Bumped by every Poll: application threads are reaping completions, so
