@@ -104,6 +104,10 @@ ABSL_FLAG(uint64_t, block_size, 65536, "bytes per request");
 // Mooncake's transfer_engine_bench values, so its command lines measure
 // the same thing here.
 ABSL_FLAG(int, batch_size, 128, "requests per batch");
+ABSL_FLAG(uint64_t, block_stride, 0,
+          "bytes from one request's start to the next one's in a batch "
+          "(0: block_size, back to back); larger leaves gaps, as scattered "
+          "KV-cache blocks do, so no request continues another in memory");
 ABSL_FLAG(int, threads, 12, "initiator threads");
 ABSL_FLAG(double, duration, 10, "seconds to run the initiator");
 ABSL_FLAG(double, warmup, 0,
@@ -146,6 +150,11 @@ ABSL_FLAG(bool, auto_discovery, false,
           "leaving --device_name and --nic_priority_matrix unused");
 ABSL_FLAG(uint64_t, rdma_slice_bytes, 64 << 10, "RDMA transport slice size");
 ABSL_FLAG(int, qps_per_endpoint, 2, "RDMA QPs per (local, remote NIC) pair");
+ABSL_FLAG(int, rdma_signal_every, 16,
+          "RDMA selective signaling: every Nth WR asks for a completion "
+          "(1..32; the last WR of each chain always does)");
+ABSL_FLAG(int, rdma_inline_bytes, 64,
+          "RDMA WRITE WRs up to this many bytes go inline (0: none)");
 ABSL_FLAG(double, target_seconds, 0,
           "target mode: exit after this long (0: run until SIGINT/SIGTERM)");
 
@@ -335,6 +344,8 @@ EngineOptions BaseOptions(const std::string& name, const std::string& md) {
   }
   o.rdma.slice_bytes = absl::GetFlag(FLAGS_rdma_slice_bytes);
   o.rdma.qps_per_endpoint = absl::GetFlag(FLAGS_qps_per_endpoint);
+  o.rdma.signal_every = absl::GetFlag(FLAGS_rdma_signal_every);
+  o.rdma.inline_bytes = absl::GetFlag(FLAGS_rdma_inline_bytes);
   return o;
 }
 
@@ -432,6 +443,21 @@ void Backoff(absl::Duration* backoff, absl::Time end) {
   *backoff = std::min(*backoff * 2, kMaxBackoff);
 }
 
+// Zeroes the `n` requests of `block` bytes, `stride` apart, at `p`.
+void ClearRequests(uint8_t* p, size_t n, size_t stride, size_t block) {
+  if (stride == block) {
+    std::memset(p, 0, n * block);
+    return;
+  }
+  for (size_t i = 0; i < n; ++i) std::memset(p + i * stride, 0, block);
+}
+
+// Where consecutive requests of a batch start (flags validated).
+size_t BlockStride() {
+  const size_t stride = absl::GetFlag(FLAGS_block_stride);
+  return stride != 0 ? stride : absl::GetFlag(FLAGS_block_size);
+}
+
 void InitiatorThread(TransferEngine& engine, SegmentHandle seg, uint8_t* local,
                      uint64_t remote_base, size_t region, int tid,
                      absl::Time measure_from, absl::Time end, Totals* totals,
@@ -441,7 +467,8 @@ void InitiatorThread(TransferEngine& engine, SegmentHandle seg, uint8_t* local,
   const uint64_t read_seed = absl::GetFlag(FLAGS_pattern_seed);
   const size_t block = absl::GetFlag(FLAGS_block_size);
   const size_t batch_size = absl::GetFlag(FLAGS_batch_size);
-  const size_t per_batch = block * batch_size;
+  const size_t stride = BlockStride();
+  const size_t per_batch = stride * batch_size;
   const size_t batches_in_region = std::max<size_t>(1, region / per_batch);
   const size_t base = static_cast<size_t>(tid) * region;
   std::vector<TransferRequest> reqs(batch_size);
@@ -450,14 +477,22 @@ void InitiatorThread(TransferEngine& engine, SegmentHandle seg, uint8_t* local,
   while (absl::Now() < end && !g_stop.load()) {
     const size_t off = base + (iter % batches_in_region) * per_batch;
     const uint64_t seed = Mix64((static_cast<uint64_t>(tid) << 40) ^ iter);
-    if (verify && write) FillPattern(local + off, per_batch, off, seed);
+    // Only the requests' bytes: with --block_stride the gaps are most of
+    // the span, and touching them would be most of the work.
+    if (verify && write && stride == block) {
+      FillPattern(local + off, per_batch, off, seed);
+    } else if (verify && write) {
+      for (size_t i = 0; i < batch_size; ++i) {
+        FillPattern(local + off + i * stride, block, off + i * stride, seed);
+      }
+    }
     // A READ that silently moved nothing must not pass on stale bytes.
-    if (verify && !write) std::memset(local + off, 0, per_batch);
+    if (verify && !write) ClearRequests(local + off, batch_size, stride, block);
     for (size_t i = 0; i < batch_size; ++i) {
       reqs[i].opcode = write ? OpCode::kWrite : OpCode::kRead;
-      reqs[i].source = local + off + i * block;
+      reqs[i].source = local + off + i * stride;
       reqs[i].target_id = seg;
-      reqs[i].target_offset = remote_base + off + i * block;
+      reqs[i].target_offset = remote_base + off + i * stride;
       reqs[i].length = block;
     }
     absl::Time start = absl::Now();
@@ -485,7 +520,7 @@ void InitiatorThread(TransferEngine& engine, SegmentHandle seg, uint8_t* local,
     }
     // Read the range back into zeroed memory and compare.
     for (TransferRequest& r : reqs) r.opcode = OpCode::kRead;
-    std::memset(local + off, 0, per_batch);
+    ClearRequests(local + off, batch_size, stride, block);
     const BatchStatus back = RunBatch(engine, reqs, totals);
     if (back.failed > 0) continue;
     for (TransferRequest& r : reqs) r.opcode = OpCode::kWrite;
@@ -558,12 +593,21 @@ int RunInitiator(TransferEngine& engine) {
                                                 warmup, ") >= 0, both finite")),
         "flags");
   }
+  const size_t stride = BlockStride();
+  if (stride < block) {
+    Die(absl::InvalidArgumentError(
+            absl::StrCat("--block_stride (", stride,
+                         ") must be 0 or at least --block_size (", block,
+                         "): requests of a batch must not overlap")),
+        "flags");
+  }
   const size_t region = buffer / static_cast<size_t>(threads);
-  // Divided, not multiplied: block x batch_size may overflow.
-  if (block > region / static_cast<size_t>(batch_size)) {
+  // Divided, not multiplied: stride x batch_size may overflow.
+  if (stride > region / static_cast<size_t>(batch_size)) {
     Die(absl::InvalidArgumentError(
             absl::StrCat("buffer_size ", buffer, " is too small for ", threads,
-                         " thread(s) x batch_size x block_size")),
+                         " thread(s) x batch_size x block_size (or "
+                         "block_stride)")),
         "flags");
   }
   auto seg = engine.OpenSegment(absl::GetFlag(FLAGS_segment_id));
@@ -588,7 +632,7 @@ int RunInitiator(TransferEngine& engine) {
   Totals totals;
   if (verify && !write && absl::GetFlag(FLAGS_verify_prepare)) {
     // What the threads read: batches_in_region whole batches per region.
-    const size_t per_batch = block * static_cast<size_t>(batch_size);
+    const size_t per_batch = stride * static_cast<size_t>(batch_size);
     const size_t used = (static_cast<size_t>(threads) - 1) * region +
                         std::max<size_t>(1, region / per_batch) * per_batch;
     if (!PrepareTarget(engine, *seg, local, bufs->front().addr, used,
@@ -667,7 +711,9 @@ int RunInitiator(TransferEngine& engine) {
       absl::StrAppend(&nics, nics.empty() ? "" : ",", "{\"name\":\"", n.name,
                       "\",\"port_active\":", n.port_active ? "true" : "false",
                       ",\"slices\":", n.slices, ",\"bytes\":", n.bytes,
-                      ",\"errors\":", n.errors, "}");
+                      ",\"errors\":", n.errors,
+                      ",\"work_requests\":", n.work_requests,
+                      ",\"completions\":", n.completions, "}");
     }
   }
   if (json) {
@@ -675,15 +721,17 @@ int RunInitiator(TransferEngine& engine) {
     // `"errors":0` alone still means a clean run.
     std::printf(
         "{\"protocol\":\"%s\",\"operation\":\"%s\",\"block_size\":%zu,"
-        "\"batch_size\":%d,\"threads\":%d,\"seconds\":%.3f,"
+        "\"block_stride\":%zu,\"batch_size\":%d,\"threads\":%d,"
+        "\"rdma_signal_every\":%d,\"rdma_inline_bytes\":%d,\"seconds\":%.3f,"
         "\"throughput_gbps\":%.4f,\"transfers_per_sec\":%.1f,"
         "\"p50_us\":%.1f,\"p99_us\":%.1f,\"bytes\":%llu,\"errors\":%llu,"
         "\"transfer_errors\":%llu,\"verify\":%s,\"verified\":%s,"
         "\"verify_failures\":%llu,\"stopped_on_errors\":%s,"
         "\"retries\":%llu,\"nics\":[%s]}\n",
         absl::GetFlag(FLAGS_protocol).c_str(),
-        absl::GetFlag(FLAGS_operation).c_str(), block, batch_size, threads,
-        secs, gbps, tps, p50, p99,
+        absl::GetFlag(FLAGS_operation).c_str(), block, BlockStride(),
+        batch_size, threads, absl::GetFlag(FLAGS_rdma_signal_every),
+        absl::GetFlag(FLAGS_rdma_inline_bytes), secs, gbps, tps, p50, p99,
         static_cast<unsigned long long>(totals.bytes.load()),
         static_cast<unsigned long long>(errors),
         static_cast<unsigned long long>(transfer_errors),
