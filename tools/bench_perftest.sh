@@ -8,15 +8,20 @@
 # tracking, the metadata and handshake it needs) costs on top of raw verbs.
 # softrnic loopback is not a real NIC: compare ratios, not absolute GB/s.
 #   tools/bench_perftest.sh [seconds-per-sample] [rounds]
+# OPT_NO_BUILD=1 skips the build (then OPT_BIN names the -c opt bazel-bin
+# directory), as tools/opt_bench.sh: tools/bench_smoke_test.sh runs it so,
+# from a test's runfiles, where bazel must not be called.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs="${1:-4}"
 rounds="${2:-3}"
 size=$((1 << 20))
-targets=(//tools:transfer_bench //transport/softrnic:libibverbs.so.1)
-bazel build -c opt "${targets[@]}" >/dev/null 2>&1 || bazel build -c opt "${targets[@]}"
+if [[ -z "${OPT_NO_BUILD:-}" ]]; then
+  targets=(//tools:transfer_bench //transport/softrnic:libibverbs.so.1)
+  bazel build -c opt "${targets[@]}" >/dev/null 2>&1 || bazel build -c opt "${targets[@]}"
+fi
 command -v ib_write_bw >/dev/null || { echo "needs perftest (tools/dev.sh setup)"; exit 1; }
-bin="$(bazel info -c opt bazel-bin 2>/dev/null)"
+bin="${OPT_BIN:-$(bazel info -c opt bazel-bin 2>/dev/null)}"
 export LD_LIBRARY_PATH="$bin/transport/softrnic"
 export FERRY_SOFTRNIC_DEVICES="softrnic0=127.0.0.1"
 

@@ -8,14 +8,19 @@
 # Extra initiator flags may be given in BENCH_FLAGS (e.g.
 # BENCH_FLAGS=--qps_per_endpoint=1).
 # Needs root (ip netns, tc). Removes everything it creates.
+# OPT_NO_BUILD=1 skips the build (then OPT_BIN names the -c opt bazel-bin
+# directory), as tools/opt_bench.sh: tools/bench_smoke_test.sh runs it so,
+# from a test's runfiles, where bazel must not be called.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 rate="${1:-200mbit}"
 secs="${2:-6}"
 [[ $(id -u) -eq 0 ]] || { echo "needs root (ip netns, tc)" >&2; exit 2; }
-bazel build -c opt //tools:transfer_bench //transport/softrnic:libibverbs.so.1 >/dev/null 2>&1 ||
-  bazel build -c opt //tools:transfer_bench //transport/softrnic:libibverbs.so.1
-bin="$(bazel info -c opt bazel-bin 2>/dev/null)"
+if [[ -z "${OPT_NO_BUILD:-}" ]]; then
+  bazel build -c opt //tools:transfer_bench //transport/softrnic:libibverbs.so.1 >/dev/null 2>&1 ||
+    bazel build -c opt //tools:transfer_bench //transport/softrnic:libibverbs.so.1
+fi
+bin="${OPT_BIN:-$(bazel info -c opt bazel-bin 2>/dev/null)}"
 BENCH="$bin/tools/transfer_bench"
 LIBDIR="$bin/transport/softrnic"
 # shellcheck source=netns_lib.sh
@@ -40,8 +45,11 @@ run() {  # label, h1 devices, h2 devices, port
   kill -9 "${pids[-1]}" 2>/dev/null
   python3 -c 'import json,sys; print("%.4f" % json.load(open(sys.argv[1]))["throughput_gbps"])' "$tmp/$label.json"
 }
-one="$(run one "softrnic0=$A1" "softrnic0=$B1" 50801)"
-two="$(run two "softrnic0=$A1,softrnic1=$A2" "softrnic0=$B1,softrnic1=$B2" 50802)"
+# A run that produced no report fails the script (no ratio of nothing).
+one="$(run one "softrnic0=$A1" "softrnic0=$B1" 50801)" ||
+  { echo "one-NIC run gave no result" >&2; exit 1; }
+two="$(run two "softrnic0=$A1,softrnic1=$A2" "softrnic0=$B1,softrnic1=$B2" 50802)" ||
+  { echo "two-NIC run gave no result" >&2; exit 1; }
 echo "link rate $rate per NIC, 1 MiB RDMA WRITEs, 2 threads x 16 in flight"
 echo "one NIC per host:  $one GB/s"
 echo "two NICs per host: $two GB/s"

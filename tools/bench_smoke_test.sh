@@ -1,0 +1,71 @@
+#!/bin/bash
+# Runs the benchmarks the performance and optimisation chapters cite
+# (docs/performance.md, docs/optimisation.md) once, briefly, as a reader
+# would rerun them: tools/bench_perftest.sh (Debian's perftest against
+# transfer_bench on softrnic, two processes) and tools/bench_striping.sh
+# (two namespaced hosts, one NIC against two; needs root). Each must exit 0
+# and print every result line with positive numbers (no nan, nothing
+# missing). No timing is checked: CI machines are shared.
+# Prints "N passed, N failed".
+set -u
+RUNFILES="${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}"
+# The scripts take the binaries from the runfiles instead of bazel.
+export OPT_NO_BUILD=1 OPT_BIN="$RUNFILES"
+passed=0
+failed=0
+# A number with a nonzero digit: "0.0192", "4.9321", "1.646".
+NUM='([0-9]*[1-9][0-9]*(\.[0-9]+)?|[0-9]*\.[0-9]*[1-9][0-9]*)'
+pass() { echo "PASS: $1"; passed=$((passed + 1)); }
+fail() { echo "FAIL: $1"; failed=$((failed + 1)); }
+check() {  # name, the patterns each one line must match, --, the command
+  local name="$1" res=() re out
+  shift
+  while [[ "$1" != -- ]]; do res+=("$1"); shift; done
+  shift
+  out="$(timeout 120 "$@" 2>&1)"
+  local rc=$?
+  echo "$out" | tail -5
+  local missing=()
+  for re in "${res[@]}"; do
+    [[ $(grep -cE "$re" <<<"$out") == 1 ]] || missing+=("$re")
+  done
+  if ((rc == 0 && ${#missing[@]} == 0)) && ! grep -qiw "nan" <<<"$out"; then
+    pass "$name"
+  else
+    # The whole output (bounded): the tail above may not show the cause.
+    echo "$out" | head -30 | sed 's/^/  | /'
+    ((${#missing[@]} == 0)) || printf '  no line matching: %s\n' "${missing[@]}"
+    fail "$name (exit $rc, ${#missing[@]} of ${#res[@]} result lines missing or not numeric)"
+  fi
+}
+
+# Under --config=asan softrnic is instrumented and Debian's perftest is
+# not: the ASan runtime must be loaded first (as perftest_test does).
+preload=()
+asan_rt="$(ldd "$RUNFILES/transport/softrnic/libibverbs.so.1" |
+  awk '/libasan/ {print $3}')"
+if [[ -n "$asan_rt" ]]; then
+  preload=(env "LD_PRELOAD=$asan_rt" "ASAN_OPTIONS=detect_leaks=0:abort_on_error=1")
+fi
+# 1 s samples, 1 round: a round line and a median line per operation.
+check "bench_perftest.sh: 1 s, 1 round" \
+  "^round 1: ib_write_bw $NUM  transfer_bench write $NUM  ib_read_bw $NUM  transfer_bench read $NUM GB/s$" \
+  "^median write, 1 MiB: ib_write_bw $NUM GB/s \(range .*\), transfer_bench $NUM GB/s \(range .*\); ratio engine/perftest $NUM$" \
+  "^median read, 1 MiB: ib_read_bw $NUM GB/s \(range .*\), transfer_bench $NUM GB/s \(range .*\); ratio engine/perftest $NUM$" \
+  -- "${preload[@]}" "$RUNFILES/tools/bench_perftest.sh" 1 1
+
+# Namespaces and tc need root, as netns_test: CI runs as root. Not being
+# root is a failure, not a skip, so a CI change cannot silently drop it.
+if [[ $(id -u) -ne 0 ]] || ! command -v ip >/dev/null || ! command -v tc >/dev/null; then
+  echo "bench_striping.sh needs root and iproute2 (ip netns, tc); run this test as root"
+  fail "bench_striping.sh: not run"
+else
+  # The default rate, 2 s samples (after the script's own 3 s warm-up).
+  check "bench_striping.sh: 200mbit, 2 s" \
+    "^one NIC per host:  $NUM GB/s$" \
+    "^two NICs per host: $NUM GB/s$" \
+    "^ratio two/one: $NUM$" \
+    -- "$RUNFILES/tools/bench_striping.sh" 200mbit 2
+fi
+echo "$passed passed, $failed failed"
+((failed == 0))
