@@ -443,13 +443,18 @@ void Backoff(absl::Duration* backoff, absl::Time end) {
   *backoff = std::min(*backoff * 2, kMaxBackoff);
 }
 
-// Zeroes the `n` requests of `block` bytes, `stride` apart, at `p`.
-void ClearRequests(uint8_t* p, size_t n, size_t stride, size_t block) {
-  if (stride == block) {
-    std::memset(p, 0, n * block);
-    return;
+// Fills each request's source with the pattern CheckRequests expects, or
+// zeroes it: only the requests' bytes, never the gaps --block_stride
+// leaves between them (most of the span when it is large).
+void FillRequests(const std::vector<TransferRequest>& reqs,
+                  const uint8_t* local, uint64_t seed) {
+  for (const TransferRequest& r : reqs) {
+    auto* p = static_cast<uint8_t*>(r.source);
+    FillPattern(p, r.length, static_cast<size_t>(p - local), seed);
   }
-  for (size_t i = 0; i < n; ++i) std::memset(p + i * stride, 0, block);
+}
+void ClearRequests(const std::vector<TransferRequest>& reqs) {
+  for (const TransferRequest& r : reqs) std::memset(r.source, 0, r.length);
 }
 
 // Where consecutive requests of a batch start (flags validated).
@@ -477,17 +482,6 @@ void InitiatorThread(TransferEngine& engine, SegmentHandle seg, uint8_t* local,
   while (absl::Now() < end && !g_stop.load()) {
     const size_t off = base + (iter % batches_in_region) * per_batch;
     const uint64_t seed = Mix64((static_cast<uint64_t>(tid) << 40) ^ iter);
-    // Only the requests' bytes: with --block_stride the gaps are most of
-    // the span, and touching them would be most of the work.
-    if (verify && write && stride == block) {
-      FillPattern(local + off, per_batch, off, seed);
-    } else if (verify && write) {
-      for (size_t i = 0; i < batch_size; ++i) {
-        FillPattern(local + off + i * stride, block, off + i * stride, seed);
-      }
-    }
-    // A READ that silently moved nothing must not pass on stale bytes.
-    if (verify && !write) ClearRequests(local + off, batch_size, stride, block);
     for (size_t i = 0; i < batch_size; ++i) {
       reqs[i].opcode = write ? OpCode::kWrite : OpCode::kRead;
       reqs[i].source = local + off + i * stride;
@@ -495,6 +489,9 @@ void InitiatorThread(TransferEngine& engine, SegmentHandle seg, uint8_t* local,
       reqs[i].target_offset = remote_base + off + i * stride;
       reqs[i].length = block;
     }
+    if (verify && write) FillRequests(reqs, local, seed);
+    // A READ that silently moved nothing must not pass on stale bytes.
+    if (verify && !write) ClearRequests(reqs);
     absl::Time start = absl::Now();
     const BatchStatus st = RunBatch(engine, reqs, totals);
     double us = absl::ToDoubleMicroseconds(absl::Now() - start);
@@ -520,7 +517,7 @@ void InitiatorThread(TransferEngine& engine, SegmentHandle seg, uint8_t* local,
     }
     // Read the range back into zeroed memory and compare.
     for (TransferRequest& r : reqs) r.opcode = OpCode::kRead;
-    ClearRequests(local + off, batch_size, stride, block);
+    ClearRequests(reqs);
     const BatchStatus back = RunBatch(engine, reqs, totals);
     if (back.failed > 0) continue;
     for (TransferRequest& r : reqs) r.opcode = OpCode::kWrite;

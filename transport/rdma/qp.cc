@@ -53,7 +53,9 @@ absl::StatusOr<ibv_qp*> CreateQp(Nic* nic, const QpPosting& posting,
   }
   if (qp == nullptr)
     return Errno(absl::StrCat("create QP on ", nic->name()), 0);
-  // What was granted (>= asked): unsignaled WRs must fit beside a window.
+  // The device may grant more inline bytes than asked: use only what was
+  // asked, so inline_bytes means what it says. The send queue it granted
+  // (>= asked) holds a run of unsignaled WRs beside the window.
   caps->max_inline = std::min(want, init.cap.max_inline_data);
   caps->window = std::min(kMaxOutstanding,
                           std::max(init.cap.max_send_wr, depth) - unsignaled);
