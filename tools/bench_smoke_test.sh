@@ -41,12 +41,9 @@ check() {  # name, the patterns each one line must match, --, the command
 
 # Under --config=asan softrnic is instrumented and Debian's perftest is
 # not: the ASan runtime must be loaded first (as perftest_test does).
-preload=()
-asan_rt="$(ldd "$RUNFILES/transport/softrnic/libibverbs.so.1" |
-  awk '/libasan/ {print $3}')"
-if [[ -n "$asan_rt" ]]; then
-  preload=(env "LD_PRELOAD=$asan_rt" "ASAN_OPTIONS=detect_leaks=0:abort_on_error=1")
-fi
+source "$RUNFILES/transport/softrnic/asan_env.sh"
+softrnic_asan_env "$RUNFILES/transport/softrnic"
+preload=(env "${asan_env[@]}")
 # 1 s samples, 1 round: a round line and a median line per operation.
 check "bench_perftest.sh: 1 s, 1 round" \
   "^round 1: ib_write_bw $NUM  transfer_bench write $NUM  ib_read_bw $NUM  transfer_bench read $NUM GB/s$" \

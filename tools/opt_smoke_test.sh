@@ -30,12 +30,9 @@ OPT_FLAGS="--operation=write --block_size=65536 --threads=1 --duration=1 --warmu
   "$RUNFILES/tools/opt_bench.sh" -r 1 "--batch_size=1" "--batch_size=16"
 # Under --config=asan softrnic is instrumented and Debian's perftest is
 # not: the ASan runtime must be loaded first (as perftest_test does).
-preload=()
-asan_rt="$(ldd "$RUNFILES/transport/softrnic/libibverbs.so.1" |
-  awk '/libasan/ {print $3}')"
-if [[ -n "$asan_rt" ]]; then
-  preload=(env "LD_PRELOAD=$asan_rt" "ASAN_OPTIONS=detect_leaks=0:abort_on_error=1")
-fi
+source "$RUNFILES/transport/softrnic/asan_env.sh"
+softrnic_asan_env "$RUNFILES/transport/softrnic"
+preload=(env "${asan_env[@]}")
 check "opt_perftest.sh: inline 0 against 64" \
   "${preload[@]}" "$RUNFILES/tools/opt_perftest.sh" -r 1 -m rate ib_write_bw \
   "-s 64 -D 1 -I 0" "-s 64 -D 1 -I 64"

@@ -11,14 +11,10 @@ if [[ ! -e "$LIBDIR/libibverbs.so.1" ]]; then
   exit 1
 fi
 export LD_LIBRARY_PATH="$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-# Under --config=asan softrnic itself is instrumented, but Debian's programs
-# are not: the ASan runtime must then be preloaded to come first. Leak
-# checking is for our code, not for ibverbs-utils, so it is off here.
-asan_rt="$(ldd "$LIBDIR/libibverbs.so.1" | awk '/libasan/ {print $3}')"
-if [[ -n "$asan_rt" ]]; then
-  export LD_PRELOAD="$asan_rt"
-  export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1"
-fi
+# Debian's programs under --config=asan: the ASan runtime first.
+source "$LIBDIR/asan_env.sh"
+softrnic_asan_env "$LIBDIR"
+((${#asan_env[@]} == 0)) || export "${asan_env[@]}"
 export FERRY_SOFTRNIC_DEVICES="${FERRY_SOFTRNIC_DEVICES:-softrnic0=127.0.0.1,softrnic1=127.0.0.2}"
 # A missing symbol then fails at load time with a clear message instead of
 # in the middle of a run.

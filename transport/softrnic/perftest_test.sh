@@ -11,13 +11,10 @@ set -u
 
 LIBDIR="${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-ferry}/transport/softrnic"
 export LD_LIBRARY_PATH="$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-# Under --config=asan softrnic is instrumented and perftest is not: the
-# ASan runtime must come first (see ibverbs_utils_test.sh).
-asan_rt="$(ldd "$LIBDIR/libibverbs.so.1" | awk '/libasan/ {print $3}')"
-if [[ -n "$asan_rt" ]]; then
-  export LD_PRELOAD="$asan_rt"
-  export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1"
-fi
+# perftest under --config=asan: the ASan runtime first.
+source "$LIBDIR/asan_env.sh"
+softrnic_asan_env "$LIBDIR"
+((${#asan_env[@]} == 0)) || export "${asan_env[@]}"
 export FERRY_SOFTRNIC_DEVICES="${FERRY_SOFTRNIC_DEVICES:-softrnic0=127.0.0.1,softrnic1=127.0.0.2}"
 OUT="${TEST_TMPDIR:-$(mktemp -d)}"
 export FERRY_SOFTRNIC_SUBNET="$OUT/softrnic-subnet"
