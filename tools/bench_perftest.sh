@@ -31,18 +31,27 @@ source tools/bench_lib.sh
 # perftest's average bandwidth in GB/s (10^9 bytes, as transfer_bench).
 # perftest prints MB/sec of 2^20 bytes (checked: 48,933 x 64 KiB in 3 s
 # printed as 1019.42).
+# On a failure: perftest's last lines on stderr and "nan", which the
+# medians and ratios carry through and bench_smoke_test rejects.
 perftest_run() {  # tool
-  local port
+  local port gbps
   port="$(free_port)"
   timeout 120 "$1" -d softrnic0 -x 0 -p "$port" -s "$size" -D "$secs" \
-    >/dev/null 2>&1 &
+    >"$tmp/perftest_server.txt" 2>&1 &
   pids+=($!)
-  sleep 0.5
+  wait_listening "$port" || true
   timeout 120 "$1" -d softrnic0 -x 0 -p "$port" -s "$size" -D "$secs" \
-    127.0.0.1 >"$tmp/perftest.txt" 2>&1
+    127.0.0.1 >"$tmp/perftest.txt" 2>&1 ||
+    kill "${pids[-1]}" 2>/dev/null || true  # else it waits for a peer for 120 s
   wait "${pids[-1]}" 2>/dev/null || true
-  awk -v s="$size" '$1 == s && NF >= 4 {printf "%.4f\n", $4 * 1048576 / 1e9}' \
-    "$tmp/perftest.txt" | tail -1
+  gbps="$(awk -v s="$size" '$1 == s && NF >= 4 {printf "%.4f\n", $4 * 1048576 / 1e9}' \
+    "$tmp/perftest.txt" | tail -1)"
+  if [[ -z "$gbps" ]]; then
+    echo "$1 gave no result; client, then server:" >&2
+    tail -n 5 "$tmp/perftest.txt" "$tmp/perftest_server.txt" >&2
+    gbps=nan
+  fi
+  echo "$gbps"
 }
 
 bench_run() {  # read|write
@@ -52,15 +61,19 @@ bench_run() {  # read|write
     --listen_host=127.0.0.1 --rpc_port="$port" --buffer_size=$((256 << 20)) \
     >"$tmp/target.log" 2>&1 &
   pids+=($!)
-  for _ in $(seq 100); do grep -q "target ready" "$tmp/target.log" && break; sleep 0.1; done
+  wait_target_ready "$tmp/target.log" || true
   "$bin/tools/transfer_bench" --mode=initiator --protocol=rdma \
     --listen_host=127.0.0.1 --metadata_server="127.0.0.1:$port" \
     --segment_id=target --operation="$1" --block_size="$size" --batch_size=8 --threads=1 \
     --buffer_size=$((256 << 20)) --duration="$secs" --warmup=1 --report=json \
-    >"$tmp/bench.json" 2>/dev/null
+    >"$tmp/bench.json" 2>"$tmp/bench.err" || true
   kill "${pids[-1]}" 2>/dev/null || true
   wait "${pids[-1]}" 2>/dev/null || true
-  json_field "$tmp/bench.json" throughput_gbps
+  if ! json_field "$tmp/bench.json" throughput_gbps 2>/dev/null; then
+    echo "transfer_bench $1 gave no result; initiator, then target:" >&2
+    tail -n 5 "$tmp/bench.err" "$tmp/target.log" >&2
+    echo nan
+  fi
 }
 
 pw=() pr=() fw=() fr=()
@@ -75,5 +88,10 @@ for op in write read; do
   if [[ $op == write ]]; then p=("${pw[@]}") f=("${fw[@]}"); else p=("${pr[@]}") f=("${fr[@]}"); fi
   mp="$(median "${p[@]}")"
   mf="$(median "${f[@]}")"
-  echo "median $op, 1 MiB: ib_${op}_bw $mp GB/s (range $(printf '%s\n' "${p[@]}" | sort -g | head -1)-$(printf '%s\n' "${p[@]}" | sort -g | tail -1)), transfer_bench $mf GB/s (range $(printf '%s\n' "${f[@]}" | sort -g | head -1)-$(printf '%s\n' "${f[@]}" | sort -g | tail -1)); ratio engine/perftest $(python3 -c "print('%.3f' % ($mf / $mp))")"
+  echo "median $op, 1 MiB: ib_${op}_bw $mp GB/s (range $(printf '%s\n' "${p[@]}" | sort -g | head -1)-$(printf '%s\n' "${p[@]}" | sort -g | tail -1)), transfer_bench $mf GB/s (range $(printf '%s\n' "${f[@]}" | sort -g | head -1)-$(printf '%s\n' "${f[@]}" | sort -g | tail -1)); ratio engine/perftest $(python3 -c "print('%.3f' % (float('$mf') / float('$mp')))" 2>/dev/null || echo nan)"
 done
+# A failed sample is reported above; the run must not look like a success.
+if printf '%s\n' "${pw[@]}" "${pr[@]}" "${fw[@]}" "${fr[@]}" | grep -qx nan; then
+  echo "some samples gave no result (see above)" >&2
+  exit 1
+fi

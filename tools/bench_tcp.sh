@@ -25,8 +25,7 @@ mport="$(free_port)"
 "$bench" --mode=target --segment_id=target --rpc_port="$mport" \
   --buffer_size=$((512 << 20)) >"$tmp/target.log" 2>&1 &
 pids+=($!)
-for _ in $(seq 100); do grep -q "target ready" "$tmp/target.log" && break; sleep 0.1; done
-grep -q "target ready" "$tmp/target.log" || { cat "$tmp/target.log"; exit 1; }
+wait_target_ready "$tmp/target.log" || { cat "$tmp/target.log"; exit 1; }
 
 # Two initiator threads keep one TCP connection busy while the other waits
 # for its batch, as iperf3's single stream is never idle.

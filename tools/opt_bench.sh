@@ -69,7 +69,7 @@ sample() {  # variant string
       --listen_host=127.0.0.1 --rpc_port="$port" --buffer_size="$buf" \
       --target_seconds=120 >"$tmp/target.log" 2>&1 &
     pids+=($!)
-    for _ in $(seq 200); do grep -q "target ready" "$tmp/target.log" && break; sleep 0.1; done
+    wait_target_ready "$tmp/target.log" || true
     # shellcheck disable=SC2086
     env "${envs[@]}" timeout 120 "$BENCH" --mode=initiator --protocol=rdma \
       --listen_host=127.0.0.1 --metadata_server="127.0.0.1:$port" \

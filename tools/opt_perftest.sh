@@ -43,22 +43,16 @@ export FERRY_SOFTRNIC_DEVICES="${FERRY_SOFTRNIC_DEVICES:-softrnic0=127.0.0.1}"
 # A scratch $tmp, and $pids killed on exit.
 source tools/bench_lib.sh
 
-listening() {  # port
-  local hex
-  hex=$(printf '%04X' "$1")
-  awk -v p=":$hex" 'NR > 1 && $4 == "0A" && substr($2, length($2) - 4) == p \
-    { found = 1 } END { exit !found }' /proc/net/tcp /proc/net/tcp6
-}
-
 sample() {  # flags (one string)
-  local port waited=0
+  local port
   port="$(free_port)"
   # shellcheck disable=SC2086
   timeout 120 "$tool" -d softrnic0 -x 0 -p "$port" $1 >"$tmp/server.txt" 2>&1 &
   pids+=($!)
-  while ! listening "$port" && ((waited < 100)); do sleep 0.05; waited=$((waited + 1)); done
+  wait_listening "$port" || true
   # shellcheck disable=SC2086
-  timeout 120 "$tool" -d softrnic0 -x 0 -p "$port" $1 127.0.0.1 >"$tmp/client.txt" 2>&1 || true
+  timeout 120 "$tool" -d softrnic0 -x 0 -p "$port" $1 127.0.0.1 >"$tmp/client.txt" 2>&1 ||
+    kill "${pids[-1]}" 2>/dev/null || true  # else it waits for a peer for 120 s
   wait "${pids[-1]}" 2>/dev/null || true
   local line
   line="$(awk '$1 ~ /^[0-9]+$/ && NF >= 5 {l = $0} END {print l}' "$tmp/client.txt")"
