@@ -90,6 +90,9 @@ demo() {
 # every test target to PASSED/FAILED. Bazel's own verdict per target wins:
 # a target it reports as failed (a crash or sanitizer report after the
 # cases passed, a timeout, a build failure) counts at least one failure.
+# Each failing target is also printed as "failing: <target> ..." after
+# bazel's output, which CI repeats at its end (bazel's FAIL lines scroll by
+# in a long run and a truncated log may lose them).
 PASSED=0
 FAILED=0
 run_tests() {
@@ -134,6 +137,7 @@ run_tests() {
       # No gtest report (shell test, crash, build failure): one verdict.
       if ((bad_target)) || [[ ! -f "$xml" ]] || grep -qE '<(failure|error)' "$xml"; then
         FAILED=$((FAILED + 1))
+        echo "failing: $t"
       else
         PASSED=$((PASSED + 1))
       fi
@@ -141,6 +145,7 @@ run_tests() {
     fi
     local bad=$((${failures:-0} + ${errors:-0}))
     if ((bad_target && bad == 0)); then bad=1; fi
+    ((bad == 0)) || echo "failing: $t ($bad of $tests cases)"
     PASSED=$((PASSED + tests - (bad > tests ? tests : bad)))
     FAILED=$((FAILED + bad))
   done
@@ -165,6 +170,7 @@ clang_check() {
     PASSED=1
   else
     FAILED=1
+    echo "failing: the clang build (-Werror=thread-safety)"
   fi
   echo "$PASSED passed, $FAILED failed"
   ((FAILED == 0))
@@ -200,6 +206,7 @@ fuzz() {
   drop_execroot_link
   targets="$("${BAZEL[@]}" query 'attr(tags, "fuzzer", //...)' 2>/dev/null)"
   "${BAZEL[@]}" build --config=fuzz $targets || {
+    echo "failing: the fuzz targets' build"
     echo "0 passed, 1 failed"
     return 1
   }
@@ -227,6 +234,7 @@ fuzz() {
       FAILED=$((FAILED + 1))
       rc=1
       tail -40 "$work/log.txt"
+      echo "failing: $t (log: $work/log.txt)"
     fi
   done
   echo "$PASSED passed, $FAILED failed"
