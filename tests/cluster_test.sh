@@ -121,7 +121,12 @@ s3="$tmp/s3"
 mkdir -p "$s3"
 timeout 120 "$CLUSTER" --bin "$RUNFILES" --hosts 2 --state "$s3" >"$s3/out" 2>&1 &
 cpid=$!
-for _ in $(seq 300); do [[ -s $s3/cluster.env ]] && break; sleep 0.05; done
+# Up to 60 s, while the cluster runs (tools/cluster's own bounds add up
+# to more than 15 s on a slow machine).
+for _ in $(seq 1200); do
+  [[ -s $s3/cluster.env ]] || ! kill -0 "$cpid" 2>/dev/null && break
+  sleep 0.05
+done
 CLUSTER_ENV="$s3/cluster.env" STATE="$s3" bash -c "$record"
 kill -INT "$cpid"
 wait "$cpid"
@@ -138,7 +143,10 @@ s4="$tmp/s4"
 mkdir -p "$s4"
 "$CLUSTER" --bin "$RUNFILES" --hosts 2 --state "$s4" >"$s4/out" 2>&1 &
 cpid=$!
-for _ in $(seq 300); do [[ -s $s4/cluster.env ]] && break; sleep 0.05; done
+for _ in $(seq 1200); do  # As for s3.
+  [[ -s $s4/cluster.env ]] || ! kill -0 "$cpid" 2>/dev/null && break
+  sleep 0.05
+done
 CLUSTER_ENV="$s4/cluster.env" STATE="$s4" bash -c "$record"
 kill -9 "$cpid"
 wait "$cpid" 2>/dev/null

@@ -30,10 +30,18 @@ pport=$(free_port)
   --heartbeat-interval=50 --election-timeout=500 \
   --logger=zap --log-level=error >"$tmp/etcd.log" 2>&1 &
 pids+=($!)
-for _ in $(seq 100); do
-  python3 -c "import socket; socket.create_connection(('127.0.0.1', $cport), 1)" 2>/dev/null && break
-  sleep 0.1
-done
+# Up to 30 s for etcd to serve (a leader elected): it accepts connections
+# before that, so its /health, not a connect, says it is ready.
+etcd_healthy() {
+  python3 -c "import json, sys, urllib.request as u; sys.exit(json.load(u.urlopen('http://127.0.0.1:$cport/health', timeout=2)).get('health') != 'true')" 2>/dev/null
+}
+deadline=$((SECONDS + 30))  # By the clock: a poll itself takes time.
+until etcd_healthy || ((SECONDS >= deadline)); do sleep 0.1; done
+if ! etcd_healthy; then
+  fail "etcd did not become healthy in 30 s" "$tmp/etcd.log"
+  finish
+  exit 1
+fi
 ETCD="etcd://127.0.0.1:$cport"
 
 start_target() {  # segment, log, protocol, metadata, then flags

@@ -93,7 +93,10 @@ start_target live live.log || fail "target did not start" "$tmp/live.log"
 start_target steady steady.log || fail "target did not start" "$tmp/steady.log"
 initiator steady 6 during.json &
 during_pid=$!
-sleep 1.5
+# Its first progress line: it has opened the segment and moves data (a
+# fixed sleep lost that race on a loaded machine).
+wait_for "$tmp/during.json" '^\[ *[0-9.]*s,' ||
+  fail "the initiator made no progress before the outage" "$tmp/during.json"
 kill -9 "$md_pid"
 wait "$md_pid" 2>/dev/null
 sleep 1.5  # Down for a lease and more: renewals fail meanwhile.
@@ -129,7 +132,11 @@ fi
 kill -9 "$md_pid"
 wait "$md_pid" 2>/dev/null
 start_md md3.log --data_dir="$tmp/mddata"
-start_target kept kept.log || fail "target did not start" "$tmp/kept.log"
+# A 10 s lease: the segment must outlive the restart's time down however
+# slowly the restarted server comes up (the recovered lease runs from its
+# recovery), so only a lost segment makes the target publish again.
+start_target kept kept.log --metadata_lease_seconds=10 ||
+  fail "target did not start" "$tmp/kept.log"
 kill -9 "$md_pid"
 wait "$md_pid" 2>/dev/null
 start_md md4.log --data_dir="$tmp/mddata"

@@ -476,6 +476,13 @@ TEST(RdmaLogTest, InitConnectsAndPortEventsAreLogged) {
     MutexLock lock(&mu);
     lines.push_back(absl::StrCat(c, ": ", m));
   });
+  // Whether a line has both; the caller holds mu.
+  auto has = [&](absl::string_view a, absl::string_view b) {
+    for (const std::string& l : lines) {
+      if (absl::StrContains(l, a) && absl::StrContains(l, b)) return true;
+    }
+    return false;
+  };
   {
     EngineOptions t;
     t.local_segment_name = "logged";
@@ -494,17 +501,19 @@ TEST(RdmaLogTest, InitConnectsAndPortEventsAreLogged) {
                          WriteOnce(initiator, "logged", local, remote));
     EXPECT_EQ(st.completed, 1u) << st.first_error;
     ASSERT_EQ(softrnic::SetLink("softrnic1", false), 0);
-    absl::SleepFor(absl::Milliseconds(300));  // The async event's thread.
+    // The async event's thread logs it: wait for the line (up to 10 s), as
+    // a fixed sleep can end first on a loaded machine.
+    for (int k = 0; k < 200; ++k) {
+      {
+        MutexLock lock(&mu);
+        if (has("rdma: port of softrnic1", "down")) break;
+      }
+      absl::SleepFor(absl::Milliseconds(50));
+    }
     ASSERT_EQ(softrnic::SetLink("softrnic1", true), 0);
   }
   log::SetSink(nullptr);
   MutexLock lock(&mu);
-  auto has = [&](absl::string_view a, absl::string_view b) {
-    for (const std::string& l : lines) {
-      if (absl::StrContains(l, a) && absl::StrContains(l, b)) return true;
-    }
-    return false;
-  };
   EXPECT_TRUE(has("engine: segment 'logged' up", "advertising 127.0.0.1"))
       << absl::StrJoin(lines, "\n");
   EXPECT_TRUE(has("rdma: connected to 'logged' on softrnic", "QPs"))

@@ -101,11 +101,15 @@ TEST(RdmaFaultTest, KilledInitiatorsLeaveTheTargetBounded) {
     const uint64_t held = Endpoints(target);
     most = std::max(most, held);
     // One endpoint per session; those killed before the window are gone.
+    // The window gets 2 s of slack for a reaper that a loaded machine ran
+    // late; a target that never reaped still fails it within a few
+    // sessions, and `most` below bounds the whole run.
+    const absl::Duration window = kWindow + absl::Seconds(2);
     const uint64_t recent =
         std::count_if(killed.begin(), killed.end(),
-                      [&](absl::Time t) { return t > now - kWindow; });
+                      [&](absl::Time t) { return t > now - window; });
     EXPECT_LE(held, recent)
-        << "sessions killed in the last " << absl::FormatDuration(kWindow);
+        << "sessions killed in the last " << absl::FormatDuration(window);
   }
   // Nothing is held once every session is gone. The per-session bound
   // above is the tight check; this one allows the last probe's failure

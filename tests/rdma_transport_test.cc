@@ -171,7 +171,9 @@ TEST(RdmaTransportTest, DisconnectNoticeIsAnsweredAtOnce) {
   poster.join();
   softrnic::SetDelayUs("softrnic0", 0);
   EXPECT_OK(reply);
-  EXPECT_LT(took, absl::Milliseconds(50)) << took;
+  // Waiting for the work would take most of its 8 frames of 100 ms; the
+  // bound leaves a loaded CI machine room (it once took over 50 ms there).
+  EXPECT_LT(took, absl::Milliseconds(300)) << took;
   // The work still ends, completed where it was or on a new endpoint.
   ASSERT_TRUE(sink.WaitFor(work.size(), absl::Seconds(20)));
   for (const absl::Status& s : sink.statuses()) EXPECT_OK(s);

@@ -4,7 +4,7 @@
 #   pids+=($!)              processes SIGKILLed and reaped at exit;
 #   pass MSG / fail MSG [LOG...]   count results (fail shows the logs' tails);
 #   free_port               a loopback TCP port nothing listens on now;
-#   wait_for FILE TEXT      up to 10 s for TEXT to appear in FILE;
+#   wait_for FILE TEXT      up to 30 s for TEXT to appear in FILE;
 #   finish                  prints "N passed, N failed" and sets the status.
 RUNFILES="${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
@@ -23,7 +23,8 @@ free_port() {
 }
 wait_for() {
   local _
-  for _ in $(seq 100); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
+  # Up to 30 s: under ASan on a loaded machine a start takes seconds.
+  for _ in $(seq 300); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
   return 1
 }
 finish() {

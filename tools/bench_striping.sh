@@ -36,14 +36,18 @@ run() {  # label, h1 devices, h2 devices, port
   in_h2 "$BENCH" --mode=target --protocol=rdma --listen_host="$B1" --rpc_port="$port" \
     --buffer_size=$((256 << 20)) --target_seconds=$((secs + 30)) >"$tmp/t$port.log" 2>&1 &
   pids+=($!)
-  for _ in $(seq 100); do grep -q "target ready" "$tmp/t$port.log" && break; sleep 0.1; done
+  for _ in $(seq 300); do grep -q "target ready" "$tmp/t$port.log" && break; sleep 0.1; done
   in_h1 timeout $((secs + 60)) "$BENCH" --mode=initiator --protocol=rdma \
     --metadata_server="$B1:$port" --listen_host="$A1" --operation=write \
     --block_size=$((1 << 20)) --batch_size=16 --threads=2 \
     --buffer_size=$((256 << 20)) --warmup=3 --duration="$secs" --report=json \
-    ${BENCH_FLAGS:-} 2>/dev/null | tail -1 >"$tmp/$label.json"
+    ${BENCH_FLAGS:-} 2>"$tmp/$label.err" | tail -1 >"$tmp/$label.json"
   kill -9 "${pids[-1]}" 2>/dev/null
-  python3 -c 'import json,sys; print("%.4f" % json.load(open(sys.argv[1]))["throughput_gbps"])' "$tmp/$label.json"
+  python3 -c 'import json,sys; print("%.4f" % json.load(open(sys.argv[1]))["throughput_gbps"])' \
+    "$tmp/$label.json" 2>/dev/null && return
+  echo "$label: no report; the initiator's and the target's last lines:" >&2
+  tail -n 5 "$tmp/$label.err" "$tmp/t$port.log" >&2
+  return 1
 }
 # A run that produced no report fails the script (no ratio of nothing).
 one="$(run one "softrnic0=$A1" "softrnic0=$B1" 50801)" ||

@@ -299,6 +299,7 @@ TEST(EtcdStoreTest, ThreeMembersSurviveLosingOne) {
   absl::SleepFor(absl::Milliseconds(500));
   ASSERT_OK_AND_ASSIGN(int leader, cluster->LeaderIndex());
   cluster->Kill(leader);
+  const int renewals_before_loss = renewals.load();
   // Registration and lookup through the survivors.
   ASSERT_OK(store->Put(PutOf(Seg("after", 3, 4), lease)));
   UpdateBuffersRequest add;
@@ -320,7 +321,11 @@ TEST(EtcdStoreTest, ThreeMembersSurviveLosingOne) {
   EXPECT_STATUS(store->Get("dead"), absl::StatusCode::kNotFound);
   EXPECT_EQ(alive_added.load(), 1) << "the update after the loss was pushed";
   EXPECT_EQ(dead_gone.load(), 1) << "the expired lease was pushed";
-  EXPECT_GE(renewals.load(), 10);
+  // Renewals went on through the survivors (about 15 over these 6 s when
+  // idle; a slow machine makes fewer, so the bound is loose).
+  EXPECT_GE(renewals.load() - renewals_before_loss, 3)
+      << renewals.load() << " renewals, " << renewals_before_loss
+      << " before the leader was lost";
   ASSERT_OK_AND_ASSIGN(auto names, store->List());
   EXPECT_EQ(names, (std::vector<std::string>{"alive"}))
       << "'after' was put with a lease nobody renewed";

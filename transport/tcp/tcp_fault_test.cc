@@ -266,7 +266,8 @@ TEST_F(TcpFaultTest, StoppedPeerEndsLargeWriteByDeadline) {
   for (const absl::Status& s : st) {
     EXPECT_STATUS(s, absl::StatusCode::kDeadlineExceeded);
   }
-  EXPECT_LT(late, absl::Milliseconds(500)) << "completed too late";
+  // Room for a loaded CI machine; far below "seconds".
+  EXPECT_LT(late, absl::Seconds(1)) << "completed too late";
   std::printf("latest completion: %s after the deadline\n",
               absl::FormatDuration(late).c_str());
   // Resumed, the target serves again (on a new connection, once the

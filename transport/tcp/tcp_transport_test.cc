@@ -476,7 +476,8 @@ TEST_F(TcpTransportTest, DripFeedingReadPeerHitsDeadline) {
   }
   ASSERT_EQ(st.size(), 1u) << "the slice outlived its deadline by seconds";
   EXPECT_STATUS(st[0], absl::StatusCode::kDeadlineExceeded);
-  EXPECT_LT(sink_.times()[0] - s.deadline, absl::Milliseconds(500));
+  // Room for a loaded CI machine; far below "seconds".
+  EXPECT_LT(sink_.times()[0] - s.deadline, absl::Seconds(1));
   initiator_->Shutdown();  // Closes the connection: the dripper ends.
   dripper.join();
 }
@@ -913,7 +914,8 @@ TEST_F(TcpTransportTest, DeadlineHoldsWhileConnecting) {
   auto st = sink_.Wait(1, absl::Seconds(5));
   ASSERT_EQ(st.size(), 1u);
   EXPECT_STATUS(st[0], absl::StatusCode::kDeadlineExceeded);
-  EXPECT_LT(sink_.times()[0] - s.deadline, absl::Milliseconds(400))
+  // Room for a loaded CI machine; below the 3 s connect timeout.
+  EXPECT_LT(sink_.times()[0] - s.deadline, absl::Seconds(1))
       << "completed " << (sink_.times()[0] - s.deadline)
       << " after the deadline";
 }
