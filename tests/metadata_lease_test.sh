@@ -30,7 +30,7 @@ start_md() {  # log name, then metadata_server flags
   "$MDS" --listen="$MD" "$@" >"$tmp/$log" 2>&1 &
   md_pid=$!
   pids+=($md_pid)
-  wait_for "$tmp/$log" "listening" || sleep 1
+  wait_for "$tmp/$log" "listening" "$md_pid" || sleep 1
 }
 start_target() {  # segment, log name, then flags
   local seg=$1 log=$2
@@ -41,7 +41,7 @@ start_target() {  # segment, log name, then flags
     --target_seconds=60 "$@" >"$tmp/$log" 2>&1 &
   target_pid=$!
   pids+=($target_pid)
-  wait_for "$tmp/$log" "target ready"
+  wait_for "$tmp/$log" "target ready" "$target_pid"
 }
 initiator() {  # segment, seconds, log name, then flags
   local seg=$1 secs=$2 log=$3
@@ -95,7 +95,7 @@ initiator steady 6 during.json &
 during_pid=$!
 # Its first progress line: it has opened the segment and moves data (a
 # fixed sleep lost that race on a loaded machine).
-wait_for "$tmp/during.json" '^\[ *[0-9.]*s,' ||
+wait_for "$tmp/during.json" '^\[ *[0-9.]*s,' "$during_pid" ||
   fail "the initiator made no progress before the outage" "$tmp/during.json"
 kill -9 "$md_pid"
 wait "$md_pid" 2>/dev/null

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/status_testing.h"
 #include "engine/transfer_engine.h"
@@ -91,6 +92,7 @@ TEST(RdmaFaultTest, KilledInitiatorsLeaveTheTargetBounded) {
   const int fds = OpenFds();
   const std::string fds_before = DescribeFds(getpid());
   std::vector<absl::Time> killed;
+  std::vector<std::string> late;  // Sessions that found the bound broken.
   uint64_t most = 0;
   for (int k = 0; k < 50; ++k) {
     SCOPED_TRACE(k);
@@ -101,15 +103,14 @@ TEST(RdmaFaultTest, KilledInitiatorsLeaveTheTargetBounded) {
     const uint64_t held = Endpoints(target);
     most = std::max(most, held);
     // One endpoint per session; those killed before the window are gone.
-    // The window gets 2 s of slack for a reaper that a loaded machine ran
-    // late; a target that never reaped still fails it within a few
-    // sessions, and `most` below bounds the whole run.
-    const absl::Duration window = kWindow + absl::Seconds(2);
     const uint64_t recent =
         std::count_if(killed.begin(), killed.end(),
-                      [&](absl::Time t) { return t > now - window; });
-    EXPECT_LE(held, recent)
-        << "sessions killed in the last " << absl::FormatDuration(window);
+                      [&](absl::Time t) { return t > now - kWindow; });
+    if (held > recent) {
+      late.push_back(absl::StrCat("session ", k, ": ", held,
+                                  " endpoints held, ", recent,
+                                  " sessions killed in the window"));
+    }
   }
   // Nothing is held once every session is gone. The per-session bound
   // above is the tight check; this one allows the last probe's failure
@@ -118,6 +119,11 @@ TEST(RdmaFaultTest, KilledInitiatorsLeaveTheTargetBounded) {
   EXPECT_TRUE(WaitUntil([&] { return Endpoints(target) == 0; }, 3 * kWindow))
       << Endpoints(target);
   EXPECT_LT(most, 50u);
+  // A loaded machine may run the reaper late now and then (once seen);
+  // a reaper slower than the window (e.g. the 2 s default keepalive
+  // instead of the 500 ms asked for) breaks the bound at nearly every
+  // session.
+  EXPECT_LE(late.size(), 3u) << absl::StrJoin(late, "\n");
   EXPECT_TRUE(WaitUntil([&] { return OpenFds() <= fds; }, absl::Seconds(5)))
       << OpenFds() << " fds: " << DescribeFds(getpid()) << "; before: " << fds
       << ": " << fds_before;

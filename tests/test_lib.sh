@@ -4,7 +4,8 @@
 #   pids+=($!)              processes SIGKILLed and reaped at exit;
 #   pass MSG / fail MSG [LOG...]   count results (fail shows the logs' tails);
 #   free_port               a loopback TCP port nothing listens on now;
-#   wait_for FILE TEXT      up to 30 s for TEXT to appear in FILE;
+#   wait_for FILE TEXT [PID]  up to 30 s for TEXT to appear in FILE (less
+#                           if process PID ends first);
 #   finish                  prints "N passed, N failed" and sets the status.
 RUNFILES="${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}"
@@ -22,10 +23,14 @@ free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
 wait_for() {
-  local _
   # Up to 30 s: under ASan on a loaded machine a start takes seconds.
-  for _ in $(seq 300); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
-  return 1
+  local _
+  for _ in $(seq 300); do
+    grep -q "$2" "$1" 2>/dev/null && return 0
+    [[ -n "${3:-}" ]] && ! kill -0 "$3" 2>/dev/null && break
+    sleep 0.1
+  done
+  grep -q "$2" "$1" 2>/dev/null  # It may have logged it, then ended.
 }
 finish() {
   echo "$passed passed, $failed failed"

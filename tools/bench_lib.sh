@@ -21,8 +21,10 @@ free_port() {
 listening() {  # port
   local hex
   hex=$(printf '%04X' "$1")
-  awk -v p=":$hex" 'NR > 1 && $4 == "0A" && substr($2, length($2) - 4) == p \
-    { found = 1 } END { exit !found }' /proc/net/tcp /proc/net/tcp6
+  local tables=(/proc/net/tcp)
+  [[ -r /proc/net/tcp6 ]] && tables+=(/proc/net/tcp6)  # Absent without IPv6.
+  awk -v p=":$hex" 'FNR > 1 && $4 == "0A" && substr($2, length($2) - 4) == p \
+    { found = 1 } END { exit !found }' "${tables[@]}"
 }
 
 # Waits up to 20 s for a server to listen on the port. A fixed sleep is not

@@ -455,7 +455,9 @@ TEST_F(TcpTransportTest, DripFeedingReadPeerHitsDeadline) {
       char b = 'x';
       if (!WriteFull(conn.get(), &b, 1).ok()) return;
       MutexLock lock(&mu);
-      const absl::Time next = absl::Now() + absl::Seconds(1);
+      // A byte every 3 s: a transport that checked the deadline only when
+      // a byte arrived would end the slice 1.5 s late, past the bound.
+      const absl::Time next = absl::Now() + absl::Seconds(3);
       while (!stop && !cv.WaitWithDeadline(&mu, next)) {
       }
       if (stop) return;
