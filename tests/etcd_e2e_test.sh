@@ -36,8 +36,12 @@ etcd_healthy() {
   python3 -c "import json, sys, urllib.request as u; sys.exit(json.load(u.urlopen('http://127.0.0.1:$cport/health', timeout=2)).get('health') != 'true')" 2>/dev/null
 }
 deadline=$((SECONDS + 30))  # By the clock: a poll itself takes time.
-until etcd_healthy || ((SECONDS >= deadline)); do sleep 0.1; done
-if ! etcd_healthy; then
+healthy=no
+until ((SECONDS >= deadline)); do
+  etcd_healthy && { healthy=yes; break; }
+  sleep 0.1
+done
+if [[ $healthy != yes ]]; then
   fail "etcd did not become healthy in 30 s" "$tmp/etcd.log"
   finish
   exit 1
