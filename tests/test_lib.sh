@@ -3,7 +3,7 @@
 #   RUNFILES, tmp           where the built tools are, and a scratch dir;
 #   pids+=($!)              processes SIGKILLed and reaped at exit;
 #   pass MSG / fail MSG [LOG...]   count results (fail shows the logs' tails);
-#   free_port               a loopback TCP port nothing listens on now;
+#   free_port               a TCP port nothing is bound to now;
 #   wait_for FILE TEXT [PID]  up to 30 s for TEXT to appear in FILE (less
 #                           if process PID ends first);
 #   finish                  prints "N passed, N failed" and sets the status.
@@ -19,9 +19,8 @@ trap _test_lib_cleanup EXIT
 passed=0 failed=0
 pass() { echo "PASS: $1"; passed=$((passed + 1)); }
 fail() { echo "FAIL: $1"; shift; tail -n 20 "$@"; failed=$((failed + 1)); }
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
+# free_port (and listening, wait_listening).
+source "$RUNFILES/tools/ports.sh"
 wait_for() {
   # Up to 30 s: under ASan on a loaded machine a start takes seconds.
   local _

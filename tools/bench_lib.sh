@@ -11,30 +11,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
-
-# Whether a TCP socket listens on the port (read from /proc: no client
-# connection, which a one-shot server such as perftest would take as its
-# peer).
-listening() {  # port
-  local hex
-  hex=$(printf '%04X' "$1")
-  local tables=(/proc/net/tcp)
-  [[ -r /proc/net/tcp6 ]] && tables+=(/proc/net/tcp6)  # Absent without IPv6.
-  awk -v p=":$hex" 'FNR > 1 && $4 == "0A" && substr($2, length($2) - 4) == p \
-    { found = 1 } END { exit !found }' "${tables[@]}"
-}
-
-# Waits up to 20 s for a server to listen on the port. A fixed sleep is not
-# enough: on a loaded CI machine (or under ASan) a perftest server opened
-# its device and listened only after the client had given up.
-wait_listening() {  # port
-  local waited=0
-  while ! listening "$1" && ((waited < 400)); do sleep 0.05; waited=$((waited + 1)); done
-  listening "$1"
-}
+# free_port, listening, wait_listening.
+source "$(dirname "${BASH_SOURCE[0]}")/ports.sh"
 
 # Waits up to 20 s for a transfer_bench target to log that it is ready.
 wait_target_ready() {  # log
@@ -53,7 +31,7 @@ iperf_run() {
   port="$(free_port)"
   iperf3 -s -1 -B 127.0.0.1 -p "$port" >/dev/null 2>&1 &
   pids+=($!)
-  wait_listening "$port" || true
+  wait_listening "$port" "${pids[-1]}" || true
   iperf3 -c 127.0.0.1 -p "$port" -P 1 -O 1 -t "$secs" "$@" -J >"$tmp/iperf.json"
   python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("%.4f" % (d["end"]["sum_received"]["bits_per_second"]/8e9))' "$tmp/iperf.json"
 }

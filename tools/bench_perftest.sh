@@ -39,7 +39,8 @@ perftest_run() {  # tool
   timeout 120 "$1" -d softrnic0 -x 0 -p "$port" -s "$size" -D "$secs" \
     >"$tmp/perftest_server.txt" 2>&1 &
   pids+=($!)
-  wait_listening "$port" || true
+  local listened=yes
+  wait_listening "$port" "${pids[-1]}" || listened=no
   timeout 120 "$1" -d softrnic0 -x 0 -p "$port" -s "$size" -D "$secs" \
     127.0.0.1 >"$tmp/perftest.txt" 2>&1 ||
     kill "${pids[-1]}" 2>/dev/null || true  # else it waits for a peer for 120 s
@@ -47,7 +48,7 @@ perftest_run() {  # tool
   gbps="$(awk -v s="$size" '$1 == s && NF >= 4 {printf "%.4f\n", $4 * 1048576 / 1e9}' \
     "$tmp/perftest.txt" | tail -1)"
   if [[ -z "$gbps" ]]; then
-    echo "$1 gave no result; client, then server:" >&2
+    echo "$1 gave no result (server listening on $port: $listened); client, then server:" >&2
     tail -n 5 "$tmp/perftest.txt" "$tmp/perftest_server.txt" >&2
     gbps=nan
   fi

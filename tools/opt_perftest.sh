@@ -49,7 +49,8 @@ sample() {  # flags (one string)
   # shellcheck disable=SC2086
   timeout 120 "$tool" -d softrnic0 -x 0 -p "$port" $1 >"$tmp/server.txt" 2>&1 &
   pids+=($!)
-  wait_listening "$port" || true
+  local listened=yes
+  wait_listening "$port" "${pids[-1]}" || listened=no
   # shellcheck disable=SC2086
   timeout 120 "$tool" -d softrnic0 -x 0 -p "$port" $1 127.0.0.1 >"$tmp/client.txt" 2>&1 ||
     kill "${pids[-1]}" 2>/dev/null || true  # else it waits for a peer for 120 s
@@ -57,8 +58,8 @@ sample() {  # flags (one string)
   local line
   line="$(awk '$1 ~ /^[0-9]+$/ && NF >= 5 {l = $0} END {print l}' "$tmp/client.txt")"
   if [[ -z "$line" ]]; then
-    echo "perftest failed ($tool $1):" >&2
-    tail -5 "$tmp/client.txt" >&2
+    echo "perftest failed ($tool $1; server listening on $port: $listened); client, then server:" >&2
+    tail -n 5 "$tmp/client.txt" "$tmp/server.txt" >&2
     echo nan
     return
   fi

@@ -21,7 +21,9 @@ check() {  # name, then the command
     echo "PASS: $name"
     passed=$((passed + 1))
   else
-    echo "FAIL: $name (exit $rc, $medians numeric medians of 2)"
+    echo "FAIL: $name (exit $rc, $medians numeric medians of 2); its output:"
+    # The whole output (bounded): the tail above may not show the cause.
+    head -c 20000 <<<"$out"
     failed=$((failed + 1))
   fi
 }

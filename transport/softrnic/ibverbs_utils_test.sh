@@ -78,27 +78,8 @@ else
   fail "ibv_devinfo -d softrnic1" "$OUT/devinfo1.txt"
 fi
 
-# True if a TCP socket listens on port $1 (read from /proc so as not to
-# connect: ibv_rc_pingpong's server accepts exactly one connection).
-listening() {
-  local hex
-  hex=$(printf '%04X' "$1")
-  awk -v p=":$hex" 'NR > 1 && $4 == "0A" && substr($2, length($2) - 4) == p \
-    { found = 1 } END { exit !found }' /proc/net/tcp /proc/net/tcp6
-}
-
-# A free port for pingpong's own handshake socket, away from its default.
-pick_port() {
-  local p
-  for _ in $(seq 1 50); do
-    p=$((20000 + RANDOM % 20000))
-    if ! listening "$p"; then
-      echo "$p"
-      return
-    fi
-  done
-  echo 23456
-}
+# free_port, wait_listening.
+source "${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-ferry}/tools/ports.sh"
 
 # Runs one ibv_rc_pingpong server/client pair: pingpong NAME SERVER_DEV
 # CLIENT_DEV EXTRA_ARGS...
@@ -106,16 +87,11 @@ pingpong() {
   local name=$1 sdev=$2 cdev=$3
   shift 3
   local port
-  port=$(pick_port)
+  port=$(free_port)
   timeout 60 ibv_rc_pingpong -d "$sdev" -g 0 -p "$port" "$@" \
     >"$OUT/$name.server.txt" 2>&1 &
   local spid=$!
-  local waited=0
-  while ! listening "$port" && kill -0 "$spid" 2>/dev/null &&
-    [[ $waited -lt 300 ]]; do
-    sleep 0.1
-    waited=$((waited + 1))
-  done
+  wait_listening "$port" "$spid"
   timeout 60 ibv_rc_pingpong -d "$cdev" -g 0 -p "$port" "$@" 127.0.0.1 \
     >"$OUT/$name.client.txt" 2>&1
   local crc=$?

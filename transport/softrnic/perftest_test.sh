@@ -28,12 +28,8 @@ for prog in ib_write_bw ib_read_bw ib_send_bw ib_write_lat ib_read_lat; do
   fi
 done
 
-listening() {  # port: a TCP listener on it (from /proc, without connecting)
-  local hex
-  hex=$(printf '%04X' "$1")
-  awk -v p=":$hex" 'NR > 1 && $4 == "0A" && substr($2, length($2) - 4) == p \
-    { found = 1 } END { exit !found }' /proc/net/tcp /proc/net/tcp6
-}
+# free_port, wait_listening.
+source "${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-ferry}/tools/ports.sh"
 
 # run NAME PROG ARGS...: server on softrnic1, client on softrnic0, with
 # GID addressing (-x 0, RoCE) unless ADDRESSING says otherwise.
@@ -41,15 +37,12 @@ ADDRESSING=(-x 0)
 run() {
   local name=$1 prog=$2
   shift 2
-  local port=$((20000 + RANDOM % 20000)) waited=0
+  local port
+  port=$(free_port)
   timeout 60 "$prog" -d softrnic1 "${ADDRESSING[@]}" -p "$port" "$@" \
     >"$OUT/$name.server" 2>&1 &
   local spid=$!
-  while ! listening "$port" && kill -0 "$spid" 2>/dev/null &&
-    ((waited < 300)); do
-    sleep 0.1
-    waited=$((waited + 1))
-  done
+  wait_listening "$port" "$spid"
   timeout 60 "$prog" -d softrnic0 "${ADDRESSING[@]}" -p "$port" "$@" 127.0.0.2 \
     >"$OUT/$name.client" 2>&1
   local crc=$?
