@@ -75,9 +75,10 @@ on() {  # host, command...: run on that host, with its softrnic NIC
     FERRY_SOFTRNIC_DEVICES="softrnic0=${IP[$h]}" "$@"
 }
 
-wait_for() {  # file, pattern: bounded
+# Up to 30 s: a start under ASan on a loaded CI machine takes seconds.
+wait_for() {  # file, pattern
   local _
-  for _ in $(seq 100); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
+  for _ in $(seq 300); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
   return 1
 }
 
@@ -115,6 +116,10 @@ start_target() {
 }
 stop_target() {
   kill "$target_pid" 2>/dev/null
+  # Bounded: a target stuck in shutdown is killed after 10 s.
+  local i
+  for i in $(seq 100); do kill -0 "$target_pid" 2>/dev/null || break; sleep 0.1; done
+  kill -9 "$target_pid" 2>/dev/null
   wait "$target_pid" 2>/dev/null
   # Its ports must be free for the next target (bounded).
   local _
