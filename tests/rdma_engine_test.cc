@@ -24,6 +24,40 @@ namespace {
 
 constexpr size_t kBuffer = 96 << 20;
 
+// Captures the log ("component: message" lines) through the host's sink
+// while it lives. Thread-safe: the transport's threads log concurrently.
+class LogCapture {
+ public:
+  LogCapture() {
+    log::SetSink([this](log::Level, absl::string_view c, absl::string_view m) {
+      MutexLock lock(&mu_);
+      lines_.push_back(absl::StrCat(c, ": ", m));
+    });
+  }
+  ~LogCapture() { log::SetSink(nullptr); }
+
+  // Lines holding both `a` and `b`.
+  int Count(absl::string_view a, absl::string_view b = "") const {
+    MutexLock lock(&mu_);
+    int n = 0;
+    for (const std::string& l : lines_) {
+      n += absl::StrContains(l, a) && absl::StrContains(l, b);
+    }
+    return n;
+  }
+  bool Has(absl::string_view a, absl::string_view b = "") const {
+    return Count(a, b) > 0;
+  }
+  std::string All() const {
+    MutexLock lock(&mu_);
+    return absl::StrJoin(lines_, "\n");
+  }
+
+ private:
+  mutable Mutex mu_;
+  std::vector<std::string> lines_ ABSL_GUARDED_BY(mu_);
+};
+
 class RdmaEngineTest : public ::testing::Test {
  protected:
   // Tests may change these before SetUp runs.
@@ -423,6 +457,41 @@ TEST(RdmaGidTest, PicksRoceV2ByTypeAndReachesAV2Peer) {
   EXPECT_EQ(remote, local);
 }
 
+// A pinned GID index is checked at Init: one past the table fails naming
+// the index and the table's size (where it would otherwise show only as
+// connections that never come up); a RoCE v1 entry is used, and the log
+// says what it reaches.
+TEST(RdmaGidTest, PinnedIndexIsCheckedAndExplained) {
+  const char* profile = std::getenv("FERRY_SOFTRNIC_PROFILE");
+  if (profile == nullptr || std::string(profile) == "softrnic" ||
+      std::string(profile) == "mlx5-ib") {
+    GTEST_SKIP() << "needs a RoCE NIC's GID table (roce-1500, cx5-roce)";
+  }
+  EngineOptions o;
+  o.local_segment_name = "pinned";
+  o.listen_host = "127.0.0.1";
+  o.transports = {"rdma"};
+  o.rdma.gid_index = 99;
+  {
+    TransferEngine e;
+    absl::Status s = e.Init(o);
+    EXPECT_STATUS(s, absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("no GID index 99 (port 1 has 4 entries"),
+              std::string::npos)
+        << s;
+  }
+  LogCapture log;
+  o.rdma.gid_index = 2;  // IPv4-mapped RoCE v1.
+  {
+    TransferEngine e;
+    EXPECT_OK(e.Init(o));
+  }
+  EXPECT_TRUE(
+      log.Has("GID index 2 (index 2 as configured, a RoCE v1 entry: "
+              "it reaches only peers that also use RoCE v1"))
+      << log.All();
+}
+
 // rdma.fork_safe calls ibv_fork_init before any registration; out of
 // range addressing options are refused at Init, naming them.
 TEST(RdmaOptionsTest, ForkSafeAndAddressingOptions) {
@@ -470,19 +539,7 @@ TEST(RdmaOptionsTest, ForkSafeAndAddressingOptions) {
 // one: the configuration at Init, connects with their rail, and a port
 // going down with what happens to its slices.
 TEST(RdmaLogTest, InitConnectsAndPortEventsAreLogged) {
-  Mutex mu;
-  std::vector<std::string> lines;
-  log::SetSink([&](log::Level, absl::string_view c, absl::string_view m) {
-    MutexLock lock(&mu);
-    lines.push_back(absl::StrCat(c, ": ", m));
-  });
-  // Whether a line has both; the caller holds mu.
-  auto has = [&](absl::string_view a, absl::string_view b) {
-    for (const std::string& l : lines) {
-      if (absl::StrContains(l, a) && absl::StrContains(l, b)) return true;
-    }
-    return false;
-  };
+  LogCapture log;
   {
     EngineOptions t;
     t.local_segment_name = "logged";
@@ -504,22 +561,41 @@ TEST(RdmaLogTest, InitConnectsAndPortEventsAreLogged) {
     // The async event's thread logs it: wait for the line (up to 10 s), as
     // a fixed sleep can end first on a loaded machine.
     for (int k = 0; k < 200; ++k) {
-      {
-        MutexLock lock(&mu);
-        if (has("rdma: port of softrnic1", "down")) break;
-      }
+      if (log.Has("rdma: port of softrnic1", "down")) break;
       absl::SleepFor(absl::Milliseconds(50));
     }
     ASSERT_EQ(softrnic::SetLink("softrnic1", true), 0);
   }
-  log::SetSink(nullptr);
-  MutexLock lock(&mu);
-  EXPECT_TRUE(has("engine: segment 'logged' up", "advertising 127.0.0.1"))
-      << absl::StrJoin(lines, "\n");
-  EXPECT_TRUE(has("rdma: connected to 'logged' on softrnic", "QPs"))
-      << absl::StrJoin(lines, "\n");
-  EXPECT_TRUE(has("rdma: port of softrnic1", "down"))
-      << absl::StrJoin(lines, "\n");
+  EXPECT_TRUE(log.Has("engine: segment 'logged' up", "advertising 127.0.0.1"))
+      << log.All();
+  EXPECT_TRUE(log.Has("rdma: connected to 'logged' on softrnic", "QPs"))
+      << log.All();
+  // Each NIC's port, MTU and GID at Init, and the MTU a connection runs at.
+  EXPECT_TRUE(log.Has("rdma: softrnic0: ", ", active MTU ")) << log.All();
+  EXPECT_TRUE(log.Has("rdma: softrnic0: ", ", GID index ")) << log.All();
+  EXPECT_TRUE(log.Has("rdma: connected to 'logged'", ", path MTU "))
+      << log.All();
+  EXPECT_TRUE(log.Has("rdma: port of softrnic1", "down")) << log.All();
+}
+
+// A NIC whose port is down at Init is left out for the run, and says so
+// once, so that an operator knows why a rail carries nothing.
+TEST(RdmaLogTest, NicDownAtInitIsLogged) {
+  LogCapture log;
+  ASSERT_EQ(softrnic::SetLink("softrnic1", false), 0);
+  {
+    EngineOptions o;
+    o.local_segment_name = "half";
+    o.listen_host = "127.0.0.1";
+    o.transports = {"rdma"};
+    TransferEngine e;
+    EXPECT_OK(e.Init(o));
+  }
+  ASSERT_EQ(softrnic::SetLink("softrnic1", true), 0);
+  EXPECT_EQ(log.Count("rdma: not using a NIC: softrnic1 port 1 is not ACTIVE",
+                      "until the engine restarts"),
+            1)
+      << log.All();
 }
 
 }  // namespace

@@ -69,8 +69,6 @@ const char* LevelName(Level l) {
   return l == Level::kOk ? "OK" : l == Level::kWarn ? "WARN" : "FAIL";
 }
 
-int MtuBytes(ibv_mtu m) { return 128 << static_cast<int>(m); }
-
 // Which libibverbs this process loaded: softrnic exports softrnic_version.
 // The rdma-core release behind a libibverbs path: the library's real name
 // is libibverbs.so.1.<ABI minor>.<release> (rdma-core 44.0 ships
@@ -248,8 +246,8 @@ void CheckDevice(ibv_device* dev, std::vector<Check>* out,
   const bool small_mtu = port.active_mtu < IBV_MTU_4096;
   out->push_back(
       {absl::StrCat(name, " MTU"), small_mtu ? Level::kWarn : Level::kOk,
-       absl::StrCat("active ", MtuBytes(port.active_mtu), ", max ",
-                    MtuBytes(port.max_mtu),
+       absl::StrCat("active ", rdma::MtuBytes(port.active_mtu), ", max ",
+                    rdma::MtuBytes(port.max_mtu),
                     "; QPs use the smaller of both sides' active MTU"),
        small_mtu && roce
            ? "for full speed set jumbo frames end to end (ip link set dev "
@@ -281,12 +279,26 @@ void CheckDevice(ibv_device* dev, std::vector<Check>* out,
   int index = 0;
   std::string why;
   absl::Status pick = rdma::PickGid(ctx, requested, &gid, &index, &why);
-  if (!pick.ok() && roce) {
+  ibv_gid_entry pinned{};
+  if (!pick.ok() && requested >= 0) {
+    // Ferry's Init fails the same way on any link layer.
+    out->push_back({absl::StrCat(name, " GID"), Level::kFail,
+                    std::string(pick.message()),
+                    "unset MC_GID_INDEX (or rdma.gid_index) to let Ferry "
+                    "pick, or pin an entry of the GID table above"});
+  } else if (!pick.ok() && roce) {
     out->push_back({absl::StrCat(name, " GID"), Level::kFail,
                     std::string(pick.message()),
                     "configure a RoCE v2 address on the netdev (an IPv4 "
                     "address gives an IPv4-mapped v2 GID), or pin one with "
                     "MC_GID_INDEX / rdma.gid_index"});
+  } else if (roce && requested >= 0 &&
+             ibv_query_gid_ex(ctx, 1, requested, &pinned, 0) == 0 &&
+             pinned.gid_type == IBV_GID_TYPE_ROCE_V1) {
+    out->push_back({absl::StrCat(name, " GID"), Level::kWarn,
+                    absl::StrCat("index ", index, " (", why, ")"),
+                    "unset MC_GID_INDEX (or rdma.gid_index) so that Ferry "
+                    "picks RoCE v2, unless every host runs RoCE v1"});
   } else if (!roce) {
     out->push_back(
         {absl::StrCat(name, " GID"), Level::kOk,

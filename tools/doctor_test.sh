@@ -12,7 +12,8 @@
 #   6. rdma-core's own libibverbs (no softrnic): its release is named, and
 #      a host with no RDMA device fails with the fix;
 #   7. "mlx5-ib" (InfiniBand): ACTIVE with a LID, no GID needed; and the
-#      same port with no subnet manager (no LID: INIT) fails with the fix.
+#      same port with no subnet manager (no LID: INIT) fails with the fix;
+#   8. a GID index pinned past the table fails; pinned to RoCE v1, warns.
 set -u
 RUNFILES="${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}"
 DOCTOR="$RUNFILES/tools/doctor"
@@ -70,6 +71,21 @@ rc=$?
 expect 1 "$OUT/v1.json" 'c["softrnic0 GID"]["level"] == "FAIL" and "only RoCE v1" in c["softrnic0 GID"]["detail"]
      and "RoCE v2" in c["softrnic0 GID"]["fix"]' \
   "a port with RoCE v1 GIDs only fails, with the fix"
+
+# A pinned GID index (MC_GID_INDEX, as Mooncake reads it): one past the
+# table fails as Ferry's Init would; a RoCE v1 entry is a warning.
+MC_GID_INDEX=7 FERRY_SOFTRNIC_PROFILE=roce-1500 FERRY_SOFTRNIC_DEVICES=softrnic0=127.0.0.1 \
+  "$DOCTOR" --json >"$OUT/pin7.json" 2>&1
+rc=$?
+expect 1 "$OUT/pin7.json" 'c["softrnic0 GID"]["level"] == "FAIL" and "no GID index 7 (port 1 has 4 entries" in c["softrnic0 GID"]["detail"]
+     and "unset MC_GID_INDEX" in c["softrnic0 GID"]["fix"]' \
+  "MC_GID_INDEX past the GID table fails, with the fix"
+MC_GID_INDEX=2 FERRY_SOFTRNIC_PROFILE=roce-1500 FERRY_SOFTRNIC_DEVICES=softrnic0=127.0.0.1 \
+  "$DOCTOR" --json >"$OUT/pin2.json" 2>&1
+rc=$?
+expect 0 "$OUT/pin2.json" 'c["softrnic0 GID"]["level"] == "WARN" and "a RoCE v1 entry" in c["softrnic0 GID"]["detail"]
+     and "RoCE v2" in c["softrnic0 GID"]["fix"]' \
+  "MC_GID_INDEX on a RoCE v1 entry is a warning, with the fix"
 
 if compgen -G "/sys/class/infiniband/*" >/dev/null; then
   echo "SKIP: rdma-core's libibverbs on a host with RDMA devices (the case needs none)"

@@ -121,24 +121,45 @@ absl::Status PickGid(ibv_context* ctx, int requested, ibv_gid* gid, int* index,
                      std::string* why) {
   std::string ignored;
   if (why == nullptr) why = &ignored;
-  if (requested >= 0) {
-    if (ibv_query_gid(ctx, 1, requested, gid) != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("no GID index ", requested));
-    }
-    *index = requested;
-    *why = absl::StrCat("index ", requested, " as configured");
-    return absl::OkStatus();
-  }
   ibv_port_attr port{};
   if (ibv_query_port(ctx, 1, &port) != 0) {
     return absl::UnavailableError("ibv_query_port failed");
+  }
+  const bool roce = port.link_layer == IBV_LINK_LAYER_ETHERNET;
+  if (requested >= 0) {
+    // A pin (MC_GID_INDEX, rdma.gid_index) is checked here: a wrong one
+    // would otherwise show only as connections that never come up.
+    if (requested >= port.gid_tbl_len ||
+        ibv_query_gid(ctx, 1, requested, gid) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "no GID index ", requested, " (port 1 has ", port.gid_tbl_len,
+          " entries; unset MC_GID_INDEX / "
+          "rdma.gid_index to let Ferry pick)"));
+    }
+    static constexpr uint8_t kZero[16] = {};
+    if (std::memcmp(gid->raw, kZero, sizeof(kZero)) == 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("GID index ", requested,
+                       " is empty (its netdev has no address for it); unset "
+                       "MC_GID_INDEX / rdma.gid_index to let Ferry pick"));
+    }
+    *index = requested;
+    *why = absl::StrCat("index ", requested, " as configured");
+    ibv_gid_entry e{};
+    if (roce && ibv_query_gid_ex(ctx, 1, requested, &e, 0) == 0 &&
+        e.gid_type == IBV_GID_TYPE_ROCE_V1) {
+      // Allowed (an all-v1 fabric works) but rarely meant: a v1 QP
+      // cannot talk to a v2 one, and v1 is not routed over IP.
+      absl::StrAppend(why,
+                      ", a RoCE v1 entry: it reaches only peers that also "
+                      "use RoCE v1, on the same L2 network");
+    }
+    return absl::OkStatus();
   }
   // RoCE: a RoCE v2 entry (routable over IP; v1 is not, and a v1 QP cannot
   // talk to a v2 one), the best-ranked by GidScore, link-local last. A
   // device that cannot say an entry's type (no ibv_query_gid_ex) is taken
   // at its word for every entry.
-  const bool roce = port.link_layer == IBV_LINK_LAYER_ETHERNET;
   int best = -1, best_score = 0;
   int skipped_v1 = 0;
   for (int i = 0; i < port.gid_tbl_len; ++i) {
@@ -220,6 +241,8 @@ Nic::~Nic() {
   if (pd_ != nullptr) ibv_dealloc_pd(pd_);
   if (ctx_ != nullptr) ibv_close_device(ctx_);
 }
+
+int MtuBytes(ibv_mtu mtu) { return 128 << static_cast<int>(mtu); }
 
 std::string GidAddress(const ibv_gid& gid) {
   const int score = GidScore(gid);

@@ -134,8 +134,10 @@ class Nic {
 
 // The GID of port 1 to use: entry `requested` (>= 0), or on RoCE the
 // best-ranked (GidScore) RoCE v2 entry, never a RoCE v1 one; elsewhere the
-// best-ranked. NotFound if there is none worth using. `why` (optional)
-// says which kind of entry was chosen.
+// best-ranked. NotFound if there is none worth using; a requested entry
+// past the table is InvalidArgument, an empty one FailedPrecondition (a
+// requested RoCE v1 entry is used, and `why` says what it reaches).
+// `why` (optional) says which kind of entry was chosen.
 absl::Status PickGid(ibv_context* ctx, int requested, ibv_gid* gid, int* index,
                      std::string* why = nullptr);
 
@@ -163,6 +165,9 @@ inline constexpr char kRaiseMemlock[] =
 // RdmaOptions::gid_index, or else the environment's MC_GID_INDEX (as
 // Mooncake TE reads it), or -1 (pick by type).
 int EffectiveGidIndex(const RdmaOptions& options);
+
+// The bytes an MTU enum stands for (IBV_MTU_4096: 4096).
+int MtuBytes(ibv_mtu mtu);
 
 // The IP address a GID carries (RoCE: the netdev's address), or "" for a
 // GID that carries none (InfiniBand, link-local, empty).

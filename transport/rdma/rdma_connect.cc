@@ -145,9 +145,18 @@ bool RdmaTransport::InstallLocked(const EndpointPtr& ep,
     }
   }
   ep->SetStateLocked(Endpoint::State::kConnected);
+  // The path MTU as the NIC runs it: the smaller of both ports' active
+  // MTUs, which a switch's smaller MTU does not lower.
+  ibv_qp_attr qa{};
+  ibv_qp_init_attr qi{};
+  const std::string mtu =
+      !ep->qps.empty() &&
+              ibv_query_qp(ep->qps[0].qp, &qa, IBV_QP_PATH_MTU, &qi) == 0
+          ? absl::StrCat(", path MTU ", MtuBytes(qa.path_mtu))
+          : "";
   FERRY_LOG(kInfo, "rdma", "connected to '", ep->peer()->name(), "' on ",
             nics_[ep->local_nic()]->name(), " -> ", ep->remote_nic(), " (",
-            ep->qps.size(), " QPs, epoch ", epoch, ")");
+            ep->qps.size(), " QPs, epoch ", epoch, mtu, ")");
   return true;
 }
 

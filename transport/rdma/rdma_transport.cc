@@ -11,6 +11,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/log.h"
 
 namespace ferry::rdma {
@@ -107,17 +108,30 @@ absl::Status RdmaTransport::Install(const TransportEnv& env,
   }
   auto devices = ListDevices(options_.rdma.devices);
   if (!devices.ok()) return devices.status();
-  std::string skipped;
+  std::vector<std::string> skipped;
+  // A pinned GID index past the table is a configuration error, not an
+  // outage: said as such when it leaves no NIC.
+  absl::StatusCode code = absl::StatusCode::kUnavailable;
   for (ibv_device* dev : *devices) {
     auto nic = Nic::Open(dev, EffectiveGidIndex(options_.rdma));
     if (!nic.ok()) {
-      absl::StrAppend(&skipped, " ", nic.status().message(), ";");
+      skipped.emplace_back(nic.status().message());
+      if (nic.status().code() == absl::StatusCode::kInvalidArgument) {
+        code = absl::StatusCode::kInvalidArgument;
+      }
       continue;  // Only ACTIVE ports are used.
     }
     nics_.push_back(std::move(*nic));
   }
   if (nics_.empty()) {
-    return absl::UnavailableError(absl::StrCat("no usable RDMA NIC:", skipped));
+    return absl::Status(code, absl::StrCat("no usable RDMA NIC: ",
+                                           absl::StrJoin(skipped, "; ")));
+  }
+  for (const std::string& why : skipped) {
+    // Said once here: such a NIC stays out of use for this run, even if
+    // its port comes up later.
+    FERRY_LOG(kWarn, "rdma", "not using a NIC: ", why,
+              "; it is not used until the engine restarts");
   }
   std::vector<std::string> names;
   for (const auto& nic : nics_) names.push_back(nic->name());
@@ -134,6 +148,13 @@ absl::Status RdmaTransport::Install(const TransportEnv& env,
     const ibv_gid gid = nics_[i]->gid();
     d->set_gid(std::string(reinterpret_cast<const char*>(gid.raw), 16));
     d->set_lid(nics_[i]->lid());
+    const bool roce = nics_[i]->link_layer() == IBV_LINK_LAYER_ETHERNET;
+    const std::string address = GidAddress(gid);
+    FERRY_LOG(kInfo, "rdma", nics_[i]->name(), ": ",
+              roce ? "RoCE" : absl::StrCat("InfiniBand, LID ", nics_[i]->lid()),
+              ", active MTU ", MtuBytes(nics_[i]->active_mtu()), ", GID index ",
+              nics_[i]->gid_index(), " (", nics_[i]->gid_reason(), ")",
+              address.empty() ? "" : absl::StrCat(", address ", address));
     // Not fatal: the probe page only serves the doctor.
     if (absl::Status s = nics_[i]->RegisterProbePage(); s.ok()) {
       d->set_probe_addr(nics_[i]->probe_addr());
