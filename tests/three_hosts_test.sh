@@ -117,9 +117,12 @@ start_target() {
 stop_target() {
   kill "$target_pid" 2>/dev/null
   # Bounded: a target stuck in shutdown is killed after 10 s.
-  local i
-  for i in $(seq 100); do kill -0 "$target_pid" 2>/dev/null || break; sleep 0.1; done
-  kill -9 "$target_pid" 2>/dev/null
+  local i gone=0
+  for i in $(seq 100); do
+    kill -0 "$target_pid" 2>/dev/null || { gone=1; break; }
+    sleep 0.1
+  done
+  ((gone)) || kill -9 "$target_pid" 2>/dev/null
   wait "$target_pid" 2>/dev/null
   # Its ports must be free for the next target (bounded).
   local _

@@ -102,8 +102,9 @@ void PushGroupFront(Slice* group, SliceQueue* q);
 // seq in [head, next).
 struct QueuePair {
   ibv_qp* qp = nullptr;
-  uint32_t max_inline = 0;     // WRITE WRs up to this long go inline.
-  uint32_t signal_every = 16;  // QpPosting::signal_every.
+  uint32_t max_inline = 0;          // WRITE WRs up to this long go inline.
+  uint32_t signal_every = 16;       // QpPosting::signal_every.
+  ibv_mtu path_mtu = IBV_MTU_1024;  // Set by ConnectQp.
   // WRs posted at most (<= kMaxOutstanding): what the device's send queue
   // depth allows (QpCaps).
   uint32_t window = kMaxOutstanding;

@@ -86,7 +86,7 @@ void DescribeQp(ibv_qp* qp, Nic* nic, QpInfo* info) {
 }
 
 absl::Status ConnectQp(ibv_qp* qp, Nic* nic, const QpInfo& remote,
-                       const QpTimers& timers) {
+                       const QpTimers& timers, ibv_mtu* path_mtu) {
   if (remote.gid().size() != 16 || remote.qpn() > 0xffffff ||
       remote.qpn() < 2 || remote.lid() > 0xffff) {
     return absl::InvalidArgumentError("bad remote QP information");
@@ -109,6 +109,7 @@ absl::Status ConnectQp(ibv_qp* qp, Nic* nic, const QpInfo& remote,
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_RTR;
   a.path_mtu = mtu;
+  if (path_mtu != nullptr) *path_mtu = mtu;
   a.dest_qp_num = remote.qpn();
   a.rq_psn = remote.psn() & 0xffffff;
   a.max_dest_rd_atomic = ResponderDepth(*nic);

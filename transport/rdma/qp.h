@@ -66,10 +66,11 @@ struct QpCaps {
 absl::StatusOr<ibv_qp*> CreateQp(Nic* nic, const QpPosting& posting,
                                  QpCaps* caps);
 // INIT -> RTR -> RTS towards `remote`, with the path MTU the smaller of
-// both ports' active MTUs and the READ depth both devices allow;
-// InvalidArgument if `remote` is malformed (it comes from the wire).
+// both ports' active MTUs (stored in `*path_mtu` if not null) and the
+// READ depth both devices allow; InvalidArgument if `remote` is malformed
+// (it comes from the wire).
 absl::Status ConnectQp(ibv_qp* qp, Nic* nic, const QpInfo& remote,
-                       const QpTimers& timers);
+                       const QpTimers& timers, ibv_mtu* path_mtu = nullptr);
 // The READs this side accepts in flight as responder: the device's
 // max_qp_rd_atom (at least 1, at most 255).
 uint8_t ResponderDepth(const Nic& nic);

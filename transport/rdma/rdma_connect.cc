@@ -145,18 +145,15 @@ bool RdmaTransport::InstallLocked(const EndpointPtr& ep,
     }
   }
   ep->SetStateLocked(Endpoint::State::kConnected);
-  // The path MTU as the NIC runs it: the smaller of both ports' active
+  // The path MTU the QPs were given: the smaller of both ports' active
   // MTUs, which a switch's smaller MTU does not lower.
-  ibv_qp_attr qa{};
-  ibv_qp_init_attr qi{};
-  const std::string mtu =
-      !ep->qps.empty() &&
-              ibv_query_qp(ep->qps[0].qp, &qa, IBV_QP_PATH_MTU, &qi) == 0
-          ? absl::StrCat(", path MTU ", MtuBytes(qa.path_mtu))
-          : "";
   FERRY_LOG(kInfo, "rdma", "connected to '", ep->peer()->name(), "' on ",
             nics_[ep->local_nic()]->name(), " -> ", ep->remote_nic(), " (",
-            ep->qps.size(), " QPs, epoch ", epoch, mtu, ")");
+            ep->qps.size(), " QPs, epoch ", epoch,
+            ep->qps.empty()
+                ? std::string()
+                : absl::StrCat(", path MTU ", MtuBytes(ep->qps[0].path_mtu)),
+            ")");
   return true;
 }
 
@@ -434,7 +431,7 @@ void RdmaTransport::RunConnect(const EndpointPtr& ep, uint64_t attempt,
   absl::Status cs;
   for (size_t k = 0; cs.ok() && k < qps.size(); ++k) {
     cs = ConnectQp(qps[k].qp, nic, reply.target_qps(static_cast<int>(k)),
-                   timers_);
+                   timers_, &qps[k].path_mtu);
   }
   Later done;
   {
@@ -532,7 +529,8 @@ absl::StatusOr<ConnectReply> RdmaTransport::AcceptSelf(
   std::vector<QueuePair> qps;
   absl::Status s = CreateQps(nic, req.initiator_qps_size(), &qps);
   for (int k = 0; s.ok() && k < req.initiator_qps_size(); ++k) {
-    s = ConnectQp(qps[k].qp, nic, req.initiator_qps(k), timers_);
+    s = ConnectQp(qps[k].qp, nic, req.initiator_qps(k), timers_,
+                  &qps[k].path_mtu);
   }
   ConnectReply reply;
   reply.set_target_incarnation(incarnation_);
@@ -657,7 +655,8 @@ absl::StatusOr<ConnectReply> RdmaTransport::OnConnect(
   std::vector<QueuePair> qps;
   absl::Status s = CreateQps(nic, n, &qps);
   for (int k = 0; s.ok() && k < n; ++k) {
-    s = ConnectQp(qps[k].qp, nic, req.initiator_qps(k), timers_);
+    s = ConnectQp(qps[k].qp, nic, req.initiator_qps(k), timers_,
+                  &qps[k].path_mtu);
   }
   if (s.ok()) {
     for (QueuePair& q : qps) DescribeQp(q.qp, nic, reply.add_target_qps());

@@ -109,15 +109,18 @@ absl::Status RdmaTransport::Install(const TransportEnv& env,
   auto devices = ListDevices(options_.rdma.devices);
   if (!devices.ok()) return devices.status();
   std::vector<std::string> skipped;
-  // A pinned GID index past the table is a configuration error, not an
-  // outage: said as such when it leaves no NIC.
+  // A bad GID pin (past the table, or an empty entry) is a configuration
+  // error, not an outage: said as such when it leaves no NIC.
   absl::StatusCode code = absl::StatusCode::kUnavailable;
   for (ibv_device* dev : *devices) {
     auto nic = Nic::Open(dev, EffectiveGidIndex(options_.rdma));
     if (!nic.ok()) {
       skipped.emplace_back(nic.status().message());
-      if (nic.status().code() == absl::StatusCode::kInvalidArgument) {
-        code = absl::StatusCode::kInvalidArgument;
+      const absl::StatusCode c = nic.status().code();
+      if (code == absl::StatusCode::kUnavailable &&
+          (c == absl::StatusCode::kInvalidArgument ||
+           c == absl::StatusCode::kFailedPrecondition)) {
+        code = c;
       }
       continue;  // Only ACTIVE ports are used.
     }

@@ -91,7 +91,7 @@ pingpong() {
   timeout 60 ibv_rc_pingpong -d "$sdev" -g 0 -p "$port" "$@" \
     >"$OUT/$name.server.txt" 2>&1 &
   local spid=$!
-  wait_listening "$port" "$spid"
+  wait_listening "$port" "$spid" 30
   timeout 60 ibv_rc_pingpong -d "$cdev" -g 0 -p "$port" "$@" 127.0.0.1 \
     >"$OUT/$name.client.txt" 2>&1
   local crc=$?

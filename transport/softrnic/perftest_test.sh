@@ -42,7 +42,7 @@ run() {
   timeout 60 "$prog" -d softrnic1 "${ADDRESSING[@]}" -p "$port" "$@" \
     >"$OUT/$name.server" 2>&1 &
   local spid=$!
-  wait_listening "$port" "$spid"
+  wait_listening "$port" "$spid" 30
   timeout 60 "$prog" -d softrnic0 "${ADDRESSING[@]}" -p "$port" "$@" 127.0.0.2 \
     >"$OUT/$name.client" 2>&1
   local crc=$?
