@@ -208,30 +208,36 @@ uint32_t RnrTimerMicros(uint8_t code) {
   return kTable[code & 31];
 }
 
-void EnterError(const std::shared_ptr<Qp>& qp, int async_event) {
+bool EnterErrorLocked(Qp* qp, int async_event) {
+  if (qp->destroyed) return false;
   bool changed = false;
+  if (qp->attr.qp_state != IBV_QPS_ERR) {
+    qp->attr.qp_state = IBV_QPS_ERR;
+    qp->qp.state = IBV_QPS_ERR;
+    changed = true;
+  }
+  // Completions are pushed under qp->mu so none can follow
+  // ibv_destroy_qp (after which the application may destroy the CQs).
+  std::vector<std::pair<Cq*, ibv_wc>> flushed;
+  Flush(qp, &flushed);
+  for (auto& [cq, wc] : flushed) PushCompletion(cq, wc);
+  // The event too: after ibv_destroy_qp the application may close the
+  // context, whose event pipe this writes (TSan saw the write race with
+  // ibv_close_device's close).
+  if (changed && async_event >= 0) {
+    ibv_async_event e{};
+    e.event_type = static_cast<ibv_event_type>(async_event);
+    e.element.qp = &qp->qp;
+    PostAsyncEvent(reinterpret_cast<Context*>(qp->qp.context), e);
+  }
+  return changed;
+}
+
+void EnterError(const std::shared_ptr<Qp>& qp, int async_event) {
+  bool changed;
   {
     ferry::MutexLock lock(&qp->mu);
-    if (qp->destroyed) return;
-    if (qp->attr.qp_state != IBV_QPS_ERR) {
-      qp->attr.qp_state = IBV_QPS_ERR;
-      qp->qp.state = IBV_QPS_ERR;
-      changed = true;
-    }
-    // Completions are pushed under qp->mu so none can follow
-    // ibv_destroy_qp (after which the application may destroy the CQs).
-    std::vector<std::pair<Cq*, ibv_wc>> flushed;
-    Flush(qp.get(), &flushed);
-    for (auto& [cq, wc] : flushed) PushCompletion(cq, wc);
-    // The event too: after ibv_destroy_qp the application may close the
-    // context, whose event pipe this writes (TSan saw the write race with
-    // ibv_close_device's close).
-    if (changed && async_event >= 0) {
-      ibv_async_event e{};
-      e.event_type = static_cast<ibv_event_type>(async_event);
-      e.element.qp = &qp->qp;
-      PostAsyncEvent(reinterpret_cast<Context*>(qp->qp.context), e);
-    }
+    changed = EnterErrorLocked(qp.get(), async_event);
   }
   if (changed) DisconnectQp(qp, /*also_accepted=*/false);
 }

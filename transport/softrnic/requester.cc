@@ -68,13 +68,14 @@ void RestartFrontTimer(Qp* qp) ABSL_EXCLUSIVE_LOCKS_REQUIRED(qp->mu) {
   w.deadline = std::max(w.deadline, AckDeadline(*qp, w, Clock::now()));
 }
 
-// Fails the front WQE with `status`, releases qp->mu and moves the QP to
-// ERR.
+// Fails the front WQE with `status`, moves the QP to ERR and releases
+// qp->mu.
 void FailFront(const std::shared_ptr<Qp>& qp, ibv_wc_status status)
     ABSL_UNLOCK_FUNCTION(qp->mu) {
   if (!qp->sq.empty()) CompleteFront(qp.get(), status);
+  const bool changed = EnterErrorLocked(qp.get(), -1);
   qp->mu.Unlock();
-  EnterError(qp, -1);
+  if (changed) DisconnectQp(qp, /*also_accepted=*/false);
 }
 
 // WQEs before `msn` are implicitly acknowledged (the responder executes

@@ -198,8 +198,9 @@ Response ProcessRequest(const std::shared_ptr<Qp>& qp, const Frame& f,
       qp->rq.pop_front();
       if (f.length > wqe.length) {
         PushRecv(qp.get(), wqe, IBV_WC_LOC_LEN_ERR, 0, f, false, IBV_WC_RECV);
+        const bool changed = EnterErrorLocked(qp.get(), -1);
         qp->mu.Unlock();
-        EnterError(qp, -1);
+        if (changed) DisconnectQp(qp, /*also_accepted=*/false);
         r.send = true;
         r.frame = Nak(f, NakCode::kInvalidRequest, f.msn);
         return drop(r);
@@ -216,8 +217,9 @@ Response ProcessRequest(const std::shared_ptr<Qp>& qp, const Frame& f,
           PushRecv(qp.get(), wqe, IBV_WC_LOC_PROT_ERR, 0, f, false,
                    IBV_WC_RECV);
         }
+        const bool changed = EnterErrorLocked(qp.get(), -1);
         qp->mu.Unlock();
-        EnterError(qp, -1);
+        if (changed) DisconnectQp(qp, /*also_accepted=*/false);
         r.send = true;
         r.frame = Nak(f, NakCode::kRemoteOp, f.msn);
         return r;
