@@ -208,7 +208,12 @@ uint32_t RnrTimerMicros(uint8_t code) {
   return kTable[code & 31];
 }
 
-bool EnterErrorLocked(Qp* qp, int async_event) {
+namespace {
+
+// Moves `qp` to ERR and flushes it under qp->mu. Returns whether it was not
+// in ERR before: then DisconnectQp is due once qp->mu is released.
+bool EnterErrorLocked(Qp* qp, int async_event)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(qp->mu) {
   if (qp->destroyed) return false;
   bool changed = false;
   if (qp->attr.qp_state != IBV_QPS_ERR) {
@@ -233,12 +238,18 @@ bool EnterErrorLocked(Qp* qp, int async_event) {
   return changed;
 }
 
+}  // namespace
+
 void EnterError(const std::shared_ptr<Qp>& qp, int async_event) {
-  bool changed;
-  {
-    ferry::MutexLock lock(&qp->mu);
-    changed = EnterErrorLocked(qp.get(), async_event);
-  }
+  qp->mu.Lock();
+  const bool changed = EnterErrorLocked(qp.get(), async_event);
+  qp->mu.Unlock();
+  if (changed) DisconnectQp(qp, /*also_accepted=*/false);
+}
+
+void EnterErrorAndUnlock(const std::shared_ptr<Qp>& qp) {
+  const bool changed = EnterErrorLocked(qp.get(), -1);
+  qp->mu.Unlock();
   if (changed) DisconnectQp(qp, /*also_accepted=*/false);
 }
 

@@ -73,9 +73,7 @@ void RestartFrontTimer(Qp* qp) ABSL_EXCLUSIVE_LOCKS_REQUIRED(qp->mu) {
 void FailFront(const std::shared_ptr<Qp>& qp, ibv_wc_status status)
     ABSL_UNLOCK_FUNCTION(qp->mu) {
   if (!qp->sq.empty()) CompleteFront(qp.get(), status);
-  const bool changed = EnterErrorLocked(qp.get(), -1);
-  qp->mu.Unlock();
-  if (changed) DisconnectQp(qp, /*also_accepted=*/false);
+  EnterErrorAndUnlock(qp);
 }
 
 // WQEs before `msn` are implicitly acknowledged (the responder executes

@@ -198,9 +198,7 @@ Response ProcessRequest(const std::shared_ptr<Qp>& qp, const Frame& f,
       qp->rq.pop_front();
       if (f.length > wqe.length) {
         PushRecv(qp.get(), wqe, IBV_WC_LOC_LEN_ERR, 0, f, false, IBV_WC_RECV);
-        const bool changed = EnterErrorLocked(qp.get(), -1);
-        qp->mu.Unlock();
-        if (changed) DisconnectQp(qp, /*also_accepted=*/false);
+        EnterErrorAndUnlock(qp);
         r.send = true;
         r.frame = Nak(f, NakCode::kInvalidRequest, f.msn);
         return drop(r);
@@ -217,9 +215,7 @@ Response ProcessRequest(const std::shared_ptr<Qp>& qp, const Frame& f,
           PushRecv(qp.get(), wqe, IBV_WC_LOC_PROT_ERR, 0, f, false,
                    IBV_WC_RECV);
         }
-        const bool changed = EnterErrorLocked(qp.get(), -1);
-        qp->mu.Unlock();
-        if (changed) DisconnectQp(qp, /*also_accepted=*/false);
+        EnterErrorAndUnlock(qp);
         r.send = true;
         r.frame = Nak(f, NakCode::kRemoteOp, f.msn);
         return r;

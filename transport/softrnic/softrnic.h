@@ -480,13 +480,12 @@ std::vector<std::shared_ptr<Qp>> QpsOf(const Device* dev);
 // IBV_WC_WR_FLUSH_ERR, and optionally raises an async event. Locks qp->mu.
 void EnterError(const std::shared_ptr<Qp>& qp, int async_event /* -1: none */)
     ABSL_LOCKS_EXCLUDED(qp->mu);
-// The same under qp->mu, for a caller that has just pushed the error
-// completion that causes it: in one hold of the lock, so that whoever
-// polls that completion and then queries the QP finds it in ERR, as on a
-// NIC. Returns whether the QP was not in ERR before; then the caller calls
-// DisconnectQp(qp, false) once it has released qp->mu.
-bool EnterErrorLocked(Qp* qp, int async_event)
-    ABSL_EXCLUSIVE_LOCKS_REQUIRED(qp->mu);
+// The same for a caller holding qp->mu that has just pushed the error
+// completion causing it, and releases qp->mu: in one hold of the lock, so
+// that whoever polls that completion and then queries the QP finds it in
+// ERR, as on a NIC.
+void EnterErrorAndUnlock(const std::shared_ptr<Qp>& qp)
+    ABSL_UNLOCK_FUNCTION(qp->mu);
 
 // Data path (requester.cc / responder.cc).
 int PostSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr);
