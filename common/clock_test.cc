@@ -1,0 +1,154 @@
+#include "common/clock.h"
+
+#include <atomic>
+#include <thread>
+
+#include "absl/time/clock.h"
+#include "common/mutex.h"
+#include "common/simulated_clock.h"
+#include "gtest/gtest.h"
+
+namespace ferry {
+namespace {
+
+TEST(RealClockTest, NowFollowsTheSystemClock) {
+  const absl::Time before = absl::Now();
+  const absl::Time now = RealClock()->Now();
+  EXPECT_GE(now, before);
+  EXPECT_LE(now, absl::Now());
+  EXPECT_EQ(RealClock(), ClockOrReal(nullptr));
+}
+
+TEST(RealClockTest, SleepAndTimedWaitLastTheirDuration) {
+  Clock* clock = RealClock();
+  const absl::Time start = absl::Now();
+  clock->SleepFor(absl::Milliseconds(20));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(20));
+
+  Mutex mu;
+  CondVar cv;
+  MutexLock lock(&mu);
+  const absl::Time deadline = clock->Now() + absl::Milliseconds(20);
+  while (!clock->WaitWithDeadline(&cv, &mu, deadline)) {
+  }
+  EXPECT_GE(absl::Now(), deadline);
+}
+
+TEST(SimulatedClockTest, TimeMovesOnlyWhenAdvanced) {
+  SimulatedClock clock;
+  const absl::Time t0 = clock.Now();
+  absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_EQ(clock.Now(), t0);
+  clock.Advance(absl::Hours(2));
+  EXPECT_EQ(clock.Now(), t0 + absl::Hours(2));
+  clock.Advance(-absl::Seconds(1));  // Never backwards.
+  clock.AdvanceTo(t0);
+  EXPECT_EQ(clock.Now(), t0 + absl::Hours(2));
+  EXPECT_EQ(clock.NowNanos(), absl::ToUnixNanos(t0 + absl::Hours(2)));
+}
+
+TEST(SimulatedClockTest, SleeperWakesExactlyAtItsDeadline) {
+  SimulatedClock clock;
+  std::atomic<bool> woke{false};
+  std::thread sleeper([&] {
+    clock.SleepFor(absl::Seconds(10));
+    woke = true;
+  });
+  ASSERT_TRUE(clock.BlockUntilWaiters(1));
+  EXPECT_EQ(clock.NextDeadline(), clock.Now() + absl::Seconds(10));
+  clock.Advance(absl::Seconds(9));
+  absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_FALSE(woke.load()) << "woke a second early";
+  clock.Advance(absl::Seconds(1));
+  sleeper.join();
+  EXPECT_TRUE(woke.load());
+  EXPECT_EQ(clock.waiters(), 0);
+  EXPECT_FALSE(clock.NextDeadline().has_value());
+}
+
+TEST(SimulatedClockTest, TimedWaitEndsOnSignalOrOnDeadline) {
+  SimulatedClock clock;
+  Mutex mu;
+  CondVar cv;
+  bool flag = false;  // Guarded by mu.
+  std::atomic<int> outcome{-1};  // 1: timed out, 0: signalled.
+
+  // Signalled before its deadline: returns false, no time has passed.
+  std::thread waiter([&] {
+    MutexLock lock(&mu);
+    const absl::Time deadline = clock.Now() + absl::Minutes(1);
+    bool timed_out = false;
+    while (!flag && !timed_out) {
+      timed_out = clock.WaitWithDeadline(&cv, &mu, deadline);
+    }
+    outcome = timed_out ? 1 : 0;
+  });
+  ASSERT_TRUE(clock.BlockUntilWaiters(1));
+  {
+    MutexLock lock(&mu);
+    flag = true;
+  }
+  cv.SignalAll();
+  waiter.join();
+  EXPECT_EQ(outcome.load(), 0);
+
+  // Not signalled: times out when the clock reaches the deadline, however
+  // long that takes in real time.
+  flag = false;
+  outcome = -1;
+  std::thread waiter2([&] {
+    MutexLock lock(&mu);
+    const absl::Time deadline = clock.Now() + absl::Minutes(1);
+    bool timed_out = false;
+    while (!flag && !timed_out) {
+      timed_out = clock.WaitWithDeadline(&cv, &mu, deadline);
+    }
+    outcome = timed_out ? 1 : 0;
+  });
+  ASSERT_TRUE(clock.BlockUntilWaiters(1));
+  absl::SleepFor(absl::Milliseconds(30));  // Many real rechecks.
+  EXPECT_EQ(outcome.load(), -1);
+  EXPECT_EQ(clock.waiters(), 1) << "a waiter must stay registered";
+  clock.Advance(absl::Minutes(1));
+  waiter2.join();
+  EXPECT_EQ(outcome.load(), 1);
+}
+
+TEST(SimulatedClockTest, PastDeadlineReturnsAtOnce) {
+  SimulatedClock clock;
+  Mutex mu;
+  CondVar cv;
+  MutexLock lock(&mu);
+  EXPECT_TRUE(clock.WaitWithDeadline(&cv, &mu, clock.Now()));
+  clock.SleepUntil(clock.Now() - absl::Seconds(1));
+  EXPECT_EQ(clock.waiters(), 0);
+}
+
+TEST(SimulatedClockTest, BlockUntilWaitersTimesOutInRealTime) {
+  SimulatedClock clock;
+  EXPECT_FALSE(clock.BlockUntilWaiters(1, absl::Milliseconds(10)));
+}
+
+TEST(SimulatedClockTest, AdvanceUntilStopsAtTheNextDeadline) {
+  SimulatedClock clock;
+  const absl::Time t0 = clock.Now();
+  std::atomic<bool> woke{false};
+  std::thread sleeper([&] {
+    clock.SleepFor(absl::Milliseconds(100));
+    woke = true;
+  });
+  ASSERT_TRUE(clock.BlockUntilWaiters(1));
+  // Steps of a second, but the sleeper's deadline comes first.
+  EXPECT_TRUE(clock.AdvanceUntil([&] { return woke.load(); },
+                                 absl::Seconds(10), absl::Seconds(1)));
+  sleeper.join();
+  EXPECT_EQ(clock.Now() - t0, absl::Milliseconds(100));
+
+  // Never done: stops after the limit.
+  EXPECT_FALSE(clock.AdvanceUntil([] { return false; }, absl::Seconds(3),
+                                  absl::Seconds(1)));
+  EXPECT_EQ(clock.Now() - t0, absl::Milliseconds(3100));
+}
+
+}  // namespace
+}  // namespace ferry

@@ -1,0 +1,104 @@
+// SimulatedClock: a Clock for tests whose time moves only when the test
+// advances it. A thread that sleeps or waits on it until a deadline wakes
+// when Advance/AdvanceTo reaches that deadline (or, for a wait, when its
+// condition variable is signalled), never because real time passed.
+//
+//   SimulatedClock clock;
+//   options.clock = &clock;
+//   ... start the component ...
+//   ASSERT_TRUE(clock.BlockUntilWaiters(1));  // its reaper is waiting
+//   clock.Advance(lease + absl::Milliseconds(1));
+//   ... the lease has expired, in no real time ...
+//
+// Thread-safe.
+#ifndef FERRY_COMMON_SIMULATED_CLOCK_H_
+#define FERRY_COMMON_SIMULATED_CLOCK_H_
+
+#include <algorithm>
+#include <optional>
+#include <set>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "common/mutex.h"
+
+namespace ferry {
+
+class SimulatedClock final : public Clock {
+ public:
+  // Time starts at `start` (default: a fixed date, 2026-01-01 UTC, so that
+  // runs are reproducible and durations from the epoch look realistic).
+  explicit SimulatedClock(absl::Time start = absl::FromUnixSeconds(1767225600));
+  SimulatedClock(const SimulatedClock&) = delete;
+  SimulatedClock& operator=(const SimulatedClock&) = delete;
+  // No thread may be waiting on the clock when it is destroyed.
+  ~SimulatedClock() override;
+
+  absl::Time Now() override;
+  void SleepUntil(absl::Time deadline) override;
+  bool WaitWithDeadline(CondVar* cv, Mutex* mu, absl::Time deadline) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  // Moves time forward by `d` (a negative `d` is treated as zero: time
+  // never goes back) and wakes every thread whose deadline is now due.
+  void Advance(absl::Duration d);
+  // Moves time to `t` if it is later than now, as Advance.
+  void AdvanceTo(absl::Time t);
+
+  // Threads sleeping or waiting with a deadline on this clock now.
+  int waiters();
+  // The earliest deadline a thread waits for, if any.
+  std::optional<absl::Time> NextDeadline();
+  // Blocks until at least `n` threads wait on this clock, or until
+  // `real_timeout` of real time passed (false then): how a test knows a
+  // background thread has reached its timed wait before it advances time.
+  bool BlockUntilWaiters(int n, absl::Duration real_timeout = absl::Seconds(30));
+  // Advances in steps of at most `step`, stopping at each deadline a
+  // thread waits for, until `done()` is true or `limit` of simulated time
+  // has passed; after each step it lets the woken threads run (a real
+  // pause of `settle`). Returns whether `done()` held. For tests of loops
+  // that re-arm their own timers (backoff, keepalives, reapers).
+  template <typename Done>
+  bool AdvanceUntil(Done done, absl::Duration limit, absl::Duration step,
+                    absl::Duration settle = absl::Milliseconds(1));
+
+ private:
+  struct Waiter {
+    absl::Time deadline;
+    CondVar* cv;  // null for a sleeper (woken through sleep_cv_).
+  };
+  struct ByDeadline {
+    bool operator()(const Waiter* a, const Waiter* b) const {
+      return a->deadline < b->deadline || (a->deadline == b->deadline && a < b);
+    }
+  };
+  void WakeDueLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A real-time pause; the one place tests' time waits on the system.
+  static void RealPause(absl::Duration d);
+
+  Mutex mu_;
+  CondVar sleep_cv_;    // Sleepers and BlockUntilWaiters wait here.
+  absl::Time now_ ABSL_GUARDED_BY(mu_);
+  std::set<Waiter*, ByDeadline> waiters_ ABSL_GUARDED_BY(mu_);
+};
+
+template <typename Done>
+bool SimulatedClock::AdvanceUntil(Done done, absl::Duration limit,
+                                  absl::Duration step, absl::Duration settle) {
+  const absl::Time end = Now() + limit;
+  while (!done()) {
+    const absl::Time now = Now();
+    if (now >= end) return false;
+    absl::Time target = std::min(now + step, end);
+    const std::optional<absl::Time> next = NextDeadline();
+    if (next.has_value() && *next > now && *next < target) target = *next;
+    AdvanceTo(target);
+    RealPause(settle);
+  }
+  return true;
+}
+
+}  // namespace ferry
+
+#endif  // FERRY_COMMON_SIMULATED_CLOCK_H_
