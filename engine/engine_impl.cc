@@ -303,6 +303,7 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
   peer_channel_ = std::make_unique<metadata::GrpcPeerChannel>(
       &peer_service_, peer_client_.get(), segment_name);
   env.peer_channel = peer_channel_.get();
+  env.clock = ClockOrReal(options.clock);
   for (const std::string& name : options.transports) {
     auto transport = CreateTransport(name, topts);
     absl::Status s = transport.status();

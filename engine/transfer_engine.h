@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/clock.h"
 #include "common/opcode.h"
 #include "transport/options.h"
 #include "transport/stats.h"
@@ -158,6 +159,11 @@ struct EngineOptions {
   // are queued too, marked; true: they are refused, PermissionDenied to
   // the sender, naming what did not match.
   bool refuse_unverified_notifications = false;
+  // Where the engine and its transports read the time and wait on it
+  // (common/clock.h): leases, deadlines, backoff, keepalives, reaping.
+  // Null (the default): the system clock. Tests of time-driven behaviour
+  // pass a SimulatedClock. Not owned; must outlive the engine.
+  Clock* clock = nullptr;
 };
 
 // One buffer of RegisterLocalMemoryBatch.

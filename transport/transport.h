@@ -26,6 +26,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/clock.h"
 #include "common/opcode.h"
 #include "metadata/proto/metadata.pb.h"
 #include "transport/memory_registry.h"
@@ -102,6 +103,10 @@ struct TransportEnv {
   // Handshakes and other control messages to the same transport of a
   // peer engine (outlives the transport).
   PeerChannel* peer_channel = nullptr;
+  // The engine's clock (common/clock.h; never null, outlives the
+  // transport): every timeout, backoff and keepalive of the transport
+  // reads and waits on it.
+  Clock* clock = RealClock();
 };
 
 class Transport {
