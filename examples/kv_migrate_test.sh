@@ -10,14 +10,9 @@ MDS="$RUNFILES/tools/metadata_server"
 pkg="$tmp/pkg"
 mkdir -p "$pkg/ferry"
 cp "$RUNFILES"/python/ferry/*.py "$RUNFILES/python/_ferry.so" "$pkg/ferry/"
-preload=""
-for rt in asan ubsan; do
-  # Not `ldd | grep -q`: grep quitting early can kill ldd (SIGPIPE) and,
-  # with pipefail, skip the preload at random.
-  if [[ "$(ldd "$pkg/ferry/_ferry.so")" == *"lib${rt}"* ]]; then
-    preload="$(gcc -print-file-name=lib${rt}.so) $(gcc -print-file-name=libstdc++.so)"
-  fi
-done
+# shellcheck source=../bazel/sanitizer_preload.sh
+source "$RUNFILES/bazel/sanitizer_preload.sh"
+preload="$(sanitizer_preload "$pkg/ferry/_ferry.so")"
 export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"
 py() {
   LD_PRELOAD="$preload" LD_LIBRARY_PATH="$LIBDIR" PYTHONPATH="$pkg" \

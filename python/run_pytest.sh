@@ -1,8 +1,8 @@
 #!/bin/bash
 # Runs python/tests with Debian's python3 against the package as Bazel built
 # it: ferry/*.py and _ferry.so copied into a fresh directory on PYTHONPATH.
-# Under ASan or UBSan the extension needs its sanitizer runtime loaded
-# first (python3 itself is not instrumented).
+# Under the sanitizers the extension needs their runtimes loaded first
+# (python3 itself is not instrumented).
 set -euo pipefail
 runfiles="${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}"
 pkg="$(mktemp -d "${TEST_TMPDIR:-/tmp}/ferrypy.XXXXXX")"
@@ -10,16 +10,9 @@ trap 'rm -rf "$pkg"' EXIT
 mkdir -p "$pkg/ferry"
 cp "$runfiles"/python/ferry/*.py "$pkg/ferry/"
 cp "$runfiles/python/_ferry.so" "$pkg/ferry/"
-preload=""
-for rt in asan ubsan; do
-  # Not `ldd | grep -q`: grep quitting early can kill ldd (SIGPIPE) and,
-  # with pipefail, skip the preload at random.
-  if [[ "$(ldd "$pkg/ferry/_ferry.so")" == *"lib${rt}"* ]]; then
-    # libstdc++ too: python3 does not link it, and the runtime's
-    # __cxa_throw interceptor needs the real one loaded when it starts.
-    preload="$(gcc -print-file-name=lib${rt}.so) $(gcc -print-file-name=libstdc++.so)"
-  fi
-done
+# shellcheck source=../bazel/sanitizer_preload.sh
+source "$runfiles/bazel/sanitizer_preload.sh"
+preload="$(sanitizer_preload "$pkg/ferry/_ferry.so")"
 export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"
 cd "$pkg"
 # softrnic's libibverbs: the RDMA parts (topology) find soft NICs.
