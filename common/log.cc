@@ -1,5 +1,6 @@
 #include "common/log.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
@@ -7,7 +8,6 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_split.h"
-#include "absl/time/clock.h"
 #include "common/mutex.h"
 #include "spdlog/cfg/helpers.h"
 #include "spdlog/sinks/base_sink.h"
@@ -84,6 +84,8 @@ class Router : public spdlog::sinks::base_sink<std::mutex> {
   Mutex mu_;
   Sink host_ ABSL_GUARDED_BY(mu_);
 };
+
+std::atomic<Clock*> g_clock{nullptr};
 
 struct State {
   std::shared_ptr<Router> router = std::make_shared<Router>();
@@ -185,8 +187,10 @@ void Write(const Component* component, Level level, absl::string_view message) {
                           fmt::string_view(message.data(), message.size()));
 }
 
+void SetClock(Clock* clock) { g_clock.store(clock); }
+
 bool RateLimit::Allow(absl::Duration interval, uint64_t* suppressed) {
-  const int64_t now = absl::GetCurrentTimeNanos();
+  const int64_t now = ClockOrReal(g_clock.load())->NowNanos();
   int64_t next = next_ns_.load(std::memory_order_relaxed);
   if (now < next || !next_ns_.compare_exchange_strong(
                         next, now + absl::ToInt64Nanoseconds(interval))) {

@@ -28,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 
 namespace ferry::log {
 
@@ -61,8 +62,13 @@ Component* GetComponent(absl::string_view name);
 bool Enabled(const Component* component, Level level);
 void Write(const Component* component, Level level, absl::string_view message);
 
-// Per call site: at most one line per `interval`; the next one that
-// passes says how many were suppressed in between.
+// The clock FERRY_LOG_EVERY's intervals are measured on (null: the system
+// clock, the default), so that a test of rate limiting runs on a
+// SimulatedClock. Process-wide: set it back to null before `clock` goes.
+void SetClock(Clock* clock);
+
+// Per call site: at most one line per `interval` (on the clock above);
+// the next one that passes says how many were suppressed in between.
 class RateLimit {
  public:
   // Returns true if a line may be written now; *suppressed is the count

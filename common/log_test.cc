@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "common/mutex.h"
+#include "common/simulated_clock.h"
 #include "common/status_testing.h"
 #include "gtest/gtest.h"
 
@@ -20,6 +21,7 @@ struct Captured {
 class LogTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    SetClock(&clock_);
     SetLevel(Level::kInfo);
     SetSink([this](Level l, absl::string_view c, absl::string_view m) {
       MutexLock lock(&got_.mu);
@@ -29,11 +31,13 @@ class LogTest : public ::testing::Test {
   void TearDown() override {
     SetSink(nullptr);
     SetLevel(Level::kInfo);
+    SetClock(nullptr);
   }
   std::vector<std::tuple<Level, std::string, std::string>> Lines() {
     MutexLock lock(&got_.mu);
     return got_.lines;
   }
+  SimulatedClock clock_;
   Captured got_;
 };
 
@@ -75,19 +79,31 @@ TEST_F(LogTest, PerComponentLevels) {
 }
 
 TEST_F(LogTest, RepeatedLinesAreRateLimitedAndCounted) {
-  for (int i = 0; i < 100; ++i) {
-    FERRY_LOG_EVERY(kWarn, "tcp", absl::Hours(1), "peer down");
-  }
+  // One call site, on the simulated clock.
+  auto peer_down = [] {
+    FERRY_LOG_EVERY(kWarn, "tcp", absl::Seconds(10), "peer down");
+  };
+  for (int i = 0; i < 100; ++i) peer_down();
+  EXPECT_EQ(Lines().size(), 1u);  // The other 99 within 10 s: dropped.
+  clock_.Advance(absl::Seconds(10) - absl::Nanoseconds(1));
+  peer_down();
+  EXPECT_EQ(Lines().size(), 1u) << "a line before the interval ended";
+  clock_.Advance(absl::Nanoseconds(1));
+  peer_down();
   auto lines = Lines();
-  ASSERT_EQ(lines.size(), 1u);  // The other 99 within the hour: dropped.
+  ASSERT_EQ(lines.size(), 2u) << "no line once the interval ended";
+  EXPECT_EQ(std::get<2>(lines[1]), "peer down (100 similar suppressed)");
+
   RateLimit limit;
   uint64_t dropped = 0;
   EXPECT_TRUE(limit.Allow(absl::Milliseconds(1), &dropped));
   EXPECT_FALSE(limit.Allow(absl::Hours(1), &dropped));
   EXPECT_FALSE(limit.Allow(absl::Hours(1), &dropped));
-  absl::SleepFor(absl::Milliseconds(5));
+  clock_.Advance(absl::Microseconds(999));
+  EXPECT_FALSE(limit.Allow(absl::Milliseconds(1), &dropped));
+  clock_.Advance(absl::Microseconds(1));
   EXPECT_TRUE(limit.Allow(absl::Milliseconds(1), &dropped));
-  EXPECT_EQ(dropped, 2u);  // Said on the next line that passes.
+  EXPECT_EQ(dropped, 3u);  // Said on the next line that passes.
 }
 
 TEST(LogLevelTest, Parse) {
