@@ -32,14 +32,14 @@ absl::Status SyncDir(const std::string& dir) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DurableStore>> DurableStore::Open(
-    const std::string& dir, SegmentStore::Clock clock) {
+    const std::string& dir, Clock* clock) {
   if (dir.empty()) {
     return absl::InvalidArgumentError("durable store: empty directory name");
   }
   if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
     return Errno("mkdir", dir);
   }
-  std::unique_ptr<DurableStore> store(new DurableStore(dir, std::move(clock)));
+  std::unique_ptr<DurableStore> store(new DurableStore(dir, clock));
   const std::string lock = dir + "/LOCK";
   store->lock_fd_ = open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (store->lock_fd_ < 0) return Errno("open", lock);

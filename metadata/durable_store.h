@@ -33,6 +33,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/clock.h"
 #include "common/mutex.h"
 #include "metadata/proto/store_log.pb.h"
 #include "metadata/segment_store.h"
@@ -54,10 +55,11 @@ class DurableStore final : public Store {
 
   // Opens (creating it if needed) the store in `dir` and recovers its
   // contents. FailedPrecondition if another process holds the directory;
-  // DataLoss if the snapshot is corrupt; Internal for I/O errors.
+  // DataLoss if the snapshot is corrupt; Internal for I/O errors. Leases
+  // expire on `clock` (null: the system clock), which must outlive the
+  // store.
   static absl::StatusOr<std::unique_ptr<DurableStore>> Open(
-      const std::string& dir,
-      SegmentStore::Clock clock = [] { return absl::Now(); });
+      const std::string& dir, Clock* clock = RealClock());
   ~DurableStore() override;
 
   absl::StatusOr<uint64_t> Put(const PutSegmentRequest& request) override {
@@ -83,8 +85,8 @@ class DurableStore final : public Store {
   uint64_t compactions() const;
 
  private:
-  DurableStore(std::string dir, SegmentStore::Clock clock)
-      : dir_(std::move(dir)), mem_(std::move(clock)) {}
+  DurableStore(std::string dir, Clock* clock)
+      : dir_(std::move(dir)), mem_(clock) {}
   absl::Status Recover();
   absl::Status RecoverLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
   // Replays one log record into mem_.

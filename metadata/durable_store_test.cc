@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/simulated_clock.h"
 #include "common/status_testing.h"
 #include "gtest/gtest.h"
 #include "metadata/record_file.h"
@@ -203,18 +204,17 @@ TEST(DurableStoreTest, OneProcessPerDirectory) {
 // and a dead engine's segment still expires.
 TEST(DurableStoreTest, RecoveredLeasesStartAfresh) {
   const std::string dir = FreshDir();
-  absl::Time now = absl::FromUnixSeconds(1000);
-  auto clock = [&now] { return now; };
+  SimulatedClock clock;
   {
-    ASSERT_OK_AND_ASSIGN(auto store, DurableStore::Open(dir, clock));
+    ASSERT_OK_AND_ASSIGN(auto store, DurableStore::Open(dir, &clock));
     ASSERT_OK(store->Put(PutOf(Seg("a", 1), absl::Seconds(10))));
   }
-  now += absl::Seconds(60);  // Down for longer than the lease.
-  ASSERT_OK_AND_ASSIGN(auto store, DurableStore::Open(dir, clock));
+  clock.Advance(absl::Seconds(60));  // Down for longer than the lease.
+  ASSERT_OK_AND_ASSIGN(auto store, DurableStore::Open(dir, &clock));
   EXPECT_OK(store->Get("a"));
-  now += absl::Seconds(9);
+  clock.Advance(absl::Seconds(9));
   EXPECT_OK(store->KeepAlive(KeepAliveOf("a", 1)));
-  now += absl::Seconds(10);
+  clock.Advance(absl::Seconds(10));
   EXPECT_STATUS(store->Get("a"), absl::StatusCode::kNotFound);
 }
 

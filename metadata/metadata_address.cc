@@ -62,11 +62,13 @@ absl::StatusOr<MetadataAddress> ParseMetadataAddress(absl::string_view text) {
 
 absl::StatusOr<std::unique_ptr<Store>> ConnectStore(
     const MetadataAddress& address, absl::Duration rpc_timeout,
-    const std::string& auth_token, std::shared_ptr<const Tls> tls) {
+    const std::string& auth_token, std::shared_ptr<const Tls> tls,
+    Clock* clock) {
   if (address.kind == MetadataAddress::Kind::kEtcd) {
     EtcdOptions o;
     o.endpoints = address.endpoints;
     o.rpc_timeout = rpc_timeout;
+    o.clock = clock;
     auto s = EtcdStore::Create(std::move(o));
     if (!s.ok()) return s.status();
     return std::unique_ptr<Store>(std::move(*s));

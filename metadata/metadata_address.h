@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "metadata/store.h"
 #include "metadata/tls.h"
 
@@ -44,11 +45,14 @@ absl::StatusOr<MetadataAddress> ParseMetadataAddress(absl::string_view text);
 // each call bounded by `rpc_timeout`. Host names are resolved here, once.
 // A Ferry service gets `auth_token` on every call (auth.h), over TLS if
 // `tls` is not null (tls.h); etcd has its own authentication and TLS,
-// which the etcd store does not use yet.
+// which the etcd store does not use yet. The etcd store's deadlines,
+// retry pauses and watch back-off run on `clock` (null: the system
+// clock; it must outlive the store); a Ferry service's calls have only
+// gRPC deadlines, which stay on real time.
 absl::StatusOr<std::unique_ptr<Store>> ConnectStore(
     const MetadataAddress& address, absl::Duration rpc_timeout,
     const std::string& auth_token = "",
-    std::shared_ptr<const Tls> tls = nullptr);
+    std::shared_ptr<const Tls> tls = nullptr, Clock* clock = nullptr);
 
 // NamespacedStore: `inner` seen through a namespace: segment "x" is stored
 // as "<ns>/x", List shows only this namespace's, and descriptors come back

@@ -7,6 +7,7 @@
 #include "common/mutex.h"
 #include "common/socket_util.h"
 #include "metadata/auth.h"
+#include "metadata/grpc_deadline.h"
 #include "metadata/grpc_status.h"
 #include "metadata/validation.h"
 
@@ -57,7 +58,7 @@ MetadataClient::MetadataClient(const std::string& address,
       stub_(MetadataService::NewStub(MakeChannel(address, tls.get()))) {}
 
 void MetadataClient::Prepare(grpc::ClientContext* ctx) const {
-  ctx->set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout_));
+  ctx->set_deadline(GrpcDeadline(rpc_timeout_));
   AddAuthToken(ctx, token_);
 }
 

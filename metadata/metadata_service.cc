@@ -13,8 +13,9 @@
 
 namespace ferry::metadata {
 
-MetadataServiceImpl::MetadataServiceImpl()
-    : own_store_(std::make_unique<SegmentStore>()), store_(own_store_.get()) {}
+MetadataServiceImpl::MetadataServiceImpl(Clock* clock)
+    : own_store_(std::make_unique<SegmentStore>(clock)),
+      store_(own_store_.get()) {}
 
 struct MetadataServiceImpl::WatchState {
   Mutex mu;

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "common/clock.h"
 #include "common/mutex.h"
 #include "metadata/proto/metadata.grpc.pb.h"
 #include "metadata/segment_store.h"
@@ -30,8 +31,9 @@ class MetadataServiceImpl final
   // Watch streams served at once; more are refused RESOURCE_EXHAUSTED.
   static constexpr int kMaxWatches = 4096;
 
-  // Serves an in-memory SegmentStore of its own.
-  MetadataServiceImpl();
+  // Serves an in-memory SegmentStore of its own, whose leases expire on
+  // `clock` (null: the system clock; it must outlive the service).
+  explicit MetadataServiceImpl(Clock* clock = RealClock());
   // Serves `store`, which must outlive the service.
   explicit MetadataServiceImpl(Store* store) : store_(store) {}
   // The server must be shut down first (no stream left).

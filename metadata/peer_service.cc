@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "metadata/auth.h"
+#include "metadata/grpc_deadline.h"
 #include "metadata/grpc_status.h"
 #include "metadata/metadata_client.h"
 #include "metadata/validation.h"
@@ -157,7 +158,7 @@ absl::StatusOr<std::string> PeerClient::Exchange(
     const std::string& from_segment, const std::string& payload) {
   grpc::ClientContext ctx;
   AddAuthToken(&ctx, token_);
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout_));
+  ctx.set_deadline(GrpcDeadline(rpc_timeout_));
   ExchangeRequest req;
   req.set_transport(transport);
   req.set_from_segment(from_segment);
@@ -177,7 +178,7 @@ absl::StatusOr<SegmentDescriptor> PeerClient::GetDescriptor(
     const std::string& address, const std::string& name) {
   grpc::ClientContext ctx;
   AddAuthToken(&ctx, token_);
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout_));
+  ctx.set_deadline(GrpcDeadline(rpc_timeout_));
   GetSegmentRequest req;
   req.set_name(name);
   GetSegmentResponse resp;
@@ -203,7 +204,7 @@ absl::Status PeerClient::Notify(const std::string& address,
                                 const std::string& message) {
   grpc::ClientContext ctx;
   AddAuthToken(&ctx, token_);
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout_));
+  ctx.set_deadline(GrpcDeadline(rpc_timeout_));
   NotifyRequest req;
   req.set_from_segment(from_segment);
   req.set_name(name);

@@ -12,7 +12,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 
@@ -24,6 +23,7 @@
 #include "grpcpp/resource_quota.h"
 #include "grpcpp/server_posix.h"
 #include "metadata/connection_peers.h"
+#include "metadata/grpc_deadline.h"
 #include "metadata/validation.h"
 
 namespace ferry::metadata {
@@ -41,6 +41,9 @@ constexpr int kAcceptsPerWakeup = 64;
 constexpr int kMinThreads = 8;
 constexpr int kKeepaliveMs = 60 * 1000;
 constexpr int kKeepaliveTimeoutMs = 20 * 1000;
+// poll(2) waits on the system clock: on another clock it cannot know when
+// that clock reaches a deadline, so it looks at the clock this often.
+constexpr int kOtherClockPollMs = 2;
 
 int OpenSpareFd() { return ::open("/dev/null", O_RDONLY | O_CLOEXEC); }
 
@@ -117,6 +120,7 @@ absl::StatusOr<std::unique_ptr<RpcServer>> RpcServer::Start(
   }
   std::unique_ptr<RpcServer> server(new RpcServer());
   server->options_ = options;
+  server->clock_ = ClockOrReal(options.clock);
   RpcServerOptions& o = server->options_;
   if (o.max_connections <= 0) {
     const uint64_t limit = fd_limit.ok() ? *fd_limit : 1024;
@@ -237,8 +241,7 @@ void RpcServer::Shutdown() {
   }
   if (accept_thread_.joinable()) accept_thread_.join();  // None with TLS.
   listen_fd_.Reset();
-  server_->Shutdown(std::chrono::system_clock::now() +
-                    std::chrono::milliseconds(500));
+  server_->Shutdown(GrpcDeadline(absl::Milliseconds(500)));
   server_->Wait();
   server_.reset();
 }
@@ -329,7 +332,7 @@ void RpcServer::AcceptLoop() {
   };
 
   while (!stopping_.load()) {
-    absl::Time now = absl::Now();
+    absl::Time now = clock_->Now();
     if (spare < 0) spare = OpenSpareFd();
     const bool accepting = now >= accept_after;
     pfds.clear();
@@ -341,21 +344,23 @@ void RpcServer::AcceptLoop() {
       pfds.push_back({p.fd, POLLIN, 0});
       wake_at = std::min(wake_at, p.deadline);
     }
-    const int timeout_ms =
-        wake_at == absl::InfiniteFuture()
-            ? -1
-            : static_cast<int>(std::max<int64_t>(
-                  0, absl::ToInt64Milliseconds(
-                         absl::Ceil(wake_at - now, absl::Milliseconds(1)))));
+    int timeout_ms = wake_at == absl::InfiniteFuture()
+                         ? -1
+                         : static_cast<int>(std::max<int64_t>(
+                               0, absl::ToInt64Milliseconds(absl::Ceil(
+                                      wake_at - now, absl::Milliseconds(1)))));
+    if (timeout_ms > kOtherClockPollMs && clock_ != RealClock()) {
+      timeout_ms = kOtherClockPollMs;
+    }
     const int n = ::poll(pfds.data(), pfds.size(), timeout_ms);
     if (n < 0 && errno != EINTR) {
       // Out of memory for the poll table: wait instead of spinning.
-      log(absl::Now(), absl::StrCat("poll: ", std::strerror(errno)));
-      accept_after = absl::Now() + kMaxBackoff;
+      log(clock_->Now(), absl::StrCat("poll: ", std::strerror(errno)));
+      accept_after = clock_->Now() + kMaxBackoff;
       continue;
     }
     if (stopping_.load()) break;
-    now = absl::Now();
+    now = clock_->Now();
 
     // Connections that spoke go to gRPC; silent ones past their deadline
     // and ones already closed by their client are dropped.
@@ -403,8 +408,8 @@ void RpcServer::AcceptLoop() {
           backoff = kMinBackoff;
           break;
         }
-        if (err == EMFILE || err == ENFILE) {
-          fd_exhausted_.fetch_add(1);
+        const bool exhausted = err == EMFILE || err == ENFILE;
+        if (exhausted) {
           // Shed the queued connections, through the one fd the spare
           // frees, so their clients see a close rather than silence.
           if (spare >= 0) {
@@ -425,6 +430,9 @@ void RpcServer::AcceptLoop() {
                          absl::FormatDuration(backoff)));
         accept_after = now + backoff;
         backoff = std::min(backoff * 2, kMaxBackoff);
+        // Counted once the back-off is set: whoever sees the count sees
+        // the listener resting.
+        if (exhausted) fd_exhausted_.fetch_add(1);
         break;
       }
       const absl::uint128 peer = sa.IpKey();

@@ -38,6 +38,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/socket_util.h"
 #include "grpcpp/grpcpp.h"
 #include "metadata/tls.h"
@@ -62,6 +63,11 @@ struct RpcServerOptions {
   int max_streams_per_connection = 32;
   // Serve mutual TLS with these credentials (null: plaintext).
   std::shared_ptr<const Tls> tls;
+  // The accept loop's time (null: the system clock; it must outlive the
+  // server): handshake deadlines, the accept back-off, the prune and log
+  // intervals. gRPC's own timers (idle, keepalive, the TLS handshake)
+  // stay on real time.
+  Clock* clock = nullptr;
 };
 
 struct RpcServerStats {
@@ -114,6 +120,7 @@ class RpcServer {
   void AcceptLoop();
 
   RpcServerOptions options_;
+  Clock* clock_ = RealClock();
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
   uint16_t port_ = 0;

@@ -13,7 +13,7 @@
 namespace ferry::metadata {
 
 void SegmentStore::ExpireLocked() {
-  const absl::Time now = clock_();
+  const absl::Time now = clock_->Now();
   while (!expiry_.empty() && expiry_.begin()->first <= now) {
     const std::string name = expiry_.begin()->second;
     EraseLocked(name);
@@ -81,7 +81,7 @@ std::optional<SegmentEvent> SegmentStore::EventSince(const std::string& name,
 
 void SegmentStore::RenewLocked(const std::string& name, Entry* e) {
   if (e->expires != absl::InfiniteFuture()) expiry_.erase({e->expires, name});
-  e->expires = e->ttl > absl::ZeroDuration() ? clock_() + e->ttl
+  e->expires = e->ttl > absl::ZeroDuration() ? clock_->Now() + e->ttl
                                              : absl::InfiniteFuture();
   if (e->expires != absl::InfiniteFuture()) expiry_.insert({e->expires, name});
 }
@@ -227,10 +227,11 @@ absl::StatusOr<uint64_t> SegmentStore::PutLocked(
         held.segment.rpc_address(), ", incarnation ",
         held.segment.incarnation(), ") ",
         held.ttl > absl::ZeroDuration()
-            ? absl::StrCat("whose lease ends in ",
-                           absl::FormatDuration(absl::Ceil(
-                               held.expires - clock_(), absl::Milliseconds(1))),
-                           " unless renewed")
+            ? absl::StrCat(
+                  "whose lease ends in ",
+                  absl::FormatDuration(absl::Ceil(held.expires - clock_->Now(),
+                                                  absl::Milliseconds(1))),
+                  " unless renewed")
             : "without a lease, until it removes it",
         ": choose another name, or stop that engine first"));
   }

@@ -22,8 +22,8 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/mutex.h"
 #include "metadata/proto/metadata.pb.h"
 #include "metadata/store.h"
@@ -46,9 +46,10 @@ class SegmentStore final : public Store {
     size_t max_client_segments = 4096;
   };
 
-  using Clock = std::function<absl::Time()>;
-  explicit SegmentStore(Clock clock = [] { return absl::Now(); })
-      : clock_(std::move(clock)) {}
+  // Leases expire on `clock` (null: the system clock), which must outlive
+  // the store.
+  explicit SegmentStore(Clock* clock = RealClock())
+      : clock_(ClockOrReal(clock)) {}
   // Before use.
   void SetLimits(const Limits& limits) { limits_ = limits; }
   // Encoded bytes of the descriptors held now, as charged to the limits.
@@ -163,9 +164,9 @@ class SegmentStore final : public Store {
   // Sets `e`'s expiry from now and its TTL.
   void RenewLocked(const std::string& name, Entry* e)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool Expired(const Entry& e) const { return e.expires <= clock_(); }
+  bool Expired(const Entry& e) const { return e.expires <= clock_->Now(); }
 
-  const Clock clock_;
+  Clock* const clock_;
   mutable Mutex mu_;
   absl::flat_hash_map<std::string, Entry> segments_ ABSL_GUARDED_BY(mu_);
   // Leased segments by expiry, soonest first.

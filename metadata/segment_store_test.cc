@@ -1,5 +1,6 @@
 #include "metadata/segment_store.h"
 
+#include "common/simulated_clock.h"
 #include "common/status_testing.h"
 #include "gtest/gtest.h"
 #include "metadata/store_testing.h"
@@ -18,19 +19,6 @@ SegmentDescriptor MakeSegment(const std::string& name, uint64_t incarnation) {
   b->set_location("cpu:0");
   return seg;
 }
-
-// A clock the test moves by hand.
-class FakeClock {
- public:
-  absl::Time Now() const { return now_; }
-  void Advance(absl::Duration d) { now_ += d; }
-  SegmentStore::Clock AsClock() {
-    return [this] { return Now(); };
-  }
-
- private:
-  absl::Time now_ = absl::FromUnixSeconds(1000);
-};
 
 TEST(SegmentStoreTest, PutGetRemove) {
   SegmentStore store;
@@ -62,8 +50,8 @@ TEST(SegmentStoreTest, PutGetRemove) {
 // and the owner's entry is untouched; after the owner's lease ends the
 // name is free.
 TEST(SegmentStoreTest, ALiveSegmentCannotBeTakenOver) {
-  FakeClock clock;
-  SegmentStore store(clock.AsClock());
+  SimulatedClock clock;
+  SegmentStore store(&clock);
   ASSERT_OK(store.Put(PutOf(MakeSegment("victim", 7), absl::Seconds(10))));
   ASSERT_OK_AND_ASSIGN(SegmentDescriptor seen, store.Get("victim"));
   seen.set_rpc_address("10.6.6.6:666");
@@ -97,8 +85,8 @@ TEST(SegmentStoreTest, ALiveSegmentCannotBeTakenOver) {
 
 // A segment published without a lease is held until its owner removes it.
 TEST(SegmentStoreTest, AnUnleasedNameIsHeldUntilRemoved) {
-  FakeClock clock;
-  SegmentStore store(clock.AsClock());
+  SimulatedClock clock;
+  SegmentStore store(&clock);
   ASSERT_OK(store.Put(PutOf(MakeSegment("a", 1))));
   clock.Advance(absl::Hours(10));
   absl::Status s = store.Put(PutOf(MakeSegment("a", 2))).status();
@@ -109,8 +97,8 @@ TEST(SegmentStoreTest, AnUnleasedNameIsHeldUntilRemoved) {
 }
 
 TEST(SegmentStoreTest, LeasedSegmentGoesAwayAfterItsTtl) {
-  FakeClock clock;
-  SegmentStore store(clock.AsClock());
+  SimulatedClock clock;
+  SegmentStore store(&clock);
   ASSERT_OK(
       store.Put(PutOf(MakeSegment("leased", 1), absl::Seconds(10))).status());
   ASSERT_OK(store.Put(PutOf(MakeSegment("forever", 2))).status());
@@ -127,8 +115,8 @@ TEST(SegmentStoreTest, LeasedSegmentGoesAwayAfterItsTtl) {
 }
 
 TEST(SegmentStoreTest, KeepAliveAndUpdatesRenewTheLease) {
-  FakeClock clock;
-  SegmentStore store(clock.AsClock());
+  SimulatedClock clock;
+  SegmentStore store(&clock);
   ASSERT_OK(store.Put(PutOf(MakeSegment("a", 5), absl::Seconds(3))).status());
   for (int i = 0; i < 5; ++i) {
     clock.Advance(absl::Seconds(2));
@@ -155,8 +143,8 @@ TEST(SegmentStoreTest, KeepAliveAndUpdatesRenewTheLease) {
 }
 
 TEST(SegmentStoreTest, ReplacingALeasedSegmentKeepsOneExpiry) {
-  FakeClock clock;
-  SegmentStore store(clock.AsClock());
+  SimulatedClock clock;
+  SegmentStore store(&clock);
   ASSERT_OK(store.Put(PutOf(MakeSegment("a", 1), absl::Seconds(1))).status());
   // The owner publishes again without a lease: the old expiry must not
   // remove it.

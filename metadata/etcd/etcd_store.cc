@@ -9,8 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/time/clock.h"
 #include "common/socket_util.h"
+#include "metadata/grpc_deadline.h"
 #include "metadata/grpc_status.h"
 #include "metadata/metadata_client.h"
 #include "metadata/segment_store.h"
@@ -175,24 +175,26 @@ std::shared_ptr<grpc::Channel> EtcdChannel(const std::vector<std::string>& eps,
                                    args);
 }
 
-void SetDeadline(grpc::ClientContext* ctx, absl::Time deadline) {
-  ctx->set_deadline(absl::ToChronoTime(deadline));
+// `deadline` is on `clock`: gRPC gets the time left until it.
+void SetDeadline(grpc::ClientContext* ctx, Clock* clock, absl::Time deadline) {
+  ctx->set_deadline(GrpcDeadline(deadline - clock->Now()));
 }
 
 // Makes `call` (one attempt, given a fresh context with `deadline`) again
 // while it fails UNAVAILABLE (a member down: the channel tries the others)
 // and the deadline allows.
 template <typename Call>
-grpc::Status RetryUnavailable(absl::Time deadline, Call call) {
+grpc::Status RetryUnavailable(Clock* clock, absl::Time deadline, Call call) {
+  constexpr absl::Duration kPause = absl::Milliseconds(50);
   while (true) {
     grpc::ClientContext ctx;
-    SetDeadline(&ctx, deadline);
+    SetDeadline(&ctx, clock, deadline);
     grpc::Status s = call(&ctx);
     if (s.error_code() != grpc::StatusCode::UNAVAILABLE ||
-        absl::Now() + absl::Milliseconds(50) >= deadline) {
+        clock->Now() + kPause >= deadline) {
       return s;
     }
-    absl::SleepFor(absl::Milliseconds(50));
+    clock->SleepFor(kPause);
   }
 }
 
@@ -247,7 +249,8 @@ absl::StatusOr<std::unique_ptr<EtcdStore>> EtcdStore::Create(
   return store;
 }
 
-EtcdStore::EtcdStore(EtcdOptions options) : options_(std::move(options)) {}
+EtcdStore::EtcdStore(EtcdOptions options)
+    : options_(std::move(options)), clock_(ClockOrReal(options_.clock)) {}
 
 std::string EtcdStore::Describe() const {
   return absl::StrCat("etcd://", absl::StrJoin(options_.endpoints, ","), " (",
@@ -270,9 +273,9 @@ std::string EtcdStore::BufKey(const std::string& name, uint64_t addr) const {
 absl::StatusOr<TxnResponse> EtcdStore::Txn(const TxnRequest& txn,
                                            absl::Time deadline) {
   TxnResponse resp;
-  grpc::Status s = RetryUnavailable(deadline, [&](grpc::ClientContext* ctx) {
-    return kv_->Txn(ctx, txn, &resp);
-  });
+  grpc::Status s = RetryUnavailable(
+      clock_, deadline,
+      [&](grpc::ClientContext* ctx) { return kv_->Txn(ctx, txn, &resp); });
   if (!s.ok())
     return FromGrpcStatus(s, absl::StrCat("etcd ", Describe(), " Txn"));
   return resp;
@@ -284,9 +287,10 @@ absl::StatusOr<int64_t> EtcdStore::GrantLease(absl::Duration ttl,
   req.set_ttl(std::max<int64_t>(
       1, absl::ToInt64Seconds(absl::Ceil(ttl, absl::Seconds(1)))));
   etcdserverpb::LeaseGrantResponse resp;
-  grpc::Status s = RetryUnavailable(deadline, [&](grpc::ClientContext* ctx) {
-    return lease_->LeaseGrant(ctx, req, &resp);
-  });
+  grpc::Status s =
+      RetryUnavailable(clock_, deadline, [&](grpc::ClientContext* ctx) {
+        return lease_->LeaseGrant(ctx, req, &resp);
+      });
   if (!s.ok()) {
     return FromGrpcStatus(s, absl::StrCat("etcd ", Describe(), " LeaseGrant"));
   }
@@ -300,7 +304,7 @@ absl::StatusOr<int64_t> EtcdStore::GrantLease(absl::Duration ttl,
 void EtcdStore::RevokeLease(int64_t id, absl::Time deadline) {
   if (id == 0) return;
   grpc::ClientContext ctx;
-  SetDeadline(&ctx, deadline);
+  SetDeadline(&ctx, clock_, deadline);
   etcdserverpb::LeaseRevokeRequest req;
   req.set_id(id);
   etcdserverpb::LeaseRevokeResponse resp;
@@ -340,7 +344,7 @@ absl::StatusOr<uint64_t> EtcdStore::WriteChanges(
     *drop.add_success() = DeleteOp(OwnerKey(name));
     *drop.add_success() = DeleteOp(MetaKey(name));
     *drop.add_success() = DeleteOp(BufPrefix(name), PrefixEnd(BufPrefix(name)));
-    Txn(drop, absl::Now() + options_.rpc_timeout).IgnoreError();
+    Txn(drop, clock_->Now() + options_.rpc_timeout).IgnoreError();
     return why;
   };
   while (first || next < ops.size()) {
@@ -390,7 +394,7 @@ absl::StatusOr<uint64_t> EtcdStore::Put(const PutSegmentRequest& request) {
         absl::FormatDuration(SegmentStore::kMaxLeaseTtl)));
   }
   const std::string& name = in.name();
-  const absl::Time deadline = absl::Now() + options_.rpc_timeout;
+  const absl::Time deadline = clock_->Now() + options_.rpc_timeout;
   MutexLock lock(&write_mu_);
   // Re-read and try again when our own segment changed between the read
   // and the write (its owner updating it through another client).
@@ -493,7 +497,7 @@ absl::StatusOr<uint64_t> EtcdStore::PutOnce(const PutSegmentRequest& request,
 absl::StatusOr<EtcdStore::Snapshot> EtcdStore::ReadSegment(
     const std::string& name, bool all_buffers,
     const UpdateBuffersRequest* around, bool wait_pending) {
-  const absl::Time deadline = absl::Now() + options_.rpc_timeout;
+  const absl::Time deadline = clock_->Now() + options_.rpc_timeout;
   const std::string prefix = BufPrefix(name);
   const std::string end = PrefixEnd(prefix);
   while (true) {
@@ -558,13 +562,13 @@ absl::StatusOr<EtcdStore::Snapshot> EtcdStore::ReadSegment(
     }
     if (!wait_pending || (!snap.meta.pending() && complete)) return snap;
     // A large change is being written: wait for it.
-    if (absl::Now() + absl::Milliseconds(20) >= deadline) {
+    if (clock_->Now() + absl::Milliseconds(20) >= deadline) {
       return absl::UnavailableError(
           absl::StrCat("segment '", name,
                        "' is being published (its change is still "
                        "being written to etcd)"));
     }
-    absl::SleepFor(absl::Milliseconds(20));
+    clock_->SleepFor(absl::Milliseconds(20));
   }
 }
 
@@ -575,7 +579,7 @@ absl::StatusOr<uint64_t> EtcdStore::UpdateBuffers(
   for (const Buffer& b : request.add()) {
     if (absl::Status s = ValidateBuffer(b); !s.ok()) return s;
   }
-  const absl::Time deadline = absl::Now() + options_.rpc_timeout;
+  const absl::Time deadline = clock_->Now() + options_.rpc_timeout;
   MutexLock lock(&write_mu_);
   // A small update reads only the buffers it touches and the neighbours of
   // those it adds. One that also removes reads the whole segment: a
@@ -701,9 +705,9 @@ absl::StatusOr<absl::Duration> EtcdStore::KeepAlive(
   if (!snap->exists) return NotRegistered(name);
   if (snap->owner_key != request.owner_key()) return HeldByAnother(name);
   if (snap->meta.lease_id() == 0) return absl::ZeroDuration();
-  const absl::Time deadline = absl::Now() + options_.rpc_timeout;
+  const absl::Time deadline = clock_->Now() + options_.rpc_timeout;
   grpc::ClientContext ctx;
-  SetDeadline(&ctx, deadline);
+  SetDeadline(&ctx, clock_, deadline);
   auto stream = lease_->LeaseKeepAlive(&ctx);
   etcdserverpb::LeaseKeepAliveRequest req;
   req.set_id(snap->meta.lease_id());
@@ -741,7 +745,7 @@ absl::StatusOr<SegmentDescriptor> EtcdStore::Get(const std::string& name) {
 absl::Status EtcdStore::Remove(const RemoveSegmentRequest& request) {
   const std::string& name = request.name();
   if (absl::Status s = ValidateSegmentName(name); !s.ok()) return s;
-  const absl::Time deadline = absl::Now() + options_.rpc_timeout;
+  const absl::Time deadline = clock_->Now() + options_.rpc_timeout;
   MutexLock lock(&write_mu_);
   TxnRequest txn;
   *txn.add_compare() = ValueIs(OwnerKey(name), request.owner_key());
@@ -772,7 +776,7 @@ absl::StatusOr<std::vector<std::string>> EtcdStore::List() {
   RequestOp op = RangeOp(prefix, PrefixEnd(prefix));
   op.mutable_request_range()->set_keys_only(true);
   *txn.add_success() = std::move(op);
-  auto resp = Txn(txn, absl::Now() + options_.rpc_timeout);
+  auto resp = Txn(txn, clock_->Now() + options_.rpc_timeout);
   if (!resp.ok()) return resp.status();
   std::vector<std::string> names;
   for (const auto& kv : resp->responses(0).response_range().kvs()) {

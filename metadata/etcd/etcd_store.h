@@ -55,6 +55,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/mutex.h"
 #include "metadata/proto/store_log.pb.h"
 #include "metadata/store.h"
@@ -68,6 +69,12 @@ struct EtcdOptions {
   // Every key starts with it.
   std::string prefix = "ferry/";
   absl::Duration rpc_timeout = absl::Seconds(3);
+  // What the store's own waits run on (null: the system clock; it must
+  // outlive the store): each operation's deadline, the pauses between
+  // retries and while a large change is half written, the watch's
+  // back-off. gRPC gets the time left as a real-time deadline; etcd's
+  // leases run on etcd's clock.
+  Clock* clock = nullptr;
   // Operations per transaction (etcd's --max-txn-ops, 128 by default).
   int max_txn_ops = 120;
 };
@@ -150,6 +157,7 @@ class EtcdStore final : public Store {
   std::string BufKey(const std::string& name, uint64_t addr) const;
 
   const EtcdOptions options_;
+  Clock* const clock_;  // Never null.
   std::unique_ptr<etcdserverpb::KV::Stub> kv_;
   std::unique_ptr<etcdserverpb::Lease::Stub> lease_;
   std::unique_ptr<etcdserverpb::Watch::Stub> watch_;

@@ -6,9 +6,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "common/log.h"
 #include "metadata/etcd/etcd_store.h"
+#include "metadata/grpc_deadline.h"
 #include "metadata/validation.h"
 
 namespace ferry::metadata {
@@ -171,8 +171,9 @@ void EtcdStore::WatchLoop() {
     backoff = answered ? absl::Milliseconds(100)
                        : std::min(backoff * 2, absl::Seconds(2));
     MutexLock lock(&watch_mu_);
-    const absl::Time until = absl::Now() + backoff;
-    while (!stopping_ && !watch_cv_.WaitWithDeadline(&watch_mu_, until)) {
+    const absl::Time until = clock_->Now() + backoff;
+    while (!stopping_ &&
+           !clock_->WaitWithDeadline(&watch_cv_, &watch_mu_, until)) {
     }
     if (stopping_) return;
   }
@@ -275,7 +276,7 @@ void EtcdStore::OnMetaEvent(Watcher* w, const mvccpb::Event& ev) {
     req.set_revision(static_cast<int64_t>(rev));
     etcdserverpb::RangeResponse resp;
     grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+    ctx.set_deadline(GrpcDeadline(options_.rpc_timeout));
     if (!kv_->Range(&ctx, req, &resp).ok()) return PushWhole(w);
     for (const auto& kv : resp.kvs()) {
       Buffer b;
