@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "common/mutex.h"
+#include "common/simulated_clock.h"
 #include "common/status_testing.h"
 #include "gtest/gtest.h"
 #include "metadata/metadata_client.h"
@@ -103,6 +104,33 @@ TEST_F(MetadataServiceTest, WatchPushesChanges) {
   EXPECT_EQ(events[1].add(0).addr(), 0x5000u);
   EXPECT_EQ(events[2].remove_addrs_size(), 1);
   EXPECT_TRUE(events[3].gone());
+}
+
+// The service's own table keeps leases on the clock it was given (an
+// engine's embedded service: the engine's clock), to the moment.
+TEST(MetadataServiceClockTest, LeasesRunOnTheServiceClock) {
+  SimulatedClock clock;
+  MetadataServiceImpl service(&clock);
+  ASSERT_OK_AND_ASSIGN(auto server,
+                       RpcServer::Start("127.0.0.1:0", {&service}));
+  MetadataClient client(server->address(), absl::Seconds(5));
+  SegmentDescriptor seg;
+  seg.set_name("leased");
+  seg.set_incarnation(1);
+  const absl::Duration lease = absl::Seconds(10);
+  ASSERT_OK(client.Put(PutOf(seg, lease)));
+  clock.Advance(lease - absl::Milliseconds(1));
+  EXPECT_OK(client.Get("leased"));
+  ASSERT_OK_AND_ASSIGN(absl::Duration ttl,
+                       client.KeepAlive(KeepAliveOf("leased", 1)));
+  EXPECT_EQ(ttl, lease);
+  clock.Advance(lease - absl::Milliseconds(1));
+  EXPECT_OK(client.Get("leased")) << "the renewal counts from when it came";
+  clock.Advance(absl::Milliseconds(1));
+  EXPECT_STATUS(client.Get("leased"), absl::StatusCode::kNotFound);
+  EXPECT_STATUS(client.KeepAlive(KeepAliveOf("leased", 1)),
+                absl::StatusCode::kNotFound);
+  server->Shutdown();
 }
 
 // With a token, the metadata and peer services answer nothing else: a

@@ -1,9 +1,11 @@
 // RpcServer's own accept loop: connection caps (total and per peer), the
-// handshake timeout, the fd limit it raises, and that it keeps serving. The
-// fd-exhaustion case with real processes is tools/rpc_server_fd_test.
+// handshake timeout and the back-off when out of fds (on a SimulatedClock),
+// the fd limit it raises, and that it keeps serving. The fd-exhaustion
+// case with real processes is tools/rpc_server_fd_test.
 #include "metadata/rpc_server.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/resource.h>
@@ -14,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/clock.h"
+#include "common/simulated_clock.h"
 #include "common/socket_util.h"
 #include "common/status_testing.h"
 #include "gtest/gtest.h"
@@ -39,22 +43,41 @@ Answer WaitAnswer(int fd, absl::Duration timeout) {
   return r > 0 ? Answer::kServed : Answer::kClosed;
 }
 
-// Connects from `source_ip` (any 127/8 address is local).
-UniqueFd ConnectFrom(const std::string& source_ip, const HostPort& to) {
-  UniqueFd fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+UniqueFd TcpSocket() {
+  return UniqueFd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+}
+
+// Connects `fd` from `source_ip` (any 127/8 address is local).
+void Connect(int fd, const std::string& source_ip, const HostPort& to) {
   sockaddr_in src{};
   src.sin_family = AF_INET;
   inet_pton(AF_INET, source_ip.c_str(), &src.sin_addr);
-  EXPECT_EQ(bind(fd.get(), reinterpret_cast<sockaddr*>(&src), sizeof(src)), 0)
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&src), sizeof(src)), 0)
       << strerror(errno);
   sockaddr_in dst{};
   dst.sin_family = AF_INET;
   dst.sin_port = htons(to.port);
   inet_pton(AF_INET, to.host.c_str(), &dst.sin_addr);
-  EXPECT_EQ(connect(fd.get(), reinterpret_cast<sockaddr*>(&dst), sizeof(dst)),
-            0)
+  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&dst), sizeof(dst)), 0)
       << strerror(errno);
+}
+
+UniqueFd ConnectFrom(const std::string& source_ip, const HostPort& to) {
+  UniqueFd fd = TcpSocket();
+  Connect(fd.get(), source_ip, to);
   return fd;
+}
+
+// Polls `done` until it holds or `limit` of real time passed: for what
+// another thread does, never for time itself.
+template <typename Done>
+bool Eventually(Done done, absl::Duration limit = absl::Seconds(10)) {
+  const absl::Time end = absl::Now() + limit;
+  while (!done()) {
+    if (absl::Now() >= end) return false;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return true;
 }
 
 void SendPreface(int fd) {
@@ -79,6 +102,8 @@ class RpcServerTest : public ::testing::Test {
     return client.List().status();
   }
 
+  // The accept loop's time, for the tests that set options.clock to it.
+  SimulatedClock clock_;
   MetadataServiceImpl service_;
   std::unique_ptr<RpcServer> server_;
   HostPort hp_;
@@ -168,15 +193,64 @@ TEST_F(RpcServerTest, ServesClientsThatSpeakLate) {
 
 TEST_F(RpcServerTest, DropsSilentConnectionsAfterTheHandshakeTimeout) {
   RpcServerOptions o;
-  o.handshake_timeout = absl::Milliseconds(300);
+  o.handshake_timeout = absl::Seconds(5);
+  o.clock = &clock_;
   ASSERT_NO_FATAL_FAILURE(Start(o));
   UniqueFd silent = ConnectFrom("127.0.0.1", hp_);
-  const absl::Time start = absl::Now();
+  // Accepted after `silent` (the listen queue is in order): once it is
+  // served, `silent` waits with its deadline set from the clock's now.
+  UniqueFd probe = ConnectFrom("127.0.0.1", hp_);
+  SendPreface(probe.get());
+  ASSERT_EQ(WaitAnswer(probe.get(), absl::Seconds(5)), Answer::kServed);
+  clock_.Advance(o.handshake_timeout - absl::Milliseconds(1));
+  EXPECT_EQ(WaitAnswer(silent.get(), absl::Milliseconds(50)), Answer::kNone)
+      << "dropped before its handshake timeout";
+  EXPECT_EQ(server_->stats().handshake_timeouts, 0u);
+  clock_.Advance(absl::Milliseconds(1));
   EXPECT_EQ(WaitAnswer(silent.get(), absl::Seconds(10)), Answer::kClosed);
-  EXPECT_GE(absl::Now() - start, absl::Milliseconds(250));
-  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   EXPECT_EQ(server_->stats().handshake_timeouts, 1u);
   EXPECT_OK(Ask());
+}
+
+// Out of fds, the server sheds the queued connection (its client sees a
+// close) and rests its listener for the back-off, 10 ms at first, on its
+// clock.
+TEST_F(RpcServerTest, RestsTheListenerWhenOutOfFds) {
+  RpcServerOptions o;
+  o.clock = &clock_;
+  ASSERT_NO_FATAL_FAILURE(Start(o));
+  // Served: the accept loop runs and holds its spare fd. Kept open, so
+  // that no fd of the server's is freed behind the limit below.
+  UniqueFd first = ConnectFrom("127.0.0.1", hp_);
+  SendPreface(first.get());
+  ASSERT_EQ(WaitAnswer(first.get(), absl::Seconds(5)), Answer::kServed);
+  // Made while fds are there, connected once they are not.
+  UniqueFd shed = TcpSocket();
+  UniqueFd late = TcpSocket();
+  rlimit orig{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &orig), 0);
+  const int lowest_free = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(lowest_free, 0);
+  close(lowest_free);
+  rlimit none = orig;
+  none.rlim_cur = static_cast<rlim_t>(lowest_free);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &none), 0);
+  Connect(shed.get(), "127.0.0.1", hp_);
+  const bool exhausted =
+      Eventually([&] { return server_->stats().fd_exhausted >= 1; });
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &orig), 0);
+  ASSERT_TRUE(exhausted) << "accept never ran out of fds";
+  EXPECT_EQ(server_->stats().fd_exhausted, 1u);
+  EXPECT_EQ(WaitAnswer(shed.get(), absl::Seconds(5)), Answer::kClosed);
+  EXPECT_EQ(server_->stats().refused, 1u);
+  Connect(late.get(), "127.0.0.1", hp_);
+  SendPreface(late.get());
+  clock_.Advance(absl::Milliseconds(9));
+  EXPECT_EQ(WaitAnswer(late.get(), absl::Milliseconds(50)), Answer::kNone)
+      << "accepted during the back-off";
+  clock_.Advance(absl::Milliseconds(1));
+  EXPECT_EQ(WaitAnswer(late.get(), absl::Seconds(5)), Answer::kServed);
+  EXPECT_EQ(server_->stats().fd_exhausted, 1u);
 }
 
 TEST_F(RpcServerTest, ClosesIdleConnections) {

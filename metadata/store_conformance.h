@@ -3,8 +3,12 @@
 // joins it with
 //   INSTANTIATE_TEST_SUITE_P(Mine, StoreConformanceTest,
 //                            testing::Values(StoreBackend{...}));
-// Each test gets a fresh, empty store from the backend's factory. Leases
-// are real time: a backend states the shortest it supports.
+// Each test gets a fresh, empty store from the backend's factory. A
+// backend whose leases run on a Clock (common/clock.h) gets a
+// SimulatedClock, which the lease tests move: they take no real time and
+// cannot fail under load. One whose leases run elsewhere (etcd's, on
+// etcd's clock) is waited for in real time, and states the shortest lease
+// it supports.
 #ifndef FERRY_METADATA_STORE_CONFORMANCE_H_
 #define FERRY_METADATA_STORE_CONFORMANCE_H_
 
@@ -15,6 +19,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
+#include "common/simulated_clock.h"
 #include "gtest/gtest.h"
 #include "metadata/store.h"
 
@@ -22,13 +28,19 @@ namespace ferry::metadata {
 
 struct StoreBackend {
   std::string name;
-  // A fresh, empty store; whatever serves it lives as long as it does.
-  std::function<absl::StatusOr<std::shared_ptr<Store>>()> make;
+  // A fresh, empty store whose leases run on `clock` where the backend
+  // can (then `simulated` is set, and `clock` outlives the store);
+  // whatever serves it lives as long as it does.
+  std::function<absl::StatusOr<std::shared_ptr<Store>>(Clock* clock)> make;
   // The shortest lease TTL the backend honours.
   absl::Duration min_lease = absl::Milliseconds(500);
   // Whether it must push changes (Store::WatchSegment); others may answer
   // UNIMPLEMENTED, and the watch test skips them.
   bool pushes = false;
+  // Whether its leases run on the clock `make` is given: the suite gives
+  // a SimulatedClock and moves it. Otherwise `make` gets null and leases
+  // are waited for in real time.
+  bool simulated = false;
 };
 
 // gtest prints a parameter by its name.
@@ -39,6 +51,10 @@ inline void PrintTo(const StoreBackend& backend, std::ostream* os) {
 class StoreConformanceTest : public ::testing::TestWithParam<StoreBackend> {
  protected:
   void SetUp() override;
+  // Lets `d` pass for the store's leases: the simulated clock moves at
+  // once, or real time passes.
+  void PassTime(absl::Duration d);
+  SimulatedClock clock_;  // Outlives store_.
   std::shared_ptr<Store> store_;
 };
 

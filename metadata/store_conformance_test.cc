@@ -23,30 +23,35 @@ std::string FreshDir() {
                       n.fetch_add(1));
 }
 
-absl::StatusOr<std::shared_ptr<Store>> Memory() {
-  return std::shared_ptr<Store>(std::make_shared<SegmentStore>());
+absl::StatusOr<std::shared_ptr<Store>> Memory(Clock* clock) {
+  return std::shared_ptr<Store>(std::make_shared<SegmentStore>(clock));
 }
 
-absl::StatusOr<std::shared_ptr<Store>> Durable() {
-  auto s = DurableStore::Open(FreshDir());
+absl::StatusOr<std::shared_ptr<Store>> Durable(Clock* clock) {
+  auto s = DurableStore::Open(FreshDir(), clock);
   if (!s.ok()) return s.status();
   return std::shared_ptr<Store>(std::move(*s));
 }
 
 using ::ferry::metadata::testing::OverGrpc;
 
+// Every backend here runs its leases on the suite's SimulatedClock: a
+// durable write's fdatasync, however slow, takes none of a lease.
+constexpr absl::Duration kLease = absl::Milliseconds(500);
+
 INSTANTIATE_TEST_SUITE_P(
     Backends, StoreConformanceTest,
-    // The durable backends get 1 s leases: their writes wait for
-    // fdatasync, which a busy shared disk can stretch past 500 ms.
-    ::testing::Values(StoreBackend{"Memory", Memory},
-                      StoreBackend{"Durable", Durable, absl::Seconds(1)},
-                      StoreBackend{"GrpcMemory",
-                                   [] { return OverGrpc(Memory()); },
-                                   absl::Milliseconds(500), /*pushes=*/true},
-                      StoreBackend{"GrpcDurable",
-                                   [] { return OverGrpc(Durable()); },
-                                   absl::Seconds(1), /*pushes=*/true}),
+    ::testing::Values(
+        StoreBackend{"Memory", Memory, kLease, /*pushes=*/false,
+                     /*simulated=*/true},
+        StoreBackend{"Durable", Durable, kLease, /*pushes=*/false,
+                     /*simulated=*/true},
+        StoreBackend{"GrpcMemory",
+                     [](Clock* clock) { return OverGrpc(Memory(clock)); },
+                     kLease, /*pushes=*/true, /*simulated=*/true},
+        StoreBackend{"GrpcDurable",
+                     [](Clock* clock) { return OverGrpc(Durable(clock)); },
+                     kLease, /*pushes=*/true, /*simulated=*/true}),
     BackendName);
 
 }  // namespace

@@ -61,15 +61,17 @@ absl::StatusOr<std::shared_ptr<Store>> EtcdSmallTxns() {
 }
 
 // etcd leases are whole seconds, at least its minimum (1 s with the test
-// members' timers).
+// members' timers), and run on etcd's clock: real time.
 INSTANTIATE_TEST_SUITE_P(
     Etcd, StoreConformanceTest,
     ::testing::Values(
-        StoreBackend{"Etcd", Etcd, absl::Seconds(1), /*pushes=*/true},
-        StoreBackend{"EtcdSmallTxns", EtcdSmallTxns, absl::Seconds(1),
+        StoreBackend{"Etcd", [](Clock*) { return Etcd(); }, absl::Seconds(1),
                      /*pushes=*/true},
+        StoreBackend{"EtcdSmallTxns", [](Clock*) { return EtcdSmallTxns(); },
+                     absl::Seconds(1), /*pushes=*/true},
         // A metadata_server on etcd, as engines see it.
-        StoreBackend{"GrpcEtcd", [] { return testing::OverGrpc(Etcd()); },
+        StoreBackend{"GrpcEtcd",
+                     [](Clock*) { return testing::OverGrpc(Etcd()); },
                      absl::Seconds(1), /*pushes=*/true}),
     BackendName);
 
