@@ -4,6 +4,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <system_error>
 #include <utility>
@@ -14,6 +15,9 @@ namespace ferry::tcp {
 namespace {
 
 constexpr int kMaxEvents = 256;
+// On a clock other than the real one, the longest real wait between two
+// looks at its time (it may have been advanced meanwhile).
+constexpr int kOtherClockPollMs = 1;
 
 }  // namespace
 
@@ -131,18 +135,21 @@ void EventLoop::RunTasks() {
 void EventLoop::Run() {
   thread_id_.store(std::this_thread::get_id());
   epoll_event events[kMaxEvents];
-  next_tick_ = absl::Now();
+  const bool real_clock = clock_ == RealClock();
+  next_tick_ = clock_->Now();
   while (!stop_.load(std::memory_order_relaxed)) {
-    const absl::Duration wait = next_tick_ - absl::Now();
+    const absl::Duration wait = next_tick_ - clock_->Now();
     int timeout_ms = 0;
     if (wait > absl::ZeroDuration()) {
       // Round up: waking a little late is fine, spinning awake is not.
       timeout_ms = static_cast<int>(absl::ToInt64Milliseconds(
           wait + absl::Milliseconds(1) - absl::Nanoseconds(1)));
+      if (!real_clock) timeout_ms = std::min(timeout_ms, kOtherClockPollMs);
     }
+    // Real time (the kernel's): bounded above on other clocks.
     const int n = ::epoll_wait(epoll_.get(), events, kMaxEvents, timeout_ms);
     if (stop_.load(std::memory_order_relaxed)) break;
-    const absl::Time now = absl::Now();
+    const absl::Time now = clock_->Now();
     for (int i = 0; i < n; ++i) {
       auto* handler = static_cast<Handler*>(events[i].data.ptr);
       if (handler == nullptr) {
@@ -151,7 +158,7 @@ void EventLoop::Run() {
         handler->OnEvents(events[i].events, now);
       }
     }
-    const absl::Time after = absl::Now();
+    const absl::Time after = clock_->Now();
     if (after >= next_tick_) {
       next_tick_ = absl::InfiniteFuture();  // The tick may call TickBy.
       const absl::Time next = after + on_tick_(after);

@@ -8,6 +8,12 @@
 // Handlers (one per fd) and everything they own are touched only by the
 // loop thread, or by the owner after Stop() returned. Other threads hand
 // work over with Post().
+//
+// Time: the `now` handlers and ticks get, and when a tick is due, come from
+// the loop's Clock. epoll_wait's timeout is real time, which a simulated
+// clock does not follow: on any clock but RealClock() the loop looks at
+// the clock at least every millisecond, so that a tick due after the test
+// advanced time runs within about a millisecond of real time.
 #ifndef FERRY_TRANSPORT_TCP_EVENT_LOOP_H_
 #define FERRY_TRANSPORT_TCP_EVENT_LOOP_H_
 
@@ -23,8 +29,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
-#include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/mutex.h"
 #include "common/socket_util.h"
 
@@ -43,7 +49,9 @@ class EventLoop {
   // the next tick (the loop sleeps at most that long).
   using TickFn = absl::AnyInvocable<absl::Duration(absl::Time now)>;
 
-  explicit EventLoop(std::string name) : name_(std::move(name)) {}
+  // `clock` must outlive the loop.
+  EventLoop(std::string name, Clock* clock)
+      : name_(std::move(name)), clock_(clock) {}
   ~EventLoop() { Stop(); }
   EventLoop(const EventLoop&) = delete;
   EventLoop& operator=(const EventLoop&) = delete;
@@ -82,6 +90,7 @@ class EventLoop {
   void RunTasks();
 
   const std::string name_;
+  Clock* const clock_;
   UniqueFd epoll_;
   UniqueFd wake_;  // eventfd: Post and Stop wake the thread.
   TickFn on_tick_;

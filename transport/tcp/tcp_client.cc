@@ -241,11 +241,13 @@ TcpClient::TcpClient(const TcpOptions& options, absl::Duration connect_timeout)
 
 TcpClient::~TcpClient() { Shutdown(); }
 
-absl::Status TcpClient::Start() {
+absl::Status TcpClient::Start(Clock* clock) {
+  clock_ = clock;
   const int n = std::max(1, options_.io_threads);
   for (int i = 0; i < n; ++i) {
     auto loop = std::make_unique<Loop>();
-    loop->loop = std::make_unique<EventLoop>(absl::StrCat("tcp-client-", i));
+    loop->loop =
+        std::make_unique<EventLoop>(absl::StrCat("tcp-client-", i), clock_);
     Loop* raw = loop.get();
     loops_.push_back(std::move(loop));
     if (absl::Status s = raw->loop->Start(
@@ -269,7 +271,7 @@ absl::Status TcpClient::BackoffStatus(const Pool& pool, absl::Time now) const {
 }
 
 void TcpClient::Submit(absl::Span<Slice* const> slices) {
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
   std::vector<Done> failed;
   // Slices per pool, in order (usually one pool per call).
   std::vector<std::pair<std::shared_ptr<Pool>, std::vector<Slice*>>> routed;
@@ -359,7 +361,7 @@ void TcpClient::Submit(absl::Span<Slice* const> slices) {
     slices_.fetch_add(list.size(), std::memory_order_relaxed);
     bytes_.fetch_add(bytes, std::memory_order_relaxed);
     if (post) {
-      pool->loop->loop->Post([this, p = pool] { Drain(p, absl::Now()); });
+      pool->loop->loop->Post([this, p = pool] { Drain(p, clock_->Now()); });
     }
   }
   for (Done& d : failed) d.slice->Complete(d.status);
@@ -722,7 +724,7 @@ void TcpClient::Shutdown() {
     }
     pool->conns.clear();
     pool->retired = true;  // Nothing may retire it again.
-    Complete(pool.get(), &done, absl::Now());
+    Complete(pool.get(), &done, clock_->Now());
   }
   for (auto& l : loops_) l->pools.clear();
 }

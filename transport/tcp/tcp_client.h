@@ -46,6 +46,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/clock.h"
 #include "common/mutex.h"
 #include "transport/options.h"
 #include "transport/stats.h"
@@ -64,7 +65,9 @@ class TcpClient {
   TcpClient& operator=(const TcpClient&) = delete;
 
   // Starts the loops; ResourceExhausted if a thread cannot be created.
-  absl::Status Start();
+  // Deadlines, back-off and idle timeouts are timed on `clock` (outlives
+  // the client).
+  absl::Status Start(Clock* clock);
 
   void Submit(absl::Span<Slice* const> slices);
 
@@ -121,6 +124,7 @@ class TcpClient {
 
   const TcpOptions options_;
   const absl::Duration connect_timeout_;
+  Clock* clock_ = RealClock();  // Set by Start, before any loop runs.
   std::vector<std::unique_ptr<Loop>> loops_;
 
   mutable Mutex mu_;

@@ -199,8 +199,9 @@ TcpServer::TcpServer(MemoryRegistry* registry, const TcpOptions& options)
 TcpServer::~TcpServer() { Stop(); }
 
 absl::Status TcpServer::Start(const std::string& host, uint16_t port,
-                              uint64_t incarnation) {
+                              uint64_t incarnation, Clock* clock) {
   incarnation_ = incarnation;  // Before any loop thread reads it.
+  clock_ = clock;
   auto fd = ListenTcp(host, port, &port_, kBacklog);
   if (!fd.ok()) return fd.status();
   listener_ = std::move(*fd);
@@ -213,7 +214,8 @@ absl::Status TcpServer::Start(const std::string& host, uint16_t port,
   const int n = std::max(1, options_.io_threads);
   for (int i = 0; i < n; ++i) {
     auto loop = std::make_unique<Loop>();
-    loop->loop = std::make_unique<EventLoop>(absl::StrCat("tcp-server-", i));
+    loop->loop =
+        std::make_unique<EventLoop>(absl::StrCat("tcp-server-", i), clock_);
     Loop* raw = loop.get();
     EventLoop::TickFn tick;
     if (i == 0) {
@@ -234,7 +236,7 @@ absl::Status TcpServer::Start(const std::string& host, uint16_t port,
       raw->loop->Post([this, raw] {
         if (!raw->loop->Add(listener_.get(), EPOLLIN, listener_handler_.get())
                  .ok()) {
-          PauseAccept(absl::Now());
+          PauseAccept(clock_->Now());
         }
       });
     } else if (absl::Status s = raw->loop->Start(std::move(tick)); !s.ok()) {
@@ -356,7 +358,7 @@ void TcpServer::AcceptSome(absl::Time now) {
       // loop stops first.
       target->loop->Post([this, target, conn = std::move(conn),
                           slot = std::move(slot)]() mutable {
-        Adopt(target, std::move(conn), std::move(slot), absl::Now());
+        Adopt(target, std::move(conn), std::move(slot), clock_->Now());
       });
     }
   }

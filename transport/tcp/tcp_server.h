@@ -29,6 +29,7 @@
 #include "absl/numeric/int128.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/mutex.h"
 #include "common/socket_util.h"
 #include "transport/memory_registry.h"
@@ -59,9 +60,10 @@ class TcpServer {
   TcpServer& operator=(const TcpServer&) = delete;
 
   // Binds `host:port` (0 = any free port) and starts the loops, serving
-  // frames that name `incarnation` (this engine run's) only.
+  // frames that name `incarnation` (this engine run's) only. Every timeout
+  // and back-off is timed on `clock` (outlives the server).
   absl::Status Start(const std::string& host, uint16_t port,
-                     uint64_t incarnation);
+                     uint64_t incarnation, Clock* clock);
   uint16_t port() const { return port_; }
   // The bound address, "a.b.c.d:port".
   const std::string& address() const { return address_; }
@@ -111,7 +113,8 @@ class TcpServer {
   MemoryRegistry* const registry_;
   const TcpOptions options_;
   const ServerSession::Limits limits_;
-  uint64_t incarnation_ = 0;  // Set by Start.
+  uint64_t incarnation_ = 0;    // Set by Start.
+  Clock* clock_ = RealClock();  // Set by Start, before any loop runs.
   uint16_t port_ = 0;
   std::string address_;
   UniqueFd listener_;

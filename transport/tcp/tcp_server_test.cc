@@ -1,5 +1,7 @@
 // TcpServer's limits over real loopback sockets: caps, timeouts, leases
-// given back, a fixed number of threads.
+// given back, a fixed number of threads. The timeouts run on a
+// SimulatedClock: the test moves time past a timeout and checks the
+// connection closes then, and not before.
 #include "transport/tcp/tcp_server.h"
 
 #include <sys/socket.h>
@@ -9,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/simulated_clock.h"
 #include "common/socket_util.h"
 #include "common/status_testing.h"
 #include "gtest/gtest.h"
@@ -26,9 +29,16 @@ using ::ferry::tcp::testing::Served;
 using ::ferry::tcp::testing::WaitForClose;
 using ::ferry::testing::ThreadCount;
 
+// Whether `fd` is still open after the server's loop had time to act on
+// what is due (a negative check: a slow loop only makes it weaker).
+bool StillOpen(int fd) {
+  return !WaitForClose(fd, absl::Milliseconds(50)).ok();
+}
+
 class TcpServerTest : public ::testing::Test {
  protected:
-  void Start(const TcpOptions& options, size_t buffer = 1 << 20) {
+  void Start(const TcpOptions& options, size_t buffer = 1 << 20,
+             Clock* clock = RealClock()) {
     mem_.assign(buffer, 0x11);
     MemoryRegion r;
     r.addr = base();
@@ -36,7 +46,42 @@ class TcpServerTest : public ::testing::Test {
     r.remote_accessible = true;
     ASSERT_OK(registry_.Add(r, {&kTestKey}));
     server_ = std::make_unique<TcpServer>(&registry_, options);
-    ASSERT_OK(server_->Start("127.0.0.1", 0, kTestIncarnation));
+    ASSERT_OK(server_->Start("127.0.0.1", 0, kTestIncarnation, clock));
+  }
+
+  // Polls (real time, bounded) until the server accepted `n` connections
+  // in all: their clocks started at the simulated time they were accepted.
+  bool Accepted(uint64_t n) {
+    const absl::Time end = absl::Now() + absl::Seconds(10);
+    while (server_->counters().accepted < n) {
+      if (absl::Now() >= end) return false;
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    return true;
+  }
+
+  // Moves the clock to frame_timeout from now, where no connection may
+  // have been closed yet, then in steps of 100 ms until the server has
+  // none open (true), for at most a minute. A frame's clock starts when
+  // the server reads it, now or (on a slow loop) later, which the test
+  // cannot see: hence the steps.
+  bool FrameTimeoutClosesAll(absl::Duration frame_timeout, uint64_t open) {
+    clock_.Advance(frame_timeout);
+    EXPECT_FALSE(WaitUntilNoneOpen(absl::Milliseconds(50)))
+        << "closed before frame_timeout";
+    EXPECT_EQ(server_->counters().open, open);
+    return clock_.AdvanceUntil([&] { return server_->counters().open == 0; },
+                               absl::Minutes(1), absl::Milliseconds(100),
+                               /*settle=*/absl::Milliseconds(5));
+  }
+
+  bool WaitUntilNoneOpen(absl::Duration timeout) {
+    const absl::Time end = absl::Now() + timeout;
+    while (server_->counters().open > 0) {
+      if (absl::Now() >= end) return false;
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    return true;
   }
 
   void TearDown() override {
@@ -49,7 +94,8 @@ class TcpServerTest : public ::testing::Test {
     return ConnectFrom(from, server_->address());
   }
 
-  // Declared first: outlives the server's use of it.
+  // Declared first: outlive the server's use of them.
+  SimulatedClock clock_;
   std::vector<uint8_t> mem_;
   MemoryRegistry registry_;
   std::unique_ptr<TcpServer> server_;
@@ -82,34 +128,37 @@ TEST_F(TcpServerTest, GlobalCapResetsExtraConnectionsUntilOneCloses) {
 
 TEST_F(TcpServerTest, HandshakeTimeoutClosesASilentConnection) {
   TcpOptions o;
-  o.handshake_timeout = absl::Milliseconds(200);
-  Start(o);
-  // Timed from before the connect, which the server's clock follows: a
-  // test thread descheduled after it cannot make the bound look broken.
-  const absl::Time start = absl::Now();
+  o.handshake_timeout = absl::Seconds(10);
+  Start(o, 1 << 20, &clock_);
   ASSERT_OK_AND_ASSIGN(UniqueFd fd, Connect());
-  ASSERT_OK(WaitForClose(fd.get(), absl::Seconds(5)));
-  EXPECT_GE(absl::Now() - start, absl::Milliseconds(200));
+  ASSERT_TRUE(Accepted(1));  // Its handshake clock runs from now.
+  clock_.Advance(o.handshake_timeout);
+  EXPECT_TRUE(StillOpen(fd.get())) << "closed before handshake_timeout";
+  // Timeouts are checked every 50 ms of the clock.
+  clock_.Advance(absl::Milliseconds(50));
+  ASSERT_OK(WaitForClose(fd.get(), absl::Seconds(10)));
   EXPECT_EQ(server_->counters().timeouts, 1u);
   EXPECT_EQ(server_->counters().open, 0u);
 }
 
 TEST_F(TcpServerTest, IdleTimeoutClosesAnIdleConnection) {
   TcpOptions o;
-  o.idle_timeout = absl::Milliseconds(300);
-  Start(o);
+  o.idle_timeout = absl::Seconds(60);
+  Start(o, 1 << 20, &clock_);
   ASSERT_OK_AND_ASSIGN(UniqueFd fd, Connect());
-  const absl::Time start = absl::Now();  // Before the answer it idles from.
+  // Answered at the current simulated time, which it idles from.
   ASSERT_TRUE(Served(fd.get(), base()));
-  ASSERT_OK(WaitForClose(fd.get(), absl::Seconds(5)));
-  EXPECT_GE(absl::Now() - start, absl::Milliseconds(300));
+  clock_.Advance(o.idle_timeout);
+  EXPECT_TRUE(StillOpen(fd.get())) << "closed before idle_timeout";
+  clock_.Advance(absl::Milliseconds(50));
+  ASSERT_OK(WaitForClose(fd.get(), absl::Seconds(10)));
   EXPECT_EQ(server_->counters().timeouts, 1u);
 }
 
 TEST_F(TcpServerTest, IncompleteFrameIsClosedAndItsLeaseReleased) {
   TcpOptions o;
-  o.frame_timeout = absl::Milliseconds(300);
-  Start(o);
+  o.frame_timeout = absl::Seconds(10);
+  Start(o, 1 << 20, &clock_);
   // A header cut short.
   ASSERT_OK_AND_ASSIGN(UniqueFd a, Connect());
   uint8_t hdr[kRequestHeaderBytes];
@@ -121,6 +170,8 @@ TEST_F(TcpServerTest, IncompleteFrameIsClosedAndItsLeaseReleased) {
   ASSERT_OK(WriteFull(b.get(), hdr, sizeof(hdr)));
   std::vector<uint8_t> half(2048, 0x22);
   ASSERT_OK(WriteFull(b.get(), half.data(), half.size()));
+  ASSERT_TRUE(Accepted(2));
+  ASSERT_TRUE(FrameTimeoutClosesAll(o.frame_timeout, 2)) << "still open";
   EXPECT_OK(WaitForClose(a.get(), absl::Seconds(5)));
   EXPECT_OK(WaitForClose(b.get(), absl::Seconds(5)));
   EXPECT_EQ(server_->counters().timeouts, 2u);
@@ -130,8 +181,8 @@ TEST_F(TcpServerTest, IncompleteFrameIsClosedAndItsLeaseReleased) {
 
 TEST_F(TcpServerTest, PeerThatDoesNotReadIsClosedAndItsLeaseReleased) {
   TcpOptions o;
-  o.frame_timeout = absl::Milliseconds(300);
-  Start(o, 32 << 20);
+  o.frame_timeout = absl::Seconds(10);
+  Start(o, 32 << 20, &clock_);
   ASSERT_OK_AND_ASSIGN(UniqueFd fd, Connect());
   int small = 4096;  // Fill the peer's window quickly.
   ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
@@ -140,15 +191,11 @@ TEST_F(TcpServerTest, PeerThatDoesNotReadIsClosedAndItsLeaseReleased) {
       {WireOp::kRead, 1, base(), 32 << 20, kTestKey.value, kTestIncarnation},
       hdr);
   ASSERT_OK(WriteFull(fd.get(), hdr, sizeof(hdr)));
+  ASSERT_TRUE(Accepted(1));
   // The response cannot be sent while nobody reads: the server gives up
-  // after frame_timeout and releases the buffer.
-  const absl::Time end = absl::Now() + absl::Seconds(5);
-  while (server_->counters().accepted == 0 && absl::Now() < end) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  while (server_->counters().open > 0 && absl::Now() < end) {
-    absl::SleepFor(absl::Milliseconds(10));
-  }
+  // after frame_timeout (from when it queued the answer) and releases the
+  // buffer.
+  ASSERT_TRUE(FrameTimeoutClosesAll(o.frame_timeout, 1)) << "still open";
   EXPECT_EQ(server_->counters().open, 0u);
   EXPECT_EQ(server_->counters().timeouts, 1u);
   EXPECT_OK(registry_.Remove(base(), absl::Seconds(1)));

@@ -60,11 +60,11 @@ TcpTransport::~TcpTransport() { Shutdown(); }
 absl::Status TcpTransport::Install(const TransportEnv& env,
                                    metadata::TransportEndpoint* endpoint) {
   if (absl::Status s = ValidateOptions(options_); !s.ok()) return s;
-  if (absl::Status s = client_.Start(); !s.ok()) {
+  if (absl::Status s = client_.Start(env.clock); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("TCP transport: ", s.message()));
   }
-  if (absl::Status s =
-          server_.Start(env.listen_host, options_.tcp.port, env.incarnation);
+  if (absl::Status s = server_.Start(env.listen_host, options_.tcp.port,
+                                     env.incarnation, env.clock);
       !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("TCP transport: ", s.message()));
   }
