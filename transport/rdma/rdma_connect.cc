@@ -60,7 +60,7 @@ void RdmaTransport::ControlLoop() {
       MutexLock lock(&jobs_mu_);
       while (true) {
         const bool farewell = stopping_.load();
-        if (farewell && absl::Now() > farewell_deadline_) return;
+        if (farewell && clock_->Now() > farewell_deadline_) return;
         // The oldest job that may run: a connect waits while its peer has
         // as many running as it may (so that an unreachable peer holds one
         // control thread, not one per rail). Shutting down, only notices
@@ -174,7 +174,7 @@ RdmaTransport::Job RdmaTransport::NoticeJob(Peer* peer, const Endpoint& ep,
 void RdmaTransport::ApplyLocked(Peer* peer, Peer::Rail* rail,
                                 const Actions& acts, const EndpointPtr& created,
                                 std::vector<QueuePair>* qps, Later* later) {
-  const int64_t now = absl::GetCurrentTimeNanos();
+  const int64_t now = clock_->NowNanos();
   // The endpoint an action names: the rail's (before or after this step)
   // or the one made for it.
   auto resolve = [&](uint64_t id) -> EndpointPtr {
@@ -405,14 +405,14 @@ void RdmaTransport::RunConnect(const EndpointPtr& ep, uint64_t attempt,
     if (stale) peer->SeeIncarnation(reply.target_incarnation(), &restarted);
     if (s.code() == absl::StatusCode::kDeadlineExceeded) {
       peer->unresponsive_until_ns =
-          absl::GetCurrentTimeNanos() +
+          clock_->NowNanos() +
           absl::ToInt64Nanoseconds(options_.connect_timeout);
     }
     Peer::Rail* rail = peer->FindRail(ep->local_nic(), ep->remote_nic());
     if (rail != nullptr) {
       Actions acts;
       rail->conn.OnReply(attempt, outcome, s.ok() ? reply.epoch() : 0, s,
-                         absl::GetCurrentTimeNanos(), &acts);
+                         clock_->NowNanos(), &acts);
       for (const auto& a : acts) install |= a.kind == Kind::kInstall;
       ApplyLocked(peer, rail, acts, nullptr, nullptr, &later);
     }
@@ -447,7 +447,7 @@ void RdmaTransport::RunConnect(const EndpointPtr& ep, uint64_t attempt,
 
 void RdmaTransport::RunNotice(const Job& job) {
   std::string rpc;
-  const int64_t now = absl::GetCurrentTimeNanos();
+  const int64_t now = clock_->NowNanos();
   {
     MutexLock lock(&job.peer->mu);
     // Best effort: a peer that did not answer the last one is not waited
@@ -474,8 +474,7 @@ void RdmaTransport::RunNotice(const Job& job) {
                   r.status().code() == absl::StatusCode::kUnavailable)) {
     MutexLock lock(&job.peer->mu);
     job.peer->unresponsive_until_ns =
-        absl::GetCurrentTimeNanos() +
-        absl::ToInt64Nanoseconds(options_.connect_timeout);
+        clock_->NowNanos() + absl::ToInt64Nanoseconds(options_.connect_timeout);
     return;
   }
   RailNoticeReply reply;
@@ -667,8 +666,7 @@ absl::StatusOr<ConnectReply> RdmaTransport::OnConnect(
     MutexLock lock(&peer->mu);
     Peer::Rail* rail = peer->FindRail(local, req.initiator_nic());
     Actions acts;
-    rail->conn.AcceptDone(ep->id(), epoch, s, absl::GetCurrentTimeNanos(),
-                          &acts);
+    rail->conn.AcceptDone(ep->id(), epoch, s, clock_->NowNanos(), &acts);
     for (const auto& a : acts) {
       if (a.kind == Kind::kReplyAccepted) accepted = true;
       if (a.kind == Kind::kRefuse) refused = a.why;
@@ -774,7 +772,7 @@ bool RdmaTransport::Close(const EndpointPtr& ep, bool evicted) {
         // The peer drains its own use of the connection (one-sided
         // traffic is invisible here) before our QPs go.
         ep->drop_after_ns =
-            absl::GetCurrentTimeNanos() +
+            clock_->NowNanos() +
             absl::ToInt64Nanoseconds(options_.connect_timeout / 2) +
             kLingerMarginNs;
       }
@@ -815,7 +813,7 @@ void RdmaTransport::CloseForPeer(const EndpointPtr& ep) {
       // Our own posted work finishes (or is flushed at this deadline)
       // before the QPs go; the peer keeps its QPs that long.
       ep->drain_deadline_ns =
-          absl::GetCurrentTimeNanos() +
+          clock_->NowNanos() +
           absl::ToInt64Nanoseconds(options_.connect_timeout / 2);
     }
     waiting.Append(&ep->waiting);
@@ -823,14 +821,25 @@ void RdmaTransport::CloseForPeer(const EndpointPtr& ep) {
   store_.Drain(ep);
   ep->Unload(waiting);
   // They never ran: a new endpoint takes them, no try charged.
-  RouteQueue(&waiting, absl::Now(), 1);
+  RouteQueue(&waiting, clock_->Now(), 1);
   DropIfDrained(ep);
 }
 
 void RdmaTransport::HousekeeperLoop() {
-  while (!stop_housekeeper_.WaitForNotificationWithTimeout(
-      kHousekeepingInterval)) {
-    Housekeep(absl::GetCurrentTimeNanos());
+  while (true) {
+    {
+      MutexLock lock(&housekeeper_mu_);
+      const absl::Time next = clock_->Now() + kHousekeepingInterval;
+      while (
+          !stop_housekeeper_ &&
+          !clock_->WaitWithDeadline(&housekeeper_cv_, &housekeeper_mu_, next)) {
+      }
+      if (stop_housekeeper_) {
+        housekeeper_running_ = false;
+        return;
+      }
+    }
+    Housekeep(clock_->NowNanos());
   }
 }
 

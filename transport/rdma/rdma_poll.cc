@@ -221,8 +221,7 @@ void RdmaTransport::DropIfDrained(const std::shared_ptr<Endpoint>& ep) {
     MutexLock lock(&ep->mu);
     const Endpoint::State st = ep->state();
     if ((st != Endpoint::State::kFailed && st != Endpoint::State::kClosing) ||
-        ep->PostedLocked() != 0 ||
-        absl::GetCurrentTimeNanos() < ep->drop_after_ns) {
+        ep->PostedLocked() != 0 || clock_->NowNanos() < ep->drop_after_ns) {
       return;
     }
     for (const QueuePair& q : ep->qps) {
@@ -268,7 +267,7 @@ void RdmaTransport::Retry(Slice* slice, const absl::Status& status) {
   uint32_t limit = std::max<uint32_t>(
       options_.rdma.max_attempts, static_cast<uint32_t>(nics_.size()) * remote);
   if (status.code() == absl::StatusCode::kInvalidArgument) limit = 2;
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
   if (stopping_.load() || slice->attempts >= limit) {
     slice->Complete(status);
     return;
@@ -299,7 +298,7 @@ void RdmaTransport::NoteRailError(const Endpoint& ep) {
   const int64_t pause = absl::ToInt64Nanoseconds(options_.rdma.pause_duration)
                         << std::min<uint32_t>(h.pauses, 6);
   ++h.pauses;
-  h.paused_until_ns = absl::GetCurrentTimeNanos() + pause;
+  h.paused_until_ns = clock_->NowNanos() + pause;
   FERRY_LOG_EVERY(
       kWarn, "rdma", absl::Seconds(1), "rail ", nics_[ep.local_nic()]->name(),
       " -> '", peer->name(), "'/", ep.remote_nic(), " paused for ",
@@ -391,6 +390,8 @@ void RdmaTransport::WaitEvents(Worker* w, int64_t timeout_us, bool channels) {
   fds[n++] = {w->wake_fd, POLLIN, 0};
   const timespec ts = {static_cast<time_t>(timeout_us / 1000000),
                        static_cast<long>((timeout_us % 1000000) * 1000)};
+  // Real time: a bound on the sleep only (events wake it; nothing timed is
+  // decided here).
   if (::ppoll(fds, n, &ts, nullptr) <= 0) return;
   for (size_t k = 0; k < w->pollers.size(); ++k) {
     Poller* p = w->pollers[k];

@@ -28,7 +28,7 @@ void RdmaTransport::Submit(absl::Span<Slice* const> slices) {
     }
     return;
   }
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
   size_t i = 0;
   while (i < slices.size()) {
     size_t j = i + 1;
@@ -169,7 +169,7 @@ std::shared_ptr<Endpoint> RdmaTransport::RailEndpoint(
       }
     }
     if (ep == nullptr) {
-      const int64_t now = absl::GetCurrentTimeNanos();
+      const int64_t now = clock_->NowNanos();
       if (peer->backoff.Admit(now) == ConnectBackoff::Verdict::kFailFast) {
         // Fail fast while backing off: no reconnect storm.
         *why = absl::UnavailableError(absl::StrCat(

@@ -187,9 +187,10 @@ size_t TestSink::duplicates() const {
 
 absl::StatusOr<std::unique_ptr<TestNode>> TestNode::Start(
     FakePeerNetwork* net, const std::string& name, TransportOptions options,
-    size_t buffer_bytes, std::string address) {
+    size_t buffer_bytes, std::string address, Clock* clock) {
   std::unique_ptr<TestNode> n(new TestNode());
   n->name_ = name;
+  n->clock_ = clock;
   std::random_device rd;
   n->incarnation_ = (static_cast<uint64_t>(rd()) << 32) | rd() | 1;
   n->bytes_ = buffer_bytes;
@@ -210,6 +211,7 @@ absl::StatusOr<std::unique_ptr<TestNode>> TestNode::Start(
   env.listen_host = "127.0.0.1";
   env.rpc_address = address;
   env.peer_channel = n->channel_.get();
+  env.clock = clock;
   if (absl::Status s = n->transport_->Install(env, ep); !s.ok()) return s;
   MemoryRegion region;
   region.addr = reinterpret_cast<uintptr_t>(n->mem_.get());
@@ -241,7 +243,7 @@ std::vector<Slice> TestNode::MakeSlices(const TestNode& target, OpCode op,
                                         SliceSink* sink,
                                         absl::Duration timeout) {
   std::vector<Slice> v(n);
-  const absl::Time deadline = absl::Now() + timeout;
+  const absl::Time deadline = clock_->Now() + timeout;
   for (int i = 0; i < n; ++i) {
     Slice& s = v[i];
     s.op = op;

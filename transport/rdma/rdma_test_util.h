@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/mutex.h"
 #include "transport/peer_channel.h"
 #include "transport/segment_view.h"
@@ -112,9 +113,12 @@ class TestSink final : public SliceSink {
 class TestNode {
  public:
   // `address`: its peer-service address on `net` (default: the name).
+  // `clock`: the transport's (TransportEnv::clock), which also times the
+  // deadlines of MakeSlices; it must outlive the node.
   static absl::StatusOr<std::unique_ptr<TestNode>> Start(
       FakePeerNetwork* net, const std::string& name, TransportOptions options,
-      size_t buffer_bytes = 1 << 20, std::string address = "");
+      size_t buffer_bytes = 1 << 20, std::string address = "",
+      Clock* clock = RealClock());
   ~TestNode();
 
   Transport& transport() { return *transport_; }
@@ -133,8 +137,9 @@ class TestNode {
   void Stop();
 
   // Slices of `len` bytes each from this node's buffer at `off` to
-  // `target`'s buffer at the same offset. The slices live in the returned
-  // vector (do not let it reallocate while they are submitted).
+  // `target`'s buffer at the same offset, due `timeout` from now on the
+  // node's clock. The slices live in the returned vector (do not let it
+  // reallocate while they are submitted).
   std::vector<Slice> MakeSlices(const TestNode& target, OpCode op, size_t off,
                                 size_t len, int n, SliceSink* sink,
                                 absl::Duration timeout = absl::Seconds(10));
@@ -145,6 +150,7 @@ class TestNode {
   TestNode() = default;
 
   std::string name_;
+  Clock* clock_ = RealClock();
   uint64_t incarnation_ = 0;
   std::unique_ptr<uint8_t[]> mem_;
   size_t bytes_ = 0;

@@ -87,6 +87,7 @@ absl::Status RdmaTransport::Install(const TransportEnv& env,
                                     metadata::TransportEndpoint* endpoint) {
   if (absl::Status s = ValidateOptions(); !s.ok()) return s;
   env_ = env;
+  clock_ = env.clock;
   incarnation_ = env.incarnation;
   if (incarnation_ == 0) {
     // Stand-alone use (tests): any run-unique value will do.
@@ -199,6 +200,10 @@ absl::Status RdmaTransport::Install(const TransportEnv& env,
   }
   for (int i = 0; i < kControlThreads; ++i) {
     control_threads_.emplace_back([this] { ControlLoop(); });
+  }
+  {
+    MutexLock lock(&housekeeper_mu_);
+    housekeeper_running_ = true;
   }
   housekeeper_ = std::thread([this] { HousekeeperLoop(); });
   return absl::OkStatus();
@@ -384,12 +389,24 @@ void RdmaTransport::Shutdown() {
   }
   {
     MutexLock lock(&jobs_mu_);
-    farewell_deadline_ = absl::Now() + kFarewell;
+    farewell_deadline_ = clock_->Now() + kFarewell;
     jobs_cv_.SignalAll();
   }
   for (auto& t : control_threads_) t.join();
   control_threads_.clear();
-  if (!stop_housekeeper_.HasBeenNotified()) stop_housekeeper_.Notify();
+  // Signalled until it has left: a clock's timed wait may take a signal
+  // that races the end of one of its real waits for a timeout and sleep on
+  // (SimulatedClock rechecks every few ms, and std::condition_variable
+  // reports any wake after the deadline as a timeout).
+  housekeeper_mu_.Lock();
+  stop_housekeeper_ = true;
+  while (housekeeper_running_) {
+    housekeeper_cv_.SignalAll();
+    housekeeper_mu_.Unlock();
+    std::this_thread::yield();
+    housekeeper_mu_.Lock();
+  }
+  housekeeper_mu_.Unlock();
   if (housekeeper_.joinable()) housekeeper_.join();
   for (auto& w : workers_) {
     uint64_t one = 1;

@@ -129,7 +129,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
-#include "absl/synchronization/notification.h"
+#include "common/clock.h"
 #include "common/mutex.h"
 #include "transport/rdma/connector.h"
 #include "transport/rdma/endpoint.h"
@@ -331,6 +331,9 @@ class RdmaTransport final : public Transport {
 
   const TransportOptions options_;
   TransportEnv env_;
+  // env_.clock: every deadline, back-off, pause, linger and keepalive of
+  // the transport is read from it (set by Install, before any thread).
+  Clock* clock_ = RealClock();
   uint64_t incarnation_ = 0;
   QpTimers timers_;
   const QpPosting posting_;
@@ -364,7 +367,13 @@ class RdmaTransport final : public Transport {
   absl::Time farewell_deadline_ ABSL_GUARDED_BY(jobs_mu_) =
       absl::InfiniteFuture();
   std::vector<std::thread> control_threads_;
-  absl::Notification stop_housekeeper_;
+  // The housekeeper's timed wait is on clock_, so a simulated clock drives
+  // it (an absl::Notification's timeout would be real time).
+  Mutex housekeeper_mu_;
+  CondVar housekeeper_cv_;
+  bool stop_housekeeper_ ABSL_GUARDED_BY(housekeeper_mu_) = false;
+  // From before its thread starts until it has left HousekeeperLoop.
+  bool housekeeper_running_ ABSL_GUARDED_BY(housekeeper_mu_) = false;
   std::thread housekeeper_;
 
   std::atomic<uint64_t> connects_started_{0};
