@@ -12,18 +12,24 @@
 //     threads flat;
 //   - an idle endpoint whose peer vanished is found by the keepalive;
 //   - DEVICE_FATAL and GID_CHANGE async events (softrnic injects them).
+//
+// The tests of what the transport times (back-off, deadlines, keepalive)
+// run it on a SimulatedClock and move time themselves; softrnic (the
+// "hardware") and the fake network's RPC timeout stay on real time.
 #include <infiniband/verbs.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/simulated_clock.h"
 #include "common/status_testing.h"
 #include "gtest/gtest.h"
 #include "tests/process_usage.h"
@@ -49,8 +55,6 @@ TransportOptions OneNic() {
   return o;
 }
 
-// Polls `cond` until it holds or `timeout` passes (the transport's own
-// threads make the progress; this only looks).
 // Writes `n` slices of `len` bytes from `from` to `to` and waits for them;
 // returns the failures' statuses (empty: all succeeded).
 std::vector<absl::Status> WriteAndWait(
@@ -72,32 +76,58 @@ std::vector<absl::Status> WriteAndWait(
   return bad;
 }
 
+// Advances `clock` by `d`, then waits (real time, bounded) until the
+// `threads` threads timed on it -- the housekeepers of the nodes running
+// on it -- have done what fell due and wait for a later time again.
+bool Step(SimulatedClock* clock, absl::Duration d, int threads) {
+  clock->Advance(d);
+  const absl::Time end = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < end) {
+    // In this order: a thread that is due and not yet awake keeps the
+    // earliest deadline at now; one that is busy is not counted.
+    const std::optional<absl::Time> next = clock->NextDeadline();
+    if (next.has_value() && *next > clock->Now() &&
+        clock->waiters() >= threads) {
+      return true;
+    }
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return false;
+}
+
+// The housekeeping interval (rdma_connect.cc).
+constexpr absl::Duration kHousekeeping = absl::Milliseconds(50);
+
 TEST(RdmaTransportTest, UnreachablePeerFailsFastWithBoundedHandshakes) {
-  // Two NICs each: four rails; the peer is backed off as a whole.
+  // Two NICs each: four rails; the peer is backed off as a whole. Two
+  // seconds of the clock, a batch every 10 ms.
+  SimulatedClock clock;
   FakePeerNetwork net;
   TransportOptions o;
-  ASSERT_OK_AND_ASSIGN(auto target, TestNode::Start(&net, "t", o));
-  ASSERT_OK_AND_ASSIGN(auto init, TestNode::Start(&net, "i", o, 8 << 20));
+  ASSERT_OK_AND_ASSIGN(auto target,
+                       TestNode::Start(&net, "t", o, 1 << 20, "", &clock));
+  ASSERT_OK_AND_ASSIGN(auto init,
+                       TestNode::Start(&net, "i", o, 8 << 20, "", &clock));
   net.SetFault("t", FakePeerNetwork::Fault::kRefuse);
-  const absl::Duration kRun = absl::Seconds(2);
-  const absl::Time start = absl::Now();
+  const absl::Time end = clock.Now() + absl::Seconds(2);
   size_t slices = 0;
   std::vector<absl::Status> failures;
-  while (absl::Now() - start < kRun) {
+  while (clock.Now() < end) {
     TestSink sink;
     auto batch = init->MakeSlices(*target, OpCode::kWrite, 0, 65536, 64, &sink);
     init->Submit(&batch);
+    // All done before time moves: a failed handshake is timed now.
     ASSERT_TRUE(sink.WaitFor(batch.size(), absl::Seconds(10)));
     slices += batch.size();
     for (const absl::Status& s : sink.statuses()) failures.push_back(s);
+    clock.Advance(absl::Milliseconds(10));
   }
   const TransportStats st = init->stats();
   const int handshakes = net.calls("t");
   // One handshake at first contact (the other rails wait for it, then see
   // the peer backed off), then one probe per backoff period: 50 ms
-  // doubling, probes at 50, 150, 350, 750 and 1550 ms within 2 s; one
-  // more for a slow machine.
-  EXPECT_LE(handshakes, 1 + 5 + 1) << slices << " slices";
+  // doubling, probes at 50, 150, 350, 750 and 1550 ms within 2 s.
+  EXPECT_EQ(handshakes, 1 + 5) << slices << " slices";
   std::printf("%d handshakes, %zu slices, %llu fast failures\n", handshakes,
               slices, static_cast<unsigned long long>(st.fast_failures));
   EXPECT_EQ(failures.size(), slices);
@@ -110,25 +140,33 @@ TEST(RdmaTransportTest, UnreachablePeerFailsFastWithBoundedHandshakes) {
   }
   // Nearly all of them failed without touching the network.
   EXPECT_GE(st.fast_failures, slices - 64 * 10) << st.fast_failures;
-  EXPECT_GT(slices, 1000u);
+  EXPECT_EQ(slices, 200u * 64u);
 }
 
 TEST(RdmaTransportTest, HandshakeWithSilentPeerEndsByTheDeadline) {
   // The peer's control path accepts the call and never answers (a stopped
   // process): every slice still ends by its deadline plus the documented
-  // bound (the housekeeping interval, with slack for a loaded machine).
+  // bound (the housekeeping interval), and not before its deadline.
+  SimulatedClock clock;
   FakePeerNetwork net(/*rpc_timeout=*/absl::Seconds(30));
-  ASSERT_OK_AND_ASSIGN(auto target, TestNode::Start(&net, "t", OneNic()));
-  ASSERT_OK_AND_ASSIGN(auto init, TestNode::Start(&net, "i", OneNic()));
+  ASSERT_OK_AND_ASSIGN(
+      auto target, TestNode::Start(&net, "t", OneNic(), 1 << 20, "", &clock));
+  ASSERT_OK_AND_ASSIGN(
+      auto init, TestNode::Start(&net, "i", OneNic(), 1 << 20, "", &clock));
   net.SetFault("t", FakePeerNetwork::Fault::kSilent);
   TestSink sink;
-  const absl::Time start = absl::Now();
+  const absl::Time deadline = clock.Now() + absl::Seconds(1);
   auto slices = init->MakeSlices(*target, OpCode::kWrite, 0, 4096, 8, &sink,
                                  absl::Seconds(1));
   init->Submit(&slices);
-  ASSERT_TRUE(sink.WaitFor(slices.size(), absl::Seconds(5)));
-  const absl::Duration took = absl::Now() - start;
-  EXPECT_LT(took, absl::Seconds(1) + absl::Milliseconds(500)) << took;
+  // Housekeeping runs every 50 ms of the clock, from the nodes' start.
+  while (clock.Now() + kHousekeeping < deadline) {
+    ASSERT_TRUE(Step(&clock, kHousekeeping, 2));
+  }
+  EXPECT_EQ(sink.done(), 0u) << "ended before the deadline";
+  ASSERT_TRUE(Step(&clock, kHousekeeping, 2));
+  EXPECT_EQ(clock.Now(), deadline);
+  ASSERT_TRUE(sink.WaitFor(slices.size(), absl::Seconds(10)));
   for (const absl::Status& s : sink.statuses()) {
     EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
   }
@@ -228,41 +266,59 @@ TEST(RdmaTransportTest, ThousandPeersOpenedUsedAndClosedStayFlat) {
 TEST(RdmaTransportTest, KeepaliveReapsEndpointsOfAVanishedPeer) {
   // The initiator goes away without a word (its QPs are destroyed, as
   // when its process is killed): the target's idle endpoint to it is
-  // probed, fails, and is dropped within keepalive + the QP retry time.
+  // probed once it has been idle for the keepalive interval (counted from
+  // the first housekeeping that saw it idle), fails, and is dropped.
+  SimulatedClock clock;
   FakePeerNetwork net;
   TransportOptions o = OneNic();
-  o.rdma.keepalive_interval = absl::Milliseconds(200);
-  ASSERT_OK_AND_ASSIGN(auto target, TestNode::Start(&net, "t", o));
-  ASSERT_OK_AND_ASSIGN(auto init, TestNode::Start(&net, "i", o));
+  o.rdma.keepalive_interval = absl::Seconds(2);
+  ASSERT_OK_AND_ASSIGN(auto target,
+                       TestNode::Start(&net, "t", o, 1 << 20, "", &clock));
+  ASSERT_OK_AND_ASSIGN(auto init,
+                       TestNode::Start(&net, "i", o, 1 << 20, "", &clock));
+  const absl::Time start = clock.Now();
   ASSERT_TRUE(WriteAndWait(init.get(), *target, 0, 4096, 1).empty());
   ASSERT_EQ(target->stats().endpoints, 1u);
   net.SetFault("i", FakePeerNetwork::Fault::kRefuse);  // No notices either.
   init->Stop();
+  // The first housekeeping (at 50 ms) finds it idle; no probe until the
+  // interval has passed since, at the housekeeping after 2 s.
+  while (clock.Now() < start + o.rdma.keepalive_interval) {
+    ASSERT_TRUE(Step(&clock, kHousekeeping, 1));
+  }
+  EXPECT_EQ(target->stats().endpoints, 1u) << "reaped before the interval";
+  EXPECT_EQ(target->stats().nics[0].outstanding_wrs, 0u) << "probed early";
+  ASSERT_TRUE(Step(&clock, kHousekeeping, 1));  // The probe.
   EXPECT_TRUE(WaitUntil([&] { return target->stats().endpoints == 0; },
-                        absl::Seconds(5)))
+                        absl::Seconds(10)))
       << target->stats().endpoints;
   // And the objects (with their QPs) are gone, not just out of the store.
   init.reset();
   EXPECT_TRUE(
-      WaitUntil([&] { return EndpointsAlive() == 0; }, absl::Seconds(2)))
+      WaitUntil([&] { return EndpointsAlive() == 0; }, absl::Seconds(5)))
       << EndpointsAlive();
 }
 
 TEST(RdmaTransportTest, ShutdownWithAKeepaliveOutstanding) {
   // A keepalive probe has no slice (a null entry among the posted ones):
   // shutting down while one waits for its acknowledgement must skip it.
+  SimulatedClock clock;
   FakePeerNetwork net;
   TransportOptions o = OneNic();
-  o.rdma.keepalive_interval = absl::Milliseconds(100);
-  ASSERT_OK_AND_ASSIGN(auto target, TestNode::Start(&net, "t", o));
-  ASSERT_OK_AND_ASSIGN(auto init, TestNode::Start(&net, "i", o));
+  o.rdma.keepalive_interval = absl::Seconds(2);
+  ASSERT_OK_AND_ASSIGN(auto target,
+                       TestNode::Start(&net, "t", o, 1 << 20, "", &clock));
+  ASSERT_OK_AND_ASSIGN(auto init,
+                       TestNode::Start(&net, "i", o, 1 << 20, "", &clock));
   ASSERT_TRUE(WriteAndWait(init.get(), *target, 0, 4096, 1).empty());
   ASSERT_EQ(target->stats().nics[0].outstanding_wrs, 0u);
   net.SetFault("i", FakePeerNetwork::Fault::kRefuse);
   init->Stop();  // Its QPs are gone: the probe waits out the retries.
-  ASSERT_TRUE(
-      WaitUntil([&] { return target->stats().nics[0].outstanding_wrs > 0; },
-                absl::Seconds(5)));
+  const absl::Time end = clock.Now() + 10 * o.rdma.keepalive_interval;
+  while (target->stats().nics[0].outstanding_wrs == 0 && clock.Now() < end) {
+    ASSERT_TRUE(Step(&clock, kHousekeeping, 1));
+  }
+  ASSERT_GT(target->stats().nics[0].outstanding_wrs, 0u);
   target->Stop();
   EXPECT_EQ(EndpointsAlive(), 0);
 }
