@@ -571,7 +571,9 @@ std::string DefaultInitiatorName() {
   return absl::StrCat("initiator-", h.empty() ? "host" : h, "-", getpid());
 }
 
-int RunInitiator(TransferEngine& engine) {
+// The initiator's flags, checked before any engine starts: a bad flag is
+// an error at once, not after the target's buffer has been filled.
+void CheckInitiatorFlags() {
   const size_t buffer = absl::GetFlag(FLAGS_buffer_size);
   const int threads = absl::GetFlag(FLAGS_threads);
   const size_t block = absl::GetFlag(FLAGS_block_size);
@@ -607,6 +609,18 @@ int RunInitiator(TransferEngine& engine) {
                          "block_stride)")),
         "flags");
   }
+}
+
+// The flags were checked by CheckInitiatorFlags.
+int RunInitiator(TransferEngine& engine) {
+  const size_t buffer = absl::GetFlag(FLAGS_buffer_size);
+  const int threads = absl::GetFlag(FLAGS_threads);
+  const size_t block = absl::GetFlag(FLAGS_block_size);
+  const int batch_size = absl::GetFlag(FLAGS_batch_size);
+  const double duration = absl::GetFlag(FLAGS_duration);
+  const double warmup = absl::GetFlag(FLAGS_warmup);
+  const size_t stride = BlockStride();
+  const size_t region = buffer / static_cast<size_t>(threads);
   auto seg = engine.OpenSegment(absl::GetFlag(FLAGS_segment_id));
   if (!seg.ok()) Die(seg.status(), "OpenSegment");
   auto bufs = engine.GetSegmentBuffers(*seg);
@@ -819,6 +833,7 @@ int Main() {
               "initiator needs --metadata_server=host:port (the target's)"),
           "flags");
     }
+    CheckInitiatorFlags();
     TransferEngine engine;
     if (absl::Status s = engine.Init(BaseOptions(name, md)); !s.ok()) {
       Die(s, "Init");
@@ -828,6 +843,7 @@ int Main() {
   if (mode == "local") {
     // Two engines in one process: the target embeds the metadata service.
     // Only the initiator takes the port flags (two engines cannot share).
+    CheckInitiatorFlags();
     EngineOptions to = BaseOptions(absl::GetFlag(FLAGS_segment_id), md);
     to.rpc_port = 0;
     to.tcp.port = 0;
