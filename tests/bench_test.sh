@@ -65,10 +65,12 @@ print(f"{len(ferry)} Ferry points, {len(rows) - 1 - len(ferry)} references, "
 PY
 }
 
+# Two rounds of 0.3 s per point: the harness is under test here, not the
+# figures, and two rounds still give a median and a range.
 out1="$tmp/quick"
 check "quick profile on 4 namespaced hosts runs end to end" \
-  timeout 900 "$RUNFILES/tools/bench" --profile quick --bin "$RUNFILES" \
-  --out "$out1"
+  timeout 900 "$RUNFILES/tools/bench" --profile quick --rounds 2 \
+  --seconds 0.3 --bin "$RUNFILES" --out "$out1"
 check "quick profile output: every point, the references, ratios, plots" \
   check_out "$out1" '
 len([f for f in ferry if f["initiators"] == 1]) == 2 * 2 * 2 and
@@ -77,7 +79,7 @@ len([f for f in ferry if f["initiators"] == 1]) == 2 * 2 * 2 and
 {r["streams"] for r in rows if r["kind"] == "iperf3"} == {1, 4} and
 {r["tls"] for r in rows if r["kind"] == "ucx"} == {"tcp", "sm"} and
 len([r for r in rows if r["kind"] == "memcpy"]) == 2 and
-all(len(r["rounds"]) == 3 for r in rows[1:])' "tcp.png rdma.png"
+all(len(r["rounds"]) == 2 for r in rows[1:])' "tcp.png rdma.png"
 
 # --report writes the reports again from the results alone.
 check "--report rebuilds ratios, summary and plots from results.jsonl" \
