@@ -176,6 +176,8 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
     if (absl::Status s = log::SetLevels(options.log_level); !s.ok()) return s;
   }
   options_ = options;
+  clock_ = ClockOrReal(options.clock);
+  local_memory_.SetClock(clock_);
   TransportOptions topts;
   topts.tcp = options.tcp;
   topts.rdma = options.rdma;
@@ -199,12 +201,16 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
     StopMrCache();
     return tls.status();
   }
+  if (metadata_service_ == nullptr || metadata_service_clock_ != clock_) {
+    metadata_service_ = std::make_unique<metadata::MetadataServiceImpl>(clock_);
+    metadata_service_clock_ = clock_;
+  }
   peer_service_.SetAuthToken(options.auth_token);
-  metadata_service_.SetAuthToken(options.auth_token);
+  metadata_service_->SetAuthToken(options.auth_token);
   std::vector<grpc::Service*> services = {&peer_service_};
   const bool embedded =
       md_address->kind == metadata::MetadataAddress::Kind::kEmbedded;
-  if (embedded) services.push_back(&metadata_service_);
+  if (embedded) services.push_back(metadata_service_.get());
   metadata::RpcServerOptions rpc_options;
   rpc_options.tls = *tls;
   auto server = metadata::RpcServer::Start(
@@ -276,12 +282,13 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
       [this](Task* task, std::shared_ptr<const SegmentView> view,
              const absl::Status& fetch) {
         OnDescriptorReady(task, std::move(view), fetch);
-      });
+      },
+      clock_);
   sink_.set_segments(segments_.get());
   // P2P names are addresses: compared as they are, with no lookup (one
   // would dial whatever a caller names).
   sender_check_ =
-      std::make_unique<SenderCheck>(p2p ? nullptr : metadata_.get());
+      std::make_unique<SenderCheck>(p2p ? nullptr : metadata_.get(), clock_);
   peer_service_.SetNotifyHandler(
       [this](const std::string& from, const std::string& name,
              const std::string& message, const std::string& sender) {
@@ -303,7 +310,7 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
   peer_channel_ = std::make_unique<metadata::GrpcPeerChannel>(
       &peer_service_, peer_client_.get(), segment_name);
   env.peer_channel = peer_channel_.get();
-  env.clock = ClockOrReal(options.clock);
+  env.clock = clock_;
   for (const std::string& name : options.transports) {
     auto transport = CreateTransport(name, topts);
     absl::Status s = transport.status();
@@ -329,7 +336,8 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
   // This run's owner key: only this run can change or remove the segment,
   // and a second engine with the same name cannot take it over.
   publisher_ = std::make_unique<SegmentPublisher>(
-      metadata_.get(), metadata::NewOwnerKey(), options.metadata_lease_ttl);
+      metadata_.get(), metadata::NewOwnerKey(), options.metadata_lease_ttl,
+      clock_);
   const absl::Duration name_wait =
       options.segment_name_wait >= absl::ZeroDuration()
           ? options.segment_name_wait

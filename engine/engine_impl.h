@@ -16,6 +16,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "common/clock.h"
 #include "common/mutex.h"
 #include "engine/batch_table.h"
 #include "engine/memory_hooks.h"
@@ -184,6 +185,9 @@ class EngineImpl {
   void ReleaseAll();
 
   EngineOptions options_;
+  // Where every part of this engine reads and waits on time
+  // (ClockOrReal(options_.clock)); set by Init before any thread starts.
+  Clock* clock_ = RealClock();
   std::atomic<bool> initialized_{false};
   uint64_t incarnation_ = 0;
   // What peers are told (EngineOptions::advertise_host), and why.
@@ -193,7 +197,11 @@ class EngineImpl {
   std::string metadata_address_;
   std::string rpc_address_;  // This engine's gRPC server.
 
-  metadata::MetadataServiceImpl metadata_service_;
+  // The embedded metadata service, whose leases expire on clock_. Made by
+  // the first Init and kept across Shutdown (with its segments), unless a
+  // later Init brings another clock.
+  std::unique_ptr<metadata::MetadataServiceImpl> metadata_service_;
+  Clock* metadata_service_clock_ = nullptr;
   metadata::PeerServiceImpl peer_service_;
   std::unique_ptr<metadata::RpcServer> rpc_server_;
   std::unique_ptr<metadata::Store> metadata_;

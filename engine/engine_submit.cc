@@ -188,7 +188,7 @@ void EngineImpl::OnDescriptorReady(Task* task,
                              "' serves none of this engine's transports")));
     return;
   }
-  if (absl::Now() >= task->deadline) {
+  if (clock_->Now() >= task->deadline) {
     sink_.FailTask(task, absl::DeadlineExceededError(
                              "the request's deadline passed while it waited "
                              "for the target's descriptor"));
@@ -249,7 +249,7 @@ absl::Status EngineImpl::SubmitTransfer(
       return s;
     }
   }
-  const absl::Time deadline = absl::Now() + options_.transfer_timeout;
+  const absl::Time deadline = clock_->Now() + options_.transfer_timeout;
   {
     auto locked = batches_.LockBatch(batch_id);
     if (!locked.ok()) {
@@ -350,7 +350,12 @@ absl::StatusOr<BatchStatus> EngineImpl::GetBatchStatus(BatchId batch_id) {
 void EngineImpl::DriveUntilDone(Batch* batch, absl::Time deadline) {
   if (options_.wait_spin <= absl::ZeroDuration()) return;
   // Reap completions here while they keep coming; give up after wait_spin
-  // without any. The clock is read only every few idle polls.
+  // without any. The clock is read only every few idle polls. wait_spin
+  // is a budget of CPU time, so it runs on the system clock whatever the
+  // engine's: on a SimulatedClock the spin would never end, and WaitBatch
+  // never reach the timed wait that a test's Advance ends. The deadline
+  // is the engine clock's (one read when the two are the same).
+  Clock* const spin_clock = RealClock();
   constexpr int kClockEvery = 32;
   constexpr int kYieldEvery = 8;
   int idle = 0;
@@ -366,8 +371,8 @@ void EngineImpl::DriveUntilDone(Batch* batch, absl::Time deadline) {
     // may be what we wait for.
     if (idle % kYieldEvery == 0) sched_yield();
     if (idle % kClockEvery != 0) continue;
-    const absl::Time now = absl::Now();
-    if (now >= deadline) return;
+    const absl::Time now = spin_clock->Now();
+    if ((clock_ == spin_clock ? now : clock_->Now()) >= deadline) return;
     if (idle_since == absl::InfiniteFuture()) {
       idle_since = now;
     } else if (now - idle_since >= options_.wait_spin) {
@@ -378,7 +383,7 @@ void EngineImpl::DriveUntilDone(Batch* batch, absl::Time deadline) {
 
 absl::StatusOr<BatchStatus> EngineImpl::WaitBatch(BatchId batch_id,
                                                   absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
+  const absl::Time deadline = clock_->Now() + timeout;
   Batch* batch;
   {
     auto locked = batches_.LockBatch(batch_id);
@@ -396,7 +401,7 @@ absl::StatusOr<BatchStatus> EngineImpl::WaitBatch(BatchId batch_id,
   if (!locked.ok()) return locked.status();
   batch->mu.AssertHeld();
   while (batch->pending.load(std::memory_order_acquire) != 0) {
-    if (batch->done_cv.WaitWithDeadline(&batch->mu, deadline)) {
+    if (clock_->WaitWithDeadline(&batch->done_cv, &batch->mu, deadline)) {
       if (const size_t left = batch->pending.load(); left != 0) {
         return absl::DeadlineExceededError(absl::StrCat(
             left, " of ", batch->count, " request(s) still in flight after ",

@@ -167,7 +167,7 @@ absl::StatusOr<MemoryRegistry::Lease> EngineImpl::AcquireLocal(uintptr_t addr,
       // registered buffer overlaps: wait for the first two, finish what
       // retired, then look again.
       local_memory_.AwaitReservations(start, end - start,
-                                      absl::Now() + kReservationWait);
+                                      clock_->Now() + kReservationWait);
       if (retired_count_.load(std::memory_order_acquire) > 0) {
         ProcessReleases();
       }

@@ -24,8 +24,12 @@ constexpr absl::Duration kDeadlineTick = absl::Milliseconds(10);
 
 }  // namespace
 
-SegmentCache::SegmentCache(metadata::Store* client, uint16_t tag, ReadyFn ready)
-    : client_(client), tag_(tag), ready_(std::move(ready)) {}
+SegmentCache::SegmentCache(metadata::Store* client, uint16_t tag, ReadyFn ready,
+                           Clock* clock)
+    : client_(client),
+      clock_(ClockOrReal(clock)),
+      tag_(tag),
+      ready_(std::move(ready)) {}
 
 SegmentCache::~SegmentCache() { Stop(); }
 
@@ -158,7 +162,7 @@ absl::StatusOr<SegmentHandle> SegmentCache::Open(const std::string& name) {
   e->view = std::move(*view);
   e->in_use = true;
   e->stale = false;
-  e->last_fetch = absl::Now();
+  e->last_fetch = clock_->Now();
   const SegmentHandle handle = HandleOf(slot);
   by_name_[name] = handle;
   ++stats_.open;
@@ -336,7 +340,7 @@ absl::StatusOr<std::shared_ptr<const SegmentView>> SegmentCache::Refresh(
   Entry* e = entries_[*slot].get();
   InstallLocked(e, std::move(*view));
   e->stale = false;
-  e->last_fetch = absl::Now();
+  e->last_fetch = clock_->Now();
   return e->view;
 }
 
@@ -418,7 +422,7 @@ void SegmentCache::RefresherLoop() {
   std::vector<Delivery> out;
   mu_.Lock();
   while (!stopping_) {
-    const absl::Time now = absl::Now();
+    const absl::Time now = clock_->Now();
     ExpireLocked(now, &out);
     if (job_done_) FinishFetchLocked(&out);
     if (!out.empty()) {
@@ -456,7 +460,7 @@ void SegmentCache::RefresherLoop() {
       }
     }
     if (stats_.parked_now > 0) next = std::min(next, now + kDeadlineTick);
-    wake_.WaitWithDeadline(&mu_, next);
+    clock_->WaitWithDeadline(&wake_, &mu_, next);
   }
   mu_.Unlock();
 }

@@ -17,6 +17,8 @@
 // once per kMinRefreshInterval, each fetch bounded by the RPC timeout;
 // parked requests whose deadline passes meanwhile are handed back expired.
 //
+// Rate limits and deadlines run on the cache's Clock.
+//
 // Thread-safe. The ready callback runs on the refresher thread (or on the
 // thread calling Close/Stop) with no lock of the cache held.
 #ifndef FERRY_ENGINE_SEGMENT_CACHE_H_
@@ -34,6 +36,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/mutex.h"
 #include "engine/transfer_engine.h"
 #include "metadata/store.h"
@@ -59,8 +62,10 @@ class SegmentCache {
       std::function<void(Task* task, std::shared_ptr<const SegmentView> view,
                          const absl::Status& fetch)>;
 
-  // `client` must outlive the cache. `tag` distinguishes engines' handles.
-  SegmentCache(metadata::Store* client, uint16_t tag, ReadyFn ready);
+  // `client` and `clock` (null: the system clock) must outlive the cache.
+  // `tag` distinguishes engines' handles.
+  SegmentCache(metadata::Store* client, uint16_t tag, ReadyFn ready,
+               Clock* clock = RealClock());
   // Stops the refresher (Stop()).
   ~SegmentCache();
   SegmentCache(const SegmentCache&) = delete;
@@ -172,6 +177,7 @@ class SegmentCache {
   void Deliver(std::vector<Delivery>* deliveries);
 
   metadata::Store* const client_;
+  Clock* const clock_;
   const uint16_t tag_;
   const ReadyFn ready_;
 

@@ -3,7 +3,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "common/log.h"
 
 namespace ferry {
@@ -16,13 +15,13 @@ absl::Status SegmentPublisher::Publish(
     segment_.clear_buffers();
     buffers_.clear();
     for (const metadata::Buffer& b : segment.buffers()) buffers_[b.addr()] = b;
-    const absl::Time give_up = absl::Now() + name_wait;
+    const absl::Time give_up = clock_->Now() + name_wait;
     bool told = false;
     while (true) {
       absl::Status s = store_->Put(PutRequestLocked()).status();
       if (s.ok()) break;
       if (s.code() != absl::StatusCode::kAlreadyExists ||
-          absl::Now() >= give_up) {
+          clock_->Now() >= give_up) {
         return s;
       }
       if (!told) {
@@ -31,7 +30,7 @@ absl::Status SegmentPublisher::Publish(
                   absl::FormatDuration(name_wait), " for segment name '",
                   segment.name(), "': ", s.message());
       }
-      absl::SleepFor(absl::Milliseconds(200));
+      clock_->SleepFor(kNameRetry);
     }
   }
   if (lease_ttl_ > absl::ZeroDuration() && !renewer_.joinable()) {
@@ -114,8 +113,9 @@ void SegmentPublisher::RenewLoop() {
   while (true) {
     {
       MutexLock lock(&stop_mu_);
-      const absl::Time until = absl::Now() + every;
-      while (!stopping_ && !stop_cv_.WaitWithDeadline(&stop_mu_, until)) {
+      const absl::Time until = clock_->Now() + every;
+      while (!stopping_ &&
+             !clock_->WaitWithDeadline(&stop_cv_, &stop_mu_, until)) {
       }
       if (stopping_) return;
     }

@@ -7,6 +7,8 @@
 // it. Transfers never wait for it; a metadata service that is down only
 // delays the next renewal.
 //
+// Renewals and the wait for a taken name run on the publisher's Clock.
+//
 // Thread-safe. Publish, AddBuffer and RemoveBuffer are serialized with the
 // renewals, so that a re-publication never drops a buffer being added.
 #ifndef FERRY_ENGINE_SEGMENT_PUBLISHER_H_
@@ -22,6 +24,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/mutex.h"
 #include "metadata/proto/metadata.pb.h"
 #include "metadata/store.h"
@@ -30,12 +33,18 @@ namespace ferry {
 
 class SegmentPublisher {
  public:
-  // `store` must outlive the publisher. Every change carries `owner_key`
-  // (this engine run's). A zero `lease_ttl` publishes without a lease (the
-  // segment stays until removed) and renews nothing.
+  // While another engine run holds the name, Publish asks again this
+  // often.
+  static constexpr absl::Duration kNameRetry = absl::Milliseconds(200);
+
+  // `store` and `clock` (null: the system clock) must outlive the
+  // publisher. Every change carries `owner_key` (this engine run's). A zero
+  // `lease_ttl` publishes without a lease (the segment stays until
+  // removed) and renews nothing.
   SegmentPublisher(metadata::Store* store, std::string owner_key,
-                   absl::Duration lease_ttl)
+                   absl::Duration lease_ttl, Clock* clock = RealClock())
       : store_(store),
+        clock_(ClockOrReal(clock)),
         owner_key_(std::move(owner_key)),
         lease_ttl_(lease_ttl) {}
   ~SegmentPublisher() { Stop(); }
@@ -75,6 +84,7 @@ class SegmentPublisher {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(publish_mu_);
 
   metadata::Store* const store_;
+  Clock* const clock_;
   const std::string owner_key_;
   const absl::Duration lease_ttl_;
 

@@ -3,7 +3,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
-#include "absl/time/clock.h"
 #include "common/socket_util.h"
 
 namespace ferry {
@@ -26,7 +25,7 @@ absl::StatusOr<std::string> SenderCheck::PublishedHost(
     auto hp = ParseHostPort(claimed);
     return hp.ok() ? BareCallerHost(hp->host) : "";
   }
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
   {
     MutexLock lock(&mu_);
     auto it = cache_.find(claimed);

@@ -25,6 +25,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/mutex.h"
 #include "metadata/store.h"
 
@@ -36,9 +37,10 @@ class SenderCheck {
   static constexpr absl::Duration kCacheFor = absl::Seconds(2);
   static constexpr int kMaxLookupsInFlight = 4;
 
-  // `store` (null in P2P mode, where names are addresses) must outlive the
-  // check.
-  explicit SenderCheck(metadata::Store* store) : store_(store) {}
+  // `store` (null in P2P mode, where names are addresses) and `clock`
+  // (null: the system clock; it ages the cache) must outlive the check.
+  explicit SenderCheck(metadata::Store* store, Clock* clock = RealClock())
+      : store_(store), clock_(ClockOrReal(clock)) {}
 
   // OK if segment `claimed` is published with a peer-service address on
   // the host of `caller` ("ipv4:10.0.0.7", "ipv6:[fd00::7]", as
@@ -56,6 +58,7 @@ class SenderCheck {
   absl::StatusOr<std::string> PublishedHost(const std::string& claimed);
 
   metadata::Store* const store_;
+  Clock* const clock_;
   Mutex mu_;
   absl::flat_hash_map<std::string, Cached> cache_ ABSL_GUARDED_BY(mu_);
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;

@@ -129,7 +129,8 @@ struct EngineOptions {
   // blocks, counted from the last completion it saw: while completions
   // keep coming it keeps going (run to completion on the caller's core,
   // no hand-off between threads). Zero: block at once and leave all
-  // completion work to the transports' threads.
+  // completion work to the transports' threads. Measured on the system
+  // clock whatever `clock` is: it bounds CPU time spent.
   absl::Duration wait_spin = absl::Microseconds(50);
   // MR cache: when > 0, a request whose local source is mapped memory but
   // not registered gets it registered on first use (page-aligned, not

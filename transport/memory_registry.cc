@@ -54,6 +54,11 @@ void MemoryRegistry::Lease::Release() {
 
 MemoryRegistry::~MemoryRegistry() = default;
 
+void MemoryRegistry::SetClock(Clock* clock) {
+  MutexLock lock(&mu_);
+  clock_ = ClockOrReal(clock);
+}
+
 absl::Status MemoryRegistry::CheckFreeLocked(const MemoryRegion& region) const {
   if (absl::Status s = ValidateRegion(region.addr, region.length); !s.ok()) {
     return s;
@@ -153,7 +158,7 @@ bool MemoryRegistry::AwaitReservations(uintptr_t addr, size_t length,
       if (unsettled && r.addr + r.length > addr) overlapping = true;
     }
     if (!overlapping) return true;
-    if (drained_.WaitWithDeadline(&mu_, deadline)) return false;
+    if (clock_->WaitWithDeadline(&drained_, &mu_, deadline)) return false;
   }
 }
 
@@ -210,10 +215,10 @@ absl::Status MemoryRegistry::Remove(uintptr_t addr, absl::Duration wait) {
   }
   Entry* entry = it->second.get();
   entry->closing.store(true, std::memory_order_seq_cst);
-  const absl::Time deadline = absl::Now() + wait;
+  const absl::Time deadline = clock_->Now() + wait;
   Waiting waiting(this);
   while (entry->users.load(std::memory_order_seq_cst) != 0) {
-    if (drained_.WaitWithDeadline(&mu_, deadline) &&
+    if (clock_->WaitWithDeadline(&drained_, &mu_, deadline) &&
         entry->users.load(std::memory_order_seq_cst) != 0) {
       if (!entry->retired) entry->closing.store(false);
       return absl::FailedPreconditionError(absl::StrCat(

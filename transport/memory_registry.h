@@ -7,6 +7,8 @@
 // is an atomic decrement (the lock is taken only to wake a waiting Remove).
 // Each buffer also carries opaque handles (one per transport), so a lease
 // gives the data path everything it needs without a second lookup.
+// Remove's and AwaitReservations' bounded waits run on the registry's
+// Clock, so a test on a SimulatedClock decides when they give up.
 // Thread-safe.
 #ifndef FERRY_TRANSPORT_MEMORY_REGISTRY_H_
 #define FERRY_TRANSPORT_MEMORY_REGISTRY_H_
@@ -24,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/mutex.h"
 
 namespace ferry {
@@ -98,11 +101,19 @@ class MemoryRegistry {
     Entry* entry_ = nullptr;
   };
 
-  MemoryRegistry() = default;
+  // Waits run on `clock` (null: the system clock), which must outlive the
+  // registry.
+  explicit MemoryRegistry(Clock* clock = RealClock())
+      : clock_(ClockOrReal(clock)) {}
   MemoryRegistry(const MemoryRegistry&) = delete;
   MemoryRegistry& operator=(const MemoryRegistry&) = delete;
   // All leases must have been released.
   ~MemoryRegistry();
+
+  // For an owner that learns its clock after construction (an engine's
+  // Init, a transport's Install): the clock of waits that begin from now
+  // on (null: the system clock).
+  void SetClock(Clock* clock);
 
   // Adds `region` with its `handles`. InvalidArgument if it is malformed,
   // AlreadyExists if it overlaps a registered buffer (naming that buffer).
@@ -126,8 +137,8 @@ class MemoryRegistry {
                                            size_t lease_length);
   void CancelReservation(uintptr_t addr);
   // Waits until no reservation, and no retired buffer that still has
-  // leases, overlaps [addr, addr + length), or until `deadline`; false if
-  // one still does.
+  // leases, overlaps [addr, addr + length), or until `deadline` (on the
+  // registry's clock); false if one still does.
   bool AwaitReservations(uintptr_t addr, size_t length, absl::Time deadline);
 
   // Retiring: the buffer at `addr` takes no new lease, ever, but keeps its
@@ -173,6 +184,7 @@ class MemoryRegistry {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable Mutex mu_;
+  Clock* clock_ ABSL_GUARDED_BY(mu_);
   CondVar drained_;  // A closing entry's last lease went away.
   // Threads waiting on drained_ for leases to go (Lease::Release signals
   // only when there are some).
