@@ -1,12 +1,15 @@
 // Segments through the public API against hostile or changing metadata:
 // forged descriptors, descriptors that change under requests, closing.
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/mutex.h"
+#include "common/simulated_clock.h"
 #include "common/status_testing.h"
 #include "engine/transfer_engine.h"
 #include "gtest/gtest.h"
@@ -285,30 +288,81 @@ TEST_F(SegmentsTest, MissesNeverBlockSubmitAndFetchesAreRateLimited) {
 }
 
 // A parked request whose deadline passes while the metadata service is
-// stuck ends TIMEOUT on time, not when the service answers.
+// stuck ends TIMEOUT on time, not when the service answers. On a
+// SimulatedClock: still waiting just before its deadline, TIMEOUT soon
+// after it, while the fetch it waits for is still held at the gate.
 TEST_F(SegmentsTest, ParkedRequestsTimeOutOnTime) {
+  SimulatedClock clock;  // Outlives the engine.
   TransferEngine quick;
   EngineOptions o;
   o.local_segment_name = "quick";
   o.metadata_endpoint = server_->address();
   o.transfer_timeout = absl::Milliseconds(300);
   o.rpc_timeout = absl::Seconds(10);
+  o.clock = &clock;
   ASSERT_OK(quick.Init(o));
   ASSERT_OK(quick.RegisterLocalMemory(local_.data(), 4096, "*", false));
   ASSERT_OK_AND_ASSIGN(SegmentHandle seg, quick.OpenSegment("target"));
   service_.CloseGate();
   ASSERT_OK_AND_ASSIGN(BatchId b, quick.AllocateBatch(1));
   TransferRequest r{OpCode::kWrite, local_.data(), seg, 0x10, 64};
-  const absl::Time start = absl::Now();
   ASSERT_OK(quick.SubmitTransfer(b, {r}));
-  ASSERT_OK_AND_ASSIGN(BatchStatus st, quick.WaitBatch(b, absl::Seconds(5)));
-  const absl::Duration took = absl::Now() - start;
+  const absl::Time deadline = clock.Now() + o.transfer_timeout;
+  auto state = [&] {
+    auto ts = quick.GetTransferStatus(b, 0);
+    return ts.ok() ? ts->state : TransferState::kFailed;
+  };
+  clock.AdvanceTo(deadline - absl::Milliseconds(1));
+  EXPECT_EQ(state(), TransferState::kWaiting);
+  // The refresher looks at parked deadlines every 10 ms of the clock; the
+  // fetch stays blocked at the gate (10 s of real time) meanwhile.
+  EXPECT_TRUE(
+      clock.AdvanceUntil([&] { return state() != TransferState::kWaiting; },
+                         absl::Milliseconds(100), absl::Milliseconds(1)))
+      << "still waiting " << (clock.Now() - deadline) << " past the deadline";
+  EXPECT_GE(clock.Now(), deadline);
+  ASSERT_OK_AND_ASSIGN(BatchStatus st, quick.GetBatchStatus(b));
   service_.OpenGate();
   EXPECT_EQ(st.state, TransferState::kTimeout) << st.first_error;
   EXPECT_STATUS(st.first_error, absl::StatusCode::kDeadlineExceeded);
-  // The gate holds the fetch for 10 s; the request ends near its 300 ms.
-  EXPECT_LT(took, absl::Seconds(3));
   EXPECT_OK(quick.FreeBatch(b));
+  quick.Shutdown();
+}
+
+// WaitBatch gives up after its own timeout on the engine's clock, with
+// DeadlineExceeded, while the request (parked, its fetch stuck) goes on.
+TEST_F(SegmentsTest, WaitBatchTimesOutOnTheClock) {
+  SimulatedClock clock;  // Outlives the engine.
+  TransferEngine quick;
+  EngineOptions o;
+  o.local_segment_name = "quick";
+  o.metadata_endpoint = server_->address();
+  o.transfer_timeout = absl::Seconds(30);
+  o.clock = &clock;
+  ASSERT_OK(quick.Init(o));
+  ASSERT_OK(quick.RegisterLocalMemory(local_.data(), 4096, "*", false));
+  ASSERT_OK_AND_ASSIGN(SegmentHandle seg, quick.OpenSegment("target"));
+  service_.CloseGate();
+  ASSERT_OK_AND_ASSIGN(BatchId b, quick.AllocateBatch(1));
+  TransferRequest r{OpCode::kWrite, local_.data(), seg, 0x10, 64};
+  ASSERT_OK(quick.SubmitTransfer(b, {r}));
+  const absl::Time start = clock.Now();
+  std::atomic<bool> returned{false};
+  absl::Time returned_at;
+  absl::StatusOr<BatchStatus> waited;
+  std::thread waiter([&] {
+    waited = quick.WaitBatch(b, absl::Milliseconds(100));
+    returned_at = clock.Now();
+    returned = true;
+  });
+  EXPECT_TRUE(clock.AdvanceUntil([&] { return returned.load(); },
+                                 absl::Seconds(10), absl::Milliseconds(5)));
+  waiter.join();
+  EXPECT_STATUS(waited, absl::StatusCode::kDeadlineExceeded);
+  EXPECT_GE(returned_at - start, absl::Milliseconds(100));
+  ASSERT_OK_AND_ASSIGN(TransferStatus ts, quick.GetTransferStatus(b, 0));
+  EXPECT_EQ(ts.state, TransferState::kWaiting);
+  service_.OpenGate();
   quick.Shutdown();
 }
 

@@ -5,11 +5,14 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <numeric>
+#include <thread>
 #include <tuple>
 #include <vector>
 
+#include "common/simulated_clock.h"
 #include "common/socket_util.h"
 #include "common/status_testing.h"
 #include "gtest/gtest.h"
@@ -125,14 +128,29 @@ TEST_F(EngineTest, ATakenSegmentNameFailsInitAndOrphansNobody) {
   o.metadata_endpoint = a_.metadata_address();
   TransferEngine first;
   ASSERT_OK(first.Init(o));
+  // The second waits for the name on a SimulatedClock, so no real time
+  // goes by (segment_publisher_test checks when it gives up).
+  SimulatedClock clock;  // Outlives the second engine.
   o.segment_name_wait = absl::Milliseconds(300);
+  o.clock = &clock;
   {
     TransferEngine second;
-    absl::Status s = second.Init(o);
+    std::atomic<bool> returned{false};
+    absl::Status s;
+    std::thread init([&] {
+      s = second.Init(o);
+      returned = true;
+    });
+    // Time moves while Init starts up too: the limit bounds the test, not
+    // the wait.
+    EXPECT_TRUE(clock.AdvanceUntil([&] { return returned.load(); },
+                                   absl::Minutes(10), absl::Milliseconds(50)));
+    init.join();
     EXPECT_EQ(s.code(), absl::StatusCode::kAlreadyExists) << s;
     EXPECT_NE(s.message().find("held by a live engine"), std::string::npos)
         << s;
   }
+  o.clock = nullptr;
   metadata::MetadataClient md(a_.metadata_address(), absl::Seconds(3));
   // Still published by the first (the second's exit removed nothing).
   EXPECT_OK(md.Get("c"));
@@ -142,6 +160,31 @@ TEST_F(EngineTest, ATakenSegmentNameFailsInitAndOrphansNobody) {
   TransferEngine next;
   o.segment_name_wait = absl::ZeroDuration();
   EXPECT_OK(next.Init(o));
+}
+
+// The embedded metadata service's leases run on the engine's clock: a
+// lease nobody renews ends when that clock passes it, in no real time.
+TEST(EngineClockTest, EmbeddedServiceExpiresLeasesOnTheEngineClock) {
+  SimulatedClock clock;  // Outlives the engine.
+  TransferEngine a;
+  EngineOptions o;
+  o.local_segment_name = "a";
+  o.clock = &clock;
+  ASSERT_OK(a.Init(o));
+  metadata::SegmentDescriptor d;
+  d.set_name("orphan");
+  d.set_incarnation(9);
+  auto* t = d.add_transports();
+  t->set_transport("tcp");
+  t->set_address("127.0.0.1:9");
+  metadata::MetadataClient md(a.metadata_address(), absl::Seconds(3));
+  ASSERT_OK(md.Put(metadata::PutOf(d, absl::Seconds(1))));
+  clock.Advance(absl::Seconds(1) - absl::Nanoseconds(1));
+  EXPECT_OK(md.Get("orphan"));
+  clock.Advance(absl::Nanoseconds(1));
+  EXPECT_STATUS(md.Get("orphan"), absl::StatusCode::kNotFound);
+  EXPECT_OK(md.Get("a"));  // Its lease (10 s) has 9 s left.
+  a.Shutdown();
 }
 
 // P2PHANDSHAKE: no metadata service. Each engine is named by its RPC
@@ -661,6 +704,9 @@ TEST_F(EngineTest, UnknownSegment) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// On a SimulatedClock, so that the 2 s transfer_timeout passes in no real
+// time: WaitBatch gives up after its own timeout, the request is still in
+// flight just before its deadline and TIMEOUT after it.
 TEST_F(EngineTest, SilentPeerTimesOutAndBatchCannotBeFreedMeanwhile) {
   // A segment whose TCP endpoint accepts connections and never answers.
   uint16_t port = 0;
@@ -677,25 +723,51 @@ TEST_F(EngineTest, SilentPeerTimesOutAndBatchCannotBeFreedMeanwhile) {
   buf->set_length(0x10000);
   metadata::MetadataClient md(a_.metadata_address(), absl::Seconds(3));
   ASSERT_OK(md.Put(metadata::PutOf(d)));
-  auto silent = b_.OpenSegment("silent");
-  ASSERT_OK(silent);
-  TransferRequest r = Req(OpCode::kRead, 0, 0, 64);
-  r.target_id = *silent;
-  r.target_offset = 0x10000;
-  auto batch = b_.AllocateBatch(1);
-  ASSERT_OK(b_.SubmitTransfer(*batch, {r}));
-  absl::Status free_status = b_.FreeBatch(*batch);
+  std::vector<uint8_t> local(64);
+  SimulatedClock clock;  // Outlives the engine.
+  TransferEngine c;
+  EngineOptions o;
+  o.local_segment_name = "c";
+  o.metadata_endpoint = a_.metadata_address();
+  o.transfer_timeout = absl::Seconds(2);
+  o.clock = &clock;
+  ASSERT_OK(c.Init(o));
+  ASSERT_OK(c.RegisterLocalMemory(local.data(), local.size()));
+  ASSERT_OK_AND_ASSIGN(SegmentHandle silent, c.OpenSegment("silent"));
+  auto batch = c.AllocateBatch(1);
+  ASSERT_OK(batch);
+  ASSERT_OK(c.SubmitTransfer(
+      *batch, {ReqTo(OpCode::kRead, silent, local.data(),
+                     reinterpret_cast<const void*>(0x10000), 64)}));
+  const absl::Time deadline = clock.Now() + o.transfer_timeout;
+  absl::Status free_status = c.FreeBatch(*batch);
   EXPECT_EQ(free_status.code(), absl::StatusCode::kFailedPrecondition)
       << free_status;
-  EXPECT_EQ(b_.WaitBatch(*batch, absl::Milliseconds(100)).status().code(),
-            absl::StatusCode::kDeadlineExceeded);
-  auto st = b_.WaitBatch(*batch, absl::Seconds(10));  // transfer_timeout 2 s.
-  ASSERT_OK(st);
-  EXPECT_EQ(st->state, TransferState::kTimeout) << st->first_error;
-  auto ts = b_.GetTransferStatus(*batch, 0);
+  std::atomic<bool> returned{false};
+  absl::StatusOr<BatchStatus> waited;
+  std::thread waiter([&] {
+    waited = c.WaitBatch(*batch, absl::Milliseconds(100));
+    returned = true;
+  });
+  EXPECT_TRUE(clock.AdvanceUntil([&] { return returned.load(); },
+                                 absl::Seconds(1), absl::Milliseconds(10)));
+  waiter.join();
+  EXPECT_STATUS(waited, absl::StatusCode::kDeadlineExceeded);
+  auto state = [&] {
+    auto ts = c.GetTransferStatus(*batch, 0);
+    return ts.ok() ? ts->state : TransferState::kFailed;
+  };
+  clock.AdvanceTo(deadline - absl::Milliseconds(1));
+  EXPECT_EQ(state(), TransferState::kPending);
+  EXPECT_TRUE(
+      clock.AdvanceUntil([&] { return state() != TransferState::kPending; },
+                         absl::Seconds(1), absl::Milliseconds(10)));
+  ASSERT_OK_AND_ASSIGN(BatchStatus st, c.GetBatchStatus(*batch));
+  EXPECT_EQ(st.state, TransferState::kTimeout) << st.first_error;
+  auto ts = c.GetTransferStatus(*batch, 0);
   EXPECT_EQ(ts->state, TransferState::kTimeout);
   EXPECT_EQ(ts->error.code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_OK(b_.FreeBatch(*batch));
+  EXPECT_OK(c.FreeBatch(*batch));
 }
 
 // A batch's capacity is a bound, not an allocation: a huge one costs

@@ -2,6 +2,7 @@
 
 #include <thread>
 
+#include "common/simulated_clock.h"
 #include "common/status_testing.h"
 #include "gtest/gtest.h"
 
@@ -48,24 +49,59 @@ TEST(MemoryRegistryTest, LookupNeedsWholeRangeInOneBuffer) {
             absl::StatusCode::kPermissionDenied);
 }
 
+// On a SimulatedClock: Remove gives up once its wait has passed
+// on the registry's clock, and ends at once when the last lease goes.
 TEST(MemoryRegistryTest, RemoveWaitsForLeases) {
-  MemoryRegistry reg;
+  SimulatedClock clock;
+  MemoryRegistry reg(&clock);
   ASSERT_OK(reg.Add(R(0x1000, 0x1000)));
   auto lease = reg.Acquire(0x1100, 0x10, true);
   ASSERT_OK(lease);
-  // Refused while the lease is held, and the buffer stays usable.
-  EXPECT_EQ(reg.Remove(0x1000, absl::Milliseconds(20)).code(),
-            absl::StatusCode::kFailedPrecondition);
+  // Refused once 20 ms passed with the lease held; the buffer stays usable.
+  absl::Status refused;
+  std::thread remover(
+      [&] { refused = reg.Remove(0x1000, absl::Milliseconds(20)); });
+  EXPECT_TRUE(clock.BlockUntilWaiters(1));  // Not ASSERT: join below.
+  clock.Advance(absl::Milliseconds(20));
+  remover.join();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
   EXPECT_TRUE(reg.Contains(0x1000, 1, true));
-  std::thread releaser([&] {
-    absl::SleepFor(absl::Milliseconds(50));
-    lease->Release();
-  });
-  EXPECT_OK(reg.Remove(0x1000, absl::Seconds(5)));
-  releaser.join();
+  // Released while Remove waits: removed with no time passing.
+  absl::Status removed;
+  remover =
+      std::thread([&] { removed = reg.Remove(0x1000, absl::Seconds(5)); });
+  EXPECT_TRUE(clock.BlockUntilWaiters(1));  // Not ASSERT: join below.
+  lease->Release();
+  remover.join();
+  EXPECT_OK(removed);
   EXPECT_FALSE(reg.Contains(0x1000, 1, true));
   EXPECT_EQ(reg.Remove(0x1000, absl::ZeroDuration()).code(),
             absl::StatusCode::kNotFound);
+}
+
+// AwaitReservations ends when the reservation goes, or at its deadline on
+// the registry's clock (false then).
+TEST(MemoryRegistryTest, AwaitReservationsEndsWithTheReservationOrDeadline) {
+  SimulatedClock clock;
+  MemoryRegistry reg(&clock);
+  ASSERT_OK(reg.Reserve(R(0x1000, 0x1000)));
+  bool settled = true;
+  std::thread waiter([&] {
+    settled = reg.AwaitReservations(0x1800, 0x10,
+                                    clock.Now() + absl::Milliseconds(10));
+  });
+  EXPECT_TRUE(clock.BlockUntilWaiters(1));  // Not ASSERT: join below.
+  clock.Advance(absl::Milliseconds(10));
+  waiter.join();
+  EXPECT_FALSE(settled);
+  waiter = std::thread([&] {
+    settled =
+        reg.AwaitReservations(0x1800, 0x10, clock.Now() + absl::Seconds(5));
+  });
+  EXPECT_TRUE(clock.BlockUntilWaiters(1));  // Not ASSERT: join below.
+  reg.CancelReservation(0x1000);
+  waiter.join();
+  EXPECT_TRUE(settled);
 }
 
 TEST(MemoryRegistryTest, RemoveNeedsStartAddress) {
