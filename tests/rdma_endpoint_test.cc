@@ -14,11 +14,13 @@
 #include <atomic>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <vector>
 
 #include "absl/synchronization/barrier.h"
 #include "absl/synchronization/notification.h"
+#include "common/simulated_clock.h"
 #include "common/status_testing.h"
 #include "engine/transfer_engine.h"
 #include "gtest/gtest.h"
@@ -230,13 +232,43 @@ TEST(RdmaEndpointTest, MrCacheRegistersSourcesOnEveryNicAndEvicts) {
   initiator.Shutdown();  // Before the arena goes.
 }
 
+// Advances `clock` in `step`s until `done()` (true) or `limit` (false).
+// After each step it waits (real time, bounded) until the threads that
+// waited on the clock before it wait again, for a later time: what fell
+// due (housekeeping, say) has been done when `done()` looks.
+template <typename F>
+bool StepUntil(SimulatedClock& clock, F done, absl::Duration limit,
+               absl::Duration step) {
+  const absl::Time end = clock.Now() + limit;
+  while (!done()) {
+    if (clock.Now() >= end) return false;
+    const int n = clock.waiters();
+    clock.Advance(step);
+    // In this order: a thread due and not yet awake keeps the earliest
+    // deadline at now; a busy one is not counted.
+    WaitUntil(
+        [&] {
+          const std::optional<absl::Time> next = clock.NextDeadline();
+          return next.has_value() && *next > clock.Now() &&
+                 clock.waiters() >= n;
+        },
+        absl::Seconds(10));
+  }
+  return true;
+}
+
 TEST(RdmaEndpointTest, TargetStoreBoundsAcceptedEndpointsWithoutLosingWork) {
   // The target keeps at most one endpoint; two initiators take turns. Each
   // turn evicts the other's idle endpoint (closed with its owner, which
-  // reconnects on its next transfer), and no byte goes missing.
+  // reconnects on its next transfer), and no byte goes missing. The target
+  // runs on a SimulatedClock, so that an evicted endpoint's linger (when
+  // its peer's DISCONNECT answer did not say it was drained) passes when
+  // the test moves time, not in real time.
+  SimulatedClock clock;
   EngineOptions small;
   small.rdma.devices = {"softrnic0"};
   small.rdma.max_endpoints = 1;
+  small.clock = &clock;
   EngineOptions one_nic;
   one_nic.rdma.devices = {"softrnic0"};
   Node target, i1, i2;
@@ -246,6 +278,9 @@ TEST(RdmaEndpointTest, TargetStoreBoundsAcceptedEndpointsWithoutLosingWork) {
   auto s1 = i1.engine.OpenSegment("target");
   auto s2 = i2.engine.OpenSegment("target");
   ASSERT_TRUE(s1.ok() && s2.ok());
+  // An evicted endpoint lingers at most R / 2 (R: rpc_timeout, 3 s) plus
+  // 100 ms, then goes at the next housekeeping (rdma_transport.h).
+  const absl::Duration kLinger = absl::Milliseconds(1500 + 100 + 50);
   for (int round = 0; round < 8; ++round) {
     Node* from = round % 2 == 0 ? &i1 : &i2;
     const SegmentHandle seg = round % 2 == 0 ? *s1 : *s2;
@@ -257,15 +292,18 @@ TEST(RdmaEndpointTest, TargetStoreBoundsAcceptedEndpointsWithoutLosingWork) {
         CheckPattern(target.mem.get() + off, kBuffer / 8, off, 50 + round),
         kBuffer / 8)
         << round;
-    // The evicted endpoint goes once its peer has let go of it (at once
-    // when it had nothing posted on it: its DISCONNECT answer says so).
-    EXPECT_TRUE(WaitUntil([&] { return target.stats().endpoints <= 1; },
-                          absl::Seconds(5)))
+    // The evicted endpoint goes once its peer has let go of it: at once
+    // when it had nothing posted on it (its DISCONNECT answer says so),
+    // else after the linger.
+    EXPECT_TRUE(StepUntil(
+        clock, [&] { return target.stats().endpoints <= 1; }, kLinger,
+        absl::Milliseconds(50)))
         << round << ": " << target.stats().endpoints;
   }
   EXPECT_GT(target.stats().evictions, 0u);
   // The evicted side reconnected each time it was its turn again.
   EXPECT_GT(i1.stats().connects_started, 1u);
+  target.engine.Shutdown();  // Before the clock goes.
 }
 
 TEST(RdmaEndpointTest, RailChoiceFollowsTheTopology) {
