@@ -9,9 +9,10 @@ namespace {
 // waits on the caller's condition variable under the caller's lock. Advance
 // signals that variable without the caller's lock (taking it would order
 // the clock's lock before every caller's lock, and callers hold theirs
-// when they take the clock's), so a signal can fall between the two steps
-// and be lost. The real wait is therefore bounded: the waiter looks at the
-// simulated time again at least this often.
+// when they take the clock's), so Advance's signal can fall between the
+// two steps and be lost. The real wait is therefore bounded: the waiter
+// returns to its caller's loop, and looks at the simulated time, at least
+// this often.
 constexpr absl::Duration kRecheck = absl::Milliseconds(2);
 
 }  // namespace
@@ -48,18 +49,16 @@ bool SimulatedClock::WaitWithDeadline(CondVar* cv, Mutex* mu,
     waiters_.insert(&w);
     sleep_cv_.SignalAll();
   }
-  // Real waits bounded by kRecheck (see there). The waiter stays
-  // registered across them, so that NextDeadline and BlockUntilWaiters
-  // see it the whole time; a signal of `cv` or an Advance past `deadline`
-  // ends the wait.
-  for (;;) {
-    const bool signalled = !cv->WaitWithDeadline(mu, absl::Now() + kRecheck);
-    MutexLock lock(&mu_);
-    if (signalled || now_ >= deadline) {
-      waiters_.erase(&w);
-      return now_ >= deadline;
-    }
-  }
+  // One real wait bounded by kRecheck (see there), then back to the
+  // caller, who re-checks its own condition: a signal that races the
+  // bound's expiry is reported as a timeout by the condition variable, so
+  // waiting again here could sleep through the caller's event (seen: an
+  // engine's idle refresher missing Shutdown's signal). The caller's loop
+  // registers the waiter again at once.
+  cv->WaitWithDeadline(mu, absl::Now() + kRecheck);
+  MutexLock lock(&mu_);
+  waiters_.erase(&w);
+  return now_ >= deadline;
 }
 
 void SimulatedClock::Advance(absl::Duration d) {

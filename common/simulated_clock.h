@@ -46,7 +46,11 @@ class SimulatedClock final : public Clock {
   // Moves time to `t` if it is later than now, as Advance.
   void AdvanceTo(absl::Time t);
 
-  // Threads sleeping or waiting with a deadline on this clock now.
+  // Threads sleeping or waiting with a deadline on this clock now. A
+  // thread in a timed wait leaves the count for a moment every few
+  // milliseconds of real time (each real wait is bounded; see
+  // WaitWithDeadline in the .cc), so a test waits for a count with
+  // BlockUntilWaiters rather than reading it once.
   int waiters();
   // The earliest deadline a thread waits for, if any.
   std::optional<absl::Time> NextDeadline();
