@@ -834,10 +834,7 @@ void RdmaTransport::HousekeeperLoop() {
           !stop_housekeeper_ &&
           !clock_->WaitWithDeadline(&housekeeper_cv_, &housekeeper_mu_, next)) {
       }
-      if (stop_housekeeper_) {
-        housekeeper_running_ = false;
-        return;
-      }
+      if (stop_housekeeper_) return;
     }
     Housekeep(clock_->NowNanos());
   }

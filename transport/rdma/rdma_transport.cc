@@ -201,10 +201,6 @@ absl::Status RdmaTransport::Install(const TransportEnv& env,
   for (int i = 0; i < kControlThreads; ++i) {
     control_threads_.emplace_back([this] { ControlLoop(); });
   }
-  {
-    MutexLock lock(&housekeeper_mu_);
-    housekeeper_running_ = true;
-  }
   housekeeper_ = std::thread([this] { HousekeeperLoop(); });
   return absl::OkStatus();
 }
@@ -394,19 +390,11 @@ void RdmaTransport::Shutdown() {
   }
   for (auto& t : control_threads_) t.join();
   control_threads_.clear();
-  // Signalled until it has left: a clock's timed wait may take a signal
-  // that races the end of one of its real waits for a timeout and sleep on
-  // (SimulatedClock rechecks every few ms, and std::condition_variable
-  // reports any wake after the deadline as a timeout).
-  housekeeper_mu_.Lock();
-  stop_housekeeper_ = true;
-  while (housekeeper_running_) {
+  {
+    MutexLock lock(&housekeeper_mu_);
+    stop_housekeeper_ = true;
     housekeeper_cv_.SignalAll();
-    housekeeper_mu_.Unlock();
-    std::this_thread::yield();
-    housekeeper_mu_.Lock();
   }
-  housekeeper_mu_.Unlock();
   if (housekeeper_.joinable()) housekeeper_.join();
   for (auto& w : workers_) {
     uint64_t one = 1;

@@ -372,8 +372,6 @@ class RdmaTransport final : public Transport {
   Mutex housekeeper_mu_;
   CondVar housekeeper_cv_;
   bool stop_housekeeper_ ABSL_GUARDED_BY(housekeeper_mu_) = false;
-  // From before its thread starts until it has left HousekeeperLoop.
-  bool housekeeper_running_ ABSL_GUARDED_BY(housekeeper_mu_) = false;
   std::thread housekeeper_;
 
   std::atomic<uint64_t> connects_started_{0};
