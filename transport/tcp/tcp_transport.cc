@@ -60,6 +60,8 @@ TcpTransport::~TcpTransport() { Shutdown(); }
 absl::Status TcpTransport::Install(const TransportEnv& env,
                                    metadata::TransportEndpoint* endpoint) {
   if (absl::Status s = ValidateOptions(options_); !s.ok()) return s;
+  // UnregisterMemory's bounded wait, like the frame timeout it covers.
+  registry_.SetClock(env.clock);
   if (absl::Status s = client_.Start(env.clock); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("TCP transport: ", s.message()));
   }
