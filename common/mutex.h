@@ -73,7 +73,10 @@ class CondVar {
     lock.release();
     return timed_out;
   }
-  // As Wait, for at most `timeout`; returns true if it passed.
+  // As Wait, for at most `timeout` of real time; returns true if it
+  // passed. Ferry's own timed waits go through a Clock (common/clock.h) so
+  // that tests can simulate time; this is for softrnic, whose timers are
+  // the emulated NIC's hardware time.
   bool WaitWithTimeout(Mutex* mu, absl::Duration timeout)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     return WaitWithDeadline(mu, absl::Now() + timeout);

@@ -43,6 +43,11 @@
 
 namespace softrnic {
 
+// The emulated NIC's own time: its ack timeouts, RNR waits, injected wire
+// delay and DMA drain run on the steady clock, as a NIC's timers run on
+// its own oscillator. This is hardware time, not Ferry's: softrnic is
+// loaded as a separate libibverbs.so.1 and never sees the engine's
+// ferry::Clock (common/clock.h), so a SimulatedClock does not move it.
 using Clock = std::chrono::steady_clock;
 
 // Capacities of the emulation: no profile may report more (Profile).
