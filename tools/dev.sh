@@ -8,11 +8,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PACKAGES=(
-  bazel-bootstrap pkg-config g++ python3
+# What the demo needs: the build toolchain and the libraries Ferry links
+# (the WORKSPACE's system_libs looks up every one of them, test libraries
+# included, when Bazel first loads it).
+DEMO_PACKAGES=(
+  bazel-bootstrap pkg-config g++
   libibverbs-dev libabsl-dev libprotobuf-dev protobuf-compiler
   libgrpc++-dev protobuf-compiler-grpc libgtest-dev libgmock-dev
-  libbenchmark-dev libspdlog-dev iperf3 ibverbs-utils perftest iproute2
+  libbenchmark-dev libspdlog-dev
+)
+# What the tests, CI's other stages, the benchmarks and the docs site need
+# besides: reference tools, namespaces, clang, etcd, Python, the browser.
+TEST_PACKAGES=(
+  python3 iperf3 ibverbs-utils perftest iproute2
   clang-format
   clang libclang-rt-14-dev
   etcd-server golang-etcd-server-dev
@@ -22,9 +30,13 @@ PACKAGES=(
   mkdocs mkdocs-material python3-pymdownx chromium
 )
 
+# Installs what is missing of the given packages (all of them when none
+# are given): idempotent, and no apt call at all when nothing is missing.
 setup() {
+  local wanted=("$@")
+  ((${#wanted[@]} > 0)) || wanted=("${DEMO_PACKAGES[@]}" "${TEST_PACKAGES[@]}")
   local missing=()
-  for p in "${PACKAGES[@]}"; do
+  for p in "${wanted[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" ||
       missing+=("$p")
   done
@@ -62,7 +74,7 @@ build() {
 }
 
 demo() {
-  setup
+  setup "${DEMO_PACKAGES[@]}"
   "${BAZEL[@]}" build -c opt //tools:transfer_bench //transport/softrnic:libibverbs.so.1
   local bin bench
   bin="$("${BAZEL[@]}" info -c opt bazel-bin 2>/dev/null)"
@@ -149,14 +161,36 @@ run_tests() {
     PASSED=$((PASSED + tests - (bad > tests ? tests : bad)))
     FAILED=$((FAILED + bad))
   done
+  # Where the time went: the ten slowest test targets of this run (their
+  # own time, as bazel reports it; a cached result shows its old time).
+  echo "ten slowest tests:"
+  grep -E '^//[^ ]+ +.*(PASSED|FAILED|TIMEOUT|FLAKY).* in [0-9.]+s' "$out" |
+    sed -E 's|^(//[^ ]+) .* in ([0-9.]+)s.*|\2 \1|' | sort -rn | head -10 |
+    awk '{printf "  %7.1f s  %s\n", $1, $2}' || true
   rm -f "$out"
   return $rc
 }
 
+# Under a sanitizer config (sanitize, asan, ubsan) the whole suite runs
+# except the tests tagged no-sanitize: those run no code of Ferry's own
+# making (the docs site's MkDocs build and browser check), so an
+# instrumented build has nothing to find there.
 test_cmd() {
   setup
-  local rc=0
-  run_tests "$@" || rc=$?
+  local rc=0 a sanitizer=0
+  for a in "$@"; do
+    [[ "$a" == "--" ]] && { sanitizer=0; break; }  # The caller chose.
+    [[ "$a" =~ ^--config=(sanitize|asan|ubsan)$ ]] && sanitizer=1
+  done
+  if ((sanitizer)); then
+    drop_execroot_link
+    local targets
+    targets="$("${BAZEL[@]}" query "tests(//...) except attr(tags, 'no-sanitize', tests(//...))" 2>/dev/null)"
+    # shellcheck disable=SC2086
+    run_tests "$@" -- $targets || rc=$?
+  else
+    run_tests "$@" || rc=$?
+  fi
   echo "$PASSED passed, $FAILED failed"
   return $rc
 }
@@ -212,22 +246,24 @@ fuzz() {
   }
   local bin rc=0
   bin="$("${BAZEL[@]}" info --config=fuzz bazel-bin 2>/dev/null)"
+  # One fuzzer per core at a time: each is single-threaded, so two cores
+  # run two targets for their full time in the wall time of one.
+  local jobs="${FUZZ_JOBS:-$(nproc)}" running=0 t
   for t in $targets; do
-    local pkg="${t#//}" name
-    pkg="${pkg%%:*}"
-    name="${t##*:}"
-    local base="${name%_fuzzer}"
+    fuzz_one "$bin" "$t" "$seconds" &
+    running=$((running + 1))
+    if ((running >= jobs)); then
+      wait -n || true
+      running=$((running - 1))
+    fi
+  done
+  wait
+  for t in $targets; do
+    local base="${t##*:}"
+    base="${base%_fuzzer}"
     local work=".cache/fuzz/$base"
-    rm -rf "$work" && mkdir -p "$work/corpus"
-    cp -r "$pkg/fuzz/${base}_corpus/." "$work/corpus/" 2>/dev/null || true
-    # By convention the dictionary of <x>_fuzz_test is <pkg>/fuzz/<x>.dict.
-    local dict=()
-    [[ -f "$pkg/fuzz/${base%_fuzz_test}.dict" ]] &&
-      dict=("-dict=$PWD/$pkg/fuzz/${base%_fuzz_test}.dict")
     echo "=== fuzz $t for ${seconds}s"
-    if (cd "$work" && "$bin/$pkg/$name" -max_total_time="$seconds" \
-      -rss_limit_mb=4096 -timeout=60 -print_final_stats=1 "${dict[@]}" \
-      corpus) >"$work/log.txt" 2>&1; then
+    if [[ "$(cat "$work/status" 2>/dev/null)" == 0 ]]; then
       PASSED=$((PASSED + 1))
       grep -E "^(stat::number_of_executed_units|Done)" "$work/log.txt" || true
     else
@@ -239,6 +275,29 @@ fuzz() {
   done
   echo "$PASSED passed, $FAILED failed"
   return $rc
+}
+
+# Runs the libFuzzer binary of target T (built in BIN) for SECONDS on a
+# fresh copy of its seed corpus; writes its exit status to
+# .cache/fuzz/<target>/status and its output to log.txt there.
+fuzz_one() {
+  local bin=$1 t=$2 seconds=$3
+  local pkg="${t#//}" name
+  pkg="${pkg%%:*}"
+  name="${t##*:}"
+  local base="${name%_fuzzer}"
+  local work=".cache/fuzz/$base"
+  rm -rf "$work" && mkdir -p "$work/corpus"
+  cp -r "$pkg/fuzz/${base}_corpus/." "$work/corpus/" 2>/dev/null || true
+  # By convention the dictionary of <x>_fuzz_test is <pkg>/fuzz/<x>.dict.
+  local dict=()
+  [[ -f "$pkg/fuzz/${base%_fuzz_test}.dict" ]] &&
+    dict=("-dict=$PWD/$pkg/fuzz/${base%_fuzz_test}.dict")
+  local status=0
+  (cd "$work" && "$bin/$pkg/$name" -max_total_time="$seconds" \
+    -rss_limit_mb=4096 -timeout=60 -print_final_stats=1 "${dict[@]}" \
+    corpus) >"$work/log.txt" 2>&1 || status=$?
+  echo "$status" >"$work/status"
 }
 
 bench_tcp() {
