@@ -196,11 +196,22 @@ test_cmd() {
 }
 
 # Builds everything with clang and -Werror=thread-safety: one verdict.
+# With --config=tsan (as CI runs it) the build is also instrumented for
+# ThreadSanitizer and made in TSan's output base with exactly TSan's flags,
+# so that `tools/dev.sh tsan` after it compiles nothing again: one clang
+# build of the tree instead of two.
 clang_check() {
   setup
-  clang_bazel clang
+  local base=clang cfg=(--config=clang) a
+  for a in "$@"; do
+    [[ "$a" == --config=tsan ]] && {
+      base=tsan
+      cfg=()  # --config=tsan includes clang's.
+    }
+  done
+  clang_bazel "$base"
   drop_execroot_link
-  if "${BAZEL[@]}" build --config=clang -k //... "$@"; then
+  if "${BAZEL[@]}" build "${cfg[@]}" -k //... "$@"; then
     PASSED=1
   else
     FAILED=1
