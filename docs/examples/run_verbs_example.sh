@@ -20,6 +20,12 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# The files exist before the server starts: the background job opens its
+# redirections only once it runs, and the poll below must not read a file
+# that is not there yet (sed fails, and set -e ends the script: seen in a
+# cold CI run).
+: >"$dir/server.out"
+: >"$dir/server.err"
 "$bin" --server --port 0 "$@" >"$dir/server.out" 2>"$dir/server.err" &
 server_pid=$!
 port=""
