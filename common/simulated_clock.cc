@@ -38,6 +38,7 @@ void SimulatedClock::SleepUntil(absl::Time deadline) {
   sleep_cv_.SignalAll();  // BlockUntilWaiters counts this sleeper.
   while (now_ < deadline) sleep_cv_.Wait(&mu_);
   waiters_.erase(&w);
+  sleep_cv_.SignalAll();  // For Settle.
 }
 
 bool SimulatedClock::WaitWithDeadline(CondVar* cv, Mutex* mu,
@@ -58,6 +59,7 @@ bool SimulatedClock::WaitWithDeadline(CondVar* cv, Mutex* mu,
   cv->WaitWithDeadline(mu, absl::Now() + kRecheck);
   MutexLock lock(&mu_);
   waiters_.erase(&w);
+  sleep_cv_.SignalAll();  // For Settle.
   return now_ >= deadline;
 }
 
@@ -101,6 +103,16 @@ bool SimulatedClock::BlockUntilWaiters(int n, absl::Duration real_timeout) {
   const absl::Time end = absl::Now() + real_timeout;
   MutexLock lock(&mu_);
   while (static_cast<int>(waiters_.size()) < n) {
+    if (absl::Now() >= end) return false;
+    sleep_cv_.WaitWithDeadline(&mu_, std::min(end, absl::Now() + kRecheck));
+  }
+  return true;
+}
+
+bool SimulatedClock::Settle(absl::Duration real_timeout) {
+  const absl::Time end = absl::Now() + real_timeout;
+  MutexLock lock(&mu_);
+  while (!waiters_.empty() && (*waiters_.begin())->deadline <= now_) {
     if (absl::Now() >= end) return false;
     sleep_cv_.WaitWithDeadline(&mu_, std::min(end, absl::Now() + kRecheck));
   }

@@ -57,12 +57,24 @@ class SimulatedClock final : public Clock {
   // Blocks until at least `n` threads wait on this clock, or until
   // `real_timeout` of real time passed (false then): how a test knows a
   // background thread has reached its timed wait before it advances time.
-  bool BlockUntilWaiters(int n, absl::Duration real_timeout = absl::Seconds(30));
-  // Advances in steps of at most `step`, stopping at each deadline a
-  // thread waits for, until `done()` is true or `limit` of simulated time
-  // has passed; after each step it lets the woken threads run (a real
-  // pause of `settle`). Returns whether `done()` held. For tests of loops
-  // that re-arm their own timers (backoff, keepalives, reapers).
+  // A thread that an advance woke counts until it has run: after an
+  // advance, Settle first.
+  bool BlockUntilWaiters(int n,
+                         absl::Duration real_timeout = absl::Seconds(30));
+  // Lets the threads an advance woke run: returns true once no thread
+  // waits on a deadline that has come (each woken one has left its wait),
+  // false after `real_timeout` of real time.
+  bool Settle(absl::Duration real_timeout = absl::Seconds(10));
+  // Advances in steps of at most `step` (shorter where a waiter's deadline
+  // comes first) until `done()` is true or `limit` of simulated time has
+  // passed; after each step it Settles and then pauses `settle` of real
+  // time (for loops that wait in poll(2), which the clock cannot see), so
+  // a loaded machine slows the test down instead of letting simulated
+  // time run ahead of the threads. Returns whether `done()` held. For
+  // tests of loops that re-arm their own timers (back-off, keepalives,
+  // reapers). Deadlines are best effort: a loop that waits in poll(2)
+  // rather than on the clock, or a timed waiter between two of its
+  // bounded real waits, is not seen, and the step bounds the overshoot.
   template <typename Done>
   bool AdvanceUntil(Done done, absl::Duration limit, absl::Duration step,
                     absl::Duration settle = absl::Milliseconds(1));
@@ -78,11 +90,13 @@ class SimulatedClock final : public Clock {
     }
   };
   void WakeDueLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A real-time pause; the one place tests' time waits on the system.
+  // A pause in real time, for AdvanceUntil.
   static void RealPause(absl::Duration d);
 
   Mutex mu_;
-  CondVar sleep_cv_;    // Sleepers and BlockUntilWaiters wait here.
+  // Sleepers, BlockUntilWaiters and Settle wait here; signalled whenever
+  // a waiter comes or goes.
+  CondVar sleep_cv_;
   absl::Time now_ ABSL_GUARDED_BY(mu_);
   std::set<Waiter*, ByDeadline> waiters_ ABSL_GUARDED_BY(mu_);
 };
@@ -98,6 +112,7 @@ bool SimulatedClock::AdvanceUntil(Done done, absl::Duration limit,
     const std::optional<absl::Time> next = NextDeadline();
     if (next.has_value() && *next > now && *next < target) target = *next;
     AdvanceTo(target);
+    Settle();
     RealPause(settle);
   }
   return true;
