@@ -64,7 +64,10 @@ void Write(const Component* component, Level level, absl::string_view message);
 
 // The clock FERRY_LOG_EVERY's intervals are measured on (null: the system
 // clock, the default), so that a test of rate limiting runs on a
-// SimulatedClock. Process-wide: set it back to null before `clock` goes.
+// SimulatedClock. Process-wide: set it back to null before `clock` goes,
+// and only once no other thread may log (a logging thread may be reading
+// the old clock). A call site's next allowed moment keeps the old clock's
+// time, so a test that changes clocks uses call sites of its own.
 void SetClock(Clock* clock);
 
 // Per call site: at most one line per `interval` (on the clock above);

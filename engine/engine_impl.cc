@@ -213,6 +213,7 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
   if (embedded) services.push_back(metadata_service_.get());
   metadata::RpcServerOptions rpc_options;
   rpc_options.tls = *tls;
+  rpc_options.clock = clock_;  // Handshake deadlines and accept back-off.
   auto server = metadata::RpcServer::Start(
       JoinHostPort(options.listen_host.empty() ? "::" : options.listen_host,
                    options.rpc_port),
@@ -258,7 +259,7 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
     // Names are resolved here, once: the store then dials addresses, with
     // no DNS on any later call.
     auto connected = metadata::ConnectStore(*md_address, options.rpc_timeout,
-                                            options.auth_token, *tls);
+                                            options.auth_token, *tls, clock_);
     if (!connected.ok()) {
       ReleaseAll();
       return absl::InvalidArgumentError(

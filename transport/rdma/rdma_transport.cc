@@ -87,7 +87,7 @@ absl::Status RdmaTransport::Install(const TransportEnv& env,
                                     metadata::TransportEndpoint* endpoint) {
   if (absl::Status s = ValidateOptions(); !s.ok()) return s;
   env_ = env;
-  clock_ = env.clock;
+  clock_ = ClockOrReal(env.clock);
   incarnation_ = env.incarnation;
   if (incarnation_ == 0) {
     // Stand-alone use (tests): any run-unique value will do.

@@ -61,12 +61,13 @@ absl::Status TcpTransport::Install(const TransportEnv& env,
                                    metadata::TransportEndpoint* endpoint) {
   if (absl::Status s = ValidateOptions(options_); !s.ok()) return s;
   // UnregisterMemory's bounded wait, like the frame timeout it covers.
-  registry_.SetClock(env.clock);
-  if (absl::Status s = client_.Start(env.clock); !s.ok()) {
+  Clock* const clock = ClockOrReal(env.clock);
+  registry_.SetClock(clock);
+  if (absl::Status s = client_.Start(clock); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("TCP transport: ", s.message()));
   }
   if (absl::Status s = server_.Start(env.listen_host, options_.tcp.port,
-                                     env.incarnation, env.clock);
+                                     env.incarnation, clock);
       !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("TCP transport: ", s.message()));
   }
