@@ -24,6 +24,9 @@ ABSL_FLAG(std::string, metadata, "embedded", "metadata endpoint");
 ABSL_FLAG(uint64_t, buffer_size, 64 << 20, "registered bytes");
 ABSL_FLAG(uint64_t, seed, 1, "pattern seed of the initial contents");
 ABSL_FLAG(std::string, transport, "tcp", "transport to install: tcp | rdma");
+ABSL_FLAG(int64_t, lease_ms, 10000,
+          "metadata lease of the segment: a killed peer's name is free again "
+          "this long after its last renewal");
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
@@ -31,6 +34,7 @@ int main(int argc, char** argv) {
   o.local_segment_name = absl::GetFlag(FLAGS_name);
   o.metadata_endpoint = absl::GetFlag(FLAGS_metadata);
   o.transports = {absl::GetFlag(FLAGS_transport)};
+  o.metadata_lease_ttl = absl::Milliseconds(absl::GetFlag(FLAGS_lease_ms));
   ferry::TransferEngine engine;
   if (absl::Status s = engine.Init(o); !s.ok()) {
     std::printf("ERR %s\n", s.ToString().c_str());
