@@ -186,8 +186,9 @@ test_cmd() {
     drop_execroot_link
     local targets
     targets="$("${BAZEL[@]}" query "tests(//...) except attr(tags, 'no-sanitize', tests(//...))" 2>/dev/null)"
+    # Only what the tests need: the default build has built everything.
     # shellcheck disable=SC2086
-    run_tests "$@" -- $targets || rc=$?
+    run_tests --build_tests_only "$@" -- $targets || rc=$?
   else
     run_tests "$@" || rc=$?
   fi
