@@ -10,12 +10,14 @@ cd "$(dirname "$0")/.."
 
 # What the demo needs: the build toolchain and the libraries Ferry links
 # (the WORKSPACE's system_libs looks up every one of them, test libraries
-# included, when Bazel first loads it).
+# included, when Bazel first loads it), and etcd's .proto files, which
+# the engine's etcd back end is generated from (golang-etcd-server-dev is
+# where Debian ships them; seen missing on a fresh Debian 12 chroot).
 DEMO_PACKAGES=(
   bazel-bootstrap pkg-config g++
   libibverbs-dev libabsl-dev libprotobuf-dev protobuf-compiler
   libgrpc++-dev protobuf-compiler-grpc libgtest-dev libgmock-dev
-  libbenchmark-dev libspdlog-dev
+  libbenchmark-dev libspdlog-dev golang-etcd-server-dev
 )
 # What the tests, CI's other stages, the benchmarks and the docs site need
 # besides: reference tools, namespaces, clang, etcd, Python, the browser.
@@ -23,7 +25,7 @@ TEST_PACKAGES=(
   python3 iperf3 ibverbs-utils perftest iproute2
   clang-format
   clang libclang-rt-14-dev
-  etcd-server golang-etcd-server-dev
+  etcd-server
   openssl
   python3-dev pybind11-dev python3-pytest python3-numpy
   ucx-utils python3-matplotlib
