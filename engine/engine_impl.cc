@@ -213,7 +213,10 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
   if (embedded) services.push_back(metadata_service_.get());
   metadata::RpcServerOptions rpc_options;
   rpc_options.tls = *tls;
-  rpc_options.clock = clock_;  // Handshake deadlines and accept back-off.
+  // The RPC server's connection timeouts (a first byte within 5 s, idle
+  // for 2 min) stay on real time even on a simulated engine clock: they
+  // guard real sockets against real clients, and a test that advances its
+  // clock by minutes must not cut the engine's own gRPC connections.
   auto server = metadata::RpcServer::Start(
       JoinHostPort(options.listen_host.empty() ? "::" : options.listen_host,
                    options.rpc_port),
