@@ -70,11 +70,11 @@ TEST(SimulatedClockTest, TimedWaitEndsOnSignalOrOnDeadline) {
   SimulatedClock clock;
   Mutex mu;
   CondVar cv;
-  bool flag = false;  // Guarded by mu.
+  bool flag = false;             // Guarded by mu.
   std::atomic<int> outcome{-1};  // 1: timed out, 0: signalled.
 
-  // Signalled before its deadline: returns false, no time has passed.
-  std::thread waiter([&] {
+  // Waits up to a minute of the clock for `flag`.
+  auto wait_a_minute = [&] {
     MutexLock lock(&mu);
     const absl::Time deadline = clock.Now() + absl::Minutes(1);
     bool timed_out = false;
@@ -82,7 +82,10 @@ TEST(SimulatedClockTest, TimedWaitEndsOnSignalOrOnDeadline) {
       timed_out = clock.WaitWithDeadline(&cv, &mu, deadline);
     }
     outcome = timed_out ? 1 : 0;
-  });
+  };
+
+  // Signalled before its deadline: returns false, no time has passed.
+  std::thread waiter(wait_a_minute);
   ASSERT_TRUE(clock.BlockUntilWaiters(1));
   {
     MutexLock lock(&mu);
@@ -96,15 +99,7 @@ TEST(SimulatedClockTest, TimedWaitEndsOnSignalOrOnDeadline) {
   // long that takes in real time.
   flag = false;
   outcome = -1;
-  std::thread waiter2([&] {
-    MutexLock lock(&mu);
-    const absl::Time deadline = clock.Now() + absl::Minutes(1);
-    bool timed_out = false;
-    while (!flag && !timed_out) {
-      timed_out = clock.WaitWithDeadline(&cv, &mu, deadline);
-    }
-    outcome = timed_out ? 1 : 0;
-  });
+  std::thread waiter2(wait_a_minute);
   ASSERT_TRUE(clock.BlockUntilWaiters(1));
   absl::SleepFor(absl::Milliseconds(30));  // Many real rechecks.
   EXPECT_EQ(outcome.load(), -1) << "timed out with no simulated time passed";
@@ -171,8 +166,8 @@ TEST(SimulatedClockTest, AdvanceUntilStopsAtTheNextDeadline) {
   });
   ASSERT_TRUE(clock.BlockUntilWaiters(1));
   // Steps of a second, but the sleeper's deadline comes first.
-  EXPECT_TRUE(clock.AdvanceUntil([&] { return woke.load(); },
-                                 absl::Seconds(10), absl::Seconds(1)));
+  EXPECT_TRUE(clock.AdvanceUntil([&] { return woke.load(); }, absl::Seconds(10),
+                                 absl::Seconds(1)));
   sleeper.join();
   EXPECT_EQ(clock.Now() - t0, absl::Milliseconds(100));
 
