@@ -152,6 +152,27 @@ class SegmentsTest : public ::testing::Test {
   ForgingMetadataService service_;
   std::unique_ptr<metadata::RpcServer> server_;
   TransferEngine target_, initiator_;
+  // Starts `engine` ("quick") on `clock` and submits one 64-byte WRITE to
+  // "target" in a new batch (`*batch`) that parks: the metadata service's
+  // gate is closed, so the descriptor fetch it waits for stays stuck (the
+  // caller opens the gate).
+  void ParkOneWrite(SimulatedClock* clock, absl::Duration transfer_timeout,
+                    TransferEngine* engine, BatchId* batch) {
+    EngineOptions o;
+    o.local_segment_name = "quick";
+    o.metadata_endpoint = server_->address();
+    o.transfer_timeout = transfer_timeout;
+    o.rpc_timeout = absl::Seconds(10);  // The stuck fetch outlasts the test.
+    o.clock = clock;
+    ASSERT_OK(engine->Init(o));
+    ASSERT_OK(engine->RegisterLocalMemory(local_.data(), 4096, "*", false));
+    ASSERT_OK_AND_ASSIGN(SegmentHandle seg, engine->OpenSegment("target"));
+    service_.CloseGate();
+    ASSERT_OK_AND_ASSIGN(*batch, engine->AllocateBatch(1));
+    TransferRequest r{OpCode::kWrite, local_.data(), seg, 0x10, 64};
+    ASSERT_OK(engine->SubmitTransfer(*batch, {r}));
+  }
+
   std::vector<uint8_t> remote_, local_;
 };
 
@@ -294,20 +315,11 @@ TEST_F(SegmentsTest, MissesNeverBlockSubmitAndFetchesAreRateLimited) {
 TEST_F(SegmentsTest, ParkedRequestsTimeOutOnTime) {
   SimulatedClock clock;  // Outlives the engine.
   TransferEngine quick;
-  EngineOptions o;
-  o.local_segment_name = "quick";
-  o.metadata_endpoint = server_->address();
-  o.transfer_timeout = absl::Milliseconds(300);
-  o.rpc_timeout = absl::Seconds(10);
-  o.clock = &clock;
-  ASSERT_OK(quick.Init(o));
-  ASSERT_OK(quick.RegisterLocalMemory(local_.data(), 4096, "*", false));
-  ASSERT_OK_AND_ASSIGN(SegmentHandle seg, quick.OpenSegment("target"));
-  service_.CloseGate();
-  ASSERT_OK_AND_ASSIGN(BatchId b, quick.AllocateBatch(1));
-  TransferRequest r{OpCode::kWrite, local_.data(), seg, 0x10, 64};
-  ASSERT_OK(quick.SubmitTransfer(b, {r}));
-  const absl::Time deadline = clock.Now() + o.transfer_timeout;
+  constexpr absl::Duration kTimeout = absl::Milliseconds(300);
+  BatchId b = 0;
+  ParkOneWrite(&clock, kTimeout, &quick, &b);
+  if (HasFatalFailure()) return;
+  const absl::Time deadline = clock.Now() + kTimeout;
   auto state = [&] {
     auto ts = quick.GetTransferStatus(b, 0);
     return ts.ok() ? ts->state : TransferState::kFailed;
@@ -334,18 +346,9 @@ TEST_F(SegmentsTest, ParkedRequestsTimeOutOnTime) {
 TEST_F(SegmentsTest, WaitBatchTimesOutOnTheClock) {
   SimulatedClock clock;  // Outlives the engine.
   TransferEngine quick;
-  EngineOptions o;
-  o.local_segment_name = "quick";
-  o.metadata_endpoint = server_->address();
-  o.transfer_timeout = absl::Seconds(30);
-  o.clock = &clock;
-  ASSERT_OK(quick.Init(o));
-  ASSERT_OK(quick.RegisterLocalMemory(local_.data(), 4096, "*", false));
-  ASSERT_OK_AND_ASSIGN(SegmentHandle seg, quick.OpenSegment("target"));
-  service_.CloseGate();
-  ASSERT_OK_AND_ASSIGN(BatchId b, quick.AllocateBatch(1));
-  TransferRequest r{OpCode::kWrite, local_.data(), seg, 0x10, 64};
-  ASSERT_OK(quick.SubmitTransfer(b, {r}));
+  BatchId b = 0;
+  ParkOneWrite(&clock, absl::Seconds(30), &quick, &b);
+  if (HasFatalFailure()) return;
   const absl::Time start = clock.Now();
   std::atomic<bool> returned{false};
   absl::Time returned_at;
