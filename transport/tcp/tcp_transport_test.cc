@@ -174,6 +174,15 @@ class TcpTransportTest : public ::testing::Test {
 
 // The same two transports on a SimulatedClock, for the tests of what is
 // timed (deadlines, back-off): they move time themselves.
+// True once `t` has started `n` connects, within 10 s of real time: a
+// connect starts when its event loop runs, which a test cannot see, and
+// its timeout counts from then on the clock.
+template <typename T>
+bool ConnectsStarted(T& t, uint64_t n) {
+  return ::ferry::testing::WaitUntil(
+      [&] { return t.Stats().connects_started == n; }, absl::Seconds(10));
+}
+
 class TcpTransportSimTest : public TcpTransportTest {
  protected:
   TcpTransportSimTest() { clock_ = &sim_; }
@@ -791,9 +800,7 @@ TEST_F(TcpTransportSimTest, UnansweredConnectTimesOutAndBacksOff) {
   Slice* ss[] = {&s};
   initiator->Submit(ss);
   // The connect started at the current simulated time.
-  ASSERT_TRUE(::ferry::testing::WaitUntil(
-      [&] { return initiator->Stats().connects_started == 1; },
-      absl::Seconds(10)));
+  ASSERT_TRUE(ConnectsStarted(*initiator, 1));
   sim_.Advance(opts.connect_timeout);
   EXPECT_TRUE(NothingCompleted()) << "gave up before connect_timeout";
   sim_.Advance(kDeadlineTick);
@@ -820,9 +827,7 @@ TEST_F(TcpTransportSimTest, UnansweredConnectTimesOutAndBacksOff) {
   s3.target = hole.get();
   Slice* ss3[] = {&s3};
   initiator->Submit(ss3);
-  EXPECT_TRUE(::ferry::testing::WaitUntil(
-      [&] { return initiator->Stats().connects_started == 2; },
-      absl::Seconds(10)));
+  EXPECT_TRUE(ConnectsStarted(*initiator, 2));
   initiator->Shutdown();  // Cancels s3.
   EXPECT_EQ(sink_.Wait(3, absl::Seconds(10)).size(), 3u);
 }
@@ -872,9 +877,7 @@ TEST_F(TcpTransportSimTest, SliceOutOfAttemptsIsNotTouchedAfterCompletion) {
   s->attempts = 3;
   Slice* ss[] = {s};
   initiator->Submit(ss);
-  ASSERT_TRUE(::ferry::testing::WaitUntil(
-      [&] { return initiator->Stats().connects_started == 1; },
-      absl::Seconds(10)));
+  ASSERT_TRUE(ConnectsStarted(*initiator, 1));
   sim_.Advance(opts.connect_timeout + kDeadlineTick);
   auto st = sink.Wait(1, absl::Seconds(10));
   ASSERT_EQ(st.size(), 1u);
@@ -978,9 +981,7 @@ TEST_F(TcpTransportSimTest, DeadlineHoldsWhileConnecting) {
   s.deadline = sim_.Now() + absl::Milliseconds(500);
   Slice* ss[] = {&s};
   initiator_->Submit(ss);
-  ASSERT_TRUE(::ferry::testing::WaitUntil(
-      [&] { return initiator_->Stats().connects_started == 1; },
-      absl::Seconds(10)));
+  ASSERT_TRUE(ConnectsStarted(*initiator_, 1));
   sim_.AdvanceTo(s.deadline);
   EXPECT_TRUE(NothingCompleted()) << "ended before its deadline";
   sim_.Advance(kDeadlineTick);
