@@ -119,6 +119,23 @@ bool SimulatedClock::Settle(absl::Duration real_timeout) {
   return true;
 }
 
+bool SimulatedClock::AdvanceAndSettle(absl::Duration step,
+                                      absl::Duration real_timeout) {
+  const absl::Time end = absl::Now() + real_timeout;
+  MutexLock lock(&mu_);
+  const size_t before = waiters_.size();
+  if (step > absl::ZeroDuration()) now_ += step;
+  WakeDueLocked();
+  // In this order: a thread due and not yet awake keeps the earliest
+  // deadline at now; one still busy is not counted.
+  while (waiters_.empty() || (*waiters_.begin())->deadline <= now_ ||
+         waiters_.size() < before) {
+    if (absl::Now() >= end) return false;
+    sleep_cv_.WaitWithDeadline(&mu_, std::min(end, absl::Now() + kRecheck));
+  }
+  return true;
+}
+
 void SimulatedClock::RealPause(absl::Duration d) { absl::SleepFor(d); }
 
 }  // namespace ferry

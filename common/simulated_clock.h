@@ -45,6 +45,15 @@ class SimulatedClock final : public Clock {
   void Advance(absl::Duration d);
   // Moves time to `t` if it is later than now, as Advance.
   void AdvanceTo(absl::Time t);
+  // Advances by `step`, then waits (real time, at most `real_timeout`)
+  // until every thread that waited on the clock before the step waits
+  // again on a later deadline: what fell due has been done before time
+  // moves on. For threads that always wait again (a housekeeper, a
+  // reaper); one that stops waiting for good holds it for the whole
+  // bound, which is why AdvanceUntil settles by a weaker rule. Returns
+  // whether it settled within the bound.
+  bool AdvanceAndSettle(absl::Duration step,
+                        absl::Duration real_timeout = absl::Seconds(10));
 
   // Threads sleeping or waiting with a deadline on this clock now. A
   // thread in a timed wait leaves the count for a moment every few

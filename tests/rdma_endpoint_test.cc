@@ -232,27 +232,15 @@ TEST(RdmaEndpointTest, MrCacheRegistersSourcesOnEveryNicAndEvicts) {
   initiator.Shutdown();  // Before the arena goes.
 }
 
-// Advances `clock` in `step`s until `done()` (true) or `limit` (false).
-// After each step it waits (real time, bounded) until the threads that
-// waited on the clock before it wait again, for a later time: what fell
-// due (housekeeping, say) has been done when `done()` looks.
+// Advances `clock` in `step`s until `done()` (true) or `limit` (false),
+// letting what fell due at each step be done first (AdvanceAndSettle).
 template <typename F>
 bool StepUntil(SimulatedClock& clock, F done, absl::Duration limit,
                absl::Duration step) {
   const absl::Time end = clock.Now() + limit;
   while (!done()) {
     if (clock.Now() >= end) return false;
-    const int n = clock.waiters();
-    clock.Advance(step);
-    // In this order: a thread due and not yet awake keeps the earliest
-    // deadline at now; a busy one is not counted.
-    WaitUntil(
-        [&] {
-          const std::optional<absl::Time> next = clock.NextDeadline();
-          return next.has_value() && *next > clock.Now() &&
-                 clock.waiters() >= n;
-        },
-        absl::Seconds(10));
+    clock.AdvanceAndSettle(step);
   }
   return true;
 }

@@ -52,25 +52,12 @@ uint64_t Endpoints(const TransferEngine& e) {
   return st.empty() ? 0 : st[0].endpoints;
 }
 
-// Advances `clock` by `d` in `step`s. After each step it waits (real time,
-// bounded) until the threads that waited on the clock before it wait
-// again, for a later time: what fell due (housekeeping, keepalive probes)
-// has been done before time moves on.
+// Advances `clock` by `d` in `step`s, letting what fell due at each step
+// (housekeeping, keepalive probes) be done first (AdvanceAndSettle).
 void StepFor(SimulatedClock& clock, absl::Duration d, absl::Duration step) {
   const absl::Time end = clock.Now() + d;
   while (clock.Now() < end) {
-    const int n = clock.waiters();
-    clock.Advance(std::min(step, end - clock.Now()));
-    // In this order: a thread due and not yet awake keeps the earliest
-    // deadline at now; a busy one is not counted.
-    const absl::Time give_up = absl::Now() + absl::Seconds(10);
-    while (absl::Now() < give_up) {
-      const std::optional<absl::Time> next = clock.NextDeadline();
-      if (next.has_value() && *next > clock.Now() && clock.waiters() >= n) {
-        break;
-      }
-      absl::SleepFor(absl::Milliseconds(1));
-    }
+    clock.AdvanceAndSettle(std::min(step, end - clock.Now()));
   }
 }
 
