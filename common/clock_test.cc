@@ -177,5 +177,28 @@ TEST(SimulatedClockTest, AdvanceUntilStopsAtTheNextDeadline) {
   EXPECT_EQ(clock.Now() - t0, absl::Milliseconds(3100));
 }
 
+TEST(SimulatedClockTest, AdvanceAndSettleReturnsOnceTheDueWorkIsDone) {
+  // A loop that always waits again, as a housekeeper does: each settled
+  // step has run exactly one more tick by the time it returns.
+  SimulatedClock clock;
+  std::atomic<int> ticks{0};
+  std::atomic<bool> stop{false};
+  std::thread ticker([&] {
+    while (!stop.load()) {
+      clock.SleepFor(absl::Milliseconds(100));
+      absl::SleepFor(absl::Milliseconds(2));  // The tick's work takes time.
+      ++ticks;
+    }
+  });
+  ASSERT_TRUE(clock.BlockUntilWaiters(1));
+  for (int i = 1; i <= 5; ++i) {
+    ASSERT_TRUE(clock.AdvanceAndSettle(absl::Milliseconds(100)));
+    EXPECT_EQ(ticks.load(), i) << "returned before tick " << i << " was done";
+  }
+  stop = true;
+  clock.Advance(absl::Milliseconds(100));
+  ticker.join();
+}
+
 }  // namespace
 }  // namespace ferry
