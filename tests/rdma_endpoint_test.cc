@@ -280,6 +280,17 @@ TEST(RdmaEndpointTest, TargetStoreBoundsAcceptedEndpointsWithoutLosingWork) {
         CheckPattern(target.mem.get() + off, kBuffer / 8, off, 50 + round),
         kBuffer / 8)
         << round;
+    // The other initiator's endpoint was evicted for this one (from round
+    // 1 on): it lets go of it once the target's DISCONNECT has reached it,
+    // and that travels in real time. Waited for here, not taken from the
+    // target's store: with the test moving the target's clock, the linger
+    // could run out (and the store let go) before the notice arrived, and
+    // the evicted side then kept writing on its old connection (whose QPs
+    // the target still held for the notice) without reconnecting.
+    const Node& other = round % 2 == 0 ? i2 : i1;
+    EXPECT_TRUE(WaitUntil([&] { return other.stats().endpoints == 0; },
+                          absl::Seconds(30)))
+        << round << ": " << other.stats().endpoints;
     // The evicted endpoint goes once its peer has let go of it: at once
     // when it had nothing posted on it (its DISCONNECT answer says so),
     // else after the linger.
@@ -291,6 +302,7 @@ TEST(RdmaEndpointTest, TargetStoreBoundsAcceptedEndpointsWithoutLosingWork) {
   EXPECT_GT(target.stats().evictions, 0u);
   // The evicted side reconnected each time it was its turn again.
   EXPECT_GT(i1.stats().connects_started, 1u);
+  EXPECT_GT(i2.stats().connects_started, 1u);
   target.engine.Shutdown();  // Before the clock goes.
 }
 
