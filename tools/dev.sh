@@ -24,7 +24,7 @@ DEMO_PACKAGES=(
 TEST_PACKAGES=(
   python3 iperf3 ibverbs-utils perftest iproute2
   clang-format
-  clang libclang-rt-14-dev
+  clang libclang-rt-14-dev lld
   etcd-server
   openssl
   python3-dev pybind11-dev python3-pytest python3-numpy
@@ -176,13 +176,15 @@ run_tests() {
 # Under a sanitizer config (sanitize, asan, ubsan) the whole suite runs
 # except the tests tagged no-sanitize: those run no code of Ferry's own
 # making (the docs site's MkDocs build and browser check), so an
-# instrumented build has nothing to find there.
+# instrumented build has nothing to find there. --config=sanitize is a
+# clang build: it gets its own output base, as the other clang builds.
 test_cmd() {
   setup
   local rc=0 a sanitizer=0
   for a in "$@"; do
     [[ "$a" == "--" ]] && { sanitizer=0; break; }  # The caller chose.
     [[ "$a" =~ ^--config=(sanitize|asan|ubsan)$ ]] && sanitizer=1
+    [[ "$a" == --config=sanitize ]] && clang_bazel sanitize
   done
   if ((sanitizer)); then
     drop_execroot_link
