@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/sanitizers.h"
 #include "common/status_testing.h"
 #include "engine/transfer_engine.h"
 #include "gtest/gtest.h"
@@ -21,7 +22,9 @@ namespace {
 using ferry::testing::RunfilePath;
 using ferry::testing::Subprocess;
 
-constexpr size_t kPeerBuffer = 128 << 20;
+// Each case starts a peer with this buffer and registers as much locally:
+// under the sanitizers, touching it was most of a case's time.
+constexpr size_t kPeerBuffer = (128 << 20) / kSanitizerVolumeDivisor;
 constexpr uint64_t kPeerSeed = 99;
 
 class E2eTest : public ::testing::TestWithParam<std::string> {
@@ -103,7 +106,13 @@ class E2eTest : public ::testing::TestWithParam<std::string> {
   SegmentHandle seg_ = 0;
 };
 
-const size_t kSizes[] = {1, 7, 4096, 65537, 1 << 20, (4 << 20) + 3, 64 << 20};
+const size_t kSizes[] = {1,
+                         7,
+                         4096,
+                         65537,
+                         1 << 20,
+                         (4 << 20) + 3,
+                         (64 << 20) / kSanitizerVolumeDivisor};
 
 TEST_P(E2eTest, ReadVerifiesEveryByteForAllSizes) {
   size_t off = 0;
