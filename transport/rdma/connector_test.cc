@@ -20,6 +20,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/hash/hash.h"
 #include "absl/strings/str_join.h"
+#include "common/sanitizers.h"
 #include "common/status_testing.h"
 #include "gtest/gtest.h"
 #include "transport/rdma/connector_model.h"
@@ -328,7 +329,7 @@ struct Scenario {
   Budget budget;
   bool liveness;
   int max_depth = 40;
-  // The bound in sanitizer builds (FERRY_MODEL_SANITIZER_BOUND), where a
+  // The bound in ASan and TSan builds (FERRY_SANITIZER_ALLOCATOR), where a
   // state costs 5-10x more; 0: max_depth.
   int sanitizer_depth = 0;
 };
@@ -338,9 +339,9 @@ class RailConnectorModelTest : public ::testing::TestWithParam<Scenario> {};
 TEST_P(RailConnectorModelTest, EveryInterleavingSettles) {
   const Scenario& sc = GetParam();
   int depth = sc.max_depth;
-#ifdef FERRY_MODEL_SANITIZER_BOUND
-  if (sc.sanitizer_depth > 0) depth = sc.sanitizer_depth;
-#endif
+  if (FERRY_SANITIZER_ALLOCATOR && sc.sanitizer_depth > 0) {
+    depth = sc.sanitizer_depth;
+  }
   if (const char* d = std::getenv("FERRY_MODEL_DEPTH")) depth = std::atoi(d);
   Checker c(sc.budget, depth, sc.liveness);
   const absl::Status s = c.Run();

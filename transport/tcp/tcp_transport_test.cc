@@ -172,8 +172,6 @@ class TcpTransportTest : public ::testing::Test {
   std::unique_ptr<TcpTransport> target_, initiator_;
 };
 
-// The same two transports on a SimulatedClock, for the tests of what is
-// timed (deadlines, back-off): they move time themselves.
 // True once `t` has started `n` connects, within 10 s of real time: a
 // connect starts when its event loop runs, which a test cannot see, and
 // its timeout counts from then on the clock.
@@ -183,6 +181,8 @@ bool ConnectsStarted(T& t, uint64_t n) {
       [&] { return t.Stats().connects_started == n; }, absl::Seconds(10));
 }
 
+// The same two transports on a SimulatedClock, for the tests of what is
+// timed (deadlines, back-off): they move time themselves.
 class TcpTransportSimTest : public TcpTransportTest {
  protected:
   TcpTransportSimTest() { clock_ = &sim_; }
