@@ -6,7 +6,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/socket_util.h"
+#ifndef FERRY_WITHOUT_ETCD
 #include "metadata/etcd/etcd_store.h"
+#endif
 #include "metadata/metadata_client.h"
 #include "metadata/validation.h"
 
@@ -65,6 +67,12 @@ absl::StatusOr<std::unique_ptr<Store>> ConnectStore(
     const std::string& auth_token, std::shared_ptr<const Tls> tls,
     Clock* clock) {
   if (address.kind == MetadataAddress::Kind::kEtcd) {
+#ifdef FERRY_WITHOUT_ETCD
+    return absl::UnimplementedError(
+        "metadata address 'etcd://...': this build leaves out the etcd back "
+        "end (bazel --define=ferry_etcd=0, as tools/dev.sh demo builds); "
+        "build without that flag to use etcd");
+#else
     EtcdOptions o;
     o.endpoints = address.endpoints;
     o.rpc_timeout = rpc_timeout;
@@ -72,6 +80,7 @@ absl::StatusOr<std::unique_ptr<Store>> ConnectStore(
     auto s = EtcdStore::Create(std::move(o));
     if (!s.ok()) return s.status();
     return std::unique_ptr<Store>(std::move(*s));
+#endif
   }
   if (address.kind != MetadataAddress::Kind::kFerry) {
     return absl::InvalidArgumentError(

@@ -48,7 +48,8 @@ absl::StatusOr<MetadataAddress> ParseMetadataAddress(absl::string_view text);
 // which the etcd store does not use yet. The etcd store's deadlines,
 // retry pauses and watch back-off run on `clock` (null: the system
 // clock; it must outlive the store); a Ferry service's calls have only
-// gRPC deadlines, which stay on real time.
+// gRPC deadlines, which stay on real time. In a build without the etcd
+// back end (--define=ferry_etcd=0) a kEtcd address gets Unimplemented.
 absl::StatusOr<std::unique_ptr<Store>> ConnectStore(
     const MetadataAddress& address, absl::Duration rpc_timeout,
     const std::string& auth_token = "",
