@@ -12,6 +12,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -2247,6 +2248,138 @@ TEST_F(SoftrnicTest, GarbageOnListenerDisturbsNoQp) {
     ASSERT_NO_FATAL_FAILURE(WriteAndCheck(fresh, 4096, 45 + d));
     close(stalled);
   }
+}
+
+// ===========================================================================
+// dma-buf MRs: GPUDirect RDMA into device memory softgpu exports.
+
+// A dma-buf as softgpu exports one (gpu/softgpu/dmabuf.h): a memory file
+// named "softgpu-...", positioned at the exported range's first byte.
+int SoftgpuStyleDmabuf(const char* name, size_t size, off_t position) {
+  int fd = memfd_create(name, MFD_CLOEXEC);
+  if (fd < 0) return -1;
+  if (ftruncate(fd, static_cast<off_t>(size)) != 0 ||
+      lseek(fd, position, SEEK_SET) != position) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+TEST_F(SoftrnicTest, DmabufMrTakesRdmaWriteAndReadAtItsIova) {
+  Pair p;
+  ASSERT_NO_FATAL_FAILURE(MakePair(0, 1, &p));
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  // The exported range starts a page into the file; the MR 100 bytes into
+  // the range, so that both offsets are exercised.
+  int fd = SoftgpuStyleDmabuf("softgpu-dev0-test", 4 * page, page);
+  ASSERT_GE(fd, 0) << strerror(errno);
+  constexpr uint64_t kOffset = 100;
+  constexpr uint32_t kLen = 8000;
+  constexpr uint64_t kIova = 0x7f1234560000ull + kOffset;
+  ibv_mr* mr =
+      ibv_reg_dmabuf_mr(p.b->pd(), kOffset, kLen, kIova, fd, kFullAccess);
+  ASSERT_NE(mr, nullptr) << strerror(errno);
+  EXPECT_EQ(mr->addr, reinterpret_cast<void*>(kOffset));  // as rdma-core
+  EXPECT_EQ(mr->length, kLen);
+  close(fd);  // The MR keeps the memory, as a dma-buf attachment does.
+
+  Buffer* src = p.a->Reg(kLen);
+  Buffer* back = p.a->Reg(kLen);
+  ASSERT_NE(src, nullptr);
+  ASSERT_NE(back, nullptr);
+  FillPattern(src->data(), kLen, 41);
+  ASSERT_EQ(
+      PostRdma(p.a->qp(), IBV_WR_RDMA_WRITE, 1, src, 0, kLen, kIova, mr->rkey),
+      0);
+  ASSERT_TRUE(PollExpect(p.a->cq(), 1, IBV_WC_SUCCESS));
+  ASSERT_EQ(
+      PostRdma(p.a->qp(), IBV_WR_RDMA_READ, 2, back, 0, kLen, kIova, mr->rkey),
+      0);
+  ASSERT_TRUE(PollExpect(p.a->cq(), 2, IBV_WC_SUCCESS));
+  EXPECT_EQ(FirstPatternMismatch(back->data(), kLen, 41), -1);
+  // One byte past the MR: refused.
+  ASSERT_EQ(PostRdma(p.a->qp(), IBV_WR_RDMA_WRITE, 3, src, 0, 1, kIova + kLen,
+                     mr->rkey),
+            0);
+  ASSERT_TRUE(PollExpect(p.a->cq(), 3, IBV_WC_REM_ACCESS_ERR));
+  EXPECT_EQ(ibv_dereg_mr(mr), 0);
+}
+
+TEST_F(SoftrnicTest, DmabufMrBytesLandInTheExportersMemory) {
+  Pair p;
+  ASSERT_NO_FATAL_FAILURE(MakePair(0, 1, &p));
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  int fd = SoftgpuStyleDmabuf("softgpu-dev1-test", 3 * page, page);
+  ASSERT_GE(fd, 0) << strerror(errno);
+  ibv_mr* mr = ibv_reg_dmabuf_mr(p.b->pd(), 0, page, 0x1000, fd, kFullAccess);
+  ASSERT_NE(mr, nullptr) << strerror(errno);
+  Buffer* src = p.a->Reg(page);
+  ASSERT_NE(src, nullptr);
+  FillPattern(src->data(), page, 7);
+  ASSERT_EQ(
+      PostRdma(p.a->qp(), IBV_WR_RDMA_WRITE, 1, src, 0, page, 0x1000, mr->rkey),
+      0);
+  ASSERT_TRUE(PollExpect(p.a->cq(), 1, IBV_WC_SUCCESS));
+  // The exporter's view: the file's second page (the range), not its first.
+  std::vector<uint8_t> file(page);
+  ASSERT_EQ(pread(fd, file.data(), page, static_cast<off_t>(page)),
+            static_cast<ssize_t>(page));
+  EXPECT_EQ(FirstPatternMismatch(file.data(), page, 7), -1);
+  ASSERT_EQ(pread(fd, file.data(), page, 0), static_cast<ssize_t>(page));
+  EXPECT_EQ(FirstNotEqual(file.data(), page, 0), -1);
+  EXPECT_EQ(ibv_dereg_mr(mr), 0);
+  close(fd);
+}
+
+TEST_F(SoftrnicTest, DmabufMrKeepsAccessRights) {
+  Pair p;
+  ASSERT_NO_FATAL_FAILURE(MakePair(0, 1, &p));
+  int fd = SoftgpuStyleDmabuf("softgpu-dev0-ro", 4096, 0);
+  ASSERT_GE(fd, 0) << strerror(errno);
+  ibv_mr* mr =
+      ibv_reg_dmabuf_mr(p.b->pd(), 0, 4096, 0x2000, fd,
+                        IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+  ASSERT_NE(mr, nullptr) << strerror(errno);
+  Buffer* src = p.a->Reg(4096);
+  ASSERT_NE(src, nullptr);
+  FillPattern(src->data(), 4096, 9);
+  ASSERT_EQ(
+      PostRdma(p.a->qp(), IBV_WR_RDMA_WRITE, 1, src, 0, 4096, 0x2000, mr->rkey),
+      0);
+  ASSERT_TRUE(PollExpect(p.a->cq(), 1, IBV_WC_REM_ACCESS_ERR));
+  std::vector<uint8_t> file(4096);
+  ASSERT_EQ(pread(fd, file.data(), 4096, 0), 4096);
+  EXPECT_EQ(FirstNotEqual(file.data(), 4096, 0), -1);
+  EXPECT_EQ(ibv_dereg_mr(mr), 0);
+  close(fd);
+}
+
+TEST_F(SoftrnicTest, DmabufMrRefusesWhatIsNoDmabufOrLiesPastItsEnd) {
+  ibv_pd* pd = ibv_alloc_pd(ctx(0));
+  ASSERT_NE(pd, nullptr);
+  // A memory file of someone else's: not a dma-buf softrnic can import.
+  int other = memfd_create("not-a-dmabuf", MFD_CLOEXEC);
+  ASSERT_GE(other, 0);
+  ASSERT_EQ(ftruncate(other, 4096), 0);
+  errno = 0;
+  EXPECT_EQ(ibv_reg_dmabuf_mr(pd, 0, 4096, 0, other, kFullAccess), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  close(other);
+  errno = 0;
+  EXPECT_EQ(ibv_reg_dmabuf_mr(pd, 0, 4096, 0, -1, kFullAccess), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  // Past the end of the exported range (which starts at the position).
+  int fd = SoftgpuStyleDmabuf("softgpu-dev0-short", 8192, 4096);
+  ASSERT_GE(fd, 0);
+  errno = 0;
+  EXPECT_EQ(ibv_reg_dmabuf_mr(pd, 1, 4096, 0, fd, kFullAccess), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  ibv_mr* mr = ibv_reg_dmabuf_mr(pd, 0, 4096, 0, fd, kFullAccess);
+  ASSERT_NE(mr, nullptr) << strerror(errno);
+  EXPECT_EQ(ibv_dereg_mr(mr), 0);
+  close(fd);
+  EXPECT_EQ(ibv_dealloc_pd(pd), 0);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <deque>
 
 #include "common/capabilities.h"
+#include "gpu/softgpu/dmabuf.h"
 #include "transport/softrnic/connection.h"
 #include "transport/softrnic/softrnic.h"
 
@@ -313,44 +314,44 @@ bool ChargePinned(uintptr_t addr, size_t length, uint64_t* charged) {
 
 }  // namespace
 
-SOFTRNIC_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* ibpd, void* addr,
-                                         size_t length, uint64_t iova,
-                                         unsigned int access) {
+namespace {
+
+// Registers [start, start + length) as seen by peers at `iova`. A dma-buf
+// MR (`dmabuf_map` not null, owned by the MR from here on, also on
+// failure) is device memory: the kernel charges it to no locked-memory
+// budget and its pages are not the process's, so neither applies.
+ibv_mr* RegisterMr(ibv_pd* ibpd, uintptr_t start, size_t length, uint64_t iova,
+                   unsigned int access, void* dmabuf_map,
+                   size_t dmabuf_map_length) {
+  auto fail = [&](int err) -> ibv_mr* {
+    if (dmabuf_map != nullptr) ::munmap(dmabuf_map, dmabuf_map_length);
+    errno = err;
+    return nullptr;
+  };
   const unsigned int kKnown = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                               IBV_ACCESS_REMOTE_READ |
                               IBV_ACCESS_REMOTE_ATOMIC |
                               IBV_ACCESS_RELAXED_ORDERING;
-  if (Dead(ibpd->context)) {
-    errno = EIO;
-    return nullptr;
-  }
-  if ((access & ~kKnown) != 0 || length == 0 ||
-      reinterpret_cast<uintptr_t>(addr) + length <
-          reinterpret_cast<uintptr_t>(addr) ||
+  if (Dead(ibpd->context)) return fail(EIO);
+  if ((access & ~kKnown) != 0 || length == 0 || start + length < start ||
       iova + length < iova) {
-    errno = EINVAL;
-    return nullptr;
+    return fail(EINVAL);
   }
   // As on real NICs: remote write or atomic access needs local write.
   if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
       !(access & IBV_ACCESS_LOCAL_WRITE)) {
-    errno = EINVAL;
-    return nullptr;
+    return fail(EINVAL);
   }
   auto* pd = reinterpret_cast<Pd*>(ibpd);
   uint64_t pinned = 0;
-  if (!ChargePinned(reinterpret_cast<uintptr_t>(addr), length, &pinned)) {
-    errno = ENOMEM;  // As the kernel: over RLIMIT_MEMLOCK.
-    return nullptr;
+  if (dmabuf_map == nullptr && !ChargePinned(start, length, &pinned)) {
+    return fail(ENOMEM);  // As the kernel: over RLIMIT_MEMLOCK.
   }
   uint64_t* frames = nullptr;
-  if (StrictMode().load(std::memory_order_relaxed)) {
-    if (int err =
-            RecordFrames(reinterpret_cast<uintptr_t>(addr), length, &frames);
-        err != 0) {
+  if (dmabuf_map == nullptr && StrictMode().load(std::memory_order_relaxed)) {
+    if (int err = RecordFrames(start, length, &frames); err != 0) {
       PinnedBytes().fetch_sub(pinned);
-      errno = err;
-      return nullptr;
+      return fail(err);
     }
   }
   KeyTable& t = Keys();
@@ -365,8 +366,7 @@ SOFTRNIC_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* ibpd, void* addr,
       if (t.used >= kMaxSlots) {
         delete[] frames;
         PinnedBytes().fetch_sub(pinned);
-        errno = ENOMEM;
-        return nullptr;
+        return fail(ENOMEM);
       }
       slot = t.used++;
       t.generations.push_back(0);
@@ -381,22 +381,35 @@ SOFTRNIC_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* ibpd, void* addr,
     mr = Slot(t, slot);
     mr->pd = pd;
     mr->access = static_cast<int>(access & ~IBV_ACCESS_RELAXED_ORDERING);
-    mr->start = reinterpret_cast<uintptr_t>(addr);
+    mr->start = start;
     mr->iova = iova;
     mr->length = length;
     mr->strict = frames != nullptr;
     mr->frames = frames;
     mr->pinned = pinned;
+    mr->dmabuf_map = dmabuf_map;
+    mr->dmabuf_map_length = dmabuf_map_length;
     mr->mr.lkey = mr->mr.rkey = (slot << 8) | gen;
     mr->live_key.store(mr->mr.lkey, std::memory_order_release);
   }
   mr->mr.context = ibpd->context;
   mr->mr.pd = ibpd;
-  mr->mr.addr = addr;
+  // As rdma-core, a dma-buf MR reports its offset into the dma-buf as its
+  // addr (ibv_reg_dmabuf_mr sets it after this).
+  mr->mr.addr = reinterpret_cast<void*>(start);
   mr->mr.length = length;
   mr->mr.handle = mr->mr.lkey;
   pd->users.fetch_add(1);
   return &mr->mr;
+}
+
+}  // namespace
+
+SOFTRNIC_EXPORT ibv_mr* ibv_reg_mr_iova2(ibv_pd* ibpd, void* addr,
+                                         size_t length, uint64_t iova,
+                                         unsigned int access) {
+  return RegisterMr(ibpd, reinterpret_cast<uintptr_t>(addr), length, iova,
+                    access, /*dmabuf_map=*/nullptr, /*dmabuf_map_length=*/0);
 }
 
 SOFTRNIC_EXPORT ibv_mr* ibv_reg_mr(ibv_pd* pd, void* addr, size_t length,
@@ -411,10 +424,41 @@ SOFTRNIC_EXPORT ibv_mr* ibv_reg_mr_iova(ibv_pd* pd, void* addr, size_t length,
                           static_cast<unsigned int>(access));
 }
 
-SOFTRNIC_EXPORT ibv_mr* ibv_reg_dmabuf_mr(ibv_pd*, uint64_t, size_t, uint64_t,
-                                          int, int) {
-  errno = EOPNOTSUPP;  // No device memory to export.
-  return nullptr;
+// A NIC reads and writes a dma-buf's memory (a GPU's, for GPUDirect RDMA)
+// without the CPU. softrnic is the CPU, so it maps the dma-buf itself: the
+// exporters it knows are softgpu's (gpu/softgpu/dmabuf.h), whose dma-bufs
+// are memory files positioned at their first byte. Any other file
+// descriptor is refused with EINVAL, as the kernel refuses one that is not
+// a dma-buf.
+SOFTRNIC_EXPORT ibv_mr* ibv_reg_dmabuf_mr(ibv_pd* pd, uint64_t offset,
+                                          size_t length, uint64_t iova, int fd,
+                                          int access) {
+  uint64_t base = 0;
+  uint64_t size = 0;
+  if (!softgpu::DmabufRange(fd, &base, &size)) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  if (length == 0 || offset + length < offset || offset + length > size) {
+    errno = EINVAL;  // Past the dma-buf's end.
+    return nullptr;
+  }
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t first = base + offset;
+  const uint64_t map_start = first & ~(page - 1);
+  const size_t map_length = static_cast<size_t>(
+      ((first + length + page - 1) & ~(page - 1)) - map_start);
+  void* map = ::mmap(nullptr, map_length, PROT_READ | PROT_WRITE, MAP_SHARED,
+                     fd, static_cast<off_t>(map_start));
+  if (map == MAP_FAILED) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  ibv_mr* mr = RegisterMr(
+      pd, reinterpret_cast<uintptr_t>(map) + (first - map_start), length, iova,
+      static_cast<unsigned int>(access), map, map_length);
+  if (mr != nullptr) mr->addr = reinterpret_cast<void*>(offset);
+  return mr;
 }
 
 SOFTRNIC_EXPORT int ibv_rereg_mr(ibv_mr*, int, ibv_pd*, void*, size_t, int) {
@@ -466,6 +510,11 @@ SOFTRNIC_EXPORT int ibv_dereg_mr(ibv_mr* ibmr) {
   mr->pd->users.fetch_sub(1);
   PinnedBytes().fetch_sub(mr->pinned);
   mr->pinned = 0;
+  if (mr->dmabuf_map != nullptr) {
+    ::munmap(mr->dmabuf_map, mr->dmabuf_map_length);
+    mr->dmabuf_map = nullptr;
+    mr->dmabuf_map_length = 0;
+  }
   delete[] mr->frames;
   mr->frames = nullptr;
   mr->strict = false;

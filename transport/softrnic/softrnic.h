@@ -269,6 +269,10 @@ struct Mr {
   uint64_t* frames = nullptr;
   // Bytes charged to the process's locked-memory budget (whole pages).
   uint64_t pinned = 0;
+  // A dma-buf MR (ibv_reg_dmabuf_mr): softrnic's own mapping of the
+  // exporter's memory, which `start` points into; unmapped at dereg.
+  void* dmabuf_map = nullptr;
+  size_t dmabuf_map_length = 0;
   // The key while registered, 0 once deregistered. The fields above are
   // written before it is published and stay fixed until dereg has seen
   // `inflight` drop to zero.
