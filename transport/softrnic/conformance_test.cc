@@ -2382,5 +2382,23 @@ TEST_F(SoftrnicTest, DmabufMrRefusesWhatIsNoDmabufOrLiesPastItsEnd) {
   EXPECT_EQ(ibv_dealloc_pd(pd), 0);
 }
 
+// The nvidia-peermem path: ibv_reg_mr on a GPU address. Without that
+// module the kernel cannot pin the range and fails with EFAULT; softgpu's
+// device memory is a PROT_NONE reservation, and softrnic fails the same.
+TEST_F(SoftrnicTest, RegMrOnInaccessibleMemoryIsEfault) {
+  ibv_pd* pd = ibv_alloc_pd(ctx(0));
+  ASSERT_NE(pd, nullptr);
+  void* gpu_like = mmap(nullptr, 1 << 16, PROT_NONE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  ASSERT_NE(gpu_like, MAP_FAILED);
+  errno = 0;
+  ibv_mr* mr = ibv_reg_mr(pd, gpu_like, 1 << 16, kFullAccess);
+  EXPECT_EQ(mr, nullptr);
+  EXPECT_EQ(errno, EFAULT);
+  if (mr != nullptr) ibv_dereg_mr(mr);
+  munmap(gpu_like, 1 << 16);
+  EXPECT_EQ(ibv_dealloc_pd(pd), 0);
+}
+
 }  // namespace
 }  // namespace softrnic_test

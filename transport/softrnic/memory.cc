@@ -129,6 +129,36 @@ std::atomic<bool>& StrictMode() {
   return *on;
 }
 
+// Whether every page of [start, start + length) is mapped readable (and
+// writable if `writable`), from /proc/self/maps. The kernel's ibv_reg_mr
+// pins the pages and fails with EFAULT where it cannot: an unmapped hole,
+// PROT_NONE memory (a GPU address without nvidia-peermem), or read-only
+// memory registered for writing. softrnic pins nothing, so without this a
+// bad registration would succeed and the first access would fault inside
+// the NIC's thread. Returns 0 or EFAULT (EIO if maps cannot be read).
+int CheckMapped(uintptr_t start, size_t length, bool writable) {
+  FILE* maps = std::fopen("/proc/self/maps", "re");
+  if (maps == nullptr) return EIO;
+  const uintptr_t end = start + length;
+  uintptr_t covered = start;  // Checked up to here.
+  char line[512];
+  while (covered < end && std::fgets(line, sizeof(line), maps) != nullptr) {
+    unsigned long lo = 0, hi = 0;  // NOLINT: sscanf's types
+    char perms[5] = {};
+    if (std::sscanf(line, "%lx-%lx %4s", &lo, &hi, perms) != 3) continue;
+    if (hi <= covered) continue;
+    if (lo > covered) break;  // A hole: maps are sorted by address.
+    if (perms[0] != 'r' || (writable && perms[1] != 'w')) break;
+    covered = hi;
+    // A line longer than the buffer: skip its rest.
+    while (std::strchr(line, '\n') == nullptr &&
+           std::fgets(line, sizeof(line), maps) != nullptr) {
+    }
+  }
+  std::fclose(maps);
+  return covered >= end ? 0 : EFAULT;
+}
+
 // Faults the pages of [start, start+length) in, as ibv_reg_mr pins them
 // (writable pages for write, so that a later write does not move a page
 // off the shared zero page), and returns their frames in *out (new[]).
@@ -350,6 +380,14 @@ ibv_mr* RegisterMr(ibv_pd* ibpd, uintptr_t start, size_t length, uint64_t iova,
   uint64_t* frames = nullptr;
   if (dmabuf_map == nullptr && StrictMode().load(std::memory_order_relaxed)) {
     if (int err = RecordFrames(start, length, &frames); err != 0) {
+      PinnedBytes().fetch_sub(pinned);
+      return fail(err);
+    }
+  } else if (dmabuf_map == nullptr) {
+    const bool writable =
+        (access & (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                   IBV_ACCESS_REMOTE_ATOMIC)) != 0;
+    if (int err = CheckMapped(start, length, writable); err != 0) {
       PinnedBytes().fetch_sub(pinned);
       return fail(err);
     }
