@@ -1,0 +1,298 @@
+// Device and pinned host memory, copies, pointer attributes and dma-buf
+// export.
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <utility>
+
+#include "common/dma_annotations.h"
+#include "gpu/softgpu/dmabuf.h"
+#include "gpu/softgpu/softgpu.h"
+
+namespace softgpu {
+namespace {
+
+// The bytes a GPU's copy engine moves. On real hardware that is DMA, which
+// ThreadSanitizer never sees; the application orders it with stream
+// synchronisation. So it is invisible to TSan here too (ScopedDmaAccess),
+// and a missing synchronisation shows instead as wrong bytes under
+// FERRY_SOFTGPU_COPY_DELAY_US. memmove: a copy within one allocation may
+// overlap.
+void CopyEngine(char* to, const char* from, size_t n) {
+  ferry::ScopedDmaAccess dma;
+  std::memmove(to, from, n);
+}
+
+}  // namespace
+
+std::shared_ptr<const Allocation> Allocation::New(Kind kind, int device,
+                                                  uint64_t buffer_id,
+                                                  size_t size,
+                                                  size_t mapped_size) {
+  std::shared_ptr<Allocation> a(
+      new Allocation(device, buffer_id, size, mapped_size));
+  if (kind == Kind::kPinnedHost) {
+    void* p = mmap(nullptr, mapped_size, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return nullptr;
+    a->base_ = reinterpret_cast<uintptr_t>(p);
+    a->data_ = static_cast<char*>(p);
+    return a;
+  }
+  char name[64];
+  std::snprintf(name, sizeof(name), "%sdev%d-%llu", kMemfdNamePrefix, device,
+                static_cast<unsigned long long>(buffer_id));
+  a->memfd_ = memfd_create(name, MFD_CLOEXEC);
+  if (a->memfd_ < 0) return nullptr;
+  if (ftruncate(a->memfd_, static_cast<off_t>(mapped_size)) != 0) {
+    return nullptr;
+  }
+  // The device pointer: address space no CPU access may touch. It is never
+  // backed, so it costs no memory whatever its size.
+  void* reservation = mmap(nullptr, mapped_size, PROT_NONE,
+                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (reservation == MAP_FAILED) return nullptr;
+  a->base_ = reinterpret_cast<uintptr_t>(reservation);
+  void* data = mmap(nullptr, mapped_size, PROT_READ | PROT_WRITE, MAP_SHARED,
+                    a->memfd_, 0);
+  if (data == MAP_FAILED) return nullptr;
+  a->data_ = static_cast<char*>(data);
+  return a;
+}
+
+Allocation::~Allocation() {
+  if (base_ != 0) munmap(reinterpret_cast<void*>(base_), mapped_size_);
+  if (memfd_ >= 0) {
+    if (data_ != nullptr) munmap(data_, mapped_size_);
+    close(memfd_);
+  }
+}
+
+Driver::Entry* Driver::Find(std::map<uintptr_t, Entry>& table, uintptr_t ptr,
+                            size_t n) {
+  auto it = table.upper_bound(ptr);
+  if (it == table.begin()) return nullptr;
+  --it;
+  const Allocation& a = *it->second.allocation;
+  const uintptr_t offset = ptr - a.base();
+  if (offset >= a.size() || (n > 0 && n > a.size() - offset)) return nullptr;
+  return &it->second;
+}
+
+bool Driver::OverlapsDevice(uintptr_t ptr, size_t n) {
+  const uintptr_t last = n == 0 || ptr + (n - 1) < ptr ? ptr : ptr + (n - 1);
+  // Allocations do not overlap: only the last one starting at or before
+  // `last` can reach into the range.
+  auto it = device_memory_.upper_bound(last);
+  if (it == device_memory_.begin()) return false;
+  --it;
+  return it->first + it->second.allocation->mapped_size() > ptr;
+}
+
+CUresult Driver::Resolve(CopyEnd end, size_t n, Side* side) {
+  if (end.device) {
+    Entry* e = Find(device_memory_, end.address, n);
+    if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    side->bytes = e->allocation->bytes(end.address - e->allocation->base());
+    side->keep = e->allocation;
+    return CUDA_SUCCESS;
+  }
+  // A device pointer passed as a host pointer would fault in the copy: a
+  // real driver refuses it too.
+  if (end.address == 0 || OverlapsDevice(end.address, n)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  side->bytes = reinterpret_cast<char*>(end.address);
+  // Pinned memory stays mapped until a queued copy into it has run.
+  if (Entry* e = Find(host_memory_, end.address, n); e != nullptr) {
+    side->keep = e->allocation;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult Driver::MemAlloc(CUdeviceptr* dptr, size_t size) {
+  if (dptr == nullptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
+  MutexLock lock(&mu_);
+  int dev = 0;
+  if (CUresult r = CurrentDevice(&dev); r != CUDA_SUCCESS) return r;
+  // Checked before rounding, which could overflow.
+  const uint64_t free_bytes = config_.memory_bytes - used_bytes_[dev];
+  if (size > free_bytes || RoundToPages(size) > free_bytes) {
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  const size_t mapped = RoundToPages(size);
+  // System calls under the lock: a few microseconds, and allocation then
+  // never races with the context's reset.
+  auto a = Allocation::New(Allocation::Kind::kDevice, dev, next_buffer_id_++,
+                           size, mapped);
+  if (a == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  used_bytes_[dev] += mapped;
+  const uintptr_t base = a->base();
+  device_memory_[base] = Entry{std::move(a), 0};
+  *dptr = base;
+  return CUDA_SUCCESS;
+}
+
+CUresult Driver::MemFree(CUdeviceptr dptr) {
+  Entry freed;  // unmapped after the lock is dropped
+  MutexLock lock(&mu_);
+  auto it = device_memory_.find(dptr);
+  if (it == device_memory_.end()) return CUDA_ERROR_INVALID_VALUE;
+  freed = std::move(it->second);
+  device_memory_.erase(it);
+  used_bytes_[freed.allocation->device()] -= freed.allocation->mapped_size();
+  return CUDA_SUCCESS;
+}
+
+CUresult Driver::MemGetAddressRange(CUdeviceptr* base, size_t* size,
+                                    CUdeviceptr dptr) {
+  MutexLock lock(&mu_);
+  const Entry* e = Find(device_memory_, dptr, 0);
+  if (e == nullptr) return CUDA_ERROR_NOT_FOUND;
+  if (base != nullptr) *base = e->allocation->base();
+  if (size != nullptr) *size = e->allocation->size();
+  return CUDA_SUCCESS;
+}
+
+CUresult Driver::MemHostAlloc(void** pp, size_t size, unsigned int flags) {
+  if (pp == nullptr || size == 0 ||
+      (flags & ~(CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP)) != 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (size > SIZE_MAX - page_size_) return CUDA_ERROR_OUT_OF_MEMORY;
+  MutexLock lock(&mu_);
+  int dev = 0;
+  if (CUresult r = CurrentDevice(&dev); r != CUDA_SUCCESS) return r;
+  auto a = Allocation::New(Allocation::Kind::kPinnedHost, dev,
+                           next_buffer_id_++, size, RoundToPages(size));
+  if (a == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  const uintptr_t base = a->base();
+  host_memory_[base] = Entry{std::move(a), 0};
+  *pp = reinterpret_cast<void*>(base);
+  return CUDA_SUCCESS;
+}
+
+CUresult Driver::MemFreeHost(void* p) {
+  Entry freed;  // unmapped after the lock is dropped
+  MutexLock lock(&mu_);
+  auto it = host_memory_.find(reinterpret_cast<uintptr_t>(p));
+  if (it == host_memory_.end()) return CUDA_ERROR_INVALID_VALUE;
+  freed = std::move(it->second);
+  host_memory_.erase(it);
+  return CUDA_SUCCESS;
+}
+
+CUresult Driver::Memcpy(CopyEnd dst, CopyEnd src, size_t n, bool async,
+                        CUstream stream) {
+  Side to;
+  Side from;
+  std::shared_ptr<Stream> s;
+  {
+    MutexLock lock(&mu_);
+    int dev = 0;
+    if (CUresult r = CurrentDevice(&dev); r != CUDA_SUCCESS) return r;
+    s = async ? FindStream(stream) : legacy_stream_;
+    if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+    if (n == 0) return CUDA_SUCCESS;
+    if (CUresult r = Resolve(dst, n, &to); r != CUDA_SUCCESS) return r;
+    if (CUresult r = Resolve(src, n, &from); r != CUDA_SUCCESS) return r;
+  }
+  if (async) {
+    s->Enqueue([to, from, n] { CopyEngine(to.bytes, from.bytes, n); });
+    return CUDA_SUCCESS;
+  }
+  s->Synchronize();
+  CopyEngine(to.bytes, from.bytes, n);
+  return CUDA_SUCCESS;
+}
+
+CUresult Driver::MemsetD8(CUdeviceptr dst, unsigned char value, size_t n) {
+  Side to;
+  {
+    MutexLock lock(&mu_);
+    int dev = 0;
+    if (CUresult r = CurrentDevice(&dev); r != CUDA_SUCCESS) return r;
+    if (n == 0) return CUDA_SUCCESS;
+    if (CUresult r = Resolve({dst, true}, n, &to); r != CUDA_SUCCESS) return r;
+  }
+  legacy_stream_->Synchronize();
+  ferry::ScopedDmaAccess dma;
+  std::memset(to.bytes, value, n);
+  return CUDA_SUCCESS;
+}
+
+PointerInfo Driver::QueryPointer(uintptr_t ptr) {
+  PointerInfo info;
+  MutexLock lock(&mu_);
+  const Entry* e = Find(device_memory_, ptr, 0);
+  unsigned int type = CU_MEMORYTYPE_DEVICE;
+  if (e == nullptr) {
+    e = Find(host_memory_, ptr, 0);
+    type = CU_MEMORYTYPE_HOST;
+  }
+  if (e == nullptr) return info;
+  const Allocation& a = *e->allocation;
+  info.memory_type = type;
+  info.device = a.device();
+  info.context = &contexts_[a.device()];
+  info.range_start = a.base();
+  info.range_size = a.size();
+  info.buffer_id = a.buffer_id();
+  info.sync_memops = e->sync_memops;
+  return info;
+}
+
+CUresult Driver::SetSyncMemops(uintptr_t ptr, unsigned int value) {
+  MutexLock lock(&mu_);
+  Entry* e = Find(device_memory_, ptr, 0);
+  if (e == nullptr) e = Find(host_memory_, ptr, 0);
+  if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  e->sync_memops = value != 0 ? 1 : 0;
+  return CUDA_SUCCESS;
+}
+
+CUresult Driver::ExportDmabuf(void* handle, CUdeviceptr dptr, size_t size,
+                              CUmemRangeHandleType type,
+                              unsigned long long flags) {
+  if (!config_.dmabuf) return CUDA_ERROR_NOT_SUPPORTED;
+  if (handle == nullptr || type != CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD ||
+      flags != 0 || size == 0 || dptr % page_size_ != 0 ||
+      size % page_size_ != 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  std::shared_ptr<const Allocation> a;
+  {
+    MutexLock lock(&mu_);
+    const Entry* e = Find(device_memory_, dptr, 0);
+    if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    // A range may cover the last page's tail past the requested size: a
+    // dma-buf is whole pages.
+    if (size > e->allocation->mapped_size() - (dptr - e->allocation->base())) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    // Held while the memfd is reopened, so that a concurrent cuMemFree
+    // cannot close it and let its number name another file.
+    a = e->allocation;
+  }
+  char path[32];
+  std::snprintf(path, sizeof(path), "/proc/self/fd/%d", a->memfd());
+  const int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) {
+    return errno == EMFILE || errno == ENFILE ? CUDA_ERROR_OUT_OF_MEMORY
+                                              : CUDA_ERROR_UNKNOWN;
+  }
+  // The convention of dmabuf.h: the dma-buf's byte 0 is at the position.
+  const off_t offset = static_cast<off_t>(dptr - a->base());
+  if (lseek(fd, offset, SEEK_SET) != offset) {
+    close(fd);
+    return CUDA_ERROR_UNKNOWN;
+  }
+  *static_cast<int*>(handle) = fd;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace softgpu
