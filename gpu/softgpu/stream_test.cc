@@ -1,0 +1,165 @@
+// softgpu's streams with FERRY_SOFTGPU_COPY_DELAY_US set, as CI sets it to
+// make a missing synchronisation visible: an asynchronous copy has not run
+// until its stream is synchronised; a stream runs its copies in order;
+// synchronous copies wait for the legacy stream first.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gpu/cuda_abi.h"
+#include "gpu/softgpu/test_driver.h"
+#include "gtest/gtest.h"
+
+namespace softgpu {
+namespace {
+
+// Each asynchronous copy waits this long before it runs: far longer than
+// the test needs between queueing a copy and looking for its effect.
+constexpr int kDelayMs = 300;
+
+std::vector<unsigned char> Bytes(size_t n, unsigned char value) {
+  return std::vector<unsigned char>(n, value);
+}
+
+class StreamTest : public ::testing::Test {
+ protected:
+  static constexpr size_t kBytes = 64 * 1024;
+
+  static void SetUpTestSuite() {
+    const std::string delay_us = std::to_string(kDelayMs * 1000);
+    ASSERT_EQ(
+        Name(InitWith({{"FERRY_SOFTGPU_COPY_DELAY_US", delay_us.c_str()}})),
+        Name(CUDA_SUCCESS));
+    ASSERT_CU_OK(Cuda().cuDevicePrimaryCtxRetain(&context_, 0));
+  }
+
+  void SetUp() override {
+    ASSERT_CU_OK(cu_.cuCtxSetCurrent(context_));
+    ASSERT_CU_OK(cu_.cuMemAlloc(&dev_, kBytes));
+    ASSERT_CU_OK(cu_.cuMemsetD8(dev_, 0, kBytes));
+    ASSERT_CU_OK(cu_.cuStreamCreate(&stream_, 0));
+  }
+
+  void TearDown() override {
+    if (stream_ != nullptr) {
+      EXPECT_CU(CUDA_SUCCESS, cu_.cuStreamDestroy(stream_));
+    }
+    if (dev_ != 0) {
+      EXPECT_CU(CUDA_SUCCESS, cu_.cuMemFree(dev_));
+    }
+  }
+
+  // The device bytes now, by a synchronous copy (which waits for the
+  // legacy stream only, not for stream_).
+  std::vector<unsigned char> DeviceBytes() {
+    std::vector<unsigned char> out(kBytes, 0xff);
+    EXPECT_CU(CUDA_SUCCESS, cu_.cuMemcpyDtoH(out.data(), dev_, kBytes));
+    return out;
+  }
+
+  static inline CUcontext context_ = nullptr;
+  const CudaApi& cu_ = Cuda();
+  CUdeviceptr dev_ = 0;
+  CUstream stream_ = nullptr;
+};
+
+TEST_F(StreamTest, AsyncCopiesCompleteOnlyAfterSynchronize) {
+  const auto in = Bytes(kBytes, 0xa1);
+  auto out = Bytes(kBytes, 0);
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_CU_OK(cu_.cuMemcpyHtoDAsync(dev_, in.data(), kBytes, stream_));
+  ASSERT_CU_OK(cu_.cuMemcpyDtoHAsync(out.data(), dev_, kBytes, stream_));
+  // Both calls returned at once, with nothing copied yet.
+  EXPECT_LT(std::chrono::steady_clock::now() - start,
+            std::chrono::milliseconds(kDelayMs));
+  EXPECT_CU(CUDA_ERROR_NOT_READY, cu_.cuStreamQuery(stream_));
+  EXPECT_EQ(out, Bytes(kBytes, 0));
+  EXPECT_EQ(DeviceBytes(), Bytes(kBytes, 0));
+
+  ASSERT_CU_OK(cu_.cuStreamSynchronize(stream_));
+  EXPECT_CU(CUDA_SUCCESS, cu_.cuStreamQuery(stream_));
+  EXPECT_EQ(out, in);
+  EXPECT_EQ(DeviceBytes(), in);
+  EXPECT_GE(std::chrono::steady_clock::now() - start,
+            std::chrono::milliseconds(2 * kDelayMs));
+}
+
+TEST_F(StreamTest, AStreamRunsItsCopiesInOrder) {
+  const auto a = Bytes(kBytes, 0xaa);
+  const auto b = Bytes(kBytes, 0xbb);
+  auto first = Bytes(kBytes, 0);
+  auto second = Bytes(kBytes, 0);
+  ASSERT_CU_OK(cu_.cuMemcpyHtoDAsync(dev_, a.data(), kBytes, stream_));
+  ASSERT_CU_OK(cu_.cuMemcpyDtoHAsync(first.data(), dev_, kBytes, stream_));
+  ASSERT_CU_OK(cu_.cuMemcpyHtoDAsync(dev_, b.data(), kBytes, stream_));
+  ASSERT_CU_OK(cu_.cuMemcpyDtoHAsync(second.data(), dev_, kBytes, stream_));
+  ASSERT_CU_OK(cu_.cuStreamSynchronize(stream_));
+  EXPECT_EQ(first, a);
+  EXPECT_EQ(second, b);
+}
+
+TEST_F(StreamTest, SynchronousCopiesWaitForTheLegacyStream) {
+  const auto a = Bytes(kBytes, 0x0a);
+  const auto b = Bytes(kBytes, 0x0b);
+  auto out = Bytes(kBytes, 0);
+  ASSERT_CU_OK(cu_.cuMemcpyHtoD(dev_, a.data(), kBytes));
+  ASSERT_CU_OK(cu_.cuMemcpyDtoHAsync(out.data(), dev_, kBytes, nullptr));
+  EXPECT_CU(CUDA_ERROR_NOT_READY, cu_.cuStreamQuery(nullptr));
+  // Waits for the queued read of `a` before overwriting it.
+  ASSERT_CU_OK(cu_.cuMemcpyHtoD(dev_, b.data(), kBytes));
+  EXPECT_CU(CUDA_SUCCESS, cu_.cuStreamQuery(nullptr));
+  EXPECT_EQ(out, a);
+  EXPECT_EQ(DeviceBytes(), b);
+  // So does a memset.
+  ASSERT_CU_OK(cu_.cuMemcpyDtoHAsync(out.data(), dev_, kBytes, nullptr));
+  ASSERT_CU_OK(cu_.cuMemsetD8(dev_, 0x0c, kBytes));
+  EXPECT_EQ(out, b);
+  EXPECT_EQ(DeviceBytes(), Bytes(kBytes, 0x0c));
+}
+
+TEST_F(StreamTest, StreamsAreIndependent) {
+  CUstream other = nullptr;
+  ASSERT_CU_OK(cu_.cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
+  const auto in = Bytes(kBytes, 0x11);
+  ASSERT_CU_OK(cu_.cuMemcpyHtoDAsync(dev_, in.data(), kBytes, stream_));
+  EXPECT_CU(CUDA_ERROR_NOT_READY, cu_.cuStreamQuery(stream_));
+  EXPECT_CU(CUDA_SUCCESS, cu_.cuStreamQuery(other));
+  EXPECT_CU(CUDA_SUCCESS, cu_.cuStreamQuery(nullptr));
+  ASSERT_CU_OK(cu_.cuStreamSynchronize(other));
+  EXPECT_CU(CUDA_ERROR_NOT_READY, cu_.cuStreamQuery(stream_));
+  ASSERT_CU_OK(cu_.cuStreamDestroy(other));
+  ASSERT_CU_OK(cu_.cuStreamSynchronize(stream_));
+  EXPECT_EQ(DeviceBytes(), in);
+}
+
+TEST_F(StreamTest, DestroyWaitsForQueuedCopies) {
+  const auto in = Bytes(kBytes, 0x5e);
+  ASSERT_CU_OK(cu_.cuMemcpyHtoD(dev_, in.data(), kBytes));
+  auto out = Bytes(kBytes, 0);
+  ASSERT_CU_OK(cu_.cuMemcpyDtoHAsync(out.data(), dev_, kBytes, stream_));
+  ASSERT_CU_OK(cu_.cuStreamDestroy(stream_));
+  stream_ = nullptr;
+  EXPECT_EQ(out, in);
+}
+
+TEST_F(StreamTest, MemoryFreedUnderAQueuedCopyStaysMappedForIt) {
+  // Freeing memory a copy is still using is the caller's bug; the driver
+  // must survive it (the copy keeps the allocation mapped until it runs).
+  const auto in = Bytes(kBytes, 0x42);
+  void* pinned = nullptr;
+  ASSERT_CU_OK(cu_.cuMemHostAlloc(&pinned, kBytes, 0));
+  ASSERT_CU_OK(cu_.cuMemcpyHtoDAsync(dev_, in.data(), kBytes, stream_));
+  ASSERT_CU_OK(cu_.cuMemcpyDtoHAsync(pinned, dev_, kBytes, stream_));
+  ASSERT_CU_OK(cu_.cuMemFree(dev_));
+  ASSERT_CU_OK(cu_.cuMemFreeHost(pinned));
+  EXPECT_EQ(MemoryType(dev_), 0u);
+  dev_ = 0;
+  ASSERT_CU_OK(cu_.cuStreamSynchronize(stream_));
+}
+
+}  // namespace
+}  // namespace softgpu
