@@ -2382,21 +2382,51 @@ TEST_F(SoftrnicTest, DmabufMrRefusesWhatIsNoDmabufOrLiesPastItsEnd) {
   EXPECT_EQ(ibv_dealloc_pd(pd), 0);
 }
 
-// The nvidia-peermem path: ibv_reg_mr on a GPU address. Without that
-// module the kernel cannot pin the range and fails with EFAULT; softgpu's
-// device memory is a PROT_NONE reservation, and softrnic fails the same.
-TEST_F(SoftrnicTest, RegMrOnInaccessibleMemoryIsEfault) {
+// What the kernel cannot pin, ibv_reg_mr refuses with EFAULT: the
+// nvidia-peermem path (ibv_reg_mr on a GPU address) without that module
+// (softgpu's device memory is a PROT_NONE reservation), a hole in the
+// range, and read-only memory under a writable access.
+TEST_F(SoftrnicTest, RegMrOfWhatCannotBePinnedIsEfault) {
   ibv_pd* pd = ibv_alloc_pd(ctx(0));
   ASSERT_NE(pd, nullptr);
-  void* gpu_like = mmap(nullptr, 1 << 16, PROT_NONE,
-                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  ASSERT_NE(gpu_like, MAP_FAILED);
+  const size_t kLen = 1 << 16;
+  // Three pages' worth of regions: read-write, PROT_NONE, read-only.
+  uint8_t* rw =
+      static_cast<uint8_t*>(mmap(nullptr, 3 * kLen, PROT_READ | PROT_WRITE,
+                                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(rw, MAP_FAILED);
+  uint8_t* none = rw + kLen;
+  uint8_t* ro = rw + 2 * kLen;
+  ASSERT_EQ(mprotect(none, kLen, PROT_NONE), 0);
+  ASSERT_EQ(mprotect(ro, kLen, PROT_READ), 0);
+  // (Strict page mode: privileged_test, which runs where frames show.)
+  {
+    auto expect_efault = [&](void* addr, size_t len, int access) {
+      errno = 0;
+      ibv_mr* mr = ibv_reg_mr(pd, addr, len, access);
+      EXPECT_EQ(mr, nullptr);
+      EXPECT_EQ(errno, EFAULT);
+      if (mr != nullptr) ibv_dereg_mr(mr);
+    };
+    expect_efault(none, kLen, kFullAccess);
+    expect_efault(none, kLen, 0);
+    expect_efault(ro, kLen, kFullAccess);
+    expect_efault(rw, 2 * kLen, 0);  // Runs into the PROT_NONE pages.
+    // Read-only memory for reading only, and read-write memory: fine.
+    ibv_mr* mr = ibv_reg_mr(pd, ro, kLen, IBV_ACCESS_REMOTE_READ);
+    EXPECT_NE(mr, nullptr) << strerror(errno);
+    if (mr != nullptr) EXPECT_EQ(ibv_dereg_mr(mr), 0);
+    mr = ibv_reg_mr(pd, rw, kLen, kFullAccess);
+    EXPECT_NE(mr, nullptr) << strerror(errno);
+    if (mr != nullptr) EXPECT_EQ(ibv_dereg_mr(mr), 0);
+  }
+  // A hole: the middle region unmapped.
+  ASSERT_EQ(munmap(none, kLen), 0);
   errno = 0;
-  ibv_mr* mr = ibv_reg_mr(pd, gpu_like, 1 << 16, kFullAccess);
-  EXPECT_EQ(mr, nullptr);
+  EXPECT_EQ(ibv_reg_mr(pd, rw, 3 * kLen, IBV_ACCESS_REMOTE_READ), nullptr);
   EXPECT_EQ(errno, EFAULT);
-  if (mr != nullptr) ibv_dereg_mr(mr);
-  munmap(gpu_like, 1 << 16);
+  munmap(rw, kLen);
+  munmap(ro, kLen);
   EXPECT_EQ(ibv_dealloc_pd(pd), 0);
 }
 

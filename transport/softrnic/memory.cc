@@ -135,14 +135,24 @@ std::atomic<bool>& StrictMode() {
 // PROT_NONE memory (a GPU address without nvidia-peermem), or read-only
 // memory registered for writing. softrnic pins nothing, so without this a
 // bad registration would succeed and the first access would fault inside
-// the NIC's thread. Returns 0 or EFAULT (EIO if maps cannot be read).
+// the NIC's thread. Returns 0 or EFAULT. A process out of file descriptors
+// cannot open maps, but the kernel's ibv_reg_mr needs none: the check is
+// skipped then rather than failing a registration hardware would accept.
 int CheckMapped(uintptr_t start, size_t length, bool writable) {
   FILE* maps = std::fopen("/proc/self/maps", "re");
-  if (maps == nullptr) return EIO;
+  if (maps == nullptr) return 0;
   const uintptr_t end = start + length;
   uintptr_t covered = start;  // Checked up to here.
   char line[512];
   while (covered < end && std::fgets(line, sizeof(line), maps) != nullptr) {
+    // A line longer than the buffer (a long path): drop its rest, so that
+    // it is never read as a line of its own.
+    if (std::strchr(line, '\n') == nullptr) {
+      char rest[512];
+      while (std::fgets(rest, sizeof(rest), maps) != nullptr &&
+             std::strchr(rest, '\n') == nullptr) {
+      }
+    }
     unsigned long lo = 0, hi = 0;  // NOLINT: sscanf's types
     char perms[5] = {};
     if (std::sscanf(line, "%lx-%lx %4s", &lo, &hi, perms) != 3) continue;
@@ -150,10 +160,6 @@ int CheckMapped(uintptr_t start, size_t length, bool writable) {
     if (lo > covered) break;  // A hole: maps are sorted by address.
     if (perms[0] != 'r' || (writable && perms[1] != 'w')) break;
     covered = hi;
-    // A line longer than the buffer: skip its rest.
-    while (std::strchr(line, '\n') == nullptr &&
-           std::fgets(line, sizeof(line), maps) != nullptr) {
-    }
   }
   std::fclose(maps);
   return covered >= end ? 0 : EFAULT;
@@ -172,7 +178,9 @@ int RecordFrames(uintptr_t start, size_t length, uint64_t** out) {
   const size_t span = n * kPageSize;
   if (::madvise(base, span, MADV_POPULATE_WRITE) != 0) {
     if (errno == ENOMEM) return EFAULT;  // Not mapped.
-    // Read-only memory (EFAULT) or an older kernel (EINVAL).
+    // Read-only memory (EFAULT or EINVAL, by kernel) or a kernel without
+    // MADV_POPULATE_* (EINVAL). CheckMapped has ruled out holes and pages
+    // the access may not touch, so touching them below is safe.
     if (::madvise(base, span, MADV_POPULATE_READ) != 0) {
       if (errno != EINVAL) return EFAULT;
       // No MADV_POPULATE_*: touch each page, once mincore has shown that
@@ -378,16 +386,16 @@ ibv_mr* RegisterMr(ibv_pd* ibpd, uintptr_t start, size_t length, uint64_t iova,
     return fail(ENOMEM);  // As the kernel: over RLIMIT_MEMLOCK.
   }
   uint64_t* frames = nullptr;
-  if (dmabuf_map == nullptr && StrictMode().load(std::memory_order_relaxed)) {
-    if (int err = RecordFrames(start, length, &frames); err != 0) {
-      PinnedBytes().fetch_sub(pinned);
-      return fail(err);
-    }
-  } else if (dmabuf_map == nullptr) {
+  if (dmabuf_map == nullptr) {
+    // Checked in strict mode too, before RecordFrames touches any page.
     const bool writable =
         (access & (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                    IBV_ACCESS_REMOTE_ATOMIC)) != 0;
-    if (int err = CheckMapped(start, length, writable); err != 0) {
+    int err = CheckMapped(start, length, writable);
+    if (err == 0 && StrictMode().load(std::memory_order_relaxed)) {
+      err = RecordFrames(start, length, &frames);
+    }
+    if (err != 0) {
       PinnedBytes().fetch_sub(pinned);
       return fail(err);
     }

@@ -418,6 +418,38 @@ TEST(StrictPages, RegistrationPinsAndRefusesUnmappedMemory) {
   ibv_close_device(ctx);
 }
 
+// Strict mode checks access before it faults pages in: PROT_NONE memory
+// (a GPU address) and read-only memory under a writable access are EFAULT,
+// and nothing is touched (touching PROT_NONE memory would kill the test).
+TEST(StrictPages, InaccessibleMemoryIsEfaultWithoutBeingTouched) {
+  std::string err;
+  ibv_context* ctx = OpenDeviceByName("softrnic0", &err);
+  ASSERT_NE(ctx, nullptr) << err;
+  ibv_pd* pd = ibv_alloc_pd(ctx);
+  ASSERT_NE(pd, nullptr);
+  constexpr size_t kLen = 1 << 16;
+  void* none = mmap(nullptr, kLen, PROT_NONE,
+                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  void* ro = mmap(nullptr, kLen, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(none, MAP_FAILED);
+  ASSERT_NE(ro, MAP_FAILED);
+  ASSERT_EQ(softrnic::SetStrictPages(true), 0) << strerror(errno);
+  errno = 0;
+  EXPECT_EQ(ibv_reg_mr(pd, none, kLen, 0), nullptr);
+  EXPECT_EQ(errno, EFAULT);
+  errno = 0;
+  EXPECT_EQ(ibv_reg_mr(pd, ro, kLen, kFullAccess), nullptr);
+  EXPECT_EQ(errno, EFAULT);
+  ibv_mr* mr = ibv_reg_mr(pd, ro, kLen, IBV_ACCESS_REMOTE_READ);
+  EXPECT_NE(mr, nullptr) << strerror(errno);
+  if (mr != nullptr) ibv_dereg_mr(mr);
+  ASSERT_EQ(softrnic::SetStrictPages(false), 0);
+  munmap(none, kLen);
+  munmap(ro, kLen);
+  ibv_dealloc_pd(pd);
+  ibv_close_device(ctx);
+}
+
 // Across processes (the TCP path), strict mode from the environment: the
 // peer's MR is replaced under it; this process's WRITE into it fails with
 // a remote access error, and the new memory is untouched.
