@@ -68,6 +68,16 @@ absl::StatusOr<const CudaDriver*> CudaDriver::Get() {
   return kDriver->value().get();
 }
 
+const CudaDriver* CudaDriver::IfLoaded() {
+  const char* env = std::getenv("FERRY_CUDA_LIBRARY");
+  const char* library = env != nullptr && *env != '\0' ? env : kDefaultLibrary;
+  void* handle = dlopen(library, RTLD_NOW | RTLD_NOLOAD);
+  if (handle == nullptr) return nullptr;
+  dlclose(handle);  // RTLD_NOLOAD took a reference.
+  auto driver = Get();
+  return driver.ok() ? *driver : nullptr;
+}
+
 absl::StatusOr<std::unique_ptr<CudaDriver>> CudaDriver::Load(
     const std::string& library) {
   void* handle = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
@@ -131,6 +141,9 @@ absl::StatusOr<std::unique_ptr<CudaDriver>> CudaDriver::Load(
   for (const Entry& e : entries) {
     *e.slot = dlsym(handle, e.symbol);
     if (*e.slot == nullptr) {
+      // Not a driver Ferry can use: unloaded again. (A driver whose cuInit
+      // fails below stays loaded: unloading a CUDA driver is unsupported.)
+      dlclose(handle);
       // cuMemGetHandleForAddressRange came with CUDA 11.7; the others are
       // far older. A driver without one is too old for Ferry either way.
       return absl::FailedPreconditionError(absl::StrCat(
@@ -197,13 +210,6 @@ absl::Status CudaDriver::UseDevice(int device) const {
 }
 
 absl::StatusOr<PointerInfo> CudaDriver::Classify(const void* ptr) const {
-  // The driver answers pointer queries in a context; a thread that never
-  // chose a device gets the first one's.
-  CUcontext current = nullptr;
-  if (api_.cuCtxGetCurrent(&current) != CUDA_SUCCESS || current == nullptr) {
-    if (device_count_ == 0) return PointerInfo{};
-    if (absl::Status s = UseDevice(0); !s.ok()) return s;
-  }
   unsigned int memory_type = 0;
   unsigned int managed = 0;
   int ordinal = -1;
@@ -219,13 +225,21 @@ absl::StatusOr<PointerInfo> CudaDriver::Classify(const void* ptr) const {
       CU_POINTER_ATTRIBUTE_BUFFER_ID,
   };
   void* data[] = {&memory_type, &managed, &ordinal, &start, &size, &buffer_id};
-  if (absl::Status s = Check(
-          api_.cuPointerGetAttributes(sizeof(attrs) / sizeof(attrs[0]), attrs,
-                                      data, reinterpret_cast<CUdeviceptr>(ptr)),
-          "cuPointerGetAttributes");
-      !s.ok()) {
-    return s;
+  auto query = [&] {
+    return api_.cuPointerGetAttributes(sizeof(attrs) / sizeof(attrs[0]), attrs,
+                                       data,
+                                       reinterpret_cast<CUdeviceptr>(ptr));
+  };
+  CUresult r = query();
+  // Unified addressing answers without a context. A driver that wants one
+  // gets device 0's primary context, on this thread only, and only then:
+  // making one current everywhere would put a context (hundreds of MB) on
+  // GPU 0 for every thread that registers memory.
+  if (r == CUDA_ERROR_INVALID_CONTEXT && device_count_ > 0) {
+    if (absl::Status s = UseDevice(0); !s.ok()) return s;
+    r = query();
   }
+  if (absl::Status s = Check(r, "cuPointerGetAttributes"); !s.ok()) return s;
   PointerInfo info;
   info.kind = KindOf(memory_type, managed);
   if (info.kind == PointerInfo::Kind::kHost) return info;

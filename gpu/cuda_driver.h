@@ -51,6 +51,13 @@ class CudaDriver {
   // a host that had no driver keeps having none.
   static absl::StatusOr<const CudaDriver*> Get();
 
+  // The process's driver if the process has loaded one already (an
+  // application that allocates GPU memory has: PyTorch, the CUDA runtime,
+  // or Get()), else null, without loading anything. So a host-memory user
+  // on a GPU host never pays for cuInit or a GPU context, and pointer
+  // checks on every registration cost nothing where no GPU is in use.
+  static const CudaDriver* IfLoaded();
+
   // A driver of its own from `library` (a path, or a name the dynamic
   // loader searches): for tests and tools that want to pick one. The
   // library stays loaded for the life of the process (unloading a CUDA
@@ -84,7 +91,10 @@ class CudaDriver {
   // nvidia-peermem.
   absl::StatusOr<bool> DmaBufSupported(int device) const;
 
-  // Synchronous copies (they return when the bytes are in place).
+  // Synchronous copies. CopyFromDevice returns with the bytes in host
+  // memory. CopyToDevice returns once `src` may be reused; as CUDA
+  // documents, the bytes are certain to be in device memory for another
+  // engine (a NIC) only if the allocation has SYNC_MEMOPS (SetSyncMemops).
   absl::Status CopyToDevice(CUdeviceptr dst, const void* src,
                             size_t bytes) const;
   absl::Status CopyFromDevice(void* dst, CUdeviceptr src, size_t bytes) const;
