@@ -12,6 +12,7 @@
 #include "common/host_info.h"
 #include "common/log.h"
 #include "common/socket_util.h"
+#include "gpu/gpu_memory.h"
 #include "metadata/auth.h"
 #include "metadata/metadata_address.h"
 #include "metadata/p2p_store.h"
@@ -434,6 +435,16 @@ absl::StatusOr<MemoryRegion> EngineImpl::MakeRegion(void* addr, size_t length,
   region.remote_accessible = remote_accessible;
   if (region.location.size() > metadata::kMaxLocationBytes) {
     return absl::InvalidArgumentError("location is too long");
+  }
+  if (ValidateRegion(region.addr, region.length).ok()) {
+    // GPU memory: its transports must not touch it with the CPU, and its
+    // location names the GPU (Mooncake's automatic "cuda:N").
+    auto gpu = gpu::GpuOfRange(region.addr, region.length);
+    if (!gpu.ok()) return gpu.status();
+    auto resolved = gpu::ResolveLocation(region.location, *gpu);
+    if (!resolved.ok()) return resolved.status();
+    region.location = std::move(*resolved);
+    region.cuda_device = *gpu;
   }
   // The application's own registration wins over cached ones that share
   // its pages (unless transfers use them).

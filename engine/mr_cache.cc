@@ -28,6 +28,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/engine_impl.h"
+#include "gpu/gpu_memory.h"
 
 namespace ferry {
 namespace {
@@ -107,6 +108,17 @@ absl::StatusOr<MemoryRegistry::Lease> EngineImpl::AcquireLocal(uintptr_t addr,
     return absl::InvalidArgumentError(absl::StrCat(
         "local source 0x", absl::Hex(addr), "+", length,
         " is not mapped memory, so the MR cache cannot register it"));
+  }
+  // GPU memory is registered once, by the application: the cache's pages
+  // and its munmap-driven invalidation are host memory's.
+  auto gpu = gpu::GpuOfRange(addr, length);
+  if (!gpu.ok()) return gpu.status();
+  if (*gpu >= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("local source 0x", absl::Hex(addr), "+", length,
+                     " is GPU memory on cuda:", *gpu,
+                     ", which the MR cache does not register: register it with "
+                     "RegisterLocalMemory"));
   }
   absl::Status last;
   for (int attempt = 0; attempt < kMissAttempts; ++attempt) {

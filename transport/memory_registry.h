@@ -36,6 +36,9 @@ struct MemoryRegion {
   size_t length = 0;
   std::string location = "*";  // "cpu:N", "cuda:N" or "*".
   bool remote_accessible = false;
+  // The GPU whose memory the region is (gpu/gpu_memory.h), -1 for host
+  // memory. A transport must not touch GPU memory with the CPU.
+  int cuda_device = -1;
 };
 
 // Validates a region given by a user: non-null, nonzero length, no

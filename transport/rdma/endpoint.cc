@@ -146,7 +146,9 @@ Endpoint::PostResult Endpoint::PostLocked() {
           s->op == OpCode::kWrite ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
       wr.wr.rdma.remote_addr = s->remote;
       wr.wr.rdma.rkey = SliceRkey(s);
-      if (s->op == OpCode::kWrite && length <= q->max_inline) {
+      // Inline data is copied by the CPU into the WQE, which GPU memory
+      // refuses: a GPU buffer's bytes go by DMA whatever their size.
+      if (s->op == OpCode::kWrite && length <= q->max_inline && !mr->gpu) {
         wr.send_flags |= IBV_SEND_INLINE;
       }
       // Coalescing may have taken the slices the chain was sized for:

@@ -19,6 +19,9 @@ struct LocalMr {
   std::vector<ibv_mr*> mrs;     // One per NIC, in the transport's NIC order.
   std::vector<uint32_t> lkeys;  // mrs[i]->lkey.
   std::vector<int> tiers;       // Topology tier of each NIC; 0 is nearest.
+  // GPU memory (registered through a dma-buf or nvidia-peermem): the CPU
+  // must never read it, so WRITEs from it are never posted inline.
+  bool gpu = false;
 };
 
 }  // namespace ferry::rdma

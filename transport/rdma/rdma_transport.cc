@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/log.h"
+#include "transport/rdma/gpu_mr.h"
 
 namespace ferry::rdma {
 
@@ -214,6 +215,7 @@ absl::StatusOr<MemoryHandle> RdmaTransport::RegisterMemory(
   auto entry = std::make_unique<LocalMr>();
   entry->addr = region.addr;
   entry->length = region.length;
+  entry->gpu = region.cuda_device >= 0;
   // Tiers are resolved once here, not per slice on the data path.
   for (size_t i = 0; i < nics_.size(); ++i) {
     entry->tiers.push_back(topology_.Tier(region.location, i));
@@ -222,13 +224,24 @@ absl::StatusOr<MemoryHandle> RdmaTransport::RegisterMemory(
   // parallel, as their page-table builds are independent.
   entry->mrs.assign(nics_.size(), nullptr);
   std::vector<int> errors(nics_.size(), 0);
+  // GPU memory: a dma-buf of it, which each NIC registers (GPUDirect RDMA).
+  auto dmabuf = region.cuda_device >= 0 ? GpuDmabuf(region)
+                                        : absl::StatusOr<GpuDmabufRange>();
+  if (region.cuda_device >= 0 && !dmabuf.ok()) return dmabuf.status();
   auto reg = [&](size_t i) {
     // A dead device (IBV_EVENT_DEVICE_FATAL) registers nothing: the buffer
     // is used, and published, on the others.
     if (nics_[i]->fatal()) return;
-    entry->mrs[i] =
-        ibv_reg_mr(nics_[i]->pd(), reinterpret_cast<void*>(region.addr),
-                   region.length, access);
+    if (region.cuda_device >= 0 && dmabuf->fd >= 0) {
+      entry->mrs[i] =
+          ibv_reg_dmabuf_mr(nics_[i]->pd(), dmabuf->offset, region.length,
+                            region.addr, dmabuf->fd, access);
+    } else {
+      // Host memory, or GPU memory through nvidia-peermem.
+      entry->mrs[i] =
+          ibv_reg_mr(nics_[i]->pd(), reinterpret_cast<void*>(region.addr),
+                     region.length, access);
+    }
     if (entry->mrs[i] == nullptr) errors[i] = errno;
   };
   if (region.length >= (1u << 30) && nics_.size() > 1) {
@@ -238,15 +251,31 @@ absl::StatusOr<MemoryHandle> RdmaTransport::RegisterMemory(
   } else {
     for (size_t i = 0; i < nics_.size(); ++i) reg(i);
   }
+  // The NICs hold the dma-buf now (an MR is an attachment of it).
+  if (region.cuda_device >= 0 && dmabuf->fd >= 0) close(dmabuf->fd);
   for (size_t i = 0; i < nics_.size(); ++i) {
     if (entry->mrs[i] == nullptr && !nics_[i]->fatal()) {
       for (ibv_mr* mr : entry->mrs) {
         if (mr != nullptr) ibv_dereg_mr(mr);
       }
-      return absl::ResourceExhaustedError(
-          absl::StrCat("ibv_reg_mr of ", region.length, " bytes on ",
-                       nics_[i]->name(), ": ", std::strerror(errors[i]),
-                       errors[i] == ENOMEM ? MemlockAdvice(nics_.size()) : ""));
+      if (region.cuda_device >= 0) {
+        return GpuRegistrationError(region, *dmabuf, nics_[i]->name(),
+                                    errors[i]);
+      }
+      const std::string what =
+          absl::StrCat("ibv_reg_mr of ", region.length, " bytes at 0x",
+                       absl::Hex(region.addr), " on ", nics_[i]->name(), ": ",
+                       std::strerror(errors[i]));
+      if (errors[i] == EFAULT) {
+        // Not memory a NIC can pin: a hole, inaccessible memory (a GPU
+        // address with no GPU registration path), or read-only memory.
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, " (the range is not all mapped",
+                         region.remote_accessible ? " read-write" : " readable",
+                         " memory)"));
+      }
+      return absl::ResourceExhaustedError(absl::StrCat(
+          what, errors[i] == ENOMEM ? MemlockAdvice(nics_.size()) : ""));
     }
     entry->lkeys.push_back(entry->mrs[i] != nullptr ? entry->mrs[i]->lkey : 0);
   }

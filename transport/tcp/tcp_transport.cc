@@ -80,6 +80,15 @@ absl::Status TcpTransport::Install(const TransportEnv& env,
 
 absl::StatusOr<MemoryHandle> TcpTransport::RegisterMemory(
     const MemoryRegion& region, metadata::Buffer* published) {
+  // The socket calls read and write the buffer with the CPU, which GPU
+  // memory refuses: it needs staging through pinned host memory first.
+  if (region.cuda_device >= 0) {
+    return absl::UnimplementedError(absl::StrCat(
+        "the tcp transport cannot move GPU memory yet (the buffer at 0x",
+        absl::Hex(region.addr), " is on cuda:", region.cuda_device,
+        "; staging it through host memory is not built): use the rdma "
+        "transport, whose NICs reach GPU memory directly"));
+  }
   if (!region.remote_accessible) {
     if (absl::Status s = registry_.Add(region); !s.ok()) return s;
     return nullptr;  // Only the initiator side uses it; no key.
