@@ -1,6 +1,7 @@
 // The exported entry points: exactly those of gpu/cuda_abi.h, under the
-// symbol names listed there (libcuda.map keeps every other symbol local).
-// Each checks that it has the type of its PFN_ typedef, so the header and
+// symbol names listed there, and softgpu's test control of
+// softgpu_control.h (libcuda.map keeps every other symbol local). Each
+// checks that it has the type of its PFN_ typedef, so the header and
 // the library cannot drift apart.
 #include <algorithm>
 #include <cstring>
@@ -8,6 +9,7 @@
 #include <type_traits>
 
 #include "gpu/softgpu/softgpu.h"
+#include "gpu/softgpu/softgpu_control.h"
 
 namespace softgpu {
 namespace {
@@ -410,3 +412,13 @@ SOFTGPU_EXPORT CUresult cuMemGetHandleForAddressRange(
 }
 SOFTGPU_CHECK_TYPE(cuMemGetHandleForAddressRange,
                    PFN_cuMemGetHandleForAddressRange);
+
+// ---- softgpu's own control (softgpu_control.h), not NVIDIA's ABI ---------
+
+SOFTGPU_EXPORT int softgpu_hold_streams(int hold) {
+  softgpu::SetStreamsHeld(hold != 0);
+  return 0;
+}
+static_assert(
+    std::is_same_v<decltype(&softgpu_hold_streams), softgpu_hold_streams_fn>,
+    "softgpu_hold_streams does not have softgpu_control.h's type");

@@ -78,8 +78,15 @@ struct Config {
 // *error one line naming the variable and what is wrong with it.
 bool LoadConfig(Config* config, std::string* error);
 
+// softgpu_hold_streams (softgpu_control.h), for tests: while held, every
+// stream's worker leaves its queued operations unrun (one already running
+// finishes), so a test sees work pending without depending on timing.
+// Process-wide, independent of cuInit.
+void SetStreamsHeld(bool hold);
+
 // A CUDA stream: operations run in the order enqueued, on the stream's own
-// worker thread, each after the configured copy delay.
+// worker thread, each after the configured copy delay (and not while
+// SetStreamsHeld holds them).
 class Stream {
  public:
   Stream(int device, uint64_t delay_us);

@@ -7,6 +7,36 @@
 #include "gpu/softgpu/softgpu.h"
 
 namespace softgpu {
+namespace {
+
+// SetStreamsHeld's state. Never destroyed: workers may still wait on it while
+// the process exits.
+struct Hold {
+  Mutex mu;
+  CondVar released;
+  bool held ABSL_GUARDED_BY(mu) = false;
+};
+
+Hold& TheHold() {
+  static Hold* hold = new Hold;
+  return *hold;
+}
+
+// Returns once streams are not held.
+void WaitWhileHeld() {
+  Hold& h = TheHold();
+  MutexLock lock(&h.mu);
+  while (h.held) h.released.Wait(&h.mu);
+}
+
+}  // namespace
+
+void SetStreamsHeld(bool hold) {
+  Hold& h = TheHold();
+  MutexLock lock(&h.mu);
+  h.held = hold;
+  if (!hold) h.released.SignalAll();
+}
 
 Stream::Stream(int device, uint64_t delay_us)
     : device_(device), delay_us_(delay_us), worker_([this] { Run(); }) {}
@@ -52,7 +82,10 @@ void Stream::Run() {
       queue_.pop_front();
     }
     // Outside the lock, so that cuStreamQuery sees the copy pending while
-    // it waits (FERRY_SOFTGPU_COPY_DELAY_US).
+    // it waits (held, or FERRY_SOFTGPU_COPY_DELAY_US). Checked after the
+    // operation is taken: one enqueued after SetStreamsHeld(true) returned
+    // is held.
+    WaitWhileHeld();
     if (delay_us_ > 0) {
       std::this_thread::sleep_for(std::chrono::microseconds(delay_us_));
     }

@@ -2,24 +2,32 @@
 // make a missing synchronisation visible: an asynchronous copy has not run
 // until its stream is synchronised; a stream runs its copies in order;
 // synchronous copies wait for the legacy stream first.
+//
+// Work is seen pending by holding the streams (softgpu_control.h), never
+// by racing the delay: a test holds, enqueues, looks, releases. So no
+// result depends on how fast this thread runs.
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gpu/cuda_abi.h"
+#include "gpu/softgpu/softgpu_control.h"
 #include "gpu/softgpu/test_driver.h"
 #include "gtest/gtest.h"
 
 namespace softgpu {
 namespace {
 
-// Each asynchronous copy waits this long before it runs: far longer than
-// the test needs between queueing a copy and looking for its effect.
-constexpr int kDelayMs = 300;
+// Each asynchronous copy waits this long before it runs: short, since no
+// check relies on it (only a lower bound on the time a synchronisation
+// takes is checked), so that without the hold the copies would run.
+constexpr auto kDelay = std::chrono::milliseconds(1);
 
 std::vector<unsigned char> Bytes(size_t n, unsigned char value) {
   return std::vector<unsigned char>(n, value);
@@ -30,7 +38,8 @@ class StreamTest : public ::testing::Test {
   static constexpr size_t kBytes = 64 * 1024;
 
   static void SetUpTestSuite() {
-    const std::string delay_us = std::to_string(kDelayMs * 1000);
+    const std::string delay_us = std::to_string(
+        std::chrono::duration_cast<std::chrono::microseconds>(kDelay).count());
     ASSERT_EQ(
         Name(InitWith({{"FERRY_SOFTGPU_COPY_DELAY_US", delay_us.c_str()}})),
         Name(CUDA_SUCCESS));
@@ -45,6 +54,8 @@ class StreamTest : public ::testing::Test {
   }
 
   void TearDown() override {
+    // A test that failed while holding must not hang the rest.
+    Release();
     if (stream_ != nullptr) {
       EXPECT_CU(CUDA_SUCCESS, cu_.cuStreamDestroy(stream_));
     }
@@ -61,6 +72,9 @@ class StreamTest : public ::testing::Test {
     return out;
   }
 
+  static void Hold() { ASSERT_EQ(HoldStreams(true), 0); }
+  static void Release() { ASSERT_EQ(HoldStreams(false), 0); }
+
   static inline CUcontext context_ = nullptr;
   const CudaApi& cu_ = Cuda();
   CUdeviceptr dev_ = 0;
@@ -70,22 +84,38 @@ class StreamTest : public ::testing::Test {
 TEST_F(StreamTest, AsyncCopiesCompleteOnlyAfterSynchronize) {
   const auto in = Bytes(kBytes, 0xa1);
   auto out = Bytes(kBytes, 0);
+  Hold();
   const auto start = std::chrono::steady_clock::now();
+  // Both calls return while the stream is held (they would hang if they
+  // waited for the copies), with nothing copied yet.
   ASSERT_CU_OK(cu_.cuMemcpyHtoDAsync(dev_, in.data(), kBytes, stream_));
   ASSERT_CU_OK(cu_.cuMemcpyDtoHAsync(out.data(), dev_, kBytes, stream_));
-  // Both calls returned at once, with nothing copied yet.
-  EXPECT_LT(std::chrono::steady_clock::now() - start,
-            std::chrono::milliseconds(kDelayMs));
   EXPECT_CU(CUDA_ERROR_NOT_READY, cu_.cuStreamQuery(stream_));
   EXPECT_EQ(out, Bytes(kBytes, 0));
   EXPECT_EQ(DeviceBytes(), Bytes(kBytes, 0));
+  EXPECT_CU(CUDA_ERROR_NOT_READY, cu_.cuStreamQuery(stream_));
 
+  Release();
   ASSERT_CU_OK(cu_.cuStreamSynchronize(stream_));
   EXPECT_CU(CUDA_SUCCESS, cu_.cuStreamQuery(stream_));
   EXPECT_EQ(out, in);
   EXPECT_EQ(DeviceBytes(), in);
-  EXPECT_GE(std::chrono::steady_clock::now() - start,
-            std::chrono::milliseconds(2 * kDelayMs));
+  // The delay ran before each copy.
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 2 * kDelay);
+}
+
+TEST_F(StreamTest, HeldWorkStaysQueued) {
+  const auto in = Bytes(kBytes, 0x77);
+  Hold();
+  ASSERT_CU_OK(cu_.cuMemcpyHtoDAsync(dev_, in.data(), kBytes, stream_));
+  // Far longer than the delay: a hold that did not hold would show. (A
+  // slow machine could only hide that, never fail a working hold.)
+  std::this_thread::sleep_for(100 * kDelay);
+  EXPECT_CU(CUDA_ERROR_NOT_READY, cu_.cuStreamQuery(stream_));
+  EXPECT_EQ(DeviceBytes(), Bytes(kBytes, 0));
+  Release();
+  ASSERT_CU_OK(cu_.cuStreamSynchronize(stream_));
+  EXPECT_EQ(DeviceBytes(), in);
 }
 
 TEST_F(StreamTest, AStreamRunsItsCopiesInOrder) {
@@ -107,16 +137,33 @@ TEST_F(StreamTest, SynchronousCopiesWaitForTheLegacyStream) {
   const auto b = Bytes(kBytes, 0x0b);
   auto out = Bytes(kBytes, 0);
   ASSERT_CU_OK(cu_.cuMemcpyHtoD(dev_, a.data(), kBytes));
+  Hold();
   ASSERT_CU_OK(cu_.cuMemcpyDtoHAsync(out.data(), dev_, kBytes, nullptr));
   EXPECT_CU(CUDA_ERROR_NOT_READY, cu_.cuStreamQuery(nullptr));
-  // Waits for the queued read of `a` before overwriting it.
-  ASSERT_CU_OK(cu_.cuMemcpyHtoD(dev_, b.data(), kBytes));
-  EXPECT_CU(CUDA_SUCCESS, cu_.cuStreamQuery(nullptr));
+  // The copy of `b` must not overwrite `a` before the queued read of it:
+  // from another thread, since it may wait for the held stream.
+  std::thread writer([&] {
+    ASSERT_CU_OK(cu_.cuCtxSetCurrent(context_));
+    EXPECT_CU(CUDA_SUCCESS, cu_.cuMemcpyHtoD(dev_, b.data(), kBytes));
+  });
+  EXPECT_EQ(out, Bytes(kBytes, 0));
+  Release();
+  writer.join();
+  ASSERT_CU_OK(cu_.cuStreamSynchronize(nullptr));
   EXPECT_EQ(out, a);
   EXPECT_EQ(DeviceBytes(), b);
-  // So does a memset.
+
+  // So must a memset.
+  Hold();
   ASSERT_CU_OK(cu_.cuMemcpyDtoHAsync(out.data(), dev_, kBytes, nullptr));
-  ASSERT_CU_OK(cu_.cuMemsetD8(dev_, 0x0c, kBytes));
+  std::thread setter([&] {
+    ASSERT_CU_OK(cu_.cuCtxSetCurrent(context_));
+    EXPECT_CU(CUDA_SUCCESS, cu_.cuMemsetD8(dev_, 0x0c, kBytes));
+  });
+  EXPECT_EQ(out, a);
+  Release();
+  setter.join();
+  ASSERT_CU_OK(cu_.cuStreamSynchronize(nullptr));
   EXPECT_EQ(out, b);
   EXPECT_EQ(DeviceBytes(), Bytes(kBytes, 0x0c));
 }
@@ -125,13 +172,17 @@ TEST_F(StreamTest, StreamsAreIndependent) {
   CUstream other = nullptr;
   ASSERT_CU_OK(cu_.cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
   const auto in = Bytes(kBytes, 0x11);
+  Hold();
   ASSERT_CU_OK(cu_.cuMemcpyHtoDAsync(dev_, in.data(), kBytes, stream_));
   EXPECT_CU(CUDA_ERROR_NOT_READY, cu_.cuStreamQuery(stream_));
   EXPECT_CU(CUDA_SUCCESS, cu_.cuStreamQuery(other));
   EXPECT_CU(CUDA_SUCCESS, cu_.cuStreamQuery(nullptr));
+  // Neither waits for stream_'s held copy.
   ASSERT_CU_OK(cu_.cuStreamSynchronize(other));
+  ASSERT_CU_OK(cu_.cuStreamSynchronize(nullptr));
   EXPECT_CU(CUDA_ERROR_NOT_READY, cu_.cuStreamQuery(stream_));
   ASSERT_CU_OK(cu_.cuStreamDestroy(other));
+  Release();
   ASSERT_CU_OK(cu_.cuStreamSynchronize(stream_));
   EXPECT_EQ(DeviceBytes(), in);
 }
@@ -152,12 +203,15 @@ TEST_F(StreamTest, MemoryFreedUnderAQueuedCopyStaysMappedForIt) {
   const auto in = Bytes(kBytes, 0x42);
   void* pinned = nullptr;
   ASSERT_CU_OK(cu_.cuMemHostAlloc(&pinned, kBytes, 0));
+  Hold();
   ASSERT_CU_OK(cu_.cuMemcpyHtoDAsync(dev_, in.data(), kBytes, stream_));
   ASSERT_CU_OK(cu_.cuMemcpyDtoHAsync(pinned, dev_, kBytes, stream_));
+  // Both copies are still queued.
   ASSERT_CU_OK(cu_.cuMemFree(dev_));
   ASSERT_CU_OK(cu_.cuMemFreeHost(pinned));
   EXPECT_EQ(MemoryType(dev_), 0u);
   dev_ = 0;
+  Release();
   ASSERT_CU_OK(cu_.cuStreamSynchronize(stream_));
 }
 
