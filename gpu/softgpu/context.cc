@@ -52,7 +52,7 @@ Driver::Driver(Config config)
     : config_(std::move(config)),
       page_size_(static_cast<size_t>(sysconf(_SC_PAGESIZE))),
       contexts_(new CUctx_st[config_.devices.size()]),
-      legacy_stream_(std::make_shared<Stream>(-1, config_.copy_delay_us)),
+      legacy_stream_(Stream::Start(-1, config_.copy_delay_us)),
       retains_(config_.devices.size(), 0),
       used_bytes_(config_.devices.size(), 0),
       next_stream_handle_(kFirstStreamHandle) {
@@ -97,8 +97,9 @@ CUresult Driver::PrimaryCtxRetain(CUcontext* ctx, CUdevice dev) {
 
 CUresult Driver::PrimaryCtxRelease(CUdevice dev) {
   if (!ValidDevice(dev)) return CUDA_ERROR_INVALID_DEVICE;
-  // Freed after the lock is dropped: unmapping, and a stream's destructor
-  // waiting for its work, must not stall every other call.
+  // Freed after the lock is dropped: unmapping must not stall every other
+  // call. The streams' queued work still runs, in the background, as
+  // after cuStreamDestroy; it keeps the memory it uses mapped.
   std::vector<Entry> freed;
   std::vector<std::shared_ptr<Stream>> streams;
   {
@@ -126,6 +127,7 @@ CUresult Driver::PrimaryCtxRelease(CUdevice dev) {
       it = streams_.erase(it);
     }
   }
+  for (const std::shared_ptr<Stream>& s : streams) s->Stop();
   return CUDA_SUCCESS;
 }
 
@@ -173,7 +175,7 @@ CUresult Driver::StreamCreate(CUstream* stream, unsigned int flags) {
   if (CUresult r = CurrentDevice(&dev); r != CUDA_SUCCESS) return r;
   const uintptr_t handle = next_stream_handle_;
   next_stream_handle_ += kStreamHandleStep;
-  streams_[handle] = std::make_shared<Stream>(dev, config_.copy_delay_us);
+  streams_[handle] = Stream::Start(dev, config_.copy_delay_us);
   *stream = reinterpret_cast<CUstream>(handle);
   return CUDA_SUCCESS;
 }
@@ -190,7 +192,9 @@ CUresult Driver::StreamDestroy(CUstream stream) {
     s = std::move(it->second);
     streams_.erase(it);
   }
-  s->Synchronize();
+  // Returns at once, as NVIDIA's driver does: the handle is invalid now,
+  // and the work queued on it still completes in the background.
+  s->Stop();
   return CUDA_SUCCESS;
 }
 

@@ -86,12 +86,13 @@ void SetStreamsHeld(bool hold);
 
 // A CUDA stream: operations run in the order enqueued, on the stream's own
 // worker thread, each after the configured copy delay (and not while
-// SetStreamsHeld holds them).
+// SetStreamsHeld holds them). The worker is detached and keeps its stream
+// alive until Stop's drain is done, so that destroying a stream never
+// waits for its work.
 class Stream {
  public:
-  Stream(int device, uint64_t delay_us);
-  // Waits for the operations still queued, then stops the worker.
-  ~Stream();
+  // A stream with its worker running.
+  static std::shared_ptr<Stream> Start(int device, uint64_t delay_us);
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;
 
@@ -102,8 +103,16 @@ class Stream {
   void Synchronize();
   // Whether every operation enqueued so far has run.
   bool Idle();
+  // cuStreamDestroy: returns at once; the worker still runs what is
+  // queued, then exits and drops the stream. An operation enqueued after
+  // Stop may never run (enqueueing on a stream while destroying it is the
+  // caller's bug).
+  void Stop();
 
  private:
+  Stream(int device, uint64_t delay_us)
+      : device_(device), delay_us_(delay_us) {}
+  // Until stopped and drained.
   void Run();
 
   const int device_;
@@ -114,7 +123,6 @@ class Stream {
   uint64_t enqueued_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t done_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread worker_;
 };
 
 // One cuMemAlloc or cuMemHostAlloc: immutable once made, shared by the

@@ -38,16 +38,18 @@ void SetStreamsHeld(bool hold) {
   if (!hold) h.released.SignalAll();
 }
 
-Stream::Stream(int device, uint64_t delay_us)
-    : device_(device), delay_us_(delay_us), worker_([this] { Run(); }) {}
+std::shared_ptr<Stream> Stream::Start(int device, uint64_t delay_us) {
+  std::shared_ptr<Stream> s(new Stream(device, delay_us));
+  // Detached: the worker's reference keeps the stream until Run returns;
+  // the last reference, the worker's or the driver's, deletes it.
+  std::thread([s] { s->Run(); }).detach();
+  return s;
+}
 
-Stream::~Stream() {
-  {
-    MutexLock lock(&mu_);
-    stopping_ = true;
-    changed_.SignalAll();
-  }
-  worker_.join();
+void Stream::Stop() {
+  MutexLock lock(&mu_);
+  stopping_ = true;
+  changed_.SignalAll();
 }
 
 void Stream::Enqueue(std::function<void()> op) {
@@ -74,8 +76,8 @@ void Stream::Run() {
     std::function<void()> op;
     {
       MutexLock lock(&mu_);
-      // Stopping drains the queue first: the destructor waits for pending
-      // work, as cuStreamDestroy does.
+      // Stopping drains the queue first: work queued before
+      // cuStreamDestroy still runs, as on a GPU, though destroy returned.
       while (queue_.empty() && !stopping_) changed_.Wait(&mu_);
       if (queue_.empty()) return;
       op = std::move(queue_.front());

@@ -28,6 +28,8 @@ namespace {
 // check relies on it (only a lower bound on the time a synchronisation
 // takes is checked), so that without the hold the copies would run.
 constexpr auto kDelay = std::chrono::milliseconds(1);
+// How long work left to run in the background may take at most.
+constexpr auto kLongWait = std::chrono::seconds(30);
 
 std::vector<unsigned char> Bytes(size_t n, unsigned char value) {
   return std::vector<unsigned char>(n, value);
@@ -187,14 +189,49 @@ TEST_F(StreamTest, StreamsAreIndependent) {
   EXPECT_EQ(DeviceBytes(), in);
 }
 
-TEST_F(StreamTest, DestroyWaitsForQueuedCopies) {
+TEST_F(StreamTest, DestroyReturnsAtOnceAndTheWorkStillLands) {
   const auto in = Bytes(kBytes, 0x5e);
   ASSERT_CU_OK(cu_.cuMemcpyHtoD(dev_, in.data(), kBytes));
   auto out = Bytes(kBytes, 0);
+  Hold();
   ASSERT_CU_OK(cu_.cuMemcpyDtoHAsync(out.data(), dev_, kBytes, stream_));
+  // Returns while the copy is held (it would hang if it waited for it),
+  // and the handle is invalid at once.
+  const CUstream destroyed = stream_;
   ASSERT_CU_OK(cu_.cuStreamDestroy(stream_));
   stream_ = nullptr;
+  EXPECT_CU(CUDA_ERROR_INVALID_HANDLE, cu_.cuStreamQuery(destroyed));
+  EXPECT_CU(CUDA_ERROR_INVALID_HANDLE, cu_.cuStreamSynchronize(destroyed));
+  EXPECT_EQ(out, Bytes(kBytes, 0));
+  // Nothing can synchronise with a destroyed stream: wait for the bytes
+  // (the time bound only keeps a broken driver from hanging the test).
+  Release();
+  const auto deadline = std::chrono::steady_clock::now() + kLongWait;
+  while (out != in && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   EXPECT_EQ(out, in);
+}
+
+TEST_F(StreamTest, ExitingWithWorkQueuedIsClean) {
+  // A fresh process (re-executed, not forked from one with stream
+  // threads) destroys a stream, frees the memory and releases the last
+  // context while the stream's copy is held, then exits: no call waits for
+  // the copy, and exit does not crash or leak (under ASan its leak check
+  // runs at this exit, and fails it).
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        static const auto in = Bytes(kBytes, 0x99);
+        bool ok = HoldStreams(true) == 0;
+        ok &= cu_.cuMemcpyHtoDAsync(dev_, in.data(), kBytes, stream_) ==
+              CUDA_SUCCESS;
+        ok &= cu_.cuStreamDestroy(stream_) == CUDA_SUCCESS;
+        ok &= cu_.cuMemFree(dev_) == CUDA_SUCCESS;
+        ok &= cu_.cuDevicePrimaryCtxRelease(0) == CUDA_SUCCESS;
+        std::exit(ok ? 0 : 3);
+      },
+      ::testing::ExitedWithCode(0), "");
 }
 
 TEST_F(StreamTest, MemoryFreedUnderAQueuedCopyStaysMappedForIt) {
