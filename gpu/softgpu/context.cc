@@ -17,7 +17,8 @@ std::atomic<Driver*> g_driver{nullptr};
 thread_local CUctx_st* t_current = nullptr;
 
 // Stream handles count up from here in steps of 16, like pointers; 1 and 2
-// are CUDA's CU_STREAM_LEGACY and CU_STREAM_PER_THREAD, which must not be
+// are CUDA's CU_STREAM_LEGACY and CU_STREAM_PER_THREAD (kStreamLegacy,
+// kStreamPerThread), which must not be
 // mistaken for streams of ours.
 constexpr uintptr_t kFirstStreamHandle = 0x5f000;
 constexpr uintptr_t kStreamHandleStep = 16;
@@ -158,8 +159,11 @@ CUresult Driver::CurrentDevice(int* dev) {
 }
 
 std::shared_ptr<Stream> Driver::FindStream(CUstream stream) {
-  if (stream == nullptr) return legacy_stream_;
-  auto it = streams_.find(reinterpret_cast<uintptr_t>(stream));
+  const uintptr_t handle = reinterpret_cast<uintptr_t>(stream);
+  if (handle == 0 || handle == kStreamLegacy || handle == kStreamPerThread) {
+    return legacy_stream_;
+  }
+  auto it = streams_.find(handle);
   return it == streams_.end() ? nullptr : it->second;
 }
 
@@ -184,7 +188,8 @@ CUresult Driver::StreamDestroy(CUstream stream) {
   std::shared_ptr<Stream> s;
   {
     MutexLock lock(&mu_);
-    // The legacy stream is the driver's, not the caller's to destroy.
+    // The legacy stream is the driver's, not the caller's to destroy,
+    // under any of its handles (none is in streams_).
     auto it = streams_.find(reinterpret_cast<uintptr_t>(stream));
     if (stream == nullptr || it == streams_.end()) {
       return CUDA_ERROR_INVALID_HANDLE;

@@ -47,6 +47,14 @@ using ferry::MutexLock;
 inline constexpr int kDriverVersion = 12040;  // CUDA 12.4
 inline constexpr char kDeviceName[] = "Ferry softgpu";
 inline constexpr int kMaxDevices = 64;
+// CUDA's special stream handles (cuda.h's CU_STREAM_LEGACY and
+// CU_STREAM_PER_THREAD; not in gpu/cuda_abi.h, which Ferry does not need
+// them in): the legacy NULL stream, and the calling thread's default
+// stream. softgpu does not model per-thread default streams: that handle
+// is the legacy stream too, which orders more than CUDA would but never
+// less.
+inline constexpr uintptr_t kStreamLegacy = 0x1;
+inline constexpr uintptr_t kStreamPerThread = 0x2;
 
 struct DeviceConfig {
   // As cuDeviceGetPCIBusId writes it: upper-case hex, as NVIDIA's driver
@@ -267,7 +275,8 @@ class Driver {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   CUresult Resolve(CopyEnd end, size_t n, Side* side)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The stream behind a handle (NULL: the legacy stream), or null.
+  // The stream behind a handle (NULL, kStreamLegacy, kStreamPerThread: the
+  // legacy stream), or null.
   std::shared_ptr<Stream> FindStream(CUstream stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::shared_ptr<Stream> LockedFindStream(CUstream stream)

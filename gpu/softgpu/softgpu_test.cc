@@ -1181,7 +1181,12 @@ TEST_F(SoftgpuTest, StreamsCopyAndAreCheckedAtEnqueue) {
   ASSERT_CU_OK(a.result());
   const std::vector<unsigned char> in = Pattern(n, 9);
   std::vector<unsigned char> out(n, 0);
-  for (CUstream stream : {s, nb, static_cast<CUstream>(nullptr)}) {
+  // And the legacy stream under its three handles: NULL, CUDA's
+  // CU_STREAM_LEGACY and CU_STREAM_PER_THREAD (cuda.h's values).
+  const CUstream kLegacy = reinterpret_cast<CUstream>(0x1);
+  const CUstream kPerThread = reinterpret_cast<CUstream>(0x2);
+  for (CUstream stream :
+       {s, nb, static_cast<CUstream>(nullptr), kLegacy, kPerThread}) {
     std::fill(out.begin(), out.end(), 0);
     ASSERT_CU_OK(cu_.cuMemcpyHtoDAsync(a.ptr(), in.data(), n, stream));
     ASSERT_CU_OK(cu_.cuMemcpyDtoHAsync(out.data(), a.ptr(), n, stream));
@@ -1208,6 +1213,9 @@ TEST_F(SoftgpuTest, StreamsCopyAndAreCheckedAtEnqueue) {
             cu_.cuStreamQuery(reinterpret_cast<CUstream>(0x1234)));
   // The legacy stream is the driver's.
   EXPECT_CU(CUDA_ERROR_INVALID_HANDLE, cu_.cuStreamDestroy(nullptr));
+  EXPECT_CU(CUDA_ERROR_INVALID_HANDLE, cu_.cuStreamDestroy(kLegacy));
+  EXPECT_CU(CUDA_ERROR_INVALID_HANDLE, cu_.cuStreamDestroy(kPerThread));
+  EXPECT_CU(CUDA_SUCCESS, cu_.cuStreamQuery(kLegacy));
   ASSERT_CU_OK(cu_.cuStreamDestroy(nb));
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, cu_.cuStreamCreate(&s, 0x2));
   EXPECT_CU(CUDA_ERROR_INVALID_VALUE, cu_.cuStreamCreate(nullptr, 0));

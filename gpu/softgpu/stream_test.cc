@@ -189,6 +189,26 @@ TEST_F(StreamTest, StreamsAreIndependent) {
   EXPECT_EQ(DeviceBytes(), in);
 }
 
+TEST_F(StreamTest, TheSpecialHandlesAreTheLegacyStream) {
+  // cuda.h's CU_STREAM_LEGACY and CU_STREAM_PER_THREAD: softgpu makes the
+  // per-thread default stream the legacy stream too.
+  const CUstream kLegacy = reinterpret_cast<CUstream>(0x1);
+  const CUstream kPerThread = reinterpret_cast<CUstream>(0x2);
+  const auto in = Bytes(kBytes, 0x3c);
+  Hold();
+  ASSERT_CU_OK(cu_.cuMemcpyHtoDAsync(dev_, in.data(), kBytes, kLegacy));
+  for (CUstream s : {static_cast<CUstream>(nullptr), kLegacy, kPerThread}) {
+    EXPECT_CU(CUDA_ERROR_NOT_READY, cu_.cuStreamQuery(s));
+  }
+  EXPECT_CU(CUDA_SUCCESS, cu_.cuStreamQuery(stream_));
+  Release();
+  ASSERT_CU_OK(cu_.cuStreamSynchronize(kPerThread));
+  for (CUstream s : {static_cast<CUstream>(nullptr), kLegacy, kPerThread}) {
+    EXPECT_CU(CUDA_SUCCESS, cu_.cuStreamQuery(s));
+  }
+  EXPECT_EQ(DeviceBytes(), in);
+}
+
 TEST_F(StreamTest, DestroyReturnsAtOnceAndTheWorkStillLands) {
   const auto in = Bytes(kBytes, 0x5e);
   ASSERT_CU_OK(cu_.cuMemcpyHtoD(dev_, in.data(), kBytes));
