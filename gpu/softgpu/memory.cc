@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "common/dma_annotations.h"
 #include "gpu/softgpu/dmabuf.h"
@@ -99,6 +100,7 @@ CUresult Driver::Resolve(CopyEnd end, size_t n, Side* side) {
     if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
     side->bytes = e->allocation->bytes(end.address - e->allocation->base());
     side->keep = e->allocation;
+    side->sync_memops = e->sync_memops != 0;
     return CUDA_SUCCESS;
   }
   // A device pointer passed as a host pointer would fault in the copy: a
@@ -205,9 +207,32 @@ CUresult Driver::Memcpy(CopyEnd dst, CopyEnd src, size_t n, bool async,
     s->Enqueue([to, from, n] { CopyEngine(to.bytes, from.bytes, n); });
     return CUDA_SUCCESS;
   }
+  if (dst.device && LooselySynchronous(to, &src, &from)) {
+    if (src.device) {  // device to device: queued
+      s->Enqueue([to, from, n] { CopyEngine(to.bytes, from.bytes, n); });
+      return CUDA_SUCCESS;
+    }
+    // From pageable memory: as the driver does, after the stream's work,
+    // the source is copied to staging memory, which the caller may then
+    // reuse, and the copy from there to the device is queued.
+    s->Synchronize();
+    auto staged =
+        std::make_shared<std::vector<char>>(from.bytes, from.bytes + n);
+    s->Enqueue([to, staged, n] { CopyEngine(to.bytes, staged->data(), n); });
+    return CUDA_SUCCESS;
+  }
   s->Synchronize();
   CopyEngine(to.bytes, from.bytes, n);
   return CUDA_SUCCESS;
+}
+
+bool Driver::LooselySynchronous(const Side& dst, const CopyEnd* src_end,
+                                const Side* src) const {
+  if (config_.copy_delay_us == 0 || dst.sync_memops) return false;
+  if (src_end == nullptr) return true;  // a memset
+  // From device memory (unless it has SYNC_MEMOPS), or pageable host
+  // memory (no allocation of ours keeps it): not from pinned memory.
+  return src_end->device ? !src->sync_memops : src->keep == nullptr;
 }
 
 CUresult Driver::MemsetD8(CUdeviceptr dst, unsigned char value, size_t n) {
@@ -218,6 +243,13 @@ CUresult Driver::MemsetD8(CUdeviceptr dst, unsigned char value, size_t n) {
     if (CUresult r = CurrentDevice(&dev); r != CUDA_SUCCESS) return r;
     if (n == 0) return CUDA_SUCCESS;
     if (CUresult r = Resolve({dst, true}, n, &to); r != CUDA_SUCCESS) return r;
+  }
+  if (LooselySynchronous(to, nullptr, nullptr)) {
+    legacy_stream_->Enqueue([to, value, n] {
+      ferry::ScopedDmaAccess dma;
+      std::memset(to.bytes, value, n);
+    });
+    return CUDA_SUCCESS;
   }
   legacy_stream_->Synchronize();
   ferry::ScopedDmaAccess dma;
@@ -247,11 +279,17 @@ PointerInfo Driver::QueryPointer(uintptr_t ptr) {
 }
 
 CUresult Driver::SetSyncMemops(uintptr_t ptr, unsigned int value) {
-  MutexLock lock(&mu_);
-  Entry* e = Find(device_memory_, ptr, 0);
-  if (e == nullptr) e = Find(host_memory_, ptr, 0);
-  if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  e->sync_memops = value != 0 ? 1 : 0;
+  {
+    MutexLock lock(&mu_);
+    Entry* e = Find(device_memory_, ptr, 0);
+    if (e == nullptr) e = Find(host_memory_, ptr, 0);
+    if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    e->sync_memops = value != 0 ? 1 : 0;
+  }
+  // Synchronous operations still pending on the allocation complete
+  // first. They are all on the legacy stream (LooselySynchronous), in
+  // order with the rest of its work: all of that is waited for.
+  if (value != 0 && config_.copy_delay_us > 0) legacy_stream_->Synchronize();
   return CUDA_SUCCESS;
 }
 

@@ -73,7 +73,12 @@ struct DeviceConfig {
 //   FERRY_SOFTGPU_MEMORY_MIB   memory per device (default 4096)
 //   FERRY_SOFTGPU_DMABUF       0: a driver/kernel that cannot export dma-bufs
 //   FERRY_SOFTGPU_COPY_DELAY_US  a delay before each asynchronous copy runs,
-//                              so that a missing stream synchronisation shows
+//                              so that a missing stream synchronisation shows;
+//                              when > 0, also the "synchronous" calls that
+//                              CUDA lets return early do so (memset, device
+//                              to device, from pageable memory: see
+//                              Driver::LooselySynchronous) unless the device
+//                              memory has SYNC_MEMOPS
 struct Config {
   std::vector<DeviceConfig> devices;
   uint64_t memory_bytes = uint64_t{4096} << 20;
@@ -232,11 +237,17 @@ class Driver {
   CUresult MemHostAlloc(void** pp, size_t size, unsigned int flags);
   CUresult MemFreeHost(void* p);
   // A copy; on `stream` when `async` (NULL: the legacy stream), else
-  // synchronously after the legacy stream's work.
+  // synchronously after the legacy stream's work -- except as
+  // LooselySynchronous says.
   CUresult Memcpy(CopyEnd dst, CopyEnd src, size_t n, bool async,
                   CUstream stream);
+  // After the legacy stream's work; or queued on it, as LooselySynchronous
+  // says.
   CUresult MemsetD8(CUdeviceptr dst, unsigned char value, size_t n);
   PointerInfo QueryPointer(uintptr_t ptr);
+  // Setting SYNC_MEMOPS (value != 0) also waits for the synchronous
+  // operations still pending (LooselySynchronous), the allocation's among
+  // them: from its return on, every synchronous one has completed.
   CUresult SetSyncMemops(uintptr_t ptr, unsigned int value);
   CUresult ExportDmabuf(void* handle, CUdeviceptr dptr, size_t size,
                         CUmemRangeHandleType type, unsigned long long flags);
@@ -257,6 +268,8 @@ class Driver {
   struct Side {
     char* bytes = nullptr;
     std::shared_ptr<const Allocation> keep;
+    // The allocation's CU_POINTER_ATTRIBUTE_SYNC_MEMOPS.
+    bool sync_memops = false;
   };
 
   explicit Driver(Config config);
@@ -275,6 +288,19 @@ class Driver {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   CUresult Resolve(CopyEnd end, size_t n, Side* side)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // NVIDIA's "API synchronization behavior": a synchronous memset of
+  // device memory and a device-to-device copy are asynchronous with
+  // respect to the host, and a host-to-device copy from pageable memory
+  // returns once the source is staged, before the device is written --
+  // unless the device memory has SYNC_MEMOPS. softgpu emulates that only
+  // with FERRY_SOFTGPU_COPY_DELAY_US > 0 (so that a missing SYNC_MEMOPS
+  // shows where one looks for missing synchronisation, and nowhere else):
+  // then such a call is queued on the legacy stream and returns at once,
+  // and this says true. `dst` is a device side; `src` the source of a
+  // copy, or null for a memset. Device-to-host copies, and copies from
+  // pinned memory, stay synchronous, as on a GPU.
+  bool LooselySynchronous(const Side& dst, const CopyEnd* src_end,
+                          const Side* src) const;
   // The stream behind a handle (NULL, kStreamLegacy, kStreamPerThread: the
   // legacy stream), or null.
   std::shared_ptr<Stream> FindStream(CUstream stream)

@@ -1,11 +1,13 @@
 // softgpu's streams with FERRY_SOFTGPU_COPY_DELAY_US set, as CI sets it to
 // make a missing synchronisation visible: an asynchronous copy has not run
 // until its stream is synchronised; a stream runs its copies in order;
-// synchronous copies wait for the legacy stream first.
+// synchronous copies wait for the legacy stream first, and those CUDA lets
+// return early do, unless the memory has SYNC_MEMOPS.
 //
 // Work is seen pending by holding the streams (softgpu_control.h), never
 // by racing the delay: a test holds, enqueues, looks, releases. So no
 // result depends on how fast this thread runs.
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -51,7 +53,10 @@ class StreamTest : public ::testing::Test {
   void SetUp() override {
     ASSERT_CU_OK(cu_.cuCtxSetCurrent(context_));
     ASSERT_CU_OK(cu_.cuMemAlloc(&dev_, kBytes));
+    // A memset may return before it ran (SynchronousCallsAreAsynchronous):
+    // done before any test holds the streams.
     ASSERT_CU_OK(cu_.cuMemsetD8(dev_, 0, kBytes));
+    ASSERT_CU_OK(cu_.cuStreamSynchronize(nullptr));
     ASSERT_CU_OK(cu_.cuStreamCreate(&stream_, 0));
   }
 
@@ -71,6 +76,27 @@ class StreamTest : public ::testing::Test {
   std::vector<unsigned char> DeviceBytes() {
     std::vector<unsigned char> out(kBytes, 0xff);
     EXPECT_CU(CUDA_SUCCESS, cu_.cuMemcpyDtoH(out.data(), dev_, kBytes));
+    return out;
+  }
+
+  // The bytes of device allocation `dptr` (kBytes long) now, read through
+  // a dma-buf export: behind the driver's back, so without waiting for
+  // any stream, held or not.
+  static std::vector<unsigned char> Peek(CUdeviceptr dptr) {
+    std::vector<unsigned char> out(kBytes, 0xff);
+    int fd = -1;
+    EXPECT_CU(CUDA_SUCCESS,
+              Cuda().cuMemGetHandleForAddressRange(
+                  &fd, dptr, kBytes, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0));
+    if (fd < 0) return out;
+    // Position 0: the whole allocation (dmabuf.h).
+    void* m = mmap(nullptr, kBytes, PROT_READ, MAP_SHARED, fd, 0);
+    EXPECT_NE(m, MAP_FAILED);
+    if (m != MAP_FAILED) {
+      std::memcpy(out.data(), m, kBytes);
+      munmap(m, kBytes);
+    }
+    close(fd);
     return out;
   }
 
@@ -212,6 +238,9 @@ TEST_F(StreamTest, TheSpecialHandlesAreTheLegacyStream) {
 TEST_F(StreamTest, DestroyReturnsAtOnceAndTheWorkStillLands) {
   const auto in = Bytes(kBytes, 0x5e);
   ASSERT_CU_OK(cu_.cuMemcpyHtoD(dev_, in.data(), kBytes));
+  // Landed before stream_ reads it: from pageable memory, the copy may
+  // still be queued on the NULL stream when the call returns.
+  ASSERT_CU_OK(cu_.cuStreamSynchronize(nullptr));
   auto out = Bytes(kBytes, 0);
   Hold();
   ASSERT_CU_OK(cu_.cuMemcpyDtoHAsync(out.data(), dev_, kBytes, stream_));
@@ -252,6 +281,89 @@ TEST_F(StreamTest, ExitingWithWorkQueuedIsClean) {
         std::exit(ok ? 0 : 3);
       },
       ::testing::ExitedWithCode(0), "");
+}
+
+// NVIDIA's "API synchronization behavior", emulated with a copy delay: a
+// memset of device memory and a device-to-device copy are asynchronous
+// with respect to the host, and a copy from pageable memory returns once
+// its source is staged; device-to-host copies and copies from pinned
+// memory are synchronous.
+TEST_F(StreamTest, SynchronousCallsAreAsynchronous) {
+  CUdeviceptr other = 0;
+  ASSERT_CU_OK(cu_.cuMemAlloc(&other, kBytes));
+  ASSERT_CU_OK(cu_.cuMemsetD8(other, 0x22, kBytes));
+  ASSERT_CU_OK(cu_.cuStreamSynchronize(nullptr));
+  void* pinned = nullptr;
+  ASSERT_CU_OK(cu_.cuMemHostAlloc(&pinned, kBytes, 0));
+  std::memset(pinned, 0x10, kBytes);
+  Hold();
+  // From pinned memory: done when it returns.
+  ASSERT_CU_OK(cu_.cuMemcpyHtoD(dev_, pinned, kBytes));
+  EXPECT_EQ(Peek(dev_), Bytes(kBytes, 0x10));
+  EXPECT_CU(CUDA_SUCCESS, cu_.cuStreamQuery(nullptr));
+
+  // These three return with nothing written, queued on the NULL stream.
+  auto in = Bytes(kBytes, 0xd1);
+  ASSERT_CU_OK(cu_.cuMemcpyHtoD(dev_, in.data(), kBytes));
+  std::fill(in.begin(), in.end(), 0xee);  // staged: may be reused at once
+  ASSERT_CU_OK(cu_.cuMemcpyDtoD(other, dev_, kBytes));
+  ASSERT_CU_OK(cu_.cuMemsetD8(dev_, 0x44, kBytes));
+  EXPECT_CU(CUDA_ERROR_NOT_READY, cu_.cuStreamQuery(nullptr));
+  EXPECT_EQ(Peek(dev_), Bytes(kBytes, 0x10));
+  EXPECT_EQ(Peek(other), Bytes(kBytes, 0x22));
+
+  // A device-to-host copy waits for them (they ran in order).
+  Release();
+  EXPECT_EQ(DeviceBytes(), Bytes(kBytes, 0x44));
+  std::vector<unsigned char> out(kBytes, 0);
+  ASSERT_CU_OK(cu_.cuMemcpyDtoH(out.data(), other, kBytes));
+  EXPECT_EQ(out, Bytes(kBytes, 0xd1));
+  EXPECT_CU(CUDA_SUCCESS, cu_.cuStreamQuery(nullptr));
+  EXPECT_CU(CUDA_SUCCESS, cu_.cuMemFreeHost(pinned));
+  EXPECT_CU(CUDA_SUCCESS, cu_.cuMemFree(other));
+}
+
+TEST_F(StreamTest, SyncMemopsMakesThemSynchronous) {
+  CUdeviceptr other = 0;
+  ASSERT_CU_OK(cu_.cuMemAlloc(&other, kBytes));
+  ASSERT_CU_OK(cu_.cuMemsetD8(other, 0x22, kBytes));
+  ASSERT_CU_OK(cu_.cuStreamSynchronize(nullptr));
+  const unsigned int on = 1;
+  ASSERT_CU_OK(
+      cu_.cuPointerSetAttribute(&on, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, dev_));
+  Hold();
+  // Each is done when it returns, with the NULL stream held.
+  const auto in = Bytes(kBytes, 0xd2);
+  ASSERT_CU_OK(cu_.cuMemcpyHtoD(dev_, in.data(), kBytes));
+  EXPECT_EQ(Peek(dev_), in);
+  ASSERT_CU_OK(cu_.cuMemsetD8(dev_, 0x55, kBytes));
+  EXPECT_EQ(Peek(dev_), Bytes(kBytes, 0x55));
+  ASSERT_CU_OK(cu_.cuMemcpyDtoD(dev_, other, kBytes));
+  EXPECT_EQ(Peek(dev_), Bytes(kBytes, 0x22));
+  EXPECT_CU(CUDA_SUCCESS, cu_.cuStreamQuery(nullptr));
+  Release();
+  EXPECT_CU(CUDA_SUCCESS, cu_.cuMemFree(other));
+}
+
+TEST_F(StreamTest, SettingSyncMemopsWaitsForPendingOperations) {
+  Hold();
+  ASSERT_CU_OK(cu_.cuMemsetD8(dev_, 0x66, kBytes));
+  EXPECT_EQ(Peek(dev_), Bytes(kBytes, 0));
+  std::atomic<bool> set{false};
+  std::thread setter([&] {
+    const unsigned int on = 1;
+    EXPECT_CU(CUDA_SUCCESS, cu_.cuPointerSetAttribute(
+                                &on, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, dev_));
+    set = true;
+  });
+  // It cannot return while the memset is held. (A slow machine could only
+  // hide a setter that does not wait, never fail one that does.)
+  std::this_thread::sleep_for(50 * kDelay);
+  EXPECT_FALSE(set);
+  Release();
+  setter.join();
+  // Returned: the memset has run, with no synchronisation besides.
+  EXPECT_EQ(Peek(dev_), Bytes(kBytes, 0x66));
 }
 
 TEST_F(StreamTest, MemoryFreedUnderAQueuedCopyStaysMappedForIt) {
