@@ -223,7 +223,8 @@ class Driver {
 
   // Contexts (context.cc). The primary context is reference-counted; the
   // last release resets the device, as CUDA does: its allocations, pinned
-  // host memory and streams are freed.
+  // host memory and streams are freed (work queued on the streams still
+  // completes in the background, as after cuStreamDestroy).
   CUresult PrimaryCtxRetain(CUcontext* ctx, CUdevice dev);
   CUresult PrimaryCtxRelease(CUdevice dev);
   CUresult CtxSetCurrent(CUcontext ctx);
