@@ -109,7 +109,9 @@ ABSL_FLAG(uint64_t, block_stride, 0,
           "(0: block_size, back to back); larger leaves gaps, as scattered "
           "KV-cache blocks do, so no request continues another in memory");
 ABSL_FLAG(int, threads, 12, "initiator threads");
-ABSL_FLAG(double, duration, 10, "seconds to run the initiator");
+ABSL_FLAG(double, duration, 10,
+          "seconds to run the initiator (each thread runs at least one "
+          "batch)");
 ABSL_FLAG(double, warmup, 0,
           "seconds to run before measuring (like iperf3 -O)");
 ABSL_FLAG(uint64_t, buffer_size, 1ull << 30, "bytes registered on each side");
@@ -479,7 +481,10 @@ void InitiatorThread(TransferEngine& engine, SegmentHandle seg, uint8_t* local,
   std::vector<TransferRequest> reqs(batch_size);
   absl::Duration backoff = kMinBackoff;
   uint64_t iter = 0;
-  while (absl::Now() < end && !g_stop.load()) {
+  // At least one batch, however late this thread starts: on a loaded
+  // machine a short --duration could otherwise end before the first
+  // batch, and a run that moved nothing fails for the machine's speed.
+  while ((iter == 0 || absl::Now() < end) && !g_stop.load()) {
     const size_t off = base + (iter % batches_in_region) * per_batch;
     const uint64_t seed = Mix64((static_cast<uint64_t>(tid) << 40) ^ iter);
     for (size_t i = 0; i < batch_size; ++i) {
