@@ -11,6 +11,7 @@
 #include "common/status_testing.h"
 #include "engine/transfer_engine.h"
 #include "gpu/cuda_driver.h"
+#include "gpu/softgpu_testing.h"
 #include "gtest/gtest.h"
 #include "tools/pattern.h"
 
@@ -21,26 +22,7 @@ using gpu::CudaDriver;
 
 constexpr size_t kBuffer = 8 << 20;
 
-// softgpu's libcuda.so.1 from the runfiles, with two GPUs; loaded before
-// any engine, as an application that allocated GPU memory has it loaded.
-const CudaDriver& Driver() {
-  static const CudaDriver* driver = [] {
-    const char* srcdir = getenv("TEST_SRCDIR");
-    const char* ws = getenv("TEST_WORKSPACE");
-    std::string lib = std::string(srcdir != nullptr ? srcdir : ".") + "/" +
-                      (ws != nullptr ? ws : "ferry") +
-                      "/gpu/softgpu/libcuda.so.1";
-    setenv("FERRY_CUDA_LIBRARY", lib.c_str(), 1);
-    setenv("FERRY_SOFTGPU_DEVICES", "2", 1);
-    auto d = CudaDriver::Get();
-    if (!d.ok()) {
-      std::fprintf(stderr, "%s\n", d.status().ToString().c_str());
-      std::abort();
-    }
-    return *d;
-  }();
-  return *driver;
-}
+const CudaDriver& Driver() { return gpu::SoftgpuDriver(2); }
 
 // Device memory on GPU `device`, freed on destruction.
 class DeviceBuffer {

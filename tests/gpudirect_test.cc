@@ -14,6 +14,7 @@
 
 #include "common/status_testing.h"
 #include "gpu/cuda_driver.h"
+#include "gpu/softgpu_testing.h"
 #include "gtest/gtest.h"
 #include "transport/softrnic/verbs_test_util.h"
 
@@ -36,23 +37,7 @@ using softrnic_test::PostRdma;
 constexpr int kAccess =
     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
 
-// softgpu's libcuda.so.1, from the test's runfiles.
-const CudaDriver& Driver() {
-  static const CudaDriver* driver = [] {
-    const char* srcdir = getenv("TEST_SRCDIR");
-    const char* ws = getenv("TEST_WORKSPACE");
-    std::string lib = std::string(srcdir != nullptr ? srcdir : ".") + "/" +
-                      (ws != nullptr ? ws : "ferry") +
-                      "/gpu/softgpu/libcuda.so.1";
-    auto d = CudaDriver::Load(lib);
-    if (!d.ok()) {
-      std::fprintf(stderr, "%s\n", d.status().ToString().c_str());
-      std::abort();
-    }
-    return d->release();
-  }();
-  return *driver;
-}
+const CudaDriver& Driver() { return gpu::SoftgpuDriver(1); }
 
 class GpuDirectTest : public ::testing::Test {
  protected:
@@ -157,14 +142,27 @@ TEST_F(GpuDirectTest, TheMrOutlivesTheAllocationLikeADmabufAttachment) {
   ASSERT_NE(mr, nullptr) << strerror(errno);
   close(fd);
   ASSERT_OK(d.Check(d.api().cuMemFree(dev), "cuMemFree"));
-  // The pages stay while the MR holds them: a late WRITE lands in them
-  // rather than in whatever reuses the address.
+  // New device memory, zeroed; it may well take the freed address.
+  CUdeviceptr next = 0;
+  ASSERT_OK(d.Check(d.api().cuMemAlloc(&next, kBytes), "cuMemAlloc"));
+  ASSERT_OK(d.Check(d.api().cuMemsetD8(next, 0, kBytes), "cuMemsetD8"));
+  // The old pages stay while the MR holds them: a late WRITE and READ
+  // through it use them, never the new allocation.
   Buffer* src = host_->Reg(kBytes);
+  Buffer* back = host_->Reg(kBytes);
   ASSERT_NE(src, nullptr);
+  ASSERT_NE(back, nullptr);
   FillPattern(src->data(), kBytes, 5);
-  EXPECT_EQ(Post(IBV_WR_RDMA_WRITE, 1, src, kBytes, dev, mr->rkey),
+  ASSERT_EQ(Post(IBV_WR_RDMA_WRITE, 1, src, kBytes, dev, mr->rkey),
             IBV_WC_SUCCESS);
+  ASSERT_EQ(Post(IBV_WR_RDMA_READ, 2, back, kBytes, dev, mr->rkey),
+            IBV_WC_SUCCESS);
+  EXPECT_EQ(FirstPatternMismatch(back->data(), kBytes, 5), -1);
+  std::vector<uint8_t> fresh(kBytes);
+  ASSERT_OK(d.CopyFromDevice(fresh.data(), next, kBytes));
+  EXPECT_EQ(FirstNotEqual(fresh.data(), kBytes, 0), -1);
   EXPECT_EQ(ibv_dereg_mr(mr), 0);
+  ASSERT_OK(d.Check(d.api().cuMemFree(next), "cuMemFree"));
 }
 
 TEST_F(GpuDirectTest, PlainRegMrOfDeviceMemoryIsEfaultWithoutPeermem) {
