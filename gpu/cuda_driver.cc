@@ -193,18 +193,30 @@ absl::Status CudaDriver::UseDevice(int device) const {
         absl::StrCat("no CUDA device ", device, ": this host has ",
                      device_count_, " (", library_, ")"));
   }
-  CUdevice dev = 0;
-  if (absl::Status s = Check(api_.cuDeviceGet(&dev, device), "cuDeviceGet");
-      !s.ok()) {
-    return s;
-  }
   CUcontext ctx = nullptr;
-  // Retained and never released: the primary context then lives as long
-  // as the process, which every buffer registered on it needs.
-  if (absl::Status s = Check(api_.cuDevicePrimaryCtxRetain(&ctx, dev),
-                             "cuDevicePrimaryCtxRetain");
-      !s.ok()) {
-    return s;
+  {
+    MutexLock lock(&primary_mu_);
+    if (primary_.size() < static_cast<size_t>(device_count_)) {
+      primary_.resize(device_count_, nullptr);
+    }
+    ctx = primary_[device];
+    if (ctx == nullptr) {
+      CUdevice dev = 0;
+      if (absl::Status s = Check(api_.cuDeviceGet(&dev, device), "cuDeviceGet");
+          !s.ok()) {
+        return s;
+      }
+      // Retained once and never released: the primary context then lives
+      // as long as the process, which every buffer registered on it needs,
+      // and a thread that switches devices per copy (the staging path)
+      // does not grow the driver's reference count.
+      if (absl::Status s = Check(api_.cuDevicePrimaryCtxRetain(&ctx, dev),
+                                 "cuDevicePrimaryCtxRetain");
+          !s.ok()) {
+        return s;
+      }
+      primary_[device] = ctx;
+    }
   }
   return Check(api_.cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
 }

@@ -13,10 +13,12 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/mutex.h"
 #include "gpu/cuda_abi.h"
 
 namespace ferry::gpu {
@@ -78,8 +80,9 @@ class CudaDriver {
   absl::StatusOr<PointerInfo> Classify(const void* ptr) const;
 
   // Makes device `device`'s primary context current on the calling thread
-  // (driver calls act on the current context), retaining it for the life
-  // of the process.
+  // (driver calls act on the current context). The context is retained
+  // once per device, on the first call, for the life of the process.
+  // Thread-safe.
   absl::Status UseDevice(int device) const;
 
   // The device's PCI address, "dddd:bb:dd.f" in lower case, as sysfs
@@ -155,6 +158,9 @@ class CudaDriver {
 
   std::string library_;
   Api api_{};
+  // Each device's primary context once retained (UseDevice), by ordinal.
+  mutable Mutex primary_mu_;
+  mutable std::vector<CUcontext> primary_ ABSL_GUARDED_BY(primary_mu_);
   int version_ = 0;
   int device_count_ = 0;
 };

@@ -1,10 +1,14 @@
-// The engine moving GPU memory over RDMA on the emulators: two engines in
-// one process on softrnic's two NICs, each buffer in a different emulated
-// GPU's memory (softgpu), registered through dma-bufs. READs and WRITEs go
-// GPU to GPU, and the driver's own copies verify every byte (the CPU cannot
-// touch device memory: a transport that tried would crash the test).
+// The engine moving GPU memory on the emulators, over RDMA (softrnic's two
+// NICs; buffers registered through dma-bufs) and over TCP (staged through
+// pinned host buffers on both sides): two engines in one process, buffers
+// in different emulated GPUs' memory (softgpu) or in host memory. READs
+// and WRITEs go GPU to GPU, host to GPU and GPU to host, and the driver's
+// own copies verify every byte (the CPU cannot touch device memory: a
+// transport that tried would crash the test).
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -55,18 +59,82 @@ class DeviceBuffer {
   size_t bytes_;
 };
 
-class GpuEngineTest : public ::testing::Test {
+// Where a test's buffers live: device memory of a GPU, or host memory.
+class TestBuffer {
+ public:
+  TestBuffer(int device, size_t bytes) {
+    if (device >= 0) {
+      gpu_ = std::make_unique<DeviceBuffer>(device, bytes);
+    } else {
+      host_.resize(bytes);
+    }
+  }
+  uint8_t* get() const { return gpu_ ? gpu_->get() : host_ptr(); }
+  void Fill(size_t off, size_t len, uint64_t seed) {
+    if (gpu_) return gpu_->Fill(off, len, seed);
+    FillPattern(host_ptr() + off, len, off, seed);
+  }
+  size_t Check(size_t off, size_t len, uint64_t seed) {
+    if (gpu_) return gpu_->Check(off, len, seed);
+    return CheckPattern(host_ptr() + off, len, off, seed);
+  }
+
+ private:
+  uint8_t* host_ptr() const { return const_cast<uint8_t*>(host_.data()); }
+  std::unique_ptr<DeviceBuffer> gpu_;
+  std::vector<uint8_t> host_;
+};
+
+struct Case {
+  const char* transport;
+  int local_device;            // -1: host memory.
+  int remote_device;           // -1: host memory.
+  int staging_buffers;         // The initiator's.
+  int target_staging_buffers;  // The target's.
+};
+
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.transport << " local " << c.local_device << " remote "
+      << c.remote_device << " staging " << c.staging_buffers << "/"
+      << c.target_staging_buffers;
+}
+
+std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
+  auto where = [](int d) {
+    return d < 0 ? std::string("Host") : "Gpu" + std::to_string(d);
+  };
+  std::string name = std::string(info.param.transport) + "_" +
+                     where(info.param.local_device) + "_" +
+                     where(info.param.remote_device);
+  if (info.param.staging_buffers != 8 ||
+      info.param.target_staging_buffers != 8) {
+    name += "_" + std::to_string(info.param.staging_buffers) + "To" +
+            std::to_string(info.param.target_staging_buffers) + "Buffers";
+  }
+  return name;
+}
+
+class GpuEngineTest : public ::testing::TestWithParam<Case> {
  protected:
   void SetUp() override {
     Driver();
-    remote_ = std::make_unique<DeviceBuffer>(1, kBuffer);
-    local_ = std::make_unique<DeviceBuffer>(0, kBuffer);
+    const Case& c = GetParam();
+    remote_ = std::make_unique<TestBuffer>(c.remote_device, kBuffer);
+    local_ = std::make_unique<TestBuffer>(c.local_device, kBuffer);
     EngineOptions t;
     t.local_segment_name = "target";
-    t.transports = {"rdma"};
+    t.transports = {c.transport};
     t.transfer_timeout = absl::Seconds(20);
+    t.tcp.staging_buffers = c.target_staging_buffers;
     ASSERT_OK(target_.Init(t));
     EngineOptions i = t;
+    i.tcp.staging_buffers = c.staging_buffers;
+    if (c.target_staging_buffers == 1) {
+      // Many requests in a row on one connection: the target's session
+      // reads several before it answers one, so they wait for its buffer.
+      i.tcp.max_slice_bytes = 256 << 10;
+      i.tcp.connections_per_peer = 1;
+    }
     i.local_segment_name = "initiator";
     i.metadata_endpoint = target_.metadata_address();
     ASSERT_OK(initiator_.Init(i));
@@ -81,7 +149,7 @@ class GpuEngineTest : public ::testing::Test {
     r.opcode = op;
     r.source = local_->get() + off;
     r.target_id = seg_;
-    r.target_offset = remote_->ptr() + off;
+    r.target_offset = reinterpret_cast<uint64_t>(remote_->get()) + off;
     r.length = len;
     auto batch = initiator_.AllocateBatch(1);
     EXPECT_OK(batch);
@@ -93,13 +161,16 @@ class GpuEngineTest : public ::testing::Test {
   }
 
   // Device memory outlives the engines that may access it.
-  std::unique_ptr<DeviceBuffer> remote_, local_;
+  std::unique_ptr<TestBuffer> remote_, local_;
   TransferEngine target_, initiator_;
   SegmentHandle seg_ = 0;
 };
 
-TEST_F(GpuEngineTest, ReadAndWriteGpuToGpuEveryByteVerified) {
-  const size_t sizes[] = {1, 4095, 65537, 1 << 20, (3 << 20) + 5};
+TEST_P(GpuEngineTest, ReadAndWriteEveryByteVerified) {
+  // Up to three 4 MiB slices (TCP's default max_slice_bytes): more slices
+  // than staging buffers where the case has one.
+  const size_t sizes[] = {1,       4095,          65537,
+                          1 << 20, (3 << 20) + 5, (9 << 20) / 2};
   size_t off = 0;
   for (size_t len : sizes) {
     off = (off + 12345) % (kBuffer - len);
@@ -114,16 +185,52 @@ TEST_F(GpuEngineTest, ReadAndWriteGpuToGpuEveryByteVerified) {
   }
 }
 
-TEST(GpuEngineErrorsTest, TcpRefusesGpuMemoryByName) {
-  DeviceBuffer buf(0, 1 << 20);
-  TransferEngine engine;
-  EngineOptions o;
-  o.local_segment_name = "tcp-only";
-  o.transports = {"tcp"};
-  ASSERT_OK(engine.Init(o));
-  absl::Status s = engine.RegisterLocalMemory(buf.get(), 1 << 20);
-  EXPECT_STATUS(s, absl::StatusCode::kUnimplemented);
-  EXPECT_NE(s.message().find("cuda:0"), std::string::npos) << s;
+INSTANTIATE_TEST_SUITE_P(
+    Transports, GpuEngineTest,
+    // The last two: slices wait for the initiator's one buffer; frames
+    // wait for the target's one buffer (two connections, so they contend).
+    ::testing::Values(Case{"rdma", 0, 1, 8, 8}, Case{"rdma", -1, 1, 8, 8},
+                      Case{"rdma", 0, -1, 8, 8}, Case{"tcp", 0, 1, 8, 8},
+                      Case{"tcp", -1, 1, 8, 8}, Case{"tcp", 0, -1, 8, 8},
+                      Case{"tcp", 0, 1, 1, 8}, Case{"tcp", 0, 1, 8, 1}),
+    CaseName);
+
+// A target stages GPU memory through buffers of its own max_slice_bytes:
+// a longer frame is refused with what to change, and moves nothing.
+TEST(GpuEngineErrorsTest, TcpFrameLongerThanTheTargetsStagingBuffers) {
+  DeviceBuffer remote(1, 4 << 20), local(0, 4 << 20);
+  remote.Fill(0, 4 << 20, 5);
+  local.Fill(0, 4 << 20, 6);
+  TransferEngine target, initiator;
+  EngineOptions t;
+  t.local_segment_name = "small-staging";
+  t.transports = {"tcp"};
+  t.tcp.max_slice_bytes = 1 << 20;
+  ASSERT_OK(target.Init(t));
+  EngineOptions i;
+  i.local_segment_name = "big-slices";
+  i.transports = {"tcp"};
+  i.metadata_endpoint = target.metadata_address();
+  ASSERT_OK(initiator.Init(i));
+  ASSERT_OK(target.RegisterLocalMemory(remote.get(), 4 << 20));
+  ASSERT_OK(initiator.RegisterLocalMemory(local.get(), 4 << 20));
+  ASSERT_OK_AND_ASSIGN(SegmentHandle seg,
+                       initiator.OpenSegment(t.local_segment_name));
+  TransferRequest r;
+  r.opcode = OpCode::kRead;
+  r.source = local.get();
+  r.target_id = seg;
+  r.target_offset = remote.ptr();
+  r.length = 2 << 20;
+  ASSERT_OK_AND_ASSIGN(BatchId batch, initiator.AllocateBatch(1));
+  ASSERT_OK(initiator.SubmitTransfer(batch, {r}));
+  ASSERT_OK_AND_ASSIGN(BatchStatus st,
+                       initiator.WaitBatch(batch, absl::Seconds(30)));
+  EXPECT_EQ(st.state, TransferState::kFailed);
+  EXPECT_NE(st.first_error.message().find("max_slice_bytes"), std::string::npos)
+      << st.first_error;
+  EXPECT_OK(initiator.FreeBatch(batch));
+  EXPECT_EQ(local.Check(0, 2 << 20, 6), size_t{2} << 20);  // Untouched.
 }
 
 TEST(GpuEngineErrorsTest, LocationMustNameTheGpuHoldingTheBuffer) {

@@ -51,6 +51,7 @@
 #include "common/socket_util.h"
 #include "engine/transfer_engine.h"
 #include "metadata/auth.h"
+#include "tools/bench_memory.h"
 #include "tools/pattern.h"
 
 ABSL_FLAG(std::string, mode, "local", "target | initiator | local");
@@ -139,6 +140,10 @@ ABSL_FLAG(std::string, report_unit, "GB",
           "bytes), Gb, Mb, Kb (bits); the JSON report stays in GB/s");
 ABSL_FLAG(int, report_precision, 2,
           "decimals of the throughput in the text report (0..9)");
+ABSL_FLAG(bool, use_vram, false,
+          "buffers in GPU memory (Mooncake's flag): device memory of "
+          "--gpu_id, through the CUDA driver loaded at run time");
+ABSL_FLAG(int, gpu_id, 0, "the GPU of --use_vram buffers");
 ABSL_FLAG(int, tcp_connections, 1, "TCP connections per peer");
 ABSL_FLAG(uint64_t, tcp_slice_bytes, 4 << 20, "TCP transport slice size");
 ABSL_FLAG(std::string, device_name, "",
@@ -263,12 +268,22 @@ struct Totals {
   ErrorLog error_log;
 };
 
-void* AllocBuffer(size_t size) {
-  void* p = nullptr;
-  if (posix_memalign(&p, 4096, size) != 0) {
-    Die(absl::ResourceExhaustedError("posix_memalign"), "allocating buffer");
+// The buffer of one side: host memory, or with --use_vram device memory.
+std::unique_ptr<BenchMemory> AllocBuffer(size_t size) {
+  const int gpu =
+      absl::GetFlag(FLAGS_use_vram) ? absl::GetFlag(FLAGS_gpu_id) : -1;
+  if (absl::GetFlag(FLAGS_use_vram) && gpu < 0) {
+    Die(absl::InvalidArgumentError(
+            absl::StrCat("--gpu_id=", gpu, " is not a GPU ordinal")),
+        "flags");
   }
-  return p;
+  auto mem = BenchMemory::Allocate(gpu, size);
+  if (!mem.ok()) Die(mem.status(), "allocating buffer");
+  return *std::move(mem);
+}
+
+void MustOk(const absl::Status& s, const char* what) {
+  if (!s.ok()) Die(s, what);
 }
 
 // Bytes per --report_unit, Mooncake's units (b: bits); 0 if unknown.
@@ -353,10 +368,12 @@ EngineOptions BaseOptions(const std::string& name, const std::string& md) {
 
 // Registers a target buffer filled with the pattern that
 // --noverify_prepare READs are checked with.
-void* SetUpTarget(TransferEngine& engine, size_t size) {
-  auto* buf = static_cast<uint8_t*>(AllocBuffer(size));
-  FillPattern(buf, size, 0, absl::GetFlag(FLAGS_pattern_seed));
-  if (absl::Status s = engine.RegisterLocalMemory(buf, size, "cpu:0", true);
+std::unique_ptr<BenchMemory> SetUpTarget(TransferEngine& engine, size_t size) {
+  std::unique_ptr<BenchMemory> buf = AllocBuffer(size);
+  MustOk(buf->Fill(buf->data(), size, 0, absl::GetFlag(FLAGS_pattern_seed)),
+         "filling target buffer");
+  if (absl::Status s =
+          engine.RegisterLocalMemory(buf->data(), size, buf->location(), true);
       !s.ok()) {
     Die(s, "registering target buffer");
   }
@@ -424,18 +441,20 @@ BatchStatus RunBatch(TransferEngine& engine,
 // Checks each request's bytes (now in local memory at its source) against
 // the pattern; counts and describes mismatching requests.
 void CheckRequests(const std::vector<TransferRequest>& reqs,
-                   const uint8_t* local, uint64_t seed, Totals* totals) {
+                   const BenchMemory& local, uint64_t seed, Totals* totals) {
   for (const TransferRequest& r : reqs) {
     const auto* p = static_cast<const uint8_t*>(r.source);
-    const size_t off = static_cast<size_t>(p - local);
-    const size_t bad = CheckPattern(p, r.length, off, seed);
+    const size_t off = static_cast<size_t>(p - local.data());
+    auto m = local.Check(p, r.length, off, seed);
+    MustOk(m.status(), "reading back the local buffer");
+    const size_t bad = m->index;
     if (bad == r.length) continue;
     if (totals->verify_failures.fetch_add(1) < kVerifyDetails) {
       std::fprintf(stderr,
                    "verify failed: %s of %zu bytes at buffer offset %zu: byte "
                    "%zu is 0x%02x, expected 0x%02x\n",
                    r.opcode == OpCode::kWrite ? "WRITE" : "READ", r.length, off,
-                   bad, p[bad], PatternByte(off + bad, seed));
+                   bad, m->found, PatternByte(off + bad, seed));
     }
   }
 }
@@ -449,14 +468,19 @@ void Backoff(absl::Duration* backoff, absl::Time end) {
 // zeroes it: only the requests' bytes, never the gaps --block_stride
 // leaves between them (most of the span when it is large).
 void FillRequests(const std::vector<TransferRequest>& reqs,
-                  const uint8_t* local, uint64_t seed) {
+                  const BenchMemory& local, uint64_t seed) {
   for (const TransferRequest& r : reqs) {
     auto* p = static_cast<uint8_t*>(r.source);
-    FillPattern(p, r.length, static_cast<size_t>(p - local), seed);
+    MustOk(local.Fill(p, r.length, static_cast<size_t>(p - local.data()), seed),
+           "filling the local buffer");
   }
 }
-void ClearRequests(const std::vector<TransferRequest>& reqs) {
-  for (const TransferRequest& r : reqs) std::memset(r.source, 0, r.length);
+void ClearRequests(const std::vector<TransferRequest>& reqs,
+                   const BenchMemory& local) {
+  for (const TransferRequest& r : reqs) {
+    MustOk(local.Clear(static_cast<uint8_t*>(r.source), r.length),
+           "clearing the local buffer");
+  }
 }
 
 // Where consecutive requests of a batch start (flags validated).
@@ -465,10 +489,11 @@ size_t BlockStride() {
   return stride != 0 ? stride : absl::GetFlag(FLAGS_block_size);
 }
 
-void InitiatorThread(TransferEngine& engine, SegmentHandle seg, uint8_t* local,
-                     uint64_t remote_base, size_t region, int tid,
-                     absl::Time measure_from, absl::Time end, Totals* totals,
-                     ThreadStats* stats) {
+void InitiatorThread(TransferEngine& engine, SegmentHandle seg,
+                     const BenchMemory* local_mem, uint64_t remote_base,
+                     size_t region, int tid, absl::Time measure_from,
+                     absl::Time end, Totals* totals, ThreadStats* stats) {
+  uint8_t* const local = local_mem->data();
   const bool write = absl::GetFlag(FLAGS_operation) == "write";
   const bool verify = absl::GetFlag(FLAGS_verify);
   const uint64_t read_seed = absl::GetFlag(FLAGS_pattern_seed);
@@ -494,9 +519,9 @@ void InitiatorThread(TransferEngine& engine, SegmentHandle seg, uint8_t* local,
       reqs[i].target_offset = remote_base + off + i * stride;
       reqs[i].length = block;
     }
-    if (verify && write) FillRequests(reqs, local, seed);
+    if (verify && write) FillRequests(reqs, *local_mem, seed);
     // A READ that silently moved nothing must not pass on stale bytes.
-    if (verify && !write) ClearRequests(reqs);
+    if (verify && !write) ClearRequests(reqs, *local_mem);
     absl::Time start = absl::Now();
     const BatchStatus st = RunBatch(engine, reqs, totals);
     double us = absl::ToDoubleMicroseconds(absl::Now() - start);
@@ -517,30 +542,32 @@ void InitiatorThread(TransferEngine& engine, SegmentHandle seg, uint8_t* local,
     // errors already, and which bytes arrived is undefined.
     if (!verify || st.failed > 0) continue;
     if (!write) {
-      CheckRequests(reqs, local, read_seed, totals);
+      CheckRequests(reqs, *local_mem, read_seed, totals);
       continue;
     }
     // Read the range back into zeroed memory and compare.
     for (TransferRequest& r : reqs) r.opcode = OpCode::kRead;
-    ClearRequests(reqs);
+    ClearRequests(reqs, *local_mem);
     const BatchStatus back = RunBatch(engine, reqs, totals);
     if (back.failed > 0) continue;
     for (TransferRequest& r : reqs) r.opcode = OpCode::kWrite;
-    CheckRequests(reqs, local, seed, totals);
+    CheckRequests(reqs, *local_mem, seed, totals);
   }
 }
 
 // Writes the READ reference pattern over [0, len) of the target buffer
 // (offsets relative to its start), so a verified READ is checked against
 // what the target really holds. False if any write failed.
-bool PrepareTarget(TransferEngine& engine, SegmentHandle seg, uint8_t* local,
-                   uint64_t remote_base, size_t len, Totals* totals) {
+bool PrepareTarget(TransferEngine& engine, SegmentHandle seg,
+                   const BenchMemory& local_mem, uint64_t remote_base,
+                   size_t len, Totals* totals) {
   const uint64_t seed = absl::GetFlag(FLAGS_pattern_seed);
   std::fprintf(stderr,
                "preparing: writing the reference pattern over %zu bytes of "
                "the target (not measured)\n",
                len);
-  FillPattern(local, len, 0, seed);
+  uint8_t* const local = local_mem.data();
+  MustOk(local_mem.Fill(local, len, 0, seed), "filling the local buffer");
   std::vector<TransferRequest> reqs;
   for (size_t off = 0; off < len && !g_stop.load();) {
     reqs.clear();
@@ -636,10 +663,11 @@ int RunInitiator(TransferEngine& engine) {
             "(start the target with the same --buffer_size)"),
         "target");
   }
-  auto* local = static_cast<uint8_t*>(AllocBuffer(buffer));
-  std::memset(local, 0, buffer);
-  if (absl::Status s =
-          engine.RegisterLocalMemory(local, buffer, "cpu:0", false);
+  std::unique_ptr<BenchMemory> local_mem = AllocBuffer(buffer);
+  MustOk(local_mem->Clear(local_mem->data(), buffer),
+         "clearing the local buffer");
+  if (absl::Status s = engine.RegisterLocalMemory(local_mem->data(), buffer,
+                                                  local_mem->location(), false);
       !s.ok()) {
     Die(s, "registering local buffer");
   }
@@ -651,7 +679,7 @@ int RunInitiator(TransferEngine& engine) {
     const size_t per_batch = stride * static_cast<size_t>(batch_size);
     const size_t used = (static_cast<size_t>(threads) - 1) * region +
                         std::max<size_t>(1, region / per_batch) * per_batch;
-    if (!PrepareTarget(engine, *seg, local, bufs->front().addr, used,
+    if (!PrepareTarget(engine, *seg, *local_mem, bufs->front().addr, used,
                        &totals)) {
       totals.error_log.PrintSummary();
       std::fprintf(stderr,
@@ -665,9 +693,9 @@ int RunInitiator(TransferEngine& engine) {
   const absl::Time end = start + absl::Seconds(duration);
   std::vector<std::thread> workers;
   for (int t = 0; t < threads; ++t) {
-    workers.emplace_back(InitiatorThread, std::ref(engine), *seg, local,
-                         bufs->front().addr, region, t, start, end, &totals,
-                         &stats[static_cast<size_t>(t)]);
+    workers.emplace_back(InitiatorThread, std::ref(engine), *seg,
+                         local_mem.get(), bufs->front().addr, region, t, start,
+                         end, &totals, &stats[static_cast<size_t>(t)]);
   }
   const bool json = absl::GetFlag(FLAGS_report) == "json";
   FILE* progress = json ? stderr : stdout;
@@ -711,8 +739,8 @@ int RunInitiator(TransferEngine& engine) {
   const double p50 = Percentile(lat, 0.50), p99 = Percentile(lat, 0.99);
   const double gbps = static_cast<double>(totals.bytes.load()) / secs / 1e9;
   const double tps = static_cast<double>(totals.transfers.load()) / secs;
-  engine.UnregisterLocalMemory(local).IgnoreError();
-  std::free(local);
+  engine.UnregisterLocalMemory(local_mem->data()).IgnoreError();
+  local_mem.reset();
   const uint64_t transfer_errors = totals.errors.load();
   const uint64_t verify_failures = totals.verify_failures.load();
   const uint64_t errors = transfer_errors + verify_failures;
@@ -807,7 +835,7 @@ int Main() {
     if (absl::Status s = engine.Init(BaseOptions(name, md)); !s.ok()) {
       Die(s, "Init");
     }
-    void* target_buf = SetUpTarget(engine, buffer);
+    std::unique_ptr<BenchMemory> target_buf = SetUpTarget(engine, buffer);
     // Scripts parse the ready line to its end: what the engine advertises
     // goes on a line of its own, before it.
     std::printf("target address: advertised=%s (%s)\n",
@@ -826,7 +854,7 @@ int Main() {
       absl::SleepFor(absl::Milliseconds(100));
     }
     engine.Shutdown();
-    std::free(target_buf);
+    target_buf.reset();
     return 0;
   }
   if (mode == "initiator") {
@@ -856,7 +884,7 @@ int Main() {
     if (absl::Status s = target.Init(to); !s.ok()) {
       Die(s, "Init target");
     }
-    void* target_buf = SetUpTarget(target, buffer);
+    std::unique_ptr<BenchMemory> target_buf = SetUpTarget(target, buffer);
     TransferEngine initiator;
     if (absl::Status s = initiator.Init(
             BaseOptions(name.empty() ? DefaultInitiatorName() : name,
@@ -867,7 +895,7 @@ int Main() {
     int rc = RunInitiator(initiator);
     initiator.Shutdown();
     target.Shutdown();
-    std::free(target_buf);
+    target_buf.reset();
     return rc;
   }
   Die(absl::InvalidArgumentError("--mode must be target, initiator or local"),

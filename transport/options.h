@@ -25,6 +25,11 @@ struct TcpOptions {
   // connection this engine opened, and as many more every connection it
   // accepted. There is no thread per connection.
   int io_threads = 1;
+  // Pinned host buffers (of max_slice_bytes each) through which GPU memory
+  // moves, on each side (1..1024): sockets cannot read device memory. The
+  // initiator's and the target's pools are allocated when they first meet
+  // GPU memory; they bound the staging path's memory (tcp_transport.h).
+  int staging_buffers = 8;
 
   // Target side. Port the transport listens on (on EngineOptions's
   // listen_host); 0 picks a free one, which a firewall cannot know in

@@ -64,6 +64,13 @@ struct TransportStats {
   uint64_t timed_out_connections = 0;
   uint64_t bad_frames = 0;
   uint64_t denied_frames = 0;
+  // Initiator side, GPU memory moved through pinned host buffers (TCP):
+  // slices staged, of those that waited for a free buffer, and the
+  // device<->host copies issued with their bytes.
+  uint64_t staged_slices = 0;
+  uint64_t staging_waits = 0;
+  uint64_t staging_copies = 0;
+  uint64_t staging_copy_bytes = 0;
 };
 
 }  // namespace ferry

@@ -33,6 +33,18 @@ absl::Status ClientSession::Refusal(WireStatus status,
           " of the segment's engine, which the descriptor names (the engine "
           "restarted, or another process took its port); nothing was read "
           "or written"));
+    case WireStatus::kTooLarge:
+      return absl::InvalidArgumentError(absl::StrCat(
+          what,
+          "the range is GPU memory there, staged through host buffers "
+          "smaller than this slice: give this engine a tcp.max_slice_bytes "
+          "no larger than the target's"));
+    case WireStatus::kStagingFailed:
+      return absl::InternalError(absl::StrCat(
+          what,
+          "the range is GPU memory there and the target could not copy it "
+          "through host memory (its log says why); a WRITE may be partly "
+          "applied"));
     default:
       return absl::InvalidArgumentError(absl::StrCat(
           what, "not inside a buffer registered as remote-accessible"));

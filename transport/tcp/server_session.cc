@@ -10,8 +10,10 @@
 namespace ferry::tcp {
 
 ServerSession::ServerSession(MemoryRegistry* registry, const Limits& limits,
-                             uint64_t incarnation, absl::Time now)
+                             uint64_t incarnation, absl::Time now,
+                             TargetStaging* gpu_staging)
     : registry_(registry),
+      gpu_staging_(gpu_staging),
       limits_(limits),
       incarnation_(incarnation),
       created_(now),
@@ -72,7 +74,20 @@ absl::Status ServerSession::Process(absl::Time now) {
     const uint8_t* header = staging_ + staged_begin_;
     staged_begin_ += kRequestHeaderBytes;
     if (absl::Status s = StartRequest(header, now); !s.ok()) return s;
+    if (stalled_) {
+      // No staging buffer: the request waits, whole, for Resume.
+      staged_begin_ -= kRequestHeaderBytes;
+      return absl::OkStatus();
+    }
   }
+}
+
+absl::Status ServerSession::Resume(absl::Time now) {
+  if (!stalled_) return absl::OkStatus();
+  stalled_ = false;
+  absl::Status s = Process(now);
+  UpdateFrameClock(now);
+  return s;
 }
 
 absl::Status ServerSession::StartRequest(const uint8_t* header,
@@ -82,18 +97,42 @@ absl::Status ServerSession::StartRequest(const uint8_t* header,
     return absl::DataLossError(
         absl::StrCat("bad request header: ", s.message()));
   }
-  ++requests_;
   MemoryRegistry::Lease lease;
-  const WireStatus status = Admit(req, &lease);
+  WireStatus status = Admit(req, &lease);
   uint8_t* const target = reinterpret_cast<uint8_t*>(req.remote_addr);
+  const int device =
+      status == WireStatus::kOk ? lease.region().cuda_device : -1;
+  TargetStaging::Buffer staged;
+  if (device >= 0) {
+    status = Stage(req, &staged);
+    if (status == WireStatus::kOk && !staged) {
+      stalled_ = true;  // Counted when it is served.
+      return absl::OkStatus();
+    }
+  }
+  ++requests_;
   if (req.op == WireOp::kWrite) {
     payload_left_ = req.length;
     payload_id_ = req.request_id;
     payload_status_ = status;
     // Refused: drained, to keep the stream in sync.
-    payload_ = status == WireStatus::kOk ? target : nullptr;
+    payload_ = status != WireStatus::kOk ? nullptr
+               : staged                  ? staged.data()
+                                         : target;
     payload_lease_ = std::move(lease);
+    payload_staged_ = std::move(staged);
+    payload_device_ = device;
+    payload_device_addr_ = req.remote_addr;
+    payload_length_ = req.length;
     return absl::OkStatus();
+  }
+  if (staged) {
+    absl::Status s = gpu_staging_->FromDevice(device, staged.data(),
+                                              req.remote_addr, req.length);
+    if (!s.ok()) {
+      status = WireStatus::kStagingFailed;
+      staged.Reset();
+    }
   }
   Response r;
   const bool ok = status == WireStatus::kOk;
@@ -101,9 +140,15 @@ absl::Status ServerSession::StartRequest(const uint8_t* header,
       {WireOp::kReadData, status, req.request_id, ok ? req.length : 0},
       r.header);
   if (ok) {
-    r.data = target;
+    r.data = staged ? staged.data() : target;
     r.length = req.length;
     r.lease = std::move(lease);
+    if (staged) {
+      // The bytes were copied out: the buffer, not the lease, holds them.
+      r.lease.Release();
+      r.staged = std::move(staged);
+      ++staged_out_;
+    }
   }
   frame_since_ = absl::InfiniteFuture();  // This request is complete.
   last_done_ = now;
@@ -132,7 +177,27 @@ WireStatus ServerSession::Admit(const RequestHeader& req,
   return WireStatus::kOk;
 }
 
+WireStatus ServerSession::Stage(const RequestHeader& req,
+                                TargetStaging::Buffer* buffer) {
+  if (gpu_staging_ == nullptr) return WireStatus::kStagingFailed;
+  if (req.length > gpu_staging_->buffer_bytes()) return WireStatus::kTooLarge;
+  absl::StatusOr<TargetStaging::Buffer> b = gpu_staging_->TryAcquire();
+  if (!b.ok()) return WireStatus::kStagingFailed;
+  *buffer = std::move(*b);
+  return WireStatus::kOk;
+}
+
 void ServerSession::EndPayload(absl::Time now) {
+  if (payload_staged_) {
+    if (payload_status_ == WireStatus::kOk &&
+        !gpu_staging_
+             ->ToDevice(payload_device_, payload_device_addr_,
+                        payload_staged_.data(), payload_length_)
+             .ok()) {
+      payload_status_ = WireStatus::kStagingFailed;
+    }
+    payload_staged_.Reset();
+  }
   // Applied: only now is the WRITE acknowledged.
   payload_lease_.Release();
   payload_ = nullptr;
@@ -169,7 +234,8 @@ absl::Status ServerSession::OnSent(size_t n, absl::Time now) {
     r.sent += take;
     n -= take;
     if (r.sent == total) {
-      out_.pop_front();  // Releases the lease.
+      if (r.staged) --staged_out_;
+      out_.pop_front();  // Releases the lease (or the staging buffer).
       last_done_ = now;
       // The next answer's clock started when it was queued, not now: a
       // peer taking one answer per frame_timeout must not hold the leases

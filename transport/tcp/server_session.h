@@ -32,6 +32,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "transport/memory_registry.h"
+#include "transport/tcp/target_staging.h"
 #include "transport/tcp/wire.h"
 
 namespace ferry::tcp {
@@ -51,19 +52,25 @@ class ServerSession {
     absl::Duration frame_timeout = absl::Seconds(10);
   };
   static constexpr size_t kMaxQueuedResponses = 16;
+  static constexpr size_t kMaxStagedResponses = 2;
 
-  // `registry` must outlive the session. `incarnation`: this engine run's,
-  // as published in its descriptor. `now`: when the connection was
-  // accepted.
+  // `registry` (and `gpu_staging`, if not null) must outlive the session.
+  // `incarnation`: this engine run's, as published in its descriptor.
+  // `now`: when the connection was accepted. Without `gpu_staging`, frames
+  // for GPU-resident buffers are answered kStagingFailed.
   ServerSession(MemoryRegistry* registry, const Limits& limits,
-                uint64_t incarnation, absl::Time now);
+                uint64_t incarnation, absl::Time now,
+                TargetStaging* gpu_staging = nullptr);
   ServerSession(const ServerSession&) = delete;
   ServerSession& operator=(const ServerSession&) = delete;
 
   // Input: where to receive the next bytes, then OnReceived with how many
   // arrived there. Empty while too many responses wait (stop reading). A
   // non-OK return (DataLoss naming the fault) means: close the connection.
-  bool wants_input() const { return out_.size() < kMaxQueuedResponses; }
+  bool wants_input() const {
+    return out_.size() < kMaxQueuedResponses &&
+           staged_out_ < kMaxStagedResponses && !stalled_;
+  }
   std::pair<uint8_t*, size_t> InputBuffer();
   absl::Status OnReceived(size_t n, absl::Time now);
 
@@ -73,6 +80,11 @@ class ServerSession {
   bool has_output() const { return !out_.empty(); }
   int PrepareOutput(iovec* iov, int max_iov) const;
   absl::Status OnSent(size_t n, absl::Time now);
+
+  // Waiting for a free staging buffer (see above): call Resume now and
+  // then to try again. Non-OK as for OnReceived.
+  bool stalled() const { return stalled_; }
+  absl::Status Resume(absl::Time now);
 
   // DeadlineExceeded saying which limit the peer overran, if it did: the
   // caller closes the connection.
@@ -95,6 +107,7 @@ class ServerSession {
     size_t sent = 0;                // Of header + data.
     absl::Time queued;              // The frame timeout counts from here.
     MemoryRegistry::Lease lease;
+    TargetStaging::Buffer staged;  // Holds data, for a GPU-resident range.
   };
 
   static constexpr size_t kStagingBytes = 4096;
@@ -104,12 +117,16 @@ class ServerSession {
   // Leases the request's range if the frame may access it; else says why
   // not (and leases nothing).
   WireStatus Admit(const RequestHeader& req, MemoryRegistry::Lease* lease);
+  // For a GPU-resident range: a staging buffer in `*buffer`, or an error
+  // status; kOk with no buffer means none is free (stall).
+  WireStatus Stage(const RequestHeader& req, TargetStaging::Buffer* buffer);
   void EndPayload(absl::Time now);
   void Queue(Response r, absl::Time now);
   // Frame timing: called whenever input state may have changed.
   void UpdateFrameClock(absl::Time now);
 
   MemoryRegistry* const registry_;
+  TargetStaging* const gpu_staging_;
   const Limits limits_;
   const uint64_t incarnation_;
   const absl::Time created_;
@@ -127,6 +144,15 @@ class ServerSession {
   uint64_t payload_id_ = 0;
   WireStatus payload_status_ = WireStatus::kOk;
   MemoryRegistry::Lease payload_lease_;
+  // A staged WRITE: its payload goes to this buffer, then to the device.
+  TargetStaging::Buffer payload_staged_;
+  int payload_device_ = -1;
+  uint64_t payload_device_addr_ = 0;
+  size_t payload_length_ = 0;
+  // Queued READ answers holding a staging buffer; whether the request at
+  // staged_begin_ waits for a free one.
+  size_t staged_out_ = 0;
+  bool stalled_ = false;
 
   std::deque<Response> out_;
 

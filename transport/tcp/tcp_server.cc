@@ -45,7 +45,8 @@ class TcpServer::Conn : public EventLoop::Handler {
         fd_(std::move(fd)),
         slot_(std::move(slot)),
         session_(std::make_unique<ServerSession>(
-            server->registry_, server->limits_, server->incarnation_, now)) {}
+            server->registry_, server->limits_, server->incarnation_, now,
+            &server->gpu_staging_)) {}
 
   int fd() const { return fd_.get(); }
 
@@ -109,17 +110,34 @@ class TcpServer::Conn : public EventLoop::Handler {
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
         return Close();
       }
+      // A request waiting for a staging buffer tries again at once: the
+      // answers just sent may have given theirs back (else the tick does).
+      if (session_->stalled()) {
+        if (!session_->Resume(now).ok()) {
+          server_->bad_frames_.fetch_add(1, std::memory_order_relaxed);
+          return Close();
+        }
+        paused = paused || !session_->stalled();
+      }
       // Another round only if taking responses out resumed paused input.
       if (!paused || !session_->wants_input()) break;
     }
     UpdateInterest();
   }
 
-  // Closes the connection if the peer overran a timeout.
+  // Closes the connection if the peer overran a timeout; retries a
+  // request that waits for a staging buffer.
   void CheckTimeouts(absl::Time now) {
-    if (session_->CheckTimeouts(now).ok()) return;
-    server_->timeouts_.fetch_add(1, std::memory_order_relaxed);
-    Close();
+    if (!session_->CheckTimeouts(now).ok()) {
+      server_->timeouts_.fetch_add(1, std::memory_order_relaxed);
+      return Close();
+    }
+    if (!session_->stalled()) return;
+    if (!session_->Resume(now).ok()) {
+      server_->bad_frames_.fetch_add(1, std::memory_order_relaxed);
+      return Close();
+    }
+    OnEvents(EPOLLIN | EPOLLOUT, now);
   }
 
   // On the loop thread, the only one doing I/O on this socket: once it is
@@ -192,6 +210,7 @@ void TcpServer::Slot::Release() {
 TcpServer::TcpServer(MemoryRegistry* registry, const TcpOptions& options)
     : registry_(registry),
       options_(options),
+      gpu_staging_(options.staging_buffers, options.max_slice_bytes),
       limits_{options.handshake_timeout, options.idle_timeout,
               options.frame_timeout},
       accept_backoff_(kMinAcceptBackoff) {}

@@ -36,6 +36,7 @@
 #include "transport/options.h"
 #include "transport/tcp/event_loop.h"
 #include "transport/tcp/server_session.h"
+#include "transport/tcp/target_staging.h"
 
 namespace ferry::tcp {
 
@@ -112,6 +113,8 @@ class TcpServer {
 
   MemoryRegistry* const registry_;
   const TcpOptions options_;
+  // Declared before the loops: outlives every session.
+  TargetStaging gpu_staging_;
   const ServerSession::Limits limits_;
   uint64_t incarnation_ = 0;    // Set by Start.
   Clock* clock_ = RealClock();  // Set by Start, before any loop runs.

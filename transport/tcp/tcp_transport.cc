@@ -24,6 +24,9 @@ absl::Status ValidateOptions(const TransportOptions& o) {
   if (t.io_threads < 1 || t.io_threads > 16) {
     return bad("io_threads must be in 1..16");
   }
+  if (t.staging_buffers < 1 || t.staging_buffers > 1024) {
+    return bad("staging_buffers must be in 1..1024");
+  }
   if (t.max_connections < 1 || t.max_connections_per_address < 1) {
     return bad("max_connections and max_connections_per_address must be >= 1");
   }
@@ -53,7 +56,11 @@ absl::Status ValidateOptions(const TransportOptions& o) {
 TcpTransport::TcpTransport(const TransportOptions& options)
     : options_(options),
       server_(&registry_, options_.tcp),
-      client_(options_.tcp, options_.connect_timeout) {}
+      client_(options_.tcp, options_.connect_timeout),
+      gpu_staging_(&client_, options_.tcp.staging_buffers,
+                   options_.tcp.max_slice_bytes) {
+  for (int i = 0; i < kMaxGpus; ++i) gpu_tags_[i].device = i;
+}
 
 TcpTransport::~TcpTransport() { Shutdown(); }
 
@@ -80,18 +87,18 @@ absl::Status TcpTransport::Install(const TransportEnv& env,
 
 absl::StatusOr<MemoryHandle> TcpTransport::RegisterMemory(
     const MemoryRegion& region, metadata::Buffer* published) {
-  // The socket calls read and write the buffer with the CPU, which GPU
-  // memory refuses: it needs staging through pinned host memory first.
-  if (region.cuda_device >= 0) {
-    return absl::UnimplementedError(absl::StrCat(
-        "the tcp transport cannot move GPU memory yet (the buffer at 0x",
-        absl::Hex(region.addr), " is on cuda:", region.cuda_device,
-        "; staging it through host memory is not built): use the rdma "
-        "transport, whose NICs reach GPU memory directly"));
+  // GPU memory is staged through pinned host buffers on both sides (the
+  // socket calls cannot touch it); the handle tells Submit which device.
+  MemoryHandle local_handle = nullptr;
+  if (region.cuda_device >= kMaxGpus) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the tcp transport stages GPUs 0..", kMaxGpus - 1,
+                     ", not cuda:", region.cuda_device));
   }
+  if (region.cuda_device >= 0) local_handle = &gpu_tags_[region.cuda_device];
   if (!region.remote_accessible) {
     if (absl::Status s = registry_.Add(region); !s.ok()) return s;
-    return nullptr;  // Only the initiator side uses it; no key.
+    return local_handle;  // Only the initiator side uses it; no key.
   }
   // A fresh key per registration: a peer holding the key of a buffer that
   // was unregistered cannot reach whatever is registered there next.
@@ -113,7 +120,7 @@ absl::StatusOr<MemoryHandle> TcpTransport::RegisterMemory(
     return s;
   }
   if (published != nullptr) published->set_tcp_key(handle->value);
-  return nullptr;  // The target side looks buffers up per request.
+  return local_handle;  // The target side looks buffers up per request.
 }
 
 absl::Status TcpTransport::UnregisterMemory(uintptr_t addr) {
@@ -131,7 +138,17 @@ absl::Status TcpTransport::UnregisterMemory(uintptr_t addr) {
 }
 
 void TcpTransport::Submit(absl::Span<Slice* const> slices) {
-  client_.Submit(slices);
+  // Host memory goes to the sockets as it is, in runs (the common case is
+  // one run of the whole span); GPU memory through staging.
+  size_t run = 0;
+  for (size_t i = 0; i < slices.size(); ++i) {
+    const auto* gpu = static_cast<const GpuTag*>(slices[i]->local_handle);
+    if (gpu == nullptr) continue;
+    if (i > run) client_.Submit(slices.subspan(run, i - run));
+    run = i + 1;
+    gpu_staging_.Submit(slices[i], gpu->device);
+  }
+  if (run < slices.size()) client_.Submit(slices.subspan(run));
 }
 
 void TcpTransport::ClosePeer(const SegmentView& segment) {
@@ -155,11 +172,17 @@ TransportStats TcpTransport::Stats() const {
   st.bad_frames = c.bad_frames;
   st.denied_frames = c.denied;
   st.threads += server_.threads();
+  const GpuStaging::Counters g = gpu_staging_.counters();
+  st.staged_slices = g.slices;
+  st.staging_waits = g.waits;
+  st.staging_copies = g.copies;
+  st.staging_copy_bytes = g.copy_bytes;
   return st;
 }
 
 void TcpTransport::Shutdown() {
-  client_.Shutdown();  // Cancels what is in flight.
+  client_.Shutdown();   // Cancels what is in flight.
+  gpu_staging_.Stop();  // Then what waits for a buffer or a copy.
   server_.Stop();
 }
 

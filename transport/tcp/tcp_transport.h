@@ -63,6 +63,16 @@
 //   back. Malformed frames close that connection only.
 // * Threads: 2 x io_threads [1], created at Install; if the system refuses
 //   one, Install fails with ResourceExhausted (never an abort).
+// * GPU memory. Sockets cannot read or write device memory, so both sides
+//   stage it through pinned host buffers: TcpOptions::staging_buffers
+//   [8] of max_slice_bytes each per side, allocated when first needed, the
+//   bound of the path's memory. The initiator copies on streams and a
+//   thread of its own, so copies overlap the wire (gpu_staging.h); the
+//   target copies on its loop thread, the kernel's socket buffers keeping
+//   the wire busy meanwhile (target_staging.h). A slice waits, in order,
+//   for a free buffer; a frame longer than the target's buffers fails with
+//   InvalidArgument, a failed copy with Internal (both name the cause).
+//   TransportStats counts staged slices, waits, copies and their bytes.
 // * Shutdown completes everything still queued or in flight with Cancelled.
 //
 // Thread-safe.
@@ -77,6 +87,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "common/mutex.h"
 #include "transport/memory_registry.h"
+#include "transport/tcp/gpu_staging.h"
 #include "transport/tcp/tcp_client.h"
 #include "transport/tcp/tcp_server.h"
 #include "transport/transport.h"
@@ -115,6 +126,13 @@ class TcpTransport final : public Transport {
   MemoryRegistry registry_;
   TcpServer server_;
   TcpClient client_;
+  GpuStaging gpu_staging_;
+  // The local handle of a GPU buffer: which device (host buffers: null).
+  struct GpuTag {
+    int device = -1;
+  };
+  static constexpr int kMaxGpus = 64;
+  GpuTag gpu_tags_[kMaxGpus];
 };
 
 }  // namespace ferry::tcp

@@ -108,7 +108,7 @@ absl::Status DecodeResponse(const uint8_t in[kResponseHeaderBytes],
     return absl::DataLossError(absl::StrCat("bad response opcode ", op));
   }
   uint16_t status = Get16(in + 6);
-  if (status > static_cast<uint16_t>(WireStatus::kWrongIncarnation)) {
+  if (status > static_cast<uint16_t>(WireStatus::kStagingFailed)) {
     return absl::DataLossError(absl::StrCat("bad response status ", status));
   }
   h->op = static_cast<WireOp>(op);

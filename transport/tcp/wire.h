@@ -51,6 +51,12 @@ enum class WireStatus : uint16_t {
   // The frame names another run of the target engine (it restarted, or
   // another process has its port): nothing was read or written.
   kWrongIncarnation = 3,
+  // The range is GPU memory, which the target stages through host buffers
+  // smaller than the frame: nothing was read or written.
+  kTooLarge = 4,
+  // The range is GPU memory and the target could not stage it (no driver,
+  // no pinned memory, a failed copy); a WRITE may be partly applied.
+  kStagingFailed = 5,
 };
 
 struct RequestHeader {

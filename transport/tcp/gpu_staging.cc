@@ -1,0 +1,193 @@
+#include "transport/tcp/gpu_staging.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "gpu/cuda_driver.h"
+
+namespace ferry::tcp {
+namespace {
+
+// Streams per GPU: enough that the copies of the slices in flight do not
+// queue behind each other on one stream.
+constexpr int kStreamsPerDevice = 4;
+
+absl::Status Staged(const absl::Status& s, const char* what) {
+  return absl::Status(
+      s.code(), absl::StrCat("staging GPU memory through host memory (", what,
+                             "): ", s.message()));
+}
+
+}  // namespace
+
+GpuStaging::GpuStaging(TcpClient* client, size_t buffers, size_t buffer_bytes)
+    : client_(client), buffers_(buffers), buffer_bytes_(buffer_bytes) {}
+
+GpuStaging::~GpuStaging() {
+  Stop();
+  MutexLock lock(&mu_);
+  for (auto& slot : slots_) pool_->Release(slot->buffer);
+}
+
+absl::Status GpuStaging::Init() {
+  if (initialized_) return init_status_;
+  initialized_ = true;
+  // The engine classified the slice's memory as device memory, so the
+  // process has a driver.
+  absl::StatusOr<const gpu::CudaDriver*> driver = gpu::CudaDriver::Get();
+  if (!driver.ok()) {
+    init_status_ = driver.status();
+    return init_status_;
+  }
+  pool_ = std::make_unique<gpu::PinnedPool>(*driver, buffers_, buffer_bytes_);
+  queue_ = std::make_unique<gpu::CopyQueue>(*driver, kStreamsPerDevice);
+  if (absl::Status s = queue_->Start(); !s.ok()) {
+    init_status_ = s;
+    return s;
+  }
+  for (size_t i = 0; i < buffers_; ++i) {
+    absl::StatusOr<uint8_t*> b = pool_->TryAcquire();
+    if (!b.ok()) {
+      init_status_ = b.status();
+      break;
+    }
+    auto slot = std::make_unique<Slot>();
+    slot->owner = this;
+    slot->buffer = *b;
+    free_.push_back(slot.get());
+    slots_.push_back(std::move(slot));
+  }
+  return init_status_;
+}
+
+void GpuStaging::Submit(Slice* slice, int device) {
+  Slot* slot = nullptr;
+  absl::Status refused;
+  {
+    MutexLock lock(&mu_);
+    if (stopped_) {
+      refused = absl::CancelledError("TCP transport is shut down");
+    } else if (absl::Status s = Init(); !s.ok()) {
+      refused = s;
+    } else if (slice->length > buffer_bytes_) {
+      refused = absl::InvalidArgumentError(
+          absl::StrCat("a staged slice may be at most ", buffer_bytes_,
+                       " bytes, not ", slice->length));
+    } else {
+      ++slices_;
+      if (!free_.empty() && waiting_.empty()) {
+        slot = free_.back();
+        free_.pop_back();
+        slot->slice = slice;
+        slot->device = device;
+      } else {
+        ++waits_;
+        waiting_.push_back({slice, device});
+      }
+    }
+  }
+  if (!refused.ok()) return slice->Complete(Staged(refused, "not started"));
+  if (slot != nullptr) Start(slot);
+}
+
+void GpuStaging::Start(Slot* slot) {
+  const Slice& s = *slot->slice;
+  Slice& shadow = slot->shadow;
+  shadow = Slice();
+  shadow.op = s.op;
+  shadow.local = slot->buffer;
+  shadow.remote = s.remote;
+  shadow.length = s.length;
+  shadow.target = s.target;
+  shadow.remote_buffer = s.remote_buffer;
+  shadow.deadline = s.deadline;
+  shadow.sink = slot;
+  const auto device_addr = reinterpret_cast<CUdeviceptr>(s.local);
+  if (s.op == OpCode::kWrite) {
+    queue_->FromDevice(slot->device, slot->buffer, device_addr, s.length,
+                       [this, slot](const absl::Status& st) {
+                         if (!st.ok()) {
+                           return Finish(slot, Staged(st, "device to host"));
+                         }
+                         Slice* shadow = &slot->shadow;
+                         client_->Submit(absl::MakeConstSpan(&shadow, 1));
+                       });
+  } else {
+    Slice* shadow_ptr = &shadow;
+    client_->Submit(absl::MakeConstSpan(&shadow_ptr, 1));
+  }
+}
+
+void GpuStaging::Slot::OnSliceDone(Slice*, const absl::Status& status) {
+  if (!status.ok() || slice->op == OpCode::kWrite) {
+    return owner->Finish(this, status);
+  }
+  // The READ's bytes are in the buffer: they reach the device, and only
+  // then does the slice complete.
+  owner->queue_->ToDevice(
+      device, reinterpret_cast<CUdeviceptr>(slice->local), buffer,
+      slice->length, [this](const absl::Status& st) {
+        owner->Finish(this, st.ok() ? st : Staged(st, "host to device"));
+      });
+}
+
+void GpuStaging::Finish(Slot* slot, const absl::Status& status) {
+  Slice* done = slot->slice;
+  bool next = false;
+  {
+    MutexLock lock(&mu_);
+    if (!waiting_.empty()) {
+      slot->slice = waiting_.front().slice;
+      slot->device = waiting_.front().device;
+      waiting_.pop_front();
+      next = true;
+    } else {
+      slot->slice = nullptr;
+      free_.push_back(slot);
+    }
+  }
+  done->Complete(status);
+  // On the queue's thread: a slice that fails at once on the client
+  // (a backed-off peer) must not start the next one on this stack, and so
+  // on through the whole queue.
+  if (next) queue_->Post([this, slot] { Start(slot); });
+}
+
+void GpuStaging::Stop() {
+  std::deque<Waiting> waiting;
+  {
+    MutexLock lock(&mu_);
+    if (stopped_) return;
+    stopped_ = true;
+    waiting.swap(waiting_);
+  }
+  for (const Waiting& w : waiting) {
+    w.slice->Complete(absl::CancelledError("TCP transport is shut down"));
+  }
+  // Runs the callbacks of the copies in flight; their slices complete
+  // (the client, shut down, cancels those that would go on to the wire).
+  gpu::CopyQueue* queue = nullptr;
+  {
+    MutexLock lock(&mu_);
+    queue = queue_.get();
+  }
+  if (queue != nullptr) queue->Stop();
+}
+
+GpuStaging::Counters GpuStaging::counters() const {
+  Counters c;
+  gpu::CopyQueue* queue = nullptr;
+  {
+    MutexLock lock(&mu_);
+    c.slices = slices_;
+    c.waits = waits_;
+    queue = queue_.get();
+  }
+  if (queue != nullptr) {
+    c.copies = queue->copies();
+    c.copy_bytes = queue->bytes();
+  }
+  return c;
+}
+
+}  // namespace ferry::tcp

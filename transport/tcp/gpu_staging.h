@@ -1,0 +1,105 @@
+// GpuStaging: the TCP initiator's path for slices whose local memory is
+// on a GPU. Sockets read and write memory with the CPU, which device
+// memory refuses, so each such slice moves through a pinned host buffer:
+//
+//   WRITE: device --copy--> buffer --wire--> target
+//   READ:  target --wire--> buffer --copy--> device
+//
+// A slice takes one buffer for its whole life; the buffers (`buffers` of
+// max_slice_bytes each, allocated at the first GPU slice) are the bound on
+// the memory the path uses. Slices beyond them wait, in order, for one to
+// come free. Copies run on the staging queue's own streams and thread
+// (gpu/staging.h), so while one slice is copied, those before it are on
+// the wire. The target side stages the same way (server_session.h).
+//
+// A copy that fails completes its slice with the driver's error; a slice
+// never completes before its bytes are in place (a READ: in device memory).
+//
+// Thread-safe.
+#ifndef FERRY_TRANSPORT_TCP_GPU_STAGING_H_
+#define FERRY_TRANSPORT_TCP_GPU_STAGING_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "common/mutex.h"
+#include "gpu/staging.h"
+#include "transport/tcp/tcp_client.h"
+#include "transport/transport.h"
+
+namespace ferry::tcp {
+
+class GpuStaging {
+ public:
+  struct Counters {
+    uint64_t slices = 0;  // Staged slices submitted.
+    uint64_t waits = 0;   // Of those, waited for a free buffer.
+    uint64_t copies = 0;  // Device<->host copies issued.
+    uint64_t copy_bytes = 0;
+  };
+
+  // `client` must outlive this object. `buffers` >= 1.
+  GpuStaging(TcpClient* client, size_t buffers, size_t buffer_bytes);
+  ~GpuStaging();
+  GpuStaging(const GpuStaging&) = delete;
+  GpuStaging& operator=(const GpuStaging&) = delete;
+
+  // Moves `slice`, whose local range is device memory of GPU `device`
+  // (at most buffer_bytes long), and completes it through its sink.
+  void Submit(Slice* slice, int device);
+
+  // Completes every slice not on the wire with Cancelled and stops the
+  // copies. Call after the client was shut down (which completes the
+  // slices on the wire). Idempotent.
+  void Stop();
+
+  Counters counters() const;
+
+ private:
+  // One pinned buffer and the slice using it. The slot is the sink of
+  // the slice it hands to the client (the "shadow": the slice's op and
+  // target, with the buffer as its local memory).
+  struct Slot : SliceSink {
+    GpuStaging* owner = nullptr;
+    uint8_t* buffer = nullptr;
+    Slice* slice = nullptr;  // The engine's.
+    int device = -1;
+    Slice shadow;
+    void OnSliceDone(Slice* shadow, const absl::Status& status) override;
+  };
+  struct Waiting {
+    Slice* slice;
+    int device;
+  };
+
+  // Sets up the pool, the queue and the slots on first use.
+  absl::Status Init() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Start(Slot* slot);
+  // The slot's slice ends with `status`; the slot goes to the next waiting
+  // slice, if any, or back to the free list.
+  void Finish(Slot* slot, const absl::Status& status);
+
+  TcpClient* const client_;
+  const size_t buffers_;
+  const size_t buffer_bytes_;
+  mutable Mutex mu_;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status init_status_ ABSL_GUARDED_BY(mu_);
+  bool initialized_ ABSL_GUARDED_BY(mu_) = false;
+  std::unique_ptr<gpu::PinnedPool> pool_;  // Set once, under mu_.
+  std::unique_ptr<gpu::CopyQueue> queue_;  // Set once, under mu_.
+  std::vector<std::unique_ptr<Slot>> slots_ ABSL_GUARDED_BY(mu_);
+  std::vector<Slot*> free_ ABSL_GUARDED_BY(mu_);
+  std::deque<Waiting> waiting_ ABSL_GUARDED_BY(mu_);
+  uint64_t slices_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t waits_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace ferry::tcp
+
+#endif  // FERRY_TRANSPORT_TCP_GPU_STAGING_H_
