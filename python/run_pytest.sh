@@ -15,7 +15,10 @@ source "$runfiles/bazel/sanitizer_preload.sh"
 preload="$(sanitizer_preload "$pkg/ferry/_ferry.so")"
 export ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0"
 cd "$pkg"
-# softrnic's libibverbs: the RDMA parts (topology) find soft NICs.
-LD_LIBRARY_PATH="$runfiles/transport/softrnic" LD_PRELOAD="$preload" \
+# softrnic's libibverbs: the RDMA parts (topology) find soft NICs; and
+# softgpu's libcuda.so.1, two emulated GPUs (tests/test_gpu.py).
+export FERRY_SOFTGPU_DEVICES=2
+LD_LIBRARY_PATH="$runfiles/transport/softrnic:$runfiles/gpu/softgpu" \
+  LD_PRELOAD="$preload" \
   PYTHONPATH="$pkg" timeout 300 /usr/bin/python3 -m pytest \
     -q -p no:cacheprovider "$runfiles/python/tests"

@@ -28,6 +28,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 from ferry.errors import FerryError  # noqa: F401  (re-exported)
 from ferry import errors
 from ferry import _ferry
+from ferry import _memory
 
 __all__ = ["Engine", "Batch", "Request", "Notification", "FerryError", "errors"]
 
@@ -155,13 +156,33 @@ class Engine:
     def metadata_address(self) -> str:
         return self._engine.metadata_address()
 
-    def register(self, buffer: Any, location: str = "cpu:0",
+    def register(self, buffer: Any, location: Optional[str] = None,
                  remote_accessible: bool = True) -> int:
-        """Registers an object with the buffer protocol, zero-copy.
+        """Registers the memory an object holds, zero-copy; returns its
+        address.
 
-        Returns its address. The object is kept alive, and cannot be
-        resized, until unregister().
+        `buffer` is a torch tensor (CPU or CUDA), an object with
+        ``__cuda_array_interface__`` (CuPy, Numba) or ``__dlpack__``, or a
+        host buffer (bytearray, numpy array, mmap: the buffer protocol).
+        The device comes from the object; `location` overrides it ("cpu:N",
+        "cuda:N" or "*": the engine asks the CUDA driver). The object is
+        kept alive until unregister(); a host buffer cannot be resized
+        meanwhile. Only C-contiguous objects are accepted.
         """
+        mem = _memory.describe(buffer)
+        if mem is not None:
+            if mem.readonly and remote_accessible:
+                raise FerryError(
+                    errors.INVALID_ARGUMENT,
+                    "a read-only array cannot be remote-accessible (peers "
+                    "may WRITE it); pass remote_accessible=False")
+            self._engine.register(mem.addr, mem.length, location or
+                                  mem.location, remote_accessible)
+            self._engine.pin(mem.addr, buffer)
+            if mem.readonly:
+                with self._lock:
+                    self._readonly[mem.addr] = mem.length
+            return mem.addr
         view = memoryview(buffer)
         addr, length, readonly = _ferry.buffer_address(view)
         if readonly and remote_accessible:
@@ -171,7 +192,8 @@ class Engine:
                 "a read-only buffer cannot be remote-accessible (peers may "
                 "WRITE it); pass remote_accessible=False to send from it")
         try:
-            self._engine.register(addr, length, location, remote_accessible)
+            self._engine.register(addr, length, location or "cpu:0",
+                                  remote_accessible)
         except BaseException:
             view.release()
             raise
@@ -191,12 +213,14 @@ class Engine:
         try:
             addr = operator.index(buffer_or_addr)  # An int, numpy's too.
         except TypeError:
-            addr = _ferry.buffer_address(buffer_or_addr)[0]
+            mem = _memory.describe(buffer_or_addr)
+            addr = (mem.addr if mem is not None else
+                    _ferry.buffer_address(buffer_or_addr)[0])
         self._engine.unregister(addr)
         with self._lock:
             self._readonly.pop(addr, None)
         view = self._engine.unpin(addr)
-        if view is not None:
+        if isinstance(view, memoryview):
             view.release()
 
     def open_segment(self, name: str) -> int:
@@ -236,5 +260,9 @@ class Engine:
 
 
 def address_of(buffer: Any) -> int:
-    """The address of an object's buffer (buffer protocol)."""
+    """The address of the memory an object holds (a tensor, an array with
+    the CUDA array interface or DLPack, or a host buffer)."""
+    mem = _memory.describe(buffer)
+    if mem is not None:
+        return mem.addr
     return _ferry.buffer_address(memoryview(buffer))[0]
