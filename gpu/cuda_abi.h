@@ -147,6 +147,11 @@ typedef CUresult (*PFN_cuStreamDestroy)(CUstream stream);  // cuStreamDestroy_v2
 typedef CUresult (*PFN_cuStreamSynchronize)(
     CUstream stream);                                    // cuStreamSynchronize
 typedef CUresult (*PFN_cuStreamQuery)(CUstream stream);  // cuStreamQuery
+// Runs on a driver thread once the stream's earlier work is done; the
+// stream's later work waits for it to return. It must not call CUDA.
+typedef void (*CUhostFn)(void* user_data);
+typedef CUresult (*PFN_cuLaunchHostFunc)(CUstream stream, CUhostFn fn,
+                                         void* user_data);  // cuLaunchHostFunc
 typedef CUresult (*PFN_cuPointerGetAttribute)(
     void* data, CUpointer_attribute attribute,
     CUdeviceptr ptr);  // cuPointerGetAttribute

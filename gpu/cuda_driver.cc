@@ -129,6 +129,7 @@ absl::StatusOr<std::unique_ptr<CudaDriver>> CudaDriver::Load(
       {"cuStreamDestroy_v2", reinterpret_cast<void**>(&a.cuStreamDestroy)},
       {"cuStreamSynchronize", reinterpret_cast<void**>(&a.cuStreamSynchronize)},
       {"cuStreamQuery", reinterpret_cast<void**>(&a.cuStreamQuery)},
+      {"cuLaunchHostFunc", reinterpret_cast<void**>(&a.cuLaunchHostFunc)},
       {"cuPointerGetAttribute",
        reinterpret_cast<void**>(&a.cuPointerGetAttribute)},
       {"cuPointerGetAttributes",

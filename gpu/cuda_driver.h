@@ -143,6 +143,7 @@ class CudaDriver {
     PFN_cuStreamDestroy cuStreamDestroy;
     PFN_cuStreamSynchronize cuStreamSynchronize;
     PFN_cuStreamQuery cuStreamQuery;
+    PFN_cuLaunchHostFunc cuLaunchHostFunc;
     PFN_cuPointerGetAttribute cuPointerGetAttribute;
     PFN_cuPointerGetAttributes cuPointerGetAttributes;
     PFN_cuPointerSetAttribute cuPointerSetAttribute;

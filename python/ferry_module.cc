@@ -336,6 +336,26 @@ class Engine {
     Check(ferry_batch_free(Get().get(), batch));
   }
 
+  // Queues the requests on CUDA stream `stream` (ferry_submit_on_stream);
+  // raises if nothing was queued.
+  void SubmitOnStream(int op, uint64_t segment, const py::object& buffers,
+                      const py::object& peers, const py::object& lengths,
+                      uint64_t stream) {
+    const std::vector<ferry_request> reqs =
+        SameRequests(op, segment, buffers, peers, lengths);
+    const std::shared_ptr<ferry_engine> held = Get();
+    ferry_engine* e = held.get();
+    Unlocked([&] {
+      return ferry_submit_on_stream(e, reqs.data(), reqs.size(),
+                                    static_cast<uintptr_t>(stream));
+    });
+  }
+  // Raises the first failure of a stream transfer since the last call.
+  void StreamError() {
+    const std::shared_ptr<ferry_engine> held = Get();
+    Check(ferry_take_stream_error(held.get()));
+  }
+
   void Notify(uint64_t segment, const std::string& name,
               const py::bytes& message) {
     std::string m = message;
@@ -449,6 +469,8 @@ PYBIND11_MODULE(_ferry, m) {
       .def("submit", &Engine::Submit)
       .def("submit_same", &Engine::SubmitSame)
       .def("transfer_same", &Engine::TransferSame)
+      .def("submit_on_stream", &Engine::SubmitOnStream)
+      .def("stream_error", &Engine::StreamError)
       .def("wait", &Engine::Wait)
       .def("request_status", &Engine::RequestStatus)
       .def("free_batch", &Engine::FreeBatch)

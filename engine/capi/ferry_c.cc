@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "engine/stream_transfers.h"
 #include "engine/transfer_engine.h"
 #include "transport/rdma/nic.h"
 #include "transport/rdma/topology.h"
@@ -32,6 +33,8 @@ struct ferry_options {
 
 struct ferry_engine {
   ferry::TransferEngine engine;
+  // Destroyed first: waits for stream transfers running on the engine.
+  ferry::StreamTransfers streams{&engine};
 };
 
 namespace {
@@ -379,28 +382,64 @@ ferry_status* ferry_batch_new(ferry_engine* engine, size_t capacity,
   });
 }
 
+namespace {
+
+// The C requests as the engine's; an error names the bad one.
+absl::Status ToRequests(const ferry_request* requests, size_t count,
+                        std::vector<ferry::TransferRequest>* out) {
+  out->resize(count);
+  for (size_t i = 0; i < count; ++i) {
+    const ferry_request& r = requests[i];
+    if (r.opcode != FERRY_READ && r.opcode != FERRY_WRITE) {
+      return absl::InvalidArgumentError(absl::StrCat("request ", i, ": opcode ",
+                                                     r.opcode,
+                                                     " is not FERRY_READ or "
+                                                     "FERRY_WRITE"));
+    }
+    ferry::TransferRequest& t = (*out)[i];
+    t.opcode =
+        r.opcode == FERRY_WRITE ? ferry::OpCode::kWrite : ferry::OpCode::kRead;
+    t.source = r.source;
+    t.target_id = r.target;
+    t.target_offset = r.target_offset;
+    t.length = r.length;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 ferry_status* ferry_submit(ferry_engine* engine, ferry_batch batch,
                            const ferry_request* requests, size_t count) {
   return Guarded([&]() -> ferry_status* {
     if (engine == nullptr) return Null("engine");
     if (requests == nullptr && count > 0) return Null("requests");
-    std::vector<ferry::TransferRequest> reqs(count);
-    for (size_t i = 0; i < count; ++i) {
-      const ferry_request& r = requests[i];
-      if (r.opcode != FERRY_READ && r.opcode != FERRY_WRITE) {
-        return Wrap(absl::InvalidArgumentError(
-            absl::StrCat("request ", i, ": opcode ", r.opcode,
-                         " is not FERRY_READ or "
-                         "FERRY_WRITE")));
-      }
-      reqs[i].opcode = r.opcode == FERRY_WRITE ? ferry::OpCode::kWrite
-                                               : ferry::OpCode::kRead;
-      reqs[i].source = r.source;
-      reqs[i].target_id = r.target;
-      reqs[i].target_offset = r.target_offset;
-      reqs[i].length = r.length;
+    std::vector<ferry::TransferRequest> reqs;
+    if (absl::Status s = ToRequests(requests, count, &reqs); !s.ok()) {
+      return Wrap(std::move(s));
     }
     return Wrap(engine->engine.SubmitTransfer(batch, reqs));
+  });
+}
+
+ferry_status* ferry_submit_on_stream(ferry_engine* engine,
+                                     const ferry_request* requests,
+                                     size_t count, uintptr_t stream) {
+  return Guarded([&]() -> ferry_status* {
+    if (engine == nullptr) return Null("engine");
+    if (requests == nullptr && count > 0) return Null("requests");
+    std::vector<ferry::TransferRequest> reqs;
+    if (absl::Status s = ToRequests(requests, count, &reqs); !s.ok()) {
+      return Wrap(std::move(s));
+    }
+    return Wrap(engine->streams.Enqueue(stream, std::move(reqs)));
+  });
+}
+
+ferry_status* ferry_take_stream_error(ferry_engine* engine) {
+  return Guarded([&]() -> ferry_status* {
+    if (engine == nullptr) return Null("engine");
+    return Wrap(engine->streams.TakeError());
   });
 }
 

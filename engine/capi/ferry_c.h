@@ -170,6 +170,21 @@ ferry_status* ferry_request_status(ferry_engine* engine, ferry_batch batch,
 /* FAILED_PRECONDITION while requests are in flight. */
 ferry_status* ferry_batch_free(ferry_engine* engine, ferry_batch batch);
 
+/* Transfers ordered on a CUDA stream, as Mooncake's *_on_cuda calls:
+ * `stream` is a CUstream (cudaStream_t) of the process's CUDA driver, 0 for
+ * the legacy default stream. The requests start once the stream's earlier
+ * work is done, and the stream's later work waits until they ended. The
+ * call returns once they are queued; its error means nothing was queued
+ * (no CUDA driver, a bad request, the driver refused). A failure of the
+ * transfers themselves cannot fail the stream: it is logged and kept for
+ * ferry_take_stream_error. ferry_engine_free waits for those running. */
+ferry_status* ferry_submit_on_stream(ferry_engine* engine,
+                                     const ferry_request* requests,
+                                     size_t count, uintptr_t stream);
+/* The first failure of a stream transfer since the last call, naming how
+ * many failed (NULL: none). */
+ferry_status* ferry_take_stream_error(ferry_engine* engine);
+
 /* This host's RDMA NICs as Mooncake TE's priority matrix (JSON: each
  * memory location's tiers of NIC names, best first), from sysfs; `devices`
  * is a comma-separated filter (NULL or "": every NIC). Where sysfs places

@@ -347,6 +347,14 @@ SOFTGPU_EXPORT CUresult cuStreamQuery(CUstream stream) {
 }
 SOFTGPU_CHECK_TYPE(cuStreamQuery, PFN_cuStreamQuery);
 
+SOFTGPU_EXPORT CUresult cuLaunchHostFunc(CUstream stream, CUhostFn fn,
+                                         void* user_data) {
+  return WithDriver([&](Driver& d) -> CUresult {
+    return d.LaunchHostFunc(stream, fn, user_data);
+  });
+}
+SOFTGPU_CHECK_TYPE(cuLaunchHostFunc, PFN_cuLaunchHostFunc);
+
 SOFTGPU_EXPORT CUresult cuPointerGetAttribute(void* data,
                                               CUpointer_attribute attribute,
                                               CUdeviceptr ptr) {

@@ -215,6 +215,14 @@ CUresult Driver::StreamSynchronize(CUstream stream) {
   return CUDA_SUCCESS;
 }
 
+CUresult Driver::LaunchHostFunc(CUstream stream, CUhostFn fn, void* user_data) {
+  if (fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::shared_ptr<Stream> s = LockedFindStream(stream);
+  if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  s->Enqueue([fn, user_data] { fn(user_data); });
+  return CUDA_SUCCESS;
+}
+
 CUresult Driver::StreamQuery(CUstream stream) {
   std::shared_ptr<Stream> s = LockedFindStream(stream);
   if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;

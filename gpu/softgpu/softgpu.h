@@ -258,6 +258,8 @@ class Driver {
   CUresult StreamDestroy(CUstream stream);
   CUresult StreamSynchronize(CUstream stream);
   CUresult StreamQuery(CUstream stream);
+  // Queues fn(user_data) on the stream, in order with its copies.
+  CUresult LaunchHostFunc(CUstream stream, CUhostFn fn, void* user_data);
 
  private:
   struct Entry {

@@ -384,5 +384,42 @@ TEST_F(StreamTest, MemoryFreedUnderAQueuedCopyStaysMappedForIt) {
   ASSERT_CU_OK(cu_.cuStreamSynchronize(stream_));
 }
 
+// cuLaunchHostFunc: the function runs after the stream's earlier copies
+// (it sees their bytes) and before its later ones.
+TEST_F(StreamTest, HostFunctionsRunInStreamOrder) {
+  struct Seen {
+    const unsigned char* host = nullptr;
+    std::atomic<int> runs{0};
+    unsigned char first = 0;
+  };
+  std::vector<unsigned char> in = Bytes(kBytes, 0x5a);
+  void* pinned = nullptr;
+  ASSERT_CU_OK(cu_.cuMemHostAlloc(&pinned, kBytes, 0));
+  auto* out = static_cast<unsigned char*>(pinned);
+  std::memset(out, 0, kBytes);
+  Seen seen;
+  seen.host = out;
+  Hold();
+  ASSERT_CU_OK(cu_.cuMemcpyHtoDAsync(dev_, in.data(), kBytes, stream_));
+  ASSERT_CU_OK(cu_.cuMemcpyDtoHAsync(out, dev_, kBytes, stream_));
+  ASSERT_CU_OK(cu_.cuLaunchHostFunc(
+      stream_,
+      [](void* p) {
+        auto* s = static_cast<Seen*>(p);
+        s->first = s->host[0];
+        s->runs.fetch_add(1);
+      },
+      &seen));
+  EXPECT_EQ(seen.runs.load(), 0);  // Held: nothing ran.
+  EXPECT_EQ(cu_.cuStreamQuery(stream_), CUDA_ERROR_NOT_READY);
+  Release();
+  ASSERT_CU_OK(cu_.cuStreamSynchronize(stream_));
+  EXPECT_EQ(seen.runs.load(), 1);
+  EXPECT_EQ(seen.first, 0x5a);  // The copies before it had run.
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE,
+            cu_.cuLaunchHostFunc(stream_, nullptr, nullptr));
+  ASSERT_CU_OK(cu_.cuMemFreeHost(pinned));
+}
+
 }  // namespace
 }  // namespace softgpu

@@ -49,6 +49,7 @@ namespace softgpu {
   X(cuStreamDestroy, "cuStreamDestroy_v2")                     \
   X(cuStreamSynchronize, "cuStreamSynchronize")                \
   X(cuStreamQuery, "cuStreamQuery")                            \
+  X(cuLaunchHostFunc, "cuLaunchHostFunc")                      \
   X(cuPointerGetAttribute, "cuPointerGetAttribute")            \
   X(cuPointerGetAttributes, "cuPointerGetAttributes")          \
   X(cuPointerSetAttribute, "cuPointerSetAttribute")            \

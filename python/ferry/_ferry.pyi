@@ -58,6 +58,16 @@ class Engine:
         """submit_same, waiting until every request ended, and the batch
         freed, in one call; the final (state, total, completed, failed,
         bytes)."""
+    def submit_on_stream(self, opcode: int, segment: int,
+                         buffers: Sequence[int], peers: Sequence[int],
+                         lengths: Sequence[int], stream: int) -> None:
+        """Queues the requests on CUDA stream `stream` (a cudaStream_t as
+        an int; 0: the legacy default stream): they run after its earlier
+        work, and its later work waits for them. Raises if nothing was
+        queued; their own failures are kept for stream_error()."""
+    def stream_error(self) -> None:
+        """Raises the first failure of a stream transfer since the last
+        call (naming how many failed); returns if none failed."""
     def wait(self, batch: int,
              timeout_ms: int) -> Tuple[int, int, int, int, int]:
         """(state, total, completed, failed, bytes); FerryError

@@ -28,7 +28,9 @@ from ferry.errors import FerryError
 __all__ = ["TransferEngine", "TransferOpcode", "TransferNotify", "Read",
            "Write", "SUPPORT_CUDA"]
 
-SUPPORT_CUDA = False
+# The *_on_cuda calls work wherever a CUDA driver is present (loaded at run
+# time: Ferry has no build-time CUDA dependency); they raise where none is.
+SUPPORT_CUDA = True
 
 _P2P = "P2PHANDSHAKE"
 # Transfer states (ferry_c.h).
@@ -393,14 +395,82 @@ class TransferEngine:
             return -1
         return 0
 
-    def _cuda(self, *args, **kwargs):
-        raise RuntimeError(
-            "ferry is not built with CUDA: the *_on_cuda methods need it")
+    # ---- transfers ordered on a CUDA stream -------------------------------
+    #
+    # As Mooncake's: the transfer starts once the stream's earlier work
+    # (the kernels that wrote the KV cache) is done, and the stream's later
+    # work waits for it; the call returns at once, and raises RuntimeError
+    # if the transfer could not be queued. A transfer that fails cannot
+    # fail the stream. Mooncake ends the process then (_exit(1)); Ferry
+    # logs it and raises RuntimeError, naming it, from the next *_on_cuda
+    # call or from cuda_transfer_error() -- call that after synchronising
+    # the stream to know the bytes are there.
 
-    transfer_write_on_cuda = _cuda
-    transfer_read_on_cuda = _cuda
-    batch_transfer_write_on_cuda = _cuda
-    batch_transfer_read_on_cuda = _cuda
+    def batch_transfer_on_cuda(self, target_hostname: str,
+                               buffers: Sequence[int],
+                               peer_buffer_addresses: Sequence[int],
+                               lengths: Sequence[int],
+                               opcode: TransferOpcode, stream_ptr: int = 0,
+                               transport_hint: str = "") -> None:
+        if self._engine is None:
+            raise RuntimeError("the engine is not initialized")
+        self.cuda_transfer_error()
+        if not (len(buffers) == len(peer_buffer_addresses) == len(lengths)):
+            raise RuntimeError("buffers, peer_buffer_addresses and lengths "
+                               "differ in length")
+        try:
+            self._engine.submit_on_stream(int(opcode),
+                                          self._segment(target_hostname),
+                                          buffers, peer_buffer_addresses,
+                                          lengths, int(stream_ptr or 0))
+        except FerryError as e:
+            raise RuntimeError(str(e)) from e
+
+    def batch_transfer_write_on_cuda(self, target_hostname: str,
+                                     buffers: Sequence[int],
+                                     peer_buffer_addresses: Sequence[int],
+                                     lengths: Sequence[int],
+                                     stream_ptr: int = 0,
+                                     transport_hint: str = "") -> None:
+        self.batch_transfer_on_cuda(target_hostname, buffers,
+                                    peer_buffer_addresses, lengths, Write,
+                                    stream_ptr)
+
+    def batch_transfer_read_on_cuda(self, target_hostname: str,
+                                    buffers: Sequence[int],
+                                    peer_buffer_addresses: Sequence[int],
+                                    lengths: Sequence[int],
+                                    stream_ptr: int = 0,
+                                    transport_hint: str = "") -> None:
+        self.batch_transfer_on_cuda(target_hostname, buffers,
+                                    peer_buffer_addresses, lengths, Read,
+                                    stream_ptr)
+
+    def transfer_write_on_cuda(self, target_hostname: str, buffer: int,
+                               peer_buffer_address: int, length: int,
+                               stream_ptr: int = 0,
+                               transport_hint: str = "") -> None:
+        self.batch_transfer_on_cuda(target_hostname, [buffer],
+                                    [peer_buffer_address], [length], Write,
+                                    stream_ptr)
+
+    def transfer_read_on_cuda(self, target_hostname: str, buffer: int,
+                              peer_buffer_address: int, length: int,
+                              stream_ptr: int = 0,
+                              transport_hint: str = "") -> None:
+        self.batch_transfer_on_cuda(target_hostname, [buffer],
+                                    [peer_buffer_address], [length], Read,
+                                    stream_ptr)
+
+    def cuda_transfer_error(self) -> None:
+        """Ferry's addition: raises RuntimeError naming the first *_on_cuda
+        transfer that failed since the last check (and how many did)."""
+        if self._engine is None:
+            return
+        try:
+            self._engine.stream_error()
+        except FerryError as e:
+            raise RuntimeError(str(e)) from e
 
     # ---- internals -------------------------------------------------------
 

@@ -4,6 +4,7 @@ decode flow between two processes (P2PHANDSHAKE, batch_register_memory of
 device pointers, batch_transfer_sync_write), over tcp and rdma (softrnic),
 every byte checked through the driver."""
 
+import ctypes
 import json
 import os
 import subprocess
@@ -108,3 +109,67 @@ def test_vllm_shaped_prefill_to_decode(protocol):
         prefill._close()
         for p in local:
             softgpu.free(p)
+
+
+def test_on_cuda_transfers_run_in_stream_order():
+    lib = softgpu.driver()
+    target, initiator = TransferEngine(), TransferEngine()
+    n = 1 << 20
+    remote, local = softgpu.alloc(1, n), softgpu.alloc(0, n)
+    stream = ctypes.c_void_p()
+    try:
+        assert target.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+        assert initiator.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp",
+                                    "") == 0
+        session = f"127.0.0.1:{target.get_rpc_port()}"
+        assert target.register_memory(remote, n) == 0
+        assert initiator.register_memory(local, n) == 0
+        softgpu.use_device(0)
+        softgpu.check(lib.cuStreamCreate(ctypes.byref(stream), 1),
+                      "cuStreamCreate")
+        want = softgpu.pattern(n, 3)
+        # Held, the copy cannot run before the transfer is queued: the
+        # transfer sees its bytes only in stream order.
+        assert lib.softgpu_hold_streams(1) == 0
+        softgpu.check(lib.cuMemcpyHtoDAsync_v2(ctypes.c_uint64(local), want,
+                                               ctypes.c_size_t(n), stream),
+                      "cuMemcpyHtoDAsync")
+        initiator.transfer_write_on_cuda(session, local, remote, n,
+                                         stream_ptr=stream.value)
+        assert lib.softgpu_hold_streams(0) == 0
+        softgpu.check(lib.cuStreamSynchronize(stream), "cuStreamSynchronize")
+        assert softgpu.from_device(remote, n) == want
+        initiator.cuda_transfer_error()  # None failed.
+        # A failure cannot fail the stream: it is raised afterwards.
+        initiator.batch_transfer_write_on_cuda(session, [local],
+                                               [remote + n], [n],
+                                               stream_ptr=stream.value)
+        softgpu.check(lib.cuStreamSynchronize(stream), "cuStreamSynchronize")
+        with pytest.raises(RuntimeError, match="1 transfer"):
+            initiator.cuda_transfer_error()
+    finally:
+        lib.softgpu_hold_streams(0)
+        if stream.value:
+            lib.cuStreamDestroy_v2(stream)
+        initiator._close()
+        target._close()
+        softgpu.free(local)
+        softgpu.free(remote)
+
+
+def test_on_cuda_without_a_driver_raises_saying_so():
+    code = (
+        "from ferry.mooncake import TransferEngine\n"
+        "e = TransferEngine()\n"
+        "assert e.initialize('127.0.0.1', 'P2PHANDSHAKE', 'tcp', '') == 0\n"
+        "try:\n"
+        "    e.transfer_write_on_cuda(f'127.0.0.1:{e.get_rpc_port()}',\n"
+        "                             4096, 4096, 16)\n"
+        "except RuntimeError as err:\n"
+        "    print('raised:', err)\n")
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True,
+        timeout=60,
+        env=dict(os.environ, FERRY_CUDA_LIBRARY="/nonexistent/libcuda.so.1"))
+    assert "raised:" in out.stdout and "CUDA driver" in out.stdout, (
+        out.stdout + out.stderr)
