@@ -21,13 +21,14 @@ inline std::string SoftgpuLibrary() {
          (ws != nullptr ? ws : "ferry") + "/gpu/softgpu/libcuda.so.1";
 }
 
-// The process's driver, softgpu with `devices` GPUs (FERRY_SOFTGPU_DEVICES,
-// read at the first call only). Aborts, saying why, if it does not load:
-// every test of the binary needs it.
-inline const CudaDriver& SoftgpuDriver(int devices = 1) {
-  static const CudaDriver* driver = [devices] {
+// The process's driver, softgpu with the GPUs `devices` names
+// (FERRY_SOFTGPU_DEVICES: a count, or PCI addresses), read at the first
+// call only. Aborts, saying why, if it does not load: every test of the
+// binary needs it.
+inline const CudaDriver& SoftgpuDriverWith(const std::string& devices) {
+  static const CudaDriver* driver = [&devices] {
     setenv("FERRY_CUDA_LIBRARY", SoftgpuLibrary().c_str(), 1);
-    setenv("FERRY_SOFTGPU_DEVICES", std::to_string(devices).c_str(), 1);
+    setenv("FERRY_SOFTGPU_DEVICES", devices.c_str(), 1);
     auto d = CudaDriver::Get();
     if (!d.ok()) {
       std::fprintf(stderr, "softgpu: %s\n", d.status().ToString().c_str());
@@ -36,6 +37,11 @@ inline const CudaDriver& SoftgpuDriver(int devices = 1) {
     return *d;
   }();
   return *driver;
+}
+
+// As SoftgpuDriverWith, with `devices` GPUs.
+inline const CudaDriver& SoftgpuDriver(int devices = 1) {
+  return SoftgpuDriverWith(std::to_string(devices));
 }
 
 }  // namespace ferry::gpu

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/log.h"
+#include "gpu/cuda_driver.h"
 #include "transport/rdma/gpu_mr.h"
 
 namespace ferry::rdma {
@@ -145,7 +146,22 @@ absl::Status RdmaTransport::Install(const TransportEnv& env,
     if (!topo.ok()) return topo.status();
     topology_ = std::move(*topo);
   } else {
-    topology_ = Topology::FromSysfs(options_.rdma.sysfs_root, names);
+    // CUDA numbers GPUs its own way (fastest first by default): where the
+    // application has loaded the driver, cuda:N is the GPU at the address
+    // the driver gives for N, not the N-th in PCI order.
+    std::vector<std::string> gpu_ids;
+    if (const gpu::CudaDriver* d = gpu::CudaDriver::IfLoaded()) {
+      for (int g = 0; g < d->device_count(); ++g) {
+        absl::StatusOr<std::string> id = d->PciBusId(g);
+        gpu_ids.push_back(id.ok() ? *id : "");
+      }
+    }
+    topology_ = Topology::FromSysfs(options_.rdma.sysfs_root, names, gpu_ids);
+    if (!gpu_ids.empty()) {
+      FERRY_LOG(kInfo, "rdma",
+                "GPUs by CUDA ordinal: ", absl::StrJoin(gpu_ids, ", "),
+                " (PCI addresses from the driver)");
+    }
   }
   for (size_t i = 0; i < nics_.size(); ++i) {
     metadata::Device* d = endpoint->add_devices();
@@ -212,13 +228,35 @@ absl::StatusOr<MemoryHandle> RdmaTransport::RegisterMemory(
   if (region.remote_accessible) {
     access |= IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
   }
+  if (region.cuda_device >= 0 && region.cuda_device < 64) {
+    bool first = false;
+    {
+      MutexLock lock(&gpu_logged_mu_);
+      const uint64_t bit = uint64_t{1} << region.cuda_device;
+      first = (gpu_logged_ & bit) == 0;
+      gpu_logged_ |= bit;
+    }
+    if (first) {
+      std::vector<std::string> names;
+      for (const auto& nic : nics_) names.push_back(nic->name());
+      FERRY_LOG(kInfo, "rdma", "GPU memory on ", region.location,
+                " goes through ", topology_.Describe(region.location, names));
+    }
+  }
   auto entry = std::make_unique<LocalMr>();
   entry->addr = region.addr;
   entry->length = region.length;
   entry->gpu = region.cuda_device >= 0;
-  // Tiers are resolved once here, not per slice on the data path.
+  // Tiers are resolved once here, not per slice on the data path. Host
+  // memory spills to farther NICs when the near ones are loaded (the
+  // router weighs each tier as a few slices of queue). GPU memory does
+  // not go through a NIC beyond its NUMA node (tier 2) unless none nearer
+  // is up: GPUDirect across the CPU interconnect runs at a fraction of
+  // the NIC's rate, when the platform allows it at all.
+  constexpr int kFailoverOnlyTier = 1 << 16;
   for (size_t i = 0; i < nics_.size(); ++i) {
-    entry->tiers.push_back(topology_.Tier(region.location, i));
+    const int tier = topology_.Tier(region.location, i);
+    entry->tiers.push_back(entry->gpu && tier >= 2 ? kFailoverOnlyTier : tier);
   }
   // Registration pins and maps pages: for large buffers do the NICs in
   // parallel, as their page-table builds are independent.

@@ -346,6 +346,10 @@ class RdmaTransport final : public Transport {
 
   std::vector<std::unique_ptr<Nic>> nics_;
   Topology topology_;
+  // GPUs whose NIC preference was logged (once each, at their first
+  // registered buffer).
+  Mutex gpu_logged_mu_;
+  uint64_t gpu_logged_ ABSL_GUARDED_BY(gpu_logged_mu_) = 0;
   std::vector<std::unique_ptr<Poller>> pollers_;  // One per NIC.
   std::vector<std::unique_ptr<Worker>> workers_;
 

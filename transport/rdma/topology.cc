@@ -4,7 +4,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "google/protobuf/struct.pb.h"
@@ -137,7 +139,8 @@ std::vector<Gpu> ReadNvidiaGpus(const std::string& root) {
 }  // namespace
 
 Topology Topology::FromSysfs(const std::string& root,
-                             const std::vector<std::string>& nics) {
+                             const std::vector<std::string>& nics,
+                             const std::vector<std::string>& gpu_bus_ids) {
   std::vector<int> numa;
   std::vector<std::vector<std::string>> paths;
   for (const std::string& nic : nics) {
@@ -146,8 +149,21 @@ Topology Topology::FromSysfs(const std::string& root,
     paths.push_back(PciPath(dev));
   }
   Topology t = FromNumaNodes(nics, numa);
-  const std::vector<Gpu> gpus = ReadNvidiaGpus(root);
+  std::vector<Gpu> gpus = ReadNvidiaGpus(root);
+  if (!gpu_bus_ids.empty()) {
+    // The driver's ordinals: GPU g is the one at its address.
+    std::vector<Gpu> by_ordinal(gpu_bus_ids.size());
+    for (size_t g = 0; g < gpu_bus_ids.size(); ++g) {
+      for (const Gpu& gpu : gpus) {
+        if (absl::AsciiStrToLower(gpu_bus_ids[g]) == gpu.bus_id) {
+          by_ordinal[g] = gpu;
+        }
+      }
+    }
+    gpus = std::move(by_ordinal);
+  }
   for (size_t g = 0; g < gpus.size(); ++g) {
+    if (gpus[g].path.empty()) continue;  // Not in sysfs.
     int nearest = -1;
     for (size_t i = 0; i < nics.size(); ++i) {
       if (paths[i].empty()) continue;
@@ -191,6 +207,24 @@ std::string Topology::ToJson(const std::vector<std::string>& nics) const {
     absl::StrAppend(&out, "]");
   }
   return out + "}";
+}
+
+std::string Topology::Describe(const std::string& location,
+                               const std::vector<std::string>& nics) const {
+  auto it = tiers_.find(location);
+  if (it == tiers_.end()) return "every NIC alike";
+  std::vector<std::pair<int, std::string>> ranked;
+  for (size_t i = 0; i < nics.size() && i < it->second.size(); ++i) {
+    ranked.emplace_back(it->second[i], nics[i]);
+  }
+  std::stable_sort(
+      ranked.begin(), ranked.end(),
+      [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<std::string> parts;
+  for (const auto& [tier, name] : ranked) {
+    parts.push_back(absl::StrCat(name, " (tier ", tier, ")"));
+  }
+  return absl::StrJoin(parts, ", ");
 }
 
 int Topology::Tier(const std::string& location, size_t nic) const {

@@ -129,6 +129,23 @@ TEST(TopologyTest, FromSysfsPlacesNicsByNumaNodeAndGpuPciDistance) {
             R"("cuda:1": [["mlx5_1"], ["mlx5_0", "mlx5_2", "softrnic0"]]})");
 }
 
+// CUDA's ordinals are the driver's (fastest first by default), not PCI
+// order: given the driver's addresses, cuda:N is the GPU at N's address.
+TEST(TopologyTest, CudaOrdinalsFollowTheDriversPciAddresses) {
+  FakeSysfs sysfs;
+  const std::vector<std::string> nics = {"mlx5_0", "mlx5_1", "mlx5_2"};
+  Topology t = Topology::FromSysfs(
+      sysfs.root(), nics, {"0000:81:00.0", "0000:01:00.0", "0000:c1:00.0"});
+  EXPECT_EQ(t.Tier("cuda:0", 1), 0);  // 0000:81:00.0, beside mlx5_1.
+  EXPECT_EQ(t.Tier("cuda:0", 0), 2);
+  EXPECT_EQ(t.Tier("cuda:1", 0), 0);  // 0000:01:00.0, beside mlx5_0.
+  EXPECT_EQ(t.Tier("cuda:1", 2), 1);
+  // An address sysfs does not have: no preference, not a wrong one.
+  EXPECT_EQ(t.Describe("cuda:2", nics), "every NIC alike");
+  EXPECT_EQ(t.Describe("cuda:1", nics),
+            "mlx5_0 (tier 0), mlx5_2 (tier 1), mlx5_1 (tier 2)");
+}
+
 TEST(TopologyTest, FromSysfsWithoutATreeGivesNoPreference) {
   Topology t = Topology::FromSysfs("/nonexistent", {"softrnic0", "softrnic1"});
   EXPECT_EQ(t.Tier("cpu:0", 0), 0);
