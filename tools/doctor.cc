@@ -10,7 +10,9 @@
 // link layer, active MTU, the GID table with types and the GID Ferry
 // would pick (and why), device limits, the locked-memory limit against
 // what will be registered, hugepages, fork safety, and the NIC priority
-// matrix Ferry derives from the NUMA and PCI topology.
+// matrix Ferry derives from the NUMA and PCI topology; and GPUs: the CUDA
+// driver, its GPUs, GPUDirect RDMA readiness (dma-buf, nvidia-peermem)
+// and the GPU-NIC affinity matrix.
 #include <dirent.h>
 #include <dlfcn.h>
 #include <infiniband/verbs.h>
@@ -35,12 +37,16 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/capabilities.h"
+#include "tools/doctor_gpu.h"
 #include "tools/doctor_peer.h"
 #include "transport/options.h"
 #include "transport/rdma/nic.h"
 #include "transport/rdma/topology.h"
 
 ABSL_FLAG(bool, json, false, "print one JSON object instead of a table");
+ABSL_FLAG(std::string, sysfs_root, "/sys",
+          "the sysfs tree GPU and NIC placement is read from (tests pass a "
+          "fake one)");
 ABSL_FLAG(std::string, device_name, "",
           "devices to check, comma-separated (empty: every one)");
 ABSL_FLAG(std::string, peer, "",
@@ -373,13 +379,16 @@ int Main() {
       checks.push_back({"usable NICs", Level::kFail, "none",
                         "fix the FAILs above: Ferry needs an ACTIVE port"});
     } else {
-      const rdma::Topology topo = rdma::Topology::FromSysfs("/sys", usable);
+      // cuda:N by the driver's numbering, as the engine does.
+      const rdma::Topology topo = rdma::Topology::FromSysfs(
+          absl::GetFlag(FLAGS_sysfs_root), usable, doctor::GpuBusIds());
       checks.push_back(
           {"NIC priority matrix", Level::kOk, topo.ToJson(usable), ""});
     }
   }
   CheckMemlock(usable.size(), &checks);
   CheckHost(&checks);
+  doctor::CheckGpus(usable, absl::GetFlag(FLAGS_sysfs_root), &checks);
   if (const std::string peer = absl::GetFlag(FLAGS_peer); !peer.empty()) {
     if (const std::string md = absl::GetFlag(FLAGS_metadata); !md.empty()) {
       doctor::ProbeSegment(md, peer, filter, &checks);

@@ -126,5 +126,45 @@ else
     "a 1 MiB memlock limit without CAP_IPC_LOCK fails, with the fix"
 fi
 
+# 9. GPUs on softgpu, numbered against PCI order, and a fake sysfs tree
+#    that puts each soft NIC beside one GPU: the driver, the GPUs, GPUDirect
+#    readiness and the affinity matrix by the driver's ordinals; then a
+#    driver with no dma-buf and no nvidia-peermem: a warning, with the fix.
+#    (Above, with no libcuda.so.1 on the path, "CUDA driver" was OK: host
+#    memory needs none.)
+SYS="$OUT/sys"
+device() {  # PATH CLASS VENDOR NUMA
+  mkdir -p "$SYS/devices/$1" "$SYS/bus/pci/devices"
+  echo "$2" >"$SYS/devices/$1/class"
+  echo "$3" >"$SYS/devices/$1/vendor"
+  echo "$4" >"$SYS/devices/$1/numa_node"
+  ln -s "$SYS/devices/$1" "$SYS/bus/pci/devices/${1##*/}"
+}
+device pci0000:00/0000:00:01.0/0000:01:00.0 0x030200 0x10de 0
+device pci0000:00/0000:00:01.0/0000:01:01.0 0x020700 0x15b3 0
+device pci0000:80/0000:80:01.0/0000:81:00.0 0x030200 0x10de 1
+device pci0000:80/0000:80:01.0/0000:81:01.0 0x020700 0x15b3 1
+mkdir -p "$SYS/class/infiniband/softrnic0" "$SYS/class/infiniband/softrnic1"
+ln -s "$SYS/devices/pci0000:00/0000:00:01.0/0000:01:01.0" "$SYS/class/infiniband/softrnic0/device"
+ln -s "$SYS/devices/pci0000:80/0000:80:01.0/0000:81:01.0" "$SYS/class/infiniband/softrnic1/device"
+GPU_ENV=(env LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$RUNFILES/gpu/softgpu"
+  FERRY_SOFTRNIC_DEVICES=softrnic0=127.0.0.1,softrnic1=127.0.0.2
+  FERRY_SOFTGPU_DEVICES=0000:81:00.0,0000:01:00.0)
+"${GPU_ENV[@]}" "$DOCTOR" --json --sysfs_root="$SYS" \
+  --register_bytes=$((1 << 20)) >"$OUT/gpu.json" 2>&1
+rc=$?
+expect 0 "$OUT/gpu.json" 'r["fails"] == 0 and c["CUDA driver"]["level"] == "OK"
+     and "cuda:0 Ferry softgpu at 0000:81:00.0" in c["GPUs"]["detail"]
+     and c["GPUDirect RDMA"]["level"] == "OK"
+     and "cuda:0: softrnic0 SYS, softrnic1 NEAR; cuda:1: softrnic0 NEAR, softrnic1 SYS" in c["GPU-NIC affinity"]["detail"]
+     and "\"cuda:0\": [[\"softrnic1\"]" in c["NIC priority matrix"]["detail"]' \
+  "GPUs: driver, devices, GPUDirect ready, affinity by the driver's ordinals"
+"${GPU_ENV[@]}" FERRY_SOFTGPU_DMABUF=0 "$DOCTOR" --json --sysfs_root="$SYS" \
+  --register_bytes=$((1 << 20)) >"$OUT/nodmabuf.json" 2>&1
+rc=$?
+expect 0 "$OUT/nodmabuf.json" 'c["GPUDirect RDMA"]["level"] == "WARN" and "nvidia-peermem" in c["GPUDirect RDMA"]["fix"]
+     and "stages it" in c["GPUDirect RDMA"]["detail"]' \
+  "no dma-buf and no peermem: GPUDirect RDMA warned, with the fix"
+
 echo "$passed passed, $failed failed"
 ((failed == 0))
