@@ -233,6 +233,43 @@ TEST(GpuEngineErrorsTest, TcpFrameLongerThanTheTargetsStagingBuffers) {
   EXPECT_EQ(local.Check(0, 2 << 20, 6), size_t{2} << 20);  // Untouched.
 }
 
+// The MR cache registers host memory on the fly; GPU memory it leaves to
+// the application (registered once, up front), saying so.
+TEST(GpuEngineErrorsTest, MrCacheLeavesGpuMemoryToRegisterLocalMemory) {
+  DeviceBuffer remote(1, 1 << 20), local(0, 1 << 20);
+  TransferEngine target, initiator;
+  EngineOptions t;
+  t.local_segment_name = "mr-cache-target";
+  t.transports = {"rdma"};
+  ASSERT_OK(target.Init(t));
+  ASSERT_OK(target.RegisterLocalMemory(remote.get(), 1 << 20));
+  EngineOptions i = t;
+  i.local_segment_name = "mr-cache-initiator";
+  i.metadata_endpoint = target.metadata_address();
+  i.mr_cache_bytes = 64 << 20;
+  ASSERT_OK(initiator.Init(i));
+  ASSERT_OK_AND_ASSIGN(SegmentHandle seg,
+                       initiator.OpenSegment("mr-cache-target"));
+  TransferRequest r;
+  r.opcode = OpCode::kWrite;
+  r.source = local.get();  // Never registered.
+  r.target_id = seg;
+  r.target_offset = remote.ptr();
+  r.length = 4096;
+  ASSERT_OK_AND_ASSIGN(BatchId batch, initiator.AllocateBatch(1));
+  absl::Status s = initiator.SubmitTransfer(batch, {r});
+  if (s.ok()) {
+    ASSERT_OK_AND_ASSIGN(BatchStatus st,
+                         initiator.WaitBatch(batch, absl::Seconds(30)));
+    EXPECT_EQ(st.state, TransferState::kFailed);
+    s = st.first_error;
+  }
+  EXPECT_STATUS(s, absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("RegisterLocalMemory"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("cuda:0"), std::string::npos) << s;
+  EXPECT_OK(initiator.FreeBatch(batch));
+}
+
 TEST(GpuEngineErrorsTest, LocationMustNameTheGpuHoldingTheBuffer) {
   DeviceBuffer buf(1, 1 << 20);
   TransferEngine engine;
