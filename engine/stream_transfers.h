@@ -8,8 +8,14 @@
 // submits the requests as one batch and waits until every request ended
 // (the engine's transfer_timeout bounds that), and the stream's later
 // work waits for it. The function makes no CUDA call, as CUDA requires:
-// GPU memory moves by GPUDirect RDMA or by the TCP transport's own staging
-// thread.
+// GPU memory moves by GPUDirect RDMA, or through the TCP transport's
+// staging, set up when the buffer was registered and run by a thread of
+// its own. (Two limits: an unregistered source with the MR cache on is
+// looked up through the driver, which fails there with a clear error; and
+// over TCP the function waits for the staging copies, on streams CUDA does
+// not order before it -- the driver runs them, but CUDA does not promise
+// to. A stream-memory wait, cuStreamWaitValue32 on a flag Ferry sets,
+// would lift both: the function would only hand the batch over.)
 //
 // A failed transfer cannot fail the stream. Where Mooncake ends the
 // process (_exit(1)), Ferry keeps the first failure for TakeError, counts

@@ -15,17 +15,17 @@ PinnedPool::PinnedPool(const CudaDriver* driver, size_t count, size_t bytes)
 namespace {
 
 // Pinned memory is allocated and freed in a context: the caller's current
-// one, else device 0's primary context, made current only for the call
-// (the caller's thread is left as it was).
+// one, else GPU `device`'s primary context, made current only for the
+// call (the caller's thread is left as it was).
 class AnyContext {
  public:
-  explicit AnyContext(const CudaDriver* driver) : driver_(driver) {
+  AnyContext(const CudaDriver* driver, int device) : driver_(driver) {
     CUcontext current = nullptr;
     if (driver_->api().cuCtxGetCurrent(&current) == CUDA_SUCCESS &&
         current != nullptr) {
       return;
     }
-    status_ = driver_->UseDevice(0);
+    status_ = driver_->UseDevice(device);
     switched_ = status_.ok();
   }
   ~AnyContext() {
@@ -44,15 +44,15 @@ class AnyContext {
 PinnedPool::~PinnedPool() {
   MutexLock lock(&mu_);
   if (all_.empty()) return;
-  AnyContext ctx(driver_);
+  AnyContext ctx(driver_, 0);
   for (uint8_t* b : all_) driver_->api().cuMemFreeHost(b);
 }
 
-absl::StatusOr<uint8_t*> PinnedPool::TryAcquire() {
+absl::StatusOr<uint8_t*> PinnedPool::TryAcquire(int device) {
   MutexLock lock(&mu_);
   if (!allocated_) {
     allocated_ = true;
-    AnyContext ctx(driver_);
+    AnyContext ctx(driver_, device);
     for (size_t i = 0; i < count_ && ctx.status().ok(); ++i) {
       void* p = nullptr;
       // Portable: the copies may run in any device's context.
@@ -168,15 +168,6 @@ void CopyQueue::Stop() {
     cv_.Signal();
   }
   if (thread_.joinable()) thread_.join();
-  // The streams are idle: every copy issued was waited for.
-  for (size_t d = 0; d < streams_.size(); ++d) {
-    for (CUstream s : streams_[d]) {
-      if (driver_->UseDevice(static_cast<int>(d)).ok()) {
-        driver_->api().cuStreamDestroy(s);
-      }
-    }
-  }
-  streams_.clear();
 }
 
 uint64_t CopyQueue::copies() const {
@@ -255,7 +246,20 @@ void CopyQueue::Run() {
         }
       }
     }
-    if (stopping && batch.empty() && issued.empty()) return;
+    if (stopping && batch.empty() && issued.empty()) {
+      // On this thread, which has switched contexts all along: the caller
+      // of Stop keeps its own current context. The streams are idle:
+      // every copy issued was waited for.
+      for (size_t d = 0; d < streams_.size(); ++d) {
+        for (CUstream s : streams_[d]) {
+          if (driver_->UseDevice(static_cast<int>(d)).ok()) {
+            driver_->api().cuStreamDestroy(s);
+          }
+        }
+      }
+      streams_.clear();
+      return;
+    }
     for (Op& op : batch) {
       if (op.kind != Op::Kind::kTask) {
         op.status = stopping ? absl::CancelledError(

@@ -41,10 +41,12 @@ class PinnedPool {
   PinnedPool& operator=(const PinnedPool&) = delete;
 
   // A free buffer of buffer_bytes(), or nullptr while all are in use. The
-  // first call allocates them all; if the driver refuses (pinned memory is
-  // limited by RLIMIT_MEMLOCK and the driver), the error says so, and
-  // every later call returns it.
-  absl::StatusOr<uint8_t*> TryAcquire();
+  // first call allocates them all, in the calling thread's current
+  // context, else in GPU `device`'s primary context (made current for the
+  // call only); if the driver refuses (pinned memory is limited by
+  // RLIMIT_MEMLOCK and the driver), the error says so, and every later
+  // call returns it.
+  absl::StatusOr<uint8_t*> TryAcquire(int device = 0);
   // Gives back a buffer TryAcquire returned.
   void Release(uint8_t* buffer);
 

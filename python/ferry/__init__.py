@@ -178,7 +178,11 @@ class Engine:
                     "may WRITE it); pass remote_accessible=False")
             self._engine.register(mem.addr, mem.length, location or
                                   mem.location, remote_accessible)
-            self._engine.pin(mem.addr, buffer)
+            try:
+                self._engine.pin(mem.addr, buffer)
+            except BaseException:
+                self._engine.unregister(mem.addr)
+                raise
             if mem.readonly:
                 with self._lock:
                     self._readonly[mem.addr] = mem.length

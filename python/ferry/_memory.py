@@ -38,12 +38,17 @@ def _bad(message: str) -> FerryError:
     return FerryError(errors.INVALID_ARGUMENT, message)
 
 
-def _contiguous_strides(shape: Sequence[int], itemsize: int) -> list:
-    strides, step = [], itemsize
-    for dim in reversed(list(shape)):
-        strides.append(step)
+def _is_contiguous(shape: Sequence[int], strides: Sequence[int],
+                   itemsize: int) -> bool:
+    """C-contiguous: byte strides as a packed row-major array's, except
+    along dimensions of size 1, whose stride never moves (producers put
+    anything there)."""
+    step = itemsize
+    for dim, stride in zip(reversed(list(shape)), reversed(list(strides))):
+        if int(dim) != 1 and int(stride) != step:
+            return False
         step *= max(int(dim), 1)
-    return list(reversed(strides))
+    return True
 
 
 def _from_torch(t: Any) -> Memory:
@@ -71,8 +76,7 @@ def _from_cai(obj: Any) -> Memory:
         raise _bad(f"unknown typestr {cai['typestr']!r} in "
                    "__cuda_array_interface__")
     strides = cai.get("strides")
-    if strides is not None and list(strides) != _contiguous_strides(
-            shape, itemsize):
+    if strides is not None and not _is_contiguous(shape, strides, itemsize):
         raise _bad("the array is not C-contiguous (its "
                    "__cuda_array_interface__ has strides); register a "
                    "contiguous copy")
@@ -111,7 +115,13 @@ def _from_dlpack(obj: Any) -> Memory:
     # The capsule stays unconsumed ("dltensor"), so its destructor gives
     # the producer's manager back; `obj`, which the caller keeps alive
     # while registered, owns the bytes.
-    tensor = _DLTensor.from_address(_capsule_pointer(capsule, b"dltensor"))
+    try:
+        tensor = _DLTensor.from_address(
+            _capsule_pointer(capsule, b"dltensor"))
+    except ValueError as e:  # A versioned capsule, or not DLPack at all.
+        raise _bad(f"__dlpack__ gave no unversioned DLPack capsule ({e}); "
+                   "pass the object's data_ptr() or CUDA array "
+                   "interface instead") from e
     kind, device = tensor.device.device_type, tensor.device.device_id
     if kind in (_KDL_CPU, _KDL_CUDA_HOST):
         location = "cpu:0"
@@ -121,11 +131,14 @@ def _from_dlpack(obj: Any) -> Memory:
         raise _bad(f"DLPack device type {kind} is not supported: only CPU "
                    "and CUDA memory")
     dtype = tensor.dtype
+    if (dtype.bits * dtype.lanes) % 8 != 0:
+        raise _bad(f"DLPack dtype of {dtype.bits} bits x {dtype.lanes} "
+                   "lanes is not whole bytes")
     itemsize = dtype.bits * dtype.lanes // 8
     shape = [tensor.shape[i] for i in range(tensor.ndim)]
     if tensor.strides:
         strides = [tensor.strides[i] * itemsize for i in range(tensor.ndim)]
-        if strides != _contiguous_strides(shape, itemsize):
+        if not _is_contiguous(shape, strides, itemsize):
             raise _bad("the DLPack tensor is not C-contiguous; register a "
                        "contiguous copy")
     return Memory((tensor.data or 0) + tensor.byte_offset,

@@ -403,8 +403,9 @@ class TransferEngine:
     # if the transfer could not be queued. A transfer that fails cannot
     # fail the stream. Mooncake ends the process then (_exit(1)); Ferry
     # logs it and raises RuntimeError, naming it, from the next *_on_cuda
-    # call or from cuda_transfer_error() -- call that after synchronising
-    # the stream to know the bytes are there.
+    # call (after queueing that call's transfer, which the message says)
+    # or from cuda_transfer_error() -- call that after synchronising the
+    # stream to know the bytes are there.
 
     def batch_transfer_on_cuda(self, target_hostname: str,
                                buffers: Sequence[int],
@@ -414,7 +415,6 @@ class TransferEngine:
                                transport_hint: str = "") -> None:
         if self._engine is None:
             raise RuntimeError("the engine is not initialized")
-        self.cuda_transfer_error()
         if not (len(buffers) == len(peer_buffer_addresses) == len(lengths)):
             raise RuntimeError("buffers, peer_buffer_addresses and lengths "
                                "differ in length")
@@ -425,6 +425,13 @@ class TransferEngine:
                                           lengths, int(stream_ptr or 0))
         except FerryError as e:
             raise RuntimeError(str(e)) from e
+        # This one is queued; an earlier one's failure is still news.
+        try:
+            self._engine.stream_error()
+        except FerryError as e:
+            raise RuntimeError(
+                f"an earlier *_on_cuda transfer failed (this call's was "
+                f"queued): {e}") from e
 
     def batch_transfer_write_on_cuda(self, target_hostname: str,
                                      buffers: Sequence[int],

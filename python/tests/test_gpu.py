@@ -48,6 +48,16 @@ def test_objects_are_registered_by_kind_and_device(engine):
         dl.free()
 
 
+def test_size_one_dimensions_may_have_any_stride(engine):
+    # Producers put anything in a size-1 dimension's stride: still packed.
+    arr = softgpu.DeviceArray(0, (4096, 1), strides=(1, 12345))
+    try:
+        assert engine.register(arr) == arr.ptr
+        engine.unregister(arr)
+    finally:
+        arr.free()
+
+
 def test_strided_and_unknown_objects_are_refused(engine):
     strided = softgpu.DeviceArray(0, (4, 4), strides=(8, 1))
     view = softgpu.TorchLike(0, 4096, contiguous=False)

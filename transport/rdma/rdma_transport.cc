@@ -240,7 +240,11 @@ absl::StatusOr<MemoryHandle> RdmaTransport::RegisterMemory(
       std::vector<std::string> names;
       for (const auto& nic : nics_) names.push_back(nic->name());
       FERRY_LOG(kInfo, "rdma", "GPU memory on ", region.location,
-                " goes through ", topology_.Describe(region.location, names));
+                " goes through ", topology_.Describe(region.location, names),
+                options_.rdma.topology_json.empty()
+                    ? " (tier 2, another NUMA node: only when no nearer NIC "
+                      "is up)"
+                    : " (the priority matrix given)");
     }
   }
   auto entry = std::make_unique<LocalMr>();
@@ -253,10 +257,13 @@ absl::StatusOr<MemoryHandle> RdmaTransport::RegisterMemory(
   // not go through a NIC beyond its NUMA node (tier 2) unless none nearer
   // is up: GPUDirect across the CPU interconnect runs at a fraction of
   // the NIC's rate, when the platform allows it at all.
+  // A priority matrix the user gave is taken as it is.
   constexpr int kFailoverOnlyTier = 1 << 16;
+  const bool from_sysfs = options_.rdma.topology_json.empty();
   for (size_t i = 0; i < nics_.size(); ++i) {
     const int tier = topology_.Tier(region.location, i);
-    entry->tiers.push_back(entry->gpu && tier >= 2 ? kFailoverOnlyTier : tier);
+    entry->tiers.push_back(
+        entry->gpu && from_sysfs && tier >= 2 ? kFailoverOnlyTier : tier);
   }
   // Registration pins and maps pages: for large buffers do the NICs in
   // parallel, as their page-table builds are independent.

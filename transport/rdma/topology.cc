@@ -175,7 +175,10 @@ Topology Topology::FromSysfs(const std::string& root,
     for (size_t i = 0; i < nics.size(); ++i) {
       if (!paths[i].empty() && PciDistance(gpus[g].path, paths[i]) == nearest) {
         tiers[i] = 0;
-      } else if (gpus[g].numa >= 0 && numa[i] == gpus[g].numa) {
+      } else if (gpus[g].numa < 0 || numa[i] < 0 || numa[i] == gpus[g].numa) {
+        // Tier 2 is only a NIC known to be on another NUMA node (the RDMA
+        // transport keeps GPU memory off those): where a node is unknown
+        // (a single-node host, a VM, a soft NIC), the NIC may be as near.
         tiers[i] = 1;
       }
     }

@@ -6,7 +6,8 @@
 //   - "cpu:N": a NIC whose device/numa_node is N is tier 0, others tier 1;
 //   - "cuda:N": the NICs nearest to GPU N in the PCI tree (fewest hops
 //     through bridges and switches) are tier 0, other NICs on the GPU's
-//     NUMA node tier 1, the rest tier 2. GPU N is the one at the PCI
+//     NUMA node (or where either node is unknown) tier 1, NICs on another
+//     node tier 2. GPU N is the one at the PCI
 //     address the CUDA driver gives for ordinal N, when the caller passes
 //     them (the driver's order is its own: fastest first unless
 //     CUDA_DEVICE_ORDER=PCI_BUS_ID); else the N-th NVIDIA GPU in PCI bus

@@ -112,11 +112,12 @@ TEST(TopologyTest, FromSysfsPlacesNicsByNumaNodeAndGpuPciDistance) {
   EXPECT_EQ(t.Tier("cpu:1", 1), 0);
   EXPECT_EQ(t.Tier("cpu:1", 3), 1);  // The soft NIC is near nothing.
   // cuda:0 is the GPU at 0000:01:00.0: mlx5_0 shares its switch (tier 0),
-  // mlx5_2 its NUMA node (tier 1), mlx5_1 and the soft NIC neither.
+  // mlx5_2 its NUMA node (tier 1), mlx5_1 is on the other node (tier 2);
+  // the soft NIC's node is unknown, so it may be as near (tier 1).
   EXPECT_EQ(t.Tier("cuda:0", 0), 0);
   EXPECT_EQ(t.Tier("cuda:0", 2), 1);
   EXPECT_EQ(t.Tier("cuda:0", 1), 2);
-  EXPECT_EQ(t.Tier("cuda:0", 3), 2);
+  EXPECT_EQ(t.Tier("cuda:0", 3), 1);
   // cuda:1 (0000:81:00.0) shares a switch with mlx5_1.
   EXPECT_EQ(t.Tier("cuda:1", 1), 0);
   EXPECT_EQ(t.Tier("cuda:1", 0), 2);
@@ -125,8 +126,8 @@ TEST(TopologyTest, FromSysfsPlacesNicsByNumaNodeAndGpuPciDistance) {
   EXPECT_EQ(t.ToJson(nics),
             R"({"cpu:0": [["mlx5_0", "mlx5_2"], ["mlx5_1", "softrnic0"]], )"
             R"("cpu:1": [["mlx5_1"], ["mlx5_0", "mlx5_2", "softrnic0"]], )"
-            R"("cuda:0": [["mlx5_0"], ["mlx5_2"], ["mlx5_1", "softrnic0"]], )"
-            R"("cuda:1": [["mlx5_1"], ["mlx5_0", "mlx5_2", "softrnic0"]]})");
+            R"("cuda:0": [["mlx5_0"], ["mlx5_2", "softrnic0"], ["mlx5_1"]], )"
+            R"("cuda:1": [["mlx5_1"], ["softrnic0"], ["mlx5_0", "mlx5_2"]]})");
 }
 
 // CUDA's ordinals are the driver's (fastest first by default), not PCI

@@ -1,6 +1,7 @@
 #include "transport/tcp/gpu_staging.h"
 
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gpu/cuda_driver.h"
@@ -20,8 +21,12 @@ absl::Status Staged(const absl::Status& s, const char* what) {
 
 }  // namespace
 
-GpuStaging::GpuStaging(TcpClient* client, size_t buffers, size_t buffer_bytes)
-    : client_(client), buffers_(buffers), buffer_bytes_(buffer_bytes) {}
+GpuStaging::GpuStaging(TcpClient* client, size_t buffers, size_t buffer_bytes,
+                       Clock* clock)
+    : client_(client),
+      buffers_(buffers),
+      buffer_bytes_(buffer_bytes),
+      clock_(clock) {}
 
 GpuStaging::~GpuStaging() {
   Stop();
@@ -29,35 +34,42 @@ GpuStaging::~GpuStaging() {
   for (auto& slot : slots_) pool_->Release(slot->buffer);
 }
 
-absl::Status GpuStaging::Init() {
-  if (initialized_) return init_status_;
-  initialized_ = true;
-  // The engine classified the slice's memory as device memory, so the
-  // process has a driver.
+absl::Status GpuStaging::Prepare(int device) {
+  MutexLock lock(&mu_);
+  if (stopped_) return absl::CancelledError("TCP transport is shut down");
+  return Init(device);
+}
+
+absl::Status GpuStaging::Init(int device) {
+  if (initialized_) return absl::OkStatus();
+  // The engine classified the buffer as device memory, so the process has
+  // a driver.
   absl::StatusOr<const gpu::CudaDriver*> driver = gpu::CudaDriver::Get();
-  if (!driver.ok()) {
-    init_status_ = driver.status();
-    return init_status_;
+  if (!driver.ok()) return driver.status();
+  auto pool =
+      std::make_unique<gpu::PinnedPool>(*driver, buffers_, buffer_bytes_);
+  std::vector<uint8_t*> buffers;
+  for (size_t i = 0; i < buffers_; ++i) {
+    absl::StatusOr<uint8_t*> b = pool->TryAcquire(device);
+    if (!b.ok()) return b.status();  // The pool frees what it pinned.
+    buffers.push_back(*b);
   }
-  pool_ = std::make_unique<gpu::PinnedPool>(*driver, buffers_, buffer_bytes_);
-  queue_ = std::make_unique<gpu::CopyQueue>(*driver, kStreamsPerDevice);
-  if (absl::Status s = queue_->Start(); !s.ok()) {
-    init_status_ = s;
+  auto queue = std::make_unique<gpu::CopyQueue>(*driver, kStreamsPerDevice);
+  if (absl::Status s = queue->Start(); !s.ok()) {
+    for (uint8_t* b : buffers) pool->Release(b);
     return s;
   }
-  for (size_t i = 0; i < buffers_; ++i) {
-    absl::StatusOr<uint8_t*> b = pool_->TryAcquire();
-    if (!b.ok()) {
-      init_status_ = b.status();
-      break;
-    }
+  for (uint8_t* b : buffers) {
     auto slot = std::make_unique<Slot>();
     slot->owner = this;
-    slot->buffer = *b;
+    slot->buffer = b;
     free_.push_back(slot.get());
     slots_.push_back(std::move(slot));
   }
-  return init_status_;
+  pool_ = std::move(pool);
+  queue_ = std::move(queue);
+  initialized_ = true;
+  return absl::OkStatus();
 }
 
 void GpuStaging::Submit(Slice* slice, int device) {
@@ -67,8 +79,10 @@ void GpuStaging::Submit(Slice* slice, int device) {
     MutexLock lock(&mu_);
     if (stopped_) {
       refused = absl::CancelledError("TCP transport is shut down");
-    } else if (absl::Status s = Init(); !s.ok()) {
-      refused = s;
+    } else if (!initialized_) {
+      refused = absl::FailedPreconditionError(
+          "GPU staging is not set up: the buffer was not registered with "
+          "this transport");
     } else if (slice->length > buffer_bytes_) {
       refused = absl::InvalidArgumentError(
           absl::StrCat("a staged slice may be at most ", buffer_bytes_,
@@ -134,8 +148,15 @@ void GpuStaging::Slot::OnSliceDone(Slice*, const absl::Status& status) {
 void GpuStaging::Finish(Slot* slot, const absl::Status& status) {
   Slice* done = slot->slice;
   bool next = false;
+  std::vector<Slice*> expired;
   {
     MutexLock lock(&mu_);
+    const absl::Time now = clock_->Now();
+    // Those whose deadline passed while they waited end here, uncopied.
+    while (!waiting_.empty() && waiting_.front().slice->deadline <= now) {
+      expired.push_back(waiting_.front().slice);
+      waiting_.pop_front();
+    }
     if (!waiting_.empty()) {
       slot->slice = waiting_.front().slice;
       slot->device = waiting_.front().device;
@@ -147,6 +168,11 @@ void GpuStaging::Finish(Slot* slot, const absl::Status& status) {
     }
   }
   done->Complete(status);
+  for (Slice* s : expired) {
+    s->Complete(absl::DeadlineExceededError(
+        "TCP slice of GPU memory waited for a staging buffer past its "
+        "deadline (every buffer was in use: tcp.staging_buffers)"));
+  }
   // On the queue's thread: a slice that fails at once on the client
   // (a backed-off peer) must not start the next one on this stack, and so
   // on through the whole queue.

@@ -8,8 +8,10 @@
 // A slice takes one buffer for its whole life; the buffers (`buffers` of
 // max_slice_bytes each, allocated at the first GPU slice) are the bound on
 // the memory the path uses. Slices beyond them wait, in order, for one to
-// come free. Copies run on the staging queue's own streams and thread
-// (gpu/staging.h), so while one slice is copied, those before it are on
+// come free; one whose deadline passed meanwhile fails then, without a
+// copy (DeadlineExceeded), so a wait is bounded by the deadlines of the
+// slices holding the buffers. Copies run on the staging queue's own streams and
+// thread (gpu/staging.h), so while one slice is copied, those before it are on
 // the wire. The target side stages the same way (server_session.h).
 //
 // A copy that fails completes its slice with the driver's error; a slice
@@ -27,6 +29,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "common/clock.h"
 #include "common/mutex.h"
 #include "gpu/staging.h"
 #include "transport/tcp/tcp_client.h"
@@ -43,15 +46,29 @@ class GpuStaging {
     uint64_t copy_bytes = 0;
   };
 
-  // `client` must outlive this object. `buffers` >= 1.
-  GpuStaging(TcpClient* client, size_t buffers, size_t buffer_bytes);
+  // `client` and `clock` must outlive this object. `buffers` >= 1.
+  GpuStaging(TcpClient* client, size_t buffers, size_t buffer_bytes,
+             Clock* clock = RealClock());
   ~GpuStaging();
   GpuStaging(const GpuStaging&) = delete;
   GpuStaging& operator=(const GpuStaging&) = delete;
 
+  // Sets up what staging needs on first use -- the driver, the pinned
+  // buffers (in GPU `device`'s context), the copy queue -- so that Submit
+  // makes no CUDA call: it may run where CUDA forbids them (a host
+  // function on a stream, engine/stream_transfers.h). Called when a GPU
+  // buffer is registered, on the registering thread; an error (no driver,
+  // no pinned memory) fails that registration. A failure is not kept: the
+  // next call tries again.
+  absl::Status Prepare(int device);
+
   // Moves `slice`, whose local range is device memory of GPU `device`
   // (at most buffer_bytes long), and completes it through its sink.
+  // Makes no CUDA call.
   void Submit(Slice* slice, int device);
+
+  // For the deadlines of waiting slices; set before the first Submit.
+  void SetClock(Clock* clock) { clock_ = clock; }
 
   // Completes every slice not on the wire with Cancelled and stops the
   // copies. Call after the client was shut down (which completes the
@@ -77,8 +94,8 @@ class GpuStaging {
     int device;
   };
 
-  // Sets up the pool, the queue and the slots on first use.
-  absl::Status Init() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sets up the pool, the queue and the slots.
+  absl::Status Init(int device) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Start(Slot* slot);
   // The slot's slice ends with `status`; the slot goes to the next waiting
   // slice, if any, or back to the free list.
@@ -87,9 +104,9 @@ class GpuStaging {
   TcpClient* const client_;
   const size_t buffers_;
   const size_t buffer_bytes_;
+  Clock* clock_;
   mutable Mutex mu_;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status init_status_ ABSL_GUARDED_BY(mu_);
   bool initialized_ ABSL_GUARDED_BY(mu_) = false;
   std::unique_ptr<gpu::PinnedPool> pool_;  // Set once, under mu_.
   std::unique_ptr<gpu::CopyQueue> queue_;  // Set once, under mu_.

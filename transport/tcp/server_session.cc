@@ -104,11 +104,13 @@ absl::Status ServerSession::StartRequest(const uint8_t* header,
       status == WireStatus::kOk ? lease.region().cuda_device : -1;
   TargetStaging::Buffer staged;
   if (device >= 0) {
-    status = Stage(req, &staged);
+    status = Stage(req, device, &staged);
     if (status == WireStatus::kOk && !staged) {
       stalled_ = true;  // Counted when it is served.
+      if (stalled_since_ == absl::InfiniteFuture()) stalled_since_ = now;
       return absl::OkStatus();
     }
+    stalled_since_ = absl::InfiniteFuture();
   }
   ++requests_;
   if (req.op == WireOp::kWrite) {
@@ -177,11 +179,11 @@ WireStatus ServerSession::Admit(const RequestHeader& req,
   return WireStatus::kOk;
 }
 
-WireStatus ServerSession::Stage(const RequestHeader& req,
+WireStatus ServerSession::Stage(const RequestHeader& req, int device,
                                 TargetStaging::Buffer* buffer) {
   if (gpu_staging_ == nullptr) return WireStatus::kStagingFailed;
   if (req.length > gpu_staging_->buffer_bytes()) return WireStatus::kTooLarge;
-  absl::StatusOr<TargetStaging::Buffer> b = gpu_staging_->TryAcquire();
+  absl::StatusOr<TargetStaging::Buffer> b = gpu_staging_->TryAcquire(device);
   if (!b.ok()) return WireStatus::kStagingFailed;
   *buffer = std::move(*b);
   return WireStatus::kOk;
@@ -260,7 +262,15 @@ void ServerSession::UpdateFrameClock(absl::Time now) {
 }
 
 absl::Status ServerSession::CheckTimeouts(absl::Time now) const {
-  if (requests_ == 0 && now - created_ > limits_.handshake_timeout) {
+  if (stalled_ && now - stalled_since_ > limits_.frame_timeout) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "a request waited ", absl::FormatDuration(limits_.frame_timeout),
+        " for a staging buffer for GPU memory (tcp.staging_buffers are all "
+        "in use)"));
+  }
+  // A first request that waits for a staging buffer has arrived whole.
+  if (requests_ == 0 && !stalled_ &&
+      now - created_ > limits_.handshake_timeout) {
     return absl::DeadlineExceededError(absl::StrCat(
         "no request within ", absl::FormatDuration(limits_.handshake_timeout),
         " of connecting"));

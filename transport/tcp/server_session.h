@@ -7,10 +7,20 @@
 // buffers only, with the buffer's key and this engine run's incarnation:
 // a frame with another key or incarnation is answered with an error and
 // touches nothing) and holds a lease on its buffer until its bytes have moved:
-// a WRITE's payload is received straight into the target memory, a READ's
-// data is sent straight from it. A range outside registered memory is
-// answered with an error status and touches nothing (a WRITE's payload is
-// drained). A malformed header ends the session.
+// a WRITE's payload is received straight into host target memory, a
+// READ's data is sent straight from it. A range outside registered memory
+// is answered with an error status and touches nothing (a WRITE's payload
+// is drained). A malformed header ends the session.
+//
+// GPU-resident buffers move through the server's TargetStaging
+// (target_staging.h): a WRITE's payload is received into a pinned buffer
+// and copied to the device before it is acknowledged; a READ's range is
+// copied into one, then sent. A frame longer than a staging buffer is
+// refused (kTooLarge), a failed copy answered kStagingFailed. While every
+// buffer is in use the session stops reading (its request waits, whole,
+// in `staging_`) until Resume finds one, for at most frame_timeout; a
+// session holds at most kMaxStagedResponses of them in queued READ
+// answers.
 //
 // Bounded: at most kMaxQueuedResponses responses wait for the peer to take
 // them; while that many wait, no more input is read (the peer's requests
@@ -84,6 +94,7 @@ class ServerSession {
   // Waiting for a free staging buffer (see above): call Resume now and
   // then to try again. Non-OK as for OnReceived.
   bool stalled() const { return stalled_; }
+  // A frame may wait for a buffer up to frame_timeout, like any frame.
   absl::Status Resume(absl::Time now);
 
   // DeadlineExceeded saying which limit the peer overran, if it did: the
@@ -119,7 +130,8 @@ class ServerSession {
   WireStatus Admit(const RequestHeader& req, MemoryRegistry::Lease* lease);
   // For a GPU-resident range: a staging buffer in `*buffer`, or an error
   // status; kOk with no buffer means none is free (stall).
-  WireStatus Stage(const RequestHeader& req, TargetStaging::Buffer* buffer);
+  WireStatus Stage(const RequestHeader& req, int device,
+                   TargetStaging::Buffer* buffer);
   void EndPayload(absl::Time now);
   void Queue(Response r, absl::Time now);
   // Frame timing: called whenever input state may have changed.
@@ -153,6 +165,7 @@ class ServerSession {
   // staged_begin_ waits for a free one.
   size_t staged_out_ = 0;
   bool stalled_ = false;
+  absl::Time stalled_since_ = absl::InfiniteFuture();
 
   std::deque<Response> out_;
 

@@ -10,11 +10,16 @@ TargetStaging::TargetStaging(size_t buffers, size_t buffer_bytes)
 
 TargetStaging::~TargetStaging() {
   MutexLock lock(&mu_);
+  if (driver_ == nullptr) return;
+  // Whoever destroys the server keeps its own current context.
+  CUcontext caller = nullptr;
+  driver_->api().cuCtxGetCurrent(&caller);
   for (size_t d = 0; d < streams_.size(); ++d) {
     if (streams_[d] != nullptr && driver_->UseDevice(d).ok()) {
       driver_->api().cuStreamDestroy(streams_[d]);
     }
   }
+  driver_->api().cuCtxSetCurrent(caller);
 }
 
 absl::Status TargetStaging::Init() {
@@ -31,7 +36,7 @@ absl::Status TargetStaging::Init() {
   return init_status_;
 }
 
-absl::StatusOr<TargetStaging::Buffer> TargetStaging::TryAcquire() {
+absl::StatusOr<TargetStaging::Buffer> TargetStaging::TryAcquire(int device) {
   {
     MutexLock lock(&mu_);
     if (absl::Status s = Init(); !s.ok()) {
@@ -41,7 +46,7 @@ absl::StatusOr<TargetStaging::Buffer> TargetStaging::TryAcquire() {
       return s;
     }
   }
-  absl::StatusOr<uint8_t*> b = pool_->TryAcquire();
+  absl::StatusOr<uint8_t*> b = pool_->TryAcquire(device);
   if (!b.ok()) {
     FERRY_LOG_EVERY(
         kWarn, "tcp", absl::Seconds(1),

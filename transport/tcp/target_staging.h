@@ -70,7 +70,9 @@ class TargetStaging {
   size_t buffer_bytes() const { return buffer_bytes_; }
   // A free buffer; an empty one while all are in use (the caller retries
   // later); an error when there is no driver or memory cannot be pinned.
-  absl::StatusOr<Buffer> TryAcquire();
+  // `device`: the GPU the frame touches (whose context pins the buffers
+  // if this allocates them).
+  absl::StatusOr<Buffer> TryAcquire(int device);
   // Copies `bytes` between a buffer and device memory of GPU `device`,
   // waiting for the copy.
   absl::Status ToDevice(int device, uint64_t dst, const uint8_t* src,

@@ -70,6 +70,7 @@ absl::Status TcpTransport::Install(const TransportEnv& env,
   // UnregisterMemory's bounded wait, like the frame timeout it covers.
   Clock* const clock = ClockOrReal(env.clock);
   registry_.SetClock(clock);
+  gpu_staging_.SetClock(clock);
   if (absl::Status s = client_.Start(clock); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("TCP transport: ", s.message()));
   }
@@ -95,7 +96,17 @@ absl::StatusOr<MemoryHandle> TcpTransport::RegisterMemory(
         absl::StrCat("the tcp transport stages GPUs 0..", kMaxGpus - 1,
                      ", not cuda:", region.cuda_device));
   }
-  if (region.cuda_device >= 0) local_handle = &gpu_tags_[region.cuda_device];
+  if (region.cuda_device >= 0) {
+    // Here, on the registering thread, so that moving the buffer later
+    // makes no CUDA call (a transfer may run in a stream's host function).
+    if (absl::Status s = gpu_staging_.Prepare(region.cuda_device); !s.ok()) {
+      return absl::Status(
+          s.code(), absl::StrCat("the tcp transport cannot stage GPU memory "
+                                 "through host memory: ",
+                                 s.message()));
+    }
+    local_handle = &gpu_tags_[region.cuda_device];
+  }
   if (!region.remote_accessible) {
     if (absl::Status s = registry_.Add(region); !s.ok()) return s;
     return local_handle;  // Only the initiator side uses it; no key.
@@ -181,8 +192,11 @@ TransportStats TcpTransport::Stats() const {
 }
 
 void TcpTransport::Shutdown() {
-  client_.Shutdown();   // Cancels what is in flight.
-  gpu_staging_.Stop();  // Then what waits for a buffer or a copy.
+  // Staging first: its copy thread hands slices to the client, which must
+  // not take any once it is shutting down. Stop cancels what waits for a
+  // buffer; the client then cancels what is on the wire.
+  gpu_staging_.Stop();
+  client_.Shutdown();
   server_.Stop();
 }
 

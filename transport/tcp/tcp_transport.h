@@ -70,9 +70,11 @@
 //   thread of its own, so copies overlap the wire (gpu_staging.h); the
 //   target copies on its loop thread, the kernel's socket buffers keeping
 //   the wire busy meanwhile (target_staging.h). A slice waits, in order,
-//   for a free buffer; a frame longer than the target's buffers fails with
-//   InvalidArgument, a failed copy with Internal (both name the cause).
-//   TransportStats counts staged slices, waits, copies and their bytes.
+//   for a free buffer (so its deadline is kept only to within the
+//   deadlines of the slices holding the buffers; one that expired while
+//   waiting fails then, uncopied); a frame longer than the target's buffers
+//   fails with InvalidArgument, a failed copy with Internal (both name the
+//   cause). TransportStats counts staged slices, waits, copies and their bytes.
 // * Shutdown completes everything still queued or in flight with Cancelled.
 //
 // Thread-safe.
