@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common/status_testing.h"
+#include "gpu/softgpu_testing.h"
 #include "gtest/gtest.h"
 #include "transport/tcp/wire.h"
 
@@ -117,6 +118,54 @@ TEST_F(ServerSessionTest, ReadIsAnsweredFromMemory) {
   EXPECT_EQ(r[0].length, 200u);
   EXPECT_EQ(
       std::memcmp(out.data() + kResponseHeaderBytes, mem_.data() + 10, 200), 0);
+}
+
+// GPU memory (softgpu) is staged through the server's pinned buffers. With
+// one buffer, held by session A's queued answer, session B's first READ
+// waits: that is not a handshake timeout, but it may wait only
+// frame_timeout; once A's answer is sent, B is served from the device.
+TEST_F(ServerSessionTest, GpuFramesWaitForAStagingBufferWithinTheFrameTimeout) {
+  const gpu::CudaDriver& d = gpu::SoftgpuDriver(1);
+  ASSERT_OK(d.UseDevice(0));
+  CUdeviceptr dev = 0;
+  ASSERT_OK(d.Check(d.api().cuMemAlloc(&dev, 1 << 16), "cuMemAlloc"));
+  std::string want(16, '\x5a');
+  ASSERT_OK(d.CopyToDevice(dev, want.data(), want.size()));
+  MemoryRegion r;
+  r.addr = dev;
+  r.length = 1 << 16;
+  r.remote_accessible = true;
+  r.cuda_device = 0;
+  ASSERT_OK(registry_.Add(r, {&kKey}));
+  limits_.handshake_timeout = absl::Seconds(2);
+  limits_.frame_timeout = absl::Seconds(5);
+  {
+    TargetStaging staging(1, 4096);
+    ServerSession a(&registry_, limits_, kIncarnation, kT0, &staging);
+    ServerSession b(&registry_, limits_, kIncarnation, kT0, &staging);
+    ASSERT_OK(Feed(a, Request(WireOp::kRead, 1, dev, 16), kT0));
+    ASSERT_OK(Feed(b, Request(WireOp::kRead, 2, dev, 16), kT0));
+    EXPECT_FALSE(a.stalled());
+    EXPECT_TRUE(b.stalled());
+    EXPECT_FALSE(b.wants_input());
+    // Past the handshake timeout: B's request arrived whole.
+    EXPECT_OK(b.CheckTimeouts(kT0 + absl::Seconds(3)));
+    absl::Status late = b.CheckTimeouts(kT0 + absl::Seconds(6));
+    EXPECT_STATUS(late, absl::StatusCode::kDeadlineExceeded);
+    EXPECT_NE(late.message().find("staging buffer"), std::string::npos) << late;
+    // A's answer goes out and gives the buffer back; B is served.
+    const std::string out_a = Drain(a, kT0);
+    EXPECT_EQ(out_a.substr(kResponseHeaderBytes), want);
+    ASSERT_OK(b.Resume(kT0 + absl::Seconds(1)));
+    EXPECT_FALSE(b.stalled());
+    const std::string out_b = Drain(b, kT0 + absl::Seconds(1));
+    auto resp = Responses(out_b);
+    ASSERT_EQ(resp.size(), 1u);
+    EXPECT_EQ(resp[0].status, WireStatus::kOk);
+    EXPECT_EQ(out_b.substr(kResponseHeaderBytes), want);
+  }
+  ASSERT_OK(registry_.Remove(dev, absl::Seconds(1)));
+  d.api().cuMemFree(dev);
 }
 
 TEST_F(ServerSessionTest, OutOfBoundsIsRejectedAndTouchesNothing) {
