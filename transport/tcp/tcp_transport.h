@@ -65,7 +65,8 @@
 //   one, Install fails with ResourceExhausted (never an abort).
 // * GPU memory. Sockets cannot read or write device memory, so both sides
 //   stage it through pinned host buffers: TcpOptions::staging_buffers
-//   [8] of max_slice_bytes each per side, allocated when first needed, the
+//   [8] of max_slice_bytes each per side (the initiator's when a GPU
+//   buffer is first registered, the target's at its first GPU frame), the
 //   bound of the path's memory. The initiator copies on streams and a
 //   thread of its own, so copies overlap the wire (gpu_staging.h); the
 //   target copies on its loop thread, the kernel's socket buffers keeping
