@@ -4,10 +4,6 @@
 // against PCI order (FERRY_SOFTGPU_DEVICES lists 0000:81:00.0 first), as
 // CUDA's default fastest-first order may: a buffer on cuda:N must go out
 // through the NIC beside the GPU the driver calls N, every byte of it.
-#include <unistd.h>
-
-#include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -16,6 +12,7 @@
 #include "gpu/cuda_driver.h"
 #include "gpu/softgpu_testing.h"
 #include "gtest/gtest.h"
+#include "transport/rdma/fake_sysfs_testing.h"
 
 namespace ferry {
 namespace {
@@ -24,14 +21,9 @@ constexpr size_t kBytes = 8 << 20;
 
 // GPU 0000:01:00.0 and softrnic0 under one switch (NUMA node 0); GPU
 // 0000:81:00.0 and softrnic1 under another (node 1).
-class FakeSysfs {
+class FakeSysfs : public rdma::testing::FakeSysfs {
  public:
   FakeSysfs() {
-    std::string dir =
-        (std::filesystem::temp_directory_path() / "ferry_gpu_sysfs_XXXXXX")
-            .string();
-    if (::mkdtemp(dir.data()) == nullptr) std::abort();
-    root_ = dir;
     Device("pci0000:00/0000:00:01.0/0000:01:00.0", "0x030200", "0x10de", 0);
     Device("pci0000:00/0000:00:01.0/0000:01:01.0", "0x020700", "0x15b3", 0);
     Device("pci0000:80/0000:80:01.0/0000:81:00.0", "0x030200", "0x10de", 1);
@@ -39,29 +31,6 @@ class FakeSysfs {
     Nic("softrnic0", "pci0000:00/0000:00:01.0/0000:01:01.0");
     Nic("softrnic1", "pci0000:80/0000:80:01.0/0000:81:01.0");
   }
-  ~FakeSysfs() { std::filesystem::remove_all(root_); }
-  std::string root() const { return root_.string(); }
-
- private:
-  void Device(const std::string& path, const char* cls, const char* vendor,
-              int numa) {
-    const auto dir = root_ / "devices" / path;
-    std::filesystem::create_directories(dir);
-    std::ofstream(dir / "class") << cls << "\n";
-    std::ofstream(dir / "vendor") << vendor << "\n";
-    std::ofstream(dir / "numa_node") << numa << "\n";
-    const auto bus = root_ / "bus/pci/devices";
-    std::filesystem::create_directories(bus);
-    std::filesystem::create_directory_symlink(
-        dir, bus / std::filesystem::path(path).filename());
-  }
-  void Nic(const std::string& name, const std::string& path) {
-    const auto dir = root_ / "class/infiniband" / name;
-    std::filesystem::create_directories(dir);
-    std::filesystem::create_directory_symlink(root_ / "devices" / path,
-                                              dir / "device");
-  }
-  std::filesystem::path root_;
 };
 
 const gpu::CudaDriver& Driver() {

@@ -112,6 +112,9 @@ class TorchLike:
         free(self._ptr)
 
 
+# DLPack's structures, written here again on purpose rather than imported
+# from ferry._memory: a producer sharing the consumer's definitions would
+# hide a layout mistake in them.
 class _DLDevice(ctypes.Structure):
     _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
 

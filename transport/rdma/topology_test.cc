@@ -1,14 +1,8 @@
 #include "transport/rdma/topology.h"
 
-#include <stdlib.h>
-#include <unistd.h>
-
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
-
 #include "common/status_testing.h"
 #include "gtest/gtest.h"
+#include "transport/rdma/fake_sysfs_testing.h"
 
 namespace ferry::rdma {
 namespace {
@@ -53,17 +47,9 @@ TEST(TopologyTest, FromNumaNodes) {
 // with a PCIe switch holding one NVIDIA GPU and one NIC, plus a third NIC
 // straight under root complex 0, a non-NVIDIA display device, and a soft
 // NIC with no sysfs entry at all.
-class FakeSysfs {
+class FakeSysfs : public testing::FakeSysfs {
  public:
   FakeSysfs() {
-    // mkdtemp, not the pid: Bazel's sandbox gives every test the same pid
-    // in its own namespace while they share /tmp (concurrent runs of this
-    // test collided in a stress run).
-    std::string dir =
-        (std::filesystem::temp_directory_path() / "ferry_sysfs_XXXXXX")
-            .string();
-    if (::mkdtemp(dir.data()) == nullptr) std::abort();
-    root_ = dir;
     Device("pci0000:00/0000:00:01.0/0000:01:00.0", "0x030200", "0x10de", 0);
     Device("pci0000:00/0000:00:01.0/0000:01:01.0", "0x020700", "0x15b3", 0);
     Device("pci0000:00/0000:00:02.0", "0x020700", "0x15b3", 0);
@@ -74,30 +60,6 @@ class FakeSysfs {
     Nic("mlx5_1", "pci0000:80/0000:80:01.0/0000:81:01.0");
     Nic("mlx5_2", "pci0000:00/0000:00:02.0");
   }
-  ~FakeSysfs() { std::filesystem::remove_all(root_); }
-  std::string root() const { return root_.string(); }
-
- private:
-  void Device(const std::string& path, const char* cls, const char* vendor,
-              int numa) {
-    const auto dir = root_ / "devices" / path;
-    std::filesystem::create_directories(dir);
-    std::ofstream(dir / "class") << cls << "\n";
-    std::ofstream(dir / "vendor") << vendor << "\n";
-    std::ofstream(dir / "numa_node") << numa << "\n";
-    const auto bus = root_ / "bus/pci/devices";
-    std::filesystem::create_directories(bus);
-    std::filesystem::create_directory_symlink(
-        dir, bus / std::filesystem::path(path).filename());
-  }
-  void Nic(const std::string& name, const std::string& path) {
-    const auto dir = root_ / "class/infiniband" / name;
-    std::filesystem::create_directories(dir);
-    std::filesystem::create_directory_symlink(root_ / "devices" / path,
-                                              dir / "device");
-  }
-
-  std::filesystem::path root_;
 };
 
 TEST(TopologyTest, FromSysfsPlacesNicsByNumaNodeAndGpuPciDistance) {
