@@ -33,7 +33,8 @@ void CopyEngine(char* to, const char* from, size_t n) {
 std::shared_ptr<const Allocation> Allocation::New(Kind kind, int device,
                                                   uint64_t buffer_id,
                                                   size_t size,
-                                                  size_t mapped_size) {
+                                                  size_t mapped_size,
+                                                  uintptr_t reservation) {
   std::shared_ptr<Allocation> a(
       new Allocation(device, buffer_id, size, mapped_size));
   if (kind == Kind::kPinnedHost) {
@@ -44,6 +45,7 @@ std::shared_ptr<const Allocation> Allocation::New(Kind kind, int device,
     a->data_ = static_cast<char*>(p);
     return a;
   }
+  a->base_ = reservation;  // Unmapped by the destructor if this fails.
   char name[64];
   std::snprintf(name, sizeof(name), "%sdev%d-%llu", kMemfdNamePrefix, device,
                 static_cast<unsigned long long>(buffer_id));
@@ -54,10 +56,13 @@ std::shared_ptr<const Allocation> Allocation::New(Kind kind, int device,
   }
   // The device pointer: address space no CPU access may touch. It is never
   // backed, so it costs no memory whatever its size.
-  void* reservation = mmap(nullptr, mapped_size, PROT_NONE,
-                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (reservation == MAP_FAILED) return nullptr;
-  a->base_ = reinterpret_cast<uintptr_t>(reservation);
+  if (reservation == 0) {
+    void* r = mmap(nullptr, mapped_size, PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (r == MAP_FAILED) return nullptr;
+    reservation = reinterpret_cast<uintptr_t>(r);
+  }
+  a->base_ = reservation;
   void* data = mmap(nullptr, mapped_size, PROT_READ | PROT_WRITE, MAP_SHARED,
                     a->memfd_, 0);
   if (data == MAP_FAILED) return nullptr;
@@ -66,7 +71,9 @@ std::shared_ptr<const Allocation> Allocation::New(Kind kind, int device,
 }
 
 Allocation::~Allocation() {
-  if (base_ != 0) munmap(reinterpret_cast<void*>(base_), mapped_size_);
+  if (base_ != 0 && !keep_reservation_.load()) {
+    munmap(reinterpret_cast<void*>(base_), mapped_size_);
+  }
   if (memfd_ >= 0) {
     if (data_ != nullptr) munmap(data_, mapped_size_);
     close(memfd_);
@@ -129,8 +136,14 @@ CUresult Driver::MemAlloc(CUdeviceptr* dptr, size_t size) {
   const size_t mapped = RoundToPages(size);
   // System calls under the lock: a few microseconds, and allocation then
   // never races with the context's reset.
+  uintptr_t reservation = 0;
+  if (auto spare = spare_reservations_.find(mapped);
+      spare != spare_reservations_.end()) {
+    reservation = spare->second;
+    spare_reservations_.erase(spare);
+  }
   auto a = Allocation::New(Allocation::Kind::kDevice, dev, next_buffer_id_++,
-                           size, mapped);
+                           size, mapped, reservation);
   if (a == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
   used_bytes_[dev] += mapped;
   const uintptr_t base = a->base();
@@ -147,6 +160,8 @@ CUresult Driver::MemFree(CUdeviceptr dptr) {
   freed = std::move(it->second);
   device_memory_.erase(it);
   used_bytes_[freed.allocation->device()] -= freed.allocation->mapped_size();
+  freed.allocation->KeepReservation();
+  spare_reservations_.emplace(freed.allocation->mapped_size(), dptr);
   return CUDA_SUCCESS;
 }
 

@@ -17,6 +17,7 @@
 #ifndef FERRY_GPU_SOFTGPU_SOFTGPU_H_
 #define FERRY_GPU_SOFTGPU_SOFTGPU_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -139,7 +140,9 @@ class Stream {
 };
 
 // One cuMemAlloc or cuMemHostAlloc: immutable once made, shared by the
-// driver's table and by copies that use it; the last reference unmaps it.
+// driver's table and by copies that use it; the last reference unmaps it
+// (a freed device allocation's address space excepted: the driver keeps
+// it for reuse).
 class Allocation {
  public:
   enum class Kind {
@@ -147,10 +150,13 @@ class Allocation {
     kPinnedHost,  // an ordinary read-write mapping
   };
   // An allocation of `size` bytes (mapped_size: rounded up to pages); null
-  // if the system refuses the memfd or a mapping.
+  // if the system refuses the memfd or a mapping. Device memory goes at
+  // `reservation` (PROT_NONE address space of mapped_size kept from a
+  // freed allocation) if it is not 0.
   static std::shared_ptr<const Allocation> New(Kind kind, int device,
                                                uint64_t buffer_id, size_t size,
-                                               size_t mapped_size);
+                                               size_t mapped_size,
+                                               uintptr_t reservation = 0);
   ~Allocation();
   Allocation(const Allocation&) = delete;
   Allocation& operator=(const Allocation&) = delete;
@@ -166,6 +172,10 @@ class Allocation {
   int memfd() const { return memfd_; }
   // Where the driver reads and writes the bytes at base() + offset.
   char* bytes(size_t offset) const { return data_ + offset; }
+  // Device memory: its address space stays reserved when the allocation
+  // goes, for the driver to reuse. NVIDIA's driver keeps freed device
+  // addresses too (no munmap at cuMemFree) and hands them out again.
+  void KeepReservation() const { keep_reservation_.store(true); }
 
  private:
   Allocation(int device, uint64_t buffer_id, size_t size, size_t mapped_size)
@@ -181,6 +191,7 @@ class Allocation {
   uintptr_t base_ = 0;
   int memfd_ = -1;
   char* data_ = nullptr;  // device: the hidden mapping; host: base_
+  mutable std::atomic<bool> keep_reservation_{false};
 };
 
 // What cuPointerGetAttribute(s) report about an address.
@@ -327,6 +338,10 @@ class Driver {
   std::map<uintptr_t, Entry> device_memory_ ABSL_GUARDED_BY(mu_);
   std::map<uintptr_t, Entry> host_memory_ ABSL_GUARDED_BY(mu_);
   uint64_t next_buffer_id_ ABSL_GUARDED_BY(mu_) = 1;
+  // Address space of freed device allocations, by size: the next
+  // allocation of that size gets it, so that tests meet, as on a GPU, a
+  // freed pointer that points into another allocation.
+  std::multimap<size_t, uintptr_t> spare_reservations_ ABSL_GUARDED_BY(mu_);
   // By handle: CUstream values are numbers, never reused, so a destroyed
   // stream's handle is refused rather than mistaken for a new stream.
   std::map<uintptr_t, std::shared_ptr<Stream>> streams_ ABSL_GUARDED_BY(mu_);
