@@ -439,12 +439,13 @@ absl::StatusOr<MemoryRegion> EngineImpl::MakeRegion(void* addr, size_t length,
   if (ValidateRegion(region.addr, region.length).ok()) {
     // GPU memory: its transports must not touch it with the CPU, and its
     // location names the GPU (Mooncake's automatic "cuda:N").
-    auto gpu = gpu::GpuOfRange(region.addr, region.length);
+    auto gpu = gpu::GpuAllocationOf(region.addr, region.length);
     if (!gpu.ok()) return gpu.status();
-    auto resolved = gpu::ResolveLocation(region.location, *gpu);
+    auto resolved = gpu::ResolveLocation(region.location, gpu->device);
     if (!resolved.ok()) return resolved.status();
     region.location = std::move(*resolved);
-    region.cuda_device = *gpu;
+    region.cuda_device = gpu->device;
+    region.cuda_buffer_id = gpu->buffer_id;
   }
   // The application's own registration wins over cached ones that share
   // its pages (unless transfers use them).

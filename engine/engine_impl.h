@@ -133,9 +133,11 @@ class EngineImpl {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(register_mu_);
 
   // MR cache (mr_cache.cc): leases the local range, registering a
-  // page-aligned cover of it first when the cache is on and the range is
-  // mapped but unregistered; evicts least recently used cached
-  // registrations beyond the budget.
+  // page-aligned cover of it (GPU memory: its whole allocation) first when
+  // the cache is on and the range is mapped but unregistered; evicts least
+  // recently used cached registrations beyond the budget. A range in GPU
+  // memory whose allocation was freed under its registration is an error
+  // (FailedPrecondition), or, cached, a miss.
   absl::StatusOr<MemoryRegistry::Lease> AcquireLocal(uintptr_t addr,
                                                      size_t length);
   // Installs the memory hooks the cache needs (when it is on) / drops the
@@ -156,6 +158,13 @@ class EngineImpl {
   void ProcessReleases();
   void DropCachedOverlapping(uintptr_t addr, size_t length);
   void EvictCached(uintptr_t keep);
+  // Retires cached registrations of GPU allocations freed since they were
+  // made (no memory hook sees cuMemFree).
+  void DropFreedGpu();
+  // OK unless the lease is of GPU memory whose allocation was freed: the
+  // registration then names memory that is gone or another allocation's.
+  static absl::Status CheckGpuLease(const MemoryRegistry::Lease& lease,
+                                    uintptr_t addr, size_t length);
   void ForgetCached(uintptr_t addr);
   // Validates request `index` into *out. `prev` (if not null) is the
   // request before it: a local range in the same buffer shares its lease.
@@ -222,6 +231,8 @@ class EngineImpl {
   struct CachedMr {
     size_t length;
     uint64_t last_use;
+    int device = -1;         // GPU memory's device, -1 for host memory.
+    uint64_t buffer_id = 0;  // GPU memory's allocation (gpu_memory.h).
   };
   mutable Mutex cache_mu_;
   // Takes a cached registration out of the cache and retires it (no new

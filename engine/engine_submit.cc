@@ -67,8 +67,10 @@ absl::Status EngineImpl::Prepare(size_t index, const TransferRequest& req,
   }
   if (!lease.ok() || !lease->held()) lease = AcquireLocal(src, req.length);
   if (!lease.ok()) {
-    if (options_.mr_cache_bytes > 0) {
-      // The MR cache tried and says why it could not register the range.
+    if (options_.mr_cache_bytes > 0 ||
+        lease.status().code() == absl::StatusCode::kFailedPrecondition) {
+      // The MR cache tried and says why it could not register the range,
+      // or the range's GPU allocation was freed under its registration.
       return absl::Status(lease.status().code(),
                           absl::StrCat(Where(index), lease.status().message()));
     }

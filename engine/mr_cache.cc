@@ -19,7 +19,12 @@
 //     transports unregistered it, so nothing new is registered over it
 //     before that;
 //   - least recently used registrations beyond mr_cache_bytes are dropped,
-//     never one a transfer is using.
+//     never one a transfer is using;
+//   - GPU memory is cached as the driver's whole allocation. No hook sees
+//     cuMemFree, so each use checks the allocation's id against the
+//     driver's (one query), and each miss drops the registrations of
+//     allocations freed since: a NIC never writes where a freed allocation
+//     was, and a freed one holds device memory only until the next miss.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -80,10 +85,26 @@ void EngineImpl::UnregisterCached(uintptr_t addr) {
   local_memory_.EraseRetired(addr);
 }
 
+absl::Status EngineImpl::CheckGpuLease(const MemoryRegistry::Lease& lease,
+                                       uintptr_t addr, size_t length) {
+  const MemoryRegion& r = lease.region();
+  if (r.cuda_device < 0) return absl::OkStatus();
+  absl::Status s =
+      gpu::CheckGpuAllocation(addr, r.cuda_device, r.cuda_buffer_id);
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat("local source 0x", absl::Hex(addr),
+                                             "+", length, ": ", s.message()));
+}
+
 absl::StatusOr<MemoryRegistry::Lease> EngineImpl::AcquireLocal(uintptr_t addr,
                                                                size_t length) {
   if (options_.mr_cache_bytes == 0) {
-    return local_memory_.Acquire(addr, length, /*need_remote=*/false);
+    auto lease = local_memory_.Acquire(addr, length, /*need_remote=*/false);
+    if (!lease.ok()) return lease;
+    if (absl::Status s = CheckGpuLease(*lease, addr, length); !s.ok()) {
+      return s;
+    }
+    return lease;
   }
   // Before any lookup: a registration whose memory went away must not
   // serve this request.
@@ -93,38 +114,58 @@ absl::StatusOr<MemoryRegistry::Lease> EngineImpl::AcquireLocal(uintptr_t addr,
   }
   auto lease = local_memory_.Acquire(addr, length, /*need_remote=*/false);
   if (lease.ok()) {
-    MutexLock lock(&cache_mu_);
-    auto it = cache_.find(lease->region().addr);
-    if (it != cache_.end()) it->second.last_use = ++cache_clock_;
-    return lease;
+    // No hook sees cuMemFree: a GPU registration is checked against the
+    // driver at each use instead.
+    absl::Status live = CheckGpuLease(*lease, addr, length);
+    const uintptr_t base = lease->region().addr;
+    {
+      MutexLock lock(&cache_mu_);
+      auto it = cache_.find(base);
+      if (live.ok()) {
+        if (it != cache_.end()) it->second.last_use = ++cache_clock_;
+        return lease;
+      }
+      // The application's own registration of a freed allocation is its
+      // error to see; the cache's own goes, and the range misses.
+      if (it == cache_.end()) return live;
+      lease = live;  // Gives the lease back before it is retired.
+      RetireCachedLocked(it);
+      mr_cache_invalidations_.fetch_add(1, std::memory_order_relaxed);
+    }
+    ProcessReleases();
   }
   if (addr + length < addr) return lease;
-  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  const uintptr_t start = addr & ~(page - 1);
-  const uintptr_t end = (addr + length + page - 1) & ~(page - 1);
-  // Registering unmapped memory would fault later (or, on a NIC, fail to
-  // pin): msync reports ENOMEM for any unmapped page in the range.
-  if (::msync(reinterpret_cast<void*>(start), end - start, MS_ASYNC) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "local source 0x", absl::Hex(addr), "+", length,
-        " is not mapped memory, so the MR cache cannot register it"));
-  }
-  // GPU memory is registered once, by the application: the cache's pages
-  // and its munmap-driven invalidation are host memory's.
-  auto gpu = gpu::GpuOfRange(addr, length);
+  // GPU memory is cached as the driver's whole allocation (its id checked
+  // at each use); host memory as a page-aligned cover, watched by the
+  // memory hooks.
+  auto gpu = gpu::GpuAllocationOf(addr, length);
   if (!gpu.ok()) return gpu.status();
-  if (*gpu >= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("local source 0x", absl::Hex(addr), "+", length,
-                     " is GPU memory on cuda:", *gpu,
-                     ", which the MR cache does not register: register it with "
-                     "RegisterLocalMemory"));
+  const bool on_gpu = gpu->device >= 0;
+  uintptr_t start = gpu->start;
+  uintptr_t end = gpu->start + gpu->size;
+  if (!on_gpu) {
+    const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    start = addr & ~(page - 1);
+    end = (addr + length + page - 1) & ~(page - 1);
+    // Registering unmapped memory would fault later (or, on a NIC, fail to
+    // pin): msync reports ENOMEM for any unmapped page in the range.
+    if (::msync(reinterpret_cast<void*>(start), end - start, MS_ASYNC) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "local source 0x", absl::Hex(addr), "+", length,
+          " is not mapped memory, so the MR cache cannot register it"));
+    }
   }
+  // A miss is when an application that freed GPU memory has allocated
+  // more: what it freed stops holding device memory (through the NICs'
+  // registrations) from here.
+  DropFreedGpu();
   absl::Status last;
   for (int attempt = 0; attempt < kMissAttempts; ++attempt) {
     // Cached registrations sharing pages with the cover (neighbouring
     // allocations often do) are merged into it: registered buffers may not
-    // overlap, and a request must lie inside one.
+    // overlap, and a request must lie inside one. A cached registration
+    // overlapping a live GPU allocation is of a freed one: it goes, and
+    // the cover stays the allocation.
     uintptr_t lo = start, hi = end;
     std::vector<uintptr_t> merged;
     {
@@ -135,6 +176,7 @@ absl::StatusOr<MemoryRegistry::Lease> EngineImpl::AcquireLocal(uintptr_t addr,
           if (a < hi && a + c.length > lo &&
               std::find(merged.begin(), merged.end(), a) == merged.end()) {
             merged.push_back(a);
+            if (on_gpu) continue;
             lo = std::min(lo, a);
             hi = std::max(hi, a + c.length);
             grew = true;
@@ -158,8 +200,10 @@ absl::StatusOr<MemoryRegistry::Lease> EngineImpl::AcquireLocal(uintptr_t addr,
     MemoryRegion region;
     region.addr = lo;
     region.length = hi - lo;
-    region.location = "*";
+    region.location = on_gpu ? absl::StrCat("cuda:", gpu->device) : "*";
     region.remote_accessible = false;
+    region.cuda_device = gpu->device;
+    region.cuda_buffer_id = gpu->buffer_id;
     // Known as being registered, and watched, before anything is pinned:
     // a release from now on invalidates it (ProcessReleases).
     {
@@ -213,7 +257,8 @@ absl::StatusOr<MemoryRegistry::Lease> EngineImpl::AcquireLocal(uintptr_t addr,
         // the release processing takes: nothing can drop it in between.
         lease = local_memory_.ActivateAndAcquire(lo, std::move(handles), addr,
                                                  length);
-        cache_[lo] = CachedMr{hi - lo, ++cache_clock_};
+        cache_[lo] =
+            CachedMr{hi - lo, ++cache_clock_, gpu->device, gpu->buffer_id};
         cache_bytes_ += hi - lo;
       }
     } else {
@@ -316,6 +361,36 @@ void EngineImpl::ProcessReleases() {
   }
   // Their ranges stay reserved in the registry until this is done.
   for (uintptr_t a : idle) UnregisterCached(a);
+}
+
+void EngineImpl::DropFreedGpu() {
+  struct Gpu {
+    uintptr_t addr;
+    int device;
+    uint64_t buffer_id;
+  };
+  std::vector<Gpu> cached;
+  {
+    MutexLock lock(&cache_mu_);
+    for (const auto& [a, c] : cache_) {
+      if (c.device >= 0) cached.push_back({a, c.device, c.buffer_id});
+    }
+  }
+  if (cached.empty()) return;
+  bool dropped = false;
+  for (const Gpu& g : cached) {
+    // Asked with no lock held: a driver call may take a while.
+    if (gpu::CheckGpuAllocation(g.addr, g.device, g.buffer_id).ok()) {
+      continue;
+    }
+    MutexLock lock(&cache_mu_);
+    auto it = cache_.find(g.addr);
+    if (it == cache_.end() || it->second.buffer_id != g.buffer_id) continue;
+    RetireCachedLocked(it);
+    mr_cache_invalidations_.fetch_add(1, std::memory_order_relaxed);
+    dropped = true;
+  }
+  if (dropped) ProcessReleases();
 }
 
 void EngineImpl::EvictCached(uintptr_t keep) {

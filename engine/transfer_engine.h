@@ -140,8 +140,10 @@ struct EngineOptions {
   // to the kernel or remapped (memory hooks in libc, as UCX does; x86-64;
   // Init fails with FailedPrecondition where they cannot be installed).
   // At most 64 engines of one process may have it on at once (the hooks'
-  // watcher pool); Init of one more fails with ResourceExhausted.
-  // 0 (the default): unregistered sources are an error.
+  // watcher pool); Init of one more fails with ResourceExhausted. GPU
+  // memory is cached as the driver's whole allocation; no hook sees
+  // cuMemFree, so its allocation id is checked at each use and each miss
+  // (docs/gpu.md). 0 (the default): unregistered sources are an error.
   size_t mr_cache_bytes = 0;
   // Upper bound of AllocateBatch capacity.
   size_t max_batch_capacity = 1 << 16;
@@ -310,6 +312,8 @@ class TransferEngine {
   // "cpu:N", "cuda:N" or "*". A remote-accessible buffer is published so
   // peers can READ and WRITE it. InvalidArgument for a null address, zero
   // length or wrap-around; AlreadyExists if it overlaps a registered buffer.
+  // GPU memory (docs/gpu.md) must lie in one driver allocation, and must
+  // be unregistered before that allocation is freed.
   absl::Status RegisterLocalMemory(void* addr, size_t length,
                                    const std::string& location = "*",
                                    bool remote_accessible = true);
@@ -369,7 +373,9 @@ class TransferEngine {
   // submitted. Errors: InvalidArgument for a bad batch id, zero length, a
   // local range not inside registered memory, or more requests than the
   // remaining capacity; NotFound for an unknown segment handle;
-  // FailedPrecondition if no installed transport reaches the target.
+  // FailedPrecondition if no installed transport reaches the target, or if
+  // a local range is GPU memory whose allocation was freed under its
+  // registration.
   //
   // A request whose remote range is not inside one remote-accessible
   // buffer of the cached descriptor (the peer may have registered it

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
 namespace ferry::gpu {
@@ -18,6 +19,28 @@ namespace ferry::gpu {
 // is loaded or initialised here. InvalidArgument if the range starts in a
 // GPU allocation and runs past its end. Thread-safe.
 absl::StatusOr<int> GpuOfRange(uintptr_t addr, size_t length);
+
+// The GPU allocation holding a range, as GpuAllocationOf reports it.
+struct GpuAllocation {
+  int device = -1;      // -1: host memory; the other fields are then zero.
+  uintptr_t start = 0;  // The driver's allocation: [start, start + size).
+  size_t size = 0;
+  // The driver's id of that allocation, never reused in the process: a
+  // registration remembers it, so that an allocation freed (and perhaps
+  // another made at its address) under a registration is noticed.
+  uint64_t buffer_id = 0;
+};
+
+// As GpuOfRange, with the allocation's bounds and id.
+absl::StatusOr<GpuAllocation> GpuAllocationOf(uintptr_t addr, size_t length);
+
+// OK if `addr` still lies in the GPU allocation `buffer_id` that a buffer
+// registered on cuda:`device` was in. FailedPrecondition otherwise: the
+// application freed that allocation while it was registered (the address
+// may now be unmapped or hold another allocation), which no transfer may
+// touch; the message says so from "0x<addr> is in" on, for the caller to
+// prefix. One driver query, no context needed. Thread-safe.
+absl::Status CheckGpuAllocation(uintptr_t addr, int device, uint64_t buffer_id);
 
 // A registration's location for a buffer on GPU `gpu` (-1: host memory):
 // "*" and "" become "cuda:<gpu>" for GPU memory (Mooncake's automatic

@@ -39,6 +39,10 @@ struct MemoryRegion {
   // The GPU whose memory the region is (gpu/gpu_memory.h), -1 for host
   // memory. A transport must not touch GPU memory with the CPU.
   int cuda_device = -1;
+  // For GPU memory, the driver's id of the allocation holding it when it
+  // was registered (gpu::GpuAllocation): a freed allocation is noticed by
+  // its id no longer being at the address.
+  uint64_t cuda_buffer_id = 0;
 };
 
 // Validates a region given by a user: non-null, nonzero length, no

@@ -6,6 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/dma_annotations.h"
+#include "common/log.h"
+#include "gpu/gpu_memory.h"
 
 namespace ferry::tcp {
 
@@ -104,7 +106,7 @@ absl::Status ServerSession::StartRequest(const uint8_t* header,
       status == WireStatus::kOk ? lease.region().cuda_device : -1;
   TargetStaging::Buffer staged;
   if (device >= 0) {
-    status = Stage(req, device, &staged);
+    status = Stage(req, lease.region(), &staged);
     if (status == WireStatus::kOk && !staged) {
       stalled_ = true;  // Counted when it is served.
       if (stalled_since_ == absl::InfiniteFuture()) stalled_since_ = now;
@@ -179,10 +181,23 @@ WireStatus ServerSession::Admit(const RequestHeader& req,
   return WireStatus::kOk;
 }
 
-WireStatus ServerSession::Stage(const RequestHeader& req, int device,
+WireStatus ServerSession::Stage(const RequestHeader& req,
+                                const MemoryRegion& region,
                                 TargetStaging::Buffer* buffer) {
   if (gpu_staging_ == nullptr) return WireStatus::kStagingFailed;
   if (req.length > gpu_staging_->buffer_bytes()) return WireStatus::kTooLarge;
+  // The copy engine would write where the freed allocation was: into
+  // nothing, or into whatever the application allocated there since.
+  if (absl::Status live = gpu::CheckGpuAllocation(
+          req.remote_addr, region.cuda_device, region.cuda_buffer_id);
+      !live.ok()) {
+    FERRY_LOG_EVERY(kWarn, "tcp", absl::Seconds(1), "refused a peer's ",
+                    req.op == WireOp::kWrite ? "WRITE" : "READ", " of 0x",
+                    absl::Hex(req.remote_addr), "+", req.length, ": ",
+                    live.message());
+    return WireStatus::kStagingFailed;
+  }
+  const int device = region.cuda_device;
   absl::StatusOr<TargetStaging::Buffer> b = gpu_staging_->TryAcquire(device);
   if (!b.ok()) return WireStatus::kStagingFailed;
   *buffer = std::move(*b);

@@ -128,9 +128,11 @@ class ServerSession {
   // Leases the request's range if the frame may access it; else says why
   // not (and leases nothing).
   WireStatus Admit(const RequestHeader& req, MemoryRegistry::Lease* lease);
-  // For a GPU-resident range: a staging buffer in `*buffer`, or an error
-  // status; kOk with no buffer means none is free (stall).
-  WireStatus Stage(const RequestHeader& req, int device,
+  // For a GPU-resident range in `region`: a staging buffer in `*buffer`,
+  // or an error status (kStagingFailed too when the application freed the
+  // allocation under its registration); kOk with no buffer means none is
+  // free (stall).
+  WireStatus Stage(const RequestHeader& req, const MemoryRegion& region,
                    TargetStaging::Buffer* buffer);
   void EndPayload(absl::Time now);
   void Queue(Response r, absl::Time now);

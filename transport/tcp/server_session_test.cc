@@ -19,6 +19,21 @@ constexpr uint64_t kIncarnation = 42;
 
 class ServerSessionTest : public ::testing::Test {
  protected:
+  // 64 KiB of GPU 0's memory (softgpu), registered with the key.
+  void AddGpuBuffer(const gpu::CudaDriver& d, CUdeviceptr* dev) {
+    ASSERT_OK(d.UseDevice(0));
+    ASSERT_OK(d.Check(d.api().cuMemAlloc(dev, 1 << 16), "cuMemAlloc"));
+    MemoryRegion r;
+    r.addr = *dev;
+    r.length = 1 << 16;
+    r.remote_accessible = true;
+    r.cuda_device = 0;
+    ASSERT_OK_AND_ASSIGN(gpu::PointerInfo info,
+                         d.Classify(reinterpret_cast<void*>(*dev)));
+    r.cuda_buffer_id = info.buffer_id;
+    ASSERT_OK(registry_.Add(r, {&kKey}));
+  }
+
   void SetUp() override {
     mem_.assign(1 << 16, 0);
     MemoryRegion r;
@@ -126,17 +141,10 @@ TEST_F(ServerSessionTest, ReadIsAnsweredFromMemory) {
 // frame_timeout; once A's answer is sent, B is served from the device.
 TEST_F(ServerSessionTest, GpuFramesWaitForAStagingBufferWithinTheFrameTimeout) {
   const gpu::CudaDriver& d = gpu::SoftgpuDriver(1);
-  ASSERT_OK(d.UseDevice(0));
   CUdeviceptr dev = 0;
-  ASSERT_OK(d.Check(d.api().cuMemAlloc(&dev, 1 << 16), "cuMemAlloc"));
+  ASSERT_NO_FATAL_FAILURE(AddGpuBuffer(d, &dev));
   std::string want(16, '\x5a');
   ASSERT_OK(d.CopyToDevice(dev, want.data(), want.size()));
-  MemoryRegion r;
-  r.addr = dev;
-  r.length = 1 << 16;
-  r.remote_accessible = true;
-  r.cuda_device = 0;
-  ASSERT_OK(registry_.Add(r, {&kKey}));
   limits_.handshake_timeout = absl::Seconds(2);
   limits_.frame_timeout = absl::Seconds(5);
   {
@@ -166,6 +174,29 @@ TEST_F(ServerSessionTest, GpuFramesWaitForAStagingBufferWithinTheFrameTimeout) {
   }
   ASSERT_OK(registry_.Remove(dev, absl::Seconds(1)));
   d.api().cuMemFree(dev);
+}
+
+// GPU memory freed under its registration is refused (the copy would land
+// wherever the address points now), a WRITE's payload drained unapplied.
+TEST_F(ServerSessionTest, FramesToFreedGpuMemoryAreRefused) {
+  const gpu::CudaDriver& d = gpu::SoftgpuDriver(1);
+  CUdeviceptr dev = 0;
+  ASSERT_NO_FATAL_FAILURE(AddGpuBuffer(d, &dev));
+  ASSERT_OK(d.Check(d.api().cuMemFree(dev), "cuMemFree"));
+  {
+    TargetStaging staging(2, 4096);
+    ServerSession s(&registry_, limits_, kIncarnation, kT0, &staging);
+    ASSERT_OK(Feed(s,
+                   Request(WireOp::kWrite, 1, dev, 64) + std::string(64, 'w') +
+                       Request(WireOp::kRead, 2, dev, 16),
+                   kT0));
+    auto resp = Responses(Drain(s, kT0));
+    ASSERT_EQ(resp.size(), 2u);
+    EXPECT_EQ(resp[0].status, WireStatus::kStagingFailed);
+    EXPECT_EQ(resp[1].status, WireStatus::kStagingFailed);
+    EXPECT_EQ(resp[1].length, 0u);
+  }
+  ASSERT_OK(registry_.Remove(dev, absl::Seconds(1)));
 }
 
 TEST_F(ServerSessionTest, OutOfBoundsIsRejectedAndTouchesNothing) {
