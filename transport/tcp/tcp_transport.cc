@@ -57,8 +57,8 @@ TcpTransport::TcpTransport(const TransportOptions& options)
     : options_(options),
       server_(&registry_, options_.tcp),
       client_(options_.tcp, options_.connect_timeout),
-      gpu_staging_(&client_, options_.tcp.staging_buffers,
-                   options_.tcp.max_slice_bytes) {
+      gpu_staging_(&staging_path_, "TCP", "tcp.staging_buffers",
+                   options_.tcp.staging_buffers, options_.tcp.max_slice_bytes) {
   for (int i = 0; i < kMaxGpus; ++i) gpu_tags_[i].device = i;
 }
 

@@ -89,8 +89,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "common/mutex.h"
+#include "transport/gpu_staging.h"
 #include "transport/memory_registry.h"
-#include "transport/tcp/gpu_staging.h"
 #include "transport/tcp/tcp_client.h"
 #include "transport/tcp/tcp_server.h"
 #include "transport/transport.h"
@@ -129,6 +129,15 @@ class TcpTransport final : public Transport {
   MemoryRegistry registry_;
   TcpServer server_;
   TcpClient client_;
+  // Staged slices go to the client as host memory.
+  struct ClientPath final : StagingPath {
+    explicit ClientPath(TcpClient* c) : client(c) {}
+    void SubmitStaged(Slice* slice) override {
+      client->Submit(absl::MakeConstSpan(&slice, 1));
+    }
+    TcpClient* client;
+  };
+  ClientPath staging_path_{&client_};
   GpuStaging gpu_staging_;
   // The local handle of a GPU buffer: which device (host buffers: null).
   struct GpuTag {

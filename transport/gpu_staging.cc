@@ -1,4 +1,4 @@
-#include "transport/tcp/gpu_staging.h"
+#include "transport/gpu_staging.h"
 
 #include <utility>
 #include <vector>
@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "gpu/cuda_driver.h"
 
-namespace ferry::tcp {
+namespace ferry {
 namespace {
 
 // Streams per GPU: enough that the copies of the slices in flight do not
@@ -21,9 +21,12 @@ absl::Status Staged(const absl::Status& s, const char* what) {
 
 }  // namespace
 
-GpuStaging::GpuStaging(TcpClient* client, size_t buffers, size_t buffer_bytes,
-                       Clock* clock)
-    : client_(client),
+GpuStaging::GpuStaging(StagingPath* path, std::string transport,
+                       std::string buffers_option, size_t buffers,
+                       size_t buffer_bytes, Clock* clock)
+    : path_(path),
+      transport_(std::move(transport)),
+      buffers_option_(std::move(buffers_option)),
       buffers_(buffers),
       buffer_bytes_(buffer_bytes),
       clock_(clock) {}
@@ -31,12 +34,15 @@ GpuStaging::GpuStaging(TcpClient* client, size_t buffers, size_t buffer_bytes,
 GpuStaging::~GpuStaging() {
   Stop();
   MutexLock lock(&mu_);
-  for (auto& slot : slots_) pool_->Release(slot->buffer);
+  for (auto& slot : slots_) {
+    path_->UnregisterStagingBuffer(slot->buffer);
+    pool_->Release(slot->buffer);
+  }
 }
 
 absl::Status GpuStaging::Prepare(int device) {
   MutexLock lock(&mu_);
-  if (stopped_) return absl::CancelledError("TCP transport is shut down");
+  if (stopped_) return ShutDown();
   return Init(device);
 }
 
@@ -54,15 +60,32 @@ absl::Status GpuStaging::Init(int device) {
     if (!b.ok()) return b.status();  // The pool frees what it pinned.
     buffers.push_back(*b);
   }
+  std::vector<MemoryHandle> handles;
+  auto undo = [&] {
+    for (size_t i = 0; i < handles.size(); ++i) {
+      path_->UnregisterStagingBuffer(buffers[i]);
+    }
+    for (uint8_t* b : buffers) pool->Release(b);
+  };
+  for (uint8_t* b : buffers) {
+    absl::StatusOr<MemoryHandle> h =
+        path_->RegisterStagingBuffer(b, buffer_bytes_);
+    if (!h.ok()) {
+      undo();
+      return h.status();
+    }
+    handles.push_back(*h);
+  }
   auto queue = std::make_unique<gpu::CopyQueue>(*driver, kStreamsPerDevice);
   if (absl::Status s = queue->Start(); !s.ok()) {
-    for (uint8_t* b : buffers) pool->Release(b);
+    undo();
     return s;
   }
-  for (uint8_t* b : buffers) {
+  for (size_t i = 0; i < buffers.size(); ++i) {
     auto slot = std::make_unique<Slot>();
     slot->owner = this;
-    slot->buffer = b;
+    slot->buffer = buffers[i];
+    slot->handle = handles[i];
     free_.push_back(slot.get());
     slots_.push_back(std::move(slot));
   }
@@ -78,7 +101,7 @@ void GpuStaging::Submit(Slice* slice, int device) {
   {
     MutexLock lock(&mu_);
     if (stopped_) {
-      refused = absl::CancelledError("TCP transport is shut down");
+      refused = ShutDown();
     } else if (!initialized_) {
       refused = absl::FailedPreconditionError(
           "GPU staging is not set up: the buffer was not registered with "
@@ -110,6 +133,7 @@ void GpuStaging::Start(Slot* slot) {
   shadow = Slice();
   shadow.op = s.op;
   shadow.local = slot->buffer;
+  shadow.local_handle = slot->handle;
   shadow.remote = s.remote;
   shadow.length = s.length;
   shadow.target = s.target;
@@ -123,12 +147,10 @@ void GpuStaging::Start(Slot* slot) {
                          if (!st.ok()) {
                            return Finish(slot, Staged(st, "device to host"));
                          }
-                         Slice* shadow = &slot->shadow;
-                         client_->Submit(absl::MakeConstSpan(&shadow, 1));
+                         path_->SubmitStaged(&slot->shadow);
                        });
   } else {
-    Slice* shadow_ptr = &shadow;
-    client_->Submit(absl::MakeConstSpan(&shadow_ptr, 1));
+    path_->SubmitStaged(&shadow);
   }
 }
 
@@ -169,12 +191,14 @@ void GpuStaging::Finish(Slot* slot, const absl::Status& status) {
   }
   done->Complete(status);
   for (Slice* s : expired) {
-    s->Complete(absl::DeadlineExceededError(
-        "TCP slice of GPU memory waited for a staging buffer past its "
-        "deadline (every buffer was in use: tcp.staging_buffers)"));
+    s->Complete(absl::DeadlineExceededError(absl::StrCat(
+        transport_,
+        " slice of GPU memory waited for a staging buffer past its "
+        "deadline (every buffer was in use: ",
+        buffers_option_, ")")));
   }
-  // On the queue's thread: a slice that fails at once on the client
-  // (a backed-off peer) must not start the next one on this stack, and so
+  // On the queue's thread: a slice that fails at once on the path (a
+  // backed-off peer) must not start the next one on this stack, and so
   // on through the whole queue.
   if (next) queue_->Post([this, slot] { Start(slot); });
 }
@@ -187,17 +211,20 @@ void GpuStaging::Stop() {
     stopped_ = true;
     waiting.swap(waiting_);
   }
-  for (const Waiting& w : waiting) {
-    w.slice->Complete(absl::CancelledError("TCP transport is shut down"));
-  }
+  for (const Waiting& w : waiting) w.slice->Complete(ShutDown());
   // Runs the callbacks of the copies in flight; their slices complete
-  // (the client, shut down, cancels those that would go on to the wire).
+  // (the path, shutting down, cancels those that would go on to the wire).
   gpu::CopyQueue* queue = nullptr;
   {
     MutexLock lock(&mu_);
     queue = queue_.get();
   }
   if (queue != nullptr) queue->Stop();
+}
+
+absl::Status GpuStaging::ShutDown() const {
+  return absl::CancelledError(
+      absl::StrCat(transport_, " transport is shut down"));
 }
 
 GpuStaging::Counters GpuStaging::counters() const {
@@ -216,4 +243,4 @@ GpuStaging::Counters GpuStaging::counters() const {
   return c;
 }
 
-}  // namespace ferry::tcp
+}  // namespace ferry

@@ -1,41 +1,64 @@
-// GpuStaging: the TCP initiator's path for slices whose local memory is
-// on a GPU. Sockets read and write memory with the CPU, which device
-// memory refuses, so each such slice moves through a pinned host buffer:
+// GpuStaging: an initiator's path for slices whose local memory is on a
+// GPU that the transport's data path cannot reach: TCP's sockets (the CPU
+// reads and writes, which device memory refuses), or a NIC without
+// GPUDirect RDMA (no dma-buf, no nvidia-peermem). Each such slice moves
+// through a pinned host buffer:
 //
 //   WRITE: device --copy--> buffer --wire--> target
 //   READ:  target --wire--> buffer --copy--> device
 //
 // A slice takes one buffer for its whole life; the buffers (`buffers` of
-// max_slice_bytes each, allocated at the first GPU slice) are the bound on
-// the memory the path uses. Slices beyond them wait, in order, for one to
-// come free; one whose deadline passed meanwhile fails then, without a
-// copy (DeadlineExceeded), so a wait is bounded by the deadlines of the
-// slices holding the buffers. Copies run on the staging queue's own streams and
-// thread (gpu/staging.h), so while one slice is copied, those before it are on
-// the wire. The target side stages the same way (server_session.h).
+// the transport's largest slice each, allocated at the first GPU
+// registration) are the bound on the memory the path uses. Slices beyond
+// them wait, in order, for one to come free; one whose deadline passed
+// meanwhile fails then, without a copy (DeadlineExceeded), so a wait is
+// bounded by the deadlines of the slices holding the buffers. Copies run
+// on the staging queue's own streams and thread (gpu/staging.h), so while
+// one slice is copied, those before it are on the wire.
 //
-// A copy that fails completes its slice with the driver's error; a slice
-// never completes before its bytes are in place (a READ: in device memory).
+// The transport moves the buffer's bytes as host memory, on its own path
+// (StagingPath). A copy that fails completes its slice with the driver's
+// error; a slice never completes before its bytes are in place (a READ:
+// in device memory).
 //
 // Thread-safe.
-#ifndef FERRY_TRANSPORT_TCP_GPU_STAGING_H_
-#define FERRY_TRANSPORT_TCP_GPU_STAGING_H_
+#ifndef FERRY_TRANSPORT_GPU_STAGING_H_
+#define FERRY_TRANSPORT_GPU_STAGING_H_
 
 #include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/clock.h"
 #include "common/mutex.h"
 #include "gpu/staging.h"
-#include "transport/tcp/tcp_client.h"
 #include "transport/transport.h"
 
-namespace ferry::tcp {
+namespace ferry {
+
+// What a transport gives GpuStaging: its own path for host memory.
+class StagingPath {
+ public:
+  virtual ~StagingPath() = default;
+  // Moves `slice`, whose local memory is one of the staging buffers, as
+  // host memory, and completes it through its sink.
+  virtual void SubmitStaged(Slice* slice) = 0;
+  // Registers staging buffer [buffer, buffer + bytes) (pinned host memory)
+  // with the transport; the handle goes into the slices of that buffer.
+  // Called once per buffer when staging sets up, under its lock.
+  virtual absl::StatusOr<MemoryHandle> RegisterStagingBuffer(uint8_t* buffer,
+                                                             size_t bytes) {
+    return nullptr;
+  }
+  // Undoes RegisterStagingBuffer, when staging is destroyed.
+  virtual void UnregisterStagingBuffer(uint8_t* buffer) {}
+};
 
 class GpuStaging {
  public:
@@ -46,8 +69,11 @@ class GpuStaging {
     uint64_t copy_bytes = 0;
   };
 
-  // `client` and `clock` must outlive this object. `buffers` >= 1.
-  GpuStaging(TcpClient* client, size_t buffers, size_t buffer_bytes,
+  // `path` and `clock` must outlive this object. `buffers` >= 1.
+  // `transport` ("TCP") and `buffers_option` ("tcp.staging_buffers") name
+  // them in errors.
+  GpuStaging(StagingPath* path, std::string transport,
+             std::string buffers_option, size_t buffers, size_t buffer_bytes,
              Clock* clock = RealClock());
   ~GpuStaging();
   GpuStaging(const GpuStaging&) = delete;
@@ -71,20 +97,21 @@ class GpuStaging {
   void SetClock(Clock* clock) { clock_ = clock; }
 
   // Completes every slice not on the wire with Cancelled and stops the
-  // copies. Call after the client was shut down (which completes the
-  // slices on the wire). Idempotent.
+  // copies; those that finish go on to the path, which must cancel them
+  // (it is shutting down). Idempotent.
   void Stop();
 
   Counters counters() const;
 
  private:
   // One pinned buffer and the slice using it. The slot is the sink of
-  // the slice it hands to the client (the "shadow": the slice's op and
+  // the slice it hands to the path (the "shadow": the slice's op and
   // target, with the buffer as its local memory).
   struct Slot : SliceSink {
     GpuStaging* owner = nullptr;
     uint8_t* buffer = nullptr;
-    Slice* slice = nullptr;  // The engine's.
+    MemoryHandle handle = nullptr;  // The path's, for the buffer.
+    Slice* slice = nullptr;         // The engine's.
     int device = -1;
     Slice shadow;
     void OnSliceDone(Slice* shadow, const absl::Status& status) override;
@@ -94,6 +121,7 @@ class GpuStaging {
     int device;
   };
 
+  absl::Status ShutDown() const;
   // Sets up the pool, the queue and the slots.
   absl::Status Init(int device) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Start(Slot* slot);
@@ -101,7 +129,9 @@ class GpuStaging {
   // slice, if any, or back to the free list.
   void Finish(Slot* slot, const absl::Status& status);
 
-  TcpClient* const client_;
+  StagingPath* const path_;
+  const std::string transport_;
+  const std::string buffers_option_;
   const size_t buffers_;
   const size_t buffer_bytes_;
   Clock* clock_;
@@ -117,6 +147,6 @@ class GpuStaging {
   uint64_t waits_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-}  // namespace ferry::tcp
+}  // namespace ferry
 
-#endif  // FERRY_TRANSPORT_TCP_GPU_STAGING_H_
+#endif  // FERRY_TRANSPORT_GPU_STAGING_H_
