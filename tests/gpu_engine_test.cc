@@ -134,6 +134,7 @@ class GpuEngineTest : public ::testing::TestWithParam<Case> {
     ASSERT_OK(target_.Init(t));
     EngineOptions i = t;
     i.tcp.staging_buffers = c.staging_buffers;
+    i.rdma.staging_buffers = c.staging_buffers;
     if (c.target_staging_buffers == 1) {
       // Many requests in a row on one connection: the target's session
       // reads several before it answers one, so they wait for its buffer.
@@ -188,6 +189,15 @@ TEST_P(GpuEngineTest, ReadAndWriteEveryByteVerified) {
     ASSERT_EQ(remote_->Check(off, len, 77), len) << "WRITE of " << len;
     remote_->Fill(off, len, 11);
   }
+  // Staged where the path cannot reach device memory: TCP always, RDMA
+  // where the NICs cannot register it (no GPUDirect).
+  const bool gpudirect = *Driver().DmaBufSupported(0);
+  const bool staged =
+      GetParam().local_device >= 0 &&
+      (GetParam().transport == std::string("tcp") || !gpudirect);
+  const TransportStats st = initiator_.GetTransportStats()[0];
+  EXPECT_EQ(st.staged_slices > 0, staged) << st.staged_slices;
+  EXPECT_EQ(st.staging_copy_bytes > 0, staged) << st.staging_copy_bytes;
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -199,6 +209,16 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"tcp", -1, 1, 8, 8}, Case{"tcp", 0, -1, 8, 8},
                       Case{"tcp", 0, 1, 1, 8}, Case{"tcp", 0, 1, 8, 1}),
     CaseName);
+
+// A driver that cannot export dma-bufs and no nvidia-peermem (softgpu with
+// FERRY_SOFTGPU_DMABUF=0; the gpu_engine_no_gpudirect_test target): the
+// RDMA transport stages this engine's GPU memory through pinned host
+// buffers, registered as host memory; 8 of them, or 1 for which slices
+// wait.
+INSTANTIATE_TEST_SUITE_P(NoGpuDirect, GpuEngineTest,
+                         ::testing::Values(Case{"rdma", 0, -1, 8, 8},
+                                           Case{"rdma", 0, -1, 1, 8}),
+                         CaseName);
 
 // A target stages GPU memory through buffers of its own max_slice_bytes:
 // a longer frame is refused with what to change, and moves nothing.
@@ -414,6 +434,39 @@ TEST(GpuEngineErrorsTest, LocationMustNameTheGpuHoldingTheBuffer) {
   ASSERT_OK(engine.UnregisterLocalMemory(buf.get()));
   ASSERT_OK(engine.RegisterLocalMemory(buf.get(), 1 << 20, "*"));
   ASSERT_OK(engine.UnregisterLocalMemory(buf.get()));
+}
+
+// Peers cannot READ or WRITE staged GPU memory over RDMA (only this
+// engine's transfers are staged): the error says why and what reaches it.
+TEST(NoGpuDirectErrorsTest, PeersCannotReachStagedGpuMemoryOverRdma) {
+  ASSERT_FALSE(*Driver().DmaBufSupported(1)) << "needs FERRY_SOFTGPU_DMABUF=0";
+  DeviceBuffer remote(1, 1 << 20);
+  std::vector<uint8_t> local(1 << 20, 1);
+  GpuPair p("rdma", 0);
+  ASSERT_OK(p.target.RegisterLocalMemory(remote.get(), 1 << 20));
+  ASSERT_OK(p.initiator.RegisterLocalMemory(local.data(), 1 << 20));
+  for (OpCode op : {OpCode::kWrite, OpCode::kRead}) {
+    absl::Status s = p.Run(op, local.data(), remote.ptr(), 4096);
+    EXPECT_STATUS(s, absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(s.message().find("no RDMA key"), std::string::npos) << s;
+    EXPECT_NE(s.message().find("TCP"), std::string::npos) << s;
+  }
+}
+
+// rdma.gpu_staging = false: registration fails, saying what is missing.
+TEST(NoGpuDirectErrorsTest, WithoutStagingRegistrationSaysWhatIsMissing) {
+  ASSERT_FALSE(*Driver().DmaBufSupported(0)) << "needs FERRY_SOFTGPU_DMABUF=0";
+  DeviceBuffer buf(0, 1 << 20);
+  TransferEngine engine;
+  EngineOptions o;
+  o.local_segment_name = "no-staging";
+  o.transports = {"rdma"};
+  o.rdma.gpu_staging = false;
+  ASSERT_OK(engine.Init(o));
+  absl::Status s = engine.RegisterLocalMemory(buf.get(), 1 << 20);
+  EXPECT_STATUS(s, absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("nvidia-peermem"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("rdma.gpu_staging"), std::string::npos) << s;
 }
 
 }  // namespace

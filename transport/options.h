@@ -141,6 +141,15 @@ struct RdmaOptions {
   // Root of the sysfs tree the topology is read from (tests point it at a
   // fake tree).
   std::string sysfs_root = "/sys";
+  // GPU memory the NICs cannot register (no dma-buf, no nvidia-peermem):
+  // true (default) registers it anyway and stages this engine's transfers
+  // of it through pinned host buffers (`staging_buffers` of slice_bytes,
+  // allocated at the first such registration: the path's whole memory),
+  // copies overlapping the wire; peers cannot reach such a buffer over
+  // RDMA (docs/gpu.md). false: its registration fails, saying what is
+  // missing.
+  bool gpu_staging = true;
+  int staging_buffers = 64;
 };
 
 }  // namespace ferry

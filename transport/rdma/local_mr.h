@@ -22,6 +22,10 @@ struct LocalMr {
   // GPU memory (registered through a dma-buf or nvidia-peermem): the CPU
   // must never read it, so WRITEs from it are never posted inline.
   bool gpu = false;
+  // GPU memory no NIC could register (no GPUDirect): no MRs; this engine's
+  // slices of it go through the transport's staging (gpu_staging.h).
+  bool staged = false;
+  int device = -1;  // GPU memory's device.
 };
 
 }  // namespace ferry::rdma

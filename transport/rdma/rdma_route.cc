@@ -28,11 +28,38 @@ void RdmaTransport::Submit(absl::Span<Slice* const> slices) {
     }
     return;
   }
+  if (staged_registrations_.load(std::memory_order_relaxed) > 0) {
+    return SubmitSomeStaged(slices);
+  }
   const absl::Time now = clock_->Now();
   size_t i = 0;
   while (i < slices.size()) {
     size_t j = i + 1;
     while (j < slices.size() && slices[j]->target == slices[i]->target) ++j;
+    RouteRun(slices.subspan(i, j - i), now, 0);
+    i = j;
+  }
+}
+
+void RdmaTransport::SubmitSomeStaged(absl::Span<Slice* const> slices) {
+  // GPU memory no NIC could register goes through host buffers; the rest
+  // is routed as usual, in runs to one target.
+  auto staged = [](const Slice* s) {
+    const auto* mr = static_cast<const LocalMr*>(s->local_handle);
+    return mr != nullptr && mr->staged ? mr->device : -1;
+  };
+  const absl::Time now = clock_->Now();
+  size_t i = 0;
+  while (i < slices.size()) {
+    if (const int device = staged(slices[i]); device >= 0) {
+      gpu_staging_->Submit(slices[i++], device);
+      continue;
+    }
+    size_t j = i + 1;
+    while (j < slices.size() && slices[j]->target == slices[i]->target &&
+           staged(slices[j]) < 0) {
+      ++j;
+    }
     RouteRun(slices.subspan(i, j - i), now, 0);
     i = j;
   }
@@ -97,7 +124,8 @@ void RdmaTransport::RouteRun(absl::Span<Slice* const> run, absl::Time now,
     router.SetNic(i, nics_[i]->inflight_bytes.load(std::memory_order_relaxed),
                   nics_[i]->port_active());
   }
-  int keys_for = -1;  // The buffer the router holds the remote keys of.
+  int keys_for = -1;     // The buffer the router holds the remote keys of.
+  bool any_key = false;  // Whether that buffer has a key on some NIC.
   absl::InlinedVector<SliceQueue, 16> buckets(n_rails);
   absl::InlinedVector<uint64_t, 16> bucket_bytes(n_rails, 0);
 
@@ -108,17 +136,35 @@ void RdmaTransport::RouteRun(absl::Span<Slice* const> run, absl::Time now,
       continue;
     }
     const auto* mr = static_cast<const LocalMr*>(s->local_handle);
-    if (mr == nullptr) {
+    if (mr == nullptr || mr->staged) {
+      // A staged buffer has no MR: its slices reach here only as their
+      // staging buffer's (SubmitSomeStaged).
       s->Complete(absl::FailedPreconditionError(
-          "local memory is not registered with the RDMA transport"));
+          mr == nullptr
+              ? "local memory is not registered with the RDMA transport"
+              : "staged GPU memory reached the RDMA data path unstaged"));
       continue;
     }
     if (s->remote_buffer != keys_for) {
       keys_for = s->remote_buffer;
+      any_key = false;
       for (int j = 0; j < n_remote; ++j) {
         uint32_t k;
-        router.SetKey(j, view.DeviceKey(t, keys_for, j, &k) ? int64_t{k} : -1);
+        const bool has = view.DeviceKey(t, keys_for, j, &k);
+        any_key |= has;
+        router.SetKey(j, has ? int64_t{k} : -1);
       }
+    }
+    if (!any_key) {
+      s->Complete(absl::FailedPreconditionError(absl::StrCat(
+          "segment '", view.name(),
+          "' publishes no RDMA key for the buffer "
+          "holding 0x",
+          absl::Hex(s->remote),
+          ": none of its NICs could "
+          "register it (GPU memory without GPUDirect RDMA there, which peers "
+          "reach over TCP only)")));
+      continue;
     }
     const int best = router.Choose(mr->tiers, SliceFailedRails(s));
     if (best < 0) {

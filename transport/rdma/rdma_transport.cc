@@ -24,9 +24,16 @@ RdmaTransport::RdmaTransport(const TransportOptions& options)
                static_cast<uint32_t>(options.rdma.inline_bytes)},
       peers_(options.rdma.max_peers,
              [this](const std::string& name) { return MakePeer(name); }),
-      store_(options.rdma.max_endpoints) {}
+      store_(options.rdma.max_endpoints),
+      gpu_staging_(std::make_unique<GpuStaging>(
+          &staging_path_, "RDMA", "rdma.staging_buffers",
+          std::max(options.rdma.staging_buffers, 1),
+          options.rdma.slice_bytes)) {}
 
-RdmaTransport::~RdmaTransport() { Shutdown(); }
+RdmaTransport::~RdmaTransport() {
+  Shutdown();
+  gpu_staging_.reset();  // Frees its pinned buffers, deregistered already.
+}
 
 absl::Status RdmaTransport::ValidateOptions() const {
   const RdmaOptions& o = options_.rdma;
@@ -48,6 +55,10 @@ absl::Status RdmaTransport::ValidateOptions() const {
   }
   if (o.worker_threads < 0 || o.worker_threads > 64) {
     return absl::InvalidArgumentError("rdma.worker_threads must be 0..64");
+  }
+  if (o.staging_buffers < 1 || o.staging_buffers > 4096) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rdma.staging_buffers must be 1..4096 (", o.staging_buffers, ")"));
   }
   if (o.max_endpoints < 1 || o.max_peers < 1) {
     return absl::InvalidArgumentError(
@@ -90,6 +101,7 @@ absl::Status RdmaTransport::Install(const TransportEnv& env,
   if (absl::Status s = ValidateOptions(); !s.ok()) return s;
   env_ = env;
   clock_ = ClockOrReal(env.clock);
+  gpu_staging_->SetClock(clock_);
   incarnation_ = env.incarnation;
   if (incarnation_ == 0) {
     // Stand-alone use (tests): any run-unique value will do.
@@ -272,7 +284,10 @@ absl::StatusOr<MemoryHandle> RdmaTransport::RegisterMemory(
   // GPU memory: a dma-buf of it, which each NIC registers (GPUDirect RDMA).
   auto dmabuf = region.cuda_device >= 0 ? GpuDmabuf(region)
                                         : absl::StatusOr<GpuDmabufRange>();
-  if (region.cuda_device >= 0 && !dmabuf.ok()) return dmabuf.status();
+  if (region.cuda_device >= 0 && !dmabuf.ok()) {
+    // No driver, or SYNC_MEMOPS refused: nothing staging could fix.
+    return dmabuf.status();
+  }
   auto reg = [&](size_t i) {
     // A dead device (IBV_EVENT_DEVICE_FATAL) registers nothing: the buffer
     // is used, and published, on the others.
@@ -304,8 +319,9 @@ absl::StatusOr<MemoryHandle> RdmaTransport::RegisterMemory(
         if (mr != nullptr) ibv_dereg_mr(mr);
       }
       if (region.cuda_device >= 0) {
-        return GpuRegistrationError(region, *dmabuf, nics_[i]->name(),
-                                    errors[i]);
+        return RegisterStaged(
+            region, std::move(entry->tiers),
+            GpuRegistrationError(region, *dmabuf, nics_[i]->name(), errors[i]));
       }
       const std::string what =
           absl::StrCat("ibv_reg_mr of ", region.length, " bytes at 0x",
@@ -338,6 +354,58 @@ absl::StatusOr<MemoryHandle> RdmaTransport::RegisterMemory(
   return handle;
 }
 
+absl::StatusOr<MemoryHandle> RdmaTransport::RegisterStaged(
+    const MemoryRegion& region, std::vector<int> tiers,
+    const absl::Status& why) {
+  if (!options_.rdma.gpu_staging) {
+    return absl::Status(
+        why.code(),
+        absl::StrCat(why.message(),
+                     " (rdma.gpu_staging is off, so it is not staged through "
+                     "host memory instead)"));
+  }
+  if (absl::Status s = gpu_staging_->Prepare(region.cuda_device); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(why.message(),
+                                               "; staging it through host "
+                                               "memory instead failed too: ",
+                                               s.message()));
+  }
+  FERRY_LOG_EVERY(kWarn, "rdma", absl::Seconds(10), "GPU memory at 0x",
+                  absl::Hex(region.addr), "+", region.length, " on ",
+                  region.location,
+                  " is staged through pinned host memory (slower, and "
+                  "peers cannot reach it over RDMA), since GPUDirect RDMA "
+                  "is not available: ",
+                  why.message());
+  auto entry = std::make_unique<LocalMr>();
+  entry->addr = region.addr;
+  entry->length = region.length;
+  entry->gpu = true;
+  entry->staged = true;
+  entry->device = region.cuda_device;
+  entry->tiers = std::move(tiers);
+  const LocalMr* handle = entry.get();
+  MutexLock lock(&mr_mu_);
+  mrs_[region.addr] = std::move(entry);
+  staged_registrations_.fetch_add(1, std::memory_order_relaxed);
+  return handle;
+}
+
+absl::StatusOr<MemoryHandle> RdmaTransport::StagedPath::RegisterStagingBuffer(
+    uint8_t* buffer, size_t bytes) {
+  MemoryRegion r;
+  r.addr = reinterpret_cast<uintptr_t>(buffer);
+  r.length = bytes;
+  metadata::Buffer unpublished;
+  return transport->RegisterMemory(r, &unpublished);
+}
+
+void RdmaTransport::StagedPath::UnregisterStagingBuffer(uint8_t* buffer) {
+  // NotFound after Shutdown, which deregistered every MR.
+  transport->UnregisterMemory(reinterpret_cast<uintptr_t>(buffer))
+      .IgnoreError();
+}
+
 absl::Status RdmaTransport::UnregisterMemory(uintptr_t addr) {
   std::unique_ptr<LocalMr> entry;
   {
@@ -348,6 +416,9 @@ absl::Status RdmaTransport::UnregisterMemory(uintptr_t addr) {
     }
     entry = std::move(it->second);
     mrs_.erase(it);
+    if (entry->staged) {
+      staged_registrations_.fetch_sub(1, std::memory_order_relaxed);
+    }
   }
   // The engine no longer uses the buffer (its leases are gone); a peer
   // still accessing it gets a remote access error, never stale memory:
@@ -447,11 +518,19 @@ TransportStats RdmaTransport::Stats() const {
   st.connect_races = connect_races_.load();
   st.evictions = evictions_.load();
   st.retries = retries_.load();
+  const GpuStaging::Counters g = gpu_staging_->counters();
+  st.staged_slices = g.slices;
+  st.staging_waits = g.waits;
+  st.staging_copies = g.copies;
+  st.staging_copy_bytes = g.copy_bytes;
   return st;
 }
 
 void RdmaTransport::Shutdown() {
   if (stopping_.exchange(true)) return;
+  // Cancels the staged slices waiting for a buffer and runs the callbacks
+  // of the copies in flight (whose slices Submit now cancels).
+  if (gpu_staging_ != nullptr) gpu_staging_->Stop();
   // No peer request may run into what is torn down below: stop routing
   // them here and wait for those in progress.
   if (env_.peer_channel != nullptr) {

@@ -131,6 +131,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "common/clock.h"
 #include "common/mutex.h"
+#include "transport/gpu_staging.h"
 #include "transport/rdma/connector.h"
 #include "transport/rdma/endpoint.h"
 #include "transport/rdma/endpoint_store.h"
@@ -237,6 +238,13 @@ class RdmaTransport final : public Transport {
   // Routes slices that share one target snapshot. `reroutes` bounds how
   // often slices bounce off endpoints that failed meanwhile.
   void RouteRun(absl::Span<Slice* const> run, absl::Time now, int reroutes);
+  // Submit while some GPU memory is staged: staged slices to gpu_staging_.
+  void SubmitSomeStaged(absl::Span<Slice* const> slices);
+  // Registers GPU memory no NIC could register (`why`) as staged, when
+  // rdma.gpu_staging allows; else returns `why`.
+  absl::StatusOr<MemoryHandle> RegisterStaged(const MemoryRegion& region,
+                                              std::vector<int> tiers,
+                                              const absl::Status& why);
   void RouteQueue(SliceQueue* q, absl::Time now, int reroutes);
   // The rail's endpoint, created (and its connect queued) if it has none.
   // Null with *why set while the peer is backing off after failed
@@ -355,6 +363,9 @@ class RdmaTransport final : public Transport {
 
   Mutex mr_mu_;
   std::map<uintptr_t, std::unique_ptr<LocalMr>> mrs_ ABSL_GUARDED_BY(mr_mu_);
+  // Registrations of GPU memory staged through host buffers (no GPUDirect):
+  // while there are none, Submit does not look for staged slices.
+  std::atomic<int> staged_registrations_{0};
 
   PeerTable peers_;
   EndpointStore store_;
@@ -385,6 +396,22 @@ class RdmaTransport final : public Transport {
   std::atomic<uint64_t> evictions_{0};
   std::atomic<uint64_t> retries_{0};
   std::atomic<uint64_t> fast_failures_{0};
+
+  // Staged slices go back through Submit as host memory, their buffers
+  // registered as host memory is.
+  struct StagedPath final : StagingPath {
+    explicit StagedPath(RdmaTransport* t) : transport(t) {}
+    void SubmitStaged(Slice* slice) override {
+      transport->Submit(absl::MakeConstSpan(&slice, 1));
+    }
+    absl::StatusOr<MemoryHandle> RegisterStagingBuffer(uint8_t* buffer,
+                                                       size_t bytes) override;
+    void UnregisterStagingBuffer(uint8_t* buffer) override;
+    RdmaTransport* transport;
+  };
+  StagedPath staging_path_{this};
+  // Last: destroyed first, while what it unregisters from is alive.
+  std::unique_ptr<GpuStaging> gpu_staging_;
 };
 
 }  // namespace ferry::rdma
