@@ -158,6 +158,12 @@ class EngineImpl {
   void ProcessReleases();
   void DropCachedOverlapping(uintptr_t addr, size_t length);
   void EvictCached(uintptr_t keep);
+  // For a lease the cache found: OK with *lease kept if it may serve the
+  // request; OK with *lease an error (released) if it was the cache's
+  // registration of a freed GPU allocation, now retired (a miss); the
+  // error if it is the application's registration of one.
+  absl::Status KeepIfLive(absl::StatusOr<MemoryRegistry::Lease>* lease,
+                          uintptr_t addr, size_t length);
   // Retires cached registrations of GPU allocations freed since they were
   // made (no memory hook sees cuMemFree).
   void DropFreedGpu();

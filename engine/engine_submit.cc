@@ -68,9 +68,10 @@ absl::Status EngineImpl::Prepare(size_t index, const TransferRequest& req,
   if (!lease.ok() || !lease->held()) lease = AcquireLocal(src, req.length);
   if (!lease.ok()) {
     if (options_.mr_cache_bytes > 0 ||
-        lease.status().code() == absl::StatusCode::kFailedPrecondition) {
+        lease.status().code() != absl::StatusCode::kInvalidArgument) {
       // The MR cache tried and says why it could not register the range,
-      // or the range's GPU allocation was freed under its registration.
+      // or the range's GPU allocation was freed under its registration
+      // (or the driver could not say).
       return absl::Status(lease.status().code(),
                           absl::StrCat(Where(index), lease.status().message()));
     }

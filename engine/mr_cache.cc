@@ -96,6 +96,40 @@ absl::Status EngineImpl::CheckGpuLease(const MemoryRegistry::Lease& lease,
                                              "+", length, ": ", s.message()));
 }
 
+absl::Status EngineImpl::KeepIfLive(
+    absl::StatusOr<MemoryRegistry::Lease>* lease, uintptr_t addr,
+    size_t length) {
+  // No hook sees cuMemFree: a GPU registration is checked against the
+  // driver at each use instead.
+  absl::Status live = CheckGpuLease(**lease, addr, length);
+  const uintptr_t base = (*lease)->region().addr;
+  const uint64_t id = (*lease)->region().cuda_buffer_id;
+  {
+    MutexLock lock(&cache_mu_);
+    auto it = cache_.find(base);
+    if (live.ok()) {
+      if (it != cache_.end()) it->second.last_use = ++cache_clock_;
+      return absl::OkStatus();
+    }
+    const bool cached = it != cache_.end() && it->second.device >= 0 &&
+                        it->second.buffer_id == id;
+    // Retired by another thread that saw the same (it stays in retired_
+    // while this lease holds it): a miss here too.
+    const bool retired =
+        std::find(retired_.begin(), retired_.end(), base) != retired_.end();
+    // The application's own registration of a freed allocation is its
+    // error to see.
+    if (!cached && !retired) return live;
+    *lease = live;  // Gives the lease back before it is retired.
+    if (cached) {
+      RetireCachedLocked(it);
+      mr_cache_invalidations_.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  ProcessReleases();
+  return absl::OkStatus();
+}
+
 absl::StatusOr<MemoryRegistry::Lease> EngineImpl::AcquireLocal(uintptr_t addr,
                                                                size_t length) {
   if (options_.mr_cache_bytes == 0) {
@@ -114,25 +148,9 @@ absl::StatusOr<MemoryRegistry::Lease> EngineImpl::AcquireLocal(uintptr_t addr,
   }
   auto lease = local_memory_.Acquire(addr, length, /*need_remote=*/false);
   if (lease.ok()) {
-    // No hook sees cuMemFree: a GPU registration is checked against the
-    // driver at each use instead.
-    absl::Status live = CheckGpuLease(*lease, addr, length);
-    const uintptr_t base = lease->region().addr;
-    {
-      MutexLock lock(&cache_mu_);
-      auto it = cache_.find(base);
-      if (live.ok()) {
-        if (it != cache_.end()) it->second.last_use = ++cache_clock_;
-        return lease;
-      }
-      // The application's own registration of a freed allocation is its
-      // error to see; the cache's own goes, and the range misses.
-      if (it == cache_.end()) return live;
-      lease = live;  // Gives the lease back before it is retired.
-      RetireCachedLocked(it);
-      mr_cache_invalidations_.fetch_add(1, std::memory_order_relaxed);
-    }
-    ProcessReleases();
+    absl::Status s = KeepIfLive(&lease, addr, length);
+    if (!s.ok()) return s;
+    if (lease.ok()) return lease;
   }
   if (addr + length < addr) return lease;
   // GPU memory is cached as the driver's whole allocation (its id checked
@@ -164,8 +182,8 @@ absl::StatusOr<MemoryRegistry::Lease> EngineImpl::AcquireLocal(uintptr_t addr,
     // Cached registrations sharing pages with the cover (neighbouring
     // allocations often do) are merged into it: registered buffers may not
     // overlap, and a request must lie inside one. A cached registration
-    // overlapping a live GPU allocation is of a freed one: it goes, and
-    // the cover stays the allocation.
+    // overlapping a live GPU allocation, but not of it, is of a freed one:
+    // it goes, and the cover stays the allocation.
     uintptr_t lo = start, hi = end;
     std::vector<uintptr_t> merged;
     {
@@ -175,6 +193,12 @@ absl::StatusOr<MemoryRegistry::Lease> EngineImpl::AcquireLocal(uintptr_t addr,
         for (const auto& [a, c] : cache_) {
           if (a < hi && a + c.length > lo &&
               std::find(merged.begin(), merged.end(), a) == merged.end()) {
+            // This very allocation, registered by another thread since
+            // this one missed: it serves the request (the reservation
+            // below fails, and the retry leases it).
+            if (on_gpu && c.device >= 0 && c.buffer_id == gpu->buffer_id) {
+              continue;
+            }
             merged.push_back(a);
             if (on_gpu) continue;
             lo = std::min(lo, a);
@@ -228,7 +252,12 @@ absl::StatusOr<MemoryRegistry::Lease> EngineImpl::AcquireLocal(uintptr_t addr,
         ProcessReleases();
       }
       lease = local_memory_.Acquire(addr, length, /*need_remote=*/false);
-      if (lease.ok()) return lease;
+      if (lease.ok()) {
+        if (absl::Status s = KeepIfLive(&lease, addr, length); !s.ok()) {
+          return s;
+        }
+        if (lease.ok()) return lease;
+      }
       last = reserved;
       continue;
     }

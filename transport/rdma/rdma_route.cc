@@ -161,9 +161,9 @@ void RdmaTransport::RouteRun(absl::Span<Slice* const> run, absl::Time now,
           "' publishes no RDMA key for the buffer "
           "holding 0x",
           absl::Hex(s->remote),
-          ": none of its NICs could "
-          "register it (GPU memory without GPUDirect RDMA there, which peers "
-          "reach over TCP only)")));
+          ": none of its NICs registered it (they were down then, or it is "
+          "GPU memory without GPUDirect RDMA there, which peers reach over "
+          "TCP only)")));
       continue;
     }
     const int best = router.Choose(mr->tiers, SliceFailedRails(s));
