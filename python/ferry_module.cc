@@ -356,6 +356,16 @@ class Engine {
     Check(ferry_take_stream_error(held.get()));
   }
 
+  // The counters, as ferry_engine_stats's JSON.
+  std::string Stats() {
+    const std::shared_ptr<ferry_engine> held = Get();
+    char* json = nullptr;
+    Check(ferry_engine_stats(held.get(), &json));
+    std::string out = json;
+    std::free(json);
+    return out;
+  }
+
   void Notify(uint64_t segment, const std::string& name,
               const py::bytes& message) {
     std::string m = message;
@@ -471,6 +481,7 @@ PYBIND11_MODULE(_ferry, m) {
       .def("transfer_same", &Engine::TransferSame)
       .def("submit_on_stream", &Engine::SubmitOnStream)
       .def("stream_error", &Engine::StreamError)
+      .def("stats", &Engine::Stats)
       .def("wait", &Engine::Wait)
       .def("request_status", &Engine::RequestStatus)
       .def("free_batch", &Engine::FreeBatch)

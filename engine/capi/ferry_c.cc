@@ -17,6 +17,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "engine/capi/option_names.h"
+#include "engine/capi/stats_json.h"
 #include "engine/stream_transfers.h"
 #include "engine/transfer_engine.h"
 #include "transport/rdma/nic.h"
@@ -95,27 +97,6 @@ int StateOf(ferry::TransferState s) {
   return FERRY_FAILED;
 }
 
-using Setter =
-    std::function<absl::Status(ferry::EngineOptions&, absl::string_view)>;
-
-Setter String(std::string ferry::EngineOptions::*field) {
-  return [field](ferry::EngineOptions& o, absl::string_view v) {
-    o.*field = std::string(v);
-    return absl::OkStatus();
-  };
-}
-
-Setter Millis(absl::Duration ferry::EngineOptions::*field) {
-  return [field](ferry::EngineOptions& o, absl::string_view v) {
-    int64_t ms = 0;
-    if (!absl::SimpleAtoi(v, &ms)) {
-      return absl::InvalidArgumentError("not a number of milliseconds");
-    }
-    o.*field = absl::Milliseconds(ms);
-    return absl::OkStatus();
-  };
-}
-
 std::vector<std::string> List(absl::string_view v) {
   std::vector<std::string> out;
   for (absl::string_view item :
@@ -136,66 +117,6 @@ ferry_status* Guarded(Body body) {
   } catch (const std::exception& e) {
     return Wrap(absl::InternalError(e.what()));
   }
-}
-
-const absl::flat_hash_map<std::string, Setter>& Setters() {
-  using O = ferry::EngineOptions;
-  static const auto* setters = new absl::flat_hash_map<std::string, Setter>{
-      {"local_segment_name", String(&O::local_segment_name)},
-      {"metadata_endpoint", String(&O::metadata_endpoint)},
-      {"metadata_namespace", String(&O::metadata_namespace)},
-      {"auth_token", String(&O::auth_token)},
-      {"tls_ca_file", String(&O::tls_ca_file)},
-      {"tls_cert_file", String(&O::tls_cert_file)},
-      {"tls_key_file", String(&O::tls_key_file)},
-      {"tls_server_name", String(&O::tls_server_name)},
-      {"listen_host", String(&O::listen_host)},
-      {"advertise_host", String(&O::advertise_host)},
-      {"log_level", String(&O::log_level)},
-      {"rpc_timeout_ms", Millis(&O::rpc_timeout)},
-      {"transfer_timeout_ms", Millis(&O::transfer_timeout)},
-      {"metadata_lease_ttl_ms", Millis(&O::metadata_lease_ttl)},
-      {"transports",
-       [](O& o, absl::string_view v) {
-         o.transports = List(v);
-         return absl::OkStatus();
-       }},
-      {"rdma_devices",
-       [](O& o, absl::string_view v) {
-         o.rdma.devices = List(v);
-         return absl::OkStatus();
-       }},
-      {"rpc_port",
-       [](O& o, absl::string_view v) {
-         uint32_t port = 0;
-         if (!absl::SimpleAtoi(v, &port) || port > 65535) {
-           return absl::InvalidArgumentError("not a port (0..65535)");
-         }
-         o.rpc_port = static_cast<uint16_t>(port);
-         return absl::OkStatus();
-       }},
-      {"mr_cache_bytes",
-       [](O& o, absl::string_view v) {
-         return absl::SimpleAtoi(v, &o.mr_cache_bytes)
-                    ? absl::OkStatus()
-                    : absl::InvalidArgumentError("not a byte count");
-       }},
-      {"max_batch_capacity",
-       [](O& o, absl::string_view v) {
-         return absl::SimpleAtoi(v, &o.max_batch_capacity)
-                    ? absl::OkStatus()
-                    : absl::InvalidArgumentError("not a count");
-       }},
-      {"refuse_unverified_notifications",
-       [](O& o, absl::string_view v) {
-         if (v != "0" && v != "1") {
-           return absl::InvalidArgumentError("not 0 or 1");
-         }
-         o.refuse_unverified_notifications = v == "1";
-         return absl::OkStatus();
-       }},
-  };
-  return *setters;
 }
 
 }  // namespace
@@ -226,17 +147,8 @@ ferry_status* ferry_options_set(ferry_options* options, const char* key,
   if (key == nullptr) return Null("key");
   if (value == nullptr) return Null("value");
   return Guarded([&]() -> ferry_status* {
-    auto it = Setters().find(key);
-    if (it == Setters().end()) {
-      return Wrap(absl::InvalidArgumentError(
-          absl::StrCat("unknown engine option '", key, "'")));
-    }
-    absl::Status s = it->second(options->options, value);
-    if (!s.ok()) {
-      return Wrap(absl::InvalidArgumentError(absl::StrCat(
-          "engine option ", key, "='", value, "': ", s.message())));
-    }
-    return nullptr;
+    absl::Status s = ferry::capi::SetOption(options->options, key, value);
+    return s.ok() ? nullptr : Wrap(std::move(s));
   });
 }
 
@@ -513,6 +425,17 @@ ferry_status* ferry_local_topology(const char* devices, char** json) {
     }
     *json = Dup(matrix);
     return nullptr;
+  });
+}
+
+ferry_status* ferry_engine_stats(const ferry_engine* engine, char** json) {
+  return Guarded([&]() -> ferry_status* {
+    if (json == nullptr) return Null("json");
+    *json = nullptr;
+    if (engine == nullptr) return Null("engine");
+    *json = Dup(ferry::capi::StatsJson(engine->engine.GetEngineStats(),
+                                       engine->engine.GetTransportStats()));
+    return *json == nullptr ? OutOfMemory() : nullptr;
   });
 }
 

@@ -56,19 +56,16 @@ int ferry_status_code(const ferry_status* status); /* FERRY_OK for NULL. */
 const char* ferry_status_message(const ferry_status* status);
 void ferry_status_free(ferry_status* status);
 
-/* Engine options: EngineOptions fields by name, as strings (those below;
- * the rest keep their defaults).
- *   strings: local_segment_name, metadata_endpoint ("embedded", "host:port",
- *     "etcd://h:p[,h:p]", "P2PHANDSHAKE"), metadata_namespace, auth_token,
- *     tls_ca_file, tls_cert_file, tls_key_file, tls_server_name,
- *     listen_host, advertise_host, log_level;
- *   lists: transports ("tcp", "rdma", "rdma,tcp"), rdma_devices ("mlx5_0,
- *     mlx5_1"; empty: every NIC);
- *   integers: rpc_port, mr_cache_bytes, max_batch_capacity;
- *   durations in milliseconds: rpc_timeout_ms, transfer_timeout_ms,
- *     metadata_lease_ttl_ms;
- *   booleans ("0"/"1"): refuse_unverified_notifications.
- * An unknown key or a malformed value is INVALID_ARGUMENT naming it. */
+/* Engine options: every EngineOptions field by name, as a string
+ * (engine/capi/option_names.h has the rules; docs/c_api.md the list).
+ * Nested fields take their struct's prefix: "tcp.max_slice_bytes",
+ * "rdma.slice_bytes", "rdma.devices" ("mlx5_0,mlx5_1"; also
+ * "rdma_devices"). Durations carry the unit in the name: "_ms"
+ * (rpc_timeout_ms, tcp.frame_timeout_ms) or "_us" (wait_spin_us). Lists
+ * are comma-separated (transports: "tcp", "rdma", "rdma,tcp"); booleans
+ * "0"/"1" or "false"/"true". metadata_endpoint: "embedded", "host:port",
+ * "etcd://h:p[,h:p]" or "P2PHANDSHAKE". An unknown key or a malformed
+ * value is INVALID_ARGUMENT naming it. */
 typedef struct ferry_options ferry_options;
 ferry_options* ferry_options_new(void);
 void ferry_options_free(ferry_options* options);
@@ -191,6 +188,11 @@ ferry_status* ferry_take_stream_error(ferry_engine* engine);
  * none of them (soft NICs), {"*": [[every NIC]]}. *json is a NUL-terminated
  * string freed with free(). NOT_FOUND if there is no NIC. */
 ferry_status* ferry_local_topology(const char* devices, char** json);
+
+/* The engine's counters as JSON (engine/capi/stats_json.h): EngineStats's
+ * fields, and "transports", each with TransportStats's fields and its
+ * "nics" (NicStats). *json is a NUL-terminated string freed with free(). */
+ferry_status* ferry_engine_stats(const ferry_engine* engine, char** json);
 
 /* Notifications. */
 ferry_status* ferry_send_notification(ferry_engine* engine,

@@ -19,6 +19,7 @@ several threads.
 
 from __future__ import annotations
 
+import json
 import math
 import operator
 import threading
@@ -46,6 +47,19 @@ def _option(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return ",".join(str(v) for v in value)
     return str(value)
+
+
+def _flatten(options: Dict[str, Any],
+             prefix: str = "") -> List[Tuple[str, str]]:
+    """Options as the C API's (name, value) pairs: a dict value is a nested
+    struct (tcp={"port": 5000} is "tcp.port")."""
+    out: List[Tuple[str, str]] = []
+    for key, value in options.items():
+        if isinstance(value, dict):
+            out.extend(_flatten(value, f"{prefix}{key}."))
+        else:
+            out.append((f"{prefix}{key}", _option(value)))
+    return out
 
 
 @dataclass(frozen=True)
@@ -123,8 +137,7 @@ class Engine:
         # memoryview keeps the object alive and not resizable) until it is
         # unregistered or the engine is freed. Read-only registrations (address -> length): never READ into.
         self._readonly: Dict[int, int] = {}
-        self._engine = _ferry.Engine(
-            [(k, _option(v)) for k, v in options.items()])
+        self._engine = _ferry.Engine(_flatten(options))
 
     def __enter__(self) -> "Engine":
         return self
@@ -258,6 +271,12 @@ class Engine:
 
     def notify(self, segment: int, name: str, message: bytes) -> None:
         self._engine.notify(segment, name, bytes(message))
+
+    def stats(self) -> Dict[str, Any]:
+        """The engine's counters, as C++'s GetEngineStats and
+        GetTransportStats give them: EngineStats's fields, and
+        "transports", a list of each transport's fields with its "nics"."""
+        return json.loads(self._raw().stats())
 
     def notifications(self) -> List[Notification]:
         return [Notification(*n) for n in self._engine.notifications()]

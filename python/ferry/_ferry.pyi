@@ -68,6 +68,8 @@ class Engine:
     def stream_error(self) -> None:
         """Raises the first failure of a stream transfer since the last
         call (naming how many failed); returns if none failed."""
+    def stats(self) -> str:
+        """The engine's counters as JSON (ferry_engine_stats)."""
     def wait(self, batch: int,
              timeout_ms: int) -> Tuple[int, int, int, int, int]:
         """(state, total, completed, failed, bytes); FerryError

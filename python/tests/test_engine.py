@@ -36,6 +36,37 @@ def test_bad_options_raise_with_code_and_message():
     assert "INVALID_ARGUMENT" in str(e.value)
 
 
+def test_every_option_by_name_and_nested():
+    # Dotted names, and dicts for the nested structs, reach the C API's
+    # names (engine/capi/option_names.h); a bad nested value names itself.
+    with ferry.Engine(local_segment_name="py-opts", listen_host="127.0.0.1",
+                      tcp={"max_slice_bytes": 1 << 20, "frame_timeout_ms": 5000},
+                      **{"rdma.slice_bytes": 1 << 17},
+                      wait_spin_us=0) as e:
+        assert e.segment_name == "py-opts"
+    with pytest.raises(ferry.FerryError) as err:
+        ferry.Engine(tcp={"port": 70000})
+    assert err.value.code == errors.INVALID_ARGUMENT
+    assert "tcp.port" in err.value.message
+
+
+def test_stats_have_every_transport_and_nic(pair):
+    target, initiator = pair
+    buf = bytearray(4096)
+    target.register(buf)
+    local = bytearray(b"x" * 4096)
+    initiator.register(local)
+    seg = initiator.open_segment("py-target")
+    initiator.batch([ferry.Request.write(ferry.address_of(local), seg,
+                                         ferry.address_of(buf), 4096)]).wait(10)
+    s = initiator.stats()
+    assert s["segments_open"] == 1
+    (tcp,) = s["transports"]
+    assert tcp["transport"] == "tcp"
+    assert tcp["nics"][0]["bytes"] >= 4096
+    assert "staging_copy_bytes" in tcp and "mr_cache_evictions" in s
+
+
 def test_write_read_and_notify(pair):
     target, initiator = pair
     remote = bytearray(1 << 20)
