@@ -64,19 +64,26 @@ sample() {  # variant string
       --buffer_size="$buf" $common "${flags[@]}" --report=json \
       2>/dev/null | tail -1 >"$tmp/bench.json" || true
   else
-    port="$(free_port)"
+    # The target binds a port of its own choosing and says which: a port
+    # picked here first could be taken by another process meanwhile.
     env "${envs[@]}" "$BENCH" --mode=target --protocol=rdma \
-      --listen_host=127.0.0.1 --rpc_port="$port" --buffer_size="$buf" \
+      --listen_host=127.0.0.1 --rpc_port=0 --buffer_size="$buf" \
       --target_seconds=120 >"$tmp/target.log" 2>&1 &
     pids+=($!)
     wait_target_ready "$tmp/target.log" || true
+    metadata="$(sed -n 's/^target ready: segment=[^ ]* metadata=//p' "$tmp/target.log")"
     # shellcheck disable=SC2086
     env "${envs[@]}" timeout 120 "$BENCH" --mode=initiator --protocol=rdma \
-      --listen_host=127.0.0.1 --metadata_server="127.0.0.1:$port" \
+      --listen_host=127.0.0.1 --metadata_server="${metadata:-unknown}" \
       --segment_id=target --buffer_size="$buf" $common "${flags[@]}" \
-      --report=json 2>/dev/null | tail -1 >"$tmp/bench.json" || true
+      --report=json 2>"$tmp/initiator.err" | tail -1 >"$tmp/bench.json" || true
     kill "${pids[-1]}" 2>/dev/null || true
     wait "${pids[-1]}" 2>/dev/null || true
+  fi
+  if ! grep -q '{' "$tmp/bench.json"; then
+    # No report: what each side said, so that the failure explains itself.
+    echo "  (no report; the target's log, then the initiator's:)" >&2
+    tail -n 5 "$tmp/target.log" "$tmp/initiator.err" 2>/dev/null | sed 's/^/    /' >&2
   fi
   python3 - "$tmp/bench.json" "$field" <<'EOF'
 import json, sys
