@@ -356,6 +356,10 @@ class Engine {
     Check(ferry_take_stream_error(held.get()));
   }
 
+  // The C API's handle, for C code sharing the engine (alive while this
+  // object is not closed).
+  uint64_t Handle() { return reinterpret_cast<uintptr_t>(Get().get()); }
+
   // The counters, as ferry_engine_stats's JSON.
   std::string Stats() {
     const std::shared_ptr<ferry_engine> held = Get();
@@ -482,6 +486,7 @@ PYBIND11_MODULE(_ferry, m) {
       .def("submit_on_stream", &Engine::SubmitOnStream)
       .def("stream_error", &Engine::StreamError)
       .def("stats", &Engine::Stats)
+      .def("handle", &Engine::Handle)
       .def("wait", &Engine::Wait)
       .def("request_status", &Engine::RequestStatus)
       .def("free_batch", &Engine::FreeBatch)

@@ -10,6 +10,10 @@ trap 'rm -rf "$pkg"' EXIT
 mkdir -p "$pkg/ferry"
 cp "$runfiles"/python/ferry/*.py "$pkg/ferry/"
 cp "$runfiles/python/_ferry.so" "$pkg/ferry/"
+# The opt-in `mooncake` alias, as tools/dev.sh python --as-mooncake
+# installs it: the tests import mooncake.engine as SGLang and vLLM do.
+mkdir -p "$pkg/mooncake"
+cp "$runfiles"/python/mooncake/*.py "$pkg/mooncake/"
 # shellcheck source=../bazel/sanitizer_preload.sh
 source "$runfiles/bazel/sanitizer_preload.sh"
 preload="$(sanitizer_preload "$pkg/ferry/_ferry.so")"

@@ -369,6 +369,17 @@ format() {
 # /usr/bin/python3 (another python3 may come first on PATH), in the
 # directory Debian's python3 reads local packages from; idempotent.
 python_install() {
+  local as_mooncake=0 force=0
+  for arg in "$@"; do
+    case "$arg" in
+      --as-mooncake) as_mooncake=1 ;;
+      --force) force=1 ;;
+      *)
+        echo "usage: tools/dev.sh python [--as-mooncake [--force]]" >&2
+        return 2
+        ;;
+    esac
+  done
   setup
   drop_execroot_link
   "${BAZEL[@]}" build -c opt //python:_ferry.so
@@ -379,6 +390,20 @@ python_install() {
   cp python/ferry/*.py python/ferry/*.pyi python/ferry/py.typed "$dest/ferry/"
   install -m 0755 "$("${BAZEL[@]}" info -c opt bazel-bin 2>/dev/null)/python/_ferry.so" "$dest/ferry/"
   (cd / && /usr/bin/python3 -c 'import ferry; print("ferry installed:", ferry.__file__)')
+  if ((as_mooncake)); then
+    # A real Mooncake is never replaced unasked: ours says FERRY_SHIM.
+    local found
+    found="$(cd / && /usr/bin/python3 -c 'import mooncake, os; print(os.path.dirname(mooncake.__file__), getattr(mooncake, "FERRY_SHIM", False))' 2>/dev/null || true)"
+    if [[ -n "$found" && "$found" != *" True" && "$force" != 1 ]]; then
+      echo "error: a Mooncake package is installed at ${found% *}; Ferry's" \
+        "stand-in would hide it. Rerun with --force to install it anyway." >&2
+      return 1
+    fi
+    rm -rf "$dest/mooncake"
+    mkdir -p "$dest/mooncake"
+    cp python/mooncake/*.py "$dest/mooncake/"
+    (cd / && /usr/bin/python3 -c 'from mooncake.engine import TransferEngine; import mooncake; print("mooncake (Ferry'"'"'s stand-in) installed:", mooncake.__file__)')
+  fi
   # Another python3 first on PATH (pyenv, a venv) gets a copy too when it
   # can load the extension (the same SOABI), so that a plain `python3`
   # imports ferry as well; otherwise say which interpreter has it.
@@ -391,6 +416,10 @@ python_install() {
       other_dest="$("$other" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
       rm -rf "$other_dest/ferry"
       cp -r "$dest/ferry" "$other_dest/ferry"
+      if ((as_mooncake)) && [[ -d "$dest/mooncake" ]]; then
+        rm -rf "$other_dest/mooncake"
+        cp -r "$dest/mooncake" "$other_dest/mooncake"
+      fi
       (cd / && "$other" -c 'import ferry; print("ferry installed:", ferry.__file__)')
     else
       echo "note: python3 on PATH is $other, which cannot load an extension" \
@@ -401,7 +430,7 @@ python_install() {
 
 case "${1:-}" in
   setup) setup ;;
-  python) python_install ;;
+  python) shift; python_install "$@" ;;
   build) shift; setup; build "$@" ;;
   demo) demo ;;
   test) shift; test_cmd "$@" ;;

@@ -70,6 +70,8 @@ class Engine:
         call (naming how many failed); returns if none failed."""
     def stats(self) -> str:
         """The engine's counters as JSON (ferry_engine_stats)."""
+    def handle(self) -> int:
+        """The address of its ferry_engine (the C API's handle)."""
     def wait(self, batch: int,
              timeout_ms: int) -> Tuple[int, int, int, int, int]:
         """(state, total, completed, failed, bytes); FerryError

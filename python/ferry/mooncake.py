@@ -17,13 +17,19 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import logging
 import operator
+import os
 import threading
 import time
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-from ferry import _ferry
+from ferry import _ferry, _mc_env
 from ferry.errors import FerryError
+
+# Every failure a call reports as -1 is logged here, with its reason
+# (Python's logging prints warnings to stderr unless configured).
+log = logging.getLogger("ferry.mooncake")
 
 __all__ = ["TransferEngine", "TransferOpcode", "TransferNotify", "Read",
            "Write", "SUPPORT_CUDA"]
@@ -80,6 +86,51 @@ def _host_of(local_hostname: str) -> str:
     return local_hostname  # A name, an IPv4 address, or a bare IPv6 one.
 
 
+def _session(name: str) -> str:
+    """A peer's session id as Ferry names P2P segments: "host:port" with an
+    unbracketed IPv6 host ("::1:37739", as SGLang's older wrapper and vLLM
+    write it) split at the last colon, as Mooncake's parseHostNameWithPort
+    does, and bracketed."""
+    if name.startswith("[") or name.count(":") < 2:
+        return name
+    host, _, port = name.rpartition(":")
+    return f"[{host}]:{port}" if port.isdigit() else name
+
+
+def _choose_transport(protocol: str, device_name: str,
+                      env: Dict[str, str]) -> Tuple[str, str]:
+    """The transport and RDMA devices for initialize's `protocol` and
+    `device_name`, as Mooncake's binding chooses since April 2025: RDMA
+    when the host has a NIC, TCP otherwise; MC_FORCE_TCP forces TCP and
+    MC_FORCE_HCA RDMA. Each fallback is logged with its reason."""
+    if _mc_env.is_set(env, "MC_FORCE_TCP"):
+        if protocol != "tcp":
+            log.warning("MC_FORCE_TCP is set: using TCP, not %s", protocol)
+        return "tcp", ""
+    if protocol == "tcp":
+        return "tcp", ""
+    if protocol not in ("rdma", ""):
+        log.warning("protocol %r is not one Ferry has (rdma, tcp): choosing "
+                    "as for rdma", protocol)
+    if _mc_env.is_set(env, "MC_FORCE_HCA"):
+        return "rdma", device_name
+    try:
+        _ferry.local_topology(device_name)
+        return "rdma", device_name
+    except FerryError as e:
+        why = e.message
+    if device_name:
+        try:
+            _ferry.local_topology("")
+            log.warning("RDMA device(s) %r not found (%s): using every RDMA "
+                        "device of this host", device_name, why)
+            return "rdma", ""
+        except FerryError as e:
+            why = e.message
+    log.warning("no RDMA device here (%s): using TCP", why)
+    return "tcp", ""
+
+
 def _metadata_endpoint(server: str, metadata_type: str = "") -> str:
     """Mooncake's metadata strings as Ferry's metadata addresses."""
     if server == _P2P or metadata_type.lower() in ("p2p", "p2phandshake"):
@@ -100,6 +151,7 @@ class TransferEngine:
         self._segments: Dict[str, int] = {}
         # Managed buffers (address -> length); the engine pins them.
         self._managed: Dict[int, int] = {}
+        self._transport = ""
 
     # ---- set-up ----------------------------------------------------------
 
@@ -113,19 +165,27 @@ class TransferEngine:
                        metadata_type: str) -> int:
         endpoint = _metadata_endpoint(metadata_server, metadata_type)
         host = _host_of(local_hostname)
+        env = dict(os.environ)
+        transport, devices = _choose_transport(protocol, device_name, env)
+        # MC_* first: initialize's own arguments win over them.
+        options: List[Tuple[str, str]] = [
+            (k, str(v)) for k, v in _mc_env.options(env)]
         # Listen on every interface (as Mooncake does); tell peers `host`.
-        options = [("metadata_endpoint", endpoint),
-                   ("advertise_host", host),
-                   ("transports", protocol or "tcp")]
+        options += [("metadata_endpoint", endpoint),
+                    ("advertise_host", host),
+                    ("transports", transport)]
         if endpoint != _P2P:
             options.append(("local_segment_name", local_hostname))
-        if device_name and protocol == "rdma":
-            options.append(("rdma_devices", device_name))
+        if devices and transport == "rdma":
+            options.append(("rdma.devices", devices))
         self._close()  # Initialized again: a new engine, nothing cached.
         try:
             self._engine = _ferry.Engine(options)
-        except FerryError:
+        except FerryError as e:
+            log.error("initialize(%r, %r, %r, %r) failed: %s", local_hostname,
+                      metadata_server, protocol, device_name, e)
             return -1
+        self._transport = transport
         return 0
 
     def _close(self) -> None:
@@ -388,12 +448,32 @@ class TransferEngine:
             return -1
         try:
             self._engine.refresh_segment(self._segment(peer_server_name))
-        except FerryError:
+        except FerryError as e:
+            log.warning("probe of %r failed: %s", peer_server_name, e)
             # Opened again on the next transfer (the peer may come back).
             with self._lock:
-                self._segments.pop(peer_server_name, None)
+                self._segments.pop(_session(peer_server_name), None)
             return -1
         return 0
+
+    # ---- handles -------------------------------------------------------
+
+    def get_engine(self) -> Optional["_ferry.Engine"]:
+        """The engine underneath (Mooncake returns its C++ engine, for its
+        other modules): here ferry's extension object, or None before
+        initialize."""
+        return self._engine
+
+    def get_engine_ptr(self) -> int:
+        """The address of the C API's ferry_engine (engine/capi/ferry_c.h),
+        for C code that calls Ferry on the same engine; 0 before
+        initialize."""
+        return 0 if self._engine is None else self._engine.handle()
+
+    def warmup_efa_segment(self, segment_name: str) -> int:
+        """Mooncake's EFA warm-up: opens the segment and reaches its engine
+        ahead of the first transfer (Ferry connects on first use anyway)."""
+        return self.send_probe(segment_name)
 
     # ---- transfers ordered on a CUDA stream -------------------------------
     #
@@ -483,14 +563,17 @@ class TransferEngine:
 
     def _call(self, fn) -> int:
         if self._engine is None:
+            log.warning("the engine is not initialized")
             return -1
         try:
             fn(self._engine)
-        except FerryError:
+        except FerryError as e:
+            log.warning("%s", e)
             return -1
         return 0
 
     def _segment(self, name: str) -> int:
+        name = _session(name)
         with self._lock:
             handle = self._segments.get(name)
         if handle is None:
@@ -504,11 +587,16 @@ class TransferEngine:
                 opcode: TransferOpcode) -> int:
         if self._engine is None or not (len(buffers) == len(peers) ==
                                         len(lengths)) or len(buffers) == 0:
+            log.warning("transfer to %r refused: %s", target,
+                        "the engine is not initialized" if self._engine is None
+                        else "buffers, peer addresses and lengths must be "
+                        "non-empty lists of one length")
             return -1
         try:
             return self._engine.submit_same(int(opcode), self._segment(target),
                                             buffers, peers, lengths)
-        except FerryError:
+        except FerryError as e:
+            log.warning("transfer to %r failed: %s", target, e)
             return -1
 
     def _free(self, batch: int) -> None:

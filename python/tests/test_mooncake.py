@@ -1,6 +1,11 @@
 """ferry.mooncake: Mooncake TE's Python API, as scripts use it."""
 
 import ctypes
+import json
+import logging
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -219,3 +224,149 @@ def test_numpy_integers_and_arrays(pair):
     assert initiator.get_batch_transfer_status([numpy.int64(batch)]) == 0
     assert initiator.batch_transfer_sync_write(
         peer, numpy.array([], dtype=numpy.uint64), [], []) == -1
+
+
+# ---- Mooncake's clients, unchanged: SGLang's and vLLM's flow ----------
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def no_rdma_env():
+    """The environment of a host with no RDMA device: the system's
+    libibverbs (no kernel RDMA here) instead of softrnic's."""
+    paths = [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":")
+             if p and "softrnic" not in p]
+    return dict(os.environ, LD_LIBRARY_PATH=":".join(paths))
+
+
+@pytest.mark.parametrize("case", ["tcp", "rdma", "rdma-no-device"])
+def test_sglang_vllm_flow_between_two_processes(case):
+    protocol = "tcp" if case == "tcp" else "rdma"
+    env = dict(os.environ) if case != "rdma-no-device" else no_rdma_env()
+    env["PYTHONPATH"] = os.pathsep.join([HERE, env.get("PYTHONPATH", "")])
+    peer = os.path.join(HERE, "mc_peer.py")
+    target = subprocess.Popen([sys.executable, peer, "target", protocol],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        hello = json.loads(target.stdout.readline())
+        assert "error" not in hello, hello
+        want = "rdma" if case == "rdma" else "tcp"
+        assert hello["transport"] == want, hello
+        run = subprocess.run(
+            [sys.executable, peer, "initiator", protocol, hello["session"],
+             json.dumps(hello["layers"])],
+            capture_output=True, text=True, env=env, timeout=120)
+        assert run.returncode == 0, run.stderr
+        out = json.loads(run.stdout.splitlines()[-1])
+        assert out["transport"] == want, out
+        assert out["probe_live"] == 0 and out["probe_dead"] == -1, out
+        assert out["probe_dead_seconds"] < 10, out
+        assert out["write"] == [0] * len(hello["layers"]), out
+        assert out["read"] == 0 and out["verified"], out
+        if case == "rdma-no-device":
+            # Why it is TCP is said, not swallowed.
+            assert "no RDMA device here" in run.stderr, run.stderr
+        target.stdin.write("check 7\n")
+        target.stdin.flush()
+        assert target.stdout.readline().strip() == "ok"
+        target.stdin.write("quit\n")
+        target.stdin.flush()
+        assert target.wait(timeout=60) == 0
+    finally:
+        if target.poll() is None:
+            target.kill()
+            target.wait()
+
+
+def test_protocol_falls_back_as_mooncakes_does(monkeypatch, caplog):
+    from ferry import _ferry
+    from ferry.errors import FerryError
+    from ferry.mooncake import _choose_transport
+    caplog.set_level(logging.WARNING, logger="ferry.mooncake")
+    # softrnic's NICs are here.
+    assert _choose_transport("rdma", "", {}) == ("rdma", "")
+    assert _choose_transport("tcp", "", {}) == ("tcp", "")
+    assert _choose_transport("rdma", "", {"MC_FORCE_TCP": "1"}) == ("tcp", "")
+    assert "MC_FORCE_TCP" in caplog.text
+    # A card that is not there: the others.
+    caplog.clear()
+    assert _choose_transport("rdma", "mlx5_9", {}) == ("rdma", "")
+    assert "mlx5_9" in caplog.text
+    # No card at all: TCP, saying why; MC_FORCE_HCA insists on RDMA.
+    def none(devices):
+        raise FerryError(5, "no RDMA devices on this host")
+    monkeypatch.setattr(_ferry, "local_topology", none)
+    caplog.clear()
+    assert _choose_transport("rdma", "", {}) == ("tcp", "")
+    assert "no RDMA devices on this host" in caplog.text
+    assert _choose_transport("rdma", "", {"MC_FORCE_HCA": "true"}) == (
+        "rdma", "")
+    # And initialize comes up on TCP.
+    e = TransferEngine()
+    assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "") == 0
+    assert json.loads(e.get_engine().stats())["transports"][0][
+        "transport"] == "tcp"
+    e._close()
+
+
+def test_unbracketed_ipv6_session_ids():
+    a, b = TransferEngine(), TransferEngine()
+    assert a.initialize("::1", "P2PHANDSHAKE", "tcp", "") == 0
+    assert b.initialize("::1", "P2PHANDSHAKE", "tcp", "") == 0
+    remote = a.allocate_managed_buffer(4096)
+    local = b.allocate_managed_buffer(4096)
+    b.write_bytes_to_buffer(local, b"\x5a" * 4096, 4096)
+    # As SGLang's older wrapper and vLLM write them: split at the last colon.
+    for peer in (f"::1:{a.get_rpc_port()}", f"[::1]:{a.get_rpc_port()}"):
+        assert b.send_probe(peer) == 0, peer
+        assert b.batch_transfer_sync_write(peer, [local], [remote],
+                                           [4096]) == 0, peer
+    assert a.read_bytes_from_buffer(remote, 4096) == b"\x5a" * 4096
+    b._close()
+    a._close()
+
+
+def test_the_other_engine_methods(pair):
+    target, initiator, peer = pair
+    assert initiator.get_engine() is not None
+    assert initiator.get_engine_ptr() != 0
+    assert initiator.warmup_efa_segment(peer) == 0
+    assert initiator.warmup_efa_segment("127.0.0.1:1") == -1
+    e = TransferEngine()
+    assert e.get_engine() is None and e.get_engine_ptr() == 0
+
+
+def test_mc_variables_are_honoured_or_reported(caplog):
+    from ferry import _mc_env
+    caplog.set_level(logging.WARNING, logger="ferry.mooncake")
+    env = {"MC_SLICE_SIZE": "131072", "MC_GID_INDEX": "3",
+           "MC_RETRY_CNT": "9", "MC_IB_TC": "-1", "MC_LOG_LEVEL": "WARNING",
+           "MC_TRANSFER_TIMEOUT": "5", "MC_MAX_SGE": "8",
+           "MC_STORE_MEMCPY": "1", "MC_NO_SUCH": "x", "MC_FORCE_TCP": "1",
+           "MC_NUM_QP_PER_EP": "many"}
+    got = dict(_mc_env.options(env))
+    assert got == {"rdma.slice_bytes": 131072, "rdma.gid_index": 3,
+                   "rdma.max_attempts": 10, "log_level": "warn",
+                   "transfer_timeout_ms": "5000"}
+    for name in ("MC_MAX_SGE", "MC_STORE_MEMCPY", "MC_NO_SUCH",
+                 "MC_NUM_QP_PER_EP"):
+        assert name in caplog.text, name
+    assert "MC_FORCE_TCP" not in caplog.text  # Honoured by initialize.
+    # Once a process.
+    caplog.clear()
+    _mc_env.options(env)
+    assert "MC_MAX_SGE" not in caplog.text
+    # And an engine takes them.
+    os.environ["MC_TCP_SLICE_SIZE"] = "65536"
+    try:
+        e = TransferEngine()
+        assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+        e._close()
+        os.environ["MC_HANDSHAKE_PORT"] = "99999"  # Refused: said why.
+        caplog.clear()
+        assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == -1
+        assert "rpc_port" in caplog.text
+    finally:
+        del os.environ["MC_TCP_SLICE_SIZE"]
+        os.environ.pop("MC_HANDSHAKE_PORT", None)
