@@ -368,18 +368,49 @@ format() {
 # Builds the `ferry` Python package and installs it for Debian's
 # /usr/bin/python3 (another python3 may come first on PATH), in the
 # directory Debian's python3 reads local packages from; idempotent.
+# Installs Ferry's stand-in `mooncake` package for interpreter $1 into
+# its directory $2. A `mooncake` that is not ours (no FERRY_SHIM), where
+# it would go or anywhere $1 imports it from, is never replaced unless $3
+# is 1 (--force).
+mooncake_install() {
+  local py="$1" dir="$2" force="$3" theirs=""
+  if [[ -e "$dir/mooncake" ]] && ! grep -qs FERRY_SHIM "$dir/mooncake/__init__.py"; then
+    theirs="$dir/mooncake"
+  fi
+  local found
+  found="$(cd / && "$py" -c 'import importlib.util as u; s = u.find_spec("mooncake"); print(s.origin if s and s.origin else (list(s.submodule_search_locations)[0] if s else ""))' 2>/dev/null || true)"
+  [[ -d "$found" ]] && found="$found/__init__.py"  # A namespace package.
+  if [[ -n "$found" ]] && ! grep -qs FERRY_SHIM "$found"; then
+    theirs="${theirs:-$(dirname "$found")}"
+  fi
+  if [[ -n "$theirs" && "$force" != 1 ]]; then
+    echo "error: $py has a Mooncake package ($theirs); Ferry's stand-in" \
+      "would replace or hide it. Rerun with --force to install it anyway." >&2
+    return 1
+  fi
+  [[ -n "$theirs" ]] && echo "note: --force: replacing or hiding $theirs for $py" >&2
+  rm -rf "$dir/mooncake"
+  mkdir -p "$dir/mooncake"
+  cp python/mooncake/*.py "$dir/mooncake/"
+  (cd / && "$py" -c 'from mooncake.engine import TransferEngine; import mooncake; assert getattr(mooncake, "FERRY_SHIM", False), mooncake.__file__; print("mooncake (Ferry'"'"'s stand-in) installed:", mooncake.__file__)')
+}
+
 python_install() {
   local as_mooncake=0 force=0
   for arg in "$@"; do
     case "$arg" in
       --as-mooncake) as_mooncake=1 ;;
-      --force) force=1 ;;
+      --force) force=1 ;;  # With --as-mooncake only.
       *)
         echo "usage: tools/dev.sh python [--as-mooncake [--force]]" >&2
         return 2
         ;;
     esac
   done
+  if ((force && !as_mooncake)); then
+    echo "usage: --force goes with --as-mooncake" >&2
+    return 2
+  fi
   setup
   drop_execroot_link
   "${BAZEL[@]}" build -c opt //python:_ferry.so
@@ -391,18 +422,7 @@ python_install() {
   install -m 0755 "$("${BAZEL[@]}" info -c opt bazel-bin 2>/dev/null)/python/_ferry.so" "$dest/ferry/"
   (cd / && /usr/bin/python3 -c 'import ferry; print("ferry installed:", ferry.__file__)')
   if ((as_mooncake)); then
-    # A real Mooncake is never replaced unasked: ours says FERRY_SHIM.
-    local found
-    found="$(cd / && /usr/bin/python3 -c 'import mooncake, os; print(os.path.dirname(mooncake.__file__), getattr(mooncake, "FERRY_SHIM", False))' 2>/dev/null || true)"
-    if [[ -n "$found" && "$found" != *" True" && "$force" != 1 ]]; then
-      echo "error: a Mooncake package is installed at ${found% *}; Ferry's" \
-        "stand-in would hide it. Rerun with --force to install it anyway." >&2
-      return 1
-    fi
-    rm -rf "$dest/mooncake"
-    mkdir -p "$dest/mooncake"
-    cp python/mooncake/*.py "$dest/mooncake/"
-    (cd / && /usr/bin/python3 -c 'from mooncake.engine import TransferEngine; import mooncake; print("mooncake (Ferry'"'"'s stand-in) installed:", mooncake.__file__)')
+    mooncake_install /usr/bin/python3 "$dest" "$force" || return 1
   fi
   # Another python3 first on PATH (pyenv, a venv) gets a copy too when it
   # can load the extension (the same SOABI), so that a plain `python3`
@@ -416,9 +436,8 @@ python_install() {
       other_dest="$("$other" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
       rm -rf "$other_dest/ferry"
       cp -r "$dest/ferry" "$other_dest/ferry"
-      if ((as_mooncake)) && [[ -d "$dest/mooncake" ]]; then
-        rm -rf "$other_dest/mooncake"
-        cp -r "$dest/mooncake" "$other_dest/mooncake"
+      if ((as_mooncake)); then
+        mooncake_install "$other" "$other_dest" "$force" || return 1
       fi
       (cd / && "$other" -c 'import ferry; print("ferry installed:", ferry.__file__)')
     else

@@ -45,6 +45,15 @@ def _seconds_as_ms(v: str) -> str:
     return str(int(float(v) * 1000))
 
 
+def _transfer_timeout(v: str) -> str:
+    # Mooncake's binding: max(5, atoi(value)) seconds.
+    try:
+        seconds = int(v.strip())
+    except ValueError:
+        seconds = 0
+    return str(max(5, seconds) * 1000)
+
+
 # Variable -> (Ferry option, conversion to its string value). A value the
 # conversion refuses is reported, and the option keeps its default.
 _OPTIONS: Dict[str, Tuple[str, Callable[[str], object]]] = {
@@ -64,7 +73,7 @@ _OPTIONS: Dict[str, Tuple[str, Callable[[str], object]]] = {
     "MC_TCP_SLICE_SIZE": ("tcp.max_slice_bytes", _int),
     "MC_TCP_BIND_ADDRESS": ("listen_host", str),
     "MC_HANDSHAKE_PORT": ("rpc_port", _int),
-    "MC_TRANSFER_TIMEOUT": ("transfer_timeout_ms", _seconds_as_ms),
+    "MC_TRANSFER_TIMEOUT": ("transfer_timeout_ms", _transfer_timeout),
     "MC_LOG_LEVEL": ("log_level", _log_level),
 }
 
@@ -73,7 +82,7 @@ TRANSPORT = ("MC_FORCE_TCP", "MC_FORCE_HCA")
 
 # Variable -> why Ferry does without it.
 _IGNORED: Dict[str, str] = {
-    "MC_IB_PORT": "Ferry uses each device's first active port",
+    "MC_IB_PORT": "Ferry uses port 1 of each device",
     "MC_MTU": "Ferry uses the active MTU of both ports, agreed per "
               "connection (the path MTU)",
     "MC_MAX_WR": "Ferry sizes its queues from the device's limits",
@@ -148,12 +157,11 @@ def options(env: Optional[Mapping[str, str]] = None
             # Mooncake's "unset" values.
             if name == "MC_IB_TC" and value.strip() == "-1":
                 continue
-            if name in ("MC_TRANSFER_TIMEOUT", "MC_HANDSHAKE_PORT") and \
-                    value.strip() in ("", "0"):
+            if name == "MC_HANDSHAKE_PORT" and value.strip() in ("", "0"):
                 continue
             try:
                 out.append((option, convert(value)))
-            except (ValueError, OSError) as e:
+            except (ValueError, OSError, OverflowError) as e:
                 _report_once(name, f"{name}={value!r} ignored: not a value "
                                    f"for {option} ({e})")
         elif name in TRANSPORT:

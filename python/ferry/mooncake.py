@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import ipaddress
 import logging
 import operator
 import os
@@ -41,6 +42,9 @@ SUPPORT_CUDA = True
 _P2P = "P2PHANDSHAKE"
 # Transfer states (ferry_c.h).
 _WAITING, _PENDING, _COMPLETED, _FAILED, _TIMEOUT = range(5)
+_STATE_NAMES = {_WAITING: "WAITING", _PENDING: "PENDING",
+                _COMPLETED: "COMPLETED", _FAILED: "FAILED",
+                _TIMEOUT: "TIMEOUT"}
 
 
 class TransferOpcode(enum.IntEnum):
@@ -87,12 +91,18 @@ def _host_of(local_hostname: str) -> str:
 
 
 def _session(name: str) -> str:
-    """A peer's session id as Ferry names P2P segments: "host:port" with an
-    unbracketed IPv6 host ("::1:37739", as SGLang's older wrapper and vLLM
-    write it) split at the last colon, as Mooncake's parseHostNameWithPort
-    does, and bracketed."""
+    """A P2P peer's session id as Ferry names P2P segments: "host:port"
+    with an unbracketed IPv6 host ("::1:37739", as SGLang's older wrapper
+    and vLLM write it) split at the last colon and bracketed, as Mooncake's
+    parseHostNameWithPort does; like it, a whole IPv6 address is left
+    alone."""
     if name.startswith("[") or name.count(":") < 2:
         return name
+    try:
+        ipaddress.ip_address(name)
+        return name
+    except ValueError:
+        pass
     host, _, port = name.rpartition(":")
     return f"[{host}]:{port}" if port.isdigit() else name
 
@@ -104,7 +114,7 @@ def _choose_transport(protocol: str, device_name: str,
     when the host has a NIC, TCP otherwise; MC_FORCE_TCP forces TCP and
     MC_FORCE_HCA RDMA. Each fallback is logged with its reason."""
     if _mc_env.is_set(env, "MC_FORCE_TCP"):
-        if protocol != "tcp":
+        if protocol not in ("tcp", ""):
             log.warning("MC_FORCE_TCP is set: using TCP, not %s", protocol)
         return "tcp", ""
     if protocol == "tcp":
@@ -114,20 +124,17 @@ def _choose_transport(protocol: str, device_name: str,
                     "as for rdma", protocol)
     if _mc_env.is_set(env, "MC_FORCE_HCA"):
         return "rdma", device_name
+    # Mooncake discovers only the devices named (device_name, else its
+    # filter variables): none of those here is no RDMA, so TCP.
+    wanted = device_name or env.get("MC_MS_FILTERS") or env.get(
+        "MC_TE_FILTERS", "")
     try:
-        _ferry.local_topology(device_name)
+        _ferry.local_topology(wanted)
         return "rdma", device_name
     except FerryError as e:
         why = e.message
-    if device_name:
-        try:
-            _ferry.local_topology("")
-            log.warning("RDMA device(s) %r not found (%s): using every RDMA "
-                        "device of this host", device_name, why)
-            return "rdma", ""
-        except FerryError as e:
-            why = e.message
-    log.warning("no RDMA device here (%s): using TCP", why)
+    log.warning("no RDMA device here%s (%s): using TCP",
+                f" among {wanted!r}" if wanted else "", why)
     return "tcp", ""
 
 
@@ -152,6 +159,7 @@ class TransferEngine:
         # Managed buffers (address -> length); the engine pins them.
         self._managed: Dict[int, int] = {}
         self._transport = ""
+        self._p2p = False
 
     # ---- set-up ----------------------------------------------------------
 
@@ -186,6 +194,7 @@ class TransferEngine:
                       metadata_server, protocol, device_name, e)
             return -1
         self._transport = transport
+        self._p2p = endpoint == _P2P
         return 0
 
     def _close(self) -> None:
@@ -215,7 +224,8 @@ class TransferEngine:
             # the engine itself is gone (a call on another thread may still
             # hold it after close): peers may WRITE into it until then.
             self._engine.pin(addr, buf)
-        except FerryError:
+        except FerryError as e:
+            log.warning("allocate_managed_buffer(%d) failed: %s", length, e)
             return 0
         with self._lock:
             self._managed[addr] = length
@@ -225,10 +235,14 @@ class TransferEngine:
         with self._lock:
             managed = buffer_addr in self._managed
         if not managed or self._engine is None:
+            log.warning("free_managed_buffer(0x%x): %s", buffer_addr,
+                        "not a managed buffer" if self._engine is not None
+                        else "the engine is not initialized")
             return -1
         try:
             self._engine.unregister(buffer_addr)
-        except FerryError:
+        except FerryError as e:
+            log.warning("free_managed_buffer(0x%x) failed: %s", buffer_addr, e)
             return -1
         with self._lock:
             self._managed.pop(buffer_addr, None)
@@ -243,7 +257,9 @@ class TransferEngine:
         try:
             handle = self._segment(segment_name)
             buffers = self._engine.segment_buffers(handle)
-        except FerryError:
+        except FerryError as e:
+            log.warning("get_first_buffer_address(%r) failed: %s",
+                        segment_name, e)
             return 0
         return buffers[0][0] if buffers else 0
 
@@ -332,23 +348,31 @@ class TransferEngine:
                             transport_hint: str = "") -> int:
         if self._engine is None or not (len(buffers) == len(
                 peer_buffer_addresses) == len(lengths)) or len(buffers) == 0:
+            log.warning("transfer to %r refused: %s", target_hostname,
+                        "the engine is not initialized" if self._engine is None
+                        else "buffers, peer addresses and lengths must be "
+                        "non-empty lists of one length")
             return -1
         try:
             # One call for the whole batch (submit, wait, free): the Python
             # overhead per batch is then a few microseconds.
-            state = self._engine.transfer_same(int(opcode),
-                                               self._segment(target_hostname),
-                                               buffers, peer_buffer_addresses,
-                                               lengths)[0]
-        except FerryError:
+            state, total, _, failed, _ = self._engine.transfer_same(
+                int(opcode), self._segment(target_hostname), buffers,
+                peer_buffer_addresses, lengths)
+        except FerryError as e:
+            log.warning("transfer to %r failed: %s", target_hostname, e)
             return -1
         if state != _COMPLETED:
+            log.warning("transfer to %r ended %s: %d of %d requests failed "
+                        "(the engine's log says why)", target_hostname,
+                        _STATE_NAMES.get(state, state), failed, total)
             return -1
         if notify is not None:
             try:
                 self._engine.notify(self._segment(target_hostname),
                                     notify.name, notify.msg.encode())
-            except FerryError:
+            except FerryError as e:
+                log.warning("notify to %r failed: %s", target_hostname, e)
                 return -1
         return 0
 
@@ -390,9 +414,12 @@ class TransferEngine:
                 continue
             try:
                 state = self._engine.wait(batch, -1)[0]
-            except FerryError:
+            except FerryError as e:
+                log.warning("batch %d: %s", batch, e)
                 state = _FAILED
             if state != _COMPLETED:
+                log.warning("batch %d ended %s", batch,
+                            _STATE_NAMES.get(state, state))
                 result = -1
             self._free(batch)
         return result
@@ -412,13 +439,16 @@ class TransferEngine:
         if self._engine is None or batch_id is None:
             return -1
         try:
-            state = self._engine.request_status(batch_id, 0)[0]
-        except FerryError:
+            state, _, code, message = self._engine.request_status(batch_id, 0)
+        except FerryError as e:
+            log.warning("batch %d: %s", batch_id, e)
             return -1
         if state == _COMPLETED:
             self._free(batch_id)
             return 1
         if state == _FAILED:
+            log.warning("batch %d failed: %s", batch_id,
+                        FerryError(code, message))
             self._free(batch_id)
             return -1
         if state == _TIMEOUT:
@@ -439,7 +469,8 @@ class TransferEngine:
         "{}" where there is none."""
         try:
             return _ferry.local_topology(device_name or "")
-        except FerryError:
+        except FerryError as e:
+            log.warning("get_local_topology: %s", e)
             return "{}"
 
     def send_probe(self, peer_server_name: str) -> int:
@@ -452,7 +483,7 @@ class TransferEngine:
             log.warning("probe of %r failed: %s", peer_server_name, e)
             # Opened again on the next transfer (the peer may come back).
             with self._lock:
-                self._segments.pop(_session(peer_server_name), None)
+                self._segments.pop(self._name(peer_server_name), None)
             return -1
         return 0
 
@@ -573,7 +604,7 @@ class TransferEngine:
         return 0
 
     def _segment(self, name: str) -> int:
-        name = _session(name)
+        name = self._name(name)
         with self._lock:
             handle = self._segments.get(name)
         if handle is None:
@@ -581,6 +612,10 @@ class TransferEngine:
             with self._lock:
                 self._segments[name] = handle
         return handle
+
+    def _name(self, name: str) -> str:
+        # Session ids are P2P's: other modes' segment names are kept.
+        return _session(name) if self._p2p else name
 
     def _submit(self, target: str, buffers: Sequence[int],
                 peers: Sequence[int], lengths: Sequence[int],

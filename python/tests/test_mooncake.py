@@ -4,8 +4,10 @@ import ctypes
 import json
 import logging
 import os
+import select
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -243,13 +245,31 @@ def no_rdma_env():
 def test_sglang_vllm_flow_between_two_processes(case):
     protocol = "tcp" if case == "tcp" else "rdma"
     env = dict(os.environ) if case != "rdma-no-device" else no_rdma_env()
+    if case == "rdma-no-device":
+        probe = subprocess.run(
+            [sys.executable, "-c", "from ferry import _ferry; "
+             "print(_ferry.local_topology(''))"],
+            capture_output=True, text=True, env=env, timeout=60)
+        assert probe.returncode != 0, (
+            "this host has RDMA devices of its own, so it cannot stand for "
+            "one without: " + probe.stdout)
     env["PYTHONPATH"] = os.pathsep.join([HERE, env.get("PYTHONPATH", "")])
     peer = os.path.join(HERE, "mc_peer.py")
+    log = tempfile.TemporaryFile(mode="w+")
     target = subprocess.Popen([sys.executable, peer, "target", protocol],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env)
+                              stderr=log, text=True, env=env)
+
+    def line():
+        # Bounded: a target that hangs fails the test, with its log.
+        ready, _, _ = select.select([target.stdout], [], [], 60)
+        if not ready:
+            log.seek(0)
+            pytest.fail("the target said nothing for 60 s: " + log.read())
+        return target.stdout.readline()
+
     try:
-        hello = json.loads(target.stdout.readline())
+        hello = json.loads(line())
         assert "error" not in hello, hello
         want = "rdma" if case == "rdma" else "tcp"
         assert hello["transport"] == want, hello
@@ -269,7 +289,7 @@ def test_sglang_vllm_flow_between_two_processes(case):
             assert "no RDMA device here" in run.stderr, run.stderr
         target.stdin.write("check 7\n")
         target.stdin.flush()
-        assert target.stdout.readline().strip() == "ok"
+        assert line().strip() == "ok"
         target.stdin.write("quit\n")
         target.stdin.flush()
         assert target.wait(timeout=60) == 0
@@ -277,6 +297,7 @@ def test_sglang_vllm_flow_between_two_processes(case):
         if target.poll() is None:
             target.kill()
             target.wait()
+        log.close()
 
 
 def test_protocol_falls_back_as_mooncakes_does(monkeypatch, caplog):
@@ -289,10 +310,15 @@ def test_protocol_falls_back_as_mooncakes_does(monkeypatch, caplog):
     assert _choose_transport("tcp", "", {}) == ("tcp", "")
     assert _choose_transport("rdma", "", {"MC_FORCE_TCP": "1"}) == ("tcp", "")
     assert "MC_FORCE_TCP" in caplog.text
-    # A card that is not there: the others.
+    # Only the cards named count, as in Mooncake's discovery: none of
+    # them here is TCP; one of them is RDMA on it.
     caplog.clear()
-    assert _choose_transport("rdma", "mlx5_9", {}) == ("rdma", "")
+    assert _choose_transport("rdma", "mlx5_9", {}) == ("tcp", "")
     assert "mlx5_9" in caplog.text
+    assert _choose_transport("rdma", "", {"MC_TE_FILTERS": "mlx5_9"}) == (
+        "tcp", "")
+    assert _choose_transport("rdma", "softrnic0,mlx5_9", {}) == (
+        "rdma", "softrnic0,mlx5_9")
     # No card at all: TCP, saying why; MC_FORCE_HCA insists on RDMA.
     def none(devices):
         raise FerryError(5, "no RDMA devices on this host")
@@ -308,6 +334,18 @@ def test_protocol_falls_back_as_mooncakes_does(monkeypatch, caplog):
     assert json.loads(e.get_engine().stats())["transports"][0][
         "transport"] == "tcp"
     e._close()
+
+
+def test_session_ids_split_as_mooncakes_parser_does():
+    from ferry.mooncake import _session
+    assert _session("::1:37739") == "[::1]:37739"
+    assert _session("fe80::1:2:17000") == "[fe80::1:2]:17000"
+    assert _session("[::1]:37739") == "[::1]:37739"
+    assert _session("10.0.0.1:17000") == "10.0.0.1:17000"
+    # A whole IPv6 address is not a host and a port.
+    assert _session("2001:db8::1") == "2001:db8::1"
+    assert _session("::1") == "::1"
+    assert _session("a:b:c") == "a:b:c"
 
 
 def test_unbracketed_ipv6_session_ids():
