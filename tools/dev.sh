@@ -27,6 +27,7 @@ TEST_PACKAGES=(
   etcd-server
   openssl
   python3-dev pybind11-dev python3-pytest python3-numpy
+  python3-venv patchelf
   ucx-utils python3-matplotlib
   mkdocs mkdocs-material python3-pymdownx chromium
 )
@@ -450,6 +451,7 @@ python_install() {
 case "${1:-}" in
   setup) setup ;;
   python) shift; python_install "$@" ;;
+  wheel) shift; setup; bash tools/wheel.sh "$@" ;;
   build) shift; setup; build "$@" ;;
   demo) demo ;;
   test) shift; test_cmd "$@" ;;
@@ -459,7 +461,7 @@ case "${1:-}" in
   tsan) shift; tsan "$@" ;;
   fuzz) shift; fuzz "$@" ;;
   *)
-    echo "usage: tools/dev.sh setup|demo|test|build|python|bench-tcp|format|clang|tsan|fuzz" >&2
+    echo "usage: tools/dev.sh setup|demo|test|build|python|wheel|bench-tcp|format|clang|tsan|fuzz" >&2
     exit 2
     ;;
 esac

@@ -19,6 +19,9 @@ several threads.
 
 from __future__ import annotations
 
+# The wheel's version (tools/wheel.sh reads it here).
+__version__ = "0.4.0"
+
 import json
 import math
 import operator
@@ -28,7 +31,24 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ferry.errors import FerryError  # noqa: F401  (re-exported)
 from ferry import errors
-from ferry import _ferry
+
+
+def _prefer_the_hosts_verbs() -> None:
+    """The wheel (tools/wheel.sh) bundles rdma-core's libibverbs in
+    ferry/.libs, for hosts without it. A host that has its own, whose
+    providers drive its NICs, gets that one: loaded first, it is the
+    libibverbs.so.1 the extension then uses."""
+    import ctypes
+    import os
+    if os.path.isdir(os.path.join(os.path.dirname(__file__), ".libs")):
+        try:
+            ctypes.CDLL("libibverbs.so.1", mode=ctypes.RTLD_GLOBAL)
+        except OSError:
+            pass  # None here: the bundled one.
+
+
+_prefer_the_hosts_verbs()
+from ferry import _ferry  # noqa: E402  (after the line above)
 from ferry import _memory
 
 __all__ = ["Engine", "Batch", "Request", "Notification", "FerryError", "errors"]
