@@ -269,7 +269,7 @@ clang_check() {
 # The concurrency-heavy tests under ThreadSanitizer (not those tagged
 # no-tsan: they run uninstrumented programs, which cannot load an
 # instrumented softrnic).
-TSAN_SCOPE="//engine/... + //gpu/... + //metadata/... + //transport/... + //tests:e2e_test + //tests:rdma_engine_test + //tests:rdma_endpoint_test + //tests:mr_cache_test + //tests:gpu_engine_test"
+TSAN_SCOPE="//engine/... + //gpu/... + //metadata/... + //transport/... + //tests:e2e_test + //tests:rdma_engine_test + //tests:rdma_endpoint_test + //tests:mr_cache_test + //tests:gpu_engine_test + //tests:gpu_engine_no_gpudirect_test"
 tsan() {
   setup
   clang_bazel tsan
