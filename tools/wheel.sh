@@ -36,9 +36,11 @@ if [[ "$py" == auto ]]; then
   for c in "$(command -v python3 || true)" "$HOME"/.pyenv/versions/*/bin/python3 \
     /usr/local/bin/python3.[0-9]*; do
     [[ -x "$c" ]] || continue
-    [[ "$(readlink -f "$c")" == /usr/bin/python3* ]] && continue
-    "$c" -c 'import sys; sys.exit(sys.version_info < (3, 9))' 2>/dev/null || continue
-    py="$c"
+    # The interpreter itself, not a shim or a venv's link to it.
+    real="$("$c" -c 'import os, sys
+if sys.version_info >= (3, 9): print(os.path.realpath(sys.executable))' 2>/dev/null || true)"
+    [[ -n "$real" && "$real" != /usr/bin/python3* ]] || continue
+    py="$real"
     break
   done
   echo "wheel: for $py" >&2
@@ -75,7 +77,14 @@ patchelf --set-soname libferry.so "$pkg/.libs/libferry.so"
 
 # What libferry.so loads, less what every Linux system has (auditwheel's
 # rule): glibc's libraries, the loader, and the C and C++ runtimes.
-ldd "$lib" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' |
+# The system's libraries, not those a development shell put first.
+deps="$(env -u LD_LIBRARY_PATH ldd "$lib")"
+if grep -q "not found" <<<"$deps"; then
+  echo "error: libferry.so needs libraries this host lacks:" >&2
+  grep "not found" <<<"$deps" >&2
+  exit 1
+fi
+awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' <<<"$deps" |
   while read -r name path; do
     case "$name" in
       libc.so.* | libm.so.* | libdl.so.* | librt.so.* | libpthread.so.* | \
@@ -158,6 +167,7 @@ cp python/mooncake/*.py "$tests/mooncake/"
 bin="$(bazel info -c "$mode" bazel-bin 2>/dev/null)"
 bazel build -c "$mode" //transport/softrnic:libibverbs.so.1 //gpu/softgpu:libcuda.so.1 >&2
 mkdir -p "$work/run"  # Not $work, whose ferry/ would shadow the venv's.
+set +e  # A failing test must still get its count printed below.
 (
   cd "$work/run"
   FERRY_SOFTGPU_DEVICES=2 \
@@ -173,6 +183,7 @@ print("ferry", ferry.__version__, "from", here)
     -p no:cacheprovider "$tests"
 ) | tee "$work/pytest.out"
 rc=${PIPESTATUS[0]}
+set -e
 # The count .ci/run adds up: pytest's, or one failure if it never ran.
 summary="$(tail -1 "$work/pytest.out")"
 passed="$(grep -oE '[0-9]+ passed' <<<"$summary" | cut -d' ' -f1 || true)"
