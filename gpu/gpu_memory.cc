@@ -45,6 +45,16 @@ absl::Status CheckGpuAllocation(uintptr_t addr, int device,
                      " is in a buffer registered as GPU memory, but no CUDA "
                      "driver is loaded in this process"));
   }
+  // The common case, the allocation still there, costs one attribute;
+  // anything else goes through Classify, which also says what is there.
+  CUpointer_attribute attr = CU_POINTER_ATTRIBUTE_BUFFER_ID;
+  unsigned long long id = 0;  // NOLINT: the ABI's type
+  void* data = &id;
+  if (driver->api().cuPointerGetAttributes(1, &attr, &data, addr) ==
+          CUDA_SUCCESS &&
+      id == buffer_id) {
+    return absl::OkStatus();
+  }
   auto info = driver->Classify(reinterpret_cast<const void*>(addr));
   if (!info.ok()) return info.status();
   if (info->buffer_id == buffer_id) return absl::OkStatus();

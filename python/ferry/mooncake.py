@@ -158,7 +158,6 @@ class TransferEngine:
         self._segments: Dict[str, int] = {}
         # Managed buffers (address -> length); the engine pins them.
         self._managed: Dict[int, int] = {}
-        self._transport = ""
         self._p2p = False
 
     # ---- set-up ----------------------------------------------------------
@@ -193,7 +192,6 @@ class TransferEngine:
             log.error("initialize(%r, %r, %r, %r) failed: %s", local_hostname,
                       metadata_server, protocol, device_name, e)
             return -1
-        self._transport = transport
         self._p2p = endpoint == _P2P
         return 0
 

@@ -183,6 +183,13 @@ TEST_F(ServerSessionTest, FramesToFreedGpuMemoryAreRefused) {
   CUdeviceptr dev = 0;
   ASSERT_NO_FATAL_FAILURE(AddGpuBuffer(d, &dev));
   ASSERT_OK(d.Check(d.api().cuMemFree(dev), "cuMemFree"));
+  // Another allocation at the same address (softgpu reuses it, as GPU
+  // drivers do): a copy there would succeed, so only the check refuses.
+  CUdeviceptr now = 0;
+  ASSERT_OK(d.Check(d.api().cuMemAlloc(&now, 1 << 16), "cuMemAlloc"));
+  ASSERT_EQ(now, dev);
+  const std::string theirs(64, 't');
+  ASSERT_OK(d.CopyToDevice(now, theirs.data(), theirs.size()));
   {
     TargetStaging staging(2, 4096);
     ServerSession s(&registry_, limits_, kIncarnation, kT0, &staging);
@@ -196,7 +203,11 @@ TEST_F(ServerSessionTest, FramesToFreedGpuMemoryAreRefused) {
     EXPECT_EQ(resp[1].status, WireStatus::kStagingFailed);
     EXPECT_EQ(resp[1].length, 0u);
   }
+  std::string after(64, '\0');
+  ASSERT_OK(d.CopyFromDevice(after.data(), now, after.size()));
+  EXPECT_EQ(after, theirs);  // The WRITE did not land in it.
   ASSERT_OK(registry_.Remove(dev, absl::Seconds(1)));
+  ASSERT_OK(d.Check(d.api().cuMemFree(now), "cuMemFree"));
 }
 
 TEST_F(ServerSessionTest, OutOfBoundsIsRejectedAndTouchesNothing) {
