@@ -174,12 +174,12 @@ void SegmentCache::StartWatchLocked(const std::string& name,
                                     std::shared_ptr<const SegmentView> view) {
   // The stream's own copy of the descriptor, which its events apply to in
   // order (gRPC delivers one stream's events one at a time).
-  auto current =
-      std::make_shared<metadata::SegmentDescriptor>(view->descriptor());
+  auto base = std::make_shared<WatchBase>();
+  base->descriptor = view->descriptor();
   auto watch = client_->WatchSegment(
-      name, current->version(),
-      [this, name, current](const metadata::SegmentEvent& ev) {
-        OnEvent(name, current.get(), ev);
+      name, base->descriptor.version(),
+      [this, name, base](const metadata::SegmentEvent& ev) {
+        OnEvent(name, base.get(), ev);
       });
   // A store that cannot push (P2P, a metadata_server on etcd): refresh on
   // a miss, as before.
@@ -189,40 +189,66 @@ void SegmentCache::StartWatchLocked(const std::string& name,
   if (watch.ok()) watches_[name] = std::move(*watch);
 }
 
-void SegmentCache::OnEvent(const std::string& name,
-                           metadata::SegmentDescriptor* current,
+void SegmentCache::MarkStale(const std::string& name) {
+  MutexLock lock(&mu_);
+  auto it = by_name_.find(name);
+  if (it == by_name_.end()) return;
+  auto slot = SlotOf(it->second);
+  if (!slot.ok()) return;
+  entries_[*slot]->stale = true;
+  QueueLocked(*slot);
+}
+
+void SegmentCache::OnEvent(const std::string& name, WatchBase* base,
                            const metadata::SegmentEvent& ev) {
   if (ev.gone()) {
     // Removed, or its lease ran out: requests fetch again and fail with
     // what the service says.
-    MutexLock lock(&mu_);
-    auto it = by_name_.find(name);
-    if (it == by_name_.end()) return;
-    auto slot = SlotOf(it->second);
-    if (!slot.ok()) return;
-    entries_[*slot]->stale = true;
-    QueueLocked(*slot);
+    MarkStale(name);
     return;
   }
+  // What the event gives is built aside and checked before it replaces
+  // the base: a refused change applied in place would corrupt the base
+  // every later delta builds on.
+  metadata::SegmentDescriptor next;
+  absl::Status refused;
   if (ev.has_full()) {
-    *current = ev.full();
+    if (ev.full().name() != name) {
+      refused = absl::DataLossError(absl::StrCat(
+          "the watch of '", name, "' pushed segment '", ev.full().name(), "'"));
+    } else {
+      next = ev.full();
+    }
+  } else if (base->broken) {
+    return;  // Waits for a whole descriptor; refreshes serve meanwhile.
+  } else if (ev.version() <= base->descriptor.version()) {
+    refused = absl::DataLossError(
+        absl::StrCat("a pushed change of '", name, "' has version ",
+                     ev.version(), ", not after ", base->descriptor.version()));
   } else {
     // Removals, then additions, by address.
+    next = base->descriptor;
     std::map<uint64_t, metadata::Buffer> bufs;
-    for (const metadata::Buffer& b : current->buffers()) bufs[b.addr()] = b;
+    for (const metadata::Buffer& b : next.buffers()) bufs[b.addr()] = b;
     for (uint64_t a : ev.remove_addrs()) bufs.erase(a);
     for (const metadata::Buffer& b : ev.add()) bufs[b.addr()] = b;
-    current->clear_buffers();
-    for (auto& [addr, b] : bufs) *current->add_buffers() = std::move(b);
-    current->set_version(ev.version());
+    next.clear_buffers();
+    for (auto& [addr, b] : bufs) *next.add_buffers() = std::move(b);
+    next.set_version(ev.version());
   }
-  auto view = MakeView(*current);
+  absl::StatusOr<std::shared_ptr<const SegmentView>> view =
+      refused.ok() ? MakeView(next) : refused;
   if (!view.ok()) {
     FERRY_LOG_EVERY(kWarn, "metadata", absl::Seconds(1),
                     "a pushed change of segment '", name,
-                    "' is not usable: ", view.status().message());
+                    "' is not usable (the segment is fetched again): ",
+                    view.status().message());
+    base->broken = true;
+    MarkStale(name);
     return;
   }
+  base->descriptor = std::move(next);
+  base->broken = false;
   MutexLock lock(&mu_);
   auto it = by_name_.find(name);
   if (it == by_name_.end()) return;

@@ -158,9 +158,22 @@ class SegmentCache {
   void StartWatchLocked(const std::string& name,
                         std::shared_ptr<const SegmentView> view)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Applies a pushed change to the stream's copy `current` and installs it.
-  void OnEvent(const std::string& name, metadata::SegmentDescriptor* current,
+  // A watch stream's copy of the descriptor, which its deltas apply to.
+  // `broken` once a pushed change was refused: later deltas would apply
+  // to a base the service no longer has, so they are ignored until a
+  // whole descriptor comes (the segment is served by refreshes meanwhile).
+  struct WatchBase {
+    metadata::SegmentDescriptor descriptor;
+    bool broken = false;
+  };
+  // Builds the descriptor a pushed change gives, checks that it names the
+  // watched segment and is valid, and only then makes it the stream's base
+  // and installs it; a refused change leaves the base untouched, marks it
+  // broken and the cached view stale.
+  void OnEvent(const std::string& name, WatchBase* base,
                const metadata::SegmentEvent& ev) ABSL_LOCKS_EXCLUDED(mu_);
+  // The cached view of `name` goes stale (a refresh is queued).
+  void MarkStale(const std::string& name) ABSL_LOCKS_EXCLUDED(mu_);
   // Keeps the newer of the cached and the fetched snapshot.
   void InstallLocked(Entry* e, std::shared_ptr<const SegmentView> view)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

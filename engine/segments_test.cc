@@ -2,6 +2,7 @@
 // forged descriptors, descriptors that change under requests, closing.
 #include <atomic>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -94,6 +95,48 @@ class ForgingMetadataService final : public metadata::MetadataService::Service {
     return metadata::ToGrpcStatus(store_.Remove(*req));
   }
 
+  // Off by default (the stream ends UNIMPLEMENTED, so engines refresh on a
+  // miss). On: one stream that writes what Push queues, as a metadata
+  // service that pushes forged changes would.
+  void EnableWatch() {
+    MutexLock lock(&mu_);
+    watchable_ = true;
+  }
+  void Push(const metadata::SegmentEvent& ev) {
+    MutexLock lock(&mu_);
+    pushes_.push_back(ev);
+    push_cv_.SignalAll();
+  }
+  int watchers() {
+    MutexLock lock(&mu_);
+    return watchers_;
+  }
+  absl::StatusOr<metadata::SegmentDescriptor> Current(const std::string& n) {
+    return store_.Get(n);
+  }
+  grpc::Status WatchSegment(
+      grpc::ServerContext* ctx, const metadata::WatchSegmentRequest*,
+      grpc::ServerWriter<metadata::SegmentEvent>* writer) override {
+    MutexLock lock(&mu_);
+    if (!watchable_) {
+      return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "no watch");
+    }
+    ++watchers_;
+    const absl::Time until = absl::Now() + absl::Seconds(60);
+    while (!ctx->IsCancelled() && absl::Now() < until) {
+      while (!pushes_.empty()) {
+        metadata::SegmentEvent ev = std::move(pushes_.front());
+        pushes_.pop_front();
+        mu_.Unlock();
+        writer->Write(ev);
+        mu_.Lock();
+      }
+      push_cv_.WaitWithTimeout(&mu_, absl::Milliseconds(20));
+    }
+    --watchers_;
+    return grpc::Status::OK;
+  }
+
  private:
   metadata::SegmentStore store_;
   Mutex mu_;
@@ -103,6 +146,10 @@ class ForgingMetadataService final : public metadata::MetadataService::Service {
   bool gate_open_ ABSL_GUARDED_BY(mu_) = true;
   int blocked_ ABSL_GUARDED_BY(mu_) = 0;
   CondVar gate_cv_;
+  bool watchable_ ABSL_GUARDED_BY(mu_) = false;
+  int watchers_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<metadata::SegmentEvent> pushes_ ABSL_GUARDED_BY(mu_);
+  CondVar push_cv_;
 };
 
 class SegmentsTest : public ::testing::Test {
@@ -218,6 +265,76 @@ TEST_F(SegmentsTest, ForgedDescriptorFailsOpenSegmentAndChangesNothing) {
 }
 
 // Each kind of forged field is refused by OpenSegment with its name.
+// A pushed change is checked before it touches the watch's base: one
+// naming another segment, or one that makes the descriptor invalid, is
+// refused, and deltas after a refused one are not applied to a base the
+// service no longer shares (they were, and corrupted it); a whole
+// descriptor then resynchronizes.
+TEST_F(SegmentsTest, PushedChangesAreCheckedBeforeTheyApply) {
+  service_.EnableWatch();
+  ASSERT_OK_AND_ASSIGN(SegmentHandle h, initiator_.OpenSegment("target"));
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (service_.watchers() == 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(service_.watchers(), 1);
+  ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor real,
+                       service_.Current("target"));
+  ASSERT_EQ(real.buffers_size(), 1);
+  const uint64_t v = real.version();
+  auto wait_pushes = [&](uint64_t n) {
+    const absl::Time until = absl::Now() + absl::Seconds(10);
+    while (initiator_.GetEngineStats().descriptor_pushes < n &&
+           absl::Now() < until) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return initiator_.GetEngineStats().descriptor_pushes;
+  };
+
+  // A delta that removes the real buffer and adds a zero-length one...
+  metadata::SegmentEvent bad;
+  bad.set_version(v + 1);
+  bad.add_remove_addrs(real.buffers(0).addr());
+  metadata::Buffer* zero = bad.add_add();
+  zero->set_addr(0x10000);
+  zero->set_length(0);
+  zero->set_location("cpu:0");
+  service_.Push(bad);
+  // ...then one that would make that base valid again, without the real
+  // buffer.
+  metadata::SegmentEvent follow;
+  follow.set_version(v + 2);
+  follow.add_remove_addrs(0x10000);
+  metadata::Buffer* other = follow.add_add();
+  other->set_addr(0x20000);
+  other->set_length(4096);
+  other->set_location("cpu:0");
+  service_.Push(follow);
+  metadata::SegmentEvent whole;
+  *whole.mutable_full() = real;
+  whole.mutable_full()->set_version(v + 3);
+  whole.set_version(v + 3);
+  service_.Push(whole);
+  EXPECT_EQ(wait_pushes(1), 1u);
+
+  // A whole descriptor of another segment.
+  ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor stranger,
+                       service_.Current("initiator"));
+  metadata::SegmentEvent swap;
+  *swap.mutable_full() = stranger;
+  swap.mutable_full()->set_version(v + 4);
+  swap.set_version(v + 4);
+  service_.Push(swap);
+  whole.mutable_full()->set_version(v + 5);
+  whole.set_version(v + 5);
+  service_.Push(whole);
+  EXPECT_EQ(wait_pushes(2), 2u);
+  // Only the two whole descriptors of "target" were applied.
+  EXPECT_EQ(initiator_.GetEngineStats().descriptor_pushes, 2u);
+  EXPECT_EQ(Write(h, RemoteAddr(), 64, 0x5a).state, TransferState::kCompleted);
+  EXPECT_EQ(remote_[63], 0x5a);
+}
+
 TEST_F(SegmentsTest, EveryForgedFieldIsNamed) {
   struct Case {
     const char* name;
