@@ -34,4 +34,14 @@ uint64_t SecureRandomNonZero64() {
   return v;
 }
 
+bool SecretsEqual(absl::string_view a, absl::string_view b) {
+  if (a.size() != b.size()) return false;
+  // volatile: the compiler may not turn the loop into an early exit.
+  volatile unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = diff | static_cast<unsigned char>(a[i] ^ b[i]);
+  }
+  return diff == 0;
+}
+
 }  // namespace ferry

@@ -1,5 +1,5 @@
 // Secrets from the kernel's CSPRNG (getrandom(2)): owner keys, data-path
-// buffer keys. Not for anything on a hot path.
+// buffer keys; and comparing them. Not for anything on a hot path.
 //
 // Thread-safe.
 #ifndef FERRY_COMMON_SECURE_RANDOM_H_
@@ -7,6 +7,8 @@
 
 #include <cstddef>
 #include <cstdint>
+
+#include "absl/strings/string_view.h"
 
 namespace ferry {
 
@@ -17,6 +19,12 @@ void SecureRandomBytes(void* out, size_t n);
 
 // A random 64-bit value that is never 0, so that 0 can mean "no key".
 uint64_t SecureRandomNonZero64();
+
+// Whether two secrets are equal, in time that depends on their length
+// only, not on where they first differ (operator== on strings returns at
+// the first differing byte, which lets a guesser find a secret a byte at
+// a time by timing).
+bool SecretsEqual(absl::string_view a, absl::string_view b);
 
 }  // namespace ferry
 

@@ -113,11 +113,12 @@ absl::Status EngineImpl::ValidateOptions(const EngineOptions& o) const {
         " is more than 1h (negative: the lease TTL plus 1s)"));
   }
   if (o.max_queued_notifications == 0 || o.max_queued_notification_bytes == 0 ||
+      o.max_queued_notifications_per_sender == 0 ||
       o.max_queued_notification_bytes_per_sender == 0) {
     return absl::InvalidArgumentError(
-        "max_queued_notifications, max_queued_notification_bytes and "
-        "max_queued_notification_bytes_per_sender must be "
-        "positive");
+        "max_queued_notifications, max_queued_notification_bytes, "
+        "max_queued_notifications_per_sender and "
+        "max_queued_notification_bytes_per_sender must be positive");
   }
   return absl::OkStatus();
 }
@@ -168,9 +169,17 @@ absl::Status EngineImpl::ChooseAdvertisedHost(const EngineOptions& o,
   return absl::OkStatus();
 }
 
-absl::Status EngineImpl::Init(const EngineOptions& options) {
+absl::Status EngineImpl::Init(const EngineOptions& requested) {
   if (initialized_) {
     return absl::AlreadyExistsError("engine is already initialized");
+  }
+  EngineOptions options = requested;
+  if (options.auth_token.empty()) {
+    // Callers that cannot pass a token (ferry.mooncake, Mooncake-style
+    // code) get the cluster's from the environment.
+    auto token = metadata::AuthTokenFromEnv();
+    if (!token.ok()) return token.status();
+    options.auth_token = std::move(*token);
   }
   if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
   if (!options.log_level.empty()) {
@@ -227,6 +236,10 @@ absl::Status EngineImpl::Init(const EngineOptions& options) {
     return server.status();
   }
   rpc_server_ = std::move(*server);
+  if (options.auth_token.empty() &&
+      metadata::ListensBeyondLoopback(options.listen_host)) {
+    metadata::WarnOpenServer("this engine's RPC port", rpc_server_->address());
+  }
 
   const std::string rpc_address =
       JoinHostPort(advertised_host_, rpc_server_->port());
@@ -659,15 +672,18 @@ absl::Status EngineImpl::AdmitNotificationLocked(const std::string& sender,
                                                  size_t bytes) {
   // Per sender address too: one peer flooding the queue must not crowd out
   // the others (the names it claims cost it nothing to vary).
-  auto it = sender_bytes_.find(sender);
-  const size_t from_sender = it == sender_bytes_.end() ? 0 : it->second;
-  if (from_sender + bytes > options_.max_queued_notification_bytes_per_sender) {
+  auto it = sender_share_.find(sender);
+  const SenderShare held =
+      it == sender_share_.end() ? SenderShare{} : it->second;
+  if (held.count + 1 > options_.max_queued_notifications_per_sender ||
+      held.bytes + bytes > options_.max_queued_notification_bytes_per_sender) {
     ++notifications_refused_;
     return absl::ResourceExhaustedError(absl::StrCat(
-        "receiver holds ", from_sender, " bytes of notifications from ", sender,
-        ", its limit per sender (",
+        "receiver holds ", held.count, " notifications (", held.bytes,
+        " bytes) from ", sender, ", its limit per sender (",
+        options_.max_queued_notifications_per_sender, ", ",
         options_.max_queued_notification_bytes_per_sender,
-        "): it has not called GetNotifications"));
+        " bytes): it has not called GetNotifications"));
   }
   if (notifications_.size() >= options_.max_queued_notifications ||
       notification_bytes_ + bytes > options_.max_queued_notification_bytes) {
@@ -708,7 +724,9 @@ absl::Status EngineImpl::OnNotify(const std::string& from,
     return s;  // Others queued meanwhile.
   }
   notification_bytes_ += bytes;
-  sender_bytes_[sender] += bytes;
+  SenderShare& share = sender_share_[sender];
+  ++share.count;
+  share.bytes += bytes;
   notifications_.push_back({from, name, message, sender, verified.ok()});
   return absl::OkStatus();
 }
@@ -753,7 +771,7 @@ std::vector<Notification> EngineImpl::GetNotifications() {
                                 std::make_move_iterator(notifications_.end()));
   notifications_.clear();
   notification_bytes_ = 0;
-  sender_bytes_.clear();
+  sender_share_.clear();
   return out;
 }
 

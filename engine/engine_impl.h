@@ -270,7 +270,12 @@ class EngineImpl {
   mutable Mutex notify_mu_;
   std::deque<Notification> notifications_ ABSL_GUARDED_BY(notify_mu_);
   size_t notification_bytes_ ABSL_GUARDED_BY(notify_mu_) = 0;
-  absl::flat_hash_map<std::string, size_t> sender_bytes_
+  // What each sender address holds in the queue.
+  struct SenderShare {
+    size_t count = 0;
+    size_t bytes = 0;
+  };
+  absl::flat_hash_map<std::string, SenderShare> sender_share_
       ABSL_GUARDED_BY(notify_mu_);
   uint64_t notifications_refused_ ABSL_GUARDED_BY(notify_mu_) = 0;
 };

@@ -63,6 +63,10 @@ struct EngineOptions {
   // service answer only calls that carry it (others get UNAUTHENTICATED
   // and change nothing), and the engine sends it on every call it makes.
   // Give every engine and metadata_server of the cluster the same one.
+  // Empty here: the environment's, if it has one ($FERRY_AUTH_TOKEN_FILE
+  // or $FERRY_AUTH_TOKEN; Init fails InvalidArgument on a bad one), so
+  // code that cannot pass a token (ferry.mooncake) can still use one.
+  // With none, an engine listening beyond loopback logs a warning once.
   // What it does and does not protect: metadata/auth.h.
   std::string auth_token = "";
   // Mutual TLS on the engine's gRPC traffic (metadata calls, handshakes,
@@ -153,15 +157,17 @@ struct EngineOptions {
   // engine's memory without bound.
   size_t max_queued_notifications = 1 << 16;
   size_t max_queued_notification_bytes = 64 << 20;
-  // Of those bytes, what one sender address may hold (a flood from one
-  // peer is refused while others still get through).
+  // Of those, what one sender address may hold, in count and in bytes (a
+  // flood from one peer is refused while others still get through).
+  size_t max_queued_notifications_per_sender = 1 << 13;
   size_t max_queued_notification_bytes_per_sender = 8 << 20;
   // Every notification's claimed sender segment is checked: it must be
   // registered and published from the host the call came from
-  // (Notification::sender_verified). False (the default): unverified ones
-  // are queued too, marked; true: they are refused, PermissionDenied to
-  // the sender, naming what did not match.
-  bool refuse_unverified_notifications = false;
+  // (Notification::sender_verified). True (the default): unverified ones
+  // are refused, PermissionDenied to the sender naming what did not match
+  // (Unavailable when the check could not be made now: the sender may
+  // retry). False: they are queued too, marked unverified.
+  bool refuse_unverified_notifications = true;
   // Where the engine and its transports read the time and wait on it
   // (common/clock.h): leases, deadlines, backoff, keepalives, reaping.
   // Null (the default): the system clock. Tests of time-driven behaviour

@@ -331,6 +331,45 @@ TEST(EngineAuthTest, OnlyEnginesWithTheTokenJoin) {
   EXPECT_EQ(local[100], 0x42);
 }
 
+// Code that cannot pass a token (ferry.mooncake) gets the cluster's from
+// the environment; an explicit one still wins.
+TEST(EngineAuthTest, TheEnvironmentGivesTheToken) {
+  const std::string token = "kv-cluster-from-env-0123";
+  ::setenv("FERRY_AUTH_TOKEN", token.c_str(), 1);
+  EngineOptions o;
+  o.local_segment_name = "env-md";
+  o.listen_host = "127.0.0.1";
+  TransferEngine md;
+  ASSERT_OK(md.Init(o));
+  EngineOptions peer = o;
+  peer.local_segment_name = "env-peer";
+  peer.metadata_endpoint = md.metadata_address();
+  TransferEngine member;
+  ASSERT_OK(member.Init(peer));
+  ASSERT_OK(member.OpenSegment("env-md").status());
+  metadata::MetadataClient outsider(md.metadata_address(), absl::Seconds(5));
+  EXPECT_EQ(outsider.List().status().code(),
+            absl::StatusCode::kUnauthenticated);
+  metadata::MetadataClient insider(md.metadata_address(), absl::Seconds(5),
+                                   token);
+  EXPECT_OK(insider.List().status());
+  ::setenv("FERRY_AUTH_TOKEN", "short", 1);
+  peer.local_segment_name = "env-bad";
+  TransferEngine bad;
+  absl::Status s = bad.Init(peer);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("FERRY_AUTH_TOKEN"), std::string::npos) << s;
+  peer.auth_token = token;  // Explicit: the environment is not read.
+  TransferEngine explicit_token;
+  EXPECT_OK(explicit_token.Init(peer));
+  ::unsetenv("FERRY_AUTH_TOKEN");
+  peer.auth_token = "";
+  peer.local_segment_name = "env-none";
+  TransferEngine none;
+  s = none.Init(peer);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnauthenticated) << s;
+}
+
 // With mutual TLS, only engines with a certificate from the cluster CA
 // join: one without TLS, or with another CA's certificate, cannot publish;
 // a member transfers and notifies as usual.
@@ -645,15 +684,48 @@ TEST(EngineNotifyTest, EachSenderHasAShareOfTheQueue) {
   EXPECT_OK(flooder.SendNotification(h, "flood", chunk));
 }
 
+// The count is capped per sender too: a flood of tiny notifications from
+// one address (65,534 filled the whole queue in a probe) stops at its
+// share.
+TEST(EngineNotifyTest, EachSenderHasACountShareToo) {
+  EngineOptions o;
+  o.local_segment_name = "receiver";
+  o.listen_host = "127.0.0.1";
+  o.max_queued_notifications_per_sender = 5;
+  TransferEngine receiver;
+  ASSERT_OK(receiver.Init(o));
+  EngineOptions so = o;
+  so.local_segment_name = "flooder";
+  so.metadata_endpoint = receiver.metadata_address();
+  TransferEngine flooder;
+  ASSERT_OK(flooder.Init(so));
+  ASSERT_OK_AND_ASSIGN(SegmentHandle h, flooder.OpenSegment("receiver"));
+  int sent = 0;
+  absl::Status s;
+  for (int i = 0; i < 100 && s.ok(); ++i) {
+    s = flooder.SendNotification(h, "f", "x");
+    if (s.ok()) ++sent;
+  }
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("per sender"), std::string::npos) << s;
+  EXPECT_EQ(sent, 5);
+  EXPECT_EQ(receiver.GetNotifications().size(), 5u);
+  EXPECT_OK(flooder.SendNotification(h, "f", "x"));
+  so.max_queued_notifications_per_sender = 0;
+  TransferEngine bad;
+  EXPECT_EQ(bad.Init(so).code(), absl::StatusCode::kInvalidArgument);
+}
+
 // A notification that claims a segment published from another host, or
-// one that is not registered, is marked unverified; with
-// refuse_unverified_notifications it is refused, naming why, and not
-// queued. The spoof a live probe made ("kv-ready from prefill-0", sent
+// one that is not registered, is refused by default, naming why, and not
+// queued; with refuse_unverified_notifications off it is queued, marked
+// unverified. The spoof a live probe made ("kv-ready from prefill-0", sent
 // from elsewhere) is caught.
 TEST(EngineNotifyTest, ClaimedSendersAreChecked) {
   EngineOptions o;
   o.local_segment_name = "decode-0";
   o.listen_host = "127.0.0.1";
+  o.refuse_unverified_notifications = false;
   TransferEngine receiver;
   ASSERT_OK(receiver.Init(o));
   metadata::MetadataClient md(receiver.metadata_address(), absl::Seconds(3));
@@ -682,7 +754,9 @@ TEST(EngineNotifyTest, ClaimedSendersAreChecked) {
   EngineOptions strict = o;
   strict.local_segment_name = "decode-1";
   strict.metadata_endpoint = receiver.metadata_address();
-  strict.refuse_unverified_notifications = true;
+  strict.refuse_unverified_notifications =
+      EngineOptions{}.refuse_unverified_notifications;
+  ASSERT_TRUE(strict.refuse_unverified_notifications) << "the default";
   TransferEngine guarded;
   ASSERT_OK(guarded.Init(strict));
   ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor gd, md.Get("decode-1"));

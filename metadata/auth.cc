@@ -1,12 +1,18 @@
 #include "metadata/auth.h"
 
+#include <cstdlib>
 #include <fstream>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/string_view.h"
+#include "common/log.h"
+#include "common/mutex.h"
+#include "common/secure_random.h"
+#include "common/socket_util.h"
 #include "metadata/connection_peers.h"
 
 namespace ferry::metadata {
@@ -14,15 +20,6 @@ namespace {
 
 constexpr char kHeader[] = "authorization";
 constexpr absl::string_view kBearer = "Bearer ";
-
-bool EqualConstantTime(absl::string_view a, absl::string_view b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  }
-  return diff == 0;
-}
 
 }  // namespace
 
@@ -39,7 +36,7 @@ grpc::Status CheckAuthToken(const grpc::ServerContextBase& ctx,
     absl::string_view got(it->second.data(), it->second.size());
     if (got.size() > kBearer.size() &&
         got.substr(0, kBearer.size()) == kBearer &&
-        EqualConstantTime(got.substr(kBearer.size()), token)) {
+        SecretsEqual(got.substr(kBearer.size()), token)) {
       return grpc::Status::OK;
     }
   }
@@ -102,6 +99,56 @@ absl::StatusOr<std::string> ReadAuthTokenFile(const std::string& path) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", s.message()));
   }
   return token;
+}
+
+absl::StatusOr<std::string> AuthTokenFromEnv() {
+  const char* file = std::getenv(kAuthTokenFileEnv);
+  const char* token = std::getenv(kAuthTokenEnv);
+  const bool has_file = file != nullptr && *file != '\0';
+  const bool has_token = token != nullptr && *token != '\0';
+  if (has_file && has_token) {
+    return absl::InvalidArgumentError(absl::StrCat("both ", kAuthTokenFileEnv,
+                                                   " and ", kAuthTokenEnv,
+                                                   " are set; set one"));
+  }
+  if (has_file) {
+    auto t = ReadAuthTokenFile(file);
+    if (!t.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kAuthTokenFileEnv, ": ", t.status().message()));
+    }
+    return t;
+  }
+  if (!has_token) return std::string();
+  if (absl::Status s = ValidateAuthToken(token); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kAuthTokenEnv, ": ", s.message()));
+  }
+  return std::string(token);
+}
+
+bool ListensBeyondLoopback(const std::string& listen_host) {
+  return listen_host.empty() ||
+         (listen_host != "localhost" && !IsLoopbackHost(listen_host));
+}
+
+void WarnOpenServer(const std::string& what,
+                    const std::string& listen_address) {
+  static Mutex mu;
+  static auto* warned = new absl::flat_hash_set<std::string>();
+  {
+    MutexLock lock(&mu);
+    if (!warned->insert(what).second) return;
+  }
+  FERRY_LOG(kWarn, "auth", what, " listens on ", listen_address,
+            " with no auth token: anyone who can reach it can read the "
+            "segment descriptors it serves and, with them, read and write "
+            "the registered memory they describe. Give every engine and "
+            "metadata_server of the cluster the same token (export ",
+            kAuthTokenFileEnv,
+            "=/path/to/token, or EngineOptions::"
+            "auth_token, or --auth_token_file), or listen on loopback only "
+            "(docs/deployment.md)");
 }
 
 }  // namespace ferry::metadata

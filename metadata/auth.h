@@ -48,6 +48,29 @@ absl::Status ValidateAuthToken(const std::string& token);
 // keeps it out of `ps`. InvalidArgument if unreadable or not a token.
 absl::StatusOr<std::string> ReadAuthTokenFile(const std::string& path);
 
+// The environment variables that give a process the cluster token when
+// its caller passes none: Mooncake-style code (ferry.mooncake's
+// initialize(), vLLM and SGLang's connectors) cannot pass one, so a
+// deployment turns authentication on by exporting one of these on every
+// engine and metadata_server of the cluster.
+constexpr char kAuthTokenFileEnv[] = "FERRY_AUTH_TOKEN_FILE";
+constexpr char kAuthTokenEnv[] = "FERRY_AUTH_TOKEN";
+
+// The token the environment gives: the file $FERRY_AUTH_TOKEN_FILE names
+// (read as ReadAuthTokenFile reads it), or $FERRY_AUTH_TOKEN. Empty if
+// neither is set; InvalidArgument, naming the variable, if both are or the
+// token is not valid. Thread-safe if nothing changes the environment.
+absl::StatusOr<std::string> AuthTokenFromEnv();
+
+// Whether a server bound to `listen_host` ("" and "::" are every
+// interface) can be reached from other hosts.
+bool ListensBeyondLoopback(const std::string& listen_host);
+
+// Logs, once per process and `what`, a warning that `what`, listening on
+// `listen_address` with no token, is open to anyone who can reach it, and
+// how to close it. For servers with no token that listen beyond loopback.
+void WarnOpenServer(const std::string& what, const std::string& listen_address);
+
 }  // namespace ferry::metadata
 
 #endif  // FERRY_METADATA_AUTH_H_

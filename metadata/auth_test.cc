@@ -3,7 +3,9 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <vector>
 
+#include "common/log.h"
 #include "common/status_testing.h"
 #include "gtest/gtest.h"
 
@@ -43,6 +45,70 @@ TEST(AuthTest, TokenFilesAreReadBoundedAndChecked) {
     EXPECT_STATUS(ReadAuthTokenFile(bad), absl::StatusCode::kInvalidArgument)
         << bad;
   }
+}
+
+// The way Mooncake-style callers, which cannot pass a token, get one.
+TEST(AuthTest, TokenFromTheEnvironment) {
+  ::unsetenv(kAuthTokenFileEnv);
+  ::unsetenv(kAuthTokenEnv);
+  ASSERT_OK_AND_ASSIGN(std::string none, AuthTokenFromEnv());
+  EXPECT_EQ(none, "");
+
+  ::setenv(kAuthTokenEnv, "env-token-0123456789", 1);
+  ASSERT_OK_AND_ASSIGN(std::string direct, AuthTokenFromEnv());
+  EXPECT_EQ(direct, "env-token-0123456789");
+
+  ::setenv(kAuthTokenFileEnv,
+           WriteFile("env_token", "file-token-0123456789\n").c_str(), 1);
+  absl::Status both = AuthTokenFromEnv().status();
+  EXPECT_STATUS(both, absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(both.message().find("set one"), std::string::npos) << both;
+
+  ::unsetenv(kAuthTokenEnv);
+  ASSERT_OK_AND_ASSIGN(std::string from_file, AuthTokenFromEnv());
+  EXPECT_EQ(from_file, "file-token-0123456789");
+
+  ::setenv(kAuthTokenFileEnv, "/nonexistent/token", 1);
+  absl::Status missing = AuthTokenFromEnv().status();
+  EXPECT_STATUS(missing, absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(missing.message().find(kAuthTokenFileEnv), std::string::npos)
+      << missing;
+
+  ::unsetenv(kAuthTokenFileEnv);
+  ::setenv(kAuthTokenEnv, "short", 1);
+  absl::Status bad = AuthTokenFromEnv().status();
+  EXPECT_STATUS(bad, absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find(kAuthTokenEnv), std::string::npos) << bad;
+  ::unsetenv(kAuthTokenEnv);
+}
+
+TEST(AuthTest, AnOpenServerIsWarnedAboutOncePerProcess) {
+  std::vector<std::string> lines;
+  log::SetSink([&lines](log::Level level, absl::string_view component,
+                        absl::string_view message) {
+    if (level == log::Level::kWarn && component == "auth") {
+      lines.emplace_back(message);
+    }
+  });
+  WarnOpenServer("engine-x", "[::]:4000");
+  WarnOpenServer("engine-x", "[::]:4000");
+  WarnOpenServer("metadata_server", "[::]:12050");
+  log::SetSink(nullptr);
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_NE(lines[0].find("engine-x listens on [::]:4000 with no auth token"),
+            std::string::npos)
+      << lines[0];
+  EXPECT_NE(lines[0].find(kAuthTokenFileEnv), std::string::npos) << lines[0];
+  EXPECT_NE(lines[1].find("metadata_server"), std::string::npos) << lines[1];
+}
+
+TEST(AuthTest, WhatListensBeyondLoopback) {
+  EXPECT_TRUE(ListensBeyondLoopback(""));
+  EXPECT_TRUE(ListensBeyondLoopback("::"));
+  EXPECT_TRUE(ListensBeyondLoopback("0.0.0.0"));
+  EXPECT_TRUE(ListensBeyondLoopback("10.0.0.7"));
+  EXPECT_FALSE(ListensBeyondLoopback("127.0.0.1"));
+  EXPECT_FALSE(ListensBeyondLoopback("::1"));
 }
 
 }  // namespace

@@ -3,8 +3,11 @@
 // tools/metadata_server (in-memory, durable or etcd). Thread-safe; gRPC
 // calls it from its own threads.
 //
-// WatchSegment streams are served without a thread each (gRPC's callback
-// API): one notifier thread turns the store's change notices into writes.
+// Every call is served with gRPC's callback API, so no call holds a thread
+// while its response waits for a slow reader (issue 26): unary handlers
+// run on a CallPool (call_pool.h), and WatchSegment streams hold no
+// thread at all: one notifier thread turns the store's change notices
+// into writes.
 // Stores with an in-memory table (Store::watchable) are watched through
 // it; others through their own WatchSegment (ForwardWatchReactor: etcd's
 // watch), or, where they have none, the stream ends UNIMPLEMENTED and the
@@ -19,14 +22,13 @@
 #include "absl/base/thread_annotations.h"
 #include "common/clock.h"
 #include "common/mutex.h"
+#include "metadata/call_pool.h"
 #include "metadata/proto/metadata.grpc.pb.h"
 #include "metadata/segment_store.h"
 
 namespace ferry::metadata {
 
-class MetadataServiceImpl final
-    : public MetadataService::WithCallbackMethod_WatchSegment<
-          MetadataService::Service> {
+class MetadataServiceImpl final : public MetadataService::CallbackService {
  public:
   // Watch streams served at once; more are refused RESOURCE_EXHAUSTED.
   static constexpr int kMaxWatches = 4096;
@@ -34,8 +36,10 @@ class MetadataServiceImpl final
   // Serves an in-memory SegmentStore of its own, whose leases expire on
   // `clock` (null: the system clock; it must outlive the service).
   explicit MetadataServiceImpl(Clock* clock = RealClock());
-  // Serves `store`, which must outlive the service.
-  explicit MetadataServiceImpl(Store* store) : store_(store) {}
+  // Serves `store`, which must outlive the service, running handlers on a
+  // CallPool with `pool` limits.
+  explicit MetadataServiceImpl(Store* store, CallPoolOptions pool = {})
+      : store_(store), pool_(pool) {}
   // The server must be shut down first (no stream left).
   ~MetadataServiceImpl() override;
 
@@ -43,24 +47,24 @@ class MetadataServiceImpl final
   // serving.
   void SetAuthToken(std::string token) { token_ = std::move(token); }
 
-  grpc::Status PutSegment(grpc::ServerContext* ctx,
-                          const PutSegmentRequest* request,
-                          PutSegmentResponse* response) override;
-  grpc::Status UpdateBuffers(grpc::ServerContext* ctx,
-                             const UpdateBuffersRequest* request,
-                             UpdateBuffersResponse* response) override;
-  grpc::Status GetSegment(grpc::ServerContext* ctx,
-                          const GetSegmentRequest* request,
-                          GetSegmentResponse* response) override;
-  grpc::Status RemoveSegment(grpc::ServerContext* ctx,
-                             const RemoveSegmentRequest* request,
-                             RemoveSegmentResponse* response) override;
-  grpc::Status ListSegments(grpc::ServerContext* ctx,
-                            const ListSegmentsRequest* request,
-                            ListSegmentsResponse* response) override;
-  grpc::Status KeepAlive(grpc::ServerContext* ctx,
-                         const KeepAliveRequest* request,
-                         KeepAliveResponse* response) override;
+  grpc::ServerUnaryReactor* PutSegment(grpc::CallbackServerContext* ctx,
+                                       const PutSegmentRequest* request,
+                                       PutSegmentResponse* response) override;
+  grpc::ServerUnaryReactor* UpdateBuffers(
+      grpc::CallbackServerContext* ctx, const UpdateBuffersRequest* request,
+      UpdateBuffersResponse* response) override;
+  grpc::ServerUnaryReactor* GetSegment(grpc::CallbackServerContext* ctx,
+                                       const GetSegmentRequest* request,
+                                       GetSegmentResponse* response) override;
+  grpc::ServerUnaryReactor* RemoveSegment(
+      grpc::CallbackServerContext* ctx, const RemoveSegmentRequest* request,
+      RemoveSegmentResponse* response) override;
+  grpc::ServerUnaryReactor* ListSegments(
+      grpc::CallbackServerContext* ctx, const ListSegmentsRequest* request,
+      ListSegmentsResponse* response) override;
+  grpc::ServerUnaryReactor* KeepAlive(grpc::CallbackServerContext* ctx,
+                                      const KeepAliveRequest* request,
+                                      KeepAliveResponse* response) override;
   grpc::ServerWriteReactor<SegmentEvent>* WatchSegment(
       grpc::CallbackServerContext* ctx,
       const WatchSegmentRequest* request) override;
@@ -70,6 +74,10 @@ class MetadataServiceImpl final
 
  private:
   class WatchReactor;
+  // Every call's first step: the token check, before the call takes a
+  // pool slot, so a caller without the token costs no thread or queue
+  // space.
+  grpc::Status Admit(const grpc::CallbackServerContext& ctx);
   void Poke(std::shared_ptr<WatchState> state);
   void Release();  // A watch ended.
   void NotifierLoop();
@@ -77,6 +85,7 @@ class MetadataServiceImpl final
   std::unique_ptr<SegmentStore> own_store_;
   Store* store_;
   std::string token_;
+  CallPool pool_;
 
   Mutex mu_;
   CondVar wake_;

@@ -1,8 +1,10 @@
 // The peer service every engine runs: transports route handshake payloads
 // through it (Exchange), and engines send each other notifications (Notify).
 //
-// PeerServiceImpl is thread-safe. Handlers run on gRPC threads and must not
-// block for long.
+// PeerServiceImpl is thread-safe. It is served with gRPC's callback API:
+// handlers run on a CallPool (call_pool.h), so a handler may block for a
+// while without stalling gRPC, and no call holds a thread while its
+// response waits for a slow reader.
 #ifndef FERRY_METADATA_PEER_SERVICE_H_
 #define FERRY_METADATA_PEER_SERVICE_H_
 
@@ -17,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/mutex.h"
+#include "metadata/call_pool.h"
 #include "metadata/proto/metadata.grpc.pb.h"
 #include "metadata/store.h"
 #include "metadata/tls.h"
@@ -28,7 +31,7 @@ constexpr size_t kMaxExchangePayloadBytes = 1 << 20;
 constexpr size_t kMaxNotifyNameBytes = 256;
 constexpr size_t kMaxNotifyMessageBytes = 64 << 10;
 
-class PeerServiceImpl final : public PeerService::Service {
+class PeerServiceImpl final : public PeerService::CallbackService {
  public:
   // Answers one Exchange payload from `from_segment`; the returned bytes are
   // the reply payload, an error is passed back to the caller as its status.
@@ -55,20 +58,28 @@ class PeerServiceImpl final : public PeerService::Service {
   // stay valid until it is replaced. P2PHANDSHAKE mode.
   void SetDescriptorSource(Store* source);
 
-  grpc::Status Exchange(grpc::ServerContext* ctx,
-                        const ExchangeRequest* request,
-                        ExchangeResponse* response) override;
-  grpc::Status Notify(grpc::ServerContext* ctx, const NotifyRequest* request,
-                      NotifyResponse* response) override;
-  grpc::Status GetDescriptor(grpc::ServerContext* ctx,
-                             const GetSegmentRequest* request,
-                             GetSegmentResponse* response) override;
+  grpc::ServerUnaryReactor* Exchange(grpc::CallbackServerContext* ctx,
+                                     const ExchangeRequest* request,
+                                     ExchangeResponse* response) override;
+  grpc::ServerUnaryReactor* Notify(grpc::CallbackServerContext* ctx,
+                                   const NotifyRequest* request,
+                                   NotifyResponse* response) override;
+  grpc::ServerUnaryReactor* GetDescriptor(
+      grpc::CallbackServerContext* ctx, const GetSegmentRequest* request,
+      GetSegmentResponse* response) override;
 
  private:
   struct Handler {
     ExchangeHandler fn;
     int calls = 0;  // In progress; guarded by mu_.
   };
+  // The token check, before a call takes a pool slot (as in
+  // MetadataServiceImpl::Admit).
+  grpc::Status Admit(const grpc::CallbackServerContext& ctx);
+  grpc::Status ServeExchange(const ExchangeRequest& request,
+                             ExchangeResponse* response);
+  grpc::Status ServeGetDescriptor(const GetSegmentRequest& request,
+                                  GetSegmentResponse* response);
 
   Mutex mu_;
   CondVar call_done_;
@@ -77,6 +88,7 @@ class PeerServiceImpl final : public PeerService::Service {
   std::shared_ptr<NotifyHandler> notify_ ABSL_GUARDED_BY(mu_);
   Store* descriptor_source_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::string token_;
+  CallPool pool_;
 };
 
 // Client side of the peer service: one cached channel per peer address,

@@ -16,9 +16,11 @@
 //     and closes the pending connection, and backs off (10 ms doubling to
 //     1 s) instead of spinning or giving up.
 // gRPC then bounds each connection: max_streams_per_connection concurrent
-// calls, an idle timeout, keepalive pings to find dead peers, and at most
-// max_threads threads for all calls (a call beyond that gets
-// RESOURCE_EXHAUSTED).
+// calls, an idle timeout, and keepalive pings to find dead peers. Ferry's
+// services use gRPC's callback API and run their handlers on a CallPool
+// of their own (call_pool.h), so that no call holds a thread while its
+// client is slow to read; max_threads caps the threads of any service on
+// the synchronous API (a call beyond that gets RESOURCE_EXHAUSTED).
 //
 // With TLS (RpcServerOptions::tls), gRPC 1.51 cannot take connections by
 // fd (grpc_server_add_channel_from_fd supports insecure credentials only),
@@ -56,7 +58,9 @@ struct RpcServerOptions {
   // A connection with no call for this long is closed (clients reconnect
   // transparently on their next call).
   absl::Duration idle_timeout = absl::Minutes(2);
-  // Threads serving calls, over all connections (at least 8 are used).
+  // Threads serving calls of synchronous-API services, over all
+  // connections (at least 8 are used). Ferry's own services serve calls on
+  // their CallPool instead.
   // Start fails with InvalidArgument for a negative cap, a count below 1,
   // or a timeout that is not > 0 and finite.
   int max_threads = 64;

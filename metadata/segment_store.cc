@@ -7,6 +7,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "common/secure_random.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "metadata/validation.h"
 
@@ -220,7 +221,7 @@ absl::StatusOr<uint64_t> SegmentStore::PutLocked(
         "metadata store holds ", kMaxSegments, " segments, its limit"));
   }
   if (check_owner && it != segments_.end() &&
-      it->second.owner_key != request.owner_key()) {
+      !SecretsEqual(it->second.owner_key, request.owner_key())) {
     const Entry& held = it->second;
     return absl::AlreadyExistsError(absl::StrCat(
         "segment name '", in.name(), "' is held by a live engine (rpc ",
@@ -285,7 +286,8 @@ absl::StatusOr<absl::Duration> SegmentStore::KeepAlive(
   ExpireLocked();
   auto it = segments_.find(name);
   if (it == segments_.end()) return NotRegistered(name);
-  if (it->second.owner_key != request.owner_key()) return HeldByAnother(name);
+  if (!SecretsEqual(it->second.owner_key, request.owner_key()))
+    return HeldByAnother(name);
   RenewLocked(name, &it->second);
   return it->second.ttl;
 }
@@ -302,7 +304,8 @@ absl::StatusOr<uint64_t> SegmentStore::UpdateBuffers(
   auto it = segments_.find(request.name());
   if (it == segments_.end()) return NotRegistered(request.name());
   Entry& e = it->second;
-  if (e.owner_key != request.owner_key()) return HeldByAnother(request.name());
+  if (!SecretsEqual(e.owner_key, request.owner_key()))
+    return HeldByAnother(request.name());
   // Applied in place with an undo log, so that a failure changes nothing.
   std::vector<Buffer> removed;
   std::vector<uint64_t> added;
@@ -439,7 +442,8 @@ absl::Status SegmentStore::Remove(const RemoveSegmentRequest& request) {
   ExpireLocked();
   auto it = segments_.find(name);
   if (it == segments_.end()) return NotRegistered(name);
-  if (it->second.owner_key != request.owner_key()) return HeldByAnother(name);
+  if (!SecretsEqual(it->second.owner_key, request.owner_key()))
+    return HeldByAnother(name);
   if (it->second.expires != absl::InfiniteFuture()) {
     expiry_.erase({it->second.expires, name});
   }

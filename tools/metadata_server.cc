@@ -19,6 +19,7 @@
 #include "absl/flags/parse.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/socket_util.h"
 #include "metadata/auth.h"
 #include "metadata/durable_store.h"
 #include "metadata/metadata_address.h"
@@ -42,14 +43,16 @@ ABSL_FLAG(absl::Duration, idle_timeout, absl::Minutes(2),
           "close a connection with no call for this long");
 ABSL_FLAG(absl::Duration, handshake_timeout, absl::Seconds(5),
           "close a new connection that sends nothing for this long");
-ABSL_FLAG(int, max_threads, 64, "threads serving calls (at least 8 are used)");
+ABSL_FLAG(int, max_threads, 16,
+          "threads running the handlers of calls (a slow reader holds none)");
 ABSL_FLAG(std::string, data_dir, "",
           "keep the segment table in this directory (a snapshot and an "
           "fsync'd log), so that a restart, even after kill -9, keeps every "
           "segment; empty: in memory only");
 ABSL_FLAG(std::string, auth_token_file, "",
           "answer only calls carrying the token in this file's first line "
-          "(metadata/auth.h); give engines the same token");
+          "(metadata/auth.h); give engines the same token. Empty: "
+          "$FERRY_AUTH_TOKEN_FILE or $FERRY_AUTH_TOKEN, if set");
 ABSL_FLAG(std::string, tls_ca_file, "",
           "serve mutual TLS (metadata/tls.h): the cluster CA's PEM "
           "certificate; clients must present a certificate it signed");
@@ -128,23 +131,40 @@ int main(int argc, char** argv) {
     (*durable)->SetLimits(limits);
     store = std::move(*durable);
   }
-  ferry::metadata::MetadataServiceImpl service(store.get());
+  ferry::metadata::CallPoolOptions pool;
+  pool.max_threads = absl::GetFlag(FLAGS_max_threads);
+  if (pool.max_threads < 1) {
+    std::fprintf(stderr,
+                 "metadata_server: --max_threads must be >= 1, not %d\n",
+                 pool.max_threads);
+    return 1;
+  }
+  ferry::metadata::MetadataServiceImpl service(store.get(), pool);
+  std::string token;
   if (const std::string f = absl::GetFlag(FLAGS_auth_token_file); !f.empty()) {
-    auto token = ferry::metadata::ReadAuthTokenFile(f);
-    if (!token.ok()) {
+    auto read = ferry::metadata::ReadAuthTokenFile(f);
+    if (!read.ok()) {
       std::fprintf(stderr, "metadata_server: --auth_token_file: %s\n",
-                   token.status().ToString().c_str());
+                   read.status().ToString().c_str());
       return 1;
     }
-    service.SetAuthToken(*token);
+    token = *read;
+  } else {
+    auto from_env = ferry::metadata::AuthTokenFromEnv();
+    if (!from_env.ok()) {
+      std::fprintf(stderr, "metadata_server: %s\n",
+                   from_env.status().ToString().c_str());
+      return 1;
+    }
+    token = *from_env;
   }
+  service.SetAuthToken(token);
   ferry::metadata::RpcServerOptions options;
   options.max_connections = absl::GetFlag(FLAGS_max_connections);
   options.max_connections_per_peer =
       absl::GetFlag(FLAGS_max_connections_per_peer);
   options.idle_timeout = absl::GetFlag(FLAGS_idle_timeout);
   options.handshake_timeout = absl::GetFlag(FLAGS_handshake_timeout);
-  options.max_threads = absl::GetFlag(FLAGS_max_threads);
   auto tls = ferry::metadata::Tls::Load({absl::GetFlag(FLAGS_tls_ca_file),
                                          absl::GetFlag(FLAGS_tls_cert_file),
                                          absl::GetFlag(FLAGS_tls_key_file)});
@@ -160,6 +180,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "metadata_server: %s\n",
                  server.status().ToString().c_str());
     return 1;
+  }
+  if (token.empty()) {
+    auto hp = ferry::ParseHostPort(absl::GetFlag(FLAGS_listen));
+    if (hp.ok() && ferry::metadata::ListensBeyondLoopback(hp->host)) {
+      ferry::metadata::WarnOpenServer("metadata_server", (*server)->address());
+    }
   }
   std::printf("metadata_server listening on %s%s\n",
               (*server)->address().c_str(),

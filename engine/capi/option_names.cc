@@ -162,6 +162,8 @@ const absl::flat_hash_map<std::string, Option>& Table() {
       {"max_queued_notifications", FERRY_FIELD(max_queued_notifications)},
       {"max_queued_notification_bytes",
        FERRY_FIELD(max_queued_notification_bytes)},
+      {"max_queued_notifications_per_sender",
+       FERRY_FIELD(max_queued_notifications_per_sender)},
       {"max_queued_notification_bytes_per_sender",
        FERRY_FIELD(max_queued_notification_bytes_per_sender)},
       {"refuse_unverified_notifications",

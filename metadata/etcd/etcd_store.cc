@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/secure_random.h"
 #include "common/socket_util.h"
 #include "metadata/grpc_deadline.h"
 #include "metadata/grpc_status.h"
@@ -418,13 +419,13 @@ absl::StatusOr<uint64_t> EtcdStore::PutOnce(const PutSegmentRequest& request,
                             /*wait_pending=*/false);
   if (!before.ok()) return before.status();
   if (!before->exists && !before->owner_key.empty() &&
-      before->owner_key != request.owner_key()) {
+      !SecretsEqual(before->owner_key, request.owner_key())) {
     return absl::AlreadyExistsError(absl::StrCat(
         "segment name '", name,
         "' is held by another engine run whose publication did not finish; "
         "it is free once that run's lease runs out"));
   }
-  if (before->exists && before->owner_key != request.owner_key()) {
+  if (before->exists && !SecretsEqual(before->owner_key, request.owner_key())) {
     return absl::AlreadyExistsError(
         absl::StrCat("segment name '", name, "' is held by a live engine (rpc ",
                      before->meta.segment().rpc_address(), ", incarnation ",
@@ -592,7 +593,8 @@ absl::StatusOr<uint64_t> EtcdStore::UpdateBuffers(
     auto snap = ReadSegment(name, read_all, read_all ? nullptr : &request);
     if (!snap.ok()) return snap.status();
     if (!snap->exists) return NotRegistered(name);
-    if (snap->owner_key != request.owner_key()) return HeldByAnother(name);
+    if (!SecretsEqual(snap->owner_key, request.owner_key()))
+      return HeldByAnother(name);
     if (snap->window_truncated) {
       read_all = true;
       continue;
@@ -703,7 +705,8 @@ absl::StatusOr<absl::Duration> EtcdStore::KeepAlive(
   auto snap = ReadSegment(name, /*all_buffers=*/false, nullptr);
   if (!snap.ok()) return snap.status();
   if (!snap->exists) return NotRegistered(name);
-  if (snap->owner_key != request.owner_key()) return HeldByAnother(name);
+  if (!SecretsEqual(snap->owner_key, request.owner_key()))
+    return HeldByAnother(name);
   if (snap->meta.lease_id() == 0) return absl::ZeroDuration();
   const absl::Time deadline = clock_->Now() + options_.rpc_timeout;
   grpc::ClientContext ctx;

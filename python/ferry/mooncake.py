@@ -61,14 +61,21 @@ Write = TransferOpcode.Write
 
 
 class TransferNotify:
-    """A notification: sent with a transfer (`notify=`), or received."""
+    """A notification: sent with a transfer (`notify=`), or received.
 
-    def __init__(self, name: str = "", msg: str = ""):
+    A received one also carries `sender`, the segment that sent it. Ferry
+    checks it (the engine refuses notifications whose claimed sender is not
+    published from the host they came from), so a receiver can act on it;
+    Mooncake's TransferNotify has no such field."""
+
+    def __init__(self, name: str = "", msg: str = "", sender: str = ""):
         self.name = name
         self.msg = msg
+        self.sender = sender
 
     def __repr__(self) -> str:
-        return f"TransferNotify(name={self.name!r}, msg={self.msg!r})"
+        extra = f", sender={self.sender!r}" if self.sender else ""
+        return f"TransferNotify(name={self.name!r}, msg={self.msg!r}{extra})"
 
 
 def _batch_id(value: object) -> Optional[int]:
@@ -458,8 +465,9 @@ class TransferEngine:
     def get_notifies(self) -> List[TransferNotify]:
         if self._engine is None:
             return []
-        return [TransferNotify(name, message.decode(errors="replace"))
-                for _, name, message, _, _ in self._engine.notifications()]
+        return [TransferNotify(name, message.decode(errors="replace"), sender)
+                for sender, name, message, _, _ in
+                self._engine.notifications()]
 
     @staticmethod
     def get_local_topology(device_name: Optional[str] = None) -> str:

@@ -102,6 +102,8 @@ def test_batches_async_status_and_notify(pair):
                                          notify) == 0
     got = target.get_notifies()
     assert [(n.name, n.msg) for n in got] == [("kv-ready", "req-7")]
+    # Ferry keeps the (checked) sender: the initiator, named by its address.
+    assert got[0].sender.endswith(f":{initiator.get_rpc_port()}"), got[0]
     assert target.get_notifies() == []
     assert initiator.send_probe(peer) == 0
     assert initiator.batch_unregister_memory([laddr, laddr + half]) == 0
