@@ -68,6 +68,13 @@ absl::Status EngineImpl::ValidateOptions(const EngineOptions& o) const {
   if (absl::Status s = metadata::ValidateAuthToken(o.auth_token); !s.ok()) {
     return s;
   }
+  if (o.metadata_lease_ttl == absl::ZeroDuration() && o.auth_token.empty() &&
+      !p2p) {
+    return absl::InvalidArgumentError(
+        "metadata_lease_ttl 0 (a segment with no lease, kept until removed) "
+        "needs the cluster's auth_token: a metadata service with none "
+        "refuses such segments, since anyone could hold a name for ever");
+  }
   if (p2p && !o.metadata_namespace.empty()) {
     return absl::InvalidArgumentError(
         "metadata_namespace has no meaning in P2PHANDSHAKE mode (segments "
@@ -405,6 +412,12 @@ void EngineImpl::ReleaseAll() {
   for (auto& t : transports_) t->Shutdown();
   if (rpc_server_ != nullptr) rpc_server_->Shutdown();
   rpc_server_.reset();
+  // The services' handlers ran on their pools' threads and touched this
+  // engine's state (the notification queue, transports): wait until every
+  // one has returned, which also orders them before what follows (gRPC's
+  // own completion of their calls is invisible to TSan).
+  peer_service_.WaitIdle();
+  if (metadata_service_ != nullptr) metadata_service_->WaitIdle();
   // No call is in progress once the server is down: the source (in
   // metadata_) may go.
   peer_service_.SetDescriptorSource(nullptr);

@@ -1,5 +1,6 @@
 #include "engine/segment_publisher.h"
 
+#include <system_error>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -34,7 +35,14 @@ absl::Status SegmentPublisher::Publish(
     }
   }
   if (lease_ttl_ > absl::ZeroDuration() && !renewer_.joinable()) {
-    renewer_ = std::thread([this] { RenewLoop(); });
+    try {
+      renewer_ = std::thread([this] { RenewLoop(); });
+    } catch (const std::system_error& e) {
+      // A pids limit (a probe at `ulimit -u` 16 aborted here): the
+      // engine's Init fails, the process does not.
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot start the lease renewal thread: ", e.what()));
+    }
   }
   return absl::OkStatus();
 }

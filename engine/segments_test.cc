@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/happens_before.h"
 #include "common/mutex.h"
 #include "common/simulated_clock.h"
 #include "common/status_testing.h"
@@ -25,7 +26,9 @@ namespace {
 // A metadata service that stores what engines publish, like the real one,
 // but serves forged descriptors for chosen names: what anyone who can reach
 // a metadata service can do, since nothing authenticates descriptors.
-class ForgingMetadataService final : public metadata::MetadataService::Service {
+class ForgingMetadataService final
+    : public metadata::MetadataService::WithCallbackMethod_WatchSegment<
+          metadata::MetadataService::Service> {
  public:
   void Forge(const metadata::SegmentDescriptor& d) {
     MutexLock lock(&mu_);
@@ -105,7 +108,7 @@ class ForgingMetadataService final : public metadata::MetadataService::Service {
   void Push(const metadata::SegmentEvent& ev) {
     MutexLock lock(&mu_);
     pushes_.push_back(ev);
-    push_cv_.SignalAll();
+    if (reactor_ != nullptr) reactor_->Poked();
   }
   int watchers() {
     MutexLock lock(&mu_);
@@ -114,30 +117,89 @@ class ForgingMetadataService final : public metadata::MetadataService::Service {
   absl::StatusOr<metadata::SegmentDescriptor> Current(const std::string& n) {
     return store_.Get(n);
   }
-  grpc::Status WatchSegment(
-      grpc::ServerContext* ctx, const metadata::WatchSegmentRequest*,
-      grpc::ServerWriter<metadata::SegmentEvent>* writer) override {
-    MutexLock lock(&mu_);
-    if (!watchable_) {
-      return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "no watch");
+  // The stream (gRPC's callback API, as the real service serves it: a
+  // sync-API stream's writer is made by gRPC threads TSan cannot see).
+  class PushReactor final
+      : public grpc::ServerWriteReactor<metadata::SegmentEvent> {
+   public:
+    explicit PushReactor(ForgingMetadataService* s) : s_(s) {
+      MutexLock lock(&s_->mu_);
+      s_->reactor_ = this;
+      ++s_->watchers_;
+      NextLocked();
+      HappensBefore(this);
     }
-    ++watchers_;
-    const absl::Time until = absl::Now() + absl::Seconds(60);
-    while (!ctx->IsCancelled() && absl::Now() < until) {
-      while (!pushes_.empty()) {
-        metadata::SegmentEvent ev = std::move(pushes_.front());
-        pushes_.pop_front();
-        mu_.Unlock();
-        writer->Write(ev);
-        mu_.Lock();
+    // From Push, which holds the service's mu_ (the analysis cannot tie it
+    // to s_->mu_).
+    void Poked() {
+      s_->mu_.AssertHeld();
+      NextLocked();
+    }
+    // Writes the next queued event unless a write is out.
+    void NextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_->mu_) {
+      if (writing_ || done_ || s_->pushes_.empty()) return;
+      event_ = std::move(s_->pushes_.front());
+      s_->pushes_.pop_front();
+      writing_ = true;
+      StartWrite(&event_);
+    }
+    void OnWriteDone(bool ok) override {
+      HappensAfter(this);
+      MutexLock lock(&s_->mu_);
+      writing_ = false;
+      if (!ok) {
+        FinishLocked();
+      } else {
+        NextLocked();
       }
-      push_cv_.WaitWithTimeout(&mu_, absl::Milliseconds(20));
     }
-    --watchers_;
-    return grpc::Status::OK;
+    void OnCancel() override {
+      HappensAfter(this);
+      MutexLock lock(&s_->mu_);
+      FinishLocked();
+    }
+    void OnDone() override {
+      HappensAfter(this);
+      {
+        MutexLock lock(&s_->mu_);
+        s_->reactor_ = nullptr;
+        --s_->watchers_;
+      }
+      delete this;
+    }
+
+   private:
+    void FinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s_->mu_) {
+      if (done_) return;
+      done_ = true;
+      Finish(grpc::Status::OK);
+    }
+    ForgingMetadataService* const s_;
+    metadata::SegmentEvent event_;
+    bool writing_ = false;
+    bool done_ = false;
+  };
+  grpc::ServerWriteReactor<metadata::SegmentEvent>* WatchSegment(
+      grpc::CallbackServerContext*,
+      const metadata::WatchSegmentRequest*) override {
+    HappensAfter(static_cast<grpc::Service*>(this));
+    {
+      MutexLock lock(&mu_);
+      if (!watchable_ || reactor_ != nullptr) {
+        class Refused final
+            : public grpc::ServerWriteReactor<metadata::SegmentEvent> {
+         public:
+          Refused() {
+            Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "no watch"));
+          }
+          void OnDone() override { delete this; }
+        };
+        return new Refused();
+      }
+    }
+    return new PushReactor(this);
   }
 
- private:
   metadata::SegmentStore store_;
   Mutex mu_;
   std::map<std::string, metadata::SegmentDescriptor> forged_
@@ -149,7 +211,7 @@ class ForgingMetadataService final : public metadata::MetadataService::Service {
   bool watchable_ ABSL_GUARDED_BY(mu_) = false;
   int watchers_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<metadata::SegmentEvent> pushes_ ABSL_GUARDED_BY(mu_);
-  CondVar push_cv_;
+  PushReactor* reactor_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 
 class SegmentsTest : public ::testing::Test {

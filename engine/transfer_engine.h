@@ -115,7 +115,9 @@ struct EngineOptions {
   // ("no longer registered") instead of retrying a dead address. The
   // engine also publishes its segment again by itself when the service
   // lost it (a metadata_server restarted). Zero: no lease, the segment
-  // stays until removed (Mooncake's behaviour). At most 1 h.
+  // stays until removed (Mooncake's behaviour); it needs auth_token,
+  // since a metadata service with none refuses such segments (anyone
+  // could hold a name for ever). At most 1 h.
   absl::Duration metadata_lease_ttl = absl::Seconds(10);
   // A segment name belongs to one engine run at a time. If another run
   // holds it (its lease lives), Init waits up to this long for it to be

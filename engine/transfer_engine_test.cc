@@ -178,7 +178,7 @@ TEST(EngineClockTest, EmbeddedServiceExpiresLeasesOnTheEngineClock) {
   t->set_transport("tcp");
   t->set_address("127.0.0.1:9");
   metadata::MetadataClient md(a.metadata_address(), absl::Seconds(3));
-  ASSERT_OK(md.Put(metadata::PutOf(d, absl::Seconds(1))));
+  ASSERT_OK(md.Put(metadata::LeasedPutOf(d, absl::Seconds(1))));
   clock.Advance(absl::Seconds(1) - absl::Nanoseconds(1));
   EXPECT_OK(md.Get("orphan"));
   clock.Advance(absl::Nanoseconds(1));
@@ -732,7 +732,7 @@ TEST(EngineNotifyTest, ClaimedSendersAreChecked) {
   metadata::SegmentDescriptor elsewhere =
       metadata::TestSegment("prefill-0", 9, 0);
   elsewhere.set_rpc_address("10.255.0.9:4000");  // Another host.
-  ASSERT_OK(md.Put(metadata::PutOf(elsewhere)));
+  ASSERT_OK(md.Put(metadata::LeasedPutOf(elsewhere)));
   metadata::PeerClient spoofer(absl::Seconds(3));
   ASSERT_OK(spoofer.Notify(receiver.metadata_address(), "prefill-0", "kv-ready",
                            "layer=0"));
@@ -796,7 +796,7 @@ TEST_F(EngineTest, SilentPeerTimesOutAndBatchCannotBeFreedMeanwhile) {
   buf->set_addr(0x10000);
   buf->set_length(0x10000);
   metadata::MetadataClient md(a_.metadata_address(), absl::Seconds(3));
-  ASSERT_OK(md.Put(metadata::PutOf(d)));
+  ASSERT_OK(md.Put(metadata::LeasedPutOf(d)));
   std::vector<uint8_t> local(64);
   SimulatedClock clock;  // Outlives the engine.
   TransferEngine c;
@@ -993,6 +993,16 @@ TEST(EngineInitTest, BadOptions) {
   o.metadata_endpoint = "nonsense";
   EXPECT_EQ(e.Init(o).code(), absl::StatusCode::kInvalidArgument);
   o.metadata_endpoint = "embedded";
+  o.metadata_lease_ttl = absl::ZeroDuration();  // No lease needs a token.
+  absl::Status no_lease = e.Init(o);
+  EXPECT_EQ(no_lease.code(), absl::StatusCode::kInvalidArgument) << no_lease;
+  EXPECT_NE(no_lease.message().find("auth_token"), std::string::npos)
+      << no_lease;
+  o.auth_token = "bad-options-test-token-01";
+  TransferEngine with_token;
+  EXPECT_OK(with_token.Init(o));
+  o.auth_token = "";
+  o.metadata_lease_ttl = EngineOptions{}.metadata_lease_ttl;
   ASSERT_OK(e.Init(o));  // Retry after failures works.
   EXPECT_EQ(e.Init(o).code(), absl::StatusCode::kAlreadyExists);
 }
@@ -1126,7 +1136,7 @@ TEST(EngineInitTest, LoopbackFromAnotherHostFailsOpenSegmentSayingSo) {
   d.set_name("elsewhere");
   d.set_network_id("another-boot/net:1");
   d.clear_version();
-  ASSERT_OK(client.Put(metadata::PutOf(d)).status());
+  ASSERT_OK(client.Put(metadata::LeasedPutOf(d)).status());
   ASSERT_OK(md.OpenSegment("md").status());  // Same host: fine.
   auto h = md.OpenSegment("elsewhere");
   EXPECT_STATUS(h, absl::StatusCode::kFailedPrecondition);

@@ -24,6 +24,11 @@ CallPool::~CallPool() {
   for (std::thread& t : threads) t.join();
 }
 
+void CallPool::WaitIdle() {
+  MutexLock lock(&mu_);
+  while (tasks_ > 0) drained_.Wait(&mu_);
+}
+
 int CallPool::threads() const {
   MutexLock lock(&mu_);
   return static_cast<int>(threads_.size());

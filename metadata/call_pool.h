@@ -57,6 +57,10 @@ class CallPool {
   // say): the caller answers the call itself then.
   absl::Status Submit(const std::string& caller, std::function<void()> task);
 
+  // Returns once no task is queued or running. Everything the tasks did
+  // happens before the return.
+  void WaitIdle();
+
   // Threads started so far (for tests).
   int threads() const;
 

@@ -80,9 +80,9 @@ TEST(MetadataAddressTest, NamespacesKeepClustersApart) {
   SegmentDescriptor d;
   d.set_name("prefill-0");
   d.set_incarnation(1);
-  ASSERT_OK(a->Put(PutOf(d)));
+  ASSERT_OK(a->Put(LeasedPutOf(d)));
   d.set_incarnation(2);
-  ASSERT_OK(b->Put(PutOf(d)));
+  ASSERT_OK(b->Put(LeasedPutOf(d)));
   ASSERT_OK_AND_ASSIGN(SegmentDescriptor got, a->Get("prefill-0"));
   EXPECT_EQ(got.name(), "prefill-0");
   EXPECT_EQ(got.incarnation(), 1u);

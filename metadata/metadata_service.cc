@@ -2,6 +2,7 @@
 
 #include <optional>
 #include <string>
+#include <system_error>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -176,10 +177,15 @@ grpc::ServerWriteReactor<SegmentEvent>* MetadataServiceImpl::WatchSegment(
           absl::StrCat("this metadata service serves ", kMaxWatches,
                        " watches, its limit"))));
     }
-    ++watches_;
     if (!notifier_.joinable()) {
-      notifier_ = std::thread([this] { NotifierLoop(); });
+      try {
+        notifier_ = std::thread([this] { NotifierLoop(); });
+      } catch (const std::system_error& e) {
+        return new Refused(ToGrpcStatus(absl::UnavailableError(absl::StrCat(
+            "cannot start the watch notifier thread: ", e.what()))));
+      }
     }
+    ++watches_;
   }
   if (table == nullptr) {
     // A store that pushes by itself (etcd), or cannot (then the stream
@@ -205,6 +211,17 @@ grpc::ServerUnaryReactor* MetadataServiceImpl::PutSegment(
     grpc::CallbackServerContext* ctx, const PutSegmentRequest* request,
     PutSegmentResponse* response) {
   if (grpc::Status a = Admit(*ctx); !a.ok()) return FinishNow(ctx, a);
+  if (token_.empty() && request->lease_ttl_ms() == 0) {
+    // Such a segment stays until removed: on an open service anyone could
+    // take a name for ever, and the real engine's Init would fail.
+    return FinishNow(
+        ctx, ToGrpcStatus(absl::PermissionDeniedError(absl::StrCat(
+                 "segment '", request->segment().name(),
+                 "' has no lease (lease_ttl_ms=0), which this metadata "
+                 "service allows only with an auth token (anyone could hold "
+                 "a name for ever): publish with a lease, or give the "
+                 "cluster a token"))));
+  }
   return ServeOnPool(&pool_, ctx, [this, ctx, request, response] {
     auto version = store_->PutFrom(*request, CallerAddress(*ctx));
     if (!version.ok()) return ToGrpcStatus(version.status());

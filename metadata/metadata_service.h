@@ -43,8 +43,10 @@ class MetadataServiceImpl final : public MetadataService::CallbackService {
   // The server must be shut down first (no stream left).
   ~MetadataServiceImpl() override;
 
-  // Answers only calls carrying `token` (auth.h); empty: any. Call before
-  // serving.
+  // Answers only calls carrying `token` (auth.h); empty: any, but then a
+  // PutSegment with no lease (lease_ttl_ms=0, a segment that stays until
+  // removed) is refused PermissionDenied, so that no one can squat a name
+  // for ever. Call before serving.
   void SetAuthToken(std::string token) { token_ = std::move(token); }
 
   grpc::ServerUnaryReactor* PutSegment(grpc::CallbackServerContext* ctx,
@@ -68,6 +70,10 @@ class MetadataServiceImpl final : public MetadataService::CallbackService {
   grpc::ServerWriteReactor<SegmentEvent>* WatchSegment(
       grpc::CallbackServerContext* ctx,
       const WatchSegmentRequest* request) override;
+
+  // Returns once no unary handler runs or waits to (see
+  // PeerServiceImpl::WaitIdle).
+  void WaitIdle() { pool_.WaitIdle(); }
 
   // One watch stream's state, shared by its reactor and the notifier.
   struct WatchState;

@@ -38,7 +38,7 @@ TEST_F(MetadataServiceTest, RoundTrip) {
   auto* t = seg.add_transports();
   t->set_transport("tcp");
   t->set_address("127.0.0.1:5000");
-  auto v = client_->Put(PutOf(seg));
+  auto v = client_->Put(LeasedPutOf(seg));
   ASSERT_OK(v);
   auto got = client_->Get("engine-a");
   ASSERT_OK(got);
@@ -58,7 +58,7 @@ TEST_F(MetadataServiceTest, WatchPushesChanges) {
   SegmentDescriptor seg;
   seg.set_name("w");
   seg.set_incarnation(3);
-  ASSERT_OK_AND_ASSIGN(uint64_t v0, client_->Put(PutOf(seg)));
+  ASSERT_OK_AND_ASSIGN(uint64_t v0, client_->Put(LeasedPutOf(seg)));
   Mutex mu;
   CondVar cv;
   std::vector<SegmentEvent> events;
@@ -118,7 +118,7 @@ TEST(MetadataServiceClockTest, LeasesRunOnTheServiceClock) {
   seg.set_name("leased");
   seg.set_incarnation(1);
   const absl::Duration lease = absl::Seconds(10);
-  ASSERT_OK(client.Put(PutOf(seg, lease)));
+  ASSERT_OK(client.Put(LeasedPutOf(seg, lease)));
   clock.Advance(lease - absl::Milliseconds(1));
   EXPECT_OK(client.Get("leased"));
   ASSERT_OK_AND_ASSIGN(absl::Duration ttl,
@@ -155,7 +155,7 @@ TEST(MetadataServiceAuthTest, CallsWithoutTheTokenAreRefused) {
   for (const std::string& wrong :
        {std::string(), std::string("guess-guess-guess-1"), token + "x"}) {
     MetadataClient c(server->address(), absl::Seconds(3), wrong);
-    EXPECT_STATUS(c.Put(PutOf(seg)), absl::StatusCode::kUnauthenticated);
+    EXPECT_STATUS(c.Put(LeasedPutOf(seg)), absl::StatusCode::kUnauthenticated);
     EXPECT_STATUS(c.Get("guarded"), absl::StatusCode::kUnauthenticated);
     EXPECT_STATUS(c.List(), absl::StatusCode::kUnauthenticated);
     EXPECT_STATUS(c.Remove(RemoveOf("guarded", 1)),
@@ -170,12 +170,38 @@ TEST(MetadataServiceAuthTest, CallsWithoutTheTokenAreRefused) {
   MetadataClient ok(server->address(), absl::Seconds(3), token);
   ASSERT_OK_AND_ASSIGN(auto names, ok.List());
   EXPECT_TRUE(names.empty()) << "a refused Put stored nothing";
-  ASSERT_OK(ok.Put(PutOf(seg)));
+  ASSERT_OK(ok.Put(LeasedPutOf(seg)));
   EXPECT_OK(ok.Get("guarded"));
   PeerClient p(absl::Seconds(3), PeerClient::kMaxStubs, token);
   EXPECT_OK(p.Notify(server->address(), "x", "kv-ready", "m"));
   EXPECT_EQ(notified, 1);
   server->Shutdown();
+}
+
+// A segment with no lease stays until removed, so an open service
+// refuses one: a probe's lease_ttl_ms=0 Put of a name made the real
+// engine's Init fail ALREADY_EXISTS for ever. With a token it is allowed.
+TEST(MetadataServiceAuthTest, NoLeaseNeedsAToken) {
+  MetadataServiceImpl open;
+  ASSERT_OK_AND_ASSIGN(auto open_server,
+                       RpcServer::Start("127.0.0.1:0", {&open}));
+  MetadataClient anyone(open_server->address(), absl::Seconds(3));
+  auto squat = anyone.Put(
+      LeasedPutOf(TestSegment("prefill-0", 1, 1), absl::ZeroDuration()));
+  EXPECT_STATUS(squat, absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(squat.status().message().find("lease_ttl_ms=0"), std::string::npos)
+      << squat.status();
+  EXPECT_STATUS(anyone.Get("prefill-0"), absl::StatusCode::kNotFound);
+  EXPECT_OK(anyone.Put(LeasedPutOf(TestSegment("prefill-0", 2, 1))));
+
+  const std::string token = "no-lease-test-token-0123";
+  MetadataServiceImpl guarded;
+  guarded.SetAuthToken(token);
+  ASSERT_OK_AND_ASSIGN(auto guarded_server,
+                       RpcServer::Start("127.0.0.1:0", {&guarded}));
+  MetadataClient member(guarded_server->address(), absl::Seconds(3), token);
+  EXPECT_OK(member.Put(
+      LeasedPutOf(TestSegment("static", 3, 1), absl::ZeroDuration())));
 }
 
 // Quotas are per client address as the connection shows it: new
@@ -190,7 +216,8 @@ TEST(MetadataServiceQuotaTest, ClientQuotaHoldsAcrossConnections) {
                        RpcServer::Start("127.0.0.1:0", {&service}));
   for (int i = 0; i < 4; ++i) {
     MetadataClient fresh(server->address(), absl::Seconds(3));  // New channel.
-    auto v = fresh.Put(PutOf(TestSegment(absl::StrCat("q", i), i + 1, 1)));
+    auto v =
+        fresh.Put(LeasedPutOf(TestSegment(absl::StrCat("q", i), i + 1, 1)));
     if (i < 3) {
       EXPECT_OK(v) << i;
     } else {
@@ -205,7 +232,7 @@ TEST(MetadataServiceQuotaTest, ClientQuotaHoldsAcrossConnections) {
 TEST_F(MetadataServiceTest, MalformedRequestsGetErrorsAndServerSurvives) {
   SegmentDescriptor bad;
   bad.set_name("bad name");
-  EXPECT_EQ(client_->Put(PutOf(bad)).status().code(),
+  EXPECT_EQ(client_->Put(LeasedPutOf(bad)).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(client_->Get("").status().code(),
             absl::StatusCode::kInvalidArgument);
@@ -218,12 +245,12 @@ TEST_F(MetadataServiceTest, MalformedRequestsGetErrorsAndServerSurvives) {
     b->set_length(1);
     b->set_location(std::string(60 << 10, 'x'));
   }
-  auto s = client_->Put(PutOf(huge)).status();
+  auto s = client_->Put(LeasedPutOf(huge)).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
   // Still serving.
   SegmentDescriptor ok;
   ok.set_name("ok");
-  EXPECT_OK(client_->Put(PutOf(ok)));
+  EXPECT_OK(client_->Put(LeasedPutOf(ok)));
 }
 
 // A second server on a port in use fails, instead of sharing the port

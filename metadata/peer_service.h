@@ -57,6 +57,9 @@ class PeerServiceImpl final : public PeerService::CallbackService {
   // Serves GetDescriptor from `source` (null: UNIMPLEMENTED), which must
   // stay valid until it is replaced. P2PHANDSHAKE mode.
   void SetDescriptorSource(Store* source);
+  // Returns once no handler runs or waits to (after the server stopped,
+  // none starts again). For an owner about to tear down what handlers use.
+  void WaitIdle() { pool_.WaitIdle(); }
 
   grpc::ServerUnaryReactor* Exchange(grpc::CallbackServerContext* ctx,
                                      const ExchangeRequest* request,

@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <system_error>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/numeric/int128.h"
@@ -162,7 +163,13 @@ absl::StatusOr<std::unique_ptr<RpcServer>> RpcServer::Start(
   }
   server->address_ = JoinHostPort(hp->host, bound_port);
   server->port_ = bound_port;
-  server->accept_thread_ = std::thread([s = server.get()] { s->AcceptLoop(); });
+  try {
+    server->accept_thread_ =
+        std::thread([s = server.get()] { s->AcceptLoop(); });
+  } catch (const std::system_error& e) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cannot start the accept thread of ", listen_address, ": ", e.what()));
+  }
   return server;
 }
 

@@ -220,7 +220,7 @@ class SlowClientTest : public ::testing::TestWithParam<Case> {
     auto* t = seg.add_transports();
     t->set_transport("tcp");
     t->set_address("127.0.0.1:5000");
-    ASSERT_OK(client_->Put(PutOf(seg)));
+    ASSERT_OK(client_->Put(LeasedPutOf(seg)));
   }
 
   // What every other caller does while the stuck reader sits there.

@@ -32,11 +32,15 @@ inline absl::StatusOr<std::shared_ptr<Store>> OverGrpc(
   auto served = std::make_shared<Served>();
   served->backend = *backend;
   served->service = std::make_unique<MetadataServiceImpl>(backend->get());
+  // With a token, as a deployment that uses segments with no lease must
+  // be (the conformance tests publish some).
+  constexpr char kToken[] = "store-over-grpc-test-token";
+  served->service->SetAuthToken(kToken);
   auto server = RpcServer::Start("127.0.0.1:0", {served->service.get()});
   if (!server.ok()) return server.status();
   served->server = std::move(*server);
   served->client = std::make_unique<MetadataClient>(served->server->address(),
-                                                    absl::Seconds(5));
+                                                    absl::Seconds(5), kToken);
   return std::shared_ptr<Store>(served, served->client.get());
 }
 

@@ -31,6 +31,15 @@ inline PutSegmentRequest PutOf(const SegmentDescriptor& segment,
   return req;
 }
 
+// PutOf with a lease by default: what a metadata service with no auth
+// token accepts (it refuses segments with no lease).
+constexpr absl::Duration kTestLease = absl::Minutes(10);
+inline PutSegmentRequest LeasedPutOf(const SegmentDescriptor& segment,
+                                     absl::Duration lease_ttl = kTestLease,
+                                     uint64_t owner = 0) {
+  return PutOf(segment, lease_ttl, owner);
+}
+
 // A segment of `buffers` 4 KiB buffers, 1 MiB apart.
 inline SegmentDescriptor TestSegment(const std::string& name,
                                      uint64_t incarnation, int buffers) {

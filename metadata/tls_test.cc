@@ -171,20 +171,22 @@ TEST_F(TlsTest, ServesOnlyClientsOfTheClusterCa) {
   Serve(&pki_->node);
   MetadataClient good(server_->address(), absl::Seconds(3), "",
                       MustLoad(pki_->node));
-  ASSERT_OK(good.Put(PutOf(Segment("a"))));
+  ASSERT_OK(good.Put(LeasedPutOf(Segment("a"))));
   ASSERT_OK_AND_ASSIGN(SegmentDescriptor got, good.Get("a"));
   EXPECT_EQ(got.incarnation(), 7u);
 
   MetadataClient plain(server_->address(), absl::Seconds(3));
   EXPECT_STATUS(plain.Get("a"), absl::StatusCode::kUnavailable);
-  EXPECT_STATUS(plain.Put(PutOf(Segment("b"))), absl::StatusCode::kUnavailable);
+  EXPECT_STATUS(plain.Put(LeasedPutOf(Segment("b"))),
+                absl::StatusCode::kUnavailable);
   // A certificate from another CA, presented to a server it trusts.
   TlsFiles impostor = pki_->rogue;
   impostor.ca_file = pki_->node.ca_file;
   MetadataClient rogue(server_->address(), absl::Seconds(3), "",
                        MustLoad(impostor));
   EXPECT_STATUS(rogue.Get("a"), absl::StatusCode::kUnavailable);
-  EXPECT_STATUS(rogue.Put(PutOf(Segment("b"))), absl::StatusCode::kUnavailable);
+  EXPECT_STATUS(rogue.Put(LeasedPutOf(Segment("b"))),
+                absl::StatusCode::kUnavailable);
   PeerClient peer(absl::Seconds(3), PeerClient::kMaxStubs, "",
                   MustLoad(impostor));
   EXPECT_STATUS(peer.Notify(server_->address(), "x", "kv-ready", "m"),
@@ -206,7 +208,8 @@ TEST_F(TlsTest, ClientChecksTheServer) {
   Serve(&impostor);
   MetadataClient c(server_->address(), absl::Seconds(3), "",
                    MustLoad(pki_->node));
-  EXPECT_STATUS(c.Put(PutOf(Segment("a"))), absl::StatusCode::kUnavailable);
+  EXPECT_STATUS(c.Put(LeasedPutOf(Segment("a"))),
+                absl::StatusCode::kUnavailable);
   server_->Shutdown();
 
   Serve(&pki_->node);
@@ -214,7 +217,7 @@ TEST_F(TlsTest, ClientChecksTheServer) {
   named.server_name = "ferry.test";  // In the certificate.
   MetadataClient by_name(server_->address(), absl::Seconds(3), "",
                          MustLoad(named));
-  EXPECT_OK(by_name.Put(PutOf(Segment("a"))));
+  EXPECT_OK(by_name.Put(LeasedPutOf(Segment("a"))));
   named.server_name = "other.test";  // Not in it.
   MetadataClient wrong_name(server_->address(), absl::Seconds(3), "",
                             MustLoad(named));
@@ -236,7 +239,7 @@ TEST_F(TlsTest, NothingReadableOnTheWire) {
       named.server_name = "ferry.test";
       MetadataClient c(proxy.address(), absl::Seconds(3), token,
                        tls ? MustLoad(named) : nullptr);
-      ASSERT_OK(c.Put(PutOf(Segment(name))));
+      ASSERT_OK(c.Put(LeasedPutOf(Segment(name))));
       ASSERT_OK(c.Get(name));
       seen = proxy.seen();
     }

@@ -65,7 +65,7 @@ bench_run() {  # read|write
     --listen_host=127.0.0.1 --rpc_port="$port" --buffer_size=$((256 << 20)) \
     >"$tmp/target.log" 2>&1 &
   pids+=($!)
-  wait_target_ready "$tmp/target.log" || true
+  wait_target_ready "$tmp/target.log" "${pids[-1]}" || true
   env -u LD_PRELOAD "$bin/tools/transfer_bench" --mode=initiator --protocol=rdma \
     --listen_host=127.0.0.1 --metadata_server="127.0.0.1:$port" \
     --segment_id=target --operation="$1" --block_size="$size" --batch_size=8 --threads=1 \

@@ -70,7 +70,7 @@ sample() {  # variant string
       --listen_host=127.0.0.1 --rpc_port=0 --buffer_size="$buf" \
       --target_seconds=120 >"$tmp/target.log" 2>&1 &
     pids+=($!)
-    wait_target_ready "$tmp/target.log" || true
+    wait_target_ready "$tmp/target.log" "${pids[-1]}" || true
     metadata="$(sed -n 's/^target ready: segment=[^ ]* metadata=//p' "$tmp/target.log")"
     # shellcheck disable=SC2086
     env "${envs[@]}" timeout 120 "$BENCH" --mode=initiator --protocol=rdma \

@@ -364,7 +364,7 @@ TEST_F(TransferBenchTest, UnreachableTargetStopsWithOneClearStatus) {
   b->set_length(kBuffer);
   b->set_location("cpu:0");
   metadata::MetadataClient client(md_addr, absl::Seconds(3));
-  ASSERT_OK(client.Put(metadata::PutOf(ghost)));
+  ASSERT_OK(client.Put(metadata::LeasedPutOf(ghost)));
 
   const absl::Time start = absl::Now();
   BenchRun run =

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <set>
+#include <system_error>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -83,9 +84,19 @@ absl::StatusOr<std::unique_ptr<Watch>> EtcdStore::WatchSegment(
   w->id = next_watch_id_++;
   watchers_[w->id] = w;
   SendCreateLocked(*w);
-  if (!watch_thread_.joinable()) {
-    watch_thread_ = std::thread([this] { WatchLoop(); });
-    writer_thread_ = std::thread([this] { WriteLoop(); });
+  if (!watch_thread_.joinable() || !writer_thread_.joinable()) {
+    try {
+      if (!watch_thread_.joinable()) {
+        watch_thread_ = std::thread([this] { WatchLoop(); });
+      }
+      if (!writer_thread_.joinable()) {
+        writer_thread_ = std::thread([this] { WriteLoop(); });
+      }
+    } catch (const std::system_error& e) {
+      watchers_.erase(w->id);
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot start the etcd watch threads: ", e.what()));
+    }
   }
   return std::unique_ptr<Watch>(new SegmentWatch(this, w));
 }

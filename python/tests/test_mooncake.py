@@ -63,6 +63,26 @@ def test_sync_writes_and_reads(pair):
     assert target.free_managed_buffer(remote, 1 << 20) == 0
 
 
+def test_cluster_token_from_the_environment(monkeypatch):
+    # initialize() cannot pass a secret: the environment gives it.
+    monkeypatch.setenv("FERRY_AUTH_TOKEN", "python-env-token-0123456")
+    target, member = p2p_engine(), p2p_engine()
+    peer = f"127.0.0.1:{target.get_rpc_port()}"
+    remote = target.allocate_managed_buffer(4096)
+    local = member.allocate_managed_buffer(4096)
+    assert member.write_bytes_to_buffer(local, b"k" * 4096, 4096) == 0
+    assert member.transfer_sync_write(peer, local, remote, 4096) == 0
+    assert target.read_bytes_from_buffer(remote, 4096) == b"k" * 4096
+    monkeypatch.delenv("FERRY_AUTH_TOKEN")
+    outsider = p2p_engine()
+    theirs = outsider.allocate_managed_buffer(4096)
+    # Without the token it cannot read the target's descriptor.
+    assert outsider.transfer_sync_write(peer, theirs, remote, 4096) == -1
+    assert target.read_bytes_from_buffer(remote, 4096) == b"k" * 4096
+    for e in (outsider, member, target):
+        e._close()
+
+
 def test_batches_async_status_and_notify(pair):
     target, initiator, peer = pair
     size = 64 << 10

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstring>
 #include <random>
+#include <system_error>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -223,14 +224,21 @@ absl::Status RdmaTransport::Install(const TransportEnv& env,
       "rdma", [this](const std::string& from, const std::string& payload) {
         return OnExchange(from, payload);
       });
-  for (auto& w : workers_) {
-    Worker* raw = w.get();
-    w->thread = std::thread([this, raw] { WorkerLoop(raw); });
+  try {
+    for (auto& w : workers_) {
+      Worker* raw = w.get();
+      w->thread = std::thread([this, raw] { WorkerLoop(raw); });
+    }
+    for (int i = 0; i < kControlThreads; ++i) {
+      control_threads_.emplace_back([this] { ControlLoop(); });
+    }
+    housekeeper_ = std::thread([this] { HousekeeperLoop(); });
+  } catch (const std::system_error& e) {
+    // A pids limit or memory pressure: the caller fails (its Shutdown
+    // joins what did start), the process does not.
+    return absl::ResourceExhaustedError(
+        absl::StrCat("rdma: cannot start a thread: ", e.what()));
   }
-  for (int i = 0; i < kControlThreads; ++i) {
-    control_threads_.emplace_back([this] { ControlLoop(); });
-  }
-  housekeeper_ = std::thread([this] { HousekeeperLoop(); });
   return absl::OkStatus();
 }
 
