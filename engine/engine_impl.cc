@@ -6,6 +6,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/random/random.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -68,12 +69,16 @@ absl::Status EngineImpl::ValidateOptions(const EngineOptions& o) const {
   if (absl::Status s = metadata::ValidateAuthToken(o.auth_token); !s.ok()) {
     return s;
   }
+  // Ferry's metadata services (embedded or a metadata_server) refuse such
+  // segments from callers with neither; etcd, P2P: not Ferry's rule.
   if (o.metadata_lease_ttl == absl::ZeroDuration() && o.auth_token.empty() &&
-      !p2p) {
+      o.tls_cert_file.empty() && !p2p &&
+      !absl::StartsWith(o.metadata_endpoint, "etcd://")) {
     return absl::InvalidArgumentError(
         "metadata_lease_ttl 0 (a segment with no lease, kept until removed) "
-        "needs the cluster's auth_token: a metadata service with none "
-        "refuses such segments, since anyone could hold a name for ever");
+        "needs the cluster's auth_token or mutual TLS: a Ferry metadata "
+        "service with neither refuses such segments, since anyone could "
+        "hold a name for ever");
   }
   if (p2p && !o.metadata_namespace.empty()) {
     return absl::InvalidArgumentError(
@@ -243,7 +248,7 @@ absl::Status EngineImpl::Init(const EngineOptions& requested) {
     return server.status();
   }
   rpc_server_ = std::move(*server);
-  if (options.auth_token.empty() &&
+  if (options.auth_token.empty() && options.tls_cert_file.empty() &&
       metadata::ListensBeyondLoopback(options.listen_host)) {
     metadata::WarnOpenServer("this engine's RPC port", rpc_server_->address());
   }
@@ -663,6 +668,13 @@ absl::StatusOr<std::vector<RemoteBuffer>> EngineImpl::GetSegmentBuffers(
   return out;
 }
 
+namespace {
+// What a receiver says when it cannot check a notification's sender now
+// (its lookups are busy, its metadata slow): the sender tries again.
+constexpr char kCannotCheckNow[] =
+    "receiver cannot check the sender now, try again";
+}  // namespace
+
 absl::Status EngineImpl::SendNotification(SegmentHandle target,
                                           const std::string& name,
                                           const std::string& message) {
@@ -677,8 +689,23 @@ absl::Status EngineImpl::SendNotification(SegmentHandle target,
                      metadata::kMaxNotifyNameBytes, " and ",
                      metadata::kMaxNotifyMessageBytes, " bytes)"));
   }
-  return peer_client_->Notify(snap->view->descriptor().rpc_address(),
-                              options_.local_segment_name, name, message);
+  // The receiver answers Unavailable when it cannot check who sent this
+  // right now (its sender lookups are all busy, its metadata is slow):
+  // try again, within the RPC timeout, rather than lose the notification.
+  const absl::Time deadline = clock_->Now() + options_.rpc_timeout;
+  absl::Duration backoff = absl::Milliseconds(10);
+  while (true) {
+    absl::Status s =
+        peer_client_->Notify(snap->view->descriptor().rpc_address(),
+                             options_.local_segment_name, name, message);
+    if (s.code() != absl::StatusCode::kUnavailable ||
+        !absl::StrContains(s.message(), kCannotCheckNow) ||
+        clock_->Now() + backoff > deadline) {
+      return s;
+    }
+    clock_->SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Milliseconds(200));
+  }
 }
 
 absl::Status EngineImpl::AdmitNotificationLocked(const std::string& sender,
@@ -726,11 +753,14 @@ absl::Status EngineImpl::OnNotify(const std::string& from,
   if (!verified.ok() && options_.refuse_unverified_notifications) {
     MutexLock lock(&notify_mu_);
     ++notifications_refused_;
-    // Unavailable stays what it is: the sender may try again.
+    // Unavailable stays what it is, marked so that a Ferry sender tries
+    // again (kCannotCheckNow).
     return absl::Status(
         verified.code(),
-        absl::StrCat("receiver refuses unverified notifications: ",
-                     verified.message()));
+        absl::StrCat(verified.code() == absl::StatusCode::kUnavailable
+                         ? kCannotCheckNow
+                         : "receiver refuses unverified notifications",
+                     ": ", verified.message()));
   }
   MutexLock lock(&notify_mu_);
   if (absl::Status s = AdmitNotificationLocked(sender, bytes); !s.ok()) {

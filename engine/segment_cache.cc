@@ -220,7 +220,10 @@ void SegmentCache::OnEvent(const std::string& name, WatchBase* base,
       next = ev.full();
     }
   } else if (base->broken) {
-    return;  // Waits for a whole descriptor; refreshes serve meanwhile.
+    // Waits for a whole descriptor; meanwhile each change it cannot apply
+    // says "something changed": the view is fetched again (rate-limited).
+    MarkStale(name);
+    return;
   } else if (ev.version() <= base->descriptor.version()) {
     refused = absl::DataLossError(
         absl::StrCat("a pushed change of '", name, "' has version ",

@@ -39,7 +39,9 @@ absl::Status SegmentPublisher::Publish(
       renewer_ = std::thread([this] { RenewLoop(); });
     } catch (const std::system_error& e) {
       // A pids limit (a probe at `ulimit -u` 16 aborted here): the
-      // engine's Init fails, the process does not.
+      // engine's Init fails, the process does not, and the segment just
+      // published goes (peers would dial an engine that is not there).
+      Withdraw();
       return absl::ResourceExhaustedError(
           absl::StrCat("cannot start the lease renewal thread: ", e.what()));
     }

@@ -28,6 +28,8 @@ absl::StatusOr<std::string> SenderCheck::PublishedHost(
   const absl::Time now = clock_->Now();
   {
     MutexLock lock(&mu_);
+    // Bounded: the lookup waited for ends within the store's RPC timeout.
+    while (looking_up_.contains(claimed)) looked_up_.Wait(&mu_);
     auto it = cache_.find(claimed);
     if (it != cache_.end() && now - it->second.at < kCacheFor) {
       return it->second.host;
@@ -37,10 +39,13 @@ absl::StatusOr<std::string> SenderCheck::PublishedHost(
           "too many sender lookups at once to check segment '", claimed, "'"));
     }
     ++in_flight_;
+    looking_up_.insert(claimed);
   }
   auto desc = store_->Get(claimed);
   MutexLock lock(&mu_);
   --in_flight_;
+  looking_up_.erase(claimed);
+  looked_up_.SignalAll();
   if (!desc.ok() && desc.status().code() != absl::StatusCode::kNotFound) {
     return absl::UnavailableError(
         absl::StrCat("cannot look up segment '", claimed,
@@ -71,9 +76,13 @@ absl::Status SenderCheck::Verify(const std::string& claimed,
                      "', which is not registered"));
   }
   if (*host != from) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("notification from ", from, " claims segment '", claimed,
-                     "', which is published at ", *host));
+    return absl::PermissionDeniedError(absl::StrCat(
+        "notification from ", from, " claims segment '", claimed,
+        "', which is published at ", *host,
+        " (if that engine reaches this one from another address -- several "
+        "interfaces, NAT -- set its advertise_host to the address it sends "
+        "from, or turn refuse_unverified_notifications off: "
+        "FERRY_REFUSE_UNVERIFIED_NOTIFICATIONS=0 for ferry.mooncake)"));
   }
   return absl::OkStatus();
 }

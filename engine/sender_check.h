@@ -23,6 +23,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
@@ -62,6 +63,12 @@ class SenderCheck {
   Mutex mu_;
   absl::flat_hash_map<std::string, Cached> cache_ ABSL_GUARDED_BY(mu_);
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  // Names being looked up now: a second check of one waits for that
+  // lookup instead of taking a slot of its own (a burst from one sender,
+  // or many workers of one engine, costs one lookup, and is not refused
+  // for want of slots).
+  absl::flat_hash_set<std::string> looking_up_ ABSL_GUARDED_BY(mu_);
+  CondVar looked_up_;
 };
 
 // "ipv4:10.0.0.7" or "ipv6:[fd00::7]" (or a bare address) -> the address;

@@ -335,6 +335,10 @@ TEST(EngineAuthTest, OnlyEnginesWithTheTokenJoin) {
 // the environment; an explicit one still wins.
 TEST(EngineAuthTest, TheEnvironmentGivesTheToken) {
   const std::string token = "kv-cluster-from-env-0123";
+  // Gone however the test ends: later tests in this binary have no token.
+  struct Unset {
+    ~Unset() { ::unsetenv("FERRY_AUTH_TOKEN"); }
+  } unset;
   ::setenv("FERRY_AUTH_TOKEN", token.c_str(), 1);
   EngineOptions o;
   o.local_segment_name = "env-md";

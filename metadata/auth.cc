@@ -42,8 +42,9 @@ grpc::Status CheckAuthToken(const grpc::ServerContextBase& ctx,
   }
   return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                       "this Ferry service requires its cluster's auth token "
-                      "(EngineOptions::auth_token, --auth_token_file): the "
-                      "call had none or another");
+                      "(EngineOptions::auth_token, --auth_token_file, or "
+                      "FERRY_AUTH_TOKEN_FILE in the environment): the call "
+                      "had none or another");
 }
 
 std::string CallerAddress(const grpc::ServerContextBase& ctx) {

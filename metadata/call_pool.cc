@@ -8,8 +8,10 @@
 namespace ferry::metadata {
 
 CallPool::CallPool(CallPoolOptions options)
-    : options_{std::max(options.max_threads, 1), std::max(options.max_tasks, 1),
-               std::max(options.max_tasks_per_caller, 1)} {}
+    : options_{std::max(options.max_threads, 1), std::max(options.max_calls, 1),
+               std::max(options.max_calls_per_caller, 1),
+               std::max<size_t>(options.max_response_bytes, 1),
+               std::max<size_t>(options.max_response_bytes_per_caller, 1)} {}
 
 CallPool::~CallPool() {
   std::vector<std::thread> threads;
@@ -34,37 +36,86 @@ int CallPool::threads() const {
   return static_cast<int>(threads_.size());
 }
 
-absl::Status CallPool::Submit(const std::string& caller,
-                              std::function<void()> task) {
+int CallPool::calls() const {
   MutexLock lock(&mu_);
-  if (tasks_ >= options_.max_tasks) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("this service has ", tasks_,
-                     " calls waiting or running, its limit; retry later"));
-  }
-  int& mine = per_caller_[caller];
-  if (mine >= options_.max_tasks_per_caller) {
+  return calls_;
+}
+
+absl::Status CallPool::Admit(const std::string& caller) {
+  MutexLock lock(&mu_);
+  if (calls_ >= options_.max_calls) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        caller, " has ", mine,
-        " calls waiting or running at this service, the limit per caller; "
-        "retry later"));
+        "this service has ", calls_,
+        " calls in progress (some may wait for their clients to read), its "
+        "limit; retry later"));
   }
-  if (idle_ == 0 && static_cast<int>(threads_.size()) < options_.max_threads) {
+  Share& mine = shares_[caller];
+  if (mine.calls >= options_.max_calls_per_caller) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        caller, " has ", mine.calls,
+        " calls in progress at this service (some may wait for it to read "
+        "their responses), the limit per caller; retry later"));
+  }
+  ++mine.calls;
+  ++calls_;
+  return absl::OkStatus();
+}
+
+absl::Status CallPool::Charge(const std::string& caller, size_t bytes) {
+  MutexLock lock(&mu_);
+  Share& mine = shares_[caller];
+  if (mine.bytes + bytes > options_.max_response_bytes_per_caller) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "responses to ", caller, " not yet read hold ", mine.bytes,
+        " bytes; this one (", bytes, ") would pass the limit per caller (",
+        options_.max_response_bytes_per_caller, "); retry later"));
+  }
+  if (bytes_ + bytes > options_.max_response_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "responses not yet read hold ", bytes_, " bytes; this one (", bytes,
+        ") would pass this service's limit (", options_.max_response_bytes,
+        "); retry later"));
+  }
+  mine.bytes += bytes;
+  bytes_ += bytes;
+  return absl::OkStatus();
+}
+
+void CallPool::Release(const std::string& caller, size_t bytes) {
+  MutexLock lock(&mu_);
+  auto it = shares_.find(caller);
+  if (it == shares_.end()) return;
+  it->second.calls = std::max(it->second.calls - 1, 0);
+  it->second.bytes -= std::min(it->second.bytes, bytes);
+  bytes_ -= std::min(bytes_, bytes);
+  --calls_;
+  if (it->second.calls == 0 && it->second.bytes == 0) shares_.erase(it);
+}
+
+absl::Status CallPool::Run(std::function<void()> task) {
+  MutexLock lock(&mu_);
+  if (stopping_) {
+    return absl::UnavailableError("the service is shutting down");
+  }
+  queue_.push_back(std::move(task));
+  ++tasks_;
+  // Threads signalled but not yet awake still count as idle: a burst
+  // needs as many threads as it has tasks beyond them.
+  if (static_cast<int>(queue_.size()) > idle_ &&
+      static_cast<int>(threads_.size()) < options_.max_threads) {
     try {
       threads_.emplace_back([this] { Worker(); });
     } catch (const std::system_error& e) {
       // Out of threads (RLIMIT_NPROC, memory): the running ones serve
       // the queue; with none, the call fails instead of waiting forever.
       if (threads_.empty()) {
-        if (mine == 0) per_caller_.erase(caller);
+        queue_.pop_back();
+        if (--tasks_ == 0) drained_.SignalAll();
         return absl::UnavailableError(absl::StrCat(
             "cannot start a thread to serve the call: ", e.what()));
       }
     }
   }
-  ++mine;
-  ++tasks_;
-  queue_.push_back(Task{caller, std::move(task)});
   wake_.Signal();
   return absl::OkStatus();
 }
@@ -79,14 +130,12 @@ void CallPool::Worker() {
       --idle_;
       continue;
     }
-    Task task = std::move(queue_.front());
+    std::function<void()> task = std::move(queue_.front());
     queue_.pop_front();
     mu_.Unlock();
-    task.fn();
-    task.fn = nullptr;  // What it captured goes before the count drops.
+    task();
+    task = nullptr;  // What it captured goes before the count drops.
     mu_.Lock();
-    auto it = per_caller_.find(task.caller);
-    if (it != per_caller_.end() && --it->second <= 0) per_caller_.erase(it);
     if (--tasks_ == 0) drained_.SignalAll();
   }
 }

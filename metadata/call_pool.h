@@ -13,7 +13,13 @@
 // here: a bounded set of threads, a bounded queue, and a cap per caller
 // address, so that one caller's burst cannot take every slot.
 //
-// Thread-safe. The destructor waits for every queued and running task.
+// Calls are capped from admission until gRPC is done with them, not only
+// while their handler runs: a response waiting for a client that stopped
+// reading still holds its call's share, and its bytes count against a
+// byte cap, so such a client pins at most its share of calls and bytes.
+//
+// Thread-safe. The destructor waits for every queued and running task;
+// the server must be shut down first (no call left to release).
 #ifndef FERRY_METADATA_CALL_POOL_H_
 #define FERRY_METADATA_CALL_POOL_H_
 
@@ -27,7 +33,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "common/happens_before.h"
 #include "common/mutex.h"
+#include "google/protobuf/message.h"
 #include "grpcpp/grpcpp.h"
 #include "metadata/auth.h"
 #include "metadata/grpc_status.h"
@@ -37,37 +45,54 @@ namespace ferry::metadata {
 struct CallPoolOptions {
   // Threads, started as the load needs them and kept.
   int max_threads = 16;
-  // Tasks waiting or running, over all callers.
-  int max_tasks = 1024;
-  // Tasks waiting or running for one caller (CallerAddress).
-  int max_tasks_per_caller = 64;
+  // Calls admitted and not yet over -- queued, running, or answered with
+  // a response still on its way to a client that may not be reading --
+  // over all callers, and per caller (CallerAddress).
+  int max_calls = 1024;
+  int max_calls_per_caller = 64;
+  // Bytes of responses admitted calls hold until their client has them,
+  // over all callers and per caller: what a client that stops reading can
+  // pin in the server's memory.
+  size_t max_response_bytes = size_t{512} << 20;
+  size_t max_response_bytes_per_caller = size_t{64} << 20;
 };
 
 class CallPool {
  public:
-  // Options below 1 are taken as 1.
+  // Counts below 1 are taken as 1.
   explicit CallPool(CallPoolOptions options = {});
   ~CallPool();
   CallPool(const CallPool&) = delete;
   CallPool& operator=(const CallPool&) = delete;
 
-  // Runs `task` on a pool thread, on behalf of `caller`. ResourceExhausted
-  // (and `task` is dropped) if the pool or the caller is at its cap;
-  // Unavailable if no thread runs and none can be started (RLIMIT_NPROC,
-  // say): the caller answers the call itself then.
-  absl::Status Submit(const std::string& caller, std::function<void()> task);
+  // Admits one call of `caller`: ResourceExhausted, naming the limit, if
+  // the pool or the caller is at its call cap. An admitted call is
+  // Release()d when it is over.
+  absl::Status Admit(const std::string& caller);
+  // Charges an admitted call's response of `bytes`: ResourceExhausted if
+  // the caller's or the pool's undelivered responses would pass their cap
+  // (the call then ends with that error instead of the response).
+  absl::Status Charge(const std::string& caller, size_t bytes);
+  // Ends an admitted call that was charged `bytes`.
+  void Release(const std::string& caller, size_t bytes);
+
+  // Runs `task` on a pool thread. Unavailable (and `task` is dropped) if
+  // no thread runs and none can be started (RLIMIT_NPROC, say), or the
+  // pool is being destroyed: the caller answers the call itself then.
+  absl::Status Run(std::function<void()> task);
 
   // Returns once no task is queued or running. Everything the tasks did
   // happens before the return.
   void WaitIdle();
 
-  // Threads started so far (for tests).
+  // Threads started so far, and calls admitted now (for tests).
   int threads() const;
+  int calls() const;
 
  private:
-  struct Task {
-    std::string caller;
-    std::function<void()> fn;
+  struct Share {
+    int calls = 0;
+    size_t bytes = 0;
   };
   void Worker();
 
@@ -75,27 +100,85 @@ class CallPool {
   mutable Mutex mu_;
   CondVar wake_;
   CondVar drained_;
-  std::deque<Task> queue_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, int> per_caller_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, Share> shares_ ABSL_GUARDED_BY(mu_);
+  int calls_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int tasks_ ABSL_GUARDED_BY(mu_) = 0;  // Queued or running.
   int idle_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
 };
 
+// The reactor of a call served by ServeOnPool: gives the call's share of
+// the pool back when gRPC is done with it (its response delivered, or the
+// call cancelled), not when the handler returns.
+class PooledReactor final : public grpc::ServerUnaryReactor {
+ public:
+  // Made on the gRPC thread that took the call (ordered after the
+  // service's set-up); OnDone runs on another gRPC thread, ordered after
+  // the task's Finish by gRPC's own (uninstrumented) synchronization:
+  // tell TSan (common/happens_before.h), as every reactor here does.
+  PooledReactor(CallPool* pool, std::string caller)
+      : pool_(pool), caller_(std::move(caller)) {
+    HappensBefore(this);
+  }
+  void OnDone() override {
+    HappensAfter(this);
+    pool_->Release(caller_, charged_);
+    delete this;
+  }
+  // Ends the call; from the pool's thread.
+  void FinishFromTask(const grpc::Status& status) {
+    HappensBefore(this);
+    Finish(status);
+  }
+  const std::string& caller() const { return caller_; }
+  // Set by the task before it finishes the call.
+  size_t charged_ = 0;
+
+ private:
+  CallPool* const pool_;
+  const std::string caller_;
+};
+
 // Serves one unary call of a callback-API service: `handler` (returning
-// grpc::Status, filling the response) runs on `pool` and its status ends
-// the call. The call must already have passed its authentication check:
-// only callers that may use the service take pool slots.
+// grpc::Status, filling `response`) runs on `pool` and its status ends the
+// call, unless the client has gone meanwhile (CANCELLED, the handler not
+// run) or the response would pass the pool's byte caps. The call must
+// already have passed its authentication check: only callers that may use
+// the service take pool slots.
 template <typename Handler>
 grpc::ServerUnaryReactor* ServeOnPool(CallPool* pool,
                                       grpc::CallbackServerContext* ctx,
+                                      const google::protobuf::Message* response,
                                       Handler handler) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  absl::Status s = pool->Submit(
-      CallerAddress(*ctx), [reactor, handler = std::move(handler)]() mutable {
-        reactor->Finish(handler());
-      });
+  std::string caller = CallerAddress(*ctx);
+  if (absl::Status s = pool->Admit(caller); !s.ok()) {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    reactor->Finish(ToGrpcStatus(s));
+    return reactor;
+  }
+  auto* reactor = new PooledReactor(pool, std::move(caller));
+  absl::Status s = pool->Run([pool, ctx, reactor, response,
+                              handler = std::move(handler)]() mutable {
+    if (ctx->IsCancelled()) {
+      // Its client gave up while it queued: a late PutSegment must
+      // not take effect, and live calls should not wait behind it.
+      reactor->FinishFromTask(grpc::Status::CANCELLED);
+      return;
+    }
+    grpc::Status st = handler();
+    if (st.ok()) {
+      const size_t bytes = response->ByteSizeLong();
+      if (absl::Status c = pool->Charge(reactor->caller(), bytes); !c.ok()) {
+        st = ToGrpcStatus(c);
+      } else {
+        reactor->charged_ = bytes;
+      }
+    }
+    reactor->FinishFromTask(st);
+  });
   if (!s.ok()) reactor->Finish(ToGrpcStatus(s));
   return reactor;
 }

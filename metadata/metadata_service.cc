@@ -211,18 +211,20 @@ grpc::ServerUnaryReactor* MetadataServiceImpl::PutSegment(
     grpc::CallbackServerContext* ctx, const PutSegmentRequest* request,
     PutSegmentResponse* response) {
   if (grpc::Status a = Admit(*ctx); !a.ok()) return FinishNow(ctx, a);
-  if (token_.empty() && request->lease_ttl_ms() == 0) {
+  if (token_.empty() && request->lease_ttl_ms() == 0 &&
+      !(ctx->auth_context() != nullptr &&
+        ctx->auth_context()->IsPeerAuthenticated())) {
     // Such a segment stays until removed: on an open service anyone could
     // take a name for ever, and the real engine's Init would fail.
     return FinishNow(
         ctx, ToGrpcStatus(absl::PermissionDeniedError(absl::StrCat(
                  "segment '", request->segment().name(),
                  "' has no lease (lease_ttl_ms=0), which this metadata "
-                 "service allows only with an auth token (anyone could hold "
-                 "a name for ever): publish with a lease, or give the "
-                 "cluster a token"))));
+                 "service allows only with an auth token or mutual TLS "
+                 "(anyone could hold a name for ever): publish with a lease, "
+                 "or give the cluster a token"))));
   }
-  return ServeOnPool(&pool_, ctx, [this, ctx, request, response] {
+  return ServeOnPool(&pool_, ctx, response, [this, ctx, request, response] {
     auto version = store_->PutFrom(*request, CallerAddress(*ctx));
     if (!version.ok()) return ToGrpcStatus(version.status());
     response->set_version(*version);
@@ -234,7 +236,7 @@ grpc::ServerUnaryReactor* MetadataServiceImpl::KeepAlive(
     grpc::CallbackServerContext* ctx, const KeepAliveRequest* request,
     KeepAliveResponse* response) {
   if (grpc::Status a = Admit(*ctx); !a.ok()) return FinishNow(ctx, a);
-  return ServeOnPool(&pool_, ctx, [this, request, response] {
+  return ServeOnPool(&pool_, ctx, response, [this, request, response] {
     auto ttl = store_->KeepAlive(*request);
     if (!ttl.ok()) return ToGrpcStatus(ttl.status());
     response->set_lease_ttl_ms(
@@ -247,7 +249,7 @@ grpc::ServerUnaryReactor* MetadataServiceImpl::UpdateBuffers(
     grpc::CallbackServerContext* ctx, const UpdateBuffersRequest* request,
     UpdateBuffersResponse* response) {
   if (grpc::Status a = Admit(*ctx); !a.ok()) return FinishNow(ctx, a);
-  return ServeOnPool(&pool_, ctx, [this, request, response] {
+  return ServeOnPool(&pool_, ctx, response, [this, request, response] {
     auto version = store_->UpdateBuffers(*request);
     if (!version.ok()) return ToGrpcStatus(version.status());
     response->set_version(*version);
@@ -262,7 +264,7 @@ grpc::ServerUnaryReactor* MetadataServiceImpl::GetSegment(
   if (absl::Status s = ValidateSegmentName(request->name()); !s.ok()) {
     return FinishNow(ctx, ToGrpcStatus(s));
   }
-  return ServeOnPool(&pool_, ctx, [this, request, response] {
+  return ServeOnPool(&pool_, ctx, response, [this, request, response] {
     auto segment = store_->Get(request->name());
     if (!segment.ok()) return ToGrpcStatus(segment.status());
     *response->mutable_segment() = std::move(*segment);
@@ -272,9 +274,9 @@ grpc::ServerUnaryReactor* MetadataServiceImpl::GetSegment(
 
 grpc::ServerUnaryReactor* MetadataServiceImpl::RemoveSegment(
     grpc::CallbackServerContext* ctx, const RemoveSegmentRequest* request,
-    RemoveSegmentResponse*) {
+    RemoveSegmentResponse* response) {
   if (grpc::Status a = Admit(*ctx); !a.ok()) return FinishNow(ctx, a);
-  return ServeOnPool(&pool_, ctx, [this, request] {
+  return ServeOnPool(&pool_, ctx, response, [this, request] {
     return ToGrpcStatus(store_->Remove(*request));
   });
 }
@@ -283,7 +285,7 @@ grpc::ServerUnaryReactor* MetadataServiceImpl::ListSegments(
     grpc::CallbackServerContext* ctx, const ListSegmentsRequest*,
     ListSegmentsResponse* response) {
   if (grpc::Status a = Admit(*ctx); !a.ok()) return FinishNow(ctx, a);
-  return ServeOnPool(&pool_, ctx, [this, response] {
+  return ServeOnPool(&pool_, ctx, response, [this, response] {
     auto names = store_->List();
     if (!names.ok()) return ToGrpcStatus(names.status());
     for (std::string& name : *names) response->add_names(std::move(name));

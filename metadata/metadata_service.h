@@ -45,8 +45,9 @@ class MetadataServiceImpl final : public MetadataService::CallbackService {
 
   // Answers only calls carrying `token` (auth.h); empty: any, but then a
   // PutSegment with no lease (lease_ttl_ms=0, a segment that stays until
-  // removed) is refused PermissionDenied, so that no one can squat a name
-  // for ever. Call before serving.
+  // removed) is refused PermissionDenied unless the caller authenticated
+  // with a TLS client certificate, so that no one can squat a name for
+  // ever. Call before serving.
   void SetAuthToken(std::string token) { token_ = std::move(token); }
 
   grpc::ServerUnaryReactor* PutSegment(grpc::CallbackServerContext* ctx,

@@ -53,7 +53,7 @@ grpc::ServerUnaryReactor* PeerServiceImpl::Exchange(
         ctx,
         ToGrpcStatus(absl::InvalidArgumentError("exchange payload too large")));
   }
-  return ServeOnPool(&pool_, ctx, [this, request, response] {
+  return ServeOnPool(&pool_, ctx, response, [this, request, response] {
     return ServeExchange(*request, response);
   });
 }
@@ -95,7 +95,7 @@ grpc::ServerUnaryReactor* PeerServiceImpl::GetDescriptor(
   if (absl::Status s = ValidateSegmentName(request->name()); !s.ok()) {
     return FinishNow(ctx, ToGrpcStatus(s));
   }
-  return ServeOnPool(&pool_, ctx, [this, request, response] {
+  return ServeOnPool(&pool_, ctx, response, [this, request, response] {
     return ServeGetDescriptor(*request, response);
   });
 }
@@ -120,7 +120,7 @@ grpc::Status PeerServiceImpl::ServeGetDescriptor(
 
 grpc::ServerUnaryReactor* PeerServiceImpl::Notify(
     grpc::CallbackServerContext* ctx, const NotifyRequest* request,
-    NotifyResponse*) {
+    NotifyResponse* response) {
   if (grpc::Status a = Admit(*ctx); !a.ok()) return FinishNow(ctx, a);
   if (absl::Status s = ValidateSegmentName(request->from_segment()); !s.ok()) {
     return FinishNow(ctx, ToGrpcStatus(s));
@@ -132,7 +132,7 @@ grpc::ServerUnaryReactor* PeerServiceImpl::Notify(
                               kMaxNotifyNameBytes, " and ",
                               kMaxNotifyMessageBytes, " bytes)"))));
   }
-  return ServeOnPool(&pool_, ctx, [this, ctx, request] {
+  return ServeOnPool(&pool_, ctx, response, [this, ctx, request] {
     std::shared_ptr<NotifyHandler> handler;
     {
       MutexLock lock(&mu_);

@@ -36,6 +36,7 @@ constexpr char kToken[] = "slow-client-test-token-0123456789";
 // the synchronous server had threads (64).
 constexpr int kConnections = 2;
 constexpr int kStreamsPerConnection = 32;
+constexpr char kAttacker[] = "127.0.0.2";
 
 void AppendInt(std::string* out, uint8_t first, int prefix_bits, uint64_t v) {
   const uint64_t max = (uint64_t{1} << prefix_bits) - 1;
@@ -85,10 +86,16 @@ constexpr uint8_t kAck = 1, kEndStream = 1, kEndHeaders = 4;
 // `request` and never lets a response byte in.
 class StuckReader {
  public:
+  // From kAttacker, so that the service tells it from the test's own
+  // clients (on 127.0.0.1) as a remote attacker would be told apart.
   StuckReader(uint16_t port, const std::string& path,
               const std::string& request, const std::string& token,
               int streams) {
     fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in from{};
+    from.sin_family = AF_INET;
+    ::inet_pton(AF_INET, kAttacker, &from.sin_addr);
+    ::bind(fd_, reinterpret_cast<sockaddr*>(&from), sizeof(from));
     sockaddr_in sa{};
     sa.sin_family = AF_INET;
     sa.sin_port = htons(port);
@@ -263,6 +270,15 @@ class SlowClientTest : public ::testing::TestWithParam<Case> {
     EXPECT_EQ(Answered(), calls);
     EXPECT_EQ(Ended(), 0);
     ASSERT_NO_FATAL_FAILURE(ExpectServed("while the stuck reader stays"));
+    // Its answered calls still hold its share, though no thread: one more
+    // from it is refused at once (RESOURCE_EXHAUSTED, in trailers).
+    StuckReader more(server_->port(), path, request, token_, 1);
+    const absl::Time until = absl::Now() + absl::Seconds(10);
+    while (more.ended() == 0 && absl::Now() < until) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    EXPECT_EQ(more.ended(), 1);
+    EXPECT_EQ(more.answered(), 0);
     readers_.clear();
     ASSERT_NO_FATAL_FAILURE(ExpectServed("after it left"));
   }

@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
+#include "metadata/auth.h"
 #include "metadata/grpc_status.h"
 #include "metadata/metadata_client.h"
 #include "metadata/proto/metadata.grpc.pb.h"
@@ -35,6 +36,16 @@ constexpr absl::Duration kRpcTimeout = absl::Seconds(10);
 // that two doctors probing one engine at once rarely meet.
 constexpr uint32_t kSlotBytes = 512;
 
+// The cluster's token, when the environment gives one (as it gives every
+// engine of the cluster): a protected cluster answers nothing without it.
+const std::string& EnvToken() {
+  static const std::string* token = [] {
+    auto t = metadata::AuthTokenFromEnv();
+    return new std::string(t.ok() ? *t : "");
+  }();
+  return *token;
+}
+
 // One Exchange with the engine; `out` gets the reply payload parsed.
 template <typename Reply>
 absl::Status Exchange(metadata::PeerService::Stub* stub,
@@ -46,6 +57,7 @@ absl::Status Exchange(metadata::PeerService::Stub* stub,
   req.set_payload(msg.SerializeAsString());
   metadata::ExchangeResponse resp;
   grpc::ClientContext ctx;
+  metadata::AddAuthToken(&ctx, EnvToken());
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + kRpcTimeout));
   if (grpc::Status s = stub->Exchange(&ctx, req, &resp); !s.ok()) {
     return metadata::FromGrpcStatus(s, "the engine's peer service");
@@ -166,7 +178,7 @@ void ProbeSegment(const std::string& metadata, const std::string& segment,
                   const std::vector<std::string>& filter,
                   std::vector<Check>* out) {
   const std::string check = absl::StrCat("segment ", segment);
-  metadata::MetadataClient client(metadata, kRpcTimeout);
+  metadata::MetadataClient client(metadata, kRpcTimeout, EnvToken());
   auto desc = client.Get(segment);
   if (!desc.ok()) {
     out->push_back(

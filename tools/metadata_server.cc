@@ -181,7 +181,7 @@ int main(int argc, char** argv) {
                  server.status().ToString().c_str());
     return 1;
   }
-  if (token.empty()) {
+  if (token.empty() && options.tls == nullptr) {
     auto hp = ferry::ParseHostPort(absl::GetFlag(FLAGS_listen));
     if (hp.ok() && ferry::metadata::ListensBeyondLoopback(hp->host)) {
       ferry::metadata::WarnOpenServer("metadata_server", (*server)->address());

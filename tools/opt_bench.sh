@@ -70,13 +70,15 @@ sample() {  # variant string
       --listen_host=127.0.0.1 --rpc_port=0 --buffer_size="$buf" \
       --target_seconds=120 >"$tmp/target.log" 2>&1 &
     pids+=($!)
-    wait_target_ready "$tmp/target.log" "${pids[-1]}" || true
-    metadata="$(sed -n 's/^target ready: segment=[^ ]* metadata=//p' "$tmp/target.log")"
-    # shellcheck disable=SC2086
-    env "${envs[@]}" timeout 120 "$BENCH" --mode=initiator --protocol=rdma \
-      --listen_host=127.0.0.1 --metadata_server="${metadata:-unknown}" \
-      --segment_id=target --buffer_size="$buf" $common "${flags[@]}" \
-      --report=json 2>"$tmp/initiator.err" | tail -1 >"$tmp/bench.json" || true
+    : >"$tmp/initiator.err"
+    if wait_target_ready "$tmp/target.log" "${pids[-1]}"; then
+      metadata="$(sed -n 's/^target ready: segment=[^ ]* metadata=//p' "$tmp/target.log")"
+      # shellcheck disable=SC2086
+      env "${envs[@]}" timeout 120 "$BENCH" --mode=initiator --protocol=rdma \
+        --listen_host=127.0.0.1 --metadata_server="$metadata" \
+        --segment_id=target --buffer_size="$buf" $common "${flags[@]}" \
+        --report=json 2>"$tmp/initiator.err" | tail -1 >"$tmp/bench.json" || true
+    fi
     kill "${pids[-1]}" 2>/dev/null || true
     wait "${pids[-1]}" 2>/dev/null || true
   fi

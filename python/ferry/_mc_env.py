@@ -79,6 +79,7 @@ _OPTIONS: Dict[str, Tuple[str, Callable[[str], object]]] = {
 
 # Variables that choose the transport; handled by the shim's initialize.
 TRANSPORT = ("MC_FORCE_TCP", "MC_FORCE_HCA")
+REFUSE_UNVERIFIED = "FERRY_REFUSE_UNVERIFIED_NOTIFICATIONS"
 
 # Variable -> why Ferry does without it.
 _IGNORED: Dict[str, str] = {
@@ -175,4 +176,12 @@ def options(env: Optional[Mapping[str, str]] = None
         else:
             _report_once(name, f"{name} is ignored: Ferry knows no such "
                                "Mooncake setting")
+    # Ferry's own, for what initialize() cannot pass: receivers refuse
+    # notifications whose claimed sender does not verify, unless this is
+    # false (a sender that reaches them from another address than it
+    # advertises: several interfaces, NAT).
+    refuse = env.get(REFUSE_UNVERIFIED, "").strip()
+    if refuse:
+        out.append(("refuse_unverified_notifications",
+                     "1" if is_set(env, REFUSE_UNVERIFIED) else "0"))
     return out

@@ -409,6 +409,9 @@ def test_mc_variables_are_honoured_or_reported(caplog):
     assert got == {"rdma.slice_bytes": 131072, "rdma.gid_index": 3,
                    "rdma.max_attempts": 10, "log_level": "warn",
                    "transfer_timeout_ms": "5000"}
+    # Ferry's own switch for what initialize() cannot pass.
+    off = dict(_mc_env.options({"FERRY_REFUSE_UNVERIFIED_NOTIFICATIONS": "0"}))
+    assert off == {"refuse_unverified_notifications": "0"}
     for name in ("MC_MAX_SGE", "MC_STORE_MEMCPY", "MC_NO_SUCH",
                  "MC_NUM_QP_PER_EP"):
         assert name in caplog.text, name

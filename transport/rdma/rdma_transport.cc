@@ -313,8 +313,16 @@ absl::StatusOr<MemoryHandle> RdmaTransport::RegisterMemory(
     if (entry->mrs[i] == nullptr) errors[i] = errno;
   };
   if (region.length >= (1u << 30) && nics_.size() > 1) {
+    // Pinning a large region takes a while per NIC: in parallel. A NIC
+    // whose thread cannot start (a pids limit) is registered here, in
+    // turn, instead of aborting the process.
     std::vector<std::thread> threads;
-    for (size_t i = 0; i < nics_.size(); ++i) threads.emplace_back(reg, i);
+    size_t i = 0;
+    try {
+      for (; i < nics_.size(); ++i) threads.emplace_back(reg, i);
+    } catch (const std::system_error&) {
+      for (; i < nics_.size(); ++i) reg(i);
+    }
     for (auto& t : threads) t.join();
   } else {
     for (size_t i = 0; i < nics_.size(); ++i) reg(i);
