@@ -107,11 +107,27 @@ def _check_fences(markdown, src_path):
             open_fence = None
 
 
+def _with_translation_link(markdown, page, config):
+    """An English page with a Chinese edition (docs/zh/<page>) says so
+    under its title; the header's language switch only leads to a home."""
+    src = page.file.src_path
+    if src.startswith(("zh/", "src/")) or not os.path.isfile(
+            os.path.join(config["docs_dir"], "zh", src)):
+        return markdown
+    lines = markdown.split("\n")
+    for i, line in enumerate(lines):
+        if line.startswith("# "):
+            lines[i + 1:i + 1] = ["", f"[中文版](zh/{os.path.basename(src)})"]
+            break
+    return "\n".join(lines)
+
+
 def on_page_markdown(markdown, page, config, files):
     """Points links to repository files at their generated pages, and
     checks every code block names its language."""
     if not page.file.src_path.startswith("src/"):
         _check_fences(markdown, page.file.src_path)
+        markdown = _with_translation_link(markdown, page, config)
 
     def sub(m):
         rel = _repo_path(page.file.src_path, m.group(2))
@@ -122,3 +138,62 @@ def on_page_markdown(markdown, page, config, files):
         return f"[{m.group(1)}]({target}{m.group(3) or ''})"
 
     return LINK.sub(sub, markdown)
+
+
+def on_post_page(output, page, config):
+    """The Chinese edition's pages say their language (screen readers,
+    search engines, the browser's font choice)."""
+    if page.file.src_path.startswith("zh/"):
+        output = output.replace('<html lang="en"', '<html lang="zh"', 1)
+    return output
+
+
+def _nav_pages(items, section=""):
+    for item in items:
+        if item.is_page:
+            yield section, item
+        elif item.children:
+            yield from _nav_pages(item.children, item.title)
+
+
+def on_post_build(config):
+    """Publishes llms.txt (llmstxt.org: the site's map for language
+    models, each page with its source's first paragraph) and
+    llms-full.txt (every page's Markdown, in the nav's order)."""
+    from mkdocs.structure.nav import get_navigation
+    from mkdocs.structure.files import get_files
+    files = get_files(config)
+    nav = get_navigation(files, config)
+    docs = config["docs_dir"]
+    index = [f"# {config['site_name']}", "",
+             f"> {' '.join(config['site_description'].split())}", "",
+             "The site is also an RDMA tutorial in five parts, in English "
+             "and in Chinese (zh/); glossary.md maps the terms between "
+             "them. llms-full.txt holds every page's Markdown.", ""]
+    full = []
+    last = None
+    for section, page in _nav_pages(nav.items):
+        src = page.file.src_path
+        with open(os.path.join(docs, src), encoding="utf-8") as fh:
+            text = fh.read()
+        title = page.title or src
+        if section != last:
+            index += ["", f"## {section or 'Home'}", ""]
+            last = section
+        first = ""
+        for para in re.split(r"\n\s*\n", text):
+            para = para.strip()
+            if para and not para.startswith(("#", ">", "```", "|", "[")):
+                first = " ".join(para.split())
+                break
+        first = re.sub(r"\]\([^)]*\)", "]", first)
+        if len(first) > 240:
+            first = first[:237].rsplit(" ", 1)[0] + "..."
+        index.append(f"- [{title}]({page.file.url}): {first}")
+        full += [f"<!-- {src} -->", text.rstrip(), ""]
+    site = config["site_dir"]
+    with open(os.path.join(site, "llms.txt"), "w", encoding="utf-8") as o:
+        o.write("\n".join(index).replace("\n\n\n", "\n\n") + "\n")
+    with open(os.path.join(site, "llms-full.txt"), "w",
+              encoding="utf-8") as o:
+        o.write("\n".join(full) + "\n")
