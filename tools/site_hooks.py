@@ -13,6 +13,7 @@ left alone, and --strict reports it.
 
 import logging
 import os
+import posixpath
 import re
 import tempfile
 
@@ -114,10 +115,19 @@ def _with_translation_link(markdown, page, config):
     if src.startswith(("zh/", "src/")) or not os.path.isfile(
             os.path.join(config["docs_dir"], "zh", src)):
         return markdown
+    link = posixpath.relpath("zh/" + src, posixpath.dirname(src) or ".")
     lines = markdown.split("\n")
+    fence = None
     for i, line in enumerate(lines):
-        if line.startswith("# "):
-            lines[i + 1:i + 1] = ["", f"[中文版](zh/{os.path.basename(src)})"]
+        m = FENCE.match(line)
+        if m:
+            if fence is None:
+                fence = m.group(1)
+            elif m.group(1).startswith(fence) and not m.group(2):
+                fence = None
+            continue
+        if fence is None and line.startswith("# "):
+            lines[i + 1:i + 1] = ["", f"[中文版]({link})", ""]
             break
     return "\n".join(lines)
 
@@ -156,44 +166,63 @@ def _nav_pages(items, section=""):
             yield from _nav_pages(item.children, item.title)
 
 
+def _first_paragraph(text):
+    """The page's first paragraph of prose (not a heading, quote, table,
+    list, comment or code), as one line with links reduced to their
+    text."""
+    fence = None
+    para = []
+    for line in text.split("\n") + [""]:
+        m = FENCE.match(line)
+        if m:
+            fence = None if fence else m.group(1)
+            para = []
+            continue
+        if fence:
+            continue
+        if not line.strip():
+            if para:
+                break
+            continue
+        if not para and re.match(r"^\s*([#>|!<\[]|[-*+] |\d+\. )", line):
+            continue
+        para.append(line.strip())
+    first = " ".join(para)
+    first = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", first)
+    if len(first) > 240:
+        first = first[:237].rsplit(" ", 1)[0] + "..."
+    return first
+
+
 def on_post_build(config):
     """Publishes llms.txt (llmstxt.org: the site's map for language
-    models, each page with its source's first paragraph) and
-    llms-full.txt (every page's Markdown, in the nav's order)."""
-    from mkdocs.structure.nav import get_navigation
+    models, each page with its first paragraph, by the nav's sections)
+    and llms-full.txt (every page's Markdown, in the nav's order)."""
     from mkdocs.structure.files import get_files
+    from mkdocs.structure.nav import get_navigation
     files = get_files(config)
     nav = get_navigation(files, config)
     docs = config["docs_dir"]
-    index = [f"# {config['site_name']}", "",
-             f"> {' '.join(config['site_description'].split())}", "",
-             "The site is also an RDMA tutorial in five parts, in English "
-             "and in Chinese (zh/); glossary.md maps the terms between "
-             "them. llms-full.txt holds every page's Markdown.", ""]
+    sections = {}  # title -> entries, in the nav's order
     full = []
-    last = None
     for section, page in _nav_pages(nav.items):
         src = page.file.src_path
         with open(os.path.join(docs, src), encoding="utf-8") as fh:
             text = fh.read()
         title = page.title or src
-        if section != last:
-            index += ["", f"## {section or 'Home'}", ""]
-            last = section
-        first = ""
-        for para in re.split(r"\n\s*\n", text):
-            para = para.strip()
-            if para and not para.startswith(("#", ">", "```", "|", "[")):
-                first = " ".join(para.split())
-                break
-        first = re.sub(r"\]\([^)]*\)", "]", first)
-        if len(first) > 240:
-            first = first[:237].rsplit(" ", 1)[0] + "..."
-        index.append(f"- [{title}]({page.file.url}): {first}")
+        sections.setdefault(section or "Pages", []).append(
+            f"- [{title}]({page.file.url}): {_first_paragraph(text)}")
         full += [f"<!-- {src} -->", text.rstrip(), ""]
+    index = [f"# {config['site_name']}", "",
+             f"> {' '.join(config['site_description'].split())}", "",
+             "The site is also an RDMA tutorial in five parts, in English "
+             "and in Chinese (zh/); glossary/ maps the terms between them. "
+             "llms-full.txt holds every page's Markdown."]
+    for title, entries in sections.items():
+        index += ["", f"## {title}", ""] + entries
     site = config["site_dir"]
     with open(os.path.join(site, "llms.txt"), "w", encoding="utf-8") as o:
-        o.write("\n".join(index).replace("\n\n\n", "\n\n") + "\n")
+        o.write("\n".join(index) + "\n")
     with open(os.path.join(site, "llms-full.txt"), "w",
               encoding="utf-8") as o:
         o.write("\n".join(full) + "\n")
