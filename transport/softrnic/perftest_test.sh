@@ -39,12 +39,14 @@ run() {
   shift 2
   local port
   port=$(free_port)
-  timeout 60 "$prog" -d softrnic1 "${ADDRESSING[@]}" -p "$port" "$@" \
-    >"$OUT/$name.server" 2>&1 &
+  # Line-buffered: perftest's errors (stderr) then land in the file where
+  # they happened, not above a stdout flushed only at exit.
+  timeout 60 stdbuf -oL -eL "$prog" -d softrnic1 "${ADDRESSING[@]}" \
+    -p "$port" "$@" >"$OUT/$name.server" 2>&1 &
   local spid=$!
   wait_listening "$port" "$spid" 30
-  timeout 60 "$prog" -d softrnic0 "${ADDRESSING[@]}" -p "$port" "$@" 127.0.0.2 \
-    >"$OUT/$name.client" 2>&1
+  timeout 60 stdbuf -oL -eL "$prog" -d softrnic0 "${ADDRESSING[@]}" \
+    -p "$port" "$@" 127.0.0.2 >"$OUT/$name.client" 2>&1
   local crc=$?
   wait "$spid"
   local src=$?
@@ -56,7 +58,11 @@ run() {
     passed=$((passed + 1))
   else
     echo "FAIL: $name (server exit $src, client exit $crc)"
-    tail -n 15 "$OUT/$name.server" "$OUT/$name.client"
+    # Whole: the reason may be anywhere (about 35 lines each).
+    for f in "$OUT/$name.server" "$OUT/$name.client"; do
+      echo "==> $f"
+      cat "$f"
+    done
     failed=$((failed + 1))
   fi
 }
