@@ -34,6 +34,14 @@ source "${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-ferry}/tools/ports.sh"
 # run NAME PROG ARGS...: server on softrnic1, client on softrnic0, with
 # GID addressing (-x 0, RoCE) unless ADDRESSING says otherwise.
 ADDRESSING=(-x 0)
+# The QPs' ACK timeout: 4.096 us * 2^17 (537 ms) a try, 8 tries, as the
+# doctor gives softrnic. perftest's default (2^14: 67 ms a try, 537 ms in
+# all) is a hardware NIC's, which acknowledges in microseconds whatever the
+# host does; softrnic acknowledges from a thread of the peer's process,
+# which a loaded host was seen not to run for that long: the stress run of
+# 1170bb0 failed once (ib_write_bw on mlx5-ib), and a loop beside it
+# reproduced it as ib_write_lat's "Failed status 12" (IBV_WC_RETRY_EXC_ERR).
+TIMEOUT=(-u 17)
 run() {
   local name=$1 prog=$2
   shift 2
@@ -42,11 +50,11 @@ run() {
   # Line-buffered: perftest's errors (stderr) then land in the file where
   # they happened, not above a stdout flushed only at exit.
   timeout 60 stdbuf -oL -eL "$prog" -d softrnic1 "${ADDRESSING[@]}" \
-    -p "$port" "$@" >"$OUT/$name.server" 2>&1 &
+    "${TIMEOUT[@]}" -p "$port" "$@" >"$OUT/$name.server" 2>&1 &
   local spid=$!
   wait_listening "$port" "$spid" 30
   timeout 60 stdbuf -oL -eL "$prog" -d softrnic0 "${ADDRESSING[@]}" \
-    -p "$port" "$@" 127.0.0.2 >"$OUT/$name.client" 2>&1
+    "${TIMEOUT[@]}" -p "$port" "$@" 127.0.0.2 >"$OUT/$name.client" 2>&1
   local crc=$?
   wait "$spid"
   local src=$?
