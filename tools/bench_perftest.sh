@@ -36,13 +36,13 @@ source tools/bench_lib.sh
 perftest_run() {  # tool
   local port gbps
   port="$(free_port)"
-  timeout 120 "$1" -d softrnic0 -x 0 -p "$port" -s "$size" -D "$secs" \
-    >"$tmp/perftest_server.txt" 2>&1 &
+  timeout 120 "$1" -d softrnic0 -x 0 "${PERFTEST_SOFTRNIC[@]}" -p "$port" \
+    -s "$size" -D "$secs" >"$tmp/perftest_server.txt" 2>&1 &
   pids+=($!)
   local listened=yes
   wait_listening "$port" "${pids[-1]}" || listened=no
-  timeout 120 "$1" -d softrnic0 -x 0 -p "$port" -s "$size" -D "$secs" \
-    127.0.0.1 >"$tmp/perftest.txt" 2>&1 ||
+  timeout 120 "$1" -d softrnic0 -x 0 "${PERFTEST_SOFTRNIC[@]}" -p "$port" \
+    -s "$size" -D "$secs" 127.0.0.1 >"$tmp/perftest.txt" 2>&1 ||
     kill "${pids[-1]}" 2>/dev/null || true  # else it waits for a peer for 120 s
   wait "${pids[-1]}" 2>/dev/null || true
   gbps="$(awk -v s="$size" '$1 == s && NF >= 4 {printf "%.4f\n", $4 * 1048576 / 1e9}' \

@@ -47,12 +47,14 @@ sample() {  # flags (one string)
   local port
   port="$(free_port)"
   # shellcheck disable=SC2086
-  timeout 120 "$tool" -d softrnic0 -x 0 -p "$port" $1 >"$tmp/server.txt" 2>&1 &
+  timeout 120 "$tool" -d softrnic0 -x 0 "${PERFTEST_SOFTRNIC[@]}" -p "$port" $1 \
+    >"$tmp/server.txt" 2>&1 &
   pids+=($!)
   local listened=yes
   wait_listening "$port" "${pids[-1]}" || listened=no
   # shellcheck disable=SC2086
-  timeout 120 "$tool" -d softrnic0 -x 0 -p "$port" $1 127.0.0.1 >"$tmp/client.txt" 2>&1 ||
+  timeout 120 "$tool" -d softrnic0 -x 0 "${PERFTEST_SOFTRNIC[@]}" -p "$port" $1 \
+    127.0.0.1 >"$tmp/client.txt" 2>&1 ||
     kill "${pids[-1]}" 2>/dev/null || true  # else it waits for a peer for 120 s
   wait "${pids[-1]}" 2>/dev/null || true
   local line
