@@ -61,11 +61,22 @@ perftest_run() {  # tool
 bench_run() {  # read|write
   local port
   port="$(free_port)"
+  # Emptied here, before the target starts: the redirection below empties
+  # it only when the child process gets to it, and until then the previous
+  # sample's "target ready" would end the wait at once.
+  : >"$tmp/target.log"
   env -u LD_PRELOAD "$bin/tools/transfer_bench" --mode=target --protocol=rdma \
     --listen_host=127.0.0.1 --rpc_port="$port" --buffer_size=$((256 << 20)) \
     >"$tmp/target.log" 2>&1 &
   pids+=($!)
-  wait_target_ready "$tmp/target.log" "${pids[-1]}" || true
+  if ! wait_target_ready "$tmp/target.log" "${pids[-1]}"; then
+    kill "${pids[-1]}" 2>/dev/null || true
+    wait "${pids[-1]}" 2>/dev/null || true
+    echo "transfer_bench $1: its target never became ready:" >&2
+    tail -n 5 "$tmp/target.log" >&2
+    echo nan
+    return
+  fi
   env -u LD_PRELOAD "$bin/tools/transfer_bench" --mode=initiator --protocol=rdma \
     --listen_host=127.0.0.1 --metadata_server="127.0.0.1:$port" \
     --segment_id=target --operation="$1" --block_size="$size" --batch_size=8 --threads=1 \

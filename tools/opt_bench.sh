@@ -65,7 +65,11 @@ sample() {  # variant string
       2>/dev/null | tail -1 >"$tmp/bench.json" || true
   else
     # The target binds a port of its own choosing and says which: a port
-    # picked here first could be taken by another process meanwhile.
+    # picked here first could be taken by another process meanwhile. Its
+    # log is emptied here first: the redirection empties it only when the
+    # child process gets to it, and until then the previous sample's
+    # "target ready" (and its address) would pass for this one's.
+    : >"$tmp/target.log"
     env "${envs[@]}" "$BENCH" --mode=target --protocol=rdma \
       --listen_host=127.0.0.1 --rpc_port=0 --buffer_size="$buf" \
       --target_seconds=120 >"$tmp/target.log" 2>&1 &
