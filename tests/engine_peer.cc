@@ -27,6 +27,8 @@ ABSL_FLAG(std::string, transport, "tcp", "transport to install: tcp | rdma");
 ABSL_FLAG(int64_t, lease_ms, 10000,
           "metadata lease of the segment: a killed peer's name is free again "
           "this long after its last renewal");
+ABSL_FLAG(int64_t, keepalive_ms, -1,
+          "rdma.keepalive_interval in ms (0: no probes; -1: the default)");
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
@@ -35,6 +37,9 @@ int main(int argc, char** argv) {
   o.metadata_endpoint = absl::GetFlag(FLAGS_metadata);
   o.transports = {absl::GetFlag(FLAGS_transport)};
   o.metadata_lease_ttl = absl::Milliseconds(absl::GetFlag(FLAGS_lease_ms));
+  if (const int64_t ms = absl::GetFlag(FLAGS_keepalive_ms); ms >= 0) {
+    o.rdma.keepalive_interval = absl::Milliseconds(ms);
+  }
   ferry::TransferEngine engine;
   if (absl::Status s = engine.Init(o); !s.ok()) {
     std::printf("ERR %s\n", s.ToString().c_str());

@@ -188,6 +188,12 @@ class RdmaDeadlineTest : public ::testing::Test {
     o.transports = {"rdma"};
     o.transfer_timeout = kTimeout;
     o.rpc_timeout = absl::Seconds(5);  // Longer than the transfers'.
+    // No keepalives: the housekeeper posts them itself, and under
+    // PostBlockedPastTheDeadline's frame delay one would block it for the
+    // delay (a keepalive goes only on an idle endpoint, whose socket is
+    // empty: without an injected delay its post never blocks).
+    o.rdma.keepalive_interval = absl::ZeroDuration();
+    if (qp_timeout_ > 0) o.rdma.qp_timeout = qp_timeout_;
     ASSERT_OK(engine_.Init(o));
     local_.reset(new uint8_t[kPeerBuffer]);
     FillPattern(local_.get(), kPeerBuffer, 0, 3);
@@ -196,7 +202,11 @@ class RdmaDeadlineTest : public ::testing::Test {
         {RunfilePath("tests/engine_peer"), "--name=peer",
          absl::StrCat("--metadata=", engine_.metadata_address()),
          absl::StrCat("--buffer_size=", kPeerBuffer), "--seed=9",
-         "--transport=rdma"});
+         "--transport=rdma",
+         // The peer's probes: under a frame delay our ACKs to them are
+         // late, and the peer would fail the connection (ending a blocked
+         // post on our side) by itself.
+         absl::StrCat("--keepalive_ms=", qp_timeout_ > 0 ? 0 : -1)});
     ASSERT_OK(peer);
     peer_ = std::move(*peer);
     auto ready = peer_->ReadLine(absl::Seconds(30));
@@ -211,6 +221,8 @@ class RdmaDeadlineTest : public ::testing::Test {
 
   void TearDown() override {
     if (stopped_) ::kill(peer_->pid(), SIGCONT);
+    softrnic::SetDelayUs("softrnic0", 0);
+    softrnic::SetDelayUs("softrnic1", 0);
     softrnic::SetLink("softrnic0", true);
     softrnic::SetLink("softrnic1", true);
     peer_.reset();
@@ -314,6 +326,7 @@ class RdmaDeadlineTest : public ::testing::Test {
   uint64_t remote_ = 0;
   SegmentHandle seg_ = 0;
   bool stopped_ = false;
+  int qp_timeout_ = 0;  // rdma.qp_timeout, if set.
 };
 
 TEST_F(RdmaDeadlineTest, PeerStoppedAfterTheHandshake) {
@@ -343,6 +356,34 @@ TEST_F(RdmaDeadlineTest, PeerStoppedBeforeTheHandshake) {
   Stop();
   const absl::Time start = absl::Now();
   auto batch = Submit(Requests(16, 64 << 10));
+  ASSERT_OK(batch);
+  ExpectEndsInTime(*batch, start, /*may_complete=*/false);
+}
+
+// With the NIC's retry time (Q) far past T + 1 s: a flush is then the only
+// thing that ends a stuck post in time.
+class RdmaBlockedPostTest : public RdmaDeadlineTest {
+ protected:
+  void SetUp() override {
+    qp_timeout_ = 20;  // Q = 4.096 us * 2^20 * 8, about 34 s.
+    RdmaDeadlineTest::SetUp();
+  }
+};
+
+TEST_F(RdmaBlockedPostTest, PostBlockedPastTheDeadline) {
+  // Every frame takes 20 s to leave: posting the first blocks (softrnic
+  // sends on the posting thread), holding the endpoint. The housekeeper
+  // must still end the batch at its deadline: it flushes the endpoint's
+  // QPs, which cuts the frame's delay short, instead of waiting for the
+  // endpoint (it did: the batch then took the frame delay or Q, whichever
+  // came first).
+  Connect(8);
+  ASSERT_EQ(softrnic::SetDelayUs("softrnic0", 20'000'000), 0);
+  ASSERT_EQ(softrnic::SetDelayUs("softrnic1", 20'000'000), 0);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<BatchId> batch;
+  std::thread submit([&] { batch = Submit(Requests(8, 64 << 10)); });
+  submit.join();
   ASSERT_OK(batch);
   ExpectEndsInTime(*batch, start, /*may_complete=*/false);
 }

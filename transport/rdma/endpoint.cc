@@ -1,5 +1,10 @@
 #include "transport/rdma/endpoint.h"
 
+#include <algorithm>
+#include <limits>
+#include <thread>
+
+#include "absl/time/time.h"
 #include "transport/rdma/local_mr.h"
 
 namespace ferry::rdma {
@@ -10,6 +15,35 @@ namespace {
 bool Adjacent(const Slice* s, const Slice* next) {
   return ContinuesInMemory(s, next) && SliceRkey(next) == SliceRkey(s);
 }
+
+// The earliest deadline of the slices posted on `q` (null entries are
+// fences and keepalives), in unix ns; INT64_MAX if none.
+int64_t OldestPostedDeadlineNs(const QueuePair& q) {
+  for (uint64_t seq = q.head; seq < q.next; ++seq) {
+    if (const Slice* s = q.posted[seq % kMaxOutstanding]; s != nullptr) {
+      return absl::ToUnixNanos(s->deadline);
+    }
+  }
+  return std::numeric_limits<int64_t>::max();
+}
+
+// Endpoint::posting_'s word for a post on QP `k` whose slices' earliest
+// deadline is `deadline_ns`.
+uint64_t PostingWord(size_t k, int64_t deadline_ns) {
+  constexpr uint64_t kMaxMs = (uint64_t{1} << 56) - 1;
+  const uint64_t ms =
+      deadline_ns <= 0
+          ? 0
+          : std::min<uint64_t>(
+                kMaxMs,
+                (static_cast<uint64_t>(deadline_ns) + 999999) / 1000000);
+  return (ms << 8) | (k + 1);
+}
+
+// A lock holder that is not posting is brief (routing, completions): the
+// housekeeper retries this many times before it leaves the endpoint to
+// its next round.
+constexpr int kLockTries = 1000;
 
 }  // namespace
 
@@ -84,6 +118,28 @@ uint32_t Endpoint::PostedLocked() const {
   return n;
 }
 
+bool Endpoint::LockUnlessPosting(int64_t now_ns)
+    ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  for (int i = 0; i < kLockTries; ++i) {
+    if (mu.TryLock()) return true;
+    const uint64_t word = posting_.load(std::memory_order_acquire);
+    if (word != 0) {
+      if (word >> 8 <= static_cast<uint64_t>(now_ns / 1000000)) {
+        // qps is written once, before the first post (whose store to
+        // posting_ this load acquired), and not again while the endpoint
+        // lives: reading it without `mu` is safe here. Flushing a QP is
+        // safe beside a post (verbs are thread-safe).
+        for (const QueuePair& q : qps) {
+          if (q.qp != nullptr) FlushQp(q.qp);
+        }
+      }
+      return false;
+    }
+    std::this_thread::yield();
+  }
+  return false;
+}
+
 Endpoint::PostResult Endpoint::PostLocked() {
   if (state() != State::kConnected || qps.empty() ||
       !confirmed.load(std::memory_order_relaxed)) {
@@ -115,8 +171,10 @@ Endpoint::PostResult Endpoint::PostLocked() {
     }
     ibv_send_wr wrs[kMaxChain];
     ibv_sge sges[kMaxChain];
+    int64_t earliest_ns = OldestPostedDeadlineNs(*q);
     for (uint32_t i = 0; i < n; ++i) {
       Slice* s = waiting.pop_front();
+      earliest_ns = std::min(earliest_ns, absl::ToUnixNanos(s->deadline));
       // Slices that continue it in memory (a request's slices routed to
       // this rail one after another) join its work request: one WQE, one
       // completion, one frame on the wire instead of one per slice. Linked
@@ -166,7 +224,12 @@ Endpoint::PostResult Endpoint::PostLocked() {
       wr.next = i + 1 < n ? &wrs[i + 1] : nullptr;
     }
     ibv_send_wr* bad = nullptr;
-    if (ibv_post_send(q->qp, wrs, &bad) != 0) {
+    posting_.store(
+        PostingWord(static_cast<size_t>(q - qps.data()), earliest_ns),
+        std::memory_order_release);
+    const int rc = ibv_post_send(q->qp, wrs, &bad);
+    posting_.store(0, std::memory_order_release);
+    if (rc != 0) {
       // Nothing from `bad` on was posted: take those back, newest first,
       // so `waiting` keeps their order.
       uint32_t unposted = 0;

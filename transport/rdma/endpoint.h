@@ -203,6 +203,21 @@ class Endpoint {
   // Slices posted on all QPs.
   uint32_t PostedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
+  // The housekeeper's way in: takes `mu` and returns true, unless a post
+  // holds it. A post can block (softrnic writes the frames on the posting
+  // thread, and a peer that stopped reading fills the socket: up to its
+  // send timeout per frame; hardware never blocks there), and a
+  // housekeeper waiting behind it would enforce no deadline meanwhile, on
+  // any endpoint. So it never waits behind one: it returns false, having
+  // flushed every QP of the endpoint if a slice on the QP being posted to
+  // -- in the chain or posted before it -- is past its deadline at
+  // `now_ns`. The flush ends the blocked post (its socket is shut) and
+  // makes the poster's next chains fail at once instead of blocking in
+  // turn; their slices end by their deadline as they complete. The
+  // housekeeper's next round does the rest.
+  bool LockUnlessPosting(int64_t now_ns)
+      ABSL_EXCLUSIVE_TRYLOCK_FUNCTION(true, mu);
+
   // Adds `n` slices of `bytes` routed here to the endpoint's load and its
   // NIC's; Unload takes them off when they leave (completed, failed or
   // moved).
@@ -268,6 +283,12 @@ class Endpoint {
  private:
   // Posts a signaled zero-length WRITE on `q`; false if refused.
   bool PostFence(QueuePair* q) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  // The data path's ibv_post_send in progress, for LockUnlessPosting to
+  // read without `mu`: 0 when none, else (d << 8) | (k + 1), d the
+  // earliest deadline (in ms, rounded up) of the slices on QP k, the
+  // chain's and those posted before it. One word, so it never tears.
+  std::atomic<uint64_t> posting_{0};
 
   size_t next_qp_ ABSL_GUARDED_BY(mu) = 0;
   std::atomic<State> state_{State::kConnecting};

@@ -847,10 +847,11 @@ void RdmaTransport::Housekeep(int64_t now_ns) {
   // Deadlines of the slices an endpoint holds: waiting ones fail here,
   // posted ones by flushing their QP (the NIC might still be moving their
   // bytes, so they complete only when the flush says the NIC is done).
+  // False if a post held the endpoint (see LockUnlessPosting).
   auto expire = [&](const EndpointPtr& ep, bool live) {
     SliceQueue expired;
+    if (!ep->LockUnlessPosting(now_ns)) return false;
     {
-      MutexLock lock(&ep->mu);
       SliceQueue keep;
       while (Slice* s = ep->waiting.pop_front()) {
         if (s->deadline <= now) {
@@ -886,12 +887,14 @@ void RdmaTransport::Housekeep(int64_t now_ns) {
           ep->PostKeepaliveLocked();
         }
       }
+      ep->mu.Unlock();
     }
     ep->Unload(expired);
     while (Slice* s = expired.pop_front()) {
       s->Complete(absl::DeadlineExceededError(
           "RDMA transfer did not complete before its deadline"));
     }
+    return true;
   };
   for (const EndpointPtr& ep : store_.Live()) {
     // The connector's deadlines: the tie-break winner's request, READY.
@@ -917,8 +920,7 @@ void RdmaTransport::Housekeep(int64_t now_ns) {
     }
   }
   for (const EndpointPtr& ep : store_.Draining()) {
-    expire(ep, /*live=*/false);
-    DropIfDrained(ep);
+    if (expire(ep, /*live=*/false)) DropIfDrained(ep);
   }
   peers_.Trim();
 }

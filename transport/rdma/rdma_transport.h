@@ -35,13 +35,16 @@
 // defaults (14, 7); K: rdma.keepalive_interval, 2 s.
 //
 //   * Every request ends, COMPLETED, FAILED or TIMEOUT, by T + H plus the
-//     time to flush a QP and reap the flush (a few ms; softrnic's send
-//     timeout, 0.5 s, if a post was blocked by a peer that stopped
-//     reading): slices waiting on an endpoint (connecting, or full) are
-//     failed by the housekeeper at their deadline, and a QP whose oldest
-//     posted slice is past its deadline is flushed -- a posted slice ends
-//     only when the NIC says it is done with the memory, so the caller may
-//     free it at once. rdma_fault_test checks T + 1 s for each fault below.
+//     time to flush a QP and reap the flush (a few ms): slices waiting on
+//     an endpoint (connecting, or full) are failed by the housekeeper at
+//     their deadline, and a QP whose oldest posted slice is past its
+//     deadline is flushed -- a posted slice ends only when the NIC says it
+//     is done with the memory, so the caller may free it at once. A post
+//     that blocks (softrnic's, when the peer stopped reading) does not
+//     hold the housekeeper up: past a deadline it flushes the endpoint's
+//     QPs, which ends the post (Endpoint::LockUnlessPosting); a chain of
+//     such posts costs H each. rdma_fault_test checks T + 1 s for each
+//     fault below.
 //   * Peer killed: its QPs stop answering, posted WRs fail after Q
 //     (softrnic: at once, the connection is refused) and are retried on
 //     other rails; new handshakes are refused (see "unreachable"). FAILED

@@ -8,8 +8,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
-#include <thread>
 #include <unordered_map>
 
 #include "common/send_all.h"
@@ -54,10 +54,28 @@ bool Connection::Holds(const Mr* mr) const {
   return false;
 }
 
+void Connection::Delay(uint32_t us) {
+  // As a frame on a slow link: a QP flushed meanwhile shuts the socket,
+  // which wakes this at once (POLLHUP) -- its poster must not sit out a
+  // delay for a frame that will never be sent.
+  const auto until =
+      std::chrono::steady_clock::now() + std::chrono::microseconds(us);
+  while (!closed()) {
+    const auto left = until - std::chrono::steady_clock::now();
+    if (left <= std::chrono::nanoseconds(0)) return;
+    const auto ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+    timespec ts{static_cast<time_t>(ns / 1000000000),
+                static_cast<long>(ns % 1000000000)};
+    pollfd p{fd_, 0, 0};  // Only POLLHUP and POLLERR, which need no ask.
+    if (::ppoll(&p, 1, &ts, nullptr) > 0) return;
+  }
+}
+
 bool Connection::WriteAll(iovec* iov, int iovcnt, Mr* const* pins, int npins) {
   if (closed()) return false;
   if (uint32_t us = dev_->delay_us.load(std::memory_order_relaxed); us > 0) {
-    std::this_thread::sleep_for(std::chrono::microseconds(us));
+    Delay(us);
   }
   for (int i = 0; i < npins; ++i) {
     pins_[1 + i].store(pins[i], std::memory_order_release);

@@ -34,7 +34,8 @@ class Connection {
 
   int fd() const { return fd_; }
   Device* device() const { return dev_; }
-  // Writes every byte (after the device's injected delay); on failure the
+  // Writes every byte (after the device's injected delay, which Close()
+  // cuts short); on failure the
   // connection is closed and false returned. Callers serialize with mu.
   // `pins` are the MRs the iovecs point into (see Holds).
   bool WriteAll(iovec* iov, int iovcnt, Mr* const* pins = nullptr,
@@ -55,6 +56,9 @@ class Connection {
  private:
   // Slot 0 is the reader's; the writer's (under mu) follow.
   static constexpr int kPinSlots = 1 + kMaxSge;
+
+  // The injected delay of `us`, cut short by Close().
+  void Delay(uint32_t us);
 
   Device* const dev_;
   const int fd_;
