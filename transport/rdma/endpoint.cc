@@ -1,6 +1,7 @@
 #include "transport/rdma/endpoint.h"
 
 #include <algorithm>
+#include <chrono>
 #include <limits>
 #include <thread>
 
@@ -27,8 +28,9 @@ int64_t OldestPostedDeadlineNs(const QueuePair& q) {
   return std::numeric_limits<int64_t>::max();
 }
 
-// Endpoint::posting_'s word for a post on QP `k` whose slices' earliest
-// deadline is `deadline_ns`.
+// Endpoint::posting_'s word for a post on QP `k` (below 16:
+// rdma.qps_per_endpoint is at most 16) whose slices' earliest deadline is
+// `deadline_ns`.
 uint64_t PostingWord(size_t k, int64_t deadline_ns) {
   constexpr uint64_t kMaxMs = (uint64_t{1} << 56) - 1;
   const uint64_t ms =
@@ -40,10 +42,10 @@ uint64_t PostingWord(size_t k, int64_t deadline_ns) {
   return (ms << 8) | (k + 1);
 }
 
-// A lock holder that is not posting is brief (routing, completions): the
-// housekeeper retries this many times before it leaves the endpoint to
-// its next round.
-constexpr int kLockTries = 1000;
+// How long the housekeeper tries an endpoint's lock before it leaves the
+// endpoint to its next round (and flushes a post that held it throughout
+// past a deadline). Bounds its round at this per endpoint held that long.
+constexpr auto kLockPatience = std::chrono::milliseconds(5);
 
 }  // namespace
 
@@ -120,22 +122,28 @@ uint32_t Endpoint::PostedLocked() const {
 
 bool Endpoint::LockUnlessPosting(int64_t now_ns)
     ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  for (int i = 0; i < kLockTries; ++i) {
+  // Most holders are brief (routing, completions, a post: microseconds on
+  // hardware, a chain's frames on softrnic): try for a while first. Real
+  // time, not the engine's clock: this is how long to spin on a lock.
+  const uint64_t seen = posting_.load(std::memory_order_acquire);
+  const auto until = std::chrono::steady_clock::now() + kLockPatience;
+  do {
     if (mu.TryLock()) return true;
-    const uint64_t word = posting_.load(std::memory_order_acquire);
-    if (word != 0) {
-      if (word >> 8 <= static_cast<uint64_t>(now_ns / 1000000)) {
-        // qps is written once, before the first post (whose store to
-        // posting_ this load acquired), and not again while the endpoint
-        // lives: reading it without `mu` is safe here. Flushing a QP is
-        // safe beside a post (verbs are thread-safe).
-        for (const QueuePair& q : qps) {
-          if (q.qp != nullptr) FlushQp(q.qp);
-        }
-      }
-      return false;
-    }
     std::this_thread::yield();
+  } while (std::chrono::steady_clock::now() < until);
+  // Still held, by the same post all along (not a run of short ones) that
+  // carries a slice past its deadline: that post is blocked.
+  const uint64_t word = posting_.load(std::memory_order_acquire);
+  if (word != 0 && word == seen &&
+      word >> 8 <=
+          static_cast<uint64_t>(std::max<int64_t>(now_ns, 0) / 1000000)) {
+    // qps is written once, under `mu`, before the first post (whose store
+    // to posting_ this load acquired); only Shutdown clears its entries,
+    // after joining the housekeeper. Flushing a QP is safe beside a post
+    // (verbs are thread-safe): the post's frames stop at once.
+    for (const QueuePair& q : qps) {
+      if (q.qp != nullptr) FlushQp(q.qp);
+    }
   }
   return false;
 }

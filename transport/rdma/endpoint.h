@@ -203,18 +203,18 @@ class Endpoint {
   // Slices posted on all QPs.
   uint32_t PostedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
-  // The housekeeper's way in: takes `mu` and returns true, unless a post
-  // holds it. A post can block (softrnic writes the frames on the posting
-  // thread, and a peer that stopped reading fills the socket: up to its
-  // send timeout per frame; hardware never blocks there), and a
-  // housekeeper waiting behind it would enforce no deadline meanwhile, on
-  // any endpoint. So it never waits behind one: it returns false, having
-  // flushed every QP of the endpoint if a slice on the QP being posted to
-  // -- in the chain or posted before it -- is past its deadline at
-  // `now_ns`. The flush ends the blocked post (its socket is shut) and
-  // makes the poster's next chains fail at once instead of blocking in
-  // turn; their slices end by their deadline as they complete. The
-  // housekeeper's next round does the rest.
+  // The housekeeper's way in: takes `mu` and returns true, or false if it
+  // stayed held for a few milliseconds. A post can block (softrnic writes
+  // the frames on the posting thread, and a peer that stopped reading
+  // fills the socket: up to its send timeout per frame; hardware never
+  // blocks there), and a housekeeper waiting behind it would enforce no
+  // deadline meanwhile, on any endpoint. So it never waits long: if one
+  // post held `mu` all that time and a slice on its QP -- in the chain or
+  // posted before it -- is past its deadline at `now_ns`, it flushes
+  // every QP of the endpoint first, which ends the post (its socket is
+  // shut) and makes the poster's next chains fail at once instead of
+  // blocking in turn; their slices end by their deadline as they
+  // complete. The housekeeper's next round does the rest.
   bool LockUnlessPosting(int64_t now_ns)
       ABSL_EXCLUSIVE_TRYLOCK_FUNCTION(true, mu);
 

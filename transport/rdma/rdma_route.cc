@@ -19,6 +19,9 @@ namespace {
 // they fail.
 constexpr int kMaxReroutes = 4;
 
+// Time since routing after which Enqueue checks deadlines again.
+constexpr absl::Duration kStaleRoute = absl::Milliseconds(1);
+
 }  // namespace
 
 void RdmaTransport::Submit(absl::Span<Slice* const> slices) {
@@ -249,6 +252,24 @@ void RdmaTransport::StoreInsert(const std::shared_ptr<Endpoint>& ep) {
 
 void RdmaTransport::Enqueue(const std::shared_ptr<Endpoint>& ep, SliceQueue* q,
                             uint64_t bytes, absl::Time now, int reroutes) {
+  // Slices past their deadline end here, unposted: a post to an earlier
+  // rail may have blocked (softrnic, a stopped peer) until its flush, and
+  // `now` is from before it; posting them would block again. (Only then:
+  // the routing checked `now` already.)
+  if (const absl::Time fresh = clock_->Now(); fresh - now >= kStaleRoute) {
+    SliceQueue live;
+    while (Slice* s = q->pop_front()) {
+      if (s->deadline <= fresh) {
+        bytes -= s->length;
+        s->Complete(absl::DeadlineExceededError(
+            "RDMA transfer did not complete before its deadline"));
+      } else {
+        live.push_back(s);
+      }
+    }
+    q->Append(&live);
+    if (q->empty()) return;
+  }
   const uint32_t n = static_cast<uint32_t>(q->size());
   SliceQueue bounced;
   Endpoint::PostResult result = Endpoint::PostResult::kDone;

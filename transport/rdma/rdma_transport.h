@@ -40,11 +40,11 @@
 //     their deadline, and a QP whose oldest posted slice is past its
 //     deadline is flushed -- a posted slice ends only when the NIC says it
 //     is done with the memory, so the caller may free it at once. A post
-//     that blocks (softrnic's, when the peer stopped reading) does not
-//     hold the housekeeper up: past a deadline it flushes the endpoint's
-//     QPs, which ends the post (Endpoint::LockUnlessPosting); a chain of
-//     such posts costs H each. rdma_fault_test checks T + 1 s for each
-//     fault below.
+//     that blocks (softrnic's, when the peer stopped reading) holds the
+//     housekeeper up a few ms at most: past a deadline it flushes the
+//     endpoint's QPs, which ends the post (Endpoint::LockUnlessPosting),
+//     and slices past their deadline by then are not posted to the next
+//     rail. rdma_fault_test checks T + 1 s for each fault below.
 //   * Peer killed: its QPs stop answering, posted WRs fail after Q
 //     (softrnic: at once, the connection is refused) and are retried on
 //     other rails; new handshakes are refused (see "unreachable"). FAILED
