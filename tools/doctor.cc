@@ -25,6 +25,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,7 @@
 #include "transport/options.h"
 #include "transport/rdma/nic.h"
 #include "transport/rdma/topology.h"
+#include "transport/rdma/verbs_compat.h"
 
 ABSL_FLAG(bool, json, false, "print one JSON object instead of a table");
 ABSL_FLAG(std::string, sysfs_root, "/sys",
@@ -103,8 +105,8 @@ Check VerbsLibrary() {
   using VersionFn = const char* (*)();
   if (auto fn = reinterpret_cast<VersionFn>(
           dlsym(RTLD_DEFAULT, "softrnic_version"))) {
-    return {"verbs library", Level::kOk,
-            absl::StrCat("softrnic ", fn(), " (emulated NICs)"), ""};
+    return {"verbs library", Level::kOk, absl::StrCat(fn(), " (emulated NICs)"),
+            ""};
   }
   std::string path;
   dl_iterate_phdr(
@@ -137,10 +139,13 @@ Check VerbsLibrary() {
       path.empty() ? "?" : path, "; providers: ",
       providers.empty() ? "none" : absl::StrJoin(providers, " "));
   int major = 0;
+  // A library without ibv_query_gid_ex is older than 32 whatever its name
+  // says (the binaries find it at run time: transport/rdma/verbs_compat.h).
   const bool old =
-      !release.empty() &&
-      absl::SimpleAtoi(release.substr(0, release.find('.')), &major) &&
-      major < kMinRdmaCore;
+      !rdma::HasQueryGidEx() ||
+      (!release.empty() &&
+       absl::SimpleAtoi(release.substr(0, release.find('.')), &major) &&
+       major < kMinRdmaCore);
   if (old) {
     return {"verbs library", Level::kFail, detail,
             absl::StrCat("Ferry needs rdma-core ", kMinRdmaCore,
@@ -199,7 +204,18 @@ void CheckHost(std::vector<Check>* out) {
        absl::StrCat(total, " reserved of ", size,
                     "; transparent hugepages: ", thp.empty() ? "?" : thp),
        ""});
-  const ibv_fork_status fork = ibv_is_fork_initialized();
+  const std::optional<ibv_fork_status> known = rdma::IsForkInitialized();
+  if (!known.has_value()) {
+    out->push_back(
+        {"fork safety", Level::kWarn,
+         "unknown: this rdma-core (before 35) cannot say whether the kernel "
+         "keeps registered pages across fork",
+         "an application that forks with memory registered must set "
+         "RdmaOptions::fork_safe (or RDMAV_FORK_SAFE=1); rdma-core 35 or "
+         "later can tell when it need not"});
+    return;
+  }
+  const ibv_fork_status fork = *known;
   out->push_back(
       {"fork safety", fork == IBV_FORK_DISABLED ? Level::kWarn : Level::kOk,
        fork == IBV_FORK_UNNEEDED  ? "not needed (the kernel keeps registered "
@@ -264,7 +280,7 @@ void CheckDevice(ibv_device* dev, std::vector<Check>* out,
   std::vector<std::string> entries;
   for (int i = 0; i < port.gid_tbl_len && i < 16; ++i) {
     ibv_gid_entry e{};
-    if (ibv_query_gid_ex(ctx, 1, i, &e, 0) != 0) continue;
+    if (rdma::QueryGidEx(ctx, 1, i, &e) != 0) continue;
     const std::string ip = rdma::GidAddress(e.gid);
     entries.push_back(absl::StrCat(
         "[", i, "] ",
@@ -299,7 +315,7 @@ void CheckDevice(ibv_device* dev, std::vector<Check>* out,
                     "address gives an IPv4-mapped v2 GID), or pin one with "
                     "MC_GID_INDEX / rdma.gid_index"});
   } else if (roce && requested >= 0 &&
-             ibv_query_gid_ex(ctx, 1, requested, &pinned, 0) == 0 &&
+             rdma::QueryGidEx(ctx, 1, requested, &pinned) == 0 &&
              pinned.gid_type == IBV_GID_TYPE_ROCE_V1) {
     out->push_back({absl::StrCat(name, " GID"), Level::kWarn,
                     absl::StrCat("index ", index, " (", why, ")"),

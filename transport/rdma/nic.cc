@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "transport/rdma/verbs_compat.h"
 
 namespace ferry::rdma {
 
@@ -146,7 +147,7 @@ absl::Status PickGid(ibv_context* ctx, int requested, ibv_gid* gid, int* index,
     *index = requested;
     *why = absl::StrCat("index ", requested, " as configured");
     ibv_gid_entry e{};
-    if (roce && ibv_query_gid_ex(ctx, 1, requested, &e, 0) == 0 &&
+    if (roce && QueryGidEx(ctx, 1, requested, &e) == 0 &&
         e.gid_type == IBV_GID_TYPE_ROCE_V1) {
       // Allowed (an all-v1 fabric works) but rarely meant: a v1 QP
       // cannot talk to a v2 one, and v1 is not routed over IP.
@@ -167,7 +168,7 @@ absl::Status PickGid(ibv_context* ctx, int requested, ibv_gid* gid, int* index,
     if (ibv_query_gid(ctx, 1, i, &g) != 0) continue;
     if (roce) {
       ibv_gid_entry e{};
-      if (ibv_query_gid_ex(ctx, 1, i, &e, 0) == 0 &&
+      if (QueryGidEx(ctx, 1, i, &e) == 0 &&
           e.gid_type == IBV_GID_TYPE_ROCE_V1) {
         if (GidScore(g) > 0) ++skipped_v1;
         continue;

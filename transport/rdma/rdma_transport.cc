@@ -16,6 +16,7 @@
 #include "common/log.h"
 #include "gpu/cuda_driver.h"
 #include "transport/rdma/gpu_mr.h"
+#include "transport/rdma/verbs_compat.h"
 
 namespace ferry::rdma {
 
@@ -301,9 +302,8 @@ absl::StatusOr<MemoryHandle> RdmaTransport::RegisterMemory(
     // is used, and published, on the others.
     if (nics_[i]->fatal()) return;
     if (region.cuda_device >= 0 && dmabuf->fd >= 0) {
-      entry->mrs[i] =
-          ibv_reg_dmabuf_mr(nics_[i]->pd(), dmabuf->offset, region.length,
-                            region.addr, dmabuf->fd, access);
+      entry->mrs[i] = RegDmabufMr(nics_[i]->pd(), dmabuf->offset, region.length,
+                                  region.addr, dmabuf->fd, access);
     } else {
       // Host memory, or GPU memory through nvidia-peermem.
       entry->mrs[i] =
