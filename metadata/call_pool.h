@@ -183,6 +183,18 @@ grpc::ServerUnaryReactor* ServeOnPool(CallPool* pool,
   return reactor;
 }
 
+// The first step of every call of a callback service: what set the
+// service up (its constructor, SetAuthToken) is ordered before the call by
+// gRPC's own, uninstrumented synchronization, which TSan is told here
+// (rpc_server.cc marks HappensBefore(service)); then the token check
+// (auth.h), before the call takes a pool slot.
+inline grpc::Status AdmitCall(const grpc::Service* service,
+                              const grpc::CallbackServerContext& ctx,
+                              const std::string& token) {
+  HappensAfter(service);
+  return CheckAuthToken(ctx, token);
+}
+
 // Ends a call at once with `status` (an authentication or validation
 // failure found before the call takes a pool slot).
 inline grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* ctx,

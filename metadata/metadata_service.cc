@@ -200,11 +200,7 @@ grpc::ServerWriteReactor<SegmentEvent>* MetadataServiceImpl::WatchSegment(
 
 grpc::Status MetadataServiceImpl::Admit(
     const grpc::CallbackServerContext& ctx) {
-  // What the constructor and SetAuthToken wrote is ordered before the call
-  // by gRPC's own (uninstrumented) synchronization: tell TSan
-  // (rpc_server.cc marks HappensBefore(service)).
-  HappensAfter(static_cast<grpc::Service*>(this));
-  return CheckAuthToken(ctx, token_);
+  return AdmitCall(this, ctx, token_);
 }
 
 grpc::ServerUnaryReactor* MetadataServiceImpl::PutSegment(

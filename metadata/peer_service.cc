@@ -3,7 +3,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/happens_before.h"
 #include "metadata/auth.h"
 #include "metadata/grpc_deadline.h"
 #include "metadata/grpc_status.h"
@@ -35,10 +34,7 @@ void PeerServiceImpl::SetNotifyHandler(NotifyHandler handler) {
 }
 
 grpc::Status PeerServiceImpl::Admit(const grpc::CallbackServerContext& ctx) {
-  // Set-up is ordered before the call by gRPC's own (uninstrumented)
-  // synchronization: tell TSan (rpc_server.cc marks HappensBefore).
-  HappensAfter(static_cast<grpc::Service*>(this));
-  return CheckAuthToken(ctx, token_);
+  return AdmitCall(this, ctx, token_);
 }
 
 grpc::ServerUnaryReactor* PeerServiceImpl::Exchange(
