@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <limits>
 #include <thread>
 
 #include "absl/time/time.h"
@@ -17,15 +16,15 @@ bool Adjacent(const Slice* s, const Slice* next) {
   return ContinuesInMemory(s, next) && SliceRkey(next) == SliceRkey(s);
 }
 
-// The earliest deadline of the slices posted on `q` (null entries are
-// fences and keepalives), in unix ns; INT64_MAX if none.
-int64_t OldestPostedDeadlineNs(const QueuePair& q) {
+// The deadline of the oldest slice posted on `q` (null entries are fences
+// and keepalives); InfiniteFuture if none.
+absl::Time OldestPostedDeadline(const QueuePair& q) {
   for (uint64_t seq = q.head; seq < q.next; ++seq) {
     if (const Slice* s = q.posted[seq % kMaxOutstanding]; s != nullptr) {
-      return absl::ToUnixNanos(s->deadline);
+      return s->deadline;
     }
   }
-  return std::numeric_limits<int64_t>::max();
+  return absl::InfiniteFuture();
 }
 
 // Endpoint::posting_'s word for a post on QP `k` (below 16:
@@ -46,6 +45,7 @@ uint64_t PostingWord(size_t k, int64_t deadline_ns) {
 // endpoint to its next round (and flushes a post that held it throughout
 // past a deadline). Bounds its round at this per endpoint held that long.
 constexpr auto kLockPatience = std::chrono::milliseconds(5);
+constexpr int kLockSpins = 64;
 
 }  // namespace
 
@@ -125,12 +125,19 @@ bool Endpoint::LockUnlessPosting(int64_t now_ns)
   // Most holders are brief (routing, completions, a post: microseconds on
   // hardware, a chain's frames on softrnic): try for a while first. Real
   // time, not the engine's clock: this is how long to spin on a lock.
+  // A few yields catch the brief holders; then short sleeps, so that a
+  // held lock does not cost the housekeeper a core for kLockPatience.
   const uint64_t seen = posting_.load(std::memory_order_acquire);
   const auto until = std::chrono::steady_clock::now() + kLockPatience;
-  do {
+  for (int i = 0;; ++i) {
     if (mu.TryLock()) return true;
-    std::this_thread::yield();
-  } while (std::chrono::steady_clock::now() < until);
+    if (std::chrono::steady_clock::now() >= until) break;
+    if (i < kLockSpins) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
   // Still held, by the same post all along (not a run of short ones) that
   // carries a slice past its deadline: that post is blocked.
   const uint64_t word = posting_.load(std::memory_order_acquire);
@@ -179,10 +186,11 @@ Endpoint::PostResult Endpoint::PostLocked() {
     }
     ibv_send_wr wrs[kMaxChain];
     ibv_sge sges[kMaxChain];
-    int64_t earliest_ns = OldestPostedDeadlineNs(*q);
+    // Compared as absl::Time per slice, converted once per chain.
+    absl::Time earliest = OldestPostedDeadline(*q);
     for (uint32_t i = 0; i < n; ++i) {
       Slice* s = waiting.pop_front();
-      earliest_ns = std::min(earliest_ns, absl::ToUnixNanos(s->deadline));
+      earliest = std::min(earliest, s->deadline);
       // Slices that continue it in memory (a request's slices routed to
       // this rail one after another) join its work request: one WQE, one
       // completion, one frame on the wire instead of one per slice. Linked
@@ -232,9 +240,9 @@ Endpoint::PostResult Endpoint::PostLocked() {
       wr.next = i + 1 < n ? &wrs[i + 1] : nullptr;
     }
     ibv_send_wr* bad = nullptr;
-    posting_.store(
-        PostingWord(static_cast<size_t>(q - qps.data()), earliest_ns),
-        std::memory_order_release);
+    posting_.store(PostingWord(static_cast<size_t>(q - qps.data()),
+                               absl::ToUnixNanos(earliest)),
+                   std::memory_order_release);
     const int rc = ibv_post_send(q->qp, wrs, &bad);
     posting_.store(0, std::memory_order_release);
     if (rc != 0) {

@@ -36,6 +36,11 @@ class Peer;
 // The RDMA transport's use of Slice::scratch: word 0 holds the rail
 // carrying the slice (plus one, so 0 is none) and its remote key, word 1
 // the rails it failed on (bit per rail; rails past 63 are not recorded).
+// How a slice past its deadline ends (DeadlineExceeded), wherever that is
+// found: routing, posting, the housekeeper, a retry.
+inline constexpr char kPastDeadline[] =
+    "RDMA transfer did not complete before its deadline";
+
 inline int SliceRail(const Slice* s) {
   return static_cast<int>(static_cast<uint32_t>(s->scratch[0])) - 1;
 }

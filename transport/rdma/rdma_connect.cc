@@ -891,8 +891,7 @@ void RdmaTransport::Housekeep(int64_t now_ns) {
     }
     ep->Unload(expired);
     while (Slice* s = expired.pop_front()) {
-      s->Complete(absl::DeadlineExceededError(
-          "RDMA transfer did not complete before its deadline"));
+      s->Complete(absl::DeadlineExceededError(kPastDeadline));
     }
     return true;
   };

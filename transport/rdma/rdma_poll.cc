@@ -273,10 +273,11 @@ void RdmaTransport::Retry(Slice* slice, const absl::Status& status) {
     return;
   }
   if (now >= slice->deadline) {
-    slice->Complete(absl::DeadlineExceededError(
-        absl::StrCat("RDMA transfer did not complete before its deadline; "
-                     "last error: ",
-                     status.message())));
+    slice->Complete(
+        absl::DeadlineExceededError(absl::StrCat(kPastDeadline,
+                                                 "; "
+                                                 "last error: ",
+                                                 status.message())));
     return;
   }
   Slice* one[] = {slice};

@@ -134,8 +134,7 @@ void RdmaTransport::RouteRun(absl::Span<Slice* const> run, absl::Time now,
 
   for (Slice* s : run) {
     if (s->deadline <= now) {
-      s->Complete(absl::DeadlineExceededError(
-          "RDMA transfer did not complete before its deadline"));
+      s->Complete(absl::DeadlineExceededError(kPastDeadline));
       continue;
     }
     const auto* mr = static_cast<const LocalMr*>(s->local_handle);
@@ -261,8 +260,7 @@ void RdmaTransport::Enqueue(const std::shared_ptr<Endpoint>& ep, SliceQueue* q,
     while (Slice* s = q->pop_front()) {
       if (s->deadline <= fresh) {
         bytes -= s->length;
-        s->Complete(absl::DeadlineExceededError(
-            "RDMA transfer did not complete before its deadline"));
+        s->Complete(absl::DeadlineExceededError(kPastDeadline));
       } else {
         live.push_back(s);
       }
