@@ -54,7 +54,8 @@ struct TargetCursor {
   SegmentHandle handle = 0;
   const SegmentView* view = nullptr;
   size_t transport = 0;
-  bool fresh = true;  // The snapshot is not marked stale.
+  int view_transport = 0;  // `transport`'s index in the view.
+  bool fresh = true;       // The snapshot is not marked stale.
 
   // FailedPrecondition if no installed transport reaches the segment.
   absl::Status Set(SegmentHandle h, std::shared_ptr<const SegmentView> v,
@@ -182,6 +183,10 @@ class EngineImpl {
   // *out (to be submitted to that transport).
   void SliceTask(Task* task, const SegmentView* view, int buffer,
                  size_t transport, std::vector<Slice*>* out);
+  // The first of transports_[first..] that segment `v` serves and that
+  // reaches its buffer `buffer`; `first` if none does (its data path then
+  // says why, and what would reach the buffer).
+  size_t TransportFor(const SegmentView& v, int buffer, size_t first) const;
   // A parked task's descriptor came (SegmentCache's ready callback): run
   // it, or end it with the reason it cannot run.
   void OnDescriptorReady(Task* task, std::shared_ptr<const SegmentView> view,

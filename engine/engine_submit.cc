@@ -111,6 +111,11 @@ absl::Status EngineImpl::Prepare(size_t index, const TransferRequest& req,
   out->view = cursor->view;
   out->buffer = buffer;
   out->transport = cursor->transport;
+  if (buffer >= 0 && !cursor->view->Reaches(cursor->view_transport, buffer)) {
+    // Per buffer, not per segment: a target's GPU memory without
+    // GPUDirect RDMA goes over TCP while its host memory stays on RDMA.
+    out->transport = TransportFor(*cursor->view, buffer, cursor->transport);
+  }
   return absl::OkStatus();
 }
 
@@ -204,9 +209,19 @@ void EngineImpl::OnDescriptorReady(Task* task,
     MutexLock lock(&batch->mu);
     batch->views.push_back(view);
   }
+  t = TransportFor(*view, buffer, t);
   SliceTask(task, view.get(), buffer, t, &slices);
   task->state.store(TransferState::kPending, std::memory_order_release);
   transports_[t]->Submit(slices);
+}
+
+size_t EngineImpl::TransportFor(const SegmentView& v, int buffer,
+                                size_t first) const {
+  for (size_t t = first; t < transports_.size(); ++t) {
+    const int vt = v.FindTransportIndex(transports_[t]->name());
+    if (vt >= 0 && v.Reaches(vt, buffer)) return t;
+  }
+  return first;
 }
 
 absl::Status TargetCursor::Set(SegmentHandle h,
@@ -224,6 +239,7 @@ absl::Status TargetCursor::Set(SegmentHandle h,
   handle = h;
   view = v.get();
   transport = t;
+  view_transport = v->FindTransportIndex(engine->transports_[t]->name());
   keep->push_back(std::move(v));
   return absl::OkStatus();
 }

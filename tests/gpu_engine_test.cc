@@ -5,6 +5,7 @@
 // and WRITEs go GPU to GPU, host to GPU and GPU to host, and the driver's
 // own copies verify every byte (the CPU cannot touch device memory: a
 // transport that tried would crash the test).
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -12,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "common/status_testing.h"
 #include "engine/transfer_engine.h"
 #include "gpu/cuda_driver.h"
@@ -258,19 +261,20 @@ TEST(GpuEngineErrorsTest, TcpFrameLongerThanTheTargetsStagingBuffers) {
   EXPECT_EQ(local.Check(0, 2 << 20, 6), size_t{2} << 20);  // Untouched.
 }
 
-// Two engines in one process on `transport`, each with one buffer of
-// `bytes` registered, the target's remote-accessible (both in GPU memory).
+// Two engines in one process on `transport` (a comma-separated list, in
+// order of preference), each with one buffer of `bytes` registered, the
+// target's remote-accessible (both in GPU memory).
 class GpuPair {
  public:
   GpuPair(const std::string& transport, size_t mr_cache_bytes)
-      : transport_(transport) {
+      : transport_(absl::StrReplaceAll(transport, {{",", "-"}})) {
     EngineOptions t;
-    t.local_segment_name = "freed-target-" + transport;
-    t.transports = {transport};
+    t.local_segment_name = "freed-target-" + transport_;
+    t.transports = absl::StrSplit(transport, ',');
     t.transfer_timeout = absl::Seconds(20);
     EXPECT_OK(target.Init(t));
     EngineOptions i = t;
-    i.local_segment_name = "freed-initiator-" + transport;
+    i.local_segment_name = "freed-initiator-" + transport_;
     i.metadata_endpoint = target.metadata_address();
     i.mr_cache_bytes = mr_cache_bytes;
     EXPECT_OK(initiator.Init(i));
@@ -451,6 +455,44 @@ TEST(NoGpuDirectErrorsTest, PeersCannotReachStagedGpuMemoryOverRdma) {
     EXPECT_NE(s.message().find("no RDMA key"), std::string::npos) << s;
     EXPECT_NE(s.message().find("TCP"), std::string::npos) << s;
   }
+}
+
+// Engines that run tcp beside rdma reach such memory over TCP, per buffer:
+// the target's host memory stays on RDMA.
+TEST(NoGpuDirectErrorsTest, PeersRunningTcpTooReachStagedGpuMemoryOverTcp) {
+  ASSERT_FALSE(*Driver().DmaBufSupported(1)) << "needs FERRY_SOFTGPU_DMABUF=0";
+  constexpr size_t kBytes = 1 << 20;
+  DeviceBuffer remote(1, kBytes);
+  std::vector<uint8_t> host_remote(kBytes, 0);
+  std::vector<uint8_t> local(kBytes);
+  GpuPair p("rdma,tcp", 0);
+  ASSERT_OK(p.target.RegisterLocalMemory(remote.get(), kBytes));
+  ASSERT_OK(p.target.RegisterLocalMemory(host_remote.data(), kBytes));
+  ASSERT_OK(p.initiator.RegisterLocalMemory(local.data(), kBytes));
+  for (size_t i = 0; i < kBytes; ++i) local[i] = static_cast<uint8_t>(i * 7);
+  const auto host_addr = reinterpret_cast<CUdeviceptr>(host_remote.data());
+  // Slices each transport of the initiator moved.
+  auto slices = [&](const char* name) {
+    uint64_t n = 0;
+    for (const TransportStats& t : p.initiator.GetTransportStats()) {
+      if (t.transport != name) continue;
+      for (const NicStats& nic : t.nics) n += nic.slices;
+    }
+    return n;
+  };
+  ASSERT_OK(p.Run(OpCode::kWrite, local.data(), remote.ptr(), kBytes));
+  const uint64_t rdma_before = slices("rdma");
+  EXPECT_GT(slices("tcp"), 0u);
+  std::fill(local.begin(), local.end(), 0);
+  ASSERT_OK(p.Run(OpCode::kRead, local.data(), remote.ptr(), kBytes));
+  for (size_t i = 0; i < kBytes; ++i) {
+    ASSERT_EQ(local[i], static_cast<uint8_t>(i * 7)) << "byte " << i;
+  }
+  EXPECT_EQ(slices("rdma"), rdma_before);
+  // Host memory of the same segment: RDMA.
+  ASSERT_OK(p.Run(OpCode::kWrite, local.data(), host_addr, kBytes));
+  EXPECT_GT(slices("rdma"), rdma_before);
+  EXPECT_EQ(host_remote, local);
 }
 
 // rdma.gpu_staging = false: registration fails, saying what is missing.

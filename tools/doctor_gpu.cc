@@ -1,14 +1,23 @@
 #include "tools/doctor_gpu.h"
 
 #include <sys/utsname.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "gpu/cuda_driver.h"
+#include "transport/memory_registry.h"
+#include "transport/options.h"
+#include "transport/rdma/gpu_mr.h"
+#include "transport/rdma/nic.h"
 #include "transport/rdma/topology.h"
+#include "transport/rdma/verbs_compat.h"
 
 namespace ferry::doctor {
 namespace {
@@ -32,6 +41,95 @@ const char* Affinity(int tier) {
     default:
       return "SYS";  // Across the CPU interconnect.
   }
+}
+
+// Registers a buffer of each GPU on each NIC the way the rdma transport
+// does (a dma-buf, else the device address for nvidia-peermem). The
+// driver's and the kernel's capabilities do not settle it: the NIC's
+// driver must import the dma-buf too, and an emulated NIC (softrnic)
+// cannot reach a real GPU's memory at all.
+Check ProbeGpuRegistration(const gpu::CudaDriver& d,
+                           const std::vector<std::string>& nics) {
+  constexpr size_t kProbeBytes = 2 << 20;
+  const char* kWhat = "GPU memory on the NICs";
+  auto devices = rdma::ListDevices(nics);
+  if (!devices.ok()) {
+    return {kWhat, Level::kWarn, std::string(devices.status().message()), ""};
+  }
+  std::vector<std::unique_ptr<rdma::Nic>> open;
+  for (ibv_device* dev : *devices) {
+    auto nic = rdma::Nic::Open(dev, rdma::EffectiveGidIndex(RdmaOptions()));
+    if (nic.ok()) open.push_back(*std::move(nic));
+  }
+  std::vector<std::string> cells;
+  std::string first_error;
+  for (int g = 0; g < d.device_count(); ++g) {
+    CUdeviceptr ptr = 0;
+    if (absl::Status s = d.UseDevice(g); !s.ok()) {
+      cells.push_back(absl::StrCat("cuda:", g, ": ", s.message()));
+      continue;
+    }
+    if (absl::Status s =
+            d.Check(d.api().cuMemAlloc(&ptr, kProbeBytes), "cuMemAlloc");
+        !s.ok()) {
+      cells.push_back(absl::StrCat("cuda:", g, ": ", s.message()));
+      continue;
+    }
+    MemoryRegion region;
+    region.addr = ptr;
+    region.length = kProbeBytes;
+    region.location = absl::StrCat("cuda:", g);
+    region.remote_accessible = true;
+    region.cuda_device = g;
+    absl::StatusOr<rdma::GpuDmabufRange> dmabuf = rdma::GpuDmabuf(region);
+    for (const auto& nic : open) {
+      std::string cell = absl::StrCat("cuda:", g, " on ", nic->name(), ": ");
+      if (!dmabuf.ok()) {
+        cells.push_back(absl::StrCat(cell, dmabuf.status().message()));
+        if (first_error.empty()) {
+          first_error = std::string(dmabuf.status().message());
+        }
+        continue;
+      }
+      const int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                         IBV_ACCESS_REMOTE_READ;
+      ibv_mr* mr = dmabuf->fd >= 0
+                       ? rdma::RegDmabufMr(nic->pd(), dmabuf->offset,
+                                           kProbeBytes, ptr, dmabuf->fd, access)
+                       : ibv_reg_mr(nic->pd(), reinterpret_cast<void*>(ptr),
+                                    kProbeBytes, access);
+      const int err = errno;
+      if (mr != nullptr) {
+        ibv_dereg_mr(mr);
+        cells.push_back(
+            absl::StrCat(cell, dmabuf->fd >= 0 ? "dma-buf" : "nvidia-peermem"));
+        continue;
+      }
+      cells.push_back(absl::StrCat(cell, "refused (", std::strerror(err), ")"));
+      if (first_error.empty()) {
+        first_error = std::string(
+            rdma::GpuRegistrationError(region, *dmabuf, nic->name(), err)
+                .message());
+      }
+    }
+    if (dmabuf.ok() && dmabuf->fd >= 0) close(dmabuf->fd);
+    d.api().cuMemFree(ptr);
+  }
+  if (open.empty()) {
+    return {kWhat, Level::kWarn, "no NIC could be opened to try", ""};
+  }
+  if (first_error.empty()) {
+    return {kWhat, Level::kOk,
+            absl::StrCat(absl::StrJoin(cells, "; "),
+                         ": peers READ and WRITE it over RDMA"),
+            ""};
+  }
+  return {kWhat, Level::kWarn,
+          absl::StrCat(absl::StrJoin(cells, "; "), ". ", first_error),
+          "the rdma transport stages such memory through host memory for "
+          "this engine's own transfers, and peers reach it only over TCP: "
+          "run tcp beside rdma on both engines (transports rdma,tcp) or "
+          "make GPUDirect RDMA work (see the detail)"};
 }
 
 }  // namespace
@@ -103,7 +201,8 @@ void CheckGpus(const std::vector<std::string>& nics, const std::string& sysfs,
                                         kernel % 100, " is older than 5.12)"),
            "; nvidia-peermem: ", peermem ? "loaded" : "not loaded",
            dmabuf_ok || peermem
-               ? "; the rdma transport registers GPU memory on the NICs"
+               ? "; the NICs can be asked to register GPU memory (the next "
+                 "line says whether they do)"
                : "; the rdma transport cannot register GPU memory (the tcp "
                  "transport stages it through host memory)"),
        dmabuf_ok || peermem
@@ -113,6 +212,7 @@ void CheckGpus(const std::vector<std::string>& nics, const std::string& sysfs,
              "(modprobe nvidia-peermem)"});
 
   if (nics.empty()) return;
+  out->push_back(ProbeGpuRegistration(d, nics));
   // The matrix: each GPU against each NIC, from the topology Ferry uses.
   const rdma::Topology topo = rdma::Topology::FromSysfs(sysfs, nics, bus_ids);
   std::vector<std::string> rows;

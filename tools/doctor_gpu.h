@@ -1,6 +1,7 @@
 // The doctor's GPU checks: the CUDA driver and its GPUs, whether the RDMA
-// transport can register their memory (dma-buf or nvidia-peermem), and
-// which NICs sit near each GPU, as a matrix like `nvidia-smi topo -m`.
+// transport can register their memory (dma-buf or nvidia-peermem, then a
+// registration tried on each NIC), and which NICs sit near each GPU, as a
+// matrix like `nvidia-smi topo -m`.
 #ifndef FERRY_TOOLS_DOCTOR_GPU_H_
 #define FERRY_TOOLS_DOCTOR_GPU_H_
 

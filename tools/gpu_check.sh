@@ -17,8 +17,14 @@
 #   3. TCP between two processes, GPU to GPU (staged through pinned
 #      buffers on both sides), WRITE and READ, every byte verified, beside
 #      host to host over TCP in the same run;
-#   4. softrnic with device memory (RDMA through the emulated NIC, which
-#      registers the GPU memory through a dma-buf), verified.
+#   4. softrnic from device memory to a host-memory target (RDMA through
+#      the emulated NIC; the initiator's GPU memory is registered through
+#      a dma-buf where the NIC takes it, else staged through host memory);
+#   5. GPU to GPU with rdma,tcp on both sides: the target's GPU memory
+#      goes over RDMA where its NIC registered it, else over TCP (per
+#      buffer). softrnic is the CPU, so it cannot import a real GPU's
+#      dma-buf: on a real GPU this is the TCP fallback, and the doctor's
+#      "GPU memory on the NICs" line says so.
 # Each step's outcome and figures go to OUT/report.md; the exit status is
 # non-zero if a transfer failed verification.
 set -uo pipefail
@@ -76,20 +82,24 @@ print(f"{statistics.median(v):.2f} (rounds: " + ", ".join(f"{x:.2f}" for x in v)
 # (3 rounds each) against it. Sets failures.
 pair() {
   local proto=$1 tflags=$2 iflags=$3 name=$4 op r
+  # Files are named by a slug of the name (no spaces or parentheses, so
+  # that they come back from a lent machine).
+  local slug
+  slug="$(echo "$name" | tr -c 'A-Za-z0-9\n' '-' | tr -s '-')"
   # shellcheck disable=SC2086
   timeout 120 "$here/run-prog" transfer_bench --mode=target --protocol="$proto" \
     --metadata_server=P2PHANDSHAKE --listen_host=127.0.0.1 $tflags \
     --buffer_size=$((256 << 20)) --target_seconds=100 \
-    >"$OUT/t-$name.log" 2>&1 &
+    >"$OUT/t-$slug.log" 2>&1 &
   local tpid=$!
   for _ in $(seq 200); do
-    grep -q "target ready" "$OUT/t-$name.log" && break
+    grep -q "target ready" "$OUT/t-$slug.log" && break
     sleep 0.1
   done
   local seg
-  seg=$(sed -n 's/^target ready: segment=\([^ ]*\) .*/\1/p' "$OUT/t-$name.log")
+  seg=$(sed -n 's/^target ready: segment=\([^ ]*\) .*/\1/p' "$OUT/t-$slug.log")
   if [[ -z "$seg" ]]; then
-    echo "| $name | target did not start: $(tail -2 "$OUT/t-$name.log" | tr '\n' ' ') | | |" >>"$OUT/report.md"
+    echo "| $name | target did not start: $(tail -2 "$OUT/t-$slug.log" | tr '\n' ' ') | | |" >>"$OUT/report.md"
     failures=$((failures + 1))
     kill "$tpid" 2>/dev/null
     return
@@ -103,13 +113,13 @@ pair() {
         --segment_id="$seg" --listen_host=127.0.0.1 $iflags \
         --buffer_size=$((256 << 20)) --block_size=$((1 << 20)) --threads=4 \
         --batch_size=16 --duration=4 --verify --report=json \
-        >"$OUT/i-$name-$op-$r.json" 2>"$OUT/i-$name-$op-$r.err"
-      if ! grep -q '"verified":true' "$OUT/i-$name-$op-$r.json"; then
+        >"$OUT/i-$slug-$op-$r.json" 2>"$OUT/i-$slug-$op-$r.err"
+      if ! grep -q '"verified":true' "$OUT/i-$slug-$op-$r.json"; then
         failures=$((failures + 1))
-        echo "$name $op round $r: not verified: $(tail -3 "$OUT/i-$name-$op-$r.err" | tr '\n' ' ')" >>"$OUT/errors.txt"
+        echo "$name $op round $r: not verified: $(tail -3 "$OUT/i-$slug-$op-$r.err" | tr '\n' ' ')" >>"$OUT/errors.txt"
       fi
     done
-    cells+=("$(gbps "$OUT"/i-"$name"-"$op"-*.json)")
+    cells+=("$(gbps "$OUT"/i-"$slug"-"$op"-*.json)")
   done
   kill "$tpid" 2>/dev/null
   wait "$tpid" 2>/dev/null
@@ -146,7 +156,7 @@ run() {
   } >"$OUT/report.md"
   # softrnic stands in for the NIC the machine lacks.
   FERRY_SOFTRNIC_DEVICES=softrnic0=127.0.0.1 timeout 60 "$here/run-prog" doctor --register_bytes=$((1 << 20)) 2>&1 |
-    grep -E "CUDA driver|GPUs|GPUDirect|GPU-NIC|fix:" >>"$OUT/report.md"
+    grep -E "CUDA driver|GPUs|GPUDirect|GPU memory on|GPU-NIC|fix:" >>"$OUT/report.md"
   {
     echo '```'
     echo
@@ -170,8 +180,10 @@ run() {
   } >>"$OUT/report.md"
   pair tcp "" "" "host -> host, tcp"
   pair tcp "--use_vram --gpu_id=0" "--use_vram --gpu_id=0" "GPU -> GPU, tcp (staged)"
-  FERRY_SOFTRNIC_DEVICES=softrnic0=127.0.0.1 pair rdma "--use_vram --gpu_id=0" "--use_vram --gpu_id=0" \
-    "GPU -> GPU, softrnic (dma-buf)"
+  FERRY_SOFTRNIC_DEVICES=softrnic0=127.0.0.1 pair rdma "" "--use_vram --gpu_id=0" \
+    "GPU -> host, softrnic"
+  FERRY_SOFTRNIC_DEVICES=softrnic0=127.0.0.1 pair rdma,tcp "--use_vram --gpu_id=0" \
+    "--use_vram --gpu_id=0" "GPU -> GPU, rdma,tcp"
   {
     echo
     if ((failures > 0)); then

@@ -41,6 +41,20 @@ class SegmentView {
     return desc_.buffers(index);
   }
 
+  // Whether `transport` reaches buffer `buffer`: a transport without
+  // per-device keys (TCP) reaches every buffer; one with them (RDMA) only
+  // those that published a key for at least one of its devices. GPU memory
+  // that no NIC there could register (no GPUDirect RDMA) has none.
+  bool Reaches(int transport, int buffer) const {
+    const int n = device_count_[transport];
+    if (n == 0) return true;
+    const int64_t* row = &keys_[transport][static_cast<size_t>(buffer) * n];
+    for (int d = 0; d < n; ++d) {
+      if (row[d] >= 0) return true;
+    }
+    return false;
+  }
+
   // The key buffer `buffer` published for device `device` of transport
   // `transport` (indices into the descriptor's lists), found in O(1): false
   // if it published none for that device.

@@ -165,7 +165,7 @@ void RdmaTransport::RouteRun(absl::Span<Slice* const> run, absl::Time now,
           absl::Hex(s->remote),
           ": none of its NICs registered it (they were down then, or it is "
           "GPU memory without GPUDirect RDMA there, which peers reach over "
-          "TCP only)")));
+          "TCP only: run tcp beside rdma on both engines)")));
       continue;
     }
     const int best = router.Choose(mr->tiers, SliceFailedRails(s));
