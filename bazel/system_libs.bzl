@@ -21,6 +21,7 @@ _LIBS = {
         "absl_time",
     ],
     "benchmark": ["benchmark"],
+    "crypto": ["libcrypto"],
     "gmock": ["gmock"],
     "grpc": ["grpc++"],
     "gtest": ["gtest"],
