@@ -2,6 +2,7 @@
 #include "engine/engine_impl.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -11,10 +12,12 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/host_info.h"
+#include "common/identity.h"
 #include "common/log.h"
 #include "common/socket_util.h"
 #include "gpu/gpu_memory.h"
 #include "metadata/auth.h"
+#include "metadata/grpc_status.h"
 #include "metadata/metadata_address.h"
 #include "metadata/p2p_store.h"
 #include "metadata/tls.h"
@@ -262,9 +265,17 @@ absl::Status EngineImpl::Init(const EngineOptions& requested) {
   const std::string segment_name =
       p2p ? rpc_address : options.local_segment_name;
   options_.local_segment_name = segment_name;
+  // This run's identity: its public half goes into the descriptor, and
+  // every Exchange and Notify this engine sends is signed with it.
+  auto identity = IdentityKey::Generate();
+  if (!identity.ok()) {
+    ReleaseAll();
+    return identity.status();
+  }
+  identity_ = *identity;
   peer_client_ = std::make_unique<metadata::PeerClient>(
       options.rpc_timeout, metadata::PeerClient::kMaxStubs, options.auth_token,
-      *tls);
+      *tls, identity_);
   std::unique_ptr<metadata::Store> store;
   if (p2p) {
     auto own = std::make_unique<metadata::P2pStore>(peer_client_.get());
@@ -317,12 +328,21 @@ absl::Status EngineImpl::Init(const EngineOptions& requested) {
   sink_.set_segments(segments_.get());
   // P2P names are addresses: compared as they are, with no lookup (one
   // would dial whatever a caller names).
-  sender_check_ =
-      std::make_unique<SenderCheck>(p2p ? nullptr : metadata_.get(), clock_);
+  sender_check_ = std::make_unique<SenderCheck>(p2p ? nullptr : metadata_.get(),
+                                                options.metadata_lease_ttl);
   peer_service_.SetNotifyHandler(
-      [this](const std::string& from, const std::string& name,
-             const std::string& message, const std::string& sender) {
-        return OnNotify(from, name, message, sender);
+      [this](const metadata::NotifyRequest& request,
+             const std::string& sender) { return OnNotify(request, sender); });
+  // Handshakes and rail notices from a segment that did not sign them
+  // never reach a transport.
+  peer_service_.SetSenderVerifier(
+      [this](const std::string& from, const std::string& caller,
+             const std::string& content, const std::string& signature) {
+        // Unsigned handshakes from engines of a release before identity
+        // keys, and P2P ones, are not held to a host: that release checked
+        // nothing here, and multi-homed or NATed peers would fail it.
+        return sender_check_->Verify(from, caller, content, signature,
+                                     std::nullopt, /*check_host=*/false);
       });
 
   metadata::SegmentDescriptor desc;
@@ -330,6 +350,7 @@ absl::Status EngineImpl::Init(const EngineOptions& requested) {
   desc.set_incarnation(incarnation_);
   desc.set_rpc_address(rpc_address);
   desc.set_network_id(NetworkIdentity());
+  desc.set_identity_key(identity_->public_key());
 
   TransportEnv env;
   env.local_segment = segment_name;
@@ -411,10 +432,7 @@ void EngineImpl::ReleaseAll() {
   // No renewal may race with the removal or outlive the client.
   if (publisher_ != nullptr) publisher_->Stop();
   publisher_.reset();
-  // Requests waiting for a descriptor end first (Cancelled): none may
-  // reach a transport that is going away.
-  if (segments_ != nullptr) segments_->Stop();
-  for (auto& t : transports_) t->Shutdown();
+  StopTransports();
   if (rpc_server_ != nullptr) rpc_server_->Shutdown();
   rpc_server_.reset();
   // The services' handlers ran on their pools' threads and touched this
@@ -426,26 +444,45 @@ void EngineImpl::ReleaseAll() {
   // No call is in progress once the server is down: the source (in
   // metadata_) may go.
   peer_service_.SetDescriptorSource(nullptr);
+  // Both use sender_check_ and the store: a later Init serves calls
+  // before it makes new ones.
+  peer_service_.SetSenderVerifier(nullptr);
+  peer_service_.SetNotifyHandler(nullptr);
   // Every slice has completed (the transports cancelled what was left), so
   // no lease is held: the registrations go with the transports whose
   // handles they carry, and a later Init starts clean.
   StopMrCache();
   local_memory_.Clear();
   transports_.clear();
+  transports_stopped_ = false;
   slice_bytes_.clear();
   sink_.set_segments(nullptr);
   segments_.reset();
   peer_channel_.reset();
   peer_client_.reset();
+  identity_.reset();
 }
 
 void EngineImpl::Shutdown() {
   if (!initialized_) return;
   initialized_ = false;
+  // Farewells first (RDMA's DISCONNECTs), while the segment is still
+  // published: peers check each against the identity key it publishes,
+  // and refuse what a segment no longer registered sends.
+  StopTransports();
   // Renewals stop before the removal: none may publish the segment again.
   // Best effort: a stopped metadata service must not stall shutdown long.
   if (publisher_ != nullptr) publisher_->Withdraw();
   ReleaseAll();
+}
+
+void EngineImpl::StopTransports() {
+  if (transports_stopped_) return;
+  transports_stopped_ = true;
+  // Requests waiting for a descriptor end first (Cancelled): none may
+  // reach a transport that is going away.
+  if (segments_ != nullptr) segments_->Stop();
+  for (auto& t : transports_) t->Shutdown();
 }
 
 std::string EngineImpl::metadata_address() const {
@@ -668,13 +705,6 @@ absl::StatusOr<std::vector<RemoteBuffer>> EngineImpl::GetSegmentBuffers(
   return out;
 }
 
-namespace {
-// What a receiver says when it cannot check a notification's sender now
-// (its lookups are busy, its metadata slow): the sender tries again.
-constexpr char kCannotCheckNow[] =
-    "receiver cannot check the sender now, try again";
-}  // namespace
-
 absl::Status EngineImpl::SendNotification(SegmentHandle target,
                                           const std::string& name,
                                           const std::string& message) {
@@ -689,21 +719,37 @@ absl::Status EngineImpl::SendNotification(SegmentHandle target,
                      metadata::kMaxNotifyNameBytes, " and ",
                      metadata::kMaxNotifyMessageBytes, " bytes)"));
   }
-  // The receiver answers Unavailable when it cannot check who sent this
-  // right now (its sender lookups are all busy, its metadata is slow):
-  // try again, within the RPC timeout, rather than lose the notification.
-  const absl::Time deadline = clock_->Now() + options_.rpc_timeout;
+  // The receiver marks its refusal "retry later" (metadata::IsRetryLater)
+  // when it cannot check who sent this right now (its sender lookups are
+  // all busy, its metadata is slow): try again, within the RPC timeout,
+  // rather than lose the notification. On real time, not the engine's
+  // clock: the RPC timeout is gRPC's, which runs on real time, and a
+  // simulated clock that no test advances would hold this loop for ever.
+  const absl::Time deadline = absl::Now() + options_.rpc_timeout;
   absl::Duration backoff = absl::Milliseconds(10);
+  bool refreshed = false;
   while (true) {
+    const metadata::SegmentDescriptor& to = snap->view->descriptor();
     absl::Status s =
-        peer_client_->Notify(snap->view->descriptor().rpc_address(),
-                             options_.local_segment_name, name, message);
-    if (s.code() != absl::StatusCode::kUnavailable ||
-        !absl::StrContains(s.message(), kCannotCheckNow) ||
-        clock_->Now() + backoff > deadline) {
-      return s;
+        peer_client_->Notify(to.rpc_address(), options_.local_segment_name,
+                             name, message, to.name(), to.incarnation());
+    if (metadata::HintOf(s) == metadata::Hint::kRefreshReceiver && !refreshed) {
+      // The receiver restarted since its descriptor was read: read it
+      // again, once, and send to the new run.
+      refreshed = true;
+      auto fresh = segments_->Refresh(target);
+      if (!fresh.ok()) return s;
+      snap->view = *fresh;
+      continue;
     }
-    clock_->SleepFor(backoff);
+    // Receivers of the release before the mark said it in words only.
+    const bool retry_later =
+        metadata::IsRetryLater(s) ||
+        (s.code() == absl::StatusCode::kUnavailable &&
+         absl::StrContains(s.message(),
+                           "receiver cannot check the sender now, try again"));
+    if (!retry_later || absl::Now() + backoff > deadline) return s;
+    absl::SleepFor(backoff);
     backoff = std::min(backoff * 2, absl::Milliseconds(200));
   }
 }
@@ -736,10 +782,11 @@ absl::Status EngineImpl::AdmitNotificationLocked(const std::string& sender,
   return absl::OkStatus();
 }
 
-absl::Status EngineImpl::OnNotify(const std::string& from,
-                                  const std::string& name,
-                                  const std::string& message,
+absl::Status EngineImpl::OnNotify(const metadata::NotifyRequest& request,
                                   const std::string& sender) {
+  const std::string& from = request.from_segment();
+  const std::string& name = request.name();
+  const std::string& message = request.message();
   const size_t bytes = from.size() + name.size() + message.size();
   {
     // A sender over its share costs no lookup.
@@ -748,19 +795,59 @@ absl::Status EngineImpl::OnNotify(const std::string& from,
       return s;
     }
   }
-  // Outside the queue's lock: it may read the metadata (bounded).
-  const absl::Status verified = sender_check_->Verify(from, sender);
+  absl::Status verified;
+  if (!request.signature().empty() && request.to_segment().empty()) {
+    // Signed for no receiver in particular: good at every one.
+    verified = absl::PermissionDeniedError(
+        "a signed notification must name its receiver (to_segment)");
+  } else if (!request.to_segment().empty() &&
+             request.to_segment() != options_.local_segment_name) {
+    // For another engine: a sender whose descriptor is stale (the receiver
+    // it meant restarted elsewhere and this engine now has the address),
+    // or a replay. Never queued, whatever refuse_unverified_notifications
+    // says; the sender is told to read the receiver's descriptor again.
+    MutexLock lock(&notify_mu_);
+    ++notifications_refused_;
+    return metadata::WithHint(
+        absl::FailedPreconditionError(absl::StrCat(
+            "addressed to segment '", request.to_segment(), "'; this is '",
+            options_.local_segment_name, "' (the address changed hands)")),
+        metadata::Hint::kRefreshReceiver);
+  } else if (!request.to_segment().empty() &&
+             request.to_incarnation() != incarnation_) {
+    // For an earlier run of this segment: a replay, or a sender whose
+    // descriptor of this engine predates its restart. Told to read it
+    // again (and to send again, signed for this run).
+    MutexLock lock(&notify_mu_);
+    ++notifications_refused_;
+    return metadata::WithHint(
+        absl::FailedPreconditionError(absl::StrCat(
+            "addressed to incarnation ", request.to_incarnation(),
+            " of segment '", request.to_segment(), "'; this is incarnation ",
+            incarnation_, ": the receiver restarted")),
+        metadata::Hint::kRefreshReceiver);
+  } else {
+    // Outside the queue's lock: it may read the metadata (bounded). A
+    // signed notification is numbered, and each number is good once.
+    verified = sender_check_->Verify(
+        from, sender, metadata::NotifyContent(request), request.signature(),
+        request.signature().empty() ? std::nullopt
+                                    : std::optional<uint64_t>(request.seq()));
+  }
   if (!verified.ok() && options_.refuse_unverified_notifications) {
     MutexLock lock(&notify_mu_);
     ++notifications_refused_;
     // Unavailable stays what it is, marked so that a Ferry sender tries
-    // again (kCannotCheckNow).
+    // again (metadata::IsRetryLater).
+    if (verified.code() == absl::StatusCode::kUnavailable) {
+      return metadata::MarkRetryLater(absl::UnavailableError(
+          absl::StrCat("receiver cannot check the sender now, try again: ",
+                       verified.message())));
+    }
     return absl::Status(
         verified.code(),
-        absl::StrCat(verified.code() == absl::StatusCode::kUnavailable
-                         ? kCannotCheckNow
-                         : "receiver refuses unverified notifications",
-                     ": ", verified.message()));
+        absl::StrCat("receiver refuses unverified notifications: ",
+                     verified.message()));
   }
   MutexLock lock(&notify_mu_);
   if (absl::Status s = AdmitNotificationLocked(sender, bytes); !s.ok()) {

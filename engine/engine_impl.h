@@ -17,6 +17,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "common/clock.h"
+#include "common/identity.h"
 #include "common/mutex.h"
 #include "engine/batch_table.h"
 #include "engine/memory_hooks.h"
@@ -200,9 +201,11 @@ class EngineImpl {
   // refusal otherwise).
   absl::Status AdmitNotificationLocked(const std::string& sender, size_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(notify_mu_);
-  absl::Status OnNotify(const std::string& from, const std::string& name,
-                        const std::string& message, const std::string& sender);
+  absl::Status OnNotify(const metadata::NotifyRequest& request,
+                        const std::string& sender);
   void ReleaseAll();
+  // Stops segment lookups and shuts the transports down, once.
+  void StopTransports();
 
   EngineOptions options_;
   // Where every part of this engine reads and waits on time
@@ -272,6 +275,10 @@ class EngineImpl {
   BatchTable batches_;
 
   std::unique_ptr<SenderCheck> sender_check_;  // Uses metadata_.
+  bool transports_stopped_ = false;  // StopTransports ran (until ReleaseAll).
+  // This run's identity key (common/identity.h): made by Init, published
+  // in the descriptor, signing what peer_client_ sends.
+  std::shared_ptr<const IdentityKey> identity_;
   mutable Mutex notify_mu_;
   std::deque<Notification> notifications_ ABSL_GUARDED_BY(notify_mu_);
   size_t notification_bytes_ ABSL_GUARDED_BY(notify_mu_) = 0;

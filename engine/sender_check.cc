@@ -1,8 +1,12 @@
 #include "engine/sender_check.h"
 
+#include <algorithm>
+#include <chrono>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/identity.h"
 #include "common/socket_util.h"
 
 namespace ferry {
@@ -18,73 +22,287 @@ std::string BareCallerHost(const std::string& caller) {
   return std::string(h);
 }
 
-absl::StatusOr<std::string> SenderCheck::PublishedHost(
+absl::Time SenderCheck::SteadyNow() {
+  return absl::UnixEpoch() +
+         absl::FromChrono(std::chrono::steady_clock::now().time_since_epoch());
+}
+
+std::optional<SenderCheck::Cached> SenderCheck::FindLocked(
     const std::string& claimed) {
-  if (store_ == nullptr) {
-    // P2P: the name is the engine's host:port.
-    auto hp = ParseHostPort(claimed);
-    return hp.ok() ? BareCallerHost(hp->host) : "";
+  if (auto it = cache_.find(claimed); it != cache_.end()) {
+    lru_.splice(lru_.begin(), lru_, it->second.lru);
+    return it->second.value;
   }
-  const absl::Time now = clock_->Now();
+  if (auto it = absent_.find(claimed); it != absent_.end()) {
+    Cached c;
+    c.at = it->second;
+    return c;
+  }
+  return std::nullopt;
+}
+
+void SenderCheck::CacheLocked(const std::string& claimed, const Cached& value) {
+  if (!value.found) {
+    // Apart from the segments found: made-up names never push those out.
+    if (auto it = cache_.find(claimed); it != cache_.end()) {
+      lru_.erase(it->second.lru);
+      cache_.erase(it);
+    }
+    if (absent_.size() >= kMaxAbsent && !absent_.contains(claimed)) {
+      absl::erase_if(absent_, [&](const auto& e) {
+        return value.at - e.second >= kAbsentFor;
+      });
+      if (absent_.size() >= kMaxAbsent) absent_.clear();
+    }
+    absent_[claimed] = value.at;
+    return;
+  }
+  absent_.erase(claimed);
+  if (auto it = cache_.find(claimed); it != cache_.end()) {
+    it->second.value = value;
+    lru_.splice(lru_.begin(), lru_, it->second.lru);
+    return;
+  }
+  if (cache_.size() >= kMaxCached) {
+    cache_.erase(lru_.back());
+    lru_.pop_back();
+  }
+  lru_.push_front(claimed);
+  cache_[claimed] = Entry{value, lru_.begin()};
+}
+
+absl::StatusOr<SenderCheck::Cached> SenderCheck::GraceLocked(
+    const std::string& claimed, absl::Time now) {
+  if (auto it = cache_.find(claimed);
+      it != cache_.end() &&
+      now - it->second.value.at < kCacheFor + outage_grace_) {
+    return it->second.value;
+  }
+  return absl::UnavailableError(
+      absl::StrCat("cannot look up segment '", claimed,
+                   "' to check the sender: ", store_error_));
+}
+
+absl::Status SenderCheck::TakeLookupLocked(const std::string& caller,
+                                           absl::Time now) {
+  auto it = budgets_.find(caller);
+  if (it == budgets_.end()) {
+    if (budgets_.size() >= kMaxCached) {
+      // Full buckets carry nothing a new one would not.
+      absl::erase_if(budgets_, [&](const auto& e) {
+        return absl::ToDoubleSeconds(now - e.second.at) * kLookupsPerSecond +
+                   e.second.tokens >=
+               kLookupBurst;
+      });
+      // So many callers read just now: an attack, or a cluster starting.
+      if (budgets_.size() >= kMaxCached) {
+        return absl::UnavailableError(
+            absl::StrCat(kMaxCached,
+                         " callers have made this engine look up senders "
+                         "just now"));
+      }
+    }
+    it = budgets_.emplace(caller, Bucket{kLookupBurst, now}).first;
+  }
+  Bucket& b = it->second;
+  b.tokens =
+      std::min(kLookupBurst, b.tokens + absl::ToDoubleSeconds(now - b.at) *
+                                            kLookupsPerSecond);
+  b.at = now;
+  if (b.tokens < 1) {
+    return absl::UnavailableError(
+        absl::StrCat("calls from ", BareCallerHost(caller),
+                     " have made this engine look up senders ", kLookupBurst,
+                     " times just now"));
+  }
+  b.tokens -= 1;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SenderCheck::Cached> SenderCheck::Published(
+    const std::string& claimed, const std::string& caller, bool fresh,
+    absl::Time since) {
   {
     MutexLock lock(&mu_);
-    // Bounded: the lookup waited for ends within the store's RPC timeout.
-    while (looking_up_.contains(claimed)) looked_up_.Wait(&mu_);
-    auto it = cache_.find(claimed);
-    if (it != cache_.end() && now - it->second.at < kCacheFor) {
-      return it->second.host;
+    const absl::Time slot_deadline = now_() + kSlotWait;
+    while (true) {
+      const absl::Time now = now_();
+      if (auto c = FindLocked(claimed);
+          c.has_value() &&
+          (c->at >= since ||
+           (!fresh && now - c->at < (c->found ? kCacheFor : kAbsentFor)))) {
+        return *c;
+      }
+      if (looking_up_.contains(claimed)) {
+        // That read's answer (or the outage it found) is this check's too.
+        // Bounded in number and time like the waits for a slot below: a
+        // metadata store that hangs must not park every thread that serves
+        // calls, handshakes of peers whose keys are cached included.
+        if (name_waiting_ >= kMaxWaiting) {
+          return absl::UnavailableError(absl::StrCat(
+              "too many checks wait on the lookup of segment '", claimed, "'"));
+        }
+        ++name_waiting_;
+        const bool timed_out = looked_up_.WaitWithTimeout(
+            &mu_, std::max(slot_deadline - now, absl::ZeroDuration()));
+        --name_waiting_;
+        if (timed_out && looking_up_.contains(claimed)) {
+          return absl::UnavailableError(absl::StrCat(
+              "the lookup of segment '", claimed, "' is taking over ",
+              absl::FormatDuration(kSlotWait)));
+        }
+        continue;
+      }
+      if (now < store_down_until_) return GraceLocked(claimed, now);
+      if (in_flight_ >= kMaxLookupsInFlight) {
+        if (waiting_ >= kMaxWaiting) {
+          return absl::UnavailableError(
+              absl::StrCat("too many sender lookups at once to check segment '",
+                           claimed, "'"));
+        }
+        ++waiting_;
+        const bool timed_out = looked_up_.WaitWithTimeout(
+            &mu_, std::max(slot_deadline - now, absl::ZeroDuration()));
+        --waiting_;
+        if (timed_out && in_flight_ >= kMaxLookupsInFlight) {
+          return absl::UnavailableError(
+              absl::StrCat("too many sender lookups at once to check segment '",
+                           claimed, "'"));
+        }
+        continue;  // Look again: the name may have been read meanwhile.
+      }
+      if (absl::Status b = TakeLookupLocked(caller, now); !b.ok()) {
+        return absl::UnavailableError(absl::StrCat(
+            b.message(), "; segment '", claimed, "' is not looked up"));
+      }
+      ++in_flight_;
+      looking_up_.insert(claimed);
+      break;
     }
-    if (in_flight_ >= kMaxLookupsInFlight) {
-      return absl::UnavailableError(absl::StrCat(
-          "too many sender lookups at once to check segment '", claimed, "'"));
-    }
-    ++in_flight_;
-    looking_up_.insert(claimed);
   }
+  // The answer is as of when the read began: a check that joins this read
+  // may have begun after it started, and must not take it for a reading
+  // made since (a refusal on it would be final, and the sender may have
+  // restarted in between).
+  const absl::Time started = now_();
   auto desc = store_->Get(claimed);
   MutexLock lock(&mu_);
+  const absl::Time now = now_();
   --in_flight_;
   looking_up_.erase(claimed);
   looked_up_.SignalAll();
   if (!desc.ok() && desc.status().code() != absl::StatusCode::kNotFound) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot look up segment '", claimed,
-                     "' to check the sender: ", desc.status().message()));
+    // Out of reach: no new reads for a while (each would wait its RPC
+    // timeout on a thread that serves calls).
+    store_down_until_ = now + kStoreDownFor;
+    store_error_ = std::string(desc.status().message());
+    return GraceLocked(claimed, now);
   }
-  std::string host;
+  Cached entry;
+  entry.found = desc.ok();
   if (desc.ok()) {
+    entry.identity_key = desc->identity_key();
     auto hp = ParseHostPort(desc->rpc_address());
-    if (hp.ok()) host = BareCallerHost(hp->host);
+    if (hp.ok()) entry.host = BareCallerHost(hp->host);
   }
-  if (cache_.size() >= kMaxCached) {
-    absl::erase_if(
-        cache_, [&](const auto& e) { return now - e.second.at >= kCacheFor; });
-    if (cache_.size() >= kMaxCached) cache_.clear();  // Bounded either way.
+  entry.at = started;
+  CacheLocked(claimed, entry);
+  return entry;
+}
+
+absl::Status SenderCheck::VerifyP2p(const std::string& claimed,
+                                    const std::string& caller) {
+  auto hp = ParseHostPort(claimed);
+  const std::string host = hp.ok() ? BareCallerHost(hp->host) : "";
+  const std::string from = BareCallerHost(caller);
+  if (host.empty()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "a call from ", from, " claims segment '", claimed,
+        "', which is no host:port (P2PHANDSHAKE names segments by address)"));
   }
-  cache_[claimed] = {host, now};
-  return host;
+  if (host != from) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "a call from ", from, " claims segment '", claimed,
+        "', whose address is on ", host,
+        " (if that engine reaches this one from another address -- several "
+        "interfaces, NAT -- set its advertise_host to the address it sends "
+        "from)"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status SenderCheck::Verify(const std::string& claimed,
-                                 const std::string& caller) {
-  auto host = PublishedHost(claimed);
-  if (!host.ok()) return host.status();
+                                 const std::string& caller,
+                                 const std::string& content,
+                                 const std::string& signature,
+                                 std::optional<uint64_t> seq, bool check_host) {
   const std::string from = BareCallerHost(caller);
-  if (host->empty()) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("notification from ", from, " claims segment '", claimed,
-                     "', which is not registered"));
-  }
-  if (*host != from) {
+  // Malformed before anything is read for it.
+  if (!signature.empty() && signature.size() != kSignatureBytes) {
     return absl::PermissionDeniedError(absl::StrCat(
-        "notification from ", from, " claims segment '", claimed,
-        "', which is published at ", *host,
-        " (if that engine reaches this one from another address -- several "
-        "interfaces, NAT -- set its advertise_host to the address it sends "
-        "from, or turn refuse_unverified_notifications off: "
-        "FERRY_REFUSE_UNVERIFIED_NOTIFICATIONS=0 for ferry.mooncake)"));
+        "a call from ", from, " claims segment '", claimed, "' with a ",
+        signature.size(), "-byte signature; an identity signature has ",
+        kSignatureBytes));
   }
-  return absl::OkStatus();
+  if (store_ == nullptr) {
+    return check_host ? VerifyP2p(claimed, caller) : absl::OkStatus();
+  }
+  const absl::Time began = now_();
+  for (bool fresh : {false, true}) {
+    auto published = Published(claimed, caller, fresh, began);
+    if (!published.ok()) return published.status();
+    // A refusal stands on an answer read since this check began. One from
+    // before is read again (once, if it is not too young), or the caller
+    // is told to try again: the segment may have just restarted.
+    auto refuse = [&](const std::string& why) -> std::optional<absl::Status> {
+      const std::string what = absl::StrCat(
+          "a call from ", from, " claims segment '", claimed, "', ", why);
+      if (published->at >= began) return absl::PermissionDeniedError(what);
+      const absl::Duration age = now_() - published->at;
+      if (!fresh && age >= kRecheckAfter) return std::nullopt;
+      return absl::UnavailableError(absl::StrCat(
+          what, " (as read ",
+          absl::FormatDuration(absl::Trunc(age, absl::Milliseconds(1))),
+          " ago): try again"));
+    };
+    std::optional<absl::Status> refused;
+    if (!published->found) {
+      refused = refuse("which is not registered");
+    } else if (published->identity_key.empty()) {
+      // An engine of a release before identity keys: held to what those
+      // releases checked, the host it publishes from, while a cluster is
+      // upgraded.
+      if (!check_host || published->host == from) return absl::OkStatus();
+      refused = refuse(absl::StrCat(
+          "which publishes no identity key (a Ferry release before them) "
+          "and is published at ",
+          published->host));
+    } else if (signature.empty()) {
+      // No reading of a keyed segment makes an unsigned call its own.
+      return absl::PermissionDeniedError(
+          absl::StrCat("a call from ", from, " claims segment '", claimed,
+                       "', but the message is not signed"));
+    } else if (absl::Status v =
+                   VerifySignature(published->identity_key, content, signature);
+               !v.ok()) {
+      refused = refuse(absl::StrCat("but ", v.message()));
+    } else {
+      if (!seq.has_value()) return absl::OkStatus();
+      MutexLock lock(&mu_);
+      const absl::Status r =
+          replay_.Accept(claimed, published->identity_key, *seq);
+      if (r.ok()) return r;
+      const std::string what =
+          absl::StrCat("a call from ", from, " claims segment '", claimed,
+                       "': ", r.message());
+      // Too old to tell from a replay: sent again, it gets a new number.
+      return r.code() == absl::StatusCode::kPermissionDenied
+                 ? absl::PermissionDeniedError(what)
+                 : absl::UnavailableError(absl::StrCat(what, ": try again"));
+    }
+    if (refused.has_value()) return *refused;
+  }
+  return absl::InternalError("unreachable");
 }
 
 }  // namespace ferry

@@ -1,33 +1,65 @@
-// SenderCheck: whether a notification's claimed sender is who the
-// connection says it is. The claimed segment must be registered (as this
-// engine sees the metadata) and its peer-service address must be on the
-// host the call came from; in P2P mode a segment's name is its address,
-// so the name's host is compared with no lookup at all.
+// SenderCheck: whether a call (a notification, a handshake or rail notice
+// through Exchange) comes from the segment it names. The segment must be
+// registered (as this engine sees the metadata) and publish an identity
+// key (common/identity.h), and the call must carry that key's signature of
+// what it says: only the process that published the segment holds the
+// key, whatever host or token a spoofer has. A numbered call (a
+// notification) is also accepted once (ReplayWindows). Segments that
+// publish no key (engines of a release before identity keys), and P2P
+// mode, where there is no metadata to ask (a lookup would dial whatever a
+// caller names, and a segment's name is its address), get a host check:
+// the call must come from the host the segment is published at -- or no
+// check, where the caller asks for none (Exchange: releases before keys
+// checked nothing there, and multi-homed or NATed peers fail a host
+// check).
 //
-// Lookups are bounded: results (found or not) are cached for kCacheFor, so
-// a burst from one peer costs one metadata read; at most
-// kMaxLookupsInFlight run at once (beyond, the check answers Unavailable at
-// once rather than tie up the threads that serve calls); the cache holds
-// at most kMaxCached names.
+// A refusal is PermissionDenied only when it rests on what was read of the
+// segment after the check began; one that rests on an older read is
+// Unavailable ("try again": the segment may have just restarted or
+// registered), once the check could not read it again now.
 //
-// What this proves: the sender runs on the host the segment is published
-// from. Not which process there: another process on that host could still
-// claim it (give engines on shared hosts the cluster's token and TLS).
+// The metadata is read on a caller's behalf at a bounded rate, so that a
+// flood of calls naming made-up or spoofed segments cannot turn this into
+// load on the metadata service or hold the threads that serve calls:
+//   * answers are cached: segments found for kCacheFor, the kMaxCached
+//     most recently used (a key changes only when its segment restarts,
+//     which a signature that does not match shows: then it is read again);
+//     names not found for kAbsentFor, apart, at most kMaxAbsent (made-up
+//     names never push out real ones); a call refused on a cached answer
+//     older than kRecheckAfter reads it again, on the caller's budget;
+//   * each caller address may cause kLookupBurst reads at once and
+//     kLookupsPerSecond after (a token bucket); checks of a name being read
+//     share that read;
+//   * at most kMaxLookupsInFlight reads run at once, and kMaxWaiting checks
+//     wait (up to kSlotWait) for one, and kMaxWaiting more for a read of
+//     their name already running; beyond, Unavailable at once (so a hung
+//     metadata store holds at most 12 of the threads that serve calls);
+//   * a read that fails (the metadata is out of reach) stops new reads for
+//     kStoreDownFor, and meanwhile the key last read for a segment is used
+//     for up to `outage_grace` past its cache time (the segments' lease: no
+//     longer than the segment could have lived unrenewed).
+// Times are steady (monotonic) real time, not the engine's clock: a test's
+// simulated clock that never moves would keep an answer for ever, and a
+// wall clock that steps back would too.
 //
 // Thread-safe.
 #ifndef FERRY_ENGINE_SENDER_CHECK_H_
 #define FERRY_ENGINE_SENDER_CHECK_H_
 
 #include <cstddef>
+#include <cstdint>
+#include <list>
+#include <optional>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/clock.h"
 #include "common/mutex.h"
+#include "engine/replay_window.h"
 #include "metadata/store.h"
 
 namespace ferry {
@@ -35,40 +67,104 @@ namespace ferry {
 class SenderCheck {
  public:
   static constexpr size_t kMaxCached = 1024;
-  static constexpr absl::Duration kCacheFor = absl::Seconds(2);
+  static constexpr size_t kMaxAbsent = 256;
+  static constexpr absl::Duration kCacheFor = absl::Seconds(30);
+  static constexpr absl::Duration kAbsentFor = absl::Seconds(2);
+  // A cached answer younger than this that refuses a call is not read
+  // again (the call is told to try again).
+  static constexpr absl::Duration kRecheckAfter = absl::Milliseconds(250);
+  // Generous: the reads in flight are bounded anyway; this keeps one
+  // address from holding them all. A host that starts many engines at
+  // once (rdma_fault_test starts 50 in a few seconds) stays well within.
+  static constexpr double kLookupBurst = 64;
+  static constexpr double kLookupsPerSecond = 32;
   static constexpr int kMaxLookupsInFlight = 4;
+  static constexpr int kMaxWaiting = 4;
+  static constexpr absl::Duration kSlotWait = absl::Seconds(2);
+  static constexpr absl::Duration kStoreDownFor = absl::Seconds(1);
 
-  // `store` (null in P2P mode, where names are addresses) and `clock`
-  // (null: the system clock; it ages the cache) must outlive the check.
-  explicit SenderCheck(metadata::Store* store, Clock* clock = RealClock())
-      : store_(store), clock_(ClockOrReal(clock)) {}
+  // Steady (monotonic) real time as an absl::Time: what the check ages
+  // its answers and budgets by unless told otherwise.
+  static absl::Time SteadyNow();
+  using NowFn = absl::Time (*)();
 
-  // OK if segment `claimed` is published with a peer-service address on
-  // the host of `caller` ("ipv4:10.0.0.7", "ipv6:[fd00::7]", as
-  // metadata::CallerAddress gives it); PermissionDenied saying what does
-  // not match; Unavailable if the segment could not be looked up now.
-  absl::Status Verify(const std::string& claimed, const std::string& caller);
+  // `store` (null in P2P mode, where names are addresses) must outlive the
+  // check. `now`: where time is read (tests); null: SteadyNow.
+  explicit SenderCheck(metadata::Store* store,
+                       absl::Duration outage_grace = absl::ZeroDuration(),
+                       NowFn now = nullptr)
+      : store_(store),
+        outage_grace_(outage_grace),
+        now_(now != nullptr ? now : &SteadyNow) {}
+
+  // OK if `signature` is segment `claimed`'s signature of `content`, by
+  // the identity key its descriptor publishes, and `seq` (if given) is a
+  // number not accepted from that key before. For a segment that
+  // publishes no key, and in P2P mode: if `check_host`, OK if `caller`
+  // ("ipv4:10.0.0.7", "ipv6:[fd00::7]", as metadata::CallerAddress gives
+  // it) is on the segment's host; else OK. PermissionDenied saying what
+  // does not match; Unavailable (try again) if that could not be told now.
+  absl::Status Verify(const std::string& claimed, const std::string& caller,
+                      const std::string& content, const std::string& signature,
+                      std::optional<uint64_t> seq = std::nullopt,
+                      bool check_host = true);
 
  private:
   struct Cached {
-    std::string host;  // Of the segment's rpc address; empty: not found.
+    bool found = false;
+    std::string identity_key;  // Empty: the descriptor publishes none.
+    std::string host;          // Of its rpc address (keyless engines).
+    absl::Time at;             // When it was read (SteadyNow).
+  };
+  struct Entry {
+    Cached value;
+    std::list<std::string>::iterator lru;
+  };
+  struct Bucket {
+    double tokens = kLookupBurst;
     absl::Time at;
   };
-  // The host segment `claimed` is published on ("" if it is not), from
-  // the cache or the store.
-  absl::StatusOr<std::string> PublishedHost(const std::string& claimed);
+
+  // What segment `claimed` publishes: an answer read at or after `since`,
+  // or (unless `fresh`) one still cached; else read now, on
+  // `caller`'s budget.
+  absl::StatusOr<Cached> Published(const std::string& claimed,
+                                   const std::string& caller, bool fresh,
+                                   absl::Time since);
+  std::optional<Cached> FindLocked(const std::string& claimed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CacheLocked(const std::string& claimed, const Cached& value)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // While the metadata is out of reach: the key last read, within the
+  // grace, or Unavailable.
+  absl::StatusOr<Cached> GraceLocked(const std::string& claimed, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OK, and one read taken from `caller`'s budget; Unavailable saying
+  // whose budget (or the table of budgets) is spent.
+  absl::Status TakeLookupLocked(const std::string& caller, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status VerifyP2p(const std::string& claimed, const std::string& caller);
 
   metadata::Store* const store_;
-  Clock* const clock_;
+  const absl::Duration outage_grace_;
+  const NowFn now_;
   Mutex mu_;
-  absl::flat_hash_map<std::string, Cached> cache_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, Entry> cache_ ABSL_GUARDED_BY(mu_);
+  std::list<std::string> lru_ ABSL_GUARDED_BY(mu_);  // Most recent first.
+  absl::flat_hash_map<std::string, absl::Time> absent_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, Bucket> budgets_ ABSL_GUARDED_BY(mu_);
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
-  // Names being looked up now: a second check of one waits for that
-  // lookup instead of taking a slot of its own (a burst from one sender,
-  // or many workers of one engine, costs one lookup, and is not refused
-  // for want of slots).
+  int waiting_ ABSL_GUARDED_BY(mu_) = 0;
+  int name_waiting_ ABSL_GUARDED_BY(mu_) = 0;  // On a read of their name.
+  // Names being read now: a check of one waits for that read instead of
+  // making its own.
   absl::flat_hash_set<std::string> looking_up_ ABSL_GUARDED_BY(mu_);
   CondVar looked_up_;
+  absl::Time store_down_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  std::string store_error_ ABSL_GUARDED_BY(mu_);
+  // Per segment; a restarted segment has a new key, and its numbers start
+  // over.
+  ReplayWindows replay_ ABSL_GUARDED_BY(mu_);
 };
 
 // "ipv4:10.0.0.7" or "ipv6:[fd00::7]" (or a bare address) -> the address;

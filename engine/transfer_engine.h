@@ -164,10 +164,11 @@ struct EngineOptions {
   size_t max_queued_notifications_per_sender = 1 << 13;
   size_t max_queued_notification_bytes_per_sender = 8 << 20;
   // Every notification's claimed sender segment is checked: it must be
-  // registered and published from the host the call came from
-  // (Notification::sender_verified). True (the default): unverified ones
-  // are refused, PermissionDenied to the sender naming what did not match
-  // (Unavailable when the check could not be made now: the sender may
+  // registered, and have signed the notification with the identity key
+  // it publishes, for this receiver's run, with a number not used before
+  // (Notification::sender_verified; engine/sender_check.h). True (the default):
+  // unverified ones are refused, PermissionDenied to the sender naming what did
+  // not match (Unavailable when the check could not be made now: the sender may
   // retry). False: they are queued too, marked unverified.
   bool refuse_unverified_notifications = true;
   // Where the engine and its transports read the time and wait on it
@@ -270,9 +271,11 @@ struct Notification {
   // Where the notification came from, as the connection shows it
   // ("ipv4:10.0.0.7"): the sender cannot choose it.
   std::string sender_address;
-  // from_segment is registered, and published from sender_address's host
-  // (looked up in the metadata when it arrived). It proves the host, not
-  // the process: another process on that host could claim the name too.
+  // from_segment is registered and signed this notification with the
+  // identity key it publishes (looked up in the metadata when it arrived),
+  // and it was not received before. An engine of a release before identity
+  // keys is held to its host instead: published from sender_address's
+  // host. P2P mode checks the host only.
   bool sender_verified = false;
 };
 

@@ -12,10 +12,12 @@
 #include <tuple>
 #include <vector>
 
+#include "common/identity.h"
 #include "common/simulated_clock.h"
 #include "common/socket_util.h"
 #include "common/status_testing.h"
 #include "gtest/gtest.h"
+#include "metadata/grpc_status.h"
 #include "metadata/metadata_client.h"
 #include "metadata/peer_service.h"
 #include "metadata/store_testing.h"
@@ -46,6 +48,19 @@ absl::StatusOr<BatchStatus> RunBatch(TransferEngine& e,
   auto st = e.WaitBatch(*batch, absl::Seconds(20));
   if (absl::Status s = e.FreeBatch(*batch); !s.ok() && st.ok()) return s;
   return st;
+}
+
+// Starts `first`, named `a`, on loopback with the embedded metadata
+// service, and `second`, named `b`, using it.
+void StartLoopbackPair(const std::string& a, TransferEngine* first,
+                       const std::string& b, TransferEngine* second) {
+  EngineOptions o;
+  o.local_segment_name = a;
+  o.listen_host = "127.0.0.1";
+  ASSERT_OK(first->Init(o));
+  o.local_segment_name = b;
+  o.metadata_endpoint = first->metadata_address();
+  ASSERT_OK(second->Init(o));
 }
 
 class EngineTest : public ::testing::Test {
@@ -720,11 +735,14 @@ TEST(EngineNotifyTest, EachSenderHasACountShareToo) {
   EXPECT_EQ(bad.Init(so).code(), absl::StatusCode::kInvalidArgument);
 }
 
-// A notification that claims a segment published from another host, or
-// one that is not registered, is refused by default, naming why, and not
-// queued; with refuse_unverified_notifications off it is queued, marked
-// unverified. The spoof a live probe made ("kv-ready from prefill-0", sent
-// from elsewhere) is caught.
+// A notification's claimed sender must have signed it with the identity
+// key its descriptor publishes: unsigned, signed with another key, from an
+// unregistered name, or naming a segment that publishes no key, it is not
+// verified -- wherever it comes from, this host included (the live probe's
+// spoof, "kv-ready from prefill-0", came from another host; an address
+// check would let a process on prefill-0's own host through). With
+// refuse_unverified_notifications off such a notification is queued,
+// marked unverified; with the default it is refused.
 TEST(EngineNotifyTest, ClaimedSendersAreChecked) {
   EngineOptions o;
   o.local_segment_name = "decode-0";
@@ -733,27 +751,60 @@ TEST(EngineNotifyTest, ClaimedSendersAreChecked) {
   TransferEngine receiver;
   ASSERT_OK(receiver.Init(o));
   metadata::MetadataClient md(receiver.metadata_address(), absl::Seconds(3));
-  metadata::SegmentDescriptor elsewhere =
-      metadata::TestSegment("prefill-0", 9, 0);
-  elsewhere.set_rpc_address("10.255.0.9:4000");  // Another host.
-  ASSERT_OK(md.Put(metadata::LeasedPutOf(elsewhere)));
-  metadata::PeerClient spoofer(absl::Seconds(3));
-  ASSERT_OK(spoofer.Notify(receiver.metadata_address(), "prefill-0", "kv-ready",
-                           "layer=0"));
-  ASSERT_OK(spoofer.Notify(receiver.metadata_address(), "nobody", "kv-ready",
-                           "layer=1"));
+  // prefill-0 publishes its key; prefill-old (an older engine) none.
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<const IdentityKey> key,
+                       IdentityKey::Generate());
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<const IdentityKey> other,
+                       IdentityKey::Generate());
+  metadata::SegmentDescriptor owned = metadata::TestSegment("prefill-0", 9, 0);
+  owned.set_rpc_address("127.0.0.1:4000");  // This host: no help to a spoof.
+  owned.set_identity_key(key->public_key());
+  ASSERT_OK(md.Put(metadata::LeasedPutOf(owned)));
+  // prefill-old (an older engine, keyless) on another host; prefill-near,
+  // keyless too, on this one: held to the host, as that release was.
+  metadata::SegmentDescriptor old = metadata::TestSegment("prefill-old", 9, 0);
+  old.set_rpc_address("10.255.0.9:4001");
+  ASSERT_OK(md.Put(metadata::LeasedPutOf(old)));
+  metadata::SegmentDescriptor near =
+      metadata::TestSegment("prefill-near", 9, 0);
+  near.set_rpc_address("127.0.0.1:4002");
+  ASSERT_OK(md.Put(metadata::LeasedPutOf(near)));
+  const std::string to = receiver.metadata_address();
+  ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor rd, md.Get("decode-0"));
+  const uint64_t inc = rd.incarnation();
+  metadata::PeerClient unsigned_client(absl::Seconds(3));
+  metadata::PeerClient wrong_key(
+      absl::Seconds(3), metadata::PeerClient::kMaxStubs, "", nullptr, other);
+  metadata::PeerClient owner(absl::Seconds(3), metadata::PeerClient::kMaxStubs,
+                             "", nullptr, key);
+  ASSERT_OK(unsigned_client.Notify(to, "prefill-0", "kv-ready", "layer=0",
+                                   "decode-0", inc));
+  ASSERT_OK(wrong_key.Notify(to, "prefill-0", "kv-ready", "layer=1", "decode-0",
+                             inc));
+  ASSERT_OK(owner.Notify(to, "nobody", "kv-ready", "layer=2", "decode-0", inc));
+  ASSERT_OK(
+      owner.Notify(to, "prefill-old", "kv-ready", "layer=3", "decode-0", inc));
+  ASSERT_OK(
+      owner.Notify(to, "prefill-0", "kv-ready", "layer=4", "decode-0", inc));
+  ASSERT_OK(
+      unsigned_client.Notify(to, "prefill-near", "kv-ready", "layer=7", "", 0));
   EngineOptions so = o;
   so.local_segment_name = "prefill-1";
   so.metadata_endpoint = receiver.metadata_address();
   TransferEngine sender;
   ASSERT_OK(sender.Init(so));
   ASSERT_OK_AND_ASSIGN(SegmentHandle h, sender.OpenSegment("decode-0"));
-  ASSERT_OK(sender.SendNotification(h, "kv-ready", "layer=2"));
+  ASSERT_OK(sender.SendNotification(h, "kv-ready", "layer=5"));
   auto got = receiver.GetNotifications();
-  ASSERT_EQ(got.size(), 3u);
-  EXPECT_FALSE(got[0].sender_verified) << "prefill-0 is on 10.255.0.9";
-  EXPECT_FALSE(got[1].sender_verified) << "'nobody' is not registered";
-  EXPECT_TRUE(got[2].sender_verified) << "prefill-1 is on 127.0.0.1";
+  ASSERT_EQ(got.size(), 7u);
+  EXPECT_FALSE(got[0].sender_verified) << "not signed";
+  EXPECT_FALSE(got[1].sender_verified) << "signed with another key";
+  EXPECT_FALSE(got[2].sender_verified) << "'nobody' is not registered";
+  EXPECT_FALSE(got[3].sender_verified)
+      << "prefill-old publishes no key, from another host";
+  EXPECT_TRUE(got[4].sender_verified) << "signed by prefill-0's key";
+  EXPECT_TRUE(got[5].sender_verified) << "keyless, from its own host";
+  EXPECT_TRUE(got[6].sender_verified) << "an engine signs its own";
 
   EngineOptions strict = o;
   strict.local_segment_name = "decode-1";
@@ -764,15 +815,172 @@ TEST(EngineNotifyTest, ClaimedSendersAreChecked) {
   TransferEngine guarded;
   ASSERT_OK(guarded.Init(strict));
   ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor gd, md.Get("decode-1"));
-  absl::Status s =
-      spoofer.Notify(gd.rpc_address(), "prefill-0", "kv-ready", "layer=0");
+  absl::Status s = wrong_key.Notify(gd.rpc_address(), "prefill-0", "kv-ready",
+                                    "layer=0", "decode-1", gd.incarnation());
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
-  EXPECT_NE(s.message().find("10.255.0.9"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("does not match"), std::string::npos) << s;
+  s = unsigned_client.Notify(gd.rpc_address(), "prefill-0", "kv-ready",
+                             "layer=0", "decode-1", gd.incarnation());
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_NE(s.message().find("not signed"), std::string::npos) << s;
   ASSERT_OK_AND_ASSIGN(SegmentHandle gh, sender.OpenSegment("decode-1"));
-  ASSERT_OK(sender.SendNotification(gh, "kv-ready", "layer=3"));
+  ASSERT_OK(sender.SendNotification(gh, "kv-ready", "layer=6"));
   got = guarded.GetNotifications();
   ASSERT_EQ(got.size(), 1u) << "only the verified one";
   EXPECT_EQ(got[0].from_segment, "prefill-1");
+}
+
+// A signed notification is good once, for the receiver and the run it
+// names: sent again as it was (by someone who captured it), to another
+// engine, or to a later run of the receiver, it is refused -- the
+// signature alone would let it through each time.
+TEST(EngineNotifyTest, ReplayedNotificationsAreRefused) {
+  TransferEngine receiver, other;
+  ASSERT_NO_FATAL_FAILURE(
+      StartLoopbackPair("decode-0", &receiver, "decode-1", &other));
+  metadata::MetadataClient md(receiver.metadata_address(), absl::Seconds(3));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<const IdentityKey> key,
+                       IdentityKey::Generate());
+  metadata::SegmentDescriptor owned = metadata::TestSegment("prefill-0", 9, 0);
+  owned.set_rpc_address("127.0.0.1:4000");
+  owned.set_identity_key(key->public_key());
+  ASSERT_OK(md.Put(metadata::LeasedPutOf(owned)));
+  ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor d0, md.Get("decode-0"));
+  ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor d1, md.Get("decode-1"));
+  // What prefill-0 would send decode-0, signed; sent as captured.
+  metadata::NotifyRequest req;
+  req.set_from_segment("prefill-0");
+  req.set_name("kv-ready");
+  req.set_message("layer=0");
+  req.set_seq(7);
+  req.set_to_segment("decode-0");
+  req.set_to_incarnation(d0.incarnation());
+  ASSERT_OK_AND_ASSIGN(std::string sig,
+                       key->Sign(metadata::NotifyContent(req)));
+  req.set_signature(sig);
+  auto send = [](const std::string& address, const metadata::NotifyRequest& r) {
+    auto stub = metadata::PeerService::NewStub(metadata::MakeChannel(address));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    metadata::NotifyResponse resp;
+    return metadata::FromGrpcStatus(stub->Notify(&ctx, r, &resp), "Notify");
+  };
+  ASSERT_OK(send(d0.rpc_address(), req));
+  absl::Status s = send(d0.rpc_address(), req);
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_NE(s.message().find("a replay"), std::string::npos) << s;
+  // At another engine: refused and never queued; a real sender is told to
+  // read its receiver's descriptor again (the address changed hands).
+  s = send(d1.rpc_address(), req);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_EQ(metadata::HintOf(s), metadata::Hint::kRefreshReceiver) << s;
+  EXPECT_NE(s.message().find("addressed to segment 'decode-0'"),
+            std::string::npos)
+      << s;
+  // Readdressed by the spoofer, the signature no longer matches.
+  metadata::NotifyRequest moved = req;
+  moved.set_to_segment("decode-1");
+  moved.set_to_incarnation(d1.incarnation());
+  s = send(d1.rpc_address(), moved);
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_NE(s.message().find("does not match"), std::string::npos) << s;
+  // Right receiver, earlier run: told the receiver restarted (a sender
+  // reads the descriptor again and signs for the new run).
+  metadata::NotifyRequest earlier = req;
+  earlier.set_seq(8);
+  earlier.set_to_incarnation(d0.incarnation() + 1);
+  ASSERT_OK_AND_ASSIGN(sig, key->Sign(metadata::NotifyContent(earlier)));
+  earlier.set_signature(sig);
+  s = send(d0.rpc_address(), earlier);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_EQ(metadata::HintOf(s), metadata::Hint::kRefreshReceiver) << s;
+  // Signed, but for no receiver in particular.
+  metadata::NotifyRequest anyone = req;
+  anyone.set_seq(9);
+  anyone.clear_to_segment();
+  anyone.set_to_incarnation(0);
+  ASSERT_OK_AND_ASSIGN(sig, key->Sign(metadata::NotifyContent(anyone)));
+  anyone.set_signature(sig);
+  s = send(d0.rpc_address(), anyone);
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  // A new number, signed by the key: accepted once, out of order too.
+  metadata::NotifyRequest next = req;
+  next.set_seq(5);
+  ASSERT_OK_AND_ASSIGN(sig, key->Sign(metadata::NotifyContent(next)));
+  next.set_signature(sig);
+  EXPECT_OK(send(d0.rpc_address(), next));
+  auto got = receiver.GetNotifications();
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_TRUE(got[0].sender_verified);
+  EXPECT_TRUE(got[1].sender_verified);
+  EXPECT_TRUE(other.GetNotifications().empty());
+}
+
+// A receiver that restarted under the same name refuses what was signed
+// for its earlier run, with a hint; the sender reads its descriptor again
+// and delivers to the new run, with no error to the application.
+TEST(EngineNotifyTest, NotificationsFollowARestartedReceiver) {
+  TransferEngine md, sender;
+  ASSERT_NO_FATAL_FAILURE(StartLoopbackPair("md-0", &md, "prefill-0", &sender));
+  EngineOptions o;
+  o.local_segment_name = "decode-0";
+  o.listen_host = "127.0.0.1";
+  o.metadata_endpoint = md.metadata_address();
+  auto receiver = std::make_unique<TransferEngine>();
+  ASSERT_OK(receiver->Init(o));
+  ASSERT_OK_AND_ASSIGN(SegmentHandle h, sender.OpenSegment("decode-0"));
+  ASSERT_OK(sender.SendNotification(h, "kv-ready", "run=1"));
+  ASSERT_EQ(receiver->GetNotifications().size(), 1u);
+  // The new run listens where the old one did: the sender's descriptor
+  // still leads there.
+  ASSERT_OK_AND_ASSIGN(HostPort rpc, ParseHostPort(receiver->rpc_address()));
+  o.rpc_port = rpc.port;
+  receiver->Shutdown();
+  receiver = std::make_unique<TransferEngine>();
+  ASSERT_OK(receiver->Init(o));  // Same name, a new incarnation.
+  ASSERT_OK(sender.SendNotification(h, "kv-ready", "run=2"));
+  auto got = receiver->GetNotifications();
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].message, "run=2");
+  EXPECT_TRUE(got[0].sender_verified);
+  // Delivery across a restart, not the refresh path: the metadata
+  // service's push of the new descriptor usually reaches the sender before
+  // this send (18 of 20 runs refused nothing), so the refusal and its hint
+  // are checked on their own above.
+}
+
+// A handshake or rail notice through Exchange must come from the segment
+// it names, as a notification must: the live probe's spoofed
+// ConnectRequest ("from B", with a made-up incarnation) cut B's rail for
+// good. Refused before any transport sees it.
+TEST(EnginePeerTest, SpoofedExchangesAreRefused) {
+  TransferEngine target, initiator;
+  ASSERT_NO_FATAL_FAILURE(
+      StartLoopbackPair("target", &target, "initiator", &initiator));
+  metadata::MetadataClient md(target.metadata_address(), absl::Seconds(3));
+  ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor td, md.Get("target"));
+  ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor id, md.Get("initiator"));
+  EXPECT_EQ(id.identity_key().size(), kIdentityKeyBytes);
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<const IdentityKey> other,
+                       IdentityKey::Generate());
+  metadata::PeerClient unsigned_client(absl::Seconds(3));
+  metadata::PeerClient wrong_key(
+      absl::Seconds(3), metadata::PeerClient::kMaxStubs, "", nullptr, other);
+  // The forged signature first: checked against a fresh read (a refusal
+  // that rests on an older read is "try again").
+  for (metadata::PeerClient* spoofer : {&wrong_key, &unsigned_client}) {
+    auto r = spoofer->Exchange(td.rpc_address(), "tcp", "initiator", "x");
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied)
+        << r.status();
+    EXPECT_NE(r.status().message().find("exchange refused"), std::string::npos)
+        << r.status();
+  }
+  // The real initiator's own traffic still flows.
+  ASSERT_OK_AND_ASSIGN(SegmentHandle h, initiator.OpenSegment("target"));
+  ASSERT_OK(initiator.SendNotification(h, "ok", "still verified"));
+  auto got = target.GetNotifications();
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_TRUE(got[0].sender_verified);
 }
 
 TEST_F(EngineTest, UnknownSegment) {

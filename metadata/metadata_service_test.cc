@@ -1,6 +1,7 @@
 // Runs the real gRPC metadata and peer services on loopback.
 #include "metadata/metadata_service.h"
 
+#include <atomic>
 #include <memory>
 
 #include "common/mutex.h"
@@ -142,8 +143,7 @@ TEST(MetadataServiceAuthTest, CallsWithoutTheTokenAreRefused) {
   service.SetAuthToken(token);
   peer.SetAuthToken(token);
   std::atomic<int> notified{0};  // Written on a gRPC thread.
-  peer.SetNotifyHandler([&](const std::string&, const std::string&,
-                            const std::string&, const std::string&) {
+  peer.SetNotifyHandler([&](const NotifyRequest&, const std::string&) {
     ++notified;
     return absl::OkStatus();
   });
@@ -161,7 +161,7 @@ TEST(MetadataServiceAuthTest, CallsWithoutTheTokenAreRefused) {
     EXPECT_STATUS(c.Remove(RemoveOf("guarded", 1)),
                   absl::StatusCode::kUnauthenticated);
     PeerClient p(absl::Seconds(3), PeerClient::kMaxStubs, wrong);
-    EXPECT_STATUS(p.Notify(server->address(), "x", "kv-ready", "m"),
+    EXPECT_STATUS(p.Notify(server->address(), "x", "kv-ready", "m", "", 0),
                   absl::StatusCode::kUnauthenticated);
     EXPECT_STATUS(p.Exchange(server->address(), "rdma", "x", "hello"),
                   absl::StatusCode::kUnauthenticated);
@@ -173,7 +173,7 @@ TEST(MetadataServiceAuthTest, CallsWithoutTheTokenAreRefused) {
   ASSERT_OK(ok.Put(LeasedPutOf(seg)));
   EXPECT_OK(ok.Get("guarded"));
   PeerClient p(absl::Seconds(3), PeerClient::kMaxStubs, token);
-  EXPECT_OK(p.Notify(server->address(), "x", "kv-ready", "m"));
+  EXPECT_OK(p.Notify(server->address(), "x", "kv-ready", "m", "", 0));
   EXPECT_EQ(notified, 1);
   server->Shutdown();
 }
@@ -279,11 +279,10 @@ TEST_F(MetadataServiceTest, PeerExchangeAndNotify) {
   // cannot see; the lock makes the order explicit.
   Mutex mu;
   std::string got_name, got_msg;
-  peer_.SetNotifyHandler([&](const std::string&, const std::string& name,
-                             const std::string& msg, const std::string&) {
+  peer_.SetNotifyHandler([&](const NotifyRequest& r, const std::string&) {
     MutexLock lock(&mu);
-    got_name = name;
-    got_msg = msg;
+    got_name = r.name();
+    got_msg = r.message();
     return absl::OkStatus();
   });
   PeerClient peer(absl::Seconds(5));
@@ -296,16 +295,47 @@ TEST_F(MetadataServiceTest, PeerExchangeAndNotify) {
   EXPECT_EQ(
       peer.Exchange(server_->address(), "rdma", "me", "x").status().code(),
       absl::StatusCode::kUnimplemented);
-  ASSERT_OK(peer.Notify(server_->address(), "me", "done", "42"));
+  ASSERT_OK(peer.Notify(server_->address(), "me", "done", "42", "", 0));
   {
     MutexLock lock(&mu);
     EXPECT_EQ(got_name, "done");
     EXPECT_EQ(got_msg, "42");
   }
   EXPECT_EQ(peer.Notify(server_->address(), "me", "n",
-                        std::string(kMaxNotifyMessageBytes + 1, 'x'))
+                        std::string(kMaxNotifyMessageBytes + 1, 'x'), "", 0)
                 .code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// A receiver that cannot check the sender now answers "retry later": the
+// client sends the Exchange again within its timeout (a handshake must not
+// fail on a moment's refusal); any other refusal is final.
+TEST_F(MetadataServiceTest, ExchangeIsSentAgainWhenTheReceiverSaysRetryLater) {
+  peer_.SetExchangeHandler(
+      "echo",
+      [](const std::string& from, const std::string& payload)
+          -> absl::StatusOr<std::string> { return payload; });
+  std::atomic<int> checks{0};
+  std::atomic<int> busy_for{3};
+  peer_.SetSenderVerifier([&](const std::string& claimed, const std::string&,
+                              const std::string&, const std::string&) {
+    ++checks;
+    if (claimed == "spoofer") return absl::PermissionDeniedError("not you");
+    if (busy_for.fetch_sub(1) > 0) {
+      return absl::UnavailableError("sender lookups busy");
+    }
+    return absl::OkStatus();
+  });
+  PeerClient peer(absl::Seconds(5));
+  auto r = peer.Exchange(server_->address(), "echo", "me", "hi");
+  ASSERT_OK(r);
+  EXPECT_EQ(*r, "hi");
+  EXPECT_EQ(checks.load(), 4);
+  checks = 0;
+  EXPECT_EQ(
+      peer.Exchange(server_->address(), "echo", "spoofer", "x").status().code(),
+      absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(checks.load(), 1);
 }
 
 TEST(MetadataClientTest, UnreachableServerFailsFast) {

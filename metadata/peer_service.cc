@@ -1,5 +1,6 @@
 #include "metadata/peer_service.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -30,7 +31,8 @@ void PeerServiceImpl::RemoveExchangeHandler(const std::string& transport) {
 
 void PeerServiceImpl::SetNotifyHandler(NotifyHandler handler) {
   MutexLock lock(&mu_);
-  notify_ = std::make_shared<NotifyHandler>(std::move(handler));
+  notify_ =
+      handler ? std::make_shared<NotifyHandler>(std::move(handler)) : nullptr;
 }
 
 grpc::Status PeerServiceImpl::Admit(const grpc::CallbackServerContext& ctx) {
@@ -49,13 +51,41 @@ grpc::ServerUnaryReactor* PeerServiceImpl::Exchange(
         ctx,
         ToGrpcStatus(absl::InvalidArgumentError("exchange payload too large")));
   }
-  return ServeOnPool(&pool_, ctx, response, [this, request, response] {
-    return ServeExchange(*request, response);
+  return ServeOnPool(&pool_, ctx, response, [this, ctx, request, response] {
+    return ServeExchange(*request, CallerAddress(*ctx), response);
   });
 }
 
+void PeerServiceImpl::SetSenderVerifier(SenderVerifier verifier) {
+  MutexLock lock(&mu_);
+  verifier_ = verifier ? std::make_shared<SenderVerifier>(std::move(verifier))
+                       : nullptr;
+}
+
 grpc::Status PeerServiceImpl::ServeExchange(const ExchangeRequest& request,
+                                            const std::string& caller,
                                             ExchangeResponse* response) {
+  std::shared_ptr<SenderVerifier> verifier;
+  {
+    MutexLock lock(&mu_);
+    verifier = verifier_;
+  }
+  if (verifier != nullptr) {
+    // Before the transport sees it: a handshake or rail notice that does
+    // not come from the segment it names changes nothing.
+    const absl::Status v =
+        (*verifier)(request.from_segment(), caller, ExchangeContent(request),
+                    request.signature());
+    if (!v.ok()) {
+      // Unavailable: the sender could not be checked now; a Ferry sender
+      // may try again (metadata::IsRetryLater).
+      const absl::Status refused(
+          v.code(), absl::StrCat("exchange refused: ", v.message()));
+      return ToGrpcStatus(v.code() == absl::StatusCode::kUnavailable
+                              ? MarkRetryLater(refused)
+                              : refused);
+    }
+  }
   std::shared_ptr<Handler> handler;
   {
     MutexLock lock(&mu_);
@@ -121,6 +151,12 @@ grpc::ServerUnaryReactor* PeerServiceImpl::Notify(
   if (absl::Status s = ValidateSegmentName(request->from_segment()); !s.ok()) {
     return FinishNow(ctx, ToGrpcStatus(s));
   }
+  if (!request->to_segment().empty()) {
+    if (absl::Status s = ValidateSegmentName(request->to_segment()); !s.ok()) {
+      return FinishNow(ctx, ToGrpcStatus(absl::InvalidArgumentError(
+                                absl::StrCat("to_segment: ", s.message()))));
+    }
+  }
   if (request->name().size() > kMaxNotifyNameBytes ||
       request->message().size() > kMaxNotifyMessageBytes) {
     return FinishNow(ctx, ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
@@ -138,8 +174,7 @@ grpc::ServerUnaryReactor* PeerServiceImpl::Notify(
       return ToGrpcStatus(
           absl::UnavailableError("engine does not accept notifications yet"));
     }
-    return ToGrpcStatus((*handler)(request->from_segment(), request->name(),
-                                   request->message(), CallerAddress(*ctx)));
+    return ToGrpcStatus((*handler)(*request, CallerAddress(*ctx)));
   });
 }
 
@@ -178,17 +213,34 @@ size_t PeerClient::size() const {
 absl::StatusOr<std::string> PeerClient::Exchange(
     const std::string& address, const std::string& transport,
     const std::string& from_segment, const std::string& payload) {
-  grpc::ClientContext ctx;
-  AddAuthToken(&ctx, token_);
-  ctx.set_deadline(GrpcDeadline(rpc_timeout_));
   ExchangeRequest req;
   req.set_transport(transport);
   req.set_from_segment(from_segment);
   req.set_payload(payload);
+  if (identity_ != nullptr) {
+    auto sig = identity_->Sign(ExchangeContent(req));
+    if (!sig.ok()) return sig.status();
+    req.set_signature(std::move(*sig));
+  }
+  // A receiver that cannot check the sender right now (its lookups busy,
+  // its metadata slow) marks its refusal "retry later": sent again within
+  // the RPC timeout, as notifications are, rather than failing a
+  // handshake the receiver would take a moment later. Exchange carries no
+  // number, so the same signed request is sent again.
+  const absl::Time deadline = absl::Now() + rpc_timeout_;
+  absl::Duration backoff = absl::Milliseconds(10);
   ExchangeResponse resp;
-  grpc::Status s = StubFor(address)->Exchange(&ctx, req, &resp);
-  if (!s.ok()) {
-    return FromGrpcStatus(s, absl::StrCat("peer ", address, " Exchange"));
+  while (true) {
+    grpc::ClientContext ctx;
+    AddAuthToken(&ctx, token_);
+    ctx.set_deadline(GrpcDeadline(deadline - absl::Now()));
+    grpc::Status s = StubFor(address)->Exchange(&ctx, req, &resp);
+    if (s.ok()) break;
+    absl::Status st =
+        FromGrpcStatus(s, absl::StrCat("peer ", address, " Exchange"));
+    if (!IsRetryLater(st) || absl::Now() + backoff > deadline) return st;
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Milliseconds(200));
   }
   if (resp.payload().size() > kMaxExchangePayloadBytes) {
     return absl::DataLossError("peer exchange reply too large");
@@ -223,7 +275,9 @@ absl::StatusOr<SegmentDescriptor> PeerClient::GetDescriptor(
 absl::Status PeerClient::Notify(const std::string& address,
                                 const std::string& from_segment,
                                 const std::string& name,
-                                const std::string& message) {
+                                const std::string& message,
+                                const std::string& to_segment,
+                                uint64_t to_incarnation) {
   grpc::ClientContext ctx;
   AddAuthToken(&ctx, token_);
   ctx.set_deadline(GrpcDeadline(rpc_timeout_));
@@ -231,9 +285,29 @@ absl::Status PeerClient::Notify(const std::string& address,
   req.set_from_segment(from_segment);
   req.set_name(name);
   req.set_message(message);
+  req.set_seq(next_seq_.fetch_add(1, std::memory_order_relaxed));
+  req.set_to_segment(to_segment);
+  req.set_to_incarnation(to_incarnation);
+  if (identity_ != nullptr) {
+    auto sig = identity_->Sign(NotifyContent(req));
+    if (!sig.ok()) return sig.status();
+    req.set_signature(std::move(*sig));
+  }
   NotifyResponse resp;
   return FromGrpcStatus(StubFor(address)->Notify(&ctx, req, &resp),
                         absl::StrCat("peer ", address, " Notify"));
+}
+
+std::string ExchangeContent(const ExchangeRequest& request) {
+  return SignedContent("exchange", {request.transport(), request.from_segment(),
+                                    request.payload()});
+}
+
+std::string NotifyContent(const NotifyRequest& request) {
+  return SignedContent(
+      "notify", {request.from_segment(), request.name(), request.message(),
+                 request.to_segment(), absl::StrCat(request.to_incarnation()),
+                 absl::StrCat(request.seq())});
 }
 
 }  // namespace ferry::metadata

@@ -8,6 +8,7 @@
 #ifndef FERRY_METADATA_PEER_SERVICE_H_
 #define FERRY_METADATA_PEER_SERVICE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <list>
@@ -18,6 +19,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/identity.h"
 #include "common/mutex.h"
 #include "metadata/call_pool.h"
 #include "metadata/proto/metadata.grpc.pb.h"
@@ -36,12 +38,19 @@ class PeerServiceImpl final : public PeerService::CallbackService {
   // Answers one Exchange payload from `from_segment`; the returned bytes are
   // the reply payload, an error is passed back to the caller as its status.
   using ExchangeHandler = PeerChannel::Handler;
-  // An error (e.g. a full queue) is returned to the sender.
-  // `from_segment` is what the sender claims; `sender_address` is where
-  // the call came from (CallerAddress), which it cannot choose.
+  // An error (e.g. a full queue) is returned to the sender. The request's
+  // from_segment is what the sender claims; `sender_address` is where the
+  // call came from (CallerAddress), which it cannot choose; its signature
+  // (empty if it sent none) is of NotifyContent(request): the handler
+  // decides what an unverified one gets.
   using NotifyHandler = std::function<absl::Status(
-      const std::string& from_segment, const std::string& name,
-      const std::string& message, const std::string& sender_address)>;
+      const NotifyRequest& request, const std::string& sender_address)>;
+  // Whether a call comes from the segment it names: OK, or the status the
+  // caller gets back. `content` is what the segment signs (SignedContent),
+  // `signature` what the call carried, `caller` where it came from.
+  using SenderVerifier = std::function<absl::Status(
+      const std::string& from_segment, const std::string& caller,
+      const std::string& content, const std::string& signature)>;
 
   // Routes Exchange calls for `transport` to `handler`, replacing any.
   void SetExchangeHandler(const std::string& transport,
@@ -51,6 +60,11 @@ class PeerServiceImpl final : public PeerService::CallbackService {
   // what it captured) is not used again. For a transport's Shutdown.
   void RemoveExchangeHandler(const std::string& transport);
   void SetNotifyHandler(NotifyHandler handler);
+  // Checks every Exchange with `verifier` before its transport's handler
+  // sees it (a spoofed handshake or rail notice never reaches the
+  // transport). Null: every claim is believed, as a service alone in a
+  // test is.
+  void SetSenderVerifier(SenderVerifier verifier);
   // Answers only calls carrying `token` (auth.h); empty: any. Call before
   // serving.
   void SetAuthToken(std::string token) { token_ = std::move(token); }
@@ -80,6 +94,7 @@ class PeerServiceImpl final : public PeerService::CallbackService {
   // MetadataServiceImpl::Admit).
   grpc::Status Admit(const grpc::CallbackServerContext& ctx);
   grpc::Status ServeExchange(const ExchangeRequest& request,
+                             const std::string& caller,
                              ExchangeResponse* response);
   grpc::Status ServeGetDescriptor(const GetSegmentRequest& request,
                                   GetSegmentResponse* response);
@@ -89,6 +104,7 @@ class PeerServiceImpl final : public PeerService::CallbackService {
   absl::flat_hash_map<std::string, std::shared_ptr<Handler>> handlers_
       ABSL_GUARDED_BY(mu_);
   std::shared_ptr<NotifyHandler> notify_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<SenderVerifier> verifier_ ABSL_GUARDED_BY(mu_);
   Store* descriptor_source_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::string token_;
   CallPool pool_;
@@ -102,22 +118,30 @@ class PeerClient {
   static constexpr size_t kMaxStubs = 1024;
 
   // Every call carries `auth_token` (auth.h) if it is not empty, over TLS
-  // (tls.h) if `tls` is not null.
+  // (tls.h) if `tls` is not null. Exchange and Notify calls are signed
+  // with `identity` (the key the sending segment publishes), unless it is
+  // null.
   explicit PeerClient(absl::Duration rpc_timeout, size_t max_stubs = kMaxStubs,
                       std::string auth_token = "",
-                      std::shared_ptr<const Tls> tls = nullptr)
+                      std::shared_ptr<const Tls> tls = nullptr,
+                      std::shared_ptr<const IdentityKey> identity = nullptr)
       : rpc_timeout_(rpc_timeout),
         max_stubs_(max_stubs),
         token_(std::move(auth_token)),
-        tls_(std::move(tls)) {}
+        tls_(std::move(tls)),
+        identity_(std::move(identity)) {}
 
   absl::StatusOr<std::string> Exchange(const std::string& address,
                                        const std::string& transport,
                                        const std::string& from_segment,
                                        const std::string& payload);
+  // Notifies segment `to_segment` (run `to_incarnation`, as its
+  // descriptor says) at `address`; signed, and numbered for the receiver's
+  // replay check (every call takes a new number, a retry too).
   absl::Status Notify(const std::string& address,
                       const std::string& from_segment, const std::string& name,
-                      const std::string& message);
+                      const std::string& message, const std::string& to_segment,
+                      uint64_t to_incarnation);
   // The descriptor the engine at `address` publishes as `name`
   // (P2PHANDSHAKE), validated; DataLoss if it answers with another one.
   absl::StatusOr<SegmentDescriptor> GetDescriptor(const std::string& address,
@@ -140,6 +164,8 @@ class PeerClient {
   const size_t max_stubs_;
   const std::string token_;
   const std::shared_ptr<const Tls> tls_;
+  const std::shared_ptr<const IdentityKey> identity_;
+  std::atomic<uint64_t> next_seq_{1};  // NotifyRequest.seq.
   mutable Mutex mu_;
   absl::flat_hash_map<std::string, CachedStub> stubs_ ABSL_GUARDED_BY(mu_);
   std::list<std::string> lru_ ABSL_GUARDED_BY(mu_);  // Most recent first.
@@ -173,6 +199,13 @@ class GrpcPeerChannel final : public PeerChannel {
   PeerClient* const client_;
   const std::string local_segment_;
 };
+
+// What a sender signs: every field of the request but the signature, in a
+// form no two requests share (SignedContent). A notification's includes
+// whom it is for and its number, so that a captured one is good once, for
+// one receiver's run.
+std::string ExchangeContent(const ExchangeRequest& request);
+std::string NotifyContent(const NotifyRequest& request);
 
 }  // namespace ferry::metadata
 

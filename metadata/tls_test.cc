@@ -122,8 +122,7 @@ class TlsTest : public ::testing::Test {
 
   // A metadata and peer service with mutual TLS from `files` (none: plain).
   void Serve(const TlsFiles* files) {
-    peer_.SetNotifyHandler([this](const std::string&, const std::string&,
-                                  const std::string&, const std::string&) {
+    peer_.SetNotifyHandler([this](const NotifyRequest&, const std::string&) {
       ++notified_;
       return absl::OkStatus();
     });
@@ -189,14 +188,14 @@ TEST_F(TlsTest, ServesOnlyClientsOfTheClusterCa) {
                 absl::StatusCode::kUnavailable);
   PeerClient peer(absl::Seconds(3), PeerClient::kMaxStubs, "",
                   MustLoad(impostor));
-  EXPECT_STATUS(peer.Notify(server_->address(), "x", "kv-ready", "m"),
+  EXPECT_STATUS(peer.Notify(server_->address(), "x", "kv-ready", "m", "", 0),
                 absl::StatusCode::kUnavailable);
   ASSERT_OK_AND_ASSIGN(auto names, good.List());
   EXPECT_EQ(names.size(), 1u) << "a refused Put stored nothing";
   PeerClient ok_peer(absl::Seconds(3), PeerClient::kMaxStubs, "",
                      MustLoad(pki_->node));
   EXPECT_EQ(notified_, 0);
-  EXPECT_OK(ok_peer.Notify(server_->address(), "x", "kv-ready", "m"));
+  EXPECT_OK(ok_peer.Notify(server_->address(), "x", "kv-ready", "m", "", 0));
   EXPECT_EQ(notified_, 1);
 }
 

@@ -123,6 +123,16 @@ absl::Status ValidateSegmentDescriptor(const SegmentDescriptor& segment) {
     return invalid("network_id", absl::StrCat("not printable, or over ",
                                               kMaxNetworkIdBytes, " bytes"));
   }
+  // An Ed25519 public key (common/identity.h's kIdentityKeyBytes; not
+  // included, to keep libcrypto out of what validates).
+  constexpr size_t kIdentityKeyBytes = 32;
+  if (!segment.identity_key().empty() &&
+      segment.identity_key().size() != kIdentityKeyBytes) {
+    return invalid(
+        "identity_key",
+        absl::StrCat(segment.identity_key().size(),
+                     " bytes; an Ed25519 public key has ", kIdentityKeyBytes));
+  }
   if (static_cast<size_t>(segment.transports_size()) >
       kMaxTransportsPerSegment) {
     return invalid("transports",

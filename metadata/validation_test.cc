@@ -62,6 +62,9 @@ TEST(ValidationTest, RefusesEachBadFieldNamingIt) {
        [](auto* d) { d->mutable_transports(0)->set_address("::1:80"); }},
       {"network_id", [](auto* d) { d->set_network_id("two words"); }},
       {"network_id", [](auto* d) { d->set_network_id(std::string(129, 'n')); }},
+      {"identity_key", [](auto* d) { d->set_identity_key("short"); }},
+      {"identity_key",
+       [](auto* d) { d->set_identity_key(std::string(33, 'k')); }},
       // A name: the TCP transport dials IPv4 addresses only, so it would
       // fail every request instead of OpenSegment.
       {"transports[0] ('tcp').address",

@@ -16,7 +16,7 @@ DEMO_PACKAGES=(
   bazel-bootstrap pkg-config g++ clang
   libibverbs-dev libabsl-dev libprotobuf-dev protobuf-compiler
   libgrpc++-dev protobuf-compiler-grpc libgtest-dev libgmock-dev
-  libbenchmark-dev libspdlog-dev
+  libbenchmark-dev libspdlog-dev libssl-dev
 )
 # What the tests, CI's other stages, the benchmarks and the docs site need
 # besides: reference tools, namespaces, clang, etcd, Python, the browser.

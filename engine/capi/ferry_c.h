@@ -205,7 +205,7 @@ typedef struct {
   char* message; /* message_length bytes, then a NUL. */
   size_t message_length;
   char* sender_address; /* As the connection shows it. */
-  int sender_verified;  /* from_segment is published on that host. */
+  int sender_verified;  /* from_segment signed it (its identity key). */
 } ferry_notification;
 /* Takes the notifications received so far (oldest first): *out is an
  * array of *count, freed with ferry_notifications_free. */

@@ -64,8 +64,8 @@ class TransferNotify:
     """A notification: sent with a transfer (`notify=`), or received.
 
     A received one also carries `sender`, the segment that sent it. Ferry
-    checks it (the engine refuses notifications whose claimed sender is not
-    published from the host they came from), so a receiver can act on it;
+    checks it (the engine refuses notifications that the claimed sender did
+    not sign with the identity key it publishes), so a receiver can act on it;
     Mooncake's TransferNotify has no such field."""
 
     def __init__(self, name: str = "", msg: str = "", sender: str = ""):

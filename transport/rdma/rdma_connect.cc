@@ -390,10 +390,15 @@ void RdmaTransport::RunConnect(const EndpointPtr& ep, uint64_t attempt,
         absl::StrCat("RDMA peer '", peer->name(), "' refused the rail ",
                      nic->name(), " -> ", ep->remote_nic(), ": ", reason));
   } else if (!s.ok() && !skipped) {
-    s = absl::Status(
+    absl::Status wrapped(
         s.code(),
         absl::StrCat("RDMA handshake with '", peer->name(), "' (", nic->name(),
                      " -> ", ep->remote_nic(), "): ", s.message()));
+    // The peer's hints (retry later, refresh) travel on.
+    s.ForEachPayload([&](absl::string_view url, const absl::Cord& payload) {
+      wrapped.SetPayload(url, payload);
+    });
+    s = std::move(wrapped);
   }
   std::vector<EndpointPtr> restarted;
   Later later;

@@ -1,0 +1,308 @@
+#include "engine/sender_check.h"
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "common/identity.h"
+#include "common/mutex.h"
+#include "common/status_testing.h"
+#include "gtest/gtest.h"
+
+namespace ferry {
+namespace {
+
+// A metadata store of descriptors by name that counts its reads and can be
+// taken out of reach.
+class FakeStore final : public metadata::Store {
+ public:
+  void Add(const std::string& name, const std::string& key,
+           const std::string& rpc = "127.0.0.1:4000") {
+    metadata::SegmentDescriptor d;
+    d.set_name(name);
+    d.set_incarnation(1);
+    d.set_rpc_address(rpc);
+    d.set_identity_key(key);
+    MutexLock lock(&mu_);
+    segments_[name] = d;
+  }
+  void SetDown(bool down) { down_ = down; }
+  int reads() const { return reads_; }
+  // Reads from now on answer what they found only once `release` is
+  // notified (or 10 s passed): a slow or hung store.
+  void Hold(absl::Notification* release) { hold_ = release; }
+
+  absl::StatusOr<metadata::SegmentDescriptor> Get(
+      const std::string& name) override {
+    ++reads_;
+    if (down_) return absl::UnavailableError("the store is down");
+    absl::StatusOr<metadata::SegmentDescriptor> found =
+        absl::NotFoundError(name);
+    {
+      MutexLock lock(&mu_);
+      if (auto it = segments_.find(name); it != segments_.end()) {
+        found = it->second;
+      }
+    }
+    if (absl::Notification* n = hold_.load(); n != nullptr) {
+      n->WaitForNotificationWithTimeout(absl::Seconds(10));
+    }
+    return found;
+  }
+  absl::StatusOr<uint64_t> Put(const metadata::PutSegmentRequest&) override {
+    return absl::UnimplementedError("fake");
+  }
+  absl::StatusOr<absl::Duration> KeepAlive(
+      const metadata::KeepAliveRequest&) override {
+    return absl::UnimplementedError("fake");
+  }
+  absl::StatusOr<uint64_t> UpdateBuffers(
+      const metadata::UpdateBuffersRequest&) override {
+    return absl::UnimplementedError("fake");
+  }
+  absl::Status Remove(const metadata::RemoveSegmentRequest&) override {
+    return absl::UnimplementedError("fake");
+  }
+  absl::StatusOr<std::vector<std::string>> List() override {
+    return absl::UnimplementedError("fake");
+  }
+  std::string Describe() const override { return "fake"; }
+
+ private:
+  Mutex mu_;
+  absl::flat_hash_map<std::string, metadata::SegmentDescriptor> segments_
+      ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> down_{false};
+  std::atomic<int> reads_{0};
+  std::atomic<absl::Notification*> hold_{nullptr};
+};
+
+// The check's clock, moved by the tests (while checks run on other
+// threads in some).
+class FakeTime {
+ public:
+  explicit FakeTime(absl::Time t) { *this = t; }
+  operator absl::Time() const {  // NOLINT: reads as the time it holds.
+    return absl::FromUnixNanos(ns_.load());
+  }
+  FakeTime& operator=(absl::Time t) {
+    ns_.store(absl::ToUnixNanos(t));
+    return *this;
+  }
+  FakeTime& operator+=(absl::Duration d) {
+    ns_.fetch_add(absl::ToInt64Nanoseconds(d));
+    return *this;
+  }
+
+ private:
+  std::atomic<int64_t> ns_{0};
+};
+FakeTime fake_now(absl::UnixEpoch() + absl::Hours(1));
+absl::Time FakeNow() { return fake_now; }
+
+class SenderCheckTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    fake_now = absl::UnixEpoch() + absl::Hours(1);
+    auto k = IdentityKey::Generate();
+    ASSERT_OK(k);
+    key_ = *k;
+    store_.Add("prefill-0", key_->public_key());
+  }
+
+  absl::Status Check(const std::string& claimed, const std::string& caller,
+                     const std::string& content,
+                     std::optional<uint64_t> seq = std::nullopt) {
+    auto sig = key_->Sign(content);
+    EXPECT_OK(sig);
+    return check_.Verify(claimed, caller, content, sig.ok() ? *sig : "", seq);
+  }
+
+  FakeStore store_;
+  SenderCheck check_{&store_, absl::Seconds(10), &FakeNow};
+  std::shared_ptr<const IdentityKey> key_;
+};
+
+TEST_F(SenderCheckTest, SignedBySegmentsKey) {
+  EXPECT_OK(Check("prefill-0", "ipv4:10.0.0.7", "m"));
+  EXPECT_EQ(store_.reads(), 1);
+  EXPECT_OK(Check("prefill-0", "ipv4:10.0.0.8", "n"));
+  EXPECT_EQ(store_.reads(), 1) << "cached";
+  const absl::Status s =
+      check_.Verify("prefill-0", "ipv4:10.0.0.7", "m", std::string(64, 'x'));
+  EXPECT_FALSE(s.ok()) << s;
+  // A malformed signature costs no read.
+  fake_now += absl::Seconds(5);
+  const absl::Status bad =
+      check_.Verify("prefill-0", "ipv4:10.0.0.7", "m", "short");
+  EXPECT_EQ(bad.code(), absl::StatusCode::kPermissionDenied) << bad;
+  EXPECT_EQ(store_.reads(), 1);
+}
+
+TEST_F(SenderCheckTest, RefusalOnAnOlderReadIsTryAgain) {
+  ASSERT_OK(Check("prefill-0", "ipv4:10.0.0.7", "m"));
+  // Read 100 ms ago: not read again so soon; the caller may retry.
+  fake_now += absl::Milliseconds(100);
+  const std::string forged(kSignatureBytes, 'x');
+  absl::Status s = check_.Verify("prefill-0", "ipv4:10.0.0.7", "m", forged);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_EQ(store_.reads(), 1);
+  // Past kRecheckAfter: read again, and then the refusal stands.
+  fake_now += SenderCheck::kRecheckAfter;
+  s = check_.Verify("prefill-0", "ipv4:10.0.0.7", "m", forged);
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_EQ(store_.reads(), 2);
+}
+
+// A check that joins a read begun before it (and before the sender
+// restarted) must not take that read's answer for one made since: it
+// reads again, and the new key is accepted.
+TEST_F(SenderCheckTest, AReadIsAsOfWhenItBegan) {
+  absl::Notification release;
+  store_.Hold(&release);
+  fake_now += SenderCheck::kCacheFor;  // Nothing cached.
+  std::thread first(
+      [&] { EXPECT_OK(Check("prefill-0", "ipv4:10.0.0.7", "m")); });
+  while (store_.reads() == 0) absl::SleepFor(absl::Milliseconds(1));
+  // The sender restarts with a new key while that read is out.
+  auto restarted = IdentityKey::Generate();
+  ASSERT_OK(restarted);
+  store_.Add("prefill-0", (*restarted)->public_key());
+  fake_now += absl::Seconds(1);
+  absl::Status joined;
+  std::thread second([&] {
+    const std::string content = "after the restart";
+    auto sig = (*restarted)->Sign(content);
+    ASSERT_OK(sig);
+    joined = check_.Verify("prefill-0", "ipv4:10.0.0.8", content, *sig);
+  });
+  absl::SleepFor(absl::Milliseconds(50));  // Let it join the read.
+  store_.Hold(nullptr);
+  release.Notify();
+  first.join();
+  second.join();
+  EXPECT_OK(joined);
+  EXPECT_EQ(store_.reads(), 2);
+}
+
+// A store that hangs holds a bounded number of checks, each for a bounded
+// time: the threads that serve calls stay free for cached senders.
+TEST_F(SenderCheckTest, ChecksWaitingOnOneReadAreBounded) {
+  absl::Notification release;
+  store_.Hold(&release);
+  std::vector<std::thread> threads;
+  std::atomic<int> unavailable{0};
+  const int n = 1 + SenderCheck::kMaxWaiting;
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&] {
+      if (Check("prefill-0", "ipv4:10.0.0.7", "m").code() ==
+          absl::StatusCode::kUnavailable) {
+        ++unavailable;
+      }
+    });
+  }
+  while (store_.reads() == 0) absl::SleepFor(absl::Milliseconds(1));
+  absl::SleepFor(absl::Milliseconds(50));  // All but one wait on it.
+  const absl::Time start = absl::Now();
+  const absl::Status over = Check("prefill-0", "ipv4:10.0.0.7", "m");
+  EXPECT_EQ(over.code(), absl::StatusCode::kUnavailable) << over;
+  EXPECT_NE(over.message().find("too many checks wait"), std::string::npos)
+      << over;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1)) << "refused at once";
+  // The waiters give up after kSlotWait, while the read still hangs.
+  for (int i = 0; i < 200 && unavailable < SenderCheck::kMaxWaiting; ++i) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(unavailable.load(), SenderCheck::kMaxWaiting);
+  release.Notify();
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(store_.reads(), 1);
+}
+
+TEST_F(SenderCheckTest, EachCallerReadsAtABoundedRate) {
+  const int burst = static_cast<int>(SenderCheck::kLookupBurst);
+  for (int i = 0; i < burst; ++i) {
+    const absl::Status s =
+        Check(absl::StrCat("made-up-", i), "ipv4:10.6.6.6", "m");
+    EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  }
+  EXPECT_EQ(store_.reads(), burst);
+  absl::Status s = Check("made-up-x", "ipv4:10.6.6.6", "m");
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_EQ(store_.reads(), burst) << "over its budget: no read";
+  // Another caller is not held to that one's budget.
+  EXPECT_OK(Check("prefill-0", "ipv4:10.0.0.7", "m"));
+  // And the budget comes back with time (the made-up names are read
+  // again once their answers are older than kAbsentFor).
+  fake_now += absl::Seconds(1);
+  s = Check("made-up-y", "ipv4:10.6.6.6", "m");
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+}
+
+TEST_F(SenderCheckTest, MadeUpNamesDoNotPushOutRealOnes) {
+  ASSERT_OK(Check("prefill-0", "ipv4:10.0.0.7", "m"));
+  const int reads = store_.reads();
+  // Many made-up names, from as many callers (each within its budget).
+  for (size_t i = 0; i < SenderCheck::kMaxCached + 10; ++i) {
+    (void)Check(absl::StrCat("made-up-", i), absl::StrCat("ipv4:10.7.", i),
+                "m");
+  }
+  const int after = store_.reads();
+  EXPECT_GT(after, reads);
+  EXPECT_OK(Check("prefill-0", "ipv4:10.0.0.7", "m"));
+  EXPECT_EQ(store_.reads(), after) << "prefill-0 is still cached";
+}
+
+TEST_F(SenderCheckTest, AnOutageUsesTheKeyLastRead) {
+  ASSERT_OK(Check("prefill-0", "ipv4:10.0.0.7", "m"));
+  store_.SetDown(true);
+  fake_now += SenderCheck::kCacheFor + absl::Seconds(1);
+  // Read again (its answer is old), which fails: the key last read, within
+  // the grace (10 s here past the cache time).
+  EXPECT_OK(Check("prefill-0", "ipv4:10.0.0.7", "m"));
+  const int reads = store_.reads();
+  // No new read while the store is marked down.
+  EXPECT_OK(Check("prefill-0", "ipv4:10.0.0.7", "n"));
+  const absl::Status unknown = Check("prefill-9", "ipv4:10.0.0.7", "m");
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kUnavailable) << unknown;
+  EXPECT_EQ(store_.reads(), reads);
+  // Past the grace: Unavailable.
+  fake_now += absl::Seconds(10);
+  ASSERT_GT(absl::Time(fake_now) - absl::Hours(1) - absl::UnixEpoch(),
+            SenderCheck::kCacheFor + absl::Seconds(10));
+  const absl::Status late = Check("prefill-0", "ipv4:10.0.0.7", "m");
+  EXPECT_EQ(late.code(), absl::StatusCode::kUnavailable) << late;
+  store_.SetDown(false);
+  fake_now += SenderCheck::kStoreDownFor;
+  EXPECT_OK(Check("prefill-0", "ipv4:10.0.0.7", "m"));
+}
+
+TEST_F(SenderCheckTest, NumberedCallsAreAcceptedOnce) {
+  EXPECT_OK(Check("prefill-0", "ipv4:10.0.0.7", "m", 5));
+  absl::Status s = Check("prefill-0", "ipv4:10.0.0.7", "m", 5);
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_OK(Check("prefill-0", "ipv4:10.0.0.7", "m", 4));
+  EXPECT_OK(
+      Check("prefill-0", "ipv4:10.0.0.7", "m", 5 + ReplayWindows::kWindow));
+  // Too old to tell from a replay: sent again it would get a new number.
+  s = Check("prefill-0", "ipv4:10.0.0.7", "m", 3);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+}
+
+TEST_F(SenderCheckTest, KeylessSegmentsAreHeldToTheirHost) {
+  store_.Add("old", "", "10.0.0.9:4000");
+  EXPECT_OK(check_.Verify("old", "ipv4:10.0.0.9", "m", ""));
+  const absl::Status s = check_.Verify("old", "ipv4:10.0.0.7", "m", "");
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  // Where the caller asks for no host check (Exchange), they pass.
+  EXPECT_OK(check_.Verify("old", "ipv4:10.0.0.7", "m", "", std::nullopt,
+                          /*check_host=*/false));
+}
+
+}  // namespace
+}  // namespace ferry
