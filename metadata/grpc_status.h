@@ -15,19 +15,21 @@
 namespace ferry::metadata {
 
 // What a Ferry peer should do about a refusal: a payload on the status,
-// carried across gRPC in its error details, so that no caller has to match
-// a message's words.
+// carried across gRPC in its error details (a google.rpc.Status holding a
+// google.rpc.ErrorInfo of domain "ferry", as other gRPC stacks expect that
+// trailer to be), so that no caller has to match a message's words.
 //   kRetryLater: try again soon, as it is (a receiver that cannot check a
-//     notification's sender right now);
+//     call's sender right now);
 //   kRefreshReceiver: the receiver restarted since the sender read its
-//     descriptor: read it again, then send again.
+//     descriptor (or another engine has its address now): read it again,
+//     then send again.
 enum class Hint { kNone, kRetryLater, kRefreshReceiver };
 
 inline constexpr absl::string_view kHintPayload =
     "type.googleapis.com/ferry.Hint";
-inline constexpr absl::string_view kRetryLaterDetails = "ferry:retry-later";
-inline constexpr absl::string_view kRefreshReceiverDetails =
-    "ferry:refresh-receiver";
+inline constexpr absl::string_view kRetryLaterDetails = "RETRY_LATER";
+inline constexpr absl::string_view kRefreshReceiverDetails = "REFRESH_RECEIVER";
+inline constexpr absl::string_view kHintDomain = "ferry";
 
 inline absl::Status WithHint(absl::Status s, Hint hint) {
   if (s.ok() || hint == Hint::kNone) return s;
@@ -53,28 +55,13 @@ inline bool IsRetryLater(const absl::Status& s) {
   return HintOf(s) == Hint::kRetryLater;
 }
 
-inline grpc::Status ToGrpcStatus(const absl::Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  const Hint hint = HintOf(s);
-  return grpc::Status(
-      static_cast<grpc::StatusCode>(s.code()), std::string(s.message()),
-      hint == Hint::kRetryLater        ? std::string(kRetryLaterDetails)
-      : hint == Hint::kRefreshReceiver ? std::string(kRefreshReceiverDetails)
-                                       : std::string());
-}
+// The status for gRPC; a hint goes in its error details.
+grpc::Status ToGrpcStatus(const absl::Status& s);
 
 // `what` names the call and peer, so the caller sees which RPC failed where.
-inline absl::Status FromGrpcStatus(const grpc::Status& s,
-                                   absl::string_view what) {
-  if (s.ok()) return absl::OkStatus();
-  absl::Status out(static_cast<absl::StatusCode>(s.error_code()),
-                   absl::StrCat(what, ": ", s.error_message()));
-  const std::string& d = s.error_details();
-  return WithHint(std::move(out), d == kRetryLaterDetails ? Hint::kRetryLater
-                                  : d == kRefreshReceiverDetails
-                                      ? Hint::kRefreshReceiver
-                                      : Hint::kNone);
-}
+// A hint in the error details comes back as the status's; details that are
+// not a google.rpc.Status, or hold no Ferry hint, are ignored.
+absl::Status FromGrpcStatus(const grpc::Status& s, absl::string_view what);
 
 }  // namespace ferry::metadata
 
