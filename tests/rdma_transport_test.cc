@@ -99,6 +99,42 @@ bool Step(SimulatedClock* clock, absl::Duration d, int threads) {
 // The housekeeping interval (rdma_connect.cc).
 constexpr absl::Duration kHousekeeping = absl::Milliseconds(50);
 
+// A handshake names the run of the target it is for, and the Exchange
+// signature covers it: one captured, or made up with 0 ("any run", which
+// releases before identity keys took), is refused as stale everywhere but
+// at that run.
+TEST(RdmaTransportTest, HandshakeMustNameTheTargetsRun) {
+  FakePeerNetwork net;
+  ASSERT_OK_AND_ASSIGN(auto target, TestNode::Start(&net, "t", {}));
+  std::unique_ptr<PeerChannel> x = net.Join("x", "x");
+  const std::string nic =
+      target->view()->descriptor().transports(0).devices(0).name();
+  auto connect = [&](uint64_t target_incarnation) {
+    RdmaMessage msg;
+    ConnectRequest* req = msg.mutable_connect();
+    req->set_initiator_segment("x");
+    req->set_initiator_incarnation(7);
+    req->set_target_incarnation(target_incarnation);
+    req->set_initiator_nic(nic);
+    req->set_target_nic(nic);
+    req->set_rail_epoch(1);
+    QpInfo* q = req->add_initiator_qps();
+    q->set_nic(nic);
+    q->set_qpn(0x100);
+    q->set_gid(std::string(16, '\0'));
+    q->set_psn(1);
+    ConnectReply reply;
+    auto bytes = x->Call("t", "rdma", msg.SerializeAsString());
+    EXPECT_OK(bytes);
+    EXPECT_TRUE(bytes.ok() && reply.ParseFromString(*bytes));
+    return reply.result();
+  };
+  EXPECT_EQ(connect(0), ConnectReply::STALE_INCARNATION);
+  EXPECT_EQ(connect(target->incarnation() + 1),
+            ConnectReply::STALE_INCARNATION);
+  EXPECT_NE(connect(target->incarnation()), ConnectReply::STALE_INCARNATION);
+}
+
 TEST(RdmaTransportTest, UnreachablePeerFailsFastWithBoundedHandshakes) {
   // Two NICs each: four rails; the peer is backed off as a whole. Two
   // seconds of the clock, a batch every 10 ms.

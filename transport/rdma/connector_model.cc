@@ -261,7 +261,7 @@ void World::Deliver(const Msg& m) {
       ctx.reply_attempt = m.attempt;
       ctx.reply_to_inc = m.from_inc;
       // The transport's peer-level checks, then the rail's machine.
-      if (m.to_inc != 0 && m.to_inc != t.inc) {
+      if (m.to_inc != t.inc) {  // 0 is no run (OnConnect).
         Msg r;
         r.type = Msg::Type::kReply;
         r.to = 1 - m.to;

@@ -560,8 +560,10 @@ absl::StatusOr<ConnectReply> RdmaTransport::OnConnect(
   // exist here.
   ConnectReply reply;
   reply.set_target_incarnation(incarnation_);
-  if (req.target_incarnation() != 0 &&
-      req.target_incarnation() != incarnation_) {
+  // The run it is meant for, which every Ferry release names: with the
+  // Exchange signature covering it, a captured handshake is good at this
+  // run of this engine only (0 is no run, not "any").
+  if (req.target_incarnation() != incarnation_) {
     reply.set_result(ConnectReply::STALE_INCARNATION);
     return reply;
   }
@@ -704,8 +706,7 @@ RailNoticeReply RdmaTransport::OnNotice(const std::string& from,
     MutexLock lock(&peer->mu);
     // Only about a connection of the sender's current run with this run.
     if (peer->incarnation != n.initiator_incarnation() ||
-        (n.target_incarnation() != 0 &&
-         n.target_incarnation() != incarnation_)) {
+        n.target_incarnation() != incarnation_) {
       return reply;
     }
     peer->unresponsive_until_ns = 0;
