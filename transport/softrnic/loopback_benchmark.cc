@@ -7,6 +7,9 @@
 // last signaled, as Ferry's RDMA transport posts) and polls until the
 // chain's completions are in; the counter `wr/s` is work requests per
 // second.
+#include <sys/mman.h>
+
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -118,7 +121,9 @@ BENCHMARK(BM_RdmaWriteChain)
     ->Args({64, 32, 0})
     ->Args({64, 32, 1})
     ->Args({64, 1, 0})
-    ->Args({65536, 32, 0});
+    ->Args({65536, 32, 0})
+    ->Args({4096, 1, 0})  // Against BM_RdmaWriteRegisterEach.
+    ->Args({1 << 20, 1, 0});
 
 // The reference: the same bytes copied with memcpy, same access pattern.
 void BM_Memcpy(benchmark::State& state) {
@@ -142,6 +147,106 @@ BENCHMARK(BM_Memcpy)
     ->ArgNames({"size", "chain"})
     ->Args({64, 32})
     ->Args({65536, 32});
+
+// Lines of /proc/self/maps: softrnic's registration reads that file, so
+// its cost grows with the process's mappings, not with the region.
+double MapsLines() {
+  FILE* f = std::fopen("/proc/self/maps", "r");
+  if (f == nullptr) return 0;
+  double n = 0;
+  for (int c; (c = std::fgetc(f)) != EOF;) n += c == '\n';
+  std::fclose(f);
+  return n;
+}
+
+// An anonymous mapping of `size` bytes, faulted in once (registration
+// then never waits for the page allocator); unmapped on destruction.
+struct Mapping {
+  explicit Mapping(size_t size) : size(size) {
+    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) Loopback::Die("mmap failed");
+    addr = static_cast<uint8_t*>(p);
+    std::memset(addr, 1, size);
+  }
+  ~Mapping() { ::munmap(addr, size); }
+  uint8_t* addr = nullptr;
+  size_t size = 0;
+};
+
+// ibv_reg_mr (LOCAL_WRITE) + ibv_dereg_mr of `size` bytes of a mapping
+// faulted in once, on softrnic0's PD: what one registration costs here.
+// A hardware NIC pins and maps every page; softrnic only records the
+// range (and, with FERRY_SOFTRNIC_STRICT_PAGES=1, each page's identity).
+void BM_RegDereg(benchmark::State& state) {
+  Loopback& l = Shared();
+  const size_t size = static_cast<size_t>(state.range(0));
+  Mapping m(size);
+  for (auto _ : state) {
+    ibv_mr* mr = ibv_reg_mr(l.a->pd(), m.addr, size, IBV_ACCESS_LOCAL_WRITE);
+    if (mr == nullptr) {
+      state.SkipWithError("ibv_reg_mr failed");
+      return;
+    }
+    if (ibv_dereg_mr(mr) != 0) {
+      state.SkipWithError("ibv_dereg_mr failed");
+      return;
+    }
+  }
+  state.counters["maps_lines"] = MapsLines();
+}
+BENCHMARK(BM_RegDereg)
+    ->ArgName("size")
+    ->Arg(4096)
+    ->Arg(65536)
+    ->Arg(1 << 20)
+    ->Arg(16 << 20)
+    ->Arg(256 << 20);
+
+// Registering the source for every transfer, as a program without an MR
+// cache does: ibv_reg_mr, one signaled RDMA WRITE of `size` into the
+// registered destination, its completion, ibv_dereg_mr. Compare
+// BM_RdmaWriteChain/size/chain:1 (the source registered once).
+void BM_RdmaWriteRegisterEach(benchmark::State& state) {
+  Loopback& l = Shared();
+  const uint32_t size = static_cast<uint32_t>(state.range(0));
+  Mapping m(size);
+  ibv_wc wc;
+  for (auto _ : state) {
+    ibv_mr* mr = ibv_reg_mr(l.a->pd(), m.addr, size, IBV_ACCESS_LOCAL_WRITE);
+    if (mr == nullptr) {
+      state.SkipWithError("ibv_reg_mr failed");
+      return;
+    }
+    ibv_sge sge{reinterpret_cast<uint64_t>(m.addr), size, mr->lkey};
+    ibv_send_wr wr{};
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_RDMA_WRITE;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.rdma.remote_addr = l.dst->addr(0);
+    wr.wr.rdma.rkey = l.dst->rkey();
+    ibv_send_wr* bad = nullptr;
+    if (ibv_post_send(l.a->qp(), &wr, &bad) != 0) {
+      state.SkipWithError("ibv_post_send failed");
+      return;
+    }
+    int n;
+    while ((n = ibv_poll_cq(l.a->cq(), 1, &wc)) == 0) {
+    }
+    if (n < 0 || wc.status != IBV_WC_SUCCESS) {
+      state.SkipWithError("completion failed");
+      return;
+    }
+    if (ibv_dereg_mr(mr) != 0) {
+      state.SkipWithError("ibv_dereg_mr failed");
+      return;
+    }
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * size);
+  state.counters["maps_lines"] = MapsLines();
+}
+BENCHMARK(BM_RdmaWriteRegisterEach)->ArgName("size")->Arg(4096)->Arg(1 << 20);
 
 }  // namespace
 }  // namespace softrnic
