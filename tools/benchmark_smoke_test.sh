@@ -5,8 +5,15 @@
 # reported an error (each checks its own results and calls SkipWithError on
 # a wrong one). Usage: benchmark_smoke_test.sh BINARY NAME...
 # A NAME is a full benchmark name as printed, e.g. BM_SieveCacheFind/64.
+# --verbs=LIB first: run it on that libibverbs.so.1 (softrnic's), found
+# before the system's.
 set -u
 
+if [[ "${1:-}" == --verbs=* ]]; then
+  lib="${1#--verbs=}"
+  export LD_LIBRARY_PATH="$(cd "$(dirname "$lib")" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  shift
+fi
 bin="$1"
 shift
 out="$(mktemp)"
