@@ -149,8 +149,8 @@ BENCHMARK(BM_Memcpy)
     ->Args({64, 32})
     ->Args({65536, 32});
 
-// Lines of /proc/self/maps: softrnic's registration reads that file, so
-// its cost grows with the process's mappings, not with the region.
+// Lines of /proc/self/maps in all: the size of what softrnic's
+// registration reads on kernels without PROCMAP_QUERY.
 double MapsLines() {
   FILE* f = std::fopen("/proc/self/maps", "r");
   if (f == nullptr) return 0;
@@ -161,8 +161,9 @@ double MapsLines() {
 }
 
 // Lines of /proc/self/maps up to and including the one that holds `addr`:
-// what softrnic's registration of memory there reads (the file is in
-// address order, and the read stops once the range is covered). A small
+// what softrnic's registration of memory there reads where the kernel has
+// no PROCMAP_QUERY (before 6.11, or FERRY_SOFTRNIC_MAPS_QUERY=0; the file
+// is in address order, and the read stops once the range is covered). A small
 // mapping often lands in a gap high among the libraries; a large one
 // below them all, so its line comes early.
 double MapsLinesRead(const void* addr) {
