@@ -109,6 +109,13 @@ class SenderCheck {
                       std::optional<uint64_t> seq = std::nullopt,
                       bool check_host = true);
 
+  // Checks waiting now, for a read of their name or for a slot (tests
+  // wait for a known number before they go on).
+  int WaitingForTesting() {
+    MutexLock lock(&mu_);
+    return waiting_ + name_waiting_;
+  }
+
  private:
   struct Cached {
     bool found = false;

@@ -181,7 +181,11 @@ TEST_F(SenderCheckTest, AReadIsAsOfWhenItBegan) {
     ASSERT_OK(sig);
     joined = check_.Verify("prefill-0", "ipv4:10.0.0.8", content, *sig);
   });
-  absl::SleepFor(absl::Milliseconds(50));  // Let it join the read.
+  // It joins the read (bounded: the held read gives up after 10 s).
+  for (int i = 0; i < 1000 && check_.WaitingForTesting() < 1; ++i) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(check_.WaitingForTesting(), 1);
   store_.Hold(nullptr);
   release.Notify();
   first.join();
@@ -207,7 +211,12 @@ TEST_F(SenderCheckTest, ChecksWaitingOnOneReadAreBounded) {
     });
   }
   while (store_.reads() == 0) absl::SleepFor(absl::Milliseconds(1));
-  absl::SleepFor(absl::Milliseconds(50));  // All but one wait on it.
+  // All but the reader wait on it.
+  for (int i = 0;
+       i < 1000 && check_.WaitingForTesting() < SenderCheck::kMaxWaiting; ++i) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(check_.WaitingForTesting(), SenderCheck::kMaxWaiting);
   const absl::Time start = absl::Now();
   const absl::Status over = Check("prefill-0", "ipv4:10.0.0.7", "m");
   EXPECT_EQ(over.code(), absl::StatusCode::kUnavailable) << over;
