@@ -945,8 +945,37 @@ TEST(EngineNotifyTest, NotificationsFollowARestartedReceiver) {
   EXPECT_TRUE(got[0].sender_verified);
   // Delivery across a restart, not the refresh path: the metadata
   // service's push of the new descriptor usually reaches the sender before
-  // this send (18 of 20 runs refused nothing), so the refusal and its hint
-  // are checked on their own above.
+  // this send (18 of 20 runs refused nothing); the P2P case below, where
+  // nothing pushes, takes the refresh path every time.
+}
+
+// The refresh path itself, where nothing pushes the new descriptor (P2P):
+// the first send goes to the old run's incarnation, is refused with the
+// refresh hint, and the sender reads the descriptor again and resends.
+TEST(EngineNotifyTest, NotificationsFollowARestartedReceiverP2p) {
+  EngineOptions o;
+  o.metadata_endpoint = "P2PHANDSHAKE";
+  o.listen_host = "127.0.0.1";
+  TransferEngine sender;
+  ASSERT_OK(sender.Init(o));
+  auto receiver = std::make_unique<TransferEngine>();
+  ASSERT_OK(receiver->Init(o));
+  const std::string name = receiver->local_segment_name();
+  ASSERT_OK_AND_ASSIGN(SegmentHandle h, sender.OpenSegment(name));
+  ASSERT_OK(sender.SendNotification(h, "kv-ready", "run=1"));
+  ASSERT_EQ(receiver->GetNotifications().size(), 1u);
+  ASSERT_OK_AND_ASSIGN(HostPort rpc, ParseHostPort(name));
+  o.rpc_port = rpc.port;
+  receiver->Shutdown();
+  receiver = std::make_unique<TransferEngine>();
+  ASSERT_OK(receiver->Init(o));  // Same name (its address), a new run.
+  ASSERT_EQ(receiver->local_segment_name(), name);
+  ASSERT_OK(sender.SendNotification(h, "kv-ready", "run=2"));
+  auto got = receiver->GetNotifications();
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].message, "run=2");
+  EXPECT_EQ(receiver->GetEngineStats().notifications_refused, 1u)
+      << "the first send was not refused: the refresh path was not taken";
 }
 
 // A handshake or rail notice through Exchange must come from the segment
