@@ -278,10 +278,11 @@ absl::Status SenderCheck::Verify(const std::string& claimed,
           "and is published at ",
           published->host));
     } else if (signature.empty()) {
-      // No reading of a keyed segment makes an unsigned call its own.
-      return absl::PermissionDeniedError(
-          absl::StrCat("a call from ", from, " claims segment '", claimed,
-                       "', but the message is not signed"));
+      // Refused as the other mismatches are: on a read older than the call
+      // the segment may since have restarted as a release without keys.
+      refused = refuse(
+          "but the message is not signed (the segment publishes an identity "
+          "key)");
     } else if (absl::Status v =
                    VerifySignature(published->identity_key, content, signature);
                !v.ok()) {

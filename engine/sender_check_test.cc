@@ -233,6 +233,25 @@ TEST_F(SenderCheckTest, ChecksWaitingOnOneReadAreBounded) {
   EXPECT_EQ(store_.reads(), 1);
 }
 
+// A segment restarted as a release without keys (a rollback) sends
+// unsigned calls: refused as the other mismatches are, on a read made since
+// the call, so the rollback is seen, not refused for the cache's 30 s.
+TEST_F(SenderCheckTest, UnsignedCallsAreCheckedOnAFreshRead) {
+  ASSERT_OK(Check("prefill-0", "ipv4:127.0.0.1", "m"));
+  EXPECT_EQ(store_.reads(), 1);
+  store_.Add("prefill-0", "");  // Rolled back: no key, published at 127.0.0.1.
+  fake_now += absl::Seconds(1);
+  EXPECT_OK(check_.Verify("prefill-0", "ipv4:127.0.0.1", "m", ""));
+  EXPECT_EQ(store_.reads(), 2);
+  // Keyed again, read again once the keyless answer expired: an unsigned
+  // call is refused for good on that read.
+  store_.Add("prefill-0", key_->public_key());
+  fake_now += SenderCheck::kCacheFor;
+  const absl::Status s = check_.Verify("prefill-0", "ipv4:127.0.0.1", "m", "");
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_NE(s.message().find("not signed"), std::string::npos) << s;
+}
+
 TEST_F(SenderCheckTest, EachCallerReadsAtABoundedRate) {
   const int burst = static_cast<int>(SenderCheck::kLookupBurst);
   for (int i = 0; i < burst; ++i) {
