@@ -173,14 +173,18 @@ Topology Topology::FromSysfs(const std::string& root,
     if (nearest < 0) continue;  // No NIC has a PCI position.
     std::vector<int> tiers(nics.size(), 2);
     for (size_t i = 0; i < nics.size(); ++i) {
-      if (!paths[i].empty() && PciDistance(gpus[g].path, paths[i]) == nearest) {
-        tiers[i] = 0;
-      } else if (gpus[g].numa < 0 || numa[i] < 0 || numa[i] == gpus[g].numa) {
-        // Tier 2 is only a NIC known to be on another NUMA node (the RDMA
-        // transport keeps GPU memory off those): where a node is unknown
-        // (a single-node host, a VM, a soft NIC), the NIC may be as near.
-        tiers[i] = 1;
-      }
+      // Tier 2 is only a NIC known to be on another NUMA node (the RDMA
+      // transport keeps GPU memory off those), however near it is in the
+      // PCI tree: its traffic crosses the CPU interconnect. Where a node
+      // is unknown (a single-node host, a VM, a soft NIC), the NIC may be
+      // as near.
+      const bool same_node =
+          gpus[g].numa < 0 || numa[i] < 0 || numa[i] == gpus[g].numa;
+      if (!same_node) continue;
+      tiers[i] =
+          !paths[i].empty() && PciDistance(gpus[g].path, paths[i]) == nearest
+              ? 0
+              : 1;
     }
     t.tiers_[absl::StrCat("cuda:", g)] = std::move(tiers);
   }

@@ -109,6 +109,19 @@ TEST(TopologyTest, CudaOrdinalsFollowTheDriversPciAddresses) {
             "mlx5_0 (tier 0), mlx5_2 (tier 1), mlx5_1 (tier 2)");
 }
 
+// A GPU whose nearest NIC in the PCI tree is on another NUMA node: that
+// NIC is across the CPU interconnect (nvidia-smi's SYS), tier 2, however
+// near it is in the tree, and the doctor's affinity check warns of it.
+TEST(TopologyTest, TheNearestNicOnAnotherNodeIsStillFar) {
+  testing::FakeSysfs sysfs;
+  sysfs.Device("pci0000:00/0000:00:01.0/0000:01:01.0", "0x020700", "0x15b3", 0);
+  sysfs.Device("pci0000:80/0000:80:01.0/0000:81:00.0", "0x030200", "0x10de", 1);
+  sysfs.Nic("mlx5_0", "pci0000:00/0000:00:01.0/0000:01:01.0");
+  Topology t = Topology::FromSysfs(sysfs.root(), {"mlx5_0"});
+  EXPECT_EQ(t.Tier("cuda:0", 0), 2);
+  EXPECT_EQ(t.Tier("cpu:0", 0), 0);
+}
+
 TEST(TopologyTest, FromSysfsWithoutATreeGivesNoPreference) {
   Topology t = Topology::FromSysfs("/nonexistent", {"softrnic0", "softrnic1"});
   EXPECT_EQ(t.Tier("cpu:0", 0), 0);
