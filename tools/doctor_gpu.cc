@@ -17,7 +17,6 @@
 #include "transport/rdma/gpu_mr.h"
 #include "transport/rdma/nic.h"
 #include "transport/rdma/topology.h"
-#include "transport/rdma/verbs_compat.h"
 
 namespace ferry::doctor {
 namespace {
@@ -93,11 +92,7 @@ Check ProbeGpuRegistration(const gpu::CudaDriver& d,
       }
       const int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                          IBV_ACCESS_REMOTE_READ;
-      ibv_mr* mr = dmabuf->fd >= 0
-                       ? rdma::RegDmabufMr(nic->pd(), dmabuf->offset,
-                                           kProbeBytes, ptr, dmabuf->fd, access)
-                       : ibv_reg_mr(nic->pd(), reinterpret_cast<void*>(ptr),
-                                    kProbeBytes, access);
+      ibv_mr* mr = rdma::RegisterRegion(nic->pd(), region, *dmabuf, access);
       const int err = errno;
       if (mr != nullptr) {
         ibv_dereg_mr(mr);

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gpu/cuda_driver.h"
+#include "transport/rdma/verbs_compat.h"
 
 namespace ferry::rdma {
 
@@ -33,6 +34,16 @@ absl::StatusOr<GpuDmabufRange> GpuDmabuf(const MemoryRegion& region) {
   }
   range.why_not = std::string(fd.status().message());
   return range;
+}
+
+ibv_mr* RegisterRegion(ibv_pd* pd, const MemoryRegion& region,
+                       const GpuDmabufRange& dmabuf, int access) {
+  if (region.cuda_device >= 0 && dmabuf.fd >= 0) {
+    return RegDmabufMr(pd, dmabuf.offset, region.length, region.addr, dmabuf.fd,
+                       access);
+  }
+  return ibv_reg_mr(pd, reinterpret_cast<void*>(region.addr), region.length,
+                    access);
 }
 
 absl::Status GpuRegistrationError(const MemoryRegion& region,

@@ -5,6 +5,8 @@
 #ifndef FERRY_TRANSPORT_RDMA_GPU_MR_H_
 #define FERRY_TRANSPORT_RDMA_GPU_MR_H_
 
+#include <infiniband/verbs.h>
+
 #include <cstdint>
 #include <string>
 
@@ -28,6 +30,13 @@ struct GpuDmabufRange {
 // reads it) and exports its pages as a dma-buf. An error only where the
 // driver fails outright; a driver or kernel without dma-buf gives fd -1.
 absl::StatusOr<GpuDmabufRange> GpuDmabuf(const MemoryRegion& region);
+
+// Registers `region` on `pd` the way the RDMA transport does: through
+// `dmabuf` where it has one (GPU memory, ibv_reg_dmabuf_mr), else at its
+// address (host memory, or GPU memory through nvidia-peermem). The MR, or
+// null with errno set. `dmabuf` is ignored for host memory.
+ibv_mr* RegisterRegion(ibv_pd* pd, const MemoryRegion& region,
+                       const GpuDmabufRange& dmabuf, int access);
 
 // The error for a NIC that could not register GPU memory (`err` its
 // errno), saying which path failed and what to do.

@@ -301,15 +301,9 @@ absl::StatusOr<MemoryHandle> RdmaTransport::RegisterMemory(
     // A dead device (IBV_EVENT_DEVICE_FATAL) registers nothing: the buffer
     // is used, and published, on the others.
     if (nics_[i]->fatal()) return;
-    if (region.cuda_device >= 0 && dmabuf->fd >= 0) {
-      entry->mrs[i] = RegDmabufMr(nics_[i]->pd(), dmabuf->offset, region.length,
-                                  region.addr, dmabuf->fd, access);
-    } else {
-      // Host memory, or GPU memory through nvidia-peermem.
-      entry->mrs[i] =
-          ibv_reg_mr(nics_[i]->pd(), reinterpret_cast<void*>(region.addr),
-                     region.length, access);
-    }
+    entry->mrs[i] = RegisterRegion(
+        nics_[i]->pd(), region,
+        region.cuda_device >= 0 ? *dmabuf : GpuDmabufRange{}, access);
     if (entry->mrs[i] == nullptr) errors[i] = errno;
   };
   if (region.length >= (1u << 30) && nics_.size() > 1) {
