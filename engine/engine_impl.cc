@@ -7,7 +7,6 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/random/random.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -719,38 +718,21 @@ absl::Status EngineImpl::SendNotification(SegmentHandle target,
                      metadata::kMaxNotifyNameBytes, " and ",
                      metadata::kMaxNotifyMessageBytes, " bytes)"));
   }
-  // The receiver marks its refusal "retry later" (metadata::IsRetryLater)
-  // when it cannot check who sent this right now (its sender lookups are
-  // all busy, its metadata is slow): try again, within the RPC timeout,
-  // rather than lose the notification. On real time, not the engine's
-  // clock: the RPC timeout is gRPC's, which runs on real time, and a
-  // simulated clock that no test advances would hold this loop for ever.
-  const absl::Time deadline = absl::Now() + options_.rpc_timeout;
-  absl::Duration backoff = absl::Milliseconds(10);
-  bool refreshed = false;
-  while (true) {
+  // PeerClient::Notify sends again while the receiver says "retry later"
+  // (within the RPC timeout); what is left here is a receiver that
+  // restarted since its descriptor was read: read it again, once, and
+  // send to the new run.
+  for (bool refreshed = false;; refreshed = true) {
     const metadata::SegmentDescriptor& to = snap->view->descriptor();
     absl::Status s =
         peer_client_->Notify(to.rpc_address(), options_.local_segment_name,
                              name, message, to.name(), to.incarnation());
-    if (metadata::HintOf(s) == metadata::Hint::kRefreshReceiver && !refreshed) {
-      // The receiver restarted since its descriptor was read: read it
-      // again, once, and send to the new run.
-      refreshed = true;
-      auto fresh = segments_->Refresh(target);
-      if (!fresh.ok()) return s;
-      snap->view = *fresh;
-      continue;
+    if (metadata::HintOf(s) != metadata::Hint::kRefreshReceiver || refreshed) {
+      return s;
     }
-    // Receivers of the release before the mark said it in words only.
-    const bool retry_later =
-        metadata::IsRetryLater(s) ||
-        (s.code() == absl::StatusCode::kUnavailable &&
-         absl::StrContains(s.message(),
-                           "receiver cannot check the sender now, try again"));
-    if (!retry_later || absl::Now() + backoff > deadline) return s;
-    absl::SleepFor(backoff);
-    backoff = std::min(backoff * 2, absl::Milliseconds(200));
+    auto fresh = segments_->Refresh(target);
+    if (!fresh.ok()) return s;
+    snap->view = *fresh;
   }
 }
 

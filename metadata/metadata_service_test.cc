@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <memory>
+#include <vector>
 
 #include "common/mutex.h"
 #include "common/simulated_clock.h"
@@ -310,7 +311,7 @@ TEST_F(MetadataServiceTest, PeerExchangeAndNotify) {
 // A receiver that cannot check the sender now answers "retry later": the
 // client sends the Exchange again within its timeout (a handshake must not
 // fail on a moment's refusal); any other refusal is final.
-TEST_F(MetadataServiceTest, ExchangeIsSentAgainWhenTheReceiverSaysRetryLater) {
+TEST_F(MetadataServiceTest, CallsAreSentAgainWhenTheReceiverSaysRetryLater) {
   peer_.SetExchangeHandler(
       "echo",
       [](const std::string& from, const std::string& payload)
@@ -336,6 +337,22 @@ TEST_F(MetadataServiceTest, ExchangeIsSentAgainWhenTheReceiverSaysRetryLater) {
       peer.Exchange(server_->address(), "echo", "spoofer", "x").status().code(),
       absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(checks.load(), 1);
+  // Notify too, numbered anew on each try (a receiver that found a number
+  // too old asks for a new one).
+  Mutex mu;
+  std::vector<uint64_t> seqs;
+  peer_.SetNotifyHandler([&](const NotifyRequest& r, const std::string&) {
+    MutexLock lock(&mu);
+    seqs.push_back(r.seq());
+    return seqs.size() < 3
+               ? MarkRetryLater(absl::UnavailableError("sender lookups busy"))
+               : absl::OkStatus();
+  });
+  ASSERT_OK(peer.Notify(server_->address(), "me", "n", "m", "", 0));
+  MutexLock lock(&mu);
+  ASSERT_EQ(seqs.size(), 3u);
+  EXPECT_LT(seqs[0], seqs[1]);
+  EXPECT_LT(seqs[1], seqs[2]);
 }
 
 TEST(MetadataClientTest, UnreachableServerFailsFast) {

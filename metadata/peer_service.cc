@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "metadata/auth.h"
 #include "metadata/grpc_deadline.h"
 #include "metadata/grpc_status.h"
@@ -11,6 +13,45 @@
 #include "metadata/validation.h"
 
 namespace ferry::metadata {
+namespace {
+
+// A receiver that cannot check the sender right now (its lookups busy, its
+// metadata slow) marks its refusal "retry later" (receivers of the release
+// before the mark said it in words only). Such a call is made again, 10 ms
+// doubling to 200 ms apart, until it ends otherwise or `timeout` of real
+// time (gRPC's, not an engine's clock) would pass: a handshake or a
+// notification is not lost to a moment's refusal. `attempt` gets the
+// deadline of the whole.
+bool SaysRetryLater(const absl::Status& s) {
+  return IsRetryLater(s) ||
+         (s.code() == absl::StatusCode::kUnavailable &&
+          absl::StrContains(s.message(),
+                            "receiver cannot check the sender now, try again"));
+}
+
+const absl::Status& StatusOf(const absl::Status& s) { return s; }
+template <typename T>
+const absl::Status& StatusOf(const absl::StatusOr<T>& s) {
+  return s.status();
+}
+
+template <typename Attempt>
+auto RetryingLater(absl::Duration timeout, Attempt attempt)
+    -> decltype(attempt(absl::Time())) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Duration backoff = absl::Milliseconds(10);
+  while (true) {
+    auto result = attempt(deadline);
+    if (result.ok() || !SaysRetryLater(StatusOf(result)) ||
+        absl::Now() + backoff > deadline) {
+      return result;
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Milliseconds(200));
+  }
+}
+
+}  // namespace
 
 void PeerServiceImpl::SetExchangeHandler(const std::string& transport,
                                          ExchangeHandler handler) {
@@ -222,26 +263,16 @@ absl::StatusOr<std::string> PeerClient::Exchange(
     if (!sig.ok()) return sig.status();
     req.set_signature(std::move(*sig));
   }
-  // A receiver that cannot check the sender right now (its lookups busy,
-  // its metadata slow) marks its refusal "retry later": sent again within
-  // the RPC timeout, as notifications are, rather than failing a
-  // handshake the receiver would take a moment later. Exchange carries no
-  // number, so the same signed request is sent again.
-  const absl::Time deadline = absl::Now() + rpc_timeout_;
-  absl::Duration backoff = absl::Milliseconds(10);
+  // Exchange carries no number: the same signed request is sent again.
   ExchangeResponse resp;
-  while (true) {
+  absl::Status s = RetryingLater(rpc_timeout_, [&](absl::Time deadline) {
     grpc::ClientContext ctx;
     AddAuthToken(&ctx, token_);
     ctx.set_deadline(GrpcDeadline(deadline - absl::Now()));
-    grpc::Status s = StubFor(address)->Exchange(&ctx, req, &resp);
-    if (s.ok()) break;
-    absl::Status st =
-        FromGrpcStatus(s, absl::StrCat("peer ", address, " Exchange"));
-    if (!IsRetryLater(st) || absl::Now() + backoff > deadline) return st;
-    absl::SleepFor(backoff);
-    backoff = std::min(backoff * 2, absl::Milliseconds(200));
-  }
+    return FromGrpcStatus(StubFor(address)->Exchange(&ctx, req, &resp),
+                          absl::StrCat("peer ", address, " Exchange"));
+  });
+  if (!s.ok()) return s;
   if (resp.payload().size() > kMaxExchangePayloadBytes) {
     return absl::DataLossError("peer exchange reply too large");
   }
@@ -278,24 +309,28 @@ absl::Status PeerClient::Notify(const std::string& address,
                                 const std::string& message,
                                 const std::string& to_segment,
                                 uint64_t to_incarnation) {
-  grpc::ClientContext ctx;
-  AddAuthToken(&ctx, token_);
-  ctx.set_deadline(GrpcDeadline(rpc_timeout_));
-  NotifyRequest req;
-  req.set_from_segment(from_segment);
-  req.set_name(name);
-  req.set_message(message);
-  req.set_seq(next_seq_.fetch_add(1, std::memory_order_relaxed));
-  req.set_to_segment(to_segment);
-  req.set_to_incarnation(to_incarnation);
-  if (identity_ != nullptr) {
-    auto sig = identity_->Sign(NotifyContent(req));
-    if (!sig.ok()) return sig.status();
-    req.set_signature(std::move(*sig));
-  }
-  NotifyResponse resp;
-  return FromGrpcStatus(StubFor(address)->Notify(&ctx, req, &resp),
-                        absl::StrCat("peer ", address, " Notify"));
+  // Each try is numbered anew: a receiver that found the last number too
+  // old to tell from a replay asks for a new one.
+  return RetryingLater(rpc_timeout_, [&](absl::Time deadline) {
+    grpc::ClientContext ctx;
+    AddAuthToken(&ctx, token_);
+    ctx.set_deadline(GrpcDeadline(deadline - absl::Now()));
+    NotifyRequest req;
+    req.set_from_segment(from_segment);
+    req.set_name(name);
+    req.set_message(message);
+    req.set_seq(next_seq_.fetch_add(1, std::memory_order_relaxed));
+    req.set_to_segment(to_segment);
+    req.set_to_incarnation(to_incarnation);
+    if (identity_ != nullptr) {
+      auto sig = identity_->Sign(NotifyContent(req));
+      if (!sig.ok()) return sig.status();
+      req.set_signature(std::move(*sig));
+    }
+    NotifyResponse resp;
+    return FromGrpcStatus(StubFor(address)->Notify(&ctx, req, &resp),
+                          absl::StrCat("peer ", address, " Notify"));
+  });
 }
 
 std::string ExchangeContent(const ExchangeRequest& request) {
