@@ -2097,7 +2097,8 @@ TEST_F(SoftrnicTest, DeregMrReturnsWhileAStalledPeerWritesIntoIt) {
   const std::string ip = GidIpv4(p.b->gid());
   const uint16_t port = GidPort(p.b->gid());
   std::string err;
-  const int fd = ConnectFrom("127.0.0.1", ip, port, &err);
+  // From the peer QP's address: a connected QP takes HELLOs from there only.
+  const int fd = ConnectFrom(GidIpv4(p.a->gid()), ip, port, &err);
   ASSERT_GE(fd, 0) << err;
   auto send_all = [fd](const std::vector<uint8_t>& v) {
     return send(fd, v.data(), v.size(), MSG_NOSIGNAL) ==

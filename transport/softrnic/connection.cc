@@ -217,8 +217,37 @@ void ReleaseConnection(Device* dev, uint32_t addr) {
   }
 }
 
+namespace {
+
+// Reads the `n` bytes the listener sends first, within `timeout_ms`, from
+// non-blocking `fd`.
+bool ReadFirst(int fd, uint8_t* out, size_t n, int timeout_ms) {
+  const Clock::time_point end =
+      Clock::now() + std::chrono::milliseconds(timeout_ms);
+  size_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::recv(fd, out + got, n - got, 0);
+    if (r > 0) {
+      got += static_cast<size_t>(r);
+      continue;
+    }
+    if (r == 0 || (errno != EAGAIN && errno != EINTR)) return false;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          end - Clock::now())
+                          .count();
+    pollfd p{fd, POLLIN, 0};
+    if (left <= 0 || ::poll(&p, 1, static_cast<int>(left) + 1) < 0) {
+      if (errno != EINTR || left <= 0) return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
 std::shared_ptr<Connection> Dial(Device* dev, in_addr ip, uint16_t port,
-                                 int timeout_ms) {
+                                 int timeout_ms, uint8_t* first,
+                                 size_t first_bytes) {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return nullptr;
   // Originate from the device's own address, as a NIC would.
@@ -244,6 +273,10 @@ std::shared_ptr<Connection> Dial(Device* dev, in_addr ip, uint16_t port,
       ::close(fd);
       return nullptr;
     }
+  }
+  if (first != nullptr && !ReadFirst(fd, first, first_bytes, timeout_ms)) {
+    ::close(fd);
+    return nullptr;
   }
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   TuneSocket(fd);

@@ -68,9 +68,13 @@ class Connection {
 };
 
 // Connects to a device listener (bounded by `timeout_ms`) and registers the
-// connection with `dev` so link-down and fault injection can cut it.
+// connection with `dev` so link-down and fault injection can cut it. With
+// `first`, the `first_bytes` the listener sends on accept (its CHALLENGE)
+// are read into it, within the same bound, before the connection is
+// returned; null if they do not come.
 std::shared_ptr<Connection> Dial(Device* dev, in_addr ip, uint16_t port,
-                                 int timeout_ms);
+                                 int timeout_ms, uint8_t* first = nullptr,
+                                 size_t first_bytes = 0);
 // Registers a connection with `dev` (CutDeviceConnections, dereg aborts).
 void Track(Device* dev, const std::shared_ptr<Connection>& conn);
 // Closes every connection whose I/O in progress holds `mr`.

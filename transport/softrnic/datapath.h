@@ -31,10 +31,15 @@ struct Response {
 void DeliverRecvCompletion(const std::shared_ptr<Qp>& qp, const Response& r)
     ABSL_LOCKS_EXCLUDED(qp->mu);
 
-// The QP of `dev` a connection whose first frame is `hello` (a decoded
-// HELLO) may serve, or null: the QP must exist on `dev`, and once in
-// RTR/RTS it takes HELLOs only from its peer QP.
-std::shared_ptr<Qp> QpForHello(Device* dev, const Frame& hello);
+// What a device's listener does with a connection from address `from`
+// (network order) whose first frame is `hello` (decoded, its proof, if
+// any, already checked): kTake, with the QP it serves in *qp, when the QP
+// exists on `dev`, is in RTR or RTS, and its peer is the HELLO's QP at
+// `from`; kNotReady when the QP exists but is not yet in RTR (the HELLO
+// waits); kRefuse otherwise.
+enum class HelloCheck { kTake, kNotReady, kRefuse };
+HelloCheck CheckHello(Device* dev, const Frame& hello, uint32_t from,
+                      std::shared_ptr<Qp>* qp);
 
 // Executes request `f` on responder `qp`, consuming its payload from `src`
 // (the payload is always consumed, also when the request is refused).

@@ -15,6 +15,7 @@
 #include <deque>
 
 #include "common/capabilities.h"
+#include "common/secure_random.h"
 #include "gpu/softgpu/dmabuf.h"
 #include "transport/softrnic/connection.h"
 #include "transport/softrnic/softrnic.h"
@@ -22,7 +23,10 @@
 namespace softrnic {
 namespace {
 
-// Keys are (slot << 8) | generation. The slots live in chunks that are
+// Keys are (slot << 8) | generation, shuffled by a keyed permutation of
+// the 32-bit space (KeyCipher): slots and generations are small counters,
+// and a stranger who learns one key must not read its neighbours off it.
+// The slots live in chunks that are
 // allocated on demand and never freed, so readers index them without a
 // lock: a reader bumps the slot's `inflight`, then re-checks `live_key`;
 // dereg clears `live_key`, then waits for `inflight` to drain before the
@@ -32,7 +36,45 @@ constexpr uint32_t kChunkSlots = 1u << kChunkBits;
 constexpr uint32_t kMaxSlots = 1u << 24;
 constexpr uint32_t kMaxChunks = kMaxSlots / kChunkSlots;
 
+// A four-round Feistel network on 16-bit halves with random round keys: a
+// bijection of the 32-bit key space, cheap enough for every key lookup.
+// Not a cipher one could publish; with 32-bit keys the bar is that keys
+// are not guessable from one another, and a wrong guess costs the guesser
+// its QP (a remote access error is fatal to an RC QP).
+class KeyCipher {
+ public:
+  KeyCipher() { ferry::SecureRandomBytes(round_keys_, sizeof(round_keys_)); }
+
+  uint32_t Encode(uint32_t x) const {
+    uint32_t l = x >> 16, r = x & 0xffff;
+    for (uint32_t k : round_keys_) {
+      const uint32_t next = l ^ F(r, k);
+      l = r;
+      r = next;
+    }
+    return l << 16 | r;
+  }
+
+  uint32_t Decode(uint32_t y) const {
+    uint32_t l = y >> 16, r = y & 0xffff;
+    for (int i = kRounds - 1; i >= 0; --i) {
+      const uint32_t prev = r ^ F(l, round_keys_[i]);
+      r = l;
+      l = prev;
+    }
+    return l << 16 | r;
+  }
+
+ private:
+  static constexpr int kRounds = 4;
+  static uint32_t F(uint32_t half, uint32_t k) {
+    return (((half | half << 16) ^ k) * 0x9e3779b1u) >> 16;
+  }
+  uint32_t round_keys_[kRounds];
+};
+
 struct KeyTable {
+  const KeyCipher cipher;
   std::atomic<Mr*> chunks[kMaxChunks] = {};
   ferry::Mutex mu;  // Serializes registration and dereg.
   uint32_t used ABSL_GUARDED_BY(mu) = 0;
@@ -313,7 +355,8 @@ bool FramesUnchanged(const Mr* mr, uintptr_t host, uint64_t len) {
 }
 
 Mr* AcquireMr(uint32_t key, Pd* pd, uint64_t addr, uint64_t len, int access) {
-  Mr* mr = Slot(Keys(), key >> 8);
+  KeyTable& t = Keys();
+  Mr* mr = Slot(t, t.cipher.Decode(key) >> 8);
   if (mr == nullptr || key == 0 ||
       mr->live_key.load(std::memory_order_acquire) != key) {
     return nullptr;
@@ -489,9 +532,14 @@ ibv_mr* RegisterMr(ibv_pd* ibpd, uintptr_t start, size_t length, uint64_t iova,
         chunk.store(new Mr[kChunkSlots], std::memory_order_release);
       }
     }
-    // Generation 0 is skipped so that no key is 0.
-    uint8_t gen = ++t.generations[slot];
-    if (gen == 0) gen = t.generations[slot] = 1;
+    // Generation 0 is skipped, and so is the one generation (if any) that
+    // the cipher maps to key 0: no key is 0.
+    uint32_t key = 0;
+    while (key == 0) {
+      uint8_t gen = ++t.generations[slot];
+      if (gen == 0) gen = t.generations[slot] = 1;
+      key = t.cipher.Encode(slot << 8 | gen);
+    }
     mr = Slot(t, slot);
     mr->pd = pd;
     mr->access = static_cast<int>(access & ~IBV_ACCESS_RELAXED_ORDERING);
@@ -503,7 +551,7 @@ ibv_mr* RegisterMr(ibv_pd* ibpd, uintptr_t start, size_t length, uint64_t iova,
     mr->pinned = pinned;
     mr->dmabuf_map = dmabuf_map;
     mr->dmabuf_map_length = dmabuf_map_length;
-    mr->mr.lkey = mr->mr.rkey = (slot << 8) | gen;
+    mr->mr.lkey = mr->mr.rkey = key;
     mr->live_key.store(mr->mr.lkey, std::memory_order_release);
   }
   mr->mr.context = ibpd->context;
@@ -586,7 +634,7 @@ SOFTRNIC_EXPORT int ibv_dereg_mr(ibv_mr* ibmr) {
   const uint32_t key = mr->mr.lkey;
   {
     ferry::MutexLock lock(&t.mu);
-    if (Slot(t, key >> 8) != mr ||
+    if (Slot(t, t.cipher.Decode(key) >> 8) != mr ||
         mr->live_key.load(std::memory_order_relaxed) != key) {
       return EINVAL;
     }
@@ -633,7 +681,7 @@ SOFTRNIC_EXPORT int ibv_dereg_mr(ibv_mr* ibmr) {
   mr->frames = nullptr;
   mr->strict = false;
   ferry::MutexLock lock(&t.mu);
-  t.free_slots.push_back(key >> 8);
+  t.free_slots.push_back(t.cipher.Decode(key) >> 8);
   return 0;
 }
 

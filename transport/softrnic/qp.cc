@@ -2,8 +2,8 @@
 #include <errno.h>
 
 #include <cstring>
-#include <random>
 
+#include "common/secure_random.h"
 #include "transport/softrnic/softrnic.h"
 
 namespace softrnic {
@@ -12,19 +12,10 @@ namespace {
 struct QpTable {
   ferry::Mutex mu;
   std::unordered_map<uint32_t, std::shared_ptr<Qp>> qps ABSL_GUARDED_BY(mu);
-  uint32_t next ABSL_GUARDED_BY(mu) = 0;
 };
 
 QpTable& Table() {
-  static auto* t = [] {
-    auto* table = new QpTable();
-    // Start at a random QP number so a restarted process does not reuse
-    // the numbers its predecessor's peers still hold.
-    std::random_device rd;
-    ferry::MutexLock lock(&table->mu);
-    table->next = (rd() % 0xff0000) + 0x100;
-    return table;
-  }();
+  static auto* t = new QpTable();
   return *t;
 }
 
@@ -319,13 +310,18 @@ SOFTRNIC_EXPORT ibv_qp* ibv_create_qp(ibv_pd* ibpd, ibv_qp_init_attr* init) {
       errno = ENOMEM;
       return nullptr;
     }
+    // QP numbers are drawn at random, not counted: a stranger who learns
+    // some (its own QPs') cannot infer the ones between them, and a
+    // restarted process does not reuse the numbers its predecessor's
+    // peers still hold.
+    uint32_t qpn;
     do {
-      t.next = (t.next + 1) & 0xffffff;
-      if (t.next < 2) t.next = 2;  // QP0 and QP1 are special.
-    } while (t.qps.count(t.next));
-    qp->qp.qp_num = t.next;
-    qp->qp.handle = t.next;
-    t.qps[t.next] = qp;
+      ferry::SecureRandomBytes(&qpn, sizeof(qpn));
+      qpn &= 0xffffff;
+    } while (qpn < 2 || t.qps.count(qpn));  // QP0 and QP1 are special.
+    qp->qp.qp_num = qpn;
+    qp->qp.handle = qpn;
+    t.qps[qpn] = qp;
   }
   qp->pd->users.fetch_add(1);
   return &qp->qp;

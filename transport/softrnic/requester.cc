@@ -4,9 +4,12 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <cstdio>
 #include <cstring>
 
 #include "transport/softrnic/datapath.h"
+#include "transport/softrnic/hello_auth.h"
 
 namespace softrnic {
 namespace {
@@ -95,6 +98,19 @@ void ResponseLoop(std::shared_ptr<Qp> qp, std::shared_ptr<Connection> conn) {
     if (!conn->Read(hdr, sizeof(hdr)) || !DecodeFrame(hdr, kMaxMsgSize, &f)) {
       break;
     }
+    if (f.type == FrameType::kChallenge) {
+      // The peer's listener wants the cluster token's proof, and this
+      // process has no token: the HELLO is refused.
+      static std::atomic<bool> told{false};
+      if (!told.exchange(true)) {
+        std::fprintf(stderr,
+                     "softrnic: %s: a peer's device asks for the cluster "
+                     "token and this process has none (set "
+                     "FERRY_AUTH_TOKEN_FILE as the peer's is)\n",
+                     qp->dev->name.c_str());
+      }
+      break;
+    }
     bool kick = false;
     if (!HandleResponse(qp, f, &src, &kick)) break;
     if (kick) Kick(qp);
@@ -122,7 +138,13 @@ bool Dial(const std::shared_ptr<Qp>& qp) {
     dest = qp->attr.dest_qp_num;
   }
   if (!qp->dev->LinkUp() || port == 0) return false;  // port 0: unroutable.
-  std::shared_ptr<Connection> conn = Dial(qp->dev, ip, port, kDialTimeoutMs);
+  // Under a cluster token the listener speaks first: a CHALLENGE, which
+  // the HELLO answers with its proof (hello_auth.h).
+  const std::string* token = ClusterToken();
+  uint8_t challenge[kHeaderBytes];
+  std::shared_ptr<Connection> conn =
+      Dial(qp->dev, ip, port, kDialTimeoutMs,
+           token != nullptr ? challenge : nullptr, kHeaderBytes);
   if (conn == nullptr) return false;
   Frame hello{};
   hello.type = FrameType::kHello;
@@ -130,11 +152,24 @@ bool Dial(const std::shared_ptr<Qp>& qp) {
   hello.aux = qp->qp.qp_num;
   if (qp->sgid_v1.load(std::memory_order_acquire)) hello.flags = kFlagRoceV1;
   uint8_t out[kHeaderBytes];
-  EncodeFrame(hello, out);
-  iovec iov{out, sizeof(out)};
+  uint8_t proof[kHelloProofBytes];
+  iovec iov[2] = {{out, sizeof(out)}, {proof, sizeof(proof)}};
+  if (token != nullptr) {
+    Frame c;
+    if (!DecodeFrame(challenge, kMaxMsgSize, &c) ||
+        c.type != FrameType::kChallenge) {
+      conn->Close();
+      return false;
+    }
+    hello.length = kHelloProofBytes;
+    EncodeFrame(hello, out);
+    HelloProof(*token, challenge, out, proof);
+  } else {
+    EncodeFrame(hello, out);
+  }
   {
     ferry::MutexLock lock(&conn->mu);
-    if (!conn->WriteAll(&iov, 1)) return false;
+    if (!conn->WriteAll(iov, token != nullptr ? 2 : 1)) return false;
   }
   std::shared_ptr<Connection> old;
   {

@@ -11,8 +11,10 @@
 #include <cstring>
 #include <deque>
 #include <unordered_map>
+#include <vector>
 
 #include "transport/softrnic/datapath.h"
+#include "transport/softrnic/hello_auth.h"
 
 namespace softrnic {
 namespace {
@@ -338,13 +340,21 @@ void ServeConnection(Device* dev, std::shared_ptr<Connection> conn,
 // for at most the handshake timeout and no thread. Connections are capped
 // per device and per source address (Limits); accept failures for lack of
 // descriptors or memory pause accepting with exponential back-off.
+//
+// Every HELLO that is not taken gets the same answer, a "no such QP" NAK,
+// whether the QP is missing, connected to another peer, in the wrong state
+// or the proof is wrong, so a stranger learns nothing from it. A HELLO for
+// a QP not yet ready to receive (RESET, INIT) is held, unanswered, until
+// the QP reaches RTR or the handshake timeout passes: peers move their QPs
+// to RTR in either order.
 class Acceptor {
  public:
   Acceptor(Device* dev, int listen_fd, int epoll_fd)
       : dev_(dev),
         listen_fd_(listen_fd),
         epoll_fd_(epoll_fd),
-        timeout_(std::chrono::milliseconds(GetLimits().handshake_timeout_ms)) {}
+        timeout_(std::chrono::milliseconds(GetLimits().handshake_timeout_ms)),
+        token_(ClusterToken()) {}
 
   void Run() {
     if (!Watch(listen_fd_)) return;
@@ -369,6 +379,7 @@ class Acceptor {
         paused_ = false;
         Watch(listen_fd_);
       }
+      RecheckHeld();
       Expire(now);
     }
   }
@@ -379,13 +390,18 @@ class Acceptor {
     uint32_t addr;  // Source address, network order.
     uint64_t serial;
     size_t got = 0;
-    uint8_t buf[kHeaderBytes];
+    size_t want = kHeaderBytes;  // The header, then its proof.
+    bool held = false;           // Waits for its QP to reach RTR.
+    Frame hello{};
+    uint8_t buf[kHeaderBytes + kHelloProofBytes];
+    uint8_t challenge[kHeaderBytes];  // Sent on accept (token only).
   };
   struct Deadline {
     Clock::time_point at;
     int fd;
     uint64_t serial;  // Descriptors are reused; serials are not.
   };
+  enum class Verdict { kServe, kHold, kRefuse };
 
   bool Watch(int fd) {
     epoll_event ev{};
@@ -397,11 +413,13 @@ class Acceptor {
     return false;
   }
 
-  // Milliseconds until the next handshake deadline or the end of a pause.
+  // Milliseconds until the next handshake deadline, the end of a pause, or
+  // the next look at held HELLOs.
   int WaitMs() const {
     Clock::time_point next = Clock::time_point::max();
     if (!deadlines_.empty()) next = deadlines_.front().at;
     if (paused_) next = std::min(next, resume_at_);
+    if (held_ > 0) return 1;
     if (next == Clock::time_point::max()) return -1;
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                         next - Clock::now())
@@ -446,14 +464,25 @@ class Acceptor {
         ::close(fd);
         continue;
       }
+      Handshake h{addr, ++serial_};
+      if (token_ != nullptr) {
+        // The socket buffer of a new connection takes a header at once.
+        EncodeFrame(MakeChallenge(), h.challenge);
+        if (::send(fd, h.challenge, kHeaderBytes,
+                   MSG_NOSIGNAL | MSG_DONTWAIT) !=
+            static_cast<ssize_t>(kHeaderBytes)) {
+          ::close(fd);
+          ReleaseConnection(dev_, addr);
+          continue;
+        }
+      }
       if (!Watch(fd)) {
         ::close(fd);
         ReleaseConnection(dev_, addr);
         continue;
       }
-      const uint64_t serial = ++serial_;
-      pending_.emplace(fd, Handshake{addr, serial});
-      deadlines_.push_back({now + timeout_, fd, serial});
+      pending_.emplace(fd, h);
+      deadlines_.push_back({now + timeout_, fd, h.serial});
     }
     return true;
   }
@@ -475,10 +504,24 @@ class Acceptor {
   void Drop(int fd) {
     auto it = pending_.find(fd);
     if (it == pending_.end()) return;
-    ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+    if (it->second.held) {
+      --held_;
+    } else {
+      ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+    }
     ::close(fd);
     ReleaseConnection(dev_, it->second.addr);
     pending_.erase(it);
+  }
+
+  // Answers "no such QP" and closes: the one answer to every HELLO that
+  // is not taken.
+  void Refuse(int fd, const Frame& hello) {
+    uint8_t out[kHeaderBytes];
+    EncodeFrame(Nak(hello, NakCode::kNoQp, 0), out);
+    ssize_t sent = ::send(fd, out, sizeof(out), MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)sent;
+    Drop(fd);
   }
 
   void Expire(Clock::time_point now) {
@@ -486,18 +529,31 @@ class Acceptor {
       const Deadline d = deadlines_.front();
       deadlines_.pop_front();
       auto it = pending_.find(d.fd);
-      if (it != pending_.end() && it->second.serial == d.serial) Drop(d.fd);
+      if (it == pending_.end() || it->second.serial != d.serial) continue;
+      if (it->second.held) {
+        Refuse(d.fd, it->second.hello);  // Its QP never became ready.
+      } else {
+        Drop(d.fd);
+      }
     }
   }
 
   void ReadHello(int fd) {
     auto it = pending_.find(fd);
-    if (it == pending_.end()) return;
+    if (it == pending_.end() || it->second.held) return;
     Handshake& h = it->second;
-    while (h.got < kHeaderBytes) {
-      const ssize_t r = ::recv(fd, h.buf + h.got, kHeaderBytes - h.got, 0);
+    while (h.got < h.want) {
+      const ssize_t r = ::recv(fd, h.buf + h.got, h.want - h.got, 0);
       if (r > 0) {
         h.got += static_cast<size_t>(r);
+        if (h.got == kHeaderBytes && h.want == kHeaderBytes) {
+          if (!DecodeFrame(h.buf, kMaxMsgSize, &h.hello) ||
+              h.hello.type != FrameType::kHello) {
+            Drop(fd);
+            return;
+          }
+          h.want += h.hello.length;
+        }
         continue;
       }
       if (r < 0 && errno == EINTR) continue;
@@ -505,34 +561,81 @@ class Acceptor {
       Drop(fd);  // EOF or error before a whole HELLO.
       return;
     }
-    Frame hello;
-    if (!DecodeFrame(h.buf, kMaxMsgSize, &hello) ||
-        hello.type != FrameType::kHello) {
-      Drop(fd);
+    // The proof first, before anything about QPs is looked at.
+    const bool proven = token_ == nullptr
+                            ? h.hello.length == 0
+                            : h.hello.length == kHelloProofBytes &&
+                                  HelloProofMatches(*token_, h.challenge, h.buf,
+                                                    h.buf + kHeaderBytes);
+    if (!proven) {
+      Refuse(fd, h.hello);
       return;
     }
-    std::shared_ptr<Qp> qp = QpForHello(dev_, hello);
-    if (qp != nullptr && ((hello.flags & kFlagRoceV1) != 0) !=
-                             qp->sgid_v1.load(std::memory_order_acquire)) {
-      // The other RoCE version: a NIC drops such packets without a word,
-      // and the sender's QP times out.
-      Drop(fd);
-      return;
+    Decide(fd, h);
+  }
+
+  void Decide(int fd, Handshake& h) {
+    std::shared_ptr<Qp> qp;
+    switch (Check(h, &qp)) {
+      case Verdict::kRefuse:
+        Refuse(fd, h.hello);
+        return;
+      case Verdict::kHold:
+        if (!h.held) {
+          // Out of epoll while held: early requests must not wake it.
+          ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+          h.held = true;
+          ++held_;
+        }
+        return;
+      case Verdict::kServe:
+        break;
     }
-    if (qp == nullptr) {
-      // The socket buffer of a new connection takes a header at once.
-      uint8_t out[kHeaderBytes];
-      EncodeFrame(Nak(hello, NakCode::kNoQp, 0), out);
-      ssize_t sent = ::send(fd, out, sizeof(out), MSG_NOSIGNAL | MSG_DONTWAIT);
-      (void)sent;
-      Drop(fd);
-      return;
+    Serve(fd, h, std::move(qp));
+  }
+
+  Verdict Check(const Handshake& h, std::shared_ptr<Qp>* qp) {
+    switch (CheckHello(dev_, h.hello, h.addr, qp)) {
+      case HelloCheck::kTake:
+        // The other RoCE version: a NIC drops such packets, and the
+        // sender's QP times out. Looked at only once the peer checked
+        // out, so it tells a stranger nothing.
+        if (((h.hello.flags & kFlagRoceV1) != 0) !=
+            (*qp)->sgid_v1.load(std::memory_order_acquire)) {
+          return Verdict::kRefuse;
+        }
+        return Verdict::kServe;
+      case HelloCheck::kNotReady:
+        return Verdict::kHold;
+      case HelloCheck::kRefuse:
+        break;
     }
-    // Hand the connection to a thread of its own; the Connection now owns
-    // the descriptor and the admission slot.
+    return Verdict::kRefuse;
+  }
+
+  void RecheckHeld() {
+    if (held_ == 0) return;
+    std::vector<int> fds;
+    for (const auto& [fd, h] : pending_) {
+      if (h.held) fds.push_back(fd);
+    }
+    for (int fd : fds) {
+      auto it = pending_.find(fd);
+      if (it != pending_.end()) Decide(fd, it->second);
+    }
+  }
+
+  // Hands the connection to a thread of its own; the Connection now owns
+  // the descriptor and the admission slot.
+  void Serve(int fd, const Handshake& h, std::shared_ptr<Qp> qp) {
     const uint32_t addr = h.addr;
-    ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
-    pending_.erase(it);
+    const Frame hello = h.hello;
+    if (h.held) {
+      --held_;
+    } else {
+      ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+    }
+    pending_.erase(fd);
     ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
     TuneSocket(fd);
     auto conn = std::make_shared<Connection>(dev_, fd, addr);
@@ -549,7 +652,9 @@ class Acceptor {
   const int listen_fd_;
   const int epoll_fd_;
   const Clock::duration timeout_;
+  const std::string* const token_;  // Null: the listener takes no proof.
   std::unordered_map<int, Handshake> pending_;
+  size_t held_ = 0;  // Of pending_, those held.
   // Handshake deadlines in order: every connection gets the same timeout.
   std::deque<Deadline> deadlines_;
   uint64_t serial_ = 0;
@@ -560,19 +665,24 @@ class Acceptor {
 
 }  // namespace
 
-std::shared_ptr<Qp> QpForHello(Device* dev, const Frame& hello) {
+HelloCheck CheckHello(Device* dev, const Frame& hello, uint32_t from,
+                      std::shared_ptr<Qp>* out) {
   std::shared_ptr<Qp> qp = FindQp(hello.qpn);
-  if (qp == nullptr || qp->dev != dev) return nullptr;
+  if (qp == nullptr || qp->dev != dev) return HelloCheck::kRefuse;
   ferry::MutexLock lock(&qp->mu);
-  if (qp->destroyed) return nullptr;
-  // A QP already connected accepts a HELLO only from its peer QP, as a
-  // NIC drops packets whose source QP is not the one in its context.
+  if (qp->destroyed) return HelloCheck::kRefuse;
   const ibv_qp_state st = qp->attr.qp_state;
-  if ((st == IBV_QPS_RTR || st == IBV_QPS_RTS) &&
-      qp->attr.dest_qp_num != hello.aux) {
-    return nullptr;
+  if (st == IBV_QPS_RESET || st == IBV_QPS_INIT) return HelloCheck::kNotReady;
+  if (st != IBV_QPS_RTR && st != IBV_QPS_RTS) return HelloCheck::kRefuse;
+  // A connected QP takes a HELLO only from its peer QP at its peer's
+  // address, as a NIC drops packets whose source QP or address is not the
+  // one in its context (rxe's check_addr). So nobody can take over, or
+  // join, a connected QP from another host, whatever QP numbers they know.
+  if (qp->attr.dest_qp_num != hello.aux || qp->peer_ip.s_addr != from) {
+    return HelloCheck::kRefuse;
   }
-  return qp;
+  *out = std::move(qp);
+  return HelloCheck::kTake;
 }
 
 void AcceptLoop(Device* dev, int listen_fd, int epoll_fd) {

@@ -22,6 +22,7 @@ bool KnownType(uint8_t t) {
   switch (static_cast<FrameType>(t)) {
     case FrameType::kHello:
     case FrameType::kHelloAck:
+    case FrameType::kChallenge:
     case FrameType::kSend:
     case FrameType::kSendImm:
     case FrameType::kWrite:
@@ -38,9 +39,9 @@ bool KnownType(uint8_t t) {
 }  // namespace
 
 bool HasPayload(FrameType t) {
-  return t == FrameType::kSend || t == FrameType::kSendImm ||
-         t == FrameType::kWrite || t == FrameType::kWriteImm ||
-         t == FrameType::kReadResp;
+  return t == FrameType::kHello || t == FrameType::kSend ||
+         t == FrameType::kSendImm || t == FrameType::kWrite ||
+         t == FrameType::kWriteImm || t == FrameType::kReadResp;
 }
 
 bool IsRequestFor(const Frame& f, uint32_t qpn) {
@@ -90,6 +91,11 @@ bool DecodeFrame(const uint8_t in[kHeaderBytes], uint32_t max_length,
   // Frames without payload must not announce one, except READ (the length
   // requested).
   if (!HasPayload(f->type) && f->type != FrameType::kRead && f->length != 0) {
+    return false;
+  }
+  // A HELLO's payload is its proof, or nothing.
+  if (f->type == FrameType::kHello && f->length != 0 &&
+      f->length != kHelloProofBytes) {
     return false;
   }
   return true;

@@ -8,7 +8,9 @@
 //   u32 magic 'SRNC' | u8 version | u8 type | u16 flags
 //   u32 qpn (destination QP) | u32 msn | u32 length | u32 rkey
 //   u64 remote_addr | u32 imm (opaque) | u32 aux
-// HELLO opens a connection: qpn = responder QP, aux = requester QP.
+// HELLO opens a connection: qpn = responder QP, aux = requester QP; its
+// payload is empty, or, where the listener has a cluster token, the proof
+// (hello_auth.h) answering the CHALLENGE the listener sent first.
 // NAK: aux = reason (NakCode); for RNR, rkey carries the RNR timer code.
 #ifndef FERRY_TRANSPORT_SOFTRNIC_WIRE_H_
 #define FERRY_TRANSPORT_SOFTRNIC_WIRE_H_
@@ -25,6 +27,7 @@ constexpr size_t kHeaderBytes = 40;
 enum class FrameType : uint8_t {
   kHello = 1,
   kHelloAck = 2,
+  kChallenge = 3,  // Listener to requester, before the HELLO (token only).
   kSend = 10,
   kSendImm = 11,
   kWrite = 12,
@@ -43,6 +46,9 @@ enum class NakCode : uint32_t {
   kNoQp = 5,            // HELLO for a QP that does not exist.
   kRemoteOp = 6,        // Responder-side failure (its receive buffer's key).
 };
+
+// A HELLO's payload under a cluster token: HMAC-SHA256.
+constexpr uint32_t kHelloProofBytes = 32;
 
 constexpr uint16_t kFlagSolicited = 1;
 // HELLO: the requester QP's source GID is RoCE v1 (a v2 QP drops it).

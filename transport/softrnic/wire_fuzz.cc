@@ -18,6 +18,7 @@
 // the MR), so inputs reach deep paths without guessing keys. Nothing may
 // crash, touch memory outside the MRs (ASan), or hang.
 #include <fcntl.h>
+#include <netinet/in.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -161,7 +162,13 @@ class Frames {
 void ServeFrames(Device* dev, const std::shared_ptr<Qp>& qp, Frames* in) {
   Frame hello;
   if (!in->Next(&hello) || hello.type != FrameType::kHello) return;
-  if (QpForHello(dev, hello) != qp) return;
+  // From the QP's peer address, 127.0.0.1 (RunOne's dgid).
+  std::shared_ptr<Qp> taken;
+  if (CheckHello(dev, hello, htonl(INADDR_LOOPBACK), &taken) !=
+          HelloCheck::kTake ||
+      taken != qp) {
+    return;
+  }
   Frame f;
   while (in->Next(&f) && IsRequestFor(f, hello.qpn)) {
     GatherSource src;
