@@ -361,6 +361,7 @@ absl::Status EngineImpl::Init(const EngineOptions& requested) {
       &peer_service_, peer_client_.get(), segment_name);
   env.peer_channel = peer_channel_.get();
   env.clock = clock_;
+  env.auth_token = options.auth_token;
   for (const std::string& name : options.transports) {
     auto transport = CreateTransport(name, topts);
     absl::Status s = transport.status();

@@ -107,6 +107,11 @@ struct TransportEnv {
   // transport): every timeout, backoff and keepalive of the transport
   // reads and waits on it.
   Clock* clock = RealClock();
+  // The cluster's token (EngineOptions::auth_token; empty: none). A
+  // transport whose wire can carry a proof of it (tcp) requires one from
+  // every peer that connects, and proves it to every peer it connects to,
+  // so that the keys a descriptor publishes grant nothing without it.
+  std::string auth_token;
 };
 
 class Transport {

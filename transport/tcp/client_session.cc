@@ -72,7 +72,12 @@ void ClientSession::Add(Slice* slice) {
 }
 
 int ClientSession::PrepareOutput(iovec* iov, int max_iov) const {
+  if (awaiting_challenge_ || max_iov < 1) return 0;
   int n = 0;
+  if (proof_sent_ < proof_len_) {
+    iov[n++] = {const_cast<uint8_t*>(proof_) + proof_sent_,
+                proof_len_ - proof_sent_};
+  }
   for (const Entry& e : unsent_) {
     if (n + 2 > max_iov) break;
     n += UnsentFrame(e.header, kRequestHeaderBytes,
@@ -83,6 +88,9 @@ int ClientSession::PrepareOutput(iovec* iov, int max_iov) const {
 }
 
 void ClientSession::OnSent(size_t n) {
+  const size_t proof = std::min(n, proof_len_ - proof_sent_);
+  proof_sent_ += proof;
+  n -= proof;
   while (n > 0 && !unsent_.empty()) {
     Entry& e = unsent_.front();
     const size_t take = std::min(n, e.total - e.sent);
@@ -144,11 +152,22 @@ absl::Status ClientSession::Process(std::vector<Done>* done) {
       continue;
     }
     if (staged < kResponseHeaderBytes) return absl::OkStatus();
+    if (awaiting_challenge_) {
+      if (absl::Status s = TakeChallenge(); !s.ok()) return s;
+      continue;
+    }
     ResponseHeader h;
     if (absl::Status s = DecodeResponse(staging_ + staged_begin_, &h);
         !s.ok()) {
       return absl::DataLossError(absl::StrCat(
           "peer ", peer_, " sent a bad response header: ", s.message()));
+    }
+    if (h.op == WireOp::kChallenge) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "target at ", peer_,
+          " requires the cluster's auth token on its TCP port (it sent a "
+          "challenge), and this engine has none (EngineOptions::auth_token "
+          "or FERRY_AUTH_TOKEN_FILE)"));
     }
     staged_begin_ += kResponseHeaderBytes;
     answered_any_ = true;
@@ -186,6 +205,25 @@ absl::Status ClientSession::Process(std::vector<Done>* done) {
     body_ = static_cast<uint8_t*>(slice.local);
     body_left_ = h.length;  // Never 0: slices are at least 1 byte.
   }
+}
+
+absl::Status ClientSession::TakeChallenge() {
+  const uint8_t* challenge = staging_ + staged_begin_;
+  ResponseHeader h;
+  if (absl::Status s = DecodeResponse(challenge, &h);
+      !s.ok() || h.op != WireOp::kChallenge) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "target at ", peer_,
+        " did not open the connection with a challenge: this engine has a "
+        "cluster token and the target runs without one (or is not a Ferry "
+        "engine)"));
+  }
+  EncodeProof(auth_token_, challenge, proof_);
+  proof_len_ = sizeof(proof_);
+  proof_sent_ = 0;
+  staged_begin_ += kResponseHeaderBytes;
+  awaiting_challenge_ = false;
+  return absl::OkStatus();
 }
 
 absl::Status SliceDeadlineError(absl::string_view peer, const Slice& slice) {

@@ -44,8 +44,13 @@ class ClientSession {
     absl::Status status;
   };
 
-  // `peer` names the target in status messages.
-  explicit ClientSession(std::string peer) : peer_(std::move(peer)) {}
+  // `peer` names the target in status messages. With an `auth_token`, the
+  // session sends nothing until the target's CHALLENGE arrives, and then
+  // the PROOF of the token before any request (wire.h).
+  explicit ClientSession(std::string peer, std::string auth_token = "")
+      : peer_(std::move(peer)),
+        auth_token_(std::move(auth_token)),
+        awaiting_challenge_(!auth_token_.empty()) {}
   ClientSession(const ClientSession&) = delete;
   ClientSession& operator=(const ClientSession&) = delete;
 
@@ -60,9 +65,19 @@ class ClientSession {
   // protocol, as opposed to one that accepts and then drops connections.
   bool answered_any() const { return answered_any_; }
 
+  // Under a token: whether the target's CHALLENGE is still due, and
+  // whether the whole PROOF went out.
+  bool awaiting_challenge() const { return awaiting_challenge_; }
+  bool proof_sent() const {
+    return proof_len_ > 0 && proof_sent_ == proof_len_;
+  }
+
   // Output: bytes to send next, as at most `max_iov` iovecs (0: nothing to
   // send); then OnSent with how many of them went out.
-  bool has_output() const { return !unsent_.empty(); }
+  bool has_output() const {
+    return !awaiting_challenge_ &&
+           (proof_sent_ < proof_len_ || !unsent_.empty());
+  }
   int PrepareOutput(iovec* iov, int max_iov) const;
   void OnSent(size_t n);
 
@@ -102,7 +117,16 @@ class ClientSession {
   absl::Status Process(std::vector<Done>* done);
   void FinishFront(absl::Status status, std::vector<Done>* done);
 
+  // Takes the CHALLENGE at the front of the staged input and queues the
+  // PROOF.
+  absl::Status TakeChallenge();
+
   const std::string peer_;
+  const std::string auth_token_;
+  bool awaiting_challenge_;
+  uint8_t proof_[kRequestHeaderBytes + kProofBytes];
+  size_t proof_len_ = 0;  // 0: no PROOF (no token).
+  size_t proof_sent_ = 0;
   uint64_t next_id_ = 1;
   uint64_t load_bytes_ = 0;
   bool answered_any_ = false;

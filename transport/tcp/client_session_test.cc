@@ -238,5 +238,56 @@ TEST_F(ClientSessionTest, AbortRetriesOnlyWhatNeverReachedTheWire) {
   EXPECT_TRUE(s.empty());
 }
 
+// Under a token the session sends nothing until the target's CHALLENGE,
+// then the PROOF of the token before the first request; a target that
+// opens with anything else, or a CHALLENGE to a session with no token,
+// ends the session with a status that says which.
+TEST_F(ClientSessionTest, UnderATokenTheProofGoesFirst) {
+  constexpr char kToken[] = "cluster-token-0123456789";
+  uint8_t challenge[kResponseHeaderBytes];
+  EncodeChallenge(challenge);
+  const std::string challenge_bytes(reinterpret_cast<char*>(challenge),
+                                    sizeof(challenge));
+  for (size_t chunk : {1u, 5u, 24u, 1u << 20}) {
+    ClientSession s("127.0.0.1:1", kToken);
+    std::string src(100, 'w');
+    Slice w = MakeSlice(OpCode::kWrite, src.data(), src.size());
+    s.Add(&w);
+    EXPECT_TRUE(s.awaiting_challenge());
+    EXPECT_FALSE(s.has_output()) << "sent before the challenge";
+    std::vector<ClientSession::Done> done;
+    ASSERT_OK(Receive(s, challenge_bytes, &done, chunk));
+    EXPECT_FALSE(s.awaiting_challenge());
+    const std::string out = SendAll(s, chunk);
+    EXPECT_TRUE(s.proof_sent());
+    ASSERT_GE(out.size(), kRequestHeaderBytes + kProofBytes);
+    EXPECT_TRUE(ProofMatches(kToken, challenge,
+                             reinterpret_cast<const uint8_t*>(out.data())));
+    EXPECT_FALSE(ProofMatches("another-token-0123456789", challenge,
+                              reinterpret_cast<const uint8_t*>(out.data())));
+    auto reqs = Requests(out.substr(kRequestHeaderBytes + kProofBytes));
+    ASSERT_EQ(reqs.size(), 1u);
+    EXPECT_EQ(reqs[0].op, WireOp::kWrite);
+    ASSERT_OK(Receive(
+        s, Response(WireOp::kWriteAck, WireStatus::kOk, reqs[0].request_id, 0),
+        &done));
+    ASSERT_EQ(done.size(), 1u);
+    EXPECT_OK(done[0].status);
+  }
+  {
+    ClientSession s("127.0.0.1:1", kToken);
+    std::vector<ClientSession::Done> done;
+    EXPECT_STATUS(
+        Receive(s, Response(WireOp::kWriteAck, WireStatus::kOk, 1, 0), &done),
+        absl::StatusCode::kFailedPrecondition);
+  }
+  {
+    ClientSession s("127.0.0.1:1");
+    std::vector<ClientSession::Done> done;
+    EXPECT_STATUS(Receive(s, challenge_bytes, &done),
+                  absl::StatusCode::kPermissionDenied);
+  }
+}
+
 }  // namespace
 }  // namespace ferry::tcp

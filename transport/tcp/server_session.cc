@@ -13,13 +13,48 @@ namespace ferry::tcp {
 
 ServerSession::ServerSession(MemoryRegistry* registry, const Limits& limits,
                              uint64_t incarnation, absl::Time now,
-                             TargetStaging* gpu_staging)
+                             TargetStaging* gpu_staging,
+                             absl::string_view auth_token)
     : registry_(registry),
       gpu_staging_(gpu_staging),
       limits_(limits),
       incarnation_(incarnation),
+      auth_token_(auth_token),
+      proven_(auth_token.empty()),
       created_(now),
-      last_done_(now) {}
+      last_done_(now) {
+  if (!proven_) {
+    EncodeChallenge(challenge_);
+    Response r;
+    std::memcpy(r.header, challenge_, kResponseHeaderBytes);
+    Queue(std::move(r), now);
+  }
+}
+
+absl::Status ServerSession::TakeProof(size_t staged) {
+  const uint8_t* frame = staging_ + staged_begin_;
+  RequestHeader h;
+  if (absl::Status s = DecodeRequest(frame, &h); !s.ok()) {
+    return absl::DataLossError(absl::StrCat("bad proof: ", s.message()));
+  }
+  if (h.op != WireOp::kProof) {
+    return absl::PermissionDeniedError(
+        "a request before the proof of the cluster token: this target "
+        "requires the token (EngineOptions::auth_token or "
+        "FERRY_AUTH_TOKEN_FILE) and the peer has none");
+  }
+  if (staged < kRequestHeaderBytes + kProofBytes) {
+    return absl::OkStatus();  // The rest of it comes later.
+  }
+  if (!ProofMatches(auth_token_, challenge_, frame)) {
+    return absl::PermissionDeniedError(
+        "the peer's proof of the cluster token is wrong: its token differs "
+        "from this engine's");
+  }
+  staged_begin_ += kRequestHeaderBytes + kProofBytes;
+  proven_ = true;
+  return absl::OkStatus();
+}
 
 std::pair<uint8_t*, size_t> ServerSession::InputBuffer() {
   if (!wants_input()) return {nullptr, 0};
@@ -69,6 +104,12 @@ absl::Status ServerSession::Process(absl::Time now) {
       if (payload_left_ == 0) EndPayload(now);
       continue;
     }
+    if (!proven_) {
+      // Nothing is looked at, not even a key, before the proof.
+      if (staged < kRequestHeaderBytes) return absl::OkStatus();
+      if (absl::Status s = TakeProof(staged); !s.ok() || !proven_) return s;
+      continue;
+    }
     // Leave further requests staged while the peer is not taking answers.
     if (!wants_input() || staged < kRequestHeaderBytes) {
       return absl::OkStatus();
@@ -98,6 +139,9 @@ absl::Status ServerSession::StartRequest(const uint8_t* header,
   if (absl::Status s = DecodeRequest(header, &req); !s.ok()) {
     return absl::DataLossError(
         absl::StrCat("bad request header: ", s.message()));
+  }
+  if (req.op == WireOp::kProof) {
+    return absl::DataLossError("a proof where a request belongs");
   }
   MemoryRegistry::Lease lease;
   WireStatus status = Admit(req, &lease);

@@ -37,9 +37,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <string>
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "transport/memory_registry.h"
 #include "transport/tcp/target_staging.h"
@@ -67,10 +69,14 @@ class ServerSession {
   // `registry` (and `gpu_staging`, if not null) must outlive the session.
   // `incarnation`: this engine run's, as published in its descriptor.
   // `now`: when the connection was accepted. Without `gpu_staging`, frames
-  // for GPU-resident buffers are answered kStagingFailed.
+  // for GPU-resident buffers are answered kStagingFailed. With an
+  // `auth_token`, the session's first output is a CHALLENGE and it serves
+  // nothing until a PROOF of the token answers it (wire.h); a wrong one
+  // ends the session (PermissionDenied).
   ServerSession(MemoryRegistry* registry, const Limits& limits,
                 uint64_t incarnation, absl::Time now,
-                TargetStaging* gpu_staging = nullptr);
+                TargetStaging* gpu_staging = nullptr,
+                absl::string_view auth_token = "");
   ServerSession(const ServerSession&) = delete;
   ServerSession& operator=(const ServerSession&) = delete;
 
@@ -101,6 +107,8 @@ class ServerSession {
   // caller closes the connection.
   absl::Status CheckTimeouts(absl::Time now) const;
 
+  // Whether the peer proved the token (always, without one).
+  bool proven() const { return proven_; }
   // Requests whose header was accepted.
   uint64_t requests() const { return requests_; }
   // Of those, refused for a wrong key or incarnation.
@@ -139,10 +147,17 @@ class ServerSession {
   // Frame timing: called whenever input state may have changed.
   void UpdateFrameClock(absl::Time now);
 
+  // Takes the PROOF from the `staged` bytes of input once it is whole;
+  // refuses anything else as soon as its header is in.
+  absl::Status TakeProof(size_t staged);
+
   MemoryRegistry* const registry_;
   TargetStaging* const gpu_staging_;
   const Limits limits_;
   const uint64_t incarnation_;
+  const std::string auth_token_;
+  uint8_t challenge_[kResponseHeaderBytes] = {};  // Sent first (token only).
+  bool proven_;
   const absl::Time created_;
   uint64_t requests_ = 0;
   uint64_t denied_ = 0;

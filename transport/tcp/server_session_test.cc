@@ -390,5 +390,78 @@ TEST_F(ServerSessionTest, StopsReadingWhileResponsesWait) {
   for (size_t i = 0; i < n; ++i) EXPECT_EQ(r[i].request_id, i + 1);
 }
 
+// Under a token the session speaks first, a CHALLENGE, and serves nothing
+// until a PROOF answers it: a request before it, or a proof under another
+// token, ends the session with the memory untouched; the right proof, fed
+// in pieces of any size, opens it.
+TEST_F(ServerSessionTest, UnderATokenNothingIsServedBeforeTheProof) {
+  constexpr char kToken[] = "cluster-token-0123456789";
+  std::fill(mem_.begin(), mem_.begin() + 64, 0x5a);
+  auto challenge_of = [](ServerSession& s) {
+    const std::string out = Drain(s, kT0);
+    EXPECT_EQ(out.size(), kResponseHeaderBytes);
+    ResponseHeader h;
+    EXPECT_OK(DecodeResponse(reinterpret_cast<const uint8_t*>(out.data()), &h));
+    EXPECT_EQ(h.op, WireOp::kChallenge);
+    return out;
+  };
+  auto proof = [](const std::string& token, const std::string& challenge) {
+    uint8_t p[kRequestHeaderBytes + kProofBytes];
+    EncodeProof(token, reinterpret_cast<const uint8_t*>(challenge.data()), p);
+    return std::string(reinterpret_cast<char*>(p), sizeof(p));
+  };
+  {
+    ServerSession s(&registry_, limits_, kIncarnation, kT0, nullptr, kToken);
+    challenge_of(s);
+    EXPECT_STATUS(
+        Feed(s, Request(WireOp::kWrite, 1, base(), 64) + std::string(64, 'x'),
+             kT0),
+        absl::StatusCode::kPermissionDenied);
+    EXPECT_FALSE(s.proven());
+    EXPECT_EQ(s.requests(), 0u);
+  }
+  {
+    ServerSession s(&registry_, limits_, kIncarnation, kT0, nullptr, kToken);
+    const std::string c = challenge_of(s);
+    EXPECT_STATUS(Feed(s, proof("another-token-0123456789", c), kT0),
+                  absl::StatusCode::kPermissionDenied);
+  }
+  {
+    ServerSession a(&registry_, limits_, kIncarnation, kT0, nullptr, kToken);
+    ServerSession b(&registry_, limits_, kIncarnation, kT0, nullptr, kToken);
+    const std::string ca = challenge_of(a), cb = challenge_of(b);
+    EXPECT_NE(ca, cb);
+    EXPECT_STATUS(Feed(b, proof(kToken, ca), kT0),  // A's, replayed to B.
+                  absl::StatusCode::kPermissionDenied);
+  }
+  for (size_t chunk : {1u, 7u, 48u, 4096u}) {
+    ServerSession s(&registry_, limits_, kIncarnation, kT0, nullptr, kToken);
+    const std::string c = challenge_of(s);
+    ASSERT_OK(Feed(s,
+                   proof(kToken, c) + Request(WireOp::kWrite, 2, base(), 64) +
+                       std::string(64, 'y'),
+                   kT0, chunk));
+    EXPECT_TRUE(s.proven());
+    auto r = Responses(Drain(s, kT0));
+    ASSERT_EQ(r.size(), 1u);
+    EXPECT_EQ(r[0].status, WireStatus::kOk);
+    EXPECT_EQ(mem_[0], 'y');
+    std::fill(mem_.begin(), mem_.begin() + 64, 0x5a);
+  }
+  for (size_t i = 0; i < 64; ++i) ASSERT_EQ(mem_[i], 0x5a) << i;
+}
+
+// Without a token neither a CHALLENGE is sent nor a PROOF taken.
+TEST_F(ServerSessionTest, WithoutATokenAProofIsAProtocolError) {
+  ServerSession s(&registry_, limits_, kIncarnation, kT0);
+  EXPECT_FALSE(s.has_output());
+  uint8_t challenge[kResponseHeaderBytes] = {};
+  uint8_t p[kRequestHeaderBytes + kProofBytes];
+  EncodeProof("cluster-token-0123456789", challenge, p);
+  EXPECT_STATUS(
+      Feed(s, std::string(reinterpret_cast<char*>(p), sizeof(p)), kT0),
+      absl::StatusCode::kDataLoss);
+}
+
 }  // namespace
 }  // namespace ferry::tcp

@@ -86,7 +86,7 @@ class TcpClient::Conn : public EventLoop::Handler {
       : client_(client),
         pool_(pool),
         fd_(std::move(fd)),
-        session_(pool->address),
+        session_(pool->address, client->auth_token_),
         connect_deadline_(now + client->connect_timeout_),
         last_busy_(now) {}
 
@@ -150,6 +150,14 @@ class TcpClient::Conn : public EventLoop::Handler {
         const std::string why =
             n == 0 ? "closed by the peer" : std::strerror(errno);
         client_->Complete(pool_, &done, now);
+        if (session_.proof_sent() && !session_.answered_any()) {
+          return Close(
+              absl::PermissionDeniedError(absl::StrCat(
+                  "target at ", pool_->address,
+                  " closed the TCP connection after this engine's proof of "
+                  "the cluster token: its token differs from this engine's")),
+              /*failed=*/true, now);
+        }
         // A quiet close of an idle connection (say, the target's idle
         // timeout) is no failure of the peer.
         const bool failed = !session_.answered_any() && !session_.empty();
@@ -241,8 +249,9 @@ TcpClient::TcpClient(const TcpOptions& options, absl::Duration connect_timeout)
 
 TcpClient::~TcpClient() { Shutdown(); }
 
-absl::Status TcpClient::Start(Clock* clock) {
+absl::Status TcpClient::Start(Clock* clock, std::string auth_token) {
   clock_ = clock;
+  auth_token_ = std::move(auth_token);  // Before any loop thread reads it.
   const int n = std::max(1, options_.io_threads);
   for (int i = 0; i < n; ++i) {
     auto loop = std::make_unique<Loop>();
@@ -645,6 +654,17 @@ absl::Duration TcpClient::Tick(Loop* loop, absl::Time now) {
           c->session().Expire(now, &done);
           busy = true;
         }
+        continue;
+      }
+      if (c->session().awaiting_challenge() && now > c->connect_deadline()) {
+        c->Close(
+            absl::FailedPreconditionError(absl::StrCat(
+                "TCP connection to ", pool->address, ": no challenge within ",
+                absl::FormatDuration(connect_timeout_),
+                " of connecting; this engine has a cluster token, and "
+                "the target runs without one (or is not a Ferry "
+                "engine)")),
+            /*failed=*/true, now);
         continue;
       }
       if (c->session().Expire(now, &done)) {

@@ -66,8 +66,9 @@ class TcpClient {
 
   // Starts the loops; ResourceExhausted if a thread cannot be created.
   // Deadlines, back-off and idle timeouts are timed on `clock` (outlives
-  // the client).
-  absl::Status Start(Clock* clock);
+  // the client). With an `auth_token`, every connection proves it to the
+  // target before its first request (wire.h).
+  absl::Status Start(Clock* clock, std::string auth_token = "");
 
   void Submit(absl::Span<Slice* const> slices);
 
@@ -123,6 +124,7 @@ class TcpClient {
       ABSL_LOCKS_EXCLUDED(mu_);
 
   const TcpOptions options_;
+  std::string auth_token_;  // Set by Start, before the loops.
   const absl::Duration connect_timeout_;
   Clock* clock_ = RealClock();  // Set by Start, before any loop runs.
   std::vector<std::unique_ptr<Loop>> loops_;

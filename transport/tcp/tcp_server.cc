@@ -46,7 +46,7 @@ class TcpServer::Conn : public EventLoop::Handler {
         slot_(std::move(slot)),
         session_(std::make_unique<ServerSession>(
             server->registry_, server->limits_, server->incarnation_, now,
-            &server->gpu_staging_)) {}
+            &server->gpu_staging_, server->auth_token_)) {}
 
   int fd() const { return fd_.get(); }
 
@@ -71,10 +71,7 @@ class TcpServer::Conn : public EventLoop::Handler {
         if (n > 0) {
           const absl::Status s = session_->OnReceived(n, now);
           CountDenied();
-          if (!s.ok()) {
-            server_->bad_frames_.fetch_add(1, std::memory_order_relaxed);
-            return Close();
-          }
+          if (!s.ok()) return Fail(s);
           if (static_cast<size_t>(n) < len) break;
           continue;
         }
@@ -99,10 +96,7 @@ class TcpServer::Conn : public EventLoop::Handler {
         if (n > 0) {
           const absl::Status s = session_->OnSent(n, now);
           CountDenied();  // OnSent may resume staged requests.
-          if (!s.ok()) {
-            server_->bad_frames_.fetch_add(1, std::memory_order_relaxed);
-            return Close();
-          }
+          if (!s.ok()) return Fail(s);
           if (static_cast<size_t>(n) < offered) break;  // The socket is full.
           continue;
         }
@@ -156,6 +150,31 @@ class TcpServer::Conn : public EventLoop::Handler {
     std::unique_ptr<Conn> self = std::move(it->second);
     loop_->conns.erase(it);
     loop_->loop->DestroyLater(std::move(self));
+  }
+
+  // Closes the connection for what the session refused. A peer refused
+  // for its token proof still gets the CHALLENGE, if it was not sent yet:
+  // a peer with no token then learns why (ClientSession).
+  void Fail(const absl::Status& s) {
+    if (s.code() != absl::StatusCode::kPermissionDenied) {
+      server_->bad_frames_.fetch_add(1, std::memory_order_relaxed);
+      return Close();
+    }
+    server_->unproven_.fetch_add(1, std::memory_order_relaxed);
+    iovec iov[kMaxIov];
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = session_->PrepareOutput(iov, kMaxIov);
+    // At most one CHALLENGE (24 bytes): a new socket takes it at once.
+    (void)::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    Close();
+  }
+
+  // The events to watch first: a session under a token speaks first (its
+  // CHALLENGE).
+  uint32_t StartInterest() {
+    interest_ = EPOLLIN | (session_->has_output() ? EPOLLOUT : 0u);
+    return interest_;
   }
 
  private:
@@ -218,8 +237,10 @@ TcpServer::TcpServer(MemoryRegistry* registry, const TcpOptions& options)
 TcpServer::~TcpServer() { Stop(); }
 
 absl::Status TcpServer::Start(const std::string& host, uint16_t port,
-                              uint64_t incarnation, Clock* clock) {
+                              uint64_t incarnation, Clock* clock,
+                              std::string auth_token) {
   incarnation_ = incarnation;  // Before any loop thread reads it.
+  auth_token_ = std::move(auth_token);
   clock_ = clock;
   auto fd = ListenTcp(host, port, &port_, kBacklog);
   if (!fd.ok()) return fd.status();
@@ -388,7 +409,9 @@ void TcpServer::Adopt(Loop* loop, UniqueFd fd, Slot slot, absl::Time now) {
   const int raw_fd = fd.get();
   auto conn =
       std::make_unique<Conn>(this, loop, std::move(fd), std::move(slot), now);
-  if (!loop->loop->Add(raw_fd, EPOLLIN, conn.get()).ok()) return;
+  if (!loop->loop->Add(raw_fd, conn->StartInterest(), conn.get()).ok()) {
+    return;
+  }
   loop->conns.emplace(conn.get(), std::move(conn));
   loop->loop->TickBy(now + kBusyTick);
 }
@@ -408,6 +431,7 @@ TcpServer::Counters TcpServer::counters() const {
   c.refused = refused_.load(std::memory_order_relaxed);
   c.timeouts = timeouts_.load(std::memory_order_relaxed);
   c.bad_frames = bad_frames_.load(std::memory_order_relaxed);
+  c.unproven = unproven_.load(std::memory_order_relaxed);
   c.denied = denied_.load(std::memory_order_relaxed);
   c.fd_exhausted = fd_exhausted_.load(std::memory_order_relaxed);
   c.accept_pauses = accept_pauses_.load(std::memory_order_relaxed);

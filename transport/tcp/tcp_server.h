@@ -48,6 +48,7 @@ class TcpServer {
     uint64_t open = 0;        // Admitted and not closed yet.
     uint64_t timeouts = 0;    // Closed for a handshake/idle/frame timeout.
     uint64_t bad_frames = 0;  // Closed for a malformed request.
+    uint64_t unproven = 0;    // Closed for a missing or wrong token proof.
     uint64_t denied = 0;  // Frames refused: wrong buffer key or incarnation.
     uint64_t fd_exhausted = 0;   // accept() failed with EMFILE/ENFILE.
     uint64_t accept_pauses = 0;  // Times the listener backed off.
@@ -62,9 +63,12 @@ class TcpServer {
 
   // Binds `host:port` (0 = any free port) and starts the loops, serving
   // frames that name `incarnation` (this engine run's) only. Every timeout
-  // and back-off is timed on `clock` (outlives the server).
+  // and back-off is timed on `clock` (outlives the server). With an
+  // `auth_token`, a connection is served only once it proved the token
+  // (wire.h); one that proves another is closed.
   absl::Status Start(const std::string& host, uint16_t port,
-                     uint64_t incarnation, Clock* clock);
+                     uint64_t incarnation, Clock* clock,
+                     std::string auth_token = "");
   uint16_t port() const { return port_; }
   // The bound address, "a.b.c.d:port".
   const std::string& address() const { return address_; }
@@ -117,6 +121,7 @@ class TcpServer {
   TargetStaging gpu_staging_;
   const ServerSession::Limits limits_;
   uint64_t incarnation_ = 0;    // Set by Start.
+  std::string auth_token_;      // Set by Start.
   Clock* clock_ = RealClock();  // Set by Start, before any loop runs.
   uint16_t port_ = 0;
   std::string address_;
@@ -139,6 +144,7 @@ class TcpServer {
   std::atomic<uint64_t> refused_{0};
   std::atomic<uint64_t> timeouts_{0};
   std::atomic<uint64_t> bad_frames_{0};
+  std::atomic<uint64_t> unproven_{0};
   std::atomic<uint64_t> denied_{0};
   std::atomic<uint64_t> fd_exhausted_{0};
   std::atomic<uint64_t> accept_pauses_{0};

@@ -80,8 +80,12 @@ TEST(TcpTransportOptionsTest, RejectsWhatItCannotHonour) {
 
 class TcpTransportTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    TransportOptions opts;
+  void SetUp() override { InstallPair("", ""); }
+
+  // The target and the initiator, with these cluster tokens ("": none).
+  void InstallPair(const std::string& target_token,
+                   const std::string& initiator_token,
+                   TransportOptions opts = TransportOptions()) {
     target_ = std::make_unique<TcpTransport>(opts);
     initiator_ = std::make_unique<TcpTransport>(opts);
     TransportEnv env;
@@ -89,8 +93,10 @@ class TcpTransportTest : public ::testing::Test {
     env.listen_host = "127.0.0.1";
     env.incarnation = kIncarnation;
     env.clock = clock_;
+    env.auth_token = target_token;
     metadata::TransportEndpoint ep;
     ASSERT_OK(target_->Install(env, &ep));
+    env.auth_token = initiator_token;
     metadata::TransportEndpoint ep2;
     ASSERT_OK(initiator_->Install(env, &ep2));
     target_buf_.assign(1 << 20, 0);
@@ -271,6 +277,116 @@ TEST_F(TcpTransportTest, AnAddressAloneReadsAndWritesNothing) {
   for (size_t i = 0; i < 64; ++i) ASSERT_EQ(target_buf_[i], 0x5a) << i;
   EXPECT_EQ(target_->Stats().denied_frames, 4u);
   EXPECT_EQ(target_->Stats().bad_frames, 0u);
+}
+
+// Under a cluster token, the keys a descriptor publishes grant nothing
+// without the token: a raw peer with the right key but no proof, or a
+// proof under another token, is closed before anything is looked up,
+// while an initiator holding the token transfers as before, and a raw
+// peer that answers the challenge properly is served.
+class TcpTransportTokenTest : public TcpTransportTest {
+ protected:
+  void SetUp() override {}
+  static constexpr char kToken[] = "cluster-token-0123456789";
+
+  // A raw connection that has read the target's CHALLENGE into `challenge`.
+  absl::StatusOr<UniqueFd> Challenged(uint8_t challenge[kResponseHeaderBytes]) {
+    auto raw = ConnectFrom("127.0.0.1", target_addr_);
+    if (!raw.ok()) return raw.status();
+    SetRecvTimeout(raw->get(), absl::Seconds(5));
+    if (absl::Status s = ReadFull(raw->get(), challenge, kResponseHeaderBytes);
+        !s.ok()) {
+      return s;
+    }
+    ResponseHeader h;
+    if (absl::Status s = DecodeResponse(challenge, &h); !s.ok()) return s;
+    if (h.op != WireOp::kChallenge) {
+      return absl::InternalError("the first frame is not a challenge");
+    }
+    return raw;
+  }
+};
+
+TEST_F(TcpTransportTokenTest, KeysAloneGrantNothingWithoutTheToken) {
+  ASSERT_NO_FATAL_FAILURE(InstallPair(kToken, kToken));
+  std::fill(target_buf_.begin(), target_buf_.begin() + 64, 0x5a);
+
+  uint8_t challenge[kResponseHeaderBytes];
+  auto raw = Challenged(challenge);
+  ASSERT_OK(raw);
+  EXPECT_FALSE(Served(raw->get(), Remote(0), key_, kIncarnation))
+      << "served a request with the right key and no proof";
+  EXPECT_OK(::ferry::tcp::testing::WaitForClose(raw->get(), absl::Seconds(5)));
+
+  uint8_t proof[kRequestHeaderBytes + kProofBytes];
+  raw = Challenged(challenge);
+  ASSERT_OK(raw);
+  EncodeProof("another-token-0123456789", challenge, proof);
+  ASSERT_OK(WriteFull(raw->get(), proof, sizeof(proof)));
+  EXPECT_FALSE(Served(raw->get(), Remote(0), key_, kIncarnation))
+      << "served after a proof under another token";
+
+  uint8_t old_challenge[kResponseHeaderBytes];
+  std::memcpy(old_challenge, challenge, sizeof(challenge));
+  raw = Challenged(challenge);
+  ASSERT_OK(raw);
+  EXPECT_NE(std::memcmp(old_challenge, challenge, sizeof(challenge)), 0);
+  EncodeProof(kToken, old_challenge, proof);  // A replay.
+  ASSERT_OK(WriteFull(raw->get(), proof, sizeof(proof)));
+  EXPECT_FALSE(Served(raw->get(), Remote(0), key_, kIncarnation))
+      << "served after a proof for another connection's challenge";
+
+  raw = Challenged(challenge);
+  ASSERT_OK(raw);
+  EncodeProof(kToken, challenge, proof);
+  ASSERT_OK(WriteFull(raw->get(), proof, sizeof(proof)));
+  EXPECT_TRUE(Served(raw->get(), Remote(0), key_, kIncarnation));
+
+  std::vector<uint8_t> src(100000, 0xc3), dst(src.size());
+  Slice w = MakeSlice(OpCode::kWrite, src.data(), Remote(4096), src.size());
+  Slice* ws[] = {&w};
+  initiator_->Submit(ws);
+  Slice r = MakeSlice(OpCode::kRead, dst.data(), Remote(4096), dst.size());
+  auto st = sink_.Wait(1);
+  ASSERT_EQ(st.size(), 1u);
+  ASSERT_OK(st[0]);
+  Slice* rs[] = {&r};
+  initiator_->Submit(rs);
+  st = sink_.Wait(2);
+  ASSERT_EQ(st.size(), 2u);
+  ASSERT_OK(st[1]);
+  EXPECT_EQ(dst, src);
+  for (size_t i = 0; i < 64; ++i) ASSERT_EQ(target_buf_[i], 0x5a) << i;
+}
+
+// A cluster whose engines disagree on the token fails each transfer with
+// a status that says which way, not with a timeout or "connection lost".
+TEST_F(TcpTransportTokenTest, AnotherTokenIsRefusedWithAReason) {
+  ASSERT_NO_FATAL_FAILURE(InstallPair(kToken, "another-token-0123456789"));
+  absl::Status s = ReadOnce(view_.get(), absl::Seconds(5));
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "token differs")) << s;
+}
+
+TEST_F(TcpTransportTokenTest, NoTokenIsRefusedWithAReason) {
+  ASSERT_NO_FATAL_FAILURE(InstallPair(kToken, ""));
+  absl::Status s = ReadOnce(view_.get(), absl::Seconds(5));
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "requires the cluster's auth"))
+      << s;
+}
+
+TEST_F(TcpTransportTokenTest, ATargetWithoutTheTokenIsNotTrusted) {
+  TransportOptions opts;
+  opts.connect_timeout = absl::Milliseconds(300);
+  ASSERT_NO_FATAL_FAILURE(InstallPair("", kToken, opts));
+  absl::Status s = ReadOnce(view_.get(), absl::Seconds(5));
+  // Directly, or through the peer's back-off, which quotes the cause.
+  EXPECT_TRUE(s.code() == absl::StatusCode::kFailedPrecondition ||
+              s.code() == absl::StatusCode::kUnavailable)
+      << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "no challenge within")) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "runs without one")) << s;
 }
 
 // Each registration has a key of its own: the key of a buffer that was

@@ -6,9 +6,14 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
+#include "common/secure_random.h"
+#include "common/token_proof.h"
 
 namespace ferry::tcp {
 namespace {
+
+static_assert(kProofBytes == kTokenProofBytes);
 
 template <typename T>
 void Store(uint8_t* p, T v) {
@@ -82,7 +87,8 @@ absl::Status DecodeRequest(const uint8_t in[kRequestHeaderBytes],
   if (absl::Status s = CheckPreamble(in); !s.ok()) return s;
   uint8_t op = in[5];
   if (op != static_cast<uint8_t>(WireOp::kWrite) &&
-      op != static_cast<uint8_t>(WireOp::kRead)) {
+      op != static_cast<uint8_t>(WireOp::kRead) &&
+      op != static_cast<uint8_t>(WireOp::kProof)) {
     return absl::DataLossError(absl::StrCat("bad request opcode ", op));
   }
   if (Get16(in + 6) != 0) return absl::DataLossError("unknown request flags");
@@ -92,6 +98,11 @@ absl::Status DecodeRequest(const uint8_t in[kRequestHeaderBytes],
   h->length = Get64(in + 24);
   h->key = Get64(in + 32);
   h->incarnation = Get64(in + 40);
+  if (h->op == WireOp::kProof &&
+      (h->length != kProofBytes || h->request_id != 0 || h->remote_addr != 0 ||
+       h->key != 0 || h->incarnation != 0)) {
+    return absl::DataLossError("bad proof header");
+  }
   if (h->length == 0 || h->length > kMaxFrameLength) {
     return absl::DataLossError(absl::StrCat("request length ", h->length,
                                             " outside 1..", kMaxFrameLength));
@@ -103,6 +114,14 @@ absl::Status DecodeResponse(const uint8_t in[kResponseHeaderBytes],
                             ResponseHeader* h) {
   if (absl::Status s = CheckPreamble(in); !s.ok()) return s;
   uint8_t op = in[5];
+  if (op == static_cast<uint8_t>(WireOp::kChallenge)) {
+    if (Get16(in + 6) != 0) return absl::DataLossError("bad challenge");
+    h->op = WireOp::kChallenge;
+    h->status = WireStatus::kOk;
+    h->request_id = Get64(in + 8);  // The nonce, not an id or a length.
+    h->length = Get64(in + 16);
+    return absl::OkStatus();
+  }
   if (op != static_cast<uint8_t>(WireOp::kWriteAck) &&
       op != static_cast<uint8_t>(WireOp::kReadData)) {
     return absl::DataLossError(absl::StrCat("bad response opcode ", op));
@@ -121,6 +140,33 @@ absl::Status DecodeResponse(const uint8_t in[kResponseHeaderBytes],
     return absl::DataLossError(absl::StrCat("bad response length ", h->length));
   }
   return absl::OkStatus();
+}
+
+void EncodeChallenge(uint8_t out[kResponseHeaderBytes]) {
+  uint64_t nonce[2];
+  SecureRandomBytes(nonce, sizeof(nonce));
+  EncodeResponse({WireOp::kChallenge, WireStatus::kOk, nonce[0], nonce[1]},
+                 out);
+}
+
+void EncodeProof(absl::string_view token,
+                 const uint8_t challenge[kResponseHeaderBytes],
+                 uint8_t out[kRequestHeaderBytes + kProofBytes]) {
+  EncodeRequest({WireOp::kProof, 0, 0, kProofBytes}, out);
+  TokenProof(token, kProofLabel,
+             {absl::MakeConstSpan(challenge, kResponseHeaderBytes),
+              absl::MakeConstSpan(out, kRequestHeaderBytes)},
+             out + kRequestHeaderBytes);
+}
+
+bool ProofMatches(absl::string_view token,
+                  const uint8_t challenge[kResponseHeaderBytes],
+                  const uint8_t frame[kRequestHeaderBytes + kProofBytes]) {
+  return TokenProofMatches(
+      token, kProofLabel,
+      {absl::MakeConstSpan(challenge, kResponseHeaderBytes),
+       absl::MakeConstSpan(frame, kRequestHeaderBytes)},
+      frame + kRequestHeaderBytes);
 }
 
 }  // namespace ferry::tcp

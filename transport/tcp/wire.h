@@ -16,6 +16,16 @@
 // successful READ:
 //   u32 magic 'FRRY' | u8 version | u8 opcode | u16 status
 //   u64 request_id | u64 length
+//
+// Under a cluster token (TransportEnv::auth_token) a connection opens with
+// a proof: the target first sends a CHALLENGE, a response header whose
+// request_id and length fields hold 16 random bytes; the initiator answers
+// with a PROOF request (every field 0 but length = 32) and 32 payload
+// bytes, TokenProof (common/token_proof.h) under the token of the label
+// "ferry tcp proof v1", the CHALLENGE's 24 bytes and the PROOF's header.
+// The target serves nothing before a valid PROOF, and closes the
+// connection on a wrong one; so a descriptor's keys grant nothing to
+// whoever lacks the token. Without a token, neither side sends either.
 #ifndef FERRY_TRANSPORT_TCP_WIRE_H_
 #define FERRY_TRANSPORT_TCP_WIRE_H_
 
@@ -25,6 +35,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 
 namespace ferry::tcp {
 
@@ -38,9 +49,14 @@ constexpr uint64_t kMaxFrameLength = 64ull << 20;
 enum class WireOp : uint8_t {
   kWrite = 1,
   kRead = 2,
+  kProof = 3,  // Initiator's answer to kChallenge (token only).
   kWriteAck = 0x81,
   kReadData = 0x82,
+  kChallenge = 0x83,  // Target's first frame (token only).
 };
+
+constexpr char kProofLabel[] = "ferry tcp proof v1";
+constexpr size_t kProofBytes = 32;  // The PROOF's payload.
 
 enum class WireStatus : uint16_t {
   kOk = 0,
@@ -84,11 +100,26 @@ void EncodeResponse(const ResponseHeader& h, uint8_t out[kResponseHeaderBytes]);
 int UnsentFrame(const uint8_t* header, size_t header_bytes, const uint8_t* body,
                 size_t body_bytes, size_t sent, iovec* iov);
 
-// DataLoss with a reason if the bytes are not a valid header.
+// DataLoss with a reason if the bytes are not a valid header. A PROOF
+// request decodes (with length kProofBytes and every other field 0) and a
+// CHALLENGE response too (its nonce in request_id and length): where one
+// is not expected, the caller refuses it.
 absl::Status DecodeRequest(const uint8_t in[kRequestHeaderBytes],
                            RequestHeader* h);
 absl::Status DecodeResponse(const uint8_t in[kResponseHeaderBytes],
                             ResponseHeader* h);
+
+// A CHALLENGE with a fresh random nonce, encoded.
+void EncodeChallenge(uint8_t out[kResponseHeaderBytes]);
+// The PROOF answering `challenge` under `token`: header, then payload.
+void EncodeProof(absl::string_view token,
+                 const uint8_t challenge[kResponseHeaderBytes],
+                 uint8_t out[kRequestHeaderBytes + kProofBytes]);
+// Whether `frame` (a PROOF's header, then its payload) answers `challenge`
+// under `token` (compared in constant time).
+bool ProofMatches(absl::string_view token,
+                  const uint8_t challenge[kResponseHeaderBytes],
+                  const uint8_t frame[kRequestHeaderBytes + kProofBytes]);
 
 }  // namespace ferry::tcp
 

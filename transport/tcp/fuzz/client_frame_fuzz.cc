@@ -60,7 +60,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<std::unique_ptr<uint8_t[]>> memory(n);
   std::vector<Slice> slices(n);
   std::vector<int> ended(n, 0);
-  ClientSession s("127.0.0.1:1");
+  // The top bit of the first byte: a session under a token, which waits
+  // for the CHALLENGE the input may (or may not) open with.
+  ClientSession s("127.0.0.1:1",
+                  (data[0] & 0x80) != 0 ? "fuzz-cluster-token-0123" : "");
   for (size_t i = 0; i < n; ++i) {
     const uint8_t a = data[1 + 2 * i], b = data[2 + 2 * i];
     Slice& sl = slices[i];

@@ -17,8 +17,7 @@ namespace {
 
 std::string Req(WireOp op, uint64_t id, uint64_t addr, uint64_t len) {
   uint8_t h[kRequestHeaderBytes];
-  EncodeRequest({op, id, addr, len, fuzz::kFuzzKey, fuzz::kFuzzIncarnation},
-                h);
+  EncodeRequest({op, id, addr, len, fuzz::kFuzzKey, fuzz::kFuzzIncarnation}, h);
   return std::string(reinterpret_cast<char*>(h), sizeof(h));
 }
 
@@ -128,11 +127,11 @@ void ClientCorpus(const std::string& dir) {
         Client({{false, 16}}, 0, 0, 255, 15,
                Resp(WireOp::kReadData, WireStatus::kOk, 9, 16) +
                    std::string(16, 'q')));
-  Write(dir, "refused",
-        Client({{false, 8}, {true, 8}}, 0, 0, 255, 15,
-               Resp(WireOp::kReadData, WireStatus::kBadKey, 1, 0) +
-                   Resp(WireOp::kWriteAck, WireStatus::kWrongIncarnation, 2,
-                        0)));
+  Write(
+      dir, "refused",
+      Client({{false, 8}, {true, 8}}, 0, 0, 255, 15,
+             Resp(WireOp::kReadData, WireStatus::kBadKey, 1, 0) +
+                 Resp(WireOp::kWriteAck, WireStatus::kWrongIncarnation, 2, 0)));
   Write(dir, "partly_sent",
         Client({{true, 1000}, {false, 8}}, 0, 0, 1, 0,
                Resp(WireOp::kWriteAck, WireStatus::kOk, 1, 0)));

@@ -90,7 +90,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   World* w = GetWorld();
   const size_t read_size = data[0] == 0 ? 65536 : data[0];
   const size_t send_size = data[1] == 0 ? 65536 : data[1];
-  const absl::Duration step = absl::Milliseconds(data[2]);
+  // The top bit: a session under a token, which must refuse whatever the
+  // input holds in place of a proof (it cannot know the fresh challenge).
+  const absl::Duration step = absl::Milliseconds(data[2] & 0x7f);
+  const bool token = (data[2] & 0x80) != 0;
   data += 3;
   size -= 3;
 
@@ -101,7 +104,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   absl::Time now = absl::FromUnixSeconds(1);
   std::string out;
   {
-    ServerSession s(&w->registry, limits, fuzz::kFuzzIncarnation, now);
+    ServerSession s(&w->registry, limits, fuzz::kFuzzIncarnation, now,
+                    /*gpu_staging=*/nullptr,
+                    token ? "fuzz-cluster-token-0123" : "");
     size_t off = 0;
     while (true) {
       // Input, as the server reads it.
@@ -132,6 +137,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       now += step;
       if (!s.CheckTimeouts(now).ok()) break;
     }
+    if (token && s.requests() > 0) __builtin_trap();  // Served, unproven.
   }
   // Every request's lease was given back with the session.
   if (!w->registry.Remove(w->remote.addr, absl::ZeroDuration()).ok() ||
