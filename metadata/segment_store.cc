@@ -80,6 +80,12 @@ std::optional<SegmentEvent> SegmentStore::EventSince(const std::string& name,
   return ev;
 }
 
+uint64_t SegmentStore::ChangeLogBytesForTesting(const std::string& name) const {
+  MutexLock lock(&mu_);
+  auto it = segments_.find(name);
+  return it == segments_.end() ? 0 : it->second.change_bytes;
+}
+
 void SegmentStore::RenewLocked(const std::string& name, Entry* e) {
   if (e->expires != absl::InfiniteFuture()) expiry_.erase({e->expires, name});
   e->expires = e->ttl > absl::ZeroDuration() ? clock_->Now() + e->ttl
@@ -273,6 +279,7 @@ absl::StatusOr<uint64_t> SegmentStore::PutLocked(
   e.ttl = lease_ttl;
   e.put_version = version;
   e.changes.clear();
+  e.change_bytes = 0;
   RenewLocked(in.name(), &e);
   NotifyLocked(in.name());
   return version;
@@ -395,11 +402,20 @@ absl::StatusOr<uint64_t> SegmentStore::UpdateBuffers(
     c.add.assign(request.add().begin(), request.add().end());
     c.remove.assign(request.remove_addrs().begin(),
                     request.remove_addrs().end());
+    c.bytes = 16 + 10 * c.remove.size();
+    for (const Buffer& b : c.add) c.bytes += EncodedBufferBytes(b);
+    e.change_bytes += c.bytes;
     e.changes.push_back(std::move(c));
-    if (e.changes.size() > kMaxRememberedChanges) e.changes.pop_front();
+    const uint64_t budget = std::max(kMinChangeLogBytes, e.bytes);
+    while (!e.changes.empty() && (e.changes.size() > kMaxRememberedChanges ||
+                                  e.change_bytes > budget)) {
+      e.change_bytes -= e.changes.front().bytes;
+      e.changes.pop_front();
+    }
   } else {
     // Nobody watches: a later watcher starts from the whole descriptor.
     e.changes.clear();
+    e.change_bytes = 0;
     e.put_version = version;
   }
   e.segment.set_version(version);

@@ -109,8 +109,17 @@ class SegmentStore final : public Store {
   // to date.
   std::optional<SegmentEvent> EventSince(const std::string& name,
                                          uint64_t after_version);
-  // Changes remembered per segment for watchers.
+  // Changes remembered per segment for watchers: at most this many, and
+  // at most as many encoded bytes as the descriptor itself holds (or
+  // kMinChangeLogBytes, for small ones), so that a segment's change log
+  // never costs more than the segment it describes, which its owner's
+  // quota is charged for. A watcher further behind gets the whole
+  // descriptor, as one that starts does.
   static constexpr size_t kMaxRememberedChanges = 1024;
+  static constexpr uint64_t kMinChangeLogBytes = 64 << 10;
+  // Encoded bytes of the changes `name` remembers (0 if none or no such
+  // segment); for tests.
+  uint64_t ChangeLogBytesForTesting(const std::string& name) const;
 
  private:
   struct Entry {
@@ -139,8 +148,10 @@ class SegmentStore final : public Store {
       uint64_t version = 0;
       std::vector<Buffer> add;
       std::vector<uint64_t> remove;
+      uint64_t bytes = 0;  // Encoded, about: what it costs to keep.
     };
     std::deque<Change> changes;
+    uint64_t change_bytes = 0;  // Of `changes`.
   };
   // Tells the listeners of `name` that it changed.
   void NotifyLocked(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -1,5 +1,7 @@
 #include "metadata/segment_store.h"
 
+#include <optional>
+
 #include "common/simulated_clock.h"
 #include "common/status_testing.h"
 #include "gtest/gtest.h"
@@ -263,6 +265,58 @@ TEST(SegmentStoreTest, ThousandsOfBuffersOneByOne) {
   *r.add_add() = MakeBuffer(0x100000 + 2500 * 0x2000 + 0xfff, 0x10);
   EXPECT_EQ(store.UpdateBuffers(r).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// The probe of issue 26: with a watcher, 150 updates that remove every
+// buffer and add them back grew the server by 1.95 GB, the change log
+// keeping each (here, 20 such updates would keep 20 times the segment).
+// It holds at most the descriptor's size now (or 64 KiB); a watcher that
+// fell behind what is kept gets the whole descriptor, and one that is up
+// to the change before a small one still gets just that.
+TEST(SegmentStoreTest, TheChangeLogCostsNoMoreThanTheSegment) {
+  SegmentStore store;
+  SegmentDescriptor seg = MakeSegment("churn", 1);
+  seg.clear_buffers();
+  constexpr int kBuffers = 5000;
+  for (int i = 0; i < kBuffers; ++i) {
+    *seg.add_buffers() =
+        MakeBuffer(0x100000 + static_cast<uint64_t>(i) * 0x2000, 0x1000);
+  }
+  ASSERT_OK_AND_ASSIGN(const uint64_t first, store.Put(PutOf(seg)));
+  const uint64_t sub = store.Subscribe("churn", [] {});
+  uint64_t last = first;
+  for (int round = 0; round < 20; ++round) {
+    UpdateBuffersRequest r;
+    r.set_name("churn");
+    r.set_incarnation(1);
+    r.set_owner_key(TestOwnerKey(1));
+    for (const Buffer& b : seg.buffers()) {
+      r.add_remove_addrs(b.addr());
+      *r.add_add() = b;
+    }
+    ASSERT_OK_AND_ASSIGN(last, store.UpdateBuffers(r));
+  }
+  const uint64_t segment_bytes = store.bytes();
+  EXPECT_GT(segment_bytes, SegmentStore::kMinChangeLogBytes);
+  EXPECT_LE(store.ChangeLogBytesForTesting("churn"), segment_bytes);
+
+  std::optional<SegmentEvent> ev = store.EventSince("churn", first);
+  ASSERT_TRUE(ev.has_value());
+  EXPECT_TRUE(ev->has_full());
+  EXPECT_EQ(ev->version(), last);
+  EXPECT_EQ(ev->full().buffers_size(), kBuffers);
+  UpdateBuffersRequest small;
+  small.set_name("churn");
+  small.set_incarnation(1);
+  small.set_owner_key(TestOwnerKey(1));
+  *small.add_add() = MakeBuffer(0x80000, 0x1000);
+  ASSERT_OK_AND_ASSIGN(const uint64_t newest, store.UpdateBuffers(small));
+  ev = store.EventSince("churn", last);
+  ASSERT_TRUE(ev.has_value());
+  EXPECT_FALSE(ev->has_full());
+  EXPECT_EQ(ev->version(), newest);
+  EXPECT_EQ(ev->add_size(), 1);
+  store.Unsubscribe(sub);
 }
 
 TEST(SegmentStoreTest, RejectsBadDescriptors) {

@@ -83,7 +83,6 @@ absl::StatusOr<std::unique_ptr<Watch>> EtcdStore::WatchSegment(
   if (stopping_) return absl::CancelledError("the etcd store is closing");
   w->id = next_watch_id_++;
   watchers_[w->id] = w;
-  SendCreateLocked(*w);
   if (!watch_thread_.joinable() || !writer_thread_.joinable()) {
     try {
       if (!watch_thread_.joinable()) {
@@ -98,6 +97,9 @@ absl::StatusOr<std::unique_ptr<Watch>> EtcdStore::WatchSegment(
           absl::StrCat("cannot start the etcd watch threads: ", e.what()));
     }
   }
+  // Only now: a watcher refused above must leave no create request queued
+  // on the stream for an id that nobody holds.
+  SendCreateLocked(*w);
   return std::unique_ptr<Watch>(new SegmentWatch(this, w));
 }
 
