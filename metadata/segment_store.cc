@@ -103,6 +103,33 @@ int64_t EncodedBufferBytes(const Buffer& b) {
       1 + google::protobuf::io::CodedOutputStream::VarintSize64(n) + n);
 }
 
+// What the store's memory holds for a stored buffer, as its quotas count
+// it: the message with its keys and strings (SpaceUsedLong, about 12 times
+// the encoding for a buffer with a few NIC keys), the allocator's header
+// on each of its blocks (the message, its keys' array, each key, its map
+// node), its std::map node, and all of that again for the assembled copy
+// readers share (Entry::assembled).
+constexpr uint64_t kMapNodeBytes = 48;
+constexpr uint64_t kBlockHeaderBytes = 16;
+constexpr uint64_t kCopies = 2;
+
+uint64_t HeldBufferBytes(const Buffer& b) {
+  const uint64_t blocks = 3 + static_cast<uint64_t>(b.keys_size());
+  return kCopies *
+         (b.SpaceUsedLong() + kMapNodeBytes + kBlockHeaderBytes * blocks);
+}
+
+// The same for a whole descriptor: its buffers as above, and the rest
+// (transports, devices, names, the buffers' pointer array) twice.
+uint64_t HeldSegmentBytes(const SegmentDescriptor& d) {
+  uint64_t buffers = 0, space = 0;
+  for (const Buffer& b : d.buffers()) {
+    buffers += HeldBufferBytes(b);
+    space += b.SpaceUsedLong();
+  }
+  return kCopies * (d.SpaceUsedLong() - space) + buffers;
+}
+
 absl::Status NotRegistered(const std::string& name) {
   return absl::NotFoundError(absl::StrCat(
       "segment '", name,
@@ -172,16 +199,18 @@ absl::Status SegmentStore::CheckQuotaLocked(const std::string& client,
                                             bool new_segment) const {
   if (!enforce_limits_) return absl::OkStatus();
   if (total_bytes_ - old_bytes + bytes > limits_.max_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the metadata store holds ", total_bytes_, " bytes of descriptors; ",
-        bytes, " more would pass its limit of ", limits_.max_bytes));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the metadata store holds ", total_bytes_,
+                     " bytes of memory in descriptors; ", bytes,
+                     " more would pass its limit of ", limits_.max_bytes));
   }
   if (client.empty()) return absl::OkStatus();
   auto it = usage_.find(client);
   const Usage u = it != usage_.end() ? it->second : Usage{};
   if (u.bytes - old_bytes + bytes > limits_.max_client_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "client ", client, " holds ", u.bytes, " bytes of descriptors; ", bytes,
+        "client ", client, " holds ", u.bytes,
+        " bytes of memory in descriptors; ", bytes,
         " more would pass its quota of ", limits_.max_client_bytes));
   }
   if (new_segment && u.segments >= limits_.max_client_segments) {
@@ -194,7 +223,7 @@ absl::Status SegmentStore::CheckQuotaLocked(const std::string& client,
 void SegmentStore::EraseLocked(const std::string& name) {
   auto it = segments_.find(name);
   if (it == segments_.end()) return;
-  ChargeLocked(it->second.client, -static_cast<int64_t>(it->second.bytes), -1);
+  ChargeLocked(it->second.client, -static_cast<int64_t>(it->second.held), -1);
   segments_.erase(it);
   // glibc keeps freed memory in its arenas: after a lot has been freed,
   // give it back, so that a burst of large segments does not leave the
@@ -243,31 +272,41 @@ absl::StatusOr<uint64_t> SegmentStore::PutLocked(
         ": choose another name, or stop that engine first"));
   }
   const uint64_t bytes = in.ByteSizeLong();
+  const uint64_t held = HeldSegmentBytes(in);
   const bool replacing = it != segments_.end();
   const bool same_client = replacing && it->second.client == client;
   if (absl::Status q = CheckQuotaLocked(
-          client, same_client ? it->second.bytes : 0, bytes, !same_client);
+          client, same_client ? it->second.held : 0, held, !same_client);
       !q.ok()) {
     return q;
   }
   if (replacing) {
-    ChargeLocked(it->second.client, -static_cast<int64_t>(it->second.bytes),
-                 -1);
+    ChargeLocked(it->second.client, -static_cast<int64_t>(it->second.held), -1);
   }
-  ChargeLocked(client, static_cast<int64_t>(bytes), 1);
+  ChargeLocked(client, static_cast<int64_t>(held), 1);
   const uint64_t version = next_version_++;
   Entry& e = segments_[in.name()];
   e.client = client;
   e.bytes = bytes;
   e.segment = in;
   e.segment.set_version(version);
-  e.segment.clear_buffers();
+  {
+    // Not clear_buffers(): a cleared repeated field keeps every element
+    // allocated for reuse, which the buffers' map then holds a copy of.
+    google::protobuf::RepeatedPtrField<Buffer> drop;
+    drop.Swap(e.segment.mutable_buffers());
+  }
   e.buffers.clear();
   e.keys = 0;
+  uint64_t exact = kCopies * e.segment.SpaceUsedLong();
   for (const Buffer& b : in.buffers()) {
     e.keys += b.keys_size();
-    e.buffers.emplace(b.addr(), b);
+    exact += HeldBufferBytes(e.buffers.emplace(b.addr(), b).first->second);
   }
+  // Charged as held, now that it is: the estimate above only admitted it.
+  ChargeLocked(client, static_cast<int64_t>(exact) - static_cast<int64_t>(held),
+               0);
+  e.held = exact;
   e.device_names.clear();
   e.devices = 0;
   for (const TransportEndpoint& t : in.transports()) {
@@ -376,22 +415,29 @@ absl::StatusOr<uint64_t> SegmentStore::UpdateBuffers(
   // Bytes the change adds to the stored descriptor: exactly what each
   // buffer adds to its encoding, so that Put and UpdateBuffers charge and
   // refund the same amounts.
-  int64_t delta = 0;
+  int64_t delta = 0, held_delta = 0;
   for (const Buffer& b : request.add()) delta += EncodedBufferBytes(b);
-  for (const Buffer& b : removed) delta -= EncodedBufferBytes(b);
-  if (delta > 0) {
-    // The whole descriptor must still fit one GetSegment answer.
-    if (e.bytes + delta > kMaxDescriptorBytes) {
-      return undo(absl::ResourceExhaustedError(absl::StrCat(
-          "segment '", request.name(), "' would take ", e.bytes + delta,
-          " bytes encoded; at most ", kMaxDescriptorBytes)));
-    }
-    if (absl::Status q = CheckQuotaLocked(e.client, 0, delta, false); !q.ok()) {
+  // Memory as held: the stored copies, which removals refund exactly.
+  for (uint64_t a : added) held_delta += HeldBufferBytes(e.buffers.at(a));
+  for (const Buffer& b : removed) {
+    delta -= EncodedBufferBytes(b);
+    held_delta -= HeldBufferBytes(b);
+  }
+  // The whole descriptor must still fit one GetSegment answer.
+  if (delta > 0 && e.bytes + delta > kMaxDescriptorBytes) {
+    return undo(absl::ResourceExhaustedError(absl::StrCat(
+        "segment '", request.name(), "' would take ", e.bytes + delta,
+        " bytes encoded; at most ", kMaxDescriptorBytes)));
+  }
+  if (held_delta > 0) {
+    if (absl::Status q = CheckQuotaLocked(e.client, 0, held_delta, false);
+        !q.ok()) {
       return undo(q);
     }
   }
-  ChargeLocked(e.client, delta, 0);
+  ChargeLocked(e.client, held_delta, 0);
   e.bytes += delta;
+  e.held += held_delta;
   e.keys = keys;
   e.assembled.reset();
   const uint64_t version = next_version_++;

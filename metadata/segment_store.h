@@ -38,8 +38,13 @@ class SegmentStore final : public Store {
   // Longest lease a segment may ask for.
   static constexpr absl::Duration kMaxLeaseTtl = absl::Hours(1);
 
-  // Memory a client may fill. Bytes are the stored descriptors' encoded
-  // sizes; a segment is charged to the client that put it (updates too).
+  // Memory a client may fill. Bytes are what the store holds in memory for
+  // a descriptor (its messages, map nodes and the assembled copy readers
+  // share: about 25 times its encoded size for buffers with a few NIC
+  // keys), not its encoding, so that the limits bound the server's RSS;
+  // a watched segment's change log adds at most its encoded size again
+  // (kMaxRememberedChanges). A segment is charged to the client that put
+  // it (updates too).
   struct Limits {
     uint64_t max_bytes = uint64_t{2} << 30;
     uint64_t max_client_bytes = uint64_t{256} << 20;
@@ -52,7 +57,8 @@ class SegmentStore final : public Store {
       : clock_(ClockOrReal(clock)) {}
   // Before use.
   void SetLimits(const Limits& limits) { limits_ = limits; }
-  // Encoded bytes of the descriptors held now, as charged to the limits.
+  // Bytes of memory the descriptors held now take, as charged to the
+  // limits.
   uint64_t bytes() const;
 
   // Store. Updates of k buffers in a segment of n cost O(k log n).
@@ -133,6 +139,7 @@ class SegmentStore final : public Store {
     std::string owner_key;
     std::string client;  // Charged for it; empty: no per-client quota.
     uint64_t bytes = 0;  // Encoded size of the descriptor.
+    uint64_t held = 0;   // Memory it takes, as charged (HeldSegmentBytes).
     absl::Duration ttl;  // Zero: no lease.
     absl::Time expires = absl::InfiniteFuture();
     // The whole descriptor as last assembled for a reader; reset by every

@@ -60,10 +60,11 @@ ABSL_FLAG(std::string, tls_cert_file, "",
           "this server's PEM certificate, signed by --tls_ca_file");
 ABSL_FLAG(std::string, tls_key_file, "", "this server's PEM private key");
 ABSL_FLAG(uint64_t, max_bytes, uint64_t{2} << 30,
-          "bytes of segment descriptors held in all (memory and durable "
-          "stores)");
+          "bytes of memory segment descriptors may take in all (memory and "
+          "durable stores; about 25 times their encoded size)");
 ABSL_FLAG(uint64_t, max_client_bytes, uint64_t{256} << 20,
-          "bytes of segment descriptors one client address may hold");
+          "bytes of memory the segment descriptors of one client address "
+          "may take");
 ABSL_FLAG(uint64_t, max_client_segments, 4096,
           "segments one client address may hold");
 ABSL_FLAG(std::string, etcd, "",
