@@ -35,8 +35,13 @@ struct TcpOptions {
   // listen_host); 0 picks a free one, which a firewall cannot know in
   // advance: set one where peers cross a firewall.
   uint16_t port = 0;
-  // Connections accepted and open at once, in all and per
-  // peer IP address; one beyond either cap is closed (reset) at once.
+  // Connections accepted and open at once, in all (and at most half the
+  // soft RLIMIT_NOFILE, so that the cap binds before descriptors run out)
+  // and per peer IP address. At the global cap a newcomer takes the slot
+  // of a connection from the address that holds the most, if it holds at
+  // least two more than the newcomer's, preferring one that was never let
+  // at memory; otherwise, and beyond the per-address cap, it is closed
+  // (reset) at once.
   int max_connections = 4096;
   int max_connections_per_address = 64;
   // An accepted connection is closed when its first request header has not

@@ -159,6 +159,7 @@ absl::Status ServerSession::StartRequest(const uint8_t* header,
     stalled_since_ = absl::InfiniteFuture();
   }
   ++requests_;
+  if (status == WireStatus::kOk) ++admitted_;
   if (req.op == WireOp::kWrite) {
     payload_left_ = req.length;
     payload_id_ = req.request_id;

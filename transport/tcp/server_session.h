@@ -113,6 +113,9 @@ class ServerSession {
   uint64_t requests() const { return requests_; }
   // Of those, refused for a wrong key or incarnation.
   uint64_t denied() const { return denied_; }
+  // Of those, let at the memory they name: what makes a connection worth
+  // keeping when slots run short (TcpServer sheds the others first).
+  uint64_t admitted() const { return admitted_; }
   // The start of a request or some of its bytes have arrived, but not all.
   bool mid_frame() const {
     return payload_left_ > 0 || staged_end_ > staged_begin_;
@@ -161,6 +164,7 @@ class ServerSession {
   const absl::Time created_;
   uint64_t requests_ = 0;
   uint64_t denied_ = 0;
+  uint64_t admitted_ = 0;
 
   // Input. Headers (and any payload bytes read with them) are staged.
   uint8_t staging_[kStagingBytes];

@@ -171,6 +171,28 @@ class TcpFaultTest : public ::testing::Test {
     return last;
   }
 
+  // Opens `n` connections to the peer from 20 source addresses
+  // (127.0.0.10..29, round robin), so that a cap per address does not
+  // bind; non-blocking, as connects beyond the backlog may hang.
+  void Attack(int n, std::vector<UniqueFd>* out) {
+    for (int i = 0; i < n; ++i) {
+      UniqueFd fd(
+          ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+      ASSERT_TRUE(fd.valid());
+      sockaddr_in src{};
+      src.sin_family = AF_INET;
+      src.sin_addr.s_addr = htonl(0x7f00000a + i % 20);
+      ASSERT_EQ(
+          ::bind(fd.get(), reinterpret_cast<sockaddr*>(&src), sizeof(src)), 0);
+      sockaddr_in dst{};
+      dst.sin_family = AF_INET;
+      dst.sin_port = htons(port_);
+      dst.sin_addr.s_addr = htonl(0x7f000001);
+      ::connect(fd.get(), reinterpret_cast<sockaddr*>(&dst), sizeof(dst));
+      out->push_back(std::move(fd));
+    }
+  }
+
   std::unique_ptr<Subprocess> peer_;
   uint32_t port_ = 0;
   uint64_t remote_ = 0;
@@ -192,27 +214,13 @@ TEST_F(TcpFaultTest, FdExhaustionDoesNotMakeTargetDeaf) {
     rl.rlim_cur = rl.rlim_max;  // This test process only.
     ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &rl), 0);
   }
-  StartPeer({"--fd_limit=256"});
+  // The limit comes after the transport started, so that its connection
+  // cap (half the limit it saw) does not bind first: descriptors run out
+  // as when other parts of the process hold them.
+  StartPeer({"--fd_limit=256", "--fd_limit_after_install"});
   ASSERT_OK(VerifiedTransfer(11));
-  // From 20 source addresses, so a cap per address does not hide the
-  // exhaustion; non-blocking, as connects beyond the backlog may hang.
   std::vector<UniqueFd> attack;
-  for (int i = 0; i < kAttack; ++i) {
-    UniqueFd fd(
-        ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-    ASSERT_TRUE(fd.valid());
-    sockaddr_in src{};
-    src.sin_family = AF_INET;
-    src.sin_addr.s_addr = htonl(0x7f00000a + i % 20);  // 127.0.0.10..29
-    ASSERT_EQ(::bind(fd.get(), reinterpret_cast<sockaddr*>(&src), sizeof(src)),
-              0);
-    sockaddr_in dst{};
-    dst.sin_family = AF_INET;
-    dst.sin_port = htons(port_);
-    dst.sin_addr.s_addr = htonl(0x7f000001);
-    ::connect(fd.get(), reinterpret_cast<sockaddr*>(&dst), sizeof(dst));
-    attack.push_back(std::move(fd));
-  }
+  ASSERT_NO_FATAL_FAILURE(Attack(kAttack, &attack));
   // Wait (bounded) until the target ran out of fds.
   const absl::Time fill_end = absl::Now() + absl::Seconds(20);
   PeerStats st;
@@ -241,6 +249,33 @@ TEST_F(TcpFaultTest, FdExhaustionDoesNotMakeTargetDeaf) {
       "after %s\n",
       after.cpu_ms - before.cpu_ms, window_ms, after.threads,
       absl::FormatDuration(absl::Now() - start).c_str());
+}
+
+// Issue 26, failure 6: connections from many addresses fill every slot
+// and stay; a newcomer must still get in, well within the handshake
+// timeout that would close the idle ones anyway. The cap (half the fd
+// limit) binds before the descriptors run out, and at the cap the
+// newcomer takes the slot of a connection from the address that holds
+// the most.
+TEST_F(TcpFaultTest, ManyAddressesCannotShutOutANewcomer) {
+  StartPeer({"--fd_limit=256"});  // A cap of 128 connections.
+  ASSERT_OK(VerifiedTransfer(13));
+  std::vector<UniqueFd> attack;
+  ASSERT_NO_FATAL_FAILURE(Attack(400, &attack));
+  // Wait (bounded) until the target holds its cap of them.
+  const absl::Time fill_end = absl::Now() + absl::Seconds(5);
+  PeerStats st;
+  do {
+    ASSERT_OK_AND_ASSIGN(st, Stats());
+  } while (st.fds < 128 && absl::Now() < fill_end);
+  EXPECT_GE(st.fds, 128) << "the attack did not fill the target's slots";
+  EXPECT_LT(st.fds, 200) << "the cap did not bind before the fd limit";
+  NewInitiator();
+  const absl::Time start = absl::Now();
+  ASSERT_OK(RetryVerifiedTransfer(absl::Seconds(5)))
+      << "shut out while the attack stayed";
+  std::printf("served during the attack after %s\n",
+              absl::FormatDuration(absl::Now() - start).c_str());
 }
 
 // Issue 9, defect 3: a target SIGSTOPped while a large WRITE is on the

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -71,6 +72,7 @@ class TcpServer::Conn : public EventLoop::Handler {
         if (n > 0) {
           const absl::Status s = session_->OnReceived(n, now);
           CountDenied();
+          NoteUseful();
           if (!s.ok()) return Fail(s);
           if (static_cast<size_t>(n) < len) break;
           continue;
@@ -96,6 +98,7 @@ class TcpServer::Conn : public EventLoop::Handler {
         if (n > 0) {
           const absl::Status s = session_->OnSent(n, now);
           CountDenied();  // OnSent may resume staged requests.
+          NoteUseful();
           if (!s.ok()) return Fail(s);
           if (static_cast<size_t>(n) < offered) break;  // The socket is full.
           continue;
@@ -178,6 +181,13 @@ class TcpServer::Conn : public EventLoop::Handler {
   }
 
  private:
+  void NoteUseful() {
+    if (!useful_ && session_->admitted() > 0) {
+      useful_ = true;
+      slot_.admitted()->useful.store(true, std::memory_order_relaxed);
+    }
+  }
+
   void CountDenied() {
     const uint64_t denied = session_->denied();
     if (denied == denied_counted_) return;
@@ -200,6 +210,7 @@ class TcpServer::Conn : public EventLoop::Handler {
   std::unique_ptr<ServerSession> session_;
   uint64_t denied_counted_ = 0;  // Of session_->denied(), in server_->denied_.
   uint32_t interest_ = EPOLLIN;
+  bool useful_ = false;  // Told to the slot's Admitted.
 };
 
 class TcpServer::Listener : public EventLoop::Handler {
@@ -215,15 +226,16 @@ TcpServer::Slot& TcpServer::Slot::operator=(Slot&& other) noexcept {
   if (this != &other) {
     Release();
     server_ = other.server_;
-    ip_ = other.ip_;
+    admitted_ = std::move(other.admitted_);
     other.server_ = nullptr;
   }
   return *this;
 }
 
 void TcpServer::Slot::Release() {
-  if (server_ != nullptr) server_->Leave(ip_);
+  if (server_ != nullptr) server_->Leave(*admitted_);
   server_ = nullptr;
+  admitted_.reset();
 }
 
 TcpServer::TcpServer(MemoryRegistry* registry, const TcpOptions& options)
@@ -241,6 +253,15 @@ absl::Status TcpServer::Start(const std::string& host, uint16_t port,
                               std::string auth_token) {
   incarnation_ = incarnation;  // Before any loop thread reads it.
   auth_token_ = std::move(auth_token);
+  // The cap binds before the descriptors run out, so that connections are
+  // shared fairly (Admit) rather than refused by a failing accept: at most
+  // half the soft descriptor limit, leaving the rest to the engine.
+  max_connections_ = static_cast<uint64_t>(options_.max_connections);
+  if (rlimit nofile{}; getrlimit(RLIMIT_NOFILE, &nofile) == 0 &&
+                       nofile.rlim_cur != RLIM_INFINITY) {
+    max_connections_ = std::min<uint64_t>(
+        max_connections_, std::max<uint64_t>(16, nofile.rlim_cur / 2));
+  }
   clock_ = clock;
   auto fd = ListenTcp(host, port, &port_, kBacklog);
   if (!fd.ok()) return fd.status();
@@ -297,24 +318,90 @@ void TcpServer::Stop() {
   spare_.Reset();
 }
 
-bool TcpServer::Admit(absl::uint128 ip) {
+std::shared_ptr<TcpServer::Admitted> TcpServer::Admit(absl::uint128 ip,
+                                                      Loop* loop) {
   MutexLock lock(&mu_);
-  if (open_ >= static_cast<uint64_t>(options_.max_connections)) return false;
-  int& n = per_address_[ip];
-  if (n >= options_.max_connections_per_address) {
-    if (n == 0) per_address_.erase(ip);
-    return false;
+  auto it = per_address_.find(ip);
+  const size_t mine = it == per_address_.end() ? 0 : it->second.size();
+  if (mine >= static_cast<size_t>(options_.max_connections_per_address)) {
+    return nullptr;
   }
-  ++n;
+  // Connections being shed still hold their slots for a moment: counted
+  // out, up to a bound, so that sheds in flight cannot run away.
+  if (open_ - shedding_ >= max_connections_ && !ShedForLocked(ip)) {
+    return nullptr;
+  }
+  auto a = std::make_shared<Admitted>();
+  a->ip = ip;
+  a->loop = loop;
+  per_address_[ip].push_back(a);
   ++open_;
+  return a;
+}
+
+bool TcpServer::ShedForLocked(absl::uint128 ip) {
+  constexpr int kMaxShedding = 16;
+  if (shedding_ >= kMaxShedding) return false;
+  auto mine = per_address_.find(ip);
+  const size_t have = mine == per_address_.end() ? 0 : mine->second.size();
+  // The address that holds the most, not counting what it is shedding.
+  const std::vector<std::shared_ptr<Admitted>>* most = nullptr;
+  size_t most_held = 0;
+  for (const auto& [addr, list] : per_address_) {
+    size_t held = 0;
+    for (const auto& a : list) held += a->shedding ? 0 : 1;
+    if (addr != ip && held > most_held) {
+      most = &list;
+      most_held = held;
+    }
+  }
+  if (most == nullptr || most_held < have + 2) return false;
+  std::shared_ptr<Admitted> victim;
+  for (const auto& a : *most) {
+    if (a->shedding) continue;
+    if (victim == nullptr) victim = a;  // The oldest, if all were useful.
+    if (!a->useful.load(std::memory_order_relaxed)) {
+      victim = a;
+      break;
+    }
+  }
+  victim->shedding = true;
+  ++shedding_;
+  shed_.fetch_add(1, std::memory_order_relaxed);
+  Loop* loop = victim->loop;
+  // Posted while mu_ is held: the loop runs it later, on its own thread,
+  // and it takes mu_ itself.
+  loop->loop->Post([this, victim] { CloseShed(victim); });
   return true;
 }
 
-void TcpServer::Leave(absl::uint128 ip) {
+void TcpServer::CloseShed(const std::shared_ptr<Admitted>& admitted) {
+  Conn* conn;
+  {
+    MutexLock lock(&mu_);
+    conn = admitted->conn;
+  }
+  // Not adopted yet: Adopt sees `shedding` and closes it. Closed already:
+  // not in conns any more (and its Admitted, held here, cannot be reused).
+  if (conn == nullptr || !admitted->loop->conns.contains(conn)) return;
+  conn->Close();
+}
+
+void TcpServer::Leave(Admitted& admitted) {
   MutexLock lock(&mu_);
   --open_;
-  auto it = per_address_.find(ip);
-  if (it != per_address_.end() && --it->second <= 0) per_address_.erase(it);
+  if (admitted.shedding) --shedding_;
+  admitted.conn = nullptr;  // Closed: a CloseShed still queued finds none.
+  auto it = per_address_.find(admitted.ip);
+  if (it == per_address_.end()) return;
+  auto& list = it->second;
+  for (auto a = list.begin(); a != list.end(); ++a) {
+    if (a->get() == &admitted) {
+      list.erase(a);
+      break;
+    }
+  }
+  if (list.empty()) per_address_.erase(it);
 }
 
 bool TcpServer::ShedOne() {
@@ -383,14 +470,16 @@ void TcpServer::AcceptSome(absl::Time now) {
     }
     UniqueFd conn(fd);
     const absl::uint128 ip = peer.IpKey();
-    if (!Admit(ip)) {
+    Loop* target = loops_[next_loop_ % loops_.size()].get();
+    std::shared_ptr<Admitted> admitted = Admit(ip, target);
+    if (admitted == nullptr) {
       SetResetOnClose(conn.get());
       refused_.fetch_add(1, std::memory_order_relaxed);
       continue;
     }
+    ++next_loop_;
     accepted_.fetch_add(1, std::memory_order_relaxed);
-    Slot slot(this, ip);
-    Loop* target = loops_[next_loop_++ % loops_.size()].get();
+    Slot slot(this, std::move(admitted));
     if (target == loops_[0].get()) {
       Adopt(target, std::move(conn), std::move(slot), now);
     } else {
@@ -405,12 +494,21 @@ void TcpServer::AcceptSome(absl::Time now) {
 }
 
 void TcpServer::Adopt(Loop* loop, UniqueFd fd, Slot slot, absl::Time now) {
+  Admitted* admitted = slot.admitted();
+  {
+    MutexLock lock(&mu_);
+    if (admitted->shedding) return;  // Shed before it started: the slot goes.
+  }
   TuneDataSocket(fd.get());
   const int raw_fd = fd.get();
   auto conn =
       std::make_unique<Conn>(this, loop, std::move(fd), std::move(slot), now);
   if (!loop->loop->Add(raw_fd, conn->StartInterest(), conn.get()).ok()) {
     return;
+  }
+  {
+    MutexLock lock(&mu_);
+    admitted->conn = conn.get();
   }
   loop->conns.emplace(conn.get(), std::move(conn));
   loop->loop->TickBy(now + kBusyTick);
@@ -432,6 +530,7 @@ TcpServer::Counters TcpServer::counters() const {
   c.timeouts = timeouts_.load(std::memory_order_relaxed);
   c.bad_frames = bad_frames_.load(std::memory_order_relaxed);
   c.unproven = unproven_.load(std::memory_order_relaxed);
+  c.shed = shed_.load(std::memory_order_relaxed);
   c.denied = denied_.load(std::memory_order_relaxed);
   c.fd_exhausted = fd_exhausted_.load(std::memory_order_relaxed);
   c.accept_pauses = accept_pauses_.load(std::memory_order_relaxed);

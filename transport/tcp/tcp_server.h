@@ -49,6 +49,7 @@ class TcpServer {
     uint64_t timeouts = 0;    // Closed for a handshake/idle/frame timeout.
     uint64_t bad_frames = 0;  // Closed for a malformed request.
     uint64_t unproven = 0;    // Closed for a missing or wrong token proof.
+    uint64_t shed = 0;        // Closed to make room for another address's.
     uint64_t denied = 0;  // Frames refused: wrong buffer key or incarnation.
     uint64_t fd_exhausted = 0;   // accept() failed with EMFILE/ENFILE.
     uint64_t accept_pauses = 0;  // Times the listener backed off.
@@ -83,19 +84,33 @@ class TcpServer {
  private:
   class Conn;
   class Listener;
+  struct Loop;
+  // What the server knows of an admitted connection, to choose one to shed
+  // when slots run short. Shared by the server's table and the Slot.
+  struct Admitted {
+    absl::uint128 ip = 0;
+    Loop* loop = nullptr;   // Set when admitted (guarded by mu_).
+    Conn* conn = nullptr;   // Set when adopted (guarded by mu_).
+    bool shedding = false;  // Guarded by mu_.
+    // It was let at memory (ServerSession::admitted): kept over those
+    // that were not.
+    std::atomic<bool> useful{false};
+  };
   // A connection's place under the caps; gives it back when destroyed.
   class Slot {
    public:
     Slot() = default;
-    Slot(TcpServer* server, absl::uint128 ip) : server_(server), ip_(ip) {}
+    Slot(TcpServer* server, std::shared_ptr<Admitted> admitted)
+        : server_(server), admitted_(std::move(admitted)) {}
     Slot(Slot&& other) noexcept { *this = std::move(other); }
     Slot& operator=(Slot&& other) noexcept;
     ~Slot() { Release(); }
     void Release();
+    Admitted* admitted() const { return admitted_.get(); }
 
    private:
     TcpServer* server_ = nullptr;
-    absl::uint128 ip_ = 0;
+    std::shared_ptr<Admitted> admitted_;
   };
   struct Loop {
     std::unique_ptr<EventLoop> loop;
@@ -111,16 +126,30 @@ class TcpServer {
   // Any loop.
   void Adopt(Loop* loop, UniqueFd fd, Slot slot, absl::Time now);
   absl::Duration ConnTick(Loop* loop, absl::Time now);
-  // Reserves a place for a connection from `ip`, or returns false.
-  bool Admit(absl::uint128 ip);
-  void Leave(absl::uint128 ip);
+  // Reserves a place for a connection from `ip` (to be served on `loop`),
+  // or returns null. At the global cap, a connection of the address that
+  // holds the most is shed to make room, if that address holds at least
+  // two more than `ip` would (max-min fairness: many addresses holding
+  // slots cannot shut out another), one that was never let at memory
+  // first.
+  std::shared_ptr<Admitted> Admit(absl::uint128 ip, Loop* loop);
+  void Leave(Admitted& admitted);
+  // Picks a connection to shed for a newcomer from `ip` (0: an unknown
+  // one, when descriptors ran out) and starts closing it; false if none
+  // may be shed.
+  bool ShedForLocked(absl::uint128 ip) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // On `admitted`'s loop: closes its connection, if it is still open.
+  void CloseShed(const std::shared_ptr<Admitted>& admitted);
 
   MemoryRegistry* const registry_;
   const TcpOptions options_;
   // Declared before the loops: outlives every session.
   TargetStaging gpu_staging_;
   const ServerSession::Limits limits_;
-  uint64_t incarnation_ = 0;    // Set by Start.
+  uint64_t incarnation_ = 0;  // Set by Start.
+  // TcpOptions::max_connections, or half the soft descriptor limit if that
+  // is lower (set by Start).
+  uint64_t max_connections_ = 0;
   std::string auth_token_;      // Set by Start.
   Clock* clock_ = RealClock();  // Set by Start, before any loop runs.
   uint16_t port_ = 0;
@@ -138,13 +167,17 @@ class TcpServer {
 
   mutable Mutex mu_;
   uint64_t open_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::flat_hash_map<absl::uint128, int> per_address_ ABSL_GUARDED_BY(mu_);
+  // Admitted connections by source address; sheds started and not done.
+  absl::flat_hash_map<absl::uint128, std::vector<std::shared_ptr<Admitted>>>
+      per_address_ ABSL_GUARDED_BY(mu_);
+  int shedding_ ABSL_GUARDED_BY(mu_) = 0;
 
   std::atomic<uint64_t> accepted_{0};
   std::atomic<uint64_t> refused_{0};
   std::atomic<uint64_t> timeouts_{0};
   std::atomic<uint64_t> bad_frames_{0};
   std::atomic<uint64_t> unproven_{0};
+  std::atomic<uint64_t> shed_{0};
   std::atomic<uint64_t> denied_{0};
   std::atomic<uint64_t> fd_exhausted_{0};
   std::atomic<uint64_t> accept_pauses_{0};

@@ -126,6 +126,64 @@ TEST_F(TcpServerTest, GlobalCapResetsExtraConnectionsUntilOneCloses) {
   EXPECT_TRUE(again);
 }
 
+// The probe of issue 26: connections from many addresses, each kept busy
+// with a request that names a wrong key, filled every slot, and every
+// legitimate client was reset while they stayed. At the global cap a
+// newcomer now takes the slot of a connection from the address that
+// holds the most (at least two more than the newcomer's), one that was
+// never let at memory first; a connection that was is kept.
+TEST_F(TcpServerTest, SlotsAreSharedFairlyAcrossAddresses) {
+  TcpOptions o;
+  o.max_connections = 6;
+  o.max_connections_per_address = 4;
+  Start(o);
+  // A legitimate client, served once: useful.
+  ASSERT_OK_AND_ASSIGN(UniqueFd legit, Connect("127.0.0.30"));
+  ASSERT_TRUE(Served(legit.get(), base()));
+  // The attacker: 127.0.0.2 holds 3, 127.0.0.3 holds 2; each connection
+  // asks once with a wrong key, and so is never let at memory.
+  std::vector<UniqueFd> attack;
+  for (const char* from :
+       {"127.0.0.2", "127.0.0.2", "127.0.0.2", "127.0.0.3", "127.0.0.3"}) {
+    ASSERT_OK_AND_ASSIGN(UniqueFd fd, Connect(from));
+    EXPECT_FALSE(Served(fd.get(), base(), kTestKey.value ^ 1));
+    attack.push_back(std::move(fd));
+  }
+  EXPECT_EQ(server_->counters().open, 6u);
+  // A newcomer at the cap: one of 127.0.0.2's goes, and it is served.
+  ASSERT_OK_AND_ASSIGN(UniqueFd fresh, Connect("127.0.0.40"));
+  EXPECT_TRUE(Served(fresh.get(), base())) << "shut out by the attacker";
+  EXPECT_EQ(server_->counters().shed, 1u);
+  EXPECT_EQ(server_->counters().refused, 0u);
+  int closed = 0;
+  std::vector<bool> gone(attack.size());
+  const absl::Time end = absl::Now() + absl::Seconds(5);
+  while (closed == 0 && absl::Now() < end) {
+    for (size_t i = 0; i < attack.size(); ++i) {
+      if (!gone[i] &&
+          WaitForClose(attack[i].get(), absl::Milliseconds(10)).ok()) {
+        gone[i] = true;
+        ++closed;
+      }
+    }
+  }
+  EXPECT_EQ(closed, 1);
+  EXPECT_TRUE(gone[0] || gone[1] || gone[2]) << "not from the largest holder";
+  // Now each address holds at most two more than a newcomer's none, but
+  // only 127.0.0.2 and .3 hold two: a third newcomer takes from them, and
+  // the legitimate connections stay.
+  ASSERT_OK_AND_ASSIGN(UniqueFd third, Connect("127.0.0.50"));
+  EXPECT_TRUE(Served(third.get(), base()));
+  EXPECT_TRUE(Served(legit.get(), base()));
+  EXPECT_TRUE(Served(fresh.get(), base()));
+  // With every address at one connection, a newcomer cannot take a slot:
+  // reset, as before.
+  ASSERT_OK_AND_ASSIGN(UniqueFd more, Connect("127.0.0.51"));
+  ASSERT_OK_AND_ASSIGN(UniqueFd yet_more, Connect("127.0.0.52"));
+  EXPECT_FALSE(Served(yet_more.get(), base()));
+  EXPECT_GE(server_->counters().refused, 1u);
+}
+
 TEST_F(TcpServerTest, HandshakeTimeoutClosesASilentConnection) {
   TcpOptions o;
   o.handshake_timeout = absl::Seconds(10);

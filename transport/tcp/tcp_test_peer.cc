@@ -28,6 +28,10 @@
 ABSL_FLAG(uint64_t, buffer_size, 16 << 20, "registered bytes");
 ABSL_FLAG(uint64_t, seed, 1, "pattern seed of the initial contents");
 ABSL_FLAG(int, fd_limit, 0, "RLIMIT_NOFILE soft limit to run with (0: keep)");
+ABSL_FLAG(bool, fd_limit_after_install, false,
+          "apply --fd_limit once the transport is installed (its connection "
+          "cap then follows the higher limit, and accept can run out of "
+          "descriptors, as when other parts of a process use them)");
 ABSL_FLAG(int, nproc_limit, 0,
           "run as a user of its own with this RLIMIT_NPROC (threads of that "
           "user; 0: keep the user and limit)");
@@ -85,15 +89,19 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   Threads();  // Opens what they read while fds are free.
   OpenFds();
-  if (int limit = absl::GetFlag(FLAGS_fd_limit); limit > 0) {
+  auto limit_fds = [] {
+    const int limit = absl::GetFlag(FLAGS_fd_limit);
+    if (limit <= 0) return true;
     rlimit rl{};
     getrlimit(RLIMIT_NOFILE, &rl);
     rl.rlim_cur = static_cast<rlim_t>(limit);
     if (setrlimit(RLIMIT_NOFILE, &rl) != 0) {
       std::printf("ERR setrlimit: %s\n", std::strerror(errno));
-      return 1;
+      return false;
     }
-  }
+    return true;
+  };
+  if (!absl::GetFlag(FLAGS_fd_limit_after_install) && !limit_fds()) return 1;
   if (int limit = absl::GetFlag(FLAGS_nproc_limit); limit > 0) {
     // RLIMIT_NPROC binds only a user that is not root: what a container's
     // pids limit does to a process. It counts every thread of the user on
@@ -122,6 +130,7 @@ int main(int argc, char** argv) {
     // which the thread limit of some tests forbids.
     std::_Exit(1);
   }
+  if (absl::GetFlag(FLAGS_fd_limit_after_install) && !limit_fds()) return 1;
   const size_t size = absl::GetFlag(FLAGS_buffer_size);
   auto* buf = static_cast<uint8_t*>(std::malloc(size));
   ferry::FillPattern(buf, size, 0, absl::GetFlag(FLAGS_seed));
