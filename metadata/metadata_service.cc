@@ -10,6 +10,7 @@
 #include "metadata/auth.h"
 #include "metadata/forward_watch.h"
 #include "metadata/grpc_status.h"
+#include "metadata/tls.h"
 #include "metadata/validation.h"
 
 namespace ferry::metadata {
@@ -219,6 +220,11 @@ grpc::ServerUnaryReactor* MetadataServiceImpl::PutSegment(
                  "service allows only with an auth token or mutual TLS "
                  "(anyone could hold a name for ever): publish with a lease, "
                  "or give the cluster a token"))));
+  }
+  if (absl::Status named = CertificateMayPublish(ctx->auth_context().get(),
+                                                 request->segment().name());
+      !named.ok()) {
+    return FinishNow(ctx, ToGrpcStatus(named));
   }
   return ServeOnPool(&pool_, ctx, response, [this, ctx, request, response] {
     auto version = store_->PutFrom(*request, CallerAddress(*ctx));

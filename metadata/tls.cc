@@ -1,7 +1,12 @@
 #include "metadata/tls.h"
 
+#include <cstring>
+#include <string>
+#include <vector>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/file_util.h"
 
 namespace ferry::metadata {
@@ -71,6 +76,35 @@ std::shared_ptr<grpc::ChannelCredentials> Tls::ChannelCredentials() const {
 
 void Tls::AddChannelArgs(grpc::ChannelArguments* args) const {
   if (!server_name_.empty()) args->SetSslTargetNameOverride(server_name_);
+}
+
+absl::Status CertificateMayPublish(const grpc::AuthContext* auth,
+                                   absl::string_view segment) {
+  if (auth == nullptr || !auth->IsPeerAuthenticated()) return absl::OkStatus();
+  std::vector<std::string> named;
+  // gRPC lists URI SANs under peer_uri; every SAN, of any type, under
+  // x509_subject_alternative_name: either will do.
+  for (const char* property : {"peer_uri", "x509_subject_alternative_name"}) {
+    for (const grpc::string_ref& v : auth->FindPropertyValues(property)) {
+      const absl::string_view uri(v.data(), v.size());
+      if (!absl::StartsWith(uri, kSegmentUriPrefix)) continue;
+      const absl::string_view pattern = uri.substr(strlen(kSegmentUriPrefix));
+      if (pattern == segment ||
+          (absl::EndsWith(pattern, "*") &&
+           absl::StartsWith(segment, pattern.substr(0, pattern.size() - 1)))) {
+        return absl::OkStatus();
+      }
+      named.emplace_back(pattern);
+    }
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      "the client's TLS certificate does not name segment '", segment,
+      "' among those it may publish (",
+      named.empty() ? std::string("it names none")
+                    : absl::StrCat("it names ", absl::StrJoin(named, ", ")),
+      "): give the host a certificate whose subjectAltName carries URI:",
+      kSegmentUriPrefix, segment, " or a pattern such as URI:",
+      kSegmentUriPrefix, "<prefix>* (docs/deployment.md)"));
 }
 
 }  // namespace ferry::metadata

@@ -20,6 +20,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "grpcpp/grpcpp.h"
 
 namespace ferry::metadata {
@@ -64,6 +65,21 @@ class Tls {
   std::string key_;
   std::string server_name_;
 };
+
+// With mutual TLS a certificate also names the segments its holder may
+// publish, as URI subject alternative names "ferry-segment:<name>" (that
+// name), "ferry-segment:<prefix>*" (the names that start with the prefix,
+// a namespace "cluster-a/" for example) or "ferry-segment:*" (any). The
+// metadata service takes a PutSegment for a name only from a client whose
+// certificate names it, so one host's key cannot publish (or take over,
+// once a lease ends) another's segments. Mooncake has no such binding.
+constexpr char kSegmentUriPrefix[] = "ferry-segment:";
+
+// OK if `auth` is not an authenticated TLS peer (no TLS: the token and
+// owner keys apply alone) or its certificate names `segment`; else
+// PermissionDenied saying what the certificate names and how to add it.
+absl::Status CertificateMayPublish(const grpc::AuthContext* auth,
+                                   absl::string_view segment);
 
 }  // namespace ferry::metadata
 

@@ -164,6 +164,34 @@ TEST_F(TlsTest, LoadNamesWhatIsWrong) {
   EXPECT_OK(Tls::Load(pki_->node));
 }
 
+// A certificate names the segments its holder may publish (tls.h): a
+// client whose certificate names "prefill-*" publishes prefill-0 and not
+// decode-0, one that names none publishes nothing, and the refusal says
+// what to add. Reading is not bound: any client of the CA reads.
+TEST_F(TlsTest, ACertificatePublishesOnlyTheSegmentsItNames) {
+  Serve(&pki_->node);
+  MetadataClient prefill(server_->address(), absl::Seconds(3), "",
+                         MustLoad(pki_->prefill_only));
+  ASSERT_OK(prefill.Put(LeasedPutOf(Segment("prefill-0"))));
+  absl::Status s = prefill.Put(LeasedPutOf(Segment("decode-0"))).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "URI:ferry-segment:decode-0"))
+      << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "it names prefill-*")) << s;
+  MetadataClient unnamed(server_->address(), absl::Seconds(3), "",
+                         MustLoad(pki_->no_segments));
+  s = unnamed.Put(LeasedPutOf(Segment("prefill-1"))).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "it names none")) << s;
+  ASSERT_OK_AND_ASSIGN(SegmentDescriptor got, unnamed.Get("prefill-0"));
+  EXPECT_EQ(got.name(), "prefill-0");
+  MetadataClient any(server_->address(), absl::Seconds(3), "",
+                     MustLoad(pki_->node));
+  EXPECT_OK(any.Put(LeasedPutOf(Segment("decode-0"))));
+  ASSERT_OK_AND_ASSIGN(auto names, any.List());
+  EXPECT_EQ(names.size(), 2u) << "a refused Put stored something";
+}
+
 // Only a client with a certificate from the cluster CA is served, and it
 // talks only to a server with one.
 TEST_F(TlsTest, ServesOnlyClientsOfTheClusterCa) {

@@ -179,7 +179,8 @@ kill -9 "$md_pid"
 wait "$md_pid" 2>/dev/null
 (
   cd "$tmp" || exit 1
-  printf 'subjectAltName=IP:127.0.0.1\n' >san.cnf
+  # The URI names the segments the certificate may publish (any here).
+  printf 'subjectAltName=IP:127.0.0.1,URI:ferry-segment:*\n' >san.cnf
   timeout 60 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 \
     -nodes -keyout ca.key -out ca.pem -days 2 -subj /CN=ferry-test-ca &&
     timeout 60 openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 \
