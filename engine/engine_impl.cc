@@ -1,6 +1,8 @@
 // EngineImpl: lifecycle, memory registration and notifications.
 #include "engine/engine_impl.h"
 
+#include <grpc/grpc.h>
+
 #include <algorithm>
 #include <optional>
 #include <utility>
@@ -187,6 +189,15 @@ absl::Status EngineImpl::Init(const EngineOptions& requested) {
   if (initialized_) {
     return absl::AlreadyExistsError("engine is already initialized");
   }
+  // gRPC 1.51 cannot shut down once one of its own threads failed to start
+  // (under a thread or pids limit its timer manager then waits for ever
+  // for a thread that never ran): it stays initialised for the life of the
+  // process, so that destroying an engine never starts gRPC's shutdown.
+  static const bool grpc_kept = [] {
+    grpc_init();
+    return true;
+  }();
+  (void)grpc_kept;
   EngineOptions options = requested;
   if (options.auth_token.empty()) {
     // Callers that cannot pass a token (ferry.mooncake, Mooncake-style

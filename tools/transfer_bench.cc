@@ -36,6 +36,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -693,9 +694,21 @@ int RunInitiator(TransferEngine& engine) {
   const absl::Time end = start + absl::Seconds(duration);
   std::vector<std::thread> workers;
   for (int t = 0; t < threads; ++t) {
-    workers.emplace_back(InitiatorThread, std::ref(engine), *seg,
-                         local_mem.get(), bufs->front().addr, region, t, start,
-                         end, &totals, &stats[static_cast<size_t>(t)]);
+    try {
+      workers.emplace_back(InitiatorThread, std::ref(engine), *seg,
+                           local_mem.get(), bufs->front().addr, region, t,
+                           start, end, &totals, &stats[static_cast<size_t>(t)]);
+    } catch (const std::system_error& e) {
+      // A thread or pids limit: stop the workers already running and say
+      // so, rather than abort with the exception.
+      g_stop = true;
+      for (std::thread& w : workers) w.join();
+      std::fprintf(stderr,
+                   "transfer_bench: cannot start initiator thread %d of %d: "
+                   "%s (a thread or pids limit?); try fewer --threads\n",
+                   t + 1, threads, e.what());
+      return 1;
+    }
   }
   const bool json = absl::GetFlag(FLAGS_report) == "json";
   FILE* progress = json ? stderr : stdout;
