@@ -308,6 +308,35 @@ TEST_F(MetadataServiceTest, PeerExchangeAndNotify) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// An Exchange for a transport the engine does not run is refused before
+// the sender is checked (which may read the metadata service: a stranger
+// must not get that for free); for one it runs, the check comes before the
+// transport sees anything.
+TEST_F(MetadataServiceTest, ExchangeLooksUpTheTransportBeforeTheSender) {
+  std::atomic<int> handled{0}, checks{0};
+  peer_.SetExchangeHandler(
+      "echo",
+      [&](const std::string&,
+          const std::string& payload) -> absl::StatusOr<std::string> {
+        ++handled;
+        return payload;
+      });
+  peer_.SetSenderVerifier([&](const std::string&, const std::string&,
+                              const std::string&, const std::string&) {
+    ++checks;
+    return absl::PermissionDeniedError("not you");
+  });
+  PeerClient peer(absl::Seconds(5));
+  absl::Status s =
+      peer.Exchange(server_->address(), "rdma", "me", "x").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+  EXPECT_EQ(checks.load(), 0) << "checked the sender of a useless Exchange";
+  s = peer.Exchange(server_->address(), "echo", "me", "x").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  EXPECT_EQ(checks.load(), 1);
+  EXPECT_EQ(handled.load(), 0) << "the transport saw an unchecked Exchange";
+}
+
 // A receiver that cannot check the sender now answers "retry later": the
 // client sends the Exchange again within its timeout (a handshake must not
 // fail on a moment's refusal); any other refusal is final.

@@ -106,6 +106,17 @@ void PeerServiceImpl::SetSenderVerifier(SenderVerifier verifier) {
 grpc::Status PeerServiceImpl::ServeExchange(const ExchangeRequest& request,
                                             const std::string& caller,
                                             ExchangeResponse* response) {
+  // The transport first: an Exchange for one this engine does not run is
+  // refused at no cost, before the sender check, which may read the
+  // metadata service (a stranger must not make this engine do that for
+  // free).
+  {
+    MutexLock lock(&mu_);
+    if (!handlers_.contains(request.transport())) {
+      return ToGrpcStatus(absl::UnimplementedError(absl::StrCat(
+          "this engine has no '", request.transport(), "' transport")));
+    }
+  }
   std::shared_ptr<SenderVerifier> verifier;
   {
     MutexLock lock(&mu_);
@@ -136,7 +147,7 @@ grpc::Status PeerServiceImpl::ServeExchange(const ExchangeRequest& request,
       ++handler->calls;
     }
   }
-  if (handler == nullptr) {
+  if (handler == nullptr) {  // Removed while the sender was checked.
     return ToGrpcStatus(absl::UnimplementedError(absl::StrCat(
         "this engine has no '", request.transport(), "' transport")));
   }

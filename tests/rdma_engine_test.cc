@@ -11,12 +11,15 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/identity.h"
 #include "common/log.h"
 #include "common/mutex.h"
 #include "common/sanitizers.h"
 #include "common/status_testing.h"
 #include "engine/transfer_engine.h"
 #include "gtest/gtest.h"
+#include "metadata/metadata_client.h"
+#include "metadata/peer_service.h"
 #include "tools/pattern.h"
 #include "transport/softrnic/softrnic_control.h"
 
@@ -143,6 +146,30 @@ TEST_F(RdmaEngineTest, ReadAndWriteMixedSizesEveryByteVerified) {
     ASSERT_EQ(CheckPattern(remote_.get() + off, len, off, 77), len) << len;
     FillPattern(remote_.get() + off, len, off, 11);  // For the next READ.
   }
+}
+
+// A handshake or rail notice through Exchange must come from the segment
+// it names: the live probe's spoofed ConnectRequest ("from B", with a
+// made-up incarnation) cut B's rail for good. One signed with another key,
+// or not at all, is refused before the rdma transport sees it, and the
+// real initiator's rail still carries transfers.
+TEST_F(RdmaEngineTest, SpoofedExchangesAreRefused) {
+  metadata::MetadataClient md(target_.metadata_address(), absl::Seconds(3));
+  ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor td, md.Get("target"));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<const IdentityKey> other,
+                       IdentityKey::Generate());
+  metadata::PeerClient unsigned_client(absl::Seconds(3));
+  metadata::PeerClient wrong_key(
+      absl::Seconds(3), metadata::PeerClient::kMaxStubs, "", nullptr, other);
+  for (metadata::PeerClient* spoofer : {&wrong_key, &unsigned_client}) {
+    auto r = spoofer->Exchange(td.rpc_address(), "rdma", "initiator", "x");
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied)
+        << r.status();
+    EXPECT_TRUE(absl::StrContains(r.status().message(), "exchange refused"))
+        << r.status();
+  }
+  BatchStatus st = Run({Req(OpCode::kRead, 0, 4096)});
+  EXPECT_EQ(st.state, TransferState::kCompleted);
 }
 
 TEST_F(RdmaEngineTest, ManyRequestsPerBatch) {
