@@ -11,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "common/secure_random.h"
 #include "common/socket_util.h"
+#include "google/protobuf/io/coded_stream.h"
 #include "metadata/grpc_deadline.h"
 #include "metadata/grpc_status.h"
 #include "metadata/metadata_client.h"
@@ -62,6 +63,17 @@ std::string Unescape(absl::string_view s) {
 }
 
 // The smallest key above every key that starts with `prefix`.
+// Meta records read per page when the store counts usage.
+constexpr int kUsagePage = 512;
+
+// What a buffer adds to its descriptor's encoding (as SegmentStore counts
+// it): its field tag, its length and its bytes.
+int64_t EncodedBufferBytes(const Buffer& b) {
+  const size_t n = b.ByteSizeLong();
+  return static_cast<int64_t>(
+      1 + google::protobuf::io::CodedOutputStream::VarintSize64(n) + n);
+}
+
 std::string PrefixEnd(std::string prefix) {
   while (!prefix.empty()) {
     if (static_cast<uint8_t>(prefix.back()) < 0xff) {
@@ -277,8 +289,17 @@ absl::StatusOr<TxnResponse> EtcdStore::Txn(const TxnRequest& txn,
   grpc::Status s = RetryUnavailable(
       clock_, deadline,
       [&](grpc::ClientContext* ctx) { return kv_->Txn(ctx, txn, &resp); });
-  if (!s.ok())
+  if (!s.ok()) {
+    if (absl::StrContains(s.error_message(), "database space exceeded")) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "etcd ", Describe(),
+          " is out of space (its NOSPACE alarm is raised) and refuses every "
+          "write: compact its history, defragment it and disarm the alarm "
+          "(etcdctl compact, etcdctl defrag, etcdctl alarm disarm), and "
+          "keep EtcdOptions::max_bytes below its --quota-backend-bytes"));
+    }
     return FromGrpcStatus(s, absl::StrCat("etcd ", Describe(), " Txn"));
+  }
   return resp;
 }
 
@@ -382,7 +403,8 @@ absl::StatusOr<uint64_t> EtcdStore::WriteChanges(
   return static_cast<uint64_t>(resp->header().revision());
 }
 
-absl::StatusOr<uint64_t> EtcdStore::Put(const PutSegmentRequest& request) {
+absl::StatusOr<uint64_t> EtcdStore::PutFrom(const PutSegmentRequest& request,
+                                            const std::string& client) {
   const SegmentDescriptor& in = request.segment();
   if (absl::Status s = ValidateSegmentDescriptor(in); !s.ok()) return s;
   if (absl::Status s = ValidateOwnerKey(request.owner_key()); !s.ok()) {
@@ -400,7 +422,7 @@ absl::StatusOr<uint64_t> EtcdStore::Put(const PutSegmentRequest& request) {
   // Re-read and try again when our own segment changed between the read
   // and the write (its owner updating it through another client).
   for (int attempt = 0; attempt < 5; ++attempt) {
-    auto v = PutOnce(request, ttl, deadline);
+    auto v = PutOnce(request, client, ttl, deadline);
     if (v.ok() || v.status().code() != absl::StatusCode::kAborted) return v;
   }
   return absl::AbortedError(absl::StrCat(
@@ -408,6 +430,7 @@ absl::StatusOr<uint64_t> EtcdStore::Put(const PutSegmentRequest& request) {
 }
 
 absl::StatusOr<uint64_t> EtcdStore::PutOnce(const PutSegmentRequest& request,
+                                            const std::string& client,
                                             absl::Duration ttl,
                                             absl::Time deadline) {
   const SegmentDescriptor& in = request.segment();
@@ -435,6 +458,15 @@ absl::StatusOr<uint64_t> EtcdStore::PutOnce(const PutSegmentRequest& request,
                          : "without a lease, until it removes it",
                      ": choose another name, or stop that engine first"));
   }
+  // Charged to `client`; a re-publication gives back what it replaces.
+  const uint64_t bytes = in.ByteSizeLong();
+  const bool same_client = before->exists && before->meta.client() == client;
+  const uint64_t old_bytes = before->exists ? before->meta.bytes() : 0;
+  if (absl::Status q = CheckQuota(client, same_client ? old_bytes : 0,
+                                  old_bytes, bytes, !same_client, deadline);
+      !q.ok()) {
+    return q;
+  }
   int64_t lease = 0;
   if (ttl > absl::ZeroDuration()) {
     auto id = GrantLease(ttl, deadline);
@@ -442,6 +474,8 @@ absl::StatusOr<uint64_t> EtcdStore::PutOnce(const PutSegmentRequest& request,
     lease = *id;
   }
   EtcdSegmentMeta meta;
+  meta.set_client(client);
+  meta.set_bytes(bytes);
   *meta.mutable_segment() = in;
   meta.mutable_segment()->clear_buffers();
   meta.mutable_segment()->set_version(0);
@@ -491,6 +525,17 @@ absl::StatusOr<uint64_t> EtcdStore::PutOnce(const PutSegmentRequest& request,
   }
   if (before->exists && before->meta.lease_id() != lease) {
     RevokeLease(before->meta.lease_id(), deadline);
+  }
+  if (same_client) {
+    AfterWrite(client, static_cast<int64_t>(bytes - old_bytes), 0,
+               static_cast<int64_t>(*v));
+  } else {
+    if (before->exists) {
+      AfterWrite(before->meta.client(), -static_cast<int64_t>(old_bytes), -1,
+                 static_cast<int64_t>(*v));
+    }
+    AfterWrite(client, static_cast<int64_t>(bytes), 1,
+               static_cast<int64_t>(*v));
   }
   return v;
 }
@@ -607,6 +652,7 @@ absl::StatusOr<uint64_t> EtcdStore::UpdateBuffers(
     }
     uint64_t count = meta.buffers();
     uint64_t keys = meta.keys();
+    int64_t delta = 0;  // Encoded bytes the descriptor gains.
     std::vector<RequestOp> ops;
     std::set<uint64_t> added_addrs;
     for (const Buffer& b : request.add()) added_addrs.insert(b.addr());
@@ -619,6 +665,7 @@ absl::StatusOr<uint64_t> EtcdStore::UpdateBuffers(
       }
       keys -= it->second.keys_size();
       --count;
+      delta -= EncodedBufferBytes(it->second);
       bufs.erase(it);
       // Re-added in the same update: its put overwrites the key (etcd
       // refuses a transaction that deletes and puts the same key).
@@ -652,6 +699,7 @@ absl::StatusOr<uint64_t> EtcdStore::UpdateBuffers(
       }
       keys += b.keys_size();
       ++count;
+      delta += EncodedBufferBytes(b);
       meta.set_max_buffer_length(
           std::max<uint64_t>(meta.max_buffer_length(), b.length()));
       bufs.emplace(b.addr(), b);
@@ -670,6 +718,16 @@ absl::StatusOr<uint64_t> EtcdStore::UpdateBuffers(
           kMaxKeysPerSegment, " keys and ", kMaxKeyIndexEntries,
           " buffer x device entries"));
     }
+    if (delta > 0) {
+      if (absl::Status q =
+              CheckQuota(meta.client(), 0, 0, static_cast<uint64_t>(delta),
+                         false, deadline);
+          !q.ok()) {
+        return q;
+      }
+    }
+    meta.set_bytes(static_cast<uint64_t>(
+        std::max<int64_t>(0, static_cast<int64_t>(meta.bytes()) + delta)));
     meta.set_buffers(count);
     meta.set_keys(keys);
     meta.clear_change_added();
@@ -690,6 +748,7 @@ absl::StatusOr<uint64_t> EtcdStore::UpdateBuffers(
         ModRevisionIs(MetaKey(name), snap->meta_revision)};
     auto v =
         WriteChanges(name, std::move(guard), std::move(ops), meta, deadline);
+    if (v.ok()) AfterWrite(meta.client(), delta, 0, static_cast<int64_t>(*v));
     if (v.ok() || v.status().code() != absl::StatusCode::kAborted) return v;
     // Changed between the read and the write (by the owner from elsewhere,
     // or its lease ran out): read again.
@@ -769,8 +828,109 @@ absl::Status EtcdStore::Remove(const RemoveSegmentRequest& request) {
   const auto& kvs = resp->responses(0).response_range().kvs();
   if (!kvs.empty() && meta.ParseFromString(kvs[0].value())) {
     RevokeLease(meta.lease_id(), deadline);
+    AfterWrite(meta.client(), -static_cast<int64_t>(meta.bytes()), -1,
+               resp->header().revision());
   }
   return absl::OkStatus();
+}
+
+absl::Status EtcdStore::CheckQuota(const std::string& client,
+                                   uint64_t old_client_bytes,
+                                   uint64_t old_bytes, uint64_t bytes,
+                                   bool new_segment, absl::Time deadline) {
+  if (clock_->Now() - usage_at_ >= options_.usage_refresh) {
+    // The records themselves, a page at a time: every store that shares
+    // the prefix counts the same, and leases that ended are gone.
+    Usage total;
+    std::map<std::string, Usage> by_client;
+    const std::string prefix = absl::StrCat(options_.prefix, "meta/");
+    const std::string end = PrefixEnd(prefix);
+    std::string from = prefix;
+    while (true) {
+      TxnRequest txn;
+      *txn.add_success() = RangeOp(from, end, kUsagePage);
+      auto resp = Txn(txn, deadline);
+      if (!resp.ok()) return resp.status();
+      const auto& range = resp->responses(0).response_range();
+      for (const auto& kv : range.kvs()) {
+        EtcdSegmentMeta meta;
+        if (!meta.ParseFromString(kv.value())) continue;
+        const int64_t b = static_cast<int64_t>(meta.bytes());
+        total.bytes += b;
+        ++total.segments;
+        if (!meta.client().empty()) {
+          Usage& u = by_client[meta.client()];
+          u.bytes += b;
+          ++u.segments;
+        }
+      }
+      if (!range.more() || range.kvs_size() == 0) break;
+      from = range.kvs(range.kvs_size() - 1).key() + std::string(1, '\0');
+    }
+    total_ = total;
+    by_client_ = std::move(by_client);
+    usage_at_ = clock_->Now();
+  }
+  const auto over = [&](int64_t held, uint64_t give_back, uint64_t limit) {
+    return held - static_cast<int64_t>(give_back) +
+               static_cast<int64_t>(bytes) >
+           static_cast<int64_t>(limit);
+  };
+  if (over(total_.bytes, old_bytes, options_.max_bytes)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the etcd store under '", options_.prefix, "' holds ", total_.bytes,
+        " bytes of descriptors; ", bytes, " more would pass its limit of ",
+        options_.max_bytes,
+        " (kept well below etcd's own quota, whose NOSPACE alarm would stop "
+        "every write)"));
+  }
+  if (client.empty()) return absl::OkStatus();
+  const auto it = by_client_.find(client);
+  const Usage u = it == by_client_.end() ? Usage{} : it->second;
+  if (over(u.bytes, old_client_bytes, options_.max_client_bytes)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "client ", client, " holds ", u.bytes,
+        " bytes of descriptors in etcd; ", bytes,
+        " more would pass its quota of ", options_.max_client_bytes));
+  }
+  if (new_segment &&
+      u.segments >= static_cast<int64_t>(options_.max_client_segments)) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("client ", client, " holds ", u.segments,
+                     " segments in etcd, its quota"));
+  }
+  return absl::OkStatus();
+}
+
+void EtcdStore::AfterWrite(const std::string& client, int64_t bytes,
+                           int segments, int64_t revision) {
+  total_.bytes += bytes;
+  total_.segments += segments;
+  if (!client.empty()) {
+    Usage& u = by_client_[client];
+    u.bytes += bytes;
+    u.segments += segments;
+  }
+  if (options_.compact_after <= absl::ZeroDuration()) return;
+  const absl::Time now = clock_->Now();
+  revisions_.emplace_back(now, revision);
+  // The newest revision written at least compact_after ago: history up to
+  // it goes (a watcher that far behind reads its segment whole).
+  int64_t upto = 0;
+  while (!revisions_.empty() &&
+         now - revisions_.front().first >= options_.compact_after) {
+    upto = revisions_.front().second;
+    revisions_.pop_front();
+  }
+  if (upto <= compacted_) return;
+  compacted_ = upto;
+  etcdserverpb::CompactionRequest req;
+  req.set_revision(upto);
+  etcdserverpb::CompactionResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, clock_, now + options_.rpc_timeout);
+  // Best effort: another store may have compacted past it already.
+  kv_->Compact(&ctx, req, &resp);
 }
 
 absl::StatusOr<std::vector<std::string>> EtcdStore::List() {

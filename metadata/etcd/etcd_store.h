@@ -49,6 +49,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -77,6 +78,24 @@ struct EtcdOptions {
   Clock* clock = nullptr;
   // Operations per transaction (etcd's --max-txn-ops, 128 by default).
   int max_txn_ops = 120;
+  // What one client (a metadata service's caller, by address) and all of
+  // them together may store under the prefix, in encoded bytes of
+  // descriptors, so that no client can drive etcd into its NOSPACE alarm
+  // (etcd's default quota is 2 GiB of database, history included, and
+  // once it is raised every write fails until an operator disarms it).
+  // Counted from the segment records in etcd, which every store sharing
+  // the prefix sees, read again at most every `usage_refresh` (0: on
+  // every check), plus this store's own writes since. Segments that
+  // engines put on etcd directly have no client: the total binds them.
+  uint64_t max_bytes = uint64_t{256} << 20;
+  uint64_t max_client_bytes = uint64_t{32} << 20;
+  size_t max_client_segments = 4096;
+  absl::Duration usage_refresh = absl::Seconds(2);
+  // History older than this is compacted, by every store that writes:
+  // etcd keeps every revision until it is compacted, so updates would
+  // fill its quota however small the live data. Zero: never (leave it to
+  // etcd's --auto-compaction-retention).
+  absl::Duration compact_after = absl::Minutes(5);
 };
 
 class EtcdStore final : public Store {
@@ -86,7 +105,13 @@ class EtcdStore final : public Store {
   // Ends every watch (their callbacks are not called again).
   ~EtcdStore() override;
 
-  absl::StatusOr<uint64_t> Put(const PutSegmentRequest& request) override;
+  absl::StatusOr<uint64_t> Put(const PutSegmentRequest& request) override {
+    return PutFrom(request, "");
+  }
+  // Charged to `client` (EtcdOptions::max_client_bytes); ResourceExhausted
+  // past a limit, changing nothing.
+  absl::StatusOr<uint64_t> PutFrom(const PutSegmentRequest& request,
+                                   const std::string& client) override;
   absl::StatusOr<absl::Duration> KeepAlive(
       const KeepAliveRequest& request) override;
   absl::StatusOr<uint64_t> UpdateBuffers(
@@ -127,8 +152,21 @@ class EtcdStore final : public Store {
 
   // One attempt of Put; Aborted if its own segment changed since the read.
   absl::StatusOr<uint64_t> PutOnce(const PutSegmentRequest& request,
+                                   const std::string& client,
                                    absl::Duration ttl, absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  // ResourceExhausted if `client` (with `old_client_bytes` given back: a
+  // segment of its own it replaces) cannot store `bytes` more, or one
+  // more segment if `new_segment`, or the total (with `old_bytes` given
+  // back) would pass its limit.
+  absl::Status CheckQuota(const std::string& client, uint64_t old_client_bytes,
+                          uint64_t old_bytes, uint64_t bytes, bool new_segment,
+                          absl::Time deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  // After a write of `bytes` (net) by `client` at `revision`: counts it
+  // until the next read of the records, and compacts the history.
+  void AfterWrite(const std::string& client, int64_t bytes, int segments,
+                  int64_t revision) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
   // What one consistent read of a segment found.
   struct Snapshot;
   // Waits (up to the RPC timeout) while a large change is half written,
@@ -164,6 +202,20 @@ class EtcdStore final : public Store {
   // Changes from this process are serialized: an engine changes only its
   // own segment, and its changes then never race each other's compares.
   Mutex write_mu_;
+  // What the records in etcd said at `usage_at`, and this store's writes
+  // since (Usage: bytes, segments).
+  struct Usage {
+    int64_t bytes = 0;
+    int64_t segments = 0;
+  };
+  absl::Time usage_at_ ABSL_GUARDED_BY(write_mu_) = absl::InfinitePast();
+  Usage total_ ABSL_GUARDED_BY(write_mu_);
+  std::map<std::string, Usage> by_client_ ABSL_GUARDED_BY(write_mu_);
+  // Revisions this store wrote at, oldest first, to compact up to the
+  // newest that is compact_after old; and the last compaction.
+  std::deque<std::pair<absl::Time, int64_t>> revisions_
+      ABSL_GUARDED_BY(write_mu_);
+  int64_t compacted_ ABSL_GUARDED_BY(write_mu_) = 0;
 
   Mutex watch_mu_;
   // By etcd watch id (chosen here, one per WatchSegment).

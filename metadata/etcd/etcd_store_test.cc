@@ -6,6 +6,7 @@
 #include <atomic>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status_testing.h"
@@ -14,6 +15,7 @@
 #include "metadata/store_conformance.h"
 #include "metadata/store_over_grpc.h"
 #include "metadata/store_testing.h"
+#include "rpc.grpc.pb.h"
 
 namespace ferry::metadata {
 namespace {
@@ -258,6 +260,103 @@ TEST(EtcdStoreTest, WatchesSurviveCompaction) {
   }
   EXPECT_EQ(added.load(), 1) << "the change after the compaction was pushed";
   EXPECT_EQ(events.load(), 1);
+}
+
+// The probe of issue 26: 40,000 segments from one address were never
+// refused, etcd hit its quota, and its NOSPACE alarm stopped every Put in
+// the cluster. Quotas now hold per client and in all, counted from the
+// records in etcd, so a second metadata_server sharing the prefix sees
+// the same counts; a refused write changes nothing, and a removal gives
+// its share back.
+TEST(EtcdStoreTest, QuotasHoldAcrossStoresSharingEtcd) {
+  EtcdCluster* c = SharedCluster();
+  ASSERT_NE(c, nullptr);
+  EtcdOptions o;
+  o.endpoints = c->endpoints();
+  o.prefix = "quota-test/";
+  o.max_client_segments = 3;
+  o.max_client_bytes = 4096;
+  o.max_bytes = 4000;
+  o.usage_refresh = absl::ZeroDuration();
+  ASSERT_OK_AND_ASSIGN(auto a, EtcdStore::Create(o));
+  ASSERT_OK_AND_ASSIGN(auto b, EtcdStore::Create(o));
+  // About 400 bytes each.
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_OK(a->PutFrom(LeasedPutOf(Seg(absl::StrCat("s", i), i + 1, 20)),
+                         "ipv4:10.0.0.66"));
+  }
+  absl::Status s =
+      b->PutFrom(LeasedPutOf(Seg("s3", 4, 20)), "ipv4:10.0.0.66").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "10.0.0.66")) << s;
+  // Bytes: 300 buffers are over one client's 4 KiB.
+  s = b->PutFrom(LeasedPutOf(Seg("big", 9, 300)), "ipv4:10.0.0.77").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  // Updates count too, and a refused one changes nothing.
+  ASSERT_OK(b->PutFrom(LeasedPutOf(Seg("grow", 10, 1)), "ipv4:10.0.0.77"));
+  UpdateBuffersRequest grow;
+  grow.set_name("grow");
+  grow.set_incarnation(10);
+  grow.set_owner_key(TestOwnerKey(10));
+  for (int i = 0; i < 300; ++i) {
+    Buffer* buf = grow.add_add();
+    buf->set_addr(0x1000000000ull + 0x10000ull * i);
+    buf->set_length(0x100);
+    buf->set_location("cpu:0");
+  }
+  EXPECT_STATUS(a->UpdateBuffers(grow), absl::StatusCode::kResourceExhausted);
+  ASSERT_OK_AND_ASSIGN(SegmentDescriptor got, a->Get("grow"));
+  EXPECT_EQ(got.buffers_size(), 1);
+  // The total binds every client, those of engines on etcd directly too.
+  absl::Status last;
+  int more = 0;
+  for (; more < 20 && last.ok(); ++more) {
+    last = a->PutFrom(LeasedPutOf(Seg(absl::StrCat("t", more), 100 + more, 20)),
+                      absl::StrCat("ipv4:10.0.1.", more))
+               .status();
+  }
+  EXPECT_EQ(last.code(), absl::StatusCode::kResourceExhausted) << last;
+  EXPECT_TRUE(absl::StrContains(last.message(), "its limit")) << last;
+  EXPECT_STATUS(a->Put(LeasedPutOf(Seg("direct", 300, 20))),
+                absl::StatusCode::kResourceExhausted);
+  // A removal gives the share back, as another store counts it.
+  ASSERT_OK(a->Remove(RemoveOf("s0", 1)));
+  ASSERT_OK(a->Remove(RemoveOf("t0", 100)));
+  EXPECT_OK(b->PutFrom(LeasedPutOf(Seg("s3", 4, 20)), "ipv4:10.0.0.66"));
+}
+
+// etcd keeps every revision until it is compacted, so updates alone
+// would fill its quota. A store compacts what is compact_after old.
+TEST(EtcdStoreTest, HistoryIsCompacted) {
+  EtcdCluster* c = SharedCluster();
+  ASSERT_NE(c, nullptr);
+  EtcdOptions o;
+  o.endpoints = c->endpoints();
+  o.prefix = "compact-test/";
+  o.compact_after = absl::Milliseconds(300);
+  ASSERT_OK_AND_ASSIGN(auto store, EtcdStore::Create(o));
+  ASSERT_OK_AND_ASSIGN(const uint64_t first,
+                       store->Put(LeasedPutOf(Seg("c", 1, 2))));
+  absl::SleepFor(absl::Milliseconds(400));  // Ages the first write.
+  UpdateBuffersRequest r;
+  r.set_name("c");
+  r.set_incarnation(1);
+  r.set_owner_key(TestOwnerKey(1));
+  *r.add_add() = TestSegment("x", 1, 3).buffers(2);
+  ASSERT_OK(store->UpdateBuffers(r));
+  // History before the first write is gone: a read there is refused.
+  auto kv = etcdserverpb::KV::NewStub(grpc::CreateChannel(
+      "ipv4:" + c->endpoints()[0], grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  etcdserverpb::RangeRequest req;
+  req.set_key("compact-test/");
+  req.set_revision(static_cast<int64_t>(first) - 1);
+  etcdserverpb::RangeResponse resp;
+  grpc::Status g = kv->Range(&ctx, req, &resp);
+  EXPECT_FALSE(g.ok()) << "revision " << first - 1 << " still readable";
+  EXPECT_TRUE(absl::StrContains(g.error_message(), "compacted"))
+      << g.error_message();
 }
 
 TEST(EtcdStoreTest, ThreeMembersSurviveLosingOne) {
