@@ -93,7 +93,7 @@ absl::Status DurableStore::RecoverLocked() {
                                                 snap_path, ": record ", i,
                                                 " is not a segment"));
       }
-      if (auto v = mem_.Restore(r.put(), r.version()); !v.ok()) {
+      if (auto v = mem_.Restore(r.put(), r.version(), r.client()); !v.ok()) {
         return absl::DataLossError(absl::StrCat("metadata store snapshot ",
                                                 snap_path, ": record ", i, ": ",
                                                 v.status().message()));
@@ -161,7 +161,9 @@ absl::Status DurableStore::RecoverLocked() {
 }
 
 absl::Status DurableStore::ApplyLocked(const LogRecord& r) {
-  if (r.has_put()) return mem_.Restore(r.put(), r.version()).status();
+  if (r.has_put()) {
+    return mem_.Restore(r.put(), r.version(), r.client()).status();
+  }
   if (r.has_update()) {
     mem_.AdvanceVersion(r.version());
     return mem_.UpdateBuffers(r.update()).status();
@@ -206,10 +208,11 @@ absl::Status DurableStore::CompactLocked() {
   header.mutable_snapshot()->set_next_version(snap.next_version);
   header.mutable_snapshot()->set_segments(snap.segments.size());
   std::string data = FrameRecord(header.SerializeAsString());
-  for (auto& [put, version] : snap.segments) {
+  for (SegmentStore::Snapshot::Segment& seg : snap.segments) {
     LogRecord r;
-    r.set_version(version);
-    *r.mutable_put() = std::move(put);
+    r.set_version(seg.version);
+    *r.mutable_put() = std::move(seg.put);
+    r.set_client(std::move(seg.client));
     data += FrameRecord(r.SerializeAsString());
   }
   const std::string tmp = dir_ + "/snapshot.tmp";
@@ -247,6 +250,7 @@ absl::StatusOr<uint64_t> DurableStore::PutFrom(const PutSegmentRequest& request,
   LogRecord r;
   r.set_version(*v);
   *r.mutable_put() = request;
+  r.set_client(client);
   if (absl::Status s = AppendLocked(std::move(r)); !s.ok()) return s;
   return v;
 }

@@ -72,7 +72,7 @@ class DurableStore final : public Store {
   absl::StatusOr<uint64_t> UpdateBuffers(
       const UpdateBuffersRequest& request) override;
   // Quotas of the table (SegmentStore::Limits); before use. A recovered
-  // segment counts against the total only (its client is not logged).
+  // segment counts against its client again (the log records who put it).
   void SetLimits(const SegmentStore::Limits& limits) { mem_.SetLimits(limits); }
   absl::StatusOr<SegmentDescriptor> Get(const std::string& name) override;
   absl::Status Remove(const RemoveSegmentRequest& request) override;

@@ -218,5 +218,47 @@ TEST(DurableStoreTest, RecoveredLeasesStartAfresh) {
   EXPECT_STATUS(store->Get("a"), absl::StatusCode::kNotFound);
 }
 
+// A segment recovered from the log or the snapshot is charged to the
+// client that put it, as before the restart: the quota of a client that
+// filled it still binds after a metadata_server restart (it counted
+// against the total only, so a restart gave every client a fresh quota).
+TEST(DurableStoreTest, RecoveredSegmentsCountAgainstTheirClient) {
+  SegmentStore::Limits limits;
+  limits.max_client_segments = 2;
+  for (bool compact : {false, true}) {
+    const std::string dir = FreshDir();
+    {
+      ASSERT_OK_AND_ASSIGN(auto store, DurableStore::Open(dir));
+      store->SetLimits(limits);
+      ASSERT_OK(store->PutFrom(PutOf(Seg("a", 1)), "ipv4:10.0.0.66"));
+      ASSERT_OK(store->PutFrom(PutOf(Seg("b", 2)), "ipv4:10.0.0.66"));
+      EXPECT_STATUS(store->PutFrom(PutOf(Seg("c", 3)), "ipv4:10.0.0.66"),
+                    absl::StatusCode::kResourceExhausted);
+      if (compact) {
+        // Enough log for a snapshot: the clients must survive it too.
+        for (int i = 0; i < 250; ++i) {
+          SegmentDescriptor big = Seg("bulk", 9);
+          for (int k = 0; k < 1000; ++k) {
+            Buffer* buf = big.add_buffers();
+            buf->set_addr(0x10000000ull * (k + 2));
+            buf->set_length(0x1000 + i);
+            buf->set_location("cpu:0");
+          }
+          ASSERT_OK(store->Put(PutOf(big, absl::ZeroDuration(), 9)));
+        }
+        ASSERT_GE(store->compactions(), 1u);
+      }
+    }
+    ASSERT_OK_AND_ASSIGN(auto store, DurableStore::Open(dir));
+    store->SetLimits(limits);
+    EXPECT_STATUS(store->PutFrom(PutOf(Seg("c", 3)), "ipv4:10.0.0.66"),
+                  absl::StatusCode::kResourceExhausted)
+        << (compact ? "from the snapshot" : "from the log");
+    EXPECT_OK(store->PutFrom(PutOf(Seg("d", 4)), "ipv4:10.0.0.77"));
+    ASSERT_OK(store->Remove(RemoveOf("a", 1)));
+    EXPECT_OK(store->PutFrom(PutOf(Seg("c", 3)), "ipv4:10.0.0.66"));
+  }
+}
+
 }  // namespace
 }  // namespace ferry::metadata

@@ -152,13 +152,14 @@ absl::StatusOr<uint64_t> SegmentStore::PutFrom(const PutSegmentRequest& request,
 }
 
 absl::StatusOr<uint64_t> SegmentStore::Restore(const PutSegmentRequest& request,
-                                               uint64_t version) {
+                                               uint64_t version,
+                                               const std::string& client) {
   MutexLock lock(&mu_);
   // The recorded version itself, whatever order segments come back in;
   // later ones continue above every restored one.
   const uint64_t next = std::max(next_version_, version + 1);
   next_version_ = version;
-  auto v = PutLocked(request, /*check_owner=*/false, "");
+  auto v = PutLocked(request, /*check_owner=*/false, client);
   next_version_ = next;
   return v;
 }
@@ -537,7 +538,7 @@ SegmentStore::Snapshot SegmentStore::TakeSnapshot() const {
     put.set_owner_key(e.owner_key);
     put.set_lease_ttl_ms(
         static_cast<uint32_t>(absl::ToInt64Milliseconds(e.ttl)));
-    snap.segments.emplace_back(std::move(put), e.segment.version());
+    snap.segments.push_back({std::move(put), e.segment.version(), e.client});
   }
   return snap;
 }

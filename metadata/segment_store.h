@@ -79,14 +79,21 @@ class SegmentStore final : public Store {
 
   // For a backend that replays its own history (DurableStore): Put without
   // the ownership check (the history is already decided), with the given
-  // version; later versions continue after it. The lease starts now.
+  // version, charged to `client` as the original Put was; later versions
+  // continue after it. The lease starts now.
   absl::StatusOr<uint64_t> Restore(const PutSegmentRequest& request,
-                                   uint64_t version);
+                                   uint64_t version,
+                                   const std::string& client = "");
   // Every stored segment as the PutSegmentRequest that recreates it (owner
   // key and lease TTL included), with the version each has; and the next
   // version the store would assign.
   struct Snapshot {
-    std::vector<std::pair<PutSegmentRequest, uint64_t>> segments;
+    struct Segment {
+      PutSegmentRequest put;
+      uint64_t version = 0;
+      std::string client;  // Charged to it.
+    };
+    std::vector<Segment> segments;
     uint64_t next_version = 1;
   };
   Snapshot TakeSnapshot() const;
