@@ -163,11 +163,14 @@ absl::Status ClientSession::Process(std::vector<Done>* done) {
           "peer ", peer_, " sent a bad response header: ", s.message()));
     }
     if (h.op == WireOp::kChallenge) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          "target at ", peer_,
-          " requires the cluster's auth token on its TCP port (it sent a "
-          "challenge), and this engine has none (EngineOptions::auth_token "
-          "or FERRY_AUTH_TOKEN_FILE)"));
+      return auth_token_.empty()
+                 ? absl::PermissionDeniedError(absl::StrCat(
+                       "target at ", peer_,
+                       " requires the cluster's auth token on its TCP port "
+                       "(it sent a challenge), and this engine has none "
+                       "(EngineOptions::auth_token or FERRY_AUTH_TOKEN_FILE)"))
+                 : absl::DataLossError(absl::StrCat(
+                       "target at ", peer_, " sent a second challenge"));
     }
     staged_begin_ += kResponseHeaderBytes;
     answered_any_ = true;

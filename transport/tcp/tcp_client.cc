@@ -155,7 +155,8 @@ class TcpClient::Conn : public EventLoop::Handler {
               absl::PermissionDeniedError(absl::StrCat(
                   "target at ", pool_->address,
                   " closed the TCP connection after this engine's proof of "
-                  "the cluster token: its token differs from this engine's")),
+                  "the cluster token and before any answer: its token likely "
+                  "differs from this engine's (or it restarted meanwhile)")),
               /*failed=*/true, now);
         }
         // A quiet close of an idle connection (say, the target's idle

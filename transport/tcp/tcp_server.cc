@@ -328,41 +328,65 @@ std::shared_ptr<TcpServer::Admitted> TcpServer::Admit(absl::uint128 ip,
   }
   // Connections being shed still hold their slots for a moment: counted
   // out, up to a bound, so that sheds in flight cannot run away.
-  if (open_ - shedding_ >= max_connections_ && !ShedForLocked(ip)) {
+  const absl::Time now = clock_->Now();
+  if (open_ - shedding_ >= max_connections_ && !ShedForLocked(ip, now)) {
     return nullptr;
   }
   auto a = std::make_shared<Admitted>();
   a->ip = ip;
+  a->since = now;
   a->loop = loop;
   per_address_[ip].push_back(a);
   ++open_;
   return a;
 }
 
-bool TcpServer::ShedForLocked(absl::uint128 ip) {
+bool TcpServer::ShedForLocked(absl::uint128 ip, absl::Time now) {
   constexpr int kMaxShedding = 16;
   if (shedding_ >= kMaxShedding) return false;
-  auto mine = per_address_.find(ip);
-  const size_t have = mine == per_address_.end() ? 0 : mine->second.size();
-  // The address that holds the most, not counting what it is shedding.
-  const std::vector<std::shared_ptr<Admitted>>* most = nullptr;
-  size_t most_held = 0;
+  // First a useless connection, from the address that holds the most:
+  // wherever it is, it is worth less than a newcomer.
+  std::shared_ptr<Admitted> victim;
+  size_t most_useless = 0;
   for (const auto& [addr, list] : per_address_) {
-    size_t held = 0;
-    for (const auto& a : list) held += a->shedding ? 0 : 1;
-    if (addr != ip && held > most_held) {
-      most = &list;
-      most_held = held;
+    size_t useless = 0;
+    std::shared_ptr<Admitted> first;
+    for (const auto& a : list) {
+      if (a->shedding || a->useful.load(std::memory_order_relaxed) ||
+          now - a->since < kShedGrace) {
+        continue;
+      }
+      if (first == nullptr) first = a;
+      ++useless;
+    }
+    if (useless > most_useless) {
+      most_useless = useless;
+      victim = first;
     }
   }
-  if (most == nullptr || most_held < have + 2) return false;
-  std::shared_ptr<Admitted> victim;
-  for (const auto& a : *most) {
-    if (a->shedding) continue;
-    if (victim == nullptr) victim = a;  // The oldest, if all were useful.
-    if (!a->useful.load(std::memory_order_relaxed)) {
-      victim = a;
-      break;
+  if (victim == nullptr) {
+    // Else max-min: the address that holds the most, if that is at least
+    // two more than the newcomer's would be.
+    auto mine = per_address_.find(ip);
+    const size_t have = mine == per_address_.end() ? 0 : mine->second.size();
+    const std::vector<std::shared_ptr<Admitted>>* most = nullptr;
+    size_t most_held = 0;
+    for (const auto& [addr, list] : per_address_) {
+      size_t held = 0;
+      for (const auto& a : list) held += a->shedding ? 0 : 1;
+      if (addr != ip && held > most_held) {
+        most = &list;
+        most_held = held;
+      }
+    }
+    if (most == nullptr || most_held < have + 2) return false;
+    for (const auto& a : *most) {
+      if (a->shedding) continue;
+      if (victim == nullptr) victim = a;  // The oldest, if all were useful.
+      if (!a->useful.load(std::memory_order_relaxed)) {
+        victim = a;
+        break;
+      }
     }
   }
   victim->shedding = true;

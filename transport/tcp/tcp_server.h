@@ -62,6 +62,10 @@ class TcpServer {
   TcpServer(const TcpServer&) = delete;
   TcpServer& operator=(const TcpServer&) = delete;
 
+  // How long a connection has to be let at memory (or to prove the token)
+  // before it counts as useless when slots run short.
+  static constexpr absl::Duration kShedGrace = absl::Seconds(1);
+
   // Binds `host:port` (0 = any free port) and starts the loops, serving
   // frames that name `incarnation` (this engine run's) only. Every timeout
   // and back-off is timed on `clock` (outlives the server). With an
@@ -89,6 +93,7 @@ class TcpServer {
   // when slots run short. Shared by the server's table and the Slot.
   struct Admitted {
     absl::uint128 ip = 0;
+    absl::Time since;       // When it was admitted.
     Loop* loop = nullptr;   // Set when admitted (guarded by mu_).
     Conn* conn = nullptr;   // Set when adopted (guarded by mu_).
     bool shedding = false;  // Guarded by mu_.
@@ -127,17 +132,19 @@ class TcpServer {
   void Adopt(Loop* loop, UniqueFd fd, Slot slot, absl::Time now);
   absl::Duration ConnTick(Loop* loop, absl::Time now);
   // Reserves a place for a connection from `ip` (to be served on `loop`),
-  // or returns null. At the global cap, a connection of the address that
-  // holds the most is shed to make room, if that address holds at least
-  // two more than `ip` would (max-min fairness: many addresses holding
-  // slots cannot shut out another), one that was never let at memory
-  // first.
+  // or returns null. At the global cap another connection is shed to make
+  // room: first one that was never let at memory in the kShedGrace it had
+  // (idle, unproven, or refused every request), from the address that
+  // holds the most such; else one of the address that holds the most, if
+  // it holds at least two more than `ip` would (max-min fairness: many
+  // addresses holding slots cannot shut out another).
   std::shared_ptr<Admitted> Admit(absl::uint128 ip, Loop* loop);
   void Leave(Admitted& admitted);
-  // Picks a connection to shed for a newcomer from `ip` (0: an unknown
-  // one, when descriptors ran out) and starts closing it; false if none
-  // may be shed.
-  bool ShedForLocked(absl::uint128 ip) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Picks a connection to shed for a newcomer from `ip` and starts closing
+  // it; false if none may be shed.
+  bool ShedForLocked(absl::uint128 ip, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // On `admitted`'s loop: closes its connection, if it is still open.
   void CloseShed(const std::shared_ptr<Admitted>& admitted);
 

@@ -136,7 +136,9 @@ TEST_F(TcpServerTest, SlotsAreSharedFairlyAcrossAddresses) {
   TcpOptions o;
   o.max_connections = 6;
   o.max_connections_per_address = 4;
-  Start(o);
+  // A clock that does not move: no connection outlives kShedGrace, so only
+  // the max-min rule sheds here (UselessConnectionsAreShedFirst: the other).
+  Start(o, 1 << 20, &clock_);
   // A legitimate client, served once: useful.
   ASSERT_OK_AND_ASSIGN(UniqueFd legit, Connect("127.0.0.30"));
   ASSERT_TRUE(Served(legit.get(), base()));
@@ -182,6 +184,42 @@ TEST_F(TcpServerTest, SlotsAreSharedFairlyAcrossAddresses) {
   ASSERT_OK_AND_ASSIGN(UniqueFd yet_more, Connect("127.0.0.52"));
   EXPECT_FALSE(Served(yet_more.get(), base()));
   EXPECT_GE(server_->counters().refused, 1u);
+}
+
+// The attacker of the review: one connection per address that is never
+// let at memory (a wrong key here; no proof, under a token), across many
+// addresses. Past kShedGrace such connections go first, wherever they
+// are: a newcomer never takes the slot of a connection in use, and one
+// address's connection each is no shield.
+TEST_F(TcpServerTest, UselessConnectionsAreShedFirst) {
+  TcpOptions o;
+  o.max_connections = 6;
+  Start(o, 1 << 20, &clock_);
+  std::vector<UniqueFd> legit;
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_OK_AND_ASSIGN(UniqueFd fd, Connect("127.0.0.30"));
+    ASSERT_TRUE(Served(fd.get(), base()));
+    legit.push_back(std::move(fd));
+  }
+  std::vector<UniqueFd> attack;
+  for (const char* from :
+       {"127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"}) {
+    ASSERT_OK_AND_ASSIGN(UniqueFd fd, Connect(from));
+    EXPECT_FALSE(Served(fd.get(), base(), kTestKey.value ^ 1));
+    attack.push_back(std::move(fd));
+  }
+  ASSERT_TRUE(Accepted(6));
+  clock_.Advance(TcpServer::kShedGrace + absl::Milliseconds(1));
+  ASSERT_OK_AND_ASSIGN(UniqueFd fresh, Connect("127.0.0.40"));
+  EXPECT_TRUE(Served(fresh.get(), base())) << "shut out";
+  for (auto& fd : legit) {
+    EXPECT_TRUE(Served(fd.get(), base())) << "a connection in use was shed";
+  }
+  int closed = 0;
+  for (auto& fd : attack) {
+    closed += WaitForClose(fd.get(), absl::Milliseconds(200)).ok();
+  }
+  EXPECT_EQ(closed, 1);
 }
 
 TEST_F(TcpServerTest, HandshakeTimeoutClosesASilentConnection) {
