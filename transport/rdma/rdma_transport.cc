@@ -17,6 +17,7 @@
 #include "gpu/cuda_driver.h"
 #include "transport/rdma/gpu_mr.h"
 #include "transport/rdma/verbs_compat.h"
+#include "transport/softrnic/softrnic_control.h"
 
 namespace ferry::rdma {
 
@@ -109,6 +110,17 @@ absl::Status RdmaTransport::Install(const TransportEnv& env,
     // Stand-alone use (tests): any run-unique value will do.
     std::random_device rd;
     incarnation_ = (static_cast<uint64_t>(rd()) << 32) | rd() | 1;
+  }
+  if (!env.auth_token.empty() &&
+      softrnic::SetClusterToken(env.auth_token.c_str()) != 0 &&
+      errno == EEXIST) {
+    // softrnic (the emulated NIC) proves the token on its own connections
+    // and takes it from the environment or the first engine; a real NIC
+    // (ENOSYS) has no such thing.
+    FERRY_LOG(kWarn, "rdma",
+              "softrnic already holds another cluster token (from the "
+              "environment or an earlier engine in this process); its "
+              "connections prove that one, not this engine's auth_token");
   }
   timers_.timeout = static_cast<uint8_t>(options_.rdma.qp_timeout);
   timers_.retry_count = static_cast<uint8_t>(options_.rdma.qp_retry_count);

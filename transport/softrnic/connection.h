@@ -34,6 +34,8 @@ class Connection {
 
   int fd() const { return fd_; }
   Device* device() const { return dev_; }
+  // The source address an accepted connection came from (network order).
+  uint32_t admitted_from() const { return admitted_from_; }
   // Writes every byte (after the device's injected delay, which Close()
   // cuts short); on failure the
   // connection is closed and false returned. Callers serialize with mu.

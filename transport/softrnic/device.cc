@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "transport/softrnic/connection.h"
+#include "transport/softrnic/hello_auth.h"
 #include "transport/softrnic/softrnic.h"
 
 namespace softrnic {
@@ -535,6 +536,13 @@ SOFTRNIC_EXPORT int ibv_read_sysfs_file(const char*, const char*, char*,
 // ---- Fault injection (softrnic_control.h) --------------------------------
 
 SOFTRNIC_EXPORT const char* softrnic_version(void) { return "softrnic 1.0"; }
+
+SOFTRNIC_EXPORT int softrnic_set_cluster_token(const char* token) {
+  const int rc = SetClusterToken(token);
+  if (rc == 0) return 0;
+  errno = rc;
+  return -1;
+}
 
 SOFTRNIC_EXPORT int softrnic_set_link(const char* name, int up) {
   Device* dev = FindDeviceByName(name);

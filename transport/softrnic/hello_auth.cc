@@ -1,5 +1,7 @@
 #include "transport/softrnic/hello_auth.h"
 
+#include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -68,11 +70,29 @@ const std::string* LoadToken() {
   return new std::string(std::move(token));
 }
 
+std::atomic<const std::string*>& Token() {
+  static std::atomic<const std::string*> token{LoadToken()};
+  return token;
+}
+
 }  // namespace
 
 const std::string* ClusterToken() {
-  static const std::string* token = LoadToken();
-  return token;
+  return Token().load(std::memory_order_acquire);
+}
+
+int SetClusterToken(const char* token) {
+  const std::string wanted(token != nullptr ? token : "");
+  if (!UsableToken(wanted)) return EINVAL;
+  const std::string* none = nullptr;
+  // Set once, by the environment or the first caller, never replaced:
+  // connections already opened were proven with it.
+  auto* fresh = new std::string(wanted);
+  if (Token().compare_exchange_strong(none, fresh, std::memory_order_acq_rel)) {
+    return 0;
+  }
+  delete fresh;
+  return *none == wanted ? 0 : EEXIST;
 }
 
 Frame MakeChallenge() {

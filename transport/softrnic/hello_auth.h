@@ -22,12 +22,20 @@
 
 namespace softrnic {
 
-// The token from the environment (read once), or null when there is none.
+// The token from the environment (read once) or SetClusterToken, or null
+// when there is none.
 // A token that is set but unusable (an unreadable file, a short or
 // unprintable token) is reported on stderr and replaced by a random one
 // nobody knows, so the device refuses every HELLO and its own are refused:
 // a misconfiguration fails closed, not open.
 const std::string* ClusterToken();
+
+// Sets the token when the environment gave none: an engine passes its
+// EngineOptions::auth_token (through softrnic_set_cluster_token), since
+// softrnic sees no engine options. 0, or EEXIST if another token is in
+// force already (it is never replaced: connections were proven with it),
+// or EINVAL for an unusable one.
+int SetClusterToken(const char* token);
 
 // A CHALLENGE frame with a fresh nonce (16 bytes from the kernel's CSPRNG
 // in msn, remote_addr and aux).

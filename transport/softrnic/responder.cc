@@ -286,10 +286,17 @@ void ServeConnection(Device* dev, std::shared_ptr<Connection> conn,
   std::shared_ptr<Connection> old;
   {
     ferry::MutexLock lock(&qp->mu);
-    if (!qp->destroyed) {
-      old = std::move(qp->accepted);
-      qp->accepted = conn;
+    // Checked again where it is attached: the QP may have been reset and
+    // connected to another peer since the listener checked the HELLO.
+    const ibv_qp_state st = qp->attr.qp_state;
+    if (qp->destroyed || (st != IBV_QPS_RTR && st != IBV_QPS_RTS) ||
+        qp->attr.dest_qp_num != hello.aux ||
+        qp->peer_ip.s_addr != conn->admitted_from()) {
+      conn->Close();
+      return;
     }
+    old = std::move(qp->accepted);
+    qp->accepted = conn;
   }
   // The QP talks to one peer QP: an older connection for it is dead (the
   // requester reconnected) and must not hold its descriptor any longer.
@@ -353,8 +360,7 @@ class Acceptor {
       : dev_(dev),
         listen_fd_(listen_fd),
         epoll_fd_(epoll_fd),
-        timeout_(std::chrono::milliseconds(GetLimits().handshake_timeout_ms)),
-        token_(ClusterToken()) {}
+        timeout_(std::chrono::milliseconds(GetLimits().handshake_timeout_ms)) {}
 
   void Run() {
     if (!Watch(listen_fd_)) return;
@@ -394,7 +400,8 @@ class Acceptor {
     bool held = false;           // Waits for its QP to reach RTR.
     Frame hello{};
     uint8_t buf[kHeaderBytes + kHelloProofBytes];
-    uint8_t challenge[kHeaderBytes];  // Sent on accept (token only).
+    uint8_t challenge[kHeaderBytes];     // Sent on accept (token only).
+    const std::string* token = nullptr;  // In force when it was accepted.
   };
   struct Deadline {
     Clock::time_point at;
@@ -419,12 +426,12 @@ class Acceptor {
     Clock::time_point next = Clock::time_point::max();
     if (!deadlines_.empty()) next = deadlines_.front().at;
     if (paused_) next = std::min(next, resume_at_);
-    if (held_ > 0) return 1;
-    if (next == Clock::time_point::max()) return -1;
+    if (next == Clock::time_point::max()) return held_ > 0 ? recheck_ms_ : -1;
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                         next - Clock::now())
                         .count();
-    return static_cast<int>(std::clamp<int64_t>(ms + 1, 0, 60000));
+    const int wait = static_cast<int>(std::clamp<int64_t>(ms + 1, 0, 60000));
+    return held_ > 0 ? std::min(wait, recheck_ms_) : wait;
   }
 
   // Accepts what the listener has queued; false if the listener broke.
@@ -465,7 +472,10 @@ class Acceptor {
         continue;
       }
       Handshake h{addr, ++serial_};
-      if (token_ != nullptr) {
+      // Read per connection: an engine may give softrnic its token after
+      // the device started (SetClusterToken); never taken back.
+      h.token = ClusterToken();
+      if (h.token != nullptr) {
         // The socket buffer of a new connection takes a header at once.
         EncodeFrame(MakeChallenge(), h.challenge);
         if (::send(fd, h.challenge, kHeaderBytes,
@@ -562,11 +572,11 @@ class Acceptor {
       return;
     }
     // The proof first, before anything about QPs is looked at.
-    const bool proven = token_ == nullptr
-                            ? h.hello.length == 0
-                            : h.hello.length == kHelloProofBytes &&
-                                  HelloProofMatches(*token_, h.challenge, h.buf,
-                                                    h.buf + kHeaderBytes);
+    const bool proven =
+        h.token == nullptr ? h.hello.length == 0
+                           : h.hello.length == kHelloProofBytes &&
+                                 HelloProofMatches(*h.token, h.challenge, h.buf,
+                                                   h.buf + kHeaderBytes);
     if (!proven) {
       Refuse(fd, h.hello);
       return;
@@ -586,6 +596,8 @@ class Acceptor {
           ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
           h.held = true;
           ++held_;
+          recheck_ms_ = 1;  // Its QP is likely to reach RTR at once.
+          next_recheck_ = Clock::now() + std::chrono::milliseconds(1);
         }
         return;
       case Verdict::kServe:
@@ -613,8 +625,14 @@ class Acceptor {
     return Verdict::kRefuse;
   }
 
+  // Looks at the held HELLOs again: every ms at first, then less often
+  // (up to every 32 ms) while none of them moves, so that a stranger's
+  // HELLOs for QPs that stay in INIT cost little.
   void RecheckHeld() {
     if (held_ == 0) return;
+    const Clock::time_point now = Clock::now();
+    if (now < next_recheck_) return;
+    const size_t before = held_;
     std::vector<int> fds;
     for (const auto& [fd, h] : pending_) {
       if (h.held) fds.push_back(fd);
@@ -623,6 +641,8 @@ class Acceptor {
       auto it = pending_.find(fd);
       if (it != pending_.end()) Decide(fd, it->second);
     }
+    recheck_ms_ = held_ < before ? 1 : std::min(recheck_ms_ * 2, 32);
+    next_recheck_ = now + std::chrono::milliseconds(recheck_ms_);
   }
 
   // Hands the connection to a thread of its own; the Connection now owns
@@ -652,9 +672,10 @@ class Acceptor {
   const int listen_fd_;
   const int epoll_fd_;
   const Clock::duration timeout_;
-  const std::string* const token_;  // Null: the listener takes no proof.
   std::unordered_map<int, Handshake> pending_;
-  size_t held_ = 0;  // Of pending_, those held.
+  size_t held_ = 0;     // Of pending_, those held.
+  int recheck_ms_ = 1;  // How often held HELLOs are looked at now.
+  Clock::time_point next_recheck_{};
   // Handshake deadlines in order: every connection gets the same timeout.
   std::deque<Deadline> deadlines_;
   uint64_t serial_ = 0;

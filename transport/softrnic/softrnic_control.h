@@ -19,6 +19,7 @@ typedef int (*softrnic_set_delay_us_fn)(const char* dev, uint32_t us);
 typedef int (*softrnic_inject_async_event_fn)(const char* dev, int event);
 typedef int (*softrnic_set_strict_pages_fn)(int on);
 typedef uint64_t (*softrnic_strict_page_violations_fn)(void);
+typedef int (*softrnic_set_cluster_token_fn)(const char* token);
 }
 
 namespace softrnic {
@@ -29,6 +30,20 @@ inline const char* LoadedVersion() {
   auto fn = reinterpret_cast<softrnic_version_fn>(
       dlsym(RTLD_DEFAULT, "softrnic_version"));
   return fn != nullptr ? fn() : nullptr;
+}
+
+// Gives softrnic the cluster token (docs/softrnic.md) when the environment
+// gave it none: softrnic is the process's libibverbs and sees no engine
+// options. -1 with EEXIST if another token is in force already, EINVAL
+// for an unusable one, ENOSYS where the libibverbs is not softrnic.
+inline int SetClusterToken(const char* token) {
+  auto fn = reinterpret_cast<softrnic_set_cluster_token_fn>(
+      dlsym(RTLD_DEFAULT, "softrnic_set_cluster_token"));
+  if (fn == nullptr) {
+    errno = ENOSYS;
+    return -1;
+  }
+  return fn(token);
 }
 
 // Takes the device's port down (up = 0) or up (1): IBV_EVENT_PORT_ERR /

@@ -4,8 +4,10 @@
 // Devices: softrnic0 on 127.0.0.1 and softrnic1 on 127.0.0.2
 // (softrnic_test_main); strangers connect from 127.0.0.3.
 //
-// Two targets run this file: wire_security_test (no token; Token* tests
-// filtered out) and wire_token_test (FERRY_AUTH_TOKEN set; Token* only).
+// Three targets run this file: wire_security_test (no token; Token* and
+// Runtime* tests filtered out), wire_token_test (FERRY_AUTH_TOKEN set;
+// Token* only) and wire_runtime_token_test (Runtime* only: it sets the
+// process's token).
 #include <arpa/inet.h>
 #include <openssl/hmac.h>
 #include <poll.h>
@@ -19,6 +21,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "transport/softrnic/softrnic_control.h"
 #include "transport/softrnic/verbs_test_util.h"
 
 namespace softrnic_test {
@@ -348,6 +351,34 @@ TEST_F(WireSecurityTest, TokenListenerTakesOnlyAProvenHello) {
   ASSERT_EQ(ack.size(), 40u);
   EXPECT_EQ(ack[5], kHelloAck);
   WriteThrough(fd, b->qpn(), dst, 11);
+}
+
+// An engine given its token in EngineOptions (not the environment) hands
+// it to softrnic at run time (softrnic_set_cluster_token): from then on
+// the listeners challenge, and the token is never replaced by another.
+TEST_F(WireSecurityTest, RuntimeTokenIsTakenOnceAndChallenged) {
+  ASSERT_TRUE(Token().empty()) << "run as wire_runtime_token_test";
+  constexpr char kRuntime[] = "runtime-token-0123456789";
+  ASSERT_EQ(softrnic::SetClusterToken("short"), -1);
+  EXPECT_EQ(errno, EINVAL);
+  ASSERT_EQ(softrnic::SetClusterToken(kRuntime), 0) << strerror(errno);
+  EXPECT_EQ(softrnic::SetClusterToken(kRuntime), 0) << "the same again";
+  ASSERT_EQ(softrnic::SetClusterToken("another-token-0123456789"), -1);
+  EXPECT_EQ(errno, EEXIST);
+  Endpoint *a, *b;
+  ASSERT_NO_FATAL_FAILURE(Connected(&a, &b));
+  const std::string from = GidIpv4(a->gid());
+  int fd = Dial(from, b);
+  ASSERT_GE(fd, 0);
+  const std::vector<uint8_t> challenge = NextFrame(fd);
+  ASSERT_EQ(challenge.size(), 40u) << "no CHALLENGE after the token was set";
+  EXPECT_EQ(challenge[5], kChallenge);
+  const std::vector<uint8_t> header =
+      Header(1, kHello, b->qpn(), 32, 0, 0, a->qpn());
+  const std::vector<uint8_t> ack =
+      Hello(fd, b->qpn(), a->qpn(), Proof(kRuntime, challenge, header));
+  ASSERT_EQ(ack.size(), 40u);
+  EXPECT_EQ(ack[5], kHelloAck);
 }
 
 }  // namespace
