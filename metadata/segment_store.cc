@@ -449,11 +449,13 @@ absl::StatusOr<uint64_t> SegmentStore::UpdateBuffers(
     c.add.assign(request.add().begin(), request.add().end());
     c.remove.assign(request.remove_addrs().begin(),
                     request.remove_addrs().end());
-    c.bytes = 16 + 10 * c.remove.size();
-    for (const Buffer& b : c.add) c.bytes += EncodedBufferBytes(b);
+    // What it holds in memory: one copy of each added buffer, as the
+    // quotas count memory (HeldBufferBytes counts two), and the addresses.
+    c.bytes = 64 + 8 * c.remove.size();
+    for (const Buffer& b : c.add) c.bytes += HeldBufferBytes(b) / kCopies;
     e.change_bytes += c.bytes;
     e.changes.push_back(std::move(c));
-    const uint64_t budget = std::max(kMinChangeLogBytes, e.bytes);
+    const uint64_t budget = std::max(kMinChangeLogBytes, e.held / 2);
     while (!e.changes.empty() && (e.changes.size() > kMaxRememberedChanges ||
                                   e.change_bytes > budget)) {
       e.change_bytes -= e.changes.front().bytes;

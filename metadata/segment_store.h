@@ -42,7 +42,7 @@ class SegmentStore final : public Store {
   // a descriptor (its messages, map nodes and the assembled copy readers
   // share: about 25 times its encoded size for buffers with a few NIC
   // keys), not its encoding, so that the limits bound the server's RSS;
-  // a watched segment's change log adds at most its encoded size again
+  // a watched segment's change log adds at most half as much again
   // (kMaxRememberedChanges). A segment is charged to the client that put
   // it (updates too).
   struct Limits {
@@ -123,14 +123,14 @@ class SegmentStore final : public Store {
   std::optional<SegmentEvent> EventSince(const std::string& name,
                                          uint64_t after_version);
   // Changes remembered per segment for watchers: at most this many, and
-  // at most as many encoded bytes as the descriptor itself holds (or
-  // kMinChangeLogBytes, for small ones), so that a segment's change log
-  // never costs more than the segment it describes, which its owner's
-  // quota is charged for. A watcher further behind gets the whole
+  // at most half the memory the segment is charged for (one copy of it:
+  // the charge counts two), or kMinChangeLogBytes for small ones, so that
+  // a segment's change log never costs more than a part of what its
+  // owner's quota is charged. A watcher further behind gets the whole
   // descriptor, as one that starts does.
   static constexpr size_t kMaxRememberedChanges = 1024;
-  static constexpr uint64_t kMinChangeLogBytes = 64 << 10;
-  // Encoded bytes of the changes `name` remembers (0 if none or no such
+  static constexpr uint64_t kMinChangeLogBytes = 16 << 10;
+  // Memory the changes `name` remembers take (0 if none or no such
   // segment); for tests.
   uint64_t ChangeLogBytesForTesting(const std::string& name) const;
 
@@ -162,7 +162,7 @@ class SegmentStore final : public Store {
       uint64_t version = 0;
       std::vector<Buffer> add;
       std::vector<uint64_t> remove;
-      uint64_t bytes = 0;  // Encoded, about: what it costs to keep.
+      uint64_t bytes = 0;  // Memory it takes, about.
     };
     std::deque<Change> changes;
     uint64_t change_bytes = 0;  // Of `changes`.

@@ -82,20 +82,18 @@ absl::Status CertificateMayPublish(const grpc::AuthContext* auth,
                                    absl::string_view segment) {
   if (auth == nullptr || !auth->IsPeerAuthenticated()) return absl::OkStatus();
   std::vector<std::string> named;
-  // gRPC lists URI SANs under peer_uri; every SAN, of any type, under
-  // x509_subject_alternative_name: either will do.
-  for (const char* property : {"peer_uri", "x509_subject_alternative_name"}) {
-    for (const grpc::string_ref& v : auth->FindPropertyValues(property)) {
-      const absl::string_view uri(v.data(), v.size());
-      if (!absl::StartsWith(uri, kSegmentUriPrefix)) continue;
-      const absl::string_view pattern = uri.substr(strlen(kSegmentUriPrefix));
-      if (pattern == segment ||
-          (absl::EndsWith(pattern, "*") &&
-           absl::StartsWith(segment, pattern.substr(0, pattern.size() - 1)))) {
-        return absl::OkStatus();
-      }
-      named.emplace_back(pattern);
+  // URI SANs only (gRPC's peer_uri): a DNS name spelled like one must not
+  // grant anything.
+  for (const grpc::string_ref& v : auth->FindPropertyValues("peer_uri")) {
+    const absl::string_view uri(v.data(), v.size());
+    if (!absl::StartsWith(uri, kSegmentUriPrefix)) continue;
+    const absl::string_view pattern = uri.substr(strlen(kSegmentUriPrefix));
+    if (pattern == segment ||
+        (absl::EndsWith(pattern, "*") &&
+         absl::StartsWith(segment, pattern.substr(0, pattern.size() - 1)))) {
+      return absl::OkStatus();
     }
+    named.emplace_back(pattern);
   }
   return absl::PermissionDeniedError(absl::StrCat(
       "the client's TLS certificate does not name segment '", segment,

@@ -68,8 +68,9 @@ class Tls {
 
 // With mutual TLS a certificate also names the segments its holder may
 // publish, as URI subject alternative names "ferry-segment:<name>" (that
-// name), "ferry-segment:<prefix>*" (the names that start with the prefix,
-// a namespace "cluster-a/" for example) or "ferry-segment:*" (any). The
+// name), "ferry-segment:<prefix>*" (the names that start with the prefix:
+// end a namespace's with its '/', "cluster-a/*", or it also grants
+// "cluster-ab/...") or "ferry-segment:*" (any). The
 // metadata service takes a PutSegment for a name only from a client whose
 // certificate names it, so one host's key cannot publish (or take over,
 // once a lease ends) another's segments. Mooncake has no such binding.

@@ -458,8 +458,11 @@ absl::StatusOr<uint64_t> EtcdStore::PutOnce(const PutSegmentRequest& request,
                          : "without a lease, until it removes it",
                      ": choose another name, or stop that engine first"));
   }
-  // Charged to `client`; a re-publication gives back what it replaces.
-  const uint64_t bytes = in.ByteSizeLong();
+  // Charged to `client`, as etcd holds it (keys and values); a
+  // re-publication gives back what it replaces.
+  const uint64_t bytes = in.ByteSizeLong() + OwnerKey(name).size() +
+                         request.owner_key().size() + MetaKey(name).size() +
+                         in.buffers_size() * BufKey(name, 0).size();
   const bool same_client = before->exists && before->meta.client() == client;
   const uint64_t old_bytes = before->exists ? before->meta.bytes() : 0;
   if (absl::Status q = CheckQuota(client, same_client ? old_bytes : 0,
@@ -665,7 +668,8 @@ absl::StatusOr<uint64_t> EtcdStore::UpdateBuffers(
       }
       keys -= it->second.keys_size();
       --count;
-      delta -= EncodedBufferBytes(it->second);
+      delta -= EncodedBufferBytes(it->second) +
+               static_cast<int64_t>(BufKey(name, addr).size());
       bufs.erase(it);
       // Re-added in the same update: its put overwrites the key (etcd
       // refuses a transaction that deletes and puts the same key).
@@ -699,7 +703,8 @@ absl::StatusOr<uint64_t> EtcdStore::UpdateBuffers(
       }
       keys += b.keys_size();
       ++count;
-      delta += EncodedBufferBytes(b);
+      delta += EncodedBufferBytes(b) +
+               static_cast<int64_t>(BufKey(name, b.addr()).size());
       meta.set_max_buffer_length(
           std::max<uint64_t>(meta.max_buffer_length(), b.length()));
       bufs.emplace(b.addr(), b);

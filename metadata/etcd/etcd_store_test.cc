@@ -275,12 +275,12 @@ TEST(EtcdStoreTest, QuotasHoldAcrossStoresSharingEtcd) {
   o.endpoints = c->endpoints();
   o.prefix = "quota-test/";
   o.max_client_segments = 3;
-  o.max_client_bytes = 4096;
-  o.max_bytes = 4000;
+  o.max_client_bytes = 16384;
+  o.max_bytes = 12000;
   o.usage_refresh = absl::ZeroDuration();
   ASSERT_OK_AND_ASSIGN(auto a, EtcdStore::Create(o));
   ASSERT_OK_AND_ASSIGN(auto b, EtcdStore::Create(o));
-  // About 400 bytes each.
+  // About 1.2 KB each in etcd (keys included).
   for (int i = 0; i < 3; ++i) {
     ASSERT_OK(a->PutFrom(LeasedPutOf(Seg(absl::StrCat("s", i), i + 1, 20)),
                          "ipv4:10.0.0.66"));
@@ -289,8 +289,8 @@ TEST(EtcdStoreTest, QuotasHoldAcrossStoresSharingEtcd) {
       b->PutFrom(LeasedPutOf(Seg("s3", 4, 20)), "ipv4:10.0.0.66").status();
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
   EXPECT_TRUE(absl::StrContains(s.message(), "10.0.0.66")) << s;
-  // Bytes: 300 buffers are over one client's 4 KiB.
-  s = b->PutFrom(LeasedPutOf(Seg("big", 9, 300)), "ipv4:10.0.0.77").status();
+  // Bytes: 400 buffers are over one client's 16 KiB.
+  s = b->PutFrom(LeasedPutOf(Seg("big", 9, 400)), "ipv4:10.0.0.77").status();
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
   // Updates count too, and a refused one changes nothing.
   ASSERT_OK(b->PutFrom(LeasedPutOf(Seg("grow", 10, 1)), "ipv4:10.0.0.77"));
@@ -298,7 +298,7 @@ TEST(EtcdStoreTest, QuotasHoldAcrossStoresSharingEtcd) {
   grow.set_name("grow");
   grow.set_incarnation(10);
   grow.set_owner_key(TestOwnerKey(10));
-  for (int i = 0; i < 300; ++i) {
+  for (int i = 0; i < 400; ++i) {
     Buffer* buf = grow.add_add();
     buf->set_addr(0x1000000000ull + 0x10000ull * i);
     buf->set_length(0x100);
