@@ -336,10 +336,11 @@ absl::Status EngineImpl::Init(const EngineOptions& requested) {
       },
       clock_);
   sink_.set_segments(segments_.get());
-  // P2P names are addresses: compared as they are, with no lookup (one
-  // would dial whatever a caller names).
-  sender_check_ = std::make_unique<SenderCheck>(p2p ? nullptr : metadata_.get(),
-                                                options.metadata_lease_ttl);
+  // P2P names are addresses: a notification's claimed address is held to
+  // the caller's host first, and only then read for its key (a lookup
+  // first would dial whatever a caller names).
+  sender_check_ = std::make_unique<SenderCheck>(
+      metadata_.get(), options.metadata_lease_ttl, nullptr, p2p);
   peer_service_.SetNotifyHandler(
       [this](const metadata::NotifyRequest& request,
              const std::string& sender) { return OnNotify(request, sender); });

@@ -244,8 +244,11 @@ absl::Status SenderCheck::Verify(const std::string& claimed,
         signature.size(), "-byte signature; an identity signature has ",
         kSignatureBytes));
   }
-  if (store_ == nullptr) {
-    return check_host ? VerifyP2p(claimed, caller) : absl::OkStatus();
+  if (p2p_) {
+    if (!check_host) return absl::OkStatus();
+    if (absl::Status h = VerifyP2p(claimed, caller); !h.ok()) return h;
+    if (store_ == nullptr) return absl::OkStatus();
+    // On the caller's host: its descriptor, and key, are read from there.
   }
   const absl::Time began = now_();
   for (bool fresh : {false, true}) {

@@ -5,13 +5,15 @@
 // what it says: only the process that published the segment holds the
 // key, whatever host or token a spoofer has. A numbered call (a
 // notification) is also accepted once (ReplayWindows). Segments that
-// publish no key (engines of a release before identity keys), and P2P
-// mode, where there is no metadata to ask (a lookup would dial whatever a
-// caller names, and a segment's name is its address), get a host check:
-// the call must come from the host the segment is published at -- or no
-// check, where the caller asks for none (Exchange: releases before keys
-// checked nothing there, and multi-homed or NATed peers fail a host
-// check).
+// publish no key (engines of a release before identity keys) get a host
+// check: the call must come from the host the segment is published at --
+// or no check, where the caller asks for none (Exchange: releases before
+// keys checked nothing there, and multi-homed or NATed peers fail a host
+// check). In P2P mode, where a segment's name is its address and there is
+// no metadata service, a call is held to the claimed address's host first
+// (a lookup first would dial whatever a caller names), and then checked
+// against the key that address publishes, read from it; where the caller
+// asks for no host check (Exchange), nothing is checked.
 //
 // A refusal is PermissionDenied only when it rests on what was read of the
 // segment after the check began; one that rests on an older read is
@@ -88,14 +90,20 @@ class SenderCheck {
   static absl::Time SteadyNow();
   using NowFn = absl::Time (*)();
 
-  // `store` (null in P2P mode, where names are addresses) must outlive the
-  // check. `now`: where time is read (tests); null: SteadyNow.
+  // `store` must outlive the check. `now`: where time is read (tests);
+  // null: SteadyNow. `p2p`: names are addresses (P2PHANDSHAKE) and `store`
+  // reads a descriptor from the address it names (P2pStore): a check that
+  // holds the caller to the claimed host does, and only then reads the
+  // claimed address, on the caller's own host, for its key (a lookup
+  // before the host check would dial whatever a caller names); one that
+  // does not hold it checks nothing. A null store: host checks only.
   explicit SenderCheck(metadata::Store* store,
                        absl::Duration outage_grace = absl::ZeroDuration(),
-                       NowFn now = nullptr)
+                       NowFn now = nullptr, bool p2p = false)
       : store_(store),
         outage_grace_(outage_grace),
-        now_(now != nullptr ? now : &SteadyNow) {}
+        now_(now != nullptr ? now : &SteadyNow),
+        p2p_(p2p || store == nullptr) {}
 
   // OK if `signature` is segment `claimed`'s signature of `content`, by
   // the identity key its descriptor publishes, and `seq` (if given) is a
@@ -155,6 +163,7 @@ class SenderCheck {
   metadata::Store* const store_;
   const absl::Duration outage_grace_;
   const NowFn now_;
+  const bool p2p_;
   Mutex mu_;
   absl::flat_hash_map<std::string, Entry> cache_ ABSL_GUARDED_BY(mu_);
   std::list<std::string> lru_ ABSL_GUARDED_BY(mu_);  // Most recent first.

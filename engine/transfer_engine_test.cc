@@ -957,6 +957,41 @@ TEST(EngineNotifyTest, NotificationsFollowARestartedReceiver) {
 // The refresh path itself, where nothing pushes the new descriptor (P2P):
 // the first send goes to the old run's incarnation, is refused with the
 // refresh hint, and the sender reads the descriptor again and resends.
+// P2PHANDSHAKE has no metadata service to ask for a sender's key: a
+// notification was held to the caller's host only, so any process on
+// that host could claim to be an engine there. Now, once the host
+// matches, the claimed address is read for its key: a forger on the same
+// host (another key, or none) is refused, and the real sender verified.
+TEST(EngineNotifyTest, P2pNotificationsAreVerifiedByTheSendersKey) {
+  EngineOptions o;
+  o.metadata_endpoint = "P2PHANDSHAKE";
+  o.listen_host = "127.0.0.1";
+  TransferEngine sender, receiver;
+  ASSERT_OK(sender.Init(o));
+  ASSERT_OK(receiver.Init(o));
+  const std::string to = receiver.local_segment_name();
+  ASSERT_OK_AND_ASSIGN(SegmentHandle h, sender.OpenSegment(to));
+  ASSERT_OK(sender.SendNotification(h, "kv-ready", "real"));
+  metadata::PeerClient reader(absl::Seconds(3));
+  ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor rd,
+                       reader.GetDescriptor(to, to));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<const IdentityKey> other,
+                       IdentityKey::Generate());
+  metadata::PeerClient forger(absl::Seconds(3), metadata::PeerClient::kMaxStubs,
+                              "", nullptr, other);
+  absl::Status s = forger.Notify(to, sender.local_segment_name(), "kv-ready",
+                                 "forged", to, rd.incarnation());
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  metadata::PeerClient unsigned_client(absl::Seconds(3));
+  s = unsigned_client.Notify(to, sender.local_segment_name(), "kv-ready",
+                             "unsigned", "", 0);
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  auto got = receiver.GetNotifications();
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].message, "real");
+  EXPECT_TRUE(got[0].sender_verified);
+}
+
 TEST(EngineNotifyTest, NotificationsFollowARestartedReceiverP2p) {
   EngineOptions o;
   o.metadata_endpoint = "P2PHANDSHAKE";
