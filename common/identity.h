@@ -10,11 +10,11 @@
 //
 // Replays: a notification names its receiver, the receiver's run and a
 // number, all signed, and each number is accepted once
-// (engine/replay_window.h). An Exchange is not numbered: one captured by
-// someone who can read the traffic can be sent again to the same run (use
-// TLS where the network is not trusted); a replayed handshake names the
-// receiver's incarnation and its rail epoch, so the transport refuses one
-// sent to another engine or to a later run.
+// (engine/replay_window.h). An Exchange carries a number from the same
+// sequence, inside what is signed, and is accepted once too; a handshake
+// also names the receiver's incarnation and its rail epoch, so the
+// transport refuses one sent to another engine or to a later run.
+// (Exchanges of releases before numbers carry 0 and are not numbered.)
 //
 // Thread-safe: an IdentityKey does not change once made, and may sign from
 // many threads at once.

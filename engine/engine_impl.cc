@@ -348,12 +348,17 @@ absl::Status EngineImpl::Init(const EngineOptions& requested) {
   // never reach a transport.
   peer_service_.SetSenderVerifier(
       [this](const std::string& from, const std::string& caller,
-             const std::string& content, const std::string& signature) {
+             const std::string& content, const std::string& signature,
+             uint64_t seq) {
         // Unsigned handshakes from engines of a release before identity
         // keys, and P2P ones, are not held to a host: that release checked
         // nothing here, and multi-homed or NATed peers would fail it.
-        return sender_check_->Verify(from, caller, content, signature,
-                                     std::nullopt, /*check_host=*/false);
+        // Numbered ones are accepted once: a captured handshake or rail
+        // notice cannot be sent again.
+        return sender_check_->Verify(
+            from, caller, content, signature,
+            seq != 0 ? std::optional<uint64_t>(seq) : std::nullopt,
+            /*check_host=*/false);
       });
 
   metadata::SegmentDescriptor desc;

@@ -322,7 +322,8 @@ TEST_F(MetadataServiceTest, ExchangeLooksUpTheTransportBeforeTheSender) {
         return payload;
       });
   peer_.SetSenderVerifier([&](const std::string&, const std::string&,
-                              const std::string&, const std::string&) {
+                              const std::string&, const std::string&,
+                              uint64_t) {
     ++checks;
     return absl::PermissionDeniedError("not you");
   });
@@ -348,7 +349,8 @@ TEST_F(MetadataServiceTest, CallsAreSentAgainWhenTheReceiverSaysRetryLater) {
   std::atomic<int> checks{0};
   std::atomic<int> busy_for{3};
   peer_.SetSenderVerifier([&](const std::string& claimed, const std::string&,
-                              const std::string&, const std::string&) {
+                              const std::string&, const std::string&,
+                              uint64_t) {
     ++checks;
     if (claimed == "spoofer") return absl::PermissionDeniedError("not you");
     if (busy_for.fetch_sub(1) > 0) {

@@ -127,7 +127,7 @@ grpc::Status PeerServiceImpl::ServeExchange(const ExchangeRequest& request,
     // not come from the segment it names changes nothing.
     const absl::Status v =
         (*verifier)(request.from_segment(), caller, ExchangeContent(request),
-                    request.signature());
+                    request.signature(), request.seq());
     if (!v.ok()) {
       // Unavailable: the sender could not be checked now; a Ferry sender
       // may try again (metadata::IsRetryLater).
@@ -269,14 +269,16 @@ absl::StatusOr<std::string> PeerClient::Exchange(
   req.set_transport(transport);
   req.set_from_segment(from_segment);
   req.set_payload(payload);
-  if (identity_ != nullptr) {
-    auto sig = identity_->Sign(ExchangeContent(req));
-    if (!sig.ok()) return sig.status();
-    req.set_signature(std::move(*sig));
-  }
-  // Exchange carries no number: the same signed request is sent again.
+  // Each try is numbered anew (from the notifications' counter: one
+  // sequence per sender key), as Notify's are.
   ExchangeResponse resp;
   absl::Status s = RetryingLater(rpc_timeout_, [&](absl::Time deadline) {
+    req.set_seq(next_seq_.fetch_add(1, std::memory_order_relaxed));
+    if (identity_ != nullptr) {
+      auto sig = identity_->Sign(ExchangeContent(req));
+      if (!sig.ok()) return sig.status();
+      req.set_signature(std::move(*sig));
+    }
     grpc::ClientContext ctx;
     AddAuthToken(&ctx, token_);
     ctx.set_deadline(GrpcDeadline(deadline - absl::Now()));
@@ -345,8 +347,14 @@ absl::Status PeerClient::Notify(const std::string& address,
 }
 
 std::string ExchangeContent(const ExchangeRequest& request) {
-  return SignedContent("exchange", {request.transport(), request.from_segment(),
-                                    request.payload()});
+  if (request.seq() == 0) {
+    return SignedContent(
+        "exchange",
+        {request.transport(), request.from_segment(), request.payload()});
+  }
+  return SignedContent("exchange",
+                       {request.transport(), request.from_segment(),
+                        request.payload(), absl::StrCat(request.seq())});
 }
 
 std::string NotifyContent(const NotifyRequest& request) {

@@ -47,10 +47,11 @@ class PeerServiceImpl final : public PeerService::CallbackService {
       const NotifyRequest& request, const std::string& sender_address)>;
   // Whether a call comes from the segment it names: OK, or the status the
   // caller gets back. `content` is what the segment signs (SignedContent),
-  // `signature` what the call carried, `caller` where it came from.
+  // `signature` what the call carried, `caller` where it came from, `seq`
+  // its number (accepted once; 0: unnumbered, a release before numbers).
   using SenderVerifier = std::function<absl::Status(
       const std::string& from_segment, const std::string& caller,
-      const std::string& content, const std::string& signature)>;
+      const std::string& content, const std::string& signature, uint64_t seq)>;
 
   // Routes Exchange calls for `transport` to `handler`, replacing any.
   void SetExchangeHandler(const std::string& transport,

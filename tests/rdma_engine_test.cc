@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "metadata/metadata_client.h"
 #include "metadata/peer_service.h"
+#include "metadata/store_testing.h"
 #include "tools/pattern.h"
 #include "transport/softrnic/softrnic_control.h"
 
@@ -170,6 +171,58 @@ TEST_F(RdmaEngineTest, SpoofedExchangesAreRefused) {
   }
   BatchStatus st = Run({Req(OpCode::kRead, 0, 4096)});
   EXPECT_EQ(st.state, TransferState::kCompleted);
+}
+
+// An Exchange is numbered inside what its sender signs, and each number
+// is accepted once: one captured on the wire and sent again (a DISCONNECT
+// would cut a rail) is refused, and so is one whose number was stripped
+// (its signature no longer matches). The sender here is a segment whose
+// key the test holds.
+TEST_F(RdmaEngineTest, ReplayedExchangesAreRefused) {
+  metadata::MetadataClient md(target_.metadata_address(), absl::Seconds(3));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<const IdentityKey> key,
+                       IdentityKey::Generate());
+  metadata::SegmentDescriptor sender = metadata::TestSegment("sender-x", 9, 0);
+  sender.set_rpc_address("127.0.0.1:1");
+  sender.set_identity_key(key->public_key());
+  ASSERT_OK(md.Put(metadata::LeasedPutOf(sender)));
+  ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor td, md.Get("target"));
+  metadata::ExchangeRequest req;
+  req.set_transport("rdma");
+  req.set_from_segment("sender-x");
+  req.set_payload("not a handshake");
+  req.set_seq(12345);
+  ASSERT_OK_AND_ASSIGN(std::string sig,
+                       key->Sign(metadata::ExchangeContent(req)));
+  req.set_signature(sig);
+  auto stub = metadata::PeerService::NewStub(grpc::CreateChannel(
+      td.rpc_address(), grpc::InsecureChannelCredentials()));
+  auto send = [&](const metadata::ExchangeRequest& r) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    metadata::ExchangeResponse resp;
+    return stub->Exchange(&ctx, r, &resp);
+  };
+  // Checked and taken (its number is used); the transport then refuses
+  // what it says, which is no handshake.
+  grpc::Status first = send(req);
+  EXPECT_FALSE(absl::StrContains(first.error_message(), "exchange refused"))
+      << first.error_message();
+  grpc::Status again = send(req);
+  EXPECT_EQ(again.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+      << again.error_message();
+  EXPECT_TRUE(absl::StrContains(again.error_message(), "exchange refused"))
+      << again.error_message();
+  metadata::ExchangeRequest stripped = req;
+  stripped.set_seq(0);
+  // Refused for good, or "try again" where the refusal rests on a key read
+  // a moment before (the segment might have just restarted): either way
+  // the signature does not match.
+  grpc::Status unnumbered = send(stripped);
+  EXPECT_FALSE(unnumbered.ok());
+  EXPECT_TRUE(
+      absl::StrContains(unnumbered.error_message(), "signature does not match"))
+      << unnumbered.error_message();
 }
 
 TEST_F(RdmaEngineTest, ManyRequestsPerBatch) {
