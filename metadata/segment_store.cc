@@ -8,7 +8,6 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/secure_random.h"
-#include "google/protobuf/io/coded_stream.h"
 #include "metadata/validation.h"
 
 namespace ferry::metadata {
@@ -94,14 +93,6 @@ void SegmentStore::RenewLocked(const std::string& name, Entry* e) {
 }
 
 namespace {
-
-// What a buffer adds to its descriptor's encoding: its field tag (one
-// byte), its length and its bytes.
-int64_t EncodedBufferBytes(const Buffer& b) {
-  const size_t n = b.ByteSizeLong();
-  return static_cast<int64_t>(
-      1 + google::protobuf::io::CodedOutputStream::VarintSize64(n) + n);
-}
 
 // What the store's memory holds for a stored buffer, as its quotas count
 // it: the message with its keys and strings (SpaceUsedLong, about 12 times

@@ -9,6 +9,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/socket_util.h"
+#include "google/protobuf/io/coded_stream.h"
 
 namespace ferry::metadata {
 
@@ -294,6 +295,12 @@ absl::Status CheckReachable(const SegmentDescriptor& segment,
       "engine an address its peers can route to: EngineOptions::"
       "advertise_host or listen_host, transfer_bench --advertise_host, or "
       "--local_server_name=<its IP>:<port>"));
+}
+
+int64_t EncodedBufferBytes(const Buffer& buffer) {
+  const size_t n = buffer.ByteSizeLong();
+  return static_cast<int64_t>(
+      1 + google::protobuf::io::CodedOutputStream::VarintSize64(n) + n);
 }
 
 }  // namespace ferry::metadata

@@ -5,6 +5,7 @@
 #define FERRY_METADATA_VALIDATION_H_
 
 #include <cstddef>
+#include <cstdint>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -39,6 +40,11 @@ absl::Status ValidateSegmentName(absl::string_view name);
 // One buffer: nonzero length, no address wrap-around, bounded fields, at
 // most one key per device.
 absl::Status ValidateBuffer(const Buffer& buffer);
+
+// What a buffer adds to its descriptor's encoding: its field tag (one
+// byte), its length and its bytes. The stores' limits and quotas count
+// descriptors by it, so an update charges and a removal refunds alike.
+int64_t EncodedBufferBytes(const Buffer& buffer);
 
 // The whole descriptor, so that nothing downstream needs to distrust it:
 // the name; rpc_address and every transport address (host:port with a

@@ -11,7 +11,6 @@
 #include "absl/strings/str_split.h"
 #include "common/secure_random.h"
 #include "common/socket_util.h"
-#include "google/protobuf/io/coded_stream.h"
 #include "metadata/grpc_deadline.h"
 #include "metadata/grpc_status.h"
 #include "metadata/metadata_client.h"
@@ -62,18 +61,10 @@ std::string Unescape(absl::string_view s) {
   return out;
 }
 
-// The smallest key above every key that starts with `prefix`.
 // Meta records read per page when the store counts usage.
 constexpr int kUsagePage = 512;
 
-// What a buffer adds to its descriptor's encoding (as SegmentStore counts
-// it): its field tag, its length and its bytes.
-int64_t EncodedBufferBytes(const Buffer& b) {
-  const size_t n = b.ByteSizeLong();
-  return static_cast<int64_t>(
-      1 + google::protobuf::io::CodedOutputStream::VarintSize64(n) + n);
-}
-
+// The smallest key above every key that starts with `prefix`.
 std::string PrefixEnd(std::string prefix) {
   while (!prefix.empty()) {
     if (static_cast<uint8_t>(prefix.back()) < 0xff) {
