@@ -21,11 +21,19 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/auth_token.h"
 #include "grpcpp/grpcpp.h"
 
 namespace ferry::metadata {
 
-constexpr size_t kMaxAuthTokenBytes = 4096;
+// The token's form, file and environment (common/auth_token.h), under the
+// names callers here have always used.
+using ::ferry::AuthTokenFromEnv;
+using ::ferry::kAuthTokenEnv;
+using ::ferry::kAuthTokenFileEnv;
+using ::ferry::kMaxAuthTokenBytes;
+using ::ferry::ReadAuthTokenFile;
+using ::ferry::ValidateAuthToken;
 
 // Adds `token` to an outgoing call (nothing if it is empty).
 void AddAuthToken(grpc::ClientContext* ctx, const std::string& token);
@@ -39,28 +47,6 @@ grpc::Status CheckAuthToken(const grpc::ServerContextBase& ctx,
 // ("ipv4:10.0.0.7", "ipv6:[fd00::7]"): what quotas are kept per, and what a
 // notification's receiver is told it came from.
 std::string CallerAddress(const grpc::ServerContextBase& ctx);
-
-// InvalidArgument unless `token` is empty or 16..kMaxAuthTokenBytes
-// printable characters without spaces.
-absl::Status ValidateAuthToken(const std::string& token);
-
-// Reads a token from a file (its first line), for command-line tools:
-// keeps it out of `ps`. InvalidArgument if unreadable or not a token.
-absl::StatusOr<std::string> ReadAuthTokenFile(const std::string& path);
-
-// The environment variables that give a process the cluster token when
-// its caller passes none: Mooncake-style code (ferry.mooncake's
-// initialize(), vLLM and SGLang's connectors) cannot pass one, so a
-// deployment turns authentication on by exporting one of these on every
-// engine and metadata_server of the cluster.
-constexpr char kAuthTokenFileEnv[] = "FERRY_AUTH_TOKEN_FILE";
-constexpr char kAuthTokenEnv[] = "FERRY_AUTH_TOKEN";
-
-// The token the environment gives: the file $FERRY_AUTH_TOKEN_FILE names
-// (read as ReadAuthTokenFile reads it), or $FERRY_AUTH_TOKEN. Empty if
-// neither is set; InvalidArgument, naming the variable, if both are or the
-// token is not valid. Thread-safe if nothing changes the environment.
-absl::StatusOr<std::string> AuthTokenFromEnv();
 
 // Whether a server bound to `listen_host` ("" and "::" are every
 // interface) can be reached from other hosts.

@@ -5,9 +5,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/auth_token.h"
 #include "common/secure_random.h"
 #include "common/token_proof.h"
 
@@ -16,58 +17,24 @@ namespace {
 
 static_assert(kHelloProofBytes == ferry::kTokenProofBytes);
 
-constexpr size_t kMaxTokenBytes = 4096;
 constexpr char kLabel[] = "ferry softrnic hello v1";
 
-// As the engine's ValidateAuthToken (metadata/auth.cc): 16 or more
-// printable characters without spaces.
-bool UsableToken(const std::string& t) {
-  if (t.size() < 16 || t.size() > kMaxTokenBytes) return false;
-  for (char c : t) {
-    if (c <= ' ' || c > '~') return false;
-  }
-  return true;
-}
-
-// The first line of `path`, read boundedly (it may name /dev/zero).
-bool ReadTokenFile(const char* path, std::string* out) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return false;
-  std::string buf(kMaxTokenBytes + 2, '\0');
-  f.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-  buf.resize(static_cast<size_t>(f.gcount()));
-  *out = buf.substr(0, buf.find('\n'));
-  if (!out->empty() && out->back() == '\r') out->pop_back();
-  return true;
-}
-
+// The environment's token, as the engine reads it (common/auth_token.h).
 const std::string* LoadToken() {
-  const char* file = std::getenv("FERRY_AUTH_TOKEN_FILE");
-  const char* value = std::getenv("FERRY_AUTH_TOKEN");
-  const bool has_file = file != nullptr && *file != '\0';
-  const bool has_value = value != nullptr && *value != '\0';
-  if (!has_file && !has_value) return nullptr;
-  std::string token;
-  bool ok;
-  if (has_file && has_value) {
-    ok = false;
-  } else if (has_file) {
-    ok = ReadTokenFile(file, &token) && UsableToken(token);
-  } else {
-    token = value;
-    ok = UsableToken(token);
-  }
-  if (!ok) {
+  absl::StatusOr<std::string> token = ferry::AuthTokenFromEnv();
+  if (token.ok() && token->empty()) return nullptr;
+  if (!token.ok()) {
     std::fprintf(stderr,
-                 "softrnic: the cluster token (FERRY_AUTH_TOKEN_FILE or "
-                 "FERRY_AUTH_TOKEN, one of them, 16+ printable characters) "
-                 "is unusable; this process's devices refuse every "
-                 "connection and make none\n");
+                 "softrnic: %s; this process's devices refuse every "
+                 "connection and make none\n",
+                 std::string(token.status().message()).c_str());
+    // A random token nobody knows: a misconfiguration fails closed.
     uint8_t secret[32];
     ferry::SecureRandomBytes(secret, sizeof(secret));
-    token.assign(reinterpret_cast<const char*>(secret), sizeof(secret));
+    return new std::string(reinterpret_cast<const char*>(secret),
+                           sizeof(secret));
   }
-  return new std::string(std::move(token));
+  return new std::string(std::move(*token));
 }
 
 std::atomic<const std::string*>& Token() {
@@ -83,7 +50,7 @@ const std::string* ClusterToken() {
 
 int SetClusterToken(const char* token) {
   const std::string wanted(token != nullptr ? token : "");
-  if (!UsableToken(wanted)) return EINVAL;
+  if (wanted.empty() || !ferry::ValidateAuthToken(wanted).ok()) return EINVAL;
   const std::string* none = nullptr;
   // Set once, by the environment or the first caller, never replaced:
   // connections already opened were proven with it.
