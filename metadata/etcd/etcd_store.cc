@@ -909,7 +909,13 @@ void EtcdStore::AfterWrite(const std::string& client, int64_t bytes,
   }
   if (options_.compact_after <= absl::ZeroDuration()) return;
   const absl::Time now = clock_->Now();
-  revisions_.emplace_back(now, revision);
+  // A sample every tenth of compact_after (at most a second) compacts to
+  // within that of it, and bounds the samples kept at any write rate.
+  const absl::Duration every =
+      std::min(absl::Seconds(1), options_.compact_after / 10);
+  if (revisions_.empty() || now - revisions_.back().first >= every) {
+    revisions_.emplace_back(now, revision);
+  }
   // The newest revision written at least compact_after ago: history up to
   // it goes (a watcher that far behind reads its segment whole).
   int64_t upto = 0;

@@ -214,8 +214,9 @@ class EtcdStore final : public Store {
   absl::Time usage_at_ ABSL_GUARDED_BY(write_mu_) = absl::InfinitePast();
   Usage total_ ABSL_GUARDED_BY(write_mu_);
   std::map<std::string, Usage> by_client_ ABSL_GUARDED_BY(write_mu_);
-  // Revisions this store wrote at, oldest first, to compact up to the
-  // newest that is compact_after old; and the last compaction.
+  // Revisions this store wrote at (about one a second), oldest first, to
+  // compact up to the newest that is compact_after old; and the last
+  // compaction.
   std::deque<std::pair<absl::Time, int64_t>> revisions_
       ABSL_GUARDED_BY(write_mu_);
   int64_t compacted_ ABSL_GUARDED_BY(write_mu_) = 0;
