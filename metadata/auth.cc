@@ -4,15 +4,13 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_replace.h"
 #include "absl/strings/string_view.h"
 #include "common/log.h"
 #include "common/mutex.h"
 #include "common/secure_random.h"
 #include "common/socket_util.h"
-#include "metadata/connection_peers.h"
+#include "metadata/connection_activity.h"
 
 namespace ferry::metadata {
 namespace {
@@ -47,16 +45,7 @@ grpc::Status CheckAuthToken(const grpc::ServerContextBase& ctx,
 }
 
 std::string CallerAddress(const grpc::ServerContextBase& ctx) {
-  std::string peer = ctx.peer();
-  // A connection RpcServer accepted and handed over by fd.
-  int fd = 0;
-  if (absl::StartsWith(peer, "fd:") && absl::SimpleAtoi(peer.substr(3), &fd)) {
-    std::string address = ConnectionPeer(fd);
-    if (!address.empty()) return address;
-  }
-  // gRPC's own listener (TLS) names IPv6 peers percent-encoded
-  // ("ipv6:%5Bfd00::7%5D:port").
-  peer = absl::StrReplaceAll(peer, {{"%5B", "["}, {"%5D", "]"}, {"%25", "%"}});
+  std::string peer = NormalizeGrpcPeer(ctx.peer());
   const size_t colon = peer.rfind(':');
   const size_t scheme = peer.find(':');
   if (colon != std::string::npos && colon != scheme) peer.resize(colon);

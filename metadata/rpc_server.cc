@@ -23,7 +23,6 @@
 #include "common/happens_before.h"
 #include "grpcpp/resource_quota.h"
 #include "grpcpp/server_posix.h"
-#include "metadata/connection_peers.h"
 #include "metadata/grpc_deadline.h"
 #include "metadata/validation.h"
 
@@ -45,6 +44,10 @@ constexpr int kKeepaliveTimeoutMs = 20 * 1000;
 // poll(2) waits on the system clock: on another clock it cannot know when
 // that clock reaches a deadline, so it looks at the clock this often.
 constexpr int kOtherClockPollMs = 2;
+// A connection that carried no accepted call for this long since it was
+// admitted is the first to go when the server is full: clients make their
+// first call as soon as they connect.
+constexpr absl::Duration kShedGrace = absl::Seconds(1);
 
 int OpenSpareFd() { return ::open("/dev/null", O_RDONLY | O_CLOEXEC); }
 
@@ -133,7 +136,6 @@ absl::StatusOr<std::unique_ptr<RpcServer>> RpcServer::Start(
   }
   o.max_threads = std::max(o.max_threads, kMinThreads);
 
-  if (o.tls != nullptr) return StartTls(listen_address, services, o);
   uint16_t bound_port = 0;
   auto listen_fd = ListenTcp(hp->host, hp->port, &bound_port);
   if (!listen_fd.ok()) {
@@ -154,12 +156,48 @@ absl::StatusOr<std::unique_ptr<RpcServer>> RpcServer::Start(
   server->wake_write_.Reset(wake[1]);
 
   grpc::ServerBuilder builder;
-  Configure(services, o, &builder);
-  // No listening port: connections come from AcceptLoop.
+  builder.SetMaxReceiveMessageSize(kMaxRpcMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxRpcMessageBytes);
+  grpc::ResourceQuota quota("ferry-rpc-server");
+  quota.SetMaxThreads(o.max_threads);
+  builder.SetResourceQuota(quota);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                             o.max_streams_per_connection);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                             ToMs(o.idle_timeout));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveMs);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                             kKeepaliveTimeoutMs);
+  // The accept loop bounds the first bytes; this bounds the rest of a TLS
+  // handshake.
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                             ToMs(o.handshake_timeout));
+  std::vector<
+      std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+      interceptors;
+  interceptors.push_back(
+      ConnectionActivity::InterceptorFactory(&server->activity_));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  for (grpc::Service* s : services) {
+    // What the service's constructor wrote is ordered before its calls by
+    // gRPC's own (uninstrumented) synchronization: tell TSan
+    // (common/happens_before.h); handlers mark HappensAfter(service).
+    HappensBefore(s);
+    builder.RegisterService(s);
+  }
+  // No listening port: connections come from AcceptLoop, through the
+  // acceptor, with these credentials.
+  server->acceptor_ = builder.experimental().AddExternalConnectionAcceptor(
+      grpc::ServerBuilder::experimental_type::ExternalConnectionType::FROM_FD,
+      o.tls != nullptr ? o.tls->ServerCredentials()
+                       : grpc::InsecureServerCredentials());
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr) {
-    return absl::InternalError(
-        absl::StrCat("cannot start gRPC server for ", listen_address));
+    return absl::InternalError(absl::StrCat(
+        "cannot start gRPC server for ", listen_address,
+        o.tls != nullptr ? " (do the TLS certificate and key match? gRPC's "
+                           "log says)"
+                         : ""));
   }
   server->address_ = JoinHostPort(hp->host, bound_port);
   server->port_ = bound_port;
@@ -173,59 +211,6 @@ absl::StatusOr<std::unique_ptr<RpcServer>> RpcServer::Start(
   return server;
 }
 
-void RpcServer::Configure(const std::vector<grpc::Service*>& services,
-                          const RpcServerOptions& o,
-                          grpc::ServerBuilder* builder) {
-  builder->SetMaxReceiveMessageSize(kMaxRpcMessageBytes);
-  builder->SetMaxSendMessageSize(kMaxRpcMessageBytes);
-  grpc::ResourceQuota quota("ferry-rpc-server");
-  quota.SetMaxThreads(o.max_threads);
-  builder->SetResourceQuota(quota);
-  builder->AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
-                              o.max_streams_per_connection);
-  builder->AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
-                              ToMs(o.idle_timeout));
-  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveMs);
-  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
-                              kKeepaliveTimeoutMs);
-  // Bounds a TLS handshake (gRPC's own listener; without TLS the accept
-  // loop bounds the first bytes).
-  builder->AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
-                              ToMs(o.handshake_timeout));
-  for (grpc::Service* s : services) {
-    // What the service's constructor wrote is ordered before its calls by
-    // gRPC's own (uninstrumented) synchronization: tell TSan
-    // (common/happens_before.h); handlers mark HappensAfter(service).
-    HappensBefore(s);
-    builder->RegisterService(s);
-  }
-}
-
-absl::StatusOr<std::unique_ptr<RpcServer>> RpcServer::StartTls(
-    const std::string& listen_address,
-    const std::vector<grpc::Service*>& services, const RpcServerOptions& o) {
-  auto hp = ParseHostPort(listen_address);
-  if (!hp.ok()) return hp.status();
-  std::unique_ptr<RpcServer> server(new RpcServer());
-  server->options_ = o;
-  grpc::ServerBuilder builder;
-  Configure(services, o, &builder);
-  int bound_port = 0;
-  builder.AddListeningPort(JoinHostPort(hp->host, hp->port),
-                           o.tls->ServerCredentials(), &bound_port);
-  server->server_ = builder.BuildAndStart();
-  if (server->server_ == nullptr || bound_port <= 0) {
-    if (server->server_ != nullptr) server->server_->Shutdown();
-    return absl::UnavailableError(absl::StrCat(
-        "cannot start gRPC server with TLS on ", listen_address,
-        " (port taken, or the certificate and key do not match; gRPC "
-        "logs say which)"));
-  }
-  server->address_ = JoinHostPort(hp->host, bound_port);
-  server->port_ = static_cast<uint16_t>(bound_port);
-  return server;
-}
-
 RpcServer::~RpcServer() { Shutdown(); }
 
 RpcServerStats RpcServer::stats() const {
@@ -234,6 +219,7 @@ RpcServerStats RpcServer::stats() const {
   s.refused = refused_.load();
   s.handshake_timeouts = handshake_timeouts_.load();
   s.fd_exhausted = fd_exhausted_.load();
+  s.shed = shed_.load();
   s.max_connections = options_.max_connections;
   return s;
 }
@@ -246,48 +232,30 @@ void RpcServer::Shutdown() {
     // The pipe is non-blocking and the loop also polls stopping_ after
     // every wake-up; a full pipe already means a pending wake-up.
   }
-  if (accept_thread_.joinable()) accept_thread_.join();  // None with TLS.
+  if (accept_thread_.joinable()) accept_thread_.join();
   listen_fd_.Reset();
   server_->Shutdown(GrpcDeadline(absl::Milliseconds(500)));
   server_->Wait();
   server_.reset();
 }
 
-namespace {
-
-// "ipv4:10.0.0.7" or "ipv6:[fd00::7]"; an IPv4-mapped IPv6 address (a dual
-// stack listener) as the IPv4 one it is.
-std::string AddressName(const SockAddr& sa) {
-  std::string host = sa.Host();
-  if (sa.family() == AF_INET6 && absl::StartsWithIgnoreCase(host, "::ffff:") &&
-      host.find('.') != std::string::npos) {
-    return absl::StrCat("ipv4:", host.substr(7));
-  }
-  return sa.family() == AF_INET6 ? absl::StrCat("ipv6:[", host, "]")
-                                 : absl::StrCat("ipv4:", host);
-}
-
-}  // namespace
-
 void RpcServer::AcceptLoop() {
-  struct Pending {
+  // A connection the loop admitted: pending (polled here) until it speaks,
+  // then gRPC's. gRPC closes its connections without telling us, and the
+  // fd number may be reused at once, so a handed-over connection is alive
+  // while fstat(fd) still shows the same socket inode.
+  struct Conn {
     int fd;
     absl::uint128 peer;
+    std::string name;  // ConnectionName: what gRPC calls its peer.
+    absl::Time since;  // Admitted.
     absl::Time deadline;
-    std::string address;  // "ipv4:a.b.c.d", for CallerAddress.
-  };
-  // A connection gRPC owns. gRPC closes it without telling us, and its fd
-  // number may be reused at once, so it is alive while fstat(fd) still
-  // shows the same socket inode.
-  struct Live {
-    int fd;
-    ino_t ino;
-    absl::uint128 peer;
+    ino_t ino = 0;  // Once handed over.
   };
   const size_t max_total = static_cast<size_t>(options_.max_connections);
   const int max_peer = options_.max_connections_per_peer;
-  std::vector<Pending> pending;
-  std::vector<Live> live;
+  std::vector<Conn> pending;
+  std::vector<Conn> live;
   absl::flat_hash_map<absl::uint128, int> per_peer;
   std::vector<pollfd> pfds;
   int spare = OpenSpareFd();
@@ -304,15 +272,19 @@ void RpcServer::AcceptLoop() {
     auto it = per_peer.find(peer);
     return it == per_peer.end() ? 0 : it->second;
   };
+  auto forget = [&](const Conn& c) {
+    activity_.Forget(c.name);
+    release(c.peer);
+  };
   auto prune = [&](absl::Time now) {
     last_prune = now;
     size_t out = 0;
-    for (const Live& c : live) {
+    for (const Conn& c : live) {
       struct stat st {};
       if (::fstat(c.fd, &st) == 0 && st.st_ino == c.ino) {
         live[out++] = c;
       } else {
-        release(c.peer);
+        forget(c);
       }
     }
     live.resize(out);
@@ -323,19 +295,96 @@ void RpcServer::AcceptLoop() {
     std::fprintf(stderr, "ferry rpc server %s: %s\n", address_.c_str(),
                  what.c_str());
   };
-  auto hand_to_grpc = [&](const Pending& p) {
+  auto hand_to_grpc = [&](Conn c) {
     int one = 1;
-    ::setsockopt(p.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    ::setsockopt(c.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     struct stat st {};
-    if (::fstat(p.fd, &st) != 0) {
-      ::close(p.fd);
-      release(p.peer);
+    if (::fstat(c.fd, &st) != 0) {
+      ::close(c.fd);
+      release(c.peer);
       return;
     }
-    SetConnectionPeer(p.fd, p.address);
-    grpc::AddInsecureChannelFromFd(server_.get(), p.fd);
-    live.push_back({p.fd, st.st_ino, p.peer});
+    c.ino = st.st_ino;
+    activity_.Track(c.name);
+    grpc::experimental::ExternalConnectionAcceptor::NewConnectionParameters p;
+    p.listener_fd = listen_fd_.get();
+    p.fd = c.fd;
+    acceptor_->HandleNewConnection(&p);
+    live.push_back(std::move(c));
     accepted_.fetch_add(1);
+  };
+  // Not worth its slot: silent or refused for a second (connection_activity.h).
+  auto useless = [&](const Conn& c, bool handed, absl::Time now) {
+    return now - c.since >= kShedGrace &&
+           (!handed || !activity_.Useful(c.name));
+  };
+  // Closes `c` for a newcomer. A handed-over connection is shut down
+  // through a duplicate checked to be the same socket (its number alone
+  // may name another file by now); gRPC then sees it end and closes it.
+  auto shed = [&](std::vector<Conn>* from, size_t i, bool handed) {
+    const Conn c = (*from)[i];
+    if (handed) {
+      const int dup = ::fcntl(c.fd, F_DUPFD_CLOEXEC, 0);
+      if (dup < 0) return false;  // Out of fds: nothing safe to do.
+      struct stat st {};
+      if (::fstat(dup, &st) == 0 && st.st_ino == c.ino) {
+        ::shutdown(dup, SHUT_RDWR);
+      }
+      ::close(dup);
+    } else {
+      ::close(c.fd);
+    }
+    from->erase(from->begin() + static_cast<ptrdiff_t>(i));
+    forget(c);
+    shed_.fetch_add(1);
+    return true;
+  };
+  // Makes room for a newcomer from `peer`: a useless connection from the
+  // address holding the most of them, else (max-min) one from the address
+  // holding the most connections, if that is two more than `peer` would.
+  auto make_room = [&](absl::uint128 peer, absl::Time now) {
+    struct Candidate {
+      int useless = 0;
+      std::vector<Conn>* from = nullptr;
+      size_t index = 0;
+      bool handed = false;
+    };
+    absl::flat_hash_map<absl::uint128, Candidate> by_peer;
+    for (bool handed : {true, false}) {
+      std::vector<Conn>& list = handed ? live : pending;
+      for (size_t i = 0; i < list.size(); ++i) {
+        if (!useless(list[i], handed, now)) continue;
+        Candidate& c = by_peer[list[i].peer];
+        if (c.useless++ == 0) c = {1, &list, i, handed};
+      }
+    }
+    const Candidate* best = nullptr;
+    for (const auto& [addr, c] : by_peer) {
+      if (best == nullptr || c.useless > best->useless) best = &c;
+    }
+    if (best != nullptr) return shed(best->from, best->index, best->handed);
+    absl::uint128 most = 0;
+    int most_held = 0;
+    for (const auto& [addr, held] : per_peer) {
+      if (addr != peer && held > most_held) {
+        most = addr;
+        most_held = held;
+      }
+    }
+    if (most_held < peer_count(peer) + 2) return false;
+    // Its oldest connection that carried no accepted call, else its oldest.
+    for (size_t i = 0; i < live.size(); ++i) {
+      if (live[i].peer == most && !activity_.Useful(live[i].name)) {
+        return shed(&live, i, true);
+      }
+    }
+    for (size_t i = 0; i < pending.size(); ++i) {
+      if (pending[i].peer == most) return shed(&pending, i, false);
+    }
+    for (size_t i = 0; i < live.size(); ++i) {
+      if (live[i].peer == most) return shed(&live, i, true);
+    }
+    return false;
   };
 
   while (!stopping_.load()) {
@@ -347,7 +396,7 @@ void RpcServer::AcceptLoop() {
     // poll ignores negative fds: the listener rests while backing off.
     pfds.push_back({accepting ? listen_fd_.get() : -1, POLLIN, 0});
     absl::Time wake_at = accepting ? absl::InfiniteFuture() : accept_after;
-    for (const Pending& p : pending) {
+    for (const Conn& p : pending) {
       pfds.push_back({p.fd, POLLIN, 0});
       wake_at = std::min(wake_at, p.deadline);
     }
@@ -371,9 +420,9 @@ void RpcServer::AcceptLoop() {
 
     // Connections that spoke go to gRPC; silent ones past their deadline
     // and ones already closed by their client are dropped.
-    size_t out = 0;
+    std::vector<Conn> still;
     for (size_t i = 0; i < pending.size(); ++i) {
-      const Pending p = pending[i];
+      Conn& p = pending[i];
       const short re = n > 0 ? pfds[2 + i].revents : 0;
       // What the client did: sent its first bytes, went away, or nothing.
       bool spoke = false;
@@ -386,7 +435,7 @@ void RpcServer::AcceptLoop() {
                           errno != EINTR);
       }
       if (spoke) {
-        hand_to_grpc(p);
+        hand_to_grpc(std::move(p));
       } else if (gone) {
         ::close(p.fd);
         release(p.peer);
@@ -397,10 +446,10 @@ void RpcServer::AcceptLoop() {
         ::close(p.fd);
         release(p.peer);
       } else {
-        pending[out++] = p;
+        still.push_back(std::move(p));
       }
     }
-    pending.resize(out);
+    pending.swap(still);
 
     if (!accepting || n <= 0 || (pfds[1].revents & POLLIN) == 0) continue;
     for (int k = 0; k < kAcceptsPerWakeup; ++k) {
@@ -423,11 +472,11 @@ void RpcServer::AcceptLoop() {
             ::close(spare);
             spare = -1;
             for (int s = 0; s < kAcceptsPerWakeup; ++s) {
-              const int shed =
+              const int shed_fd =
                   ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC);
-              if (shed < 0) break;
+              if (shed_fd < 0) break;
               refused_.fetch_add(1);
-              ::close(shed);
+              ::close(shed_fd);
             }
             spare = OpenSpareFd();
           }
@@ -443,22 +492,25 @@ void RpcServer::AcceptLoop() {
         break;
       }
       const absl::uint128 peer = sa.IpKey();
-      auto full = [&] {
-        return live.size() + pending.size() >= max_total ||
-               peer_count(peer) >= max_peer;
-      };
-      if (full() && now - last_prune >= kPruneInterval) prune(now);
-      if (full()) {
+      auto full = [&] { return live.size() + pending.size() >= max_total; };
+      if ((full() || peer_count(peer) >= max_peer) &&
+          now - last_prune >= kPruneInterval) {
+        prune(now);
+      }
+      if (peer_count(peer) >= max_peer || (full() && !make_room(peer, now))) {
         refused_.fetch_add(1);
         ::close(fd);
+        log(now, absl::StrCat("refused a connection from ", sa.Host(),
+                              ": at the cap of ", max_total, " connections (",
+                              max_peer, " per address)"));
         continue;
       }
       ++per_peer[peer];
-      pending.push_back(
-          {fd, peer, now + options_.handshake_timeout, AddressName(sa)});
+      pending.push_back({fd, peer, ConnectionName(sa), now,
+                         now + options_.handshake_timeout});
     }
   }
-  for (const Pending& p : pending) ::close(p.fd);
+  for (const Conn& p : pending) ::close(p.fd);
   if (spare >= 0) ::close(spare);
 }
 

@@ -6,28 +6,30 @@
 // Staying alive under fd exhaustion. gRPC 1.51's own listener stops
 // accepting for good after one EMFILE from accept4 (grpc issues 16058 and
 // 20418), so RpcServer owns the listening socket and hands each accepted
-// connection to gRPC (grpc::AddInsecureChannelFromFd). Its accept thread:
+// connection to gRPC through an external connection acceptor, which runs
+// gRPC's usual handshakes on it: plaintext, or mutual TLS with
+// options.tls. Its accept thread:
 //   - caps the connections served at once, in total and per peer address;
-//     an excess connection is accepted and closed at once, so its client
-//     fails fast instead of hanging in the accept queue;
+//   - when full, makes room for a newcomer by shedding (shutdown(2)) a
+//     connection that has not been worth its slot (no call within a second,
+//     or a call refused for want of the token: connection_activity.h), else
+//     one from the address holding the most, if that is at least two more
+//     than the newcomer's address would hold (max-min fairness); only when
+//     neither exists is the newcomer accepted and closed at once, so its
+//     client fails fast instead of hanging in the accept queue. Many
+//     addresses holding connections therefore cannot shut out another;
 //   - closes a connection that sends nothing within handshake_timeout
 //     before gRPC ever sees it;
 //   - on EMFILE/ENFILE closes a spare fd it keeps for the purpose, accepts
 //     and closes the pending connection, and backs off (10 ms doubling to
 //     1 s) instead of spinning or giving up.
 // gRPC then bounds each connection: max_streams_per_connection concurrent
-// calls, an idle timeout, and keepalive pings to find dead peers. Ferry's
-// services use gRPC's callback API and run their handlers on a CallPool
-// of their own (call_pool.h), so that no call holds a thread while its
-// client is slow to read; max_threads caps the threads of any service on
-// the synchronous API (a call beyond that gets RESOURCE_EXHAUSTED).
-//
-// With TLS (RpcServerOptions::tls), gRPC 1.51 cannot take connections by
-// fd (grpc_server_add_channel_from_fd supports insecure credentials only),
-// so gRPC's own listener serves the port: the per-call limits above still
-// hold, and handshake_timeout bounds the TLS handshake, but the
-// accept-side ones (connection caps, the EMFILE shedding) do not, and
-// stats() counts nothing.
+// calls, an idle timeout, keepalive pings to find dead peers, and
+// handshake_timeout for the TLS handshake. Ferry's services use gRPC's
+// callback API and run their handlers on a CallPool of their own
+// (call_pool.h), so that no call holds a thread while its client is slow
+// to read; max_threads caps the threads of any service on the synchronous
+// API (a call beyond that gets RESOURCE_EXHAUSTED).
 #ifndef FERRY_METADATA_RPC_SERVER_H_
 #define FERRY_METADATA_RPC_SERVER_H_
 
@@ -43,6 +45,7 @@
 #include "common/clock.h"
 #include "common/socket_util.h"
 #include "grpcpp/grpcpp.h"
+#include "metadata/connection_activity.h"
 #include "metadata/tls.h"
 
 namespace ferry::metadata {
@@ -79,6 +82,7 @@ struct RpcServerStats {
   uint64_t refused = 0;             // Over a connection cap.
   uint64_t handshake_timeouts = 0;  // Said nothing in time.
   uint64_t fd_exhausted = 0;        // accept failed with EMFILE/ENFILE.
+  uint64_t shed = 0;                // Closed to make room for a newcomer.
   int max_connections = 0;          // The cap in force.
 };
 
@@ -113,19 +117,15 @@ class RpcServer {
 
  private:
   RpcServer() = default;
-  // What both ways of serving set: limits and services.
-  static void Configure(const std::vector<grpc::Service*>& services,
-                        const RpcServerOptions& o,
-                        grpc::ServerBuilder* builder);
-  // gRPC's own listener, with options.tls.
-  static absl::StatusOr<std::unique_ptr<RpcServer>> StartTls(
-      const std::string& listen_address,
-      const std::vector<grpc::Service*>& services, const RpcServerOptions& o);
   void AcceptLoop();
 
   RpcServerOptions options_;
   Clock* clock_ = RealClock();
+  // Outlives server_, whose interceptors report to it.
+  ConnectionActivity activity_;
   std::unique_ptr<grpc::Server> server_;
+  // Hands accepted connections to server_; used by the accept thread only.
+  std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor> acceptor_;
   std::string address_;
   uint16_t port_ = 0;
   UniqueFd listen_fd_;
@@ -138,6 +138,7 @@ class RpcServer {
   std::atomic<uint64_t> refused_{0};
   std::atomic<uint64_t> handshake_timeouts_{0};
   std::atomic<uint64_t> fd_exhausted_{0};
+  std::atomic<uint64_t> shed_{0};
 };
 
 }  // namespace ferry::metadata

@@ -13,6 +13,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -20,9 +22,11 @@
 #include "common/simulated_clock.h"
 #include "common/socket_util.h"
 #include "common/status_testing.h"
+#include "grpcpp/create_channel_posix.h"
 #include "gtest/gtest.h"
 #include "metadata/metadata_client.h"
 #include "metadata/metadata_service.h"
+#include "metadata/proto/metadata.grpc.pb.h"
 
 namespace ferry::metadata {
 namespace {
@@ -86,6 +90,24 @@ void SendPreface(int fd) {
   ASSERT_OK(WriteFull(fd, kPreface, sizeof(kPreface) - 1));
 }
 
+// A connection from `source_ip` with a gRPC channel over it, so that a test
+// can hold connections that carry calls from an address of its choice. The
+// channel cannot reconnect: once the server closes it, its calls fail.
+std::unique_ptr<MetadataService::Stub> StubFrom(const std::string& source_ip,
+                                                const HostPort& to) {
+  UniqueFd fd = ConnectFrom(source_ip, to);
+  return MetadataService::NewStub(
+      grpc::CreateInsecureChannelFromFd("ferry-test", fd.Release()));
+}
+
+grpc::Status ListOn(MetadataService::Stub* stub) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
+  ListSegmentsRequest request;
+  ListSegmentsResponse response;
+  return stub->ListSegments(&ctx, request, &response);
+}
+
 class RpcServerTest : public ::testing::Test {
  protected:
   void Start(const RpcServerOptions& options) {
@@ -143,6 +165,79 @@ TEST_F(RpcServerTest, RefusesConnectionsBeyondTheCapAtOnce) {
     s = Ask();
   }
   EXPECT_OK(s);
+}
+
+// At the cap, connections that carried no call for a second go first,
+// wherever they come from; a newcomer is refused only when every slot is
+// in use and no address holds two more than its own.
+TEST_F(RpcServerTest, UselessConnectionsAreShedFirst) {
+  RpcServerOptions o;
+  o.clock = &clock_;
+  o.max_connections = 4;
+  o.max_connections_per_peer = 4;
+  ASSERT_NO_FATAL_FAILURE(Start(o));
+  auto used = StubFrom("127.0.0.2", hp_);
+  ASSERT_TRUE(ListOn(used.get()).ok());
+  std::vector<UniqueFd> idle;
+  for (const char* ip : {"127.0.0.3", "127.0.0.4", "127.0.0.5"}) {
+    idle.push_back(ConnectFrom(ip, hp_));
+    SendPreface(idle.back().get());
+    ASSERT_EQ(WaitAnswer(idle.back().get(), absl::Seconds(5)), Answer::kServed);
+  }
+  // Within their grace the idle ones keep their slots.
+  auto early = StubFrom("127.0.0.6", hp_);
+  EXPECT_FALSE(ListOn(early.get()).ok());
+  EXPECT_EQ(server_->stats().shed, 0u);
+  clock_.Advance(absl::Seconds(1));
+  std::vector<std::unique_ptr<MetadataService::Stub>> newcomers;
+  for (const char* ip : {"127.0.0.6", "127.0.0.7", "127.0.0.8"}) {
+    newcomers.push_back(StubFrom(ip, hp_));
+    EXPECT_TRUE(ListOn(newcomers.back().get()).ok()) << ip;
+  }
+  EXPECT_EQ(server_->stats().shed, 3u);
+  for (UniqueFd& fd : idle) {
+    EXPECT_EQ(WaitAnswer(fd.get(), absl::Seconds(5)), Answer::kClosed);
+  }
+  EXPECT_TRUE(ListOn(used.get()).ok()) << "a connection in use was shed";
+  // Four addresses, one useful connection each: a fifth waits its turn.
+  const uint64_t refused = server_->stats().refused;
+  auto late = StubFrom("127.0.0.9", hp_);
+  EXPECT_FALSE(ListOn(late.get()).ok());
+  EXPECT_GT(server_->stats().refused, refused);
+  EXPECT_TRUE(ListOn(used.get()).ok());
+}
+
+// Max-min: a newcomer takes the slot of the address holding the most, when
+// that is at least two more than its own; a small address keeps its share.
+TEST_F(RpcServerTest, SlotsAreSharedFairlyAcrossAddresses) {
+  RpcServerOptions o;
+  o.clock = &clock_;
+  o.max_connections = 6;
+  o.max_connections_per_peer = 5;
+  ASSERT_NO_FATAL_FAILURE(Start(o));
+  std::vector<std::unique_ptr<MetadataService::Stub>> hog;
+  for (int i = 0; i < 5; ++i) {
+    hog.push_back(StubFrom("127.0.0.2", hp_));
+    ASSERT_TRUE(ListOn(hog.back().get()).ok());
+  }
+  auto small = StubFrom("127.0.0.3", hp_);
+  ASSERT_TRUE(ListOn(small.get()).ok());
+  clock_.Advance(absl::Seconds(10));  // None is new any more.
+  auto first = StubFrom("127.0.0.4", hp_);
+  EXPECT_TRUE(ListOn(first.get()).ok());
+  auto second = StubFrom("127.0.0.3", hp_);
+  EXPECT_TRUE(ListOn(second.get()).ok());
+  EXPECT_EQ(server_->stats().shed, 2u);
+  int hog_left = 0;
+  for (auto& stub : hog) hog_left += ListOn(stub.get()).ok() ? 1 : 0;
+  EXPECT_EQ(hog_left, 3);
+  EXPECT_TRUE(ListOn(small.get()).ok());
+  // The hog cannot take a slot back from addresses holding fewer.
+  auto again = StubFrom("127.0.0.2", hp_);
+  EXPECT_FALSE(ListOn(again.get()).ok());
+  EXPECT_TRUE(ListOn(first.get()).ok());
+  EXPECT_TRUE(ListOn(second.get()).ok());
+  EXPECT_EQ(server_->stats().shed, 2u);
 }
 
 TEST_F(RpcServerTest, CapsEachPeerAddressSeparately) {

@@ -2,7 +2,11 @@
 // with certificates openssl makes for the test.
 #include "metadata/tls.h"
 
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -12,6 +16,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "common/mutex.h"
@@ -225,6 +230,50 @@ TEST_F(TlsTest, ServesOnlyClientsOfTheClusterCa) {
   EXPECT_EQ(notified_, 0);
   EXPECT_OK(ok_peer.Notify(server_->address(), "x", "kv-ready", "m", "", 0));
   EXPECT_EQ(notified_, 1);
+}
+
+// The TLS port is served by RpcServer's own accept loop, as the plaintext
+// one is: after accept runs out of fds it rests, sheds, and serves again
+// (gRPC's own listener stopped for good after one EMFILE).
+TEST_F(TlsTest, RecoversFromFdExhaustion) {
+  Serve(&pki_->node);
+  auto hp = ParseHostPort(server_->address());
+  ASSERT_OK(hp);
+  MetadataClient before(server_->address(), absl::Seconds(3), "",
+                        MustLoad(pki_->node));
+  ASSERT_OK(before.Put(LeasedPutOf(Segment("a"))));
+  EXPECT_GE(server_->stats().accepted, 1u) << "not the accept loop's";
+  // Made while fds are there, connected once they are not.
+  std::vector<UniqueFd> flood;
+  for (int i = 0; i < 4; ++i) {
+    flood.emplace_back(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  }
+  rlimit orig{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &orig), 0);
+  const int lowest_free = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(lowest_free, 0);
+  ::close(lowest_free);
+  rlimit none = orig;
+  none.rlim_cur = static_cast<rlim_t>(lowest_free);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &none), 0);
+  sockaddr_in dst{};
+  dst.sin_family = AF_INET;
+  dst.sin_port = htons(hp->port);
+  inet_pton(AF_INET, "127.0.0.1", &dst.sin_addr);
+  for (UniqueFd& fd : flood) {
+    ::connect(fd.get(), reinterpret_cast<sockaddr*>(&dst), sizeof(dst));
+  }
+  const absl::Time end = absl::Now() + absl::Seconds(10);
+  while (server_->stats().fd_exhausted == 0 && absl::Now() < end) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &orig), 0);
+  ASSERT_GE(server_->stats().fd_exhausted, 1u) << "accept never ran out";
+  flood.clear();
+  MetadataClient after(server_->address(), absl::Seconds(5), "",
+                       MustLoad(pki_->node));
+  ASSERT_OK_AND_ASSIGN(SegmentDescriptor got, after.Get("a"));
+  EXPECT_EQ(got.incarnation(), 7u);
 }
 
 // A client does not talk to a server whose certificate another CA signed,

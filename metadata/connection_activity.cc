@@ -1,0 +1,120 @@
+#include "metadata/connection_activity.h"
+
+#include <sys/socket.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "grpcpp/server_context.h"
+
+namespace ferry::metadata {
+namespace {
+
+constexpr absl::string_view kMappedPrefix = "ipv6:[::ffff:";
+
+// Reports a call's start and, if it was refused for want of the token, its
+// end. Every hook proceeds at once: this only watches.
+class ActivityInterceptor : public grpc::experimental::Interceptor {
+ public:
+  ActivityInterceptor(ConnectionActivity* activity,
+                      grpc::experimental::ServerRpcInfo* info)
+      : activity_(activity), info_(info) {}
+
+  void Intercept(grpc::experimental::InterceptorBatchMethods* m) override {
+    using grpc::experimental::InterceptionHookPoints;
+    if (m->QueryInterceptionHookPoint(
+            InterceptionHookPoints::POST_RECV_INITIAL_METADATA)) {
+      activity_->CallBegan(info_->server_context()->peer());
+    }
+    if (m->QueryInterceptionHookPoint(
+            InterceptionHookPoints::PRE_SEND_STATUS) &&
+        m->GetSendStatus().error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+      activity_->CallRefused(info_->server_context()->peer());
+    }
+    m->Proceed();
+  }
+
+ private:
+  ConnectionActivity* const activity_;
+  grpc::experimental::ServerRpcInfo* const info_;
+};
+
+class ActivityFactory
+    : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit ActivityFactory(ConnectionActivity* activity)
+      : activity_(activity) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* info) override {
+    return new ActivityInterceptor(activity_, info);
+  }
+
+ private:
+  ConnectionActivity* const activity_;
+};
+
+}  // namespace
+
+std::string ConnectionName(const SockAddr& sa) {
+  return NormalizeGrpcPeer(
+      sa.family() == AF_INET6
+          ? absl::StrCat("ipv6:[", sa.Host(), "]:", sa.port())
+          : absl::StrCat("ipv4:", sa.Host(), ":", sa.port()));
+}
+
+std::string NormalizeGrpcPeer(std::string peer) {
+  peer = absl::StrReplaceAll(peer, {{"%5B", "["}, {"%5D", "]"}, {"%25", "%"}});
+  // "ipv6:[::ffff:10.0.0.7]:41234" -> "ipv4:10.0.0.7:41234".
+  if (absl::StartsWithIgnoreCase(peer, kMappedPrefix)) {
+    const size_t close = peer.find(']');
+    const std::string host =
+        close == std::string::npos
+            ? ""
+            : peer.substr(kMappedPrefix.size(), close - kMappedPrefix.size());
+    if (!host.empty() && host.find('.') != std::string::npos) {
+      return absl::StrCat("ipv4:", host, peer.substr(close + 1));
+    }
+  }
+  return peer;
+}
+
+void ConnectionActivity::Track(const std::string& name) {
+  MutexLock lock(&mu_);
+  state_[name] = State::kSilent;
+}
+
+void ConnectionActivity::Forget(const std::string& name) {
+  MutexLock lock(&mu_);
+  state_.erase(name);
+}
+
+bool ConnectionActivity::Useful(const std::string& name) const {
+  MutexLock lock(&mu_);
+  auto it = state_.find(name);
+  return it != state_.end() && it->second == State::kUseful;
+}
+
+void ConnectionActivity::CallBegan(const std::string& peer) {
+  const std::string name = NormalizeGrpcPeer(peer);
+  MutexLock lock(&mu_);
+  auto it = state_.find(name);
+  if (it != state_.end() && it->second == State::kSilent) {
+    it->second = State::kUseful;
+  }
+}
+
+void ConnectionActivity::CallRefused(const std::string& peer) {
+  const std::string name = NormalizeGrpcPeer(peer);
+  MutexLock lock(&mu_);
+  auto it = state_.find(name);
+  // For good: a connection that once came without the token is an
+  // outsider's, whatever it does next.
+  if (it != state_.end()) it->second = State::kRefused;
+}
+
+std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>
+ConnectionActivity::InterceptorFactory(ConnectionActivity* activity) {
+  return std::make_unique<ActivityFactory>(activity);
+}
+
+}  // namespace ferry::metadata
