@@ -350,9 +350,10 @@ absl::Status EngineImpl::Init(const EngineOptions& requested) {
       [this](const std::string& from, const std::string& caller,
              const std::string& content, const std::string& signature,
              uint64_t seq) {
-        // Unsigned handshakes from engines of a release before identity
-        // keys, and P2P ones, are not held to a host: that release checked
-        // nothing here, and multi-homed or NATed peers would fail it.
+        // Handshakes are not held to a host (multi-homed or NATed peers
+        // would fail it, and a release before identity keys, whose
+        // unsigned ones are taken, checked nothing here); in P2P mode the
+        // claimed address itself is read for the key that must sign them.
         // Numbered ones are accepted once: a captured handshake or rail
         // notice cannot be sent again.
         return sender_check_->Verify(

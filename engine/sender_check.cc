@@ -231,6 +231,27 @@ absl::Status SenderCheck::VerifyP2p(const std::string& claimed,
   return absl::OkStatus();
 }
 
+absl::Status SenderCheck::P2pReadable(const std::string& claimed,
+                                      const std::string& caller) {
+  auto hp = ParseHostPort(claimed);
+  const std::string host = hp.ok() ? BareCallerHost(hp->host) : "";
+  const std::string from = BareCallerHost(caller);
+  if (host.empty() || host == "0.0.0.0" || host == "::") {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "a call from ", from, " claims segment '", claimed,
+        "', which is no address an engine serves at (P2PHANDSHAKE names "
+        "segments by address)"));
+  }
+  // Reading it would have this engine call its own host's loopback
+  // services on a remote caller's say-so; and no remote engine is there.
+  if (IsLoopbackHost(host) && !IsLoopbackHost(from)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "a call from ", from, " claims segment '", claimed,
+        "', a loopback address, which only a caller on this host can be"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status SenderCheck::Verify(const std::string& claimed,
                                  const std::string& caller,
                                  const std::string& content,
@@ -245,10 +266,12 @@ absl::Status SenderCheck::Verify(const std::string& claimed,
         kSignatureBytes));
   }
   if (p2p_) {
-    if (!check_host) return absl::OkStatus();
-    if (absl::Status h = VerifyP2p(claimed, caller); !h.ok()) return h;
+    absl::Status where =
+        check_host ? VerifyP2p(claimed, caller) : P2pReadable(claimed, caller);
+    if (!where.ok()) return where;
     if (store_ == nullptr) return absl::OkStatus();
-    // On the caller's host: its descriptor, and key, are read from there.
+    // The claimed address is read for its key: on the caller's own host,
+    // or (no host check) wherever it is, on the caller's lookup budget.
   }
   const absl::Time began = now_();
   for (bool fresh : {false, true}) {

@@ -13,7 +13,9 @@
 // no metadata service, a call is held to the claimed address's host first
 // (a lookup first would dial whatever a caller names), and then checked
 // against the key that address publishes, read from it; where the caller
-// asks for no host check (Exchange), nothing is checked.
+// asks for no host check (Exchange), the claimed address is read for its
+// key wherever it is (on the caller's lookup budget below; never a
+// loopback address for a remote caller).
 //
 // A refusal is PermissionDenied only when it rests on what was read of the
 // segment after the check began; one that rests on an older read is
@@ -96,7 +98,8 @@ class SenderCheck {
   // holds the caller to the claimed host does, and only then reads the
   // claimed address, on the caller's own host, for its key (a lookup
   // before the host check would dial whatever a caller names); one that
-  // does not hold it checks nothing. A null store: host checks only.
+  // does not hold it reads the claimed address wherever it is, on the
+  // caller's lookup budget. A null store: host checks only.
   explicit SenderCheck(metadata::Store* store,
                        absl::Duration outage_grace = absl::ZeroDuration(),
                        NowFn now = nullptr, bool p2p = false)
@@ -108,10 +111,13 @@ class SenderCheck {
   // OK if `signature` is segment `claimed`'s signature of `content`, by
   // the identity key its descriptor publishes, and `seq` (if given) is a
   // number not accepted from that key before. For a segment that
-  // publishes no key, and in P2P mode: if `check_host`, OK if `caller`
-  // ("ipv4:10.0.0.7", "ipv6:[fd00::7]", as metadata::CallerAddress gives
-  // it) is on the segment's host; else OK. PermissionDenied saying what
-  // does not match; Unavailable (try again) if that could not be told now.
+  // publishes no key: if `check_host`, OK if `caller` ("ipv4:10.0.0.7",
+  // "ipv6:[fd00::7]", as metadata::CallerAddress gives it) is on the
+  // segment's host; else OK. In P2P mode, before any of that, a
+  // `check_host` call must come from the claimed address's host, and any
+  // other must claim an address worth reading (P2pReadable).
+  // PermissionDenied saying what does not match; Unavailable (try again)
+  // if that could not be told now.
   absl::Status Verify(const std::string& claimed, const std::string& caller,
                       const std::string& content, const std::string& signature,
                       std::optional<uint64_t> seq = std::nullopt,
@@ -159,6 +165,11 @@ class SenderCheck {
   absl::Status TakeLookupLocked(const std::string& caller, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status VerifyP2p(const std::string& claimed, const std::string& caller);
+  // P2P, no host check: OK if `claimed` is an address worth reading for
+  // its key on `caller`'s say-so (not a wildcard, and not loopback unless
+  // the caller is).
+  absl::Status P2pReadable(const std::string& claimed,
+                           const std::string& caller);
 
   metadata::Store* const store_;
   const absl::Duration outage_grace_;

@@ -332,5 +332,37 @@ TEST_F(SenderCheckTest, KeylessSegmentsAreHeldToTheirHost) {
                           /*check_host=*/false));
 }
 
+
+// P2P with no host check (Exchange): the claimed address is read for its
+// key wherever it is, but never a wildcard, nor loopback for a remote
+// caller (that would have the engine call its own host's services on a
+// stranger's say-so).
+TEST(SenderCheckP2pTest, ExchangesAreCheckedByTheClaimedAddressesKey) {
+  auto key = IdentityKey::Generate();
+  ASSERT_OK(key);
+  FakeStore store;
+  store.Add("10.0.0.9:4000", (*key)->public_key(), "10.0.0.9:4000");
+  store.Add("127.0.0.1:4000", (*key)->public_key(), "127.0.0.1:4000");
+  SenderCheck check(&store, absl::Seconds(10), &FakeNow, /*p2p=*/true);
+  ASSERT_OK_AND_ASSIGN(std::string sig, (*key)->Sign("m"));
+  auto exchange = [&](const std::string& claimed, const std::string& caller,
+                      const std::string& signature) {
+    return check.Verify(claimed, caller, "m", signature, std::nullopt,
+                        /*check_host=*/false);
+  };
+  // From another address of the host (several interfaces, NAT): read and
+  // checked, not refused for the host.
+  EXPECT_OK(exchange("10.0.0.9:4000", "ipv4:10.0.0.8", sig));
+  absl::Status s = exchange("10.0.0.9:4000", "ipv4:10.0.0.8", "");
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  const int reads = store.reads();
+  for (const char* claimed : {"127.0.0.1:4000", "0.0.0.0:4000", "nonsense"}) {
+    s = exchange(claimed, "ipv4:10.0.0.8", sig);
+    EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  }
+  EXPECT_EQ(store.reads(), reads) << "read an address it should not dial";
+  EXPECT_OK(exchange("127.0.0.1:4000", "ipv4:127.0.0.1", sig));
+}
+
 }  // namespace
 }  // namespace ferry

@@ -1,6 +1,7 @@
 // The engine over the RDMA transport on softrnic, two engines in one
 // process with two soft NICs (softrnic0 on 127.0.0.1, softrnic1 on
 // 127.0.0.2; softrnic_test_main sets that up): every byte verified.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -223,6 +224,62 @@ TEST_F(RdmaEngineTest, ReplayedExchangesAreRefused) {
   EXPECT_TRUE(
       absl::StrContains(unnumbered.error_message(), "signature does not match"))
       << unnumbered.error_message();
+}
+
+// In P2PHANDSHAKE mode there is no metadata service to ask, and Exchanges
+// went unchecked: anyone could send a ConnectRequest or DISCONNECT in a
+// peer's name. Now the claimed address is read for the key that must sign
+// it: a spoofer (another key, or none) is refused, and the real handshake
+// still goes through.
+TEST(RdmaP2pTest, ExchangesAreVerifiedByTheSendersKey) {
+  EngineOptions o;
+  o.metadata_endpoint = "P2PHANDSHAKE";
+  o.listen_host = "127.0.0.1";
+  o.transports = {"rdma"};
+  o.transfer_timeout = absl::Seconds(20);
+  constexpr size_t kBytes = 64 << 10;
+  std::vector<uint8_t> remote(kBytes), local(kBytes);
+  FillPattern(remote.data(), kBytes, 0, 3);
+  TransferEngine target, initiator;
+  ASSERT_OK(target.Init(o));
+  ASSERT_OK(initiator.Init(o));
+  ASSERT_OK(target.RegisterLocalMemory(remote.data(), kBytes));
+  ASSERT_OK(initiator.RegisterLocalMemory(local.data(), kBytes));
+  ASSERT_OK_AND_ASSIGN(SegmentHandle h,
+                       initiator.OpenSegment(target.local_segment_name()));
+  auto read = [&] {
+    std::fill(local.begin(), local.end(), 0);
+    TransferRequest r;
+    r.opcode = OpCode::kRead;
+    r.source = local.data();
+    r.target_id = h;
+    r.target_offset = reinterpret_cast<uint64_t>(remote.data());
+    r.length = kBytes;
+    auto batch = initiator.AllocateBatch(1);
+    EXPECT_OK(batch);
+    EXPECT_OK(initiator.SubmitTransfer(*batch, {r}));
+    auto st = initiator.WaitBatch(*batch, absl::Seconds(30));
+    EXPECT_OK(st);
+    EXPECT_OK(initiator.FreeBatch(*batch));
+    EXPECT_EQ(st.ok() ? st->state : TransferState::kFailed,
+              TransferState::kCompleted);
+    EXPECT_EQ(CheckPattern(local.data(), kBytes, 0, 3), kBytes);
+  };
+  read();
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<const IdentityKey> other,
+                       IdentityKey::Generate());
+  metadata::PeerClient unsigned_client(absl::Seconds(3));
+  metadata::PeerClient wrong_key(
+      absl::Seconds(3), metadata::PeerClient::kMaxStubs, "", nullptr, other);
+  for (metadata::PeerClient* spoofer : {&wrong_key, &unsigned_client}) {
+    auto r = spoofer->Exchange(target.local_segment_name(), "rdma",
+                               initiator.local_segment_name(), "x");
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied)
+        << r.status();
+    EXPECT_TRUE(absl::StrContains(r.status().message(), "exchange refused"))
+        << r.status();
+  }
+  read();
 }
 
 TEST_F(RdmaEngineTest, ManyRequestsPerBatch) {
