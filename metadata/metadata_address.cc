@@ -64,16 +64,18 @@ absl::StatusOr<MetadataAddress> ParseMetadataAddress(absl::string_view text) {
 
 absl::StatusOr<std::unique_ptr<Store>> ConnectStore(
     const MetadataAddress& address, absl::Duration rpc_timeout,
-    const std::string& auth_token, std::shared_ptr<const Tls> tls,
-    Clock* clock) {
+    const std::string& auth_token, std::shared_ptr<const Tls> tls, Clock* clock,
+    const EtcdLimits& etcd_limits) {
   if (address.kind == MetadataAddress::Kind::kEtcd) {
 #ifdef FERRY_WITHOUT_ETCD
+    (void)etcd_limits;
     return absl::UnimplementedError(
         "metadata address 'etcd://...': this build leaves out the etcd back "
         "end (bazel --define=ferry_etcd=0, as tools/dev.sh demo builds); "
         "build without that flag to use etcd");
 #else
     EtcdOptions o;
+    static_cast<EtcdLimits&>(o) = etcd_limits;
     o.endpoints = address.endpoints;
     o.rpc_timeout = rpc_timeout;
     o.clock = clock;

@@ -26,6 +26,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "metadata/etcd/etcd_limits.h"
 #include "metadata/store.h"
 #include "metadata/tls.h"
 
@@ -50,10 +51,12 @@ absl::StatusOr<MetadataAddress> ParseMetadataAddress(absl::string_view text);
 // clock; it must outlive the store); a Ferry service's calls have only
 // gRPC deadlines, which stay on real time. In a build without the etcd
 // back end (--define=ferry_etcd=0) a kEtcd address gets Unimplemented.
+// An etcd store keeps `etcd_limits`.
 absl::StatusOr<std::unique_ptr<Store>> ConnectStore(
     const MetadataAddress& address, absl::Duration rpc_timeout,
     const std::string& auth_token = "",
-    std::shared_ptr<const Tls> tls = nullptr, Clock* clock = nullptr);
+    std::shared_ptr<const Tls> tls = nullptr, Clock* clock = nullptr,
+    const EtcdLimits& etcd_limits = {});
 
 // NamespacedStore: `inner` seen through a namespace: segment "x" is stored
 // as "<ns>/x", List shows only this namespace's, and descriptors come back

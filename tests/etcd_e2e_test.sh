@@ -6,7 +6,8 @@
 #   2. two metadata_servers on one etcd (--etcd): a target published
 #      through one is reached by an initiator that asks the other;
 #   3. namespaces: a segment of cluster A is invisible from cluster B;
-#   4. a target killed with SIGKILL: etcd's lease removes its segment.
+#   4. a target killed with SIGKILL: etcd's lease removes its segment;
+#   5. metadata_server's --etcd_* limits reach its etcd store.
 set -uo pipefail
 # shellcheck source=test_lib.sh
 source "${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}/tests/test_lib.sh"
@@ -119,6 +120,23 @@ if [[ $gone == yes ]]; then
   pass "a killed target's segment left etcd with its lease"
 else
   fail "lease expiry on etcd" "$tmp/after.json" "$tmp/doomed.log"
+fi
+
+# 5. metadata_server's limits reach the etcd store: a quota of 64 bytes
+# per client refuses any descriptor, naming itself.
+port=$(free_port)
+"$MDS" --listen="127.0.0.1:$port" --etcd="$ETCD" --etcd_max_client_bytes=64 \
+  >"$tmp/md3.log" 2>&1 &
+pids+=($!)
+wait_for "$tmp/md3.log" "listening" || fail "metadata_server 3" "$tmp/md3.log"
+timeout 30 env LD_LIBRARY_PATH="$LIBDIR" "$BENCH" --mode=target --protocol=tcp \
+  --metadata_server="127.0.0.1:$port" --segment_id=capped \
+  --local_server_name=capped --listen_host=127.0.0.1 \
+  --buffer_size=$((1 << 20)) --target_seconds=5 >"$tmp/capped.log" 2>&1
+if grep -q "would pass its quota of 64" "$tmp/capped.log"; then
+  pass "metadata_server --etcd_max_client_bytes bounds what a client puts in etcd"
+else
+  fail "--etcd_max_client_bytes did not reach the etcd store" "$tmp/capped.log" "$tmp/md3.log"
 fi
 
 finish

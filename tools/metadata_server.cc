@@ -61,12 +61,24 @@ ABSL_FLAG(std::string, tls_cert_file, "",
 ABSL_FLAG(std::string, tls_key_file, "", "this server's PEM private key");
 ABSL_FLAG(uint64_t, max_bytes, uint64_t{2} << 30,
           "bytes of memory segment descriptors may take in all (memory and "
-          "durable stores; about 25 times their encoded size)");
+          "durable stores; about 25 times their encoded size; with --etcd, "
+          "see --etcd_max_bytes)");
 ABSL_FLAG(uint64_t, max_client_bytes, uint64_t{256} << 20,
           "bytes of memory the segment descriptors of one client address "
           "may take");
 ABSL_FLAG(uint64_t, max_client_segments, 4096,
-          "segments one client address may hold");
+          "segments one client address may hold (every store, etcd too)");
+ABSL_FLAG(uint64_t, etcd_max_bytes, uint64_t{256} << 20,
+          "with --etcd: bytes of keys and values (as etcd holds them) all "
+          "segments under the prefix may take, so that etcd never reaches "
+          "its NOSPACE alarm (its default quota is 2 GiB, history included)");
+ABSL_FLAG(uint64_t, etcd_max_client_bytes, uint64_t{32} << 20,
+          "with --etcd: bytes of keys and values the segments of one client "
+          "address may take (--max_client_segments bounds their count)");
+ABSL_FLAG(absl::Duration, etcd_compact_after, absl::Minutes(5),
+          "with --etcd: compact etcd's history older than this (etcd-wide; "
+          "0: never, where other applications share the etcd cluster and "
+          "leave it to etcd's --auto-compaction-retention)");
 ABSL_FLAG(std::string, etcd, "",
           "keep the segment table in this etcd v3 cluster, "
           "etcd://host:port[,host:port...]: several metadata_servers (and "
@@ -101,7 +113,14 @@ int main(int argc, char** argv) {
       a = absl::InvalidArgumentError(
           "expected etcd://host:port[,host:port...]");
     }
-    auto s = a.ok() ? md::ConnectStore(*a, absl::Seconds(3)) : a.status();
+    md::EtcdLimits etcd_limits;
+    etcd_limits.max_bytes = absl::GetFlag(FLAGS_etcd_max_bytes);
+    etcd_limits.max_client_bytes = absl::GetFlag(FLAGS_etcd_max_client_bytes);
+    etcd_limits.max_client_segments = limits.max_client_segments;
+    etcd_limits.compact_after = absl::GetFlag(FLAGS_etcd_compact_after);
+    auto s = a.ok() ? md::ConnectStore(*a, absl::Seconds(3), "", nullptr,
+                                       nullptr, etcd_limits)
+                    : a.status();
     if (!s.ok()) {
       std::fprintf(stderr, "metadata_server: --etcd: %s\n",
                    s.status().ToString().c_str());

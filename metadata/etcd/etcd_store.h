@@ -58,13 +58,15 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/mutex.h"
+#include "metadata/etcd/etcd_limits.h"
 #include "metadata/proto/store_log.pb.h"
 #include "metadata/store.h"
 #include "rpc.grpc.pb.h"
 
 namespace ferry::metadata {
 
-struct EtcdOptions {
+// The limits (etcd_limits.h) and how to reach etcd.
+struct EtcdOptions : EtcdLimits {
   // host:port of each member (or of any subset).
   std::vector<std::string> endpoints;
   // Every key starts with it.
@@ -78,27 +80,6 @@ struct EtcdOptions {
   Clock* clock = nullptr;
   // Operations per transaction (etcd's --max-txn-ops, 128 by default).
   int max_txn_ops = 120;
-  // What one client (a metadata service's caller, by address) and all of
-  // them together may store under the prefix, in bytes of keys and values
-  // as etcd holds them (each buffer is a key of its own), so that no client can
-  // drive etcd into its NOSPACE alarm (etcd's default quota is 2 GiB of
-  // database, history included, and once it is raised every write fails until
-  // an operator disarms it). Counted from the segment records in etcd, which
-  // every store sharing the prefix sees, read again at most every
-  // `usage_refresh` (0: on every check), plus this store's own writes since.
-  // Segments that engines put on etcd directly have no client: the total binds
-  // them.
-  uint64_t max_bytes = uint64_t{256} << 20;
-  uint64_t max_client_bytes = uint64_t{32} << 20;
-  size_t max_client_segments = 4096;
-  absl::Duration usage_refresh = absl::Seconds(2);
-  // History older than this is compacted, by every store that writes:
-  // etcd keeps every revision until it is compacted, so updates would
-  // fill its quota however small the live data. Compaction is etcd-wide,
-  // as its own --auto-compaction-retention is: other applications that
-  // share the cluster and read older revisions should set 0 (never) and
-  // leave it to etcd's option.
-  absl::Duration compact_after = absl::Minutes(5);
 };
 
 class EtcdStore final : public Store {
