@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <system_error>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 
@@ -43,22 +44,64 @@ int CallPool::calls() const {
 
 absl::Status CallPool::Admit(const std::string& caller) {
   MutexLock lock(&mu_);
-  if (calls_ >= options_.max_calls) {
+  const auto found = shares_.find(caller);
+  const int mine = found == shares_.end() ? 0 : found->second.calls;
+  if (mine >= options_.max_calls_per_caller) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "this service has ", calls_,
-        " calls in progress (some may wait for their clients to read), its "
-        "limit; retry later"));
-  }
-  Share& mine = shares_[caller];
-  if (mine.calls >= options_.max_calls_per_caller) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        caller, " has ", mine.calls,
+        caller, " has ", mine,
         " calls in progress at this service (some may wait for it to read "
         "their responses), the limit per caller; retry later"));
   }
-  ++mine.calls;
+  // Slots of calls being cancelled are already their newcomers'.
+  const int held = calls_ - static_cast<int>(cancelling_.size());
+  std::optional<Waiting> victim;
+  if (held >= options_.max_calls) {
+    victim = PickVictimLocked(caller, mine);
+    if (!victim.has_value()) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "this service has ", held,
+          " calls in progress (some may wait for their clients to read), its "
+          "limit, and no caller holds two more than ",
+          caller, " would; retry later"));
+    }
+  }
+  ++shares_[caller].calls;
   ++calls_;
+  if (victim.has_value()) {
+    // Outside the lock: gRPC may run the call's OnDone (and so Release)
+    // inside TryCancel, on this thread, which Release lets through; on
+    // another thread, Release waits until TryCancel is over.
+    cancelling_[victim->call] = std::this_thread::get_id();
+    mu_.Unlock();
+    victim->ctx->TryCancel();
+    mu_.Lock();
+    auto it = cancelling_.find(victim->call);
+    if (it != cancelling_.end() && it->second == std::this_thread::get_id()) {
+      cancelling_.erase(it);
+    }
+    cancelled_.SignalAll();
+  }
   return absl::OkStatus();
+}
+
+std::optional<CallPool::Waiting> CallPool::PickVictimLocked(
+    const std::string& caller, int have) {
+  Share* most = nullptr;
+  for (auto& [name, share] : shares_) {
+    if (name == caller || share.waiting.empty()) continue;
+    if (most == nullptr || share.calls > most->calls) most = &share;
+  }
+  if (most == nullptr || most->calls < have + 2) return std::nullopt;
+  const Waiting w = most->waiting.front();
+  most->waiting.erase(most->waiting.begin());
+  return w;
+}
+
+void CallPool::Delivering(const std::string& caller, const void* call,
+                          grpc::ServerContextBase* ctx) {
+  MutexLock lock(&mu_);
+  auto it = shares_.find(caller);
+  if (it != shares_.end()) it->second.waiting.push_back({call, ctx});
 }
 
 absl::Status CallPool::Charge(const std::string& caller, size_t bytes) {
@@ -81,15 +124,36 @@ absl::Status CallPool::Charge(const std::string& caller, size_t bytes) {
   return absl::OkStatus();
 }
 
-void CallPool::Release(const std::string& caller, size_t bytes) {
+void CallPool::Release(const std::string& caller, size_t bytes,
+                       const void* call) {
   MutexLock lock(&mu_);
+  if (call != nullptr) {
+    // Another thread may be about to cancel it through its context, which
+    // lives until this returns.
+    while (true) {
+      auto c = cancelling_.find(call);
+      if (c == cancelling_.end() || c->second == std::this_thread::get_id()) {
+        break;
+      }
+      cancelled_.Wait(&mu_);
+    }
+  }
   auto it = shares_.find(caller);
   if (it == shares_.end()) return;
+  if (call != nullptr) {
+    auto& w = it->second.waiting;
+    w.erase(std::remove_if(w.begin(), w.end(),
+                           [call](const Waiting& x) { return x.call == call; }),
+            w.end());
+  }
   it->second.calls = std::max(it->second.calls - 1, 0);
   it->second.bytes -= std::min(it->second.bytes, bytes);
   bytes_ -= std::min(bytes_, bytes);
   --calls_;
-  if (it->second.calls == 0 && it->second.bytes == 0) shares_.erase(it);
+  if (it->second.calls == 0 && it->second.bytes == 0 &&
+      it->second.waiting.empty()) {
+    shares_.erase(it);
+  }
 }
 
 absl::Status CallPool::Run(std::function<void()> task) {

@@ -17,6 +17,11 @@
 // while their handler runs: a response waiting for a client that stopped
 // reading still holds its call's share, and its bytes count against a
 // byte cap, so such a client pins at most its share of calls and bytes.
+// And shares are fair across callers: when the pool is full, a newcomer
+// takes the slot of a call whose response still waits for a caller that
+// holds at least two more calls than the newcomer would (max-min), by
+// cancelling it; so many addresses each at its share cannot shut out
+// another (a probe had 16 fill every slot).
 //
 // Thread-safe. The destructor waits for every queued and running task;
 // the server must be shut down first (no call left to release).
@@ -25,6 +30,7 @@
 
 #include <deque>
 #include <functional>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -66,15 +72,25 @@ class CallPool {
   CallPool& operator=(const CallPool&) = delete;
 
   // Admits one call of `caller`: ResourceExhausted, naming the limit, if
-  // the pool or the caller is at its call cap. An admitted call is
-  // Release()d when it is over.
+  // the caller is at its call cap, or the pool is at its own and no call
+  // could be cancelled to make room (see above; the cancelled call's
+  // handler has already run: only its response is lost, and its client
+  // sees CANCELLED). An admitted call is Release()d when it is over.
   absl::Status Admit(const std::string& caller);
+  // Says that admitted call `call` of `caller` has run its handler and its
+  // response now waits for its client: Admit may cancel it through `ctx`,
+  // which must stay valid until the call's Release.
+  void Delivering(const std::string& caller, const void* call,
+                  grpc::ServerContextBase* ctx);
   // Charges an admitted call's response of `bytes`: ResourceExhausted if
   // the caller's or the pool's undelivered responses would pass their cap
   // (the call then ends with that error instead of the response).
   absl::Status Charge(const std::string& caller, size_t bytes);
-  // Ends an admitted call that was charged `bytes`.
-  void Release(const std::string& caller, size_t bytes);
+  // Ends an admitted call that was charged `bytes`; `call` as given to
+  // Delivering, if it was. Waits while another thread is cancelling it
+  // (its context must outlive that).
+  void Release(const std::string& caller, size_t bytes,
+               const void* call = nullptr);
 
   // Runs `task` on a pool thread. Unavailable (and `task` is dropped) if
   // no thread runs and none can be started (RLIMIT_NPROC, say), or the
@@ -90,10 +106,19 @@ class CallPool {
   int calls() const;
 
  private:
+  struct Waiting {
+    const void* call;
+    grpc::ServerContextBase* ctx;
+  };
   struct Share {
     int calls = 0;
     size_t bytes = 0;
+    std::vector<Waiting> waiting;  // Oldest first.
   };
+  // A delivering call of the caller that holds the most, if that is at
+  // least two more than `have`, taken off its waiting list; else null.
+  std::optional<Waiting> PickVictimLocked(const std::string& caller, int have)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Worker();
 
   const CallPoolOptions options_;
@@ -102,6 +127,11 @@ class CallPool {
   CondVar drained_;
   std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, Share> shares_ ABSL_GUARDED_BY(mu_);
+  // Calls being cancelled, by the thread cancelling each: their slots are
+  // taken by newcomers already.
+  absl::flat_hash_map<const void*, std::thread::id> cancelling_
+      ABSL_GUARDED_BY(mu_);
+  CondVar cancelled_;
   int calls_ ABSL_GUARDED_BY(mu_) = 0;
   size_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int tasks_ ABSL_GUARDED_BY(mu_) = 0;  // Queued or running.
@@ -119,18 +149,21 @@ class PooledReactor final : public grpc::ServerUnaryReactor {
   // service's set-up); OnDone runs on another gRPC thread, ordered after
   // the task's Finish by gRPC's own (uninstrumented) synchronization:
   // tell TSan (common/happens_before.h), as every reactor here does.
-  PooledReactor(CallPool* pool, std::string caller)
-      : pool_(pool), caller_(std::move(caller)) {
+  PooledReactor(CallPool* pool, grpc::CallbackServerContext* ctx,
+                std::string caller)
+      : pool_(pool), ctx_(ctx), caller_(std::move(caller)) {
     HappensBefore(this);
   }
   void OnDone() override {
     HappensAfter(this);
-    pool_->Release(caller_, charged_);
+    pool_->Release(caller_, charged_, this);
     delete this;
   }
-  // Ends the call; from the pool's thread.
+  // Ends the call; from the pool's thread. From here until OnDone the
+  // pool may cancel it to make room.
   void FinishFromTask(const grpc::Status& status) {
     HappensBefore(this);
+    pool_->Delivering(caller_, this, ctx_);
     Finish(status);
   }
   const std::string& caller() const { return caller_; }
@@ -139,6 +172,7 @@ class PooledReactor final : public grpc::ServerUnaryReactor {
 
  private:
   CallPool* const pool_;
+  grpc::CallbackServerContext* const ctx_;
   const std::string caller_;
 };
 
@@ -159,7 +193,7 @@ grpc::ServerUnaryReactor* ServeOnPool(CallPool* pool,
     reactor->Finish(ToGrpcStatus(s));
     return reactor;
   }
-  auto* reactor = new PooledReactor(pool, std::move(caller));
+  auto* reactor = new PooledReactor(pool, ctx, std::move(caller));
   absl::Status s = pool->Run([pool, ctx, reactor, response,
                               handler = std::move(handler)]() mutable {
     if (ctx->IsCancelled()) {

@@ -75,6 +75,8 @@ class MetadataServiceImpl final : public MetadataService::CallbackService {
   // Returns once no unary handler runs or waits to (see
   // PeerServiceImpl::WaitIdle).
   void WaitIdle() { pool_.WaitIdle(); }
+  // Unary calls admitted and not yet over (tests).
+  int CallsForTesting() const { return pool_.calls(); }
 
   // One watch stream's state, shared by its reactor and the notifier.
   struct WatchState;

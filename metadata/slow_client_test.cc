@@ -25,6 +25,7 @@
 #include "metadata/metadata_service.h"
 #include "metadata/peer_service.h"
 #include "metadata/rpc_server.h"
+#include "metadata/segment_store.h"
 #include "metadata/store_testing.h"
 
 namespace ferry::metadata {
@@ -89,12 +90,12 @@ class StuckReader {
   // From kAttacker, so that the service tells it from the test's own
   // clients (on 127.0.0.1) as a remote attacker would be told apart.
   StuckReader(uint16_t port, const std::string& path,
-              const std::string& request, const std::string& token,
-              int streams) {
+              const std::string& request, const std::string& token, int streams,
+              const char* source = kAttacker) {
     fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_in from{};
     from.sin_family = AF_INET;
-    ::inet_pton(AF_INET, kAttacker, &from.sin_addr);
+    ::inet_pton(AF_INET, source, &from.sin_addr);
     ::bind(fd_, reinterpret_cast<sockaddr*>(&from), sizeof(from));
     sockaddr_in sa{};
     sa.sin_family = AF_INET;
@@ -334,6 +335,72 @@ TEST_P(SlowClientTest, CallsWithoutTheTokenEndAtOnce) {
   }
   EXPECT_EQ(Ended(), calls);
   ASSERT_NO_FATAL_FAILURE(ExpectServed("beside refused callers"));
+}
+
+// Many addresses, each holding its share of calls with responses it never
+// reads, filled the pool (a probe had 16 addresses take all 1,024 calls).
+// Now a newcomer takes the slot of a waiting call from whoever holds the
+// most, when that is two more than its own: the reader sees that call
+// reset, and everyone else is served.
+TEST(SlowClientFairnessTest, ManyAddressesCannotTakeEveryCall) {
+  SegmentStore store;
+  CallPoolOptions pool;
+  pool.max_calls = 8;
+  pool.max_calls_per_caller = 4;
+  MetadataServiceImpl service(&store, pool);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<RpcServer> server,
+                       RpcServer::Start("127.0.0.1:0", {&service}));
+  MetadataClient client(server->address(), absl::Seconds(5));
+  SegmentDescriptor seg;
+  seg.set_name("victim");
+  seg.set_incarnation(7);
+  ASSERT_OK(client.Put(LeasedPutOf(seg)));
+  GetSegmentRequest req;
+  req.set_name("victim");
+  // The Put's call is over only once gRPC is done with it, a moment after
+  // its client has the answer.
+  auto settled = [&](int calls) {
+    const absl::Time end = absl::Now() + absl::Seconds(10);
+    while (service.CallsForTesting() != calls && absl::Now() < end) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    return service.CallsForTesting() == calls;
+  };
+  ASSERT_TRUE(settled(0));
+  std::vector<std::unique_ptr<StuckReader>> readers;
+  for (const char* from : {"127.0.0.2", "127.0.0.3"}) {
+    readers.push_back(std::make_unique<StuckReader>(
+        server->port(), "/ferry.metadata.MetadataService/GetSegment",
+        req.SerializeAsString(), "", 4, from));
+    ASSERT_TRUE(readers.back()->connected());
+  }
+  auto held = [&] { return readers[0]->answered() + readers[1]->answered(); };
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (held() < 8 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(held(), 8) << "the readers do not fill the pool";
+  ASSERT_TRUE(settled(8));
+  for (int i = 0; i < 10; ++i) {
+    auto got = client.Get("victim");
+    ASSERT_TRUE(got.ok()) << "call " << i << ": " << got.status();
+  }
+  EXPECT_GE(readers[0]->ended() + readers[1]->ended(), 1)
+      << "no waiting call was cancelled";
+  ASSERT_TRUE(settled(7)) << "the cancelled call was never released";
+  // A third reader takes slots while another holds two more than it
+  // would, and no further: the first while there is room, one more by
+  // cancelling a call of the reader that still holds 4.
+  StuckReader third(server->port(),
+                    "/ferry.metadata.MetadataService/GetSegment",
+                    req.SerializeAsString(), "", 4, "127.0.0.4");
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (third.answered() + third.ended() < 4 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(third.answered() + third.ended(), 4);
+  EXPECT_GE(third.ended(), 1) << "it took more than its share";
+  EXPECT_GE(third.answered(), 2) << "it was shut out";
 }
 
 INSTANTIATE_TEST_SUITE_P(Configs, SlowClientTest,
