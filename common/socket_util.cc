@@ -172,7 +172,10 @@ bool SockAddr::IsWildcard() const {
   if (family() == AF_INET6) {
     const in6_addr& a =
         reinterpret_cast<const sockaddr_in6*>(&storage)->sin6_addr;
-    return IN6_IS_ADDR_UNSPECIFIED(&a);
+    // ::ffff:0.0.0.0 reaches this host as 0.0.0.0 does.
+    return IN6_IS_ADDR_UNSPECIFIED(&a) ||
+           (IN6_IS_ADDR_V4MAPPED(&a) && a.s6_addr[12] == 0 &&
+            a.s6_addr[13] == 0 && a.s6_addr[14] == 0 && a.s6_addr[15] == 0);
   }
   return false;
 }
@@ -192,6 +195,15 @@ absl::uint128 SockAddr::IpKey() const {
     return absl::MakeUint128(hi, lo);
   }
   return 0;
+}
+
+absl::uint128 SockAddr::AddressGroupKey() const {
+  const absl::uint128 key = IpKey();
+  if (family() != AF_INET6) return key;
+  const in6_addr& a =
+      reinterpret_cast<const sockaddr_in6*>(&storage)->sin6_addr;
+  if (IN6_IS_ADDR_V4MAPPED(&a)) return key;
+  return absl::MakeUint128(absl::Uint128High64(key), 0);
 }
 
 absl::StatusOr<SockAddr> ParseNumericEndpoint(absl::string_view text) {

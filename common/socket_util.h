@@ -53,11 +53,15 @@ struct SockAddr {
   std::string ToString() const;
   // 127.0.0.0/8, ::1 or an IPv4-mapped loopback.
   bool IsLoopback() const;
-  // 0.0.0.0 or ::.
+  // 0.0.0.0, :: or ::ffff:0.0.0.0.
   bool IsWildcard() const;
   // The IP address alone as one number (IPv4 as IPv4-mapped IPv6), for
   // per-address counts.
   absl::uint128 IpKey() const;
+  // IpKey, with an IPv6 address cut to its /64: what one host may be
+  // assumed to hold at most, for sharing a server fairly among hosts (a
+  // host with a /64 has 2^64 addresses to give each connection its own).
+  absl::uint128 AddressGroupKey() const;
 };
 
 // Parses a numeric endpoint "a.b.c.d:port" or "[v6]:port" (port 1..65535)

@@ -93,6 +93,20 @@ TEST(ParseNumericEndpointTest, AcceptsIpv4AndBracketedIpv6) {
                        ParseNumericEndpoint("[::ffff:10.1.2.3]:1"));
   EXPECT_EQ(mapped.IpKey(), sa->IpKey());
   EXPECT_NE(v6->IpKey(), sa->IpKey());
+  ASSERT_OK_AND_ASSIGN(SockAddr mapped_any,
+                       ParseNumericEndpoint("[::ffff:0.0.0.0]:9"));
+  EXPECT_TRUE(mapped_any.IsWildcard());
+  // Fairness groups: an IPv4 address alone, an IPv6 one by its /64.
+  EXPECT_EQ(mapped.AddressGroupKey(), sa->AddressGroupKey());
+  ASSERT_OK_AND_ASSIGN(SockAddr same64,
+                       ParseNumericEndpoint("[fd00::9:9:9:9]:1"));
+  ASSERT_OK_AND_ASSIGN(SockAddr other64,
+                       ParseNumericEndpoint("[fd00:0:0:1::1:2]:1"));
+  EXPECT_NE(same64.IpKey(), v6->IpKey());
+  EXPECT_EQ(same64.AddressGroupKey(), v6->AddressGroupKey());
+  EXPECT_NE(other64.AddressGroupKey(), v6->AddressGroupKey());
+  ASSERT_OK_AND_ASSIGN(SockAddr next4, ParseNumericEndpoint("10.1.2.4:1"));
+  EXPECT_NE(next4.AddressGroupKey(), sa->AddressGroupKey());
 }
 
 TEST(ParseNumericEndpointTest, RejectsNamesAndGarbageWithoutLookup) {

@@ -309,7 +309,8 @@ absl::Status EngineImpl::Init(const EngineOptions& requested) {
     // Names are resolved here, once: the store then dials addresses, with
     // no DNS on any later call.
     auto connected = metadata::ConnectStore(*md_address, options.rpc_timeout,
-                                            options.auth_token, *tls, clock_);
+                                            options.auth_token, *tls, clock_,
+                                            options.etcd_limits);
     if (!connected.ok()) {
       ReleaseAll();
       return absl::InvalidArgumentError(

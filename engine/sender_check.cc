@@ -233,18 +233,23 @@ absl::Status SenderCheck::VerifyP2p(const std::string& claimed,
 
 absl::Status SenderCheck::P2pReadable(const std::string& claimed,
                                       const std::string& caller) {
-  auto hp = ParseHostPort(claimed);
-  const std::string host = hp.ok() ? BareCallerHost(hp->host) : "";
   const std::string from = BareCallerHost(caller);
-  if (host.empty() || host == "0.0.0.0" || host == "::") {
+  // A literal only: a name (localhost, a DNS name pointing home) or a
+  // short form (127.1) would be resolved by the read, past the checks
+  // below.
+  auto sa = ParseNumericEndpoint(claimed);
+  if (!sa.ok() || sa->IsWildcard()) {
     return absl::PermissionDeniedError(absl::StrCat(
         "a call from ", from, " claims segment '", claimed,
-        "', which is no address an engine serves at (P2PHANDSHAKE names "
-        "segments by address)"));
+        "', which is no numeric address an engine serves at (P2PHANDSHAKE "
+        "names segments by address)"));
   }
   // Reading it would have this engine call its own host's loopback
   // services on a remote caller's say-so; and no remote engine is there.
-  if (IsLoopbackHost(host) && !IsLoopbackHost(from)) {
+  // (IsLoopback sees IPv4-mapped loopback too.)
+  auto caller_sa = ParseNumericEndpoint(JoinHostPort(from, 1));
+  const bool caller_local = caller_sa.ok() && caller_sa->IsLoopback();
+  if (sa->IsLoopback() && !caller_local) {
     return absl::PermissionDeniedError(absl::StrCat(
         "a call from ", from, " claims segment '", claimed,
         "', a loopback address, which only a caller on this host can be"));

@@ -332,7 +332,6 @@ TEST_F(SenderCheckTest, KeylessSegmentsAreHeldToTheirHost) {
                           /*check_host=*/false));
 }
 
-
 // P2P with no host check (Exchange): the claimed address is read for its
 // key wherever it is, but never a wildcard, nor loopback for a remote
 // caller (that would have the engine call its own host's services on a
@@ -356,7 +355,11 @@ TEST(SenderCheckP2pTest, ExchangesAreCheckedByTheClaimedAddressesKey) {
   absl::Status s = exchange("10.0.0.9:4000", "ipv4:10.0.0.8", "");
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
   const int reads = store.reads();
-  for (const char* claimed : {"127.0.0.1:4000", "0.0.0.0:4000", "nonsense"}) {
+  for (const char* claimed :
+       {"127.0.0.1:4000", "0.0.0.0:4000", "nonsense", "localhost:4000",
+        "127.1:4000", "2130706433:4000", "0:4000", "[::]:4000", "[::1]:4000",
+        "[::ffff:7f00:1]:4000", "[::ffff:127.0.0.1]:4000",
+        "[::ffff:0.0.0.0]:4000"}) {
     s = exchange(claimed, "ipv4:10.0.0.8", sig);
     EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
   }

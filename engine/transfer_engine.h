@@ -27,6 +27,7 @@
 #include "absl/types/span.h"
 #include "common/clock.h"
 #include "common/opcode.h"
+#include "metadata/etcd/etcd_limits.h"
 #include "transport/options.h"
 #include "transport/stats.h"
 
@@ -58,6 +59,12 @@ struct EngineOptions {
   // "<namespace>/<name>" and it opens segments of its namespace only, so
   // several clusters share one metadata service or etcd. Empty: none.
   std::string metadata_namespace = "";
+  // With an etcd:// metadata_endpoint: what this engine's own etcd store
+  // allows and how it compacts etcd's history (metadata/etcd/etcd_limits.h).
+  // Engines and metadata_servers that share an etcd prefix should agree;
+  // set compact_after to 0 on all of them where other applications share
+  // the etcd cluster (compaction is etcd-wide).
+  metadata::EtcdLimits etcd_limits;
   // A shared secret of the cluster (16+ printable characters; empty:
   // none). When set, this engine's peer service and embedded metadata
   // service answer only calls that carry it (others get UNAUTHENTICATED

@@ -8,11 +8,22 @@
 
 namespace ferry::metadata {
 
+namespace {
+
+CallPoolOptions AtLeastOne(CallPoolOptions o) {
+  o.max_threads = std::max(o.max_threads, 1);
+  o.max_calls = std::max(o.max_calls, 1);
+  o.max_calls_per_caller = std::max(o.max_calls_per_caller, 1);
+  o.max_response_bytes = std::max<size_t>(o.max_response_bytes, 1);
+  o.max_response_bytes_per_caller =
+      std::max<size_t>(o.max_response_bytes_per_caller, 1);
+  return o;
+}
+
+}  // namespace
+
 CallPool::CallPool(CallPoolOptions options)
-    : options_{std::max(options.max_threads, 1), std::max(options.max_calls, 1),
-               std::max(options.max_calls_per_caller, 1),
-               std::max<size_t>(options.max_response_bytes, 1),
-               std::max<size_t>(options.max_response_bytes_per_caller, 1)} {}
+    : options_(AtLeastOne(options)), clock_(ClockOrReal(options.clock)) {}
 
 CallPool::~CallPool() {
   std::vector<std::thread> threads;
@@ -52,14 +63,12 @@ absl::Status CallPool::Admit(const std::string& caller) {
         " calls in progress at this service (some may wait for it to read "
         "their responses), the limit per caller; retry later"));
   }
-  // Slots of calls being cancelled are already their newcomers'.
-  const int held = calls_ - static_cast<int>(cancelling_.size());
   std::optional<Waiting> victim;
-  if (held >= options_.max_calls) {
-    victim = PickVictimLocked(caller, mine);
+  if (calls_ >= options_.max_calls) {
+    victim = PickVictimLocked(caller, mine, clock_->Now());
     if (!victim.has_value()) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "this service has ", held,
+          "this service has ", calls_,
           " calls in progress (some may wait for their clients to read), its "
           "limit, and no caller holds two more than ",
           caller, " would; retry later"));
@@ -68,16 +77,18 @@ absl::Status CallPool::Admit(const std::string& caller) {
   ++shares_[caller].calls;
   ++calls_;
   if (victim.has_value()) {
-    // Outside the lock: gRPC may run the call's OnDone (and so Release)
-    // inside TryCancel, on this thread, which Release lets through; on
-    // another thread, Release waits until TryCancel is over.
-    cancelling_[victim->call] = std::this_thread::get_id();
+    // Outside the lock: were gRPC to run the call's OnDone (and so
+    // Release) inside TryCancel, on this thread, Release lets it through;
+    // on another thread, Release waits until TryCancel is over.
+    cancelling_[victim->call] = {std::this_thread::get_id(), true};
     mu_.Unlock();
     victim->ctx->TryCancel();
     mu_.Lock();
+    // Still there unless its Release ran inside TryCancel.
     auto it = cancelling_.find(victim->call);
-    if (it != cancelling_.end() && it->second == std::this_thread::get_id()) {
-      cancelling_.erase(it);
+    if (it != cancelling_.end() &&
+        it->second.by == std::this_thread::get_id()) {
+      it->second.in_try = false;
     }
     cancelled_.SignalAll();
   }
@@ -85,15 +96,21 @@ absl::Status CallPool::Admit(const std::string& caller) {
 }
 
 std::optional<CallPool::Waiting> CallPool::PickVictimLocked(
-    const std::string& caller, int have) {
+    const std::string& caller, int have, absl::Time now) {
   Share* most = nullptr;
   for (auto& [name, share] : shares_) {
-    if (name == caller || share.waiting.empty()) continue;
+    // Oldest first: if the first has not waited long enough, none has.
+    if (name == caller || share.waiting.empty() ||
+        now - share.waiting.front().since < options_.cancel_after) {
+      continue;
+    }
     if (most == nullptr || share.calls > most->calls) most = &share;
   }
   if (most == nullptr || most->calls < have + 2) return std::nullopt;
   const Waiting w = most->waiting.front();
   most->waiting.erase(most->waiting.begin());
+  --most->calls;
+  --calls_;
   return w;
 }
 
@@ -101,7 +118,9 @@ void CallPool::Delivering(const std::string& caller, const void* call,
                           grpc::ServerContextBase* ctx) {
   MutexLock lock(&mu_);
   auto it = shares_.find(caller);
-  if (it != shares_.end()) it->second.waiting.push_back({call, ctx});
+  if (it != shares_.end()) {
+    it->second.waiting.push_back({call, ctx, clock_->Now()});
+  }
 }
 
 absl::Status CallPool::Charge(const std::string& caller, size_t bytes) {
@@ -127,12 +146,17 @@ absl::Status CallPool::Charge(const std::string& caller, size_t bytes) {
 void CallPool::Release(const std::string& caller, size_t bytes,
                        const void* call) {
   MutexLock lock(&mu_);
+  // A cancelled call was counted out when it was picked.
+  bool counted = true;
   if (call != nullptr) {
     // Another thread may be about to cancel it through its context, which
     // lives until this returns.
     while (true) {
       auto c = cancelling_.find(call);
-      if (c == cancelling_.end() || c->second == std::this_thread::get_id()) {
+      if (c == cancelling_.end()) break;
+      if (!c->second.in_try || c->second.by == std::this_thread::get_id()) {
+        cancelling_.erase(c);
+        counted = false;
         break;
       }
       cancelled_.Wait(&mu_);
@@ -146,10 +170,12 @@ void CallPool::Release(const std::string& caller, size_t bytes,
                            [call](const Waiting& x) { return x.call == call; }),
             w.end());
   }
-  it->second.calls = std::max(it->second.calls - 1, 0);
+  if (counted) {
+    it->second.calls = std::max(it->second.calls - 1, 0);
+    --calls_;
+  }
   it->second.bytes -= std::min(it->second.bytes, bytes);
   bytes_ -= std::min(bytes_, bytes);
-  --calls_;
   if (it->second.calls == 0 && it->second.bytes == 0 &&
       it->second.waiting.empty()) {
     shares_.erase(it);

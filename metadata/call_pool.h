@@ -18,10 +18,10 @@
 // reading still holds its call's share, and its bytes count against a
 // byte cap, so such a client pins at most its share of calls and bytes.
 // And shares are fair across callers: when the pool is full, a newcomer
-// takes the slot of a call whose response still waits for a caller that
-// holds at least two more calls than the newcomer would (max-min), by
-// cancelling it; so many addresses each at its share cannot shut out
-// another (a probe had 16 fill every slot).
+// takes the slot of a call whose response has waited cancel_after for a
+// caller that holds at least two more calls than the newcomer would
+// (max-min), by cancelling it; so many addresses each at its share cannot
+// shut out another (a probe had 16 fill every slot).
 //
 // Thread-safe. The destructor waits for every queued and running task;
 // the server must be shut down first (no call left to release).
@@ -39,6 +39,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "common/clock.h"
 #include "common/happens_before.h"
 #include "common/mutex.h"
 #include "google/protobuf/message.h"
@@ -61,6 +62,13 @@ struct CallPoolOptions {
   // pin in the server's memory.
   size_t max_response_bytes = size_t{512} << 20;
   size_t max_response_bytes_per_caller = size_t{64} << 20;
+  // A call may be cancelled for a newcomer (see above) once its response
+  // has waited this long for its client: a client that reads has it in a
+  // round trip, so only one that does not loses a call.
+  absl::Duration cancel_after = absl::Seconds(1);
+  // Where that wait is timed (null: the system clock; must outlive the
+  // pool).
+  Clock* clock = nullptr;
 };
 
 class CallPool {
@@ -109,28 +117,38 @@ class CallPool {
   struct Waiting {
     const void* call;
     grpc::ServerContextBase* ctx;
+    absl::Time since;  // Its response was ready.
   };
   struct Share {
     int calls = 0;
     size_t bytes = 0;
     std::vector<Waiting> waiting;  // Oldest first.
   };
-  // A delivering call of the caller that holds the most, if that is at
-  // least two more than `have`, taken off its waiting list; else null.
-  std::optional<Waiting> PickVictimLocked(const std::string& caller, int have)
+  // A call that has waited cancel_after, of the caller that holds the most
+  // such, if that caller holds at least two more calls than `have`: taken
+  // off its waiting list and out of the counts (its Release then gives
+  // back only its bytes); else null.
+  std::optional<Waiting> PickVictimLocked(const std::string& caller, int have,
+                                          absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Worker();
 
   const CallPoolOptions options_;
+  Clock* const clock_;
   mutable Mutex mu_;
   CondVar wake_;
   CondVar drained_;
   std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, Share> shares_ ABSL_GUARDED_BY(mu_);
-  // Calls being cancelled, by the thread cancelling each: their slots are
-  // taken by newcomers already.
-  absl::flat_hash_map<const void*, std::thread::id> cancelling_
-      ABSL_GUARDED_BY(mu_);
+  // Calls cancelled and not yet released: their slots are their
+  // newcomers' already (counted out of calls_ and their shares). `in_try`
+  // while the thread `by` is inside the call's TryCancel, which needs its
+  // context.
+  struct Cancel {
+    std::thread::id by;
+    bool in_try = true;
+  };
+  absl::flat_hash_map<const void*, Cancel> cancelling_ ABSL_GUARDED_BY(mu_);
   CondVar cancelled_;
   int calls_ ABSL_GUARDED_BY(mu_) = 0;
   size_t bytes_ ABSL_GUARDED_BY(mu_) = 0;

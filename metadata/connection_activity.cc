@@ -12,8 +12,8 @@ namespace {
 
 constexpr absl::string_view kMappedPrefix = "ipv6:[::ffff:";
 
-// Reports a call's start and, if it was refused for want of the token, its
-// end. Every hook proceeds at once: this only watches.
+// Reports a call's response messages and a refusal for want of the
+// token. Every hook proceeds at once: this only watches.
 class ActivityInterceptor : public grpc::experimental::Interceptor {
  public:
   ActivityInterceptor(ConnectionActivity* activity,
@@ -22,9 +22,11 @@ class ActivityInterceptor : public grpc::experimental::Interceptor {
 
   void Intercept(grpc::experimental::InterceptorBatchMethods* m) override {
     using grpc::experimental::InterceptionHookPoints;
+    // A response message: the call got past authentication and reached a
+    // method that exists (an error answer carries none).
     if (m->QueryInterceptionHookPoint(
-            InterceptionHookPoints::POST_RECV_INITIAL_METADATA)) {
-      activity_->CallBegan(info_->server_context()->peer());
+            InterceptionHookPoints::PRE_SEND_MESSAGE)) {
+      activity_->CallServed(info_->server_context()->peer());
     }
     if (m->QueryInterceptionHookPoint(
             InterceptionHookPoints::PRE_SEND_STATUS) &&
@@ -64,42 +66,52 @@ std::string ConnectionName(const SockAddr& sa) {
 
 std::string NormalizeGrpcPeer(std::string peer) {
   peer = absl::StrReplaceAll(peer, {{"%5B", "["}, {"%5D", "]"}, {"%25", "%"}});
+  // "ipv6:[fe80::1%2]:41234" -> "ipv6:[fe80::1]:41234".
+  const size_t scope = peer.find('%');
+  const size_t close = peer.find(']');
+  if (scope != std::string::npos && close != std::string::npos &&
+      scope < close) {
+    peer.erase(scope, close - scope);
+  }
   // "ipv6:[::ffff:10.0.0.7]:41234" -> "ipv4:10.0.0.7:41234".
   if (absl::StartsWithIgnoreCase(peer, kMappedPrefix)) {
-    const size_t close = peer.find(']');
+    const size_t end = peer.find(']');
     const std::string host =
-        close == std::string::npos
+        end == std::string::npos
             ? ""
-            : peer.substr(kMappedPrefix.size(), close - kMappedPrefix.size());
+            : peer.substr(kMappedPrefix.size(), end - kMappedPrefix.size());
     if (!host.empty() && host.find('.') != std::string::npos) {
-      return absl::StrCat("ipv4:", host, peer.substr(close + 1));
+      return absl::StrCat("ipv4:", host, peer.substr(end + 1));
     }
   }
   return peer;
 }
 
-void ConnectionActivity::Track(const std::string& name) {
+uint64_t ConnectionActivity::Track(const std::string& name) {
   MutexLock lock(&mu_);
-  state_[name] = State::kSilent;
+  const uint64_t ticket = ++next_ticket_;
+  state_[name] = {State::kSilent, ticket};
+  return ticket;
 }
 
-void ConnectionActivity::Forget(const std::string& name) {
+void ConnectionActivity::Forget(const std::string& name, uint64_t ticket) {
   MutexLock lock(&mu_);
-  state_.erase(name);
+  auto it = state_.find(name);
+  if (it != state_.end() && it->second.ticket == ticket) state_.erase(it);
 }
 
 bool ConnectionActivity::Useful(const std::string& name) const {
   MutexLock lock(&mu_);
   auto it = state_.find(name);
-  return it != state_.end() && it->second == State::kUseful;
+  return it != state_.end() && it->second.state == State::kUseful;
 }
 
-void ConnectionActivity::CallBegan(const std::string& peer) {
+void ConnectionActivity::CallServed(const std::string& peer) {
   const std::string name = NormalizeGrpcPeer(peer);
   MutexLock lock(&mu_);
   auto it = state_.find(name);
-  if (it != state_.end() && it->second == State::kSilent) {
-    it->second = State::kUseful;
+  if (it != state_.end() && it->second.state == State::kSilent) {
+    it->second.state = State::kUseful;
   }
 }
 
@@ -109,7 +121,7 @@ void ConnectionActivity::CallRefused(const std::string& peer) {
   auto it = state_.find(name);
   // For good: a connection that once came without the token is an
   // outsider's, whatever it does next.
-  if (it != state_.end()) it->second = State::kRefused;
+  if (it != state_.end()) it->second.state = State::kRefused;
 }
 
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>

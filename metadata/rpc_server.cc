@@ -250,7 +250,8 @@ void RpcServer::AcceptLoop() {
     std::string name;  // ConnectionName: what gRPC calls its peer.
     absl::Time since;  // Admitted.
     absl::Time deadline;
-    ino_t ino = 0;  // Once handed over.
+    ino_t ino = 0;        // Once handed over.
+    uint64_t ticket = 0;  // ConnectionActivity's, once handed over.
   };
   const size_t max_total = static_cast<size_t>(options_.max_connections);
   const int max_peer = options_.max_connections_per_peer;
@@ -273,7 +274,7 @@ void RpcServer::AcceptLoop() {
     return it == per_peer.end() ? 0 : it->second;
   };
   auto forget = [&](const Conn& c) {
-    activity_.Forget(c.name);
+    activity_.Forget(c.name, c.ticket);
     release(c.peer);
   };
   auto prune = [&](absl::Time now) {
@@ -305,7 +306,7 @@ void RpcServer::AcceptLoop() {
       return;
     }
     c.ino = st.st_ino;
-    activity_.Track(c.name);
+    c.ticket = activity_.Track(c.name);
     grpc::experimental::ExternalConnectionAcceptor::NewConnectionParameters p;
     p.listener_fd = listen_fd_.get();
     p.fd = c.fd;
@@ -323,20 +324,26 @@ void RpcServer::AcceptLoop() {
   // may name another file by now); gRPC then sees it end and closes it.
   auto shed = [&](std::vector<Conn>* from, size_t i, bool handed) {
     const Conn c = (*from)[i];
+    bool closed = true;
     if (handed) {
       const int dup = ::fcntl(c.fd, F_DUPFD_CLOEXEC, 0);
-      if (dup < 0) return false;  // Out of fds: nothing safe to do.
-      struct stat st {};
-      if (::fstat(dup, &st) == 0 && st.st_ino == c.ino) {
-        ::shutdown(dup, SHUT_RDWR);
+      // Out of fds: nothing safe to do. (EBADF: gRPC closed it already.)
+      if (dup < 0 && errno != EBADF) {
+        log(clock_->Now(), absl::StrCat("cannot shed a connection from ",
+                                        c.name, ": ", std::strerror(errno)));
+        return false;
       }
-      ::close(dup);
+      struct stat st {};
+      closed = dup >= 0 && ::fstat(dup, &st) == 0 && st.st_ino == c.ino;
+      if (closed) ::shutdown(dup, SHUT_RDWR);
+      if (dup >= 0) ::close(dup);
     } else {
       ::close(c.fd);
     }
+    // Gone either way: one that gRPC had closed made room too.
     from->erase(from->begin() + static_cast<ptrdiff_t>(i));
     forget(c);
-    shed_.fetch_add(1);
+    if (closed) shed_.fetch_add(1);
     return true;
   };
   // Makes room for a newcomer from `peer`: a useless connection from the
@@ -491,7 +498,7 @@ void RpcServer::AcceptLoop() {
         if (exhausted) fd_exhausted_.fetch_add(1);
         break;
       }
-      const absl::uint128 peer = sa.IpKey();
+      const absl::uint128 peer = sa.AddressGroupKey();
       auto full = [&] { return live.size() + pending.size() >= max_total; };
       if ((full() || peer_count(peer) >= max_peer) &&
           now - last_prune >= kPruneInterval) {

@@ -493,7 +493,8 @@ void TcpServer::AcceptSome(absl::Time now) {
       return;
     }
     UniqueFd conn(fd);
-    const absl::uint128 ip = peer.IpKey();
+    // Shared per host: an IPv6 host holds a /64 (AddressGroupKey).
+    const absl::uint128 ip = peer.AddressGroupKey();
     Loop* target = loops_[next_loop_ % loops_.size()].get();
     std::shared_ptr<Admitted> admitted = Admit(ip, target);
     if (admitted == nullptr) {
