@@ -210,6 +210,12 @@ const absl::flat_hash_map<std::string, Option>& Table() {
       {"rdma.sysfs_root", FERRY_FIELD(rdma.sysfs_root)},
       {"rdma.gpu_staging", FERRY_FIELD(rdma.gpu_staging)},
       {"rdma.staging_buffers", FERRY_FIELD(rdma.staging_buffers)},
+      {"etcd.max_bytes", FERRY_FIELD(etcd_limits.max_bytes)},
+      {"etcd.max_client_bytes", FERRY_FIELD(etcd_limits.max_client_bytes)},
+      {"etcd.max_client_segments",
+       FERRY_FIELD(etcd_limits.max_client_segments)},
+      {"etcd.usage_refresh_ms", FERRY_MS(etcd_limits.usage_refresh)},
+      {"etcd.compact_after_ms", FERRY_MS(etcd_limits.compact_after)},
   };
   return *table;
 }

@@ -53,7 +53,8 @@ std::set<std::string> ExpectedNames() {
   auto add = [&](const std::string& prefix, const std::string& header,
                  const std::string& strct) {
     for (const auto& [type, field] : Fields(header, strct)) {
-      if (type == "TcpOptions" || type == "RdmaOptions" || type == "Clock*") {
+      if (type == "TcpOptions" || type == "RdmaOptions" ||
+          type == "metadata::EtcdLimits" || type == "Clock*") {
         continue;  // Nested (named below), or not a string.
       }
       std::string name = prefix + field;
@@ -65,6 +66,7 @@ std::set<std::string> ExpectedNames() {
   add("", "engine/transfer_engine.h", "EngineOptions");
   add("tcp.", "transport/options.h", "TcpOptions");
   add("rdma.", "transport/options.h", "RdmaOptions");
+  add("etcd.", "metadata/etcd/etcd_limits.h", "EtcdLimits");
   return names;
 }
 
