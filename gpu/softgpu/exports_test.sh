@@ -11,8 +11,11 @@ control="$3"
 want="$(grep -oE '// (NOLINT )?cu[A-Za-z0-9_]+$' "$header" | awk '{print $NF}' | sort)"
 want_control="$(grep -oE '\(\*softgpu_[a-z_]+_fn\)' "$control" |
   sed -E 's/^\(\*(.*)_fn\)$/\1/' | sort)"
-# Names only: nm may append @VERSION, and none may carry one.
-all="$(nm -D --defined-only "$lib" | awk '{print $3}' | sort)"
+# Names only: nm may append @VERSION, and none may carry one. Exports are
+# the global symbols (nm's upper-case types, and u, GNU unique): a local
+# one in the dynamic table (the initial-exec TLS variable, for its
+# relocation) is no export.
+all="$(nm -D --defined-only "$lib" | awk '$2 ~ /^([A-Z]|u)$/ {print $3}' | sort)"
 if grep -q '@' <<<"$all"; then
   echo "versioned exports (NVIDIA's are unversioned):" >&2
   grep '@' <<<"$all" >&2
