@@ -9,6 +9,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_split.h"
 #include "common/mutex.h"
+#include "common/status_macros.h"
 #include "spdlog/cfg/helpers.h"
 #include "spdlog/sinks/base_sink.h"
 #include "spdlog/spdlog.h"
@@ -170,7 +171,7 @@ absl::Status ValidateLevels(absl::string_view spec) {
 }
 
 absl::Status SetLevels(absl::string_view spec) {
-  if (absl::Status s = ValidateLevels(spec); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(ValidateLevels(spec));
   Get();
   spdlog::cfg::helpers::load_levels(std::string(spec));
   return absl::OkStatus();

@@ -16,6 +16,7 @@
 #include "common/identity.h"
 #include "common/log.h"
 #include "common/socket_util.h"
+#include "common/status_macros.h"
 #include "gpu/gpu_memory.h"
 #include "metadata/auth.h"
 #include "metadata/grpc_status.h"
@@ -70,9 +71,7 @@ absl::Status EngineImpl::ValidateOptions(const EngineOptions& o) const {
     return absl::InvalidArgumentError(
         absl::StrCat("metadata_endpoint: ", a.status().message()));
   }
-  if (absl::Status s = metadata::ValidateAuthToken(o.auth_token); !s.ok()) {
-    return s;
-  }
+  FERRY_RETURN_IF_ERROR(metadata::ValidateAuthToken(o.auth_token));
   // Ferry's metadata services (embedded or a metadata_server) refuse such
   // segments from callers with neither; etcd, P2P: not Ferry's rule.
   if (o.metadata_lease_ttl == absl::ZeroDuration() && o.auth_token.empty() &&
@@ -206,9 +205,9 @@ absl::Status EngineImpl::Init(const EngineOptions& requested) {
     if (!token.ok()) return token.status();
     options.auth_token = std::move(*token);
   }
-  if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(ValidateOptions(options));
   if (!options.log_level.empty()) {
-    if (absl::Status s = log::SetLevels(options.log_level); !s.ok()) return s;
+    FERRY_RETURN_IF_ERROR(log::SetLevels(options.log_level));
   }
   options_ = options;
   clock_ = ClockOrReal(options.clock);
@@ -217,8 +216,8 @@ absl::Status EngineImpl::Init(const EngineOptions& requested) {
   topts.tcp = options.tcp;
   topts.rdma = options.rdma;
   topts.connect_timeout = options.rpc_timeout;
-  if (absl::Status s = ChooseAdvertisedHost(options, topts); !s.ok()) return s;
-  if (absl::Status s = StartMrCache(); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(ChooseAdvertisedHost(options, topts));
+  FERRY_RETURN_IF_ERROR(StartMrCache());
   absl::BitGen gen;
   incarnation_ = absl::Uniform<uint64_t>(gen, 1, ~uint64_t{0});
 
@@ -376,7 +375,7 @@ absl::Status EngineImpl::Init(const EngineOptions& requested) {
   env.listen_host = options.listen_host;
   env.advertise_host = advertised_host_;
   env.rpc_address = rpc_address;
-  peer_channel_ = std::make_unique<metadata::GrpcPeerChannel>(
+  peer_channel_ = std::make_unique<GrpcPeerChannel>(
       &peer_service_, peer_client_.get(), segment_name);
   env.peer_channel = peer_channel_.get();
   env.clock = clock_;
@@ -592,7 +591,7 @@ absl::Status EngineImpl::AttachLocked(const MemoryRegion& region,
                                       metadata::Buffer* published) {
   // Checked first, so nothing is registered with a transport for a region
   // that cannot be added (register_mu_ keeps the check valid until Add).
-  if (absl::Status s = local_memory_.CheckAvailable(region); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(local_memory_.CheckAvailable(region));
   published->set_addr(region.addr);
   published->set_length(region.length);
   published->set_location(region.location);
@@ -673,7 +672,7 @@ absl::Status EngineImpl::UnregisterLocked(uintptr_t a, absl::Duration wait,
         absl::StrCat("no registered buffer starts at 0x", absl::Hex(a)));
   }
   // First stop this engine's own use (waits for its in-flight requests)...
-  if (absl::Status s = local_memory_.Remove(a, wait); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(local_memory_.Remove(a, wait));
   // ...then peers' (each transport waits for accesses in progress)...
   absl::Status result;
   for (auto& t : transports_) {
@@ -793,9 +792,7 @@ absl::Status EngineImpl::OnNotify(const metadata::NotifyRequest& request,
   {
     // A sender over its share costs no lookup.
     MutexLock lock(&notify_mu_);
-    if (absl::Status s = AdmitNotificationLocked(sender, bytes); !s.ok()) {
-      return s;
-    }
+    FERRY_RETURN_IF_ERROR(AdmitNotificationLocked(sender, bytes));
   }
   absl::Status verified;
   if (!request.signature().empty() && request.to_segment().empty()) {

@@ -20,6 +20,7 @@
 #include "common/identity.h"
 #include "common/mutex.h"
 #include "engine/batch_table.h"
+#include "engine/grpc_peer_channel.h"
 #include "engine/memory_hooks.h"
 #include "engine/segment_cache.h"
 #include "engine/segment_publisher.h"
@@ -232,7 +233,7 @@ class EngineImpl {
   // metadata_, which it uses.
   std::unique_ptr<SegmentPublisher> publisher_;
   std::unique_ptr<metadata::PeerClient> peer_client_;
-  std::unique_ptr<metadata::GrpcPeerChannel> peer_channel_;
+  std::unique_ptr<GrpcPeerChannel> peer_channel_;
   std::vector<std::unique_ptr<Transport>> transports_;
   std::vector<size_t> slice_bytes_;  // max_slice_bytes() of each transport.
   std::unique_ptr<SegmentCache> segments_;

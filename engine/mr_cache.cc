@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "engine/engine_impl.h"
 #include "gpu/gpu_memory.h"
 
@@ -135,9 +136,7 @@ absl::StatusOr<MemoryRegistry::Lease> EngineImpl::AcquireLocal(uintptr_t addr,
   if (options_.mr_cache_bytes == 0) {
     auto lease = local_memory_.Acquire(addr, length, /*need_remote=*/false);
     if (!lease.ok()) return lease;
-    if (absl::Status s = CheckGpuLease(*lease, addr, length); !s.ok()) {
-      return s;
-    }
+    FERRY_RETURN_IF_ERROR(CheckGpuLease(*lease, addr, length));
     return lease;
   }
   // Before any lookup: a registration whose memory went away must not
@@ -253,9 +252,7 @@ absl::StatusOr<MemoryRegistry::Lease> EngineImpl::AcquireLocal(uintptr_t addr,
       }
       lease = local_memory_.Acquire(addr, length, /*need_remote=*/false);
       if (lease.ok()) {
-        if (absl::Status s = KeepIfLive(&lease, addr, length); !s.ok()) {
-          return s;
-        }
+        FERRY_RETURN_IF_ERROR(KeepIfLive(&lease, addr, length));
         if (lease.ok()) return lease;
       }
       last = reserved;

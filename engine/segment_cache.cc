@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/host_info.h"
 #include "common/log.h"
+#include "common/status_macros.h"
 #include "metadata/validation.h"
 
 namespace ferry {
@@ -83,13 +84,8 @@ void SegmentCache::Stop() {
 
 absl::StatusOr<std::shared_ptr<const SegmentView>> SegmentCache::MakeView(
     metadata::SegmentDescriptor desc) {
-  if (absl::Status s = metadata::ValidateSegmentDescriptor(desc); !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = metadata::CheckReachable(desc, NetworkIdentity());
-      !s.ok()) {
-    return s;
-  }
+  FERRY_RETURN_IF_ERROR(metadata::ValidateSegmentDescriptor(desc));
+  FERRY_RETURN_IF_ERROR(metadata::CheckReachable(desc, NetworkIdentity()));
   return SegmentView::Create(std::move(desc));
 }
 
@@ -132,7 +128,7 @@ absl::StatusOr<size_t> SegmentCache::SlotOf(SegmentHandle handle) const {
 }
 
 absl::StatusOr<SegmentHandle> SegmentCache::Open(const std::string& name) {
-  if (absl::Status s = metadata::ValidateSegmentName(name); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(metadata::ValidateSegmentName(name));
   {
     MutexLock lock(&mu_);
     auto it = by_name_.find(name);

@@ -7,12 +7,12 @@
 
 #include <vector>
 
+#include "common/pattern.h"
 #include "common/status_testing.h"
 #include "engine/transfer_engine.h"
 #include "gpu/softgpu/softgpu_control.h"
 #include "gpu/softgpu_testing.h"
 #include "gtest/gtest.h"
-#include "tools/pattern.h"
 
 namespace ferry {
 namespace {

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace ferry::gpu {
 namespace {
@@ -156,16 +157,10 @@ absl::StatusOr<std::unique_ptr<CudaDriver>> CudaDriver::Load(
     return absl::FailedPreconditionError(absl::StrCat(
         "the CUDA driver ", library, " does not start: ", s.message()));
   }
-  if (absl::Status s =
-          d->Check(a.cuDriverGetVersion(&d->version_), "cuDriverGetVersion");
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s =
-          d->Check(a.cuDeviceGetCount(&d->device_count_), "cuDeviceGetCount");
-      !s.ok()) {
-    return s;
-  }
+  FERRY_RETURN_IF_ERROR(
+      d->Check(a.cuDriverGetVersion(&d->version_), "cuDriverGetVersion"));
+  FERRY_RETURN_IF_ERROR(
+      d->Check(a.cuDeviceGetCount(&d->device_count_), "cuDeviceGetCount"));
   return d;
 }
 
@@ -203,19 +198,14 @@ absl::Status CudaDriver::UseDevice(int device) const {
     ctx = primary_[device];
     if (ctx == nullptr) {
       CUdevice dev = 0;
-      if (absl::Status s = Check(api_.cuDeviceGet(&dev, device), "cuDeviceGet");
-          !s.ok()) {
-        return s;
-      }
+      FERRY_RETURN_IF_ERROR(
+          Check(api_.cuDeviceGet(&dev, device), "cuDeviceGet"));
       // Retained once and never released: the primary context then lives
       // as long as the process, which every buffer registered on it needs,
       // and a thread that switches devices per copy (the staging path)
       // does not grow the driver's reference count.
-      if (absl::Status s = Check(api_.cuDevicePrimaryCtxRetain(&ctx, dev),
-                                 "cuDevicePrimaryCtxRetain");
-          !s.ok()) {
-        return s;
-      }
+      FERRY_RETURN_IF_ERROR(Check(api_.cuDevicePrimaryCtxRetain(&ctx, dev),
+                                  "cuDevicePrimaryCtxRetain"));
       primary_[device] = ctx;
     }
   }
@@ -249,10 +239,10 @@ absl::StatusOr<PointerInfo> CudaDriver::Classify(const void* ptr) const {
   // making one current everywhere would put a context (hundreds of MB) on
   // GPU 0 for every thread that registers memory.
   if (r == CUDA_ERROR_INVALID_CONTEXT && device_count_ > 0) {
-    if (absl::Status s = UseDevice(0); !s.ok()) return s;
+    FERRY_RETURN_IF_ERROR(UseDevice(0));
     r = query();
   }
-  if (absl::Status s = Check(r, "cuPointerGetAttributes"); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(Check(r, "cuPointerGetAttributes"));
   PointerInfo info;
   info.kind = KindOf(memory_type, managed);
   if (info.kind == PointerInfo::Kind::kHost) return info;
@@ -265,16 +255,10 @@ absl::StatusOr<PointerInfo> CudaDriver::Classify(const void* ptr) const {
 
 absl::StatusOr<std::string> CudaDriver::PciBusId(int device) const {
   CUdevice dev = 0;
-  if (absl::Status s = Check(api_.cuDeviceGet(&dev, device), "cuDeviceGet");
-      !s.ok()) {
-    return s;
-  }
+  FERRY_RETURN_IF_ERROR(Check(api_.cuDeviceGet(&dev, device), "cuDeviceGet"));
   char id[32] = {};
-  if (absl::Status s = Check(api_.cuDeviceGetPCIBusId(id, sizeof(id), dev),
-                             "cuDeviceGetPCIBusId");
-      !s.ok()) {
-    return s;
-  }
+  FERRY_RETURN_IF_ERROR(Check(api_.cuDeviceGetPCIBusId(id, sizeof(id), dev),
+                              "cuDeviceGetPCIBusId"));
   std::string out(id);
   for (char& c : out) c = static_cast<char>(std::tolower(c));
   return out;
@@ -282,33 +266,21 @@ absl::StatusOr<std::string> CudaDriver::PciBusId(int device) const {
 
 absl::StatusOr<std::string> CudaDriver::DeviceName(int device) const {
   CUdevice dev = 0;
-  if (absl::Status s = Check(api_.cuDeviceGet(&dev, device), "cuDeviceGet");
-      !s.ok()) {
-    return s;
-  }
+  FERRY_RETURN_IF_ERROR(Check(api_.cuDeviceGet(&dev, device), "cuDeviceGet"));
   char name[256] = {};
-  if (absl::Status s = Check(api_.cuDeviceGetName(name, sizeof(name), dev),
-                             "cuDeviceGetName");
-      !s.ok()) {
-    return s;
-  }
+  FERRY_RETURN_IF_ERROR(
+      Check(api_.cuDeviceGetName(name, sizeof(name), dev), "cuDeviceGetName"));
   return std::string(name);
 }
 
 absl::StatusOr<bool> CudaDriver::DmaBufSupported(int device) const {
   CUdevice dev = 0;
-  if (absl::Status s = Check(api_.cuDeviceGet(&dev, device), "cuDeviceGet");
-      !s.ok()) {
-    return s;
-  }
+  FERRY_RETURN_IF_ERROR(Check(api_.cuDeviceGet(&dev, device), "cuDeviceGet"));
   int value = 0;
-  if (absl::Status s =
-          Check(api_.cuDeviceGetAttribute(
-                    &value, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, dev),
-                "cuDeviceGetAttribute(DMA_BUF_SUPPORTED)");
-      !s.ok()) {
-    return s;
-  }
+  FERRY_RETURN_IF_ERROR(
+      Check(api_.cuDeviceGetAttribute(
+                &value, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, dev),
+            "cuDeviceGetAttribute(DMA_BUF_SUPPORTED)"));
   return value != 0;
 }
 

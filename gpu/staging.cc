@@ -6,6 +6,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace ferry::gpu {
 
@@ -209,7 +210,7 @@ absl::StatusOr<CUstream> CopyQueue::StreamFor(int device) {
 
 absl::Status CopyQueue::Issue(Op* op) {
   if (op->device != current_device_) {
-    if (absl::Status s = driver_->UseDevice(op->device); !s.ok()) return s;
+    FERRY_RETURN_IF_ERROR(driver_->UseDevice(op->device));
     current_device_ = op->device;
   }
   absl::StatusOr<CUstream> stream = StreamFor(op->device);

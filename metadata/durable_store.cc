@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/status_macros.h"
 #include "metadata/record_file.h"
 
 namespace ferry::metadata {
@@ -49,7 +50,7 @@ absl::StatusOr<std::unique_ptr<DurableStore>> DurableStore::Open(
         " is in use by another process (a metadata_server already runs "
         "with this --data_dir)"));
   }
-  if (absl::Status s = store->Recover(); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(store->Recover());
   return store;
 }
 
@@ -154,7 +155,7 @@ absl::Status DurableStore::RecoverLocked() {
   // at most one change, which had the next version. Readers may have seen
   // it, so no later change gets that version.
   mem_.AdvanceVersion(mem_.NextVersion() + 1);
-  if (absl::Status s = SyncDir(dir_); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(SyncDir(dir_));
   auto names = mem_.List();
   recovery_.segments = names.ok() ? names->size() : 0;
   return absl::OkStatus();
@@ -223,7 +224,7 @@ absl::Status DurableStore::CompactLocked() {
   if (!s.ok()) return s;
   const std::string path = dir_ + "/snapshot";
   if (rename(tmp.c_str(), path.c_str()) != 0) return Errno("rename", tmp);
-  if (absl::Status d = SyncDir(dir_); !d.ok()) return d;
+  FERRY_RETURN_IF_ERROR(SyncDir(dir_));
   // The snapshot holds everything up to lsn_: the log starts over. A crash
   // before the truncation leaves records the replay skips by LSN.
   if (ftruncate(log_fd_, 0) != 0 || lseek(log_fd_, 0, SEEK_SET) < 0 ||
@@ -251,7 +252,7 @@ absl::StatusOr<uint64_t> DurableStore::PutFrom(const PutSegmentRequest& request,
   r.set_version(*v);
   *r.mutable_put() = request;
   r.set_client(client);
-  if (absl::Status s = AppendLocked(std::move(r)); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(AppendLocked(std::move(r)));
   return v;
 }
 
@@ -269,7 +270,7 @@ absl::StatusOr<uint64_t> DurableStore::UpdateBuffers(
   LogRecord r;
   r.set_version(*v);
   *r.mutable_update() = request;
-  if (absl::Status s = AppendLocked(std::move(r)); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(AppendLocked(std::move(r)));
   return v;
 }
 
@@ -280,7 +281,7 @@ absl::StatusOr<SegmentDescriptor> DurableStore::Get(const std::string& name) {
 absl::Status DurableStore::Remove(const RemoveSegmentRequest& request) {
   MutexLock lock(&write_mu_);
   if (!failed_.ok()) return Refuse();
-  if (absl::Status s = mem_.Remove(request); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(mem_.Remove(request));
   LogRecord r;
   *r.mutable_remove() = request;
   return AppendLocked(std::move(r));

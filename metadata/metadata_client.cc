@@ -6,6 +6,7 @@
 #include "common/happens_before.h"
 #include "common/mutex.h"
 #include "common/socket_util.h"
+#include "common/status_macros.h"
 #include "metadata/auth.h"
 #include "metadata/grpc_deadline.h"
 #include "metadata/grpc_status.h"
@@ -196,7 +197,7 @@ class ClientWatch final : public Watch,
 
 absl::StatusOr<std::unique_ptr<Watch>> MetadataClient::WatchSegment(
     const std::string& name, uint64_t after_version, EventFn fn) {
-  if (absl::Status s = ValidateSegmentName(name); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(ValidateSegmentName(name));
   return std::unique_ptr<Watch>(std::make_unique<ClientWatch>(
       stub_.get(), name, after_version, token_, std::move(fn)));
 }

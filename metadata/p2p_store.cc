@@ -2,12 +2,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/socket_util.h"
+#include "common/status_macros.h"
 #include "metadata/validation.h"
 
 namespace ferry::metadata {
 
 absl::StatusOr<SegmentDescriptor> P2pStore::Get(const std::string& name) {
-  if (absl::Status s = ValidateSegmentName(name); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(ValidateSegmentName(name));
   if (auto mine = local_.Get(name); mine.ok()) return mine;
   auto hp = ParseHostPort(name);
   if (!hp.ok() || hp->port == 0) {

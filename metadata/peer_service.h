@@ -25,7 +25,6 @@
 #include "metadata/proto/metadata.grpc.pb.h"
 #include "metadata/store.h"
 #include "metadata/tls.h"
-#include "transport/peer_channel.h"
 
 namespace ferry::metadata {
 
@@ -37,7 +36,13 @@ class PeerServiceImpl final : public PeerService::CallbackService {
  public:
   // Answers one Exchange payload from `from_segment`; the returned bytes are
   // the reply payload, an error is passed back to the caller as its status.
-  using ExchangeHandler = PeerChannel::Handler;
+  // Answers one Exchange from segment `from` (already checked to be a
+  // well-formed segment name and, where a verifier is set, to have signed
+  // it; the payload is untrusted). An error goes back as the call's status.
+  // The same type as PeerChannel::Handler (transport/peer_channel.h),
+  // which the engine's GrpcPeerChannel hands over.
+  using ExchangeHandler = std::function<absl::StatusOr<std::string>(
+      const std::string& from, const std::string& payload)>;
   // An error (e.g. a full queue) is returned to the sender. The request's
   // from_segment is what the sender claims; `sender_address` is where the
   // call came from (CallerAddress), which it cannot choose; its signature
@@ -170,35 +175,6 @@ class PeerClient {
   mutable Mutex mu_;
   absl::flat_hash_map<std::string, CachedStub> stubs_ ABSL_GUARDED_BY(mu_);
   std::list<std::string> lru_ ABSL_GUARDED_BY(mu_);  // Most recent first.
-};
-
-// PeerChannel over the peer service: handlers are served by `service`,
-// calls go out through `client` as segment `local_segment`. Both must
-// outlive it.
-class GrpcPeerChannel final : public PeerChannel {
- public:
-  GrpcPeerChannel(PeerServiceImpl* service, PeerClient* client,
-                  std::string local_segment)
-      : service_(service),
-        client_(client),
-        local_segment_(std::move(local_segment)) {}
-
-  void SetHandler(const std::string& transport, Handler handler) override {
-    service_->SetExchangeHandler(transport, std::move(handler));
-  }
-  void RemoveHandler(const std::string& transport) override {
-    service_->RemoveExchangeHandler(transport);
-  }
-  absl::StatusOr<std::string> Call(const std::string& address,
-                                   const std::string& transport,
-                                   const std::string& payload) override {
-    return client_->Exchange(address, transport, local_segment_, payload);
-  }
-
- private:
-  PeerServiceImpl* const service_;
-  PeerClient* const client_;
-  const std::string local_segment_;
 };
 
 // What a sender signs: every field of the request but the signature, in a

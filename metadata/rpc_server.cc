@@ -21,6 +21,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/happens_before.h"
+#include "common/status_macros.h"
 #include "grpcpp/resource_quota.h"
 #include "grpcpp/server_posix.h"
 #include "metadata/grpc_deadline.h"
@@ -101,10 +102,7 @@ absl::Status ValidateOptions(const RpcServerOptions& o) {
                      ") and max_streams_per_connection (",
                      o.max_streams_per_connection, ") must be >= 1"));
   }
-  if (absl::Status s = CheckTimeout("handshake_timeout", o.handshake_timeout);
-      !s.ok()) {
-    return s;
-  }
+  FERRY_RETURN_IF_ERROR(CheckTimeout("handshake_timeout", o.handshake_timeout));
   return CheckTimeout("idle_timeout", o.idle_timeout);
 }
 
@@ -116,7 +114,7 @@ absl::StatusOr<std::unique_ptr<RpcServer>> RpcServer::Start(
     const RpcServerOptions& options) {
   auto hp = ParseHostPort(listen_address);
   if (!hp.ok()) return hp.status();
-  if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(ValidateOptions(options));
   auto fd_limit = RaiseFdLimitToHard();
   if (!fd_limit.ok()) {
     std::fprintf(stderr, "ferry rpc server: %s\n",

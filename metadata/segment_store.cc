@@ -8,6 +8,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/secure_random.h"
+#include "common/status_macros.h"
 #include "metadata/validation.h"
 
 namespace ferry::metadata {
@@ -230,10 +231,8 @@ absl::StatusOr<uint64_t> SegmentStore::PutLocked(
     const PutSegmentRequest& request, bool check_owner,
     const std::string& client) {
   const SegmentDescriptor& in = request.segment();
-  if (absl::Status s = ValidateSegmentDescriptor(in); !s.ok()) return s;
-  if (absl::Status s = ValidateOwnerKey(request.owner_key()); !s.ok()) {
-    return s;
-  }
+  FERRY_RETURN_IF_ERROR(ValidateSegmentDescriptor(in));
+  FERRY_RETURN_IF_ERROR(ValidateOwnerKey(request.owner_key()));
   const absl::Duration lease_ttl = absl::Milliseconds(request.lease_ttl_ms());
   if (lease_ttl > kMaxLeaseTtl) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -267,11 +266,8 @@ absl::StatusOr<uint64_t> SegmentStore::PutLocked(
   const uint64_t held = HeldSegmentBytes(in);
   const bool replacing = it != segments_.end();
   const bool same_client = replacing && it->second.client == client;
-  if (absl::Status q = CheckQuotaLocked(
-          client, same_client ? it->second.held : 0, held, !same_client);
-      !q.ok()) {
-    return q;
-  }
+  FERRY_RETURN_IF_ERROR(CheckQuotaLocked(
+      client, same_client ? it->second.held : 0, held, !same_client));
   if (replacing) {
     ChargeLocked(it->second.client, -static_cast<int64_t>(it->second.held), -1);
   }
@@ -319,7 +315,7 @@ absl::StatusOr<uint64_t> SegmentStore::PutLocked(
 absl::StatusOr<absl::Duration> SegmentStore::KeepAlive(
     const KeepAliveRequest& request) {
   const std::string& name = request.name();
-  if (absl::Status s = ValidateSegmentName(name); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(ValidateSegmentName(name));
   MutexLock lock(&mu_);
   ExpireLocked();
   auto it = segments_.find(name);
@@ -333,9 +329,9 @@ absl::StatusOr<absl::Duration> SegmentStore::KeepAlive(
 absl::StatusOr<uint64_t> SegmentStore::UpdateBuffers(
     const UpdateBuffersRequest& request) {
   // Charged to the client that put the segment.
-  if (absl::Status s = ValidateSegmentName(request.name()); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(ValidateSegmentName(request.name()));
   for (const Buffer& b : request.add()) {
-    if (absl::Status s = ValidateBuffer(b); !s.ok()) return s;
+    FERRY_RETURN_IF_ERROR(ValidateBuffer(b));
   }
   MutexLock lock(&mu_);
   ExpireLocked();
@@ -473,7 +469,7 @@ SegmentDescriptor SegmentStore::Assemble(const Entry& e) {
 }
 
 absl::StatusOr<SegmentDescriptor> SegmentStore::Get(const std::string& name) {
-  if (absl::Status s = ValidateSegmentName(name); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(ValidateSegmentName(name));
   std::shared_ptr<const SegmentDescriptor> d;
   {
     MutexLock lock(&mu_);
@@ -493,7 +489,7 @@ absl::StatusOr<SegmentDescriptor> SegmentStore::Get(const std::string& name) {
 
 absl::Status SegmentStore::Remove(const RemoveSegmentRequest& request) {
   const std::string& name = request.name();
-  if (absl::Status s = ValidateSegmentName(name); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(ValidateSegmentName(name));
   MutexLock lock(&mu_);
   ExpireLocked();
   auto it = segments_.find(name);

@@ -9,12 +9,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/pattern.h"
 #include "common/sanitizers.h"
 #include "common/status_testing.h"
 #include "engine/transfer_engine.h"
 #include "gtest/gtest.h"
-#include "tests/subprocess.h"
-#include "tools/pattern.h"
+#include "testing/subprocess.h"
 
 namespace ferry {
 namespace {

@@ -34,6 +34,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/pattern.h"
 #include "common/socket_util.h"
 #include "common/status_testing.h"
 #include "engine/transfer_engine.h"
@@ -42,9 +43,8 @@
 #include "metadata/grpc_status.h"
 #include "metadata/metadata_client.h"
 #include "metadata/proto/metadata.grpc.pb.h"
-#include "tests/process_usage.h"
-#include "tests/subprocess.h"
-#include "tools/pattern.h"
+#include "testing/process_usage.h"
+#include "testing/subprocess.h"
 #include "tools/tool_test_util.h"
 
 namespace ferry {

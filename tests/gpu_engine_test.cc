@@ -15,12 +15,12 @@
 
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "common/pattern.h"
 #include "common/status_testing.h"
 #include "engine/transfer_engine.h"
 #include "gpu/cuda_driver.h"
 #include "gpu/softgpu_testing.h"
 #include "gtest/gtest.h"
-#include "tools/pattern.h"
 
 namespace ferry {
 namespace {

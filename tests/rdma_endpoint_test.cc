@@ -20,12 +20,12 @@
 
 #include "absl/synchronization/barrier.h"
 #include "absl/synchronization/notification.h"
+#include "common/pattern.h"
 #include "common/simulated_clock.h"
 #include "common/status_testing.h"
 #include "engine/transfer_engine.h"
 #include "gtest/gtest.h"
-#include "tests/process_usage.h"
-#include "tools/pattern.h"
+#include "testing/process_usage.h"
 
 namespace ferry {
 namespace {

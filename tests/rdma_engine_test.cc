@@ -15,6 +15,7 @@
 #include "common/identity.h"
 #include "common/log.h"
 #include "common/mutex.h"
+#include "common/pattern.h"
 #include "common/sanitizers.h"
 #include "common/status_testing.h"
 #include "engine/transfer_engine.h"
@@ -22,7 +23,6 @@
 #include "metadata/metadata_client.h"
 #include "metadata/peer_service.h"
 #include "metadata/store_testing.h"
-#include "tools/pattern.h"
 #include "transport/softrnic/softrnic_control.h"
 
 namespace ferry {

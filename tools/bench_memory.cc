@@ -6,7 +6,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "tools/pattern.h"
+#include "common/pattern.h"
+#include "common/status_macros.h"
 
 namespace ferry {
 namespace {
@@ -35,7 +36,7 @@ absl::StatusOr<std::unique_ptr<BenchMemory>> BenchMemory::Allocate(
             "--use_vram needs a CUDA driver: ", driver.status().message(),
             " (tools/softgpu-run runs the bench on an emulated GPU)"));
   }
-  if (absl::Status s = (*driver)->UseDevice(gpu); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR((*driver)->UseDevice(gpu));
   CUdeviceptr ptr = 0;
   if (absl::Status s = (*driver)->Check(
           (*driver)->api().cuMemAlloc(&ptr, bytes), "cuMemAlloc");
@@ -66,16 +67,13 @@ absl::Status BenchMemory::Fill(uint8_t* p, size_t len, size_t off,
     FillPattern(p, len, off, seed);
     return absl::OkStatus();
   }
-  if (absl::Status s = driver_->UseDevice(gpu_); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(driver_->UseDevice(gpu_));
   std::vector<uint8_t> host(std::min(len, kChunk));
   for (size_t done = 0; done < len;) {
     const size_t n = std::min(len - done, kChunk);
     FillPattern(host.data(), n, off + done, seed);
-    if (absl::Status s = driver_->CopyToDevice(
-            reinterpret_cast<CUdeviceptr>(p + done), host.data(), n);
-        !s.ok()) {
-      return s;
-    }
+    FERRY_RETURN_IF_ERROR(driver_->CopyToDevice(
+        reinterpret_cast<CUdeviceptr>(p + done), host.data(), n));
     done += n;
   }
   return absl::OkStatus();
@@ -86,7 +84,7 @@ absl::Status BenchMemory::Clear(uint8_t* p, size_t len) const {
     std::memset(p, 0, len);
     return absl::OkStatus();
   }
-  if (absl::Status s = driver_->UseDevice(gpu_); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(driver_->UseDevice(gpu_));
   return driver_->Check(
       driver_->api().cuMemsetD8(reinterpret_cast<CUdeviceptr>(p), 0, len),
       "cuMemsetD8");
@@ -101,15 +99,12 @@ absl::StatusOr<BenchMemory::Mismatch> BenchMemory::Check(const uint8_t* p,
     if (m.index < len) m.found = p[m.index];
     return m;
   }
-  if (absl::Status s = driver_->UseDevice(gpu_); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(driver_->UseDevice(gpu_));
   std::vector<uint8_t> host(std::min(len, kChunk));
   for (size_t done = 0; done < len;) {
     const size_t n = std::min(len - done, kChunk);
-    if (absl::Status s = driver_->CopyFromDevice(
-            host.data(), reinterpret_cast<CUdeviceptr>(p + done), n);
-        !s.ok()) {
-      return s;
-    }
+    FERRY_RETURN_IF_ERROR(driver_->CopyFromDevice(
+        host.data(), reinterpret_cast<CUdeviceptr>(p + done), n));
     const size_t bad = CheckPattern(host.data(), n, off + done, seed);
     if (bad < n) {
       m.index = done + bad;

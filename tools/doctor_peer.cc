@@ -14,9 +14,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/pattern.h"
 #include "common/socket_util.h"
+#include "common/status_macros.h"
 #include "tools/doctor_probe.h"
-#include "tools/pattern.h"
 #include "transport/rdma/handshake.pb.h"
 #include "transport/rdma/qp.h"
 
@@ -31,7 +32,7 @@ absl::StatusOr<std::string> ReadLine(int fd) {
   std::string line;
   char c;
   while (line.size() < kMaxLine) {
-    if (absl::Status s = ReadFull(fd, &c, 1); !s.ok()) return s;
+    FERRY_RETURN_IF_ERROR(ReadFull(fd, &c, 1));
     if (c == '\n') return line;
     line.push_back(c);
   }

@@ -10,7 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "tools/pattern.h"
+#include "common/pattern.h"
+#include "common/status_macros.h"
 
 namespace ferry::doctor {
 namespace {
@@ -122,10 +123,7 @@ absl::StatusOr<double> WriteLatencyUs(Probe* p, uint64_t remote,
   const uint64_t base = reinterpret_cast<uint64_t>(p->buf.get());
   for (int i = 0; i < kLatencySamples; ++i) {
     const absl::Time t0 = absl::Now();
-    if (absl::Status s = RunOne(p, IBV_WR_RDMA_WRITE, base, 8, remote, rkey);
-        !s.ok()) {
-      return s;
-    }
+    FERRY_RETURN_IF_ERROR(RunOne(p, IBV_WR_RDMA_WRITE, base, 8, remote, rkey));
     us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
   }
   std::sort(us.begin(), us.end());

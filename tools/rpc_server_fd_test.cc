@@ -16,8 +16,8 @@
 #include "gtest/gtest.h"
 #include "metadata/metadata_client.h"
 #include "metadata/proto/metadata.grpc.pb.h"
-#include "tests/process_usage.h"
-#include "tests/subprocess.h"
+#include "testing/process_usage.h"
+#include "testing/subprocess.h"
 #include "tools/tool_test_util.h"
 
 namespace ferry {

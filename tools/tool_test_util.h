@@ -1,7 +1,7 @@
 // Helpers for tests that run the real tools (transfer_bench, metadata_server)
 // as subprocesses and watch them from outside: start one under a lowered fd
 // limit, wait for its "ready" line, and open raw TCP connections to its
-// ports (tests/process_usage.h reads its threads, RSS and fds).
+// ports (testing/process_usage.h reads its threads, RSS and fds).
 #ifndef FERRY_TOOLS_TOOL_TEST_UTIL_H_
 #define FERRY_TOOLS_TOOL_TEST_UTIL_H_
 
@@ -14,7 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/socket_util.h"
-#include "tests/subprocess.h"
+#include "testing/subprocess.h"
 
 namespace ferry::testing {
 

@@ -49,11 +49,11 @@
 #include "absl/time/clock.h"
 #include "common/file_util.h"
 #include "common/mutex.h"
+#include "common/pattern.h"
 #include "common/socket_util.h"
 #include "engine/transfer_engine.h"
 #include "metadata/auth.h"
 #include "tools/bench_memory.h"
-#include "tools/pattern.h"
 
 ABSL_FLAG(std::string, mode, "local", "target | initiator | local");
 ABSL_FLAG(std::string, metadata_server, "embedded",

@@ -24,7 +24,7 @@
 #include "gtest/gtest.h"
 #include "metadata/metadata_client.h"
 #include "metadata/store_testing.h"
-#include "tests/subprocess.h"
+#include "testing/subprocess.h"
 #include "tools/tool_test_util.h"
 
 namespace ferry {

@@ -16,7 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"
-#include "metadata/proto/metadata.pb.h"
+#include "descriptor/descriptor.pb.h"
 #include "transport/memory_registry.h"
 #include "transport/segment_view.h"
 

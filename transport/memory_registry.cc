@@ -1,6 +1,7 @@
 #include "transport/memory_registry.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace ferry {
 
@@ -60,9 +61,7 @@ void MemoryRegistry::SetClock(Clock* clock) {
 }
 
 absl::Status MemoryRegistry::CheckFreeLocked(const MemoryRegion& region) const {
-  if (absl::Status s = ValidateRegion(region.addr, region.length); !s.ok()) {
-    return s;
-  }
+  FERRY_RETURN_IF_ERROR(ValidateRegion(region.addr, region.length));
   const uintptr_t end = region.addr + region.length;
   auto next = entries_.lower_bound(region.addr);
   if (next != entries_.end() && next->first < end) {
@@ -89,7 +88,7 @@ absl::Status MemoryRegistry::CheckAvailable(const MemoryRegion& region) const {
 absl::Status MemoryRegistry::Add(const MemoryRegion& region,
                                  std::vector<const void*> handles) {
   MutexLock lock(&mu_);
-  if (absl::Status s = CheckFreeLocked(region); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(CheckFreeLocked(region));
   auto entry = std::make_unique<Entry>();
   entry->region = region;
   entry->handles = std::move(handles);
@@ -99,7 +98,7 @@ absl::Status MemoryRegistry::Add(const MemoryRegion& region,
 
 absl::Status MemoryRegistry::Reserve(const MemoryRegion& region) {
   MutexLock lock(&mu_);
-  if (absl::Status s = CheckFreeLocked(region); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(CheckFreeLocked(region));
   auto entry = std::make_unique<Entry>();
   entry->region = region;
   entry->pending = true;

@@ -4,15 +4,14 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
-#include "metadata/validation.h"
+#include "common/status_macros.h"
+#include "descriptor/validation.h"
 
 namespace ferry {
 
 absl::StatusOr<std::shared_ptr<const SegmentView>> SegmentView::Create(
     metadata::SegmentDescriptor desc) {
-  if (absl::Status s = metadata::ValidateSegmentDescriptor(desc); !s.ok()) {
-    return s;
-  }
+  FERRY_RETURN_IF_ERROR(metadata::ValidateSegmentDescriptor(desc));
   return std::shared_ptr<const SegmentView>(new SegmentView(std::move(desc)));
 }
 

@@ -12,7 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "metadata/proto/metadata.pb.h"
+#include "descriptor/descriptor.pb.h"
 
 namespace ferry {
 

@@ -28,7 +28,7 @@
 #include "absl/types/span.h"
 #include "common/clock.h"
 #include "common/opcode.h"
-#include "metadata/proto/metadata.pb.h"
+#include "descriptor/descriptor.pb.h"
 #include "transport/memory_registry.h"
 #include "transport/options.h"
 #include "transport/peer_channel.h"

@@ -11,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "common/secure_random.h"
 #include "common/socket_util.h"
+#include "common/status_macros.h"
 #include "metadata/grpc_deadline.h"
 #include "metadata/grpc_status.h"
 #include "metadata/metadata_client.h"
@@ -397,10 +398,8 @@ absl::StatusOr<uint64_t> EtcdStore::WriteChanges(
 absl::StatusOr<uint64_t> EtcdStore::PutFrom(const PutSegmentRequest& request,
                                             const std::string& client) {
   const SegmentDescriptor& in = request.segment();
-  if (absl::Status s = ValidateSegmentDescriptor(in); !s.ok()) return s;
-  if (absl::Status s = ValidateOwnerKey(request.owner_key()); !s.ok()) {
-    return s;
-  }
+  FERRY_RETURN_IF_ERROR(ValidateSegmentDescriptor(in));
+  FERRY_RETURN_IF_ERROR(ValidateOwnerKey(request.owner_key()));
   const absl::Duration ttl = absl::Milliseconds(request.lease_ttl_ms());
   if (ttl > SegmentStore::kMaxLeaseTtl) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -456,11 +455,8 @@ absl::StatusOr<uint64_t> EtcdStore::PutOnce(const PutSegmentRequest& request,
                          in.buffers_size() * BufKey(name, 0).size();
   const bool same_client = before->exists && before->meta.client() == client;
   const uint64_t old_bytes = before->exists ? before->meta.bytes() : 0;
-  if (absl::Status q = CheckQuota(client, same_client ? old_bytes : 0,
-                                  old_bytes, bytes, !same_client, deadline);
-      !q.ok()) {
-    return q;
-  }
+  FERRY_RETURN_IF_ERROR(CheckQuota(client, same_client ? old_bytes : 0,
+                                   old_bytes, bytes, !same_client, deadline));
   int64_t lease = 0;
   if (ttl > absl::ZeroDuration()) {
     auto id = GrantLease(ttl, deadline);
@@ -615,9 +611,9 @@ absl::StatusOr<EtcdStore::Snapshot> EtcdStore::ReadSegment(
 absl::StatusOr<uint64_t> EtcdStore::UpdateBuffers(
     const UpdateBuffersRequest& request) {
   const std::string& name = request.name();
-  if (absl::Status s = ValidateSegmentName(name); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(ValidateSegmentName(name));
   for (const Buffer& b : request.add()) {
-    if (absl::Status s = ValidateBuffer(b); !s.ok()) return s;
+    FERRY_RETURN_IF_ERROR(ValidateBuffer(b));
   }
   const absl::Time deadline = clock_->Now() + options_.rpc_timeout;
   MutexLock lock(&write_mu_);
@@ -715,12 +711,8 @@ absl::StatusOr<uint64_t> EtcdStore::UpdateBuffers(
           " buffer x device entries"));
     }
     if (delta > 0) {
-      if (absl::Status q =
-              CheckQuota(meta.client(), 0, 0, static_cast<uint64_t>(delta),
-                         false, deadline);
-          !q.ok()) {
-        return q;
-      }
+      FERRY_RETURN_IF_ERROR(CheckQuota(
+          meta.client(), 0, 0, static_cast<uint64_t>(delta), false, deadline));
     }
     meta.set_bytes(static_cast<uint64_t>(
         std::max<int64_t>(0, static_cast<int64_t>(meta.bytes()) + delta)));
@@ -756,7 +748,7 @@ absl::StatusOr<uint64_t> EtcdStore::UpdateBuffers(
 absl::StatusOr<absl::Duration> EtcdStore::KeepAlive(
     const KeepAliveRequest& request) {
   const std::string& name = request.name();
-  if (absl::Status s = ValidateSegmentName(name); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(ValidateSegmentName(name));
   auto snap = ReadSegment(name, /*all_buffers=*/false, nullptr);
   if (!snap.ok()) return snap.status();
   if (!snap->exists) return NotRegistered(name);
@@ -784,7 +776,7 @@ absl::StatusOr<absl::Duration> EtcdStore::KeepAlive(
 }
 
 absl::StatusOr<SegmentDescriptor> EtcdStore::Get(const std::string& name) {
-  if (absl::Status s = ValidateSegmentName(name); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(ValidateSegmentName(name));
   auto snap = ReadSegment(name, /*all_buffers=*/true, nullptr);
   if (!snap.ok()) return snap.status();
   if (!snap->exists) return NotRegistered(name);
@@ -802,7 +794,7 @@ absl::StatusOr<SegmentDescriptor> EtcdStore::Get(const std::string& name) {
 
 absl::Status EtcdStore::Remove(const RemoveSegmentRequest& request) {
   const std::string& name = request.name();
-  if (absl::Status s = ValidateSegmentName(name); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(ValidateSegmentName(name));
   const absl::Time deadline = clock_->Now() + options_.rpc_timeout;
   MutexLock lock(&write_mu_);
   TxnRequest txn;

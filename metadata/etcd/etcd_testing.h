@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "tests/subprocess.h"
+#include "testing/subprocess.h"
 
 namespace ferry::metadata {
 

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/status_macros.h"
 #include "metadata/etcd/etcd_store.h"
 #include "metadata/grpc_deadline.h"
 #include "metadata/validation.h"
@@ -71,7 +72,7 @@ EtcdStore::~EtcdStore() {
 
 absl::StatusOr<std::unique_ptr<Watch>> EtcdStore::WatchSegment(
     const std::string& name, uint64_t after_version, EventFn fn) {
-  if (absl::Status s = ValidateSegmentName(name); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(ValidateSegmentName(name));
   auto w = std::make_shared<Watcher>();
   w->name = name;
   w->meta_key = MetaKey(name);

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 #include "transport/rdma/handshake.h"
 
 namespace ferry::rdma::model {
@@ -518,7 +519,7 @@ bool World::Quiescent() const {
 absl::Status World::CheckStep() const {
   if (!error_.empty()) return absl::InternalError(error_);
   for (const Side& s : sides_) {
-    if (absl::Status st = s.m.CheckInvariants(); !st.ok()) return st;
+    FERRY_RETURN_IF_ERROR(s.m.CheckInvariants());
   }
   return absl::OkStatus();
 }
@@ -671,7 +672,7 @@ absl::Status World::InjectPayload(const std::string& payload) {
   if (!msg.ok()) return msg.status();
   if (msg->has_connect()) {
     const ConnectRequest& req = msg->connect();
-    if (absl::Status s = ValidateConnectRequest(req, "a"); !s.ok()) return s;
+    FERRY_RETURN_IF_ERROR(ValidateConnectRequest(req, "a"));
     if (req.target_nic() != "nic0" || req.initiator_nic() != "nic0") {
       return absl::NotFoundError("no such rail");
     }
@@ -688,7 +689,7 @@ absl::Status World::InjectPayload(const std::string& payload) {
     return absl::OkStatus();
   }
   const RailNotice& n = msg->notice();
-  if (absl::Status s = ValidateRailNotice(n, "a"); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(ValidateRailNotice(n, "a"));
   Msg m;
   m.type = Msg::Type::kNotice;
   m.to = 1;
@@ -709,7 +710,7 @@ absl::Status World::InjectReply(const std::string& payload) {
   if (!reply.ParseFromString(payload)) {
     return absl::InvalidArgumentError("malformed RDMA connect reply");
   }
-  if (absl::Status s = ValidateConnectReply(reply, 1); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(ValidateConnectReply(reply, 1));
   Msg m;
   m.type = Msg::Type::kReply;
   m.to = 1;

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "gpu/cuda_driver.h"
 #include "transport/rdma/verbs_compat.h"
 
@@ -14,9 +15,7 @@ namespace ferry::rdma {
 absl::StatusOr<GpuDmabufRange> GpuDmabuf(const MemoryRegion& region) {
   auto driver = gpu::CudaDriver::Get();
   if (!driver.ok()) return driver.status();
-  if (absl::Status s = (*driver)->SetSyncMemops(region.addr); !s.ok()) {
-    return s;
-  }
+  FERRY_RETURN_IF_ERROR((*driver)->SetSyncMemops(region.addr));
   // A dma-buf covers whole pages; the MR starts at the buffer's offset in
   // them.
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));

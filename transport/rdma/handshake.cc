@@ -1,6 +1,7 @@
 #include "transport/rdma/handshake.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace ferry::rdma {
 namespace {
@@ -59,14 +60,8 @@ absl::Status ValidateConnectRequest(const ConnectRequest& req,
     return absl::InvalidArgumentError(absl::StrCat(
         "RDMA connect request with ", n, " QPs (1..", kMaxQpsPerRequest, ")"));
   }
-  if (absl::Status s = CheckNic("RDMA connect request", req.initiator_nic());
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = CheckNic("RDMA connect request", req.target_nic());
-      !s.ok()) {
-    return s;
-  }
+  FERRY_RETURN_IF_ERROR(CheckNic("RDMA connect request", req.initiator_nic()));
+  FERRY_RETURN_IF_ERROR(CheckNic("RDMA connect request", req.target_nic()));
   if (req.initiator_incarnation() == 0) {
     return absl::InvalidArgumentError(
         "RDMA connect request without an incarnation");
@@ -90,7 +85,7 @@ absl::Status ValidateConnectRequest(const ConnectRequest& req,
       return absl::InvalidArgumentError(
           "RDMA connect request: a QP on another NIC than the request's");
     }
-    if (absl::Status s = ValidateQpInfo(q); !s.ok()) return s;
+    FERRY_RETURN_IF_ERROR(ValidateQpInfo(q));
   }
   return absl::OkStatus();
 }
@@ -103,12 +98,8 @@ absl::Status ValidateRailNotice(const RailNotice& n, absl::string_view from) {
   if (n.kind() != RailNotice::READY && n.kind() != RailNotice::DISCONNECT) {
     return absl::InvalidArgumentError("RDMA notice of an unknown kind");
   }
-  if (absl::Status s = CheckNic("RDMA notice", n.initiator_nic()); !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = CheckNic("RDMA notice", n.target_nic()); !s.ok()) {
-    return s;
-  }
+  FERRY_RETURN_IF_ERROR(CheckNic("RDMA notice", n.initiator_nic()));
+  FERRY_RETURN_IF_ERROR(CheckNic("RDMA notice", n.target_nic()));
   if (n.epoch() == 0 || n.epoch() >= kMaxEpoch) {
     return absl::InvalidArgumentError("RDMA notice: bad epoch");
   }
@@ -124,7 +115,7 @@ absl::Status ValidateConnectReply(const ConnectReply& reply, int our_qps) {
                                                 " QPs for our ", our_qps));
       }
       for (const QpInfo& q : reply.target_qps()) {
-        if (absl::Status s = ValidateQpInfo(q); !s.ok()) return s;
+        FERRY_RETURN_IF_ERROR(ValidateQpInfo(q));
       }
       if (reply.epoch() == 0 || reply.epoch() >= kMaxEpoch) {
         return absl::DataLossError("RDMA connect reply: bad epoch");

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/status_macros.h"
 #include "transport/rdma/handshake.h"
 #include "transport/rdma/rdma_transport.h"
 
@@ -503,17 +504,12 @@ absl::StatusOr<std::string> RdmaTransport::OnExchange(
   auto msg = ParseRdmaMessage(payload);
   if (!msg.ok()) return msg.status();
   if (msg->has_connect()) {
-    if (absl::Status s = ValidateConnectRequest(msg->connect(), from);
-        !s.ok()) {
-      return s;
-    }
+    FERRY_RETURN_IF_ERROR(ValidateConnectRequest(msg->connect(), from));
     auto reply = OnConnect(from, msg->connect());
     if (!reply.ok()) return reply.status();
     return reply->SerializeAsString();
   }
-  if (absl::Status s = ValidateRailNotice(msg->notice(), from); !s.ok()) {
-    return s;
-  }
+  FERRY_RETURN_IF_ERROR(ValidateRailNotice(msg->notice(), from));
   return OnNotice(from, msg->notice()).SerializeAsString();
 }
 

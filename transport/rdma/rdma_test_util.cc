@@ -7,6 +7,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "transport/rdma/rdma_transport.h"
 
 namespace ferry::rdma::testing {
@@ -212,7 +213,7 @@ absl::StatusOr<std::unique_ptr<TestNode>> TestNode::Start(
   env.rpc_address = address;
   env.peer_channel = n->channel_.get();
   env.clock = clock;
-  if (absl::Status s = n->transport_->Install(env, ep); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(n->transport_->Install(env, ep));
   MemoryRegion region;
   region.addr = reinterpret_cast<uintptr_t>(n->mem_.get());
   region.length = buffer_bytes;

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/log.h"
+#include "common/status_macros.h"
 #include "gpu/cuda_driver.h"
 #include "transport/rdma/gpu_mr.h"
 #include "transport/rdma/verbs_compat.h"
@@ -101,7 +102,7 @@ absl::Status RdmaTransport::ValidateOptions() const {
 
 absl::Status RdmaTransport::Install(const TransportEnv& env,
                                     metadata::TransportEndpoint* endpoint) {
-  if (absl::Status s = ValidateOptions(); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(ValidateOptions());
   env_ = env;
   clock_ = ClockOrReal(env.clock);
   gpu_staging_->SetClock(clock_);

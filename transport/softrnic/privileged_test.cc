@@ -21,7 +21,7 @@
 #include "absl/time/time.h"
 #include "common/status_testing.h"
 #include "gtest/gtest.h"
-#include "tests/subprocess.h"
+#include "testing/subprocess.h"
 #include "transport/softrnic/softrnic_control.h"
 #include "transport/softrnic/verbs_test_util.h"
 

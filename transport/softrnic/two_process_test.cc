@@ -24,8 +24,8 @@
 #include "absl/time/time.h"
 #include "common/status_testing.h"
 #include "gtest/gtest.h"
-#include "tests/process_usage.h"
-#include "tests/subprocess.h"
+#include "testing/process_usage.h"
+#include "testing/subprocess.h"
 #include "transport/softrnic/softrnic_control.h"
 #include "transport/softrnic/verbs_test_util.h"
 

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/dma_annotations.h"
+#include "common/status_macros.h"
 
 namespace ferry::tcp {
 namespace {
@@ -153,7 +154,7 @@ absl::Status ClientSession::Process(std::vector<Done>* done) {
     }
     if (staged < kResponseHeaderBytes) return absl::OkStatus();
     if (awaiting_challenge_) {
-      if (absl::Status s = TakeChallenge(); !s.ok()) return s;
+      FERRY_RETURN_IF_ERROR(TakeChallenge());
       continue;
     }
     ResponseHeader h;

@@ -11,7 +11,7 @@
 #include "common/status_testing.h"
 #include "gpu/softgpu_testing.h"
 #include "gtest/gtest.h"
-#include "tests/process_usage.h"
+#include "testing/process_usage.h"
 #include "transport/tcp/tcp_test_util.h"
 #include "transport/tcp/tcp_transport.h"
 

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/dma_annotations.h"
 #include "common/log.h"
+#include "common/status_macros.h"
 #include "gpu/gpu_memory.h"
 
 namespace ferry::tcp {
@@ -116,7 +117,7 @@ absl::Status ServerSession::Process(absl::Time now) {
     }
     const uint8_t* header = staging_ + staged_begin_;
     staged_begin_ += kRequestHeaderBytes;
-    if (absl::Status s = StartRequest(header, now); !s.ok()) return s;
+    FERRY_RETURN_IF_ERROR(StartRequest(header, now));
     if (stalled_) {
       // No staging buffer: the request waits, whole, for Resume.
       staged_begin_ -= kRequestHeaderBytes;

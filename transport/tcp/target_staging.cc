@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/status_macros.h"
 
 namespace ferry::tcp {
 
@@ -57,7 +58,7 @@ absl::StatusOr<TargetStaging::Buffer> TargetStaging::TryAcquire(int device) {
 }
 
 absl::StatusOr<CUstream> TargetStaging::Prepare(int device) {
-  if (absl::Status s = driver_->UseDevice(device); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(driver_->UseDevice(device));
   MutexLock lock(&mu_);
   if (static_cast<size_t>(device) >= streams_.size()) {
     return absl::InvalidArgumentError(
@@ -65,12 +66,9 @@ absl::StatusOr<CUstream> TargetStaging::Prepare(int device) {
   }
   if (streams_[device] == nullptr) {
     CUstream s = nullptr;
-    if (absl::Status st = driver_->Check(
-            driver_->api().cuStreamCreate(&s, CU_STREAM_NON_BLOCKING),
-            "cuStreamCreate");
-        !st.ok()) {
-      return st;
-    }
+    FERRY_RETURN_IF_ERROR(driver_->Check(
+        driver_->api().cuStreamCreate(&s, CU_STREAM_NON_BLOCKING),
+        "cuStreamCreate"));
     streams_[device] = s;
   }
   return streams_[device];

@@ -20,11 +20,11 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/mutex.h"
+#include "common/pattern.h"
 #include "common/socket_util.h"
 #include "common/status_testing.h"
 #include "gtest/gtest.h"
-#include "tests/subprocess.h"
-#include "tools/pattern.h"
+#include "testing/subprocess.h"
 #include "transport/tcp/tcp_test_util.h"
 #include "transport/tcp/tcp_transport.h"
 

@@ -22,7 +22,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "tools/pattern.h"
+#include "common/pattern.h"
 #include "transport/tcp/tcp_transport.h"
 
 ABSL_FLAG(uint64_t, buffer_size, 16 << 20, "registered bytes");

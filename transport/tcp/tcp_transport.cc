@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/secure_random.h"
 #include "common/socket_util.h"
+#include "common/status_macros.h"
 #include "transport/tcp/wire.h"
 
 namespace ferry::tcp {
@@ -66,7 +67,7 @@ TcpTransport::~TcpTransport() { Shutdown(); }
 
 absl::Status TcpTransport::Install(const TransportEnv& env,
                                    metadata::TransportEndpoint* endpoint) {
-  if (absl::Status s = ValidateOptions(options_); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(ValidateOptions(options_));
   // UnregisterMemory's bounded wait, like the frame timeout it covers.
   Clock* const clock = ClockOrReal(env.clock);
   registry_.SetClock(clock);
@@ -108,7 +109,7 @@ absl::StatusOr<MemoryHandle> TcpTransport::RegisterMemory(
     local_handle = &gpu_tags_[region.cuda_device];
   }
   if (!region.remote_accessible) {
-    if (absl::Status s = registry_.Add(region); !s.ok()) return s;
+    FERRY_RETURN_IF_ERROR(registry_.Add(region));
     return local_handle;  // Only the initiator side uses it; no key.
   }
   // A fresh key per registration: a peer holding the key of a buffer that

@@ -28,7 +28,7 @@
 #include "common/socket_util.h"
 #include "common/status_testing.h"
 #include "gtest/gtest.h"
-#include "tests/process_usage.h"
+#include "testing/process_usage.h"
 #include "transport/tcp/tcp_test_util.h"
 #include "transport/tcp/wire.h"
 

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "common/secure_random.h"
+#include "common/status_macros.h"
 #include "common/token_proof.h"
 
 namespace ferry::tcp {
@@ -84,7 +85,7 @@ int UnsentFrame(const uint8_t* header, size_t header_bytes, const uint8_t* body,
 
 absl::Status DecodeRequest(const uint8_t in[kRequestHeaderBytes],
                            RequestHeader* h) {
-  if (absl::Status s = CheckPreamble(in); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(CheckPreamble(in));
   uint8_t op = in[5];
   if (op != static_cast<uint8_t>(WireOp::kWrite) &&
       op != static_cast<uint8_t>(WireOp::kRead) &&
@@ -112,7 +113,7 @@ absl::Status DecodeRequest(const uint8_t in[kRequestHeaderBytes],
 
 absl::Status DecodeResponse(const uint8_t in[kResponseHeaderBytes],
                             ResponseHeader* h) {
-  if (absl::Status s = CheckPreamble(in); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(CheckPreamble(in));
   uint8_t op = in[5];
   if (op == static_cast<uint8_t>(WireOp::kChallenge)) {
     if (Get16(in + 6) != 0) return absl::DataLossError("bad challenge");

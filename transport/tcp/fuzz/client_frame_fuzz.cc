@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "metadata/proto/metadata.pb.h"
+#include "descriptor/descriptor.pb.h"
 #include "transport/segment_view.h"
 #include "transport/tcp/client_session.h"
 #include "transport/tcp/wire.h"

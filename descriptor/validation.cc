@@ -1,4 +1,4 @@
-#include "metadata/validation.h"
+#include "descriptor/validation.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -9,6 +9,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/socket_util.h"
+#include "common/status_macros.h"
 #include "google/protobuf/io/coded_stream.h"
 
 namespace ferry::metadata {
@@ -105,7 +106,7 @@ absl::Status ValidateBuffer(const Buffer& buffer) {
 }
 
 absl::Status ValidateSegmentDescriptor(const SegmentDescriptor& segment) {
-  if (absl::Status s = ValidateSegmentName(segment.name()); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(ValidateSegmentName(segment.name()));
   const std::string where = absl::StrCat("segment '", segment.name(), "': ");
   auto invalid = [&](absl::string_view field, absl::string_view why) {
     return absl::InvalidArgumentError(absl::StrCat(where, field, ": ", why));

@@ -1,8 +1,8 @@
 // What a test reads about a process from /proc -- its threads, RSS and open
 // fds, and what they are when a bound is exceeded -- and WaitUntil, for
 // tests that wait for such a count (or any condition) to settle.
-#ifndef FERRY_TESTS_PROCESS_USAGE_H_
-#define FERRY_TESTS_PROCESS_USAGE_H_
+#ifndef FERRY_TESTING_PROCESS_USAGE_H_
+#define FERRY_TESTING_PROCESS_USAGE_H_
 
 #include <sys/types.h>
 
@@ -51,4 +51,4 @@ bool WaitUntil(F cond, absl::Duration timeout) {
 
 }  // namespace ferry::testing
 
-#endif  // FERRY_TESTS_PROCESS_USAGE_H_
+#endif  // FERRY_TESTING_PROCESS_USAGE_H_

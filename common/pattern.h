@@ -1,8 +1,8 @@
 // Deterministic byte patterns for verified transfers: the byte at offset o
 // of a stream with seed s is a function of (o, s) only, so any process can
 // check any range without having seen the writer.
-#ifndef FERRY_TOOLS_PATTERN_H_
-#define FERRY_TOOLS_PATTERN_H_
+#ifndef FERRY_COMMON_PATTERN_H_
+#define FERRY_COMMON_PATTERN_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -59,4 +59,4 @@ inline size_t CheckPattern(const uint8_t* src, size_t len, uint64_t offset,
 
 }  // namespace ferry
 
-#endif  // FERRY_TOOLS_PATTERN_H_
+#endif  // FERRY_COMMON_PATTERN_H_

@@ -1,4 +1,4 @@
-#include "tools/pattern.h"
+#include "common/pattern.h"
 
 #include <vector>
 

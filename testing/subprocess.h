@@ -1,8 +1,8 @@
 // Subprocess: starts a helper process for cross-process tests, talks to it
 // over its stdin/stdout, and guarantees it dies with the test (SIGKILL on
 // destruction, and PR_SET_PDEATHSIG if the test itself dies).
-#ifndef FERRY_TESTS_SUBPROCESS_H_
-#define FERRY_TESTS_SUBPROCESS_H_
+#ifndef FERRY_TESTING_SUBPROCESS_H_
+#define FERRY_TESTING_SUBPROCESS_H_
 
 #include <sys/types.h>
 
@@ -54,4 +54,4 @@ std::string RunfilePath(const std::string& workspace_relative);
 
 }  // namespace ferry::testing
 
-#endif  // FERRY_TESTS_SUBPROCESS_H_
+#endif  // FERRY_TESTING_SUBPROCESS_H_

@@ -4,9 +4,9 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "descriptor/descriptor.pb.h"
+#include "descriptor/validation.h"
 #include "google/protobuf/stubs/logging.h"
-#include "metadata/proto/metadata.pb.h"
-#include "metadata/validation.h"
 #include "transport/segment_view.h"
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {

@@ -1,4 +1,4 @@
-#include "tests/subprocess.h"
+#include "testing/subprocess.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/status_macros.h"
 
 namespace ferry::testing {
 
@@ -98,7 +99,7 @@ absl::Status Subprocess::WriteLine(const std::string& line) {
 
 absl::StatusOr<std::string> Subprocess::Ask(const std::string& line,
                                             absl::Duration timeout) {
-  if (absl::Status s = WriteLine(line); !s.ok()) return s;
+  FERRY_RETURN_IF_ERROR(WriteLine(line));
   return ReadLine(timeout);
 }
 

@@ -1,4 +1,4 @@
-#include "tests/process_usage.h"
+#include "testing/process_usage.h"
 
 #include <dirent.h>
 #include <unistd.h>

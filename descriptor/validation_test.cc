@@ -1,4 +1,4 @@
-#include "metadata/validation.h"
+#include "descriptor/validation.h"
 
 #include <functional>
 #include <string>
