@@ -1,12 +1,10 @@
 #include "transport/tcp/wire.h"
 
-#include <endian.h>
-
 #include <algorithm>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
+#include "common/byte_order.h"
 #include "common/secure_random.h"
 #include "common/status_macros.h"
 #include "common/token_proof.h"
@@ -16,27 +14,10 @@ namespace {
 
 static_assert(kProofBytes == kTokenProofBytes);
 
-template <typename T>
-void Store(uint8_t* p, T v) {
-  std::memcpy(p, &v, sizeof(v));
-}
-template <typename T>
-T Load(const uint8_t* p) {
-  T v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-void Put16(uint8_t* p, uint16_t v) { Store(p, htobe16(v)); }
-void Put32(uint8_t* p, uint32_t v) { Store(p, htobe32(v)); }
-void Put64(uint8_t* p, uint64_t v) { Store(p, htobe64(v)); }
-uint16_t Get16(const uint8_t* p) { return be16toh(Load<uint16_t>(p)); }
-uint32_t Get32(const uint8_t* p) { return be32toh(Load<uint32_t>(p)); }
-uint64_t Get64(const uint8_t* p) { return be64toh(Load<uint64_t>(p)); }
-
 absl::Status CheckPreamble(const uint8_t* in) {
-  if (Get32(in) != kMagic) {
+  if (LoadBe32(in) != kMagic) {
     return absl::DataLossError(
-        absl::StrCat("bad magic 0x", absl::Hex(Get32(in))));
+        absl::StrCat("bad magic 0x", absl::Hex(LoadBe32(in))));
   }
   if (in[4] != kVersion) {
     return absl::DataLossError(absl::StrCat("unsupported wire version ", in[4],
@@ -49,25 +30,25 @@ absl::Status CheckPreamble(const uint8_t* in) {
 }  // namespace
 
 void EncodeRequest(const RequestHeader& h, uint8_t out[kRequestHeaderBytes]) {
-  Put32(out, kMagic);
+  StoreBe32(out, kMagic);
   out[4] = kVersion;
   out[5] = static_cast<uint8_t>(h.op);
-  Put16(out + 6, 0);
-  Put64(out + 8, h.request_id);
-  Put64(out + 16, h.remote_addr);
-  Put64(out + 24, h.length);
-  Put64(out + 32, h.key);
-  Put64(out + 40, h.incarnation);
+  StoreBe16(out + 6, 0);
+  StoreBe64(out + 8, h.request_id);
+  StoreBe64(out + 16, h.remote_addr);
+  StoreBe64(out + 24, h.length);
+  StoreBe64(out + 32, h.key);
+  StoreBe64(out + 40, h.incarnation);
 }
 
 void EncodeResponse(const ResponseHeader& h,
                     uint8_t out[kResponseHeaderBytes]) {
-  Put32(out, kMagic);
+  StoreBe32(out, kMagic);
   out[4] = kVersion;
   out[5] = static_cast<uint8_t>(h.op);
-  Put16(out + 6, static_cast<uint16_t>(h.status));
-  Put64(out + 8, h.request_id);
-  Put64(out + 16, h.length);
+  StoreBe16(out + 6, static_cast<uint16_t>(h.status));
+  StoreBe64(out + 8, h.request_id);
+  StoreBe64(out + 16, h.length);
 }
 
 int UnsentFrame(const uint8_t* header, size_t header_bytes, const uint8_t* body,
@@ -92,13 +73,14 @@ absl::Status DecodeRequest(const uint8_t in[kRequestHeaderBytes],
       op != static_cast<uint8_t>(WireOp::kProof)) {
     return absl::DataLossError(absl::StrCat("bad request opcode ", op));
   }
-  if (Get16(in + 6) != 0) return absl::DataLossError("unknown request flags");
+  if (LoadBe16(in + 6) != 0)
+    return absl::DataLossError("unknown request flags");
   h->op = static_cast<WireOp>(op);
-  h->request_id = Get64(in + 8);
-  h->remote_addr = Get64(in + 16);
-  h->length = Get64(in + 24);
-  h->key = Get64(in + 32);
-  h->incarnation = Get64(in + 40);
+  h->request_id = LoadBe64(in + 8);
+  h->remote_addr = LoadBe64(in + 16);
+  h->length = LoadBe64(in + 24);
+  h->key = LoadBe64(in + 32);
+  h->incarnation = LoadBe64(in + 40);
   if (h->op == WireOp::kProof &&
       (h->length != kProofBytes || h->request_id != 0 || h->remote_addr != 0 ||
        h->key != 0 || h->incarnation != 0)) {
@@ -116,25 +98,25 @@ absl::Status DecodeResponse(const uint8_t in[kResponseHeaderBytes],
   FERRY_RETURN_IF_ERROR(CheckPreamble(in));
   uint8_t op = in[5];
   if (op == static_cast<uint8_t>(WireOp::kChallenge)) {
-    if (Get16(in + 6) != 0) return absl::DataLossError("bad challenge");
+    if (LoadBe16(in + 6) != 0) return absl::DataLossError("bad challenge");
     h->op = WireOp::kChallenge;
     h->status = WireStatus::kOk;
-    h->request_id = Get64(in + 8);  // The nonce, not an id or a length.
-    h->length = Get64(in + 16);
+    h->request_id = LoadBe64(in + 8);  // The nonce, not an id or a length.
+    h->length = LoadBe64(in + 16);
     return absl::OkStatus();
   }
   if (op != static_cast<uint8_t>(WireOp::kWriteAck) &&
       op != static_cast<uint8_t>(WireOp::kReadData)) {
     return absl::DataLossError(absl::StrCat("bad response opcode ", op));
   }
-  uint16_t status = Get16(in + 6);
+  uint16_t status = LoadBe16(in + 6);
   if (status > static_cast<uint16_t>(WireStatus::kStagingFailed)) {
     return absl::DataLossError(absl::StrCat("bad response status ", status));
   }
   h->op = static_cast<WireOp>(op);
   h->status = static_cast<WireStatus>(status);
-  h->request_id = Get64(in + 8);
-  h->length = Get64(in + 16);
+  h->request_id = LoadBe64(in + 8);
+  h->length = LoadBe64(in + 16);
   if (h->length > kMaxFrameLength ||
       (h->op == WireOp::kWriteAck && h->length != 0) ||
       (h->status != WireStatus::kOk && h->length != 0)) {
