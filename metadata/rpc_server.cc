@@ -425,7 +425,7 @@ void RpcServer::AcceptLoop() {
 
     // Connections that spoke go to gRPC; silent ones past their deadline
     // and ones already closed by their client are dropped.
-    std::vector<Conn> still;
+    size_t out = 0;  // Kept in place: no allocation per wake-up.
     for (size_t i = 0; i < pending.size(); ++i) {
       Conn& p = pending[i];
       const short re = n > 0 ? pfds[2 + i].revents : 0;
@@ -451,10 +451,11 @@ void RpcServer::AcceptLoop() {
         ::close(p.fd);
         release(p.peer);
       } else {
-        still.push_back(std::move(p));
+        if (out != i) pending[out] = std::move(p);
+        ++out;
       }
     }
-    pending.swap(still);
+    pending.resize(out);
 
     if (!accepting || n <= 0 || (pfds[1].revents & POLLIN) == 0) continue;
     for (int k = 0; k < kAcceptsPerWakeup; ++k) {
