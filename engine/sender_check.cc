@@ -247,9 +247,7 @@ absl::Status SenderCheck::P2pReadable(const std::string& claimed,
   // Reading it would have this engine call its own host's loopback
   // services on a remote caller's say-so; and no remote engine is there.
   // (IsLoopback sees IPv4-mapped loopback too.)
-  auto caller_sa = ParseNumericEndpoint(JoinHostPort(from, 1));
-  const bool caller_local = caller_sa.ok() && caller_sa->IsLoopback();
-  if (sa->IsLoopback() && !caller_local) {
+  if (sa->IsLoopback() && !IsLoopbackHost(from)) {
     return absl::PermissionDeniedError(absl::StrCat(
         "a call from ", from, " claims segment '", claimed,
         "', a loopback address, which only a caller on this host can be"));
