@@ -24,8 +24,9 @@ class ActivityInterceptor : public grpc::experimental::Interceptor {
     using grpc::experimental::InterceptionHookPoints;
     // A response message: the call got past authentication and reached a
     // method that exists (an error answer carries none).
-    if (m->QueryInterceptionHookPoint(
-            InterceptionHookPoints::PRE_SEND_MESSAGE)) {
+    if (!served_ && m->QueryInterceptionHookPoint(
+                        InterceptionHookPoints::PRE_SEND_MESSAGE)) {
+      served_ = true;  // The first tells; a stream's later ones add nothing.
       activity_->CallServed(info_->server_context()->peer());
     }
     if (m->QueryInterceptionHookPoint(
@@ -39,6 +40,8 @@ class ActivityInterceptor : public grpc::experimental::Interceptor {
  private:
   ConnectionActivity* const activity_;
   grpc::experimental::ServerRpcInfo* const info_;
+  // One interceptor per call, its hooks run one at a time.
+  bool served_ = false;
 };
 
 class ActivityFactory

@@ -22,6 +22,7 @@
 #include "common/socket_util.h"
 #include "metadata/auth.h"
 #include "metadata/durable_store.h"
+#include "metadata/etcd/etcd_limits.h"
 #include "metadata/metadata_address.h"
 #include "metadata/metadata_service.h"
 #include "metadata/rpc_server.h"
@@ -68,14 +69,16 @@ ABSL_FLAG(uint64_t, max_client_bytes, uint64_t{256} << 20,
           "may take");
 ABSL_FLAG(uint64_t, max_client_segments, 4096,
           "segments one client address may hold (every store, etcd too)");
-ABSL_FLAG(uint64_t, etcd_max_bytes, uint64_t{256} << 20,
+ABSL_FLAG(uint64_t, etcd_max_bytes, ferry::metadata::EtcdLimits{}.max_bytes,
           "with --etcd: bytes of keys and values (as etcd holds them) all "
           "segments under the prefix may take, so that etcd never reaches "
           "its NOSPACE alarm (its default quota is 2 GiB, history included)");
-ABSL_FLAG(uint64_t, etcd_max_client_bytes, uint64_t{32} << 20,
+ABSL_FLAG(uint64_t, etcd_max_client_bytes,
+          ferry::metadata::EtcdLimits{}.max_client_bytes,
           "with --etcd: bytes of keys and values the segments of one client "
           "address may take (--max_client_segments bounds their count)");
-ABSL_FLAG(absl::Duration, etcd_compact_after, absl::Minutes(5),
+ABSL_FLAG(absl::Duration, etcd_compact_after,
+          ferry::metadata::EtcdLimits{}.compact_after,
           "with --etcd: compact etcd's history older than this (etcd-wide; "
           "0: never, where other applications share the etcd cluster and "
           "leave it to etcd's --auto-compaction-retention)");
