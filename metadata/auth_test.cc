@@ -1,8 +1,15 @@
 #include "metadata/auth.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/log.h"
@@ -45,6 +52,38 @@ TEST(AuthTest, TokenFilesAreReadBoundedAndChecked) {
     EXPECT_STATUS(ReadAuthTokenFile(bad), absl::StatusCode::kInvalidArgument)
         << bad;
   }
+}
+
+// A FIFO nobody writes to hung the read (and, in softrnic, every thread
+// that asked for the token); one that a command writes to is read.
+TEST(AuthTest, TokenFifosNeverHang) {
+  const std::string fifo = WriteFile("fifo-dir-marker", "") + ".fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  const absl::Time start = absl::Now();
+  EXPECT_STATUS(ReadAuthTokenFile(fifo), absl::StatusCode::kInvalidArgument);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  std::thread writer([&] {
+    const int fd = ::open(fifo.c_str(), O_WRONLY);  // Waits for the reader.
+    if (fd < 0) return;
+    const char kLine[] = "cluster-secret-1234\n";
+    EXPECT_EQ(::write(fd, kLine, sizeof(kLine) - 1),
+              static_cast<ssize_t>(sizeof(kLine) - 1));
+    ::close(fd);
+  });
+  // The reader opens first only if it wins the race; retry until the
+  // writer's line arrives (each try is bounded).
+  absl::StatusOr<std::string> got;
+  for (int i = 0; i < 200; ++i) {
+    got = ReadAuthTokenFile(fifo);
+    if (got.ok()) break;
+    absl::SleepFor(absl::Milliseconds(10));  // Retry pace, not ordering.
+  }
+  // A writer still waiting for a reader (had every try missed it) is let go.
+  const int release = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK);
+  writer.join();
+  if (release >= 0) ::close(release);
+  ASSERT_OK(got);
+  EXPECT_EQ(*got, "cluster-secret-1234");
 }
 
 // The way Mooncake-style callers, which cannot pass a token, get one.
