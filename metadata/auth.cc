@@ -1,5 +1,7 @@
 #include "metadata/auth.h"
 
+#include <arpa/inet.h>
+
 #include <cstdlib>
 
 #include "absl/container/flat_hash_set.h"
@@ -50,6 +52,26 @@ std::string CallerAddress(const grpc::ServerContextBase& ctx) {
   const size_t scheme = peer.find(':');
   if (colon != std::string::npos && colon != scheme) peer.resize(colon);
   return peer;
+}
+
+std::string AddressGroup(const std::string& caller_address) {
+  constexpr absl::string_view kV6 = "ipv6:[";
+  if (!absl::StartsWith(caller_address, kV6) || caller_address.back() != ']') {
+    return caller_address;
+  }
+  auto sa = ParseNumericEndpoint(absl::StrCat(
+      absl::string_view(caller_address).substr(kV6.size() - 1), ":1"));
+  if (!sa.ok()) return caller_address;
+  const uint64_t prefix = absl::Uint128High64(sa->AddressGroupKey());
+  in6_addr a{};
+  for (int i = 0; i < 8; ++i) {
+    a.s6_addr[i] = static_cast<uint8_t>(prefix >> (56 - 8 * i));
+  }
+  char text[INET6_ADDRSTRLEN];
+  if (::inet_ntop(AF_INET6, &a, text, sizeof(text)) == nullptr) {
+    return caller_address;
+  }
+  return absl::StrCat(kV6, text, "]/64");
 }
 
 bool ListensBeyondLoopback(const std::string& listen_host) {

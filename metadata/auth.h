@@ -48,6 +48,12 @@ grpc::Status CheckAuthToken(const grpc::ServerContextBase& ctx,
 // notification's receiver is told it came from.
 std::string CallerAddress(const grpc::ServerContextBase& ctx);
 
+// The host a caller address (as CallerAddress gives it) stands for, for
+// sharing a service fairly: an IPv4 address as it is, an IPv6 one as its
+// /64 ("ipv6:[2001:db8:1:2::]/64"), since a host with a /64 could give
+// every call an address of its own (SockAddr::AddressGroupKey).
+std::string AddressGroup(const std::string& caller_address);
+
 // Whether a server bound to `listen_host` ("" and "::" are every
 // interface) can be reached from other hosts.
 bool ListensBeyondLoopback(const std::string& listen_host);

@@ -54,6 +54,19 @@ TEST(AuthTest, TokenFilesAreReadBoundedAndChecked) {
   }
 }
 
+// Fair shares are per host: an IPv6 caller counts by its /64.
+TEST(AuthTest, AddressGroupsCutIpv6ToItsSlash64) {
+  EXPECT_EQ(AddressGroup("ipv4:10.0.0.7"), "ipv4:10.0.0.7");
+  EXPECT_EQ(AddressGroup("ipv6:[2001:db8:1:2::5]"), "ipv6:[2001:db8:1:2::]/64");
+  EXPECT_EQ(AddressGroup("ipv6:[2001:db8:1:2:ffff::9]"),
+            AddressGroup("ipv6:[2001:db8:1:2::5]"));
+  EXPECT_NE(AddressGroup("ipv6:[2001:db8:1:3::5]"),
+            AddressGroup("ipv6:[2001:db8:1:2::5]"));
+  EXPECT_EQ(AddressGroup("ipv6:[::1]"), "ipv6:[::]/64");
+  EXPECT_EQ(AddressGroup("unix:/tmp/x"), "unix:/tmp/x");
+  EXPECT_EQ(AddressGroup("ipv6:[garbage]"), "ipv6:[garbage]");
+}
+
 // A FIFO nobody writes to hung the read (and, in softrnic, every thread
 // that asked for the token); one that a command writes to is read.
 TEST(AuthTest, TokenFifosNeverHang) {

@@ -54,7 +54,8 @@ struct CallPoolOptions {
   int max_threads = 16;
   // Calls admitted and not yet over -- queued, running, or answered with
   // a response still on its way to a client that may not be reading --
-  // over all callers, and per caller (CallerAddress).
+  // over all callers, and per caller (AddressGroup(CallerAddress): an
+  // IPv4 address, an IPv6 /64).
   int max_calls = 1024;
   int max_calls_per_caller = 64;
   // Bytes of responses admitted calls hold until their client has them,
@@ -205,7 +206,8 @@ grpc::ServerUnaryReactor* ServeOnPool(CallPool* pool,
                                       grpc::CallbackServerContext* ctx,
                                       const google::protobuf::Message* response,
                                       Handler handler) {
-  std::string caller = CallerAddress(*ctx);
+  // Shared by host: an IPv6 caller's /64 is one caller (AddressGroup).
+  std::string caller = AddressGroup(CallerAddress(*ctx));
   if (absl::Status s = pool->Admit(caller); !s.ok()) {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     reactor->Finish(ToGrpcStatus(s));
