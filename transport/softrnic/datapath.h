@@ -40,6 +40,11 @@ void DeliverRecvCompletion(const std::shared_ptr<Qp>& qp, const Response& r)
 enum class HelloCheck { kTake, kNotReady, kRefuse };
 HelloCheck CheckHello(Device* dev, const Frame& hello, uint32_t from,
                       std::shared_ptr<Qp>* qp);
+// The same for a QP already found, with its lock held: also where a
+// connection is attached, since the QP may have been reset and connected
+// elsewhere since the listener's check.
+HelloCheck CheckHelloLocked(const Qp& qp, const Frame& hello, uint32_t from)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(qp.mu);
 
 // Executes request `f` on responder `qp`, consuming its payload from `src`
 // (the payload is always consumed, also when the request is refused).

@@ -288,10 +288,8 @@ void ServeConnection(Device* dev, std::shared_ptr<Connection> conn,
     ferry::MutexLock lock(&qp->mu);
     // Checked again where it is attached: the QP may have been reset and
     // connected to another peer since the listener checked the HELLO.
-    const ibv_qp_state st = qp->attr.qp_state;
-    if (qp->destroyed || (st != IBV_QPS_RTR && st != IBV_QPS_RTS) ||
-        qp->attr.dest_qp_num != hello.aux ||
-        qp->peer_ip.s_addr != conn->admitted_from()) {
+    if (CheckHelloLocked(*qp, hello, conn->admitted_from()) !=
+        HelloCheck::kTake) {
       conn->Close();
       return;
     }
@@ -426,12 +424,12 @@ class Acceptor {
     Clock::time_point next = Clock::time_point::max();
     if (!deadlines_.empty()) next = deadlines_.front().at;
     if (paused_) next = std::min(next, resume_at_);
-    if (next == Clock::time_point::max()) return held_ > 0 ? recheck_ms_ : -1;
+    if (held_ > 0) next = std::min(next, next_recheck_);
+    if (next == Clock::time_point::max()) return -1;
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                         next - Clock::now())
                         .count();
-    const int wait = static_cast<int>(std::clamp<int64_t>(ms + 1, 0, 60000));
-    return held_ > 0 ? std::min(wait, recheck_ms_) : wait;
+    return static_cast<int>(std::clamp<int64_t>(ms + 1, 0, 60000));
   }
 
   // Accepts what the listener has queued; false if the listener broke.
@@ -596,8 +594,12 @@ class Acceptor {
           ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
           h.held = true;
           ++held_;
-          recheck_ms_ = 1;  // Its QP is likely to reach RTR at once.
-          next_recheck_ = Clock::now() + std::chrono::milliseconds(1);
+          // Its QP is likely to reach RTR at once: looked at again in a
+          // millisecond, without resetting the back-off (a stranger
+          // sending HELLOs for QPs that stay in INIT would keep every held
+          // one rechecked each millisecond).
+          next_recheck_ = std::min(next_recheck_,
+                                   Clock::now() + std::chrono::milliseconds(1));
         }
         return;
       case Verdict::kServe:
@@ -691,18 +693,23 @@ HelloCheck CheckHello(Device* dev, const Frame& hello, uint32_t from,
   std::shared_ptr<Qp> qp = FindQp(hello.qpn);
   if (qp == nullptr || qp->dev != dev) return HelloCheck::kRefuse;
   ferry::MutexLock lock(&qp->mu);
-  if (qp->destroyed) return HelloCheck::kRefuse;
-  const ibv_qp_state st = qp->attr.qp_state;
+  const HelloCheck verdict = CheckHelloLocked(*qp, hello, from);
+  if (verdict == HelloCheck::kTake) *out = std::move(qp);
+  return verdict;
+}
+
+HelloCheck CheckHelloLocked(const Qp& qp, const Frame& hello, uint32_t from) {
+  if (qp.destroyed) return HelloCheck::kRefuse;
+  const ibv_qp_state st = qp.attr.qp_state;
   if (st == IBV_QPS_RESET || st == IBV_QPS_INIT) return HelloCheck::kNotReady;
   if (st != IBV_QPS_RTR && st != IBV_QPS_RTS) return HelloCheck::kRefuse;
   // A connected QP takes a HELLO only from its peer QP at its peer's
   // address, as a NIC drops packets whose source QP or address is not the
   // one in its context (rxe's check_addr). So nobody can take over, or
   // join, a connected QP from another host, whatever QP numbers they know.
-  if (qp->attr.dest_qp_num != hello.aux || qp->peer_ip.s_addr != from) {
+  if (qp.attr.dest_qp_num != hello.aux || qp.peer_ip.s_addr != from) {
     return HelloCheck::kRefuse;
   }
-  *out = std::move(qp);
   return HelloCheck::kTake;
 }
 
