@@ -403,10 +403,11 @@ absl::StatusOr<uint64_t> SegmentStore::UpdateBuffers(
   // Bytes the change adds to the stored descriptor: exactly what each
   // buffer adds to its encoding, so that Put and UpdateBuffers charge and
   // refund the same amounts.
-  int64_t delta = 0, held_delta = 0;
+  int64_t delta = 0, held_added = 0;
   for (const Buffer& b : request.add()) delta += EncodedBufferBytes(b);
   // Memory as held: the stored copies, which removals refund exactly.
-  for (uint64_t a : added) held_delta += HeldBufferBytes(e.buffers.at(a));
+  for (uint64_t a : added) held_added += HeldBufferBytes(e.buffers.at(a));
+  int64_t held_delta = held_added;
   for (const Buffer& b : removed) {
     delta -= EncodedBufferBytes(b);
     held_delta -= HeldBufferBytes(b);
@@ -438,8 +439,7 @@ absl::StatusOr<uint64_t> SegmentStore::UpdateBuffers(
                     request.remove_addrs().end());
     // What it holds in memory: one copy of each added buffer, as the
     // quotas count memory (HeldBufferBytes counts two), and the addresses.
-    c.bytes = 64 + 8 * c.remove.size();
-    for (const Buffer& b : c.add) c.bytes += HeldBufferBytes(b) / kCopies;
+    c.bytes = 64 + 8 * c.remove.size() + held_added / kCopies;
     e.change_bytes += c.bytes;
     e.changes.push_back(std::move(c));
     const uint64_t budget = std::max(kMinChangeLogBytes, e.held / 2);
