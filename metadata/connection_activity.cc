@@ -103,10 +103,16 @@ void ConnectionActivity::Forget(const std::string& name, uint64_t ticket) {
   if (it != state_.end() && it->second.ticket == ticket) state_.erase(it);
 }
 
-bool ConnectionActivity::Useful(const std::string& name) const {
+std::vector<bool> ConnectionActivity::UsefulAll(
+    const std::vector<const std::string*>& names) const {
+  std::vector<bool> out;
+  out.reserve(names.size());
   MutexLock lock(&mu_);
-  auto it = state_.find(name);
-  return it != state_.end() && it->second.state == State::kUseful;
+  for (const std::string* name : names) {
+    auto it = state_.find(*name);
+    out.push_back(it != state_.end() && it->second.state == State::kUseful);
+  }
+  return out;
 }
 
 void ConnectionActivity::CallServed(const std::string& peer) {

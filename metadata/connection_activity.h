@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "common/mutex.h"
@@ -40,9 +41,10 @@ class ConnectionActivity {
   // Stops tracking `name`, unless a later Track of the same name (a new
   // connection from the same address and port) replaced `ticket`'s.
   void Forget(const std::string& name, uint64_t ticket);
-  // True once a response message was sent on `name`, and it was never
-  // refused for want of the token.
-  bool Useful(const std::string& name) const;
+  // For each of `names`, under one lock: true once a response message was
+  // sent on it, and it was never refused for want of the token.
+  std::vector<bool> UsefulAll(
+      const std::vector<const std::string*>& names) const;
 
   // Called by the interceptor: a call on `peer` (ServerContextBase::peer())
   // sent a response message, or ended UNAUTHENTICATED.

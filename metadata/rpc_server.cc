@@ -312,10 +312,10 @@ void RpcServer::AcceptLoop() {
     live.push_back(std::move(c));
     accepted_.fetch_add(1);
   };
-  // Not worth its slot: silent or refused for a second (connection_activity.h).
-  auto useless = [&](const Conn& c, bool handed, absl::Time now) {
-    return now - c.since >= kShedGrace &&
-           (!handed || !activity_.Useful(c.name));
+  // Not worth its slot: silent or refused for a second
+  // (connection_activity.h); `useful` is the connection's Useful().
+  auto useless = [&](const Conn& c, bool useful, absl::Time now) {
+    return now - c.since >= kShedGrace && !useful;
   };
   // Closes `c` for a newcomer. A handed-over connection is shut down
   // through a duplicate checked to be the same socket (its number alone
@@ -354,11 +354,17 @@ void RpcServer::AcceptLoop() {
       size_t index = 0;
       bool handed = false;
     };
+    // One lock of the activity table for every live connection, used by
+    // both passes below (a pending connection has carried nothing).
+    std::vector<const std::string*> names;
+    names.reserve(live.size());
+    for (const Conn& c : live) names.push_back(&c.name);
+    const std::vector<bool> useful = activity_.UsefulAll(names);
     absl::flat_hash_map<absl::uint128, Candidate> by_peer;
     for (bool handed : {true, false}) {
       std::vector<Conn>& list = handed ? live : pending;
       for (size_t i = 0; i < list.size(); ++i) {
-        if (!useless(list[i], handed, now)) continue;
+        if (!useless(list[i], handed && useful[i], now)) continue;
         Candidate& c = by_peer[list[i].peer];
         if (c.useless++ == 0) c = {1, &list, i, handed};
       }
@@ -379,7 +385,7 @@ void RpcServer::AcceptLoop() {
     if (most_held < peer_count(peer) + 2) return false;
     // Its oldest connection that carried no accepted call, else its oldest.
     for (size_t i = 0; i < live.size(); ++i) {
-      if (live[i].peer == most && !activity_.Useful(live[i].name)) {
+      if (live[i].peer == most && !useful[i]) {
         return shed(&live, i, true);
       }
     }
