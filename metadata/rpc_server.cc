@@ -503,6 +503,9 @@ void RpcServer::AcceptLoop() {
         if (exhausted) fd_exhausted_.fetch_add(1);
         break;
       }
+      // The time of this accept, not of the wake-up: a connection that came
+      // in while this batch ran is judged (grace, deadline) by its own.
+      now = clock_->Now();
       const absl::uint128 peer = sa.AddressGroupKey();
       auto full = [&] { return live.size() + pending.size() >= max_total; };
       if ((full() || peer_count(peer) >= max_peer) &&
