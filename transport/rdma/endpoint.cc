@@ -8,6 +8,13 @@
 #include "transport/rdma/local_mr.h"
 
 namespace ferry::rdma {
+
+void DestroyQps(std::vector<QueuePair>* qps) {
+  for (QueuePair& q : *qps) {
+    if (q.qp != nullptr) ibv_destroy_qp(q.qp);
+  }
+  qps->clear();
+}
 namespace {
 
 // Whether `next` continues `s` in both local and remote memory, with the

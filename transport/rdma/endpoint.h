@@ -121,6 +121,10 @@ struct QueuePair {
   uint32_t count() const { return static_cast<uint32_t>(next - head); }
 };
 
+// Destroys QPs that set-up made but no endpoint took (a refused or
+// superseded handshake); clears `qps`.
+void DestroyQps(std::vector<QueuePair>* qps);
+
 // Endpoint objects alive in this process (for leak checks in tests).
 int64_t EndpointsAlive();
 

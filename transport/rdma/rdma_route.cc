@@ -31,7 +31,7 @@ void RdmaTransport::Submit(absl::Span<Slice* const> slices) {
     }
     return;
   }
-  if (staged_registrations_.load(std::memory_order_relaxed) > 0) {
+  if (mrs_.any_staged()) {
     return SubmitSomeStaged(slices);
   }
   const absl::Time now = clock_->Now();

@@ -105,6 +105,7 @@ absl::Status RdmaTransport::Install(const TransportEnv& env,
   FERRY_RETURN_IF_ERROR(ValidateOptions());
   env_ = env;
   clock_ = ClockOrReal(env.clock);
+  control_.SetClock(clock_);
   gpu_staging_->SetClock(clock_);
   incarnation_ = env.incarnation;
   if (incarnation_ == 0) {
@@ -258,160 +259,7 @@ absl::Status RdmaTransport::Install(const TransportEnv& env,
 
 absl::StatusOr<MemoryHandle> RdmaTransport::RegisterMemory(
     const MemoryRegion& region, metadata::Buffer* published) {
-  int access = IBV_ACCESS_LOCAL_WRITE;
-  if (region.remote_accessible) {
-    access |= IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-  }
-  if (region.cuda_device >= 0 && region.cuda_device < 64) {
-    bool first = false;
-    {
-      MutexLock lock(&gpu_logged_mu_);
-      const uint64_t bit = uint64_t{1} << region.cuda_device;
-      first = (gpu_logged_ & bit) == 0;
-      gpu_logged_ |= bit;
-    }
-    if (first) {
-      std::vector<std::string> names;
-      for (const auto& nic : nics_) names.push_back(nic->name());
-      FERRY_LOG(kInfo, "rdma", "GPU memory on ", region.location,
-                " goes through ", topology_.Describe(region.location, names),
-                options_.rdma.topology_json.empty()
-                    ? " (tier 2, another NUMA node: only when no nearer NIC "
-                      "is up)"
-                    : " (the priority matrix given)");
-    }
-  }
-  auto entry = std::make_unique<LocalMr>();
-  entry->addr = region.addr;
-  entry->length = region.length;
-  entry->gpu = region.cuda_device >= 0;
-  // Tiers are resolved once here, not per slice on the data path. Host
-  // memory spills to farther NICs when the near ones are loaded (the
-  // router weighs each tier as a few slices of queue). GPU memory does
-  // not go through a NIC beyond its NUMA node (tier 2) unless none nearer
-  // is up: GPUDirect across the CPU interconnect runs at a fraction of
-  // the NIC's rate, when the platform allows it at all.
-  // A priority matrix the user gave is taken as it is.
-  constexpr int kFailoverOnlyTier = 1 << 16;
-  const bool from_sysfs = options_.rdma.topology_json.empty();
-  for (size_t i = 0; i < nics_.size(); ++i) {
-    const int tier = topology_.Tier(region.location, i);
-    entry->tiers.push_back(
-        entry->gpu && from_sysfs && tier >= 2 ? kFailoverOnlyTier : tier);
-  }
-  // Registration pins and maps pages: for large buffers do the NICs in
-  // parallel, as their page-table builds are independent.
-  entry->mrs.assign(nics_.size(), nullptr);
-  std::vector<int> errors(nics_.size(), 0);
-  // GPU memory: a dma-buf of it, which each NIC registers (GPUDirect RDMA).
-  auto dmabuf = region.cuda_device >= 0 ? GpuDmabuf(region)
-                                        : absl::StatusOr<GpuDmabufRange>();
-  if (region.cuda_device >= 0 && !dmabuf.ok()) {
-    // No driver, or SYNC_MEMOPS refused: nothing staging could fix.
-    return dmabuf.status();
-  }
-  auto reg = [&](size_t i) {
-    // A dead device (IBV_EVENT_DEVICE_FATAL) registers nothing: the buffer
-    // is used, and published, on the others.
-    if (nics_[i]->fatal()) return;
-    entry->mrs[i] = RegisterRegion(
-        nics_[i]->pd(), region,
-        region.cuda_device >= 0 ? *dmabuf : GpuDmabufRange{}, access);
-    if (entry->mrs[i] == nullptr) errors[i] = errno;
-  };
-  if (region.length >= (1u << 30) && nics_.size() > 1) {
-    // Pinning a large region takes a while per NIC: in parallel. A NIC
-    // whose thread cannot start (a pids limit) is registered here, in
-    // turn, instead of aborting the process.
-    std::vector<std::thread> threads;
-    size_t i = 0;
-    try {
-      for (; i < nics_.size(); ++i) threads.emplace_back(reg, i);
-    } catch (const std::system_error&) {
-      for (; i < nics_.size(); ++i) reg(i);
-    }
-    for (auto& t : threads) t.join();
-  } else {
-    for (size_t i = 0; i < nics_.size(); ++i) reg(i);
-  }
-  // The NICs hold the dma-buf now (an MR is an attachment of it).
-  if (region.cuda_device >= 0 && dmabuf->fd >= 0) close(dmabuf->fd);
-  for (size_t i = 0; i < nics_.size(); ++i) {
-    if (entry->mrs[i] == nullptr && !nics_[i]->fatal()) {
-      for (ibv_mr* mr : entry->mrs) {
-        if (mr != nullptr) ibv_dereg_mr(mr);
-      }
-      if (region.cuda_device >= 0) {
-        return RegisterStaged(
-            region, std::move(entry->tiers),
-            GpuRegistrationError(region, *dmabuf, nics_[i]->name(), errors[i]));
-      }
-      const std::string what =
-          absl::StrCat("ibv_reg_mr of ", region.length, " bytes at 0x",
-                       absl::Hex(region.addr), " on ", nics_[i]->name(), ": ",
-                       std::strerror(errors[i]));
-      if (errors[i] == EFAULT) {
-        // Not memory a NIC can pin: a hole, inaccessible memory (a GPU
-        // address with no GPU registration path), or read-only memory.
-        return absl::InvalidArgumentError(
-            absl::StrCat(what, " (the range is not all mapped",
-                         region.remote_accessible ? " read-write" : " readable",
-                         " memory)"));
-      }
-      return absl::ResourceExhaustedError(absl::StrCat(
-          what, errors[i] == ENOMEM ? MemlockAdvice(nics_.size()) : ""));
-    }
-    entry->lkeys.push_back(entry->mrs[i] != nullptr ? entry->mrs[i]->lkey : 0);
-  }
-  if (region.remote_accessible) {
-    for (size_t i = 0; i < nics_.size(); ++i) {
-      if (entry->mrs[i] == nullptr) continue;
-      metadata::NicKey* k = published->add_keys();
-      k->set_nic(nics_[i]->name());
-      k->set_rkey(entry->mrs[i]->rkey);
-    }
-  }
-  const LocalMr* handle = entry.get();
-  MutexLock lock(&mr_mu_);
-  mrs_[region.addr] = std::move(entry);
-  return handle;
-}
-
-absl::StatusOr<MemoryHandle> RdmaTransport::RegisterStaged(
-    const MemoryRegion& region, std::vector<int> tiers,
-    const absl::Status& why) {
-  if (!options_.rdma.gpu_staging) {
-    return absl::Status(
-        why.code(),
-        absl::StrCat(why.message(),
-                     " (rdma.gpu_staging is off, so it is not staged through "
-                     "host memory instead)"));
-  }
-  if (absl::Status s = gpu_staging_->Prepare(region.cuda_device); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat(why.message(),
-                                               "; staging it through host "
-                                               "memory instead failed too: ",
-                                               s.message()));
-  }
-  FERRY_LOG_EVERY(kWarn, "rdma", absl::Seconds(10), "GPU memory at 0x",
-                  absl::Hex(region.addr), "+", region.length, " on ",
-                  region.location,
-                  " is staged through pinned host memory (slower, and "
-                  "peers cannot reach it over RDMA), since GPUDirect RDMA "
-                  "is not available: ",
-                  why.message());
-  auto entry = std::make_unique<LocalMr>();
-  entry->addr = region.addr;
-  entry->length = region.length;
-  entry->gpu = true;
-  entry->staged = true;
-  entry->device = region.cuda_device;
-  entry->tiers = std::move(tiers);
-  const LocalMr* handle = entry.get();
-  MutexLock lock(&mr_mu_);
-  mrs_[region.addr] = std::move(entry);
-  staged_registrations_.fetch_add(1, std::memory_order_relaxed);
-  return handle;
+  return mrs_.Register(region, published);
 }
 
 absl::StatusOr<MemoryHandle> RdmaTransport::StagedPath::RegisterStagingBuffer(
@@ -430,26 +278,7 @@ void RdmaTransport::StagedPath::UnregisterStagingBuffer(uint8_t* buffer) {
 }
 
 absl::Status RdmaTransport::UnregisterMemory(uintptr_t addr) {
-  std::unique_ptr<LocalMr> entry;
-  {
-    MutexLock lock(&mr_mu_);
-    auto it = mrs_.find(addr);
-    if (it == mrs_.end()) {
-      return absl::NotFoundError("buffer not registered with RDMA");
-    }
-    entry = std::move(it->second);
-    mrs_.erase(it);
-    if (entry->staged) {
-      staged_registrations_.fetch_sub(1, std::memory_order_relaxed);
-    }
-  }
-  // The engine no longer uses the buffer (its leases are gone); a peer
-  // still accessing it gets a remote access error, never stale memory:
-  // ibv_dereg_mr waits for accesses in progress.
-  for (ibv_mr* mr : entry->mrs) {
-    if (mr != nullptr) ibv_dereg_mr(mr);
-  }
-  return absl::OkStatus();
+  return mrs_.Unregister(addr);
 }
 
 int RdmaTransport::NicIndex(absl::string_view name) const {
@@ -551,6 +380,9 @@ TransportStats RdmaTransport::Stats() const {
 
 void RdmaTransport::Shutdown() {
   if (stopping_.exchange(true)) return;
+  // Only the notices already queued go out from here on; their deadline
+  // is set once no peer request can queue more (below).
+  control_.BeginFarewell(absl::InfiniteFuture());
   // Cancels the staged slices waiting for a buffer and runs the callbacks
   // of the copies in flight (whose slices Submit now cancels).
   if (gpu_staging_ != nullptr) gpu_staging_->Stop();
@@ -559,11 +391,7 @@ void RdmaTransport::Shutdown() {
   if (env_.peer_channel != nullptr) {
     env_.peer_channel->RemoveHandler(std::string(name()));
   }
-  {
-    MutexLock lock(&jobs_mu_);
-    farewell_deadline_ = clock_->Now() + kFarewell;
-    jobs_cv_.SignalAll();
-  }
+  control_.BeginFarewell(clock_->Now() + kFarewell);
   for (auto& t : control_threads_) t.join();
   control_threads_.clear();
   {
@@ -580,13 +408,7 @@ void RdmaTransport::Shutdown() {
   }
   // Every endpoint, wherever it is referenced.
   std::vector<std::shared_ptr<Endpoint>> eps = store_.TakeAll();
-  {
-    MutexLock lock(&jobs_mu_);
-    for (Job& j : jobs_) {
-      if (j.ep != nullptr) eps.push_back(std::move(j.ep));
-    }
-    jobs_.clear();
-  }
+  for (auto& ep : control_.TakeEndpoints()) eps.push_back(std::move(ep));
   for (auto& peer : peers_.TakeAll()) {
     MutexLock plock(&peer->mu);
     for (Peer::Rail& r : peer->rails) {
@@ -621,15 +443,7 @@ void RdmaTransport::Shutdown() {
     while (Slice* s = gone.pop_front()) s->Complete(cancelled);
   }
   eps.clear();
-  {
-    MutexLock lock(&mr_mu_);
-    for (auto& [addr, entry] : mrs_) {
-      for (ibv_mr* mr : entry->mrs) {
-        if (mr != nullptr) ibv_dereg_mr(mr);
-      }
-    }
-    mrs_.clear();
-  }
+  mrs_.DeregisterAll();
   for (auto& w : workers_) {
     if (w->wake_fd >= 0) ::close(w->wake_fd);
   }

@@ -107,18 +107,25 @@
 //
 // Thread-safe as the Transport interface requires. Lock order:
 // Poller::poll_mu, PeerTable (peers), Peer::mu, EndpointStore,
-// Endpoint::mu, Poller::map_mu, jobs_mu_. Sinks are called with no lock
-// held but poll_mu. gRPC threads (OnExchange) never wait for a drain, a
-// post or another RPC: what would block is queued for the control
+// Endpoint::mu, Poller::map_mu; the leaves, under which no other lock
+// is taken: ControlQueue's, MrTable's two and housekeeper_mu_. Sinks are called
+// with no lock held but poll_mu. gRPC threads (OnExchange) never wait for a
+// drain, a post or another RPC: what would block is queued for the control
 // threads.
 //
-// Implementation split by concern: connector.{h,cc} (the set-up state
-// machines), handshake.{h,cc} (message validation), endpoint_store.{h,cc},
-// peer.{h,cc} (peer records and table), rdma_transport.cc (lifecycle,
-// memory, peers, stats), rdma_route.cc (rail choice, endpoints, posting),
-// rdma_connect.cc (executing the connectors' actions, handshakes, notices,
-// closing, housekeeping, keepalive), rdma_poll.cc (workers, completions,
-// failover, async events).
+// Implementation split by concern. Parts with their own state, lock and
+// tests: connector.{h,cc} (the set-up state machines, no threads),
+// handshake.{h,cc} (message validation), control_queue.{h,cc} (the
+// control threads' jobs and their admission, no threads), mr_table.{h,cc}
+// (registered memory on every NIC), endpoint_store.{h,cc}, peer.{h,cc}
+// (peer records and table), rail_router.h (rail choice). This class
+// wires them and runs the threads; its members are defined by concern in
+// rdma_transport.cc (lifecycle, peers, stats), rdma_route.cc (rail
+// choice, endpoints, posting), rdma_connect.cc (executing the connectors'
+// actions, the initiating handshake), rdma_accept.cc (the accepting
+// handshake, on gRPC threads), rdma_close.cc (notices and closes),
+// rdma_housekeep.cc (deadlines, keepalive) and rdma_poll.cc (workers,
+// completions, failover, async events).
 #ifndef FERRY_TRANSPORT_RDMA_RDMA_TRANSPORT_H_
 #define FERRY_TRANSPORT_RDMA_RDMA_TRANSPORT_H_
 
@@ -136,10 +143,12 @@
 #include "common/mutex.h"
 #include "transport/gpu_staging.h"
 #include "transport/rdma/connector.h"
+#include "transport/rdma/control_queue.h"
 #include "transport/rdma/endpoint.h"
 #include "transport/rdma/endpoint_store.h"
 #include "transport/rdma/handshake.pb.h"
 #include "transport/rdma/local_mr.h"
+#include "transport/rdma/mr_table.h"
 #include "transport/rdma/nic.h"
 #include "transport/rdma/peer.h"
 #include "transport/rdma/qp.h"
@@ -152,8 +161,6 @@ class RdmaTransport final : public Transport {
  public:
   // Threads running handshakes, notices and closes (never the data path).
   static constexpr int kControlThreads = 4;
-  // Connects running at once to one peer that has been reached.
-  static constexpr int kMaxConnectsPerPeer = 4;
   // How long Shutdown lets queued notices (DISCONNECTs of closed
   // endpoints) go out.
   static constexpr absl::Duration kFarewell = absl::Milliseconds(200);
@@ -203,30 +210,7 @@ class RdmaTransport final : public Transport {
     int wake_fd = -1;
     std::thread thread;
   };
-  // Work for the control threads.
-  struct Job {
-    enum class Kind {
-      kConnect,  // Send attempt `attempt` of `ep` claiming `epoch`.
-      kNotice,   // Tell `peer` `notice` about connection `epoch` of the
-                 // rail (`local`, `remote_nic`), of its run `incarnation`
-                 // (a DISCONNECT of ours: `ep`, dropped early if the peer
-                 // had nothing posted).
-      kClose,    // The peer closed `ep`'s connection: drain and drop it.
-      kFail,     // Fail `ep` with `why` (flush if `flush`).
-      kPost,     // `ep` may send: post what waits.
-    };
-    Kind kind = Kind::kConnect;
-    EndpointPtr ep;
-    std::shared_ptr<Peer> peer;
-    uint64_t attempt = 0;
-    uint64_t epoch = 0;
-    RailNotice::Kind notice = RailNotice::READY;
-    int local = 0;
-    std::string remote_nic;
-    uint64_t incarnation = 0;
-    absl::Status why;
-    bool flush = false;
-  };
+  using Job = ControlJob;
 
   // --- rdma_transport.cc
   absl::Status ValidateOptions() const;
@@ -243,11 +227,6 @@ class RdmaTransport final : public Transport {
   void RouteRun(absl::Span<Slice* const> run, absl::Time now, int reroutes);
   // Submit while some GPU memory is staged: staged slices to gpu_staging_.
   void SubmitSomeStaged(absl::Span<Slice* const> slices);
-  // Registers GPU memory no NIC could register (`why`) as staged, when
-  // rdma.gpu_staging allows; else returns `why`.
-  absl::StatusOr<MemoryHandle> RegisterStaged(const MemoryRegion& region,
-                                              std::vector<int> tiers,
-                                              const absl::Status& why);
   void RouteQueue(SliceQueue* q, absl::Time now, int reroutes);
   // The rail's endpoint, created (and its connect queued) if it has none.
   // Null with *why set while the peer is backing off after failed
@@ -266,11 +245,8 @@ class RdmaTransport final : public Transport {
   void AfterPost(const EndpointPtr& ep, Endpoint::PostResult result);
 
   // --- rdma_connect.cc
-  void QueueJob(Job job);
+  void QueueJob(Job job) { control_.Push(std::move(job)); }
   void ControlLoop();
-  // Connect jobs to `peer` may start now (jobs_mu_ held).
-  bool MayStartConnect(const Peer* peer) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(jobs_mu_);
   void RunConnect(const EndpointPtr& ep, uint64_t attempt, uint64_t epoch);
   void RunNotice(const Job& job);
   absl::StatusOr<std::string> OnExchange(const std::string& from,
@@ -357,33 +333,16 @@ class RdmaTransport final : public Transport {
 
   std::vector<std::unique_ptr<Nic>> nics_;
   Topology topology_;
-  // GPUs whose NIC preference was logged (once each, at their first
-  // registered buffer).
-  Mutex gpu_logged_mu_;
-  uint64_t gpu_logged_ ABSL_GUARDED_BY(gpu_logged_mu_) = 0;
   std::vector<std::unique_ptr<Poller>> pollers_;  // One per NIC.
   std::vector<std::unique_ptr<Worker>> workers_;
 
-  Mutex mr_mu_;
-  std::map<uintptr_t, std::unique_ptr<LocalMr>> mrs_ ABSL_GUARDED_BY(mr_mu_);
-  // Registrations of GPU memory staged through host buffers (no GPUDirect):
-  // while there are none, Submit does not look for staged slices.
-  std::atomic<int> staged_registrations_{0};
+  MrTable mrs_{nics_, topology_, options_.rdma,
+               [this](int device) { return gpu_staging_->Prepare(device); }};
 
   PeerTable peers_;
   EndpointStore store_;
 
-  Mutex jobs_mu_;
-  CondVar jobs_cv_;
-  std::deque<Job> jobs_ ABSL_GUARDED_BY(jobs_mu_);
-  // Connect jobs running per peer.
-  absl::flat_hash_map<const Peer*, int> connects_running_
-      ABSL_GUARDED_BY(jobs_mu_);
-  // Shutdown: queued notices still go out until then.
-  // Until Shutdown sets it (just after stopping_), no deadline: a control
-  // thread waking in between still sends the queued notices.
-  absl::Time farewell_deadline_ ABSL_GUARDED_BY(jobs_mu_) =
-      absl::InfiniteFuture();
+  ControlQueue control_;
   std::vector<std::thread> control_threads_;
   // The housekeeper's timed wait is on clock_, so a simulated clock drives
   // it (an absl::Notification's timeout would be real time).

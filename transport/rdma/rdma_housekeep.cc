@@ -1,0 +1,119 @@
+// RdmaTransport's housekeeper: every kHousekeepingInterval it enforces
+// the deadlines of slices an endpoint holds (waiting ones fail, posted
+// ones are flushed), ticks the connectors' own deadlines, probes idle
+// connections (keepalive), closes endpoints marked to close when idle
+// and drops drained ones. Its timed wait is on the transport's clock, so
+// a simulated clock drives it.
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/status_macros.h"
+#include "transport/rdma/handshake.h"
+#include "transport/rdma/rdma_transport.h"
+
+namespace ferry::rdma {
+namespace {
+
+constexpr absl::Duration kHousekeepingInterval = absl::Milliseconds(50);
+
+}  // namespace
+
+void RdmaTransport::HousekeeperLoop() {
+  while (true) {
+    {
+      MutexLock lock(&housekeeper_mu_);
+      const absl::Time next = clock_->Now() + kHousekeepingInterval;
+      while (
+          !stop_housekeeper_ &&
+          !clock_->WaitWithDeadline(&housekeeper_cv_, &housekeeper_mu_, next)) {
+      }
+      if (stop_housekeeper_) return;
+    }
+    Housekeep(clock_->NowNanos());
+  }
+}
+
+void RdmaTransport::Housekeep(int64_t now_ns) {
+  const absl::Time now = absl::FromUnixNanos(now_ns);
+  const int64_t keepalive_ns =
+      absl::ToInt64Nanoseconds(options_.rdma.keepalive_interval);
+  // Deadlines of the slices an endpoint holds: waiting ones fail here,
+  // posted ones by flushing their QP (the NIC might still be moving their
+  // bytes, so they complete only when the flush says the NIC is done).
+  // False if a post held the endpoint (see LockUnlessPosting).
+  auto expire = [&](const EndpointPtr& ep, bool live) {
+    SliceQueue expired;
+    if (!ep->LockUnlessPosting(now_ns)) return false;
+    {
+      SliceQueue keep;
+      while (Slice* s = ep->waiting.pop_front()) {
+        if (s->deadline <= now) {
+          expired.push_back(s);
+        } else {
+          keep.push_back(s);
+        }
+      }
+      ep->waiting.Append(&keep);
+      const bool drain_over =
+          !live && ep->drain_deadline_ns != 0 && now_ns > ep->drain_deadline_ns;
+      for (QueuePair& q : ep->qps) {
+        if (q.qp == nullptr || q.count() == 0) continue;
+        // The oldest slice, past any keepalive or fence (null entries):
+        // one of those waiting for its acknowledgement must not hide the
+        // slices behind it from their deadlines.
+        const Slice* oldest = nullptr;
+        for (uint64_t seq = q.head; seq < q.next && oldest == nullptr; ++seq) {
+          oldest = q.posted[seq % kMaxOutstanding];
+        }
+        if (drain_over || (oldest != nullptr && oldest->deadline <= now)) {
+          FlushQp(q.qp);
+        }
+      }
+      if (drain_over) ep->drain_deadline_ns = 0;  // Flushed once.
+      // Keepalive: probe a connection idle for keepalive_interval.
+      if (live && keepalive_ns > 0 && ep->Idle() && ep->PostedLocked() == 0) {
+        if (ep->active.exchange(false, std::memory_order_relaxed) ||
+            ep->last_active_ns == 0) {
+          ep->last_active_ns = now_ns;
+        } else if (now_ns - ep->last_active_ns >= keepalive_ns) {
+          ep->last_active_ns = now_ns;
+          ep->PostKeepaliveLocked();
+        }
+      }
+      ep->mu.Unlock();
+    }
+    ep->Unload(expired);
+    while (Slice* s = expired.pop_front()) {
+      s->Complete(absl::DeadlineExceededError(kPastDeadline));
+    }
+    return true;
+  };
+  for (const EndpointPtr& ep : store_.Live()) {
+    // The connector's deadlines: the tie-break winner's request, READY.
+    const bool timed = ep->state() == Endpoint::State::kConnecting ||
+                       !ep->confirmed.load(std::memory_order_acquire);
+    if (timed && !ep->off_rail()) {
+      Peer* peer = ep->peer();
+      Later later;
+      {
+        MutexLock lock(&peer->mu);
+        Peer::Rail* rail = peer->FindRail(ep->local_nic(), ep->remote_nic());
+        if (rail != nullptr && rail->ep == ep) {
+          Actions acts;
+          rail->conn.Tick(now_ns, &acts);
+          ApplyLocked(peer, rail, acts, nullptr, nullptr, &later);
+        }
+      }
+      RunLater(&later, /*inline_ok=*/true);
+    }
+    expire(ep, /*live=*/true);
+    if (ep->close_when_idle.load(std::memory_order_relaxed) && ep->Idle()) {
+      Close(ep, /*evicted=*/false);
+    }
+  }
+  for (const EndpointPtr& ep : store_.Draining()) {
+    if (expire(ep, /*live=*/false)) DropIfDrained(ep);
+  }
+  peers_.Trim();
+}
+
+}  // namespace ferry::rdma
