@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "transport/rdma/handshake.h"
 
@@ -17,6 +19,44 @@ using Phase = RailConnector::Phase;
 constexpr int kAccepted = 0, kLost = 1, kSuperseded = 2, kStale = 3, kError = 4,
               kRefused = 5;
 constexpr int kReady = 0, kDisconnect = 1;
+
+// The reply results the machine sees as outcomes of their own; the others
+// (stale incarnation, error) are kFailed. One table for both directions,
+// so that a delivered reply and a forged one cannot disagree.
+struct ReplyOutcome {
+  int result;
+  RailConnector::Outcome outcome;
+};
+constexpr ReplyOutcome kReplyOutcomes[] = {
+    {kAccepted, RailConnector::Outcome::kAccepted},
+    {kLost, RailConnector::Outcome::kLostTieBreak},
+    {kSuperseded, RailConnector::Outcome::kSuperseded},
+    {kRefused, RailConnector::Outcome::kRefused},
+};
+
+RailConnector::Outcome OutcomeOfResult(int result) {
+  for (const ReplyOutcome& r : kReplyOutcomes) {
+    if (r.result == result) return r.outcome;
+  }
+  return RailConnector::Outcome::kFailed;
+}
+
+// Not for kFailed, whose result depends on why (stale or error).
+int ResultOfOutcome(RailConnector::Outcome outcome) {
+  for (const ReplyOutcome& r : kReplyOutcomes) {
+    if (r.outcome == outcome) return r.result;
+  }
+  return kError;
+}
+
+// Removes and returns the message or operation at `index` (the one that
+// goes next).
+template <typename T>
+T TakeAt(std::vector<T>* items, int index) {
+  T item = (*items)[index];
+  items->erase(items->begin() + index);
+  return item;
+}
 
 const char* EventName(World::Event::Kind k) {
   switch (k) {
@@ -83,36 +123,51 @@ void World::DropEndpoint(int side, uint64_t ep) {
   sides_[side].ep_qp.erase(it);
 }
 
+World::Msg World::Addressed(Msg::Type type, int to, uint64_t from_inc,
+                            uint64_t to_inc) {
+  Msg m;
+  m.type = type;
+  m.to = to;
+  m.from_inc = from_inc;
+  m.to_inc = to_inc;
+  return m;
+}
+
+World::Op World::NewOp(Op::Type type, int side,
+                       const RailConnector::Action& a) const {
+  Op op;
+  op.type = type;
+  op.side = side;
+  op.side_inc = sides_[side].inc;
+  op.ep = a.ep;
+  op.attempt = a.attempt;
+  op.epoch = a.epoch;
+  return op;
+}
+
+void World::PeerRestarted(int side, uint64_t peer_inc, Ctx* ctx) {
+  RailConnector::Actions acts;
+  sides_[side].m.Restart(&acts);
+  Exec(side, acts, ctx);
+  sides_[side].peer_inc = peer_inc;
+}
+
 void World::Exec(int side, const RailConnector::Actions& acts, Ctx* ctx) {
   Side& s = sides_[side];
   const int other = 1 - side;
   for (const RailConnector::Action& a : acts) {
     switch (a.kind) {
-      case Kind::kSendRequest: {
-        Op op;
-        op.type = Op::Type::kSend;
-        op.side = side;
-        op.side_inc = s.inc;
-        op.ep = a.ep;
-        op.attempt = a.attempt;
-        op.epoch = a.epoch;
-        ops_.push_back(op);
+      case Kind::kSendRequest:
+        ops_.push_back(NewOp(Op::Type::kSend, side, a));
         s.ep_qp.emplace(a.ep, -1);
         break;
-      }
       case Kind::kInstall: {
-        Op op;
-        op.type = Op::Type::kInstall;
-        op.side = side;
-        op.side_inc = s.inc;
-        op.ep = a.ep;
-        op.attempt = a.attempt;
-        op.epoch = a.epoch;
         auto it = s.attempt_qp.find(a.attempt);
         if (it == s.attempt_qp.end()) {
           error_ = "install of an attempt without QPs";
           break;
         }
+        Op op = NewOp(Op::Type::kInstall, side, a);
         op.qp = it->second;
         s.attempt_qp.erase(it);
         op.remote_qp = ctx->reply_qp;
@@ -124,13 +179,9 @@ void World::Exec(int side, const RailConnector::Actions& acts, Ctx* ctx) {
           error_ = "accept outside a request";
           break;
         }
-        Op op;
-        op.type = Op::Type::kAccept;
-        op.side = side;
-        op.side_inc = s.inc;
-        op.ep = a.ep;
+        Op op = NewOp(Op::Type::kAccept, side, a);
+        // The reply answers the initiator's attempt, not one of ours.
         op.attempt = ctx->request->attempt;
-        op.epoch = a.epoch;
         op.qp = ctx->request->qp;
         op.req_from_inc = ctx->request->from_inc;
         ops_.push_back(op);
@@ -140,11 +191,7 @@ void World::Exec(int side, const RailConnector::Actions& acts, Ctx* ctx) {
       case Kind::kReply:
       case Kind::kReplyAccepted:
       case Kind::kRefuse: {
-        Msg m;
-        m.type = Msg::Type::kReply;
-        m.to = other;
-        m.from_inc = s.inc;
-        m.to_inc = ctx->reply_to_inc;
+        Msg m = Addressed(Msg::Type::kReply, other, s.inc, ctx->reply_to_inc);
         m.attempt = ctx->reply_attempt;
         m.epoch = a.epoch;
         if (a.kind == Kind::kReplyAccepted) {
@@ -181,11 +228,7 @@ void World::Exec(int side, const RailConnector::Actions& acts, Ctx* ctx) {
         break;
       case Kind::kTellReady:
       case Kind::kTellDisconnect: {
-        Msg m;
-        m.type = Msg::Type::kNotice;
-        m.to = other;
-        m.from_inc = s.inc;
-        m.to_inc = s.peer_inc;
+        Msg m = Addressed(Msg::Type::kNotice, other, s.inc, s.peer_inc);
         m.epoch = a.epoch;
         m.result = a.kind == Kind::kTellReady ? kReady : kDisconnect;
         Send(m);
@@ -261,35 +304,26 @@ void World::Deliver(const Msg& m) {
       ctx.request = &m;
       ctx.reply_attempt = m.attempt;
       ctx.reply_to_inc = m.from_inc;
+      // The transport answers these itself: the rail's machine never
+      // sees the request.
+      auto answer = [&](int result, uint64_t epoch) {
+        Msg r = Addressed(Msg::Type::kReply, 1 - m.to, t.inc, m.from_inc);
+        r.attempt = m.attempt;
+        r.epoch = epoch;
+        r.result = result;
+        Send(r);
+      };
       // The transport's peer-level checks, then the rail's machine.
       if (m.to_inc != t.inc) {  // 0 is no run (OnConnect).
-        Msg r;
-        r.type = Msg::Type::kReply;
-        r.to = 1 - m.to;
-        r.from_inc = t.inc;
-        r.to_inc = m.from_inc;
-        r.attempt = m.attempt;
-        r.epoch = t.inc;  // The target's incarnation rides here.
-        r.result = kStale;
-        Send(r);
+        answer(kStale, t.inc);  // The target's incarnation rides in epoch.
         return;
       }
       if (m.from_inc != t.peer_inc) {
         if (m.from_inc < t.peer_inc) {  // An earlier run of the peer.
-          Msg r;
-          r.type = Msg::Type::kReply;
-          r.to = 1 - m.to;
-          r.from_inc = t.inc;
-          r.to_inc = m.from_inc;
-          r.attempt = m.attempt;
-          r.result = kError;
-          Send(r);
+          answer(kError, 0);
           return;
         }
-        t.m.Restart(&acts);
-        Exec(m.to, acts, &ctx);
-        acts.clear();
-        t.peer_inc = m.from_inc;
+        PeerRestarted(m.to, m.from_inc, &ctx);
       }
       t.m.OnRequest(m.epoch, next_ep_++, &acts);
       Exec(m.to, acts, &ctx);
@@ -297,30 +331,10 @@ void World::Deliver(const Msg& m) {
     }
     case Msg::Type::kReply: {
       if (m.to_inc != t.inc) return;  // To a process that is gone.
-      RailConnector::Outcome outcome = RailConnector::Outcome::kFailed;
-      switch (m.result) {
-        case kAccepted:
-          outcome = RailConnector::Outcome::kAccepted;
-          break;
-        case kLost:
-          outcome = RailConnector::Outcome::kLostTieBreak;
-          break;
-        case kSuperseded:
-          outcome = RailConnector::Outcome::kSuperseded;
-          break;
-        case kRefused:
-          outcome = RailConnector::Outcome::kRefused;
-          break;
-        case kStale:
-          if (m.epoch > t.peer_inc) {
-            t.m.Restart(&acts);
-            Exec(m.to, acts, &ctx);
-            acts.clear();
-            t.peer_inc = m.epoch;
-          }
-          break;
-        default:
-          break;
+      const RailConnector::Outcome outcome = OutcomeOfResult(m.result);
+      // A stale incarnation reply carries the target's run in epoch.
+      if (m.result == kStale && m.epoch > t.peer_inc) {
+        PeerRestarted(m.to, m.epoch, &ctx);
       }
       ctx.reply_qp = m.qp;
       t.m.OnReply(m.attempt, outcome, m.result == kStale ? 0 : m.epoch,
@@ -380,48 +394,33 @@ void World::ApplyOne(const Event& e) {
       Exec(e.side, acts, &ctx);
       return;
     case K::kRunSend: {
-      const Op op = ops_[e.index];
-      ops_.erase(ops_.begin() + e.index);
+      const Op op = TakeAt(&ops_, e.index);
       if (op.side_inc != s.inc) return;
       if (!s.m.BeginSend(op.attempt)) return;
       const int q = NewQp(e.side);
       s.attempt_qp[op.attempt] = q;
-      Msg m;
-      m.type = Msg::Type::kRequest;
-      m.to = 1 - e.side;
-      m.from_inc = s.inc;
-      m.to_inc = s.peer_inc;
+      Msg m = Addressed(Msg::Type::kRequest, 1 - e.side, s.inc, s.peer_inc);
       m.attempt = op.attempt;
       m.qp = q;
       m.epoch = op.epoch;
       Send(m);
       return;
     }
-    case K::kDeliver: {
-      const Msg m = msgs_[e.index];
-      msgs_.erase(msgs_.begin() + e.index);
-      Deliver(m);
+    case K::kDeliver:
+      Deliver(TakeAt(&msgs_, e.index));
       return;
-    }
     case K::kDrop: {
       --budget_.drops;
-      const Msg m = msgs_[e.index];
-      msgs_.erase(msgs_.begin() + e.index);
+      const Msg m = TakeAt(&msgs_, e.index);
       if (m.type == Msg::Type::kNotice) return;
-      // The caller's RPC fails: it sees an error instead of the reply.
-      Msg r;
-      r.type = Msg::Type::kReply;
+      // The caller's RPC fails: it sees an error instead of the reply. (The
+      // target's QP of a lost accepted reply stays with the target's
+      // endpoint; the initiator never learns of it.)
+      Msg r = m.type == Msg::Type::kRequest
+                  ? Addressed(Msg::Type::kReply, 1 - m.to, 0, m.from_inc)
+                  : Addressed(Msg::Type::kReply, m.to, 0, m.to_inc);
       r.attempt = m.attempt;
       r.result = kError;
-      if (m.type == Msg::Type::kRequest) {
-        r.to = 1 - m.to;
-        r.to_inc = m.from_inc;
-      } else {
-        r.to = m.to;
-        r.to_inc = m.to_inc;
-        // The target's QP of an accepted reply stays with the target's
-        // endpoint; the initiator never learns of it.
-      }
       Send(r);
       return;
     }
@@ -429,8 +428,7 @@ void World::ApplyOne(const Event& e) {
     case K::kOpFail: {
       const bool ok = e.kind == K::kOpDone;
       if (!ok) --budget_.op_failures;
-      const Op op = ops_[e.index];
-      ops_.erase(ops_.begin() + e.index);
+      const Op op = TakeAt(&ops_, e.index);
       if (op.side_inc != s.inc) return;  // Its process is gone.
       const absl::Status result =
           ok ? absl::OkStatus() : absl::UnavailableError("QP failure");
@@ -486,10 +484,7 @@ void World::ApplyOne(const Event& e) {
       // messages to it find the new run.
       for (const Op& op : ops_) {
         if (op.side != 1 || op.type != Op::Type::kAccept) continue;
-        Msg r;
-        r.type = Msg::Type::kReply;
-        r.to = 0;
-        r.to_inc = op.req_from_inc;
+        Msg r = Addressed(Msg::Type::kReply, 0, 0, op.req_from_inc);
         r.attempt = op.attempt;
         r.result = kError;
         Send(r);
@@ -501,9 +496,7 @@ void World::ApplyOne(const Event& e) {
     }
     case K::kLearn:
       // The peer's new descriptor (fetched after failures).
-      sides_[0].m.Restart(&acts);
-      Exec(0, acts, &ctx);
-      sides_[0].peer_inc = sides_[1].inc;
+      PeerRestarted(0, sides_[1].inc, &ctx);
       return;
   }
 }
@@ -597,6 +590,31 @@ void Put(std::string* k, uint64_t v) {
   k->append(reinterpret_cast<const char*>(&v), sizeof(v));
 }
 
+// A std::map iterates in key order: its entries as they come are canonical.
+void PutMap(std::string* k, const std::map<uint64_t, int>& m) {
+  Put(k, m.size());
+  for (const auto& [key, value] : m) {
+    Put(k, key);
+    Put(k, static_cast<uint64_t>(value));
+  }
+}
+
+// Messages and operations in flight are sets: any may go next, so their
+// order is not state. Each item is encoded on its own, then sorted.
+template <typename T, typename Encode>
+void PutSet(std::string* k, const std::vector<T>& items, Encode encode) {
+  std::vector<std::string> parts;
+  parts.reserve(items.size());
+  for (const T& item : items) {
+    std::string p;
+    encode(item, &p);
+    parts.push_back(std::move(p));
+  }
+  std::sort(parts.begin(), parts.end());
+  Put(k, parts.size());
+  for (const std::string& p : parts) *k += p;
+}
+
 }  // namespace
 
 std::string World::Key() const {
@@ -607,55 +625,33 @@ std::string World::Key() const {
     Put(&k, s.inc);
     Put(&k, s.peer_inc);
     Put(&k, static_cast<uint64_t>(s.needs_left) * 2 + (s.wanted ? 1 : 0));
-    Put(&k, s.ep_qp.size());
-    for (const auto& [ep, q] : s.ep_qp) {
-      Put(&k, ep);
-      Put(&k, static_cast<uint64_t>(q));
-    }
-    Put(&k, s.attempt_qp.size());
-    for (const auto& [a, q] : s.attempt_qp) {
-      Put(&k, a);
-      Put(&k, static_cast<uint64_t>(q));
-    }
+    PutMap(&k, s.ep_qp);
+    PutMap(&k, s.attempt_qp);
   }
   Put(&k, qps_.size());
   for (const Qp& q : qps_) {
     Put(&k, (static_cast<uint64_t>(q.remote + 1) << 2) | (q.alive ? 2u : 0u) |
                 static_cast<uint64_t>(q.side));
   }
-  // Messages and operations in flight are sets: any may go next.
-  std::vector<std::string> parts;
-  parts.reserve(msgs_.size() + ops_.size());
-  for (const Msg& m : msgs_) {
-    std::string p;
-    Put(&p, static_cast<uint64_t>(m.type) | static_cast<uint64_t>(m.to) << 8 |
-                static_cast<uint64_t>(m.result) << 16);
-    Put(&p, m.from_inc);
-    Put(&p, m.to_inc);
-    Put(&p, m.attempt);
-    Put(&p, static_cast<uint64_t>(m.qp));
-    Put(&p, m.epoch);
-    parts.push_back(std::move(p));
-  }
-  std::sort(parts.begin(), parts.end());
-  Put(&k, parts.size());
-  for (const std::string& p : parts) k += p;
-  parts.clear();
-  for (const Op& o : ops_) {
-    std::string p;
-    Put(&p, static_cast<uint64_t>(o.type) | static_cast<uint64_t>(o.side) << 8);
-    Put(&p, o.side_inc);
-    Put(&p, o.ep);
-    Put(&p, o.attempt);
-    Put(&p, o.epoch);
-    Put(&p, static_cast<uint64_t>(o.qp));
-    Put(&p, static_cast<uint64_t>(o.remote_qp));
-    Put(&p, o.req_from_inc);
-    parts.push_back(std::move(p));
-  }
-  std::sort(parts.begin(), parts.end());
-  Put(&k, parts.size());
-  for (const std::string& p : parts) k += p;
+  PutSet(&k, msgs_, [](const Msg& m, std::string* p) {
+    Put(p, static_cast<uint64_t>(m.type) | static_cast<uint64_t>(m.to) << 8 |
+               static_cast<uint64_t>(m.result) << 16);
+    Put(p, m.from_inc);
+    Put(p, m.to_inc);
+    Put(p, m.attempt);
+    Put(p, static_cast<uint64_t>(m.qp));
+    Put(p, m.epoch);
+  });
+  PutSet(&k, ops_, [](const Op& o, std::string* p) {
+    Put(p, static_cast<uint64_t>(o.type) | static_cast<uint64_t>(o.side) << 8);
+    Put(p, o.side_inc);
+    Put(p, o.ep);
+    Put(p, o.attempt);
+    Put(p, o.epoch);
+    Put(p, static_cast<uint64_t>(o.qp));
+    Put(p, static_cast<uint64_t>(o.remote_qp));
+    Put(p, o.req_from_inc);
+  });
   Put(&k, static_cast<uint64_t>(budget_.drops) |
               static_cast<uint64_t>(budget_.op_failures) << 8 |
               static_cast<uint64_t>(budget_.local_failures) << 16 |
@@ -668,19 +664,15 @@ std::string World::Key() const {
 
 absl::Status World::InjectPayload(const std::string& payload) {
   // Side 1's peer handler, given a message from side 0 ("a").
-  auto msg = ParseRdmaMessage(payload);
-  if (!msg.ok()) return msg.status();
-  if (msg->has_connect()) {
-    const ConnectRequest& req = msg->connect();
+  FERRY_ASSIGN_OR_RETURN(const RdmaMessage msg, ParseRdmaMessage(payload));
+  if (msg.has_connect()) {
+    const ConnectRequest& req = msg.connect();
     FERRY_RETURN_IF_ERROR(ValidateConnectRequest(req, "a"));
     if (req.target_nic() != "nic0" || req.initiator_nic() != "nic0") {
       return absl::NotFoundError("no such rail");
     }
-    Msg m;
-    m.type = Msg::Type::kRequest;
-    m.to = 1;
-    m.from_inc = req.initiator_incarnation();
-    m.to_inc = req.target_incarnation();
+    Msg m = Addressed(Msg::Type::kRequest, 1, req.initiator_incarnation(),
+                      req.target_incarnation());
     m.attempt = req.initiator_qps(0).qpn();  // Any id: replies go nowhere.
     m.qp = NewQp(0);
     qps_[m.qp].alive = false;  // Nobody's: a forged request's QP.
@@ -688,13 +680,10 @@ absl::Status World::InjectPayload(const std::string& payload) {
     Deliver(m);
     return absl::OkStatus();
   }
-  const RailNotice& n = msg->notice();
+  const RailNotice& n = msg.notice();
   FERRY_RETURN_IF_ERROR(ValidateRailNotice(n, "a"));
-  Msg m;
-  m.type = Msg::Type::kNotice;
-  m.to = 1;
-  m.from_inc = n.initiator_incarnation();
-  m.to_inc = n.target_incarnation();
+  Msg m = Addressed(Msg::Type::kNotice, 1, n.initiator_incarnation(),
+                    n.target_incarnation());
   m.epoch = n.epoch();
   m.result = n.kind() == RailNotice::READY ? kReady : kDisconnect;
   Deliver(m);
@@ -711,32 +700,20 @@ absl::Status World::InjectReply(const std::string& payload) {
     return absl::InvalidArgumentError("malformed RDMA connect reply");
   }
   FERRY_RETURN_IF_ERROR(ValidateConnectReply(reply, 1));
-  Msg m;
-  m.type = Msg::Type::kReply;
-  m.to = 1;
-  m.to_inc = t.inc;
+  Msg m = Addressed(Msg::Type::kReply, 1, 0, t.inc);
   m.attempt = t.m.attempt();
   m.epoch = reply.epoch();
-  switch (OutcomeOf(reply)) {
-    case RailConnector::Outcome::kAccepted:
-      m.result = kAccepted;
-      m.qp = NewQp(0);
-      qps_[m.qp].alive = false;  // Forged: no QP behind it.
-      break;
-    case RailConnector::Outcome::kLostTieBreak:
-      m.result = kLost;
-      break;
-    case RailConnector::Outcome::kSuperseded:
-      m.result = kSuperseded;
-      break;
-    case RailConnector::Outcome::kRefused:
-      m.result = kRefused;
-      break;
-    case RailConnector::Outcome::kFailed:
-      m.result =
-          reply.result() == ConnectReply::STALE_INCARNATION ? kStale : kError;
-      m.epoch = reply.target_incarnation();
-      break;
+  const RailConnector::Outcome outcome = OutcomeOf(reply);
+  if (outcome == RailConnector::Outcome::kFailed) {
+    m.result =
+        reply.result() == ConnectReply::STALE_INCARNATION ? kStale : kError;
+    m.epoch = reply.target_incarnation();
+  } else {
+    m.result = ResultOfOutcome(outcome);
+  }
+  if (m.result == kAccepted) {
+    m.qp = NewQp(0);
+    qps_[m.qp].alive = false;  // Forged: no QP behind it.
   }
   Deliver(m);
   return absl::OkStatus();

@@ -140,6 +140,17 @@ class World {
   };
   static constexpr int64_t kTimeout = 1000;
 
+  // A message's envelope: to whom, and between which runs of the sides
+  // (0 where the sender's run does not matter); the payload is the
+  // caller's to fill in.
+  static Msg Addressed(Msg::Type type, int to, uint64_t from_inc,
+                       uint64_t to_inc);
+  // An operation of `side`'s current run for the action that asks for it.
+  Op NewOp(Op::Type type, int side, const RailConnector::Action& a) const;
+  // `side` learns that its peer now runs as `peer_inc`: the peer's
+  // connections and epochs are gone.
+  void PeerRestarted(int side, uint64_t peer_inc, Ctx* ctx);
+
   void ApplyOne(const Event& e);
   void Exec(int side, const RailConnector::Actions& acts, Ctx* ctx);
   void Kill(int qp);
