@@ -106,15 +106,7 @@ void ClientSession::OnSent(size_t n) {
 
 std::pair<uint8_t*, size_t> ClientSession::InputBuffer() {
   if (body_left_ > 0) return {body_, body_left_};  // Nothing is staged.
-  if (staged_begin_ == staged_end_) {
-    staged_begin_ = staged_end_ = 0;
-  } else if (staged_end_ == kStagingBytes) {
-    std::memmove(staging_, staging_ + staged_begin_,
-                 staged_end_ - staged_begin_);
-    staged_end_ -= staged_begin_;
-    staged_begin_ = 0;
-  }
-  return {staging_ + staged_end_, kStagingBytes - staged_end_};
+  return staging_.Space();
 }
 
 absl::Status ClientSession::OnReceived(size_t n, std::vector<Done>* done) {
@@ -124,7 +116,7 @@ absl::Status ClientSession::OnReceived(size_t n, std::vector<Done>* done) {
     body_left_ -= n;
     if (body_left_ == 0) FinishFront(absl::OkStatus(), done);
   } else {
-    staged_end_ += std::min(n, kStagingBytes - staged_end_);
+    staging_.Commit(n);
   }
   return Process(done);
 }
@@ -138,17 +130,17 @@ void ClientSession::FinishFront(absl::Status status, std::vector<Done>* done) {
 
 absl::Status ClientSession::Process(std::vector<Done>* done) {
   while (true) {
-    const size_t staged = staged_end_ - staged_begin_;
+    const size_t staged = staging_.size();
     if (body_left_ > 0) {
       if (staged == 0) return absl::OkStatus();
       const size_t take = std::min(staged, body_left_);
       {
         ScopedDmaAccess dma;  // Into application memory, as recv() is.
-        std::memcpy(body_, staging_ + staged_begin_, take);
+        std::memcpy(body_, staging_.data(), take);
       }
       body_ += take;
       body_left_ -= take;
-      staged_begin_ += take;
+      staging_.Consume(take);
       if (body_left_ == 0) FinishFront(absl::OkStatus(), done);
       continue;
     }
@@ -158,8 +150,7 @@ absl::Status ClientSession::Process(std::vector<Done>* done) {
       continue;
     }
     ResponseHeader h;
-    if (absl::Status s = DecodeResponse(staging_ + staged_begin_, &h);
-        !s.ok()) {
+    if (absl::Status s = DecodeResponse(staging_.data(), &h); !s.ok()) {
       return absl::DataLossError(absl::StrCat(
           "peer ", peer_, " sent a bad response header: ", s.message()));
     }
@@ -173,7 +164,7 @@ absl::Status ClientSession::Process(std::vector<Done>* done) {
                  : absl::DataLossError(absl::StrCat(
                        "target at ", peer_, " sent a second challenge"));
     }
-    staged_begin_ += kResponseHeaderBytes;
+    staging_.Consume(kResponseHeaderBytes);
     answered_any_ = true;
     if (awaiting_.empty()) {
       return absl::DataLossError(
@@ -212,7 +203,7 @@ absl::Status ClientSession::Process(std::vector<Done>* done) {
 }
 
 absl::Status ClientSession::TakeChallenge() {
-  const uint8_t* challenge = staging_ + staged_begin_;
+  const uint8_t* challenge = staging_.data();
   ResponseHeader h;
   if (absl::Status s = DecodeResponse(challenge, &h);
       !s.ok() || h.op != WireOp::kChallenge) {
@@ -225,7 +216,7 @@ absl::Status ClientSession::TakeChallenge() {
   EncodeProof(auth_token_, challenge, proof_);
   proof_len_ = sizeof(proof_);
   proof_sent_ = 0;
-  staged_begin_ += kResponseHeaderBytes;
+  staging_.Consume(kResponseHeaderBytes);
   awaiting_challenge_ = false;
   return absl::OkStatus();
 }
@@ -279,7 +270,7 @@ void ClientSession::Abort(const absl::Status& cause, absl::Time now,
   load_bytes_ = 0;
   body_ = nullptr;
   body_left_ = 0;
-  staged_begin_ = staged_end_ = 0;
+  staging_.Clear();
 }
 
 }  // namespace ferry::tcp

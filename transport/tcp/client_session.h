@@ -29,6 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "transport/tcp/staging_buffer.h"
 #include "transport/tcp/wire.h"
 #include "transport/transport.h"
 
@@ -111,9 +112,6 @@ class ClientSession {
     uint8_t header[kRequestHeaderBytes];
   };
 
-  // Bytes the staging buffer holds: a batch of response headers per recv.
-  static constexpr size_t kStagingBytes = 4096;
-
   absl::Status Process(std::vector<Done>* done);
   void FinishFront(absl::Status status, std::vector<Done>* done);
 
@@ -134,9 +132,7 @@ class ClientSession {
   std::deque<Entry> awaiting_;  // Sent; answered in this order.
 
   // Input: response headers are staged; READ data goes to `body_`.
-  uint8_t staging_[kStagingBytes];
-  size_t staged_begin_ = 0;
-  size_t staged_end_ = 0;
+  StagingBuffer staging_;
   uint8_t* body_ = nullptr;  // Where the front READ's data goes next.
   size_t body_left_ = 0;     // 0: expecting a header.
 };

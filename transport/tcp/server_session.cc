@@ -33,7 +33,7 @@ ServerSession::ServerSession(MemoryRegistry* registry, const Limits& limits,
 }
 
 absl::Status ServerSession::TakeProof(size_t staged) {
-  const uint8_t* frame = staging_ + staged_begin_;
+  const uint8_t* frame = staging_.data();
   RequestHeader h;
   if (absl::Status s = DecodeRequest(frame, &h); !s.ok()) {
     return absl::DataLossError(absl::StrCat("bad proof: ", s.message()));
@@ -52,37 +52,28 @@ absl::Status ServerSession::TakeProof(size_t staged) {
         "the peer's proof of the cluster token is wrong: its token differs "
         "from this engine's");
   }
-  staged_begin_ += kRequestHeaderBytes + kProofBytes;
+  staging_.Consume(kRequestHeaderBytes + kProofBytes);
   proven_ = true;
   return absl::OkStatus();
 }
 
 std::pair<uint8_t*, size_t> ServerSession::InputBuffer() {
   if (!wants_input()) return {nullptr, 0};
-  if (staged_begin_ == staged_end_) {
-    staged_begin_ = staged_end_ = 0;
-    // A payload with nothing staged goes straight to the target memory.
-    if (payload_left_ > 0 && payload_ != nullptr) {
-      return {payload_, payload_left_};
-    }
-  } else if (staged_end_ == kStagingBytes) {
-    std::memmove(staging_, staging_ + staged_begin_,
-                 staged_end_ - staged_begin_);
-    staged_end_ -= staged_begin_;
-    staged_begin_ = 0;
+  // A payload with nothing staged goes straight to the target memory.
+  if (staging_.empty() && payload_left_ > 0 && payload_ != nullptr) {
+    return {payload_, payload_left_};
   }
-  return {staging_ + staged_end_, kStagingBytes - staged_end_};
+  return staging_.Space();
 }
 
 absl::Status ServerSession::OnReceived(size_t n, absl::Time now) {
-  if (staged_begin_ == staged_end_ && payload_left_ > 0 &&
-      payload_ != nullptr) {
+  if (staging_.empty() && payload_left_ > 0 && payload_ != nullptr) {
     n = std::min(n, payload_left_);
     payload_ += n;
     payload_left_ -= n;
     if (payload_left_ == 0) EndPayload(now);
   } else {
-    staged_end_ += std::min(n, kStagingBytes - staged_end_);
+    staging_.Commit(n);
   }
   absl::Status s = Process(now);
   UpdateFrameClock(now);
@@ -91,17 +82,17 @@ absl::Status ServerSession::OnReceived(size_t n, absl::Time now) {
 
 absl::Status ServerSession::Process(absl::Time now) {
   while (true) {
-    const size_t staged = staged_end_ - staged_begin_;
+    const size_t staged = staging_.size();
     if (payload_left_ > 0) {
       if (staged == 0) return absl::OkStatus();
       const size_t take = std::min(staged, payload_left_);
       if (payload_ != nullptr) {
         ScopedDmaAccess dma;  // Into application memory, as recv() is.
-        std::memcpy(payload_, staging_ + staged_begin_, take);
+        std::memcpy(payload_, staging_.data(), take);
         payload_ += take;
       }
       payload_left_ -= take;
-      staged_begin_ += take;
+      staging_.Consume(take);
       if (payload_left_ == 0) EndPayload(now);
       continue;
     }
@@ -115,14 +106,10 @@ absl::Status ServerSession::Process(absl::Time now) {
     if (!wants_input() || staged < kRequestHeaderBytes) {
       return absl::OkStatus();
     }
-    const uint8_t* header = staging_ + staged_begin_;
-    staged_begin_ += kRequestHeaderBytes;
-    FERRY_RETURN_IF_ERROR(StartRequest(header, now));
-    if (stalled_) {
-      // No staging buffer: the request waits, whole, for Resume.
-      staged_begin_ -= kRequestHeaderBytes;
-      return absl::OkStatus();
-    }
+    FERRY_RETURN_IF_ERROR(StartRequest(staging_.data(), now));
+    // No staging buffer: the request waits, whole, for Resume.
+    if (stalled_) return absl::OkStatus();
+    staging_.Consume(kRequestHeaderBytes);
   }
 }
 

@@ -44,6 +44,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "transport/memory_registry.h"
+#include "transport/tcp/staging_buffer.h"
 #include "transport/tcp/target_staging.h"
 #include "transport/tcp/wire.h"
 
@@ -117,9 +118,7 @@ class ServerSession {
   // keeping when slots run short (TcpServer sheds the others first).
   uint64_t admitted() const { return admitted_; }
   // The start of a request or some of its bytes have arrived, but not all.
-  bool mid_frame() const {
-    return payload_left_ > 0 || staged_end_ > staged_begin_;
-  }
+  bool mid_frame() const { return payload_left_ > 0 || !staging_.empty(); }
 
  private:
   struct Response {
@@ -131,8 +130,6 @@ class ServerSession {
     MemoryRegistry::Lease lease;
     TargetStaging::Buffer staged;  // Holds data, for a GPU-resident range.
   };
-
-  static constexpr size_t kStagingBytes = 4096;
 
   absl::Status Process(absl::Time now);
   absl::Status StartRequest(const uint8_t* header, absl::Time now);
@@ -167,9 +164,7 @@ class ServerSession {
   uint64_t admitted_ = 0;
 
   // Input. Headers (and any payload bytes read with them) are staged.
-  uint8_t staging_[kStagingBytes];
-  size_t staged_begin_ = 0;
-  size_t staged_end_ = 0;
+  StagingBuffer staging_;
   // The WRITE whose payload is arriving: its destination (null: drained),
   // bytes still due, id and answer, and the lease on the target buffer.
   uint8_t* payload_ = nullptr;
@@ -183,7 +178,7 @@ class ServerSession {
   uint64_t payload_device_addr_ = 0;
   size_t payload_length_ = 0;
   // Queued READ answers holding a staging buffer; whether the request at
-  // staged_begin_ waits for a free one.
+  // the front of staging_ waits for a free one.
   size_t staged_out_ = 0;
   bool stalled_ = false;
   absl::Time stalled_since_ = absl::InfiniteFuture();
