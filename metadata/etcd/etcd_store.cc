@@ -8,11 +8,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "common/secure_random.h"
 #include "common/socket_util.h"
 #include "common/status_macros.h"
-#include "metadata/grpc_deadline.h"
+#include "metadata/etcd/etcd_rpc.h"
 #include "metadata/grpc_status.h"
 #include "metadata/metadata_client.h"
 #include "metadata/segment_store.h"
@@ -29,119 +28,26 @@ namespace {
 
 // Buffers read below an added address before reading the whole segment.
 constexpr int64_t kWindowKeys = 64;
+
+// Adds the buffers of a range response to `out`.
+absl::Status CollectBuffers(const etcdserverpb::RangeResponse& range,
+                            std::map<uint64_t, Buffer>* out) {
+  for (const auto& kv : range.kvs()) {
+    Buffer b;
+    if (!b.ParseFromString(kv.value())) {
+      return absl::DataLossError(
+          absl::StrCat("etcd key ", kv.key(), " holds no buffer"));
+    }
+    const uint64_t addr = b.addr();
+    out->emplace(addr, std::move(b));
+  }
+  return absl::OkStatus();
+}
+
 // Addresses one change records in the meta for watchers (8 KiB x 10 B).
 constexpr size_t kMaxChangeAddrs = 8192;
-
-std::string Escape(const std::string& name) {
-  std::string out;
-  for (char c : name) {
-    if (c == '%') {
-      out += "%25";
-    } else if (c == '/') {
-      out += "%2F";
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-
-std::string Unescape(absl::string_view s) {
-  std::string out;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s.substr(i, 3) == "%25") {
-      out += '%';
-      i += 2;
-    } else if (s.substr(i, 3) == "%2F") {
-      out += '/';
-      i += 2;
-    } else {
-      out += s[i];
-    }
-  }
-  return out;
-}
-
 // Meta records read per page when the store counts usage.
 constexpr int kUsagePage = 512;
-
-// The smallest key above every key that starts with `prefix`.
-std::string PrefixEnd(std::string prefix) {
-  while (!prefix.empty()) {
-    if (static_cast<uint8_t>(prefix.back()) < 0xff) {
-      prefix.back() = static_cast<char>(prefix.back() + 1);
-      return prefix;
-    }
-    prefix.pop_back();
-  }
-  return std::string(1, '\0');  // Every key.
-}
-
-RequestOp RangeOp(const std::string& key, const std::string& end = "",
-                  int64_t limit = 0) {
-  RequestOp op;
-  auto* r = op.mutable_request_range();
-  r->set_key(key);
-  r->set_range_end(end);
-  r->set_limit(limit);
-  return op;
-}
-
-RequestOp PutOp(const std::string& key, const std::string& value,
-                int64_t lease) {
-  RequestOp op;
-  auto* p = op.mutable_request_put();
-  p->set_key(key);
-  p->set_value(value);
-  p->set_lease(lease);
-  return op;
-}
-
-RequestOp DeleteOp(const std::string& key, const std::string& end = "") {
-  RequestOp op;
-  op.mutable_request_delete_range()->set_key(key);
-  op.mutable_request_delete_range()->set_range_end(end);
-  return op;
-}
-
-Compare ValueIs(const std::string& key, const std::string& value) {
-  Compare c;
-  c.set_key(key);
-  c.set_target(Compare::VALUE);
-  c.set_result(Compare::EQUAL);
-  c.set_value(value);
-  return c;
-}
-
-Compare Absent(const std::string& key) {
-  Compare c;
-  c.set_key(key);
-  c.set_target(Compare::CREATE);
-  c.set_result(Compare::EQUAL);
-  c.set_create_revision(0);
-  return c;
-}
-
-Compare ModRevisionIs(const std::string& key, int64_t rev) {
-  Compare c;
-  c.set_key(key);
-  c.set_target(Compare::MOD);
-  c.set_result(Compare::EQUAL);
-  c.set_mod_revision(rev);
-  return c;
-}
-
-absl::Status NotRegistered(const std::string& name) {
-  return absl::NotFoundError(absl::StrCat(
-      "segment '", name,
-      "' is not registered (never published, or its lease expired)"));
-}
-
-absl::Status HeldByAnother(const std::string& name) {
-  return absl::FailedPreconditionError(
-      absl::StrCat("segment '", name,
-                   "' is held by another engine run (another owner key)"));
-}
 
 std::shared_ptr<grpc::Channel> EtcdChannel(const std::vector<std::string>& eps,
                                            std::string* error) {
@@ -180,57 +86,7 @@ std::shared_ptr<grpc::Channel> EtcdChannel(const std::vector<std::string>& eps,
                                    args);
 }
 
-// `deadline` is on `clock`: gRPC gets the time left until it.
-void SetDeadline(grpc::ClientContext* ctx, Clock* clock, absl::Time deadline) {
-  ctx->set_deadline(GrpcDeadline(deadline - clock->Now()));
-}
-
-// Makes `call` (one attempt, given a fresh context with `deadline`) again
-// while it fails UNAVAILABLE (a member down: the channel tries the others)
-// and the deadline allows.
-template <typename Call>
-grpc::Status RetryUnavailable(Clock* clock, absl::Time deadline, Call call) {
-  constexpr absl::Duration kPause = absl::Milliseconds(50);
-  while (true) {
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx, clock, deadline);
-    grpc::Status s = call(&ctx);
-    if (s.error_code() != grpc::StatusCode::UNAVAILABLE ||
-        clock->Now() + kPause >= deadline) {
-      return s;
-    }
-    clock->SleepFor(kPause);
-  }
-}
-
-// Adds the buffers of a range response to `out`.
-absl::Status CollectBuffers(const etcdserverpb::RangeResponse& range,
-                            std::map<uint64_t, Buffer>* out) {
-  for (const auto& kv : range.kvs()) {
-    Buffer b;
-    if (!b.ParseFromString(kv.value())) {
-      return absl::DataLossError(
-          absl::StrCat("etcd key ", kv.key(), " holds no buffer"));
-    }
-    const uint64_t addr = b.addr();
-    out->emplace(addr, std::move(b));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
-
-struct EtcdStore::Snapshot {
-  bool exists = false;    // Owner key and record both there.
-  std::string owner_key;  // The owner key, if there (even without a record).
-  EtcdSegmentMeta meta;
-  int64_t meta_revision = 0;
-  // The buffers read: all of them, or those around an update's addresses.
-  std::map<uint64_t, Buffer> buffers;
-  // A window below an added address held more than kWindowKeys buffers:
-  // the one that matters may be missing; read the whole segment instead.
-  bool window_truncated = false;
-};
 
 absl::StatusOr<std::unique_ptr<EtcdStore>> EtcdStore::Create(
     EtcdOptions options) {
@@ -255,24 +111,27 @@ absl::StatusOr<std::unique_ptr<EtcdStore>> EtcdStore::Create(
 }
 
 EtcdStore::EtcdStore(EtcdOptions options)
-    : options_(std::move(options)), clock_(ClockOrReal(options_.clock)) {}
+    : options_(std::move(options)),
+      clock_(ClockOrReal(options_.clock)),
+      keys_(options_.prefix),
+      usage_(options_, options_.prefix),
+      compaction_(options_.compact_after) {}
 
 std::string EtcdStore::Describe() const {
   return absl::StrCat("etcd://", absl::StrJoin(options_.endpoints, ","), " (",
                       options_.prefix, ")");
 }
 
-std::string EtcdStore::OwnerKey(const std::string& name) const {
-  return absl::StrCat(options_.prefix, "owner/", Escape(name));
+absl::Status EtcdStore::NotRegistered(const std::string& name) {
+  return absl::NotFoundError(absl::StrCat(
+      "segment '", name,
+      "' is not registered (never published, or its lease expired)"));
 }
-std::string EtcdStore::MetaKey(const std::string& name) const {
-  return absl::StrCat(options_.prefix, "meta/", Escape(name));
-}
-std::string EtcdStore::BufPrefix(const std::string& name) const {
-  return absl::StrCat(options_.prefix, "buf/", Escape(name), "/");
-}
-std::string EtcdStore::BufKey(const std::string& name, uint64_t addr) const {
-  return absl::StrCat(BufPrefix(name), absl::Hex(addr, absl::kZeroPad16));
+
+absl::Status EtcdStore::HeldByAnother(const std::string& name) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("segment '", name,
+                   "' is held by another engine run (another owner key)"));
 }
 
 absl::StatusOr<TxnResponse> EtcdStore::Txn(const TxnRequest& txn,
@@ -293,6 +152,56 @@ absl::StatusOr<TxnResponse> EtcdStore::Txn(const TxnRequest& txn,
     return FromGrpcStatus(s, absl::StrCat("etcd ", Describe(), " Txn"));
   }
   return resp;
+}
+
+absl::StatusOr<absl::Duration> EtcdStore::KeepAlive(
+    const KeepAliveRequest& request) {
+  const std::string& name = request.name();
+  FERRY_RETURN_IF_ERROR(ValidateSegmentName(name));
+  FERRY_ASSIGN_OR_RETURN(const Snapshot snap,
+                         ReadSegment(name, /*all_buffers=*/false, nullptr));
+  if (!snap.exists) return NotRegistered(name);
+  if (!SecretsEqual(snap.owner_key, request.owner_key()))
+    return HeldByAnother(name);
+  if (snap.meta.lease_id() == 0) return absl::ZeroDuration();
+  FERRY_ASSIGN_OR_RETURN(
+      const int64_t ttl,
+      RenewLease(snap.meta.lease_id(), clock_->Now() + options_.rpc_timeout));
+  if (ttl <= 0) return NotRegistered(name);  // Expired meanwhile.
+  return absl::Seconds(ttl);
+}
+
+absl::StatusOr<SegmentDescriptor> EtcdStore::Get(const std::string& name) {
+  FERRY_RETURN_IF_ERROR(ValidateSegmentName(name));
+  FERRY_ASSIGN_OR_RETURN(Snapshot snap,
+                         ReadSegment(name, /*all_buffers=*/true, nullptr));
+  if (!snap.exists) return NotRegistered(name);
+  SegmentDescriptor d = snap.meta.segment();
+  d.set_version(static_cast<uint64_t>(snap.meta_revision));
+  d.mutable_buffers()->Reserve(static_cast<int>(snap.buffers.size()));
+  for (auto& [addr, b] : snap.buffers) *d.add_buffers() = std::move(b);
+  // Anyone with write access to etcd could have put anything there.
+  if (absl::Status s = ValidateSegmentDescriptor(d); !s.ok()) {
+    return absl::DataLossError(absl::StrCat(
+        "etcd holds an invalid descriptor for '", name, "': ", s.message()));
+  }
+  return d;
+}
+
+absl::StatusOr<std::vector<std::string>> EtcdStore::List() {
+  const std::string prefix = keys_.MetaPrefix();
+  TxnRequest txn;
+  RequestOp op = RangeOp(prefix, PrefixEnd(prefix));
+  op.mutable_request_range()->set_keys_only(true);
+  *txn.add_success() = std::move(op);
+  FERRY_ASSIGN_OR_RETURN(const TxnResponse resp,
+                         Txn(txn, clock_->Now() + options_.rpc_timeout));
+  std::vector<std::string> names;
+  for (const auto& kv : resp.responses(0).response_range().kvs()) {
+    names.push_back(keys_.NameOfMetaKey(kv.key()));
+  }
+  std::sort(names.begin(), names.end());
+  return names;
 }
 
 absl::StatusOr<int64_t> EtcdStore::GrantLease(absl::Duration ttl,
@@ -325,6 +234,100 @@ void EtcdStore::RevokeLease(int64_t id, absl::Time deadline) {
   lease_->LeaseRevoke(&ctx, req, &resp);  // Best effort: it expires anyway.
 }
 
+absl::StatusOr<int64_t> EtcdStore::RenewLease(int64_t id, absl::Time deadline) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, clock_, deadline);
+  auto stream = lease_->LeaseKeepAlive(&ctx);
+  etcdserverpb::LeaseKeepAliveRequest req;
+  req.set_id(id);
+  etcdserverpb::LeaseKeepAliveResponse resp;
+  const bool ok = stream->Write(req) && stream->Read(&resp);
+  stream->WritesDone();
+  grpc::Status s = stream->Finish();
+  if (!ok) {
+    return FromGrpcStatus(
+        s.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "stream ended")
+               : s,
+        absl::StrCat("etcd ", Describe(), " LeaseKeepAlive"));
+  }
+  return resp.ttl();
+}
+
+absl::StatusOr<EtcdStore::Snapshot> EtcdStore::ReadSegment(
+    const std::string& name, bool all_buffers,
+    const UpdateBuffersRequest* around, bool wait_pending) {
+  const absl::Time deadline = clock_->Now() + options_.rpc_timeout;
+  const std::string prefix = keys_.BufPrefix(name);
+  const std::string end = PrefixEnd(prefix);
+  while (true) {
+    TxnRequest txn;  // No compares: the ops run on one revision.
+    *txn.add_success() = RangeOp(keys_.OwnerKey(name));
+    *txn.add_success() = RangeOp(keys_.MetaKey(name));
+    if (all_buffers) {
+      *txn.add_success() = RangeOp(prefix, end);
+    } else if (around != nullptr) {
+      for (const Buffer& b : around->add()) {
+        // The first buffer at or above it (the one below: next read).
+        *txn.add_success() = RangeOp(keys_.BufKey(name, b.addr()), end, 1);
+      }
+      for (uint64_t a : around->remove_addrs()) {
+        *txn.add_success() = RangeOp(keys_.BufKey(name, a));
+      }
+    }
+    FERRY_ASSIGN_OR_RETURN(const TxnResponse resp, Txn(txn, deadline));
+    Snapshot snap;
+    const auto& owner = resp.responses(0).response_range();
+    const auto& meta = resp.responses(1).response_range();
+    if (owner.kvs_size() > 0) snap.owner_key = owner.kvs(0).value();
+    // An owner key without its record is what a publication that died
+    // half-way leaves: no segment, but a name its owner may take again.
+    if (owner.kvs_size() == 0 || meta.kvs_size() == 0) return snap;
+    snap.exists = true;
+    if (!snap.meta.ParseFromString(meta.kvs(0).value())) {
+      return absl::DataLossError(absl::StrCat("etcd key ", keys_.MetaKey(name),
+                                              " holds no segment record"));
+    }
+    snap.meta_revision = meta.kvs(0).mod_revision();
+    for (int i = 2; i < resp.responses_size(); ++i) {
+      FERRY_RETURN_IF_ERROR(
+          CollectBuffers(resp.responses(i).response_range(), &snap.buffers));
+    }
+    const bool complete =
+        !all_buffers || snap.buffers.size() == snap.meta.buffers();
+    if (!snap.meta.pending() && complete && around != nullptr && !all_buffers &&
+        around->add_size() > 0 && snap.meta.max_buffer_length() > 0) {
+      // The buffers just below each added address that could reach it,
+      // read at the same revision. etcd sorts a whole range to read it in
+      // descending order, so "the last key below" would cost O(n); this
+      // window holds one key in practice (blocks of one size).
+      TxnRequest below;
+      const uint64_t reach = snap.meta.max_buffer_length() - 1;
+      for (const Buffer& b : around->add()) {
+        const uint64_t lo = b.addr() > reach ? b.addr() - reach : 0;
+        RequestOp op = RangeOp(keys_.BufKey(name, lo),
+                               keys_.BufKey(name, b.addr()), kWindowKeys);
+        op.mutable_request_range()->set_revision(resp.header().revision());
+        *below.add_success() = std::move(op);
+      }
+      FERRY_ASSIGN_OR_RETURN(const TxnResponse w, Txn(below, deadline));
+      for (const auto& r : w.responses()) {
+        if (r.response_range().more()) snap.window_truncated = true;
+        FERRY_RETURN_IF_ERROR(
+            CollectBuffers(r.response_range(), &snap.buffers));
+      }
+    }
+    if (!wait_pending || (!snap.meta.pending() && complete)) return snap;
+    // A large change is being written: wait for it.
+    if (clock_->Now() + absl::Milliseconds(20) >= deadline) {
+      return absl::UnavailableError(
+          absl::StrCat("segment '", name,
+                       "' is being published (its change is still "
+                       "being written to etcd)"));
+    }
+    clock_->SleepFor(absl::Milliseconds(20));
+  }
+}
+
 absl::StatusOr<uint64_t> EtcdStore::WriteChanges(
     const std::string& name, std::vector<Compare> first_compares,
     std::vector<RequestOp> ops, EtcdSegmentMeta meta, absl::Time deadline) {
@@ -334,13 +337,13 @@ absl::StatusOr<uint64_t> EtcdStore::WriteChanges(
     TxnRequest txn;
     for (Compare& c : first_compares) *txn.add_compare() = std::move(c);
     for (RequestOp& op : ops) *txn.add_success() = std::move(op);
-    *txn.add_success() = PutOp(MetaKey(name), meta.SerializeAsString(), lease);
-    auto resp = Txn(txn, deadline);
-    if (!resp.ok()) return resp.status();
-    if (!resp->succeeded()) {
+    *txn.add_success() =
+        PutOp(keys_.MetaKey(name), meta.SerializeAsString(), lease);
+    FERRY_ASSIGN_OR_RETURN(const TxnResponse resp, Txn(txn, deadline));
+    if (!resp.succeeded()) {
       return absl::AbortedError("the segment changed meanwhile");
     }
-    return static_cast<uint64_t>(resp->header().revision());
+    return static_cast<uint64_t>(resp.header().revision());
   }
   // Too many for one transaction: the meta says pending until the last.
   EtcdSegmentMeta pending = meta;
@@ -354,10 +357,11 @@ absl::StatusOr<uint64_t> EtcdStore::WriteChanges(
   // publishes it again (the engine does when its renewal finds it gone).
   auto abandon = [&](absl::Status why) {
     TxnRequest drop;
-    *drop.add_compare() = ModRevisionIs(MetaKey(name), meta_rev);
-    *drop.add_success() = DeleteOp(OwnerKey(name));
-    *drop.add_success() = DeleteOp(MetaKey(name));
-    *drop.add_success() = DeleteOp(BufPrefix(name), PrefixEnd(BufPrefix(name)));
+    *drop.add_compare() = ModRevisionIs(keys_.MetaKey(name), meta_rev);
+    *drop.add_success() = DeleteOp(keys_.OwnerKey(name));
+    *drop.add_success() = DeleteOp(keys_.MetaKey(name));
+    *drop.add_success() =
+        DeleteOp(keys_.BufPrefix(name), PrefixEnd(keys_.BufPrefix(name)));
     Txn(drop, clock_->Now() + options_.rpc_timeout).IgnoreError();
     return why;
   };
@@ -366,9 +370,9 @@ absl::StatusOr<uint64_t> EtcdStore::WriteChanges(
     if (first) {
       for (Compare& c : first_compares) *txn.add_compare() = std::move(c);
       *txn.add_success() =
-          PutOp(MetaKey(name), pending.SerializeAsString(), lease);
+          PutOp(keys_.MetaKey(name), pending.SerializeAsString(), lease);
     } else {
-      *txn.add_compare() = ModRevisionIs(MetaKey(name), meta_rev);
+      *txn.add_compare() = ModRevisionIs(keys_.MetaKey(name), meta_rev);
     }
     while (next < ops.size() &&
            static_cast<size_t>(txn.success_size()) < per_txn) {
@@ -385,8 +389,9 @@ absl::StatusOr<uint64_t> EtcdStore::WriteChanges(
     first = false;
   }
   TxnRequest done;
-  *done.add_compare() = ModRevisionIs(MetaKey(name), meta_rev);
-  *done.add_success() = PutOp(MetaKey(name), meta.SerializeAsString(), lease);
+  *done.add_compare() = ModRevisionIs(keys_.MetaKey(name), meta_rev);
+  *done.add_success() =
+      PutOp(keys_.MetaKey(name), meta.SerializeAsString(), lease);
   auto resp = Txn(done, deadline);
   if (!resp.ok()) return abandon(resp.status());
   if (!resp->succeeded()) {
@@ -428,40 +433,39 @@ absl::StatusOr<uint64_t> EtcdStore::PutOnce(const PutSegmentRequest& request,
   // Who holds the name now, and under which lease (to revoke it after a
   // re-publication). A segment left half written is read as it is: its
   // owner publishing it again is what repairs it.
-  auto before = ReadSegment(name, /*all_buffers=*/true, nullptr,
-                            /*wait_pending=*/false);
-  if (!before.ok()) return before.status();
-  if (!before->exists && !before->owner_key.empty() &&
-      !SecretsEqual(before->owner_key, request.owner_key())) {
+  FERRY_ASSIGN_OR_RETURN(const Snapshot before,
+                         ReadSegment(name, /*all_buffers=*/true, nullptr,
+                                     /*wait_pending=*/false));
+  if (!before.exists && !before.owner_key.empty() &&
+      !SecretsEqual(before.owner_key, request.owner_key())) {
     return absl::AlreadyExistsError(absl::StrCat(
         "segment name '", name,
         "' is held by another engine run whose publication did not finish; "
         "it is free once that run's lease runs out"));
   }
-  if (before->exists && !SecretsEqual(before->owner_key, request.owner_key())) {
+  if (before.exists && !SecretsEqual(before.owner_key, request.owner_key())) {
     return absl::AlreadyExistsError(
         absl::StrCat("segment name '", name, "' is held by a live engine (rpc ",
-                     before->meta.segment().rpc_address(), ", incarnation ",
-                     before->meta.segment().incarnation(), ") ",
-                     before->meta.lease_id() != 0
+                     before.meta.segment().rpc_address(), ", incarnation ",
+                     before.meta.segment().incarnation(), ") ",
+                     before.meta.lease_id() != 0
                          ? "until its etcd lease runs out unless renewed"
                          : "without a lease, until it removes it",
                      ": choose another name, or stop that engine first"));
   }
   // Charged to `client`, as etcd holds it (keys and values); a
   // re-publication gives back what it replaces.
-  const uint64_t bytes = in.ByteSizeLong() + OwnerKey(name).size() +
-                         request.owner_key().size() + MetaKey(name).size() +
-                         in.buffers_size() * BufKey(name, 0).size();
-  const bool same_client = before->exists && before->meta.client() == client;
-  const uint64_t old_bytes = before->exists ? before->meta.bytes() : 0;
+  const uint64_t bytes = in.ByteSizeLong() + keys_.OwnerKey(name).size() +
+                         request.owner_key().size() +
+                         keys_.MetaKey(name).size() +
+                         in.buffers_size() * keys_.BufKey(name, 0).size();
+  const bool same_client = before.exists && before.meta.client() == client;
+  const uint64_t old_bytes = before.exists ? before.meta.bytes() : 0;
   FERRY_RETURN_IF_ERROR(CheckQuota(client, same_client ? old_bytes : 0,
                                    old_bytes, bytes, !same_client, deadline));
   int64_t lease = 0;
   if (ttl > absl::ZeroDuration()) {
-    auto id = GrantLease(ttl, deadline);
-    if (!id.ok()) return id.status();
-    lease = *id;
+    FERRY_ASSIGN_OR_RETURN(lease, GrantLease(ttl, deadline));
   }
   EtcdSegmentMeta meta;
   meta.set_client(client);
@@ -477,135 +481,60 @@ absl::StatusOr<uint64_t> EtcdStore::PutOnce(const PutSegmentRequest& request,
   // The owner key first, so that it is in the first transaction (with the
   // guard) however many follow.
   std::vector<RequestOp> ops = {
-      PutOp(OwnerKey(name), request.owner_key(), lease)};
+      PutOp(keys_.OwnerKey(name), request.owner_key(), lease)};
   // The old run's buffers that this one does not have (etcd refuses a
   // transaction that deletes and puts the same key).
   std::set<uint64_t> kept;
   for (const Buffer& b : in.buffers()) kept.insert(b.addr());
-  for (const auto& [addr, b] : before->buffers) {
-    if (kept.count(addr) == 0) ops.push_back(DeleteOp(BufKey(name, addr)));
+  for (const auto& [addr, b] : before.buffers) {
+    if (kept.count(addr) == 0) {
+      ops.push_back(DeleteOp(keys_.BufKey(name, addr)));
+    }
   }
   for (const Buffer& b : in.buffers()) {
     keys += b.keys_size();
     longest = std::max<uint64_t>(longest, b.length());
-    ops.push_back(PutOp(BufKey(name, b.addr()), b.SerializeAsString(), lease));
+    ops.push_back(
+        PutOp(keys_.BufKey(name, b.addr()), b.SerializeAsString(), lease));
   }
   meta.set_keys(keys);
   meta.set_max_buffer_length(longest);
   // Taken only if still free, or still ours and as read (the deletions
   // above are of what was read).
   std::vector<Compare> guard;
-  if (!before->owner_key.empty()) {
+  if (!before.owner_key.empty()) {
     // A missing record compares as revision 0.
-    guard = {ValueIs(OwnerKey(name), request.owner_key()),
-             ModRevisionIs(MetaKey(name), before->meta_revision)};
+    guard = {ValueIs(keys_.OwnerKey(name), request.owner_key()),
+             ModRevisionIs(keys_.MetaKey(name), before.meta_revision)};
   } else {
-    guard = {Absent(OwnerKey(name))};
+    guard = {Absent(keys_.OwnerKey(name))};
   }
   auto v = WriteChanges(name, std::move(guard), std::move(ops), meta, deadline);
   if (!v.ok()) {
     RevokeLease(lease, deadline);
     if (v.status().code() == absl::StatusCode::kAborted &&
-        before->owner_key.empty()) {
+        before.owner_key.empty()) {
       return absl::AlreadyExistsError(absl::StrCat(
           "segment name '", name,
           "' was taken by another engine run while this one published it"));
     }
     return v.status();  // Aborted with `before` ours: the caller reads again.
   }
-  if (before->exists && before->meta.lease_id() != lease) {
-    RevokeLease(before->meta.lease_id(), deadline);
+  if (before.exists && before.meta.lease_id() != lease) {
+    RevokeLease(before.meta.lease_id(), deadline);
   }
   if (same_client) {
     AfterWrite(client, static_cast<int64_t>(bytes - old_bytes), 0,
                static_cast<int64_t>(*v));
   } else {
-    if (before->exists) {
-      AfterWrite(before->meta.client(), -static_cast<int64_t>(old_bytes), -1,
+    if (before.exists) {
+      AfterWrite(before.meta.client(), -static_cast<int64_t>(old_bytes), -1,
                  static_cast<int64_t>(*v));
     }
     AfterWrite(client, static_cast<int64_t>(bytes), 1,
                static_cast<int64_t>(*v));
   }
   return v;
-}
-
-absl::StatusOr<EtcdStore::Snapshot> EtcdStore::ReadSegment(
-    const std::string& name, bool all_buffers,
-    const UpdateBuffersRequest* around, bool wait_pending) {
-  const absl::Time deadline = clock_->Now() + options_.rpc_timeout;
-  const std::string prefix = BufPrefix(name);
-  const std::string end = PrefixEnd(prefix);
-  while (true) {
-    TxnRequest txn;  // No compares: the ops run on one revision.
-    *txn.add_success() = RangeOp(OwnerKey(name));
-    *txn.add_success() = RangeOp(MetaKey(name));
-    if (all_buffers) {
-      *txn.add_success() = RangeOp(prefix, end);
-    } else if (around != nullptr) {
-      for (const Buffer& b : around->add()) {
-        // The first buffer at or above it (the one below: next read).
-        *txn.add_success() = RangeOp(BufKey(name, b.addr()), end, 1);
-      }
-      for (uint64_t a : around->remove_addrs()) {
-        *txn.add_success() = RangeOp(BufKey(name, a));
-      }
-    }
-    auto resp = Txn(txn, deadline);
-    if (!resp.ok()) return resp.status();
-    Snapshot snap;
-    const auto& owner = resp->responses(0).response_range();
-    const auto& meta = resp->responses(1).response_range();
-    if (owner.kvs_size() > 0) snap.owner_key = owner.kvs(0).value();
-    // An owner key without its record is what a publication that died
-    // half-way leaves: no segment, but a name its owner may take again.
-    if (owner.kvs_size() == 0 || meta.kvs_size() == 0) return snap;
-    snap.exists = true;
-    if (!snap.meta.ParseFromString(meta.kvs(0).value())) {
-      return absl::DataLossError(
-          absl::StrCat("etcd key ", MetaKey(name), " holds no segment record"));
-    }
-    snap.meta_revision = meta.kvs(0).mod_revision();
-    for (int i = 2; i < resp->responses_size(); ++i) {
-      absl::Status s =
-          CollectBuffers(resp->responses(i).response_range(), &snap.buffers);
-      if (!s.ok()) return s;
-    }
-    const bool complete =
-        !all_buffers || snap.buffers.size() == snap.meta.buffers();
-    if (!snap.meta.pending() && complete && around != nullptr && !all_buffers &&
-        around->add_size() > 0 && snap.meta.max_buffer_length() > 0) {
-      // The buffers just below each added address that could reach it,
-      // read at the same revision. etcd sorts a whole range to read it in
-      // descending order, so "the last key below" would cost O(n); this
-      // window holds one key in practice (blocks of one size).
-      TxnRequest below;
-      const uint64_t reach = snap.meta.max_buffer_length() - 1;
-      for (const Buffer& b : around->add()) {
-        const uint64_t lo = b.addr() > reach ? b.addr() - reach : 0;
-        RequestOp op =
-            RangeOp(BufKey(name, lo), BufKey(name, b.addr()), kWindowKeys);
-        op.mutable_request_range()->set_revision(resp->header().revision());
-        *below.add_success() = std::move(op);
-      }
-      auto w = Txn(below, deadline);
-      if (!w.ok()) return w.status();
-      for (const auto& r : w->responses()) {
-        if (r.response_range().more()) snap.window_truncated = true;
-        absl::Status s = CollectBuffers(r.response_range(), &snap.buffers);
-        if (!s.ok()) return s;
-      }
-    }
-    if (!wait_pending || (!snap.meta.pending() && complete)) return snap;
-    // A large change is being written: wait for it.
-    if (clock_->Now() + absl::Milliseconds(20) >= deadline) {
-      return absl::UnavailableError(
-          absl::StrCat("segment '", name,
-                       "' is being published (its change is still "
-                       "being written to etcd)"));
-    }
-    clock_->SleepFor(absl::Milliseconds(20));
-  }
 }
 
 absl::StatusOr<uint64_t> EtcdStore::UpdateBuffers(
@@ -625,17 +554,18 @@ absl::StatusOr<uint64_t> EtcdStore::UpdateBuffers(
                    (request.add_size() > 0 && request.remove_addrs_size() > 0);
   bool read_all = all;
   for (int attempt = 0; attempt < 20; ++attempt) {
-    auto snap = ReadSegment(name, read_all, read_all ? nullptr : &request);
-    if (!snap.ok()) return snap.status();
-    if (!snap->exists) return NotRegistered(name);
-    if (!SecretsEqual(snap->owner_key, request.owner_key()))
+    FERRY_ASSIGN_OR_RETURN(
+        Snapshot snap,
+        ReadSegment(name, read_all, read_all ? nullptr : &request));
+    if (!snap.exists) return NotRegistered(name);
+    if (!SecretsEqual(snap.owner_key, request.owner_key()))
       return HeldByAnother(name);
-    if (snap->window_truncated) {
+    if (snap.window_truncated) {
       read_all = true;
       continue;
     }
-    std::map<uint64_t, Buffer>& bufs = snap->buffers;
-    EtcdSegmentMeta meta = snap->meta;
+    std::map<uint64_t, Buffer>& bufs = snap.buffers;
+    EtcdSegmentMeta meta = snap.meta;
     std::set<std::string> devices;
     for (const TransportEndpoint& t : meta.segment().transports()) {
       for (const Device& d : t.devices()) devices.insert(d.name());
@@ -656,12 +586,12 @@ absl::StatusOr<uint64_t> EtcdStore::UpdateBuffers(
       keys -= it->second.keys_size();
       --count;
       delta -= EncodedBufferBytes(it->second) +
-               static_cast<int64_t>(BufKey(name, addr).size());
+               static_cast<int64_t>(keys_.BufKey(name, addr).size());
       bufs.erase(it);
       // Re-added in the same update: its put overwrites the key (etcd
       // refuses a transaction that deletes and puts the same key).
       if (added_addrs.count(addr) == 0) {
-        ops.push_back(DeleteOp(BufKey(name, addr)));
+        ops.push_back(DeleteOp(keys_.BufKey(name, addr)));
       }
     }
     for (int i = 0; i < request.add_size(); ++i) {
@@ -691,11 +621,11 @@ absl::StatusOr<uint64_t> EtcdStore::UpdateBuffers(
       keys += b.keys_size();
       ++count;
       delta += EncodedBufferBytes(b) +
-               static_cast<int64_t>(BufKey(name, b.addr()).size());
+               static_cast<int64_t>(keys_.BufKey(name, b.addr()).size());
       meta.set_max_buffer_length(
           std::max<uint64_t>(meta.max_buffer_length(), b.length()));
       bufs.emplace(b.addr(), b);
-      ops.push_back(PutOp(BufKey(name, b.addr()), b.SerializeAsString(),
+      ops.push_back(PutOp(keys_.BufKey(name, b.addr()), b.SerializeAsString(),
                           meta.lease_id()));
     }
     size_t device_count = 0;
@@ -725,15 +655,15 @@ absl::StatusOr<uint64_t> EtcdStore::UpdateBuffers(
     // has them read the whole segment instead (change_base 0).
     if (static_cast<size_t>(request.add_size() + request.remove_addrs_size()) <=
         kMaxChangeAddrs) {
-      meta.set_change_base(static_cast<uint64_t>(snap->meta_revision));
+      meta.set_change_base(static_cast<uint64_t>(snap.meta_revision));
       for (const Buffer& b : request.add()) meta.add_change_added(b.addr());
       for (uint64_t a : request.remove_addrs()) meta.add_change_removed(a);
     } else {
       meta.set_change_base(0);
     }
     std::vector<Compare> guard = {
-        ValueIs(OwnerKey(name), request.owner_key()),
-        ModRevisionIs(MetaKey(name), snap->meta_revision)};
+        ValueIs(keys_.OwnerKey(name), request.owner_key()),
+        ModRevisionIs(keys_.MetaKey(name), snap.meta_revision)};
     auto v =
         WriteChanges(name, std::move(guard), std::move(ops), meta, deadline);
     if (v.ok()) AfterWrite(meta.client(), delta, 0, static_cast<int64_t>(*v));
@@ -745,79 +675,32 @@ absl::StatusOr<uint64_t> EtcdStore::UpdateBuffers(
       "segment '", name, "' kept changing during 20 attempts to update it"));
 }
 
-absl::StatusOr<absl::Duration> EtcdStore::KeepAlive(
-    const KeepAliveRequest& request) {
-  const std::string& name = request.name();
-  FERRY_RETURN_IF_ERROR(ValidateSegmentName(name));
-  auto snap = ReadSegment(name, /*all_buffers=*/false, nullptr);
-  if (!snap.ok()) return snap.status();
-  if (!snap->exists) return NotRegistered(name);
-  if (!SecretsEqual(snap->owner_key, request.owner_key()))
-    return HeldByAnother(name);
-  if (snap->meta.lease_id() == 0) return absl::ZeroDuration();
-  const absl::Time deadline = clock_->Now() + options_.rpc_timeout;
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx, clock_, deadline);
-  auto stream = lease_->LeaseKeepAlive(&ctx);
-  etcdserverpb::LeaseKeepAliveRequest req;
-  req.set_id(snap->meta.lease_id());
-  etcdserverpb::LeaseKeepAliveResponse resp;
-  const bool ok = stream->Write(req) && stream->Read(&resp);
-  stream->WritesDone();
-  grpc::Status s = stream->Finish();
-  if (!ok) {
-    return FromGrpcStatus(
-        s.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "stream ended")
-               : s,
-        absl::StrCat("etcd ", Describe(), " LeaseKeepAlive"));
-  }
-  if (resp.ttl() <= 0) return NotRegistered(name);  // Expired meanwhile.
-  return absl::Seconds(resp.ttl());
-}
-
-absl::StatusOr<SegmentDescriptor> EtcdStore::Get(const std::string& name) {
-  FERRY_RETURN_IF_ERROR(ValidateSegmentName(name));
-  auto snap = ReadSegment(name, /*all_buffers=*/true, nullptr);
-  if (!snap.ok()) return snap.status();
-  if (!snap->exists) return NotRegistered(name);
-  SegmentDescriptor d = snap->meta.segment();
-  d.set_version(static_cast<uint64_t>(snap->meta_revision));
-  d.mutable_buffers()->Reserve(static_cast<int>(snap->buffers.size()));
-  for (auto& [addr, b] : snap->buffers) *d.add_buffers() = std::move(b);
-  // Anyone with write access to etcd could have put anything there.
-  if (absl::Status s = ValidateSegmentDescriptor(d); !s.ok()) {
-    return absl::DataLossError(absl::StrCat(
-        "etcd holds an invalid descriptor for '", name, "': ", s.message()));
-  }
-  return d;
-}
-
 absl::Status EtcdStore::Remove(const RemoveSegmentRequest& request) {
   const std::string& name = request.name();
   FERRY_RETURN_IF_ERROR(ValidateSegmentName(name));
   const absl::Time deadline = clock_->Now() + options_.rpc_timeout;
   MutexLock lock(&write_mu_);
   TxnRequest txn;
-  *txn.add_compare() = ValueIs(OwnerKey(name), request.owner_key());
-  *txn.add_success() = RangeOp(MetaKey(name));
-  *txn.add_success() = DeleteOp(OwnerKey(name));
-  *txn.add_success() = DeleteOp(MetaKey(name));
-  *txn.add_success() = DeleteOp(BufPrefix(name), PrefixEnd(BufPrefix(name)));
-  *txn.add_failure() = RangeOp(OwnerKey(name));
-  auto resp = Txn(txn, deadline);
-  if (!resp.ok()) return resp.status();
-  if (!resp->succeeded()) {
-    if (resp->responses(0).response_range().kvs_size() == 0) {
+  *txn.add_compare() = ValueIs(keys_.OwnerKey(name), request.owner_key());
+  *txn.add_success() = RangeOp(keys_.MetaKey(name));
+  *txn.add_success() = DeleteOp(keys_.OwnerKey(name));
+  *txn.add_success() = DeleteOp(keys_.MetaKey(name));
+  *txn.add_success() =
+      DeleteOp(keys_.BufPrefix(name), PrefixEnd(keys_.BufPrefix(name)));
+  *txn.add_failure() = RangeOp(keys_.OwnerKey(name));
+  FERRY_ASSIGN_OR_RETURN(const TxnResponse resp, Txn(txn, deadline));
+  if (!resp.succeeded()) {
+    if (resp.responses(0).response_range().kvs_size() == 0) {
       return NotRegistered(name);
     }
     return HeldByAnother(name);
   }
   EtcdSegmentMeta meta;
-  const auto& kvs = resp->responses(0).response_range().kvs();
+  const auto& kvs = resp.responses(0).response_range().kvs();
   if (!kvs.empty() && meta.ParseFromString(kvs[0].value())) {
     RevokeLease(meta.lease_id(), deadline);
     AfterWrite(meta.client(), -static_cast<int64_t>(meta.bytes()), -1,
-               resp->header().revision());
+               resp.header().revision());
   }
   return absl::OkStatus();
 }
@@ -826,98 +709,37 @@ absl::Status EtcdStore::CheckQuota(const std::string& client,
                                    uint64_t old_client_bytes,
                                    uint64_t old_bytes, uint64_t bytes,
                                    bool new_segment, absl::Time deadline) {
-  if (clock_->Now() - usage_at_ >= options_.usage_refresh) {
+  if (usage_.Stale(clock_->Now())) {
     // The records themselves, a page at a time: every store that shares
     // the prefix counts the same, and leases that ended are gone.
-    Usage total;
-    std::map<std::string, Usage> by_client;
-    const std::string prefix = absl::StrCat(options_.prefix, "meta/");
+    EtcdUsage counted(options_, options_.prefix);
+    const std::string prefix = keys_.MetaPrefix();
     const std::string end = PrefixEnd(prefix);
     std::string from = prefix;
     while (true) {
       TxnRequest txn;
       *txn.add_success() = RangeOp(from, end, kUsagePage);
-      auto resp = Txn(txn, deadline);
-      if (!resp.ok()) return resp.status();
-      const auto& range = resp->responses(0).response_range();
+      FERRY_ASSIGN_OR_RETURN(const TxnResponse resp, Txn(txn, deadline));
+      const auto& range = resp.responses(0).response_range();
       for (const auto& kv : range.kvs()) {
         EtcdSegmentMeta meta;
         if (!meta.ParseFromString(kv.value())) continue;
-        const int64_t b = static_cast<int64_t>(meta.bytes());
-        total.bytes += b;
-        ++total.segments;
-        if (!meta.client().empty()) {
-          Usage& u = by_client[meta.client()];
-          u.bytes += b;
-          ++u.segments;
-        }
+        counted.Add(meta.client(), static_cast<int64_t>(meta.bytes()), 1);
       }
       if (!range.more() || range.kvs_size() == 0) break;
       from = range.kvs(range.kvs_size() - 1).key() + std::string(1, '\0');
     }
-    total_ = total;
-    by_client_ = std::move(by_client);
-    usage_at_ = clock_->Now();
+    usage_.Reset(std::move(counted), clock_->Now());
   }
-  const auto over = [&](int64_t held, uint64_t give_back, uint64_t limit) {
-    return held - static_cast<int64_t>(give_back) +
-               static_cast<int64_t>(bytes) >
-           static_cast<int64_t>(limit);
-  };
-  if (over(total_.bytes, old_bytes, options_.max_bytes)) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the etcd store under '", options_.prefix, "' holds ", total_.bytes,
-        " bytes of descriptors; ", bytes, " more would pass its limit of ",
-        options_.max_bytes,
-        " (kept well below etcd's own quota, whose NOSPACE alarm would stop "
-        "every write)"));
-  }
-  if (client.empty()) return absl::OkStatus();
-  const auto it = by_client_.find(client);
-  const Usage u = it == by_client_.end() ? Usage{} : it->second;
-  if (over(u.bytes, old_client_bytes, options_.max_client_bytes)) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "client ", client, " holds ", u.bytes,
-        " bytes of descriptors in etcd; ", bytes,
-        " more would pass its quota of ", options_.max_client_bytes));
-  }
-  if (new_segment &&
-      u.segments >= static_cast<int64_t>(options_.max_client_segments)) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("client ", client, " holds ", u.segments,
-                     " segments in etcd, its quota"));
-  }
-  return absl::OkStatus();
+  return usage_.Check(client, old_client_bytes, old_bytes, bytes, new_segment);
 }
 
 void EtcdStore::AfterWrite(const std::string& client, int64_t bytes,
                            int segments, int64_t revision) {
-  total_.bytes += bytes;
-  total_.segments += segments;
-  if (!client.empty()) {
-    Usage& u = by_client_[client];
-    u.bytes += bytes;
-    u.segments += segments;
-  }
-  if (options_.compact_after <= absl::ZeroDuration()) return;
+  usage_.Add(client, bytes, segments);
   const absl::Time now = clock_->Now();
-  // A sample every tenth of compact_after (at most a second) compacts to
-  // within that of it, and bounds the samples kept at any write rate.
-  const absl::Duration every =
-      std::min(absl::Seconds(1), options_.compact_after / 10);
-  if (revisions_.empty() || now - revisions_.back().first >= every) {
-    revisions_.emplace_back(now, revision);
-  }
-  // The newest revision written at least compact_after ago: history up to
-  // it goes (a watcher that far behind reads its segment whole).
-  int64_t upto = 0;
-  while (!revisions_.empty() &&
-         now - revisions_.front().first >= options_.compact_after) {
-    upto = revisions_.front().second;
-    revisions_.pop_front();
-  }
-  if (upto <= compacted_) return;
-  compacted_ = upto;
+  const int64_t upto = compaction_.Wrote(now, revision);
+  if (upto == 0) return;
   etcdserverpb::CompactionRequest req;
   req.set_revision(upto);
   etcdserverpb::CompactionResponse resp;
@@ -925,23 +747,6 @@ void EtcdStore::AfterWrite(const std::string& client, int64_t bytes,
   SetDeadline(&ctx, clock_, now + options_.rpc_timeout);
   // Best effort: another store may have compacted past it already.
   kv_->Compact(&ctx, req, &resp);
-}
-
-absl::StatusOr<std::vector<std::string>> EtcdStore::List() {
-  const std::string prefix = absl::StrCat(options_.prefix, "meta/");
-  TxnRequest txn;
-  RequestOp op = RangeOp(prefix, PrefixEnd(prefix));
-  op.mutable_request_range()->set_keys_only(true);
-  *txn.add_success() = std::move(op);
-  auto resp = Txn(txn, clock_->Now() + options_.rpc_timeout);
-  if (!resp.ok()) return resp.status();
-  std::vector<std::string> names;
-  for (const auto& kv : resp->responses(0).response_range().kvs()) {
-    names.push_back(
-        Unescape(absl::string_view(kv.key()).substr(prefix.size())));
-  }
-  std::sort(names.begin(), names.end());
-  return names;
 }
 
 }  // namespace ferry::metadata

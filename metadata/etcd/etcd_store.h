@@ -58,7 +58,9 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/mutex.h"
+#include "metadata/etcd/etcd_keys.h"
 #include "metadata/etcd/etcd_limits.h"
+#include "metadata/etcd/etcd_usage.h"
 #include "metadata/proto/store_log.pb.h"
 #include "metadata/store.h"
 #include "rpc.grpc.pb.h"
@@ -139,10 +141,7 @@ class EtcdStore final : public Store {
                                    const std::string& client,
                                    absl::Duration ttl, absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
-  // ResourceExhausted if `client` (with `old_client_bytes` given back: a
-  // segment of its own it replaces) cannot store `bytes` more, or one
-  // more segment if `new_segment`, or the total (with `old_bytes` given
-  // back) would pass its limit.
+  // EtcdUsage::Check, on the records counted again if they are stale.
   absl::Status CheckQuota(const std::string& client, uint64_t old_client_bytes,
                           uint64_t old_bytes, uint64_t bytes, bool new_segment,
                           absl::Time deadline)
@@ -152,7 +151,18 @@ class EtcdStore final : public Store {
   void AfterWrite(const std::string& client, int64_t bytes, int segments,
                   int64_t revision) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
   // What one consistent read of a segment found.
-  struct Snapshot;
+  struct Snapshot {
+    bool exists = false;    // Owner key and record both there.
+    std::string owner_key;  // The owner key, if there (even without a record).
+    EtcdSegmentMeta meta;
+    int64_t meta_revision = 0;
+    // The buffers read: all of them, or those around an update's addresses.
+    std::map<uint64_t, Buffer> buffers;
+    // A window below an added address held more than kWindowKeys buffers
+    // (etcd_read.cc): the one that matters may be missing; read the whole
+    // segment instead.
+    bool window_truncated = false;
+  };
   // Waits (up to the RPC timeout) while a large change is half written,
   // unless `wait_pending` is false (what is there, as it is).
   absl::StatusOr<Snapshot> ReadSegment(const std::string& name,
@@ -164,6 +174,8 @@ class EtcdStore final : public Store {
       const etcdserverpb::TxnRequest& txn, absl::Time deadline);
   absl::StatusOr<int64_t> GrantLease(absl::Duration ttl, absl::Time deadline);
   void RevokeLease(int64_t id, absl::Time deadline);
+  // Renews lease `id` once: the TTL etcd gives it now (0 or less: expired).
+  absl::StatusOr<int64_t> RenewLease(int64_t id, absl::Time deadline);
   // Writes `ops` in as many transactions as needed: the first guarded by
   // `first_compares` (and marking the meta pending if more follow), the
   // rest by the meta's revision staying put, then the final meta.
@@ -173,34 +185,20 @@ class EtcdStore final : public Store {
       std::vector<etcdserverpb::RequestOp> ops, EtcdSegmentMeta meta,
       absl::Time deadline);
 
-  std::string OwnerKey(const std::string& name) const;
-  std::string MetaKey(const std::string& name) const;
-  std::string BufPrefix(const std::string& name) const;
-  std::string BufKey(const std::string& name, uint64_t addr) const;
+  static absl::Status NotRegistered(const std::string& name);
+  static absl::Status HeldByAnother(const std::string& name);
 
   const EtcdOptions options_;
   Clock* const clock_;  // Never null.
+  const EtcdKeys keys_;
   std::unique_ptr<etcdserverpb::KV::Stub> kv_;
   std::unique_ptr<etcdserverpb::Lease::Stub> lease_;
   std::unique_ptr<etcdserverpb::Watch::Stub> watch_;
   // Changes from this process are serialized: an engine changes only its
   // own segment, and its changes then never race each other's compares.
   Mutex write_mu_;
-  // What the records in etcd said at `usage_at`, and this store's writes
-  // since (Usage: bytes, segments).
-  struct Usage {
-    int64_t bytes = 0;
-    int64_t segments = 0;
-  };
-  absl::Time usage_at_ ABSL_GUARDED_BY(write_mu_) = absl::InfinitePast();
-  Usage total_ ABSL_GUARDED_BY(write_mu_);
-  std::map<std::string, Usage> by_client_ ABSL_GUARDED_BY(write_mu_);
-  // Revisions this store wrote at (about one a second), oldest first, to
-  // compact up to the newest that is compact_after old; and the last
-  // compaction.
-  std::deque<std::pair<absl::Time, int64_t>> revisions_
-      ABSL_GUARDED_BY(write_mu_);
-  int64_t compacted_ ABSL_GUARDED_BY(write_mu_) = 0;
+  EtcdUsage usage_ ABSL_GUARDED_BY(write_mu_);
+  EtcdCompaction compaction_ ABSL_GUARDED_BY(write_mu_);
 
   Mutex watch_mu_;
   // By etcd watch id (chosen here, one per WatchSegment).

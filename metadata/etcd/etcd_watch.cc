@@ -75,7 +75,7 @@ absl::StatusOr<std::unique_ptr<Watch>> EtcdStore::WatchSegment(
   FERRY_RETURN_IF_ERROR(ValidateSegmentName(name));
   auto w = std::make_shared<Watcher>();
   w->name = name;
-  w->meta_key = MetaKey(name);
+  w->meta_key = keys_.MetaKey(name);
   w->fn = std::move(fn);
   w->version = after_version;
   w->known = after_version != 0;
@@ -285,8 +285,8 @@ void EtcdStore::OnMetaEvent(Watcher* w, const mvccpb::Event& ev) {
     // The added buffers, as that revision has them: one range from the
     // lowest to the highest (one key for a single registration).
     etcdserverpb::RangeRequest req;
-    req.set_key(BufKey(w->name, *added.begin()));
-    req.set_range_end(BufKey(w->name, *added.rbegin()) + '\0');
+    req.set_key(keys_.BufKey(w->name, *added.begin()));
+    req.set_range_end(keys_.BufKey(w->name, *added.rbegin()) + '\0');
     req.set_revision(static_cast<int64_t>(rev));
     etcdserverpb::RangeResponse resp;
     grpc::ClientContext ctx;
