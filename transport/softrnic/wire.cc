@@ -53,6 +53,21 @@ bool IsRequestFor(const Frame& f, uint32_t qpn) {
   }
 }
 
+Frame ReplyTo(FrameType type, const Frame& req) {
+  Frame r{};
+  r.type = type;
+  r.qpn = req.qpn;
+  r.msn = req.msn;
+  return r;
+}
+
+Frame NakTo(const Frame& req, NakCode code, uint32_t msn) {
+  Frame r = ReplyTo(FrameType::kNak, req);
+  r.msn = msn;
+  r.aux = static_cast<uint32_t>(code);
+  return r;
+}
+
 void EncodeFrame(const Frame& f, uint8_t out[kHeaderBytes]) {
   StoreBe32(out, kWireMagic);
   out[4] = kWireVersion;

@@ -79,6 +79,13 @@ bool HasPayload(FrameType t);
 // that QP. Anything else on an accepted connection is a protocol violation.
 bool IsRequestFor(const Frame& f, uint32_t qpn);
 
+// A reply of `type` to request `req`: addressed to the same QP, with its
+// MSN; every other field zero.
+Frame ReplyTo(FrameType type, const Frame& req);
+// A NAK of `req` for `code` that names `msn` (for a sequence NAK, where the
+// requester must retransmit from, which is not the request's own MSN).
+Frame NakTo(const Frame& req, NakCode code, uint32_t msn);
+
 }  // namespace softrnic
 
 #endif  // FERRY_TRANSPORT_SOFTRNIC_WIRE_H_

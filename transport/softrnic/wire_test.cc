@@ -78,5 +78,35 @@ TEST(SoftrnicWireTest, PayloadOnlyWhereItBelongs) {
   EXPECT_TRUE(HasPayload(FrameType::kReadResp));
 }
 
+TEST(SoftrnicWireTest, RepliesKeepOnlyTheRequestsQpAndMsn) {
+  const Frame req = Sample();
+  const Frame ack = ReplyTo(FrameType::kAck, req);
+  EXPECT_EQ(ack.type, FrameType::kAck);
+  EXPECT_EQ(ack.qpn, req.qpn);
+  EXPECT_EQ(ack.msn, req.msn);
+  EXPECT_EQ(ack.flags, 0);
+  EXPECT_EQ(ack.length, 0u);
+  EXPECT_EQ(ack.rkey, 0u);
+  EXPECT_EQ(ack.remote_addr, 0u);
+  EXPECT_EQ(ack.imm, 0u);
+  EXPECT_EQ(ack.aux, 0u);
+  // An ACK announces no payload, so it decodes as it was built.
+  uint8_t buf[kHeaderBytes];
+  EncodeFrame(ack, buf);
+  Frame g;
+  EXPECT_TRUE(DecodeFrame(buf, 1 << 20, &g));
+}
+
+TEST(SoftrnicWireTest, NakNamesItsCodeAndTheMsnGiven) {
+  const Frame req = Sample();
+  const Frame nak = NakTo(req, NakCode::kSequence, 17);
+  EXPECT_EQ(nak.type, FrameType::kNak);
+  EXPECT_EQ(nak.qpn, req.qpn);
+  EXPECT_EQ(nak.msn, 17u);  // Not the request's: where to resume.
+  EXPECT_EQ(nak.aux, static_cast<uint32_t>(NakCode::kSequence));
+  EXPECT_EQ(nak.length, 0u);
+  EXPECT_EQ(nak.rkey, 0u);
+}
+
 }  // namespace
 }  // namespace softrnic
