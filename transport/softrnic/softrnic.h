@@ -496,7 +496,7 @@ void EnterError(const std::shared_ptr<Qp>& qp, int async_event /* -1: none */)
 void EnterErrorAndUnlock(const std::shared_ptr<Qp>& qp)
     ABSL_UNLOCK_FUNCTION(qp->mu);
 
-// Data path (requester.cc / responder.cc).
+// Data path (the requester*.cc files, responder.cc, listener.cc).
 int PostSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr);
 int PostRecv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr);
 // Called on the RTR transition: opens the outgoing connection.
