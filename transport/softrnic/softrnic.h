@@ -510,7 +510,7 @@ Clock::time_point TimerWork(const std::shared_ptr<Qp>& qp,
                             Clock::time_point now);
 void ScheduleTimer(const std::shared_ptr<Qp>& qp);
 void TimerLoop(Device* dev);
-// Runs the device's listener (responder.cc): accepts on `listen_fd`,
+// Runs the device's listener (listener.cc): accepts on `listen_fd`,
 // reads HELLOs through `epoll_fd`, and hands identified connections to
 // threads of their own.
 void AcceptLoop(Device* dev, int listen_fd, int epoll_fd);
