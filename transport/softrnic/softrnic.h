@@ -281,7 +281,7 @@ struct Mr {
   std::atomic<int> inflight{0};
 };
 
-// Strict page identity (memory.cc): whether the pages [host, host+len) of
+// Strict page identity (mr_pages.cc): whether the pages [host, host+len) of
 // strict MR `mr` are still the ones registered. False (counted, and
 // reported on stderr the first few times) if one was replaced, as after
 // munmap and a new mapping at the same address.
