@@ -24,7 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/mutex.h"
-#include "engine/transfer_engine.h"
+#include "ferry/transfer_engine.h"
 #include "transport/memory_registry.h"
 #include "transport/segment_view.h"
 #include "transport/transport.h"

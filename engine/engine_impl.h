@@ -25,7 +25,7 @@
 #include "engine/segment_cache.h"
 #include "engine/segment_publisher.h"
 #include "engine/sender_check.h"
-#include "engine/transfer_engine.h"
+#include "ferry/transfer_engine.h"
 #include "metadata/metadata_client.h"
 #include "metadata/metadata_service.h"
 #include "metadata/peer_service.h"

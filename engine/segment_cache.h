@@ -38,7 +38,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/mutex.h"
-#include "engine/transfer_engine.h"
+#include "ferry/transfer_engine.h"
 #include "metadata/store.h"
 #include "transport/segment_view.h"
 

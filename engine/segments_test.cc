@@ -13,7 +13,7 @@
 #include "common/mutex.h"
 #include "common/simulated_clock.h"
 #include "common/status_testing.h"
-#include "engine/transfer_engine.h"
+#include "ferry/transfer_engine.h"
 #include "gtest/gtest.h"
 #include "metadata/grpc_status.h"
 #include "metadata/proto/metadata.grpc.pb.h"

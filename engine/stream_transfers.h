@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "engine/transfer_engine.h"
+#include "ferry/transfer_engine.h"
 
 namespace ferry {
 

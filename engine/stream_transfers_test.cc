@@ -9,7 +9,7 @@
 
 #include "common/pattern.h"
 #include "common/status_testing.h"
-#include "engine/transfer_engine.h"
+#include "ferry/transfer_engine.h"
 #include "gpu/softgpu/softgpu_control.h"
 #include "gpu/softgpu_testing.h"
 #include "gtest/gtest.h"

@@ -15,7 +15,7 @@
 #include <cstring>
 #include <vector>
 
-#include "engine/transfer_engine.h"
+#include "ferry/transfer_engine.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-#include "engine/transfer_engine.h"
+#include "ferry/transfer_engine.h"
 
 #include "engine/engine_impl.h"
 

@@ -1,6 +1,6 @@
 // Two real engines in one process over loopback TCP: engine A embeds the
 // metadata service, engine B uses it.
-#include "engine/transfer_engine.h"
+#include "ferry/transfer_engine.h"
 
 #include <sys/mman.h>
 

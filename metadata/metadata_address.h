@@ -26,7 +26,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
-#include "metadata/etcd/etcd_limits.h"
+#include "ferry/etcd_limits.h"
 #include "metadata/store.h"
 #include "metadata/tls.h"
 

@@ -1,5 +1,5 @@
 // _ferry: the Python extension under the `ferry` package, a thin layer over
-// the C API (engine/capi/ferry_c.h), so that options, errors and handles
+// the C API (include/ferry/ferry_c.h), so that options, errors and handles
 // behave as they do for C. The pythonic layer (ferry/__init__.py) and the
 // Mooncake drop-in (ferry/mooncake.py) are Python on top of it.
 //
@@ -18,7 +18,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/capi/ferry_c.h"
+#include "ferry/ferry_c.h"
 
 namespace py = pybind11;
 

@@ -12,7 +12,7 @@
 #include "common/pattern.h"
 #include "common/sanitizers.h"
 #include "common/status_testing.h"
-#include "engine/transfer_engine.h"
+#include "ferry/transfer_engine.h"
 #include "gtest/gtest.h"
 #include "testing/subprocess.h"
 

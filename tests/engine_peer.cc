@@ -17,7 +17,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "common/pattern.h"
-#include "engine/transfer_engine.h"
+#include "ferry/transfer_engine.h"
 
 ABSL_FLAG(std::string, name, "peer", "segment name");
 ABSL_FLAG(std::string, metadata, "embedded", "metadata endpoint");

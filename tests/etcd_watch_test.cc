@@ -6,7 +6,7 @@
 
 #include "absl/time/clock.h"
 #include "common/status_testing.h"
-#include "engine/transfer_engine.h"
+#include "ferry/transfer_engine.h"
 #include "gtest/gtest.h"
 #include "metadata/etcd/etcd_testing.h"
 

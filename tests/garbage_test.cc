@@ -37,7 +37,7 @@
 #include "common/pattern.h"
 #include "common/socket_util.h"
 #include "common/status_testing.h"
-#include "engine/transfer_engine.h"
+#include "ferry/transfer_engine.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "metadata/grpc_status.h"

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "common/status_testing.h"
-#include "engine/transfer_engine.h"
+#include "ferry/transfer_engine.h"
 #include "gpu/cuda_driver.h"
 #include "gpu/softgpu_testing.h"
 #include "gtest/gtest.h"

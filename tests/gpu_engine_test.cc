@@ -17,7 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "common/pattern.h"
 #include "common/status_testing.h"
-#include "engine/transfer_engine.h"
+#include "ferry/transfer_engine.h"
 #include "gpu/cuda_driver.h"
 #include "gpu/softgpu_testing.h"
 #include "gtest/gtest.h"

@@ -14,7 +14,7 @@
 #include <string>
 
 #include "common/status_testing.h"
-#include "engine/transfer_engine.h"
+#include "ferry/transfer_engine.h"
 #include "gtest/gtest.h"
 
 namespace ferry {

@@ -16,7 +16,7 @@
 
 #include "common/sanitizers.h"
 #include "common/status_testing.h"
-#include "engine/transfer_engine.h"
+#include "ferry/transfer_engine.h"
 #include "gtest/gtest.h"
 #include "transport/softrnic/softrnic_control.h"
 

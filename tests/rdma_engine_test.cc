@@ -18,7 +18,7 @@
 #include "common/pattern.h"
 #include "common/sanitizers.h"
 #include "common/status_testing.h"
-#include "engine/transfer_engine.h"
+#include "ferry/transfer_engine.h"
 #include "gtest/gtest.h"
 #include "metadata/metadata_client.h"
 #include "metadata/peer_service.h"

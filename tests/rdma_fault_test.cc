@@ -24,7 +24,7 @@
 #include "common/pattern.h"
 #include "common/simulated_clock.h"
 #include "common/status_testing.h"
-#include "engine/transfer_engine.h"
+#include "ferry/transfer_engine.h"
 #include "gtest/gtest.h"
 #include "testing/process_usage.h"
 #include "testing/subprocess.h"

@@ -12,7 +12,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "engine/transfer_engine.h"
+#include "ferry/transfer_engine.h"
 
 ABSL_FLAG(std::string, name, "session", "segment name");
 ABSL_FLAG(std::string, metadata, "", "metadata endpoint");

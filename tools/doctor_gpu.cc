@@ -11,9 +11,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "ferry/options.h"
 #include "gpu/cuda_driver.h"
 #include "transport/memory_registry.h"
-#include "transport/options.h"
 #include "transport/rdma/gpu_mr.h"
 #include "transport/rdma/nic.h"
 #include "transport/rdma/topology.h"

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "benchmark/benchmark.h"
-#include "engine/transfer_engine.h"
+#include "ferry/transfer_engine.h"
 
 namespace ferry {
 namespace {

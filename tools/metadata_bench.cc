@@ -25,7 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "benchmark/benchmark.h"
-#include "engine/transfer_engine.h"
+#include "ferry/transfer_engine.h"
 #include "metadata/durable_store.h"
 #include "metadata/etcd/etcd_store.h"
 #include "metadata/metadata_address.h"

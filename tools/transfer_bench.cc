@@ -51,7 +51,7 @@
 #include "common/mutex.h"
 #include "common/pattern.h"
 #include "common/socket_util.h"
-#include "engine/transfer_engine.h"
+#include "ferry/transfer_engine.h"
 #include "metadata/auth.h"
 #include "tools/bench_memory.h"
 

@@ -27,13 +27,13 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/clock.h"
-#include "common/opcode.h"
 #include "descriptor/descriptor.pb.h"
+#include "ferry/opcode.h"
+#include "ferry/options.h"
+#include "ferry/stats.h"
 #include "transport/memory_registry.h"
-#include "transport/options.h"
 #include "transport/peer_channel.h"
 #include "transport/segment_view.h"
-#include "transport/stats.h"
 
 namespace ferry {
 

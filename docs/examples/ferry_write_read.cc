@@ -18,7 +18,7 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "engine/transfer_engine.h"
+#include "ferry/transfer_engine.h"
 
 namespace {
 

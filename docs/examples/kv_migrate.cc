@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/transfer_engine.h"
+#include "ferry/transfer_engine.h"
 
 namespace {
 

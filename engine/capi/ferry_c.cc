@@ -1,6 +1,6 @@
 // The C API over TransferEngine: handles are the C++ objects behind
 // opaque struct names; statuses are absl::Status copied onto the heap.
-#include "engine/capi/ferry_c.h"
+#include "ferry/ferry_c.h"
 
 #include <cstring>
 #include <functional>
@@ -20,7 +20,7 @@
 #include "engine/capi/option_names.h"
 #include "engine/capi/stats_json.h"
 #include "engine/stream_transfers.h"
-#include "engine/transfer_engine.h"
+#include "ferry/transfer_engine.h"
 #include "transport/rdma/nic.h"
 #include "transport/rdma/topology.h"
 

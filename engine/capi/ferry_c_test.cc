@@ -1,7 +1,7 @@
 // The C API's contract: statuses with codes and messages for every bad
 // input, options by name, strings copied out, and the data path end to end
 // (two engines in this process, over loopback).
-#include "engine/capi/ferry_c.h"
+#include "ferry/ferry_c.h"
 
 #include <cstdlib>
 #include <cstring>

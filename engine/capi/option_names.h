@@ -16,7 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
-#include "engine/transfer_engine.h"
+#include "ferry/transfer_engine.h"
 
 namespace ferry::capi {
 

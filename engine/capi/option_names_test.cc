@@ -63,10 +63,10 @@ std::set<std::string> ExpectedNames() {
       names.insert(name);
     }
   };
-  add("", "engine/transfer_engine.h", "EngineOptions");
-  add("tcp.", "transport/options.h", "TcpOptions");
-  add("rdma.", "transport/options.h", "RdmaOptions");
-  add("etcd.", "metadata/etcd/etcd_limits.h", "EtcdLimits");
+  add("", "include/ferry/transfer_engine.h", "EngineOptions");
+  add("tcp.", "include/ferry/options.h", "TcpOptions");
+  add("rdma.", "include/ferry/options.h", "RdmaOptions");
+  add("etcd.", "include/ferry/etcd_limits.h", "EtcdLimits");
   return names;
 }
 
@@ -143,9 +143,9 @@ TEST(StatsJsonTest, EveryCounterIsThere) {
   size_t fields = 0;
   for (const auto& [header, strct] :
        std::vector<std::pair<std::string, std::string>>{
-           {"engine/transfer_engine.h", "EngineStats"},
-           {"transport/stats.h", "TransportStats"},
-           {"transport/stats.h", "NicStats"}}) {
+           {"include/ferry/transfer_engine.h", "EngineStats"},
+           {"include/ferry/stats.h", "TransportStats"},
+           {"include/ferry/stats.h", "NicStats"}}) {
     for (const auto& [type, field] : Fields(header, strct)) {
       ++fields;
       EXPECT_TRUE(absl::StrContains(json, "\"" + field + "\":"))

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/transfer_engine.h"
-#include "transport/stats.h"
+#include "ferry/stats.h"
+#include "ferry/transfer_engine.h"
 
 namespace ferry::capi {
 

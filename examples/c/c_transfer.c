@@ -1,4 +1,4 @@
-/* A C program on Ferry's C API (engine/capi/ferry_c.h): two engines in one
+/* A C program on Ferry's C API (include/ferry/ferry_c.h): two engines in one
  * process -- a target with the embedded metadata service and an initiator
  * that joins it -- WRITE a pattern into the target's buffer, READ it back,
  * check it, and notify the target. Prints what it did; exits 0 only if
@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/capi/ferry_c.h"
+#include "ferry/ferry_c.h"
 
 #define LEN (1 << 20)
 

@@ -15,7 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "metadata/etcd/etcd_limits.h"
+#include "ferry/etcd_limits.h"
 
 namespace ferry::metadata {
 

@@ -1,5 +1,5 @@
 """Type stub of ferry._ferry, the extension under the `ferry` package (a thin
-layer over the C API, engine/capi/ferry_c.h). Errors raise
+layer over the C API, include/ferry/ferry_c.h). Errors raise
 ferry.errors.FerryError(code, message); every call that may wait releases
 the GIL."""
 

@@ -502,7 +502,7 @@ class TransferEngine:
         return self._engine
 
     def get_engine_ptr(self) -> int:
-        """The address of the C API's ferry_engine (engine/capi/ferry_c.h),
+        """The address of the C API's ferry_engine (include/ferry/ferry_c.h),
         for C code that calls Ferry on the same engine; 0 before
         initialize."""
         return 0 if self._engine is None else self._engine.handle()

@@ -22,7 +22,7 @@
 #include "absl/status/statusor.h"
 #include "common/mutex.h"
 #include "descriptor/descriptor.pb.h"
-#include "transport/options.h"
+#include "ferry/options.h"
 #include "transport/rdma/local_mr.h"
 #include "transport/rdma/nic.h"
 #include "transport/rdma/topology.h"

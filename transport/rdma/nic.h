@@ -17,7 +17,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "common/mutex.h"
-#include "transport/options.h"
+#include "ferry/options.h"
 
 namespace ferry::rdma {
 

@@ -1,9 +1,9 @@
 // Options of the transports, part of the public API: EngineOptions embeds
-// them (engine/transfer_engine.h) and every transport reads its own. One
+// them (include/ferry/transfer_engine.h) and every transport reads its own. One
 // typed struct per transport, parsed in one place, instead of settings read
 // from the environment wherever they are needed.
-#ifndef FERRY_TRANSPORT_OPTIONS_H_
-#define FERRY_TRANSPORT_OPTIONS_H_
+#ifndef FERRY_INCLUDE_FERRY_OPTIONS_H_
+#define FERRY_INCLUDE_FERRY_OPTIONS_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -159,4 +159,4 @@ struct RdmaOptions {
 
 }  // namespace ferry
 
-#endif  // FERRY_TRANSPORT_OPTIONS_H_
+#endif  // FERRY_INCLUDE_FERRY_OPTIONS_H_

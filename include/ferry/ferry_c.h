@@ -1,6 +1,6 @@
 /* ferry_c.h: Ferry's C API, for C programs and for bindings from other
  * languages (Go, Rust, ...), as Mooncake TE has one for its Go and Rust
- * bindings. It covers what engine/transfer_engine.h covers, with opaque
+ * bindings. It covers what include/ferry/transfer_engine.h covers, with opaque
  * handles and explicit status objects; no C++ type crosses it.
  *
  * Errors. Every call that can fail returns a `ferry_status*`: NULL on
@@ -19,8 +19,8 @@
  * Memory. Strings the API returns are copied into caller buffers or into
  * objects the caller frees with the matching *_free function.
  */
-#ifndef FERRY_ENGINE_CAPI_FERRY_C_H_
-#define FERRY_ENGINE_CAPI_FERRY_C_H_
+#ifndef FERRY_INCLUDE_FERRY_FERRY_C_H_
+#define FERRY_INCLUDE_FERRY_FERRY_C_H_
 
 #include <stddef.h>
 #include <stdint.h>
@@ -217,4 +217,4 @@ void ferry_notifications_free(ferry_notification* notifications, size_t count);
 } /* extern "C" */
 #endif
 
-#endif /* FERRY_ENGINE_CAPI_FERRY_C_H_ */
+#endif /* FERRY_INCLUDE_FERRY_FERRY_C_H_ */

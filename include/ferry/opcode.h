@@ -1,7 +1,7 @@
 // The two one-sided operations Ferry moves data with. Shared by the public
 // engine API and the transport interface.
-#ifndef FERRY_COMMON_OPCODE_H_
-#define FERRY_COMMON_OPCODE_H_
+#ifndef FERRY_INCLUDE_FERRY_OPCODE_H_
+#define FERRY_INCLUDE_FERRY_OPCODE_H_
 
 #include <cstdint>
 
@@ -14,4 +14,4 @@ enum class OpCode : uint8_t {
 
 }  // namespace ferry
 
-#endif  // FERRY_COMMON_OPCODE_H_
+#endif  // FERRY_INCLUDE_FERRY_OPCODE_H_

@@ -12,8 +12,8 @@
 //
 // Thread-safety: after Init returns, every method may be called from any
 // thread concurrently. Init and Shutdown must not race with other calls.
-#ifndef FERRY_ENGINE_TRANSFER_ENGINE_H_
-#define FERRY_ENGINE_TRANSFER_ENGINE_H_
+#ifndef FERRY_INCLUDE_FERRY_TRANSFER_ENGINE_H_
+#define FERRY_INCLUDE_FERRY_TRANSFER_ENGINE_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -25,13 +25,15 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "common/clock.h"
-#include "common/opcode.h"
-#include "metadata/etcd/etcd_limits.h"
-#include "transport/options.h"
-#include "transport/stats.h"
+#include "ferry/etcd_limits.h"
+#include "ferry/opcode.h"
+#include "ferry/options.h"
+#include "ferry/stats.h"
 
 namespace ferry {
+
+// The engine's time source (common/clock.h): only tests set one.
+class Clock;
 
 // A batch of transfer requests: allocated, filled by SubmitTransfer, polled
 // or waited on, freed. Encodes a slot and a generation.
@@ -60,7 +62,7 @@ struct EngineOptions {
   // several clusters share one metadata service or etcd. Empty: none.
   std::string metadata_namespace = "";
   // With an etcd:// metadata_endpoint: what this engine's own etcd store
-  // allows and how it compacts etcd's history (metadata/etcd/etcd_limits.h).
+  // allows and how it compacts etcd's history (include/ferry/etcd_limits.h).
   // Engines and metadata_servers that share an etcd prefix should agree;
   // set compact_after to 0 on all of them where other applications share
   // the etcd cluster (compaction is etcd-wide).
@@ -135,7 +137,7 @@ struct EngineOptions {
   absl::Duration segment_name_wait = absl::Seconds(-1);
   // A request not completed this long after submission ends in TIMEOUT.
   absl::Duration transfer_timeout = absl::Seconds(30);
-  // Per-transport settings (transport/options.h).
+  // Per-transport settings (include/ferry/options.h).
   TcpOptions tcp;
   RdmaOptions rdma;
   // How long WaitBatch reaps completions on the calling thread before it
@@ -442,4 +444,4 @@ class TransferEngine {
 
 }  // namespace ferry
 
-#endif  // FERRY_ENGINE_TRANSFER_ENGINE_H_
+#endif  // FERRY_INCLUDE_FERRY_TRANSFER_ENGINE_H_

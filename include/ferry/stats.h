@@ -1,8 +1,8 @@
 // Counters the transports keep, part of the public API
 // (TransferEngine::GetTransportStats). Each is a snapshot; counters only
 // grow over an engine's life.
-#ifndef FERRY_TRANSPORT_STATS_H_
-#define FERRY_TRANSPORT_STATS_H_
+#ifndef FERRY_INCLUDE_FERRY_STATS_H_
+#define FERRY_INCLUDE_FERRY_STATS_H_
 
 #include <cstdint>
 #include <string>
@@ -75,4 +75,4 @@ struct TransportStats {
 
 }  // namespace ferry
 
-#endif  // FERRY_TRANSPORT_STATS_H_
+#endif  // FERRY_INCLUDE_FERRY_STATS_H_

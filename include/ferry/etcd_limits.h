@@ -2,8 +2,8 @@
 // EtcdOptions (etcd_store.h) of its own, so that code that only passes the
 // limits on (metadata_address.h, metadata_server's flags) builds without
 // the etcd back end too.
-#ifndef FERRY_METADATA_ETCD_ETCD_LIMITS_H_
-#define FERRY_METADATA_ETCD_ETCD_LIMITS_H_
+#ifndef FERRY_INCLUDE_FERRY_ETCD_LIMITS_H_
+#define FERRY_INCLUDE_FERRY_ETCD_LIMITS_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -38,4 +38,4 @@ struct EtcdLimits {
 
 }  // namespace ferry::metadata
 
-#endif  // FERRY_METADATA_ETCD_ETCD_LIMITS_H_
+#endif  // FERRY_INCLUDE_FERRY_ETCD_LIMITS_H_
