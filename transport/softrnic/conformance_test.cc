@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cstring>
 #include <future>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <set>
@@ -33,6 +34,18 @@
 #include "gtest/gtest.h"
 #include "transport/softrnic/softrnic_control.h"
 #include "transport/softrnic/verbs_test_util.h"
+
+#define SOFTRNIC_TEST_CONCAT_INNER_(a, b) a##b
+#define SOFTRNIC_TEST_CONCAT_(a, b) SOFTRNIC_TEST_CONCAT_INNER_(a, b)
+// Binds `lhs`, a declaration such as `auto* src` (as in
+// ASSERT_OK_AND_ASSIGN), to the buffer that `reg`, an Endpoint::Reg call,
+// registers; ends the test, saying why, where the registration is refused.
+// Nearly every test registers buffers, and a null one would only crash it.
+#define ASSERT_REG(lhs, reg)                                            \
+  Buffer* const SOFTRNIC_TEST_CONCAT_(softrnic_reg_, __LINE__) = (reg); \
+  ASSERT_NE(SOFTRNIC_TEST_CONCAT_(softrnic_reg_, __LINE__), nullptr)    \
+      << #reg ": " << strerror(errno);                                  \
+  lhs = SOFTRNIC_TEST_CONCAT_(softrnic_reg_, __LINE__)
 
 namespace softrnic_test {
 namespace {
@@ -86,10 +99,70 @@ constexpr int kQuietMs = 250;
          << wc.qp_num << " byte_len " << wc.byte_len;
 }
 
+// A signaled send WR of `op` gathering the `num_sge` entries at `sges`.
+ibv_send_wr SignaledWr(uint64_t wr_id, ibv_wr_opcode op, ibv_sge* sges,
+                       int num_sge = 1) {
+  ibv_send_wr wr = {};
+  wr.wr_id = wr_id;
+  wr.sg_list = sges;
+  wr.num_sge = num_sge;
+  wr.opcode = op;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  return wr;
+}
+
+// SignaledWr for an RDMA `op` on `remote_addr` under `rkey`.
+ibv_send_wr SignaledRdmaWr(uint64_t wr_id, ibv_wr_opcode op, ibv_sge* sges,
+                           int num_sge, uint64_t remote_addr, uint32_t rkey) {
+  ibv_send_wr wr = SignaledWr(wr_id, op, sges, num_sge);
+  wr.wr.rdma.remote_addr = remote_addr;
+  wr.wr.rdma.rkey = rkey;
+  return wr;
+}
+
+// A receive WR scattering into the `num_sge` entries at `sges`.
+ibv_recv_wr RecvWr(uint64_t wr_id, ibv_sge* sges, int num_sge = 1) {
+  ibv_recv_wr wr = {};
+  wr.wr_id = wr_id;
+  wr.sg_list = sges;
+  wr.num_sge = num_sge;
+  return wr;
+}
+
+// Clears each bit of `missing` in turn from `mask`: every such
+// ibv_modify_qp to `attr` must fail with EINVAL and leave `qp` in `stays`.
+void ExpectEachMissingBitRefused(ibv_qp* qp, ibv_qp_attr attr, int mask,
+                                 std::initializer_list<int> missing,
+                                 ibv_qp_state stays) {
+  for (int bit : missing) {
+    SCOPED_TRACE("missing mask bit " + std::to_string(bit));
+    EXPECT_EQ(ibv_modify_qp(qp, &attr, mask & ~bit), EINVAL);
+    EXPECT_EQ(QpState(qp), stays);
+  }
+}
+
 struct Pair {
   Endpoint* a = nullptr;  // Requester in most tests.
   Endpoint* b = nullptr;  // Responder in most tests.
 };
+
+// Posts one signaled RDMA `op` on p.a (`len` bytes from the start of
+// `local`, to or from `remote_addr` under `rkey`) and polls its
+// completion, which must have `status`; *wc receives it where given.
+::testing::AssertionResult RdmaAndPoll(const Pair& p, ibv_wr_opcode op,
+                                       uint64_t wr_id, const Buffer* local,
+                                       uint32_t len, uint64_t remote_addr,
+                                       uint32_t rkey,
+                                       ibv_wc_status status = IBV_WC_SUCCESS,
+                                       ibv_wc* wc = nullptr) {
+  const int rc =
+      PostRdma(p.a->qp(), op, wr_id, local, 0, len, remote_addr, rkey);
+  if (rc != 0) {
+    return ::testing::AssertionFailure()
+           << "posting wr_id " << wr_id << " failed: " << strerror(rc);
+  }
+  return PollExpect(p.a->cq(), wr_id, status, wc);
+}
 
 // Opens softrnic0 and softrnic1 for every test and owns all endpoints and
 // completion channels the test creates; restores link state and delays
@@ -159,14 +232,32 @@ class SoftrnicTest : public ::testing::Test {
     ASSERT_EQ(ConnectQp(b->qp(), a->qpn(), a->gid(), o, &err), 0) << err;
   }
 
+  // Two endpoints left in RESET: requester on dev_a, responder on dev_b.
+  void NewPair(int dev_a, int dev_b, Pair* p, const EndpointOptions& eo_a = {},
+               const EndpointOptions& eo_b = {}) {
+    p->a = NewEndpoint(dev_a, eo_a);
+    p->b = NewEndpoint(dev_b, eo_b);
+    ASSERT_NE(p->a, nullptr);
+    ASSERT_NE(p->b, nullptr);
+  }
+
   // Builds a connected RC pair: requester on dev_a, responder on dev_b.
   void MakePair(int dev_a, int dev_b, Pair* p, const EndpointOptions& eo = {},
                 const ConnectOptions& co = {}) {
-    p->a = NewEndpoint(dev_a, eo);
-    p->b = NewEndpoint(dev_b, eo);
-    ASSERT_NE(p->a, nullptr);
-    ASSERT_NE(p->b, nullptr);
+    ASSERT_NO_FATAL_FAILURE(NewPair(dev_a, dev_b, p, eo, eo));
     ASSERT_NO_FATAL_FAILURE(Connect(p->a, p->b, co));
+  }
+
+  // MakePair, with the requester's CQ on a new completion channel of
+  // dev_a, returned in *ch.
+  void MakePairWithChannel(int dev_a, int dev_b, Pair* p,
+                           ibv_comp_channel** ch) {
+    *ch = NewChannel(dev_a);
+    ASSERT_NE(*ch, nullptr);
+    EndpointOptions eo;
+    eo.channel = *ch;
+    ASSERT_NO_FATAL_FAILURE(NewPair(dev_a, dev_b, p, eo));
+    ASSERT_NO_FATAL_FAILURE(Connect(p->a, p->b, {}));
   }
 
   void SetLink(int dev, bool up) {
@@ -182,15 +273,11 @@ class SoftrnicTest : public ::testing::Test {
   // One signaled RDMA WRITE of `len` pattern bytes a -> b, checked at the
   // target right after the send completion.
   void WriteAndCheck(const Pair& p, uint32_t len, uint32_t seed) {
-    Buffer* src = p.a->Reg(len);
-    Buffer* dst = p.b->Reg(len);
-    ASSERT_NE(src, nullptr);
-    ASSERT_NE(dst, nullptr);
+    ASSERT_REG(auto* src, p.a->Reg(len));
+    ASSERT_REG(auto* dst, p.b->Reg(len));
     FillPattern(src->data(), len, seed);
-    ASSERT_EQ(PostRdma(p.a->qp(), IBV_WR_RDMA_WRITE, seed, src, 0, len,
-                       dst->addr(), dst->rkey()),
-              0);
-    ASSERT_TRUE(PollExpect(p.a->cq(), seed, IBV_WC_SUCCESS));
+    ASSERT_TRUE(RdmaAndPoll(p, IBV_WR_RDMA_WRITE, seed, src, len, dst->addr(),
+                            dst->rkey()));
     ASSERT_EQ(FirstPatternMismatch(dst->data(), len, seed), -1);
   }
 
@@ -364,16 +451,13 @@ TEST_F(SoftrnicTest, RegMrRemoteWriteWithoutLocalWriteIsEinval) {
 TEST_F(SoftrnicTest, RdmaWriteToMrWithoutRemoteWriteIsRemoteAccessError) {
   Pair p;
   ASSERT_NO_FATAL_FAILURE(MakePair(0, 1, &p));
-  Buffer* src = p.a->Reg(4096);
-  Buffer* dst = p.b->Reg(4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
-  ASSERT_NE(src, nullptr);
-  ASSERT_NE(dst, nullptr);
+  ASSERT_REG(auto* src, p.a->Reg(4096));
+  ASSERT_REG(auto* dst,
+             p.b->Reg(4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ));
   FillPattern(src->data(), 4096, 1);
   memset(dst->data(), 0x5a, 4096);
-  ASSERT_EQ(PostRdma(p.a->qp(), IBV_WR_RDMA_WRITE, 1, src, 0, 4096, dst->addr(),
-                     dst->rkey()),
-            0);
-  ASSERT_TRUE(PollExpect(p.a->cq(), 1, IBV_WC_REM_ACCESS_ERR));
+  ASSERT_TRUE(RdmaAndPoll(p, IBV_WR_RDMA_WRITE, 1, src, 4096, dst->addr(),
+                          dst->rkey(), IBV_WC_REM_ACCESS_ERR));
   EXPECT_EQ(FirstNotEqual(dst->data(), 4096, 0x5a), -1);
   EXPECT_EQ(QpState(p.a->qp()), IBV_QPS_ERR);
 }
@@ -381,16 +465,12 @@ TEST_F(SoftrnicTest, RdmaWriteToMrWithoutRemoteWriteIsRemoteAccessError) {
 TEST_F(SoftrnicTest, RdmaReadFromMrWithoutRemoteReadIsRemoteAccessError) {
   Pair p;
   ASSERT_NO_FATAL_FAILURE(MakePair(0, 1, &p));
-  Buffer* local = p.a->Reg(4096);
-  Buffer* remote =
-      p.b->Reg(4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-  ASSERT_NE(local, nullptr);
-  ASSERT_NE(remote, nullptr);
+  ASSERT_REG(auto* local, p.a->Reg(4096));
+  ASSERT_REG(auto* remote,
+             p.b->Reg(4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE));
   FillPattern(remote->data(), 4096, 2);
-  ASSERT_EQ(PostRdma(p.a->qp(), IBV_WR_RDMA_READ, 2, local, 0, 4096,
-                     remote->addr(), remote->rkey()),
-            0);
-  ASSERT_TRUE(PollExpect(p.a->cq(), 2, IBV_WC_REM_ACCESS_ERR));
+  ASSERT_TRUE(RdmaAndPoll(p, IBV_WR_RDMA_READ, 2, local, 4096, remote->addr(),
+                          remote->rkey(), IBV_WC_REM_ACCESS_ERR));
   EXPECT_EQ(FirstNotEqual(local->data(), 4096, 0), -1);
   EXPECT_EQ(QpState(p.a->qp()), IBV_QPS_ERR);
 }
@@ -399,10 +479,8 @@ TEST_F(SoftrnicTest, RdmaReadIntoMrWithoutLocalWriteFails) {
   Pair p;
   ASSERT_NO_FATAL_FAILURE(MakePair(0, 1, &p));
   // Readable locally but not writable: a READ response may not land here.
-  Buffer* local = p.a->Reg(4096, 0);
-  Buffer* remote = p.b->Reg(4096);
-  ASSERT_NE(local, nullptr);
-  ASSERT_NE(remote, nullptr);
+  ASSERT_REG(auto* local, p.a->Reg(4096, 0));
+  ASSERT_REG(auto* remote, p.b->Reg(4096));
   FillPattern(remote->data(), 4096, 3);
   memset(local->data(), 0x11, 4096);
   int rc = PostRdma(p.a->qp(), IBV_WR_RDMA_READ, 3, local, 0, 4096,
@@ -421,10 +499,8 @@ TEST_F(SoftrnicTest, RdmaReadIntoMrWithoutLocalWriteFails) {
 TEST_F(SoftrnicTest, RecvIntoMrWithoutLocalWriteFails) {
   Pair p;
   ASSERT_NO_FATAL_FAILURE(MakePair(0, 1, &p));
-  Buffer* src = p.a->Reg(256);
-  Buffer* rbuf = p.b->Reg(256, IBV_ACCESS_REMOTE_READ);
-  ASSERT_NE(src, nullptr);
-  ASSERT_NE(rbuf, nullptr);
+  ASSERT_REG(auto* src, p.a->Reg(256));
+  ASSERT_REG(auto* rbuf, p.b->Reg(256, IBV_ACCESS_REMOTE_READ));
   memset(rbuf->data(), 0x22, 256);
   FillPattern(src->data(), 256, 4);
   if (PostRecvBuf(p.b->qp(), 40, rbuf, 0, 256) == 0) {
@@ -439,20 +515,12 @@ TEST_F(SoftrnicTest, RecvIntoMrWithoutLocalWriteFails) {
 TEST_F(SoftrnicTest, BadLkeyIsLocalError) {
   Pair p;
   ASSERT_NO_FATAL_FAILURE(MakePair(0, 1, &p));
-  Buffer* src = p.a->Reg(256);
-  Buffer* dst = p.b->Reg(256);
-  ASSERT_NE(src, nullptr);
-  ASSERT_NE(dst, nullptr);
+  ASSERT_REG(auto* src, p.a->Reg(256));
+  ASSERT_REG(auto* dst, p.b->Reg(256));
   ibv_sge sge = src->Sge(0, 256);
   sge.lkey ^= 0x00abcd00;
-  ibv_send_wr wr = {};
-  wr.wr_id = 5;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  wr.opcode = IBV_WR_RDMA_WRITE;
-  wr.send_flags = IBV_SEND_SIGNALED;
-  wr.wr.rdma.remote_addr = dst->addr();
-  wr.wr.rdma.rkey = dst->rkey();
+  ibv_send_wr wr =
+      SignaledRdmaWr(5, IBV_WR_RDMA_WRITE, &sge, 1, dst->addr(), dst->rkey());
   ibv_send_wr* bad = nullptr;
   memset(dst->data(), 0x33, 256);
   if (ibv_post_send(p.a->qp(), &wr, &bad) == 0) {
@@ -468,32 +536,24 @@ TEST_F(SoftrnicTest, BadLkeyIsLocalError) {
 TEST_F(SoftrnicTest, WrongRkeyIsRemoteAccessError) {
   Pair p;
   ASSERT_NO_FATAL_FAILURE(MakePair(0, 1, &p));
-  Buffer* src = p.a->Reg(512);
-  Buffer* dst = p.b->Reg(512);
-  ASSERT_NE(src, nullptr);
-  ASSERT_NE(dst, nullptr);
+  ASSERT_REG(auto* src, p.a->Reg(512));
+  ASSERT_REG(auto* dst, p.b->Reg(512));
   memset(dst->data(), 0x44, 512);
-  ASSERT_EQ(PostRdma(p.a->qp(), IBV_WR_RDMA_WRITE, 6, src, 0, 512, dst->addr(),
-                     dst->rkey() ^ 0x00f0f000),
-            0);
-  ASSERT_TRUE(PollExpect(p.a->cq(), 6, IBV_WC_REM_ACCESS_ERR));
+  ASSERT_TRUE(RdmaAndPoll(p, IBV_WR_RDMA_WRITE, 6, src, 512, dst->addr(),
+                          dst->rkey() ^ 0x00f0f000, IBV_WC_REM_ACCESS_ERR));
   EXPECT_EQ(FirstNotEqual(dst->data(), 512, 0x44), -1);
 }
 
 TEST_F(SoftrnicTest, DeregisteredRkeyIsRemoteAccessError) {
   Pair p;
   ASSERT_NO_FATAL_FAILURE(MakePair(0, 1, &p));
-  Buffer* src = p.a->Reg(512);
-  Buffer* dst = p.b->Reg(512);
-  ASSERT_NE(src, nullptr);
-  ASSERT_NE(dst, nullptr);
+  ASSERT_REG(auto* src, p.a->Reg(512));
+  ASSERT_REG(auto* dst, p.b->Reg(512));
   const uint32_t stale_rkey = dst->rkey();
   ASSERT_EQ(dst->Deregister(), 0);
   memset(dst->data(), 0x45, 512);
-  ASSERT_EQ(PostRdma(p.a->qp(), IBV_WR_RDMA_WRITE, 7, src, 0, 512, dst->addr(),
-                     stale_rkey),
-            0);
-  ASSERT_TRUE(PollExpect(p.a->cq(), 7, IBV_WC_REM_ACCESS_ERR));
+  ASSERT_TRUE(RdmaAndPoll(p, IBV_WR_RDMA_WRITE, 7, src, 512, dst->addr(),
+                          stale_rkey, IBV_WC_REM_ACCESS_ERR));
   EXPECT_EQ(FirstNotEqual(dst->data(), 512, 0x45), -1);
 }
 
@@ -526,14 +586,12 @@ TEST_F(SoftrnicTest, OutOfBoundsAccessIsRejectedAndWritesNothingOutside) {
     memset(mem.get(), 0x77, 3 * 4096);
     ibv_mr* mr = ibv_reg_mr(p.b->pd(), mem.get() + 4096, 4096, kFullAccess);
     ASSERT_NE(mr, nullptr);
-    Buffer* local = p.a->Reg(8192);
-    ASSERT_NE(local, nullptr);
+    ASSERT_REG(auto* local, p.a->Reg(8192));
     FillPattern(local->data(), 8192, 8);
     const uint64_t raddr =
         reinterpret_cast<uintptr_t>(mem.get()) + 4096 + c.offset;
-    ASSERT_EQ(PostRdma(p.a->qp(), c.op, 8, local, 0, c.length, raddr, mr->rkey),
-              0);
-    EXPECT_TRUE(PollExpect(p.a->cq(), 8, IBV_WC_REM_ACCESS_ERR));
+    EXPECT_TRUE(RdmaAndPoll(p, c.op, 8, local, c.length, raddr, mr->rkey,
+                            IBV_WC_REM_ACCESS_ERR));
     EXPECT_EQ(FirstNotEqual(mem.get(), 4096, 0x77), -1) << "guard before";
     EXPECT_EQ(FirstNotEqual(mem.get() + 8192, 4096, 0x77), -1) << "guard after";
     if (c.op == IBV_WR_RDMA_READ) {
@@ -548,25 +606,19 @@ TEST_F(SoftrnicTest, OutOfBoundsAccessIsRejectedAndWritesNothingOutside) {
 TEST_F(SoftrnicTest, WrappingRemoteAddressIsRemoteAccessError) {
   Pair p;
   ASSERT_NO_FATAL_FAILURE(MakePair(0, 1, &p));
-  Buffer* src = p.a->Reg(4096);
-  Buffer* dst = p.b->Reg(4096);
-  ASSERT_NE(src, nullptr);
-  ASSERT_NE(dst, nullptr);
-  ASSERT_EQ(PostRdma(p.a->qp(), IBV_WR_RDMA_WRITE, 9, src, 0, 4096,
-                     ~uint64_t{0} - 100, dst->rkey()),
-            0);
-  EXPECT_TRUE(PollExpect(p.a->cq(), 9, IBV_WC_REM_ACCESS_ERR));
+  ASSERT_REG(auto* src, p.a->Reg(4096));
+  ASSERT_REG(auto* dst, p.b->Reg(4096));
+  EXPECT_TRUE(RdmaAndPoll(p, IBV_WR_RDMA_WRITE, 9, src, 4096,
+                          ~uint64_t{0} - 100, dst->rkey(),
+                          IBV_WC_REM_ACCESS_ERR));
 }
 
 TEST_F(SoftrnicTest, AccessErrorMovesToErrAndFlushesLaterWork) {
   Pair p;
   ASSERT_NO_FATAL_FAILURE(MakePair(0, 1, &p));
-  Buffer* src = p.a->Reg(4096);
-  Buffer* dst = p.b->Reg(4096);
-  Buffer* rbuf = p.a->Reg(4096);
-  ASSERT_NE(src, nullptr);
-  ASSERT_NE(dst, nullptr);
-  ASSERT_NE(rbuf, nullptr);
+  ASSERT_REG(auto* src, p.a->Reg(4096));
+  ASSERT_REG(auto* dst, p.b->Reg(4096));
+  ASSERT_REG(auto* rbuf, p.a->Reg(4096));
   FillPattern(src->data(), 4096, 10);
   // Receives posted on the requester are flushed too.
   ASSERT_EQ(PostRecvBuf(p.a->qp(), 100, rbuf, 0, 1024), 0);
@@ -604,20 +656,11 @@ TEST_F(SoftrnicTest, AccessErrorMovesToErrAndFlushesLaterWork) {
 // CQs and completion channels.
 
 TEST_F(SoftrnicTest, CompletionChannelSignalsOnlyWhenArmed) {
-  ibv_comp_channel* ch = NewChannel(0);
-  ASSERT_NE(ch, nullptr);
-  EndpointOptions eo;
-  eo.channel = ch;
   Pair p;
-  p.a = NewEndpoint(0, eo);
-  p.b = NewEndpoint(1);
-  ASSERT_NE(p.a, nullptr);
-  ASSERT_NE(p.b, nullptr);
-  ASSERT_NO_FATAL_FAILURE(Connect(p.a, p.b, {}));
-  Buffer* src = p.a->Reg(64);
-  Buffer* dst = p.b->Reg(64);
-  ASSERT_NE(src, nullptr);
-  ASSERT_NE(dst, nullptr);
+  ibv_comp_channel* ch = nullptr;
+  ASSERT_NO_FATAL_FAILURE(MakePairWithChannel(0, 1, &p, &ch));
+  ASSERT_REG(auto* src, p.a->Reg(64));
+  ASSERT_REG(auto* dst, p.b->Reg(64));
 
   pollfd pfd = {ch->fd, POLLIN, 0};
   ASSERT_EQ(ibv_req_notify_cq(p.a->cq(), 0), 0);
@@ -636,10 +679,8 @@ TEST_F(SoftrnicTest, CompletionChannelSignalsOnlyWhenArmed) {
   ASSERT_TRUE(PollExpect(p.a->cq(), 1, IBV_WC_SUCCESS));
 
   // Not re-armed: a further completion raises no event.
-  ASSERT_EQ(PostRdma(p.a->qp(), IBV_WR_RDMA_WRITE, 2, src, 0, 64, dst->addr(),
-                     dst->rkey()),
-            0);
-  ASSERT_TRUE(PollExpect(p.a->cq(), 2, IBV_WC_SUCCESS));
+  ASSERT_TRUE(
+      RdmaAndPoll(p, IBV_WR_RDMA_WRITE, 2, src, 64, dst->addr(), dst->rkey()));
   EXPECT_EQ(poll(&pfd, 1, 200), 0) << "event without ibv_req_notify_cq";
 
   // Re-armed: the next completion raises one.
@@ -659,19 +700,11 @@ TEST_F(SoftrnicTest, CompletionChannelSignalsOnlyWhenArmed) {
 // application on small machines).
 TEST_F(SoftrnicTest, IdleDevicesUseNoCpu) {
   Pair p;
-  p.a = NewEndpoint(0);
-  p.b = NewEndpoint(1);
-  ASSERT_NE(p.a, nullptr);
-  ASSERT_NE(p.b, nullptr);
-  ASSERT_NO_FATAL_FAILURE(Connect(p.a, p.b, {}));
-  Buffer* src = p.a->Reg(64);
-  Buffer* dst = p.b->Reg(64);
-  ASSERT_NE(src, nullptr);
-  ASSERT_NE(dst, nullptr);
-  ASSERT_EQ(PostRdma(p.a->qp(), IBV_WR_RDMA_WRITE, 1, src, 0, 64, dst->addr(),
-                     dst->rkey()),
-            0);
-  ASSERT_TRUE(PollExpect(p.a->cq(), 1, IBV_WC_SUCCESS));
+  ASSERT_NO_FATAL_FAILURE(MakePair(0, 1, &p));
+  ASSERT_REG(auto* src, p.a->Reg(64));
+  ASSERT_REG(auto* dst, p.b->Reg(64));
+  ASSERT_TRUE(
+      RdmaAndPoll(p, IBV_WR_RDMA_WRITE, 1, src, 64, dst->addr(), dst->rkey()));
   auto cpu_us = [] {
     rusage ru{};
     getrusage(RUSAGE_SELF, &ru);
@@ -686,20 +719,11 @@ TEST_F(SoftrnicTest, IdleDevicesUseNoCpu) {
 }
 
 TEST_F(SoftrnicTest, GetCqEventBlocksUntilCompletion) {
-  ibv_comp_channel* ch = NewChannel(0);
-  ASSERT_NE(ch, nullptr);
-  EndpointOptions eo;
-  eo.channel = ch;
   Pair p;
-  p.a = NewEndpoint(0, eo);
-  p.b = NewEndpoint(0);
-  ASSERT_NE(p.a, nullptr);
-  ASSERT_NE(p.b, nullptr);
-  ASSERT_NO_FATAL_FAILURE(Connect(p.a, p.b, {}));
-  Buffer* src = p.a->Reg(64);
-  Buffer* dst = p.b->Reg(64);
-  ASSERT_NE(src, nullptr);
-  ASSERT_NE(dst, nullptr);
+  ibv_comp_channel* ch = nullptr;
+  ASSERT_NO_FATAL_FAILURE(MakePairWithChannel(0, 0, &p, &ch));
+  ASSERT_REG(auto* src, p.a->Reg(64));
+  ASSERT_REG(auto* dst, p.b->Reg(64));
   ASSERT_EQ(ibv_req_notify_cq(p.a->cq(), 0), 0);
 
   struct Waiter {
@@ -743,10 +767,8 @@ TEST_F(SoftrnicTest, CqOverrunIsReported) {
   const int n = cqe + 8;
   ASSERT_LE(static_cast<uint32_t>(n), p.a->cap().max_send_wr)
       << "CQ rounded up to " << cqe;
-  Buffer* src = p.a->Reg(64);
-  Buffer* dst = p.b->Reg(64);
-  ASSERT_NE(src, nullptr);
-  ASSERT_NE(dst, nullptr);
+  ASSERT_REG(auto* src, p.a->Reg(64));
+  ASSERT_REG(auto* dst, p.b->Reg(64));
   for (int i = 0; i < n; ++i) {
     ASSERT_EQ(PostRdma(p.a->qp(), IBV_WR_RDMA_WRITE, i, src, 0, 8, dst->addr(),
                        dst->rkey()),
@@ -786,43 +808,39 @@ TEST_F(SoftrnicTest, CqOverrunIsReported) {
 // RC QP state machine.
 
 TEST_F(SoftrnicTest, QpWalksResetInitRtrRtsErrReset) {
-  Endpoint* a = NewEndpoint(0);
-  Endpoint* b = NewEndpoint(1);
-  ASSERT_NE(a, nullptr);
-  ASSERT_NE(b, nullptr);
+  Pair p;
+  ASSERT_NO_FATAL_FAILURE(NewPair(0, 1, &p));
   ConnectOptions o;
-  EXPECT_EQ(QpState(a->qp()), IBV_QPS_RESET);
-  ASSERT_EQ(ModifyToInit(a->qp(), o), 0);
-  EXPECT_EQ(QpState(a->qp()), IBV_QPS_INIT);
-  ASSERT_EQ(ModifyToRtr(a->qp(), b->qpn(), b->gid(), o), 0);
-  EXPECT_EQ(QpState(a->qp()), IBV_QPS_RTR);
-  ASSERT_EQ(ModifyToRts(a->qp(), o), 0);
-  EXPECT_EQ(QpState(a->qp()), IBV_QPS_RTS);
-  ASSERT_EQ(ModifyToState(a->qp(), IBV_QPS_ERR), 0);
-  EXPECT_EQ(QpState(a->qp()), IBV_QPS_ERR);
-  ASSERT_EQ(ModifyToState(a->qp(), IBV_QPS_RESET), 0);
-  EXPECT_EQ(QpState(a->qp()), IBV_QPS_RESET);
+  EXPECT_EQ(QpState(p.a->qp()), IBV_QPS_RESET);
+  ASSERT_EQ(ModifyToInit(p.a->qp(), o), 0);
+  EXPECT_EQ(QpState(p.a->qp()), IBV_QPS_INIT);
+  ASSERT_EQ(ModifyToRtr(p.a->qp(), p.b->qpn(), p.b->gid(), o), 0);
+  EXPECT_EQ(QpState(p.a->qp()), IBV_QPS_RTR);
+  ASSERT_EQ(ModifyToRts(p.a->qp(), o), 0);
+  EXPECT_EQ(QpState(p.a->qp()), IBV_QPS_RTS);
+  ASSERT_EQ(ModifyToState(p.a->qp(), IBV_QPS_ERR), 0);
+  EXPECT_EQ(QpState(p.a->qp()), IBV_QPS_ERR);
+  ASSERT_EQ(ModifyToState(p.a->qp(), IBV_QPS_RESET), 0);
+  EXPECT_EQ(QpState(p.a->qp()), IBV_QPS_RESET);
 }
 
 TEST_F(SoftrnicTest, IllegalTransitionsAreEinvalAndKeepState) {
-  Endpoint* a = NewEndpoint(0);
-  Endpoint* b = NewEndpoint(1);
-  ASSERT_NE(a, nullptr);
-  ASSERT_NE(b, nullptr);
+  Pair p;
+  ASSERT_NO_FATAL_FAILURE(NewPair(0, 1, &p));
   ConnectOptions o;
   // RESET -> RTR and RESET -> RTS skip INIT.
-  EXPECT_EQ(ModifyToRtr(a->qp(), b->qpn(), b->gid(), o), EINVAL);
-  EXPECT_EQ(QpState(a->qp()), IBV_QPS_RESET);
-  EXPECT_EQ(ModifyToRts(a->qp(), o), EINVAL);
-  EXPECT_EQ(QpState(a->qp()), IBV_QPS_RESET);
+  EXPECT_EQ(ModifyToRtr(p.a->qp(), p.b->qpn(), p.b->gid(), o), EINVAL);
+  EXPECT_EQ(QpState(p.a->qp()), IBV_QPS_RESET);
+  EXPECT_EQ(ModifyToRts(p.a->qp(), o), EINVAL);
+  EXPECT_EQ(QpState(p.a->qp()), IBV_QPS_RESET);
   // INIT -> RTS skips RTR.
-  ASSERT_EQ(ModifyToInit(a->qp(), o), 0);
-  EXPECT_EQ(ModifyToRts(a->qp(), o), EINVAL);
-  EXPECT_EQ(QpState(a->qp()), IBV_QPS_INIT);
+  ASSERT_EQ(ModifyToInit(p.a->qp(), o), 0);
+  EXPECT_EQ(ModifyToRts(p.a->qp(), o), EINVAL);
+  EXPECT_EQ(QpState(p.a->qp()), IBV_QPS_INIT);
   // RTR -> INIT goes backwards.
-  ASSERT_EQ(ModifyToRtr(a->qp(), b->qpn(), b->gid(), o), 0);
-  EXPECT_EQ(ModifyToInit(a->qp(), o), EINVAL);
-  EXPECT_EQ(QpState(a->qp()), IBV_QPS_RTR);
+  ASSERT_EQ(ModifyToRtr(p.a->qp(), p.b->qpn(), p.b->gid(), o), 0);
+  EXPECT_EQ(ModifyToInit(p.a->qp(), o), EINVAL);
+  EXPECT_EQ(QpState(p.a->qp()), IBV_QPS_RTR);
 }
 
 TEST_F(SoftrnicTest, MissingInitAttributesAreEinval) {
@@ -835,11 +853,9 @@ TEST_F(SoftrnicTest, MissingInitAttributesAreEinval) {
   attr.qp_access_flags = kFullAccess;
   const int full =
       IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
-  for (int missing : {IBV_QP_PKEY_INDEX, IBV_QP_PORT, IBV_QP_ACCESS_FLAGS}) {
-    SCOPED_TRACE("missing mask bit " + std::to_string(missing));
-    EXPECT_EQ(ibv_modify_qp(a->qp(), &attr, full & ~missing), EINVAL);
-    EXPECT_EQ(QpState(a->qp()), IBV_QPS_RESET);
-  }
+  ExpectEachMissingBitRefused(
+      a->qp(), attr, full,
+      {IBV_QP_PKEY_INDEX, IBV_QP_PORT, IBV_QP_ACCESS_FLAGS}, IBV_QPS_RESET);
   // Port 2 does not exist.
   attr.port_num = 2;
   EXPECT_EQ(ibv_modify_qp(a->qp(), &attr, full), EINVAL);
@@ -847,43 +863,29 @@ TEST_F(SoftrnicTest, MissingInitAttributesAreEinval) {
 }
 
 TEST_F(SoftrnicTest, MissingRtrAttributesAreEinval) {
-  Endpoint* a = NewEndpoint(0);
-  Endpoint* b = NewEndpoint(1);
-  ASSERT_NE(a, nullptr);
-  ASSERT_NE(b, nullptr);
+  Pair p;
+  ASSERT_NO_FATAL_FAILURE(NewPair(0, 1, &p));
   ConnectOptions o;
-  ASSERT_EQ(ModifyToInit(a->qp(), o), 0);
-  ibv_qp_attr attr = RtrAttr(b->qpn(), b->gid(), o);
-  for (int missing :
-       {IBV_QP_DEST_QPN, IBV_QP_AV, IBV_QP_PATH_MTU, IBV_QP_RQ_PSN}) {
-    SCOPED_TRACE("missing mask bit " + std::to_string(missing));
-    EXPECT_EQ(ibv_modify_qp(a->qp(), &attr, kRtrMask & ~missing), EINVAL);
-    EXPECT_EQ(QpState(a->qp()), IBV_QPS_INIT);
-  }
+  ASSERT_EQ(ModifyToInit(p.a->qp(), o), 0);
+  ExpectEachMissingBitRefused(
+      p.a->qp(), RtrAttr(p.b->qpn(), p.b->gid(), o), kRtrMask,
+      {IBV_QP_DEST_QPN, IBV_QP_AV, IBV_QP_PATH_MTU, IBV_QP_RQ_PSN},
+      IBV_QPS_INIT);
 }
 
 TEST_F(SoftrnicTest, MissingRtsAttributesAreEinval) {
-  Endpoint* a = NewEndpoint(0);
-  Endpoint* b = NewEndpoint(1);
-  ASSERT_NE(a, nullptr);
-  ASSERT_NE(b, nullptr);
+  Pair p;
+  ASSERT_NO_FATAL_FAILURE(NewPair(0, 1, &p));
   ConnectOptions o;
-  ASSERT_EQ(ModifyToInit(a->qp(), o), 0);
-  ASSERT_EQ(ModifyToRtr(a->qp(), b->qpn(), b->gid(), o), 0);
-  ibv_qp_attr attr = RtsAttr(o);
-  for (int missing :
-       {IBV_QP_SQ_PSN, IBV_QP_TIMEOUT, IBV_QP_RETRY_CNT, IBV_QP_RNR_RETRY}) {
-    SCOPED_TRACE("missing mask bit " + std::to_string(missing));
-    EXPECT_EQ(ibv_modify_qp(a->qp(), &attr, kRtsMask & ~missing), EINVAL);
-    EXPECT_EQ(QpState(a->qp()), IBV_QPS_RTR);
-  }
+  ASSERT_EQ(ModifyToInit(p.a->qp(), o), 0);
+  ASSERT_EQ(ModifyToRtr(p.a->qp(), p.b->qpn(), p.b->gid(), o), 0);
+  ExpectEachMissingBitRefused(
+      p.a->qp(), RtsAttr(o), kRtsMask,
+      {IBV_QP_SQ_PSN, IBV_QP_TIMEOUT, IBV_QP_RETRY_CNT, IBV_QP_RNR_RETRY},
+      IBV_QPS_RTR);
 }
 
 TEST_F(SoftrnicTest, QueryQpReturnsConnectionAttributes) {
-  Endpoint* a = NewEndpoint(0);
-  Endpoint* b = NewEndpoint(1);
-  ASSERT_NE(a, nullptr);
-  ASSERT_NE(b, nullptr);
   ConnectOptions o;
   o.timeout = 15;
   o.retry_cnt = 5;
@@ -891,7 +893,8 @@ TEST_F(SoftrnicTest, QueryQpReturnsConnectionAttributes) {
   o.min_rnr_timer = 13;
   o.psn = 0x4242;
   o.mtu = IBV_MTU_1024;
-  ASSERT_NO_FATAL_FAILURE(Connect(a, b, o));
+  Pair p;
+  ASSERT_NO_FATAL_FAILURE(MakePair(0, 1, &p, {}, o));
   ibv_qp_attr attr = {};
   ibv_qp_init_attr init = {};
   const int mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
@@ -900,10 +903,10 @@ TEST_F(SoftrnicTest, QueryQpReturnsConnectionAttributes) {
                    IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MIN_RNR_TIMER |
                    IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC |
                    IBV_QP_CAP;
-  ASSERT_EQ(ibv_query_qp(a->qp(), &attr, mask, &init), 0);
+  ASSERT_EQ(ibv_query_qp(p.a->qp(), &attr, mask, &init), 0);
   EXPECT_EQ(attr.qp_state, IBV_QPS_RTS);
   EXPECT_EQ(attr.path_mtu, IBV_MTU_1024);
-  EXPECT_EQ(attr.dest_qp_num, b->qpn());
+  EXPECT_EQ(attr.dest_qp_num, p.b->qpn());
   EXPECT_EQ(attr.rq_psn, 0x4242u);
   EXPECT_EQ(attr.sq_psn, 0x4242u);
   EXPECT_EQ(attr.timeout, 15);
@@ -914,27 +917,21 @@ TEST_F(SoftrnicTest, QueryQpReturnsConnectionAttributes) {
   EXPECT_EQ(attr.qp_access_flags, kFullAccess);
   EXPECT_EQ(attr.ah_attr.is_global, 1);
   EXPECT_EQ(attr.ah_attr.port_num, 1);
-  EXPECT_EQ(GidToHex(attr.ah_attr.grh.dgid), GidToHex(b->gid()));
-  EXPECT_EQ(attr.cap.max_send_wr, a->cap().max_send_wr);
-  EXPECT_EQ(attr.cap.max_recv_wr, a->cap().max_recv_wr);
+  EXPECT_EQ(GidToHex(attr.ah_attr.grh.dgid), GidToHex(p.b->gid()));
+  EXPECT_EQ(attr.cap.max_send_wr, p.a->cap().max_send_wr);
+  EXPECT_EQ(attr.cap.max_recv_wr, p.a->cap().max_recv_wr);
   EXPECT_GE(attr.cap.max_inline_data, 64u);
   EXPECT_EQ(init.qp_type, IBV_QPT_RC);
-  EXPECT_EQ(init.send_cq, a->cq());
-  EXPECT_EQ(init.recv_cq, a->cq());
+  EXPECT_EQ(init.send_cq, p.a->cq());
+  EXPECT_EQ(init.recv_cq, p.a->cq());
 }
 
 TEST_F(SoftrnicTest, PostSendBeforeRtsFailsAndRecvInInitWorks) {
   Endpoint* a = NewEndpoint(0);
   ASSERT_NE(a, nullptr);
-  Buffer* buf = a->Reg(64);
-  ASSERT_NE(buf, nullptr);
+  ASSERT_REG(auto* buf, a->Reg(64));
   ibv_sge sge = buf->Sge(0, 64);
-  ibv_send_wr wr = {};
-  wr.wr_id = 1;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  wr.opcode = IBV_WR_SEND;
-  wr.send_flags = IBV_SEND_SIGNALED;
+  ibv_send_wr wr = SignaledWr(1, IBV_WR_SEND, &sge);
   ibv_send_wr* bad = nullptr;
   EXPECT_NE(ibv_post_send(a->qp(), &wr, &bad), 0) << "posted in RESET";
   EXPECT_EQ(bad, &wr);
@@ -953,8 +950,7 @@ TEST_F(SoftrnicTest, PostSendBeforeRtsFailsAndRecvInInitWorks) {
 TEST_F(SoftrnicTest, ModifyToErrFlushesReceivesInOrder) {
   Pair p;
   ASSERT_NO_FATAL_FAILURE(MakePair(0, 1, &p));
-  Buffer* buf = p.b->Reg(4096);
-  ASSERT_NE(buf, nullptr);
+  ASSERT_REG(auto* buf, p.b->Reg(4096));
   for (uint64_t i = 0; i < 5; ++i) {
     ASSERT_EQ(PostRecvBuf(p.b->qp(), 10 + i, buf, i * 64, 64), 0);
   }
@@ -1026,12 +1022,9 @@ TEST(AsyncEvents, DeviceFatalKillsTheDeviceUntilItsContextsAreClosed) {
   co.rnr_retry = 7;  // RNR-retry for ever: the SENDs stay outstanding.
   ASSERT_EQ(ConnectQp(a->qp(), b->qpn(), b->gid(), co, &err), 0) << err;
   ASSERT_EQ(ConnectQp(b->qp(), a->qpn(), a->gid(), co, &err), 0) << err;
-  Buffer* src = a->Reg(4096);
-  Buffer* bsrc = b->Reg(4096);
-  Buffer* adst = a->Reg(4096);
-  ASSERT_NE(src, nullptr);
-  ASSERT_NE(bsrc, nullptr);
-  ASSERT_NE(adst, nullptr);
+  ASSERT_REG(auto* src, a->Reg(4096));
+  ASSERT_REG(auto* bsrc, b->Reg(4096));
+  ASSERT_REG(auto* adst, a->Reg(4096));
   ASSERT_EQ(PostRecvBuf(a->qp(), 10, src, 0, 1024), 0);
   ASSERT_EQ(PostRecvBuf(a->qp(), 11, src, 1024, 1024), 0);
   ASSERT_EQ(PostSendMsg(a->qp(), 1, src, 0, 64), 0);  // b posts no receive.
@@ -1117,10 +1110,8 @@ TEST(AsyncEvents, DeviceFatalKillsTheDeviceUntilItsContextsAreClosed) {
     ASSERT_NE(y, nullptr) << err;
     ASSERT_EQ(ConnectQp(x->qp(), y->qpn(), y->gid(), {}, &err), 0) << err;
     ASSERT_EQ(ConnectQp(y->qp(), x->qpn(), x->gid(), {}, &err), 0) << err;
-    Buffer* xs = x->Reg(4096);
-    Buffer* yd = y->Reg(4096);
-    ASSERT_NE(xs, nullptr);
-    ASSERT_NE(yd, nullptr);
+    ASSERT_REG(auto* xs, x->Reg(4096));
+    ASSERT_REG(auto* yd, y->Reg(4096));
     FillPattern(xs->data(), 4096, 9);
     ASSERT_EQ(PostRdma(x->qp(), IBV_WR_RDMA_WRITE, 6, xs, 0, 4096, yd->addr(),
                        yd->rkey()),
@@ -1165,14 +1156,10 @@ TEST_F(SoftrnicTest, GidChangeIsDeliveredOnEveryContextOfTheDevice) {
 TEST_F(SoftrnicTest, RemoteAccessViolationRaisesQpAsyncEvent) {
   Pair p;
   ASSERT_NO_FATAL_FAILURE(MakePair(0, 1, &p));
-  Buffer* src = p.a->Reg(64);
-  Buffer* dst = p.b->Reg(64, IBV_ACCESS_LOCAL_WRITE);
-  ASSERT_NE(src, nullptr);
-  ASSERT_NE(dst, nullptr);
-  ASSERT_EQ(PostRdma(p.a->qp(), IBV_WR_RDMA_WRITE, 1, src, 0, 64, dst->addr(),
-                     dst->rkey()),
-            0);
-  ASSERT_TRUE(PollExpect(p.a->cq(), 1, IBV_WC_REM_ACCESS_ERR));
+  ASSERT_REG(auto* src, p.a->Reg(64));
+  ASSERT_REG(auto* dst, p.b->Reg(64, IBV_ACCESS_LOCAL_WRITE));
+  ASSERT_TRUE(RdmaAndPoll(p, IBV_WR_RDMA_WRITE, 1, src, 64, dst->addr(),
+                          dst->rkey(), IBV_WC_REM_ACCESS_ERR));
   // The responder reports the violation as an affiliated QP error (IB
   // spec: QP access error on the responder); accept a fatal or request
   // error on either QP as well.
@@ -1215,17 +1202,13 @@ class OpsTest : public SoftrnicTest,
 TEST_P(OpsTest, RdmaWriteIsVisibleAtSendCompletion) {
   for (uint32_t len : {1u, 4096u, 65537u, 1u << 20, 4u << 20}) {
     SCOPED_TRACE("length " + std::to_string(len));
-    Buffer* src = p_.a->Reg(len);
+    ASSERT_REG(auto* src, p_.a->Reg(len));
     // 64 bytes more than written, to catch overlong writes.
-    Buffer* dst = p_.b->Reg(len + 64);
-    ASSERT_NE(src, nullptr);
-    ASSERT_NE(dst, nullptr);
+    ASSERT_REG(auto* dst, p_.b->Reg(len + 64));
     FillPattern(src->data(), len, len);
-    ASSERT_EQ(PostRdma(p_.a->qp(), IBV_WR_RDMA_WRITE, len, src, 0, len,
-                       dst->addr(), dst->rkey()),
-              0);
     ibv_wc wc = {};
-    ASSERT_TRUE(PollExpect(p_.a->cq(), len, IBV_WC_SUCCESS, &wc));
+    ASSERT_TRUE(RdmaAndPoll(p_, IBV_WR_RDMA_WRITE, len, src, len, dst->addr(),
+                            dst->rkey(), IBV_WC_SUCCESS, &wc));
     EXPECT_EQ(wc.opcode, IBV_WC_RDMA_WRITE);
     EXPECT_EQ(wc.qp_num, p_.a->qpn());
     // RC: the send completion means the responder applied the data.
@@ -1238,16 +1221,12 @@ TEST_P(OpsTest, RdmaWriteIsVisibleAtSendCompletion) {
 
 TEST_P(OpsTest, EverySendCompletionFollowsItsData) {
   const uint32_t len = 16384;
-  Buffer* src = p_.a->Reg(len);
-  Buffer* dst = p_.b->Reg(len);
-  ASSERT_NE(src, nullptr);
-  ASSERT_NE(dst, nullptr);
+  ASSERT_REG(auto* src, p_.a->Reg(len));
+  ASSERT_REG(auto* dst, p_.b->Reg(len));
   for (uint32_t i = 0; i < 100; ++i) {
     FillPattern(src->data(), len, 1000 + i);
-    ASSERT_EQ(PostRdma(p_.a->qp(), IBV_WR_RDMA_WRITE, i, src, 0, len,
-                       dst->addr(), dst->rkey()),
-              0);
-    ASSERT_TRUE(PollExpect(p_.a->cq(), i, IBV_WC_SUCCESS));
+    ASSERT_TRUE(RdmaAndPoll(p_, IBV_WR_RDMA_WRITE, i, src, len, dst->addr(),
+                            dst->rkey()));
     ASSERT_EQ(FirstPatternMismatch(dst->data(), len, 1000 + i), -1)
         << "iteration " << i;
   }
@@ -1255,12 +1234,9 @@ TEST_P(OpsTest, EverySendCompletionFollowsItsData) {
 
 TEST_P(OpsTest, RdmaWriteWithImmConsumesReceive) {
   const uint32_t len = 8192;
-  Buffer* src = p_.a->Reg(len);
-  Buffer* dst = p_.b->Reg(len);
-  Buffer* rbuf = p_.b->Reg(256);
-  ASSERT_NE(src, nullptr);
-  ASSERT_NE(dst, nullptr);
-  ASSERT_NE(rbuf, nullptr);
+  ASSERT_REG(auto* src, p_.a->Reg(len));
+  ASSERT_REG(auto* dst, p_.b->Reg(len));
+  ASSERT_REG(auto* rbuf, p_.b->Reg(256));
   memset(rbuf->data(), 0x33, 256);
   FillPattern(src->data(), len, 21);
   ASSERT_EQ(PostRecvBuf(p_.b->qp(), 77, rbuf, 0, 256), 0);
@@ -1285,16 +1261,13 @@ TEST_P(OpsTest, RdmaWriteWithImmConsumesReceive) {
 TEST_P(OpsTest, RdmaReadReturnsRemoteData) {
   for (uint32_t len : {1u, 4096u, 1u << 20}) {
     SCOPED_TRACE("length " + std::to_string(len));
-    Buffer* local = p_.a->Reg(len + 64);
-    Buffer* remote = p_.b->Reg(len);
-    ASSERT_NE(local, nullptr);
-    ASSERT_NE(remote, nullptr);
+    ASSERT_REG(auto* local, p_.a->Reg(len + 64));
+    ASSERT_REG(auto* remote, p_.b->Reg(len));
     FillPattern(remote->data(), len, 30 + len);
-    ASSERT_EQ(PostRdma(p_.a->qp(), IBV_WR_RDMA_READ, len, local, 0, len,
-                       remote->addr(), remote->rkey()),
-              0);
     ibv_wc wc = {};
-    ASSERT_TRUE(PollExpect(p_.a->cq(), len, IBV_WC_SUCCESS, &wc));
+    ASSERT_TRUE(RdmaAndPoll(p_, IBV_WR_RDMA_READ, len, local, len,
+                            remote->addr(), remote->rkey(), IBV_WC_SUCCESS,
+                            &wc));
     EXPECT_EQ(wc.opcode, IBV_WC_RDMA_READ);
     EXPECT_EQ(FirstPatternMismatch(local->data(), len, 30 + len), -1);
     EXPECT_EQ(FirstNotEqual(local->data() + len, 64, 0), -1);
@@ -1305,10 +1278,8 @@ TEST_P(OpsTest, RdmaReadReturnsRemoteData) {
 TEST_P(OpsTest, SendLandsInPostedReceive) {
   for (uint32_t len : {1u, 1000u, 1u << 20}) {
     SCOPED_TRACE("length " + std::to_string(len));
-    Buffer* src = p_.a->Reg(len);
-    Buffer* rbuf = p_.b->Reg(len + 128);
-    ASSERT_NE(src, nullptr);
-    ASSERT_NE(rbuf, nullptr);
+    ASSERT_REG(auto* src, p_.a->Reg(len));
+    ASSERT_REG(auto* rbuf, p_.b->Reg(len + 128));
     FillPattern(src->data(), len, 40 + len);
     ASSERT_EQ(PostRecvBuf(p_.b->qp(), 50, rbuf, 0, len + 128), 0);
     ASSERT_EQ(PostSendMsg(p_.a->qp(), 51, src, 0, len), 0);
@@ -1324,10 +1295,8 @@ TEST_P(OpsTest, SendLandsInPostedReceive) {
     EXPECT_EQ(FirstNotEqual(rbuf->data() + len, 128, 0), -1);
   }
   // And in the other direction.
-  Buffer* src = p_.b->Reg(100);
-  Buffer* rbuf = p_.a->Reg(100);
-  ASSERT_NE(src, nullptr);
-  ASSERT_NE(rbuf, nullptr);
+  ASSERT_REG(auto* src, p_.b->Reg(100));
+  ASSERT_REG(auto* rbuf, p_.a->Reg(100));
   FillPattern(src->data(), 100, 49);
   ASSERT_EQ(PostRecvBuf(p_.a->qp(), 60, rbuf, 0, 100), 0);
   ASSERT_EQ(PostSendMsg(p_.b->qp(), 61, src, 0, 100), 0);
@@ -1337,10 +1306,8 @@ TEST_P(OpsTest, SendLandsInPostedReceive) {
 }
 
 TEST_P(OpsTest, SendWithImmCarriesImmediate) {
-  Buffer* src = p_.a->Reg(512);
-  Buffer* rbuf = p_.b->Reg(512);
-  ASSERT_NE(src, nullptr);
-  ASSERT_NE(rbuf, nullptr);
+  ASSERT_REG(auto* src, p_.a->Reg(512));
+  ASSERT_REG(auto* rbuf, p_.b->Reg(512));
   FillPattern(src->data(), 512, 55);
   ASSERT_EQ(PostRecvBuf(p_.b->qp(), 70, rbuf, 0, 512), 0);
   ASSERT_EQ(PostSendMsg(p_.a->qp(), 71, src, 0, 300, true, 0x01020304), 0);
@@ -1356,14 +1323,10 @@ TEST_P(OpsTest, SendWithImmCarriesImmediate) {
 }
 
 TEST_P(OpsTest, SendGathersAndReceiveScatters) {
-  Buffer* s1 = p_.a->Reg(2048);
-  Buffer* s2 = p_.a->Reg(1024);
-  Buffer* r1 = p_.b->Reg(2048);
-  Buffer* r2 = p_.b->Reg(1024);
-  ASSERT_NE(s1, nullptr);
-  ASSERT_NE(s2, nullptr);
-  ASSERT_NE(r1, nullptr);
-  ASSERT_NE(r2, nullptr);
+  ASSERT_REG(auto* s1, p_.a->Reg(2048));
+  ASSERT_REG(auto* s2, p_.a->Reg(1024));
+  ASSERT_REG(auto* r1, p_.b->Reg(2048));
+  ASSERT_REG(auto* r2, p_.b->Reg(1024));
   FillPattern(s1->data(), 2048, 61);
   FillPattern(s2->data(), 1024, 62);
   // Message = s1[0,100) + s1[500,700) + s2[100,400): 600 bytes.
@@ -1374,18 +1337,10 @@ TEST_P(OpsTest, SendGathersAndReceiveScatters) {
   ibv_sge ssge[3] = {s1->Sge(0, 100), s1->Sge(500, 200), s2->Sge(100, 300)};
   // Received into r1[0,150) + r1[1000,1150) + r2[0,300).
   ibv_sge rsge[3] = {r1->Sge(0, 150), r1->Sge(1000, 150), r2->Sge(0, 300)};
-  ibv_recv_wr rwr = {};
-  rwr.wr_id = 80;
-  rwr.sg_list = rsge;
-  rwr.num_sge = 3;
+  ibv_recv_wr rwr = RecvWr(80, rsge, 3);
   ibv_recv_wr* rbad = nullptr;
   ASSERT_EQ(ibv_post_recv(p_.b->qp(), &rwr, &rbad), 0);
-  ibv_send_wr swr = {};
-  swr.wr_id = 81;
-  swr.sg_list = ssge;
-  swr.num_sge = 3;
-  swr.opcode = IBV_WR_SEND;
-  swr.send_flags = IBV_SEND_SIGNALED;
+  ibv_send_wr swr = SignaledWr(81, IBV_WR_SEND, ssge, 3);
   ibv_send_wr* sbad = nullptr;
   ASSERT_EQ(ibv_post_send(p_.a->qp(), &swr, &sbad), 0);
   ASSERT_TRUE(PollExpect(p_.a->cq(), 81, IBV_WC_SUCCESS));
@@ -1401,21 +1356,13 @@ TEST_P(OpsTest, SendGathersAndReceiveScatters) {
 }
 
 TEST_P(OpsTest, RdmaWriteGathersAndReadScatters) {
-  Buffer* s = p_.a->Reg(4096);
-  Buffer* remote = p_.b->Reg(4096);
-  ASSERT_NE(s, nullptr);
-  ASSERT_NE(remote, nullptr);
+  ASSERT_REG(auto* s, p_.a->Reg(4096));
+  ASSERT_REG(auto* remote, p_.b->Reg(4096));
   FillPattern(s->data(), 4096, 63);
   // WRITE gathers s[0,10) + s[1000,1500) + s[3000,3090) to remote[0,600).
   ibv_sge wsge[3] = {s->Sge(0, 10), s->Sge(1000, 500), s->Sge(3000, 90)};
-  ibv_send_wr wr = {};
-  wr.wr_id = 90;
-  wr.sg_list = wsge;
-  wr.num_sge = 3;
-  wr.opcode = IBV_WR_RDMA_WRITE;
-  wr.send_flags = IBV_SEND_SIGNALED;
-  wr.wr.rdma.remote_addr = remote->addr();
-  wr.wr.rdma.rkey = remote->rkey();
+  ibv_send_wr wr = SignaledRdmaWr(90, IBV_WR_RDMA_WRITE, wsge, 3,
+                                  remote->addr(), remote->rkey());
   ibv_send_wr* bad = nullptr;
   ASSERT_EQ(ibv_post_send(p_.a->qp(), &wr, &bad), 0);
   ASSERT_TRUE(PollExpect(p_.a->cq(), 90, IBV_WC_SUCCESS));
@@ -1426,17 +1373,10 @@ TEST_P(OpsTest, RdmaWriteGathersAndReadScatters) {
 
   // READ scatters remote[1000,1600) into local l[0,200) + l[2000,2400).
   FillPattern(remote->data(), 4096, 64);
-  Buffer* l = p_.a->Reg(4096);
-  ASSERT_NE(l, nullptr);
+  ASSERT_REG(auto* l, p_.a->Reg(4096));
   ibv_sge rsge[2] = {l->Sge(0, 200), l->Sge(2000, 400)};
-  wr = {};
-  wr.wr_id = 91;
-  wr.sg_list = rsge;
-  wr.num_sge = 2;
-  wr.opcode = IBV_WR_RDMA_READ;
-  wr.send_flags = IBV_SEND_SIGNALED;
-  wr.wr.rdma.remote_addr = remote->addr(1000);
-  wr.wr.rdma.rkey = remote->rkey();
+  wr = SignaledRdmaWr(91, IBV_WR_RDMA_READ, rsge, 2, remote->addr(1000),
+                      remote->rkey());
   ASSERT_EQ(ibv_post_send(p_.a->qp(), &wr, &bad), 0);
   ASSERT_TRUE(PollExpect(p_.a->cq(), 91, IBV_WC_SUCCESS));
   EXPECT_EQ(memcmp(l->data(), remote->data() + 1000, 200), 0);
@@ -1448,20 +1388,14 @@ TEST_P(OpsTest, RdmaWriteGathersAndReadScatters) {
 TEST_P(OpsTest, InlineDataIsCopiedAtPostTime) {
   const uint32_t cap = p_.a->cap().max_inline_data;
   ASSERT_GE(cap, 64u);
-  Buffer* rbuf = p_.b->Reg(cap + 64);
-  Buffer* dst = p_.b->Reg(cap);
-  ASSERT_NE(rbuf, nullptr);
-  ASSERT_NE(dst, nullptr);
+  ASSERT_REG(auto* rbuf, p_.b->Reg(cap + 64));
+  ASSERT_REG(auto* dst, p_.b->Reg(cap));
   // Unregistered memory: inline data needs no lkey.
   std::vector<uint8_t> src(cap + 1);
   FillPattern(src.data(), cap, 65);
   ibv_sge sge = {reinterpret_cast<uintptr_t>(src.data()), cap, 0};
-  ibv_send_wr wr = {};
-  wr.wr_id = 100;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  wr.opcode = IBV_WR_SEND;
-  wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+  ibv_send_wr wr = SignaledWr(100, IBV_WR_SEND, &sge);
+  wr.send_flags |= IBV_SEND_INLINE;
   ibv_send_wr* bad = nullptr;
   ASSERT_EQ(PostRecvBuf(p_.b->qp(), 101, rbuf, 0, cap + 64), 0);
   ASSERT_EQ(ibv_post_send(p_.a->qp(), &wr, &bad), 0);
@@ -1499,12 +1433,9 @@ TEST_P(OpsTest, InlineDataIsCopiedAtPostTime) {
 TEST_P(OpsTest, LongChainsExecuteEveryWrInOrder) {
   const int n = 60;  // Within the SQ's 64 WRs; batches are 32.
   const uint32_t len = 200;
-  Buffer* src = p_.a->Reg(n * len);
-  Buffer* local = p_.a->Reg(n * len);
-  Buffer* remote = p_.b->Reg(n * len);
-  ASSERT_NE(src, nullptr);
-  ASSERT_NE(local, nullptr);
-  ASSERT_NE(remote, nullptr);
+  ASSERT_REG(auto* src, p_.a->Reg(n * len));
+  ASSERT_REG(auto* local, p_.a->Reg(n * len));
+  ASSERT_REG(auto* remote, p_.b->Reg(n * len));
   FillPattern(src->data(), n * len, 80);
   FillPattern(remote->data(), n * len, 81);
   std::vector<uint8_t> remote_before(remote->data(), remote->data() + n * len);
@@ -1562,27 +1493,18 @@ TEST_P(OpsTest, LongChainsExecuteEveryWrInOrder) {
 TEST_P(OpsTest, BadKeyMidChainStopsExactlyThere) {
   const int n = 60, bad_at = 45;
   const uint32_t len = 64;
-  Buffer* src = p_.a->Reg(n * len);
-  Buffer* remote = p_.b->Reg(n * len);
-  ASSERT_NE(src, nullptr);
-  ASSERT_NE(remote, nullptr);
+  ASSERT_REG(auto* src, p_.a->Reg(n * len));
+  ASSERT_REG(auto* remote, p_.b->Reg(n * len));
   FillPattern(src->data(), n * len, 90);
   std::vector<ibv_send_wr> wrs(n);
   std::vector<ibv_sge> sges(n);
   for (int i = 0; i < n; ++i) {
     const size_t off = static_cast<size_t>(i) * len;
     sges[i] = src->Sge(off, len);
-    ibv_send_wr& wr = wrs[i];
-    wr = {};
-    wr.wr_id = i;
-    wr.num_sge = 1;
-    wr.sg_list = &sges[i];
-    wr.opcode = IBV_WR_RDMA_WRITE;
-    wr.send_flags = IBV_SEND_SIGNALED;
-    wr.wr.rdma.remote_addr = remote->addr(off);
-    wr.wr.rdma.rkey =
-        i == bad_at ? remote->rkey() ^ 0x00101000 : remote->rkey();
-    wr.next = i + 1 < n ? &wrs[i + 1] : nullptr;
+    wrs[i] = SignaledRdmaWr(
+        i, IBV_WR_RDMA_WRITE, &sges[i], 1, remote->addr(off),
+        i == bad_at ? remote->rkey() ^ 0x00101000 : remote->rkey());
+    wrs[i].next = i + 1 < n ? &wrs[i + 1] : nullptr;
   }
   ibv_send_wr* bad = nullptr;
   ASSERT_EQ(ibv_post_send(p_.a->qp(), wrs.data(), &bad), 0);
@@ -1605,24 +1527,18 @@ TEST_P(OpsTest, BadKeyMidChainStopsExactlyThere) {
 // A key deregistered between two posts is refused on the next one, also
 // where the data path had acquired it for an earlier batch.
 TEST_P(OpsTest, DeregisteredKeyIsRefusedOnTheNextPost) {
-  Buffer* src = p_.a->Reg(4096);
-  Buffer* remote = p_.b->Reg(4096);
-  ASSERT_NE(src, nullptr);
-  ASSERT_NE(remote, nullptr);
-  ASSERT_EQ(PostRdma(p_.a->qp(), IBV_WR_RDMA_WRITE, 1, src, 0, 64,
-                     remote->addr(), remote->rkey()),
-            0);
-  ASSERT_TRUE(PollExpect(p_.a->cq(), 1, IBV_WC_SUCCESS));
+  ASSERT_REG(auto* src, p_.a->Reg(4096));
+  ASSERT_REG(auto* remote, p_.b->Reg(4096));
+  ASSERT_TRUE(RdmaAndPoll(p_, IBV_WR_RDMA_WRITE, 1, src, 64, remote->addr(),
+                          remote->rkey()));
   const uint32_t stale = remote->rkey();
   const uint64_t addr = remote->addr();
   ASSERT_EQ(remote->Deregister(), 0);
   // A new registration may take the freed slot; its key must differ.
-  Buffer* again = p_.b->Reg(4096);
-  ASSERT_NE(again, nullptr);
+  ASSERT_REG(auto* again, p_.b->Reg(4096));
   EXPECT_NE(again->rkey(), stale);
-  ASSERT_EQ(PostRdma(p_.a->qp(), IBV_WR_RDMA_WRITE, 2, src, 0, 64, addr, stale),
-            0);
-  EXPECT_TRUE(PollExpect(p_.a->cq(), 2, IBV_WC_REM_ACCESS_ERR));
+  EXPECT_TRUE(RdmaAndPoll(p_, IBV_WR_RDMA_WRITE, 2, src, 64, addr, stale,
+                          IBV_WC_REM_ACCESS_ERR));
 }
 
 class SmallSqOpsTest : public OpsTest {
@@ -1637,10 +1553,8 @@ class SmallSqOpsTest : public OpsTest {
 TEST_P(SmallSqOpsTest, OnlySignaledWrsCompleteAndFreeUnsignaledSlots) {
   const uint32_t s = p_.a->cap().max_send_wr;
   ASSERT_GE(s, 16u);
-  Buffer* src = p_.a->Reg(s * 64);
-  Buffer* dst = p_.b->Reg(s * 64);
-  ASSERT_NE(src, nullptr);
-  ASSERT_NE(dst, nullptr);
+  ASSERT_REG(auto* src, p_.a->Reg(s * 64));
+  ASSERT_REG(auto* dst, p_.b->Reg(s * 64));
   // Each round fills the whole SQ: s-1 unsignaled WRs and one signaled.
   // Without freeing the unsignaled slots at the signaled completion, the
   // second round would hit ENOMEM.
@@ -1671,10 +1585,8 @@ TEST_P(OpsTest, SqSigAllSignalsEveryWr) {
   Pair p;
   ASSERT_NO_FATAL_FAILURE(
       MakePair(GetParam().first, GetParam().second, &p, eo));
-  Buffer* src = p.a->Reg(64);
-  Buffer* dst = p.b->Reg(64);
-  ASSERT_NE(src, nullptr);
-  ASSERT_NE(dst, nullptr);
+  ASSERT_REG(auto* src, p.a->Reg(64));
+  ASSERT_REG(auto* dst, p.b->Reg(64));
   for (uint64_t i = 0; i < 3; ++i) {
     ASSERT_EQ(PostRdma(p.a->qp(), IBV_WR_RDMA_WRITE, i, src, 0, 64, dst->addr(),
                        dst->rkey(), /*signaled=*/false),
@@ -1687,14 +1599,10 @@ TEST_P(OpsTest, SqSigAllSignalsEveryWr) {
 
 TEST_P(OpsTest, CompletionsArriveInPostingOrder) {
   const int n = 60;
-  Buffer* src = p_.a->Reg(n * 256);
-  Buffer* remote = p_.b->Reg(n * 256);
-  Buffer* local = p_.a->Reg(n * 256);
-  Buffer* rbuf = p_.b->Reg(n * 256);
-  ASSERT_NE(src, nullptr);
-  ASSERT_NE(remote, nullptr);
-  ASSERT_NE(local, nullptr);
-  ASSERT_NE(rbuf, nullptr);
+  ASSERT_REG(auto* src, p_.a->Reg(n * 256));
+  ASSERT_REG(auto* remote, p_.b->Reg(n * 256));
+  ASSERT_REG(auto* local, p_.a->Reg(n * 256));
+  ASSERT_REG(auto* rbuf, p_.b->Reg(n * 256));
   FillPattern(src->data(), n * 256, 70);
   FillPattern(remote->data(), n * 256, 71);
   std::vector<uint8_t> remote_before(remote->data(), remote->data() + n * 256);
@@ -1748,22 +1656,18 @@ TEST_P(OpsTest, CompletionsArriveInPostingOrder) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Devices, OpsTest,
-                         ::testing::Values(std::make_pair(0, 0),
-                                           std::make_pair(0, 1)),
-                         [](const auto& info) {
-                           return info.param.first == info.param.second
-                                      ? std::string("SameDevice")
-                                      : std::string("CrossDevice");
-                         });
+// Every operation runs on one device (loopback) and across the two.
+const std::pair<int, int> kDevicePairs[] = {{0, 0}, {0, 1}};
+
+std::string DevicePairName(
+    const ::testing::TestParamInfo<std::pair<int, int>>& info) {
+  return info.param.first == info.param.second ? "SameDevice" : "CrossDevice";
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, OpsTest, ::testing::ValuesIn(kDevicePairs),
+                         DevicePairName);
 INSTANTIATE_TEST_SUITE_P(Devices, SmallSqOpsTest,
-                         ::testing::Values(std::make_pair(0, 0),
-                                           std::make_pair(0, 1)),
-                         [](const auto& info) {
-                           return info.param.first == info.param.second
-                                      ? std::string("SameDevice")
-                                      : std::string("CrossDevice");
-                         });
+                         ::testing::ValuesIn(kDevicePairs), DevicePairName);
 
 // ===========================================================================
 // Queue depths and RNR.
@@ -1781,21 +1685,14 @@ TEST_F(SoftrnicTest, SendQueueDepthIsEnforced) {
   const uint32_t s = p.a->cap().max_send_wr;
   ASSERT_GE(s, 8u);
   ASSERT_LE(s, p.b->cap().max_recv_wr) << "test needs a receive per send";
-  Buffer* src = p.a->Reg(64);
-  Buffer* rbuf = p.b->Reg(64 * s);
-  ASSERT_NE(src, nullptr);
-  ASSERT_NE(rbuf, nullptr);
+  ASSERT_REG(auto* src, p.a->Reg(64));
+  ASSERT_REG(auto* rbuf, p.b->Reg(64 * s));
   for (uint32_t i = 0; i + 1 < s; ++i) {
     ASSERT_EQ(PostSendMsg(p.a->qp(), i, src, 0, 8), 0) << "WR " << i;
   }
   // A chain of two: the first takes the last slot, the second overflows.
   ibv_sge sge = src->Sge(0, 8);
-  ibv_send_wr w2 = {};
-  w2.wr_id = 1000;
-  w2.sg_list = &sge;
-  w2.num_sge = 1;
-  w2.opcode = IBV_WR_SEND;
-  w2.send_flags = IBV_SEND_SIGNALED;
+  ibv_send_wr w2 = SignaledWr(1000, IBV_WR_SEND, &sge);
   ibv_send_wr w1 = w2;
   w1.wr_id = s - 1;
   w1.next = &w2;
@@ -1829,16 +1726,12 @@ TEST_F(SoftrnicTest, ReceiveQueueDepthIsEnforced) {
   const uint32_t r = a->cap().max_recv_wr;
   ASSERT_GE(r, 8u);
   ASSERT_LE(r, 256u) << "the CQ holds 256 flush completions";
-  Buffer* buf = a->Reg(64);
-  ASSERT_NE(buf, nullptr);
+  ASSERT_REG(auto* buf, a->Reg(64));
   for (uint32_t i = 0; i + 1 < r; ++i) {
     ASSERT_EQ(PostRecvBuf(a->qp(), i, buf, 0, 64), 0) << "WR " << i;
   }
   ibv_sge sge = buf->Sge(0, 64);
-  ibv_recv_wr w2 = {};
-  w2.wr_id = 1000;
-  w2.sg_list = &sge;
-  w2.num_sge = 1;
+  ibv_recv_wr w2 = RecvWr(1000, &sge);
   ibv_recv_wr w1 = w2;
   w1.wr_id = r - 1;
   w1.next = &w2;
@@ -1859,8 +1752,7 @@ TEST_F(SoftrnicTest, SendWithoutReceiveEndsInRnrRetryExceeded) {
   co.min_rnr_timer = 1;  // 0.01 ms.
   Pair p;
   ASSERT_NO_FATAL_FAILURE(MakePair(0, 1, &p, {}, co));
-  Buffer* src = p.a->Reg(64);
-  ASSERT_NE(src, nullptr);
+  ASSERT_REG(auto* src, p.a->Reg(64));
   ASSERT_EQ(PostSendMsg(p.a->qp(), 1, src, 0, 64), 0);
   ASSERT_EQ(PostSendMsg(p.a->qp(), 2, src, 0, 64), 0);
   EXPECT_TRUE(PollExpect(p.a->cq(), 1, IBV_WC_RNR_RETRY_EXC_ERR));
@@ -1874,10 +1766,8 @@ TEST_F(SoftrnicTest, ReceivePostedDuringRnrWindowLetsSendSucceed) {
   co.min_rnr_timer = 26;  // 81.92 ms: about 500 ms of retries in all.
   Pair p;
   ASSERT_NO_FATAL_FAILURE(MakePair(0, 1, &p, {}, co));
-  Buffer* src = p.a->Reg(256);
-  Buffer* rbuf = p.b->Reg(256);
-  ASSERT_NE(src, nullptr);
-  ASSERT_NE(rbuf, nullptr);
+  ASSERT_REG(auto* src, p.a->Reg(256));
+  ASSERT_REG(auto* rbuf, p.b->Reg(256));
   FillPattern(src->data(), 256, 80);
   ASSERT_EQ(PostSendMsg(p.a->qp(), 1, src, 0, 256), 0);
   // With no receive the SEND cannot complete, neither successfully nor by
@@ -1894,10 +1784,8 @@ TEST_F(SoftrnicTest, ReceivePostedDuringRnrWindowLetsSendSucceed) {
 TEST_F(SoftrnicTest, SendLongerThanReceiveBufferFailsBothSides) {
   Pair p;
   ASSERT_NO_FATAL_FAILURE(MakePair(0, 1, &p));
-  Buffer* src = p.a->Reg(1024);
-  Buffer* rbuf = p.b->Reg(1024);
-  ASSERT_NE(src, nullptr);
-  ASSERT_NE(rbuf, nullptr);
+  ASSERT_REG(auto* src, p.a->Reg(1024));
+  ASSERT_REG(auto* rbuf, p.b->Reg(1024));
   ASSERT_EQ(PostRecvBuf(p.b->qp(), 1, rbuf, 0, 100), 0);
   ASSERT_EQ(PostSendMsg(p.a->qp(), 2, src, 0, 1024), 0);
   EXPECT_TRUE(PollExpect(p.b->cq(), 1, IBV_WC_LOC_LEN_ERR));
@@ -1920,14 +1808,10 @@ TEST_F(SoftrnicTest, LinkDownFailsOnlyThatDevicesQps) {
   ASSERT_NO_FATAL_FAILURE(SetLink(1, false));
   ibv_async_event ev = {};
   EXPECT_TRUE(WaitAsyncEvent(ctx(1), IBV_EVENT_PORT_ERR, &ev, 5000));
-  Buffer* src = p11.a->Reg(4096);
-  Buffer* dst = p11.b->Reg(4096);
-  ASSERT_NE(src, nullptr);
-  ASSERT_NE(dst, nullptr);
-  ASSERT_EQ(PostRdma(p11.a->qp(), IBV_WR_RDMA_WRITE, 3, src, 0, 4096,
-                     dst->addr(), dst->rkey()),
-            0);
-  EXPECT_TRUE(PollExpect(p11.a->cq(), 3, IBV_WC_RETRY_EXC_ERR));
+  ASSERT_REG(auto* src, p11.a->Reg(4096));
+  ASSERT_REG(auto* dst, p11.b->Reg(4096));
+  EXPECT_TRUE(RdmaAndPoll(p11, IBV_WR_RDMA_WRITE, 3, src, 4096, dst->addr(),
+                          dst->rkey(), IBV_WC_RETRY_EXC_ERR));
   // softrnic0 keeps working, several times over.
   for (uint32_t i = 0; i < 5; ++i) {
     ASSERT_NO_FATAL_FAILURE(WriteAndCheck(p00, 65536, 10 + i));
@@ -1955,10 +1839,8 @@ TEST_F(SoftrnicTest, LinkDownGivesRetryExceededWithinBoundedTime) {
     Pair p;
     ASSERT_NO_FATAL_FAILURE(MakePair(0, 1, &p, {}, co));
     ASSERT_NO_FATAL_FAILURE(WriteAndCheck(p, 1024, 30));
-    Buffer* src = p.a->Reg(1024);
-    Buffer* dst = p.b->Reg(1024);
-    ASSERT_NE(src, nullptr);
-    ASSERT_NE(dst, nullptr);
+    ASSERT_REG(auto* src, p.a->Reg(1024));
+    ASSERT_REG(auto* dst, p.b->Reg(1024));
     ASSERT_NO_FATAL_FAILURE(SetLink(down, false));
     const auto start = Clock::now();
     ASSERT_EQ(PostRdma(p.a->qp(), IBV_WR_RDMA_WRITE, 1, src, 0, 1024,
@@ -1986,12 +1868,9 @@ TEST_F(SoftrnicTest, CutConnectionsTransfersCompleteOrFailCleanly) {
   Pair p;
   ASSERT_NO_FATAL_FAILURE(MakePair(0, 1, &p));
   const uint32_t len = 1 << 20;
-  Buffer* src = p.a->Reg(len);
-  Buffer* dst = p.b->Reg(len);
-  Buffer* rbuf = p.b->Reg(20 * 4096);
-  ASSERT_NE(src, nullptr);
-  ASSERT_NE(dst, nullptr);
-  ASSERT_NE(rbuf, nullptr);
+  ASSERT_REG(auto* src, p.a->Reg(len));
+  ASSERT_REG(auto* dst, p.b->Reg(len));
+  ASSERT_REG(auto* rbuf, p.b->Reg(20 * 4096));
   int ok = 0;
   bool failed = false;
   for (uint32_t i = 0; i < 20 && !failed; ++i) {
@@ -2043,17 +1922,14 @@ TEST_F(SoftrnicTest, SetDelayUsAddsLatency) {
   co.timeout = 18;  // ~1 s: the delay must not look like a lost frame.
   Pair p;
   ASSERT_NO_FATAL_FAILURE(MakePair(0, 1, &p, {}, co));
-  Buffer* src = p.a->Reg(64);
-  Buffer* dst = p.b->Reg(64);
-  ASSERT_NE(src, nullptr);
-  ASSERT_NE(dst, nullptr);
+  ASSERT_REG(auto* src, p.a->Reg(64));
+  ASSERT_REG(auto* dst, p.b->Reg(64));
   auto one_write_us = [&](uint64_t id) -> int64_t {
     const auto start = Clock::now();
-    if (PostRdma(p.a->qp(), IBV_WR_RDMA_WRITE, id, src, 0, 64, dst->addr(),
-                 dst->rkey()) != 0) {
+    if (!RdmaAndPoll(p, IBV_WR_RDMA_WRITE, id, src, 64, dst->addr(),
+                     dst->rkey())) {
       return -1;
     }
-    if (!PollExpect(p.a->cq(), id, IBV_WC_SUCCESS)) return -1;
     return std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() -
                                                                  start)
         .count();
@@ -2092,8 +1968,7 @@ TEST_F(SoftrnicTest, DeregMrReturnsWhileAStalledPeerWritesIntoIt) {
   Pair p;
   ASSERT_NO_FATAL_FAILURE(MakePair(1, 0, &p));  // Responder on softrnic0.
   const uint32_t len = 1 << 20;
-  Buffer* dst = p.b->Reg(len);
-  ASSERT_NE(dst, nullptr);
+  ASSERT_REG(auto* dst, p.b->Reg(len));
   const std::string ip = GidIpv4(p.b->gid());
   const uint16_t port = GidPort(p.b->gid());
   std::string err;
@@ -2229,10 +2104,8 @@ TEST_F(SoftrnicTest, GarbageOnListenerDisturbsNoQp) {
     // expected receive (the stray SEND above consumed none).
     for (Pair* p : {&same, &cross}) {
       ASSERT_NO_FATAL_FAILURE(WriteAndCheck(*p, 65536, 40 + d));
-      Buffer* src = p->a->Reg(64);
-      Buffer* rbuf = p->b->Reg(64);
-      ASSERT_NE(src, nullptr);
-      ASSERT_NE(rbuf, nullptr);
+      ASSERT_REG(auto* src, p->a->Reg(64));
+      ASSERT_REG(auto* rbuf, p->b->Reg(64));
       FillPattern(src->data(), 64, 50 + d);
       ASSERT_EQ(PostRecvBuf(p->b->qp(), 60 + d, rbuf, 0, 64), 0);
       ASSERT_EQ(PostSendMsg(p->a->qp(), 61 + d, src, 0, 64), 0);
@@ -2285,25 +2158,15 @@ TEST_F(SoftrnicTest, DmabufMrTakesRdmaWriteAndReadAtItsIova) {
   EXPECT_EQ(mr->length, kLen);
   close(fd);  // The MR keeps the memory, as a dma-buf attachment does.
 
-  Buffer* src = p.a->Reg(kLen);
-  Buffer* back = p.a->Reg(kLen);
-  ASSERT_NE(src, nullptr);
-  ASSERT_NE(back, nullptr);
+  ASSERT_REG(auto* src, p.a->Reg(kLen));
+  ASSERT_REG(auto* back, p.a->Reg(kLen));
   FillPattern(src->data(), kLen, 41);
-  ASSERT_EQ(
-      PostRdma(p.a->qp(), IBV_WR_RDMA_WRITE, 1, src, 0, kLen, kIova, mr->rkey),
-      0);
-  ASSERT_TRUE(PollExpect(p.a->cq(), 1, IBV_WC_SUCCESS));
-  ASSERT_EQ(
-      PostRdma(p.a->qp(), IBV_WR_RDMA_READ, 2, back, 0, kLen, kIova, mr->rkey),
-      0);
-  ASSERT_TRUE(PollExpect(p.a->cq(), 2, IBV_WC_SUCCESS));
+  ASSERT_TRUE(RdmaAndPoll(p, IBV_WR_RDMA_WRITE, 1, src, kLen, kIova, mr->rkey));
+  ASSERT_TRUE(RdmaAndPoll(p, IBV_WR_RDMA_READ, 2, back, kLen, kIova, mr->rkey));
   EXPECT_EQ(FirstPatternMismatch(back->data(), kLen, 41), -1);
   // One byte past the MR: refused.
-  ASSERT_EQ(PostRdma(p.a->qp(), IBV_WR_RDMA_WRITE, 3, src, 0, 1, kIova + kLen,
-                     mr->rkey),
-            0);
-  ASSERT_TRUE(PollExpect(p.a->cq(), 3, IBV_WC_REM_ACCESS_ERR));
+  ASSERT_TRUE(RdmaAndPoll(p, IBV_WR_RDMA_WRITE, 3, src, 1, kIova + kLen,
+                          mr->rkey, IBV_WC_REM_ACCESS_ERR));
   EXPECT_EQ(ibv_dereg_mr(mr), 0);
 }
 
@@ -2315,13 +2178,10 @@ TEST_F(SoftrnicTest, DmabufMrBytesLandInTheExportersMemory) {
   ASSERT_GE(fd, 0) << strerror(errno);
   ibv_mr* mr = ibv_reg_dmabuf_mr(p.b->pd(), 0, page, 0x1000, fd, kFullAccess);
   ASSERT_NE(mr, nullptr) << strerror(errno);
-  Buffer* src = p.a->Reg(page);
-  ASSERT_NE(src, nullptr);
+  ASSERT_REG(auto* src, p.a->Reg(page));
   FillPattern(src->data(), page, 7);
-  ASSERT_EQ(
-      PostRdma(p.a->qp(), IBV_WR_RDMA_WRITE, 1, src, 0, page, 0x1000, mr->rkey),
-      0);
-  ASSERT_TRUE(PollExpect(p.a->cq(), 1, IBV_WC_SUCCESS));
+  ASSERT_TRUE(
+      RdmaAndPoll(p, IBV_WR_RDMA_WRITE, 1, src, page, 0x1000, mr->rkey));
   // The exporter's view: the file's second page (the range), not its first.
   std::vector<uint8_t> file(page);
   ASSERT_EQ(pread(fd, file.data(), page, static_cast<off_t>(page)),
@@ -2342,13 +2202,10 @@ TEST_F(SoftrnicTest, DmabufMrKeepsAccessRights) {
       ibv_reg_dmabuf_mr(p.b->pd(), 0, 4096, 0x2000, fd,
                         IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
   ASSERT_NE(mr, nullptr) << strerror(errno);
-  Buffer* src = p.a->Reg(4096);
-  ASSERT_NE(src, nullptr);
+  ASSERT_REG(auto* src, p.a->Reg(4096));
   FillPattern(src->data(), 4096, 9);
-  ASSERT_EQ(
-      PostRdma(p.a->qp(), IBV_WR_RDMA_WRITE, 1, src, 0, 4096, 0x2000, mr->rkey),
-      0);
-  ASSERT_TRUE(PollExpect(p.a->cq(), 1, IBV_WC_REM_ACCESS_ERR));
+  ASSERT_TRUE(RdmaAndPoll(p, IBV_WR_RDMA_WRITE, 1, src, 4096, 0x2000, mr->rkey,
+                          IBV_WC_REM_ACCESS_ERR));
   std::vector<uint8_t> file(4096);
   ASSERT_EQ(pread(fd, file.data(), 4096, 0), 4096);
   EXPECT_EQ(FirstNotEqual(file.data(), 4096, 0), -1);
