@@ -26,6 +26,7 @@
 #include "common/mutex.h"
 #include "common/simulated_clock.h"
 #include "common/socket_util.h"
+#include "common/status_macros.h"
 #include "common/status_testing.h"
 #include "gtest/gtest.h"
 #include "testing/process_usage.h"
@@ -39,18 +40,45 @@ using ::ferry::tcp::testing::ConnectFrom;
 using ::ferry::tcp::testing::RecordingSink;
 using ::ferry::tcp::testing::Served;
 
+// A transport with `opts`, installed in `env`; *ep is what it publishes.
+absl::StatusOr<std::unique_ptr<TcpTransport>> Installed(
+    const TransportOptions& opts, const TransportEnv& env,
+    metadata::TransportEndpoint* ep) {
+  auto t = std::make_unique<TcpTransport>(opts);
+  FERRY_RETURN_IF_ERROR(t->Install(env, ep));
+  return t;
+}
+
 // A transport with `opts`, installed as segment `name` on 127.0.0.1.
 absl::StatusOr<std::unique_ptr<TcpTransport>> Installed(
     const TransportOptions& opts, const std::string& name,
     Clock* clock = RealClock()) {
-  auto t = std::make_unique<TcpTransport>(opts);
   TransportEnv env;
   env.local_segment = name;
   env.listen_host = "127.0.0.1";
   env.clock = clock;
   metadata::TransportEndpoint ep;
-  if (absl::Status s = t->Install(env, &ep); !s.ok()) return s;
-  return t;
+  return Installed(opts, env, &ep);
+}
+
+// Registers `length` bytes at `addr` on `t`, open to peers; returns what
+// `t` publishes of them.
+absl::StatusOr<metadata::Buffer> RegisterShared(TcpTransport& t, uint64_t addr,
+                                                size_t length) {
+  MemoryRegion r;
+  r.addr = addr;
+  r.length = length;
+  r.remote_accessible = true;
+  metadata::Buffer published;
+  FERRY_RETURN_IF_ERROR(t.RegisterMemory(r, &published).status());
+  return published;
+}
+
+// A loopback port nothing listens on any more: connects to it are refused.
+uint16_t RefusingPort() {
+  uint16_t port = 0;
+  { auto l = ListenTcp("127.0.0.1", 0, &port); }
+  return port;
 }
 
 // Options the transport cannot honour fail Install with InvalidArgument:
@@ -100,12 +128,9 @@ class TcpTransportTest : public ::testing::Test {
     metadata::TransportEndpoint ep2;
     ASSERT_OK(initiator_->Install(env, &ep2));
     target_buf_.assign(1 << 20, 0);
-    MemoryRegion r;
-    r.addr = reinterpret_cast<uintptr_t>(target_buf_.data());
-    r.length = target_buf_.size();
-    r.remote_accessible = true;
-    metadata::Buffer published;
-    ASSERT_OK(target_->RegisterMemory(r, &published));
+    ASSERT_OK_AND_ASSIGN(
+        metadata::Buffer published,
+        RegisterShared(*target_, Remote(0), target_buf_.size()));
     key_ = published.tcp_key();
     ASSERT_NE(key_, 0u);
     metadata::SegmentDescriptor d;
@@ -116,8 +141,8 @@ class TcpTransportTest : public ::testing::Test {
     t->set_address(ep.address());
     target_addr_ = ep.address();
     auto* b = d.add_buffers();
-    b->set_addr(r.addr);
-    b->set_length(r.length);
+    b->set_addr(Remote(0));
+    b->set_length(target_buf_.size());
     b->set_tcp_key(key_);
     view_ = *SegmentView::Create(d);
   }
@@ -137,6 +162,24 @@ class TcpTransportTest : public ::testing::Test {
     return s;
   }
 
+  // MakeSlice's slice, sent to `target` instead of view_: a variant of
+  // view_ (another address, key or incarnation) that holds its buffers.
+  Slice MakeSliceTo(const SegmentView* target, OpCode op, void* local,
+                    uint64_t remote, size_t len) {
+    Slice s = MakeSlice(op, local, remote, len);
+    s.target = target;
+    return s;
+  }
+
+  // An 8-byte READ of the target's first bytes into `buf`, sent to
+  // `target` and due `due_in` from now on the transports' clock.
+  Slice ReadSliceTo(const SegmentView* target, char* buf,
+                    absl::Duration due_in) {
+    Slice s = MakeSliceTo(target, OpCode::kRead, buf, Remote(0), 8);
+    s.deadline = clock_->Now() + due_in;
+    return s;
+  }
+
   // A view of the target whose TCP endpoint is `port` on loopback.
   std::shared_ptr<const SegmentView> ViewWithPort(uint16_t port) {
     metadata::SegmentDescriptor d = view_->descriptor();
@@ -144,15 +187,61 @@ class TcpTransportTest : public ::testing::Test {
     return *SegmentView::Create(d);
   }
 
+  // A view of the target whose buffer has `key`, as published by the run
+  // `incarnation`.
+  std::shared_ptr<const SegmentView> ViewWithKey(
+      uint64_t key, uint64_t incarnation = kIncarnation) {
+    metadata::SegmentDescriptor d = view_->descriptor();
+    d.mutable_buffers(0)->set_tcp_key(key);
+    d.set_incarnation(incarnation);
+    return *SegmentView::Create(d);
+  }
+
+  // A second target of the same run, as segment `name`, listening on every
+  // address (so reachable as any 127.x.y.z: a peer per address) and
+  // sharing `length` bytes at `addr`.
+  struct WildcardTarget {
+    std::unique_ptr<TcpTransport> transport;
+    uint64_t key = 0;  // Of the shared bytes.
+    uint16_t port = 0;
+  };
+  absl::StatusOr<WildcardTarget> StartWildcardTarget(const std::string& name,
+                                                     uint64_t addr,
+                                                     size_t length) {
+    TransportEnv env;
+    env.local_segment = name;
+    env.listen_host = "0.0.0.0";
+    env.incarnation = kIncarnation;
+    metadata::TransportEndpoint ep;
+    WildcardTarget t;
+    FERRY_ASSIGN_OR_RETURN(t.transport,
+                           Installed(TransportOptions(), env, &ep));
+    FERRY_ASSIGN_OR_RETURN(metadata::Buffer published,
+                           RegisterShared(*t.transport, addr, length));
+    t.key = published.tcp_key();
+    FERRY_ASSIGN_OR_RETURN(HostPort hp, ParseHostPort(ep.address()));
+    t.port = hp.port;
+    return t;
+  }
+
+  // A loopback listener that never answers (the kernel accepts its
+  // connections), and a view of the target whose TCP endpoint it is.
+  struct SilentPeer {
+    UniqueFd listener;
+    std::shared_ptr<const SegmentView> view;
+  };
+  absl::StatusOr<SilentPeer> StartSilentPeer() {
+    uint16_t port = 0;
+    FERRY_ASSIGN_OR_RETURN(UniqueFd listener, ListenTcp("127.0.0.1", 0, &port));
+    return SilentPeer{std::move(listener), ViewWithPort(port)};
+  }
+
   // Submits one 8-byte READ to `view` and returns its completion status.
   absl::Status ReadOnce(const SegmentView* view, absl::Duration deadline,
                         bool shutdown_after_submit = false) {
     char buf[8];
-    Slice s = MakeSlice(OpCode::kRead, buf, Remote(0), 8);
-    s.target = view;
-    s.deadline = clock_->Now() + deadline;
-    Slice* ss[] = {&s};
-    initiator_->Submit(ss);
+    Slice s = ReadSliceTo(view, buf, deadline);
+    initiator_->Submit({&s});
     if (shutdown_after_submit) initiator_->Shutdown();
     auto st = sink_.Wait(1);
     return st.size() == 1 ? st[0] : absl::InternalError("no completion");
@@ -187,6 +276,9 @@ bool ConnectsStarted(T& t, uint64_t n) {
       [&] { return t.Stats().connects_started == n; }, absl::Seconds(10));
 }
 
+// How often the initiator's loop checks deadlines (tcp_client.h).
+constexpr absl::Duration kDeadlineTick = absl::Milliseconds(10);
+
 // The same two transports on a SimulatedClock, for the tests of what is
 // timed (deadlines, back-off): they move time themselves.
 class TcpTransportSimTest : public TcpTransportTest {
@@ -198,17 +290,24 @@ class TcpTransportSimTest : public TcpTransportTest {
   bool NothingCompleted() {
     return sink_.Wait(1, absl::Milliseconds(50)).empty();
   }
-};
 
-// How often the initiator's loop checks deadlines (tcp_client.h).
-constexpr absl::Duration kDeadlineTick = absl::Milliseconds(10);
+  // Moves the clock to `at`, where the one slice in flight must not have
+  // ended yet (`too_soon` says what that would mean), then past the next
+  // deadline check; returns sink_'s completions by then.
+  std::vector<absl::Status> CompletionsAfter(absl::Time at,
+                                             const char* too_soon) {
+    sim_.AdvanceTo(at);
+    EXPECT_TRUE(NothingCompleted()) << too_soon;
+    sim_.Advance(kDeadlineTick);
+    return sink_.Wait(1, absl::Seconds(10));
+  }
+};
 
 TEST_F(TcpTransportTest, WriteThenRead) {
   std::vector<uint8_t> src(300000);
   std::iota(src.begin(), src.end(), 0);
   Slice w = MakeSlice(OpCode::kWrite, src.data(), Remote(1000), src.size());
-  Slice* ws[] = {&w};
-  initiator_->Submit(ws);
+  initiator_->Submit({&w});
   auto st = sink_.Wait(1);
   ASSERT_EQ(st.size(), 1u);
   ASSERT_OK(st[0]) << st[0];
@@ -216,8 +315,7 @@ TEST_F(TcpTransportTest, WriteThenRead) {
   EXPECT_EQ(std::memcmp(target_buf_.data() + 1000, src.data(), src.size()), 0);
   std::vector<uint8_t> dst(src.size());
   Slice r = MakeSlice(OpCode::kRead, dst.data(), Remote(1000), dst.size());
-  Slice* rs[] = {&r};
-  initiator_->Submit(rs);
+  initiator_->Submit({&r});
   st = sink_.Wait(2);
   ASSERT_OK(st[1]) << st[1];
   EXPECT_EQ(dst, src);
@@ -229,8 +327,7 @@ TEST_F(TcpTransportTest, OutOfBoundsWriteFailsAndWritesNothing) {
   Slice w = MakeSlice(OpCode::kWrite, src.data(),
                       Remote(target_buf_.size() - 100), src.size());
   Slice ok = MakeSlice(OpCode::kWrite, src.data(), Remote(0), 16);
-  Slice* ws[] = {&w, &ok};
-  initiator_->Submit(ws);
+  initiator_->Submit({&w, &ok});
   auto st = sink_.Wait(2);
   ASSERT_EQ(st.size(), 2u);
   EXPECT_EQ(st[0].code(), absl::StatusCode::kInvalidArgument) << st[0];
@@ -263,14 +360,11 @@ TEST_F(TcpTransportTest, AnAddressAloneReadsAndWritesNothing) {
   EXPECT_EQ(h.status, WireStatus::kBadKey);
   EXPECT_TRUE(Served(raw->get(), Remote(0), key_, kIncarnation));
 
-  metadata::SegmentDescriptor d = view_->descriptor();
-  d.mutable_buffers(0)->set_tcp_key(key_ + 7);
-  auto forged = *SegmentView::Create(d);
+  auto forged = ViewWithKey(key_ + 7);
   std::vector<uint8_t> src(64, 0xee);
-  Slice w = MakeSlice(OpCode::kWrite, src.data(), Remote(0), src.size());
-  w.target = forged.get();
-  Slice* ws[] = {&w};
-  initiator_->Submit(ws);
+  Slice w = MakeSliceTo(forged.get(), OpCode::kWrite, src.data(), Remote(0),
+                        src.size());
+  initiator_->Submit({&w});
   auto st = sink_.Wait(1);
   ASSERT_EQ(st.size(), 1u);
   EXPECT_EQ(st[0].code(), absl::StatusCode::kPermissionDenied) << st[0];
@@ -291,15 +385,12 @@ class TcpTransportTokenTest : public TcpTransportTest {
 
   // A raw connection that has read the target's CHALLENGE into `challenge`.
   absl::StatusOr<UniqueFd> Challenged(uint8_t challenge[kResponseHeaderBytes]) {
-    auto raw = ConnectFrom("127.0.0.1", target_addr_);
-    if (!raw.ok()) return raw.status();
-    SetRecvTimeout(raw->get(), absl::Seconds(5));
-    if (absl::Status s = ReadFull(raw->get(), challenge, kResponseHeaderBytes);
-        !s.ok()) {
-      return s;
-    }
+    FERRY_ASSIGN_OR_RETURN(UniqueFd raw,
+                           ConnectFrom("127.0.0.1", target_addr_));
+    SetRecvTimeout(raw.get(), absl::Seconds(5));
+    FERRY_RETURN_IF_ERROR(ReadFull(raw.get(), challenge, kResponseHeaderBytes));
     ResponseHeader h;
-    if (absl::Status s = DecodeResponse(challenge, &h); !s.ok()) return s;
+    FERRY_RETURN_IF_ERROR(DecodeResponse(challenge, &h));
     if (h.op != WireOp::kChallenge) {
       return absl::InternalError("the first frame is not a challenge");
     }
@@ -344,14 +435,12 @@ TEST_F(TcpTransportTokenTest, KeysAloneGrantNothingWithoutTheToken) {
 
   std::vector<uint8_t> src(100000, 0xc3), dst(src.size());
   Slice w = MakeSlice(OpCode::kWrite, src.data(), Remote(4096), src.size());
-  Slice* ws[] = {&w};
-  initiator_->Submit(ws);
+  initiator_->Submit({&w});
   Slice r = MakeSlice(OpCode::kRead, dst.data(), Remote(4096), dst.size());
   auto st = sink_.Wait(1);
   ASSERT_EQ(st.size(), 1u);
   ASSERT_OK(st[0]);
-  Slice* rs[] = {&r};
-  initiator_->Submit(rs);
+  initiator_->Submit({&r});
   st = sink_.Wait(2);
   ASSERT_EQ(st.size(), 2u);
   ASSERT_OK(st[1]);
@@ -393,29 +482,21 @@ TEST_F(TcpTransportTokenTest, ATargetWithoutTheTokenIsNotTrusted) {
 // unregistered does not reach what is registered at its address next.
 TEST_F(TcpTransportTest, ReRegisteredBufferHasANewKey) {
   ASSERT_OK(target_->UnregisterMemory(Remote(0)));
-  MemoryRegion r;
-  r.addr = Remote(0);
-  r.length = target_buf_.size();
-  r.remote_accessible = true;
-  metadata::Buffer published;
-  ASSERT_OK(target_->RegisterMemory(r, &published));
+  ASSERT_OK_AND_ASSIGN(metadata::Buffer published,
+                       RegisterShared(*target_, Remote(0), target_buf_.size()));
   EXPECT_NE(published.tcp_key(), 0u);
   EXPECT_NE(published.tcp_key(), key_);
   char buf[8];
   Slice old = MakeSlice(OpCode::kRead, buf, Remote(0), sizeof(buf));
-  Slice* ss[] = {&old};
-  initiator_->Submit(ss);
+  initiator_->Submit({&old});
   auto st = sink_.Wait(1);
   EXPECT_EQ(st[0].code(), absl::StatusCode::kPermissionDenied) << st[0];
   EXPECT_NE(st[0].message().find("key"), std::string::npos) << st[0];
 
-  metadata::SegmentDescriptor d = view_->descriptor();
-  d.mutable_buffers(0)->set_tcp_key(published.tcp_key());
-  auto fresh = *SegmentView::Create(d);
-  Slice now = MakeSlice(OpCode::kRead, buf, Remote(0), sizeof(buf));
-  now.target = fresh.get();
-  Slice* ns[] = {&now};
-  initiator_->Submit(ns);
+  auto fresh = ViewWithKey(published.tcp_key());
+  Slice now =
+      MakeSliceTo(fresh.get(), OpCode::kRead, buf, Remote(0), sizeof(buf));
+  initiator_->Submit({&now});
   st = sink_.Wait(2);
   EXPECT_OK(st[1]) << st[1];
 }
@@ -431,29 +512,21 @@ TEST_F(TcpTransportTest, StaleIncarnationNeverTouchesTheNewProcess) {
   target_.reset();
   TransportOptions opts;
   opts.tcp.port = hp->port;
-  auto next = std::make_unique<TcpTransport>(opts);
   TransportEnv env;
   env.local_segment = "t";
   env.listen_host = "127.0.0.1";
   env.incarnation = kIncarnation + 1;
   metadata::TransportEndpoint ep;
-  ASSERT_OK(next->Install(env, &ep));
+  ASSERT_OK_AND_ASSIGN(auto next, Installed(opts, env, &ep));
   ASSERT_EQ(ep.address(), target_addr_);
-  MemoryRegion r;
-  r.addr = Remote(0);
-  r.length = target_buf_.size();
-  r.remote_accessible = true;
-  metadata::Buffer published;
-  ASSERT_OK(next->RegisterMemory(r, &published));
+  ASSERT_OK_AND_ASSIGN(metadata::Buffer published,
+                       RegisterShared(*next, Remote(0), target_buf_.size()));
   // Even with the new key: the old run's descriptor names another run.
-  metadata::SegmentDescriptor d = view_->descriptor();
-  d.mutable_buffers(0)->set_tcp_key(published.tcp_key());
-  auto stale = *SegmentView::Create(d);
+  auto stale = ViewWithKey(published.tcp_key());
   std::vector<uint8_t> src(4096, 0xcd);
-  Slice w = MakeSlice(OpCode::kWrite, src.data(), Remote(0), src.size());
-  w.target = stale.get();
-  Slice* ws[] = {&w};
-  initiator_->Submit(ws);
+  Slice w = MakeSliceTo(stale.get(), OpCode::kWrite, src.data(), Remote(0),
+                        src.size());
+  initiator_->Submit({&w});
   auto st = sink_.Wait(1);
   ASSERT_EQ(st.size(), 1u);
   EXPECT_EQ(st[0].code(), absl::StatusCode::kFailedPrecondition) << st[0];
@@ -461,12 +534,10 @@ TEST_F(TcpTransportTest, StaleIncarnationNeverTouchesTheNewProcess) {
   for (size_t i = 0; i < src.size(); ++i) ASSERT_EQ(target_buf_[i], 0) << i;
   EXPECT_EQ(next->Stats().denied_frames, 1u);
   // The new run's descriptor reaches it.
-  d.set_incarnation(kIncarnation + 1);
-  auto current = *SegmentView::Create(d);
-  Slice w2 = MakeSlice(OpCode::kWrite, src.data(), Remote(0), src.size());
-  w2.target = current.get();
-  Slice* ws2[] = {&w2};
-  initiator_->Submit(ws2);
+  auto current = ViewWithKey(published.tcp_key(), kIncarnation + 1);
+  Slice w2 = MakeSliceTo(current.get(), OpCode::kWrite, src.data(), Remote(0),
+                         src.size());
+  initiator_->Submit({&w2});
   st = sink_.Wait(2);
   EXPECT_OK(st[1]) << st[1];
   EXPECT_EQ(target_buf_[0], 0xcd);
@@ -494,8 +565,7 @@ TEST_F(TcpTransportTest, GarbageFrameClosesOnlyThatConnection) {
   // beyond what arrived and is not acknowledged.
   std::vector<uint8_t> src(64, 7);
   Slice w = MakeSlice(OpCode::kWrite, src.data(), Remote(64), src.size());
-  Slice* ws[] = {&w};
-  initiator_->Submit(ws);
+  initiator_->Submit({&w});
   auto st = sink_.Wait(1);
   ASSERT_OK(st[0]) << st[0];
   EXPECT_EQ(target_buf_[64], 7);
@@ -503,24 +573,16 @@ TEST_F(TcpTransportTest, GarbageFrameClosesOnlyThatConnection) {
 }
 
 TEST_F(TcpTransportTest, UnreachablePeerFailsFast) {
-  uint16_t port = 0;
-  { auto l = ListenTcp("127.0.0.1", 0, &port); }  // Closed: refused.
-  auto dead = ViewWithPort(port);
+  auto dead = ViewWithPort(RefusingPort());
   absl::Status s = ReadOnce(dead.get(), absl::Seconds(10));
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
 }
 
 TEST_F(TcpTransportSimTest, SilentPeerHitsDeadline) {
-  uint16_t port = 0;
-  auto listener = ListenTcp("127.0.0.1", 0, &port);  // Never answers.
-  ASSERT_OK(listener);
-  auto silent = ViewWithPort(port);
+  ASSERT_OK_AND_ASSIGN(SilentPeer silent, StartSilentPeer());
   char buf[8];
-  Slice s = MakeSlice(OpCode::kRead, buf, Remote(0), 8);
-  s.target = silent.get();
-  s.deadline = sim_.Now() + absl::Seconds(2);
-  Slice* ss[] = {&s};
-  initiator_->Submit(ss);
+  Slice s = ReadSliceTo(silent.view.get(), buf, absl::Seconds(2));
+  initiator_->Submit({&s});
   sim_.Advance(absl::Seconds(2) + kDeadlineTick);
   auto st = sink_.Wait(1, absl::Seconds(10));
   ASSERT_EQ(st.size(), 1u);
@@ -530,16 +592,11 @@ TEST_F(TcpTransportSimTest, SilentPeerHitsDeadline) {
 // Shutdown must cancel a slice that would otherwise wait for its (far)
 // deadline: it completes with Cancelled, once, right after Shutdown.
 TEST_F(TcpTransportTest, ShutdownCancelsInFlight) {
-  uint16_t port = 0;
-  auto listener = ListenTcp("127.0.0.1", 0, &port);  // Accepts, never answers.
-  ASSERT_OK(listener);
-  auto silent = ViewWithPort(port);
+  ASSERT_OK_AND_ASSIGN(SilentPeer silent, StartSilentPeer());
   char buf[8];
-  Slice s = MakeSlice(OpCode::kRead, buf, Remote(0), 8);
-  s.target = silent.get();
+  Slice s = MakeSliceTo(silent.view.get(), OpCode::kRead, buf, Remote(0), 8);
   s.deadline = absl::Now() + absl::Seconds(60);
-  Slice* ss[] = {&s};
-  initiator_->Submit(ss);
+  initiator_->Submit({&s});
   const absl::Time shutdown_at = absl::Now();
   initiator_->Shutdown();
   auto st = sink_.Wait(1, absl::Seconds(5));
@@ -560,11 +617,9 @@ TEST_F(TcpTransportTest, UnparsableEndpointFailsCleanly) {
     if (!view.ok()) continue;  // SegmentView may already refuse it.
     RecordingSink sink;
     char buf[8];
-    Slice s = MakeSlice(OpCode::kRead, buf, Remote(0), 8);
-    s.target = view->get();
+    Slice s = MakeSliceTo(view->get(), OpCode::kRead, buf, Remote(0), 8);
     s.sink = &sink;
-    Slice* ss[] = {&s};
-    initiator_->Submit(ss);
+    initiator_->Submit({&s});
     auto st = sink.Wait(1, absl::Seconds(5));
     ASSERT_EQ(st.size(), 1u) << bad;
     EXPECT_STATUS(st[0], absl::StatusCode::kInvalidArgument);
@@ -575,8 +630,7 @@ TEST_F(TcpTransportTest, UnparsableEndpointFailsCleanly) {
   // The transport still works, and its periodic work runs over the pools.
   std::vector<uint8_t> src(64, 9);
   Slice w = MakeSlice(OpCode::kWrite, src.data(), Remote(0), src.size());
-  Slice* ws[] = {&w};
-  initiator_->Submit(ws);
+  initiator_->Submit({&w});
   auto st = sink_.Wait(1);
   ASSERT_EQ(st.size(), 1u);
   EXPECT_OK(st[0]);
@@ -589,17 +643,16 @@ TEST_F(TcpTransportTest, UnparsableEndpointFailsCleanly) {
 // past its deadline: the deadline is checked on the clock, not when bytes
 // arrive.
 TEST_F(TcpTransportSimTest, DripFeedingReadPeerHitsDeadline) {
-  uint16_t port = 0;
-  auto listener = ListenTcp("127.0.0.1", 0, &port);
-  ASSERT_OK(listener);
+  ASSERT_OK_AND_ASSIGN(SilentPeer dripping, StartSilentPeer());
+  const int listener = dripping.listener.get();
   Mutex mu;
   CondVar cv;
   bool dripped = false;
   bool stop = false;
   std::thread dripper([&] {
-    pollfd pfd{listener->get(), POLLIN, 0};
+    pollfd pfd{listener, POLLIN, 0};
     if (::poll(&pfd, 1, 10000) != 1) return;
-    UniqueFd conn(::accept(listener->get(), nullptr, nullptr));
+    UniqueFd conn(::accept(listener, nullptr, nullptr));
     if (!conn.valid()) return;
     SetRecvTimeout(conn.get(), absl::Seconds(10));
     uint8_t hdr[kRequestHeaderBytes];
@@ -620,13 +673,11 @@ TEST_F(TcpTransportSimTest, DripFeedingReadPeerHitsDeadline) {
     while (!stop && !cv.WaitWithDeadline(&mu, end)) {
     }
   });
-  auto dripping = ViewWithPort(port);
   std::vector<char> buf(64);
-  Slice s = MakeSlice(OpCode::kRead, buf.data(), Remote(0), buf.size());
-  s.target = dripping.get();
+  Slice s = MakeSliceTo(dripping.view.get(), OpCode::kRead, buf.data(),
+                        Remote(0), buf.size());
   s.deadline = sim_.Now() + absl::Milliseconds(1500);
-  Slice* ss[] = {&s};
-  initiator_->Submit(ss);
+  initiator_->Submit({&s});
   {
     MutexLock lock(&mu);
     const absl::Time end = absl::Now() + absl::Seconds(10);
@@ -634,10 +685,7 @@ TEST_F(TcpTransportSimTest, DripFeedingReadPeerHitsDeadline) {
     }
     ASSERT_TRUE(dripped) << "the peer never got the request";
   }
-  sim_.AdvanceTo(s.deadline);
-  EXPECT_TRUE(NothingCompleted()) << "ended before its deadline";
-  sim_.Advance(kDeadlineTick);
-  auto st = sink_.Wait(1, absl::Seconds(10));
+  auto st = CompletionsAfter(s.deadline, "ended before its deadline");
   {
     MutexLock lock(&mu);
     stop = true;
@@ -684,8 +732,7 @@ class CountingSink : public SliceSink {
 // and 700 ms (backoff_min 100 ms, doubling) and at no other time, and the
 // failures without an attempt are counted as fast failures.
 TEST_F(TcpTransportSimTest, RefusingPeerIsBackedOff) {
-  uint16_t port = 0;
-  { auto l = ListenTcp("127.0.0.1", 0, &port); }  // Closed: refused.
+  const uint16_t port = RefusingPort();
   auto dead = ViewWithPort(port);
   CountingSink sink;
   char buf[8];
@@ -693,11 +740,9 @@ TEST_F(TcpTransportSimTest, RefusingPeerIsBackedOff) {
   int submitted = 0;
   while (sim_.Now() < end) {
     for (int k = 0; k < 20; ++k) {
-      Slice s = MakeSlice(OpCode::kRead, buf, Remote(0), 8);
-      s.target = dead.get();
+      Slice s = MakeSliceTo(dead.get(), OpCode::kRead, buf, Remote(0), 8);
       s.sink = &sink;
-      Slice* ss[] = {&s};
-      initiator_->Submit(ss);
+      initiator_->Submit({&s});
       ++submitted;
       // Each slice must be done before it goes out of scope, and before
       // time moves (its failure is timed now): wait (bounded).
@@ -722,45 +767,30 @@ TEST_F(TcpTransportSimTest, RefusingPeerIsBackedOff) {
 // 1,000 peers (distinct addresses of one target), each used and closed in
 // turn: the pools, connections, threads and fds do not grow.
 TEST_F(TcpTransportTest, ThousandPeersOpenedAndClosedLeaveNothing) {
-  TransportOptions opts;
-  auto target = std::make_unique<TcpTransport>(opts);
-  TransportEnv env;
-  env.local_segment = "t2";
-  env.listen_host = "0.0.0.0";  // Reachable as any 127.x.y.z.
-  env.incarnation = kIncarnation;
-  metadata::TransportEndpoint ep;
-  ASSERT_OK(target->Install(env, &ep));
-  MemoryRegion r;
-  r.addr = reinterpret_cast<uintptr_t>(target_buf_.data() + 4096);
-  r.length = 4096;
-  r.remote_accessible = true;
-  metadata::Buffer published;
-  ASSERT_OK(target->RegisterMemory(r, &published));
-  auto hp = ParseHostPort(ep.address());
-  ASSERT_OK(hp);
+  const uint64_t addr = Remote(4096);
+  ASSERT_OK_AND_ASSIGN(WildcardTarget target,
+                       StartWildcardTarget("t2", addr, 4096));
   const int threads_before = ::ferry::testing::ThreadCount();
   const int fds_before = ::ferry::testing::OpenFds();
   uint64_t max_peers = 0;
   for (int i = 0; i < 1000; ++i) {
     metadata::SegmentDescriptor d = view_->descriptor();
-    d.mutable_transports(0)->set_address(
-        absl::StrCat("127.0.", 1 + i / 250, ".", 1 + i % 250, ":", hp->port));
-    d.mutable_buffers(0)->set_tcp_key(published.tcp_key());
+    d.mutable_transports(0)->set_address(absl::StrCat(
+        "127.0.", 1 + i / 250, ".", 1 + i % 250, ":", target.port));
+    d.mutable_buffers(0)->set_tcp_key(target.key);
     auto view = SegmentView::Create(d);
     ASSERT_OK(view);
     RecordingSink sink;
     uint64_t src = 0x1234567800000000ull + i, dst = 0;
-    Slice w = MakeSlice(OpCode::kWrite, &src, r.addr + 8 * (i % 64), 8);
-    w.target = view->get();
+    Slice w =
+        MakeSliceTo(view->get(), OpCode::kWrite, &src, addr + 8 * (i % 64), 8);
     w.sink = &sink;
-    Slice* ws[] = {&w};
-    initiator_->Submit(ws);
+    initiator_->Submit({&w});
     ASSERT_EQ(sink.Wait(1, absl::Seconds(10)).size(), 1u);
-    Slice rd = MakeSlice(OpCode::kRead, &dst, r.addr + 8 * (i % 64), 8);
-    rd.target = view->get();
+    Slice rd =
+        MakeSliceTo(view->get(), OpCode::kRead, &dst, addr + 8 * (i % 64), 8);
     rd.sink = &sink;
-    Slice* rs[] = {&rd};
-    initiator_->Submit(rs);
+    initiator_->Submit({&rd});
     auto st = sink.Wait(2, absl::Seconds(10));
     ASSERT_EQ(st.size(), 2u);
     ASSERT_OK(st[0]);
@@ -774,16 +804,16 @@ TEST_F(TcpTransportTest, ThousandPeersOpenedAndClosedLeaveNothing) {
   const absl::Time end = absl::Now() + absl::Seconds(10);
   while (absl::Now() < end &&
          (initiator_->Stats().peers > 0 || initiator_->Stats().endpoints > 0 ||
-          target->Stats().endpoints > 0 ||
+          target.transport->Stats().endpoints > 0 ||
           ::ferry::testing::OpenFds() > fds_before + 2)) {
     absl::SleepFor(absl::Milliseconds(10));
   }
   EXPECT_EQ(initiator_->Stats().peers, 0u);
   EXPECT_EQ(initiator_->Stats().endpoints, 0u);
-  EXPECT_EQ(target->Stats().endpoints, 0u);
+  EXPECT_EQ(target.transport->Stats().endpoints, 0u);
   EXPECT_LE(::ferry::testing::OpenFds(), fds_before + 2);
   EXPECT_LE(::ferry::testing::ThreadCount(), threads_before + 2);
-  target->Shutdown();
+  target.transport->Shutdown();
 }
 
 // The 65th connection from one address is refused (default cap 64); the
@@ -810,28 +840,14 @@ TEST_F(TcpTransportTest, ConnectionsPerAddressAreCapped) {
 TEST_F(TcpTransportTest, PeerPoolsAreBoundedLru) {
   TransportOptions opts;
   opts.tcp.max_peers = 4;
-  auto initiator = std::make_unique<TcpTransport>(opts);
-  TransportEnv env;
-  env.local_segment = "i2";
-  env.listen_host = "127.0.0.1";
-  metadata::TransportEndpoint ep;
-  ASSERT_OK(initiator->Install(env, &ep));
-  auto target = std::make_unique<TcpTransport>(TransportOptions());
-  env.listen_host = "0.0.0.0";
-  env.incarnation = kIncarnation;
-  ASSERT_OK(target->Install(env, &ep));
-  MemoryRegion r;
-  r.addr = reinterpret_cast<uintptr_t>(target_buf_.data());
-  r.length = 4096;
-  r.remote_accessible = true;
-  metadata::Buffer published;
-  ASSERT_OK(target->RegisterMemory(r, &published));
-  auto hp = ParseHostPort(ep.address());
-  ASSERT_OK(hp);
+  ASSERT_OK_AND_ASSIGN(auto initiator, Installed(opts, "i2"));
+  const uint64_t addr = Remote(0);
+  ASSERT_OK_AND_ASSIGN(WildcardTarget target,
+                       StartWildcardTarget("i2", addr, 4096));
   auto view_at = [&](const std::string& address) {
     metadata::SegmentDescriptor d = view_->descriptor();
     d.mutable_transports(0)->set_address(address);
-    d.mutable_buffers(0)->set_tcp_key(published.tcp_key());
+    d.mutable_buffers(0)->set_tcp_key(target.key);
     return *SegmentView::Create(d);
   };
   // Each peer's slice, sink and view live to the end of the test, so that
@@ -844,14 +860,13 @@ TEST_F(TcpTransportTest, PeerPoolsAreBoundedLru) {
   std::vector<uint64_t> peer_bufs(kPeers);
   for (int i = 0; i < kPeers; ++i) {
     peer_views.push_back(
-        view_at(absl::StrCat("127.0.2.", i + 1, ":", hp->port)));
+        view_at(absl::StrCat("127.0.2.", i + 1, ":", target.port)));
     peer_sinks.push_back(std::make_unique<RecordingSink>());
     Slice& s = peer_slices[i];
-    s = MakeSlice(OpCode::kRead, &peer_bufs[i], r.addr, 8);
-    s.target = peer_views.back().get();
+    s = MakeSliceTo(peer_views.back().get(), OpCode::kRead, &peer_bufs[i], addr,
+                    8);
     s.sink = peer_sinks.back().get();
-    Slice* ss[] = {&s};
-    initiator->Submit(ss);
+    initiator->Submit({&s});
     auto st = peer_sinks.back()->Wait(1, absl::Seconds(10));
     ASSERT_EQ(st.size(), 1u);
     ASSERT_OK(st[0]);
@@ -870,28 +885,24 @@ TEST_F(TcpTransportTest, PeerPoolsAreBoundedLru) {
     ASSERT_OK(l);
     silent.push_back(std::move(*l));
     views.push_back(view_at(absl::StrCat("127.0.0.1:", port)));
-    busy[i] = MakeSlice(OpCode::kRead, &bufs[i], r.addr, 8);
-    busy[i].target = views.back().get();
+    busy[i] = MakeSliceTo(views.back().get(), OpCode::kRead, &bufs[i], addr, 8);
     busy[i].sink = &busy_sink;
-    Slice* ss[] = {&busy[i]};
-    initiator->Submit(ss);
+    initiator->Submit({&busy[i]});
   }
   // ...so a fifth is refused at once, naming the limit.
-  auto fifth = view_at(absl::StrCat("127.0.3.1:", hp->port));
+  auto fifth = view_at(absl::StrCat("127.0.3.1:", target.port));
   RecordingSink sink;
   uint64_t v = 0;
-  Slice s = MakeSlice(OpCode::kRead, &v, r.addr, 8);
-  s.target = fifth.get();
+  Slice s = MakeSliceTo(fifth.get(), OpCode::kRead, &v, addr, 8);
   s.sink = &sink;
-  Slice* ss[] = {&s};
-  initiator->Submit(ss);
+  initiator->Submit({&s});
   auto st = sink.Wait(1, absl::Seconds(5));
   ASSERT_EQ(st.size(), 1u);
   EXPECT_STATUS(st[0], absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(absl::StrContains(st[0].message(), "max_peers")) << st[0];
   initiator->Shutdown();  // Cancels the four.
   EXPECT_EQ(busy_sink.Wait(4, absl::Seconds(5)).size(), 4u);
-  target->Shutdown();
+  target.transport->Shutdown();
   for (int i = 0; i < kPeers; ++i) {
     EXPECT_EQ(peer_sinks[i]->count(&peer_slices[i]), 1) << "peer " << i;
     EXPECT_EQ(peer_sinks[i]->Wait(0).size(), 1u) << "peer " << i;
@@ -903,34 +914,26 @@ TEST_F(TcpTransportTest, PeerPoolsAreBoundedLru) {
 // no longer than the connect timeout, then the peer is backed off.
 TEST_F(TcpTransportSimTest, UnansweredConnectTimesOutAndBacksOff) {
   ASSERT_OK_AND_ASSIGN(testing::BlackHole hole_peer, testing::StartBlackHole());
-  const uint16_t port = hole_peer.port;
   TransportOptions opts;
   opts.connect_timeout = absl::Seconds(3);
   opts.tcp.backoff_min = absl::Seconds(5);
   ASSERT_OK_AND_ASSIGN(auto initiator, Installed(opts, "i3", &sim_));
-  auto hole = ViewWithPort(port);
+  auto hole = ViewWithPort(hole_peer.port);
   char buf[8];
-  Slice s = MakeSlice(OpCode::kRead, buf, Remote(0), 8);
-  s.target = hole.get();
-  s.deadline = sim_.Now() + absl::Seconds(30);
-  Slice* ss[] = {&s};
-  initiator->Submit(ss);
+  Slice s = ReadSliceTo(hole.get(), buf, absl::Seconds(30));
+  initiator->Submit({&s});
   // The connect started at the current simulated time.
   ASSERT_TRUE(ConnectsStarted(*initiator, 1));
-  sim_.Advance(opts.connect_timeout);
-  EXPECT_TRUE(NothingCompleted()) << "gave up before connect_timeout";
-  sim_.Advance(kDeadlineTick);
-  auto st = sink_.Wait(1, absl::Seconds(10));
+  auto st = CompletionsAfter(sim_.Now() + opts.connect_timeout,
+                             "gave up before connect_timeout");
   ASSERT_EQ(st.size(), 1u);
   EXPECT_STATUS(st[0], absl::StatusCode::kUnavailable);
   EXPECT_TRUE(absl::StrContains(st[0].message(), "no answer within")) << st[0];
   // Backed off for backoff_min: until then a slice fails at once, without
   // a connect.
   sim_.Advance(opts.tcp.backoff_min - absl::Milliseconds(1));
-  Slice s2 = MakeSlice(OpCode::kRead, buf, Remote(0), 8);
-  s2.target = hole.get();
-  Slice* ss2[] = {&s2};
-  initiator->Submit(ss2);
+  Slice s2 = MakeSliceTo(hole.get(), OpCode::kRead, buf, Remote(0), 8);
+  initiator->Submit({&s2});
   st = sink_.Wait(2, absl::Seconds(10));
   ASSERT_EQ(st.size(), 2u);
   EXPECT_STATUS(st[1], absl::StatusCode::kUnavailable);
@@ -939,10 +942,8 @@ TEST_F(TcpTransportSimTest, UnansweredConnectTimesOutAndBacksOff) {
   EXPECT_EQ(stats.fast_failures, 1u);
   // Then the next slice tries again.
   sim_.Advance(absl::Milliseconds(1));
-  Slice s3 = MakeSlice(OpCode::kRead, buf, Remote(0), 8);
-  s3.target = hole.get();
-  Slice* ss3[] = {&s3};
-  initiator->Submit(ss3);
+  Slice s3 = MakeSliceTo(hole.get(), OpCode::kRead, buf, Remote(0), 8);
+  initiator->Submit({&s3});
   EXPECT_TRUE(ConnectsStarted(*initiator, 2));
   initiator->Shutdown();  // Cancels s3.
   EXPECT_EQ(sink_.Wait(3, absl::Seconds(10)).size(), 3u);
@@ -981,18 +982,16 @@ class FreeingSink : public SliceSink {
 // its memory is not read after the sink freed it (ASan).
 TEST_F(TcpTransportSimTest, SliceOutOfAttemptsIsNotTouchedAfterCompletion) {
   ASSERT_OK_AND_ASSIGN(testing::BlackHole hole_peer, testing::StartBlackHole());
-  const uint16_t port = hole_peer.port;
   TransportOptions opts;
   ASSERT_OK_AND_ASSIGN(auto initiator, Installed(opts, "i4", &sim_));
-  auto hole = ViewWithPort(port);
+  auto hole = ViewWithPort(hole_peer.port);
   FreeingSink sink;
   static char buf[8];
-  auto* s = new Slice(MakeSlice(OpCode::kRead, buf, Remote(0), 8));
-  s->target = hole.get();
+  auto* s =
+      new Slice(MakeSliceTo(hole.get(), OpCode::kRead, buf, Remote(0), 8));
   s->sink = &sink;
   s->attempts = 3;
-  Slice* ss[] = {s};
-  initiator->Submit(ss);
+  initiator->Submit({s});
   ASSERT_TRUE(ConnectsStarted(*initiator, 1));
   sim_.Advance(opts.connect_timeout + kDeadlineTick);
   auto st = sink.Wait(1, absl::Seconds(10));
@@ -1005,17 +1004,11 @@ TEST_F(TcpTransportSimTest, SliceOutOfAttemptsIsNotTouchedAfterCompletion) {
 // ClosePeer on a busy peer fails nothing: the slice ends on its own (here
 // at its deadline), then the pool goes.
 TEST_F(TcpTransportSimTest, ClosePeerWaitsForSlicesInFlight) {
-  uint16_t port = 0;
-  auto listener = ListenTcp("127.0.0.1", 0, &port);  // Never answers.
-  ASSERT_OK(listener);
-  auto silent = ViewWithPort(port);
+  ASSERT_OK_AND_ASSIGN(SilentPeer silent, StartSilentPeer());
   char buf[8];
-  Slice s = MakeSlice(OpCode::kRead, buf, Remote(0), 8);
-  s.target = silent.get();
-  s.deadline = sim_.Now() + absl::Seconds(2);
-  Slice* ss[] = {&s};
-  initiator_->Submit(ss);
-  initiator_->ClosePeer(*silent);
+  Slice s = ReadSliceTo(silent.view.get(), buf, absl::Seconds(2));
+  initiator_->Submit({&s});
+  initiator_->ClosePeer(*silent.view);
   EXPECT_EQ(initiator_->Stats().peers, 1u);  // Still busy.
   EXPECT_TRUE(NothingCompleted());
   sim_.Advance(absl::Seconds(2) + kDeadlineTick);
@@ -1046,16 +1039,13 @@ UniqueFd AcceptWithin(int listener, absl::Duration timeout) {
 // the last slice retires the pool there. Nothing may touch the pool after
 // that (ASan saw a use-after-free here).
 TEST_F(TcpTransportSimTest, ClosedPeerDroppingConnectionWithSliceOnWire) {
-  uint16_t port = 0;
-  auto listener = ListenTcp("127.0.0.1", 0, &port);
-  ASSERT_OK(listener);
-  auto silent = ViewWithPort(port);
+  ASSERT_OK_AND_ASSIGN(SilentPeer peer, StartSilentPeer());
+  const SegmentView* silent = peer.view.get();
+  const int listener = peer.listener.get();
   char buf[8];
-  Slice s = MakeSlice(OpCode::kRead, buf, Remote(0), 8);
-  s.target = silent.get();
-  Slice* ss[] = {&s};
-  initiator_->Submit(ss);
-  UniqueFd conn = AcceptWithin(listener->get(), absl::Seconds(5));
+  Slice s = MakeSliceTo(silent, OpCode::kRead, buf, Remote(0), 8);
+  initiator_->Submit({&s});
+  UniqueFd conn = AcceptWithin(listener, absl::Seconds(5));
   ASSERT_TRUE(conn.valid());
   uint8_t hdr[kRequestHeaderBytes];
   SetRecvTimeout(conn.get(), absl::Seconds(5));
@@ -1065,12 +1055,9 @@ TEST_F(TcpTransportSimTest, ClosedPeerDroppingConnectionWithSliceOnWire) {
   // loop, posted after ClosePeer's task: once its connection arrives, the
   // old pool is closing for sure.
   char buf2[8];
-  Slice s2 = MakeSlice(OpCode::kRead, buf2, Remote(0), 8);
-  s2.target = silent.get();
-  s2.deadline = sim_.Now() + absl::Seconds(1);
-  Slice* ss2[] = {&s2};
-  initiator_->Submit(ss2);
-  UniqueFd conn2 = AcceptWithin(listener->get(), absl::Seconds(5));
+  Slice s2 = ReadSliceTo(silent, buf2, absl::Seconds(1));
+  initiator_->Submit({&s2});
+  UniqueFd conn2 = AcceptWithin(listener, absl::Seconds(5));
   ASSERT_TRUE(conn2.valid());
   conn.Reset();  // The peer drops the first connection.
   ASSERT_EQ(sink_.Wait(1, absl::Seconds(10)).size(), 1u);
@@ -1089,19 +1076,12 @@ TEST_F(TcpTransportSimTest, ClosedPeerDroppingConnectionWithSliceOnWire) {
 // check after its deadline, not when the connect times out.
 TEST_F(TcpTransportSimTest, DeadlineHoldsWhileConnecting) {
   ASSERT_OK_AND_ASSIGN(testing::BlackHole hole_peer, testing::StartBlackHole());
-  const uint16_t port = hole_peer.port;
-  auto hole = ViewWithPort(port);
+  auto hole = ViewWithPort(hole_peer.port);
   char buf[8];
-  Slice s = MakeSlice(OpCode::kRead, buf, Remote(0), 8);
-  s.target = hole.get();
-  s.deadline = sim_.Now() + absl::Milliseconds(500);
-  Slice* ss[] = {&s};
-  initiator_->Submit(ss);
+  Slice s = ReadSliceTo(hole.get(), buf, absl::Milliseconds(500));
+  initiator_->Submit({&s});
   ASSERT_TRUE(ConnectsStarted(*initiator_, 1));
-  sim_.AdvanceTo(s.deadline);
-  EXPECT_TRUE(NothingCompleted()) << "ended before its deadline";
-  sim_.Advance(kDeadlineTick);
-  auto st = sink_.Wait(1, absl::Seconds(10));
+  auto st = CompletionsAfter(s.deadline, "ended before its deadline");
   ASSERT_EQ(st.size(), 1u);
   EXPECT_STATUS(st[0], absl::StatusCode::kDeadlineExceeded);
 }
@@ -1116,11 +1096,8 @@ TEST_F(TcpTransportTest, ClosePeerDuringFastFailureReleasesThePool) {
   opts.tcp.backoff_min = absl::Seconds(30);  // Backed off all test long.
   opts.tcp.backoff_max = absl::Seconds(30);
   ASSERT_OK_AND_ASSIGN(auto initiator, Installed(opts, "i5"));
-  uint16_t port_p = 0, port_q = 0;
-  { auto l = ListenTcp("127.0.0.1", 0, &port_p); }  // Closed: refused.
-  { auto l = ListenTcp("127.0.0.1", 0, &port_q); }
-  auto p = ViewWithPort(port_p);
-  auto q = ViewWithPort(port_q);
+  auto p = ViewWithPort(RefusingPort());
+  auto q = ViewWithPort(RefusingPort());
   CountingSink sink;
   char buf[8];
   int expected = 0;
@@ -1135,22 +1112,19 @@ TEST_F(TcpTransportTest, ClosePeerDuringFastFailureReleasesThePool) {
   std::vector<Slice> batch(kBatch + 1);
   std::vector<Slice*> ptrs;
   for (int i = 0; i <= kBatch; ++i) {
-    batch[i] = MakeSlice(OpCode::kRead, buf, Remote(0), 8);
-    batch[i].target = i < kBatch ? q.get() : p.get();
+    batch[i] = MakeSliceTo(i < kBatch ? q.get() : p.get(), OpCode::kRead, buf,
+                           Remote(0), 8);
     batch[i].sink = &sink;
     ptrs.push_back(&batch[i]);
   }
   for (int round = 0; round < 5; ++round) {
     // Both peers refuse once, so both are backed off (p's pool is new
     // every round).
-    Slice warm[2] = {MakeSlice(OpCode::kRead, buf, Remote(0), 8),
-                     MakeSlice(OpCode::kRead, buf, Remote(0), 8)};
-    warm[0].target = p.get();
-    warm[1].target = q.get();
+    Slice warm[2] = {MakeSliceTo(p.get(), OpCode::kRead, buf, Remote(0), 8),
+                     MakeSliceTo(q.get(), OpCode::kRead, buf, Remote(0), 8)};
     for (Slice& w : warm) {
       w.sink = &sink;
-      Slice* ws[] = {&w};
-      initiator->Submit(ws);
+      initiator->Submit({&w});
       ++expected;
       ASSERT_TRUE(wait_done());
     }
