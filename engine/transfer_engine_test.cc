@@ -15,6 +15,7 @@
 #include "common/identity.h"
 #include "common/simulated_clock.h"
 #include "common/socket_util.h"
+#include "common/status_macros.h"
 #include "common/status_testing.h"
 #include "gtest/gtest.h"
 #include "metadata/grpc_status.h"
@@ -42,36 +43,94 @@ TransferRequest ReqTo(OpCode op, SegmentHandle target, void* local,
 // 20 s and freed) and returns how it ended.
 absl::StatusOr<BatchStatus> RunBatch(TransferEngine& e,
                                      const std::vector<TransferRequest>& reqs) {
-  auto batch = e.AllocateBatch(reqs.size());
-  if (!batch.ok()) return batch.status();
-  if (absl::Status s = e.SubmitTransfer(*batch, reqs); !s.ok()) return s;
-  auto st = e.WaitBatch(*batch, absl::Seconds(20));
-  if (absl::Status s = e.FreeBatch(*batch); !s.ok() && st.ok()) return s;
+  FERRY_ASSIGN_OR_RETURN(BatchId batch, e.AllocateBatch(reqs.size()));
+  FERRY_RETURN_IF_ERROR(e.SubmitTransfer(batch, reqs));
+  auto st = e.WaitBatch(batch, absl::Seconds(20));
+  if (absl::Status s = e.FreeBatch(batch); !s.ok() && st.ok()) return s;
   return st;
 }
 
-// Starts `first`, named `a`, on loopback with the embedded metadata
-// service, and `second`, named `b`, using it.
-void StartLoopbackPair(const std::string& a, TransferEngine* first,
-                       const std::string& b, TransferEngine* second) {
+// Options for an engine named `name` that listens on `listen_host` (""
+// lets Init choose, as EngineOptions does).
+EngineOptions Named(const std::string& name,
+                    const std::string& listen_host = "") {
   EngineOptions o;
-  o.local_segment_name = a;
+  o.local_segment_name = name;
+  o.listen_host = listen_host;
+  return o;
+}
+
+// `base` for an engine named `name` that uses `md`'s metadata service.
+EngineOptions Joining(const std::string& name, const TransferEngine& md,
+                      EngineOptions base = EngineOptions()) {
+  base.local_segment_name = name;
+  base.metadata_endpoint = md.metadata_address();
+  return base;
+}
+
+// P2PHANDSHAKE on loopback: no metadata service, and each engine named by
+// its RPC address.
+EngineOptions P2pOnLoopback() {
+  EngineOptions o;
+  o.metadata_endpoint = "P2PHANDSHAKE";
   o.listen_host = "127.0.0.1";
-  ASSERT_OK(first->Init(o));
-  o.local_segment_name = b;
-  o.metadata_endpoint = first->metadata_address();
-  ASSERT_OK(second->Init(o));
+  return o;
+}
+
+// Starts `first`, named `a`, on `loopback` with the embedded metadata
+// service, and `second`, named `b`, using it; both with `base` otherwise.
+void StartLoopbackPair(const std::string& a, TransferEngine* first,
+                       const std::string& b, TransferEngine* second,
+                       EngineOptions base = EngineOptions(),
+                       const std::string& loopback = "127.0.0.1") {
+  base.local_segment_name = a;
+  base.listen_host = loopback;
+  ASSERT_OK(first->Init(base));
+  ASSERT_OK(second->Init(Joining(b, *first, base)));
+}
+
+// Starts `target` and `initiator` under P2PHANDSHAKE on loopback.
+void StartP2pPair(TransferEngine* target, TransferEngine* initiator) {
+  ASSERT_OK(target->Init(P2pOnLoopback()));
+  ASSERT_OK(initiator->Init(P2pOnLoopback()));
+}
+
+// Registers `local` on `member`, opens segment `target` (into *h where
+// given) and READs all of `remote`, a buffer registered there, into it;
+// the batch must complete.
+void ReadWhole(TransferEngine& member, const std::string& target,
+               std::vector<uint8_t>& local, const std::vector<uint8_t>& remote,
+               SegmentHandle* h = nullptr) {
+  ASSERT_OK(member.RegisterLocalMemory(local.data(), local.size()));
+  ASSERT_OK_AND_ASSIGN(SegmentHandle seg, member.OpenSegment(target));
+  if (h != nullptr) *h = seg;
+  ASSERT_OK_AND_ASSIGN(BatchStatus st,
+                       RunBatch(member, {ReqTo(OpCode::kRead, seg, local.data(),
+                                               remote.data(), remote.size())}));
+  EXPECT_EQ(st.state, TransferState::kCompleted) << st.first_error;
+}
+
+// Sends notification `name`, `message`, from `sender` to `h` until one
+// is refused, at most 100 times; returns how many went through, and the
+// refusal in *refusal.
+int SendUntilRefused(TransferEngine& sender, SegmentHandle h,
+                     const std::string& name, const std::string& message,
+                     absl::Status* refusal) {
+  int sent = 0;
+  absl::Status s;
+  for (int i = 0; i < 100 && s.ok(); ++i) {
+    s = sender.SendNotification(h, name, message);
+    if (s.ok()) ++sent;
+  }
+  *refusal = s;
+  return sent;
 }
 
 class EngineTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    EngineOptions a;
-    a.local_segment_name = "a";
-    ASSERT_OK(a_.Init(a));
-    EngineOptions b;
-    b.local_segment_name = "b";
-    b.metadata_endpoint = a_.metadata_address();
+    ASSERT_OK(a_.Init(Named("a")));
+    EngineOptions b = Joining("b", a_);
     b.transfer_timeout = absl::Seconds(2);
     ASSERT_OK(b_.Init(b));
     remote_.assign(1 << 20, 0);
@@ -138,9 +197,7 @@ TEST_F(EngineTest, WriteAndReadManyRequests) {
 // A second engine started with a live engine's name fails, takes nothing
 // over, and removes nothing when it goes: peers still reach the first.
 TEST_F(EngineTest, ATakenSegmentNameFailsInitAndOrphansNobody) {
-  EngineOptions o;
-  o.local_segment_name = "c";
-  o.metadata_endpoint = a_.metadata_address();
+  EngineOptions o = Joining("c", a_);
   TransferEngine first;
   ASSERT_OK(first.Init(o));
   // The second waits for the name on a SimulatedClock, so no real time
@@ -182,8 +239,7 @@ TEST_F(EngineTest, ATakenSegmentNameFailsInitAndOrphansNobody) {
 TEST(EngineClockTest, EmbeddedServiceExpiresLeasesOnTheEngineClock) {
   SimulatedClock clock;  // Outlives the engine.
   TransferEngine a;
-  EngineOptions o;
-  o.local_segment_name = "a";
+  EngineOptions o = Named("a");
   o.clock = &clock;
   ASSERT_OK(a.Init(o));
   metadata::SegmentDescriptor d;
@@ -208,12 +264,8 @@ TEST(EngineClockTest, EmbeddedServiceExpiresLeasesOnTheEngineClock) {
 TEST(EngineP2pTest, TransfersWithoutAMetadataService) {
   std::vector<uint8_t> remote(1 << 16, 0x3c), local(1 << 16, 0);
   std::vector<uint8_t> late(4096, 0x7e);
-  EngineOptions o;
-  o.metadata_endpoint = "P2PHANDSHAKE";
-  o.listen_host = "127.0.0.1";
   TransferEngine target, initiator;
-  ASSERT_OK(target.Init(o));
-  ASSERT_OK(initiator.Init(o));
+  ASSERT_NO_FATAL_FAILURE(StartP2pPair(&target, &initiator));
   auto hp = ParseHostPort(target.local_segment_name());
   ASSERT_OK(hp);
   EXPECT_EQ(hp->host, "127.0.0.1");
@@ -250,12 +302,8 @@ TEST(EngineP2pTest, TransfersWithoutAMetadataService) {
 // and succeeds.
 TEST(EngineP2pTest, ARefusedKeyRefreshesTheDescriptor) {
   std::vector<uint8_t> remote(4096, 0x3c), local(4096, 0);
-  EngineOptions o;
-  o.metadata_endpoint = "P2PHANDSHAKE";
-  o.listen_host = "127.0.0.1";
   TransferEngine target, initiator;
-  ASSERT_OK(target.Init(o));
-  ASSERT_OK(initiator.Init(o));
+  ASSERT_NO_FATAL_FAILURE(StartP2pPair(&target, &initiator));
   ASSERT_OK(
       target.RegisterLocalMemory(remote.data(), remote.size(), "cpu:0", true));
   ASSERT_OK(initiator.RegisterLocalMemory(local.data(), local.size()));
@@ -313,18 +361,14 @@ TEST_F(EngineTest, ChangesAfterOpenArePushed) {
 // cannot join; one with it publishes, opens and moves data.
 TEST(EngineAuthTest, OnlyEnginesWithTheTokenJoin) {
   const std::string token = "kv-cluster-7f3a9c2e51d0";
-  EngineOptions o;
-  o.local_segment_name = "auth-md";
-  o.listen_host = "127.0.0.1";
+  EngineOptions o = Named("auth-md", "127.0.0.1");
   o.auth_token = token;
   TransferEngine md;
   ASSERT_OK(md.Init(o));
   std::vector<uint8_t> remote(4096, 0x42), local(4096, 0);
   ASSERT_OK(
       md.RegisterLocalMemory(remote.data(), remote.size(), "cpu:0", true));
-  EngineOptions peer = o;
-  peer.local_segment_name = "auth-peer";
-  peer.metadata_endpoint = md.metadata_address();
+  EngineOptions peer = Joining("auth-peer", md, o);
   for (const std::string& wrong : {std::string(), token + "0"}) {
     peer.auth_token = wrong;
     TransferEngine intruder;
@@ -337,12 +381,7 @@ TEST(EngineAuthTest, OnlyEnginesWithTheTokenJoin) {
   peer.auth_token = token;
   TransferEngine member;
   ASSERT_OK(member.Init(peer));
-  ASSERT_OK(member.RegisterLocalMemory(local.data(), local.size()));
-  ASSERT_OK_AND_ASSIGN(SegmentHandle h, member.OpenSegment("auth-md"));
-  ASSERT_OK_AND_ASSIGN(BatchStatus st,
-                       RunBatch(member, {ReqTo(OpCode::kRead, h, local.data(),
-                                               remote.data(), remote.size())}));
-  EXPECT_EQ(st.state, TransferState::kCompleted) << st.first_error;
+  ASSERT_NO_FATAL_FAILURE(ReadWhole(member, "auth-md", local, remote));
   EXPECT_EQ(local[100], 0x42);
 }
 
@@ -355,14 +394,10 @@ TEST(EngineAuthTest, TheEnvironmentGivesTheToken) {
     ~Unset() { ::unsetenv("FERRY_AUTH_TOKEN"); }
   } unset;
   ::setenv("FERRY_AUTH_TOKEN", token.c_str(), 1);
-  EngineOptions o;
-  o.local_segment_name = "env-md";
-  o.listen_host = "127.0.0.1";
+  EngineOptions o = Named("env-md", "127.0.0.1");
   TransferEngine md;
   ASSERT_OK(md.Init(o));
-  EngineOptions peer = o;
-  peer.local_segment_name = "env-peer";
-  peer.metadata_endpoint = md.metadata_address();
+  EngineOptions peer = Joining("env-peer", md, o);
   TransferEngine member;
   ASSERT_OK(member.Init(peer));
   ASSERT_OK(member.OpenSegment("env-md").status());
@@ -404,17 +439,13 @@ TEST(EngineTlsTest, OnlyEnginesWithACertificateJoin) {
     o.tls_key_file = f.key_file;
     return o;
   };
-  EngineOptions o;
-  o.local_segment_name = "tls-md";
-  o.listen_host = "127.0.0.1";
+  EngineOptions o = Named("tls-md", "127.0.0.1");
   TransferEngine md;
   ASSERT_OK(md.Init(with(o, pki.node)));
   std::vector<uint8_t> remote(4096, 0x42), local(4096, 0);
   ASSERT_OK(
       md.RegisterLocalMemory(remote.data(), remote.size(), "cpu:0", true));
-  EngineOptions peer = o;
-  peer.local_segment_name = "tls-peer";
-  peer.metadata_endpoint = md.metadata_address();
+  EngineOptions peer = Joining("tls-peer", md, o);
   peer.rpc_timeout = absl::Seconds(2);
   {
     TransferEngine plain;
@@ -428,12 +459,8 @@ TEST(EngineTlsTest, OnlyEnginesWithACertificateJoin) {
   }
   TransferEngine member;
   ASSERT_OK(member.Init(with(peer, pki.node)));
-  ASSERT_OK(member.RegisterLocalMemory(local.data(), local.size()));
-  ASSERT_OK_AND_ASSIGN(SegmentHandle h, member.OpenSegment("tls-md"));
-  ASSERT_OK_AND_ASSIGN(BatchStatus st,
-                       RunBatch(member, {ReqTo(OpCode::kRead, h, local.data(),
-                                               remote.data(), remote.size())}));
-  EXPECT_EQ(st.state, TransferState::kCompleted) << st.first_error;
+  SegmentHandle h = 0;
+  ASSERT_NO_FATAL_FAILURE(ReadWhole(member, "tls-md", local, remote, &h));
   EXPECT_EQ(local[100], 0x42);
   ASSERT_OK(member.SendNotification(h, "kv-ready", "over tls"));
   auto got = md.GetNotifications();
@@ -442,16 +469,9 @@ TEST(EngineTlsTest, OnlyEnginesWithACertificateJoin) {
   EXPECT_EQ(got[0].sender_address, "ipv4:127.0.0.1");
   // Over IPv6 (gRPC's own TLS listener names such peers percent-encoded):
   // the sender is still seen, and verified.
-  EngineOptions o6 = with(o, pki.node);
-  o6.local_segment_name = "tls-md6";
-  o6.listen_host = "::1";
-  TransferEngine md6;
-  ASSERT_OK(md6.Init(o6));
-  EngineOptions p6 = o6;
-  p6.local_segment_name = "tls-peer6";
-  p6.metadata_endpoint = md6.metadata_address();
-  TransferEngine member6;
-  ASSERT_OK(member6.Init(p6));
+  TransferEngine md6, member6;
+  ASSERT_NO_FATAL_FAILURE(StartLoopbackPair(
+      "tls-md6", &md6, "tls-peer6", &member6, with(o, pki.node), "::1"));
   ASSERT_OK_AND_ASSIGN(SegmentHandle h6, member6.OpenSegment("tls-md6"));
   ASSERT_OK(member6.SendNotification(h6, "kv-ready", "over tls, ipv6"));
   got = md6.GetNotifications();
@@ -678,24 +698,14 @@ TEST_F(EngineTest, Notifications) {
 // receiver takes its notifications the sender may send again.
 TEST(EngineNotifyTest, EachSenderHasAShareOfTheQueue) {
   EngineOptions o;
-  o.local_segment_name = "receiver";
-  o.listen_host = "127.0.0.1";
   o.max_queued_notification_bytes_per_sender = 256 << 10;
-  TransferEngine receiver;
-  ASSERT_OK(receiver.Init(o));
-  EngineOptions so = o;
-  so.local_segment_name = "flooder";
-  so.metadata_endpoint = receiver.metadata_address();
-  TransferEngine flooder;
-  ASSERT_OK(flooder.Init(so));
+  TransferEngine receiver, flooder;
+  ASSERT_NO_FATAL_FAILURE(
+      StartLoopbackPair("receiver", &receiver, "flooder", &flooder, o));
   ASSERT_OK_AND_ASSIGN(SegmentHandle h, flooder.OpenSegment("receiver"));
   const std::string chunk(60 << 10, 'f');
-  int sent = 0;
   absl::Status s;
-  for (int i = 0; i < 100 && s.ok(); ++i) {
-    s = flooder.SendNotification(h, "flood", chunk);
-    if (s.ok()) ++sent;
-  }
+  const int sent = SendUntilRefused(flooder, h, "flood", chunk, &s);
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
   EXPECT_NE(s.message().find("per sender"), std::string::npos) << s;
   EXPECT_EQ(sent, 4) << "4 x 60 KiB fit in 256 KiB";
@@ -708,28 +718,20 @@ TEST(EngineNotifyTest, EachSenderHasAShareOfTheQueue) {
 // share.
 TEST(EngineNotifyTest, EachSenderHasACountShareToo) {
   EngineOptions o;
-  o.local_segment_name = "receiver";
-  o.listen_host = "127.0.0.1";
   o.max_queued_notifications_per_sender = 5;
-  TransferEngine receiver;
-  ASSERT_OK(receiver.Init(o));
-  EngineOptions so = o;
-  so.local_segment_name = "flooder";
-  so.metadata_endpoint = receiver.metadata_address();
-  TransferEngine flooder;
-  ASSERT_OK(flooder.Init(so));
+  TransferEngine receiver, flooder;
+  ASSERT_NO_FATAL_FAILURE(
+      StartLoopbackPair("receiver", &receiver, "flooder", &flooder, o));
   ASSERT_OK_AND_ASSIGN(SegmentHandle h, flooder.OpenSegment("receiver"));
-  int sent = 0;
   absl::Status s;
-  for (int i = 0; i < 100 && s.ok(); ++i) {
-    s = flooder.SendNotification(h, "f", "x");
-    if (s.ok()) ++sent;
-  }
+  const int sent = SendUntilRefused(flooder, h, "f", "x", &s);
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
   EXPECT_NE(s.message().find("per sender"), std::string::npos) << s;
   EXPECT_EQ(sent, 5);
   EXPECT_EQ(receiver.GetNotifications().size(), 5u);
   EXPECT_OK(flooder.SendNotification(h, "f", "x"));
+  EngineOptions so = Joining("flooder", receiver, o);
+  so.listen_host = "127.0.0.1";
   so.max_queued_notifications_per_sender = 0;
   TransferEngine bad;
   EXPECT_EQ(bad.Init(so).code(), absl::StatusCode::kInvalidArgument);
@@ -744,9 +746,7 @@ TEST(EngineNotifyTest, EachSenderHasACountShareToo) {
 // refuse_unverified_notifications off such a notification is queued,
 // marked unverified; with the default it is refused.
 TEST(EngineNotifyTest, ClaimedSendersAreChecked) {
-  EngineOptions o;
-  o.local_segment_name = "decode-0";
-  o.listen_host = "127.0.0.1";
+  EngineOptions o = Named("decode-0", "127.0.0.1");
   o.refuse_unverified_notifications = false;
   TransferEngine receiver;
   ASSERT_OK(receiver.Init(o));
@@ -788,9 +788,7 @@ TEST(EngineNotifyTest, ClaimedSendersAreChecked) {
       owner.Notify(to, "prefill-0", "kv-ready", "layer=4", "decode-0", inc));
   ASSERT_OK(
       unsigned_client.Notify(to, "prefill-near", "kv-ready", "layer=7", "", 0));
-  EngineOptions so = o;
-  so.local_segment_name = "prefill-1";
-  so.metadata_endpoint = receiver.metadata_address();
+  EngineOptions so = Joining("prefill-1", receiver, o);
   TransferEngine sender;
   ASSERT_OK(sender.Init(so));
   ASSERT_OK_AND_ASSIGN(SegmentHandle h, sender.OpenSegment("decode-0"));
@@ -806,9 +804,7 @@ TEST(EngineNotifyTest, ClaimedSendersAreChecked) {
   EXPECT_TRUE(got[5].sender_verified) << "keyless, from its own host";
   EXPECT_TRUE(got[6].sender_verified) << "an engine signs its own";
 
-  EngineOptions strict = o;
-  strict.local_segment_name = "decode-1";
-  strict.metadata_endpoint = receiver.metadata_address();
+  EngineOptions strict = Joining("decode-1", receiver, o);
   strict.refuse_unverified_notifications =
       EngineOptions{}.refuse_unverified_notifications;
   ASSERT_TRUE(strict.refuse_unverified_notifications) << "the default";
@@ -927,9 +923,7 @@ TEST(EngineNotifyTest, ReplayedNotificationsAreRefused) {
 TEST(EngineNotifyTest, NotificationsFollowARestartedReceiver) {
   TransferEngine md, sender;
   ASSERT_NO_FATAL_FAILURE(StartLoopbackPair("md-0", &md, "prefill-0", &sender));
-  EngineOptions o;
-  o.local_segment_name = "decode-0";
-  o.listen_host = "127.0.0.1";
+  EngineOptions o = Named("decode-0", "127.0.0.1");
   o.metadata_endpoint = md.metadata_address();
   auto receiver = std::make_unique<TransferEngine>();
   ASSERT_OK(receiver->Init(o));
@@ -963,12 +957,8 @@ TEST(EngineNotifyTest, NotificationsFollowARestartedReceiver) {
 // matches, the claimed address is read for its key: a forger on the same
 // host (another key, or none) is refused, and the real sender verified.
 TEST(EngineNotifyTest, P2pNotificationsAreVerifiedByTheSendersKey) {
-  EngineOptions o;
-  o.metadata_endpoint = "P2PHANDSHAKE";
-  o.listen_host = "127.0.0.1";
   TransferEngine sender, receiver;
-  ASSERT_OK(sender.Init(o));
-  ASSERT_OK(receiver.Init(o));
+  ASSERT_NO_FATAL_FAILURE(StartP2pPair(&sender, &receiver));
   const std::string to = receiver.local_segment_name();
   ASSERT_OK_AND_ASSIGN(SegmentHandle h, sender.OpenSegment(to));
   ASSERT_OK(sender.SendNotification(h, "kv-ready", "real"));
@@ -993,9 +983,7 @@ TEST(EngineNotifyTest, P2pNotificationsAreVerifiedByTheSendersKey) {
 }
 
 TEST(EngineNotifyTest, NotificationsFollowARestartedReceiverP2p) {
-  EngineOptions o;
-  o.metadata_endpoint = "P2PHANDSHAKE";
-  o.listen_host = "127.0.0.1";
+  EngineOptions o = P2pOnLoopback();
   TransferEngine sender;
   ASSERT_OK(sender.Init(o));
   auto receiver = std::make_unique<TransferEngine>();
@@ -1076,9 +1064,7 @@ TEST_F(EngineTest, SilentPeerTimesOutAndBatchCannotBeFreedMeanwhile) {
   std::vector<uint8_t> local(64);
   SimulatedClock clock;  // Outlives the engine.
   TransferEngine c;
-  EngineOptions o;
-  o.local_segment_name = "c";
-  o.metadata_endpoint = a_.metadata_address();
+  EngineOptions o = Joining("c", a_);
   o.transfer_timeout = absl::Seconds(2);
   o.clock = &clock;
   ASSERT_OK(c.Init(o));
@@ -1128,12 +1114,8 @@ TEST_F(EngineTest, SilentPeerTimesOutAndBatchCannotBeFreedMeanwhile) {
 TEST(BatchCapacityTest, HugeCapacityAllocatesNothingUpFront) {
   std::vector<uint8_t> remote(1 << 20, 0), local(1 << 20, 7);
   TransferEngine target, initiator;
-  EngineOptions t;
-  t.local_segment_name = "cap-target";
-  ASSERT_OK(target.Init(t));
-  EngineOptions i;
-  i.local_segment_name = "cap-initiator";
-  i.metadata_endpoint = target.metadata_address();
+  ASSERT_OK(target.Init(Named("cap-target")));
+  EngineOptions i = Joining("cap-initiator", target);
   i.max_batch_capacity = size_t{1} << 40;
   ASSERT_OK(initiator.Init(i));
   ASSERT_OK(target.RegisterLocalMemory(remote.data(), remote.size()));
@@ -1181,12 +1163,8 @@ TEST(MrCacheTest, RegistersOnFirstUseAndEvictsUnderBudget) {
     return static_cast<uint8_t*>(arena) + k * kStride;
   };
   TransferEngine target, initiator;
-  EngineOptions t;
-  t.local_segment_name = "cache-target";
-  ASSERT_OK(target.Init(t));
-  EngineOptions i;
-  i.local_segment_name = "cache-initiator";
-  i.metadata_endpoint = target.metadata_address();
+  ASSERT_OK(target.Init(Named("cache-target")));
+  EngineOptions i = Joining("cache-initiator", target);
   i.mr_cache_bytes = 300 << 10;  // Room for two of the buffers below.
   ASSERT_OK(initiator.Init(i));
   ASSERT_OK(target.RegisterLocalMemory(remote.data(), remote.size()));
@@ -1245,8 +1223,7 @@ TEST(MrCacheTest, RegistersOnFirstUseAndEvictsUnderBudget) {
 
 TEST(EngineInitTest, UnreachableMetadataFailsFastWithClearError) {
   TransferEngine e;
-  EngineOptions o;
-  o.local_segment_name = "lonely";
+  EngineOptions o = Named("lonely");
   o.metadata_endpoint = "127.0.0.1:1";
   o.rpc_timeout = absl::Seconds(2);
   absl::Time start = absl::Now();
@@ -1303,9 +1280,7 @@ TEST(EngineInitTest, AdvertisedAddressIsRoutableAndExplained) {
     SCOPED_TRACE(
         absl::StrCat("listen '", c.listen, "' advertise '", c.advertise, "'"));
     TransferEngine e;
-    EngineOptions o;
-    o.local_segment_name = "adv";
-    o.listen_host = c.listen;
+    EngineOptions o = Named("adv", c.listen);
     o.advertise_host = c.advertise;
     ASSERT_OK(e.Init(o));
     const std::string host = e.advertised_host();
@@ -1334,17 +1309,11 @@ TEST(EngineInitTest, AdvertisedAddressIsRoutableAndExplained) {
 // transport on ::1, with bytes verified.
 TEST(EngineInitTest, TransfersOverIpv6) {
   TransferEngine target, initiator;
-  EngineOptions t;
-  t.local_segment_name = "v6-target";
-  t.listen_host = "::1";
+  EngineOptions t = Named("v6-target", "::1");
   ASSERT_OK(target.Init(t));
   EXPECT_EQ(target.metadata_address().rfind("[::1]:", 0), 0u)
       << target.metadata_address();
-  EngineOptions i;
-  i.local_segment_name = "v6-initiator";
-  i.listen_host = "::1";
-  i.metadata_endpoint = target.metadata_address();
-  ASSERT_OK(initiator.Init(i));
+  ASSERT_OK(initiator.Init(Joining("v6-initiator", target, t)));
   std::vector<uint8_t> remote(1 << 16, 0), local(1 << 16);
   std::iota(local.begin(), local.end(), 3);
   ASSERT_OK(
@@ -1370,9 +1339,7 @@ TEST(EngineInitTest, BadAddressesAreRefusedNamingTheOption) {
            {"192.0.2.1", "", "192.0.2.1"},  // Not ours: cannot bind.
        }) {
     TransferEngine e;
-    EngineOptions o;
-    o.local_segment_name = "bad";
-    o.listen_host = listen;
+    EngineOptions o = Named("bad", listen);
     o.advertise_host = advertise;
     absl::Status s = e.Init(o);
     EXPECT_FALSE(s.ok()) << listen << " / " << advertise;
@@ -1380,14 +1347,10 @@ TEST(EngineInitTest, BadAddressesAreRefusedNamingTheOption) {
   }
   // A metadata service named by host name is resolved once, at Init.
   TransferEngine md, e, bad;
-  EngineOptions mo;
-  mo.local_segment_name = "md";
-  mo.listen_host = "127.0.0.1";
+  EngineOptions mo = Named("md", "127.0.0.1");
   ASSERT_OK(md.Init(mo));
   ASSERT_OK_AND_ASSIGN(HostPort hp, ParseHostPort(md.metadata_address()));
-  EngineOptions o;
-  o.local_segment_name = "named";
-  o.listen_host = "127.0.0.1";
+  EngineOptions o = Named("named", "127.0.0.1");
   o.metadata_endpoint = JoinHostPort("localhost", hp.port);
   ASSERT_OK(e.Init(o));
   EXPECT_OK(e.OpenSegment("md").status());
@@ -1403,9 +1366,7 @@ TEST(EngineInitTest, BadAddressesAreRefusedNamingTheOption) {
 // says it was published from elsewhere).
 TEST(EngineInitTest, LoopbackFromAnotherHostFailsOpenSegmentSayingSo) {
   TransferEngine md;
-  EngineOptions mo;
-  mo.local_segment_name = "md";
-  mo.listen_host = "127.0.0.1";
+  EngineOptions mo = Named("md", "127.0.0.1");
   ASSERT_OK(md.Init(mo));
   metadata::MetadataClient client(md.metadata_address(), absl::Seconds(2));
   ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor d, client.Get("md"));
@@ -1433,13 +1394,9 @@ namespace {
 TEST(EngineInitTest, ReinitAfterShutdownStartsClean) {
   std::vector<uint8_t> remote(1 << 16, 0), local(1 << 16, 9);
   TransferEngine target, initiator;
-  EngineOptions t;
-  t.local_segment_name = "reinit-target";
-  ASSERT_OK(target.Init(t));
+  ASSERT_OK(target.Init(Named("reinit-target")));
   ASSERT_OK(target.RegisterLocalMemory(remote.data(), remote.size()));
-  EngineOptions i;
-  i.local_segment_name = "reinit-initiator";
-  i.metadata_endpoint = target.metadata_address();
+  EngineOptions i = Joining("reinit-initiator", target);
   for (int round = 0; round < 2; ++round) {
     ASSERT_OK(initiator.Init(i)) << round;
     // The same range again: the earlier registration must be gone.
