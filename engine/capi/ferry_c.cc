@@ -14,15 +14,11 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "engine/capi/option_names.h"
 #include "engine/capi/stats_json.h"
 #include "engine/stream_transfers.h"
 #include "ferry/transfer_engine.h"
-#include "transport/rdma/nic.h"
-#include "transport/rdma/topology.h"
 
 struct ferry_status {
   absl::Status status;
@@ -95,15 +91,6 @@ int StateOf(ferry::TransferState s) {
       return FERRY_TIMEOUT;
   }
   return FERRY_FAILED;
-}
-
-std::vector<std::string> List(absl::string_view v) {
-  std::vector<std::string> out;
-  for (absl::string_view item :
-       absl::StrSplit(v, ',', absl::SkipWhitespace())) {
-    out.emplace_back(absl::StripAsciiWhitespace(item));
-  }
-  return out;
 }
 
 // Runs an entry point's body: a C++ exception (allocation) never crosses
@@ -405,25 +392,10 @@ ferry_status* ferry_local_topology(const char* devices, char** json) {
   return Guarded([&]() -> ferry_status* {
     if (json == nullptr) return Null("json");
     *json = nullptr;
-    auto list =
-        ferry::rdma::ListDevices(List(devices == nullptr ? "" : devices));
-    if (!list.ok()) return Wrap(list.status());
-    std::vector<std::string> names;
-    for (ibv_device* d : *list) names.push_back(ibv_get_device_name(d));
-    if (names.empty()) {
-      return Wrap(absl::NotFoundError(absl::StrCat(
-          "no RDMA NIC named in '", devices == nullptr ? "" : devices, "'")));
-    }
-    std::string matrix =
-        ferry::rdma::Topology::FromSysfs("/sys", names).ToJson(names);
-    if (matrix == "{}") {
-      // Sysfs places none of them (soft NICs, containers without /sys/class/
-      // infiniband): every NIC is as good as any other, for any location.
-      std::vector<std::string> quoted;
-      for (const std::string& n : names) quoted.push_back("\"" + n + "\"");
-      matrix = absl::StrCat("{\"*\": [[", absl::StrJoin(quoted, ", "), "]]}");
-    }
-    *json = Dup(matrix);
+    auto matrix =
+        ferry::TransferEngine::LocalTopology(devices == nullptr ? "" : devices);
+    if (!matrix.ok()) return Wrap(matrix.status());
+    *json = Dup(*matrix);
     return nullptr;
   });
 }

@@ -179,4 +179,16 @@ TEST(FerryCTest, TransfersAndErrors) {
   ferry_engine_free(target);
 }
 
+// The topology goes through the public C++ API (TransferEngine::
+// LocalTopology): a filter that names no NIC is NOT_FOUND, saying which,
+// with no JSON to free. (The matrix itself: python/tests, on softrnic.)
+TEST(FerryCTest, LocalTopologyOfNoNicIsNotFound) {
+  char* json = reinterpret_cast<char*>(1);
+  Taken t = Take(ferry_local_topology("no-such-nic", &json));
+  EXPECT_EQ(t.code, FERRY_NOT_FOUND) << t.message;
+  EXPECT_EQ(json, nullptr);
+  EXPECT_EQ(Take(ferry_local_topology("", nullptr)).code,
+            FERRY_INVALID_ARGUMENT);
+}
+
 }  // namespace

@@ -23,6 +23,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "ferry/etcd_limits.h"
@@ -292,6 +293,17 @@ class EngineImpl;
 
 class TransferEngine {
  public:
+  // This host's RDMA NICs as Mooncake TE's priority matrix: JSON mapping
+  // each memory location ("cpu:0", "cuda:1") to its tiers of NIC names,
+  // best first, read from sysfs. `devices` is a comma-separated filter
+  // (empty: every NIC). Where sysfs places none of them (soft NICs,
+  // containers without /sys/class/infiniband), {"*": [[every NIC]]}: any
+  // NIC is as good as another. NotFound when there is no NIC (named).
+  // The result can be given back as EngineOptions' rdma.topology_json.
+  // Thread-safe; needs no engine.
+  static absl::StatusOr<std::string> LocalTopology(
+      absl::string_view devices = "");
+
   TransferEngine();
   // Calls Shutdown().
   ~TransferEngine();
