@@ -341,9 +341,25 @@ absl::Status EngineImpl::Init(const EngineOptions& requested) {
   // first would dial whatever a caller names).
   sender_check_ = std::make_unique<SenderCheck>(
       metadata_.get(), options.metadata_lease_ttl, nullptr, p2p);
-  peer_service_.SetNotifyHandler(
+  notifications_.Configure(
+      {options.max_queued_notifications, options.max_queued_notification_bytes,
+       options.max_queued_notifications_per_sender,
+       options.max_queued_notification_bytes_per_sender},
+      segment_name, incarnation_, options.refuse_unverified_notifications,
       [this](const metadata::NotifyRequest& request,
-             const std::string& sender) { return OnNotify(request, sender); });
+             const std::string& sender) {
+        // A signed notification is numbered, and each number is good once.
+        return sender_check_->Verify(
+            request.from_segment(), sender, metadata::NotifyContent(request),
+            request.signature(),
+            request.signature().empty()
+                ? std::nullopt
+                : std::optional<uint64_t>(request.seq()));
+      });
+  peer_service_.SetNotifyHandler([this](const metadata::NotifyRequest& request,
+                                        const std::string& sender) {
+    return notifications_.Receive(request, sender);
+  });
   // Handshakes and rail notices from a segment that did not sign them
   // never reach a transport.
   peer_service_.SetSenderVerifier(
@@ -755,111 +771,6 @@ absl::Status EngineImpl::SendNotification(SegmentHandle target,
   }
 }
 
-absl::Status EngineImpl::AdmitNotificationLocked(const std::string& sender,
-                                                 size_t bytes) {
-  // Per sender address too: one peer flooding the queue must not crowd out
-  // the others (the names it claims cost it nothing to vary).
-  auto it = sender_share_.find(sender);
-  const SenderShare held =
-      it == sender_share_.end() ? SenderShare{} : it->second;
-  if (held.count + 1 > options_.max_queued_notifications_per_sender ||
-      held.bytes + bytes > options_.max_queued_notification_bytes_per_sender) {
-    ++notifications_refused_;
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "receiver holds ", held.count, " notifications (", held.bytes,
-        " bytes) from ", sender, ", its limit per sender (",
-        options_.max_queued_notifications_per_sender, ", ",
-        options_.max_queued_notification_bytes_per_sender,
-        " bytes): it has not called GetNotifications"));
-  }
-  if (notifications_.size() >= options_.max_queued_notifications ||
-      notification_bytes_ + bytes > options_.max_queued_notification_bytes) {
-    ++notifications_refused_;
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "receiver's notification queue is full (", notifications_.size(),
-        " notifications, ", notification_bytes_,
-        " bytes queued): it has not called GetNotifications"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status EngineImpl::OnNotify(const metadata::NotifyRequest& request,
-                                  const std::string& sender) {
-  const std::string& from = request.from_segment();
-  const std::string& name = request.name();
-  const std::string& message = request.message();
-  const size_t bytes = from.size() + name.size() + message.size();
-  {
-    // A sender over its share costs no lookup.
-    MutexLock lock(&notify_mu_);
-    FERRY_RETURN_IF_ERROR(AdmitNotificationLocked(sender, bytes));
-  }
-  absl::Status verified;
-  if (!request.signature().empty() && request.to_segment().empty()) {
-    // Signed for no receiver in particular: good at every one.
-    verified = absl::PermissionDeniedError(
-        "a signed notification must name its receiver (to_segment)");
-  } else if (!request.to_segment().empty() &&
-             request.to_segment() != options_.local_segment_name) {
-    // For another engine: a sender whose descriptor is stale (the receiver
-    // it meant restarted elsewhere and this engine now has the address),
-    // or a replay. Never queued, whatever refuse_unverified_notifications
-    // says; the sender is told to read the receiver's descriptor again.
-    MutexLock lock(&notify_mu_);
-    ++notifications_refused_;
-    return metadata::WithHint(
-        absl::FailedPreconditionError(absl::StrCat(
-            "addressed to segment '", request.to_segment(), "'; this is '",
-            options_.local_segment_name, "' (the address changed hands)")),
-        metadata::Hint::kRefreshReceiver);
-  } else if (!request.to_segment().empty() &&
-             request.to_incarnation() != incarnation_) {
-    // For an earlier run of this segment: a replay, or a sender whose
-    // descriptor of this engine predates its restart. Told to read it
-    // again (and to send again, signed for this run).
-    MutexLock lock(&notify_mu_);
-    ++notifications_refused_;
-    return metadata::WithHint(
-        absl::FailedPreconditionError(absl::StrCat(
-            "addressed to incarnation ", request.to_incarnation(),
-            " of segment '", request.to_segment(), "'; this is incarnation ",
-            incarnation_, ": the receiver restarted")),
-        metadata::Hint::kRefreshReceiver);
-  } else {
-    // Outside the queue's lock: it may read the metadata (bounded). A
-    // signed notification is numbered, and each number is good once.
-    verified = sender_check_->Verify(
-        from, sender, metadata::NotifyContent(request), request.signature(),
-        request.signature().empty() ? std::nullopt
-                                    : std::optional<uint64_t>(request.seq()));
-  }
-  if (!verified.ok() && options_.refuse_unverified_notifications) {
-    MutexLock lock(&notify_mu_);
-    ++notifications_refused_;
-    // Unavailable stays what it is, marked so that a Ferry sender tries
-    // again (metadata::IsRetryLater).
-    if (verified.code() == absl::StatusCode::kUnavailable) {
-      return metadata::MarkRetryLater(absl::UnavailableError(
-          absl::StrCat("receiver cannot check the sender now, try again: ",
-                       verified.message())));
-    }
-    return absl::Status(
-        verified.code(),
-        absl::StrCat("receiver refuses unverified notifications: ",
-                     verified.message()));
-  }
-  MutexLock lock(&notify_mu_);
-  if (absl::Status s = AdmitNotificationLocked(sender, bytes); !s.ok()) {
-    return s;  // Others queued meanwhile.
-  }
-  notification_bytes_ += bytes;
-  SenderShare& share = sender_share_[sender];
-  ++share.count;
-  share.bytes += bytes;
-  notifications_.push_back({from, name, message, sender, verified.ok()});
-  return absl::OkStatus();
-}
-
 std::vector<TransportStats> EngineImpl::GetTransportStats() const {
   std::vector<TransportStats> out;
   if (!initialized_) return out;
@@ -877,12 +788,10 @@ EngineStats EngineImpl::GetEngineStats() const {
   st.descriptor_refresh_failures = seg.refresh_failures;
   st.requests_waiting_for_descriptor = seg.parked_now;
   st.requests_waited_for_descriptor = seg.parked_total;
-  {
-    MutexLock lock(&notify_mu_);
-    st.notifications_queued = notifications_.size();
-    st.notification_bytes_queued = notification_bytes_;
-    st.notifications_refused = notifications_refused_;
-  }
+  const Notifications::Stats notes = notifications_.stats();
+  st.notifications_queued = notes.queued;
+  st.notification_bytes_queued = notes.bytes;
+  st.notifications_refused = notes.refused;
   st.peer_channels = peer_client_->size();
   {
     MutexLock lock(&cache_mu_);
@@ -895,13 +804,7 @@ EngineStats EngineImpl::GetEngineStats() const {
 }
 
 std::vector<Notification> EngineImpl::GetNotifications() {
-  MutexLock lock(&notify_mu_);
-  std::vector<Notification> out(std::make_move_iterator(notifications_.begin()),
-                                std::make_move_iterator(notifications_.end()));
-  notifications_.clear();
-  notification_bytes_ = 0;
-  sender_share_.clear();
-  return out;
+  return notifications_.Take();
 }
 
 }  // namespace ferry

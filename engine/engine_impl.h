@@ -7,14 +7,12 @@
 
 #include <atomic>
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "common/clock.h"
 #include "common/identity.h"
@@ -22,6 +20,7 @@
 #include "engine/batch_table.h"
 #include "engine/grpc_peer_channel.h"
 #include "engine/memory_hooks.h"
+#include "engine/notifications.h"
 #include "engine/segment_cache.h"
 #include "engine/segment_publisher.h"
 #include "engine/sender_check.h"
@@ -198,12 +197,6 @@ class EngineImpl {
   // Reaps completions on this thread until the batch is done, `deadline`
   // passes, or wait_spin passes without a completion.
   void DriveUntilDone(Batch* batch, absl::Time deadline);
-  // OK if a notification of `bytes` from `sender` fits the queue (counts a
-  // refusal otherwise).
-  absl::Status AdmitNotificationLocked(const std::string& sender, size_t bytes)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(notify_mu_);
-  absl::Status OnNotify(const metadata::NotifyRequest& request,
-                        const std::string& sender);
   void ReleaseAll();
   // Stops segment lookups and shuts the transports down, once.
   void StopTransports();
@@ -280,17 +273,8 @@ class EngineImpl {
   // This run's identity key (common/identity.h): made by Init, published
   // in the descriptor, signing what peer_client_ sends.
   std::shared_ptr<const IdentityKey> identity_;
-  mutable Mutex notify_mu_;
-  std::deque<Notification> notifications_ ABSL_GUARDED_BY(notify_mu_);
-  size_t notification_bytes_ ABSL_GUARDED_BY(notify_mu_) = 0;
-  // What each sender address holds in the queue.
-  struct SenderShare {
-    size_t count = 0;
-    size_t bytes = 0;
-  };
-  absl::flat_hash_map<std::string, SenderShare> sender_share_
-      ABSL_GUARDED_BY(notify_mu_);
-  uint64_t notifications_refused_ ABSL_GUARDED_BY(notify_mu_) = 0;
+  // What peers sent, until GetNotifications; kept across Shutdown.
+  Notifications notifications_;
 };
 
 }  // namespace ferry
