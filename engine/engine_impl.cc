@@ -17,7 +17,6 @@
 #include "common/log.h"
 #include "common/socket_util.h"
 #include "common/status_macros.h"
-#include "gpu/gpu_memory.h"
 #include "metadata/auth.h"
 #include "metadata/grpc_status.h"
 #include "metadata/metadata_address.h"
@@ -211,19 +210,19 @@ absl::Status EngineImpl::Init(const EngineOptions& requested) {
   }
   options_ = options;
   clock_ = ClockOrReal(options.clock);
-  local_memory_.SetClock(clock_);
+  registrations_.Configure(options.mr_cache_bytes, clock_);
   TransportOptions topts;
   topts.tcp = options.tcp;
   topts.rdma = options.rdma;
   topts.connect_timeout = options.rpc_timeout;
   FERRY_RETURN_IF_ERROR(ChooseAdvertisedHost(options, topts));
-  FERRY_RETURN_IF_ERROR(StartMrCache());
+  FERRY_RETURN_IF_ERROR(registrations_.StartCache());
   absl::BitGen gen;
   incarnation_ = absl::Uniform<uint64_t>(gen, 1, ~uint64_t{0});
 
   auto md_address = metadata::ParseMetadataAddress(options.metadata_endpoint);
   if (!md_address.ok()) {
-    StopMrCache();
+    registrations_.StopCache();
     return absl::InvalidArgumentError(
         absl::StrCat("metadata_endpoint: ", md_address.status().message()));
   }
@@ -232,7 +231,7 @@ absl::Status EngineImpl::Init(const EngineOptions& requested) {
       metadata::Tls::Load({options.tls_ca_file, options.tls_cert_file,
                            options.tls_key_file, options.tls_server_name});
   if (!tls.ok()) {
-    StopMrCache();
+    registrations_.StopCache();
     return tls.status();
   }
   if (metadata_service_ == nullptr || metadata_service_clock_ != clock_) {
@@ -256,7 +255,7 @@ absl::Status EngineImpl::Init(const EngineOptions& requested) {
                    options.rpc_port),
       services, rpc_options);
   if (!server.ok()) {
-    StopMrCache();  // Gives its watcher back.
+    registrations_.StopCache();  // Gives its watcher back.
     return server.status();
   }
   rpc_server_ = std::move(*server);
@@ -485,8 +484,8 @@ void EngineImpl::ReleaseAll() {
   // Every slice has completed (the transports cancelled what was left), so
   // no lease is held: the registrations go with the transports whose
   // handles they carry, and a later Init starts clean.
-  StopMrCache();
-  local_memory_.Clear();
+  registrations_.StopCache();
+  registrations_.Clear();
   transports_.clear();
   transports_stopped_ = false;
   slice_bytes_.clear();
@@ -527,37 +526,6 @@ std::string EngineImpl::rpc_address() const {
   return metadata_ != nullptr ? rpc_address_ : "";
 }
 
-absl::StatusOr<MemoryRegion> EngineImpl::MakeRegion(void* addr, size_t length,
-                                                    const std::string& location,
-                                                    bool remote_accessible) {
-  MemoryRegion region;
-  region.addr = reinterpret_cast<uintptr_t>(addr);
-  region.length = length;
-  region.location = location.empty() ? "*" : location;
-  region.remote_accessible = remote_accessible;
-  if (region.location.size() > metadata::kMaxLocationBytes) {
-    return absl::InvalidArgumentError("location is too long");
-  }
-  if (ValidateRegion(region.addr, region.length).ok()) {
-    // GPU memory: its transports must not touch it with the CPU, and its
-    // location names the GPU (Mooncake's automatic "cuda:N").
-    auto gpu = gpu::GpuAllocationOf(region.addr, region.length);
-    if (!gpu.ok()) return gpu.status();
-    auto resolved = gpu::ResolveLocation(region.location, gpu->device);
-    if (!resolved.ok()) return resolved.status();
-    region.location = std::move(*resolved);
-    region.cuda_device = gpu->device;
-    region.cuda_buffer_id = gpu->buffer_id;
-  }
-  // The application's own registration wins over cached ones that share
-  // its pages (unless transfers use them).
-  if (options_.mr_cache_bytes > 0 &&
-      ValidateRegion(region.addr, region.length).ok()) {
-    DropCachedOverlapping(region.addr, region.length);
-  }
-  return region;
-}
-
 absl::Status EngineImpl::RegisterLocalMemory(void* addr, size_t length,
                                              const std::string& location,
                                              bool remote_accessible) {
@@ -570,71 +538,8 @@ absl::Status EngineImpl::RegisterLocalMemoryBatch(
     bool remote_accessible) {
   if (!initialized_)
     return absl::FailedPreconditionError("engine not initialized");
-  std::vector<MemoryRegion> regions;
-  regions.reserve(buffers.size());
-  for (const BufferEntry& b : buffers) {
-    auto region = MakeRegion(b.addr, b.length, location, remote_accessible);
-    if (!region.ok()) return region.status();
-    regions.push_back(std::move(*region));
-  }
-  MutexLock lock(&register_mu_);
-  std::vector<metadata::Buffer> published;
-  absl::Status s;
-  size_t attached = 0;
-  for (; attached < regions.size(); ++attached) {
-    metadata::Buffer b;
-    s = AttachLocked(regions[attached], &b);
-    if (!s.ok()) {
-      if (regions.size() > 1) {
-        s = absl::Status(
-            s.code(), absl::StrCat("buffer ", attached, " of ", regions.size(),
-                                   ": ", s.message()));
-      }
-      break;
-    }
-    if (remote_accessible) published.push_back(std::move(b));
-  }
-  // One metadata round trip for the whole batch.
-  if (s.ok()) s = publisher_->AddBuffers(published);
-  if (!s.ok()) {
-    // All or nothing: a failed batch leaves nothing registered.
-    for (size_t i = 0; i < attached; ++i) DetachLocked(regions[i].addr);
-  }
-  return s;
-}
-
-absl::Status EngineImpl::AttachLocked(const MemoryRegion& region,
-                                      metadata::Buffer* published) {
-  // Checked first, so nothing is registered with a transport for a region
-  // that cannot be added (register_mu_ keeps the check valid until Add).
-  FERRY_RETURN_IF_ERROR(local_memory_.CheckAvailable(region));
-  published->set_addr(region.addr);
-  published->set_length(region.length);
-  published->set_location(region.location);
-  std::vector<const void*> handles;
-  absl::Status s;
-  for (auto& t : transports_) {
-    auto handle = t->RegisterMemory(region, published);
-    if (!handle.ok()) {
-      s = handle.status();
-      break;
-    }
-    handles.push_back(*handle);
-  }
-  const size_t registered = handles.size();
-  if (s.ok()) s = local_memory_.Add(region, std::move(handles));
-  if (!s.ok()) {
-    // Roll back so that a failed registration leaves nothing behind.
-    for (size_t i = 0; i < registered; ++i) {
-      transports_[i]->UnregisterMemory(region.addr).IgnoreError();
-    }
-  }
-  return s;
-}
-
-void EngineImpl::DetachLocked(uintptr_t addr) {
-  local_memory_.Remove(addr, absl::ZeroDuration()).IgnoreError();
-  for (auto& t : transports_) t->UnregisterMemory(addr).IgnoreError();
+  return registrations_.Register(buffers, location, remote_accessible,
+                                 publisher_.get());
 }
 
 absl::Status EngineImpl::UnregisterLocalMemory(void* addr) {
@@ -645,59 +550,8 @@ absl::Status EngineImpl::UnregisterLocalMemoryBatch(
     const std::vector<void*>& addrs) {
   if (!initialized_)
     return absl::FailedPreconditionError("engine not initialized");
-  absl::Status result;
-  std::vector<uint64_t> unpublish;
-  std::vector<uintptr_t> forget;
-  {
-    MutexLock lock(&register_mu_);
-    for (void* addr : addrs) {
-      const uintptr_t a = reinterpret_cast<uintptr_t>(addr);
-      bool remote = false;
-      absl::Status s = UnregisterLocked(a, options_.transfer_timeout, &remote);
-      if (remote) unpublish.push_back(a);
-      if (s.code() != absl::StatusCode::kNotFound &&
-          s.code() != absl::StatusCode::kFailedPrecondition) {
-        forget.push_back(a);
-      }
-      if (!s.ok() && result.ok()) {
-        result = addrs.size() > 1
-                     ? absl::Status(s.code(), absl::StrCat("0x", absl::Hex(a),
-                                                           ": ", s.message()))
-                     : s;
-      }
-    }
-    // ...then stop advertising them: one metadata round trip.
-    if (absl::Status s = publisher_->RemoveBuffers(unpublish);
-        !s.ok() && result.ok()) {
-      result = absl::Status(s.code(),
-                            absl::StrCat("buffers unregistered locally, but "
-                                         "the metadata update failed: ",
-                                         s.message()));
-    }
-  }
-  for (uintptr_t a : forget) ForgetCached(a);  // Outside register_mu_.
-  return result;
-}
-
-absl::Status EngineImpl::UnregisterLocked(uintptr_t a, absl::Duration wait,
-                                          bool* unpublish) {
-  *unpublish = false;
-  std::optional<MemoryRegion> region = local_memory_.Lookup(a);
-  if (!region.has_value()) {
-    return absl::NotFoundError(
-        absl::StrCat("no registered buffer starts at 0x", absl::Hex(a)));
-  }
-  // First stop this engine's own use (waits for its in-flight requests)...
-  FERRY_RETURN_IF_ERROR(local_memory_.Remove(a, wait));
-  // ...then peers' (each transport waits for accesses in progress)...
-  absl::Status result;
-  for (auto& t : transports_) {
-    absl::Status s = t->UnregisterMemory(a);
-    if (!s.ok() && result.ok()) result = s;
-  }
-  // ...and the caller stops advertising it.
-  *unpublish = region->remote_accessible;
-  return result;
+  return registrations_.Unregister(addrs, options_.transfer_timeout,
+                                   publisher_.get());
 }
 
 absl::StatusOr<SegmentHandle> EngineImpl::OpenSegment(const std::string& name) {
@@ -793,13 +647,11 @@ EngineStats EngineImpl::GetEngineStats() const {
   st.notification_bytes_queued = notes.bytes;
   st.notifications_refused = notes.refused;
   st.peer_channels = peer_client_->size();
-  {
-    MutexLock lock(&cache_mu_);
-    st.mr_cache_bytes = cache_bytes_;
-    st.mr_cache_registrations = cache_.size();
-  }
-  st.mr_cache_invalidations = mr_cache_invalidations_.load();
-  st.mr_cache_evictions = mr_cache_evictions_.load();
+  const Registrations::CacheStats cache = registrations_.cache_stats();
+  st.mr_cache_bytes = cache.bytes;
+  st.mr_cache_registrations = cache.registrations;
+  st.mr_cache_invalidations = cache.invalidations;
+  st.mr_cache_evictions = cache.evictions;
   return st;
 }
 

@@ -19,8 +19,8 @@
 #include "common/mutex.h"
 #include "engine/batch_table.h"
 #include "engine/grpc_peer_channel.h"
-#include "engine/memory_hooks.h"
 #include "engine/notifications.h"
+#include "engine/registrations.h"
 #include "engine/segment_cache.h"
 #include "engine/segment_publisher.h"
 #include "engine/sender_check.h"
@@ -116,64 +116,6 @@ class EngineImpl {
   // advertise_host says how). May resolve names: Init only.
   absl::Status ChooseAdvertisedHost(const EngineOptions& options,
                                     const TransportOptions& topts);
-  // The region of a registration request (validated; cached overlapping
-  // registrations dropped).
-  absl::StatusOr<MemoryRegion> MakeRegion(void* addr, size_t length,
-                                          const std::string& location,
-                                          bool remote_accessible);
-  // Registers `region` locally and with every transport, and fills the
-  // entry to publish; nothing is left behind on failure.
-  absl::Status AttachLocked(const MemoryRegion& region,
-                            metadata::Buffer* published)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(register_mu_);
-  // Undoes AttachLocked (nothing can use the region yet).
-  void DetachLocked(uintptr_t addr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(register_mu_);
-  // Unregisters locally and from the transports; *unpublish says whether
-  // the caller must remove it from the published segment.
-  absl::Status UnregisterLocked(uintptr_t addr, absl::Duration wait,
-                                bool* unpublish)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(register_mu_);
-
-  // MR cache (mr_cache.cc): leases the local range, registering a
-  // page-aligned cover of it (GPU memory: its whole allocation) first when
-  // the cache is on and the range is mapped but unregistered; evicts least
-  // recently used cached registrations beyond the budget. A range in GPU
-  // memory whose allocation was freed under its registration is an error
-  // (FailedPrecondition), or, cached, a miss.
-  absl::StatusOr<MemoryRegistry::Lease> AcquireLocal(uintptr_t addr,
-                                                     size_t length);
-  // Installs the memory hooks the cache needs (when it is on) / drops the
-  // cache's state and gives its watcher back.
-  absl::Status StartMrCache();
-  void StopMrCache();
-  // Unregisters a retired cached registration from the transports, then
-  // gives its range back.
-  void UnregisterCached(uintptr_t addr);
-  // Ends the record of a registration in progress at `lo`; true if a
-  // release invalidated it meanwhile.
-  bool ForgetRegistering(uintptr_t lo) ABSL_EXCLUSIVE_LOCKS_REQUIRED(cache_mu_);
-  // Unregisters the cached registration at `addr` if no transfer uses it
-  // (ProcessReleases retires busy ones itself). True if it is gone now.
-  bool DropCached(uintptr_t addr);
-  // Drops cached registrations whose memory was released or replaced
-  // (as the memory hooks saw), and finishes retired ones.
-  void ProcessReleases();
-  void DropCachedOverlapping(uintptr_t addr, size_t length);
-  void EvictCached(uintptr_t keep);
-  // For a lease the cache found: OK with *lease kept if it may serve the
-  // request; OK with *lease an error (released) if it was the cache's
-  // registration of a freed GPU allocation, now retired (a miss); the
-  // error if it is the application's registration of one.
-  absl::Status KeepIfLive(absl::StatusOr<MemoryRegistry::Lease>* lease,
-                          uintptr_t addr, size_t length);
-  // Retires cached registrations of GPU allocations freed since they were
-  // made (no memory hook sees cuMemFree).
-  void DropFreedGpu();
-  // OK unless the lease is of GPU memory whose allocation was freed: the
-  // registration then names memory that is gone or another allocation's.
-  static absl::Status CheckGpuLease(const MemoryRegistry::Lease& lease,
-                                    uintptr_t addr, size_t length);
-  void ForgetCached(uintptr_t addr);
   // Validates request `index` into *out. `prev` (if not null) is the
   // request before it: a local range in the same buffer shares its lease.
   absl::Status Prepare(size_t index, const TransferRequest& request,
@@ -231,39 +173,9 @@ class EngineImpl {
   std::vector<size_t> slice_bytes_;  // max_slice_bytes() of each transport.
   std::unique_ptr<SegmentCache> segments_;
 
-  MemoryRegistry local_memory_;
-  // Serializes registration so local registry, transports and the published
-  // descriptor change together.
-  Mutex register_mu_;
-
-  struct CachedMr {
-    size_t length;
-    uint64_t last_use;
-    int device = -1;         // GPU memory's device, -1 for host memory.
-    uint64_t buffer_id = 0;  // GPU memory's allocation (gpu_memory.h).
-  };
-  mutable Mutex cache_mu_;
-  // Takes a cached registration out of the cache and retires it (no new
-  // lease); ProcessReleases unregisters it once its leases are gone.
-  std::map<uintptr_t, CachedMr>::iterator RetireCachedLocked(
-      std::map<uintptr_t, CachedMr>::iterator it)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(cache_mu_);
-  std::map<uintptr_t, CachedMr> cache_ ABSL_GUARDED_BY(cache_mu_);
-  size_t cache_bytes_ ABSL_GUARDED_BY(cache_mu_) = 0;
-  uint64_t cache_clock_ ABSL_GUARDED_BY(cache_mu_) = 0;
-  // Released (or evicted) but still leased: unregistered once idle.
-  std::vector<uintptr_t> retired_ ABSL_GUARDED_BY(cache_mu_);
-  std::atomic<size_t> retired_count_{0};
-  // Registrations being made (reserved, not yet cached).
-  struct Registering {
-    uintptr_t addr;
-    size_t length;
-    bool invalidated;  // A release hit it meanwhile.
-  };
-  std::vector<Registering> registering_ ABSL_GUARDED_BY(cache_mu_);
-  std::atomic<uint64_t> mr_cache_invalidations_{0};
-  std::atomic<uint64_t> mr_cache_evictions_{0};
-  MemoryWatcher* watcher_ = nullptr;  // From the pool; while the cache is on.
+  // The application's registrations and the MR cache's, with every
+  // transport in transports_.
+  Registrations registrations_{&transports_};
 
   TaskSink sink_;
   BatchTable batches_;

@@ -65,7 +65,9 @@ absl::Status EngineImpl::Prepare(size_t index, const TransferRequest& req,
   if (prev != nullptr && prev->lease.Covers(src, req.length)) {
     lease = prev->lease.Clone();
   }
-  if (!lease.ok() || !lease->held()) lease = AcquireLocal(src, req.length);
+  if (!lease.ok() || !lease->held()) {
+    lease = registrations_.AcquireLocal(src, req.length);
+  }
   if (!lease.ok()) {
     if (options_.mr_cache_bytes > 0 ||
         lease.status().code() != absl::StatusCode::kInvalidArgument) {

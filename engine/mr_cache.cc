@@ -1,4 +1,4 @@
-// EngineImpl: the opt-in MR cache.
+// Registrations: the opt-in MR cache.
 //
 // A request whose local source is mapped but unregistered gets a
 // page-aligned cover of it registered on first use. The rules that keep
@@ -33,7 +33,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "engine/engine_impl.h"
+#include "engine/registrations.h"
 #include "gpu/gpu_memory.h"
 
 namespace ferry {
@@ -50,8 +50,8 @@ bool Overlaps(uintptr_t a, size_t a_len, uintptr_t b, size_t b_len) {
 
 }  // namespace
 
-absl::Status EngineImpl::StartMrCache() {
-  if (options_.mr_cache_bytes == 0) return absl::OkStatus();
+absl::Status Registrations::StartCache() {
+  if (mr_cache_bytes_ == 0) return absl::OkStatus();
   if (absl::Status s = InstallMemoryHooks(); !s.ok()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "mr_cache_bytes > 0 needs memory hooks, which cannot be installed "
@@ -69,7 +69,7 @@ absl::Status EngineImpl::StartMrCache() {
   return absl::OkStatus();
 }
 
-void EngineImpl::StopMrCache() {
+void Registrations::StopCache() {
   {
     MutexLock lock(&cache_mu_);
     cache_.clear();
@@ -81,13 +81,13 @@ void EngineImpl::StopMrCache() {
   watcher_ = nullptr;
 }
 
-void EngineImpl::UnregisterCached(uintptr_t addr) {
-  for (auto& t : transports_) t->UnregisterMemory(addr).IgnoreError();
+void Registrations::UnregisterCached(uintptr_t addr) {
+  for (auto& t : *transports_) t->UnregisterMemory(addr).IgnoreError();
   local_memory_.EraseRetired(addr);
 }
 
-absl::Status EngineImpl::CheckGpuLease(const MemoryRegistry::Lease& lease,
-                                       uintptr_t addr, size_t length) {
+absl::Status Registrations::CheckGpuLease(const MemoryRegistry::Lease& lease,
+                                          uintptr_t addr, size_t length) {
   const MemoryRegion& r = lease.region();
   if (r.cuda_device < 0) return absl::OkStatus();
   absl::Status s =
@@ -97,7 +97,7 @@ absl::Status EngineImpl::CheckGpuLease(const MemoryRegistry::Lease& lease,
                                              "+", length, ": ", s.message()));
 }
 
-absl::Status EngineImpl::KeepIfLive(
+absl::Status Registrations::KeepIfLive(
     absl::StatusOr<MemoryRegistry::Lease>* lease, uintptr_t addr,
     size_t length) {
   // No hook sees cuMemFree: a GPU registration is checked against the
@@ -131,9 +131,9 @@ absl::Status EngineImpl::KeepIfLive(
   return absl::OkStatus();
 }
 
-absl::StatusOr<MemoryRegistry::Lease> EngineImpl::AcquireLocal(uintptr_t addr,
-                                                               size_t length) {
-  if (options_.mr_cache_bytes == 0) {
+absl::StatusOr<MemoryRegistry::Lease> Registrations::AcquireLocal(
+    uintptr_t addr, size_t length) {
+  if (mr_cache_bytes_ == 0) {
     auto lease = local_memory_.Acquire(addr, length, /*need_remote=*/false);
     if (!lease.ok()) return lease;
     FERRY_RETURN_IF_ERROR(CheckGpuLease(*lease, addr, length));
@@ -152,166 +152,59 @@ absl::StatusOr<MemoryRegistry::Lease> EngineImpl::AcquireLocal(uintptr_t addr,
     if (lease.ok()) return lease;
   }
   if (addr + length < addr) return lease;
+  return RegisterMiss(addr, length);
+}
+
+absl::StatusOr<Registrations::Cover> Registrations::CoverOf(uintptr_t addr,
+                                                            size_t length) {
   // GPU memory is cached as the driver's whole allocation (its id checked
   // at each use); host memory as a page-aligned cover, watched by the
   // memory hooks.
-  auto gpu = gpu::GpuAllocationOf(addr, length);
-  if (!gpu.ok()) return gpu.status();
-  const bool on_gpu = gpu->device >= 0;
-  uintptr_t start = gpu->start;
-  uintptr_t end = gpu->start + gpu->size;
-  if (!on_gpu) {
+  Cover cover;
+  FERRY_ASSIGN_OR_RETURN(cover.gpu, gpu::GpuAllocationOf(addr, length));
+  cover.start = cover.gpu.start;
+  cover.end = cover.gpu.start + cover.gpu.size;
+  if (cover.gpu.device < 0) {
     const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-    start = addr & ~(page - 1);
-    end = (addr + length + page - 1) & ~(page - 1);
+    cover.start = addr & ~(page - 1);
+    cover.end = (addr + length + page - 1) & ~(page - 1);
     // Registering unmapped memory would fault later (or, on a NIC, fail to
     // pin): msync reports ENOMEM for any unmapped page in the range.
-    if (::msync(reinterpret_cast<void*>(start), end - start, MS_ASYNC) != 0) {
+    if (::msync(reinterpret_cast<void*>(cover.start), cover.end - cover.start,
+                MS_ASYNC) != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "local source 0x", absl::Hex(addr), "+", length,
           " is not mapped memory, so the MR cache cannot register it"));
     }
   }
+  return cover;
+}
+
+absl::StatusOr<MemoryRegistry::Lease> Registrations::RegisterMiss(
+    uintptr_t addr, size_t length) {
+  FERRY_ASSIGN_OR_RETURN(const Cover cover, CoverOf(addr, length));
   // A miss is when an application that freed GPU memory has allocated
   // more: what it freed stops holding device memory (through the NICs'
   // registrations) from here.
   DropFreedGpu();
   absl::Status last;
   for (int attempt = 0; attempt < kMissAttempts; ++attempt) {
-    // Cached registrations sharing pages with the cover (neighbouring
-    // allocations often do) are merged into it: registered buffers may not
-    // overlap, and a request must lie inside one. A cached registration
-    // overlapping a live GPU allocation, but not of it, is of a freed one:
-    // it goes, and the cover stays the allocation.
-    uintptr_t lo = start, hi = end;
-    std::vector<uintptr_t> merged;
-    {
-      MutexLock lock(&cache_mu_);
-      for (bool grew = true; grew;) {
-        grew = false;
-        for (const auto& [a, c] : cache_) {
-          if (a < hi && a + c.length > lo &&
-              std::find(merged.begin(), merged.end(), a) == merged.end()) {
-            // This very allocation, registered by another thread since
-            // this one missed: it serves the request (the reservation
-            // below fails, and the retry leases it).
-            if (on_gpu && c.device >= 0 && c.buffer_id == gpu->buffer_id) {
-              continue;
-            }
-            merged.push_back(a);
-            if (on_gpu) continue;
-            lo = std::min(lo, a);
-            hi = std::max(hi, a + c.length);
-            grew = true;
-          }
-        }
-      }
-    }
-    bool busy = false;
-    for (uintptr_t a : merged) {
-      if (DropCached(a)) continue;
-      // In use (often by the transfer the application just saw complete:
-      // its lease goes a moment later, on the completing thread). Retired
-      // instead: it takes no new lease, and the reservation below waits
-      // for its last one, as for any retired registration.
-      MutexLock lock(&cache_mu_);
-      auto it = cache_.find(a);
-      if (it != cache_.end()) RetireCachedLocked(it);
-      busy = true;
-    }
-    if (busy) ProcessReleases();  // Finishes those that went idle meanwhile.
-    MemoryRegion region;
-    region.addr = lo;
-    region.length = hi - lo;
-    region.location = on_gpu ? absl::StrCat("cuda:", gpu->device) : "*";
-    region.remote_accessible = false;
-    region.cuda_device = gpu->device;
-    region.cuda_buffer_id = gpu->buffer_id;
+    const MemoryRegion region = MergeCached(cover);
     // Known as being registered, and watched, before anything is pinned:
     // a release from now on invalidates it (ProcessReleases).
     {
       MutexLock lock(&cache_mu_);
-      registering_.push_back({lo, hi - lo, false});
+      registering_.push_back({region.addr, region.length, false});
     }
-    watcher_->Watch(lo, hi - lo);
+    watcher_->Watch(region.addr, region.length);
+    bool again = false;
     absl::Status reserved = local_memory_.Reserve(region);
-    if (!reserved.ok()) {
-      {
-        MutexLock lock(&cache_mu_);
-        ForgetRegistering(lo);
-      }
-      // Another thread is registering (part of) it, a registration over
-      // it was retired and its last transfer is ending (its completion
-      // releases the lease a moment after the application saw it), or a
-      // registered buffer overlaps: wait for the first two, finish what
-      // retired, then look again.
-      local_memory_.AwaitReservations(start, end - start,
-                                      clock_->Now() + kReservationWait);
-      if (retired_count_.load(std::memory_order_acquire) > 0) {
-        ProcessReleases();
-      }
-      lease = local_memory_.Acquire(addr, length, /*need_remote=*/false);
-      if (lease.ok()) {
-        FERRY_RETURN_IF_ERROR(KeepIfLive(&lease, addr, length));
-        if (lease.ok()) return lease;
-      }
-      last = reserved;
-      continue;
-    }
-    // The slow part, with no lock held.
-    std::vector<const void*> handles;
-    absl::Status s;
-    for (auto& t : transports_) {
-      metadata::Buffer unpublished;
-      auto handle = t->RegisterMemory(region, &unpublished);
-      if (!handle.ok()) {
-        s = handle.status();
-        break;
-      }
-      handles.push_back(*handle);
-    }
-    const size_t registered = handles.size();
-    // A release recorded while it registered (and not yet processed by
-    // another thread) must invalidate it before it serves this request.
-    if (s.ok() && watcher_->MaybePending()) ProcessReleases();
-    bool invalidated = false;
-    if (s.ok()) {
-      MutexLock lock(&cache_mu_);
-      invalidated = ForgetRegistering(lo);
-      if (!invalidated) {
-        // Usable and leased in one step, and cached under the same lock
-        // the release processing takes: nothing can drop it in between.
-        lease = local_memory_.ActivateAndAcquire(lo, std::move(handles), addr,
-                                                 length);
-        cache_[lo] =
-            CachedMr{hi - lo, ++cache_clock_, gpu->device, gpu->buffer_id};
-        cache_bytes_ += hi - lo;
-      }
-    } else {
-      MutexLock lock(&cache_mu_);
-      ForgetRegistering(lo);
-    }
-    if (!s.ok() || invalidated) {
-      // Nothing else can register over the reservation meanwhile.
-      for (size_t i = 0; i < registered; ++i) {
-        transports_[i]->UnregisterMemory(lo).IgnoreError();
-      }
-      local_memory_.CancelReservation(lo);
-      if (!s.ok()) {
-        return absl::Status(
-            s.code(),
-            absl::StrCat("MR cache: cannot register 0x", absl::Hex(lo), "+",
-                         hi - lo, ": ", s.message()));
-      }
-      // Released while it was being registered: the pages it pinned may
-      // not be the ones mapped now. Register again.
-      mr_cache_invalidations_.fetch_add(1, std::memory_order_relaxed);
-      last = absl::UnavailableError(
-          "the memory was released while it was being registered");
-      continue;
-    }
-    EvictCached(lo);
-    return lease;
+    absl::StatusOr<MemoryRegistry::Lease> lease =
+        reserved.ok() ? RegisterReserved(region, addr, length, &again)
+                      : AwaitOtherRegistration(region, cover, addr, length,
+                                               reserved, &again);
+    if (!again) return lease;
+    last = lease.status();
   }
   return absl::Status(
       last.code(),
@@ -319,7 +212,146 @@ absl::StatusOr<MemoryRegistry::Lease> EngineImpl::AcquireLocal(uintptr_t addr,
                    "+", length, ": ", last.message()));
 }
 
-bool EngineImpl::ForgetRegistering(uintptr_t lo) {
+MemoryRegion Registrations::MergeCached(const Cover& cover) {
+  const bool on_gpu = cover.gpu.device >= 0;
+  // Cached registrations sharing pages with the cover (neighbouring
+  // allocations often do) are merged into it: registered buffers may not
+  // overlap, and a request must lie inside one. A cached registration
+  // overlapping a live GPU allocation, but not of it, is of a freed one:
+  // it goes, and the cover stays the allocation.
+  uintptr_t lo = cover.start, hi = cover.end;
+  std::vector<uintptr_t> merged;
+  {
+    MutexLock lock(&cache_mu_);
+    for (bool grew = true; grew;) {
+      grew = false;
+      for (const auto& [a, c] : cache_) {
+        if (a < hi && a + c.length > lo &&
+            std::find(merged.begin(), merged.end(), a) == merged.end()) {
+          // This very allocation, registered by another thread since
+          // this one missed: it serves the request (the reservation
+          // below fails, and the retry leases it).
+          if (on_gpu && c.device >= 0 && c.buffer_id == cover.gpu.buffer_id) {
+            continue;
+          }
+          merged.push_back(a);
+          if (on_gpu) continue;
+          lo = std::min(lo, a);
+          hi = std::max(hi, a + c.length);
+          grew = true;
+        }
+      }
+    }
+  }
+  bool busy = false;
+  for (uintptr_t a : merged) {
+    if (DropCached(a)) continue;
+    // In use (often by the transfer the application just saw complete:
+    // its lease goes a moment later, on the completing thread). Retired
+    // instead: it takes no new lease, and the reservation below waits
+    // for its last one, as for any retired registration.
+    MutexLock lock(&cache_mu_);
+    auto it = cache_.find(a);
+    if (it != cache_.end()) RetireCachedLocked(it);
+    busy = true;
+  }
+  if (busy) ProcessReleases();  // Finishes those that went idle meanwhile.
+  MemoryRegion region;
+  region.addr = lo;
+  region.length = hi - lo;
+  region.location = on_gpu ? absl::StrCat("cuda:", cover.gpu.device) : "*";
+  region.remote_accessible = false;
+  region.cuda_device = cover.gpu.device;
+  region.cuda_buffer_id = cover.gpu.buffer_id;
+  return region;
+}
+
+absl::StatusOr<MemoryRegistry::Lease> Registrations::AwaitOtherRegistration(
+    const MemoryRegion& region, const Cover& cover, uintptr_t addr,
+    size_t length, const absl::Status& reserved, bool* again) {
+  {
+    MutexLock lock(&cache_mu_);
+    ForgetRegistering(region.addr);
+  }
+  // Another thread is registering (part of) it, a registration over
+  // it was retired and its last transfer is ending (its completion
+  // releases the lease a moment after the application saw it), or a
+  // registered buffer overlaps: wait for the first two, finish what
+  // retired, then look again.
+  local_memory_.AwaitReservations(cover.start, cover.end - cover.start,
+                                  clock_->Now() + kReservationWait);
+  if (retired_count_.load(std::memory_order_acquire) > 0) {
+    ProcessReleases();
+  }
+  auto lease = local_memory_.Acquire(addr, length, /*need_remote=*/false);
+  if (lease.ok()) {
+    FERRY_RETURN_IF_ERROR(KeepIfLive(&lease, addr, length));
+    if (lease.ok()) return lease;
+  }
+  *again = true;
+  return reserved;
+}
+
+absl::StatusOr<MemoryRegistry::Lease> Registrations::RegisterReserved(
+    const MemoryRegion& region, uintptr_t addr, size_t length, bool* again) {
+  const uintptr_t lo = region.addr;
+  // The slow part, with no lock held.
+  std::vector<const void*> handles;
+  absl::Status s;
+  for (auto& t : *transports_) {
+    metadata::Buffer unpublished;
+    auto handle = t->RegisterMemory(region, &unpublished);
+    if (!handle.ok()) {
+      s = handle.status();
+      break;
+    }
+    handles.push_back(*handle);
+  }
+  const size_t registered = handles.size();
+  // A release recorded while it registered (and not yet processed by
+  // another thread) must invalidate it before it serves this request.
+  if (s.ok() && watcher_->MaybePending()) ProcessReleases();
+  bool invalidated = false;
+  absl::StatusOr<MemoryRegistry::Lease> lease;
+  if (s.ok()) {
+    MutexLock lock(&cache_mu_);
+    invalidated = ForgetRegistering(lo);
+    if (!invalidated) {
+      // Usable and leased in one step, and cached under the same lock
+      // the release processing takes: nothing can drop it in between.
+      lease = local_memory_.ActivateAndAcquire(lo, std::move(handles), addr,
+                                               length);
+      cache_[lo] = CachedMr{region.length, ++cache_clock_, region.cuda_device,
+                            region.cuda_buffer_id};
+      cache_bytes_ += region.length;
+    }
+  } else {
+    MutexLock lock(&cache_mu_);
+    ForgetRegistering(lo);
+  }
+  if (!s.ok() || invalidated) {
+    // Nothing else can register over the reservation meanwhile.
+    for (size_t i = 0; i < registered; ++i) {
+      (*transports_)[i]->UnregisterMemory(lo).IgnoreError();
+    }
+    local_memory_.CancelReservation(lo);
+    if (!s.ok()) {
+      return absl::Status(
+          s.code(), absl::StrCat("MR cache: cannot register 0x", absl::Hex(lo),
+                                 "+", region.length, ": ", s.message()));
+    }
+    // Released while it was being registered: the pages it pinned may
+    // not be the ones mapped now. Register again.
+    mr_cache_invalidations_.fetch_add(1, std::memory_order_relaxed);
+    *again = true;
+    return absl::UnavailableError(
+        "the memory was released while it was being registered");
+  }
+  EvictCached(lo);
+  return lease;
+}
+
+bool Registrations::ForgetRegistering(uintptr_t lo) {
   cache_mu_.AssertHeld();
   for (auto it = registering_.begin(); it != registering_.end(); ++it) {
     if (it->addr == lo) {
@@ -331,8 +363,8 @@ bool EngineImpl::ForgetRegistering(uintptr_t lo) {
   return false;
 }
 
-std::map<uintptr_t, EngineImpl::CachedMr>::iterator
-EngineImpl::RetireCachedLocked(std::map<uintptr_t, CachedMr>::iterator it) {
+std::map<uintptr_t, Registrations::CachedMr>::iterator
+Registrations::RetireCachedLocked(std::map<uintptr_t, CachedMr>::iterator it) {
   // Retired before the lock is released: from here on no request can
   // lease it, whatever thread it runs on.
   local_memory_.Retire(it->first).IgnoreError();
@@ -342,14 +374,14 @@ EngineImpl::RetireCachedLocked(std::map<uintptr_t, CachedMr>::iterator it) {
   return cache_.erase(it);
 }
 
-bool EngineImpl::DropCached(uintptr_t addr) {
+bool Registrations::DropCached(uintptr_t addr) {
   if (!local_memory_.RetireIfIdle(addr)) return false;
   ForgetCached(addr);
   UnregisterCached(addr);
   return true;
 }
 
-void EngineImpl::ProcessReleases() {
+void Registrations::ProcessReleases() {
   std::vector<MemoryWatcher::Range> ranges;
   std::vector<uintptr_t> idle;
   {
@@ -389,7 +421,7 @@ void EngineImpl::ProcessReleases() {
   for (uintptr_t a : idle) UnregisterCached(a);
 }
 
-void EngineImpl::DropFreedGpu() {
+void Registrations::DropFreedGpu() {
   struct Gpu {
     uintptr_t addr;
     int device;
@@ -419,13 +451,13 @@ void EngineImpl::DropFreedGpu() {
   if (dropped) ProcessReleases();
 }
 
-void EngineImpl::EvictCached(uintptr_t keep) {
+void Registrations::EvictCached(uintptr_t keep) {
   std::vector<std::pair<uint64_t, uintptr_t>> victims;
   size_t over = 0;
   {
     MutexLock lock(&cache_mu_);
-    if (cache_bytes_ <= options_.mr_cache_bytes) return;
-    over = cache_bytes_ - options_.mr_cache_bytes;
+    if (cache_bytes_ <= mr_cache_bytes_) return;
+    over = cache_bytes_ - mr_cache_bytes_;
     for (const auto& [a, c] : cache_) {
       if (a != keep) victims.emplace_back(c.last_use, a);
     }
@@ -449,7 +481,7 @@ void EngineImpl::EvictCached(uintptr_t keep) {
   }
 }
 
-void EngineImpl::DropCachedOverlapping(uintptr_t addr, size_t length) {
+void Registrations::DropCachedOverlapping(uintptr_t addr, size_t length) {
   std::vector<uintptr_t> overlapping;
   {
     MutexLock lock(&cache_mu_);
@@ -460,7 +492,7 @@ void EngineImpl::DropCachedOverlapping(uintptr_t addr, size_t length) {
   for (uintptr_t a : overlapping) DropCached(a);
 }
 
-void EngineImpl::ForgetCached(uintptr_t addr) {
+void Registrations::ForgetCached(uintptr_t addr) {
   MutexLock lock(&cache_mu_);
   auto it = cache_.find(addr);
   if (it == cache_.end()) return;
