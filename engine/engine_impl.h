@@ -1,7 +1,12 @@
-// EngineImpl: the implementation behind TransferEngine, split by concern:
-// engine_impl.cc (lifecycle, memory registration, notifications) and
-// engine_submit.cc (submission, slicing, status). Thread-safety as in
-// transfer_engine.h.
+// EngineImpl: the implementation behind TransferEngine, a facade over its
+// parts: local memory registration and the MR cache (registrations.h),
+// received notifications (notifications.h), batches (batch_table.h),
+// segments (segment_cache.h) and publication (segment_publisher.h). It owns
+// them, forwards to them and wires them together; each part calls only
+// the parts below it, never back into the engine. Its own code by concern:
+// engine_init.cc (Init's steps, Shutdown), engine_impl.cc (the forwarding
+// calls, segments, sending notifications, statistics) and engine_submit.cc
+// (submission, slicing, status). Thread-safety as in transfer_engine.h.
 #ifndef FERRY_ENGINE_ENGINE_IMPL_H_
 #define FERRY_ENGINE_ENGINE_IMPL_H_
 
@@ -110,12 +115,39 @@ class EngineImpl {
 
  private:
   friend struct TargetCursor;
+  // What Init's steps hand on to later ones (engine_init.cc).
+  struct Startup;
 
-  absl::Status ValidateOptions(const EngineOptions& options) const;
+  // Init's steps (engine_init.cc), in order. A step that fails leaves the
+  // cleanup to Init.
+  // The options as this run uses them: the auth token from the
+  // environment if none is given, validated, log levels set.
+  absl::Status CompleteOptions(EngineOptions* options) const;
+  // Adopts the options, chooses the advertised host and starts the MR
+  // cache.
+  absl::Status BeginRun(const EngineOptions& options, Startup* up);
   // Sets advertised_host_ and advertised_reason_ (EngineOptions::
   // advertise_host says how). May resolve names: Init only.
   absl::Status ChooseAdvertisedHost(const EngineOptions& options,
                                     const TransportOptions& topts);
+  // Starts the gRPC server: the peer service, and the metadata service if
+  // embedded.
+  absl::Status StartRpcServer(const EngineOptions& options, Startup* up);
+  // Names this run (addresses, segment name, identity key) and makes the
+  // client it sends with.
+  absl::Status NameRun(const EngineOptions& options, Startup* up);
+  // Connects to the metadata (or serves it, P2P).
+  absl::Status ConnectMetadata(const EngineOptions& options, Startup* up);
+  // The segment cache, the sender check and what the peer service calls.
+  void StartPeerServices(const EngineOptions& options, const Startup& up);
+  // Installs each transport, describing them in *desc.
+  absl::Status InstallTransports(const EngineOptions& options,
+                                 const Startup& up,
+                                 metadata::SegmentDescriptor* desc);
+  absl::Status PublishSegment(const EngineOptions& options, const Startup& up,
+                              const metadata::SegmentDescriptor& desc);
+  void LogStarted(const EngineOptions& options, const Startup& up) const;
+
   // Validates request `index` into *out. `prev` (if not null) is the
   // request before it: a local range in the same buffer shares its lease.
   absl::Status Prepare(size_t index, const TransferRequest& request,
@@ -126,6 +158,13 @@ class EngineImpl {
   // *out (to be submitted to that transport).
   void SliceTask(Task* task, const SegmentView* view, int buffer,
                  size_t transport, std::vector<Slice*>* out);
+  // Turns a prepared request into the batch's next task: sliced onto
+  // (*per_transport)[its transport], or, if it waits for a descriptor,
+  // added to *parked.
+  void AddTaskLocked(Batch* batch, Prepared* p, absl::Time deadline,
+                     std::vector<Task*>* parked,
+                     std::vector<std::vector<Slice*>>* per_transport)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(batch->mu);
   // The first of transports_[first..] that segment `v` serves and that
   // reaches its buffer `buffer`; `first` if none does (its data path then
   // says why, and what would reach the buffer).

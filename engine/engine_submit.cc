@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "engine/engine_impl.h"
 
 namespace ferry {
@@ -246,6 +247,32 @@ absl::Status TargetCursor::Set(SegmentHandle h,
   return absl::OkStatus();
 }
 
+void EngineImpl::AddTaskLocked(
+    Batch* batch, Prepared* p, absl::Time deadline, std::vector<Task*>* parked,
+    std::vector<std::vector<Slice*>>* per_transport) {
+  Task& task = batch->AddTask();
+  task.batch = batch;
+  task.op = p->request->opcode;
+  task.source = p->request->source;
+  task.remote = p->request->target_offset;
+  task.length = p->request->length;
+  task.target = p->request->target_id;
+  task.deadline = deadline;
+  task.error = absl::OkStatus();
+  task.failed_state = TransferState::kFailed;
+  task.bytes_done.store(0, std::memory_order_relaxed);
+  task.local_lease = std::move(p->lease);
+  if (p->park) {
+    task.slices_left.store(0, std::memory_order_relaxed);
+    task.state.store(TransferState::kWaiting, std::memory_order_relaxed);
+    parked->push_back(&task);
+    return;
+  }
+  SliceTask(&task, p->view, p->buffer, p->transport,
+            &(*per_transport)[p->transport]);
+  task.state.store(TransferState::kPending, std::memory_order_relaxed);
+}
+
 absl::Status EngineImpl::SubmitTransfer(
     BatchId batch_id, absl::Span<const TransferRequest> requests) {
   if (!initialized_)
@@ -280,7 +307,6 @@ absl::Status EngineImpl::SubmitTransfer(
     }
     Batch* batch = &**locked;
     batch->mu.AssertHeld();
-    batch->mu.AssertHeld();
     if (batch->count + requests.size() > batch->capacity) {
       const size_t used = batch->count;
       const size_t cap = batch->capacity;
@@ -296,27 +322,8 @@ absl::Status EngineImpl::SubmitTransfer(
       }
     }
     for (Prepared& p : scratch.prepared) {
-      Task& task = batch->AddTask();
-      task.batch = batch;
-      task.op = p.request->opcode;
-      task.source = p.request->source;
-      task.remote = p.request->target_offset;
-      task.length = p.request->length;
-      task.target = p.request->target_id;
-      task.deadline = deadline;
-      task.error = absl::OkStatus();
-      task.failed_state = TransferState::kFailed;
-      task.bytes_done.store(0, std::memory_order_relaxed);
-      task.local_lease = std::move(p.lease);
-      if (p.park) {
-        task.slices_left.store(0, std::memory_order_relaxed);
-        task.state.store(TransferState::kWaiting, std::memory_order_relaxed);
-        scratch.parked.push_back(&task);
-        continue;
-      }
-      SliceTask(&task, p.view, p.buffer, p.transport,
-                &scratch.per_transport[p.transport]);
-      task.state.store(TransferState::kPending, std::memory_order_relaxed);
+      AddTaskLocked(batch, &p, deadline, &scratch.parked,
+                    &scratch.per_transport);
     }
     batch->pending.fetch_add(scratch.prepared.size(),
                              std::memory_order_release);
@@ -349,9 +356,8 @@ size_t EngineImpl::PollTransports() {
 absl::StatusOr<TransferStatus> EngineImpl::GetTransferStatus(BatchId batch_id,
                                                              size_t index) {
   PollTransports();  // Status pollers drive completions too.
-  auto locked = batches_.LockBatch(batch_id);
-  if (!locked.ok()) return locked.status();
-  Batch* batch = &**locked;
+  FERRY_ASSIGN_OR_RETURN(LockedBatch locked, batches_.LockBatch(batch_id));
+  Batch* batch = &*locked;
   batch->mu.AssertHeld();
   if (index >= batch->count) {
     return absl::InvalidArgumentError(
@@ -363,9 +369,8 @@ absl::StatusOr<TransferStatus> EngineImpl::GetTransferStatus(BatchId batch_id,
 
 absl::StatusOr<BatchStatus> EngineImpl::GetBatchStatus(BatchId batch_id) {
   PollTransports();
-  auto locked = batches_.LockBatch(batch_id);
-  if (!locked.ok()) return locked.status();
-  return SummarizeLocked(**locked);
+  FERRY_ASSIGN_OR_RETURN(LockedBatch locked, batches_.LockBatch(batch_id));
+  return SummarizeLocked(*locked);
 }
 
 void EngineImpl::DriveUntilDone(Batch* batch, absl::Time deadline) {
@@ -407,9 +412,8 @@ absl::StatusOr<BatchStatus> EngineImpl::WaitBatch(BatchId batch_id,
   const absl::Time deadline = clock_->Now() + timeout;
   Batch* batch;
   {
-    auto locked = batches_.LockBatch(batch_id);
-    if (!locked.ok()) return locked.status();
-    batch = &**locked;
+    FERRY_ASSIGN_OR_RETURN(LockedBatch locked, batches_.LockBatch(batch_id));
+    batch = &*locked;
     if (batch->pending.load(std::memory_order_acquire) == 0) {
       return SummarizeLocked(*batch);
     }
@@ -418,8 +422,7 @@ absl::StatusOr<BatchStatus> EngineImpl::WaitBatch(BatchId batch_id,
   // The slot outlives any id, so `batch` stays a valid object; LockBatch
   // below re-checks the id.
   DriveUntilDone(batch, deadline);
-  auto locked = batches_.LockBatch(batch_id);
-  if (!locked.ok()) return locked.status();
+  FERRY_ASSIGN_OR_RETURN(LockedBatch locked, batches_.LockBatch(batch_id));
   batch->mu.AssertHeld();
   while (batch->pending.load(std::memory_order_acquire) != 0) {
     if (clock_->WaitWithDeadline(&batch->done_cv, &batch->mu, deadline)) {
