@@ -23,7 +23,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "common/mutex.h"
-#include "engine/transfer_engine.h"
+#include "ferry/transfer_engine.h"
 #include "metadata/proto/metadata.pb.h"
 
 namespace ferry {

@@ -30,7 +30,7 @@
 #include "common/mutex.h"
 #include "engine/memory_hooks.h"
 #include "engine/segment_publisher.h"
-#include "engine/transfer_engine.h"
+#include "ferry/transfer_engine.h"
 #include "gpu/gpu_memory.h"
 #include "metadata/proto/metadata.pb.h"
 #include "transport/memory_registry.h"
