@@ -12,7 +12,7 @@
 #include "common/status_macros.h"
 #include "google/protobuf/io/coded_stream.h"
 
-namespace ferry::metadata {
+namespace ferry::descriptor {
 
 absl::Status ValidateSegmentName(absl::string_view name) {
   if (name.empty()) {
@@ -304,4 +304,4 @@ int64_t EncodedBufferBytes(const Buffer& buffer) {
       1 + google::protobuf::io::CodedOutputStream::VarintSize64(n) + n);
 }
 
-}  // namespace ferry::metadata
+}  // namespace ferry::descriptor

@@ -12,7 +12,7 @@
 #include "absl/strings/string_view.h"
 #include "descriptor/descriptor.pb.h"
 
-namespace ferry::metadata {
+namespace ferry::descriptor {
 
 constexpr size_t kMaxSegmentNameBytes = 256;
 constexpr size_t kMaxBuffersPerSegment = 1 << 16;
@@ -61,6 +61,6 @@ absl::Status ValidateSegmentDescriptor(const SegmentDescriptor& segment);
 absl::Status CheckReachable(const SegmentDescriptor& segment,
                             absl::string_view local_network_id);
 
-}  // namespace ferry::metadata
+}  // namespace ferry::descriptor
 
 #endif  // FERRY_DESCRIPTOR_VALIDATION_H_

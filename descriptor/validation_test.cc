@@ -7,7 +7,7 @@
 #include "common/status_testing.h"
 #include "gtest/gtest.h"
 
-namespace ferry::metadata {
+namespace ferry::descriptor {
 namespace {
 
 SegmentDescriptor Good() {
@@ -196,4 +196,4 @@ TEST(CheckReachableTest, LoopbackFromAnotherHostIsRefusedWithTheFix) {
 }
 
 }  // namespace
-}  // namespace ferry::metadata
+}  // namespace ferry::descriptor

@@ -101,7 +101,7 @@ absl::Status EngineImpl::SendNotification(SegmentHandle target,
   // restarted since its descriptor was read: read it again, once, and
   // send to the new run.
   for (bool refreshed = false;; refreshed = true) {
-    const metadata::SegmentDescriptor& to = snap.view->descriptor();
+    const descriptor::SegmentDescriptor& to = snap.view->descriptor();
     absl::Status s =
         peer_client_->Notify(to.rpc_address(), options_.local_segment_name,
                              name, message, to.name(), to.incarnation());

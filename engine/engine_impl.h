@@ -143,9 +143,9 @@ class EngineImpl {
   // Installs each transport, describing them in *desc.
   absl::Status InstallTransports(const EngineOptions& options,
                                  const Startup& up,
-                                 metadata::SegmentDescriptor* desc);
+                                 descriptor::SegmentDescriptor* desc);
   absl::Status PublishSegment(const EngineOptions& options, const Startup& up,
-                              const metadata::SegmentDescriptor& desc);
+                              const descriptor::SegmentDescriptor& desc);
   void LogStarted(const EngineOptions& options, const Startup& up) const;
 
   // Validates request `index` into *out. `prev` (if not null) is the

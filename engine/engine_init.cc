@@ -53,7 +53,7 @@ absl::Status ValidateAddressing(const EngineOptions& o) {
   // In P2PHANDSHAKE mode the name is the engine's RPC address, chosen at
   // Init; a name given is only a hint (host:port sets nothing here).
   const bool p2p = o.metadata_endpoint == "P2PHANDSHAKE";
-  if (absl::Status s = metadata::ValidateSegmentName(o.local_segment_name);
+  if (absl::Status s = descriptor::ValidateSegmentName(o.local_segment_name);
       !s.ok() && !(p2p && o.local_segment_name.empty())) {
     return absl::InvalidArgumentError(
         absl::StrCat("local_segment_name: ", s.message()));
@@ -95,7 +95,7 @@ absl::Status ValidateAddressing(const EngineOptions& o) {
         "are named by their engines' addresses)");
   }
   if (!o.metadata_namespace.empty()) {
-    if (absl::Status s = metadata::ValidateSegmentName(o.metadata_namespace);
+    if (absl::Status s = descriptor::ValidateSegmentName(o.metadata_namespace);
         !s.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("metadata_namespace: ", s.message()));
@@ -177,7 +177,7 @@ absl::Status EngineImpl::Init(const EngineOptions& requested) {
   absl::Status s = NameRun(options, &up);
   if (s.ok()) s = ConnectMetadata(options, &up);
   if (s.ok()) StartPeerServices(options, up);
-  metadata::SegmentDescriptor desc;
+  descriptor::SegmentDescriptor desc;
   if (s.ok()) s = InstallTransports(options, up, &desc);
   if (s.ok()) s = PublishSegment(options, up, desc);
   if (!s.ok()) {
@@ -419,9 +419,9 @@ void EngineImpl::StartPeerServices(const EngineOptions& options,
       });
 }
 
-absl::Status EngineImpl::InstallTransports(const EngineOptions& options,
-                                           const Startup& up,
-                                           metadata::SegmentDescriptor* desc) {
+absl::Status EngineImpl::InstallTransports(
+    const EngineOptions& options, const Startup& up,
+    descriptor::SegmentDescriptor* desc) {
   desc->set_name(up.segment_name);
   desc->set_incarnation(incarnation_);
   desc->set_rpc_address(up.rpc_address);
@@ -442,7 +442,7 @@ absl::Status EngineImpl::InstallTransports(const EngineOptions& options,
   for (const std::string& name : options.transports) {
     auto transport = CreateTransport(name, up.topts);
     absl::Status s = transport.status();
-    metadata::TransportEndpoint* ep = desc->add_transports();
+    descriptor::TransportEndpoint* ep = desc->add_transports();
     ep->set_transport(name);
     if (s.ok()) s = (*transport)->Install(env, ep);
     if (!s.ok()) {
@@ -460,7 +460,7 @@ absl::Status EngineImpl::InstallTransports(const EngineOptions& options,
 
 absl::Status EngineImpl::PublishSegment(
     const EngineOptions& options, const Startup& up,
-    const metadata::SegmentDescriptor& desc) {
+    const descriptor::SegmentDescriptor& desc) {
   FERRY_RETURN_IF_ERROR(segments_->Start());
   // This run's owner key: only this run can change or remove the segment,
   // and a second engine with the same name cannot take it over.

@@ -299,7 +299,7 @@ absl::StatusOr<MemoryRegistry::Lease> Registrations::RegisterReserved(
   std::vector<const void*> handles;
   absl::Status s;
   for (auto& t : *transports_) {
-    metadata::Buffer unpublished;
+    descriptor::Buffer unpublished;
     auto handle = t->RegisterMemory(region, &unpublished);
     if (!handle.ok()) {
       s = handle.status();

@@ -39,7 +39,7 @@ absl::StatusOr<MemoryRegion> Registrations::MakeRegion(
   region.length = length;
   region.location = location.empty() ? "*" : location;
   region.remote_accessible = remote_accessible;
-  if (region.location.size() > metadata::kMaxLocationBytes) {
+  if (region.location.size() > descriptor::kMaxLocationBytes) {
     return absl::InvalidArgumentError("location is too long");
   }
   if (ValidateRegion(region.addr, region.length).ok()) {
@@ -73,11 +73,11 @@ absl::Status Registrations::Register(const std::vector<BufferEntry>& buffers,
     regions.push_back(std::move(region));
   }
   MutexLock lock(&register_mu_);
-  std::vector<metadata::Buffer> published;
+  std::vector<descriptor::Buffer> published;
   absl::Status s;
   size_t attached = 0;
   for (; attached < regions.size(); ++attached) {
-    metadata::Buffer b;
+    descriptor::Buffer b;
     s = AttachLocked(regions[attached], &b);
     if (!s.ok()) {
       if (regions.size() > 1) {
@@ -99,7 +99,7 @@ absl::Status Registrations::Register(const std::vector<BufferEntry>& buffers,
 }
 
 absl::Status Registrations::AttachLocked(const MemoryRegion& region,
-                                         metadata::Buffer* published) {
+                                         descriptor::Buffer* published) {
   // Checked first, so nothing is registered with a transport for a region
   // that cannot be added (register_mu_ keeps the check valid until Add).
   FERRY_RETURN_IF_ERROR(local_memory_.CheckAvailable(region));

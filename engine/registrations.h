@@ -120,7 +120,7 @@ class Registrations {
   // Registers `region` locally and with every transport, and fills the
   // entry to publish; nothing is left behind on failure.
   absl::Status AttachLocked(const MemoryRegion& region,
-                            metadata::Buffer* published)
+                            descriptor::Buffer* published)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(register_mu_);
   // Undoes AttachLocked (nothing can use the region yet).
   void DetachLocked(uintptr_t addr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(register_mu_);

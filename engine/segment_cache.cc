@@ -83,9 +83,9 @@ void SegmentCache::Stop() {
 }
 
 absl::StatusOr<std::shared_ptr<const SegmentView>> SegmentCache::MakeView(
-    metadata::SegmentDescriptor desc) {
-  FERRY_RETURN_IF_ERROR(metadata::ValidateSegmentDescriptor(desc));
-  FERRY_RETURN_IF_ERROR(metadata::CheckReachable(desc, NetworkIdentity()));
+    descriptor::SegmentDescriptor desc) {
+  FERRY_RETURN_IF_ERROR(descriptor::ValidateSegmentDescriptor(desc));
+  FERRY_RETURN_IF_ERROR(descriptor::CheckReachable(desc, NetworkIdentity()));
   return SegmentView::Create(std::move(desc));
 }
 
@@ -128,7 +128,7 @@ absl::StatusOr<size_t> SegmentCache::SlotOf(SegmentHandle handle) const {
 }
 
 absl::StatusOr<SegmentHandle> SegmentCache::Open(const std::string& name) {
-  FERRY_RETURN_IF_ERROR(metadata::ValidateSegmentName(name));
+  FERRY_RETURN_IF_ERROR(descriptor::ValidateSegmentName(name));
   {
     MutexLock lock(&mu_);
     auto it = by_name_.find(name);
@@ -206,7 +206,7 @@ void SegmentCache::OnEvent(const std::string& name, WatchBase* base,
   // What the event gives is built aside and checked before it replaces
   // the base: a refused change applied in place would corrupt the base
   // every later delta builds on.
-  metadata::SegmentDescriptor next;
+  descriptor::SegmentDescriptor next;
   absl::Status refused;
   if (ev.has_full()) {
     if (ev.full().name() != name) {
@@ -227,10 +227,10 @@ void SegmentCache::OnEvent(const std::string& name, WatchBase* base,
   } else {
     // Removals, then additions, by address.
     next = base->descriptor;
-    std::map<uint64_t, metadata::Buffer> bufs;
-    for (const metadata::Buffer& b : next.buffers()) bufs[b.addr()] = b;
+    std::map<uint64_t, descriptor::Buffer> bufs;
+    for (const descriptor::Buffer& b : next.buffers()) bufs[b.addr()] = b;
     for (uint64_t a : ev.remove_addrs()) bufs.erase(a);
-    for (const metadata::Buffer& b : ev.add()) bufs[b.addr()] = b;
+    for (const descriptor::Buffer& b : ev.add()) bufs[b.addr()] = b;
     next.clear_buffers();
     for (auto& [addr, b] : bufs) *next.add_buffers() = std::move(b);
     next.set_version(ev.version());

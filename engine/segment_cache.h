@@ -153,7 +153,7 @@ class SegmentCache {
       const std::string& name);
   // Validates a descriptor (fetched or pushed) into a view.
   static absl::StatusOr<std::shared_ptr<const SegmentView>> MakeView(
-      metadata::SegmentDescriptor desc);
+      descriptor::SegmentDescriptor desc);
   // Watches an opened segment, if the store can push.
   void StartWatchLocked(const std::string& name,
                         std::shared_ptr<const SegmentView> view)
@@ -163,7 +163,7 @@ class SegmentCache {
   // to a base the service no longer has, so they are ignored until a
   // whole descriptor comes (the segment is served by refreshes meanwhile).
   struct WatchBase {
-    metadata::SegmentDescriptor descriptor;
+    descriptor::SegmentDescriptor descriptor;
     bool broken = false;
   };
   // Builds the descriptor a pushed change gives, checks that it names the

@@ -9,13 +9,14 @@
 namespace ferry {
 
 absl::Status SegmentPublisher::Publish(
-    const metadata::SegmentDescriptor& segment, absl::Duration name_wait) {
+    const descriptor::SegmentDescriptor& segment, absl::Duration name_wait) {
   {
     MutexLock lock(&publish_mu_);
     segment_ = segment;
     segment_.clear_buffers();
     buffers_.clear();
-    for (const metadata::Buffer& b : segment.buffers()) buffers_[b.addr()] = b;
+    for (const descriptor::Buffer& b : segment.buffers())
+      buffers_[b.addr()] = b;
     const absl::Time give_up = clock_->Now() + name_wait;
     bool told = false;
     while (true) {
@@ -80,23 +81,23 @@ metadata::UpdateBuffersRequest SegmentPublisher::UpdateRequestLocked() const {
 }
 
 absl::Status SegmentPublisher::AddBuffers(
-    const std::vector<metadata::Buffer>& buffers) {
+    const std::vector<descriptor::Buffer>& buffers) {
   if (buffers.empty()) return absl::OkStatus();
   MutexLock lock(&publish_mu_);
   metadata::UpdateBuffersRequest req = UpdateRequestLocked();
-  for (const metadata::Buffer& b : buffers) *req.add_add() = b;
+  for (const descriptor::Buffer& b : buffers) *req.add_add() = b;
   absl::Status s = store_->UpdateBuffers(req).status();
   if (s.code() == absl::StatusCode::kNotFound) {
     // The service lost the segment: publish all of it, these buffers too.
-    for (const metadata::Buffer& b : buffers) buffers_[b.addr()] = b;
+    for (const descriptor::Buffer& b : buffers) buffers_[b.addr()] = b;
     s = RepublishLocked();
     if (!s.ok()) {
-      for (const metadata::Buffer& b : buffers) buffers_.erase(b.addr());
+      for (const descriptor::Buffer& b : buffers) buffers_.erase(b.addr());
     }
     return s;
   }
   if (s.ok()) {
-    for (const metadata::Buffer& b : buffers) buffers_[b.addr()] = b;
+    for (const descriptor::Buffer& b : buffers) buffers_[b.addr()] = b;
   }
   return s;
 }

@@ -54,12 +54,12 @@ class SegmentPublisher {
   // Publishes `segment` (its buffers included) and, with a lease, starts
   // renewing it every lease_ttl / 3. While another engine run holds the
   // name (AlreadyExists), tries again for up to `name_wait`.
-  absl::Status Publish(const metadata::SegmentDescriptor& segment,
+  absl::Status Publish(const descriptor::SegmentDescriptor& segment,
                        absl::Duration name_wait = absl::ZeroDuration());
   // Adds buffers to the published segment: one UpdateBuffers for all of
   // them (the whole segment again if the service lost it). On failure none
   // is added.
-  absl::Status AddBuffers(const std::vector<metadata::Buffer>& buffers);
+  absl::Status AddBuffers(const std::vector<descriptor::Buffer>& buffers);
   // Removes the buffers at `addrs` from the published segment, in one
   // UpdateBuffers.
   absl::Status RemoveBuffers(const std::vector<uint64_t>& addrs);
@@ -90,8 +90,8 @@ class SegmentPublisher {
 
   // Held across the RPCs that change what is published.
   mutable Mutex publish_mu_;
-  metadata::SegmentDescriptor segment_ ABSL_GUARDED_BY(publish_mu_);
-  std::map<uint64_t, metadata::Buffer> buffers_ ABSL_GUARDED_BY(publish_mu_);
+  descriptor::SegmentDescriptor segment_ ABSL_GUARDED_BY(publish_mu_);
+  std::map<uint64_t, descriptor::Buffer> buffers_ ABSL_GUARDED_BY(publish_mu_);
   uint64_t republished_ ABSL_GUARDED_BY(publish_mu_) = 0;
 
   Mutex stop_mu_;

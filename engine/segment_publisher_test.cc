@@ -79,7 +79,7 @@ TEST(SegmentPublisherTest, PublishesAgainWhatTheStoreLost) {
   SegmentStore store(&clock);
   SegmentPublisher publisher(&store, TestOwnerKey(7), kTtl, &clock);
   ASSERT_OK(publisher.Publish(TestSegment("lost", 7, 2)));
-  metadata::Buffer added;
+  descriptor::Buffer added;
   added.set_addr(0x900000);
   added.set_length(0x1000);
   added.set_location("cpu:0");
@@ -89,7 +89,7 @@ TEST(SegmentPublisherTest, PublishesAgainWhatTheStoreLost) {
   // Once it waits for the next one, the segment is back.
   ASSERT_TRUE(AdvanceToNextWake(clock));
   EXPECT_EQ(publisher.republished(), 1u);
-  ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor back, store.Get("lost"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor back, store.Get("lost"));
   EXPECT_EQ(back.buffers_size(), 3);
   EXPECT_EQ(back.incarnation(), 7u);
 }
@@ -133,7 +133,7 @@ TEST(SegmentPublisherTest, WaitsForATakenNameUpToNameWait) {
   EXPECT_OK(s);
   EXPECT_GE(took, kTtl - absl::Seconds(1));
   EXPECT_LE(took, kTtl - absl::Seconds(1) + SegmentPublisher::kNameRetry);
-  ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor now, store.Get("taken"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor now, store.Get("taken"));
   EXPECT_EQ(now.incarnation(), 7u);
 }
 

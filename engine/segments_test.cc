@@ -30,7 +30,7 @@ class ForgingMetadataService final
     : public metadata::MetadataService::WithCallbackMethod_WatchSegment<
           metadata::MetadataService::Service> {
  public:
-  void Forge(const metadata::SegmentDescriptor& d) {
+  void Forge(const descriptor::SegmentDescriptor& d) {
     MutexLock lock(&mu_);
     forged_[d.name()] = d;
   }
@@ -114,7 +114,7 @@ class ForgingMetadataService final
     MutexLock lock(&mu_);
     return watchers_;
   }
-  absl::StatusOr<metadata::SegmentDescriptor> Current(const std::string& n) {
+  absl::StatusOr<descriptor::SegmentDescriptor> Current(const std::string& n) {
     return store_.Get(n);
   }
   // The stream (gRPC's callback API, as the real service serves it: a
@@ -202,7 +202,7 @@ class ForgingMetadataService final
 
   metadata::SegmentStore store_;
   Mutex mu_;
-  std::map<std::string, metadata::SegmentDescriptor> forged_
+  std::map<std::string, descriptor::SegmentDescriptor> forged_
       ABSL_GUARDED_BY(mu_);
   int gets_ ABSL_GUARDED_BY(mu_) = 0;
   bool gate_open_ ABSL_GUARDED_BY(mu_) = true;
@@ -288,7 +288,7 @@ class SegmentsTest : public ::testing::Test {
 // Reproduced on the unvalidated engine: a TCP endpoint of "nohost" left a
 // null connection pool that the TCP transport's reaper dereferenced.
 TEST_F(SegmentsTest, ForgedDescriptorFailsOpenSegmentAndChangesNothing) {
-  metadata::SegmentDescriptor forged;
+  descriptor::SegmentDescriptor forged;
   forged.set_name("forged");
   forged.set_incarnation(1);
   auto* tcp = forged.add_transports();
@@ -340,7 +340,7 @@ TEST_F(SegmentsTest, PushedChangesAreCheckedBeforeTheyApply) {
     absl::SleepFor(absl::Milliseconds(5));
   }
   ASSERT_EQ(service_.watchers(), 1);
-  ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor real,
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor real,
                        service_.Current("target"));
   ASSERT_EQ(real.buffers_size(), 1);
   const uint64_t v = real.version();
@@ -357,7 +357,7 @@ TEST_F(SegmentsTest, PushedChangesAreCheckedBeforeTheyApply) {
   metadata::SegmentEvent bad;
   bad.set_version(v + 1);
   bad.add_remove_addrs(real.buffers(0).addr());
-  metadata::Buffer* zero = bad.add_add();
+  descriptor::Buffer* zero = bad.add_add();
   zero->set_addr(0x10000);
   zero->set_length(0);
   zero->set_location("cpu:0");
@@ -367,7 +367,7 @@ TEST_F(SegmentsTest, PushedChangesAreCheckedBeforeTheyApply) {
   metadata::SegmentEvent follow;
   follow.set_version(v + 2);
   follow.add_remove_addrs(0x10000);
-  metadata::Buffer* other = follow.add_add();
+  descriptor::Buffer* other = follow.add_add();
   other->set_addr(0x20000);
   other->set_length(4096);
   other->set_location("cpu:0");
@@ -380,7 +380,7 @@ TEST_F(SegmentsTest, PushedChangesAreCheckedBeforeTheyApply) {
   EXPECT_EQ(wait_pushes(1), 1u);
 
   // A whole descriptor of another segment.
-  ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor stranger,
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor stranger,
                        service_.Current("initiator"));
   metadata::SegmentEvent swap;
   *swap.mutable_full() = stranger;
@@ -401,28 +401,28 @@ TEST_F(SegmentsTest, EveryForgedFieldIsNamed) {
   struct Case {
     const char* name;
     const char* field;
-    void (*spoil)(metadata::SegmentDescriptor*);
+    void (*spoil)(descriptor::SegmentDescriptor*);
   };
   const Case cases[] = {
       {"f1", "rpc_address",
-       [](metadata::SegmentDescriptor* d) { d->set_rpc_address("x"); }},
+       [](descriptor::SegmentDescriptor* d) { d->set_rpc_address("x"); }},
       {"f2", "buffers[1]",
-       [](metadata::SegmentDescriptor* d) {
+       [](descriptor::SegmentDescriptor* d) {
          auto* b = d->add_buffers();
          b->set_addr(0x18000);
          b->set_length(0x1000);
        }},
       {"f3", "buffers[0].keys[0].nic",
-       [](metadata::SegmentDescriptor* d) {
+       [](descriptor::SegmentDescriptor* d) {
          d->mutable_buffers(0)->add_keys()->set_nic("mlx5_9");
        }},
       {"f4", "transports[1].transport",
-       [](metadata::SegmentDescriptor* d) {
+       [](descriptor::SegmentDescriptor* d) {
          *d->add_transports() = d->transports(0);
        }},
   };
   for (const Case& c : cases) {
-    metadata::SegmentDescriptor d;
+    descriptor::SegmentDescriptor d;
     d.set_name(c.name);
     d.set_incarnation(1);
     auto* tcp = d.add_transports();

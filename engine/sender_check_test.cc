@@ -23,7 +23,7 @@ class FakeStore final : public metadata::Store {
  public:
   void Add(const std::string& name, const std::string& key,
            const std::string& rpc = "127.0.0.1:4000") {
-    metadata::SegmentDescriptor d;
+    descriptor::SegmentDescriptor d;
     d.set_name(name);
     d.set_incarnation(1);
     d.set_rpc_address(rpc);
@@ -37,11 +37,11 @@ class FakeStore final : public metadata::Store {
   // notified (or 10 s passed): a slow or hung store.
   void Hold(absl::Notification* release) { hold_ = release; }
 
-  absl::StatusOr<metadata::SegmentDescriptor> Get(
+  absl::StatusOr<descriptor::SegmentDescriptor> Get(
       const std::string& name) override {
     ++reads_;
     if (down_) return absl::UnavailableError("the store is down");
-    absl::StatusOr<metadata::SegmentDescriptor> found =
+    absl::StatusOr<descriptor::SegmentDescriptor> found =
         absl::NotFoundError(name);
     {
       MutexLock lock(&mu_);
@@ -75,7 +75,7 @@ class FakeStore final : public metadata::Store {
 
  private:
   Mutex mu_;
-  absl::flat_hash_map<std::string, metadata::SegmentDescriptor> segments_
+  absl::flat_hash_map<std::string, descriptor::SegmentDescriptor> segments_
       ABSL_GUARDED_BY(mu_);
   std::atomic<bool> down_{false};
   std::atomic<int> reads_{0};

@@ -242,7 +242,7 @@ TEST(EngineClockTest, EmbeddedServiceExpiresLeasesOnTheEngineClock) {
   EngineOptions o = Named("a");
   o.clock = &clock;
   ASSERT_OK(a.Init(o));
-  metadata::SegmentDescriptor d;
+  descriptor::SegmentDescriptor d;
   d.set_name("orphan");
   d.set_incarnation(9);
   auto* t = d.add_transports();
@@ -612,12 +612,12 @@ TEST_F(EngineTest, BatchRegistrationIsOneUpdateAndAllOrNothing) {
     entries.push_back({mem.data() + i * 2 * kLen, kLen});
   }
   metadata::MetadataClient md(a_.metadata_address(), absl::Seconds(3));
-  ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor before, md.Get("a"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor before, md.Get("a"));
   // Versions count every update of the store: the newest before the batch.
-  ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor other, md.Get("b"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor other, md.Get("b"));
   const uint64_t newest = std::max(before.version(), other.version());
   ASSERT_OK(a_.RegisterLocalMemoryBatch(entries, "cpu:0"));
-  ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor after, md.Get("a"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor after, md.Get("a"));
   EXPECT_EQ(after.buffers_size(), before.buffers_size() + kBuffers);
   EXPECT_EQ(after.version(), newest + 1) << "one update for the batch";
   // The last one serves a READ.
@@ -756,21 +756,23 @@ TEST(EngineNotifyTest, ClaimedSendersAreChecked) {
                        IdentityKey::Generate());
   ASSERT_OK_AND_ASSIGN(std::shared_ptr<const IdentityKey> other,
                        IdentityKey::Generate());
-  metadata::SegmentDescriptor owned = metadata::TestSegment("prefill-0", 9, 0);
+  descriptor::SegmentDescriptor owned =
+      metadata::TestSegment("prefill-0", 9, 0);
   owned.set_rpc_address("127.0.0.1:4000");  // This host: no help to a spoof.
   owned.set_identity_key(key->public_key());
   ASSERT_OK(md.Put(metadata::LeasedPutOf(owned)));
   // prefill-old (an older engine, keyless) on another host; prefill-near,
   // keyless too, on this one: held to the host, as that release was.
-  metadata::SegmentDescriptor old = metadata::TestSegment("prefill-old", 9, 0);
+  descriptor::SegmentDescriptor old =
+      metadata::TestSegment("prefill-old", 9, 0);
   old.set_rpc_address("10.255.0.9:4001");
   ASSERT_OK(md.Put(metadata::LeasedPutOf(old)));
-  metadata::SegmentDescriptor near =
+  descriptor::SegmentDescriptor near =
       metadata::TestSegment("prefill-near", 9, 0);
   near.set_rpc_address("127.0.0.1:4002");
   ASSERT_OK(md.Put(metadata::LeasedPutOf(near)));
   const std::string to = receiver.metadata_address();
-  ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor rd, md.Get("decode-0"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor rd, md.Get("decode-0"));
   const uint64_t inc = rd.incarnation();
   metadata::PeerClient unsigned_client(absl::Seconds(3));
   metadata::PeerClient wrong_key(
@@ -810,7 +812,7 @@ TEST(EngineNotifyTest, ClaimedSendersAreChecked) {
   ASSERT_TRUE(strict.refuse_unverified_notifications) << "the default";
   TransferEngine guarded;
   ASSERT_OK(guarded.Init(strict));
-  ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor gd, md.Get("decode-1"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor gd, md.Get("decode-1"));
   absl::Status s = wrong_key.Notify(gd.rpc_address(), "prefill-0", "kv-ready",
                                     "layer=0", "decode-1", gd.incarnation());
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
@@ -842,12 +844,13 @@ TEST(EngineNotifyTest, ReplayedNotificationsAreRefused) {
   metadata::MetadataClient md(receiver.metadata_address(), absl::Seconds(3));
   ASSERT_OK_AND_ASSIGN(std::shared_ptr<const IdentityKey> key,
                        IdentityKey::Generate());
-  metadata::SegmentDescriptor owned = metadata::TestSegment("prefill-0", 9, 0);
+  descriptor::SegmentDescriptor owned =
+      metadata::TestSegment("prefill-0", 9, 0);
   owned.set_rpc_address("127.0.0.1:4000");
   owned.set_identity_key(key->public_key());
   ASSERT_OK(md.Put(metadata::LeasedPutOf(owned)));
-  ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor d0, md.Get("decode-0"));
-  ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor d1, md.Get("decode-1"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor d0, md.Get("decode-0"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor d1, md.Get("decode-1"));
   // What prefill-0 would send decode-0, signed; sent as captured.
   metadata::NotifyRequest req;
   req.set_from_segment("prefill-0");
@@ -963,7 +966,7 @@ TEST(EngineNotifyTest, P2pNotificationsAreVerifiedByTheSendersKey) {
   ASSERT_OK_AND_ASSIGN(SegmentHandle h, sender.OpenSegment(to));
   ASSERT_OK(sender.SendNotification(h, "kv-ready", "real"));
   metadata::PeerClient reader(absl::Seconds(3));
-  ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor rd,
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor rd,
                        reader.GetDescriptor(to, to));
   ASSERT_OK_AND_ASSIGN(std::shared_ptr<const IdentityKey> other,
                        IdentityKey::Generate());
@@ -1017,8 +1020,8 @@ TEST(EnginePeerTest, ExchangesForATransportNotRunAreRefused) {
   ASSERT_NO_FATAL_FAILURE(
       StartLoopbackPair("target", &target, "initiator", &initiator));
   metadata::MetadataClient md(target.metadata_address(), absl::Seconds(3));
-  ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor td, md.Get("target"));
-  ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor id, md.Get("initiator"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor td, md.Get("target"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor id, md.Get("initiator"));
   EXPECT_EQ(id.identity_key().size(), kIdentityKeyBytes);
   metadata::PeerClient unsigned_client(absl::Seconds(3));
   for (const char* transport : {"tcp", "rdma"}) {
@@ -1050,7 +1053,7 @@ TEST_F(EngineTest, SilentPeerTimesOutAndBatchCannotBeFreedMeanwhile) {
   uint16_t port = 0;
   auto listener = ListenTcp("127.0.0.1", 0, &port);
   ASSERT_OK(listener);
-  metadata::SegmentDescriptor d;
+  descriptor::SegmentDescriptor d;
   d.set_name("silent");
   d.set_incarnation(1);
   auto* t = d.add_transports();
@@ -1293,7 +1296,7 @@ TEST(EngineInitTest, AdvertisedAddressIsRoutableAndExplained) {
     // Published as such: the descriptor's addresses use it, with the
     // ports bound, and say which host and namespace they come from.
     metadata::MetadataClient client(e.metadata_address(), absl::Seconds(2));
-    ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor d, client.Get("adv"));
+    ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor d, client.Get("adv"));
     ASSERT_OK_AND_ASSIGN(HostPort rpc, ParseHostPort(d.rpc_address()));
     EXPECT_EQ(rpc.host, host);
     ASSERT_EQ(d.transports_size(), 1);
@@ -1369,7 +1372,7 @@ TEST(EngineInitTest, LoopbackFromAnotherHostFailsOpenSegmentSayingSo) {
   EngineOptions mo = Named("md", "127.0.0.1");
   ASSERT_OK(md.Init(mo));
   metadata::MetadataClient client(md.metadata_address(), absl::Seconds(2));
-  ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor d, client.Get("md"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor d, client.Get("md"));
   d.set_name("elsewhere");
   d.set_network_id("another-boot/net:1");
   d.clear_version();

@@ -274,7 +274,8 @@ absl::StatusOr<uint64_t> DurableStore::UpdateBuffers(
   return v;
 }
 
-absl::StatusOr<SegmentDescriptor> DurableStore::Get(const std::string& name) {
+absl::StatusOr<descriptor::SegmentDescriptor> DurableStore::Get(
+    const std::string& name) {
   return mem_.Get(name);
 }
 

@@ -74,7 +74,8 @@ class DurableStore final : public Store {
   // Quotas of the table (SegmentStore::Limits); before use. A recovered
   // segment counts against its client again (the log records who put it).
   void SetLimits(const SegmentStore::Limits& limits) { mem_.SetLimits(limits); }
-  absl::StatusOr<SegmentDescriptor> Get(const std::string& name) override;
+  absl::StatusOr<descriptor::SegmentDescriptor> Get(
+      const std::string& name) override;
   absl::Status Remove(const RemoveSegmentRequest& request) override;
   absl::StatusOr<std::vector<std::string>> List() override;
   std::string Describe() const override { return dir_; }

@@ -26,12 +26,13 @@ std::string FreshDir() {
                       n.fetch_add(1));
 }
 
-SegmentDescriptor Seg(const std::string& name, uint64_t incarnation) {
-  SegmentDescriptor s;
+descriptor::SegmentDescriptor Seg(const std::string& name,
+                                  uint64_t incarnation) {
+  descriptor::SegmentDescriptor s;
   s.set_name(name);
   s.set_incarnation(incarnation);
   s.set_rpc_address("127.0.0.1:1");
-  Buffer* b = s.add_buffers();
+  descriptor::Buffer* b = s.add_buffers();
   b->set_addr(0x1000);
   b->set_length(0x1000);
   b->set_location("cpu:0");
@@ -43,7 +44,7 @@ UpdateBuffersRequest Add(const std::string& name, uint64_t owner,
   UpdateBuffersRequest r;
   r.set_name(name);
   r.set_owner_key(TestOwnerKey(owner));
-  Buffer* b = r.add_add();
+  descriptor::Buffer* b = r.add_add();
   b->set_addr(addr);
   b->set_length(0x100);
   b->set_location("cpu:0");
@@ -77,11 +78,11 @@ TEST(DurableStoreTest, ARestartKeepsEverythingAcknowledged) {
   EXPECT_EQ(store->recovery().segments, 2u);
   EXPECT_EQ(store->recovery().log_records, 6u);
   EXPECT_EQ(store->recovery().torn_bytes, 0u);
-  ASSERT_OK_AND_ASSIGN(SegmentDescriptor a, store->Get("a"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor a, store->Get("a"));
   EXPECT_EQ(a.buffers_size(), 3);
   EXPECT_EQ(a.version(), last_version);
   EXPECT_STATUS(store->Get("c"), absl::StatusCode::kNotFound);
-  ASSERT_OK_AND_ASSIGN(SegmentDescriptor b, store->Get("b"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor b, store->Get("b"));
   EXPECT_EQ(b.incarnation(), 2u);
   // Ownership came back with the data.
   EXPECT_STATUS(store->Put(PutOf(Seg("a", 5), absl::Seconds(30))),
@@ -115,7 +116,7 @@ TEST(DurableStoreTest, ATornOrCorruptTailIsDropped) {
     ASSERT_OK_AND_ASSIGN(auto store, DurableStore::Open(dir));
     EXPECT_EQ(store->recovery().torn_bytes, 60u);
     EXPECT_EQ(store->recovery().log_records, 2u);
-    ASSERT_OK_AND_ASSIGN(SegmentDescriptor a, store->Get("a"));
+    ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor a, store->Get("a"));
     EXPECT_EQ(a.buffers_size(), 2);
     EXPECT_EQ(FileSize(log), whole) << "the torn tail is cut off the file";
     // New changes append after the good records.
@@ -134,7 +135,7 @@ TEST(DurableStoreTest, ATornOrCorruptTailIsDropped) {
   }
   ASSERT_OK_AND_ASSIGN(auto store, DurableStore::Open(dir));
   EXPECT_EQ(store->recovery().torn_bytes, size - whole);
-  ASSERT_OK_AND_ASSIGN(SegmentDescriptor a, store->Get("a"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor a, store->Get("a"));
   EXPECT_EQ(a.buffers_size(), 2) << "the damaged record is not applied";
 }
 
@@ -149,10 +150,10 @@ TEST(DurableStoreTest, CompactionKeepsTheTable) {
     // ~25 KiB a Put: 40 segments, each put 6 times, pass 4 MiB.
     for (int round = 0; round < 6; ++round) {
       for (int i = 0; i < kSegments; ++i) {
-        SegmentDescriptor s = Seg(absl::StrCat("s", i), 1);
+        descriptor::SegmentDescriptor s = Seg(absl::StrCat("s", i), 1);
         s.clear_buffers();
         for (int k = 0; k < 1000; ++k) {
-          Buffer* b = s.add_buffers();
+          descriptor::Buffer* b = s.add_buffers();
           b->set_addr(0x100000 * (k + 1));
           b->set_length(0x1000 + round);
           b->set_location("cpu:0");
@@ -170,7 +171,7 @@ TEST(DurableStoreTest, CompactionKeepsTheTable) {
   ASSERT_OK_AND_ASSIGN(auto store, DurableStore::Open(dir));
   EXPECT_TRUE(store->recovery().had_snapshot);
   EXPECT_EQ(store->recovery().segments, uint64_t{kSegments - 1});
-  ASSERT_OK_AND_ASSIGN(SegmentDescriptor s, store->Get("s7"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor s, store->Get("s7"));
   ASSERT_EQ(s.buffers_size(), 1000);
   EXPECT_EQ(s.buffers(999).length(), 0x1005u) << "the last round's";
   EXPECT_STATUS(store->Get("s0"), absl::StatusCode::kNotFound);
@@ -237,9 +238,9 @@ TEST(DurableStoreTest, RecoveredSegmentsCountAgainstTheirClient) {
       if (compact) {
         // Enough log for a snapshot: the clients must survive it too.
         for (int i = 0; i < 250; ++i) {
-          SegmentDescriptor big = Seg("bulk", 9);
+          descriptor::SegmentDescriptor big = Seg("bulk", 9);
           for (int k = 0; k < 1000; ++k) {
-            Buffer* buf = big.add_buffers();
+            descriptor::Buffer* buf = big.add_buffers();
             buf->set_addr(0x10000000ull * (k + 2));
             buf->set_length(0x1000 + i);
             buf->set_location("cpu:0");

@@ -98,7 +98,7 @@ absl::StatusOr<std::unique_ptr<Store>> ConnectStore(
 
 absl::StatusOr<std::unique_ptr<NamespacedStore>> NamespacedStore::Create(
     std::unique_ptr<Store> inner, std::string ns) {
-  if (absl::Status s = ValidateSegmentName(ns); !s.ok()) {
+  if (absl::Status s = descriptor::ValidateSegmentName(ns); !s.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("metadata namespace: ", s.message()));
   }
@@ -127,7 +127,7 @@ absl::StatusOr<uint64_t> NamespacedStore::UpdateBuffers(
   return inner_->UpdateBuffers(r);
 }
 
-absl::StatusOr<SegmentDescriptor> NamespacedStore::Get(
+absl::StatusOr<descriptor::SegmentDescriptor> NamespacedStore::Get(
     const std::string& name) {
   auto d = inner_->Get(Full(name));
   if (d.ok()) d->set_name(name);

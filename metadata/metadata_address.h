@@ -73,7 +73,8 @@ class NamespacedStore final : public Store {
       const KeepAliveRequest& request) override;
   absl::StatusOr<uint64_t> UpdateBuffers(
       const UpdateBuffersRequest& request) override;
-  absl::StatusOr<SegmentDescriptor> Get(const std::string& name) override;
+  absl::StatusOr<descriptor::SegmentDescriptor> Get(
+      const std::string& name) override;
   absl::Status Remove(const RemoveSegmentRequest& request) override;
   absl::StatusOr<std::vector<std::string>> List() override;
   std::string Describe() const override;

@@ -59,7 +59,8 @@ TEST(MetadataAddressTest, NamespacesKeepClustersApart) {
         const UpdateBuffersRequest& r) override {
       return s->UpdateBuffers(r);
     }
-    absl::StatusOr<SegmentDescriptor> Get(const std::string& n) override {
+    absl::StatusOr<descriptor::SegmentDescriptor> Get(
+        const std::string& n) override {
       return s->Get(n);
     }
     absl::Status Remove(const RemoveSegmentRequest& r) override {
@@ -77,13 +78,13 @@ TEST(MetadataAddressTest, NamespacesKeepClustersApart) {
   };
   ASSERT_OK_AND_ASSIGN(auto a, make("cluster-a"));
   ASSERT_OK_AND_ASSIGN(auto b, make("cluster-b"));
-  SegmentDescriptor d;
+  descriptor::SegmentDescriptor d;
   d.set_name("prefill-0");
   d.set_incarnation(1);
   ASSERT_OK(a->Put(LeasedPutOf(d)));
   d.set_incarnation(2);
   ASSERT_OK(b->Put(LeasedPutOf(d)));
-  ASSERT_OK_AND_ASSIGN(SegmentDescriptor got, a->Get("prefill-0"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor got, a->Get("prefill-0"));
   EXPECT_EQ(got.name(), "prefill-0");
   EXPECT_EQ(got.incarnation(), 1u);
   ASSERT_OK_AND_ASSIGN(auto names, b->List());

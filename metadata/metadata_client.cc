@@ -101,7 +101,8 @@ absl::StatusOr<uint64_t> MetadataClient::UpdateBuffers(
   return resp.version();
 }
 
-absl::StatusOr<SegmentDescriptor> MetadataClient::Get(const std::string& name) {
+absl::StatusOr<descriptor::SegmentDescriptor> MetadataClient::Get(
+    const std::string& name) {
   grpc::ClientContext ctx;
   Prepare(&ctx);
   GetSegmentRequest req;
@@ -119,7 +120,8 @@ absl::StatusOr<SegmentDescriptor> MetadataClient::Get(const std::string& name) {
   }
   // Nothing authenticates descriptors: whoever can reach the metadata
   // service can publish one. Check all of it before anything uses it.
-  if (absl::Status v = ValidateSegmentDescriptor(resp.segment()); !v.ok()) {
+  if (absl::Status v = descriptor::ValidateSegmentDescriptor(resp.segment());
+      !v.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("metadata server ", address_,
                      " sent an invalid descriptor: ", v.message()));
@@ -197,7 +199,7 @@ class ClientWatch final : public Watch,
 
 absl::StatusOr<std::unique_ptr<Watch>> MetadataClient::WatchSegment(
     const std::string& name, uint64_t after_version, EventFn fn) {
-  FERRY_RETURN_IF_ERROR(ValidateSegmentName(name));
+  FERRY_RETURN_IF_ERROR(descriptor::ValidateSegmentName(name));
   return std::unique_ptr<Watch>(std::make_unique<ClientWatch>(
       stub_.get(), name, after_version, token_, std::move(fn)));
 }

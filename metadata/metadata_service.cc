@@ -167,7 +167,8 @@ grpc::ServerWriteReactor<SegmentEvent>* MetadataServiceImpl::WatchSegment(
     void OnDone() override { delete this; }
   };
   if (grpc::Status a = Admit(*ctx); !a.ok()) return new Refused(a);
-  if (absl::Status s = ValidateSegmentName(request->name()); !s.ok()) {
+  if (absl::Status s = descriptor::ValidateSegmentName(request->name());
+      !s.ok()) {
     return new Refused(ToGrpcStatus(s));
   }
   SegmentStore* table = store_->watchable();
@@ -263,7 +264,8 @@ grpc::ServerUnaryReactor* MetadataServiceImpl::GetSegment(
     grpc::CallbackServerContext* ctx, const GetSegmentRequest* request,
     GetSegmentResponse* response) {
   if (grpc::Status a = Admit(*ctx); !a.ok()) return FinishNow(ctx, a);
-  if (absl::Status s = ValidateSegmentName(request->name()); !s.ok()) {
+  if (absl::Status s = descriptor::ValidateSegmentName(request->name());
+      !s.ok()) {
     return FinishNow(ctx, ToGrpcStatus(s));
   }
   return ServeOnPool(&pool_, ctx, response, [this, request, response] {

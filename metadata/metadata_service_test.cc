@@ -34,7 +34,7 @@ class MetadataServiceTest : public ::testing::Test {
 };
 
 TEST_F(MetadataServiceTest, RoundTrip) {
-  SegmentDescriptor seg;
+  descriptor::SegmentDescriptor seg;
   seg.set_name("engine-a");
   seg.set_incarnation(42);
   auto* t = seg.add_transports();
@@ -57,7 +57,7 @@ TEST_F(MetadataServiceTest, RoundTrip) {
 // WatchSegment pushes the whole descriptor first, then each change as a
 // delta, then `gone`; a watcher that is up to date gets nothing first.
 TEST_F(MetadataServiceTest, WatchPushesChanges) {
-  SegmentDescriptor seg;
+  descriptor::SegmentDescriptor seg;
   seg.set_name("w");
   seg.set_incarnation(3);
   ASSERT_OK_AND_ASSIGN(uint64_t v0, client_->Put(LeasedPutOf(seg)));
@@ -83,7 +83,7 @@ TEST_F(MetadataServiceTest, WatchPushesChanges) {
   UpdateBuffersRequest add;
   add.set_name("w");
   add.set_owner_key(TestOwnerKey(3));
-  Buffer* b = add.add_add();
+  descriptor::Buffer* b = add.add_add();
   b->set_addr(0x5000);
   b->set_length(0x100);
   b->set_location("cpu:0");
@@ -116,7 +116,7 @@ TEST(MetadataServiceClockTest, LeasesRunOnTheServiceClock) {
   ASSERT_OK_AND_ASSIGN(auto server,
                        RpcServer::Start("127.0.0.1:0", {&service}));
   MetadataClient client(server->address(), absl::Seconds(5));
-  SegmentDescriptor seg;
+  descriptor::SegmentDescriptor seg;
   seg.set_name("leased");
   seg.set_incarnation(1);
   const absl::Duration lease = absl::Seconds(10);
@@ -150,7 +150,7 @@ TEST(MetadataServiceAuthTest, CallsWithoutTheTokenAreRefused) {
   });
   ASSERT_OK_AND_ASSIGN(auto server,
                        RpcServer::Start("127.0.0.1:0", {&service, &peer}));
-  SegmentDescriptor seg;
+  descriptor::SegmentDescriptor seg;
   seg.set_name("guarded");
   seg.set_incarnation(1);
   for (const std::string& wrong :
@@ -231,17 +231,17 @@ TEST(MetadataServiceQuotaTest, ClientQuotaHoldsAcrossConnections) {
 }
 
 TEST_F(MetadataServiceTest, MalformedRequestsGetErrorsAndServerSurvives) {
-  SegmentDescriptor bad;
+  descriptor::SegmentDescriptor bad;
   bad.set_name("bad name");
   EXPECT_EQ(client_->Put(LeasedPutOf(bad)).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(client_->Get("").status().code(),
             absl::StatusCode::kInvalidArgument);
   // Oversized: 40 MiB of location strings exceeds the 32 MiB message cap.
-  SegmentDescriptor huge;
+  descriptor::SegmentDescriptor huge;
   huge.set_name("huge");
   for (int i = 0; i < 700; ++i) {
-    Buffer* b = huge.add_buffers();
+    descriptor::Buffer* b = huge.add_buffers();
     b->set_addr(static_cast<uint64_t>(i) << 20);
     b->set_length(1);
     b->set_location(std::string(60 << 10, 'x'));
@@ -249,7 +249,7 @@ TEST_F(MetadataServiceTest, MalformedRequestsGetErrorsAndServerSurvives) {
   auto s = client_->Put(LeasedPutOf(huge)).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
   // Still serving.
-  SegmentDescriptor ok;
+  descriptor::SegmentDescriptor ok;
   ok.set_name("ok");
   EXPECT_OK(client_->Put(LeasedPutOf(ok)));
 }

@@ -7,8 +7,9 @@
 
 namespace ferry::metadata {
 
-absl::StatusOr<SegmentDescriptor> P2pStore::Get(const std::string& name) {
-  FERRY_RETURN_IF_ERROR(ValidateSegmentName(name));
+absl::StatusOr<descriptor::SegmentDescriptor> P2pStore::Get(
+    const std::string& name) {
+  FERRY_RETURN_IF_ERROR(descriptor::ValidateSegmentName(name));
   if (auto mine = local_.Get(name); mine.ok()) return mine;
   auto hp = ParseHostPort(name);
   if (!hp.ok() || hp->port == 0) {

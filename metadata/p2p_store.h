@@ -44,7 +44,8 @@ class P2pStore final : public Store {
   }
   // This engine's own segment from the local store; any other name must
   // be host:port, and is asked of the engine there.
-  absl::StatusOr<SegmentDescriptor> Get(const std::string& name) override;
+  absl::StatusOr<descriptor::SegmentDescriptor> Get(
+      const std::string& name) override;
   // This engine's own segment only.
   absl::StatusOr<std::vector<std::string>> List() override {
     return local_.List();

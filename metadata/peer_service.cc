@@ -84,7 +84,8 @@ grpc::ServerUnaryReactor* PeerServiceImpl::Exchange(
     grpc::CallbackServerContext* ctx, const ExchangeRequest* request,
     ExchangeResponse* response) {
   if (grpc::Status a = Admit(*ctx); !a.ok()) return FinishNow(ctx, a);
-  if (absl::Status s = ValidateSegmentName(request->from_segment()); !s.ok()) {
+  if (absl::Status s = descriptor::ValidateSegmentName(request->from_segment());
+      !s.ok()) {
     return FinishNow(ctx, ToGrpcStatus(s));
   }
   if (request->payload().size() > kMaxExchangePayloadBytes) {
@@ -170,7 +171,8 @@ grpc::ServerUnaryReactor* PeerServiceImpl::GetDescriptor(
     grpc::CallbackServerContext* ctx, const GetSegmentRequest* request,
     GetSegmentResponse* response) {
   if (grpc::Status a = Admit(*ctx); !a.ok()) return FinishNow(ctx, a);
-  if (absl::Status s = ValidateSegmentName(request->name()); !s.ok()) {
+  if (absl::Status s = descriptor::ValidateSegmentName(request->name());
+      !s.ok()) {
     return FinishNow(ctx, ToGrpcStatus(s));
   }
   return ServeOnPool(&pool_, ctx, response, [this, request, response] {
@@ -200,11 +202,13 @@ grpc::ServerUnaryReactor* PeerServiceImpl::Notify(
     grpc::CallbackServerContext* ctx, const NotifyRequest* request,
     NotifyResponse* response) {
   if (grpc::Status a = Admit(*ctx); !a.ok()) return FinishNow(ctx, a);
-  if (absl::Status s = ValidateSegmentName(request->from_segment()); !s.ok()) {
+  if (absl::Status s = descriptor::ValidateSegmentName(request->from_segment());
+      !s.ok()) {
     return FinishNow(ctx, ToGrpcStatus(s));
   }
   if (!request->to_segment().empty()) {
-    if (absl::Status s = ValidateSegmentName(request->to_segment()); !s.ok()) {
+    if (absl::Status s = descriptor::ValidateSegmentName(request->to_segment());
+        !s.ok()) {
       return FinishNow(ctx, ToGrpcStatus(absl::InvalidArgumentError(
                                 absl::StrCat("to_segment: ", s.message()))));
     }
@@ -292,7 +296,7 @@ absl::StatusOr<std::string> PeerClient::Exchange(
   return std::move(*resp.mutable_payload());
 }
 
-absl::StatusOr<SegmentDescriptor> PeerClient::GetDescriptor(
+absl::StatusOr<descriptor::SegmentDescriptor> PeerClient::GetDescriptor(
     const std::string& address, const std::string& name) {
   grpc::ClientContext ctx;
   AddAuthToken(&ctx, token_);
@@ -309,7 +313,8 @@ absl::StatusOr<SegmentDescriptor> PeerClient::GetDescriptor(
         absl::StrCat("peer ", address, " answered GetDescriptor('", name,
                      "') with segment '", resp.segment().name(), "'"));
   }
-  if (absl::Status v = ValidateSegmentDescriptor(resp.segment()); !v.ok()) {
+  if (absl::Status v = descriptor::ValidateSegmentDescriptor(resp.segment());
+      !v.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "peer ", address, " sent an invalid descriptor: ", v.message()));
   }

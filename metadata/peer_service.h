@@ -150,8 +150,8 @@ class PeerClient {
                       uint64_t to_incarnation);
   // The descriptor the engine at `address` publishes as `name`
   // (P2PHANDSHAKE), validated; DataLoss if it answers with another one.
-  absl::StatusOr<SegmentDescriptor> GetDescriptor(const std::string& address,
-                                                  const std::string& name);
+  absl::StatusOr<descriptor::SegmentDescriptor> GetDescriptor(
+      const std::string& address, const std::string& name);
 
   // Closes the channel to `address`, if one is cached.
   void Forget(const std::string& address);

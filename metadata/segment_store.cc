@@ -49,7 +49,7 @@ void SegmentStore::Unsubscribe(uint64_t id) {
 
 std::optional<SegmentEvent> SegmentStore::EventSince(const std::string& name,
                                                      uint64_t after_version) {
-  std::shared_ptr<const SegmentDescriptor> full;
+  std::shared_ptr<const descriptor::SegmentDescriptor> full;
   SegmentEvent ev;
   {
     MutexLock lock(&mu_);
@@ -65,13 +65,14 @@ std::optional<SegmentEvent> SegmentStore::EventSince(const std::string& name,
       for (const Entry::Change& c : e.changes) {
         if (c.prev_version != after_version) continue;
         ev.set_version(c.version);
-        for (const Buffer& b : c.add) *ev.add_add() = b;
+        for (const descriptor::Buffer& b : c.add) *ev.add_add() = b;
         for (uint64_t a : c.remove) ev.add_remove_addrs(a);
         return ev;
       }
     }
     if (e.assembled == nullptr) {
-      e.assembled = std::make_shared<const SegmentDescriptor>(Assemble(e));
+      e.assembled =
+          std::make_shared<const descriptor::SegmentDescriptor>(Assemble(e));
     }
     full = e.assembled;
   }
@@ -105,7 +106,7 @@ constexpr uint64_t kMapNodeBytes = 48;
 constexpr uint64_t kBlockHeaderBytes = 16;
 constexpr uint64_t kCopies = 2;
 
-uint64_t HeldBufferBytes(const Buffer& b) {
+uint64_t HeldBufferBytes(const descriptor::Buffer& b) {
   const uint64_t blocks = 3 + static_cast<uint64_t>(b.keys_size());
   return kCopies *
          (b.SpaceUsedLong() + kMapNodeBytes + kBlockHeaderBytes * blocks);
@@ -113,9 +114,9 @@ uint64_t HeldBufferBytes(const Buffer& b) {
 
 // The same for a whole descriptor: its buffers as above, and the rest
 // (transports, devices, names, the buffers' pointer array) twice.
-uint64_t HeldSegmentBytes(const SegmentDescriptor& d) {
+uint64_t HeldSegmentBytes(const descriptor::SegmentDescriptor& d) {
   uint64_t buffers = 0, space = 0;
-  for (const Buffer& b : d.buffers()) {
+  for (const descriptor::Buffer& b : d.buffers()) {
     buffers += HeldBufferBytes(b);
     space += b.SpaceUsedLong();
   }
@@ -230,8 +231,8 @@ void SegmentStore::EraseLocked(const std::string& name) {
 absl::StatusOr<uint64_t> SegmentStore::PutLocked(
     const PutSegmentRequest& request, bool check_owner,
     const std::string& client) {
-  const SegmentDescriptor& in = request.segment();
-  FERRY_RETURN_IF_ERROR(ValidateSegmentDescriptor(in));
+  const descriptor::SegmentDescriptor& in = request.segment();
+  FERRY_RETURN_IF_ERROR(descriptor::ValidateSegmentDescriptor(in));
   FERRY_RETURN_IF_ERROR(ValidateOwnerKey(request.owner_key()));
   const absl::Duration lease_ttl = absl::Milliseconds(request.lease_ttl_ms());
   if (lease_ttl > kMaxLeaseTtl) {
@@ -281,13 +282,13 @@ absl::StatusOr<uint64_t> SegmentStore::PutLocked(
   {
     // Not clear_buffers(): a cleared repeated field keeps every element
     // allocated for reuse, which the buffers' map then holds a copy of.
-    google::protobuf::RepeatedPtrField<Buffer> drop;
+    google::protobuf::RepeatedPtrField<descriptor::Buffer> drop;
     drop.Swap(e.segment.mutable_buffers());
   }
   e.buffers.clear();
   e.keys = 0;
   uint64_t exact = kCopies * e.segment.SpaceUsedLong();
-  for (const Buffer& b : in.buffers()) {
+  for (const descriptor::Buffer& b : in.buffers()) {
     e.keys += b.keys_size();
     exact += HeldBufferBytes(e.buffers.emplace(b.addr(), b).first->second);
   }
@@ -297,9 +298,10 @@ absl::StatusOr<uint64_t> SegmentStore::PutLocked(
   e.held = exact;
   e.device_names.clear();
   e.devices = 0;
-  for (const TransportEndpoint& t : in.transports()) {
+  for (const descriptor::TransportEndpoint& t : in.transports()) {
     e.devices += t.devices_size();
-    for (const Device& d : t.devices()) e.device_names.insert(d.name());
+    for (const descriptor::Device& d : t.devices())
+      e.device_names.insert(d.name());
   }
   e.owner_key = request.owner_key();
   e.assembled.reset();
@@ -315,7 +317,7 @@ absl::StatusOr<uint64_t> SegmentStore::PutLocked(
 absl::StatusOr<absl::Duration> SegmentStore::KeepAlive(
     const KeepAliveRequest& request) {
   const std::string& name = request.name();
-  FERRY_RETURN_IF_ERROR(ValidateSegmentName(name));
+  FERRY_RETURN_IF_ERROR(descriptor::ValidateSegmentName(name));
   MutexLock lock(&mu_);
   ExpireLocked();
   auto it = segments_.find(name);
@@ -329,9 +331,9 @@ absl::StatusOr<absl::Duration> SegmentStore::KeepAlive(
 absl::StatusOr<uint64_t> SegmentStore::UpdateBuffers(
     const UpdateBuffersRequest& request) {
   // Charged to the client that put the segment.
-  FERRY_RETURN_IF_ERROR(ValidateSegmentName(request.name()));
-  for (const Buffer& b : request.add()) {
-    FERRY_RETURN_IF_ERROR(ValidateBuffer(b));
+  FERRY_RETURN_IF_ERROR(descriptor::ValidateSegmentName(request.name()));
+  for (const descriptor::Buffer& b : request.add()) {
+    FERRY_RETURN_IF_ERROR(descriptor::ValidateBuffer(b));
   }
   MutexLock lock(&mu_);
   ExpireLocked();
@@ -341,12 +343,12 @@ absl::StatusOr<uint64_t> SegmentStore::UpdateBuffers(
   if (!SecretsEqual(e.owner_key, request.owner_key()))
     return HeldByAnother(request.name());
   // Applied in place with an undo log, so that a failure changes nothing.
-  std::vector<Buffer> removed;
+  std::vector<descriptor::Buffer> removed;
   std::vector<uint64_t> added;
   size_t keys = e.keys;
   auto undo = [&](absl::Status why) {
     for (uint64_t a : added) e.buffers.erase(a);
-    for (Buffer& b : removed) {
+    for (descriptor::Buffer& b : removed) {
       const uint64_t a = b.addr();
       e.buffers.emplace(a, std::move(b));
     }
@@ -365,9 +367,9 @@ absl::StatusOr<uint64_t> SegmentStore::UpdateBuffers(
     e.buffers.erase(b);
   }
   for (int i = 0; i < request.add_size(); ++i) {
-    const Buffer& b = request.add(i);
+    const descriptor::Buffer& b = request.add(i);
     const std::string field = absl::StrCat("add[", i, "]");
-    for (const NicKey& k : b.keys()) {
+    for (const descriptor::NicKey& k : b.keys()) {
       if (!e.device_names.contains(k.nic())) {
         return undo(absl::InvalidArgumentError(absl::StrCat(
             field, ": NIC '", k.nic(),
@@ -381,7 +383,7 @@ absl::StatusOr<uint64_t> SegmentStore::UpdateBuffers(
                        " overlaps the buffer at 0x", absl::Hex(next->first))));
     }
     if (next != e.buffers.begin()) {
-      const Buffer& prev = std::prev(next)->second;
+      const descriptor::Buffer& prev = std::prev(next)->second;
       if (prev.addr() + prev.length() > b.addr()) {
         return undo(absl::InvalidArgumentError(absl::StrCat(
             field, ": 0x", absl::Hex(b.addr()), " overlaps the buffer at 0x",
@@ -392,24 +394,27 @@ absl::StatusOr<uint64_t> SegmentStore::UpdateBuffers(
     e.buffers.emplace(b.addr(), b);
     added.push_back(b.addr());
   }
-  if (e.buffers.size() > kMaxBuffersPerSegment || keys > kMaxKeysPerSegment ||
-      e.devices * e.buffers.size() > kMaxKeyIndexEntries) {
+  if (e.buffers.size() > descriptor::kMaxBuffersPerSegment ||
+      keys > descriptor::kMaxKeysPerSegment ||
+      e.devices * e.buffers.size() > descriptor::kMaxKeyIndexEntries) {
     return undo(absl::ResourceExhaustedError(absl::StrCat(
         "segment '", request.name(), "' would hold ", e.buffers.size(),
-        " buffers with ", keys, " NIC keys; at most ", kMaxBuffersPerSegment,
-        " buffers, ", kMaxKeysPerSegment, " keys and ", kMaxKeyIndexEntries,
-        " buffer x device entries")));
+        " buffers with ", keys, " NIC keys; at most ",
+        descriptor::kMaxBuffersPerSegment, " buffers, ",
+        descriptor::kMaxKeysPerSegment, " keys and ",
+        descriptor::kMaxKeyIndexEntries, " buffer x device entries")));
   }
   // Bytes the change adds to the stored descriptor: exactly what each
   // buffer adds to its encoding, so that Put and UpdateBuffers charge and
   // refund the same amounts.
   int64_t delta = 0, held_added = 0;
-  for (const Buffer& b : request.add()) delta += EncodedBufferBytes(b);
+  for (const descriptor::Buffer& b : request.add())
+    delta += descriptor::EncodedBufferBytes(b);
   // Memory as held: the stored copies, which removals refund exactly.
   for (uint64_t a : added) held_added += HeldBufferBytes(e.buffers.at(a));
   int64_t held_delta = held_added;
-  for (const Buffer& b : removed) {
-    delta -= EncodedBufferBytes(b);
+  for (const descriptor::Buffer& b : removed) {
+    delta -= descriptor::EncodedBufferBytes(b);
     held_delta -= HeldBufferBytes(b);
   }
   // The whole descriptor must still fit one GetSegment answer.
@@ -461,16 +466,17 @@ absl::StatusOr<uint64_t> SegmentStore::UpdateBuffers(
   return version;
 }
 
-SegmentDescriptor SegmentStore::Assemble(const Entry& e) {
-  SegmentDescriptor d = e.segment;
+descriptor::SegmentDescriptor SegmentStore::Assemble(const Entry& e) {
+  descriptor::SegmentDescriptor d = e.segment;
   d.mutable_buffers()->Reserve(static_cast<int>(e.buffers.size()));
   for (const auto& [addr, b] : e.buffers) *d.add_buffers() = b;
   return d;
 }
 
-absl::StatusOr<SegmentDescriptor> SegmentStore::Get(const std::string& name) {
-  FERRY_RETURN_IF_ERROR(ValidateSegmentName(name));
-  std::shared_ptr<const SegmentDescriptor> d;
+absl::StatusOr<descriptor::SegmentDescriptor> SegmentStore::Get(
+    const std::string& name) {
+  FERRY_RETURN_IF_ERROR(descriptor::ValidateSegmentName(name));
+  std::shared_ptr<const descriptor::SegmentDescriptor> d;
   {
     MutexLock lock(&mu_);
     auto it = segments_.find(name);
@@ -480,7 +486,8 @@ absl::StatusOr<SegmentDescriptor> SegmentStore::Get(const std::string& name) {
     }
     const Entry& e = it->second;
     if (e.assembled == nullptr) {
-      e.assembled = std::make_shared<const SegmentDescriptor>(Assemble(e));
+      e.assembled =
+          std::make_shared<const descriptor::SegmentDescriptor>(Assemble(e));
     }
     d = e.assembled;
   }
@@ -489,7 +496,7 @@ absl::StatusOr<SegmentDescriptor> SegmentStore::Get(const std::string& name) {
 
 absl::Status SegmentStore::Remove(const RemoveSegmentRequest& request) {
   const std::string& name = request.name();
-  FERRY_RETURN_IF_ERROR(ValidateSegmentName(name));
+  FERRY_RETURN_IF_ERROR(descriptor::ValidateSegmentName(name));
   MutexLock lock(&mu_);
   ExpireLocked();
   auto it = segments_.find(name);

@@ -71,7 +71,8 @@ class SegmentStore final : public Store {
       const KeepAliveRequest& request) override;
   absl::StatusOr<uint64_t> UpdateBuffers(
       const UpdateBuffersRequest& request) override;
-  absl::StatusOr<SegmentDescriptor> Get(const std::string& name) override;
+  absl::StatusOr<descriptor::SegmentDescriptor> Get(
+      const std::string& name) override;
   absl::Status Remove(const RemoveSegmentRequest& request) override;
   absl::StatusOr<std::vector<std::string>> List() override;
   std::string Describe() const override { return "memory"; }
@@ -138,8 +139,8 @@ class SegmentStore final : public Store {
   struct Entry {
     // Everything but the buffers, which are kept by address, so that an
     // update of k buffers costs O(k log n), not a pass over all n.
-    SegmentDescriptor segment;
-    std::map<uint64_t, Buffer> buffers;
+    descriptor::SegmentDescriptor segment;
+    std::map<uint64_t, descriptor::Buffer> buffers;
     size_t keys = 0;     // NIC keys over all buffers.
     size_t devices = 0;  // Devices over all transports.
     absl::flat_hash_set<std::string> device_names;
@@ -153,14 +154,14 @@ class SegmentStore final : public Store {
     // change. Readers copy it outside the lock, so a large segment's Gets
     // hold the lock only to take a reference (after the first Get that
     // follows a change, which assembles it).
-    mutable std::shared_ptr<const SegmentDescriptor> assembled;
+    mutable std::shared_ptr<const descriptor::SegmentDescriptor> assembled;
     // The version of the last Put, and the buffer changes since, oldest
     // first (at most kMaxRememberedChanges), for watchers.
     uint64_t put_version = 0;
     struct Change {
       uint64_t prev_version = 0;
       uint64_t version = 0;
-      std::vector<Buffer> add;
+      std::vector<descriptor::Buffer> add;
       std::vector<uint64_t> remove;
       uint64_t bytes = 0;  // Memory it takes, about.
     };
@@ -170,7 +171,7 @@ class SegmentStore final : public Store {
   // Tells the listeners of `name` that it changed.
   void NotifyLocked(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The descriptor of `e`, buffers in address order.
-  static SegmentDescriptor Assemble(const Entry& e);
+  static descriptor::SegmentDescriptor Assemble(const Entry& e);
   // Removes the segments whose lease has expired.
   void ExpireLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<uint64_t> PutLocked(const PutSegmentRequest& request,

@@ -12,12 +12,13 @@
 namespace ferry::metadata {
 namespace {
 
-SegmentDescriptor MakeSegment(const std::string& name, uint64_t incarnation) {
-  SegmentDescriptor seg;
+descriptor::SegmentDescriptor MakeSegment(const std::string& name,
+                                          uint64_t incarnation) {
+  descriptor::SegmentDescriptor seg;
   seg.set_name(name);
   seg.set_incarnation(incarnation);
   seg.set_rpc_address("127.0.0.1:1");
-  Buffer* b = seg.add_buffers();
+  descriptor::Buffer* b = seg.add_buffers();
   b->set_addr(0x1000);
   b->set_length(0x1000);
   b->set_location("cpu:0");
@@ -57,7 +58,7 @@ TEST(SegmentStoreTest, ALiveSegmentCannotBeTakenOver) {
   SimulatedClock clock;
   SegmentStore store(&clock);
   ASSERT_OK(store.Put(PutOf(MakeSegment("victim", 7), absl::Seconds(10))));
-  ASSERT_OK_AND_ASSIGN(SegmentDescriptor seen, store.Get("victim"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor seen, store.Get("victim"));
   seen.set_rpc_address("10.6.6.6:666");
   absl::Status s =
       store.Put(PutOf(seen, absl::Seconds(10), /*owner=*/666)).status();
@@ -74,7 +75,7 @@ TEST(SegmentStoreTest, ALiveSegmentCannotBeTakenOver) {
   KeepAliveRequest renew = KeepAliveOf("victim", 666);
   EXPECT_EQ(store.KeepAlive(renew).status().code(),
             absl::StatusCode::kFailedPrecondition);
-  ASSERT_OK_AND_ASSIGN(SegmentDescriptor now, store.Get("victim"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor now, store.Get("victim"));
   EXPECT_EQ(now.rpc_address(), "127.0.0.1:1");
   EXPECT_EQ(now.buffers_size(), 1);
   // Keys are required, and bounded.
@@ -135,7 +136,7 @@ TEST(SegmentStoreTest, KeepAliveAndUpdatesRenewTheLease) {
   req.set_name("a");
   req.set_incarnation(5);
   req.set_owner_key(TestOwnerKey(5));
-  Buffer* b = req.add_add();
+  descriptor::Buffer* b = req.add_add();
   b->set_addr(0x10000);
   b->set_length(0x1000);
   b->set_location("cpu:0");
@@ -157,7 +158,7 @@ TEST(SegmentStoreTest, ReplacingALeasedSegmentKeepsOneExpiry) {
                            /*owner=*/1))
                 .status());
   clock.Advance(absl::Seconds(5));
-  ASSERT_OK_AND_ASSIGN(SegmentDescriptor got, store.Get("a"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor got, store.Get("a"));
   EXPECT_EQ(got.incarnation(), 2u);
   EXPECT_OK(store.Remove(RemoveOf("a", 1)));
   EXPECT_EQ(
@@ -165,8 +166,8 @@ TEST(SegmentStoreTest, ReplacingALeasedSegmentKeepsOneExpiry) {
       absl::StatusCode::kInvalidArgument);
 }
 
-Buffer MakeBuffer(uint64_t addr, uint64_t length) {
-  Buffer b;
+descriptor::Buffer MakeBuffer(uint64_t addr, uint64_t length) {
+  descriptor::Buffer b;
   b.set_addr(addr);
   b.set_length(length);
   b.set_location("cpu:0");
@@ -184,7 +185,7 @@ TEST(SegmentStoreTest, FailedUpdateChangesNothing) {
   add.set_owner_key(TestOwnerKey(1));
   *add.add_add() = MakeBuffer(0x4000, 0x1000);
   ASSERT_OK(store.UpdateBuffers(add).status());
-  ASSERT_OK_AND_ASSIGN(SegmentDescriptor before, store.Get("a"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor before, store.Get("a"));
 
   UpdateBuffersRequest bad;
   bad.set_name("a");
@@ -198,7 +199,7 @@ TEST(SegmentStoreTest, FailedUpdateChangesNothing) {
   EXPECT_NE(s.message().find("overlaps the buffer at 0x4000"),
             std::string::npos)
       << s;
-  ASSERT_OK_AND_ASSIGN(SegmentDescriptor after, store.Get("a"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor after, store.Get("a"));
   EXPECT_EQ(after.SerializeAsString(), before.SerializeAsString());
 
   // Removing one that is not there: NotFound, nothing removed either.
@@ -219,7 +220,7 @@ TEST(SegmentStoreTest, FailedUpdateChangesNothing) {
 TEST(SegmentStoreTest, ReadersSeeEveryChange) {
   SegmentStore store;
   ASSERT_OK(store.Put(PutOf(MakeSegment("a", 1))).status());
-  ASSERT_OK_AND_ASSIGN(SegmentDescriptor d, store.Get("a"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor d, store.Get("a"));
   EXPECT_EQ(d.buffers_size(), 1);
   UpdateBuffersRequest add;
   add.set_name("a");
@@ -241,7 +242,7 @@ TEST(SegmentStoreTest, ReadersSeeEveryChange) {
 // once, and an overlap with any of them is found.
 TEST(SegmentStoreTest, ThousandsOfBuffersOneByOne) {
   SegmentStore store;
-  SegmentDescriptor seg = MakeSegment("big", 1);
+  descriptor::SegmentDescriptor seg = MakeSegment("big", 1);
   seg.clear_buffers();
   ASSERT_OK(store.Put(PutOf(seg)).status());
   constexpr int kBuffers = 5000;
@@ -254,7 +255,7 @@ TEST(SegmentStoreTest, ThousandsOfBuffersOneByOne) {
         MakeBuffer(0x100000 + static_cast<uint64_t>(i) * 0x2000, 0x1000);
     ASSERT_OK(store.UpdateBuffers(r).status()) << i;
   }
-  ASSERT_OK_AND_ASSIGN(SegmentDescriptor got, store.Get("big"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor got, store.Get("big"));
   ASSERT_EQ(got.buffers_size(), kBuffers);
   for (int i = 0; i < kBuffers; ++i) {
     EXPECT_EQ(got.buffers(i).addr(),
@@ -277,7 +278,7 @@ TEST(SegmentStoreTest, ThousandsOfBuffersOneByOne) {
 // to the change before a small one still gets just that.
 TEST(SegmentStoreTest, TheChangeLogCostsNoMoreThanTheSegment) {
   SegmentStore store;
-  SegmentDescriptor seg = MakeSegment("churn", 1);
+  descriptor::SegmentDescriptor seg = MakeSegment("churn", 1);
   seg.clear_buffers();
   constexpr int kBuffers = 5000;
   for (int i = 0; i < kBuffers; ++i) {
@@ -292,7 +293,7 @@ TEST(SegmentStoreTest, TheChangeLogCostsNoMoreThanTheSegment) {
     r.set_name("churn");
     r.set_incarnation(1);
     r.set_owner_key(TestOwnerKey(1));
-    for (const Buffer& b : seg.buffers()) {
+    for (const descriptor::Buffer& b : seg.buffers()) {
       r.add_remove_addrs(b.addr());
       *r.add_add() = b;
     }
@@ -330,21 +331,21 @@ TEST(SegmentStoreTest, RejectsBadDescriptors) {
   EXPECT_EQ(
       store.Put(PutOf(MakeSegment(std::string(300, 'x'), 1))).status().code(),
       absl::StatusCode::kInvalidArgument);
-  SegmentDescriptor zero = MakeSegment("z", 1);
+  descriptor::SegmentDescriptor zero = MakeSegment("z", 1);
   zero.mutable_buffers(0)->set_length(0);
   EXPECT_EQ(store.Put(PutOf(zero)).status().code(),
             absl::StatusCode::kInvalidArgument);
-  SegmentDescriptor wrap = MakeSegment("w", 1);
+  descriptor::SegmentDescriptor wrap = MakeSegment("w", 1);
   wrap.mutable_buffers(0)->set_addr(~0ull - 10);
   EXPECT_EQ(store.Put(PutOf(wrap)).status().code(),
             absl::StatusCode::kInvalidArgument);
-  SegmentDescriptor overlap = MakeSegment("o", 1);
-  Buffer* b = overlap.add_buffers();
+  descriptor::SegmentDescriptor overlap = MakeSegment("o", 1);
+  descriptor::Buffer* b = overlap.add_buffers();
   b->set_addr(0x1800);
   b->set_length(0x100);
   EXPECT_EQ(store.Put(PutOf(overlap)).status().code(),
             absl::StatusCode::kInvalidArgument);
-  SegmentDescriptor badgid = MakeSegment("g", 1);
+  descriptor::SegmentDescriptor badgid = MakeSegment("g", 1);
   auto* t = badgid.add_transports();
   t->set_transport("rdma");
   auto* d = t->add_devices();
@@ -362,7 +363,7 @@ TEST(SegmentStoreTest, UpdateBuffersIsAtomicAndChecksIncarnation) {
   add.set_name("a");
   add.set_incarnation(5);
   add.set_owner_key(TestOwnerKey(5));
-  Buffer* nb = add.add_add();
+  descriptor::Buffer* nb = add.add_add();
   nb->set_addr(0x4000);
   nb->set_length(0x10);
   auto v = store.UpdateBuffers(add);
@@ -381,7 +382,7 @@ TEST(SegmentStoreTest, UpdateBuffersIsAtomicAndChecksIncarnation) {
   bad.set_incarnation(5);
   bad.set_owner_key(TestOwnerKey(5));
   bad.add_remove_addrs(0x1000);
-  Buffer* ob = bad.add_add();
+  descriptor::Buffer* ob = bad.add_add();
   ob->set_addr(0x4008);
   ob->set_length(0x10);
   EXPECT_EQ(store.UpdateBuffers(bad).status().code(),
@@ -414,8 +415,8 @@ TEST(SegmentStoreTest, UpdateBuffersIsAtomicAndChecksIncarnation) {
 namespace ferry::metadata {
 namespace {
 
-SegmentDescriptor Sized(const std::string& name, uint64_t incarnation,
-                        int buffers) {
+descriptor::SegmentDescriptor Sized(const std::string& name,
+                                    uint64_t incarnation, int buffers) {
   return TestSegment(name, incarnation, buffers);
 }
 
@@ -448,7 +449,7 @@ TEST(SegmentStoreQuotaTest, PerClientAndTotalLimits) {
   grow.set_name("other");
   grow.set_owner_key(TestOwnerKey(10));
   for (int i = 0; i < 4000; ++i) {
-    Buffer* b = grow.add_add();
+    descriptor::Buffer* b = grow.add_add();
     b->set_addr(0x1000000000ull + 0x10000ull * i);
     b->set_length(0x100);
     b->set_location("cpu:0");
@@ -476,21 +477,21 @@ TEST(SegmentStoreQuotaTest, PerClientAndTotalLimits) {
 // share), the charge covers it, and is not far above it.
 TEST(SegmentStoreQuotaTest, QuotasCountTheMemoryHeld) {
   SegmentStore store;
-  SegmentDescriptor d = Sized("mem", 1, 0);
-  TransportEndpoint* t = d.add_transports();
+  descriptor::SegmentDescriptor d = Sized("mem", 1, 0);
+  descriptor::TransportEndpoint* t = d.add_transports();
   t->set_transport("rdma");
   for (int n = 0; n < 4; ++n) {
-    Device* dev = t->add_devices();
+    descriptor::Device* dev = t->add_devices();
     dev->set_name(absl::StrCat("mlx5_", n));
     dev->set_gid(std::string(16, '\1'));
   }
   for (int i = 0; i < 4000; ++i) {
-    Buffer* b = d.add_buffers();
+    descriptor::Buffer* b = d.add_buffers();
     b->set_addr(0x100000ull * (i + 1));
     b->set_length(0x1000);
     b->set_location("cuda:0");
-    for (const Device& dev : t->devices()) {
-      NicKey* k = b->add_keys();
+    for (const descriptor::Device& dev : t->devices()) {
+      descriptor::NicKey* k = b->add_keys();
       k->set_nic(dev.name());
       k->set_rkey(0x1000 + i);
     }
@@ -528,7 +529,7 @@ TEST(SegmentStoreQuotaTest, ChargesAndRefundsMatch) {
   // What is held is what "a" (now without buffers) takes, twice (the
   // entry and the copy readers share); a refund larger than the charge
   // would have wrapped around zero.
-  ASSERT_OK_AND_ASSIGN(SegmentDescriptor a, store.Get("a"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor a, store.Get("a"));
   EXPECT_GT(store.bytes(), 0u);
   EXPECT_LE(store.bytes(), 2 * a.SpaceUsedLong() + 1024);
   ASSERT_OK(store.Remove(RemoveOf("a", 1)));
@@ -542,11 +543,11 @@ TEST(SegmentStoreQuotaTest, ADescriptorStaysWithinOneAnswer) {
   SegmentStore::Limits limits;
   limits.max_client_bytes = limits.max_bytes;
   store.SetLimits(limits);
-  SegmentDescriptor d = Sized("wide", 1, 0);
-  TransportEndpoint* t = d.add_transports();
+  descriptor::SegmentDescriptor d = Sized("wide", 1, 0);
+  descriptor::TransportEndpoint* t = d.add_transports();
   t->set_transport("rdma");
   for (int n = 0; n < 64; ++n) {
-    Device* dev = t->add_devices();
+    descriptor::Device* dev = t->add_devices();
     dev->set_name(
         absl::StrCat("nic-with-a-long-name-", n, std::string(40, 'x')));
     dev->set_gid(std::string(16, '\1'));
@@ -559,12 +560,12 @@ TEST(SegmentStoreQuotaTest, ADescriptorStaysWithinOneAnswer) {
     add.set_name("wide");
     add.set_owner_key(TestOwnerKey(1));
     for (int i = 0; i < 1000; ++i) {
-      Buffer* b = add.add_add();
+      descriptor::Buffer* b = add.add_add();
       b->set_addr(0x100000ull * (batches * 1000 + i + 1));
       b->set_length(0x1000);
       b->set_location("cpu:0");
-      for (const Device& dev : t->devices()) {
-        NicKey* k = b->add_keys();
+      for (const descriptor::Device& dev : t->devices()) {
+        descriptor::NicKey* k = b->add_keys();
         k->set_nic(dev.name());
         k->set_rkey(i);
       }
@@ -573,7 +574,7 @@ TEST(SegmentStoreQuotaTest, ADescriptorStaysWithinOneAnswer) {
   }
   EXPECT_EQ(last.code(), absl::StatusCode::kResourceExhausted) << last;
   EXPECT_NE(last.message().find("bytes encoded"), std::string::npos) << last;
-  ASSERT_OK_AND_ASSIGN(SegmentDescriptor got, store.Get("wide"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor got, store.Get("wide"));
   EXPECT_LE(got.ByteSizeLong(), SegmentStore::kMaxDescriptorBytes);
   EXPECT_GT(got.ByteSizeLong(), SegmentStore::kMaxDescriptorBytes / 2);
 }

@@ -223,7 +223,7 @@ class SlowClientTest : public ::testing::TestWithParam<Case> {
                                                absl::Seconds(5), token_);
     peers_ = std::make_unique<PeerClient>(absl::Seconds(5),
                                           PeerClient::kMaxStubs, token_);
-    SegmentDescriptor seg;
+    descriptor::SegmentDescriptor seg;
     seg.set_name("victim");
     seg.set_incarnation(7);
     auto* t = seg.add_transports();
@@ -354,7 +354,7 @@ TEST(SlowClientFairnessTest, ManyAddressesCannotTakeEveryCall) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<RpcServer> server,
                        RpcServer::Start("127.0.0.1:0", {&service}));
   MetadataClient client(server->address(), absl::Seconds(5));
-  SegmentDescriptor seg;
+  descriptor::SegmentDescriptor seg;
   seg.set_name("victim");
   seg.set_incarnation(7);
   ASSERT_OK(client.Put(LeasedPutOf(seg)));

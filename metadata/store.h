@@ -80,7 +80,8 @@ class Store {
   }
 
   // The named descriptor (without owner key) or NotFound.
-  virtual absl::StatusOr<SegmentDescriptor> Get(const std::string& name) = 0;
+  virtual absl::StatusOr<descriptor::SegmentDescriptor> Get(
+      const std::string& name) = 0;
 
   // Removes the segment. NotFound if it is not stored.
   virtual absl::Status Remove(const RemoveSegmentRequest& request) = 0;

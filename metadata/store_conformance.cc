@@ -34,21 +34,21 @@ namespace {
 
 constexpr uint64_t kStride = 0x100000;
 
-Buffer BufferAt(uint64_t i) {
-  Buffer b;
+descriptor::Buffer BufferAt(uint64_t i) {
+  descriptor::Buffer b;
   b.set_addr(0x10000000 + i * kStride);
   b.set_length(0x1000);
   b.set_location("cpu:0");
   return b;
 }
 
-SegmentDescriptor Seg(const std::string& name, uint64_t incarnation,
-                      int buffers = 1) {
-  SegmentDescriptor s;
+descriptor::SegmentDescriptor Seg(const std::string& name, uint64_t incarnation,
+                                  int buffers = 1) {
+  descriptor::SegmentDescriptor s;
   s.set_name(name);
   s.set_incarnation(incarnation);
   s.set_rpc_address("127.0.0.1:1");
-  TransportEndpoint* t = s.add_transports();
+  descriptor::TransportEndpoint* t = s.add_transports();
   t->set_transport("tcp");
   t->set_address("127.0.0.1:2");
   // Out of address order on purpose: Get returns them sorted.
@@ -66,7 +66,7 @@ UpdateBuffersRequest UpdateOf(const std::string& name, uint64_t owner) {
 
 TEST_P(StoreConformanceTest, PutGetListRemove) {
   ASSERT_OK_AND_ASSIGN(uint64_t v1, store_->Put(PutOf(Seg("a", 7, 3))));
-  ASSERT_OK_AND_ASSIGN(SegmentDescriptor got, store_->Get("a"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor got, store_->Get("a"));
   EXPECT_EQ(got.incarnation(), 7u);
   EXPECT_EQ(got.version(), v1);
   ASSERT_EQ(got.buffers_size(), 3);
@@ -97,7 +97,7 @@ TEST_P(StoreConformanceTest, OnlyTheOwnerChangesASegment) {
                 absl::StatusCode::kFailedPrecondition);
   EXPECT_STATUS(store_->Remove(RemoveOf("a", 8)),
                 absl::StatusCode::kFailedPrecondition);
-  ASSERT_OK_AND_ASSIGN(SegmentDescriptor got, store_->Get("a"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor got, store_->Get("a"));
   EXPECT_EQ(got.buffers_size(), 1);
   // The owner itself publishes again (a re-publication) freely.
   ASSERT_OK(store_->Put(PutOf(Seg("a", 9, 2), lease, /*owner=*/7)));
@@ -116,14 +116,14 @@ TEST_P(StoreConformanceTest, UpdatesAreIncrementalAndAllOrNothing) {
   *add.add_add() = BufferAt(1);
   ASSERT_OK_AND_ASSIGN(uint64_t v1, store_->UpdateBuffers(add));
   EXPECT_GT(v1, v0);
-  ASSERT_OK_AND_ASSIGN(SegmentDescriptor got, store_->Get("a"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor got, store_->Get("a"));
   ASSERT_EQ(got.buffers_size(), 3);
   EXPECT_EQ(got.version(), v1);
   EXPECT_EQ(got.buffers(1).addr(), BufferAt(1).addr());
   // A removal plus an overlapping add: neither happens.
   UpdateBuffersRequest bad = UpdateOf("a", 1);
   bad.add_remove_addrs(BufferAt(0).addr());
-  Buffer overlap = BufferAt(2);
+  descriptor::Buffer overlap = BufferAt(2);
   overlap.set_addr(overlap.addr() + 0x800);
   *bad.add_add() = overlap;
   EXPECT_STATUS(store_->UpdateBuffers(bad), absl::StatusCode::kInvalidArgument);
@@ -151,11 +151,11 @@ TEST_P(StoreConformanceTest, AnAddressRemovedAndAddedInOneUpdate) {
   ASSERT_OK(store_->Put(PutOf(Seg("a", 1, 2))));
   UpdateBuffersRequest again = UpdateOf("a", 1);
   again.add_remove_addrs(BufferAt(1).addr());
-  Buffer b = BufferAt(1);
+  descriptor::Buffer b = BufferAt(1);
   b.set_length(0x800);
   *again.add_add() = b;
   ASSERT_OK(store_->UpdateBuffers(again));
-  ASSERT_OK_AND_ASSIGN(SegmentDescriptor got, store_->Get("a"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor got, store_->Get("a"));
   ASSERT_EQ(got.buffers_size(), 2);
   EXPECT_EQ(got.buffers(1).length(), 0x800u);
 }
@@ -198,11 +198,11 @@ TEST_P(StoreConformanceTest, BadRequestsAreRefusedAndChangeNothing) {
   EXPECT_STATUS(store_->Put(keyless), absl::StatusCode::kInvalidArgument);
   EXPECT_STATUS(store_->Put(PutOf(Seg("has space", 1))),
                 absl::StatusCode::kInvalidArgument);
-  SegmentDescriptor overlap = Seg("a", 1, 2);
+  descriptor::SegmentDescriptor overlap = Seg("a", 1, 2);
   overlap.mutable_buffers(0)->set_addr(overlap.buffers(1).addr() + 1);
   EXPECT_STATUS(store_->Put(PutOf(overlap)),
                 absl::StatusCode::kInvalidArgument);
-  SegmentDescriptor wrap = Seg("a", 1);
+  descriptor::SegmentDescriptor wrap = Seg("a", 1);
   wrap.mutable_buffers(0)->set_addr(~uint64_t{0} - 10);
   EXPECT_STATUS(store_->Put(PutOf(wrap)), absl::StatusCode::kInvalidArgument);
   EXPECT_STATUS(store_->Get(""), absl::StatusCode::kInvalidArgument);
@@ -226,10 +226,10 @@ class Follower {
         gone_ = false;
         copy_ = ev.full();
       } else {
-        std::map<uint64_t, Buffer> bufs;
-        for (const Buffer& b : copy_.buffers()) bufs[b.addr()] = b;
+        std::map<uint64_t, descriptor::Buffer> bufs;
+        for (const descriptor::Buffer& b : copy_.buffers()) bufs[b.addr()] = b;
         for (uint64_t a : ev.remove_addrs()) bufs.erase(a);
-        for (const Buffer& b : ev.add()) bufs[b.addr()] = b;
+        for (const descriptor::Buffer& b : ev.add()) bufs[b.addr()] = b;
         copy_.clear_buffers();
         for (auto& [a, b] : bufs) *copy_.add_buffers() = b;
         ++deltas_;
@@ -239,7 +239,7 @@ class Follower {
     };
   }
   // Waits up to 10 s until the copy is `want` (buffers and version).
-  bool WaitFor(const SegmentDescriptor& want) {
+  bool WaitFor(const descriptor::SegmentDescriptor& want) {
     MutexLock lock(&mu_);
     const absl::Time end = absl::Now() + absl::Seconds(10);
     while (!SameLocked(want) && !cv_.WaitWithDeadline(&mu_, end)) {
@@ -263,7 +263,7 @@ class Follower {
   }
 
  private:
-  bool SameLocked(const SegmentDescriptor& want)
+  bool SameLocked(const descriptor::SegmentDescriptor& want)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (gone_ || copy_.version() != want.version() ||
         copy_.buffers_size() != want.buffers_size()) {
@@ -280,7 +280,7 @@ class Follower {
 
   Mutex mu_;
   CondVar cv_;
-  SegmentDescriptor copy_ ABSL_GUARDED_BY(mu_);
+  descriptor::SegmentDescriptor copy_ ABSL_GUARDED_BY(mu_);
   bool gone_ ABSL_GUARDED_BY(mu_) = false;
   int events_ ABSL_GUARDED_BY(mu_) = 0;
   int deltas_ ABSL_GUARDED_BY(mu_) = 0;
@@ -292,7 +292,7 @@ class Follower {
 // whole segment first; an ended watch gets nothing more.
 TEST_P(StoreConformanceTest, WatchesPushEveryChange) {
   ASSERT_OK(store_->Put(PutOf(Seg("w", 3, 2))));
-  ASSERT_OK_AND_ASSIGN(SegmentDescriptor opened, store_->Get("w"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor opened, store_->Get("w"));
   Follower f;
   auto watch = store_->WatchSegment("w", opened.version(), f.Fn());
   if (watch.status().code() == absl::StatusCode::kUnimplemented) {
@@ -309,7 +309,7 @@ TEST_P(StoreConformanceTest, WatchesPushEveryChange) {
   UpdateBuffersRequest add = UpdateOf("w", 3);
   *add.add_add() = BufferAt(7);
   ASSERT_OK(store_->UpdateBuffers(add));
-  ASSERT_OK_AND_ASSIGN(SegmentDescriptor now, store_->Get("w"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor now, store_->Get("w"));
   EXPECT_TRUE(f.WaitFor(now)) << "a registration after the open is pushed";
   UpdateBuffersRequest rm = UpdateOf("w", 3);
   rm.add_remove_addrs(BufferAt(0).addr());
@@ -364,7 +364,7 @@ TEST_P(StoreConformanceTest, ConcurrentUpdatesAllLand) {
   std::set<uint64_t> all;
   for (const auto& v : versions) all.insert(v.begin(), v.end());
   EXPECT_EQ(all.size(), size_t{kThreads * kEach});
-  ASSERT_OK_AND_ASSIGN(SegmentDescriptor got, store_->Get("a"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor got, store_->Get("a"));
   EXPECT_EQ(got.buffers_size(), 1 + kThreads * kEach);
   EXPECT_EQ(got.version(), *all.rbegin());
 }

@@ -20,7 +20,7 @@ inline std::string TestOwnerKey(uint64_t n) {
 }
 
 // A Put of `segment` by the owner named after its incarnation.
-inline PutSegmentRequest PutOf(const SegmentDescriptor& segment,
+inline PutSegmentRequest PutOf(const descriptor::SegmentDescriptor& segment,
                                absl::Duration lease_ttl = absl::ZeroDuration(),
                                uint64_t owner = 0) {
   PutSegmentRequest req;
@@ -34,21 +34,22 @@ inline PutSegmentRequest PutOf(const SegmentDescriptor& segment,
 // PutOf with a lease by default: what a metadata service with no auth
 // token accepts (it refuses segments with no lease).
 constexpr absl::Duration kTestLease = absl::Minutes(10);
-inline PutSegmentRequest LeasedPutOf(const SegmentDescriptor& segment,
-                                     absl::Duration lease_ttl = kTestLease,
-                                     uint64_t owner = 0) {
+inline PutSegmentRequest LeasedPutOf(
+    const descriptor::SegmentDescriptor& segment,
+    absl::Duration lease_ttl = kTestLease, uint64_t owner = 0) {
   return PutOf(segment, lease_ttl, owner);
 }
 
 // A segment of `buffers` 4 KiB buffers, 1 MiB apart.
-inline SegmentDescriptor TestSegment(const std::string& name,
-                                     uint64_t incarnation, int buffers) {
-  SegmentDescriptor s;
+inline descriptor::SegmentDescriptor TestSegment(const std::string& name,
+                                                 uint64_t incarnation,
+                                                 int buffers) {
+  descriptor::SegmentDescriptor s;
   s.set_name(name);
   s.set_incarnation(incarnation);
   s.set_rpc_address("127.0.0.1:1");
   for (int i = 0; i < buffers; ++i) {
-    Buffer* b = s.add_buffers();
+    descriptor::Buffer* b = s.add_buffers();
     b->set_addr(0x100000ull * (i + 1));
     b->set_length(0x1000);
     b->set_location("cpu:0");

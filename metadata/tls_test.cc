@@ -49,8 +49,8 @@ std::shared_ptr<const Tls> MustLoad(const TlsFiles& files) {
   return tls.ok() ? *tls : nullptr;
 }
 
-SegmentDescriptor Segment(const std::string& name) {
-  SegmentDescriptor seg;
+descriptor::SegmentDescriptor Segment(const std::string& name) {
+  descriptor::SegmentDescriptor seg;
   seg.set_name(name);
   seg.set_incarnation(7);
   return seg;
@@ -188,7 +188,8 @@ TEST_F(TlsTest, ACertificatePublishesOnlyTheSegmentsItNames) {
   s = unnamed.Put(LeasedPutOf(Segment("prefill-1"))).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
   EXPECT_TRUE(absl::StrContains(s.message(), "it names none")) << s;
-  ASSERT_OK_AND_ASSIGN(SegmentDescriptor got, unnamed.Get("prefill-0"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor got,
+                       unnamed.Get("prefill-0"));
   EXPECT_EQ(got.name(), "prefill-0");
   MetadataClient any(server_->address(), absl::Seconds(3), "",
                      MustLoad(pki_->node));
@@ -204,7 +205,7 @@ TEST_F(TlsTest, ServesOnlyClientsOfTheClusterCa) {
   MetadataClient good(server_->address(), absl::Seconds(3), "",
                       MustLoad(pki_->node));
   ASSERT_OK(good.Put(LeasedPutOf(Segment("a"))));
-  ASSERT_OK_AND_ASSIGN(SegmentDescriptor got, good.Get("a"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor got, good.Get("a"));
   EXPECT_EQ(got.incarnation(), 7u);
 
   MetadataClient plain(server_->address(), absl::Seconds(3));
@@ -272,7 +273,7 @@ TEST_F(TlsTest, RecoversFromFdExhaustion) {
   flood.clear();
   MetadataClient after(server_->address(), absl::Seconds(5), "",
                        MustLoad(pki_->node));
-  ASSERT_OK_AND_ASSIGN(SegmentDescriptor got, after.Get("a"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor got, after.Get("a"));
   EXPECT_EQ(got.incarnation(), 7u);
 }
 

@@ -348,7 +348,7 @@ class GarbageTest : public ::testing::Test {
 
   void FindPorts() {
     metadata::MetadataClient client(md_addr_, absl::Seconds(3));
-    ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor d,
+    ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor d,
                          client.Get("garbage_target"));
     ASSERT_GT(d.buffers_size(), 0);
     info_.buffer_addr = d.buffers(0).addr();
@@ -772,7 +772,7 @@ TEST_F(GarbageTest, EveryPortKeepsServingThroughGarbage) {
       return c;
     };
     auto valid = [&] {
-      metadata::SegmentDescriptor d;
+      descriptor::SegmentDescriptor d;
       d.set_name("hostile");
       d.set_incarnation(1);
       d.set_rpc_address("127.0.0.1:1");
@@ -782,7 +782,7 @@ TEST_F(GarbageTest, EveryPortKeepsServingThroughGarbage) {
       b->set_location("cpu:0");
       return d;
     };
-    std::vector<std::pair<std::string, metadata::SegmentDescriptor>> bad;
+    std::vector<std::pair<std::string, descriptor::SegmentDescriptor>> bad;
     bad.push_back({"empty name", valid()});
     bad.back().second.set_name("");
     bad.push_back({"name with a space", valid()});

@@ -157,7 +157,7 @@ TEST_F(RdmaEngineTest, ReadAndWriteMixedSizesEveryByteVerified) {
 // real initiator's rail still carries transfers.
 TEST_F(RdmaEngineTest, SpoofedExchangesAreRefused) {
   metadata::MetadataClient md(target_.metadata_address(), absl::Seconds(3));
-  ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor td, md.Get("target"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor td, md.Get("target"));
   ASSERT_OK_AND_ASSIGN(std::shared_ptr<const IdentityKey> other,
                        IdentityKey::Generate());
   metadata::PeerClient unsigned_client(absl::Seconds(3));
@@ -183,11 +183,12 @@ TEST_F(RdmaEngineTest, ReplayedExchangesAreRefused) {
   metadata::MetadataClient md(target_.metadata_address(), absl::Seconds(3));
   ASSERT_OK_AND_ASSIGN(std::shared_ptr<const IdentityKey> key,
                        IdentityKey::Generate());
-  metadata::SegmentDescriptor sender = metadata::TestSegment("sender-x", 9, 0);
+  descriptor::SegmentDescriptor sender =
+      metadata::TestSegment("sender-x", 9, 0);
   sender.set_rpc_address("127.0.0.1:1");
   sender.set_identity_key(key->public_key());
   ASSERT_OK(md.Put(metadata::LeasedPutOf(sender)));
-  ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor td, md.Get("target"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor td, md.Get("target"));
   metadata::ExchangeRequest req;
   req.set_transport("rdma");
   req.set_from_segment("sender-x");

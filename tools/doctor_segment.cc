@@ -108,8 +108,8 @@ rdma::RdmaMessage Notice(const Session& ss, rdma::RailNotice::Kind kind,
 // no better: the engine's peer service did not answer at all (they would
 // only wait as long), or it refused the doctor (they would be refused).
 bool ProbePair(const Session& ss, const std::string& local_nic,
-               ibv_device* ldev, const metadata::Device& remote, uint32_t seed,
-               std::vector<Check>* out) {
+               ibv_device* ldev, const descriptor::Device& remote,
+               uint32_t seed, std::vector<Check>* out) {
   const std::string name =
       absl::StrCat("peer ", local_nic, " -> ", remote.name());
   auto fail = [&](const std::string& detail, const std::string& fix) {
@@ -211,7 +211,7 @@ void ProbeSegment(const std::string& metadata, const std::string& segment,
          "it) and the segment name the engine was started with"});
     return;
   }
-  const metadata::TransportEndpoint* rdma = nullptr;
+  const descriptor::TransportEndpoint* rdma = nullptr;
   for (const auto& t : desc->transports()) {
     if (t.transport() == "rdma") rdma = &t;
   }
@@ -304,7 +304,7 @@ void ProbeSegment(const std::string& metadata, const std::string& segment,
   unregister.rm.set_owner_key(put.owner_key());
   uint32_t seed = rd();
   for (const auto& [lname, ldev] : local) {
-    for (const metadata::Device& remote : rdma->devices()) {
+    for (const descriptor::Device& remote : rdma->devices()) {
       if (remote.probe_rkey() == 0) continue;
       renew();
       if (!ProbePair(ss, lname, ldev, remote, seed++, out)) {

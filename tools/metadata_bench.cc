@@ -90,24 +90,24 @@ struct Server {
     if (!s.ok()) std::abort();
     rpc = std::move(*s);
     if (buffers < 0) return;  // No segment of its own.
-    metadata::SegmentDescriptor d;
+    descriptor::SegmentDescriptor d;
     d.set_name("bench");
     d.set_incarnation(1);
     d.set_rpc_address("127.0.0.1:1");
-    metadata::TransportEndpoint* t = d.add_transports();
+    descriptor::TransportEndpoint* t = d.add_transports();
     t->set_transport("rdma");
     for (int n = 0; n < 2; ++n) {
-      metadata::Device* dev = t->add_devices();
+      descriptor::Device* dev = t->add_devices();
       dev->set_name("mlx5_" + std::to_string(n));
       dev->set_gid(std::string(16, '\1'));
     }
     for (int i = 0; i < buffers; ++i) {
-      metadata::Buffer* b = d.add_buffers();
+      descriptor::Buffer* b = d.add_buffers();
       b->set_addr(0x10000000ull + uint64_t(i) * 0x100000);
       b->set_length(0x100000);
       b->set_location("cpu:0");
       for (int n = 0; n < 2; ++n) {
-        metadata::NicKey* k = b->add_keys();
+        descriptor::NicKey* k = b->add_keys();
         k->set_nic("mlx5_" + std::to_string(n));
         k->set_rkey(1000 + i);
       }

@@ -140,7 +140,7 @@ class TransferBenchTest : public ::testing::Test {
   // the process, as a bad DMA or a bug in the target would.
   void CorruptTarget(uint64_t offset, size_t len) {
     metadata::MetadataClient client(metadata_, absl::Seconds(3));
-    ASSERT_OK_AND_ASSIGN(metadata::SegmentDescriptor d, client.Get("bt"));
+    ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor d, client.Get("bt"));
     ASSERT_GT(d.buffers_size(), 0);
     const int fd = open(absl::StrCat("/proc/", target_->pid(), "/mem").c_str(),
                         O_RDWR | O_CLOEXEC);
@@ -352,7 +352,7 @@ TEST_F(TransferBenchTest, UnreachableTargetStopsWithOneClearStatus) {
     dead_port = ntohs(a.sin_port);
   }
   const std::string dead = absl::StrCat("127.0.0.1:", dead_port);
-  metadata::SegmentDescriptor ghost;
+  descriptor::SegmentDescriptor ghost;
   ghost.set_name("ghost");
   ghost.set_incarnation(7);
   ghost.set_rpc_address(dead);

@@ -111,8 +111,8 @@ BENCHMARK(BM_LeaseClone);
 // A target segment of `n` buffers, each with a key on every one of
 // `devices` RDMA NICs; the key of buffer b on device d is b * devices + d
 // + 1, so a lookup can be checked.
-metadata::SegmentDescriptor Descriptor(size_t n, int devices) {
-  metadata::SegmentDescriptor d;
+descriptor::SegmentDescriptor Descriptor(size_t n, int devices) {
+  descriptor::SegmentDescriptor d;
   d.set_name("target");
   d.set_incarnation(1);
   auto* rdma = d.add_transports();

@@ -10,12 +10,12 @@
 namespace ferry {
 
 absl::StatusOr<std::shared_ptr<const SegmentView>> SegmentView::Create(
-    metadata::SegmentDescriptor desc) {
-  FERRY_RETURN_IF_ERROR(metadata::ValidateSegmentDescriptor(desc));
+    descriptor::SegmentDescriptor desc) {
+  FERRY_RETURN_IF_ERROR(descriptor::ValidateSegmentDescriptor(desc));
   return std::shared_ptr<const SegmentView>(new SegmentView(std::move(desc)));
 }
 
-SegmentView::SegmentView(metadata::SegmentDescriptor desc)
+SegmentView::SegmentView(descriptor::SegmentDescriptor desc)
     : desc_(std::move(desc)) {
   by_addr_.resize(desc_.buffers_size());
   for (int i = 0; i < desc_.buffers_size(); ++i) by_addr_[i] = i;
@@ -48,7 +48,7 @@ int SegmentView::FindTransportIndex(absl::string_view transport) const {
   return -1;
 }
 
-const metadata::TransportEndpoint* SegmentView::FindTransport(
+const descriptor::TransportEndpoint* SegmentView::FindTransport(
     absl::string_view transport) const {
   for (const auto& t : desc_.transports()) {
     if (t.transport() == transport) return &t;
@@ -63,7 +63,7 @@ int SegmentView::FindBufferIndex(uint64_t addr, uint64_t length) const {
       [this](uint64_t a, int idx) { return a < desc_.buffers(idx).addr(); });
   if (it == by_addr_.begin()) return -1;
   const int index = *std::prev(it);
-  const metadata::Buffer& b = desc_.buffers(index);
+  const descriptor::Buffer& b = desc_.buffers(index);
   if (addr + length < addr || addr + length > b.addr() + b.length()) {
     return -1;
   }

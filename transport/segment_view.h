@@ -20,15 +20,15 @@ class SegmentView {
  public:
   // Validates `desc` and indexes its buffers.
   static absl::StatusOr<std::shared_ptr<const SegmentView>> Create(
-      metadata::SegmentDescriptor desc);
+      descriptor::SegmentDescriptor desc);
 
   const std::string& name() const { return desc_.name(); }
   uint64_t incarnation() const { return desc_.incarnation(); }
   uint64_t version() const { return desc_.version(); }
-  const metadata::SegmentDescriptor& descriptor() const { return desc_; }
+  const descriptor::SegmentDescriptor& descriptor() const { return desc_; }
 
   // The endpoint of `transport`, or nullptr if the segment does not serve it.
-  const metadata::TransportEndpoint* FindTransport(
+  const descriptor::TransportEndpoint* FindTransport(
       absl::string_view transport) const;
 
   // Index of `transport` in descriptor().transports(), or -1.
@@ -37,7 +37,7 @@ class SegmentView {
   // Index in descriptor().buffers() of the buffer containing all of
   // [addr, addr + length), or -1.
   int FindBufferIndex(uint64_t addr, uint64_t length) const;
-  const metadata::Buffer& buffer(int index) const {
+  const descriptor::Buffer& buffer(int index) const {
     return desc_.buffers(index);
   }
 
@@ -68,9 +68,9 @@ class SegmentView {
   }
 
  private:
-  explicit SegmentView(metadata::SegmentDescriptor desc);
+  explicit SegmentView(descriptor::SegmentDescriptor desc);
 
-  metadata::SegmentDescriptor desc_;
+  descriptor::SegmentDescriptor desc_;
   // Indices into desc_.buffers(), sorted by address.
   std::vector<int> by_addr_;
   // Per transport: devices, and the buffers x devices key table (-1: no

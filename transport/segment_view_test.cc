@@ -7,7 +7,7 @@ namespace ferry {
 namespace {
 
 TEST(SegmentViewTest, FindsBuffersAndTransports) {
-  metadata::SegmentDescriptor d;
+  descriptor::SegmentDescriptor d;
   d.set_name("seg");
   for (uint64_t a : {0x5000, 0x1000, 0x3000}) {
     auto* b = d.add_buffers();
@@ -33,7 +33,7 @@ TEST(SegmentViewTest, FindsBuffersAndTransports) {
 }
 
 TEST(SegmentViewTest, IndexesDeviceKeysByTransportBufferAndDevice) {
-  metadata::SegmentDescriptor d;
+  descriptor::SegmentDescriptor d;
   d.set_name("seg");
   auto* tcp = d.add_transports();
   tcp->set_transport("tcp");
@@ -78,7 +78,7 @@ TEST(SegmentViewTest, IndexesDeviceKeysByTransportBufferAndDevice) {
 }
 
 TEST(SegmentViewTest, RejectsInvalidDescriptor) {
-  metadata::SegmentDescriptor d;
+  descriptor::SegmentDescriptor d;
   EXPECT_FALSE(SegmentView::Create(d).ok());  // No name.
 }
 

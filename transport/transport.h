@@ -124,14 +124,14 @@ class Transport {
   // Starts listeners and threads. Fills `endpoint` (already named) with what
   // peers need to reach this transport.
   virtual absl::Status Install(const TransportEnv& env,
-                               metadata::TransportEndpoint* endpoint) = 0;
+                               descriptor::TransportEndpoint* endpoint) = 0;
 
   // Makes a local buffer usable by this transport and returns its handle
   // (valid until UnregisterMemory; may be null). For a remote-accessible
   // region the transport may add per-NIC keys to `published`, the entry
   // the engine publishes in its segment descriptor.
   virtual absl::StatusOr<MemoryHandle> RegisterMemory(
-      const MemoryRegion& region, metadata::Buffer* published) = 0;
+      const MemoryRegion& region, descriptor::Buffer* published) = 0;
 
   // Reverses RegisterMemory for the region starting at `addr`. The engine
   // calls it only once no slice of its own uses the region; it waits for

@@ -22,9 +22,9 @@ constexpr int64_t kWindowKeys = 64;
 
 // Adds the buffers of a range response to `out`.
 absl::Status CollectBuffers(const etcdserverpb::RangeResponse& range,
-                            std::map<uint64_t, Buffer>* out) {
+                            std::map<uint64_t, descriptor::Buffer>* out) {
   for (const auto& kv : range.kvs()) {
-    Buffer b;
+    descriptor::Buffer b;
     if (!b.ParseFromString(kv.value())) {
       return absl::DataLossError(
           absl::StrCat("etcd key ", kv.key(), " holds no buffer"));
@@ -50,7 +50,7 @@ absl::StatusOr<EtcdStore::Snapshot> EtcdStore::ReadSegment(
     if (all_buffers) {
       *txn.add_success() = RangeOp(prefix, end);
     } else if (around != nullptr) {
-      for (const Buffer& b : around->add()) {
+      for (const descriptor::Buffer& b : around->add()) {
         // The first buffer at or above it (the one below: next read).
         *txn.add_success() = RangeOp(keys_.BufKey(name, b.addr()), end, 1);
       }
@@ -86,7 +86,7 @@ absl::StatusOr<EtcdStore::Snapshot> EtcdStore::ReadSegment(
       // window holds one key in practice (blocks of one size).
       TxnRequest below;
       const uint64_t reach = snap.meta.max_buffer_length() - 1;
-      for (const Buffer& b : around->add()) {
+      for (const descriptor::Buffer& b : around->add()) {
         const uint64_t lo = b.addr() > reach ? b.addr() - reach : 0;
         RequestOp op = RangeOp(keys_.BufKey(name, lo),
                                keys_.BufKey(name, b.addr()), kWindowKeys);

@@ -134,7 +134,7 @@ absl::StatusOr<TxnResponse> EtcdStore::Txn(const TxnRequest& txn,
 absl::StatusOr<absl::Duration> EtcdStore::KeepAlive(
     const KeepAliveRequest& request) {
   const std::string& name = request.name();
-  FERRY_RETURN_IF_ERROR(ValidateSegmentName(name));
+  FERRY_RETURN_IF_ERROR(descriptor::ValidateSegmentName(name));
   FERRY_ASSIGN_OR_RETURN(const Snapshot snap,
                          ReadSegment(name, /*all_buffers=*/false, nullptr));
   if (!snap.exists) return NotRegistered(name);
@@ -148,17 +148,18 @@ absl::StatusOr<absl::Duration> EtcdStore::KeepAlive(
   return absl::Seconds(ttl);
 }
 
-absl::StatusOr<SegmentDescriptor> EtcdStore::Get(const std::string& name) {
-  FERRY_RETURN_IF_ERROR(ValidateSegmentName(name));
+absl::StatusOr<descriptor::SegmentDescriptor> EtcdStore::Get(
+    const std::string& name) {
+  FERRY_RETURN_IF_ERROR(descriptor::ValidateSegmentName(name));
   FERRY_ASSIGN_OR_RETURN(Snapshot snap,
                          ReadSegment(name, /*all_buffers=*/true, nullptr));
   if (!snap.exists) return NotRegistered(name);
-  SegmentDescriptor d = snap.meta.segment();
+  descriptor::SegmentDescriptor d = snap.meta.segment();
   d.set_version(static_cast<uint64_t>(snap.meta_revision));
   d.mutable_buffers()->Reserve(static_cast<int>(snap.buffers.size()));
   for (auto& [addr, b] : snap.buffers) *d.add_buffers() = std::move(b);
   // Anyone with write access to etcd could have put anything there.
-  if (absl::Status s = ValidateSegmentDescriptor(d); !s.ok()) {
+  if (absl::Status s = descriptor::ValidateSegmentDescriptor(d); !s.ok()) {
     return absl::DataLossError(absl::StrCat(
         "etcd holds an invalid descriptor for '", name, "': ", s.message()));
   }

@@ -102,7 +102,8 @@ class EtcdStore final : public Store {
       const KeepAliveRequest& request) override;
   absl::StatusOr<uint64_t> UpdateBuffers(
       const UpdateBuffersRequest& request) override;
-  absl::StatusOr<SegmentDescriptor> Get(const std::string& name) override;
+  absl::StatusOr<descriptor::SegmentDescriptor> Get(
+      const std::string& name) override;
   absl::Status Remove(const RemoveSegmentRequest& request) override;
   absl::StatusOr<std::vector<std::string>> List() override;
   std::string Describe() const override;
@@ -157,7 +158,7 @@ class EtcdStore final : public Store {
     EtcdSegmentMeta meta;
     int64_t meta_revision = 0;
     // The buffers read: all of them, or those around an update's addresses.
-    std::map<uint64_t, Buffer> buffers;
+    std::map<uint64_t, descriptor::Buffer> buffers;
     // A window below an added address held more than kWindowKeys buffers
     // (etcd_read.cc): the one that matters may be missing; read the whole
     // segment instead.

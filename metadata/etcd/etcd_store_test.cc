@@ -77,8 +77,8 @@ INSTANTIATE_TEST_SUITE_P(
                      absl::Seconds(1), /*pushes=*/true}),
     BackendName);
 
-SegmentDescriptor Seg(const std::string& name, uint64_t incarnation,
-                      int buffers) {
+descriptor::SegmentDescriptor Seg(const std::string& name, uint64_t incarnation,
+                                  int buffers) {
   return TestSegment(name, incarnation, buffers);
 }
 
@@ -89,15 +89,15 @@ TEST(EtcdStoreTest, NamespacesShareOneCluster) {
   // The same name, two owners, two clusters' namespaces: no conflict.
   ASSERT_OK(a->Put(PutOf(Seg("prefill-0", 1, 1))));
   ASSERT_OK(b->Put(PutOf(Seg("prefill-0", 2, 2))));
-  ASSERT_OK_AND_ASSIGN(SegmentDescriptor in_a, a->Get("prefill-0"));
-  ASSERT_OK_AND_ASSIGN(SegmentDescriptor in_b, b->Get("prefill-0"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor in_a, a->Get("prefill-0"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor in_b, b->Get("prefill-0"));
   EXPECT_EQ(in_a.incarnation(), 1u);
   EXPECT_EQ(in_b.incarnation(), 2u);
   EXPECT_EQ(in_b.buffers_size(), 2);
   // Names with '/' and '%' stay apart from their look-alikes.
   ASSERT_OK(a->Put(PutOf(Seg("x/y", 3, 1))));
   ASSERT_OK(a->Put(PutOf(Seg("x%2Fy", 4, 2))));
-  ASSERT_OK_AND_ASSIGN(SegmentDescriptor slash, a->Get("x/y"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor slash, a->Get("x/y"));
   EXPECT_EQ(slash.buffers_size(), 1);
   ASSERT_OK_AND_ASSIGN(auto names, a->List());
   EXPECT_EQ(names, (std::vector<std::string>{"prefill-0", "x%2Fy", "x/y"}));
@@ -109,13 +109,13 @@ TEST(EtcdStoreTest, LargeSegmentsAndBatches) {
   ASSERT_NE(SharedCluster(), nullptr);
   ASSERT_OK_AND_ASSIGN(auto s, FreshStore(SharedCluster()->endpoints()));
   ASSERT_OK(s->Put(PutOf(Seg("big", 1, 1000), absl::Seconds(30))));
-  ASSERT_OK_AND_ASSIGN(SegmentDescriptor d, s->Get("big"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor d, s->Get("big"));
   EXPECT_EQ(d.buffers_size(), 1000);
   UpdateBuffersRequest add;
   add.set_name("big");
   add.set_owner_key(TestOwnerKey(1));
   for (int i = 0; i < 500; ++i) {
-    Buffer* b = add.add_add();
+    descriptor::Buffer* b = add.add_add();
     b->set_addr(0x100000ull * 2000 + 0x10000ull * i);
     b->set_length(0x100);
     b->set_location("cpu:0");
@@ -126,7 +126,7 @@ TEST(EtcdStoreTest, LargeSegmentsAndBatches) {
   UpdateBuffersRequest rm;
   rm.set_name("big");
   rm.set_owner_key(TestOwnerKey(1));
-  for (const Buffer& b : add.add()) rm.add_remove_addrs(b.addr());
+  for (const descriptor::Buffer& b : add.add()) rm.add_remove_addrs(b.addr());
   ASSERT_OK(s->UpdateBuffers(rm));
   ASSERT_OK_AND_ASSIGN(d, s->Get("big"));
   EXPECT_EQ(d.buffers_size(), 1000);
@@ -139,8 +139,8 @@ TEST(EtcdStoreTest, LargeSegmentsAndBatches) {
 TEST(EtcdStoreTest, OverlapsAreFoundFarBelow) {
   ASSERT_NE(SharedCluster(), nullptr);
   ASSERT_OK_AND_ASSIGN(auto s, FreshStore(SharedCluster()->endpoints()));
-  SegmentDescriptor d = Seg("a", 1, 0);
-  Buffer* big = d.add_buffers();
+  descriptor::SegmentDescriptor d = Seg("a", 1, 0);
+  descriptor::Buffer* big = d.add_buffers();
   big->set_addr(uint64_t{1} << 40);
   big->set_length(uint64_t{1} << 30);
   big->set_location("cpu:0");
@@ -149,7 +149,7 @@ TEST(EtcdStoreTest, OverlapsAreFoundFarBelow) {
     UpdateBuffersRequest u;
     u.set_name("a");
     u.set_owner_key(TestOwnerKey(1));
-    Buffer* b = u.add_add();
+    descriptor::Buffer* b = u.add_add();
     b->set_addr(addr);
     b->set_length(len);
     b->set_location("cpu:0");
@@ -169,7 +169,7 @@ TEST(EtcdStoreTest, OverlapsAreFoundFarBelow) {
   EXPECT_STATUS(add(base + (uint64_t{1} << 30) - 4096, 4096),
                 absl::StatusCode::kInvalidArgument);
   EXPECT_OK(add(base + (uint64_t{1} << 30), 4096));  // Just past its end.
-  ASSERT_OK_AND_ASSIGN(SegmentDescriptor got, s->Get("a"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor got, s->Get("a"));
   EXPECT_EQ(got.buffers_size(), 1 + 1 + 100 + 1);
 }
 
@@ -183,7 +183,7 @@ TEST(EtcdStoreTest, TwoClientsShareOneTable) {
   ASSERT_OK_AND_ASSIGN(auto one, EtcdStore::Create(o));
   ASSERT_OK_AND_ASSIGN(auto two, EtcdStore::Create(o));
   ASSERT_OK(one->Put(PutOf(Seg("decode-3", 7, 2), absl::Seconds(30))));
-  ASSERT_OK_AND_ASSIGN(SegmentDescriptor d, two->Get("decode-3"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor d, two->Get("decode-3"));
   EXPECT_EQ(d.incarnation(), 7u);
   EXPECT_STATUS(two->Put(PutOf(Seg("decode-3", 8, 1), absl::Seconds(30))),
                 absl::StatusCode::kAlreadyExists);
@@ -212,7 +212,7 @@ TEST(EtcdStoreTest, HugeChangesArePushedWhole) {
   batch.set_name("huge");
   batch.set_owner_key(TestOwnerKey(1));
   for (int i = 0; i < 9000; ++i) {
-    Buffer* b = batch.add_add();
+    descriptor::Buffer* b = batch.add_add();
     b->set_addr(0x10000000ull + 0x10000ull * i);
     b->set_length(0x1000);
     b->set_location("cpu:0");
@@ -249,7 +249,7 @@ TEST(EtcdStoreTest, WatchesSurviveCompaction) {
   UpdateBuffersRequest add;
   add.set_name("still");
   add.set_owner_key(TestOwnerKey(1));
-  Buffer* b = add.add_add();
+  descriptor::Buffer* b = add.add_add();
   b->set_addr(0x7000000);
   b->set_length(0x1000);
   b->set_location("cpu:0");
@@ -299,13 +299,13 @@ TEST(EtcdStoreTest, QuotasHoldAcrossStoresSharingEtcd) {
   grow.set_incarnation(10);
   grow.set_owner_key(TestOwnerKey(10));
   for (int i = 0; i < 400; ++i) {
-    Buffer* buf = grow.add_add();
+    descriptor::Buffer* buf = grow.add_add();
     buf->set_addr(0x1000000000ull + 0x10000ull * i);
     buf->set_length(0x100);
     buf->set_location("cpu:0");
   }
   EXPECT_STATUS(a->UpdateBuffers(grow), absl::StatusCode::kResourceExhausted);
-  ASSERT_OK_AND_ASSIGN(SegmentDescriptor got, a->Get("grow"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor got, a->Get("grow"));
   EXPECT_EQ(got.buffers_size(), 1);
   // The total binds every client, those of engines on etcd directly too.
   absl::Status last;
@@ -372,8 +372,9 @@ TEST(EtcdStoreTest, ThreeMembersSurviveLosingOne) {
   // Watches across the loss: the buffer added after it is pushed, and the
   // unrenewed segment's end.
   std::atomic<int> alive_added{0}, dead_gone{0};
-  ASSERT_OK_AND_ASSIGN(SegmentDescriptor alive0, store->Get("alive"));
-  ASSERT_OK_AND_ASSIGN(SegmentDescriptor dead0, store->Get("dead"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor alive0,
+                       store->Get("alive"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor dead0, store->Get("dead"));
   ASSERT_OK_AND_ASSIGN(
       auto alive_watch,
       store->WatchSegment("alive", alive0.version(),
@@ -406,18 +407,20 @@ TEST(EtcdStoreTest, ThreeMembersSurviveLosingOne) {
   UpdateBuffersRequest add;
   add.set_name("alive");
   add.set_owner_key(TestOwnerKey(1));
-  Buffer* b = add.add_add();
+  descriptor::Buffer* b = add.add_add();
   b->set_addr(0x7000000);
   b->set_length(0x1000);
   b->set_location("cpu:0");
   ASSERT_OK(store->UpdateBuffers(add));
-  ASSERT_OK_AND_ASSIGN(SegmentDescriptor after, store->Get("after"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor after,
+                       store->Get("after"));
   EXPECT_EQ(after.buffers_size(), 4);
   // Leases: the renewed one lives past 2 TTLs, the other one expires.
   absl::SleepFor(3 * lease);
   stop.store(true);
   renewer.join();
-  ASSERT_OK_AND_ASSIGN(SegmentDescriptor alive, store->Get("alive"));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor alive,
+                       store->Get("alive"));
   EXPECT_EQ(alive.buffers_size(), 2);
   EXPECT_STATUS(store->Get("dead"), absl::StatusCode::kNotFound);
   EXPECT_EQ(alive_added.load(), 1) << "the update after the loss was pushed";

@@ -72,7 +72,7 @@ EtcdStore::~EtcdStore() {
 
 absl::StatusOr<std::unique_ptr<Watch>> EtcdStore::WatchSegment(
     const std::string& name, uint64_t after_version, EventFn fn) {
-  FERRY_RETURN_IF_ERROR(ValidateSegmentName(name));
+  FERRY_RETURN_IF_ERROR(descriptor::ValidateSegmentName(name));
   auto w = std::make_shared<Watcher>();
   w->name = name;
   w->meta_key = keys_.MetaKey(name);
@@ -293,7 +293,7 @@ void EtcdStore::OnMetaEvent(Watcher* w, const mvccpb::Event& ev) {
     ctx.set_deadline(GrpcDeadline(options_.rpc_timeout));
     if (!kv_->Range(&ctx, req, &resp).ok()) return PushWhole(w);
     for (const auto& kv : resp.kvs()) {
-      Buffer b;
+      descriptor::Buffer b;
       if (!b.ParseFromString(kv.value())) return PushWhole(w);
       if (added.count(b.addr()) > 0) *delta.add_add() = std::move(b);
     }

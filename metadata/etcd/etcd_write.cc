@@ -104,8 +104,8 @@ absl::StatusOr<uint64_t> EtcdStore::WriteChanges(
 
 absl::StatusOr<uint64_t> EtcdStore::PutFrom(const PutSegmentRequest& request,
                                             const std::string& client) {
-  const SegmentDescriptor& in = request.segment();
-  FERRY_RETURN_IF_ERROR(ValidateSegmentDescriptor(in));
+  const descriptor::SegmentDescriptor& in = request.segment();
+  FERRY_RETURN_IF_ERROR(descriptor::ValidateSegmentDescriptor(in));
   FERRY_RETURN_IF_ERROR(ValidateOwnerKey(request.owner_key()));
   const absl::Duration ttl = absl::Milliseconds(request.lease_ttl_ms());
   if (ttl > SegmentStore::kMaxLeaseTtl) {
@@ -130,7 +130,7 @@ absl::StatusOr<uint64_t> EtcdStore::PutOnce(const PutSegmentRequest& request,
                                             const std::string& client,
                                             absl::Duration ttl,
                                             absl::Time deadline) {
-  const SegmentDescriptor& in = request.segment();
+  const descriptor::SegmentDescriptor& in = request.segment();
   const std::string& name = in.name();
   // Who holds the name now, and under which lease (to revoke it after a
   // re-publication). A segment left half written is read as it is: its
@@ -187,13 +187,13 @@ absl::StatusOr<uint64_t> EtcdStore::PutOnce(const PutSegmentRequest& request,
   // The old run's buffers that this one does not have (etcd refuses a
   // transaction that deletes and puts the same key).
   std::set<uint64_t> kept;
-  for (const Buffer& b : in.buffers()) kept.insert(b.addr());
+  for (const descriptor::Buffer& b : in.buffers()) kept.insert(b.addr());
   for (const auto& [addr, b] : before.buffers) {
     if (kept.count(addr) == 0) {
       ops.push_back(DeleteOp(keys_.BufKey(name, addr)));
     }
   }
-  for (const Buffer& b : in.buffers()) {
+  for (const descriptor::Buffer& b : in.buffers()) {
     keys += b.keys_size();
     longest = std::max<uint64_t>(longest, b.length());
     ops.push_back(
@@ -242,9 +242,9 @@ absl::StatusOr<uint64_t> EtcdStore::PutOnce(const PutSegmentRequest& request,
 absl::StatusOr<uint64_t> EtcdStore::UpdateBuffers(
     const UpdateBuffersRequest& request) {
   const std::string& name = request.name();
-  FERRY_RETURN_IF_ERROR(ValidateSegmentName(name));
-  for (const Buffer& b : request.add()) {
-    FERRY_RETURN_IF_ERROR(ValidateBuffer(b));
+  FERRY_RETURN_IF_ERROR(descriptor::ValidateSegmentName(name));
+  for (const descriptor::Buffer& b : request.add()) {
+    FERRY_RETURN_IF_ERROR(descriptor::ValidateBuffer(b));
   }
   const absl::Time deadline = clock_->Now() + options_.rpc_timeout;
   MutexLock lock(&write_mu_);
@@ -266,18 +266,19 @@ absl::StatusOr<uint64_t> EtcdStore::UpdateBuffers(
       read_all = true;
       continue;
     }
-    std::map<uint64_t, Buffer>& bufs = snap.buffers;
+    std::map<uint64_t, descriptor::Buffer>& bufs = snap.buffers;
     EtcdSegmentMeta meta = snap.meta;
     std::set<std::string> devices;
-    for (const TransportEndpoint& t : meta.segment().transports()) {
-      for (const Device& d : t.devices()) devices.insert(d.name());
+    for (const descriptor::TransportEndpoint& t : meta.segment().transports()) {
+      for (const descriptor::Device& d : t.devices()) devices.insert(d.name());
     }
     uint64_t count = meta.buffers();
     uint64_t keys = meta.keys();
     int64_t delta = 0;  // Encoded bytes the descriptor gains.
     std::vector<RequestOp> ops;
     std::set<uint64_t> added_addrs;
-    for (const Buffer& b : request.add()) added_addrs.insert(b.addr());
+    for (const descriptor::Buffer& b : request.add())
+      added_addrs.insert(b.addr());
     for (uint64_t addr : request.remove_addrs()) {
       auto it = bufs.find(addr);
       if (it == bufs.end()) {
@@ -287,7 +288,7 @@ absl::StatusOr<uint64_t> EtcdStore::UpdateBuffers(
       }
       keys -= it->second.keys_size();
       --count;
-      delta -= EncodedBufferBytes(it->second) +
+      delta -= descriptor::EncodedBufferBytes(it->second) +
                static_cast<int64_t>(keys_.BufKey(name, addr).size());
       bufs.erase(it);
       // Re-added in the same update: its put overwrites the key (etcd
@@ -297,9 +298,9 @@ absl::StatusOr<uint64_t> EtcdStore::UpdateBuffers(
       }
     }
     for (int i = 0; i < request.add_size(); ++i) {
-      const Buffer& b = request.add(i);
+      const descriptor::Buffer& b = request.add(i);
       const std::string field = absl::StrCat("add[", i, "]");
-      for (const NicKey& k : b.keys()) {
+      for (const descriptor::NicKey& k : b.keys()) {
         if (devices.count(k.nic()) == 0) {
           return absl::InvalidArgumentError(absl::StrCat(
               field, ": NIC '", k.nic(),
@@ -313,7 +314,7 @@ absl::StatusOr<uint64_t> EtcdStore::UpdateBuffers(
                          " overlaps the buffer at 0x", absl::Hex(next->first)));
       }
       if (next != bufs.begin()) {
-        const Buffer& prev = std::prev(next)->second;
+        const descriptor::Buffer& prev = std::prev(next)->second;
         if (prev.addr() + prev.length() > b.addr()) {
           return absl::InvalidArgumentError(absl::StrCat(
               field, ": 0x", absl::Hex(b.addr()), " overlaps the buffer at 0x",
@@ -322,7 +323,7 @@ absl::StatusOr<uint64_t> EtcdStore::UpdateBuffers(
       }
       keys += b.keys_size();
       ++count;
-      delta += EncodedBufferBytes(b) +
+      delta += descriptor::EncodedBufferBytes(b) +
                static_cast<int64_t>(keys_.BufKey(name, b.addr()).size());
       meta.set_max_buffer_length(
           std::max<uint64_t>(meta.max_buffer_length(), b.length()));
@@ -331,16 +332,17 @@ absl::StatusOr<uint64_t> EtcdStore::UpdateBuffers(
                           meta.lease_id()));
     }
     size_t device_count = 0;
-    for (const TransportEndpoint& t : meta.segment().transports()) {
+    for (const descriptor::TransportEndpoint& t : meta.segment().transports()) {
       device_count += t.devices_size();
     }
-    if (count > kMaxBuffersPerSegment || keys > kMaxKeysPerSegment ||
-        device_count * count > kMaxKeyIndexEntries) {
+    if (count > descriptor::kMaxBuffersPerSegment ||
+        keys > descriptor::kMaxKeysPerSegment ||
+        device_count * count > descriptor::kMaxKeyIndexEntries) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "segment '", name, "' would hold ", count, " buffers with ", keys,
-          " NIC keys; at most ", kMaxBuffersPerSegment, " buffers, ",
-          kMaxKeysPerSegment, " keys and ", kMaxKeyIndexEntries,
-          " buffer x device entries"));
+          " NIC keys; at most ", descriptor::kMaxBuffersPerSegment,
+          " buffers, ", descriptor::kMaxKeysPerSegment, " keys and ",
+          descriptor::kMaxKeyIndexEntries, " buffer x device entries"));
     }
     if (delta > 0) {
       FERRY_RETURN_IF_ERROR(CheckQuota(
@@ -358,7 +360,8 @@ absl::StatusOr<uint64_t> EtcdStore::UpdateBuffers(
     if (static_cast<size_t>(request.add_size() + request.remove_addrs_size()) <=
         kMaxChangeAddrs) {
       meta.set_change_base(static_cast<uint64_t>(snap.meta_revision));
-      for (const Buffer& b : request.add()) meta.add_change_added(b.addr());
+      for (const descriptor::Buffer& b : request.add())
+        meta.add_change_added(b.addr());
       for (uint64_t a : request.remove_addrs()) meta.add_change_removed(a);
     } else {
       meta.set_change_base(0);
@@ -379,7 +382,7 @@ absl::StatusOr<uint64_t> EtcdStore::UpdateBuffers(
 
 absl::Status EtcdStore::Remove(const RemoveSegmentRequest& request) {
   const std::string& name = request.name();
-  FERRY_RETURN_IF_ERROR(ValidateSegmentName(name));
+  FERRY_RETURN_IF_ERROR(descriptor::ValidateSegmentName(name));
   const absl::Time deadline = clock_->Now() + options_.rpc_timeout;
   MutexLock lock(&write_mu_);
   TxnRequest txn;

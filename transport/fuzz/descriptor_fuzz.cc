@@ -17,7 +17,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  ferry::metadata::SegmentDescriptor desc;
+  ferry::descriptor::SegmentDescriptor desc;
   if (!desc.ParseFromArray(data, static_cast<int>(size))) return 0;
   auto view = ferry::SegmentView::Create(desc);
   if (!view.ok()) return 0;

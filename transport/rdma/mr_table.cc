@@ -42,7 +42,7 @@ void MrTable::LogGpuPreference(const MemoryRegion& region) {
 }
 
 absl::StatusOr<MemoryHandle> MrTable::Register(const MemoryRegion& region,
-                                               metadata::Buffer* published) {
+                                               descriptor::Buffer* published) {
   int access = IBV_ACCESS_LOCAL_WRITE;
   if (region.remote_accessible) {
     access |= IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
@@ -133,7 +133,7 @@ absl::StatusOr<MemoryHandle> MrTable::Register(const MemoryRegion& region,
   if (region.remote_accessible) {
     for (size_t i = 0; i < nics_.size(); ++i) {
       if (entry->mrs[i] == nullptr) continue;
-      metadata::NicKey* k = published->add_keys();
+      descriptor::NicKey* k = published->add_keys();
       k->set_nic(nics_[i]->name());
       k->set_rkey(entry->mrs[i]->rkey);
     }

@@ -50,7 +50,7 @@ class MrTable {
   // can pin (not mapped, or read-only), ResourceExhausted when pinning
   // failed (with memlock advice), or why GPU memory could not be used.
   absl::StatusOr<MemoryHandle> Register(const MemoryRegion& region,
-                                        metadata::Buffer* published);
+                                        descriptor::Buffer* published);
   // NotFound if `addr` is not registered. Peers still accessing it get a
   // remote access error, never stale memory.
   absl::Status Unregister(uintptr_t addr);

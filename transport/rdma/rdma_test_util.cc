@@ -200,11 +200,11 @@ absl::StatusOr<std::unique_ptr<TestNode>> TestNode::Start(
   if (address.empty()) address = name + ":1";
   n->channel_ = net->Join(name, address);
   n->transport_ = std::make_unique<RdmaTransport>(options);
-  metadata::SegmentDescriptor desc;
+  descriptor::SegmentDescriptor desc;
   desc.set_name(name);
   desc.set_incarnation(n->incarnation_);
   desc.set_rpc_address(address);
-  metadata::TransportEndpoint* ep = desc.add_transports();
+  descriptor::TransportEndpoint* ep = desc.add_transports();
   ep->set_transport("rdma");
   TransportEnv env;
   env.local_segment = name;
@@ -218,7 +218,7 @@ absl::StatusOr<std::unique_ptr<TestNode>> TestNode::Start(
   region.addr = reinterpret_cast<uintptr_t>(n->mem_.get());
   region.length = buffer_bytes;
   region.remote_accessible = true;
-  metadata::Buffer* b = desc.add_buffers();
+  descriptor::Buffer* b = desc.add_buffers();
   b->set_addr(region.addr);
   b->set_length(buffer_bytes);
   b->set_location("*");

@@ -101,7 +101,7 @@ absl::Status RdmaTransport::ValidateOptions() const {
 }
 
 absl::Status RdmaTransport::Install(const TransportEnv& env,
-                                    metadata::TransportEndpoint* endpoint) {
+                                    descriptor::TransportEndpoint* endpoint) {
   FERRY_RETURN_IF_ERROR(ValidateOptions());
   env_ = env;
   clock_ = ClockOrReal(env.clock);
@@ -192,7 +192,7 @@ absl::Status RdmaTransport::Install(const TransportEnv& env,
     }
   }
   for (size_t i = 0; i < nics_.size(); ++i) {
-    metadata::Device* d = endpoint->add_devices();
+    descriptor::Device* d = endpoint->add_devices();
     d->set_name(nics_[i]->name());
     const ibv_gid gid = nics_[i]->gid();
     d->set_gid(std::string(reinterpret_cast<const char*>(gid.raw), 16));
@@ -258,7 +258,7 @@ absl::Status RdmaTransport::Install(const TransportEnv& env,
 }
 
 absl::StatusOr<MemoryHandle> RdmaTransport::RegisterMemory(
-    const MemoryRegion& region, metadata::Buffer* published) {
+    const MemoryRegion& region, descriptor::Buffer* published) {
   return mrs_.Register(region, published);
 }
 
@@ -267,7 +267,7 @@ absl::StatusOr<MemoryHandle> RdmaTransport::StagedPath::RegisterStagingBuffer(
   MemoryRegion r;
   r.addr = reinterpret_cast<uintptr_t>(buffer);
   r.length = bytes;
-  metadata::Buffer unpublished;
+  descriptor::Buffer unpublished;
   return transport->RegisterMemory(r, &unpublished);
 }
 

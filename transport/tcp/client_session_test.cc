@@ -18,7 +18,7 @@ const absl::Time kT0 = absl::FromUnixSeconds(1000);
 class ClientSessionTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    metadata::SegmentDescriptor d;
+    descriptor::SegmentDescriptor d;
     d.set_name("target");
     auto* t = d.add_transports();
     t->set_transport("tcp");

@@ -35,7 +35,7 @@ class GpuStagingTest : public ::testing::Test {
     env.listen_host = "127.0.0.1";
     env.incarnation = 7;
     env.clock = &clock_;
-    metadata::TransportEndpoint ep;
+    descriptor::TransportEndpoint ep;
     ASSERT_OK(transport_->Install(env, &ep));
     MemoryRegion r;
     r.addr = dev_;
@@ -47,7 +47,7 @@ class GpuStagingTest : public ::testing::Test {
     auto listener = ListenTcp("127.0.0.1", 0, &port_);
     ASSERT_OK(listener);
     listener_ = std::move(*listener);
-    metadata::SegmentDescriptor desc;
+    descriptor::SegmentDescriptor desc;
     desc.set_name("silent");
     desc.set_incarnation(7);
     auto* t = desc.add_transports();

@@ -70,7 +70,7 @@ void TcpClient::Submit(absl::Span<Slice* const> slices) {
         target = slice->target;
         pool = nullptr;
         error = absl::OkStatus();
-        const metadata::TransportEndpoint* ep = target->FindTransport("tcp");
+        const descriptor::TransportEndpoint* ep = target->FindTransport("tcp");
         if (ep == nullptr) {
           error = absl::FailedPreconditionError(absl::StrCat(
               "segment '", target->name(), "' has no TCP endpoint"));

@@ -58,7 +58,7 @@ class TcpFaultTest : public ::testing::Test {
     uint64_t key = 0, incarnation = 0;
     ASSERT_TRUE(absl::SimpleAtoi(f[4], &key));
     ASSERT_TRUE(absl::SimpleAtoi(f[5], &incarnation));
-    metadata::SegmentDescriptor d;
+    descriptor::SegmentDescriptor d;
     d.set_name("peer");
     d.set_incarnation(incarnation);
     auto* t = d.add_transports();
@@ -80,7 +80,7 @@ class TcpFaultTest : public ::testing::Test {
     TransportEnv env;
     env.local_segment = "initiator";
     env.listen_host = "127.0.0.1";
-    metadata::TransportEndpoint ep;
+    descriptor::TransportEndpoint ep;
     ASSERT_OK(initiator_->Install(env, &ep));
   }
 

@@ -122,7 +122,7 @@ int main(int argc, char** argv) {
   env.local_segment = "peer";
   env.incarnation = 0x7e57000000000000ull + static_cast<uint64_t>(getpid());
   env.listen_host = "127.0.0.1";
-  ferry::metadata::TransportEndpoint endpoint;
+  ferry::descriptor::TransportEndpoint endpoint;
   if (absl::Status s = transport.Install(env, &endpoint); !s.ok()) {
     std::printf("ERR %s\n", s.ToString().c_str());
     std::fflush(stdout);
@@ -138,7 +138,7 @@ int main(int argc, char** argv) {
   region.addr = reinterpret_cast<uintptr_t>(buf);
   region.length = size;
   region.remote_accessible = true;
-  ferry::metadata::Buffer published;
+  ferry::descriptor::Buffer published;
   if (auto h = transport.RegisterMemory(region, &published); !h.ok()) {
     std::printf("ERR %s\n", h.status().ToString().c_str());
     return 1;

@@ -66,7 +66,7 @@ TcpTransport::TcpTransport(const TransportOptions& options)
 TcpTransport::~TcpTransport() { Shutdown(); }
 
 absl::Status TcpTransport::Install(const TransportEnv& env,
-                                   metadata::TransportEndpoint* endpoint) {
+                                   descriptor::TransportEndpoint* endpoint) {
   FERRY_RETURN_IF_ERROR(ValidateOptions(options_));
   // UnregisterMemory's bounded wait, like the frame timeout it covers.
   Clock* const clock = ClockOrReal(env.clock);
@@ -88,7 +88,7 @@ absl::Status TcpTransport::Install(const TransportEnv& env,
 }
 
 absl::StatusOr<MemoryHandle> TcpTransport::RegisterMemory(
-    const MemoryRegion& region, metadata::Buffer* published) {
+    const MemoryRegion& region, descriptor::Buffer* published) {
   // GPU memory is staged through pinned host buffers on both sides (the
   // socket calls cannot touch it); the handle tells Submit which device.
   MemoryHandle local_handle = nullptr;

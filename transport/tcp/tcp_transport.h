@@ -104,9 +104,9 @@ class TcpTransport final : public Transport {
 
   absl::string_view name() const override { return "tcp"; }
   absl::Status Install(const TransportEnv& env,
-                       metadata::TransportEndpoint* endpoint) override;
+                       descriptor::TransportEndpoint* endpoint) override;
   absl::StatusOr<MemoryHandle> RegisterMemory(
-      const MemoryRegion& region, metadata::Buffer* published) override;
+      const MemoryRegion& region, descriptor::Buffer* published) override;
   absl::Status UnregisterMemory(uintptr_t addr) override;
   size_t max_slice_bytes() const override {
     return options_.tcp.max_slice_bytes;

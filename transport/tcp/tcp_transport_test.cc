@@ -43,7 +43,7 @@ using ::ferry::tcp::testing::Served;
 // A transport with `opts`, installed in `env`; *ep is what it publishes.
 absl::StatusOr<std::unique_ptr<TcpTransport>> Installed(
     const TransportOptions& opts, const TransportEnv& env,
-    metadata::TransportEndpoint* ep) {
+    descriptor::TransportEndpoint* ep) {
   auto t = std::make_unique<TcpTransport>(opts);
   FERRY_RETURN_IF_ERROR(t->Install(env, ep));
   return t;
@@ -57,19 +57,20 @@ absl::StatusOr<std::unique_ptr<TcpTransport>> Installed(
   env.local_segment = name;
   env.listen_host = "127.0.0.1";
   env.clock = clock;
-  metadata::TransportEndpoint ep;
+  descriptor::TransportEndpoint ep;
   return Installed(opts, env, &ep);
 }
 
 // Registers `length` bytes at `addr` on `t`, open to peers; returns what
 // `t` publishes of them.
-absl::StatusOr<metadata::Buffer> RegisterShared(TcpTransport& t, uint64_t addr,
-                                                size_t length) {
+absl::StatusOr<descriptor::Buffer> RegisterShared(TcpTransport& t,
+                                                  uint64_t addr,
+                                                  size_t length) {
   MemoryRegion r;
   r.addr = addr;
   r.length = length;
   r.remote_accessible = true;
-  metadata::Buffer published;
+  descriptor::Buffer published;
   FERRY_RETURN_IF_ERROR(t.RegisterMemory(r, &published).status());
   return published;
 }
@@ -122,18 +123,18 @@ class TcpTransportTest : public ::testing::Test {
     env.incarnation = kIncarnation;
     env.clock = clock_;
     env.auth_token = target_token;
-    metadata::TransportEndpoint ep;
+    descriptor::TransportEndpoint ep;
     ASSERT_OK(target_->Install(env, &ep));
     env.auth_token = initiator_token;
-    metadata::TransportEndpoint ep2;
+    descriptor::TransportEndpoint ep2;
     ASSERT_OK(initiator_->Install(env, &ep2));
     target_buf_.assign(1 << 20, 0);
     ASSERT_OK_AND_ASSIGN(
-        metadata::Buffer published,
+        descriptor::Buffer published,
         RegisterShared(*target_, Remote(0), target_buf_.size()));
     key_ = published.tcp_key();
     ASSERT_NE(key_, 0u);
-    metadata::SegmentDescriptor d;
+    descriptor::SegmentDescriptor d;
     d.set_name("target");
     d.set_incarnation(kIncarnation);
     auto* t = d.add_transports();
@@ -182,7 +183,7 @@ class TcpTransportTest : public ::testing::Test {
 
   // A view of the target whose TCP endpoint is `port` on loopback.
   std::shared_ptr<const SegmentView> ViewWithPort(uint16_t port) {
-    metadata::SegmentDescriptor d = view_->descriptor();
+    descriptor::SegmentDescriptor d = view_->descriptor();
     d.mutable_transports(0)->set_address("127.0.0.1:" + std::to_string(port));
     return *SegmentView::Create(d);
   }
@@ -191,7 +192,7 @@ class TcpTransportTest : public ::testing::Test {
   // `incarnation`.
   std::shared_ptr<const SegmentView> ViewWithKey(
       uint64_t key, uint64_t incarnation = kIncarnation) {
-    metadata::SegmentDescriptor d = view_->descriptor();
+    descriptor::SegmentDescriptor d = view_->descriptor();
     d.mutable_buffers(0)->set_tcp_key(key);
     d.set_incarnation(incarnation);
     return *SegmentView::Create(d);
@@ -212,11 +213,11 @@ class TcpTransportTest : public ::testing::Test {
     env.local_segment = name;
     env.listen_host = "0.0.0.0";
     env.incarnation = kIncarnation;
-    metadata::TransportEndpoint ep;
+    descriptor::TransportEndpoint ep;
     WildcardTarget t;
     FERRY_ASSIGN_OR_RETURN(t.transport,
                            Installed(TransportOptions(), env, &ep));
-    FERRY_ASSIGN_OR_RETURN(metadata::Buffer published,
+    FERRY_ASSIGN_OR_RETURN(descriptor::Buffer published,
                            RegisterShared(*t.transport, addr, length));
     t.key = published.tcp_key();
     FERRY_ASSIGN_OR_RETURN(HostPort hp, ParseHostPort(ep.address()));
@@ -482,7 +483,7 @@ TEST_F(TcpTransportTokenTest, ATargetWithoutTheTokenIsNotTrusted) {
 // unregistered does not reach what is registered at its address next.
 TEST_F(TcpTransportTest, ReRegisteredBufferHasANewKey) {
   ASSERT_OK(target_->UnregisterMemory(Remote(0)));
-  ASSERT_OK_AND_ASSIGN(metadata::Buffer published,
+  ASSERT_OK_AND_ASSIGN(descriptor::Buffer published,
                        RegisterShared(*target_, Remote(0), target_buf_.size()));
   EXPECT_NE(published.tcp_key(), 0u);
   EXPECT_NE(published.tcp_key(), key_);
@@ -516,10 +517,10 @@ TEST_F(TcpTransportTest, StaleIncarnationNeverTouchesTheNewProcess) {
   env.local_segment = "t";
   env.listen_host = "127.0.0.1";
   env.incarnation = kIncarnation + 1;
-  metadata::TransportEndpoint ep;
+  descriptor::TransportEndpoint ep;
   ASSERT_OK_AND_ASSIGN(auto next, Installed(opts, env, &ep));
   ASSERT_EQ(ep.address(), target_addr_);
-  ASSERT_OK_AND_ASSIGN(metadata::Buffer published,
+  ASSERT_OK_AND_ASSIGN(descriptor::Buffer published,
                        RegisterShared(*next, Remote(0), target_buf_.size()));
   // Even with the new key: the old run's descriptor names another run.
   auto stale = ViewWithKey(published.tcp_key());
@@ -611,7 +612,7 @@ TEST_F(TcpTransportTest, ShutdownCancelsInFlight) {
 // stats, the deadline sweep or Shutdown could trip over.
 TEST_F(TcpTransportTest, UnparsableEndpointFailsCleanly) {
   for (const char* bad : {"nohost", "nohost:", ":80", "1.2.3.4:99999"}) {
-    metadata::SegmentDescriptor d = view_->descriptor();
+    descriptor::SegmentDescriptor d = view_->descriptor();
     d.mutable_transports(0)->set_address(bad);
     auto view = SegmentView::Create(d);
     if (!view.ok()) continue;  // SegmentView may already refuse it.
@@ -774,7 +775,7 @@ TEST_F(TcpTransportTest, ThousandPeersOpenedAndClosedLeaveNothing) {
   const int fds_before = ::ferry::testing::OpenFds();
   uint64_t max_peers = 0;
   for (int i = 0; i < 1000; ++i) {
-    metadata::SegmentDescriptor d = view_->descriptor();
+    descriptor::SegmentDescriptor d = view_->descriptor();
     d.mutable_transports(0)->set_address(absl::StrCat(
         "127.0.", 1 + i / 250, ".", 1 + i % 250, ":", target.port));
     d.mutable_buffers(0)->set_tcp_key(target.key);
@@ -845,7 +846,7 @@ TEST_F(TcpTransportTest, PeerPoolsAreBoundedLru) {
   ASSERT_OK_AND_ASSIGN(WildcardTarget target,
                        StartWildcardTarget("i2", addr, 4096));
   auto view_at = [&](const std::string& address) {
-    metadata::SegmentDescriptor d = view_->descriptor();
+    descriptor::SegmentDescriptor d = view_->descriptor();
     d.mutable_transports(0)->set_address(address);
     d.mutable_buffers(0)->set_tcp_key(target.key);
     return *SegmentView::Create(d);

@@ -33,7 +33,7 @@ namespace tcp = ferry::tcp;
 
 const ferry::SegmentView* View() {
   static const auto* view = [] {
-    ferry::metadata::SegmentDescriptor d;
+    ferry::descriptor::SegmentDescriptor d;
     d.set_name("target");
     d.set_incarnation(7);
     auto* t = d.add_transports();
