@@ -1,5 +1,5 @@
 #!/bin/bash
-# The docs cannot drift from the code (tools/docs_check/): quoted
+# The docs cannot drift from the code (devtools/docs_check/): quoted
 # messages against the sources' string literals, flags against each
 # program's --helpfull, the Chinese edition against its English pages,
 # and the console blocks marked runnable, run on softrnic. Reads the
@@ -23,5 +23,5 @@ for p in transfer_bench metadata_server doctor; do
 done
 # The runnable blocks run in a scratch directory with the repository's
 # paths mapped to the runfiles (bazel-bin/X, tools/softrnic-run).
-exec /usr/bin/python3 "$RUNFILES/tools/docs_check" --root "$root" \
+exec /usr/bin/python3 "$RUNFILES/devtools/docs_check" --root "$root" \
   --runfiles "$RUNFILES" "${helpfull[@]}"

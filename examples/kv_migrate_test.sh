@@ -3,8 +3,8 @@
 # RDMA (softrnic) in P2P mode, and over TCP with a metadata_server. The
 # decode process must check every block and find none bad.
 set -uo pipefail
-# shellcheck source=../tests/test_lib.sh
-source "${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}/tests/test_lib.sh"
+# shellcheck source=../testing/test_lib.sh
+source "${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}/testing/test_lib.sh"
 LIBDIR="$RUNFILES/transport/softrnic"
 MDS="$RUNFILES/tools/metadata_server"
 pkg="$tmp/pkg"

@@ -1,5 +1,5 @@
 #!/bin/bash
-# tools/bench end to end: the quick profile on namespaced hosts (4 hosts;
+# bench/matrix end to end: the quick profile on namespaced hosts (4 hosts;
 # tcp and rdma, READ and WRITE, two block sizes, 3 -> 1; iperf3, ucx_perftest
 # and memcpy references), then the smoke profile over a host list with the
 # netns launcher (namespaces standing in for ssh/srun hosts). Checks what
@@ -71,7 +71,7 @@ PY
 # point starts initiators that register them).
 out1="$tmp/quick"
 check "quick profile on 4 namespaced hosts runs end to end" \
-  timeout 900 "$RUNFILES/tools/bench" --profile quick --rounds 2 \
+  timeout 900 "$RUNFILES/bench/matrix" --profile quick --rounds 2 \
   --seconds 0.3 --buffer-mib 32 --bin "$RUNFILES" --out "$out1"
 check "quick profile output: every point, the references, ratios, plots" \
   check_out "$out1" '
@@ -86,7 +86,7 @@ all(len(r["rounds"]) == 2 for r in rows[1:])' "tcp.png rdma.png"
 # --report writes the reports again from the results alone.
 check "--report rebuilds ratios, summary and plots from results.jsonl" \
   bash -c 'rm -f "$1"/ratios.md "$1"/summary.md "$1"/*.png &&
-    "$2/tools/bench" --report --out "$1" && test -s "$1/ratios.md" &&
+    "$2/bench/matrix" --report --out "$1" && test -s "$1/ratios.md" &&
     test -s "$1/summary.md" && test -s "$1/rdma.png"' _ "$out1" "$RUNFILES"
 
 # Hosts from a list, launched by the netns launcher: the path ssh and srun
@@ -99,7 +99,7 @@ check "smoke profile over a host list (netns launcher)" \
       ip="CLUSTER_IP_${i}_1" dev="CLUSTER_DEVICES_$i"
       echo "${CLUSTER_TAG}h$i ${!ip} ${!dev}"
     done >"'"$tmp"'/hosts"
-    "'"$RUNFILES"'/tools/bench" --profile smoke --hosts-file "'"$tmp"'/hosts" \
+    "'"$RUNFILES"'/bench/matrix" --profile smoke --hosts-file "'"$tmp"'/hosts" \
       --launcher netns --buffer-mib 32 --bin "'"$RUNFILES"'" --out "'"$out2"'"'
 check "host-list output" check_out "$out2" '
 len(ferry) == 1 and ferry[0]["protocol"] == "tcp"' "tcp.png"

@@ -9,8 +9,8 @@
 #   4. a target killed with SIGKILL: etcd's lease removes its segment;
 #   5. metadata_server's --etcd_* limits reach its etcd store.
 set -uo pipefail
-# shellcheck source=test_lib.sh
-source "${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}/tests/test_lib.sh"
+# shellcheck source=../testing/test_lib.sh
+source "${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}/testing/test_lib.sh"
 BENCH="$RUNFILES/tools/transfer_bench"
 MDS="$RUNFILES/tools/metadata_server"
 LIBDIR="$RUNFILES/transport/softrnic"

@@ -7,8 +7,8 @@
 # host memory to GPU memory across processes, and --use_vram on a host
 # with no CUDA driver: a clear error, no crash.
 set -uo pipefail
-# shellcheck source=test_lib.sh
-source "${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}/tests/test_lib.sh"
+# shellcheck source=../testing/test_lib.sh
+source "${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}/testing/test_lib.sh"
 BENCH="$RUNFILES/tools/transfer_bench"
 LIBS="$RUNFILES/gpu/softgpu:$RUNFILES/transport/softrnic"
 export FERRY_SOFTGPU_DEVICES=2

@@ -17,8 +17,8 @@
 #      engine without a certificate from the cluster CA cannot join; one
 #      with it moves verified data.
 set -uo pipefail
-# shellcheck source=test_lib.sh
-source "${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}/tests/test_lib.sh"
+# shellcheck source=../testing/test_lib.sh
+source "${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}/testing/test_lib.sh"
 BENCH="$RUNFILES/tools/transfer_bench"
 MDS="$RUNFILES/tools/metadata_server"
 

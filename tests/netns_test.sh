@@ -1,7 +1,7 @@
 #!/bin/bash
 # Two hosts with two NICs each, on one machine: network namespaces joined
 # by two veth pairs (two subnets), softrnic devices bound to the veth
-# addresses, Ferry's RDMA transport between them (tools/netns_lib.sh).
+# addresses, Ferry's RDMA transport between them (testing/netns_lib.sh).
 # Checks, with every byte verified by transfer_bench --verify:
 #   1. WRITE and READ of several block sizes between the hosts;
 #   2. one link taken down in the middle of a transfer: the transfer still
@@ -14,8 +14,8 @@ set -uo pipefail
 RUNFILES="${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}"
 BENCH="$RUNFILES/tools/transfer_bench"
 LIBDIR="$RUNFILES/transport/softrnic"
-# shellcheck source=../tools/netns_lib.sh
-source "$RUNFILES/tools/netns_lib.sh"
+# shellcheck source=../testing/netns_lib.sh
+source "$RUNFILES/testing/netns_lib.sh"
 if [[ $(id -u) -ne 0 ]] || ! command -v ip >/dev/null; then
   echo "netns_test needs root and iproute2 (ip netns); run it as root"
   echo "0 passed, 1 failed"

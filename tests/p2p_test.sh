@@ -4,8 +4,8 @@
 # initiator given that name as --segment_id moves verified data, over TCP
 # and over RDMA (softrnic); a name that is not host:port is refused.
 set -uo pipefail
-# shellcheck source=test_lib.sh
-source "${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}/tests/test_lib.sh"
+# shellcheck source=../testing/test_lib.sh
+source "${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}/testing/test_lib.sh"
 BENCH="$RUNFILES/tools/transfer_bench"
 LIBDIR="$RUNFILES/transport/softrnic"
 

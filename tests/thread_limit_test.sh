@@ -9,7 +9,8 @@
 # Below 12, gRPC 1.51 aborts in its own thread pool (worker->created())
 # before Ferry gets a say: documented in docs/reliability.md, not tested.
 set -uo pipefail
-source "$(dirname "$0")/test_lib.sh"
+# shellcheck source=../testing/test_lib.sh
+source "${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}/testing/test_lib.sh"
 bench="$RUNFILES/tools/transfer_bench"
 
 uid=$((230000 + $$ % 20000))

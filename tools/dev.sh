@@ -358,7 +358,7 @@ fuzz_one() {
 
 bench_tcp() {
   setup
-  tools/bench_tcp.sh "$@"
+  bench/bench_tcp.sh "$@"
 }
 
 format() {
@@ -451,7 +451,7 @@ python_install() {
 case "${1:-}" in
   setup) setup ;;
   python) shift; python_install "$@" ;;
-  wheel) shift; setup; bash tools/wheel.sh "$@" ;;
+  wheel) shift; setup; bash devtools/wheel.sh "$@" ;;
   build) shift; setup; build "$@" ;;
   demo) demo ;;
   test) shift; test_cmd "$@" ;;

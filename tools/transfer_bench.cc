@@ -49,11 +49,11 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/bench_memory.h"
 #include "common/file_util.h"
 #include "common/socket_util.h"
 #include "ferry/transfer_engine.h"
 #include "metadata/auth.h"
-#include "tools/bench_memory.h"
 #include "tools/transfer_bench_report.h"
 
 ABSL_FLAG(std::string, mode, "local", "target | initiator | local");

@@ -16,8 +16,8 @@
 
 #include "absl/flags/declare.h"
 #include "absl/status/status.h"
+#include "bench/bench_memory.h"
 #include "ferry/transfer_engine.h"
-#include "tools/bench_memory.h"
 
 ABSL_DECLARE_FLAG(std::string, segment_id);
 ABSL_DECLARE_FLAG(std::string, protocol);

@@ -18,10 +18,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/bench_memory.h"
 #include "common/mutex.h"
 #include "common/pattern.h"
 #include "ferry/transfer_engine.h"
-#include "tools/bench_memory.h"
 #include "tools/transfer_bench.h"
 #include "tools/transfer_bench_report.h"
 

@@ -19,7 +19,7 @@ several threads.
 
 from __future__ import annotations
 
-# The wheel's version (tools/wheel.sh reads it here).
+# The wheel's version (devtools/wheel.sh reads it here).
 __version__ = "0.4.0"
 
 import json
@@ -34,7 +34,7 @@ from ferry import errors
 
 
 def _prefer_the_hosts_verbs() -> None:
-    """The wheel (tools/wheel.sh) bundles rdma-core's libibverbs in
+    """The wheel (devtools/wheel.sh) bundles rdma-core's libibverbs in
     ferry/.libs, for hosts without it. A host that has its own, whose
     providers drive its NICs, gets that one: loaded first, it is the
     libibverbs.so.1 the extension then uses."""

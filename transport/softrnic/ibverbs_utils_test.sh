@@ -79,7 +79,7 @@ else
 fi
 
 # free_port, wait_listening.
-source "${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-ferry}/tools/ports.sh"
+source "${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-ferry}/testing/ports.sh"
 
 # Runs one ibv_rc_pingpong server/client pair: pingpong NAME SERVER_DEV
 # CLIENT_DEV EXTRA_ARGS...

@@ -6,7 +6,7 @@
 # (BIND_NOW), so every symbol those import must exist in softrnic's
 # libibverbs.so.1; then each must move data between two processes. Only
 # correctness is checked here: performance is measured by
-# tools/bench_perftest.sh.
+# bench/bench_perftest.sh.
 set -u
 
 LIBDIR="${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-ferry}/transport/softrnic"
@@ -29,7 +29,7 @@ for prog in ib_write_bw ib_read_bw ib_send_bw ib_write_lat ib_read_lat; do
 done
 
 # free_port, wait_listening.
-source "${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-ferry}/tools/ports.sh"
+source "${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-ferry}/testing/ports.sh"
 
 # run NAME PROG ARGS...: server on softrnic1, client on softrnic0, with
 # GID addressing (-x 0, RoCE) unless ADDRESSING says otherwise.

@@ -12,7 +12,7 @@
   diagrams  every docs/diagrams/*.svg is made from its .dot
             (diagrams.py).
 
-  python3 tools/docs_check --root REPO [--helpfull NAME=FILE ...]
+  python3 devtools/docs_check --root REPO [--helpfull NAME=FILE ...]
           [--runfiles DIR] [--only messages,flags,zh,run,marks,diagrams]
 
 Prints one line per problem and ends with "N passed, N failed" (a check

@@ -6,7 +6,7 @@
 # so the three measurements are interleaved for several rounds and the
 # medians are compared. Prints every sample, the medians and the ratio
 # against the faster iperf3 variant.
-#   tools/bench_tcp.sh [seconds-per-sample] [rounds]   (or tools/dev.sh bench-tcp)
+#   bench/bench_tcp.sh [seconds-per-sample] [rounds]   (or tools/dev.sh bench-tcp)
 # FERRY_BENCH_BUFFER_MB sets the registered buffer size (default 512).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +18,7 @@ bench="$(bazel info -c opt bazel-bin 2>/dev/null)/tools/transfer_bench"
 command -v iperf3 >/dev/null || { echo "iperf3 missing: tools/dev.sh setup" >&2; exit 2; }
 
 # A scratch $tmp, and $pids killed on exit.
-source tools/bench_lib.sh
+source bench/bench_lib.sh
 
 # The Ferry target stays up for all rounds.
 mport="$(free_port)"

@@ -116,7 +116,7 @@ meta = {
         "with a Mooncake TE-compatible API (ferry.mooncake)\n"
         "Requires-Python: >=3.9\n"),
     f"{info}/WHEEL": (
-        "Wheel-Version: 1.0\nGenerator: ferry tools/wheel.sh\n"
+        "Wheel-Version: 1.0\nGenerator: ferry devtools/wheel.sh\n"
         f"Root-Is-Purelib: false\nTag: {tag}-{tag}-linux_x86_64\n"),
     f"{info}/top_level.txt": "ferry\n",
 }

@@ -18,7 +18,7 @@ import re
 import tokenize
 
 SOURCE_DIRS = ["engine", "transport", "descriptor", "metadata", "common",
-               "tools", "gpu", "python"]
+               "tools", "bench", "devtools", "testing", "gpu", "python"]
 # Messages the docs quote that other software prints (no literal of
 # Ferry's holds them): gRPC's connection errors inside Ferry's statuses,
 # and perftest's and ibv_rc_pingpong's lines in quickstart.md.

@@ -6,8 +6,8 @@
 # initiator flags, given after the common ones (the last one wins). The
 # variants run interleaved, their order reversed every other round, so
 # background load hits every variant alike.
-#   tools/opt_bench.sh [-r ROUNDS] [-f FIELD] "VARIANT A" "VARIANT B" ...
-#   tools/opt_bench.sh "--batch_size=1" "--batch_size=16" "--batch_size=128"
+#   bench/opt_bench.sh [-r ROUNDS] [-f FIELD] "VARIANT A" "VARIANT B" ...
+#   bench/opt_bench.sh "--batch_size=1" "--batch_size=16" "--batch_size=128"
 # Common initiator flags (OPT_FLAGS overrides): --operation=write
 # --block_size=65536 --threads=1 --duration=3 --warmup=1, 256 MiB per side.
 # OPT_MODE=local runs one process (--mode=local: both engines in it, the
@@ -46,7 +46,7 @@ BENCH="$bin/tools/transfer_bench"
 common="${OPT_FLAGS:---operation=write --block_size=65536 --threads=1 --duration=3 --warmup=1}"
 buf=$((256 << 20))
 # A scratch $tmp, and $pids killed on exit.
-source tools/bench_lib.sh
+source bench/bench_lib.sh
 
 sample() {  # variant string
   local envs=() flags=() w port

@@ -13,7 +13,7 @@
 //     for a segment of 16 or 1,024 buffers: calls/s and the clients' p50 and
 //     p99 latency. Second argument: 0 in-memory store, 1 durable, 2 etcd
 //     (the server's store is etcd at METADATA_BENCH_ETCD).
-//   bazel run -c opt //tools:metadata_bench
+//   bazel run -c opt //bench:metadata_bench
 #include <stdlib.h>
 
 #include <algorithm>

@@ -1,6 +1,6 @@
 """The diagrams check: every docs/diagrams/NAME.dot has NAME.svg beside
 it, made from it: the SVG's `<!-- source: NAME.dot sha256 HEX -->` line
-(tools/diagrams writes it) names the .dot's sha256, so a stale picture is
+(devtools/diagrams writes it) names the .dot's sha256, so a stale picture is
 found without graphviz."""
 
 import glob
@@ -21,10 +21,10 @@ def check(root, problems):
         try:
             head = open(svg, encoding="utf-8").read(4096)
         except OSError:
-            problems.append(f"{rel}: missing (run tools/diagrams)")
+            problems.append(f"{rel}: missing (run devtools/diagrams)")
             continue
         m = re.search(r"<!-- source: (\S+) sha256 ([0-9a-f]{64}) -->", head)
         if not m or m.group(1) != name or m.group(2) != want:
             problems.append(f"{rel}: not made from the {name} of this tree "
-                            "(run tools/diagrams)")
+                            "(run devtools/diagrams)")
     return count

@@ -7,9 +7,9 @@
 # What it says: what Ferry's engine (slicing, batches, completion
 # tracking, the metadata and handshake it needs) costs on top of raw verbs.
 # softrnic loopback is not a real NIC: compare ratios, not absolute GB/s.
-#   tools/bench_perftest.sh [seconds-per-sample] [rounds]
+#   bench/bench_perftest.sh [seconds-per-sample] [rounds]
 # OPT_NO_BUILD=1 skips the build (then OPT_BIN names the -c opt bazel-bin
-# directory), as tools/opt_bench.sh: tools/bench_smoke_test.sh runs it so,
+# directory), as bench/opt_bench.sh: bench/bench_smoke_test.sh runs it so,
 # from a test's runfiles, where bazel must not be called.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +26,7 @@ export LD_LIBRARY_PATH="$bin/transport/softrnic"
 export FERRY_SOFTRNIC_DEVICES="softrnic0=127.0.0.1"
 
 # A scratch $tmp, and $pids killed on exit.
-source tools/bench_lib.sh
+source bench/bench_lib.sh
 
 # perftest's average bandwidth in GB/s (10^9 bytes, as transfer_bench).
 # perftest prints MB/sec of 2^20 bytes (checked: 48,933 x 64 KiB in 3 s

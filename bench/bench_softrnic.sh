@@ -1,24 +1,24 @@
 #!/usr/bin/env bash
 # softrnic throughput and latency against single-stream iperf3 on loopback,
-# in the same run: tools/verbs_bench moves 1 MiB RDMA_WRITEs (8 in flight)
+# in the same run: bench/verbs_bench moves 1 MiB RDMA_WRITEs (8 in flight)
 # between two processes on softrnic0, interleaved for several rounds with
 # iperf3 (128 KiB and 1 MiB writes); medians are compared, the ratio against
 # the faster iperf3 variant. Then 8-byte RDMA_WRITE round trips (post to
 # completion), p50/p99.
-#   tools/bench_softrnic.sh [seconds-per-sample] [rounds]
+#   bench/bench_softrnic.sh [seconds-per-sample] [rounds]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs="${1:-4}"
 rounds="${2:-3}"
-bazel build -c opt //tools:verbs_bench //transport/softrnic:libibverbs.so.1 >/dev/null 2>&1 ||
-  bazel build -c opt //tools:verbs_bench //transport/softrnic:libibverbs.so.1
+bazel build -c opt //bench:verbs_bench //transport/softrnic:libibverbs.so.1 >/dev/null 2>&1 ||
+  bazel build -c opt //bench:verbs_bench //transport/softrnic:libibverbs.so.1
 bin="$(bazel info -c opt bazel-bin 2>/dev/null)"
 export FERRY_SOFTRNIC_LIB_DIR="$bin/transport/softrnic"
 export FERRY_SOFTRNIC_DEVICES="softrnic0=127.0.0.1"
-bench="$bin/tools/verbs_bench"
+bench="$bin/bench/verbs_bench"
 
 # A scratch $tmp, and $pids killed on exit.
-source tools/bench_lib.sh
+source bench/bench_lib.sh
 
 verbs_run() {
   local port

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Runs the optimisation chapter's A/B scripts (docs/optimisation.md) once,
-# briefly, as a reader would rerun them: tools/opt_bench.sh (transfer_bench
-# on softrnic, two processes) and tools/opt_perftest.sh (Debian's perftest
+# briefly, as a reader would rerun them: bench/opt_bench.sh (transfer_bench
+# on softrnic, two processes) and bench/opt_perftest.sh (Debian's perftest
 # on softrnic). Each must print a numeric median for every variant. No
 # timing is checked: CI machines are shared.
 set -u
@@ -29,14 +29,14 @@ check() {  # name, then the command
 }
 OPT_FLAGS="--operation=write --block_size=65536 --threads=1 --duration=1 --warmup=0" \
   check "opt_bench.sh: batch 1 against 16" \
-  "$RUNFILES/tools/opt_bench.sh" -r 1 "--batch_size=1" "--batch_size=16"
+  "$RUNFILES/bench/opt_bench.sh" -r 1 "--batch_size=1" "--batch_size=16"
 # Under --config=asan softrnic is instrumented and Debian's perftest is
 # not: the ASan runtime must be loaded first (as perftest_test does).
 source "$RUNFILES/transport/softrnic/asan_env.sh"
 softrnic_asan_env "$RUNFILES/transport/softrnic"
 preload=(env "${asan_env[@]}")
 check "opt_perftest.sh: inline 0 against 64" \
-  "${preload[@]}" "$RUNFILES/tools/opt_perftest.sh" -r 1 -m rate ib_write_bw \
+  "${preload[@]}" "$RUNFILES/bench/opt_perftest.sh" -r 1 -m rate ib_write_bw \
   "-s 64 -D 1 -I 0" "-s 64 -D 1 -I 64"
 echo "$passed passed, $failed failed"
 ((failed == 0))

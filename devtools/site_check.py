@@ -5,7 +5,7 @@ in a language are highlighted, and no link inside the site is broken (its page e
 and so does its #fragment). Prints one line per failure and a summary;
 exits non-zero on any failure.
 
-    python3 tools/site_check.py SITE_DIR
+    python3 devtools/site_check.py SITE_DIR
 """
 
 import html

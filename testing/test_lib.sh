@@ -20,7 +20,7 @@ passed=0 failed=0
 pass() { echo "PASS: $1"; passed=$((passed + 1)); }
 fail() { echo "FAIL: $1"; shift; tail -n 20 "$@"; failed=$((failed + 1)); }
 # free_port (and listening, wait_listening).
-source "$RUNFILES/tools/ports.sh"
+source "$RUNFILES/testing/ports.sh"
 wait_for() {
   # Up to 30 s: under ASan on a loaded machine a start takes seconds.
   local _

@@ -4,8 +4,8 @@
 # extra perftest flags; the variants run interleaved, their order reversed
 # every other round, so background load hits every variant alike. Server
 # and client are two processes on softrnic0 (127.0.0.1).
-#   tools/opt_perftest.sh [-r ROUNDS] [-m rate|bw|lat] TOOL "FLAGS A" "FLAGS B" ...
-#   tools/opt_perftest.sh -m rate ib_write_bw "-s 64 -D 2 -I 0" "-s 64 -D 2 -I 64"
+#   bench/opt_perftest.sh [-r ROUNDS] [-m rate|bw|lat] TOOL "FLAGS A" "FLAGS B" ...
+#   bench/opt_perftest.sh -m rate ib_write_bw "-s 64 -D 2 -I 0" "-s 64 -D 2 -I 64"
 # Metrics: rate = messages/s in millions (perftest's MsgRate[Mpps]),
 # bw = GB/s of 10^9 bytes (perftest prints MB/s of 2^20), lat = perftest's
 # t_typical in microseconds (the _lat tools). Prints every sample, then per
@@ -41,7 +41,7 @@ bin="${OPT_BIN:-$(bazel info -c opt bazel-bin 2>/dev/null)}"
 export LD_LIBRARY_PATH="$bin/transport/softrnic"
 export FERRY_SOFTRNIC_DEVICES="${FERRY_SOFTRNIC_DEVICES:-softrnic0=127.0.0.1}"
 # A scratch $tmp, and $pids killed on exit.
-source tools/bench_lib.sh
+source bench/bench_lib.sh
 
 sample() {  # flags (one string)
   local port

@@ -5,8 +5,8 @@
 // verifies GPU memory end to end as it does host memory.
 //
 // Thread-safe: Fill, Clear and Check on disjoint ranges from any thread.
-#ifndef FERRY_TOOLS_BENCH_MEMORY_H_
-#define FERRY_TOOLS_BENCH_MEMORY_H_
+#ifndef FERRY_BENCH_BENCH_MEMORY_H_
+#define FERRY_BENCH_BENCH_MEMORY_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -35,7 +35,7 @@ class BenchMemory {
   // The location to register the memory with: "cpu:0" or "cuda:N".
   std::string location() const;
 
-  // Writes tools/pattern.h's pattern for buffer offsets [off, off + len)
+  // Writes common/pattern.h's pattern for buffer offsets [off, off + len)
   // at p (inside this memory); zeroes [p, p + len).
   absl::Status Fill(uint8_t* p, size_t len, size_t off, uint64_t seed) const;
   absl::Status Clear(uint8_t* p, size_t len) const;
@@ -61,4 +61,4 @@ class BenchMemory {
 
 }  // namespace ferry
 
-#endif  // FERRY_TOOLS_BENCH_MEMORY_H_
+#endif  // FERRY_BENCH_BENCH_MEMORY_H_

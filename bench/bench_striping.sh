@@ -4,12 +4,12 @@
 # limit), Ferry's RDMA transport on softrnic between them. Measures
 # transfer_bench throughput with one NIC per host and with two, in the same
 # run, and prints the ratio (two NICs should give close to 2x).
-#   sudo tools/bench_striping.sh [rate, default 200mbit] [seconds, default 6]
+#   sudo bench/bench_striping.sh [rate, default 200mbit] [seconds, default 6]
 # Extra initiator flags may be given in BENCH_FLAGS (e.g.
 # BENCH_FLAGS=--qps_per_endpoint=1).
 # Needs root (ip netns, tc). Removes everything it creates.
 # OPT_NO_BUILD=1 skips the build (then OPT_BIN names the -c opt bazel-bin
-# directory), as tools/opt_bench.sh: tools/bench_smoke_test.sh runs it so,
+# directory), as bench/opt_bench.sh: bench/bench_smoke_test.sh runs it so,
 # from a test's runfiles, where bazel must not be called.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,8 +23,8 @@ fi
 bin="${OPT_BIN:-$(bazel info -c opt bazel-bin 2>/dev/null)}"
 BENCH="$bin/tools/transfer_bench"
 LIBDIR="$bin/transport/softrnic"
-# shellcheck source=netns_lib.sh
-source tools/netns_lib.sh
+# shellcheck source=../testing/netns_lib.sh
+source testing/netns_lib.sh
 
 netns_begin "s$$"
 netns_setup || exit 1

@@ -2,7 +2,7 @@
 # The whole test suite N times (default 20) while a parallel build keeps
 # both cores busy: the check that no test is flaky under load (issue 9,
 # docs/reliability.md records the last result).
-#   tools/stress.sh [runs] [extra bazel test flags...]
+#   devtools/stress.sh [runs] [extra bazel test flags...]
 # The suite runs one pass at a time, and each pass is a line in a ledger
 # ($FERRY_STRESS_LEDGER, default ~/.cache/ferry-stress.ledger) keyed by the
 # tree under test (every tracked file but Markdown, uncommitted changes

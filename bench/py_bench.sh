@@ -1,10 +1,10 @@
 #!/bin/bash
 # The Python layer against C++ on the same work, interleaved, for
 # docs/python.md: batches of 128 x 64 KiB WRITEs over `protocol` (tcp;
-# rdma on softrnic) by transfer_bench and by tools/py_bench.py
+# rdma on softrnic) by transfer_bench and by bench/py_bench.py
 # (ferry.mooncake), ROUNDS rounds each; then the 8-byte synchronous call of
 # each. Prints every run and the medians. Run after tools/dev.sh python.
-#   tools/py_bench.sh [tcp|rdma] [rounds] [two-process|local]
+#   bench/py_bench.sh [tcp|rdma] [rounds] [two-process|local]
 # two-process (default): one target process (transfer_bench --mode=target,
 #   P2PHANDSHAKE), which each initiator process (transfer_bench
 #   --mode=initiator, or py_bench.py --target) drives in turn: prefill and
@@ -51,14 +51,14 @@ case "$layout" in
     fi
     cpp_run=("$bin/tools/transfer_bench" --mode=initiator
       --metadata_server=P2PHANDSHAKE --segment_id="$seg" "${common[@]}")
-    py_run=(/usr/bin/python3 tools/py_bench.py --protocol="$proto" --target="$seg")
+    py_run=(/usr/bin/python3 bench/py_bench.py --protocol="$proto" --target="$seg")
     ;;
   local)
     cpp_run=("$bin/tools/transfer_bench" --mode=local "${common[@]}")
-    py_run=(/usr/bin/python3 tools/py_bench.py --protocol="$proto")
+    py_run=(/usr/bin/python3 bench/py_bench.py --protocol="$proto")
     ;;
   *)
-    echo "usage: tools/py_bench.sh [tcp|rdma] [rounds] [two-process|local]" >&2
+    echo "usage: bench/py_bench.sh [tcp|rdma] [rounds] [two-process|local]" >&2
     exit 2
     ;;
 esac

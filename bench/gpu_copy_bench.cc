@@ -1,5 +1,5 @@
 // The CUDA driver's copy bandwidth by block size: the reference Ferry's GPU
-// figures are set beside (tools/bench's VRAM cells, tools/gpu_check.sh),
+// figures are set beside (bench/matrix's VRAM cells, devtools/gpu_check.sh),
 // since the staging path's cost is these copies (Google Benchmark).
 //   gpu_copy_bench --benchmark_filter='BM_HtoD/1048576$'
 // BM_HtoD and BM_DtoH copy between pinned host memory and device memory,

@@ -2,10 +2,11 @@
 # The real-GPU check (issue 24): Ferry's GPU path on a machine with an
 # NVIDIA GPU and no RDMA NIC, in at most 8 minutes. Two steps:
 #
-#   tools/gpu_check.sh bundle [DIR]   # here: -c opt binaries, with every
-#                                     # shared library they load (glibc's
-#                                     # loader too), into DIR (gpu-check/)
-#   DIR/gpu_check.sh run [OUT]        # there: the checks; report in OUT
+#   devtools/gpu_check.sh bundle [DIR]   # here: -c opt binaries, with
+#                                        # every shared library they load
+#                                        # (glibc's loader too), into DIR
+#                                        # (gpu-check/)
+#   DIR/gpu_check.sh run [OUT]           # there: the checks; report in OUT
 #
 # The machine is not Debian 12, so the bundle carries its own loader and
 # libraries and runs each program through them; only NVIDIA's
@@ -33,13 +34,13 @@ here="$(cd "$(dirname "$0")" && pwd)"
 bundle() {
   local dir="${1:-gpu-check}"
   cd "$here/.."
-  bazel build -c opt //tools:transfer_bench //tools:gpu_copy_bench \
+  bazel build -c opt //tools:transfer_bench //bench:gpu_copy_bench \
     //tools:doctor //transport/softrnic:libibverbs.so.1 >&2 || return 1
   local bin
   bin="$(bazel info -c opt bazel-bin 2>/dev/null)"
   rm -rf "$dir"
   mkdir -p "$dir/bin" "$dir/lib" "$dir/softrnic"
-  cp "$bin/tools/transfer_bench" "$bin/tools/gpu_copy_bench" \
+  cp "$bin/tools/transfer_bench" "$bin/bench/gpu_copy_bench" \
     "$bin/tools/doctor" "$dir/bin/"
   cp "$bin/transport/softrnic/libibverbs.so.1" "$dir/softrnic/"
   # Every library the programs load, glibc's included, and the loader.
@@ -202,7 +203,7 @@ case "${1:-}" in
   bundle) shift; bundle "$@" ;;
   run) shift; run "$@" ;;
   *)
-    echo "usage: tools/gpu_check.sh bundle [DIR] | DIR/gpu_check.sh run [OUT]" >&2
+    echo "usage: devtools/gpu_check.sh bundle [DIR] | DIR/gpu_check.sh run [OUT]" >&2
     exit 2
     ;;
 esac

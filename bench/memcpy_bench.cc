@@ -1,4 +1,4 @@
-// memcpy bandwidth by block size: the reference tools/bench sets beside
+// memcpy bandwidth by block size: the reference bench/matrix sets beside
 // Ferry's same-host figures (Google Benchmark). Each iteration copies one
 // block; successive blocks walk a region far larger than the caches, as a
 // transfer walks its buffer, with every page touched before timing.

@@ -58,7 +58,8 @@ class Program:
 def repository_flags(root):
     """Flags that the repository's scripts and programs take or pass."""
     found = set()
-    for d in ("tools", "tests", "python", "docs/examples", ".ci", "bazel"):
+    for d in ("tools", "bench", "devtools", "testing", "tests", "python",
+              "docs/examples", ".ci", "bazel"):
         for path in glob.glob(os.path.join(root, d, "**", "*"),
                               recursive=True):
             if os.path.isfile(path) and not path.endswith(".md") and \

@@ -3,7 +3,7 @@
 // softrnic loopback device (no TCP hop), so neither a NIC nor a network is
 // the limit. Google Benchmark; run on softrnic:
 //   FERRY_SOFTRNIC_DEVICES=softrnic0=127.0.0.1
-//     tools/softrnic-run bazel-bin/tools/engine_bench
+//     tools/softrnic-run bazel-bin/bench/engine_bench
 // The counter `transfers/s` is what decides whether the engine would limit
 // 8x400 Gbps at 64 KiB slices (about 6 million slices per second).
 #include <sys/mman.h>

@@ -21,7 +21,8 @@ cleanup() {
 trap cleanup EXIT
 
 # free_port, listening, wait_listening.
-source "$(dirname "${BASH_SOURCE[0]}")/ports.sh"
+# shellcheck source=../testing/ports.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../testing/ports.sh"
 
 # Waits for a transfer_bench target to log that it is ready: until it
 # does, or until the target process (`pid`, when given) has exited, and at

@@ -1,8 +1,8 @@
 #!/bin/bash
 # Runs the benchmarks the performance and optimisation chapters cite
 # (docs/performance.md, docs/optimisation.md) once, briefly, as a reader
-# would rerun them: tools/bench_perftest.sh (Debian's perftest against
-# transfer_bench on softrnic, two processes) and tools/bench_striping.sh
+# would rerun them: bench/bench_perftest.sh (Debian's perftest against
+# transfer_bench on softrnic, two processes) and bench/bench_striping.sh
 # (two namespaced hosts, one NIC against two; needs root). Each must exit 0
 # and print every result line with positive numbers (no nan, nothing
 # missing). No timing is checked: CI machines are shared.
@@ -49,7 +49,7 @@ check "bench_perftest.sh: 1 s, 1 round" \
   "^round 1: ib_write_bw $NUM  transfer_bench write $NUM  ib_read_bw $NUM  transfer_bench read $NUM GB/s$" \
   "^median write, 1 MiB: ib_write_bw $NUM GB/s \(range .*\), transfer_bench $NUM GB/s \(range .*\); ratio engine/perftest $NUM$" \
   "^median read, 1 MiB: ib_read_bw $NUM GB/s \(range .*\), transfer_bench $NUM GB/s \(range .*\); ratio engine/perftest $NUM$" \
-  -- "${preload[@]}" "$RUNFILES/tools/bench_perftest.sh" 1 1
+  -- "${preload[@]}" "$RUNFILES/bench/bench_perftest.sh" 1 1
 
 # Namespaces and tc need root, as netns_test: CI runs as root. Not being
 # root is a failure, not a skip, so a CI change cannot silently drop it.
@@ -62,7 +62,7 @@ else
     "^one NIC per host:  $NUM GB/s$" \
     "^two NICs per host: $NUM GB/s$" \
     "^ratio two/one: $NUM$" \
-    -- "$RUNFILES/tools/bench_striping.sh" 200mbit 2
+    -- "$RUNFILES/bench/bench_striping.sh" 200mbit 2
 fi
 echo "$passed passed, $failed failed"
 ((failed == 0))

@@ -1,4 +1,4 @@
-#include "tools/bench_memory.h"
+#include "bench/bench_memory.h"
 
 #include <algorithm>
 #include <cstdlib>
