@@ -1,12 +1,92 @@
-# Two hosts with two NICs each on one machine, for tests and benchmarks
-# (sourced, not run): network namespaces $H1 and $H2 joined by two veth
-# pairs on two subnets (rail 0: $A1 <-> $B1, rail 1: $A2 <-> $B2).
-# Needs root and iproute2.
+# Hosts on one machine, each a network namespace, for tools/cluster, the
+# tests and the benchmarks (sourced, not run): the one place that makes
+# namespaces, veth links, bridges and addresses, and removes them. Needs
+# root and iproute2.
+#
+# Building blocks. Every namespace netns_add makes is removed by
+# netns_remove_all, with every process still in it.
+#   netns_add NS                     a namespace with its loopback up
+#   netns_bridge NS BR               a bridge BR (a switch) in NS, up
+#   netns_link NS1 IF1 NS2 IF2       a veth pair: IF1 in NS1, IF2 in NS2
+#   netns_port NS IF SW BR PORT      NS's IF cabled to bridge BR of SW
+#                                    (SW's end: PORT, up)
+#   netns_addr NS IF ADDR/LEN        an address on IF, and IF up
+#   netns_wait_carrier NS IFS N      until N links of NS whose names match
+#                                    the ERE IFS have carrier (at most 5 s)
+#   netns_remove NS                  every process in NS killed, then NS
+#   netns_remove_all                 every namespace netns_add made
+#
+# Two hosts with two NICs each (the tests' and benchmarks' topology):
+# namespaces $H1 and $H2 joined by two veth pairs on two subnets (rail 0:
+# $A1 <-> $B1, rail 1: $A2 <-> $B2).
 #   netns_begin TAG                  # $tmp, $pids; everything removed on exit
 #   netns_setup                      # namespaces, links, addresses
 #   netns_shape RATE                 # tc tbf on every link, both ways
 #   in_h1 CMD... / in_h2 CMD...      # run in a host with its softrnic NICs
 #   netns_link_down 1 2              # host 1, rail 2 (1-based) goes down
+
+netns_names=()
+
+netns_add() {  # namespace
+  ip netns add "$1" || return 1
+  netns_names+=("$1")
+  ip -n "$1" link set lo up
+}
+
+netns_bridge() {  # namespace, bridge
+  ip -n "$1" link add "$2" type bridge && ip -n "$1" link set "$2" up
+}
+
+netns_link() {  # namespace 1, interface 1, namespace 2, interface 2
+  ip link add "$2" netns "$1" type veth peer name "$4" netns "$3"
+}
+
+netns_port() {  # namespace, interface, switch namespace, bridge, port
+  netns_link "$1" "$2" "$3" "$5" || return 1
+  ip -n "$3" link set "$5" master "$4"
+  ip -n "$3" link set "$5" up
+}
+
+netns_addr() {  # namespace, interface, address/prefix length
+  ip -n "$1" addr add "$3" dev "$2"
+  ip -n "$1" link set "$2" up
+}
+
+# A veth reports carrier a moment after both ends are up; soft NICs
+# follow carrier, so whoever binds one to a link waits for it (bounded).
+netns_wait_carrier() {  # namespace, interface names (ERE), how many
+  local _ up=0
+  for _ in $(seq 100); do
+    up=$(ip -n "$1" link show | grep -cE "^[0-9]+: ($2)@.*LOWER_UP")
+    ((up == $3)) && return 0
+    sleep 0.05
+  done
+  echo "netns: only $up of $3 links in $1 have carrier" >&2
+  return 1
+}
+
+# Kills every process in the namespace (they would outlive it), then
+# removes it, and with it its interfaces.
+netns_remove() {  # namespace
+  local p _
+  for _ in 1 2 3 4 5; do
+    p="$(ip netns pids "$1" 2>/dev/null)"
+    [[ -z "$p" ]] && break
+    # shellcheck disable=SC2086  # One pid a word.
+    kill -9 $p 2>/dev/null
+    sleep 0.1
+  done
+  ip netns del "$1" 2>/dev/null
+}
+
+netns_remove_all() {
+  local i
+  for ((i = ${#netns_names[@]} - 1; i >= 0; i--)); do
+    netns_remove "${netns_names[$i]}"
+  done
+  netns_names=()
+  return 0
+}
 
 # TAG: a short prefix unique to this run (e.g. "t$$") for the names of
 # namespaces and links. Makes the scratch directory $tmp and the list $pids
@@ -24,34 +104,18 @@ netns_setup() {
   H2="${tag}h2"
   A1="10.77.$n.1" B1="10.77.$n.2"
   A2="10.78.$n.1" B2="10.78.$n.2"
-  ip netns add "$H1" || return 1
-  ip netns add "$H2" || return 1
+  netns_add "$H1" || return 1
+  netns_add "$H2" || return 1
   local i
   for i in 1 2; do
-    ip link add "${tag}a$i" netns "$H1" type veth peer name "${tag}b$i" \
-      netns "$H2" || return 1
+    netns_link "$H1" "${tag}a$i" "$H2" "${tag}b$i" || return 1
   done
-  ip -n "$H1" addr add "$A1/24" dev "${tag}a1"
-  ip -n "$H1" addr add "$A2/24" dev "${tag}a2"
-  ip -n "$H2" addr add "$B1/24" dev "${tag}b1"
-  ip -n "$H2" addr add "$B2/24" dev "${tag}b2"
-  for ns in "$H1" "$H2"; do ip -n "$ns" link set lo up; done
-  for i in 1 2; do
-    ip -n "$H1" link set "${tag}a$i" up
-    ip -n "$H2" link set "${tag}b$i" up
-  done
-  # A veth reports carrier a moment after both ends are up; soft NICs
-  # follow carrier, so wait for it (bounded).
-  local tries
-  for tries in $(seq 50); do
-    if [[ $(ip -n "$H1" link show | grep -c "${tag}a.*LOWER_UP") == 2 &&
-          $(ip -n "$H2" link show | grep -c "${tag}b.*LOWER_UP") == 2 ]]; then
-      return 0
-    fi
-    sleep 0.1
-  done
-  echo "netns_setup: links have no carrier" >&2
-  return 1
+  netns_addr "$H1" "${tag}a1" "$A1/24"
+  netns_addr "$H1" "${tag}a2" "$A2/24"
+  netns_addr "$H2" "${tag}b1" "$B1/24"
+  netns_addr "$H2" "${tag}b2" "$B2/24"
+  netns_wait_carrier "$H1" "${tag}a[12]" 2 &&
+    netns_wait_carrier "$H2" "${tag}b[12]" 2
 }
 
 netns_shape() {
@@ -82,11 +146,10 @@ netns_link_down() {  # host (1|2), rail (1|2)
   fi
 }
 
+# The processes in $pids, then the namespaces.
 netns_cleanup() {
   local p
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
   wait 2>/dev/null
-  ip netns del "$H1" 2>/dev/null
-  ip netns del "$H2" 2>/dev/null
-  return 0
+  netns_remove_all
 }

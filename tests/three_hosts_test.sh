@@ -18,52 +18,29 @@ RUNFILES="${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}"
 BENCH="$RUNFILES/tools/transfer_bench"
 MDS="$RUNFILES/tools/metadata_server"
 LIBDIR="$RUNFILES/transport/softrnic"
+# shellcheck source=../testing/netns_lib.sh
+source "$RUNFILES/testing/netns_lib.sh"
 if [[ $(id -u) -ne 0 ]] || ! command -v ip >/dev/null; then
   echo "three_hosts_test needs root and iproute2 (ip netns)"
   echo "0 passed, 1 failed"
   exit 1
 fi
 
-tag="t3$$"
+# $tmp, $pids, and the namespaces and processes removed on exit.
+netns_begin "t3$$"
 n=$(($$ % 200 + 20))
 SW="${tag}sw"
 declare -A IP=([m]="10.79.$n.1" [t]="10.79.$n.2" [i]="10.79.$n.3")
-tmp="$(mktemp -d)"
-pids=()
-cleanup() {
-  local p h
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-  wait 2>/dev/null
-  for h in m t i; do ip netns del "${tag}$h" 2>/dev/null; done
-  ip netns del "$SW" 2>/dev/null
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
 
 setup() {
-  ip netns add "$SW" || return 1
-  ip -n "$SW" link add br0 type bridge || return 1
-  ip -n "$SW" link set br0 up
+  netns_add "$SW" && netns_bridge "$SW" br0 || return 1
   local h
   for h in m t i; do
-    ip netns add "${tag}$h" || return 1
-    ip link add "eth0" netns "${tag}$h" type veth peer name "p$h" \
-      netns "$SW" || return 1
-    ip -n "$SW" link set "p$h" master br0
-    ip -n "$SW" link set "p$h" up
-    ip -n "${tag}$h" addr add "${IP[$h]}/24" dev eth0
-    ip -n "${tag}$h" link set lo up
-    ip -n "${tag}$h" link set eth0 up
+    netns_add "${tag}$h" || return 1
+    netns_port "${tag}$h" eth0 "$SW" br0 "p$h" || return 1
+    netns_addr "${tag}$h" eth0 "${IP[$h]}/24"
   done
-  local tries
-  for tries in $(seq 50); do
-    if [[ $(ip -n "$SW" link show | grep -c "p[mti]@.*LOWER_UP") == 3 ]]; then
-      return 0
-    fi
-    sleep 0.1
-  done
-  echo "setup: links have no carrier" >&2
-  return 1
+  netns_wait_carrier "$SW" "p[mti]" 3
 }
 
 on() {  # host, command...: run on that host, with its softrnic NIC

@@ -19,48 +19,30 @@ RUNFILES="${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}"
 DOCTOR="$RUNFILES/tools/doctor"
 BENCH="$RUNFILES/tools/transfer_bench"
 LIBDIR="$RUNFILES/transport/softrnic"
+# shellcheck source=../testing/netns_lib.sh
+source "$RUNFILES/testing/netns_lib.sh"
 if [[ $(id -u) -ne 0 ]] || ! command -v ip >/dev/null; then
   echo "doctor_peer_test needs root and iproute2"
   echo "0 passed, 1 failed"
   exit 1
 fi
-tag="dp$$"
+# $tmp, $pids, and the namespaces and processes removed on exit.
+netns_begin "dp$$"
 n=$(($$ % 200 + 20))
 C="${tag}c" S="${tag}s" D="${tag}d"
 CA="10.84.$n.1" SA="10.84.$n.2" SB="10.85.$n.2" DB="10.85.$n.1"
-tmp="$(mktemp -d)"
-pids=()
-cleanup() {
-  local p
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-  wait 2>/dev/null
-  ip netns del "$C" 2>/dev/null
-  ip netns del "$S" 2>/dev/null
-  ip netns del "$D" 2>/dev/null
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
 
+# The client C and the server S share a link; S's second link goes to D,
+# to which C has no route.
 setup() {
-  ip netns add "$C" && ip netns add "$S" && ip netns add "$D" || return 1
-  ip link add eth0 netns "$C" type veth peer name eth0 netns "$S" || return 1
-  ip link add eth1 netns "$S" type veth peer name eth0 netns "$D" || return 1
-  ip -n "$C" addr add "$CA/24" dev eth0
-  ip -n "$S" addr add "$SA/24" dev eth0
-  ip -n "$S" addr add "$SB/24" dev eth1
-  ip -n "$D" addr add "$DB/24" dev eth0
-  local ns
-  for ns in "$C" "$S" "$D"; do
-    ip -n "$ns" link set lo up
-    ip -n "$ns" link set eth0 up
-  done
-  ip -n "$S" link set eth1 up
-  local _
-  for _ in $(seq 50); do
-    [[ $(ip -n "$S" link show | grep -c "eth[01]@.*LOWER_UP") == 2 ]] && return 0
-    sleep 0.1
-  done
-  return 1
+  netns_add "$C" && netns_add "$S" && netns_add "$D" || return 1
+  netns_link "$C" eth0 "$S" eth0 || return 1
+  netns_link "$S" eth1 "$D" eth0 || return 1
+  netns_addr "$C" eth0 "$CA/24"
+  netns_addr "$S" eth0 "$SA/24"
+  netns_addr "$S" eth1 "$SB/24"
+  netns_addr "$D" eth0 "$DB/24"
+  netns_wait_carrier "$S" "eth[01]" 2
 }
 if ! setup; then
   echo "cannot create namespaces"
