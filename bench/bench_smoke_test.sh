@@ -8,16 +8,13 @@
 # missing). No timing is checked: CI machines are shared.
 # Prints "N passed, N failed".
 set -u
-RUNFILES="${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}"
+# shellcheck source=../testing/test_lib.sh
+source "${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}/testing/test_lib.sh"
 # The scripts take the binaries from the runfiles instead of bazel.
 export OPT_NO_BUILD=1 OPT_BIN="$RUNFILES"
-passed=0
-failed=0
 # A number with a nonzero digit: "0.0192", "4.9321", "1.646".
 NUM='([0-9]*[1-9][0-9]*(\.[0-9]+)?|[0-9]*\.[0-9]*[1-9][0-9]*)'
-pass() { echo "PASS: $1"; passed=$((passed + 1)); }
-fail() { echo "FAIL: $1"; failed=$((failed + 1)); }
-check() {  # name, the patterns each one line must match, --, the command
+check_results() {  # name, the patterns each one line must match, --, the command
   local name="$1" res=() re out
   shift
   while [[ "$1" != -- ]]; do res+=("$1"); shift; done
@@ -45,7 +42,7 @@ source "$RUNFILES/transport/softrnic/asan_env.sh"
 softrnic_asan_env "$RUNFILES/transport/softrnic"
 preload=(env "${asan_env[@]}")
 # 1 s samples, 1 round: a round line and a median line per operation.
-check "bench_perftest.sh: 1 s, 1 round" \
+check_results "bench_perftest.sh: 1 s, 1 round" \
   "^round 1: ib_write_bw $NUM  transfer_bench write $NUM  ib_read_bw $NUM  transfer_bench read $NUM GB/s$" \
   "^median write, 1 MiB: ib_write_bw $NUM GB/s \(range .*\), transfer_bench $NUM GB/s \(range .*\); ratio engine/perftest $NUM$" \
   "^median read, 1 MiB: ib_read_bw $NUM GB/s \(range .*\), transfer_bench $NUM GB/s \(range .*\); ratio engine/perftest $NUM$" \
@@ -58,11 +55,10 @@ if [[ $(id -u) -ne 0 ]] || ! command -v ip >/dev/null || ! command -v tc >/dev/n
   fail "bench_striping.sh: not run"
 else
   # The default rate, 2 s samples (after the script's own 3 s warm-up).
-  check "bench_striping.sh: 200mbit, 2 s" \
+  check_results "bench_striping.sh: 200mbit, 2 s" \
     "^one NIC per host:  $NUM GB/s$" \
     "^two NICs per host: $NUM GB/s$" \
     "^ratio two/one: $NUM$" \
     -- "$RUNFILES/bench/bench_striping.sh" 200mbit 2
 fi
-echo "$passed passed, $failed failed"
-((failed == 0))
+finish

@@ -5,11 +5,10 @@
 # on softrnic). Each must print a numeric median for every variant. No
 # timing is checked: CI machines are shared.
 set -u
-RUNFILES="${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}"
+# shellcheck source=../testing/test_lib.sh
+source "${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}/testing/test_lib.sh"
 export OPT_NO_BUILD=1 OPT_BIN="$RUNFILES"
-passed=0
-failed=0
-check() {  # name, then the command
+check_medians() {  # name, then the command
   local name="$1" out
   shift
   out="$(timeout 120 "$@" 2>&1)"
@@ -18,25 +17,22 @@ check() {  # name, then the command
   local medians
   medians="$(grep -cE '^variant \[[0-9]+\] .*: median [0-9.]+[0-9] ' <<<"$out")"
   if ((rc == 0 && medians == 2)) && ! grep -q "nan" <<<"$out"; then
-    echo "PASS: $name"
-    passed=$((passed + 1))
+    pass "$name"
   else
-    echo "FAIL: $name (exit $rc, $medians numeric medians of 2); its output:"
+    fail "$name (exit $rc, $medians numeric medians of 2); its output:"
     # The whole output (bounded): the tail above may not show the cause.
     head -c 20000 <<<"$out"
-    failed=$((failed + 1))
   fi
 }
 OPT_FLAGS="--operation=write --block_size=65536 --threads=1 --duration=1 --warmup=0" \
-  check "opt_bench.sh: batch 1 against 16" \
+  check_medians "opt_bench.sh: batch 1 against 16" \
   "$RUNFILES/bench/opt_bench.sh" -r 1 "--batch_size=1" "--batch_size=16"
 # Under --config=asan softrnic is instrumented and Debian's perftest is
 # not: the ASan runtime must be loaded first (as perftest_test does).
 source "$RUNFILES/transport/softrnic/asan_env.sh"
 softrnic_asan_env "$RUNFILES/transport/softrnic"
 preload=(env "${asan_env[@]}")
-check "opt_perftest.sh: inline 0 against 64" \
+check_medians "opt_perftest.sh: inline 0 against 64" \
   "${preload[@]}" "$RUNFILES/bench/opt_perftest.sh" -r 1 -m rate ib_write_bw \
   "-s 64 -D 1 -I 0" "-s 64 -D 1 -I 64"
-echo "$passed passed, $failed failed"
-((failed == 0))
+finish

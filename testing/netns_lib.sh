@@ -90,9 +90,15 @@ netns_remove_all() {
 
 # TAG: a short prefix unique to this run (e.g. "t$$") for the names of
 # namespaces and links. Makes the scratch directory $tmp and the list $pids
-# (background processes to kill); on exit both go with the hosts.
+# (background processes to kill); on exit both go with the hosts. In a test
+# (testing/test_lib.sh sourced first) the test's $tmp and $pids serve, and
+# the hosts go at its exit.
 netns_begin() {
   tag="$1"
+  if declare -F at_exit >/dev/null; then
+    at_exit netns_cleanup
+    return
+  fi
   tmp="$(mktemp -d)"
   pids=()
   trap 'netns_cleanup; rm -rf "$tmp"' EXIT
@@ -146,10 +152,13 @@ netns_link_down() {  # host (1|2), rail (1|2)
   fi
 }
 
-# The processes in $pids, then the namespaces.
+# The processes in $pids, then the namespaces with whatever still runs in
+# them (a command started in a host from a function: $! is the subshell),
+# then a wait for the rest.
 netns_cleanup() {
   local p
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-  wait 2>/dev/null
+  ((${#pids[@]} == 0)) || wait "${pids[@]}" 2>/dev/null
   netns_remove_all
+  wait 2>/dev/null
 }

@@ -8,28 +8,11 @@
 # rebuilds the reports from the results. Needs root.
 # Prints "N passed, N failed".
 set -uo pipefail
-
-RUNFILES="${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}"
-if [[ $(id -u) -ne 0 ]]; then
-  echo "bench_test needs root (ip netns)"
-  echo "0 passed, 1 failed"
-  exit 1
-fi
-tmp="$(mktemp -d)"
-trap '"$RUNFILES/tools/cluster" clean 2>/dev/null; rm -rf "$tmp"' EXIT
-passed=0 failed=0
-check() {  # name, then the command that must succeed
-  local name="$1"
-  shift
-  if "$@" >"$tmp/check.out" 2>&1; then
-    echo "PASS: $name"
-    passed=$((passed + 1))
-  else
-    echo "FAIL: $name"
-    sed 's/^/  | /' "$tmp/check.out" | tail -20
-    failed=$((failed + 1))
-  fi
-}
+# shellcheck source=../testing/test_lib.sh
+source "${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}/testing/test_lib.sh"
+[[ $(id -u) -eq 0 ]] || abort "bench_test needs root (ip netns)"
+# shellcheck disable=SC2016  # Expanded at exit.
+at_exit '"$RUNFILES/tools/cluster" clean 2>/dev/null'
 
 # The content of an output directory: $1 dir, $2 the expected points as a
 # Python expression over rows (list of dicts), $3 the plots.
@@ -104,5 +87,4 @@ check "smoke profile over a host list (netns launcher)" \
 check "host-list output" check_out "$out2" '
 len(ferry) == 1 and ferry[0]["protocol"] == "tcp"' "tcp.png"
 
-echo "$passed passed, $failed failed"
-((failed == 0))
+finish

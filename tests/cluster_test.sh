@@ -6,32 +6,20 @@
 # `tools/cluster clean` -- no namespace or process of it is left.
 # Needs root (ip netns). Prints "N passed, N failed".
 set -uo pipefail
-
-RUNFILES="${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}"
+# shellcheck source=../testing/test_lib.sh
+source "${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}/testing/test_lib.sh"
 CLUSTER="$RUNFILES/tools/cluster"
 if [[ $(id -u) -ne 0 ]] || ! command -v ip >/dev/null; then
-  echo "cluster_test needs root and iproute2 (ip netns)"
-  echo "0 passed, 1 failed"
-  exit 1
+  abort "cluster_test needs root and iproute2 (ip netns)"
 fi
-tmp="$(mktemp -d)"
 cleanup() {
   # Only what a failed case may have left: the clusters' own tear-down is
   # what is under test.
+  local p
   for p in $(jobs -p); do kill -9 "$p" 2>/dev/null; done
   "$CLUSTER" clean 2>/dev/null
-  rm -rf "$tmp"
 }
-trap cleanup EXIT
-passed=0 failed=0
-pass() { echo "PASS: $1"; passed=$((passed + 1)); }
-fail() {
-  echo "FAIL: $1"
-  shift
-  local f
-  for f in "$@"; do [[ -f $f ]] && sed 's/^/  | /' "$f" | tail -20; done
-  failed=$((failed + 1))
-}
+at_exit cleanup
 
 # The namespaces and processes of the cluster whose state is in $1, as
 # the command inside recorded them (left.ns, left.pids). Prints what is
@@ -184,5 +172,4 @@ else
   fail "--delay 1ms (exit $rc): $out"
 fi
 
-echo "$passed passed, $failed failed"
-((failed == 0))
+finish

@@ -10,25 +10,19 @@
 # Needs root (ip netns); CI and the dev machines run as root. Everything it
 # creates is removed on exit. Prints "N passed, N failed".
 set -uo pipefail
-
-RUNFILES="${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}"
+# shellcheck source=../testing/test_lib.sh
+source "${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}/testing/test_lib.sh"
 BENCH="$RUNFILES/tools/transfer_bench"
 LIBDIR="$RUNFILES/transport/softrnic"
 # shellcheck source=../testing/netns_lib.sh
 source "$RUNFILES/testing/netns_lib.sh"
 if [[ $(id -u) -ne 0 ]] || ! command -v ip >/dev/null; then
-  echo "netns_test needs root and iproute2 (ip netns); run it as root"
-  echo "0 passed, 1 failed"
-  exit 1
+  abort "netns_test needs root and iproute2 (ip netns); run it as root"
 fi
 
 netns_begin "f$$"
 
-if ! netns_setup; then
-  echo "cannot create namespaces"
-  echo "0 passed, 1 failed"
-  exit 1
-fi
+netns_setup || abort "cannot create namespaces"
 
 port=50777
 in_h2 "$BENCH" --mode=target --protocol=rdma --listen_host="$B1" \
@@ -37,8 +31,7 @@ in_h2 "$BENCH" --mode=target --protocol=rdma --listen_host="$B1" \
 pids+=($!)
 for _ in $(seq 100); do grep -q "target ready" "$tmp/target.log" && break; sleep 0.1; done
 
-passed=0 failed=0
-check() {  # name, then transfer_bench initiator flags
+check_transfer() {  # name, then transfer_bench initiator flags
   local name="$1"
   shift
   if in_h1 timeout 120 "$BENCH" --mode=initiator --protocol=rdma \
@@ -46,26 +39,20 @@ check() {  # name, then transfer_bench initiator flags
       --buffer_size=$((256 << 20)) --threads=1 --batch_size=16 --duration=5 \
       --report=json "$@" >"$tmp/$name.json" 2>"$tmp/$name.err" &&
       grep -q '"errors":0' "$tmp/$name.json"; then
-    echo "PASS: $name: $(tail -1 "$tmp/$name.json")"
-    passed=$((passed + 1))
+    pass "$name: $(tail -1 "$tmp/$name.json")"
   else
-    echo "FAIL: $name"
-    tail -n 8 "$tmp/$name.err" "$tmp/$name.json"
-    failed=$((failed + 1))
+    fail "$name" "$tmp/$name.err" "$tmp/$name.json"
   fi
 }
 
-if ! grep -q "target ready" "$tmp/target.log"; then
-  echo "FAIL: target did not start"; cat "$tmp/target.log"
-  echo "0 passed, 1 failed"
-  exit 1
-fi
+grep -q "target ready" "$tmp/target.log" ||
+  abort "target did not start" "$tmp/target.log"
 
 # READs first: they check the target's initial pattern, which WRITEs change.
-check read_65537 --operation=read --block_size=65537 --batch_size=16 --duration=1
-check read_64M --operation=read --block_size=$((64 << 20)) --batch_size=1 --duration=1
-check write_1B --operation=write --block_size=1 --batch_size=64 --duration=1
-check write_1M --operation=write --block_size=1048576 --batch_size=8 --duration=1
+check_transfer read_65537 --operation=read --block_size=65537 --batch_size=16 --duration=1
+check_transfer read_64M --operation=read --block_size=$((64 << 20)) --batch_size=1 --duration=1
+check_transfer write_1B --operation=write --block_size=1 --batch_size=64 --duration=1
+check_transfer write_1M --operation=write --block_size=1048576 --batch_size=8 --duration=1
 
 # Rail 2 goes down on host 1 in the middle of a run: both hosts' soft NICs
 # see their port go down (they follow the veth's carrier), the initiator
@@ -78,7 +65,7 @@ check write_1M --operation=write --block_size=1048576 --batch_size=8 --duration=
    sleep 0.05
  done
  netns_link_down 1 2) &
-check link_down_mid_transfer --operation=write --block_size=$((4 << 20)) \
+check_transfer link_down_mid_transfer --operation=write --block_size=$((4 << 20)) \
   --batch_size=4 --duration=4
 # Both rails carried traffic, then the initiator saw softrnic1's port go
 # down and retried its slices.
@@ -93,12 +80,9 @@ print("nics:", r["nics"], "retries:", r["retries"])
 sys.exit(0 if ok else 1)
 PY
 then
-  echo "PASS: port down seen, slices retried on the other rail"
-  passed=$((passed + 1))
+  pass "port down seen, slices retried on the other rail"
 else
-  echo "FAIL: the initiator did not see the port go down or did not retry"
-  failed=$((failed + 1))
+  fail "the initiator did not see the port go down or did not retry"
 fi
 
-echo "$passed passed, $failed failed"
-[[ $failed -eq 0 ]]
+finish

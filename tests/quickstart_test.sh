@@ -7,15 +7,12 @@
 # told where softrnic's library is; tools/cluster gets --bin).
 # Each must exit 0 and say "every byte verified". Needs root (namespaces).
 set -uo pipefail
-RUNFILES="${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}"
+# shellcheck source=../testing/test_lib.sh
+source "${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}/testing/test_lib.sh"
 PATH="$PATH:/usr/sbin:/sbin"
 if [[ $(id -u) -ne 0 ]]; then
-  echo "quickstart_test needs root (tools/cluster); run it as root"
-  echo "0 passed, 1 failed"
-  exit 1
+  abort "quickstart_test needs root (tools/cluster); run it as root"
 fi
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
 
 # One file per command: the doc's sh blocks, continuation lines joined.
 /usr/bin/python3 - "$RUNFILES/docs/quickstart.md" "$tmp" <<'PY'
@@ -34,13 +31,10 @@ for block in re.findall(r"```sh\n(.*?)```", text, re.S):
         open(f"{sys.argv[2]}/cmd{n}.sh", "w").write(cmd + "\n")
 print(n, "commands")
 PY
-passed=0
-failed=0
 shopt -s nullglob
 cmds=("$tmp"/cmd*.sh)
 if ((${#cmds[@]} < 3)); then
-  echo "FAIL: expected 3 commands in docs/quickstart.md, found ${#cmds[@]}"
-  failed=$((failed + 1))
+  fail "expected 3 commands in docs/quickstart.md, found ${#cmds[@]}"
 fi
 for f in "${cmds[@]}"; do
   sed -i \
@@ -50,13 +44,9 @@ for f in "${cmds[@]}"; do
   echo "== $(cat "$f")"
   if timeout 300 bash "$f" >"$f.out" 2>&1 &&
     grep -q "every byte verified" "$f.out"; then
-    echo "PASS"
-    passed=$((passed + 1))
+    pass "${f##*/}: every byte verified"
   else
-    echo "FAIL"
-    tail -5 "$f.out" | sed 's/^/  | /'
-    failed=$((failed + 1))
+    fail "${f##*/}" "$f.out"
   fi
 done
-echo "$passed passed, $failed failed"
-((failed == 0))
+finish

@@ -13,20 +13,18 @@
 # Needs root (ip netns). Everything it creates is removed on exit. Prints
 # "N passed, N failed".
 set -uo pipefail
-
-RUNFILES="${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}"
+# shellcheck source=../testing/test_lib.sh
+source "${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}/testing/test_lib.sh"
 BENCH="$RUNFILES/tools/transfer_bench"
 MDS="$RUNFILES/tools/metadata_server"
 LIBDIR="$RUNFILES/transport/softrnic"
 # shellcheck source=../testing/netns_lib.sh
 source "$RUNFILES/testing/netns_lib.sh"
 if [[ $(id -u) -ne 0 ]] || ! command -v ip >/dev/null; then
-  echo "three_hosts_test needs root and iproute2 (ip netns)"
-  echo "0 passed, 1 failed"
-  exit 1
+  abort "three_hosts_test needs root and iproute2 (ip netns)"
 fi
 
-# $tmp, $pids, and the namespaces and processes removed on exit.
+# The namespaces, and the processes in them, removed on exit.
 netns_begin "t3$$"
 n=$(($$ % 200 + 20))
 SW="${tag}sw"
@@ -52,31 +50,13 @@ on() {  # host, command...: run on that host, with its softrnic NIC
     FERRY_SOFTRNIC_DEVICES="softrnic0=${IP[$h]}" "$@"
 }
 
-# Up to 30 s: a start under ASan on a loaded CI machine takes seconds.
-wait_for() {  # file, pattern
-  local _
-  for _ in $(seq 300); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
-  return 1
-}
-
-if ! setup; then
-  echo "cannot create namespaces"
-  echo "0 passed, 1 failed"
-  exit 1
-fi
-
-passed=0 failed=0
-pass() { echo "PASS: $1"; passed=$((passed + 1)); }
-fail() { echo "FAIL: $1"; failed=$((failed + 1)); }
+setup || abort "cannot create namespaces"
 
 # The metadata server with its defaults: every interface, port 12050.
 (on m "$MDS") >"$tmp/mds.log" 2>&1 &
 pids+=($!)
-if ! wait_for "$tmp/mds.log" "listening on"; then
-  cat "$tmp/mds.log"
-  echo "0 passed, 1 failed"
-  exit 1
-fi
+wait_for "$tmp/mds.log" "listening on" ||
+  abort "the metadata server did not start" "$tmp/mds.log"
 MD="${IP[m]}:12050"
 
 # Starts a target on host T; $1: a name for the logs, then its flags.
@@ -125,7 +105,7 @@ for proto in tcp rdma; do
     if grep -q "advertised=${IP[t]} " "$tmp/mc_$proto.target"; then
       pass "$proto: --local_server_name=$seg advertises ${IP[t]}"
     else
-      fail "$proto: advertised address"; cat "$tmp/mc_$proto.target"
+      fail "$proto: advertised address" "$tmp/mc_$proto.target"
     fi
     for op in write read; do
       if run_initiator "mc_${proto}_$op" "$seg" --protocol="$proto" \
@@ -133,12 +113,12 @@ for proto in tcp rdma; do
           grep -q '"errors":0' "$tmp/mc_${proto}_$op.json"; then
         pass "$proto $op, Mooncake flags: $(tail -1 "$tmp/mc_${proto}_$op.json" | cut -c1-120)"
       else
-        fail "$proto $op, Mooncake flags"
-        tail -n 5 "$tmp/mc_${proto}_$op.err" "$tmp/mc_${proto}_$op.json"
+        fail "$proto $op, Mooncake flags" \
+          "$tmp/mc_${proto}_$op.err" "$tmp/mc_${proto}_$op.json"
       fi
     done
   else
-    fail "$proto: target did not start"; cat "$tmp/mc_$proto.target"
+    fail "$proto: target did not start" "$tmp/mc_$proto.target"
   fi
   stop_target
 
@@ -147,17 +127,17 @@ for proto in tcp rdma; do
     if grep -q "advertised=${IP[t]} " "$tmp/auto_$proto.target"; then
       pass "$proto: no address flag advertises ${IP[t]} ($(grep -o '(.*)' "$tmp/auto_$proto.target" | head -1))"
     else
-      fail "$proto: advertised address with no flags"; cat "$tmp/auto_$proto.target"
+      fail "$proto: advertised address with no flags" "$tmp/auto_$proto.target"
     fi
     if run_initiator "auto_$proto" auto --protocol="$proto" --operation=write &&
         grep -q '"errors":0' "$tmp/auto_$proto.json"; then
       pass "$proto write, no address flags"
     else
-      fail "$proto write, no address flags"
-      tail -n 5 "$tmp/auto_$proto.err" "$tmp/auto_$proto.json"
+      fail "$proto write, no address flags" \
+        "$tmp/auto_$proto.err" "$tmp/auto_$proto.json"
     fi
   else
-    fail "$proto: target did not start"; cat "$tmp/auto_$proto.target"
+    fail "$proto: target did not start" "$tmp/auto_$proto.target"
   fi
   stop_target
 done
@@ -169,7 +149,7 @@ if start_target "loop" --protocol=tcp --segment_id=loop --advertise_host=127.0.0
   if grep -q "advertises the loopback address 127.0.0.1 to the metadata service" "$tmp/loop.target"; then
     pass "the target warns that it advertises loopback to a remote metadata service"
   else
-    fail "no warning from the loopback target"; cat "$tmp/loop.target"
+    fail "no warning from the loopback target" "$tmp/loop.target"
   fi
   start=$(date +%s%N)
   if run_initiator "loop" loop --protocol=tcp --operation=write; then
@@ -178,12 +158,11 @@ if start_target "loop" --protocol=tcp --segment_id=loop --advertise_host=127.0.0
       (( ($(date +%s%N) - start) / 1000000 < 10000 )); then
     pass "loopback target refused: $(grep -o "segment 'loop' advertises[^,]*" "$tmp/loop.err" | head -1)"
   else
-    fail "loopback target: no clear error"; tail -n 5 "$tmp/loop.err"
+    fail "loopback target: no clear error" "$tmp/loop.err"
   fi
 else
-  fail "loopback target did not start"; cat "$tmp/loop.target"
+  fail "loopback target did not start" "$tmp/loop.target"
 fi
 stop_target
 
-echo "$passed passed, $failed failed"
-[[ $failed -eq 0 ]]
+finish

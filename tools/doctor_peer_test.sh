@@ -15,18 +15,17 @@
 #      per pair; an unknown segment fails with its fix.
 # Needs root (ip netns). Everything it creates is removed on exit.
 set -uo pipefail
-RUNFILES="${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}"
+# shellcheck source=../testing/test_lib.sh
+source "${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}/testing/test_lib.sh"
 DOCTOR="$RUNFILES/tools/doctor"
 BENCH="$RUNFILES/tools/transfer_bench"
 LIBDIR="$RUNFILES/transport/softrnic"
 # shellcheck source=../testing/netns_lib.sh
 source "$RUNFILES/testing/netns_lib.sh"
 if [[ $(id -u) -ne 0 ]] || ! command -v ip >/dev/null; then
-  echo "doctor_peer_test needs root and iproute2"
-  echo "0 passed, 1 failed"
-  exit 1
+  abort "doctor_peer_test needs root and iproute2"
 fi
-# $tmp, $pids, and the namespaces and processes removed on exit.
+# The namespaces, and the processes in them, removed on exit.
 netns_begin "dp$$"
 n=$(($$ % 200 + 20))
 C="${tag}c" S="${tag}s" D="${tag}d"
@@ -44,15 +43,8 @@ setup() {
   netns_addr "$D" eth0 "$DB/24"
   netns_wait_carrier "$S" "eth[01]" 2
 }
-if ! setup; then
-  echo "cannot create namespaces"
-  echo "0 passed, 1 failed"
-  exit 1
-fi
+setup || abort "cannot create namespaces"
 
-passed=0 failed=0
-pass() { echo "PASS: $1"; passed=$((passed + 1)); }
-fail() { echo "FAIL: $1"; shift; cat "$@"; failed=$((failed + 1)); }
 json() {
   python3 - "$1" "$2" <<'PY'
 import json, sys
@@ -184,5 +176,4 @@ else
   fail "unknown segment (exit $rc)" "$tmp/nosuch.json" "$tmp/nosuch.json.err"
 fi
 
-echo "$passed passed, $failed failed"
-((failed == 0))
+finish

@@ -15,16 +15,14 @@
 #      same port with no subnet manager (no LID: INIT) fails with the fix;
 #   8. a GID index pinned past the table fails; pinned to RoCE v1, warns.
 set -u
-RUNFILES="${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}"
+# shellcheck source=../testing/test_lib.sh
+source "${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}/testing/test_lib.sh"
 DOCTOR="$RUNFILES/tools/doctor"
 export LD_LIBRARY_PATH="$RUNFILES/transport/softrnic"
 asan_rt="$(ldd "$LD_LIBRARY_PATH/libibverbs.so.1" | awk '/libasan/ {print $3}')"
 [[ -n "$asan_rt" ]] && export ASAN_OPTIONS="detect_leaks=0"
-OUT="${TEST_TMPDIR:-$(mktemp -d)}"
+OUT="$tmp"
 export FERRY_SOFTRNIC_SUBNET="$OUT/softrnic-subnet"
-passed=0 failed=0
-pass() { echo "PASS: $1"; passed=$((passed + 1)); }
-fail() { echo "FAIL: $1"; shift; cat "$@"; failed=$((failed + 1)); }
 
 json() {  # file, python expression over the parsed report `r`
   python3 - "$1" "$2" <<'PY'
@@ -166,5 +164,4 @@ expect 0 "$OUT/nodmabuf.json" 'c["GPUDirect RDMA"]["level"] == "WARN" and "nvidi
      and "stages it" in c["GPUDirect RDMA"]["detail"]' \
   "no dma-buf and no peermem: GPUDirect RDMA warned, with the fix"
 
-echo "$passed passed, $failed failed"
-((failed == 0))
+finish

@@ -6,28 +6,23 @@
 # the loader would refuse the program before main on rdma-core 34 -- the
 # doctor too, which is there to say the library is too old.
 set -uo pipefail
-RUNFILES="${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}"
-passed=0
-failed=0
+# shellcheck source=../testing/test_lib.sh
+source "${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}/testing/test_lib.sh"
 for b in tools/transfer_bench tools/doctor; do
   # The version nodes the binary needs of libibverbs.so.1.
   nodes="$(readelf -V --wide "$RUNFILES/$b" | awk '
     /File: / { lib = ($0 ~ /File: libibverbs/) }
     lib && /Name: IBVERBS_/ { for (i = 1; i <= NF; i++) if ($i ~ /^IBVERBS_/) print $i }')"
   if [[ -z "$nodes" ]]; then
-    echo "FAIL: $b: needs nothing of libibverbs? (readelf found no node)"
-    failed=$((failed + 1))
+    fail "$b: needs nothing of libibverbs? (readelf found no node)"
     continue
   fi
   newest="$(sed 's/^IBVERBS_1\.//' <<<"$nodes" | sort -n | tail -1)"
   if ((newest > 8)); then
-    echo "FAIL: $b needs IBVERBS_1.$newest of libibverbs (nodes: $(tr '\n' ' ' <<<"$nodes")):"
+    fail "$b needs IBVERBS_1.$newest of libibverbs (nodes: $(tr '\n' ' ' <<<"$nodes")):"
     echo "  call that function through transport/rdma/verbs_compat.h"
-    failed=$((failed + 1))
   else
-    echo "PASS: $b needs IBVERBS_1.$newest at most"
-    passed=$((passed + 1))
+    pass "$b needs IBVERBS_1.$newest at most"
   fi
 done
-echo "$passed passed, $failed failed"
-((failed == 0))
+finish

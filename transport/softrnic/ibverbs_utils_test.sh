@@ -4,12 +4,11 @@
 # libibverbs and load softrnic's libibverbs.so.1 through LD_LIBRARY_PATH,
 # exactly as an application would.
 set -u
+# shellcheck source=../../testing/test_lib.sh
+source "${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}/testing/test_lib.sh"
 
-LIBDIR="${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-ferry}/transport/softrnic"
-if [[ ! -e "$LIBDIR/libibverbs.so.1" ]]; then
-  echo "FAIL: no libibverbs.so.1 in $LIBDIR"
-  exit 1
-fi
+LIBDIR="$RUNFILES/transport/softrnic"
+[[ -e "$LIBDIR/libibverbs.so.1" ]] || abort "no libibverbs.so.1 in $LIBDIR"
 export LD_LIBRARY_PATH="$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # Debian's programs under --config=asan: the ASan runtime first.
 source "$LIBDIR/asan_env.sh"
@@ -21,30 +20,11 @@ export FERRY_SOFTRNIC_DEVICES="${FERRY_SOFTRNIC_DEVICES:-softrnic0=127.0.0.1,sof
 export LD_BIND_NOW=1
 
 for prog in ibv_devices ibv_devinfo ibv_rc_pingpong; do
-  if ! command -v "$prog" >/dev/null; then
-    echo "FAIL: $prog not installed (apt-get install ibverbs-utils)"
-    exit 1
-  fi
+  command -v "$prog" >/dev/null ||
+    abort "$prog not installed (apt-get install ibverbs-utils)"
 done
 
-OUT="${TEST_TMPDIR:-$(mktemp -d)}"
-passed=0
-failed=0
-
-pass() {
-  echo "PASS: $1"
-  passed=$((passed + 1))
-}
-
-fail() {
-  echo "FAIL: $1"
-  shift
-  for f in "$@"; do
-    echo "---- $f"
-    cat "$f"
-  done
-  failed=$((failed + 1))
-}
+OUT="$tmp"
 
 # --- ibv_devices lists both devices (and, through it, that the library
 # loads and is softrnic: rdma-core's would list nothing here).
@@ -77,9 +57,6 @@ if timeout 60 ibv_devinfo -d softrnic1 >"$OUT/devinfo1.txt" 2>&1 &&
 else
   fail "ibv_devinfo -d softrnic1" "$OUT/devinfo1.txt"
 fi
-
-# free_port, wait_listening.
-source "${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-ferry}/testing/ports.sh"
 
 # Runs one ibv_rc_pingpong server/client pair: pingpong NAME SERVER_DEV
 # CLIENT_DEV EXTRA_ARGS...
@@ -116,5 +93,4 @@ pingpong large softrnic0 softrnic0 -s 65536 -n 200
 # Server and client on different emulated NICs.
 pingpong cross softrnic1 softrnic0
 
-echo "$passed passed, $failed failed"
-[[ $failed -eq 0 ]]
+finish

@@ -8,28 +8,23 @@
 # correctness is checked here: performance is measured by
 # bench/bench_perftest.sh.
 set -u
+# shellcheck source=../../testing/test_lib.sh
+source "${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}/testing/test_lib.sh"
 
-LIBDIR="${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-ferry}/transport/softrnic"
+LIBDIR="$RUNFILES/transport/softrnic"
 export LD_LIBRARY_PATH="$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # perftest under --config=asan: the ASan runtime first.
 source "$LIBDIR/asan_env.sh"
 softrnic_asan_env "$LIBDIR"
 ((${#asan_env[@]} == 0)) || export "${asan_env[@]}"
 export FERRY_SOFTRNIC_DEVICES="${FERRY_SOFTRNIC_DEVICES:-softrnic0=127.0.0.1,softrnic1=127.0.0.2}"
-OUT="${TEST_TMPDIR:-$(mktemp -d)}"
+OUT="$tmp"
 export FERRY_SOFTRNIC_SUBNET="$OUT/softrnic-subnet"
-passed=0 failed=0
 
 for prog in ib_write_bw ib_read_bw ib_send_bw ib_write_lat ib_read_lat; do
-  if ! command -v "$prog" >/dev/null; then
-    echo "FAIL: $prog not installed (apt-get install perftest; tools/dev.sh setup)"
-    echo "0 passed, 1 failed"
-    exit 1
-  fi
+  command -v "$prog" >/dev/null ||
+    abort "$prog not installed (apt-get install perftest; tools/dev.sh setup)"
 done
-
-# free_port, wait_listening.
-source "${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-ferry}/testing/ports.sh"
 
 # run NAME PROG ARGS...: server on softrnic1, client on softrnic0, with
 # GID addressing (-x 0, RoCE) unless ADDRESSING says otherwise.
@@ -62,16 +57,16 @@ run() {
   local line
   line=$(awk '$1 ~ /^[0-9]+$/ && NF >= 4 {l = $0} END {print l}' "$OUT/$name.client")
   if ((crc == 0 && src == 0)) && [[ -n "$line" ]]; then
-    echo "PASS: $name: $line"
-    passed=$((passed + 1))
+    pass "$name: $line"
   else
-    echo "FAIL: $name (server exit $src, client exit $crc)"
-    # Whole: the reason may be anywhere (about 35 lines each).
+    fail "$name (server exit $src, client exit $crc)"
+    # Whole, not fail's tails: the reason may be anywhere (about 35 lines
+    # each).
+    local f
     for f in "$OUT/$name.server" "$OUT/$name.client"; do
       echo "==> $f"
       cat "$f"
     done
-    failed=$((failed + 1))
   fi
 }
 
@@ -90,13 +85,10 @@ run ib_read_lat ib_read_lat -s 64 -n 500
 unset FERRY_SOFTRNIC_PROFILE
 if grep -Eq 'Link type +: IB' "$OUT/ib_write_bw.client" &&
   grep -Eq 'remote address: LID 0x[0-9a-f]*[1-9a-f]' "$OUT/ib_write_bw.client"; then
-  echo "PASS: perftest saw an InfiniBand link and a peer LID"
-  passed=$((passed + 1))
+  pass "perftest saw an InfiniBand link and a peer LID"
 else
-  echo "FAIL: perftest's header on mlx5-ib lacks 'Link type: IB' or a LID"
+  fail "perftest's header on mlx5-ib lacks 'Link type: IB' or a LID"
   head -n 25 "$OUT/ib_write_bw.client"
-  failed=$((failed + 1))
 fi
 
-echo "$passed passed, $failed failed"
-((failed == 0))
+finish
