@@ -98,7 +98,7 @@ for f in "$pkg"/.libs/*.so*; do patchelf --set-rpath '$ORIGIN' "$f"; done
 # The extension, against PY's headers and pybind11's (Debian's).
 # shellcheck disable=SC2016
 g++ -std=c++17 -O2 -fPIC -shared -fvisibility=hidden \
-  -I "$include" -I . python/ferry_module.cc \
+  -I "$include" -I include -I . python/ferry_module.cc \
   "$pkg/.libs/libferry.so" -Wl,-rpath,'$ORIGIN/.libs' \
   -o "$pkg/_ferry$suffix"
 

@@ -158,7 +158,7 @@ netns_link_down() {  # host (1|2), rail (1|2)
 netns_cleanup() {
   local p
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-  ((${#pids[@]} == 0)) || wait "${pids[@]}" 2>/dev/null
+  ((${#pids[@]} == 0)) || wait "${pids[@]}" 2>/dev/null || true
   netns_remove_all
   wait 2>/dev/null
 }

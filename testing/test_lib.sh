@@ -30,7 +30,7 @@ _test_lib_cleanup() {
   local p i
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
   # Reaped at once, so that bash does not report each as killed.
-  ((${#pids[@]} == 0)) || wait "${pids[@]}" 2>/dev/null
+  ((${#pids[@]} == 0)) || wait "${pids[@]}" 2>/dev/null || true
   for ((i = ${#_test_lib_at_exit[@]} - 1; i >= 0; i--)); do
     eval "${_test_lib_at_exit[$i]}"
   done

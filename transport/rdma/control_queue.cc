@@ -32,7 +32,9 @@ std::optional<ControlJob> ControlQueue::TakeLocked(bool* over) {
            MayStartConnectLocked(j.ep->peer());
   });
   if (it == jobs_.end()) {
-    *over = farewell_;
+    // Until Shutdown sets the deadline, a peer request in progress may
+    // still queue a notice (a DISCONNECT): the threads wait for it.
+    *over = farewell_ && farewell_deadline_ != absl::InfiniteFuture();
     return std::nullopt;
   }
   ControlJob job = std::move(*it);

@@ -79,7 +79,7 @@ class ControlQueue {
 
   // The oldest job that may run now, marked running (see Done); waits for
   // one. nullopt when the calling control thread should exit: the farewell
-  // began and no notice is left, or its deadline passed.
+  // has its deadline and no notice is left, or the deadline passed.
   std::optional<ControlJob> Take();
   // Take without waiting: nullopt also when no job may run now, with
   // *over telling the two apart.
@@ -87,7 +87,10 @@ class ControlQueue {
   // A job from Take ended: a connect frees its place for its peer.
   void Done(const ControlJob& job);
 
-  // Shutdown: from now on only queued notices run, until `deadline`.
+  // Shutdown: from now on only notices run, until `deadline`. With an
+  // infinite one (while peer requests in progress may still queue a
+  // notice) the threads wait for more; once it is finite they exit when
+  // none is left.
   void BeginFarewell(absl::Time deadline);
   // After the control threads are gone: the endpoints of the jobs that
   // never ran (the queue is emptied).

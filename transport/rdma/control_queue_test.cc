@@ -94,6 +94,26 @@ TEST(ControlQueueTest, FarewellSendsOnlyQueuedNoticesUntilItsDeadline) {
   EXPECT_EQ(q.size(), 0u);
 }
 
+// Between the start of Shutdown and its deadline being set, a peer request
+// still in progress may queue a DISCONNECT: the threads wait for it rather
+// than exit, and it goes out.
+TEST(ControlQueueTest, NoticesQueuedBeforeTheDeadlineIsSetGoOut) {
+  SimulatedClock clock;
+  ControlQueue q;
+  q.SetClock(&clock);
+  auto a = MakePeer("a");
+  q.BeginFarewell(absl::InfiniteFuture());
+  bool over = true;
+  EXPECT_FALSE(q.TryTake(&over).has_value());
+  EXPECT_FALSE(over) << "a control thread left before the deadline was set";
+  q.Push(Job(Kind::kConnect, a, 1));  // Never runs any more.
+  q.Push(Job(Kind::kNotice, a, 2));
+  EXPECT_EQ(Next(&q), 2u);
+  q.BeginFarewell(clock.Now() + absl::Milliseconds(200));
+  EXPECT_FALSE(q.TryTake(&over).has_value());
+  EXPECT_TRUE(over);
+}
+
 TEST(ControlQueueTest, FarewellEndsAtItsDeadline) {
   SimulatedClock clock;
   ControlQueue q;

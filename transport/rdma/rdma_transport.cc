@@ -380,8 +380,9 @@ TransportStats RdmaTransport::Stats() const {
 
 void RdmaTransport::Shutdown() {
   if (stopping_.exchange(true)) return;
-  // Only the notices already queued go out from here on; their deadline
-  // is set once no peer request can queue more (below).
+  // Only notices go out from here on (ones a peer request in progress
+  // still queues too); their deadline is set once no peer request can
+  // queue more (below).
   control_.BeginFarewell(absl::InfiniteFuture());
   // Cancels the staged slices waiting for a buffer and runs the callbacks
   // of the copies in flight (whose slices Submit now cancels).
