@@ -77,10 +77,9 @@ bool RdmaTransport::InstallLocked(const EndpointPtr& ep,
   ep->confirmed.store(confirmed, std::memory_order_release);
   {
     // Registered for completions before anything is posted.
-    Poller* p = pollers_[ep->local_nic()].get();
-    MutexLock map_lock(&p->map_mu);
     for (size_t k = 0; k < ep->qps.size(); ++k) {
-      p->by_qpn[ep->qps[k].qp->qp_num] = QpRef{ep, static_cast<int>(k)};
+      completions_.Track(ep->local_nic(), ep->qps[k].qp->qp_num,
+                         QpRef{ep, static_cast<int>(k)});
     }
   }
   ep->SetStateLocked(Endpoint::State::kConnected);

@@ -1,4 +1,6 @@
-// RdmaTransport: NIC workers, completions and failover.
+// RdmaTransport: what a completion or an async event means -- completing
+// slices, failing endpoints, retrying on other rails (failover). The
+// workers and the QP map that deliver them are completions.h's.
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
@@ -13,14 +15,6 @@
 
 namespace ferry::rdma {
 namespace {
-
-constexpr int kPollBatch = 64;
-// While application threads reap completions themselves, the worker
-// checks back this often (and otherwise keeps off the CQ).
-constexpr int64_t kDeferUs = 200;
-// Upper bound of an idle worker's sleep (for shutdown and housekeeping of
-// its fds); completions and port events wake it earlier.
-constexpr int64_t kIdleSleepUs = 100'000;
 
 absl::Status CompletionError(const Slice& slice, const Endpoint& ep,
                              ibv_wc_status status) {
@@ -60,44 +54,9 @@ void CompleteOk(Slice* const* slices, uint32_t n) {
 
 }  // namespace
 
-size_t RdmaTransport::Poll() {
-  driver_epoch_.fetch_add(1, std::memory_order_relaxed);
-  size_t n = 0;
-  for (auto& p : pollers_) {
-    if (!p->poll_mu.TryLock()) continue;  // Someone is at it already.
-    n += PollNicLocked(p.get());
-    p->poll_mu.Unlock();
-  }
-  return n;
-}
+size_t RdmaTransport::Poll() { return completions_.Poll(); }
 
-size_t RdmaTransport::PollNicLocked(Poller* p) {
-  if (p->nic->fatal()) return 0;
-  ibv_wc wcs[kPollBatch];
-  const int n = ibv_poll_cq(p->nic->cq(), kPollBatch, wcs);
-  if (n > 0) p->nic->completions.fetch_add(n, std::memory_order_relaxed);
-  for (int i = 0; i < n; ++i) HandleCompletion(p, wcs[i]);
-  // Completions freed WR budget on this NIC: post what waited for it.
-  if (p->any_starved.load(std::memory_order_acquire)) {
-    std::vector<std::shared_ptr<Endpoint>> starved;
-    {
-      MutexLock lock(&p->map_mu);
-      starved.swap(p->starved);
-      p->any_starved.store(false, std::memory_order_relaxed);
-    }
-    for (auto& ep : starved) PostOrPark(ep);
-  }
-  return n > 0 ? static_cast<size_t>(n) : 0;
-}
-
-void RdmaTransport::HandleCompletion(Poller* p, const ibv_wc& wc) {
-  QpRef ref;
-  {
-    MutexLock lock(&p->map_mu);
-    auto it = p->by_qpn.find(wc.qp_num);
-    if (it == p->by_qpn.end()) return;  // A QP we already let go of.
-    ref = it->second;
-  }
+void RdmaTransport::OnCompletion(const QpRef& ref, const ibv_wc& wc) {
   Endpoint* ep = ref.ep.get();
   // 32 KiB: the poller's and the application's polling threads have the
   // default stacks.
@@ -243,12 +202,7 @@ void RdmaTransport::DropIfDrained(const std::shared_ptr<Endpoint>& ep) {
   }
   // The QPs are destroyed with the endpoint's last reference.
   store_.Remove(*ep);
-  Poller* p = pollers_[ep->local_nic()].get();
-  MutexLock lock(&p->map_mu);
-  for (uint32_t qpn : qpns) {
-    auto it = p->by_qpn.find(qpn);
-    if (it != p->by_qpn.end() && it->second.ep == ep) p->by_qpn.erase(it);
-  }
+  completions_.Untrack(ep->local_nic(), qpns, *ep);
 }
 
 void RdmaTransport::Retry(Slice* slice, const absl::Status& status) {
@@ -322,39 +276,41 @@ void RdmaTransport::NoteRailSuccess(Endpoint* ep) {
   r->health.proven = true;
 }
 
-void RdmaTransport::OnPortChange(Poller* p, bool up) {
-  FERRY_LOG(kWarn, "rdma", "port of ", p->nic->name(), " is ",
+void RdmaTransport::OnPortChange(int nic, bool up) {
+  Nic* n = nics_[nic].get();
+  FERRY_LOG(kWarn, "rdma", "port of ", n->name(), " is ",
             up ? "ACTIVE again" : "down: its slices move to other NICs");
-  p->nic->set_port_active(up);
+  n->set_port_active(up);
   if (up) return;
   // A dead port: fail its endpoints now, flushing their QPs, so their
   // slices move to other rails at once rather than after the QP's retry
   // timeout.
   std::vector<std::shared_ptr<Endpoint>> eps;
   for (auto& ep : store_.Live()) {
-    if (ep->local_nic() == p->index) eps.push_back(std::move(ep));
+    if (ep->local_nic() == nic) eps.push_back(std::move(ep));
   }
   const absl::Status why = absl::UnavailableError(
-      absl::StrCat("port of RDMA NIC ", p->nic->name(), " went down"));
+      absl::StrCat("port of RDMA NIC ", n->name(), " went down"));
   for (auto& ep : eps) FailEndpoint(ep, why, /*flush=*/true);
 }
 
-void RdmaTransport::OnDeviceFatal(Poller* p) {
-  FERRY_LOG(kError, "rdma", p->nic->name(),
+void RdmaTransport::OnDeviceFatal(int nic) {
+  Nic* n = nics_[nic].get();
+  FERRY_LOG(kError, "rdma", n->name(),
             ": IBV_EVENT_DEVICE_FATAL; out of service until restart");
-  p->nic->set_fatal();
+  n->set_fatal();
   // The device is dead: it reports no more completions and moves no more
   // bytes, so the slices posted on it are taken back and retried on the
   // other NICs at once; its endpoints are failed and dropped.
   std::vector<std::shared_ptr<Endpoint>> eps;
   for (auto& ep : store_.Live()) {
-    if (ep->local_nic() == p->index) eps.push_back(std::move(ep));
+    if (ep->local_nic() == nic) eps.push_back(std::move(ep));
   }
   for (auto& ep : store_.Draining()) {
-    if (ep->local_nic() == p->index) eps.push_back(std::move(ep));
+    if (ep->local_nic() == nic) eps.push_back(std::move(ep));
   }
   const absl::Status why = absl::UnavailableError(
-      absl::StrCat("RDMA NIC ", p->nic->name(), " failed (device fatal)"));
+      absl::StrCat("RDMA NIC ", n->name(), " failed (device fatal)"));
   for (auto& ep : eps) {
     SliceQueue posted;
     {
@@ -369,127 +325,7 @@ void RdmaTransport::OnDeviceFatal(Poller* p) {
   }
   // Endpoints parked for this NIC's WR budget: it frees none any more (and
   // the poller skips a fatal NIC), so the list would hold them for good.
-  std::vector<std::shared_ptr<Endpoint>> parked;
-  {
-    MutexLock lock(&p->map_mu);
-    parked.swap(p->starved);
-    p->any_starved.store(false, std::memory_order_relaxed);
-  }
-}
-
-void RdmaTransport::WaitEvents(Worker* w, int64_t timeout_us, bool channels) {
-  // Per NIC its completion channel and async event fd, then the wake-up.
-  constexpr size_t kMaxFds = 2 * 64 + 1;
-  pollfd fds[kMaxFds];
-  size_t n = 0;
-  for (Poller* p : w->pollers) {
-    // A dead device's channel may stay readable forever: not polled.
-    const bool live = !p->nic->fatal();
-    fds[n++] = {channels && live ? p->nic->channel()->fd : -1, POLLIN, 0};
-    fds[n++] = {p->async_dead ? -1 : p->nic->context()->async_fd, POLLIN, 0};
-  }
-  fds[n++] = {w->wake_fd, POLLIN, 0};
-  const timespec ts = {static_cast<time_t>(timeout_us / 1000000),
-                       static_cast<long>((timeout_us % 1000000) * 1000)};
-  // Real time: a bound on the sleep only (events wake it; nothing timed is
-  // decided here).
-  if (::ppoll(fds, n, &ts, nullptr) <= 0) return;
-  for (size_t k = 0; k < w->pollers.size(); ++k) {
-    Poller* p = w->pollers[k];
-    Nic* nic = p->nic;
-    if (fds[2 * k].revents & POLLIN) {
-      ibv_cq* cq;
-      void* ctx;
-      if (ibv_get_cq_event(nic->channel(), &cq, &ctx) == 0) {
-        ibv_ack_cq_events(cq, 1);
-      }
-    }
-    if (fds[2 * k + 1].revents & POLLIN) {
-      ibv_async_event ev;
-      if (ibv_get_async_event(nic->context(), &ev) == 0) {
-        const ibv_event_type type = ev.event_type;
-        ibv_ack_async_event(&ev);
-        switch (type) {
-          case IBV_EVENT_PORT_ERR:
-            OnPortChange(p, false);
-            break;
-          case IBV_EVENT_PORT_ACTIVE:
-            OnPortChange(p, true);
-            break;
-          case IBV_EVENT_DEVICE_FATAL:
-            if (!nic->fatal()) OnDeviceFatal(p);
-            break;
-          case IBV_EVENT_GID_CHANGE:
-            // Connections made from now on carry the new GID; existing
-            // ones fail if the old address stops working, and are made
-            // again.
-            nic->RefreshGid();
-            break;
-          default:
-            // QP and CQ events: the completions report those errors.
-            break;
-        }
-      }
-    } else if (fds[2 * k + 1].revents & (POLLERR | POLLHUP | POLLNVAL)) {
-      p->async_dead = true;  // Never again in the poll set.
-    }
-  }
-  if (fds[n - 1].revents & POLLIN) {
-    uint64_t v;
-    ssize_t r = ::read(w->wake_fd, &v, sizeof(v));
-    (void)r;
-  }
-}
-
-void RdmaTransport::WorkerLoop(Worker* w) {
-  if (!options_.rdma.worker_cpus.empty()) {
-    // Pin to the configured core (e.g. one near the NICs' NUMA node).
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(
-        options_.rdma.worker_cpus[w->index % options_.rdma.worker_cpus.size()],
-        &set);
-    pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
-  }
-  auto poll_all = [&] {
-    size_t n = 0;
-    for (Poller* p : w->pollers) {
-      MutexLock lock(&p->poll_mu);
-      n += PollNicLocked(p);
-    }
-    return n;
-  };
-  int spins = 0;
-  uint64_t seen = driver_epoch_.load(std::memory_order_relaxed);
-  while (!stopping_.load(std::memory_order_acquire)) {
-    const uint64_t epoch = driver_epoch_.load(std::memory_order_relaxed);
-    if (epoch != seen) {
-      // Application threads reap completions themselves (Poll): polling
-      // here as well would bounce every cache line between cores. Check
-      // back shortly; port events are still handled.
-      seen = epoch;
-      spins = 0;
-      WaitEvents(w, kDeferUs, /*channels=*/false);
-      continue;
-    }
-    if (poll_all() > 0) {
-      spins = 0;
-      continue;
-    }
-    if (++spins < options_.rdma.spin_polls) {
-      std::this_thread::yield();
-      continue;
-    }
-    spins = 0;
-    // Sleep until a completion, a wake-up or a port event. Arm first, then
-    // poll once more: a completion between the last poll and arming would
-    // otherwise raise no event.
-    for (Poller* p : w->pollers) {
-      if (!p->nic->fatal()) ibv_req_notify_cq(p->nic->cq(), 0);
-    }
-    if (poll_all() > 0) continue;
-    WaitEvents(w, kIdleSleepUs, /*channels=*/true);
-  }
+  completions_.TakeParked(nic);
 }
 
 }  // namespace ferry::rdma

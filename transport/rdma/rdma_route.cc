@@ -304,25 +304,14 @@ void RdmaTransport::AfterPost(const std::shared_ptr<Endpoint>& ep,
   if (result == Endpoint::PostResult::kRefused) {
     FailEndpoint(ep, absl::UnavailableError("ibv_post_send refused"), false);
   } else if (result == Endpoint::PostResult::kNicFull) {
-    Poller* p = pollers_[ep->local_nic()].get();
-    {
-      MutexLock lock(&p->map_mu);
-      p->starved.push_back(ep);
-      p->any_starved.store(true, std::memory_order_release);
-    }
+    completions_.Park(ep->local_nic(), ep);
     // The NIC's last completions may have been reaped between the full
     // post and the parking, with nothing left to wake the parked: look
     // again. (Bounded: each round posts, or finds the budget used.)
     Nic* nic = ep->nic();
     if (nic->posted_wrs.load(std::memory_order_acquire) <
         nic->max_posted_wrs()) {
-      std::vector<std::shared_ptr<Endpoint>> starved;
-      {
-        MutexLock lock(&p->map_mu);
-        starved.swap(p->starved);
-        p->any_starved.store(false, std::memory_order_relaxed);
-      }
-      for (auto& s : starved) PostOrPark(s);
+      for (auto& s : completions_.TakeParked(ep->local_nic())) PostOrPark(s);
     }
   }
 }

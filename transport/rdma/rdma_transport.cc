@@ -3,7 +3,6 @@
 
 #include <errno.h>
 #include <sched.h>
-#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -212,38 +211,14 @@ absl::Status RdmaTransport::Install(const TransportEnv& env,
       FERRY_LOG(kWarn, "rdma", s.message(),
                 "; tools/doctor cannot probe this NIC");
     }
-    auto p = std::make_unique<Poller>();
-    p->nic = nics_[i].get();
-    p->index = static_cast<int>(i);
-    pollers_.push_back(std::move(p));
-  }
-  // One worker per NIC, or fewer serving the NICs round robin.
-  const size_t threads =
-      options_.rdma.worker_threads > 0
-          ? std::min<size_t>(options_.rdma.worker_threads, nics_.size())
-          : nics_.size();
-  for (size_t t = 0; t < threads; ++t) {
-    auto w = std::make_unique<Worker>();
-    w->index = static_cast<int>(t);
-    w->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (w->wake_fd < 0) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("eventfd: ", std::strerror(errno)));
-    }
-    for (size_t i = t; i < nics_.size(); i += threads) {
-      w->pollers.push_back(pollers_[i].get());
-    }
-    workers_.push_back(std::move(w));
+    completions_.AddNic(nics_[i].get());
   }
   env_.peer_channel->SetHandler(
       "rdma", [this](const std::string& from, const std::string& payload) {
         return OnExchange(from, payload);
       });
+  FERRY_RETURN_IF_ERROR(completions_.Start());
   try {
-    for (auto& w : workers_) {
-      Worker* raw = w.get();
-      w->thread = std::thread([this, raw] { WorkerLoop(raw); });
-    }
     for (int i = 0; i < kControlThreads; ++i) {
       control_threads_.emplace_back([this] { ControlLoop(); });
     }
@@ -295,7 +270,7 @@ std::shared_ptr<Peer> RdmaTransport::MakePeer(const std::string& name) {
 }
 
 int RdmaTransport::ThreadsRunning() const {
-  return static_cast<int>(workers_.size() + control_threads_.size()) +
+  return static_cast<int>(completions_.threads() + control_threads_.size()) +
          (housekeeper_.joinable() ? 1 : 0);
 }
 
@@ -380,6 +355,7 @@ TransportStats RdmaTransport::Stats() const {
 
 void RdmaTransport::Shutdown() {
   if (stopping_.exchange(true)) return;
+  completions_.BeginStop();
   // Only notices go out from here on (ones a peer request in progress
   // still queues too); their deadline is set once no peer request can
   // queue more (below).
@@ -401,12 +377,7 @@ void RdmaTransport::Shutdown() {
     housekeeper_cv_.SignalAll();
   }
   if (housekeeper_.joinable()) housekeeper_.join();
-  for (auto& w : workers_) {
-    uint64_t one = 1;
-    ssize_t n = ::write(w->wake_fd, &one, sizeof(one));
-    (void)n;
-    if (w->thread.joinable()) w->thread.join();
-  }
+  completions_.Stop();
   // Every endpoint, wherever it is referenced.
   std::vector<std::shared_ptr<Endpoint>> eps = store_.TakeAll();
   for (auto& ep : control_.TakeEndpoints()) eps.push_back(std::move(ep));
@@ -417,12 +388,7 @@ void RdmaTransport::Shutdown() {
       r.ep = nullptr;
     }
   }
-  for (auto& p : pollers_) {
-    MutexLock lock(&p->map_mu);
-    for (auto& [qpn, ref] : p->by_qpn) eps.push_back(std::move(ref.ep));
-    p->by_qpn.clear();
-    p->starved.clear();
-  }
+  for (auto& ep : completions_.TakeAll()) eps.push_back(std::move(ep));
   std::sort(eps.begin(), eps.end());
   eps.erase(std::unique(eps.begin(), eps.end()), eps.end());
   const absl::Status cancelled =
@@ -445,11 +411,7 @@ void RdmaTransport::Shutdown() {
   }
   eps.clear();
   mrs_.DeregisterAll();
-  for (auto& w : workers_) {
-    if (w->wake_fd >= 0) ::close(w->wake_fd);
-  }
-  workers_.clear();
-  pollers_.clear();
+  completions_.Close();
   nics_.clear();
 }
 

@@ -106,19 +106,21 @@
 // TransportStats::threads counts them.
 //
 // Thread-safe as the Transport interface requires. Lock order:
-// Poller::poll_mu, PeerTable (peers), Peer::mu, EndpointStore,
-// Endpoint::mu, Poller::map_mu; the leaves, under which no other lock
-// is taken: ControlQueue's, MrTable's two and housekeeper_mu_. Sinks are called
-// with no lock held but poll_mu. gRPC threads (OnExchange) never wait for a
-// drain, a post or another RPC: what would block is queued for the control
-// threads.
+// a NIC's poll_mu (Completions), PeerTable (peers), Peer::mu,
+// EndpointStore, Endpoint::mu, a NIC's map_mu (Completions); the leaves, under
+// which no other lock is taken: ControlQueue's, MrTable's two and
+// housekeeper_mu_. Sinks are called with no lock held but poll_mu. gRPC threads
+// (OnExchange) never wait for a drain, a post or another RPC: what would block
+// is queued for the control threads.
 //
 // Implementation split by concern. Parts with their own state, lock and
 // tests: connector.{h,cc} (the set-up state machines, no threads),
 // handshake.{h,cc} (message validation), control_queue.{h,cc} (the
-// control threads' jobs and their admission, no threads), mr_table.{h,cc}
-// (registered memory on every NIC), endpoint_store.{h,cc}, peer.{h,cc}
-// (peer records and table), rail_router.h (rail choice). This class
+// control threads' jobs and their admission, no threads), completions.{h,cc}
+// (the QP map, endpoints parked for a NIC's budget, the worker threads and
+// async events; it reports to this class, never the other way),
+// mr_table.{h,cc} (registered memory on every NIC), endpoint_store.{h,cc},
+// peer.{h,cc} (peer records and table), rail_router.h (rail choice). This class
 // wires them and runs the threads; its members are defined by concern in
 // rdma_transport.cc (lifecycle, peers, stats), rdma_route.cc (rail
 // choice, endpoints, posting), rdma_connect.cc (executing the connectors'
@@ -142,6 +144,7 @@
 #include "common/clock.h"
 #include "common/mutex.h"
 #include "transport/gpu_staging.h"
+#include "transport/rdma/completions.h"
 #include "transport/rdma/connector.h"
 #include "transport/rdma/control_queue.h"
 #include "transport/rdma/endpoint.h"
@@ -157,7 +160,7 @@
 
 namespace ferry::rdma {
 
-class RdmaTransport final : public Transport {
+class RdmaTransport final : public Transport, private CompletionHandler {
  public:
   // Threads running handshakes, notices and closes (never the data path).
   static constexpr int kControlThreads = 4;
@@ -185,31 +188,6 @@ class RdmaTransport final : public Transport {
   using EndpointPtr = std::shared_ptr<Endpoint>;
   using Actions = RailConnector::Actions;
 
-  // Where a QP's completions go.
-  struct QpRef {
-    EndpointPtr ep;
-    int qp = 0;
-  };
-  // Per NIC: its CQ's poller state and where its QPs' completions go.
-  struct Poller {
-    Nic* nic = nullptr;
-    int index = 0;
-    Mutex poll_mu;  // One thread polls the CQ at a time.
-    Mutex map_mu;
-    absl::flat_hash_map<uint32_t, QpRef> by_qpn ABSL_GUARDED_BY(map_mu);
-    // Endpoints that had slices to post but no room in the NIC's budget.
-    std::vector<EndpointPtr> starved ABSL_GUARDED_BY(map_mu);
-    std::atomic<bool> any_starved{false};
-    // The async-event fd reported an error: left out of the poll set.
-    bool async_dead = false;  // Its worker's only.
-  };
-  // A worker thread and the NICs it serves (rdma.worker_threads).
-  struct Worker {
-    std::vector<Poller*> pollers;
-    int index = 0;
-    int wake_fd = -1;
-    std::thread thread;
-  };
   using Job = ControlJob;
 
   // --- rdma_transport.cc
@@ -293,14 +271,11 @@ class RdmaTransport final : public Transport {
   void HousekeeperLoop();
   void Housekeep(int64_t now_ns);
 
-  // --- rdma_poll.cc
-  void WorkerLoop(Worker* w);
-  // Sleeps until an event on the worker's fds (its NICs' completion
-  // channels only if `channels`) or `timeout_us`, and handles what came.
-  void WaitEvents(Worker* w, int64_t timeout_us, bool channels);
-  // Polls the worker's CQ once (poll_mu held); returns completions seen.
-  size_t PollNicLocked(Poller* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->poll_mu);
-  void HandleCompletion(Poller* p, const ibv_wc& wc);
+  // --- rdma_poll.cc: what the completion side reports (completions.h).
+  void OnCompletion(const QpRef& ref, const ibv_wc& wc) override;
+  void PostParked(const EndpointPtr& ep) override { PostOrPark(ep); }
+  void OnPortChange(int nic, bool up) override;
+  void OnDeviceFatal(int nic) override;
   // No new slices; waiting ones are routed elsewhere; the endpoint leaves
   // its rail (its connector is told) and the store's live set. Its QPs
   // drain (flushed if `flush`). The peer is told (DISCONNECT) if the
@@ -313,8 +288,6 @@ class RdmaTransport final : public Transport {
   void Retry(Slice* slice, const absl::Status& status);
   void NoteRailError(const Endpoint& ep);
   void NoteRailSuccess(Endpoint* ep);
-  void OnPortChange(Poller* p, bool up);
-  void OnDeviceFatal(Poller* p);
 
   const TransportOptions options_;
   TransportEnv env_;
@@ -326,15 +299,15 @@ class RdmaTransport final : public Transport {
   const QpPosting posting_;
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> next_endpoint_id_{1};
-  // Bumped by every Poll: application threads are reaping completions, so
-  // the workers stay away.
-  std::atomic<uint64_t> driver_epoch_{0};
   std::atomic<uint64_t> rotate_{0};
 
   std::vector<std::unique_ptr<Nic>> nics_;
   Topology topology_;
-  std::vector<std::unique_ptr<Poller>> pollers_;  // One per NIC.
-  std::vector<std::unique_ptr<Worker>> workers_;
+  // The QP map, the NICs' parked endpoints and the worker threads.
+  Completions completions_{
+      this,
+      {options_.rdma.worker_threads, options_.rdma.worker_cpus,
+       options_.rdma.spin_polls}};
 
   MrTable mrs_{nics_, topology_, options_.rdma,
                [this](int device) { return gpu_staging_->Prepare(device); }};
