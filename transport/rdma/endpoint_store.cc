@@ -21,6 +21,11 @@ void EndpointStore::Insert(const EndpointPtr& ep,
   live_.Insert(ep->id(), ep, evicted);
 }
 
+void EndpointStore::Trim(std::vector<EndpointPtr>* evicted) {
+  MutexLock lock(&mu_);
+  live_.Trim(evicted);
+}
+
 void EndpointStore::Keep(const EndpointPtr& ep) {
   MutexLock lock(&mu_);
   if (ep->left_store.load(std::memory_order_relaxed)) return;

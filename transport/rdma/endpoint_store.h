@@ -38,6 +38,10 @@ class EndpointStore {
   // for an endpoint that was ever drained or removed: a failure racing
   // with its insertion may have dropped it already.
   void Insert(const EndpointPtr& ep, std::vector<EndpointPtr>* evicted);
+  // Evicts idle endpoints while more than max_live are live (Insert could
+  // evict none when every other one was busy or unconfirmed); appends
+  // them to *evicted, for the caller to close.
+  void Trim(std::vector<EndpointPtr>* evicted);
   // Puts back an endpoint that was evicted but turned out busy, without
   // evicting another for it.
   void Keep(const EndpointPtr& ep);

@@ -45,6 +45,31 @@ TEST(EndpointStoreTest, EvictsOnlyIdleEndpoints) {
   EXPECT_EQ(store.live(), 4u);
 }
 
+// An endpoint its initiator had not confirmed when a newer one came could
+// not be evicted then; once confirmed, Trim brings the store back within
+// its bound (it stayed over it until the next insert before).
+TEST(EndpointStoreTest, TrimEvictsWhatBecameIdleOverTheBound) {
+  EndpointStore store(1);
+  std::vector<std::shared_ptr<Endpoint>> evicted;
+  auto old_one = MakeEndpoint(1, Endpoint::State::kConnected, false);
+  auto new_one = MakeEndpoint(2, Endpoint::State::kConnected, false);
+  store.Insert(old_one, &evicted);
+  store.Insert(new_one, &evicted);
+  EXPECT_TRUE(evicted.empty());
+  EXPECT_EQ(store.live(), 2u);
+  store.Trim(&evicted);  // Both unconfirmed: nothing may go yet.
+  EXPECT_TRUE(evicted.empty());
+  old_one->confirmed.store(true);
+  store.Trim(&evicted);
+  ASSERT_EQ(evicted.size(), 1u);
+  EXPECT_EQ(evicted[0], old_one);
+  EXPECT_EQ(store.live(), 1u);
+  // Within its bound, Trim evicts nothing, idle or not.
+  new_one->confirmed.store(true);
+  store.Trim(&evicted);
+  EXPECT_EQ(evicted.size(), 1u);
+}
+
 TEST(EndpointStoreTest, DrainingEndpointsAreHeldUntilRemoved) {
   EndpointStore store(8);
   std::vector<std::shared_ptr<Endpoint>> evicted;

@@ -150,6 +150,7 @@ void RdmaTransport::ApplyLocked(Peer* peer, Peer::Rail* rail,
         if (ep == nullptr) break;
         ep->confirmed.store(true, std::memory_order_release);
         later->posts.push_back(ep);
+        later->trim = true;
         break;
       }
       case Kind::kFail: {
@@ -248,6 +249,10 @@ void RdmaTransport::RunLater(Later* later, bool inline_ok) {
     }
   }
   later->posts.clear();
+  if (later->trim) {
+    later->trim = false;
+    TrimStore();
+  }
 }
 
 void RdmaTransport::RunConnect(const EndpointPtr& ep, uint64_t attempt,

@@ -113,6 +113,7 @@ void RdmaTransport::Housekeep(int64_t now_ns) {
   for (const EndpointPtr& ep : store_.Draining()) {
     if (expire(ep, /*live=*/false)) DropIfDrained(ep);
   }
+  TrimStore();
   peers_.Trim();
 }
 

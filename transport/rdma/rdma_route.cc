@@ -249,6 +249,12 @@ void RdmaTransport::StoreInsert(const std::shared_ptr<Endpoint>& ep) {
   for (auto& v : evicted) Close(v, /*evicted=*/true);
 }
 
+void RdmaTransport::TrimStore() {
+  std::vector<std::shared_ptr<Endpoint>> evicted;
+  store_.Trim(&evicted);
+  for (auto& v : evicted) Close(v, /*evicted=*/true);
+}
+
 void RdmaTransport::Enqueue(const std::shared_ptr<Endpoint>& ep, SliceQueue* q,
                             uint64_t bytes, absl::Time now, int reroutes) {
   // Slices past their deadline end here, unposted: a post to an earlier

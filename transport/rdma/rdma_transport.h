@@ -94,8 +94,9 @@
 //     and no others: its peers' keepalives find the rest within K + H + Q.
 //
 // LIMITS (defaults): endpoints rdma.max_endpoints (4096; busy ones are
-// never evicted, so the store may exceed it; closed and failed ones count
-// until their QPs are gone); peer records rdma.max_peers (1024; ones with
+// never evicted, so the store may exceed it until they are idle -- a
+// READY and the housekeeper trim it; closed and failed ones count until
+// their QPs are gone); peer records rdma.max_peers (1024; ones with
 // endpoints are never dropped); rails per peer 64 x 64; QPs per connect
 // request 16; control threads kControlThreads (4: a silent peer holds one
 // for up to R per handshake, so four silent peers at once delay others'
@@ -213,6 +214,10 @@ class RdmaTransport final : public Transport, private CompletionHandler {
                            const std::string& remote_nic, absl::Status* why);
   // Inserts a new endpoint into the store and closes what it evicts.
   void StoreInsert(const EndpointPtr& ep);
+  // Brings the store back within rdma.max_endpoints once endpoints that
+  // were busy or unconfirmed at the last insert are idle (a READY came,
+  // or at housekeeping), closing what it evicts.
+  void TrimStore();
   // Queues `q` on `ep` and posts what fits; slices the endpoint cannot
   // take (it failed or closed meanwhile) are routed again.
   void Enqueue(const EndpointPtr& ep, SliceQueue* q, uint64_t bytes,
@@ -247,6 +252,7 @@ class RdmaTransport final : public Transport, private CompletionHandler {
     std::vector<EndpointPtr> flush;  // Of `fails`: flush their QPs.
     std::vector<EndpointPtr> posts;
     bool activated = false;
+    bool trim = false;  // An endpoint was confirmed: it may be evicted now.
   };
   void ApplyLocked(Peer* peer, Peer::Rail* rail, const Actions& acts,
                    const EndpointPtr& created, std::vector<QueuePair>* qps,

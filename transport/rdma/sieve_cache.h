@@ -72,6 +72,14 @@ class SieveCache {
     map_.emplace(key, Entry{std::move(value), false, queue_.begin()});
   }
 
+  // Evicts entries until it is within capacity again, or until every
+  // entry left is busy; the evicted values are appended to `evicted`.
+  // (Insert with !allow_evict, or busy entries, may have let it grow.)
+  void Trim(std::vector<V>* evicted) {
+    while (map_.size() > capacity_ && EvictOne(evicted)) {
+    }
+  }
+
   // Removes `key`; returns whether it was present.
   bool Erase(const K& key) {
     auto it = map_.find(key);
