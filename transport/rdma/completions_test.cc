@@ -24,13 +24,20 @@ std::shared_ptr<Endpoint> MakeEndpoint(uint64_t id) {
   return std::make_shared<Endpoint>(id, nullptr, 1, 0, nullptr, "nic");
 }
 
-TEST(CompletionsTest, UntrackForgetsOnlyTheEndpointsOwnQps) {
+// Two test NICs (never polled) and two endpoints.
+class TwoNicsTest : public ::testing::Test {
+ protected:
+  TwoNicsTest() {
+    c.AddNic(nullptr);
+    c.AddNic(nullptr);
+  }
   NoHandler handler;
-  Completions c(&handler, {});
-  c.AddNic(nullptr);
-  c.AddNic(nullptr);
-  auto a = MakeEndpoint(1);
-  auto b = MakeEndpoint(2);
+  Completions c{&handler, {}};
+  std::shared_ptr<Endpoint> a = MakeEndpoint(1);
+  std::shared_ptr<Endpoint> b = MakeEndpoint(2);
+};
+
+TEST_F(TwoNicsTest, UntrackForgetsOnlyTheEndpointsOwnQps) {
   c.Track(0, 10, QpRef{a, 0});
   c.Track(0, 11, QpRef{a, 1});
   c.Track(1, 10, QpRef{b, 0});  // The same number on another NIC.
@@ -45,13 +52,7 @@ TEST(CompletionsTest, UntrackForgetsOnlyTheEndpointsOwnQps) {
   EXPECT_EQ(handler.calls, 0);
 }
 
-TEST(CompletionsTest, ParkedEndpointsComeBackOncePerNic) {
-  NoHandler handler;
-  Completions c(&handler, {});
-  c.AddNic(nullptr);
-  c.AddNic(nullptr);
-  auto a = MakeEndpoint(1);
-  auto b = MakeEndpoint(2);
+TEST_F(TwoNicsTest, ParkedEndpointsComeBackOncePerNic) {
   c.Park(0, a);
   c.Park(1, b);
   c.Park(0, b);

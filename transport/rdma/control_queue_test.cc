@@ -73,11 +73,16 @@ TEST(ControlQueueTest, AReachedPeerRunsSeveralConnects) {
   EXPECT_EQ(Next(&q), ControlQueue::kMaxConnectsPerPeer + 1u);
 }
 
-TEST(ControlQueueTest, FarewellSendsOnlyQueuedNoticesUntilItsDeadline) {
+// A queue on a simulated clock (the farewell's deadline) and one peer.
+class FarewellTest : public ::testing::Test {
+ protected:
+  FarewellTest() { q.SetClock(&clock); }
   SimulatedClock clock;
   ControlQueue q;
-  q.SetClock(&clock);
-  auto a = MakePeer("a");
+  std::shared_ptr<Peer> a = MakePeer("a");
+};
+
+TEST_F(FarewellTest, FarewellSendsOnlyQueuedNoticesUntilItsDeadline) {
   q.Push(Job(Kind::kConnect, a, 1));
   q.Push(Job(Kind::kNotice, a, 2));
   q.Push(Job(Kind::kPost, a, 3));
@@ -97,11 +102,7 @@ TEST(ControlQueueTest, FarewellSendsOnlyQueuedNoticesUntilItsDeadline) {
 // Between the start of Shutdown and its deadline being set, a peer request
 // still in progress may queue a DISCONNECT: the threads wait for it rather
 // than exit, and it goes out.
-TEST(ControlQueueTest, NoticesQueuedBeforeTheDeadlineIsSetGoOut) {
-  SimulatedClock clock;
-  ControlQueue q;
-  q.SetClock(&clock);
-  auto a = MakePeer("a");
+TEST_F(FarewellTest, NoticesQueuedBeforeTheDeadlineIsSetGoOut) {
   q.BeginFarewell(absl::InfiniteFuture());
   bool over = true;
   EXPECT_FALSE(q.TryTake(&over).has_value());
@@ -114,11 +115,7 @@ TEST(ControlQueueTest, NoticesQueuedBeforeTheDeadlineIsSetGoOut) {
   EXPECT_TRUE(over);
 }
 
-TEST(ControlQueueTest, FarewellEndsAtItsDeadline) {
-  SimulatedClock clock;
-  ControlQueue q;
-  q.SetClock(&clock);
-  auto a = MakePeer("a");
+TEST_F(FarewellTest, FarewellEndsAtItsDeadline) {
   q.Push(Job(Kind::kNotice, a, 1));
   q.BeginFarewell(clock.Now() + absl::Milliseconds(200));
   clock.Advance(absl::Milliseconds(201));
