@@ -276,7 +276,9 @@ tsan() {
   local rc=0 targets
   targets="$("${BAZEL[@]}" query "tests($TSAN_SCOPE) except attr(tags, 'no-tsan', tests($TSAN_SCOPE))" 2>/dev/null)"
   # shellcheck disable=SC2086
-  run_tests --config=tsan \
+  # tsan_retry.sh runs a test again (at most twice) when it failed only
+  # on reports that are gRPC's own (bazel/tsan_triage.py).
+  run_tests --config=tsan "--run_under=$PWD/bazel/tsan_retry.sh" \
     "--test_env=TSAN_OPTIONS=suppressions=$PWD/bazel/tsan.supp halt_on_error=1 second_deadlock_stack=1 history_size=4" \
     "$@" -- $targets || rc=$?
   echo "$PASSED passed, $FAILED failed"
