@@ -34,12 +34,14 @@ uint64_t SecureRandomNonZero64() {
   return v;
 }
 
-bool SecretsEqual(absl::string_view a, absl::string_view b) {
-  if (a.size() != b.size()) return false;
-  // volatile: the compiler may not turn the loop into an early exit.
-  volatile unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff = diff | static_cast<unsigned char>(a[i] ^ b[i]);
+bool SecretsEqual(absl::string_view candidate, absl::string_view secret) {
+  // volatile: the compiler may not turn the loop into an early exit. A
+  // candidate of another length is still walked over the secret's bytes.
+  volatile unsigned char diff = candidate.size() == secret.size() ? 0 : 1;
+  for (size_t i = 0; i < secret.size(); ++i) {
+    const unsigned char c =
+        i < candidate.size() ? static_cast<unsigned char>(candidate[i]) : 0;
+    diff = diff | static_cast<unsigned char>(c ^ secret[i]);
   }
   return diff == 0;
 }

@@ -20,11 +20,13 @@ void SecureRandomBytes(void* out, size_t n);
 // A random 64-bit value that is never 0, so that 0 can mean "no key".
 uint64_t SecureRandomNonZero64();
 
-// Whether two secrets are equal, in time that depends on their length
-// only, not on where they first differ (operator== on strings returns at
-// the first differing byte, which lets a guesser find a secret a byte at
-// a time by timing).
-bool SecretsEqual(absl::string_view a, absl::string_view b);
+// Whether `candidate` (what a caller sent) equals `secret` (what this
+// process holds), in time that depends on the secret's length only: not
+// on where they first differ (operator== on strings returns at the first
+// differing byte, which lets a guesser find a secret a byte at a time by
+// timing), nor on whether the lengths match (which would tell a guesser
+// the secret's length).
+bool SecretsEqual(absl::string_view candidate, absl::string_view secret);
 
 }  // namespace ferry
 

@@ -16,6 +16,13 @@ TEST(SecureRandomTest, SecretsEqualComparesWholeSecrets) {
   EXPECT_FALSE(SecretsEqual("", "a"));
   // Embedded NULs are compared like any byte.
   EXPECT_FALSE(SecretsEqual(std::string("a\0b", 3), std::string("a\0c", 3)));
+  // Lengths differ: a candidate shorter than the secret is walked as if
+  // padded with NULs, which must not make it equal to a NUL-ended secret;
+  // a longer one is read only as far as the secret goes.
+  EXPECT_FALSE(SecretsEqual("abc", std::string("abc\0", 4)));
+  EXPECT_FALSE(SecretsEqual(std::string("abc\0", 4), "abc"));
+  EXPECT_FALSE(SecretsEqual("owner-key-12345", "owner-key-1234"));
+  EXPECT_FALSE(SecretsEqual("a", ""));
 }
 
 TEST(SecureRandomTest, NonZeroValuesDiffer) {

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "metadata/auth.h"
 #include "metadata/grpc_status.h"
 
 namespace ferry {
@@ -88,10 +89,13 @@ absl::Status Notifications::Receive(const metadata::NotifyRequest& request,
   const std::string& name = request.name();
   const std::string& message = request.message();
   const size_t bytes = from.size() + name.size() + message.size();
+  // Shares are per host: an IPv6 sender's /64 is one sender, as elsewhere
+  // (metadata::AddressGroup).
+  const std::string group = metadata::AddressGroup(sender);
   {
     // A sender over its share costs no lookup.
     MutexLock lock(&mu_);
-    FERRY_RETURN_IF_ERROR(AdmitLocked(sender, bytes));
+    FERRY_RETURN_IF_ERROR(AdmitLocked(group, bytes));
   }
   absl::Status verified;
   if (!request.signature().empty() && request.to_segment().empty()) {
@@ -118,10 +122,9 @@ absl::Status Notifications::Receive(const metadata::NotifyRequest& request,
                                   verified.message())));
   }
   MutexLock lock(&mu_);
-  FERRY_RETURN_IF_ERROR(
-      AdmitLocked(sender, bytes));  // Others queued meanwhile.
+  FERRY_RETURN_IF_ERROR(AdmitLocked(group, bytes));  // Others queued meanwhile.
   bytes_ += bytes;
-  SenderShare& share = shares_[sender];
+  SenderShare& share = shares_[group];
   ++share.count;
   share.bytes += bytes;
   queue_.push_back({from, name, message, sender, verified.ok()});

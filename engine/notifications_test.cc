@@ -105,10 +105,20 @@ TEST_F(NotificationsTest, TheQueueIsBounded) {
   for (const char* sender : {"a", "a", "b", "b"}) {
     ASSERT_OK(notifications_.Receive(Request("n"), sender));
   }
-  EXPECT_STATUS(notifications_.Receive(Request("n"), "c"),
+  EXPECT_STATUS(notifications_.Receive(Request("n"), "d"),
                 absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(notifications_.stats().queued, 4u);
   EXPECT_EQ(notifications_.stats().refused, 1u);
+}
+
+// An IPv6 sender is its /64: addresses within one share one share.
+TEST_F(NotificationsTest, AnIpv6SenderIsItsSlash64) {
+  Configure();
+  ASSERT_OK(notifications_.Receive(Request("n"), "ipv6:[fd00::1]"));
+  ASSERT_OK(notifications_.Receive(Request("n"), "ipv6:[fd00::2]"));
+  EXPECT_STATUS(notifications_.Receive(Request("n"), "ipv6:[fd00::3]"),
+                absl::StatusCode::kResourceExhausted);
+  EXPECT_OK(notifications_.Receive(Request("n"), "ipv6:[fd00:0:0:1::1]"));
 }
 
 TEST_F(NotificationsTest, AnotherSegmentsNotificationIsRefused) {

@@ -8,6 +8,7 @@
 #include "absl/strings/strip.h"
 #include "common/identity.h"
 #include "common/socket_util.h"
+#include "metadata/auth.h"
 
 namespace ferry {
 
@@ -171,7 +172,10 @@ absl::StatusOr<SenderCheck::Cached> SenderCheck::Published(
         }
         continue;  // Look again: the name may have been read meanwhile.
       }
-      if (absl::Status b = TakeLookupLocked(caller, now); !b.ok()) {
+      // Budgets are per host: an IPv6 caller's /64 is one caller.
+      if (absl::Status b =
+              TakeLookupLocked(metadata::AddressGroup(caller), now);
+          !b.ok()) {
         return absl::UnavailableError(absl::StrCat(
             b.message(), "; segment '", claimed, "' is not looked up"));
       }

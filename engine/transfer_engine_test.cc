@@ -12,7 +12,10 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/strings/str_join.h"
 #include "common/identity.h"
+#include "common/log.h"
+#include "common/mutex.h"
 #include "common/simulated_clock.h"
 #include "common/socket_util.h"
 #include "common/status_macros.h"
@@ -383,6 +386,39 @@ TEST(EngineAuthTest, OnlyEnginesWithTheTokenJoin) {
   ASSERT_OK(member.Init(peer));
   ASSERT_NO_FATAL_FAILURE(ReadWhole(member, "auth-md", local, remote));
   EXPECT_EQ(local[100], 0x42);
+}
+
+// An engine with no token whose RPC port listens beyond loopback says so,
+// once; one with a token, or on loopback, does not.
+TEST(EngineAuthTest, AnOpenEngineOnEveryInterfaceIsWarnedAbout) {
+  Mutex mu;
+  std::vector<std::string> lines;
+  log::SetSink([&](log::Level level, absl::string_view component,
+                   absl::string_view message) {
+    if (level != log::Level::kWarn || component != "auth") return;
+    MutexLock lock(&mu);
+    lines.emplace_back(message);
+  });
+  struct NoSink {
+    ~NoSink() { log::SetSink(nullptr); }
+  } no_sink;
+  EngineOptions open = Named("warn-open", "0.0.0.0");
+  open.advertise_host = "127.0.0.1";
+  EngineOptions guarded = Named("warn-guarded", "0.0.0.0");
+  guarded.advertise_host = "127.0.0.1";
+  guarded.auth_token = "warn-test-token-0123456";
+  EngineOptions local = Named("warn-local", "127.0.0.1");
+  TransferEngine a, b, c;
+  ASSERT_OK(a.Init(open));
+  ASSERT_OK(b.Init(guarded));
+  ASSERT_OK(c.Init(local));
+  MutexLock lock(&mu);
+  ASSERT_EQ(lines.size(), 1u) << absl::StrJoin(lines, "\n");
+  EXPECT_NE(lines[0].find("this engine's RPC port listens on"),
+            std::string::npos)
+      << lines[0];
+  EXPECT_NE(lines[0].find("FERRY_AUTH_TOKEN_FILE"), std::string::npos)
+      << lines[0];
 }
 
 // Code that cannot pass a token (ferry.mooncake) gets the cluster's from

@@ -85,7 +85,9 @@ void WarnOpenServer(const std::string& what,
   static auto* warned = new absl::flat_hash_set<std::string>();
   {
     MutexLock lock(&mu);
-    if (!warned->insert(what).second) return;
+    if (!warned->insert(absl::StrCat(what, " ", listen_address)).second) {
+      return;
+    }
   }
   FERRY_LOG(kWarn, "auth", what, " listens on ", listen_address,
             " with no auth token: anyone who can reach it can read the "

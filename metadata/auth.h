@@ -58,9 +58,10 @@ std::string AddressGroup(const std::string& caller_address);
 // interface) can be reached from other hosts.
 bool ListensBeyondLoopback(const std::string& listen_host);
 
-// Logs, once per process and `what`, a warning that `what`, listening on
-// `listen_address` with no token, is open to anyone who can reach it, and
-// how to close it. For servers with no token that listen beyond loopback.
+// Logs, once per process for each `what` and `listen_address`, a warning
+// that `what`, listening there with no token, is open to anyone who can
+// reach it, and how to close it. For servers with no token that listen
+// beyond loopback (an engine Init again on the same port says it once).
 void WarnOpenServer(const std::string& what, const std::string& listen_address);
 
 }  // namespace ferry::metadata

@@ -228,7 +228,11 @@ grpc::ServerUnaryReactor* MetadataServiceImpl::PutSegment(
     return FinishNow(ctx, ToGrpcStatus(named));
   }
   return ServeOnPool(&pool_, ctx, response, [this, ctx, request, response] {
-    auto version = store_->PutFrom(*request, CallerAddress(*ctx));
+    auto version =
+        store_->PutFrom(*request,
+                        // Charged per host: an IPv6 caller's /64 is one client,
+                        // as its call share is (call_pool.h).
+                        AddressGroup(CallerAddress(*ctx)));
     if (!version.ok()) return ToGrpcStatus(version.status());
     response->set_version(*version);
     return grpc::Status::OK;

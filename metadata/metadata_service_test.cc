@@ -153,6 +153,18 @@ TEST(MetadataServiceAuthTest, CallsWithoutTheTokenAreRefused) {
   descriptor::SegmentDescriptor seg;
   seg.set_name("guarded");
   seg.set_incarnation(1);
+  KeepAliveRequest keep;
+  keep.set_name("guarded");
+  keep.set_incarnation(1);
+  keep.set_owner_key(TestOwnerKey(1));
+  UpdateBuffersRequest update;
+  update.set_name("guarded");
+  update.set_incarnation(1);
+  update.set_owner_key(TestOwnerKey(1));
+  update.add_remove_addrs(0x1000);
+  // Watches of callers without the token: written on gRPC's threads.
+  std::atomic<int> stranger_events{0};
+  std::vector<std::unique_ptr<Watch>> stranger_watches;
   for (const std::string& wrong :
        {std::string(), std::string("guess-guess-guess-1"), token + "x"}) {
     MetadataClient c(server->address(), absl::Seconds(3), wrong);
@@ -161,21 +173,54 @@ TEST(MetadataServiceAuthTest, CallsWithoutTheTokenAreRefused) {
     EXPECT_STATUS(c.List(), absl::StatusCode::kUnauthenticated);
     EXPECT_STATUS(c.Remove(RemoveOf("guarded", 1)),
                   absl::StatusCode::kUnauthenticated);
+    EXPECT_STATUS(c.KeepAlive(keep), absl::StatusCode::kUnauthenticated);
+    EXPECT_STATUS(c.UpdateBuffers(update), absl::StatusCode::kUnauthenticated);
+    // A watch's refusal ends its stream: it must never see an event.
+    auto watch = c.WatchSegment(
+        "guarded", 0, [&](const SegmentEvent&) { ++stranger_events; });
+    if (watch.ok()) stranger_watches.push_back(std::move(*watch));
     PeerClient p(absl::Seconds(3), PeerClient::kMaxStubs, wrong);
     EXPECT_STATUS(p.Notify(server->address(), "x", "kv-ready", "m", "", 0),
                   absl::StatusCode::kUnauthenticated);
     EXPECT_STATUS(p.Exchange(server->address(), "rdma", "x", "hello"),
+                  absl::StatusCode::kUnauthenticated);
+    // Before the peer service looks for a descriptor source (it has none
+    // here, which would answer UNIMPLEMENTED).
+    EXPECT_STATUS(p.GetDescriptor(server->address(), "guarded"),
                   absl::StatusCode::kUnauthenticated);
   }
   EXPECT_EQ(notified, 0);
   MetadataClient ok(server->address(), absl::Seconds(3), token);
   ASSERT_OK_AND_ASSIGN(auto names, ok.List());
   EXPECT_TRUE(names.empty()) << "a refused Put stored nothing";
+  // The token holder's watch sees the segment appear; the strangers'
+  // watches, opened before it, see nothing.
+  Mutex mu;
+  CondVar cv;
+  int events = 0;
+  ASSERT_OK_AND_ASSIGN(auto watch,
+                       ok.WatchSegment("guarded", 0, [&](const SegmentEvent&) {
+                         MutexLock lock(&mu);
+                         ++events;
+                         cv.SignalAll();
+                       }));
   ASSERT_OK(ok.Put(LeasedPutOf(seg)));
+  {
+    MutexLock lock(&mu);
+    const absl::Time end = absl::Now() + absl::Seconds(5);
+    while (events == 0 && !cv.WaitWithDeadline(&mu, end)) {
+    }
+    ASSERT_GE(events, 1) << "the token holder's watch saw no event";
+  }
+  // A round trip more, for any event to a stranger to have come too.
   EXPECT_OK(ok.Get("guarded"));
+  EXPECT_OK(ok.KeepAlive(keep));
+  EXPECT_EQ(stranger_events, 0);
   PeerClient p(absl::Seconds(3), PeerClient::kMaxStubs, token);
   EXPECT_OK(p.Notify(server->address(), "x", "kv-ready", "m", "", 0));
   EXPECT_EQ(notified, 1);
+  watch.reset();
+  stranger_watches.clear();
   server->Shutdown();
 }
 

@@ -248,7 +248,7 @@ absl::StatusOr<uint64_t> SegmentStore::PutLocked(
         "metadata store holds ", kMaxSegments, " segments, its limit"));
   }
   if (check_owner && it != segments_.end() &&
-      !SecretsEqual(it->second.owner_key, request.owner_key())) {
+      !SecretsEqual(request.owner_key(), it->second.owner_key)) {
     const Entry& held = it->second;
     return absl::AlreadyExistsError(absl::StrCat(
         "segment name '", in.name(), "' is held by a live engine (rpc ",
@@ -322,7 +322,7 @@ absl::StatusOr<absl::Duration> SegmentStore::KeepAlive(
   ExpireLocked();
   auto it = segments_.find(name);
   if (it == segments_.end()) return NotRegistered(name);
-  if (!SecretsEqual(it->second.owner_key, request.owner_key()))
+  if (!SecretsEqual(request.owner_key(), it->second.owner_key))
     return HeldByAnother(name);
   RenewLocked(name, &it->second);
   return it->second.ttl;
@@ -340,7 +340,7 @@ absl::StatusOr<uint64_t> SegmentStore::UpdateBuffers(
   auto it = segments_.find(request.name());
   if (it == segments_.end()) return NotRegistered(request.name());
   Entry& e = it->second;
-  if (!SecretsEqual(e.owner_key, request.owner_key()))
+  if (!SecretsEqual(request.owner_key(), e.owner_key))
     return HeldByAnother(request.name());
   // Applied in place with an undo log, so that a failure changes nothing.
   std::vector<descriptor::Buffer> removed;
@@ -501,7 +501,7 @@ absl::Status SegmentStore::Remove(const RemoveSegmentRequest& request) {
   ExpireLocked();
   auto it = segments_.find(name);
   if (it == segments_.end()) return NotRegistered(name);
-  if (!SecretsEqual(it->second.owner_key, request.owner_key()))
+  if (!SecretsEqual(request.owner_key(), it->second.owner_key))
     return HeldByAnother(name);
   if (it->second.expires != absl::InfiniteFuture()) {
     expiry_.erase({it->second.expires, name});

@@ -138,7 +138,7 @@ absl::StatusOr<absl::Duration> EtcdStore::KeepAlive(
   FERRY_ASSIGN_OR_RETURN(const Snapshot snap,
                          ReadSegment(name, /*all_buffers=*/false, nullptr));
   if (!snap.exists) return NotRegistered(name);
-  if (!SecretsEqual(snap.owner_key, request.owner_key()))
+  if (!SecretsEqual(request.owner_key(), snap.owner_key))
     return HeldByAnother(name);
   if (snap.meta.lease_id() == 0) return absl::ZeroDuration();
   FERRY_ASSIGN_OR_RETURN(

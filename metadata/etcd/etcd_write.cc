@@ -139,13 +139,13 @@ absl::StatusOr<uint64_t> EtcdStore::PutOnce(const PutSegmentRequest& request,
                          ReadSegment(name, /*all_buffers=*/true, nullptr,
                                      /*wait_pending=*/false));
   if (!before.exists && !before.owner_key.empty() &&
-      !SecretsEqual(before.owner_key, request.owner_key())) {
+      !SecretsEqual(request.owner_key(), before.owner_key)) {
     return absl::AlreadyExistsError(absl::StrCat(
         "segment name '", name,
         "' is held by another engine run whose publication did not finish; "
         "it is free once that run's lease runs out"));
   }
-  if (before.exists && !SecretsEqual(before.owner_key, request.owner_key())) {
+  if (before.exists && !SecretsEqual(request.owner_key(), before.owner_key)) {
     return absl::AlreadyExistsError(
         absl::StrCat("segment name '", name, "' is held by a live engine (rpc ",
                      before.meta.segment().rpc_address(), ", incarnation ",
@@ -260,7 +260,7 @@ absl::StatusOr<uint64_t> EtcdStore::UpdateBuffers(
         Snapshot snap,
         ReadSegment(name, read_all, read_all ? nullptr : &request));
     if (!snap.exists) return NotRegistered(name);
-    if (!SecretsEqual(snap.owner_key, request.owner_key()))
+    if (!SecretsEqual(request.owner_key(), snap.owner_key))
       return HeldByAnother(name);
     if (snap.window_truncated) {
       read_all = true;
