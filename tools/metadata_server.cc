@@ -79,7 +79,9 @@ ABSL_FLAG(uint64_t, etcd_max_client_bytes,
           "address may take (--max_client_segments bounds their count)");
 ABSL_FLAG(absl::Duration, etcd_compact_after,
           ferry::metadata::EtcdLimits{}.compact_after,
-          "with --etcd: compact etcd's history older than this (etcd-wide; "
+          "with --etcd: compact etcd's history older than this, and all of "
+          "it once this server has written a quarter of --etcd_max_bytes "
+          "since the last compaction (etcd-wide; "
           "0: never, where other applications share the etcd cluster and "
           "leave it to etcd's --auto-compaction-retention)");
 ABSL_FLAG(std::string, etcd, "",

@@ -29,10 +29,13 @@ struct EtcdLimits {
   absl::Duration usage_refresh = absl::Seconds(2);
   // History older than this is compacted, by every store that writes:
   // etcd keeps every revision until it is compacted, so updates would
-  // fill its quota however small the live data. Compaction is etcd-wide,
-  // as its own --auto-compaction-retention is: other applications that
-  // share the cluster and read older revisions should set 0 (never) and
-  // leave it to etcd's option.
+  // fill its quota however small the live data. A store also compacts all
+  // of it once it has written a quarter of max_bytes since the last
+  // compaction (EtcdCompaction), so that fast rewrites inside the quotas
+  // cannot fill it before this has passed; 0 turns off both. Compaction
+  // is etcd-wide, as its own --auto-compaction-retention is: other
+  // applications that share the cluster and read older revisions should
+  // set 0 (never) and leave it to etcd's option.
   absl::Duration compact_after = absl::Minutes(5);
 };
 

@@ -92,7 +92,7 @@ EtcdStore::EtcdStore(EtcdOptions options)
       clock_(ClockOrReal(options_.clock)),
       keys_(options_.prefix),
       usage_(options_, options_.prefix),
-      compaction_(options_.compact_after) {}
+      compaction_(options_) {}
 
 std::string EtcdStore::Describe() const {
   return absl::StrCat("etcd://", absl::StrJoin(options_.endpoints, ","), " (",

@@ -148,7 +148,9 @@ class EtcdStore final : public Store {
                           absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
   // After a write of `bytes` (net) by `client` at `revision`: counts it
-  // until the next read of the records, and compacts the history.
+  // until the next read of the records, and compacts the history (by age,
+  // or by what CountWritten counted since the last compaction): at most
+  // one Compact RPC.
   void AfterWrite(const std::string& client, int64_t bytes, int segments,
                   int64_t revision) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
   // What one consistent read of a segment found.
@@ -184,7 +186,12 @@ class EtcdStore final : public Store {
       const std::string& name,
       std::vector<etcdserverpb::Compare> first_compares,
       std::vector<etcdserverpb::RequestOp> ops, EtcdSegmentMeta meta,
-      absl::Time deadline);
+      absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  // Counts what `txn` (answered `resp`) wrote into etcd's history toward
+  // compaction by volume.
+  void CountWritten(const etcdserverpb::TxnRequest& txn,
+                    const etcdserverpb::TxnResponse& resp)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
 
   static absl::Status NotRegistered(const std::string& name);
   static absl::Status HeldByAnother(const std::string& name);

@@ -359,6 +359,54 @@ TEST(EtcdStoreTest, HistoryIsCompacted) {
       << g.error_message();
 }
 
+// A client inside its quota that rewrites its records again and again
+// writes history faster than compact_after ages it (64 rewrites of 32 MiB
+// would fill etcd's 2 GiB quota): a store also compacts, at the current
+// revision, once it has written a quarter of max_bytes since the last
+// compaction. compact_after is an hour here, so age cannot be the cause.
+TEST(EtcdStoreTest, HistoryIsCompactedByVolume) {
+  EtcdCluster* c = SharedCluster();
+  ASSERT_NE(c, nullptr);
+  EtcdOptions o;
+  o.endpoints = c->endpoints();
+  o.prefix = "volume-compact-test/";
+  o.compact_after = absl::Hours(1);
+  o.max_bytes = 16384;  // Compacts after 4 KiB: some 15 publications.
+  ASSERT_OK_AND_ASSIGN(auto store, EtcdStore::Create(o));
+  auto kv = etcdserverpb::KV::NewStub(grpc::CreateChannel(
+      "ipv4:" + c->endpoints()[0], grpc::InsecureChannelCredentials()));
+  const auto read_at = [&](int64_t revision) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    etcdserverpb::RangeRequest req;
+    req.set_key("volume-compact-test/");
+    req.set_revision(revision);
+    etcdserverpb::RangeResponse resp;
+    return kv->Range(&ctx, req, &resp);
+  };
+  ASSERT_OK_AND_ASSIGN(const uint64_t first,
+                       store->Put(LeasedPutOf(Seg("v", 1, 2))));
+  const int64_t first_rev = static_cast<int64_t>(first);
+  grpc::Status g = read_at(first_rev);
+  ASSERT_TRUE(g.ok()) << "one small write compacted: " << g.error_message();
+  // The same segment published again, well within every quota, until the
+  // history of its first publication is gone.
+  int rewrites = 0;
+  while (g.ok() && rewrites < 200) {
+    ASSERT_OK(store->Put(LeasedPutOf(Seg("v", 1, 2))));
+    ++rewrites;
+    g = read_at(first_rev);
+  }
+  EXPECT_FALSE(g.ok()) << "revision " << first << " still readable after "
+                       << rewrites << " rewrites";
+  EXPECT_TRUE(absl::StrContains(g.error_message(), "compacted"))
+      << g.error_message();
+  // Not on every write: two publications (under 1 KiB) are far from 4 KiB.
+  EXPECT_GT(rewrites, 1);
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor d, store->Get("v"));
+  EXPECT_EQ(d.buffers_size(), 2);
+}
+
 TEST(EtcdStoreTest, ThreeMembersSurviveLosingOne) {
   ASSERT_OK_AND_ASSIGN(auto cluster, EtcdCluster::Start(3));
   EtcdOptions o;

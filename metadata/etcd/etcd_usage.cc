@@ -59,22 +59,35 @@ absl::Status EtcdUsage::Check(const std::string& client,
 
 int64_t EtcdCompaction::Wrote(absl::Time now, int64_t revision) {
   if (compact_after_ <= absl::ZeroDuration()) return 0;
+  // Written enough since the last compaction: all of it goes now, without
+  // waiting for it to age (the samples are all at or below it).
+  if (written_ - written_at_compacted_ >= compact_bytes_ &&
+      revision > compacted_) {
+    revisions_.clear();
+    compacted_ = revision;
+    written_at_compacted_ = written_;
+    return revision;
+  }
   // A sample every tenth of compact_after (at most a second) compacts to
   // within that of it, and bounds the samples kept at any write rate.
   const absl::Duration every = std::min(absl::Seconds(1), compact_after_ / 10);
-  if (revisions_.empty() || now - revisions_.back().first >= every) {
-    revisions_.emplace_back(now, revision);
+  if (revisions_.empty() || now - revisions_.back().at >= every) {
+    revisions_.push_back(Sample{now, revision, written_});
   }
   // The newest revision written at least compact_after ago: history up to
   // it goes (a watcher that far behind reads its segment whole).
   int64_t upto = 0;
-  while (!revisions_.empty() &&
-         now - revisions_.front().first >= compact_after_) {
-    upto = revisions_.front().second;
+  uint64_t written_upto = 0;
+  while (!revisions_.empty() && now - revisions_.front().at >= compact_after_) {
+    upto = revisions_.front().revision;
+    written_upto = revisions_.front().written;
     revisions_.pop_front();
   }
   if (upto <= compacted_) return 0;
   compacted_ = upto;
+  // What was written above `upto` is still history, and still counts
+  // toward the next compaction by volume.
+  written_at_compacted_ = written_upto;
   return upto;
 }
 

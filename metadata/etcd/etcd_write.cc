@@ -42,6 +42,7 @@ absl::StatusOr<uint64_t> EtcdStore::WriteChanges(
     *txn.add_success() =
         PutOp(keys_.MetaKey(name), meta.SerializeAsString(), lease);
     FERRY_ASSIGN_OR_RETURN(const TxnResponse resp, Txn(txn, deadline));
+    CountWritten(txn, resp);
     if (!resp.succeeded()) {
       return absl::AbortedError("the segment changed meanwhile");
     }
@@ -57,6 +58,8 @@ absl::StatusOr<uint64_t> EtcdStore::WriteChanges(
   // good (readers wait on it, and without a lease nothing ends it): it is
   // removed instead, unless someone changed it since, and its owner
   // publishes it again (the engine does when its renewal finds it gone).
+  // Its tombstones are not counted toward compaction: keys only, fewer
+  // bytes than the puts of those keys, which were.
   auto abandon = [&](absl::Status why) {
     TxnRequest drop;
     *drop.add_compare() = ModRevisionIs(keys_.MetaKey(name), meta_rev);
@@ -82,6 +85,7 @@ absl::StatusOr<uint64_t> EtcdStore::WriteChanges(
     }
     auto resp = Txn(txn, deadline);
     if (!resp.ok()) return first ? resp.status() : abandon(resp.status());
+    CountWritten(txn, *resp);
     if (!resp->succeeded()) {
       absl::Status changed =
           absl::AbortedError("the segment changed meanwhile");
@@ -96,6 +100,7 @@ absl::StatusOr<uint64_t> EtcdStore::WriteChanges(
       PutOp(keys_.MetaKey(name), meta.SerializeAsString(), lease);
   auto resp = Txn(done, deadline);
   if (!resp.ok()) return abandon(resp.status());
+  CountWritten(done, *resp);
   if (!resp->succeeded()) {
     return abandon(absl::AbortedError("the segment changed meanwhile"));
   }
@@ -394,6 +399,7 @@ absl::Status EtcdStore::Remove(const RemoveSegmentRequest& request) {
       DeleteOp(keys_.BufPrefix(name), PrefixEnd(keys_.BufPrefix(name)));
   *txn.add_failure() = RangeOp(keys_.OwnerKey(name));
   FERRY_ASSIGN_OR_RETURN(const TxnResponse resp, Txn(txn, deadline));
+  CountWritten(txn, resp);
   if (!resp.succeeded()) {
     if (resp.responses(0).response_range().kvs_size() == 0) {
       return NotRegistered(name);
@@ -437,6 +443,25 @@ absl::Status EtcdStore::CheckQuota(const std::string& client,
     usage_.Reset(std::move(counted), clock_->Now());
   }
   return usage_.Check(client, old_client_bytes, old_bytes, bytes, new_segment);
+}
+
+void EtcdStore::CountWritten(const TxnRequest& txn, const TxnResponse& resp) {
+  // Only the branch that ran writes, and only success branches here do.
+  if (!resp.succeeded()) return;
+  uint64_t bytes = 0;
+  for (int i = 0; i < txn.success_size(); ++i) {
+    const RequestOp& op = txn.success(i);
+    if (op.has_request_put()) {
+      bytes += op.request_put().key().size() + op.request_put().value().size();
+    } else if (op.has_request_delete_range() && i < resp.responses_size()) {
+      // A tombstone per key deleted; a range's keys are about as long as
+      // its start (the buffer prefix, without the address).
+      bytes += op.request_delete_range().key().size() *
+               static_cast<uint64_t>(
+                   resp.responses(i).response_delete_range().deleted());
+    }
+  }
+  compaction_.Count(bytes);
 }
 
 void EtcdStore::AfterWrite(const std::string& client, int64_t bytes,
