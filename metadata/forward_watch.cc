@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/happens_before.h"
 #include "metadata/grpc_status.h"
 
@@ -25,26 +26,37 @@ ForwardWatchReactor::ForwardWatchReactor(Store* store, const std::string& name,
 void ForwardWatchReactor::Push(const SegmentEvent& ev) {
   MutexLock lock(&mu_);
   if (finished_) return;
-  if (queue_.size() >= kMaxQueued) {
-    FinishLocked(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                              "the watcher does not take its events: "
-                              "refresh on a miss"));
+  // Measured on our copy: ByteSizeLong caches the size in the message,
+  // and `ev` is the store's.
+  Queued q{ev, 0};
+  q.bytes = q.event.ByteSizeLong();
+  if (queue_.size() >= kMaxQueued ||
+      (!queue_.empty() && queued_bytes_ + q.bytes > kMaxQueuedBytes)) {
+    FinishLocked(grpc::Status(
+        grpc::StatusCode::RESOURCE_EXHAUSTED,
+        absl::StrCat("the watcher does not take its events (", queue_.size(),
+                     " events, ", queued_bytes_,
+                     " bytes waiting; the most one stream may hold is ",
+                     kMaxQueued, " events or ", kMaxQueuedBytes,
+                     " bytes): refresh on a miss")));
     return;
   }
-  queue_.push_back(ev);
+  queued_bytes_ += q.bytes;
+  queue_.push_back(std::move(q));
   NextLocked();
 }
 
 void ForwardWatchReactor::NextLocked() {
   if (writing_ || finished_ || queue_.empty()) return;
   writing_ = true;
-  StartWrite(&queue_.front());
+  StartWrite(&queue_.front().event);
 }
 
 void ForwardWatchReactor::OnWriteDone(bool ok) {
   HappensAfter(this);
   MutexLock lock(&mu_);
   writing_ = false;
+  queued_bytes_ -= queue_.front().bytes;
   queue_.pop_front();
   if (!ok) {
     FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "write failed"));
@@ -73,8 +85,10 @@ void ForwardWatchReactor::FinishLocked(const grpc::Status& s) {
   // A write in flight keeps its event until OnWriteDone; the rest go.
   if (writing_) {
     queue_.erase(queue_.begin() + 1, queue_.end());
+    queued_bytes_ = queue_.front().bytes;
   } else {
     queue_.clear();
+    queued_bytes_ = 0;
   }
   Finish(s);
 }

@@ -4,11 +4,13 @@
 //
 // The store pushes events from its thread; they queue here and are written
 // one at a time. A client that does not take them fast enough (more than
-// kMaxQueued waiting) has its stream ended with RESOURCE_EXHAUSTED, and
-// refreshes on a miss as any watcher whose stream ends.
+// kMaxQueued, or kMaxQueuedBytes, waiting) has its stream ended with
+// RESOURCE_EXHAUSTED, and refreshes on a miss as any watcher whose stream
+// ends.
 #ifndef FERRY_METADATA_FORWARD_WATCH_H_
 #define FERRY_METADATA_FORWARD_WATCH_H_
 
+#include <cstddef>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -19,6 +21,7 @@
 #include "grpcpp/grpcpp.h"
 #include "metadata/proto/metadata.grpc.pb.h"
 #include "metadata/store.h"
+#include "metadata/validation.h"
 
 namespace ferry::metadata {
 
@@ -26,6 +29,14 @@ class ForwardWatchReactor final
     : public grpc::ServerWriteReactor<SegmentEvent> {
  public:
   static constexpr size_t kMaxQueued = 256;
+  // Bytes of queued events (ByteSizeLong) past which an event overflows
+  // the queue as one past kMaxQueued does. By count alone, a watcher that
+  // stops reading a large segment (each re-publication is pushed whole,
+  // up to kMaxRpcMessageBytes) pinned 256 copies of it. Two of the largest
+  // events: the one being written and one more always fit, and an event
+  // that finds the queue empty is always taken, so no segment is too big
+  // to watch.
+  static constexpr size_t kMaxQueuedBytes = 2 * size_t{kMaxRpcMessageBytes};
 
   // Starts watching `name` in `store` (which must outlive the stream);
   // `on_done` runs once the stream is over, before the reactor goes. If
@@ -45,7 +56,12 @@ class ForwardWatchReactor final
   const std::function<void()> on_done_;
   std::unique_ptr<Watch> watch_;  // Ended in OnDone, outside mu_.
   Mutex mu_;
-  std::deque<SegmentEvent> queue_ ABSL_GUARDED_BY(mu_);
+  struct Queued {
+    SegmentEvent event;
+    size_t bytes;  // Its ByteSizeLong, counted in queued_bytes_.
+  };
+  std::deque<Queued> queue_ ABSL_GUARDED_BY(mu_);
+  size_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };

@@ -31,10 +31,11 @@ class MetadataServiceImpl::WatchReactor final
     : public grpc::ServerWriteReactor<SegmentEvent> {
  public:
   WatchReactor(MetadataServiceImpl* service, SegmentStore* table,
-               std::string name, uint64_t after)
+               std::string name, uint64_t after, std::string caller)
       : service_(service),
         table_(table),
         name_(std::move(name)),
+        caller_(std::move(caller)),
         version_(after),
         state_(std::make_shared<WatchState>()) {
     {
@@ -87,7 +88,7 @@ class MetadataServiceImpl::WatchReactor final
       MutexLock lock(&state_->mu);
       state_->reactor = nullptr;
     }
-    service_->Release();
+    service_->Release(caller_);
     delete this;
   }
   // From the notifier, which holds state_->mu (it is the WatchState's mu,
@@ -108,6 +109,7 @@ class MetadataServiceImpl::WatchReactor final
   MetadataServiceImpl* const service_;
   SegmentStore* const table_;
   const std::string name_;
+  const std::string caller_;  // Its share of the watches (AddressGroup).
   uint64_t version_;
   std::shared_ptr<WatchState> state_;
   uint64_t subscription_ = 0;
@@ -126,9 +128,11 @@ MetadataServiceImpl::~MetadataServiceImpl() {
   if (notifier_.joinable()) notifier_.join();
 }
 
-void MetadataServiceImpl::Release() {
+void MetadataServiceImpl::Release(const std::string& caller) {
   MutexLock lock(&mu_);
   --watches_;
+  auto it = watches_of_.find(caller);
+  if (it != watches_of_.end() && --it->second <= 0) watches_of_.erase(it);
 }
 
 void MetadataServiceImpl::Poke(std::shared_ptr<WatchState> state) {
@@ -172,12 +176,25 @@ grpc::ServerWriteReactor<SegmentEvent>* MetadataServiceImpl::WatchSegment(
     return new Refused(ToGrpcStatus(s));
   }
   SegmentStore* table = store_->watchable();
+  // Shared by host, as unary calls are (CallPool): an IPv6 caller's /64 is
+  // one caller. Only after the token check: a caller without the token
+  // takes no share.
+  std::string caller = AddressGroup(CallerAddress(*ctx));
   {
     MutexLock lock(&mu_);
     if (watches_ >= kMaxWatches) {
       return new Refused(ToGrpcStatus(absl::ResourceExhaustedError(
           absl::StrCat("this metadata service serves ", kMaxWatches,
                        " watches, its limit"))));
+    }
+    auto held = watches_of_.find(caller);
+    if (held != watches_of_.end() && held->second >= kMaxWatchesPerCaller) {
+      return new Refused(ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
+          "caller ", caller, " holds ", held->second,
+          " watch streams of this metadata service, the most one address "
+          "(an IPv6 /64) may hold at once (kMaxWatchesPerCaller = ",
+          kMaxWatchesPerCaller,
+          "): end one first; an unwatched segment is refreshed on a miss"))));
     }
     if (!notifier_.joinable()) {
       try {
@@ -188,16 +205,17 @@ grpc::ServerWriteReactor<SegmentEvent>* MetadataServiceImpl::WatchSegment(
       }
     }
     ++watches_;
+    ++watches_of_[caller];
   }
   if (table == nullptr) {
     // A store that pushes by itself (etcd), or cannot (then the stream
     // ends UNIMPLEMENTED and the watcher refreshes on a miss).
-    return new ForwardWatchReactor(store_, request->name(),
-                                   request->after_version(),
-                                   [this] { Release(); });
+    return new ForwardWatchReactor(
+        store_, request->name(), request->after_version(),
+        [this, caller = std::move(caller)] { Release(caller); });
   }
   return new WatchReactor(this, table, request->name(),
-                          request->after_version());
+                          request->after_version(), std::move(caller));
 }
 
 grpc::Status MetadataServiceImpl::Admit(

@@ -17,9 +17,11 @@
 
 #include <deque>
 #include <memory>
+#include <string>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "common/clock.h"
 #include "common/mutex.h"
 #include "metadata/call_pool.h"
@@ -32,6 +34,19 @@ class MetadataServiceImpl final : public MetadataService::CallbackService {
  public:
   // Watch streams served at once; more are refused RESOURCE_EXHAUSTED.
   static constexpr int kMaxWatches = 4096;
+  // Watch streams one caller (AddressGroup(CallerAddress): an IPv4
+  // address, an IPv6 /64) may hold at once; more are refused
+  // RESOURCE_EXHAUSTED. Each stream holds a copy of its descriptor (and
+  // gRPC the encoded event its client has not taken), so without it one
+  // address could pin kMaxWatches copies of a large segment and leave no
+  // stream for anyone else. Not 64, as for unary calls: an engine watches
+  // every segment it opens (SegmentCache), and the engines of one host (a
+  // process per GPU) share its address, so 64 would leave each of eight
+  // engines only eight watched peers. A sixteenth of kMaxWatches, the share
+  // CallPool gives a caller of its calls (64 of 1,024): sixteen hosts to
+  // fill the service. A refused watch is no error to an engine: it
+  // refreshes that segment on a miss, as with a store that cannot push.
+  static constexpr int kMaxWatchesPerCaller = kMaxWatches / 16;
 
   // Serves an in-memory SegmentStore of its own, whose leases expire on
   // `clock` (null: the system clock; it must outlive the service).
@@ -88,7 +103,7 @@ class MetadataServiceImpl final : public MetadataService::CallbackService {
   // space.
   grpc::Status Admit(const grpc::CallbackServerContext& ctx);
   void Poke(std::shared_ptr<WatchState> state);
-  void Release();  // A watch ended.
+  void Release(const std::string& caller);  // A watch of `caller` ended.
   void NotifierLoop();
 
   std::unique_ptr<SegmentStore> own_store_;
@@ -100,6 +115,9 @@ class MetadataServiceImpl final : public MetadataService::CallbackService {
   CondVar wake_;
   std::deque<std::shared_ptr<WatchState>> poked_ ABSL_GUARDED_BY(mu_);
   int watches_ ABSL_GUARDED_BY(mu_) = 0;
+  // Watches per caller (AddressGroup), for kMaxWatchesPerCaller; callers
+  // with none are not kept.
+  absl::flat_hash_map<std::string, int> watches_of_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread notifier_;  // Started with the first watch.
 };

@@ -1,14 +1,27 @@
 // Runs the real gRPC metadata and peer services on loopback.
 #include "metadata/metadata_service.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <atomic>
+#include <chrono>
+#include <deque>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/mutex.h"
 #include "common/simulated_clock.h"
+#include "common/socket_util.h"
 #include "common/status_testing.h"
+#include "grpcpp/create_channel_posix.h"
 #include "gtest/gtest.h"
+#include "metadata/auth.h"
+#include "metadata/forward_watch.h"
 #include "metadata/metadata_client.h"
 #include "metadata/peer_service.h"
 #include "metadata/rpc_server.h"
@@ -429,6 +442,275 @@ TEST_F(MetadataServiceTest, CallsAreSentAgainWhenTheReceiverSaysRetryLater) {
   ASSERT_EQ(seqs.size(), 3u);
   EXPECT_LT(seqs[0], seqs[1]);
   EXPECT_LT(seqs[1], seqs[2]);
+}
+
+// A store with no in-memory table, so that the service forwards its
+// watches (ForwardWatchReactor), as a metadata_server on etcd does. Each
+// watch is pushed `pushes` whole descriptors of `bytes` of location text
+// at once, before WatchSegment returns (the reactor takes pushes from its
+// construction on, as it must from etcd's thread).
+class PushingStore final : public Store {
+ public:
+  PushingStore(int pushes, size_t bytes) : pushes_(pushes), bytes_(bytes) {}
+
+  absl::StatusOr<uint64_t> Put(const PutSegmentRequest&) override {
+    return Unimplemented();
+  }
+  absl::StatusOr<absl::Duration> KeepAlive(const KeepAliveRequest&) override {
+    return Unimplemented();
+  }
+  absl::StatusOr<uint64_t> UpdateBuffers(const UpdateBuffersRequest&) override {
+    return Unimplemented();
+  }
+  absl::StatusOr<descriptor::SegmentDescriptor> Get(
+      const std::string&) override {
+    return Unimplemented();
+  }
+  absl::Status Remove(const RemoveSegmentRequest&) override {
+    return Unimplemented();
+  }
+  absl::StatusOr<std::vector<std::string>> List() override {
+    return Unimplemented();
+  }
+  std::string Describe() const override { return "pushing"; }
+  absl::StatusOr<std::unique_ptr<Watch>> WatchSegment(const std::string& name,
+                                                      uint64_t,
+                                                      EventFn fn) override {
+    SegmentEvent ev;
+    ev.set_version(1);
+    ev.mutable_full()->set_name(name);
+    if (bytes_ > 0) {
+      ev.mutable_full()->add_buffers()->set_location(std::string(bytes_, 'x'));
+    }
+    for (int i = 0; i < pushes_; ++i) fn(ev);
+    return std::make_unique<Watch>();
+  }
+
+ private:
+  static absl::Status Unimplemented() {
+    return absl::UnimplementedError("PushingStore only watches");
+  }
+  const int pushes_;
+  const size_t bytes_;
+};
+
+// A gRPC channel over a connection made from `source_ip` (any 127/8
+// address is this host), so that a test calls from an address of its
+// choice (as rpc_server_test does); null if it cannot connect.
+std::unique_ptr<MetadataService::Stub> StubFrom(const std::string& source_ip,
+                                                uint16_t port) {
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in src{};
+  src.sin_family = AF_INET;
+  ::inet_pton(AF_INET, source_ip.c_str(), &src.sin_addr);
+  sockaddr_in dst{};
+  dst.sin_family = AF_INET;
+  dst.sin_port = htons(port);
+  dst.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (!fd.valid() ||
+      ::bind(fd.get(), reinterpret_cast<sockaddr*>(&src), sizeof(src)) != 0 ||
+      ::connect(fd.get(), reinterpret_cast<sockaddr*>(&dst), sizeof(dst)) !=
+          0) {
+    return nullptr;
+  }
+  return MetadataService::NewStub(
+      grpc::CreateInsecureChannelFromFd("ferry-test", fd.Release()));
+}
+
+// The watch streams one address holds, as the engines of one host would:
+// a new connection every kStreamsPerConnection streams, within the
+// server's limit of concurrent streams per connection
+// (RpcServerOptions::max_streams_per_connection), so that none waits for
+// a stream of its connection to end.
+class Watcher {
+ public:
+  static constexpr int kStreamsPerConnection = 32;
+
+  // Its calls carry `token` (none if empty).
+  Watcher(std::string source_ip, uint16_t port, std::string token)
+      : source_ip_(std::move(source_ip)),
+        port_(port),
+        token_(std::move(token)) {}
+  ~Watcher() {
+    while (!streams_.empty()) EndOne();
+  }
+
+  // Opens a watch: OK once its first event came (the service took it),
+  // else the status the service ended it with.
+  grpc::Status Open() {
+    if (stubs_.empty() || opened_on_last_ == kStreamsPerConnection) {
+      stubs_.push_back(StubFrom(source_ip_, port_));
+      opened_on_last_ = 0;
+    }
+    if (stubs_.back() == nullptr) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          "cannot connect from " + source_ip_);
+    }
+    ++opened_on_last_;
+    auto stream = std::make_unique<Stream>();
+    AddAuthToken(&stream->ctx, token_);
+    // Bounds the test if the service never answers.
+    stream->ctx.set_deadline(std::chrono::system_clock::now() +
+                             std::chrono::seconds(30));
+    WatchSegmentRequest request;
+    request.set_name("watched");
+    stream->reader = stubs_.back()->WatchSegment(&stream->ctx, request);
+    SegmentEvent first;
+    if (!stream->reader->Read(&first)) return stream->reader->Finish();
+    streams_.push_back(std::move(stream));
+    return grpc::Status::OK;
+  }
+
+  // Ends the oldest watch it holds, as a client that goes away does.
+  void EndOne() {
+    streams_.front()->ctx.TryCancel();
+    streams_.front()->reader->Finish();
+    streams_.pop_front();
+  }
+
+ private:
+  struct Stream {
+    grpc::ClientContext ctx;
+    std::unique_ptr<grpc::ClientReader<SegmentEvent>> reader;
+  };
+  const std::string source_ip_;
+  const uint16_t port_;
+  const std::string token_;
+  // Streams before stubs: a stream ends before its channel goes.
+  std::vector<std::unique_ptr<MetadataService::Stub>> stubs_;
+  std::deque<std::unique_ptr<Stream>> streams_;
+  int opened_on_last_ = 0;
+};
+
+// Watches served from the store's table (memory, durable) and forwarded
+// from a store that pushes (etcd) are counted in the same place.
+enum class WatchPath { kTable, kForwarded };
+
+class WatchShareTest : public ::testing::TestWithParam<WatchPath> {
+ protected:
+  static constexpr int kShare = MetadataServiceImpl::kMaxWatchesPerCaller;
+  static constexpr char kToken[] = "watch-share-test-token-0123456789";
+
+  void SetUp() override {
+    service_ = GetParam() == WatchPath::kTable
+                   ? std::make_unique<MetadataServiceImpl>()
+                   : std::make_unique<MetadataServiceImpl>(&pushing_);
+    service_->SetAuthToken(kToken);
+    ASSERT_OK_AND_ASSIGN(server_,
+                         RpcServer::Start("127.0.0.1:0", {service_.get()}));
+  }
+
+  // Opens a caller's whole share of watches.
+  void TakeTheShare(Watcher* host) {
+    for (int i = 0; i < kShare; ++i) {
+      grpc::Status s = host->Open();
+      ASSERT_TRUE(s.ok()) << "watch " << i << ": " << s.error_message();
+    }
+  }
+
+  PushingStore pushing_{1, 0};
+  std::unique_ptr<MetadataServiceImpl> service_;
+  std::unique_ptr<RpcServer> server_;  // Shut down first.
+};
+
+// One address held every watch stream of the service (4,096), each with a
+// copy of its descriptor, and no new engine could watch. Now it holds its
+// share, refused past it with what it holds, while another address is
+// still served.
+TEST_P(WatchShareTest, OneAddressHoldsAtMostItsShare) {
+  Watcher host("127.0.0.1", server_->port(), kToken);
+  ASSERT_NO_FATAL_FAILURE(TakeTheShare(&host));
+  grpc::Status refused = host.Open();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << refused.error_message();
+  EXPECT_NE(refused.error_message().find("ipv4:127.0.0.1"), std::string::npos)
+      << refused.error_message();
+  EXPECT_NE(refused.error_message().find(absl::StrCat("holds ", kShare)),
+            std::string::npos)
+      << refused.error_message();
+  Watcher other("127.0.0.2", server_->port(), kToken);
+  grpc::Status admitted = other.Open();
+  EXPECT_TRUE(admitted.ok()) << admitted.error_message();
+}
+
+// A watch that ends gives its slot back (once gRPC is done with it), and
+// only its own: the share is full again after as many new ones.
+TEST_P(WatchShareTest, EndedWatchesGiveTheirSlotsBack) {
+  Watcher host("127.0.0.1", server_->port(), kToken);
+  ASSERT_NO_FATAL_FAILURE(TakeTheShare(&host));
+  ASSERT_EQ(host.Open().error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  constexpr int kEnded = 2;
+  for (int i = 0; i < kEnded; ++i) host.EndOne();
+  // The service releases a slot in the stream's OnDone, a moment after the
+  // client's Finish: a refused try takes nothing, so try again.
+  int reopened = 0;
+  const absl::Time end = absl::Now() + absl::Seconds(10);
+  while (reopened < kEnded && absl::Now() < end) {
+    if (host.Open().ok()) {
+      ++reopened;
+    } else {
+      absl::SleepFor(absl::Milliseconds(1));  // Retry pace, not ordering.
+    }
+  }
+  EXPECT_EQ(reopened, kEnded);
+  EXPECT_EQ(host.Open().error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << "more slots came back than watches ended";
+}
+
+// The token check comes first: watches refused UNAUTHENTICATED take no
+// share of their address, so a stranger on an engine's host cannot use up
+// the engine's watches.
+TEST_P(WatchShareTest, CallsWithoutTheTokenTakeNoShare) {
+  Watcher stranger("127.0.0.1", server_->port(), /*token=*/"");
+  for (int i = 0; i <= kShare; ++i) {
+    grpc::Status s = stranger.Open();
+    ASSERT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED)
+        << "watch " << i << ": " << s.error_message();
+  }
+  Watcher host("127.0.0.1", server_->port(), kToken);
+  ASSERT_NO_FATAL_FAILURE(TakeTheShare(&host));
+  EXPECT_EQ(host.Open().error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, WatchShareTest,
+                         ::testing::Values(WatchPath::kTable,
+                                           WatchPath::kForwarded),
+                         [](const ::testing::TestParamInfo<WatchPath>& info) {
+                           return info.param == WatchPath::kTable ? "Table"
+                                                                  : "Forwarded";
+                         });
+
+// A forwarded watch whose client does not take its events queued up to
+// 256 of them, whatever their size: a watcher of a large segment that
+// stopped reading pinned 256 copies of it. Now the queue is capped by
+// bytes too, and overflows as it does by count: the stream ends
+// RESOURCE_EXHAUSTED after the one event being written. (The store pushes
+// every event before the stream can write any: the queue holds them all.)
+TEST(ForwardedWatchTest, QueuedEventsAreCappedByBytes) {
+  constexpr size_t kEventBytes = size_t{2} << 20;
+  constexpr size_t kPushes =
+      ForwardWatchReactor::kMaxQueuedBytes / kEventBytes + 8;
+  static_assert(kPushes < ForwardWatchReactor::kMaxQueued,
+                "the count cap alone would end the stream");
+  PushingStore store(static_cast<int>(kPushes), kEventBytes);
+  MetadataServiceImpl service(&store);
+  ASSERT_OK_AND_ASSIGN(auto server,
+                       RpcServer::Start("127.0.0.1:0", {&service}));
+  auto stub = MetadataService::NewStub(MakeChannel(server->address()));
+  grpc::ClientContext ctx;
+  // Without the byte cap every event comes and the stream stays open.
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  WatchSegmentRequest request;
+  request.set_name("big");
+  auto reader = stub->WatchSegment(&ctx, request);
+  SegmentEvent ev;
+  int got = 0;
+  while (reader->Read(&ev)) ++got;
+  grpc::Status s = reader->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << s.error_message();
+  EXPECT_EQ(got, 1) << "only the event being written outlives the overflow";
+  server->Shutdown();
 }
 
 TEST(MetadataClientTest, UnreachableServerFailsFast) {
