@@ -4,16 +4,20 @@
 // Devices: softrnic0 on 127.0.0.1 and softrnic1 on 127.0.0.2
 // (softrnic_test_main); strangers connect from 127.0.0.3.
 //
-// Three targets run this file: wire_security_test (no token; Token* and
-// Runtime* tests filtered out), wire_token_test (FERRY_AUTH_TOKEN set;
-// Token* only) and wire_runtime_token_test (Runtime* only: it sets the
-// process's token).
+// Four targets run this file: wire_security_test (no token; Token*,
+// Runtime* and *HandshakeTimeout* tests filtered out), wire_token_test
+// (FERRY_AUTH_TOKEN set; Token* only), wire_runtime_token_test (Runtime*
+// only: it sets the process's token) and wire_handshake_timeout_test
+// (*HandshakeTimeout* only: a short handshake timeout and a small cap per
+// address, read once per process).
 #include <arpa/inet.h>
 #include <openssl/hmac.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -379,6 +383,77 @@ TEST_F(WireSecurityTest, RuntimeTokenIsTakenOnceAndChallenged) {
       Hello(fd, b->qpn(), a->qpn(), Proof(kRuntime, challenge, header));
   ASSERT_EQ(ack.size(), 40u);
   EXPECT_EQ(ack[5], kHelloAck);
+}
+
+// ---- Under a short handshake timeout (wire_handshake_timeout_test) ------
+
+// The limits wire_handshake_timeout_test sets: softrnic reads them once per
+// process, so the target that sets them runs only this test.
+constexpr char kTimeoutVar[] = "FERRY_SOFTRNIC_HANDSHAKE_TIMEOUT_MS";
+constexpr char kPerAddressVar[] = "FERRY_SOFTRNIC_MAX_CONNECTIONS_PER_ADDRESS";
+constexpr int kPerAddress = 2;
+
+// A HELLO held for a QP that never leaves INIT gets nothing until the
+// handshake timeout, then the NAK every refusal gets, and is closed; its
+// admission slot comes back. Two held at once expire each on its own.
+TEST_F(WireSecurityTest, HeldHellosAreAnsweredAndClosedAtTheHandshakeTimeout) {
+  const char* timeout_text = std::getenv(kTimeoutVar);
+  const char* per_address = std::getenv(kPerAddressVar);
+  ASSERT_NE(timeout_text, nullptr) << "run as wire_handshake_timeout_test";
+  ASSERT_NE(per_address, nullptr) << "run as wire_handshake_timeout_test";
+  ASSERT_EQ(std::atoi(per_address), kPerAddress);
+  const int timeout_ms = std::atoi(timeout_text);
+  // Long enough that the steps before the first deadline fit in it, short
+  // enough that the test waits little.
+  ASSERT_GE(timeout_ms, 200);
+  ASSERT_LE(timeout_ms, 2000);
+  const int quiet_ms = timeout_ms / 10;
+
+  Endpoint* c = NewEndpoint(0);
+  ASSERT_NE(c, nullptr);
+  ASSERT_EQ(ModifyToInit(c->qp(), ConnectOptions()), 0);
+  const uint32_t aux = 0x123456;  // c never reaches RTR: never looked at.
+  const uint32_t missing = c->qpn() ^ 1;  // c is the process's only QP.
+
+  // The stranger's two slots, both held.
+  const Clock::time_point start = Clock::now();
+  const int first = Dial(kStranger, c);
+  ASSERT_GE(first, 0);
+  EXPECT_TRUE(Hello(first, c->qpn(), aux, {}, quiet_ms).empty())
+      << "answered before the timeout";
+  const int second = Dial(kStranger, c);
+  ASSERT_GE(second, 0);
+  EXPECT_TRUE(Hello(second, c->qpn(), aux, {}, quiet_ms).empty())
+      << "answered before the timeout";
+  // Over the cap while they are held: reset, so a HELLO that an admitted
+  // connection would have had refused at once gets no answer.
+  const int over = Dial(kStranger, c);
+  ASSERT_GE(over, 0);
+  (void)SendAll(over, Header(1, kHello, missing, 0, 0, 0, aux));
+  EXPECT_TRUE(NextFrame(over).empty()) << "admitted over the cap";
+
+  // The deadline counts from the accept, which follows `start`.
+  const std::vector<uint8_t> nak = NextFrame(first);
+  const int64_t waited_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() -
+                                                            start)
+          .count();
+  EXPECT_GE(waited_ms, timeout_ms) << "refused before the timeout";
+  ASSERT_NO_FATAL_FAILURE(ExpectRefused(nak, first, "held, first"));
+  EXPECT_EQ(Be32(&nak[8]), c->qpn());
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectRefused(NextFrame(second), second, "held, second"));
+
+  // Both slots are back: a new connection is admitted (and its HELLO for
+  // a missing QP refused at once, with the same NAK).
+  const int after = Dial(kStranger, c);
+  ASSERT_GE(after, 0);
+  const std::vector<uint8_t> refused = Hello(after, missing, aux);
+  ASSERT_NO_FATAL_FAILURE(ExpectRefused(refused, after, "slot given back"));
+  std::vector<uint8_t> a = nak, b = refused;
+  std::fill(a.begin() + 8, a.begin() + 12, 0);  // The echoed qpn.
+  std::fill(b.begin() + 8, b.begin() + 12, 0);
+  EXPECT_EQ(a, b);
 }
 
 }  // namespace
