@@ -63,18 +63,25 @@ Write = TransferOpcode.Write
 class TransferNotify:
     """A notification: sent with a transfer (`notify=`), or received.
 
-    A received one also carries `sender`, the segment that sent it. Ferry
-    checks it (the engine refuses notifications that the claimed sender did
-    not sign with the identity key it publishes), so a receiver can act on it;
-    Mooncake's TransferNotify has no such field."""
+    A received one also carries `sender`, the segment that sent it, and
+    `verified`. Ferry checks the sender (by default the engine refuses
+    notifications that the claimed sender did not sign with the identity key
+    it publishes, so every one received is verified and a receiver can act on
+    it); with refuse_unverified_notifications turned off, an unverified one
+    is delivered with verified=False. Mooncake's TransferNotify has neither
+    field."""
 
-    def __init__(self, name: str = "", msg: str = "", sender: str = ""):
+    def __init__(self, name: str = "", msg: str = "", sender: str = "",
+                 verified: bool = True):
         self.name = name
         self.msg = msg
         self.sender = sender
+        self.verified = verified
 
     def __repr__(self) -> str:
         extra = f", sender={self.sender!r}" if self.sender else ""
+        if not self.verified:
+            extra += ", verified=False"
         return f"TransferNotify(name={self.name!r}, msg={self.msg!r}{extra})"
 
 
@@ -465,8 +472,9 @@ class TransferEngine:
     def get_notifies(self) -> List[TransferNotify]:
         if self._engine is None:
             return []
-        return [TransferNotify(name, message.decode(errors="replace"), sender)
-                for sender, name, message, _, _ in
+        return [TransferNotify(name, message.decode(errors="replace"), sender,
+                               verified)
+                for sender, name, message, _, verified in
                 self._engine.notifications()]
 
     @staticmethod

@@ -124,6 +124,7 @@ def test_batches_async_status_and_notify(pair):
     assert [(n.name, n.msg) for n in got] == [("kv-ready", "req-7")]
     # Ferry keeps the (checked) sender: the initiator, named by its address.
     assert got[0].sender.endswith(f":{initiator.get_rpc_port()}"), got[0]
+    assert got[0].verified, got[0]
     assert target.get_notifies() == []
     assert initiator.send_probe(peer) == 0
     assert initiator.batch_unregister_memory([laddr, laddr + half]) == 0
@@ -395,6 +396,25 @@ def test_the_other_engine_methods(pair):
     assert initiator.warmup_efa_segment("127.0.0.1:1") == -1
     e = TransferEngine()
     assert e.get_engine() is None and e.get_engine_ptr() == 0
+
+
+def test_get_notifies_keeps_the_verified_flag():
+    # With FERRY_REFUSE_UNVERIFIED_NOTIFICATIONS=0 the engine queues a
+    # notification whose sender did not verify, marked so; get_notifies must
+    # not drop the mark (it did). The engine's side: EngineNotifyTest.
+    class Queued:
+        def notifications(self):
+            return [("prefill-0", "kv-ready", b"m", "ipv4:10.0.0.9", False),
+                    ("prefill-1", "kv-ready", b"n", "ipv4:10.0.0.8", True)]
+
+    engine = TransferEngine()
+    engine._engine = Queued()
+    got = engine.get_notifies()
+    engine._engine = None
+    assert [(n.sender, n.verified) for n in got] == [("prefill-0", False),
+                                                      ("prefill-1", True)]
+    assert "verified=False" in repr(got[0])
+    assert "verified" not in repr(got[1])
 
 
 def test_mc_variables_are_honoured_or_reported(caplog):
