@@ -27,11 +27,15 @@ _INTERCEPTORS = re.compile(
 _LIBRARIES = re.compile(
     r"\((libstdc\+\+\.so|libgrpc\S*\.so|libgpr\.so|libupb\.so|libabsl_\w+\.so|"
     r"libprotobuf\.so|libc\.so)[.\d]*\+0x")
-_FRAME = re.compile(r"^\s+#\d+\s+(.*?)\s+(\S+|<null>)\s+\((\S+?)\+0x")
+_FRAME = re.compile(r"^    #\d+ (.*?) (\S+|<null>) \((\S+?)\+0x")
 _ACCESS = re.compile(
     r"^  (Previous )?(atomic )?(read|write) of size \d+ at .* by (.*):$",
     re.IGNORECASE)
-_THREAD = re.compile(r"^  Thread (T\d+) \(.*\) created by (.*) at:")
+_THREAD = re.compile(
+    r"^  Thread (T\d+)(?: '[^']*')? \(tid=\d+, \w+\) created by (.*) at:$")
+# Sections that are not judged, only recognised, so that any other line
+# (another thread's output interleaved into the report) is.
+_OTHER_SECTION = re.compile(r"^  (Location is |Mutex M\d+ )")
 
 
 def _frame_is_foreign(line):
@@ -61,18 +65,23 @@ def _reports(text):
 
 
 def classify(report):
-  """Returns "grpc-internal" or the reason it is not."""
+  """Returns "grpc-internal" or the reason it is not.
+
+  Strict: a line it does not recognise, a stack TSan could not restore,
+  or a frame of an unknown section makes a report Ferry's to look at.
+  """
   if "data race" not in report[0]:
     return "not a data race: " + report[0]
-  if not report[-1].startswith("SUMMARY:") and not any(
-      l.startswith("SUMMARY:") for l in report):
+  if not any(l.startswith("SUMMARY:") for l in report):
     return "report cut short"
-  section = None  # "access" or "thread:Tn" or None
+  section = None  # "access", "thread:Tn", "other"
   access_threads = []
-  thread_creators = {}
-  access_frames = 0
   access_in_lib = []  # Per access stack: a frame in a library seen.
+  thread_creators = {}
   for line in report[1:]:
+    if not line.strip() or line.startswith("SUMMARY:"):
+      section = None
+      continue
     m = _ACCESS.match(line)
     if m:
       section = "access"
@@ -87,19 +96,17 @@ def classify(report):
       section = "thread:" + m.group(1)
       thread_creators[m.group(1)] = []
       continue
-    if not line.startswith("    #"):
-      if not line.startswith("  "):
-        section = None
-      elif not line.startswith("    "):
-        section = None  # Location, mutexes: not judged.
+    if _OTHER_SECTION.match(line):
+      section = "other"
       continue
+    if not _FRAME.match(line) or section is None:
+      return "a line it cannot place: " + line.strip()
     if section == "access":
-      access_frames += 1
       if not _frame_is_foreign(line):
         return "a frame outside gRPC and libstdc++: " + line.strip()
       if _LIBRARIES.search(line):
         access_in_lib[-1] = True
-    elif section is not None and section.startswith("thread:"):
+    elif section.startswith("thread:"):
       thread_creators[section[len("thread:"):]].append(line)
   if len(access_threads) != 2 or not all(access_in_lib):
     # An interceptor alone says nothing of who called it.

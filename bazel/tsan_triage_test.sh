@@ -7,10 +7,13 @@ set -uo pipefail
 source "${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}/testing/test_lib.sh"
 dir="$RUNFILES/bazel"
 
-check "gRPC-internal report is gRPC's" \
-  /usr/bin/python3 "$dir/tsan_triage.py" "$dir/testdata/tsan_grpc_internal.log"
-for f in tsan_ferry_frame tsan_ferry_thread; do
-  if /usr/bin/python3 "$dir/tsan_triage.py" "$dir/testdata/$f.log" >/dev/null; then
+for f in tsan_grpc_internal tsan_grpc_named_threads; do
+  check "$f is gRPC's" /usr/bin/python3 "$dir/tsan_triage.py" "$dir/testdata/$f.txt"
+done
+# A Ferry frame in an access; a thread Ferry started; a log line of
+# another thread interleaved into the report (and a Ferry frame after it).
+for f in tsan_ferry_frame tsan_ferry_thread tsan_interleaved; do
+  if /usr/bin/python3 "$dir/tsan_triage.py" "$dir/testdata/$f.txt" >/dev/null; then
     fail "$f is taken for gRPC's own"
   else
     pass "$f is Ferry's"
@@ -23,13 +26,20 @@ cat >"$fake" <<'FAKE'
 #!/usr/bin/env bash
 n=$(cat "$COUNT" 2>/dev/null || echo 0)
 echo $((n + 1)) >"$COUNT"
-if ((n < FAILS)); then cat "$FIXTURE"; exit 66; fi
+if ((n < FAILS)); then
+  [[ -n "${GTEST_FAIL:-}" ]] && echo "x_test.cc:12: Failure"
+  cat "$FIXTURE"
+  exit "${RC:-66}"
+fi
 echo "test passed"
 FAKE
 chmod +x "$fake"
-run_fake() {  # FIXTURE FAILS -> "rc runs"
-  export COUNT="$tmp/count.$RANDOM" FIXTURE="$dir/testdata/$1.log" FAILS="$2"
-  "$dir/tsan_retry.sh" "$fake" >"$tmp/out" 2>&1
+run_fake() {  # FIXTURE FAILS [RC [GTEST_FAIL]] -> "rc runs"
+  export COUNT="$tmp/count.$RANDOM" FIXTURE="$dir/testdata/$1.txt" FAILS="$2"
+  export RC="${3:-66}" GTEST_FAIL="${4:-}"
+  # The wrapper empties its TEST_TMPDIR between runs: give it its own.
+  mkdir -p "$tmp/scratch"
+  TEST_TMPDIR="$tmp/scratch" "$dir/tsan_retry.sh" "$fake" >"$tmp/out" 2>&1
   echo "$? $(cat "$COUNT")"
 }
 expect() {  # NAME GOT WANT
@@ -39,4 +49,7 @@ expect "a gRPC-internal failure is run again" "$(run_fake tsan_grpc_internal 1)"
 expect "at most three runs" "$(run_fake tsan_grpc_internal 5)" "66 3"
 expect "a Ferry race fails at once" "$(run_fake tsan_ferry_frame 1)" "66 1"
 expect "a race on a Ferry thread fails at once" "$(run_fake tsan_ferry_thread 1)" "66 1"
+expect "another exit code is the test's" "$(run_fake tsan_grpc_internal 1 1)" "1 1"
+expect "a test failure before the report stands" \
+  "$(run_fake tsan_grpc_internal 1 66 yes)" "66 1"
 finish
