@@ -4,6 +4,7 @@
 #include <map>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "metadata/etcd/etcd_rpc.h"
@@ -33,6 +34,12 @@ absl::Status CollectBuffers(const etcdserverpb::RangeResponse& range,
     out->emplace(addr, std::move(b));
   }
   return absl::OkStatus();
+}
+
+// etcd's answer to a read at a revision it has compacted away.
+bool IsCompacted(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kOutOfRange ||
+         absl::StrContains(s.message(), "required revision has been compacted");
 }
 
 }  // namespace
@@ -93,8 +100,16 @@ absl::StatusOr<EtcdStore::Snapshot> EtcdStore::ReadSegment(
         op.mutable_request_range()->set_revision(resp.header().revision());
         *below.add_success() = std::move(op);
       }
-      FERRY_ASSIGN_OR_RETURN(const TxnResponse w, Txn(below, deadline));
-      for (const auto& r : w.responses()) {
+      auto w = Txn(below, deadline);
+      // Another store sharing etcd may have compacted past the first
+      // read's revision in between (compaction by volume does not wait
+      // for history to age): read both again, at a newer one.
+      if (!w.ok() && IsCompacted(w.status()) &&
+          clock_->Now() + absl::Milliseconds(20) < deadline) {
+        continue;
+      }
+      if (!w.ok()) return w.status();
+      for (const auto& r : w->responses()) {
         if (r.response_range().more()) snap.window_truncated = true;
         FERRY_RETURN_IF_ERROR(
             CollectBuffers(r.response_range(), &snap.buffers));
