@@ -16,6 +16,8 @@ std::string BareCallerHost(const std::string& caller) {
   absl::string_view h = caller;
   if (!absl::ConsumePrefix(&h, "ipv4:") && absl::ConsumePrefix(&h, "ipv6:")) {
     absl::ConsumePrefix(&h, "[");
+    // A group of callers (metadata::AddressGroup): "[2001:db8::]/64".
+    if (absl::ConsumeSuffix(&h, "]/64")) return absl::StrCat(h, "/64");
     absl::ConsumeSuffix(&h, "]");
   }
   // A dual-stack listener sees IPv4 peers as ::ffff:a.b.c.d.

@@ -128,6 +128,14 @@ class SenderCheckTest : public ::testing::Test {
   std::shared_ptr<const IdentityKey> key_;
 };
 
+TEST(BareCallerHostTest, AddressesAndGroups) {
+  EXPECT_EQ(BareCallerHost("ipv4:10.0.0.7"), "10.0.0.7");
+  EXPECT_EQ(BareCallerHost("ipv6:[fd00::7]"), "fd00::7");
+  EXPECT_EQ(BareCallerHost("ipv6:[::ffff:10.0.0.7]"), "10.0.0.7");
+  // A caller group, as lookup budgets are kept (metadata::AddressGroup).
+  EXPECT_EQ(BareCallerHost("ipv6:[2001:db8::]/64"), "2001:db8::/64");
+}
+
 TEST_F(SenderCheckTest, SignedBySegmentsKey) {
   EXPECT_OK(Check("prefill-0", "ipv4:10.0.0.7", "m"));
   EXPECT_EQ(store_.reads(), 1);
