@@ -10,8 +10,12 @@ namespace ferry::metadata {
 
 ForwardWatchReactor::ForwardWatchReactor(Store* store, const std::string& name,
                                          uint64_t after_version,
+                                         WatchBudget* budget,
+                                         std::string caller,
                                          std::function<void()> on_done)
-    : on_done_(std::move(on_done)) {
+    : budget_(budget),
+      caller_(std::move(caller)),
+      on_done_(std::move(on_done)) {
   auto watch = store->WatchSegment(
       name, after_version, [this](const SegmentEvent& ev) { Push(ev); });
   MutexLock lock(&mu_);
@@ -41,6 +45,12 @@ void ForwardWatchReactor::Push(const SegmentEvent& ev) {
                      " bytes): refresh on a miss")));
     return;
   }
+  // And what all the caller's streams hold: its other streams may be
+  // holding theirs.
+  if (absl::Status charged = budget_->Charge(caller_, q.bytes); !charged.ok()) {
+    FinishLocked(ToGrpcStatus(charged));
+    return;
+  }
   queued_bytes_ += q.bytes;
   queue_.push_back(std::move(q));
   NextLocked();
@@ -56,8 +66,10 @@ void ForwardWatchReactor::OnWriteDone(bool ok) {
   HappensAfter(this);
   MutexLock lock(&mu_);
   writing_ = false;
-  queued_bytes_ -= queue_.front().bytes;
+  const size_t written = queue_.front().bytes;
+  queued_bytes_ -= written;
   queue_.pop_front();
+  budget_->Release(caller_, written);
   if (!ok) {
     FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "write failed"));
     return;
@@ -75,6 +87,15 @@ void ForwardWatchReactor::OnDone() {
   HappensAfter(this);
   // Outside mu_: ending the watch waits for a Push in progress.
   watch_.reset();
+  {
+    // Nothing is queued by now (FinishLocked dropped the queue, and the
+    // write in flight, if any, was done before OnDone); should anything
+    // be, its bytes must not stay charged to the caller for ever.
+    MutexLock lock(&mu_);
+    budget_->Release(caller_, queued_bytes_);
+    queued_bytes_ = 0;
+    queue_.clear();
+  }
   on_done_();
   delete this;
 }
@@ -82,14 +103,16 @@ void ForwardWatchReactor::OnDone() {
 void ForwardWatchReactor::FinishLocked(const grpc::Status& s) {
   if (finished_) return;
   finished_ = true;
-  // A write in flight keeps its event until OnWriteDone; the rest go.
+  // A write in flight keeps its event (and its charge) until OnWriteDone;
+  // the rest go, and give their bytes back.
+  const size_t kept = writing_ ? queue_.front().bytes : 0;
   if (writing_) {
     queue_.erase(queue_.begin() + 1, queue_.end());
-    queued_bytes_ = queue_.front().bytes;
   } else {
     queue_.clear();
-    queued_bytes_ = 0;
   }
+  budget_->Release(caller_, queued_bytes_ - kept);
+  queued_bytes_ = kept;
   Finish(s);
 }
 

@@ -6,7 +6,9 @@
 // one at a time. A client that does not take them fast enough (more than
 // kMaxQueued, or kMaxQueuedBytes, waiting) has its stream ended with
 // RESOURCE_EXHAUSTED, and refreshes on a miss as any watcher whose stream
-// ends.
+// ends. Every queued event is charged to the service's WatchBudget for its
+// caller until it is written or dropped, and one that does not fit ends
+// the stream the same way.
 #ifndef FERRY_METADATA_FORWARD_WATCH_H_
 #define FERRY_METADATA_FORWARD_WATCH_H_
 
@@ -22,6 +24,7 @@
 #include "metadata/proto/metadata.grpc.pb.h"
 #include "metadata/store.h"
 #include "metadata/validation.h"
+#include "metadata/watch_budget.h"
 
 namespace ferry::metadata {
 
@@ -35,14 +38,18 @@ class ForwardWatchReactor final
   // up to kMaxRpcMessageBytes) pinned 256 copies of it. Two of the largest
   // events: the one being written and one more always fit, and an event
   // that finds the queue empty is always taken, so no segment is too big
-  // to watch.
+  // to watch. (The caller's WatchBudget may still refuse an event, when its
+  // other streams hold the rest of its bytes.)
   static constexpr size_t kMaxQueuedBytes = 2 * size_t{kMaxRpcMessageBytes};
 
-  // Starts watching `name` in `store` (which must outlive the stream);
-  // `on_done` runs once the stream is over, before the reactor goes. If
-  // the store refuses, the stream ends with its status.
+  // Starts watching `name` in `store` (which must outlive the stream) for
+  // `caller` (AddressGroup), whose events are charged to `budget` (which
+  // must outlive the stream too); `on_done` runs once the stream is over,
+  // before the reactor goes. If the store refuses, the stream ends with
+  // its status.
   ForwardWatchReactor(Store* store, const std::string& name,
-                      uint64_t after_version, std::function<void()> on_done);
+                      uint64_t after_version, WatchBudget* budget,
+                      std::string caller, std::function<void()> on_done);
 
   void OnWriteDone(bool ok) override;
   void OnCancel() override;
@@ -53,6 +60,8 @@ class ForwardWatchReactor final
   void NextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishLocked(const grpc::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  WatchBudget* const budget_;
+  const std::string caller_;
   const std::function<void()> on_done_;
   std::unique_ptr<Watch> watch_;  // Ended in OnDone, outside mu_.
   Mutex mu_;
@@ -61,6 +70,8 @@ class ForwardWatchReactor final
     size_t bytes;  // Its ByteSizeLong, counted in queued_bytes_.
   };
   std::deque<Queued> queue_ ABSL_GUARDED_BY(mu_);
+  // What queue_ holds, all of it charged to budget_: given back as events
+  // leave the queue.
   size_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;

@@ -26,7 +26,8 @@ struct MetadataServiceImpl::WatchState {
 };
 
 // One WatchSegment stream: writes one event at a time, each computed from
-// the store when the previous write is done or a change is noticed.
+// the store when the previous write is done or a change is noticed, and
+// charged to the service's WatchBudget while it is written.
 class MetadataServiceImpl::WatchReactor final
     : public grpc::ServerWriteReactor<SegmentEvent> {
  public:
@@ -59,6 +60,15 @@ class MetadataServiceImpl::WatchReactor final
     // `gone` once; the watch goes on, and a publication under the name
     // later comes whole (a restarted engine, or one whose lease ran out).
     if (ev->gone() && gone_sent_) return;
+    // Held until written, which a client that does not read never lets
+    // happen: counted with the rest its caller's streams hold.
+    const size_t bytes = ev->ByteSizeLong();
+    if (absl::Status charged = service_->watch_budget_.Charge(caller_, bytes);
+        !charged.ok()) {
+      FinishLocked(ToGrpcStatus(charged));
+      return;
+    }
+    charged_ = bytes;
     gone_sent_ = ev->gone();
     event_ = std::move(*ev);
     if (!event_.gone()) version_ = event_.version();
@@ -70,6 +80,10 @@ class MetadataServiceImpl::WatchReactor final
     HappensAfter(this);
     MutexLock lock(&state_->mu);
     writing_ = false;
+    // The event is gRPC's no more (written, or the call is over): free
+    // it, rather than keep it until the next one, and give its bytes back.
+    event_ = SegmentEvent();
+    ReleaseLocked();
     if (!ok) {
       FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "write failed"));
     } else {
@@ -87,6 +101,10 @@ class MetadataServiceImpl::WatchReactor final
     {
       MutexLock lock(&state_->mu);
       state_->reactor = nullptr;
+      // A write in flight was done before OnDone (and gave its bytes back
+      // then); should a charge be left, it must not stay the caller's for
+      // ever.
+      ReleaseLocked();
     }
     service_->Release(caller_);
     delete this;
@@ -99,11 +117,16 @@ class MetadataServiceImpl::WatchReactor final
   }
 
  private:
+  // A write in flight keeps its event, and its charge, until OnWriteDone.
   void FinishLocked(const grpc::Status& s)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
     if (finished_) return;
     finished_ = true;
     Finish(s);
+  }
+  void ReleaseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
+    service_->watch_budget_.Release(caller_, charged_);
+    charged_ = 0;
   }
 
   MetadataServiceImpl* const service_;
@@ -114,6 +137,7 @@ class MetadataServiceImpl::WatchReactor final
   std::shared_ptr<WatchState> state_;
   uint64_t subscription_ = 0;
   SegmentEvent event_;
+  size_t charged_ = 0;  // event_'s bytes in the budget, while written.
   bool writing_ = false;
   bool finished_ = false;
   bool gone_sent_ = false;  // The last event written was `gone`.
@@ -210,9 +234,9 @@ grpc::ServerWriteReactor<SegmentEvent>* MetadataServiceImpl::WatchSegment(
   if (table == nullptr) {
     // A store that pushes by itself (etcd), or cannot (then the stream
     // ends UNIMPLEMENTED and the watcher refreshes on a miss).
-    return new ForwardWatchReactor(
-        store_, request->name(), request->after_version(),
-        [this, caller = std::move(caller)] { Release(caller); });
+    return new ForwardWatchReactor(store_, request->name(),
+                                   request->after_version(), &watch_budget_,
+                                   caller, [this, caller] { Release(caller); });
   }
   return new WatchReactor(this, table, request->name(),
                           request->after_version(), std::move(caller));

@@ -27,6 +27,7 @@
 #include "metadata/call_pool.h"
 #include "metadata/proto/metadata.grpc.pb.h"
 #include "metadata/segment_store.h"
+#include "metadata/watch_budget.h"
 
 namespace ferry::metadata {
 
@@ -47,6 +48,14 @@ class MetadataServiceImpl final : public MetadataService::CallbackService {
   // fill the service. A refused watch is no error to an engine: it
   // refreshes that segment on a miss, as with a store that cannot push.
   static constexpr int kMaxWatchesPerCaller = kMaxWatches / 16;
+  // And the bytes of events the streams hold until gRPC has written them
+  // (forever, for a client that does not read): WatchBudget's limits,
+  // 1 GiB for the service and a sixteenth of it per caller. Counts alone
+  // let one address's 256 streams on a large segment pin gigabytes. A
+  // stream whose event does not fit ends RESOURCE_EXHAUSTED.
+  static constexpr size_t kMaxWatchBytes = WatchBudget::kMaxBytes;
+  static constexpr size_t kMaxWatchBytesPerCaller =
+      WatchBudget::kMaxBytesPerCaller;
 
   // Serves an in-memory SegmentStore of its own, whose leases expire on
   // `clock` (null: the system clock; it must outlive the service).
@@ -92,6 +101,17 @@ class MetadataServiceImpl final : public MetadataService::CallbackService {
   void WaitIdle() { pool_.WaitIdle(); }
   // Unary calls admitted and not yet over (tests).
   int CallsForTesting() const { return pool_.calls(); }
+  // Tests: smaller byte limits for watch streams, to reach them with
+  // events of a few MiB.
+  void SetWatchByteLimitsForTesting(size_t max_bytes,
+                                    size_t max_bytes_per_caller) {
+    watch_budget_.SetLimits(max_bytes, max_bytes_per_caller);
+  }
+  // Bytes of events the watch streams of `caller` (AddressGroup) hold
+  // (tests).
+  size_t WatchBytesForTesting(const std::string& caller) const {
+    return watch_budget_.held(caller);
+  }
 
   // One watch stream's state, shared by its reactor and the notifier.
   struct WatchState;
@@ -110,6 +130,9 @@ class MetadataServiceImpl final : public MetadataService::CallbackService {
   Store* store_;
   std::string token_;
   CallPool pool_;
+  // Charged by every watch stream's reactor, which the server has ended
+  // (OnDone, having given back all it held) before the service goes.
+  WatchBudget watch_budget_;
 
   Mutex mu_;
   CondVar wake_;

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,6 +27,7 @@
 #include "metadata/peer_service.h"
 #include "metadata/rpc_server.h"
 #include "metadata/store_testing.h"
+#include "metadata/validation.h"
 
 namespace ferry::metadata {
 namespace {
@@ -496,7 +498,11 @@ class PushingStore final : public Store {
 
 // A gRPC channel over a connection made from `source_ip` (any 127/8
 // address is this host), so that a test calls from an address of its
-// choice (as rpc_server_test does); null if it cannot connect.
+// choice (as rpc_server_test does); null if it cannot connect. It lets in
+// no more of a stream than the initial HTTP/2 window (64 KiB) until the
+// stream is read: without BDP probing, which widens the window as data
+// comes, a stream left unread keeps a large event in the service, as a
+// client that stopped reading does.
 std::unique_ptr<MetadataService::Stub> StubFrom(const std::string& source_ip,
                                                 uint16_t port) {
   UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
@@ -513,8 +519,10 @@ std::unique_ptr<MetadataService::Stub> StubFrom(const std::string& source_ip,
           0) {
     return nullptr;
   }
-  return MetadataService::NewStub(
-      grpc::CreateInsecureChannelFromFd("ferry-test", fd.Release()));
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  return MetadataService::NewStub(grpc::CreateCustomInsecureChannelFromFd(
+      "ferry-test", fd.Release(), args));
 }
 
 // The watch streams one address holds, as the engines of one host would:
@@ -538,27 +546,24 @@ class Watcher {
   // Opens a watch: OK once its first event came (the service took it),
   // else the status the service ended it with.
   grpc::Status Open() {
-    if (stubs_.empty() || opened_on_last_ == kStreamsPerConnection) {
-      stubs_.push_back(StubFrom(source_ip_, port_));
-      opened_on_last_ = 0;
-    }
-    if (stubs_.back() == nullptr) {
+    std::unique_ptr<Stream> stream = Start();
+    if (stream == nullptr) {
       return grpc::Status(grpc::StatusCode::UNAVAILABLE,
                           "cannot connect from " + source_ip_);
     }
-    ++opened_on_last_;
-    auto stream = std::make_unique<Stream>();
-    AddAuthToken(&stream->ctx, token_);
-    // Bounds the test if the service never answers.
-    stream->ctx.set_deadline(std::chrono::system_clock::now() +
-                             std::chrono::seconds(30));
-    WatchSegmentRequest request;
-    request.set_name("watched");
-    stream->reader = stubs_.back()->WatchSegment(&stream->ctx, request);
     SegmentEvent first;
     if (!stream->reader->Read(&first)) return stream->reader->Finish();
     streams_.push_back(std::move(stream));
     return grpc::Status::OK;
+  }
+
+  // Opens a watch and never reads it, as a client that stopped reading
+  // does. False if it cannot connect.
+  bool OpenUnread() {
+    std::unique_ptr<Stream> stream = Start();
+    if (stream == nullptr) return false;
+    streams_.push_back(std::move(stream));
+    return true;
   }
 
   // Ends the oldest watch it holds, as a client that goes away does.
@@ -573,6 +578,26 @@ class Watcher {
     grpc::ClientContext ctx;
     std::unique_ptr<grpc::ClientReader<SegmentEvent>> reader;
   };
+
+  // Starts a watch of "watched"; null if it cannot connect.
+  std::unique_ptr<Stream> Start() {
+    if (stubs_.empty() || opened_on_last_ == kStreamsPerConnection) {
+      stubs_.push_back(StubFrom(source_ip_, port_));
+      opened_on_last_ = 0;
+    }
+    if (stubs_.back() == nullptr) return nullptr;
+    ++opened_on_last_;
+    auto stream = std::make_unique<Stream>();
+    AddAuthToken(&stream->ctx, token_);
+    // Bounds the test if the service never answers.
+    stream->ctx.set_deadline(std::chrono::system_clock::now() +
+                             std::chrono::seconds(30));
+    WatchSegmentRequest request;
+    request.set_name("watched");
+    stream->reader = stubs_.back()->WatchSegment(&stream->ctx, request);
+    return stream;
+  }
+
   const std::string source_ip_;
   const uint16_t port_;
   const std::string token_;
@@ -591,6 +616,11 @@ class WatchShareTest : public ::testing::TestWithParam<WatchPath> {
   static constexpr int kShare = MetadataServiceImpl::kMaxWatchesPerCaller;
   static constexpr char kToken[] = "watch-share-test-token-0123456789";
 
+  // A forwarded watch's first event carries `pushed_bytes` of location
+  // text.
+  explicit WatchShareTest(size_t pushed_bytes = 0)
+      : pushing_(1, pushed_bytes) {}
+
   void SetUp() override {
     service_ = GetParam() == WatchPath::kTable
                    ? std::make_unique<MetadataServiceImpl>()
@@ -608,7 +638,7 @@ class WatchShareTest : public ::testing::TestWithParam<WatchPath> {
     }
   }
 
-  PushingStore pushing_{1, 0};
+  PushingStore pushing_;
   std::unique_ptr<MetadataServiceImpl> service_;
   std::unique_ptr<RpcServer> server_;  // Shut down first.
 };
@@ -672,13 +702,150 @@ TEST_P(WatchShareTest, CallsWithoutTheTokenTakeNoShare) {
   EXPECT_EQ(host.Open().error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
 }
 
+std::string PathName(const ::testing::TestParamInfo<WatchPath>& info) {
+  return info.param == WatchPath::kTable ? "Table" : "Forwarded";
+}
+
 INSTANTIATE_TEST_SUITE_P(Paths, WatchShareTest,
                          ::testing::Values(WatchPath::kTable,
                                            WatchPath::kForwarded),
-                         [](const ::testing::TestParamInfo<WatchPath>& info) {
-                           return info.param == WatchPath::kTable ? "Table"
-                                                                  : "Forwarded";
-                         });
+                         PathName);
+
+// A descriptor named `name` that encodes to `bytes` or a little more, in
+// buffers a Put accepts (a location is at most 64 bytes).
+descriptor::SegmentDescriptor SegmentOfBytes(const std::string& name,
+                                             size_t bytes) {
+  descriptor::SegmentDescriptor seg;
+  seg.set_name(name);
+  seg.set_incarnation(1);
+  size_t size = 0;
+  for (uint64_t i = 1; size < bytes; ++i) {
+    descriptor::Buffer* b = seg.add_buffers();
+    b->set_addr(i << 20);
+    b->set_length(0x1000);
+    b->set_location(std::string(descriptor::kMaxLocationBytes, 'l'));
+    // Its encoding in the descriptor: a tag, a one-byte length, and it.
+    size += 2 + b->ByteSizeLong();
+  }
+  return seg;
+}
+
+// The watches of one caller that does not read, on a segment whose
+// descriptor (each watch's first event) encodes to a few MiB, under byte
+// limits that two and a half such events reach. Without a byte budget
+// each unread stream pinned its copy: 256 streams of a 32 MiB descriptor,
+// 8 GiB for one address.
+class WatchBytesTest : public WatchShareTest {
+ protected:
+  static constexpr size_t kEventBytes = size_t{2} << 20;
+  static constexpr size_t kCallerBytes = kEventBytes * 5 / 2;
+  static constexpr char kHost[] = "ipv4:127.0.0.1";
+
+  WatchBytesTest() : WatchShareTest(kEventBytes) {}
+
+  void SetUp() override {
+    ASSERT_NO_FATAL_FAILURE(WatchShareTest::SetUp());
+    service_->SetWatchByteLimitsForTesting(MetadataServiceImpl::kMaxWatchBytes,
+                                           kCallerBytes);
+    if (GetParam() == WatchPath::kTable) {
+      MetadataClient publisher(server_->address(), absl::Seconds(10), kToken);
+      ASSERT_OK(
+          publisher.Put(LeasedPutOf(SegmentOfBytes("watched", kEventBytes))));
+    }
+  }
+
+  // Waits (10 s at most) until `done` holds of the bytes the watch streams
+  // of `caller` hold in the service, and returns them.
+  size_t WaitForHeld(const std::string& caller,
+                     const std::function<bool(size_t)>& done) {
+    const absl::Time end = absl::Now() + absl::Seconds(10);
+    size_t held = service_->WatchBytesForTesting(caller);
+    while (!done(held) && absl::Now() < end) {
+      absl::SleepFor(absl::Milliseconds(1));  // Poll pace, not ordering.
+      held = service_->WatchBytesForTesting(caller);
+    }
+    return held;
+  }
+
+  // Opens two watches of `host`'s that it does not read, and returns once
+  // the service holds both their events.
+  void PinTwoEvents(Watcher* host) {
+    ASSERT_TRUE(host->OpenUnread());
+    ASSERT_TRUE(host->OpenUnread());
+    // Each charged as its stream makes its event: wait for both, so that a
+    // watch opened next is the third.
+    const size_t held =
+        WaitForHeld(kHost, [](size_t held) { return held >= 2 * kEventBytes; });
+    ASSERT_GE(held, 2 * kEventBytes);
+    ASSERT_LE(held, kCallerBytes);
+  }
+};
+
+// Two unread watches hold their events; the third watch's event would pass
+// the caller's bytes, and its stream ends RESOURCE_EXHAUSTED, naming the
+// caller, what it holds and the limit, without taking anything; another
+// address is still served. (Without the budget the third is served like
+// the others, and 256 of them pin 256 events.)
+TEST_P(WatchBytesTest, ACallerThatDoesNotReadPinsAtMostItsBytes) {
+  Watcher host("127.0.0.1", server_->port(), kToken);
+  ASSERT_NO_FATAL_FAILURE(PinTwoEvents(&host));
+  const size_t held = service_->WatchBytesForTesting(kHost);
+  grpc::Status refused = host.Open();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << refused.error_message();
+  for (const std::string& part :
+       {std::string(kHost), absl::StrCat("hold ", held, " bytes"),
+        absl::StrCat("limit per caller (", kCallerBytes, ")"),
+        std::string("refreshes the segment on a miss")}) {
+    EXPECT_NE(refused.error_message().find(part), std::string::npos)
+        << part << " not in: " << refused.error_message();
+  }
+  EXPECT_EQ(service_->WatchBytesForTesting(kHost), held)
+      << "a refused event took bytes";
+  Watcher other("127.0.0.2", server_->port(), kToken);
+  grpc::Status admitted = other.Open();
+  EXPECT_TRUE(admitted.ok()) << admitted.error_message();
+}
+
+// Watches that end give their events' bytes back, though gRPC never wrote
+// those events (the reactor finishes with the write in flight): the
+// caller holds nothing once they are over, and pins two events again.
+TEST_P(WatchBytesTest, EndedWatchesGiveTheirBytesBack) {
+  Watcher host("127.0.0.1", server_->port(), kToken);
+  ASSERT_NO_FATAL_FAILURE(PinTwoEvents(&host));
+  ASSERT_EQ(host.Open().error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  host.EndOne();
+  host.EndOne();
+  // Given back in the streams' OnWriteDone, a moment after the client's
+  // Finish.
+  EXPECT_EQ(WaitForHeld(kHost, [](size_t held) { return held == 0; }), 0u);
+  ASSERT_NO_FATAL_FAILURE(PinTwoEvents(&host));
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, WatchBytesTest,
+                         ::testing::Values(WatchPath::kTable,
+                                           WatchPath::kForwarded),
+                         PathName);
+
+// Watches "big" on `address` and reads every event until the stream ends
+// (10 s at most: a stream that is not ended stays open that long).
+struct WatchedToTheEnd {
+  int events = 0;
+  grpc::Status status;
+};
+WatchedToTheEnd WatchToTheEnd(const std::string& address) {
+  auto stub = MetadataService::NewStub(MakeChannel(address));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  WatchSegmentRequest request;
+  request.set_name("big");
+  auto reader = stub->WatchSegment(&ctx, request);
+  WatchedToTheEnd watched;
+  SegmentEvent ev;
+  while (reader->Read(&ev)) ++watched.events;
+  watched.status = reader->Finish();
+  return watched;
+}
 
 // A forwarded watch whose client does not take its events queued up to
 // 256 of them, whatever their size: a watcher of a large segment that
@@ -696,20 +863,49 @@ TEST(ForwardedWatchTest, QueuedEventsAreCappedByBytes) {
   MetadataServiceImpl service(&store);
   ASSERT_OK_AND_ASSIGN(auto server,
                        RpcServer::Start("127.0.0.1:0", {&service}));
-  auto stub = MetadataService::NewStub(MakeChannel(server->address()));
-  grpc::ClientContext ctx;
   // Without the byte cap every event comes and the stream stays open.
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  WatchSegmentRequest request;
-  request.set_name("big");
-  auto reader = stub->WatchSegment(&ctx, request);
-  SegmentEvent ev;
-  int got = 0;
-  while (reader->Read(&ev)) ++got;
-  grpc::Status s = reader->Finish();
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
-      << s.error_message();
-  EXPECT_EQ(got, 1) << "only the event being written outlives the overflow";
+  WatchedToTheEnd watched = WatchToTheEnd(server->address());
+  EXPECT_EQ(watched.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << watched.status.error_message();
+  EXPECT_EQ(watched.events, 1)
+      << "only the event being written outlives the overflow";
+  server->Shutdown();
+}
+
+// Every event a forwarded stream queues is charged to its caller, not only
+// the one being written: a store that pushes faster than the client takes
+// ends the stream at the caller's bytes, far below the stream's own cap
+// (kMaxQueuedBytes), and the events dropped then give their bytes back,
+// as the one being written does once written. (Without the budget all
+// four events come and the stream stays open until its deadline.)
+TEST(ForwardedWatchTest, QueuedEventsAreChargedToTheirCaller) {
+  constexpr size_t kEventBytes = size_t{1} << 20;
+  constexpr int kPushes = 4;
+  static_assert(kPushes * kEventBytes < ForwardWatchReactor::kMaxQueuedBytes,
+                "the stream's own cap would end it");
+  PushingStore store(kPushes, kEventBytes);
+  MetadataServiceImpl service(&store);
+  // Two events and a half: the third push does not fit.
+  service.SetWatchByteLimitsForTesting(MetadataServiceImpl::kMaxWatchBytes,
+                                       kEventBytes * 5 / 2);
+  ASSERT_OK_AND_ASSIGN(auto server,
+                       RpcServer::Start("127.0.0.1:0", {&service}));
+  WatchedToTheEnd watched = WatchToTheEnd(server->address());
+  EXPECT_EQ(watched.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << watched.status.error_message();
+  EXPECT_NE(watched.status.error_message().find("ipv4:127.0.0.1"),
+            std::string::npos)
+      << watched.status.error_message();
+  EXPECT_EQ(watched.events, 1)
+      << "only the event being written outlives the refusal";
+  // Given back when the written event's write is done, which may come a
+  // moment after the client has the stream's end.
+  const absl::Time end = absl::Now() + absl::Seconds(10);
+  while (service.WatchBytesForTesting("ipv4:127.0.0.1") != 0 &&
+         absl::Now() < end) {
+    absl::SleepFor(absl::Milliseconds(1));  // Poll pace, not ordering.
+  }
+  EXPECT_EQ(service.WatchBytesForTesting("ipv4:127.0.0.1"), 0u);
   server->Shutdown();
 }
 
