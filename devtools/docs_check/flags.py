@@ -30,6 +30,8 @@ EXTERNAL_FLAGS = {
     "force", "force-reinstall", "user",
     # perftest (ib_write_bw --mtu); the linker (-Wl,--as-needed)
     "mtu", "as-needed",
+    # perf report
+    "no-children", "sort",
     # absl's own, which every Ferry program takes and --helpfull omits
     "help", "helpfull", "helpshort", "helpon", "helpmatch", "helppackage",
     "version", "only_check_args",
