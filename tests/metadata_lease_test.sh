@@ -15,7 +15,8 @@
 #   5. --auth_token_file: a call without the token is refused.
 #   6. --tls_*: with mutual TLS (certificates made here with openssl), an
 #      engine without a certificate from the cluster CA cannot join; one
-#      with it moves verified data.
+#      with it moves verified data;
+#   7. one with no token on 0.0.0.0 warns that it is open.
 set -uo pipefail
 # shellcheck source=../testing/test_lib.sh
 source "${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}/testing/test_lib.sh"
@@ -201,6 +202,20 @@ if ((rc_plain != 0 && rc_tls == 0)) && grep -q "UNAVAILABLE" "$tmp/no-tls.json";
   pass "with --tls_* an engine without a certificate cannot join (exit $rc_plain); with one, verified data"
 else
   fail "tls (without: exit $rc_plain, with: exit $rc_tls)" "$tmp/no-tls.json" "$tmp/tls.json" "$tmp/sealed.log" "$tmp/md6.log"
+fi
+
+# 7. A metadata_server with no token that listens beyond loopback says it
+# is open (once); on loopback (md1) or with TLS (md6) it does not.
+open_port=$(free_port)
+"$MDS" --listen="0.0.0.0:$open_port" >"$tmp/md7.log" 2>&1 &
+md7=$!
+pids+=("$md7")
+wait_for "$tmp/md7.log" "listening" "$md7" || true
+if grep -q "metadata_server listens on .* with no auth token" "$tmp/md7.log" &&
+  ! grep -q "no auth token" "$tmp/md1.log" "$tmp/md6.log"; then
+  pass "an open metadata_server on 0.0.0.0 warns; on loopback or with TLS it does not"
+else
+  fail "open-server warning" "$tmp/md7.log" "$tmp/md1.log"
 fi
 
 finish
