@@ -178,8 +178,19 @@ class ClientWatch final : public Watch,
     fn_(event_);
     StartRead(&event_);  // After `gone` too: the name may come back.
   }
-  void OnDone(const grpc::Status&) override {
+  void OnDone(const grpc::Status& status) override {
     HappensAfter(this);
+    // The service ended the stream (refused it over a limit, went away):
+    // the watcher can no longer tell what changed, so it hears "gone" and
+    // reads the segment again. Not when we cancelled it (the watch is
+    // being destroyed), nor where the service cannot push at all
+    // (UNIMPLEMENTED: the watcher refreshes on a miss anyway).
+    if (!status.ok() && status.error_code() != grpc::StatusCode::CANCELLED &&
+        status.error_code() != grpc::StatusCode::UNIMPLEMENTED) {
+      SegmentEvent ended;
+      ended.set_gone(true);
+      fn_(ended);
+    }
     MutexLock lock(&mu_);
     done_ = true;
     done_cv_.SignalAll();

@@ -95,7 +95,10 @@ class Store {
   // Pushes each change of segment `name` after `after_version` to `fn`
   // (SegmentEvent: the whole descriptor, a buffer delta, or gone), from a
   // thread of the store's; `fn` must not block. Unimplemented where the
-  // backend cannot push (readers then refresh on a miss).
+  // backend cannot push (readers then refresh on a miss). A watch that
+  // ends before it is destroyed (a remote service refused or dropped the
+  // stream) says `gone` once: what was pushed can no longer be trusted to
+  // be current.
   using EventFn = std::function<void(const SegmentEvent&)>;
   virtual absl::StatusOr<std::unique_ptr<Watch>> WatchSegment(
       const std::string& name, uint64_t after_version, EventFn fn) {
