@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 
 namespace ferry::metadata {
 
@@ -53,6 +54,14 @@ void WatchBudget::Release(const std::string& caller, size_t bytes) {
   if (bytes == 0) return;
   MutexLock lock(&mu_);
   auto it = held_.find(caller);
+  const size_t held = it == held_.end() ? 0 : it->second;
+  if (bytes > held) {
+    // A stream gave back what it had not charged: a bookkeeping bug that
+    // would eat another stream's charge. Said, not hidden.
+    FERRY_LOG_EVERY(kError, "metadata", absl::Seconds(1),
+                    "watch budget: ", caller, " gives back ", bytes,
+                    " bytes but holds ", held);
+  }
   if (it == held_.end()) return;
   const size_t given = std::min(it->second, bytes);
   it->second -= given;
