@@ -325,6 +325,21 @@ TEST(EtcdStoreTest, QuotasHoldAcrossStoresSharingEtcd) {
   EXPECT_OK(b->PutFrom(LeasedPutOf(Seg("s3", 4, 20)), "ipv4:10.0.0.66"));
 }
 
+// A read of the keys under `prefix` as of `revision`, straight from etcd:
+// refused ("compacted") once the store compacted that history away.
+grpc::Status ReadAtRevision(EtcdCluster* c, const std::string& prefix,
+                            int64_t revision) {
+  auto kv = etcdserverpb::KV::NewStub(grpc::CreateChannel(
+      "ipv4:" + c->endpoints()[0], grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  etcdserverpb::RangeRequest req;
+  req.set_key(prefix);
+  req.set_revision(revision);
+  etcdserverpb::RangeResponse resp;
+  return kv->Range(&ctx, req, &resp);
+}
+
 // etcd keeps every revision until it is compacted, so updates alone
 // would fill its quota. A store compacts what is compact_after old.
 TEST(EtcdStoreTest, HistoryIsCompacted) {
@@ -345,15 +360,8 @@ TEST(EtcdStoreTest, HistoryIsCompacted) {
   *r.add_add() = TestSegment("x", 1, 3).buffers(2);
   ASSERT_OK(store->UpdateBuffers(r));
   // History before the first write is gone: a read there is refused.
-  auto kv = etcdserverpb::KV::NewStub(grpc::CreateChannel(
-      "ipv4:" + c->endpoints()[0], grpc::InsecureChannelCredentials()));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-  etcdserverpb::RangeRequest req;
-  req.set_key("compact-test/");
-  req.set_revision(static_cast<int64_t>(first) - 1);
-  etcdserverpb::RangeResponse resp;
-  grpc::Status g = kv->Range(&ctx, req, &resp);
+  const grpc::Status g =
+      ReadAtRevision(c, "compact-test/", static_cast<int64_t>(first) - 1);
   EXPECT_FALSE(g.ok()) << "revision " << first - 1 << " still readable";
   EXPECT_TRUE(absl::StrContains(g.error_message(), "compacted"))
       << g.error_message();
@@ -373,16 +381,8 @@ TEST(EtcdStoreTest, HistoryIsCompactedByVolume) {
   o.compact_after = absl::Hours(1);
   o.max_bytes = 16384;  // Compacts after 4 KiB: some 15 publications.
   ASSERT_OK_AND_ASSIGN(auto store, EtcdStore::Create(o));
-  auto kv = etcdserverpb::KV::NewStub(grpc::CreateChannel(
-      "ipv4:" + c->endpoints()[0], grpc::InsecureChannelCredentials()));
-  const auto read_at = [&](int64_t revision) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-    etcdserverpb::RangeRequest req;
-    req.set_key("volume-compact-test/");
-    req.set_revision(revision);
-    etcdserverpb::RangeResponse resp;
-    return kv->Range(&ctx, req, &resp);
+  const auto read_at = [c](int64_t revision) {
+    return ReadAtRevision(c, "volume-compact-test/", revision);
   };
   ASSERT_OK_AND_ASSIGN(const uint64_t first,
                        store->Put(LeasedPutOf(Seg("v", 1, 2))));
