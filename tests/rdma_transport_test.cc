@@ -96,7 +96,7 @@ bool Step(SimulatedClock* clock, absl::Duration d, int threads) {
   return false;
 }
 
-// The housekeeping interval (rdma_connect.cc).
+// The housekeeping interval (kHousekeepingInterval, control_plane.h).
 constexpr absl::Duration kHousekeeping = absl::Milliseconds(50);
 
 // A handshake names the run of the target it is for, and the Exchange

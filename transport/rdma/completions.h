@@ -6,7 +6,7 @@
 //
 // It decides nothing about endpoints or slices. Each completion, each
 // endpoint whose budget came back, each port change and each fatal device
-// goes to the CompletionHandler (the transport): calls go one way, and the
+// goes to the CompletionHandler (SlicePath): calls go one way, and the
 // handler never calls back into Completions while it holds a NIC's
 // poll_mu except through Park, Untrack and TakeParked, which take only
 // map_mu.

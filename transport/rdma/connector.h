@@ -1,5 +1,5 @@
 // Connection set-up of the RDMA transport as explicit state machines, free
-// of verbs and threads: they decide, RdmaTransport executes (create and
+// of verbs and threads: they decide, RailLifecycle executes (create and
 // connect QPs, send a request, install, fail, close, tell the peer).
 //
 // RailConnector: one rail (a local NIC and a NIC of one peer). The rail has
@@ -36,7 +36,7 @@
 // period (50 ms doubling to 1.6 s); then one probe at a time, the others
 // failing fast, until a handshake succeeds.
 //
-// Not thread-safe: RdmaTransport calls them under the Peer's lock.
+// Not thread-safe: RailLifecycle calls them under the Peer's lock.
 #ifndef FERRY_TRANSPORT_RDMA_CONNECTOR_H_
 #define FERRY_TRANSPORT_RDMA_CONNECTOR_H_
 

@@ -4,7 +4,7 @@
 // (send a request, accept, install), deadlines, the data path using a
 // connection, lost messages, failed operations and endpoints, evictions
 // and a restart of one side. The world executes the machines' actions the
-// way RdmaTransport does, minus verbs and threads.
+// way RailLifecycle does, minus verbs and threads.
 //
 // Enabled() lists what may happen next; Apply() makes it happen. At a
 // quiescent state (nothing in flight, no deadline pending, no use that

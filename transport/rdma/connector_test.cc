@@ -123,7 +123,7 @@ TEST(RailConnectorTest, TieBreakLoserAdoptsOrGivesUp) {
 }
 
 TEST(RailConnectorTest, AdoptionThatFailsFailsTheEndpoint) {
-  // The defect of the old rdma_connect.cc: an endpoint whose own connect
+  // The defect of the former rdma_connect.cc: an endpoint whose own connect
   // was skipped because the peer's request was being adopted stayed
   // connecting forever when the adoption failed. Now it fails (its slices
   // move on) and the rail is free.

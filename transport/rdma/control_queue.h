@@ -11,7 +11,7 @@
 // (a peer learns at once that its connections are closed), until the
 // farewell's deadline.
 //
-// It runs no thread: RdmaTransport's control threads call Take and Done.
+// It runs no thread: ControlPlane's threads (or a test) call Take and Done.
 // So the choice is tested without threads (control_queue_test.cc).
 // Thread-safe. Lock order: after every lock of the transport (nothing is
 // called under mu_).

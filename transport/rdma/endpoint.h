@@ -4,7 +4,7 @@
 // it. Several QPs per endpoint let a NIC work on one rail in parallel;
 // chains of slices alternate between them.
 //
-// Its rail's RailConnector (connector.h) decides its life; RdmaTransport
+// Its rail's RailConnector (connector.h) decides its life; RailLifecycle
 // carries that out: kConnecting until the QPs are installed, kConnected,
 // then kClosing or kFailed, draining, and dropped. Any thread posts on it
 // (Submit runs to completion on the caller's thread); pollers complete

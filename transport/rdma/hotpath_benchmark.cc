@@ -35,7 +35,7 @@ std::vector<uint32_t> RandomIndices(size_t n, uint32_t seed) {
   return v;
 }
 
-// One run of slices to one peer as RdmaTransport::RouteRun routes it: a
+// One run of slices to one peer as SlicePath::RouteRun routes it: a
 // fresh router per run (NIC states and the buffer's keys loaded), then
 // Choose + Assign per slice. Args: local NICs, remote NICs, slices per run.
 void BM_RailRouteRun(benchmark::State& state) {
@@ -166,7 +166,7 @@ void BM_EndpointStoreInsertEvict(benchmark::State& state) {
 BENCHMARK(BM_EndpointStoreInsertEvict)->Arg(64)->Arg(4096);
 
 // The per-run endpoint lookup, part 1: PeerTable::Get of the target
-// segment's record (RdmaTransport::PeerForView), among `n` known peers.
+// segment's record (RailLifecycle::PeerForView), among `n` known peers.
 void BM_PeerTableGet(benchmark::State& state) {
   const size_t n = static_cast<size_t>(state.range(0));
   PeerTable table(n, [](const std::string& name) {
@@ -194,7 +194,7 @@ void BM_PeerTableGet(benchmark::State& state) {
 BENCHMARK(BM_PeerTableGet)->Arg(1)->Arg(64)->Arg(1024);
 
 // The per-run endpoint lookup, part 2: the rail's current endpoint under
-// the peer's lock (RdmaTransport::RailEndpoint), among `local` x `remote`
+// the peer's lock (RailLifecycle::RailEndpoint), among `local` x `remote`
 // rails, each with a connected endpoint.
 void BM_PeerRailLookup(benchmark::State& state) {
   const int n_local = static_cast<int>(state.range(0));

@@ -53,7 +53,7 @@ class Peer : public std::enable_shared_from_this<Peer> {
     int local = 0;
     std::string remote_nic;
     // The connector's current endpoint: set exactly while conn is not
-    // kIdle (RdmaTransport keeps the two in step under `mu`).
+    // kIdle (RailLifecycle keeps the two in step under `mu`).
     std::shared_ptr<Endpoint> ep;
     RailHealth health;
     RailConnector conn;

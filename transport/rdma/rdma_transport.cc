@@ -1,33 +1,26 @@
-// RdmaTransport: lifecycle, memory registration, peers and stats.
+// RdmaTransport: options, NICs, wiring of the parts, stats and shutdown.
 #include "transport/rdma/rdma_transport.h"
 
 #include <errno.h>
 #include <sched.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
 #include <random>
-#include <system_error>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "gpu/cuda_driver.h"
-#include "transport/rdma/gpu_mr.h"
+#include "transport/rdma/local_mr.h"
 #include "transport/rdma/verbs_compat.h"
 #include "transport/softrnic/softrnic_control.h"
 
 namespace ferry::rdma {
 
 RdmaTransport::RdmaTransport(const TransportOptions& options)
-    : options_(options),
-      posting_{static_cast<uint32_t>(options.rdma.signal_every),
-               static_cast<uint32_t>(options.rdma.inline_bytes)},
-      peers_(options.rdma.max_peers,
-             [this](const std::string& name) { return MakePeer(name); }),
-      store_(options.rdma.max_endpoints),
+    : ctx_(options),
       gpu_staging_(std::make_unique<GpuStaging>(
           &staging_path_, "RDMA", "rdma.staging_buffers",
           std::max(options.rdma.staging_buffers, 1),
@@ -39,7 +32,7 @@ RdmaTransport::~RdmaTransport() {
 }
 
 absl::Status RdmaTransport::ValidateOptions() const {
-  const RdmaOptions& o = options_.rdma;
+  const RdmaOptions& o = ctx_.options.rdma;
   if (o.slice_bytes < 4096 || o.slice_bytes > (64u << 20)) {
     return absl::InvalidArgumentError("rdma.slice_bytes must be 4 KiB..64 MiB");
   }
@@ -102,15 +95,15 @@ absl::Status RdmaTransport::ValidateOptions() const {
 absl::Status RdmaTransport::Install(const TransportEnv& env,
                                     descriptor::TransportEndpoint* endpoint) {
   FERRY_RETURN_IF_ERROR(ValidateOptions());
-  env_ = env;
-  clock_ = ClockOrReal(env.clock);
-  control_.SetClock(clock_);
-  gpu_staging_->SetClock(clock_);
-  incarnation_ = env.incarnation;
-  if (incarnation_ == 0) {
+  ctx_.env = env;
+  ctx_.clock = ClockOrReal(env.clock);
+  queue_.SetClock(ctx_.clock);
+  gpu_staging_->SetClock(ctx_.clock);
+  ctx_.incarnation = env.incarnation;
+  if (ctx_.incarnation == 0) {
     // Stand-alone use (tests): any run-unique value will do.
     std::random_device rd;
-    incarnation_ = (static_cast<uint64_t>(rd()) << 32) | rd() | 1;
+    ctx_.incarnation = (static_cast<uint64_t>(rd()) << 32) | rd() | 1;
   }
   if (!env.auth_token.empty() &&
       softrnic::SetClusterToken(env.auth_token.c_str()) != 0 &&
@@ -123,27 +116,42 @@ absl::Status RdmaTransport::Install(const TransportEnv& env,
               "environment or an earlier engine in this process); its "
               "connections prove that one, not this engine's auth_token");
   }
-  timers_.timeout = static_cast<uint8_t>(options_.rdma.qp_timeout);
-  timers_.retry_count = static_cast<uint8_t>(options_.rdma.qp_retry_count);
-  timers_.traffic_class = static_cast<uint8_t>(options_.rdma.traffic_class);
-  timers_.service_level = static_cast<uint8_t>(options_.rdma.service_level);
-  timers_.hop_limit = static_cast<uint8_t>(options_.rdma.hop_limit);
-  timers_.flow_label = options_.rdma.flow_label;
-  if (options_.rdma.fork_safe) {
+  ctx_.timers.timeout = static_cast<uint8_t>(ctx_.options.rdma.qp_timeout);
+  ctx_.timers.retry_count =
+      static_cast<uint8_t>(ctx_.options.rdma.qp_retry_count);
+  ctx_.timers.traffic_class =
+      static_cast<uint8_t>(ctx_.options.rdma.traffic_class);
+  ctx_.timers.service_level =
+      static_cast<uint8_t>(ctx_.options.rdma.service_level);
+  ctx_.timers.hop_limit = static_cast<uint8_t>(ctx_.options.rdma.hop_limit);
+  ctx_.timers.flow_label = ctx_.options.rdma.flow_label;
+  if (ctx_.options.rdma.fork_safe) {
     if (int rc = ibv_fork_init(); rc != 0) {
       return absl::FailedPreconditionError(absl::StrCat(
           "rdma.fork_safe: ibv_fork_init failed (", std::strerror(rc),
           "): it must run before any memory is registered in this process"));
     }
   }
-  auto devices = ListDevices(options_.rdma.devices);
+  FERRY_RETURN_IF_ERROR(OpenNics(endpoint));
+  ctx_.env.peer_channel->SetHandler(
+      "rdma", [this](const std::string& from, const std::string& payload) {
+        return rails_.OnExchange(from, payload);
+      });
+  FERRY_RETURN_IF_ERROR(completions_.Start());
+  return control_.Start(
+      ctx_.clock, [this](const ControlJob& job) { rails_.RunJob(job); },
+      [this](int64_t now_ns) { rails_.Housekeep(now_ns); });
+}
+
+absl::Status RdmaTransport::OpenNics(descriptor::TransportEndpoint* endpoint) {
+  auto devices = ListDevices(ctx_.options.rdma.devices);
   if (!devices.ok()) return devices.status();
   std::vector<std::string> skipped;
   // A bad GID pin (past the table, or an empty entry) is a configuration
   // error, not an outage: said as such when it leaves no NIC.
   absl::StatusCode code = absl::StatusCode::kUnavailable;
   for (ibv_device* dev : *devices) {
-    auto nic = Nic::Open(dev, EffectiveGidIndex(options_.rdma));
+    auto nic = Nic::Open(dev, EffectiveGidIndex(ctx_.options.rdma));
     if (!nic.ok()) {
       skipped.emplace_back(nic.status().message());
       const absl::StatusCode c = nic.status().code();
@@ -154,9 +162,9 @@ absl::Status RdmaTransport::Install(const TransportEnv& env,
       }
       continue;  // Only ACTIVE ports are used.
     }
-    nics_.push_back(std::move(*nic));
+    ctx_.nics.push_back(std::move(*nic));
   }
-  if (nics_.empty()) {
+  if (ctx_.nics.empty()) {
     return absl::Status(code, absl::StrCat("no usable RDMA NIC: ",
                                            absl::StrJoin(skipped, "; ")));
   }
@@ -167,9 +175,9 @@ absl::Status RdmaTransport::Install(const TransportEnv& env,
               "; it is not used until the engine restarts");
   }
   std::vector<std::string> names;
-  for (const auto& nic : nics_) names.push_back(nic->name());
-  if (!options_.rdma.topology_json.empty()) {
-    auto topo = Topology::FromJson(options_.rdma.topology_json, names);
+  for (const auto& nic : ctx_.nics) names.push_back(nic->name());
+  if (!ctx_.options.rdma.topology_json.empty()) {
+    auto topo = Topology::FromJson(ctx_.options.rdma.topology_json, names);
     if (!topo.ok()) return topo.status();
     topology_ = std::move(*topo);
   } else {
@@ -183,51 +191,37 @@ absl::Status RdmaTransport::Install(const TransportEnv& env,
         gpu_ids.push_back(id.ok() ? *id : "");
       }
     }
-    topology_ = Topology::FromSysfs(options_.rdma.sysfs_root, names, gpu_ids);
+    topology_ =
+        Topology::FromSysfs(ctx_.options.rdma.sysfs_root, names, gpu_ids);
     if (!gpu_ids.empty()) {
       FERRY_LOG(kInfo, "rdma",
                 "GPUs by CUDA ordinal: ", absl::StrJoin(gpu_ids, ", "),
                 " (PCI addresses from the driver)");
     }
   }
-  for (size_t i = 0; i < nics_.size(); ++i) {
+  for (size_t i = 0; i < ctx_.nics.size(); ++i) {
     descriptor::Device* d = endpoint->add_devices();
-    d->set_name(nics_[i]->name());
-    const ibv_gid gid = nics_[i]->gid();
+    d->set_name(ctx_.nics[i]->name());
+    const ibv_gid gid = ctx_.nics[i]->gid();
     d->set_gid(std::string(reinterpret_cast<const char*>(gid.raw), 16));
-    d->set_lid(nics_[i]->lid());
-    const bool roce = nics_[i]->link_layer() == IBV_LINK_LAYER_ETHERNET;
+    d->set_lid(ctx_.nics[i]->lid());
+    const bool roce = ctx_.nics[i]->link_layer() == IBV_LINK_LAYER_ETHERNET;
     const std::string address = GidAddress(gid);
-    FERRY_LOG(kInfo, "rdma", nics_[i]->name(), ": ",
-              roce ? "RoCE" : absl::StrCat("InfiniBand, LID ", nics_[i]->lid()),
-              ", active MTU ", MtuBytes(nics_[i]->active_mtu()), ", GID index ",
-              nics_[i]->gid_index(), " (", nics_[i]->gid_reason(), ")",
-              address.empty() ? "" : absl::StrCat(", address ", address));
+    FERRY_LOG(
+        kInfo, "rdma", ctx_.nics[i]->name(), ": ",
+        roce ? "RoCE" : absl::StrCat("InfiniBand, LID ", ctx_.nics[i]->lid()),
+        ", active MTU ", MtuBytes(ctx_.nics[i]->active_mtu()), ", GID index ",
+        ctx_.nics[i]->gid_index(), " (", ctx_.nics[i]->gid_reason(), ")",
+        address.empty() ? "" : absl::StrCat(", address ", address));
     // Not fatal: the probe page only serves the doctor.
-    if (absl::Status s = nics_[i]->RegisterProbePage(); s.ok()) {
-      d->set_probe_addr(nics_[i]->probe_addr());
-      d->set_probe_rkey(nics_[i]->probe_rkey());
+    if (absl::Status s = ctx_.nics[i]->RegisterProbePage(); s.ok()) {
+      d->set_probe_addr(ctx_.nics[i]->probe_addr());
+      d->set_probe_rkey(ctx_.nics[i]->probe_rkey());
     } else {
       FERRY_LOG(kWarn, "rdma", s.message(),
                 "; tools/doctor cannot probe this NIC");
     }
-    completions_.AddNic(nics_[i].get());
-  }
-  env_.peer_channel->SetHandler(
-      "rdma", [this](const std::string& from, const std::string& payload) {
-        return OnExchange(from, payload);
-      });
-  FERRY_RETURN_IF_ERROR(completions_.Start());
-  try {
-    for (int i = 0; i < kControlThreads; ++i) {
-      control_threads_.emplace_back([this] { ControlLoop(); });
-    }
-    housekeeper_ = std::thread([this] { HousekeeperLoop(); });
-  } catch (const std::system_error& e) {
-    // A pids limit or memory pressure: the caller fails (its Shutdown
-    // joins what did start), the process does not.
-    return absl::ResourceExhaustedError(
-        absl::StrCat("rdma: cannot start a thread: ", e.what()));
+    completions_.AddNic(ctx_.nics[i].get());
   }
   return absl::OkStatus();
 }
@@ -256,74 +250,54 @@ absl::Status RdmaTransport::UnregisterMemory(uintptr_t addr) {
   return mrs_.Unregister(addr);
 }
 
-int RdmaTransport::NicIndex(absl::string_view name) const {
-  for (size_t i = 0; i < nics_.size(); ++i) {
-    if (nics_[i]->name() == name) return static_cast<int>(i);
-  }
-  return -1;
-}
-
-std::shared_ptr<Peer> RdmaTransport::MakePeer(const std::string& name) {
-  return std::make_shared<Peer>(
-      name, env_.local_segment < name,
-      absl::ToInt64Nanoseconds(options_.connect_timeout));
-}
-
-int RdmaTransport::ThreadsRunning() const {
-  return static_cast<int>(completions_.threads() + control_threads_.size()) +
-         (housekeeper_.joinable() ? 1 : 0);
-}
-
-std::shared_ptr<Peer> RdmaTransport::PeerForView(const SegmentView& view,
-                                                 absl::Status* why) {
-  std::shared_ptr<Peer> peer = peers_.Get(view.name());
-  std::vector<std::shared_ptr<Endpoint>> old;
-  {
-    MutexLock lock(&peer->mu);
-    // A new incarnation: the segment's engine restarted, so its QPs and
-    // keys are gone.
-    if (!peer->SeeIncarnation(view.incarnation(), &old)) {
-      *why = absl::FailedPreconditionError(absl::StrCat(
-          "the descriptor of segment '", view.name(),
-          "' is from an earlier run of that engine (it restarted): "
-          "RefreshSegment and resubmit"));
-      return nullptr;
+void RdmaTransport::Submit(absl::Span<Slice* const> slices) {
+  if (ctx_.stopping.load(std::memory_order_acquire)) {
+    for (Slice* s : slices) {
+      s->Complete(absl::CancelledError("RDMA transport is shut down"));
     }
-    // Fixed for an incarnation, unless the peer was first known from its
-    // own connect request: copied once, not per run.
-    if (peer->rpc_address.empty()) {
-      peer->rpc_address = view.descriptor().rpc_address();
-    }
+    return;
   }
-  for (auto& ep : old) {
-    FailEndpoint(ep, absl::UnavailableError("peer restarted"), /*flush=*/true);
+  if (mrs_.any_staged()) {
+    return SubmitSomeStaged(slices);
   }
-  return peer;
+  const absl::Time now = ctx_.clock->Now();
+  size_t i = 0;
+  while (i < slices.size()) {
+    size_t j = i + 1;
+    while (j < slices.size() && slices[j]->target == slices[i]->target) ++j;
+    path_.RouteRun(slices.subspan(i, j - i), now, 0);
+    i = j;
+  }
 }
 
-void RdmaTransport::ClosePeer(const SegmentView& segment) {
-  if (stopping_.load()) return;
-  std::shared_ptr<Peer> peer = peers_.Remove(segment.name());
-  if (peer == nullptr) return;
-  std::vector<std::shared_ptr<Endpoint>> eps;
-  {
-    MutexLock lock(&peer->mu);
-    for (const Peer::Rail& r : peer->rails) {
-      if (r.ep != nullptr) eps.push_back(r.ep);
+void RdmaTransport::SubmitSomeStaged(absl::Span<Slice* const> slices) {
+  // GPU memory no NIC could register goes through host buffers; the rest
+  // is routed as usual, in runs to one target.
+  auto staged = [](const Slice* s) {
+    const auto* mr = static_cast<const LocalMr*>(s->local_handle);
+    return mr != nullptr && mr->staged ? mr->device : -1;
+  };
+  const absl::Time now = ctx_.clock->Now();
+  size_t i = 0;
+  while (i < slices.size()) {
+    if (const int device = staged(slices[i]); device >= 0) {
+      gpu_staging_->Submit(slices[i++], device);
+      continue;
     }
-  }
-  // Idle ones go now; busy or connecting ones as soon as they are idle
-  // (the housekeeper looks every 50 ms). Their slices are not failed.
-  for (auto& ep : eps) {
-    ep->close_when_idle.store(true, std::memory_order_relaxed);
-    Close(ep, /*evicted=*/false);
+    size_t j = i + 1;
+    while (j < slices.size() && slices[j]->target == slices[i]->target &&
+           staged(slices[j]) < 0) {
+      ++j;
+    }
+    path_.RouteRun(slices.subspan(i, j - i), now, 0);
+    i = j;
   }
 }
 
 TransportStats RdmaTransport::Stats() const {
   TransportStats st;
   st.transport = "rdma";
-  for (const auto& nic : nics_) {
+  for (const auto& nic : ctx_.nics) {
     NicStats& n = st.nics.emplace_back();
     n.name = nic->name();
     n.port_active = nic->port_active();
@@ -335,16 +309,17 @@ TransportStats RdmaTransport::Stats() const {
     n.outstanding_wrs = nic->posted_wrs.load(std::memory_order_relaxed);
     n.fatal = nic->fatal();
   }
-  st.endpoints = store_.size();
-  st.peers = peers_.size();
-  st.threads = static_cast<uint64_t>(ThreadsRunning());
-  st.fast_failures = fast_failures_.load();
-  st.connects_started = connects_started_.load();
-  st.connects_accepted = connects_accepted_.load();
-  st.connect_failures = connect_failures_.load();
-  st.connect_races = connect_races_.load();
-  st.evictions = evictions_.load();
-  st.retries = retries_.load();
+  st.endpoints = rails_.endpoints();
+  st.peers = rails_.peers();
+  st.threads =
+      static_cast<uint64_t>(completions_.threads() + control_.threads());
+  st.fast_failures = ctx_.counters.fast_failures.load();
+  st.connects_started = ctx_.counters.connects_started.load();
+  st.connects_accepted = ctx_.counters.connects_accepted.load();
+  st.connect_failures = ctx_.counters.connect_failures.load();
+  st.connect_races = ctx_.counters.connect_races.load();
+  st.evictions = ctx_.counters.evictions.load();
+  st.retries = ctx_.counters.retries.load();
   const GpuStaging::Counters g = gpu_staging_->counters();
   st.staged_slices = g.slices;
   st.staging_waits = g.waits;
@@ -354,7 +329,7 @@ TransportStats RdmaTransport::Stats() const {
 }
 
 void RdmaTransport::Shutdown() {
-  if (stopping_.exchange(true)) return;
+  if (ctx_.stopping.exchange(true)) return;
   completions_.BeginStop();
   // Only notices go out from here on (ones a peer request in progress
   // still queues too); their deadline is set once no peer request can
@@ -365,28 +340,16 @@ void RdmaTransport::Shutdown() {
   if (gpu_staging_ != nullptr) gpu_staging_->Stop();
   // No peer request may run into what is torn down below: stop routing
   // them here and wait for those in progress.
-  if (env_.peer_channel != nullptr) {
-    env_.peer_channel->RemoveHandler(std::string(name()));
+  if (ctx_.env.peer_channel != nullptr) {
+    ctx_.env.peer_channel->RemoveHandler(std::string(name()));
   }
-  control_.BeginFarewell(clock_->Now() + kFarewell);
-  for (auto& t : control_threads_) t.join();
-  control_threads_.clear();
-  {
-    MutexLock lock(&housekeeper_mu_);
-    stop_housekeeper_ = true;
-    housekeeper_cv_.SignalAll();
-  }
-  if (housekeeper_.joinable()) housekeeper_.join();
+  control_.BeginFarewell(ctx_.clock->Now() + kFarewell);
+  control_.Stop();
   completions_.Stop();
   // Every endpoint, wherever it is referenced.
-  std::vector<std::shared_ptr<Endpoint>> eps = store_.TakeAll();
-  for (auto& ep : control_.TakeEndpoints()) eps.push_back(std::move(ep));
-  for (auto& peer : peers_.TakeAll()) {
-    MutexLock plock(&peer->mu);
-    for (Peer::Rail& r : peer->rails) {
-      if (r.ep != nullptr) eps.push_back(std::move(r.ep));
-      r.ep = nullptr;
-    }
+  std::vector<std::shared_ptr<Endpoint>> eps = rails_.TakeAll();
+  for (auto& ep : queue_.TakeEndpoints()) {
+    eps.push_back(std::move(ep));
   }
   for (auto& ep : completions_.TakeAll()) eps.push_back(std::move(ep));
   std::sort(eps.begin(), eps.end());
@@ -412,7 +375,7 @@ void RdmaTransport::Shutdown() {
   eps.clear();
   mrs_.DeregisterAll();
   completions_.Close();
-  nics_.clear();
+  ctx_.nics.clear();
 }
 
 }  // namespace ferry::rdma

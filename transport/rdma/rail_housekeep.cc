@@ -1,41 +1,17 @@
-// RdmaTransport's housekeeper: every kHousekeepingInterval it enforces
-// the deadlines of slices an endpoint holds (waiting ones fail, posted
-// ones are flushed), ticks the connectors' own deadlines, probes idle
-// connections (keepalive), closes endpoints marked to close when idle
-// and drops drained ones. Its timed wait is on the transport's clock, so
-// a simulated clock drives it.
+// RailLifecycle's housekeeping round (the control plane runs it every
+// kHousekeepingInterval): it enforces the deadlines of slices an endpoint
+// holds (waiting ones fail, posted ones are flushed), ticks the
+// connectors' own deadlines, probes idle connections (keepalive), closes
+// endpoints marked to close when idle and drops drained ones.
 #include "absl/strings/str_cat.h"
-#include "common/log.h"
-#include "common/status_macros.h"
-#include "transport/rdma/handshake.h"
-#include "transport/rdma/rdma_transport.h"
+#include "transport/rdma/rail_lifecycle.h"
 
 namespace ferry::rdma {
-namespace {
 
-constexpr absl::Duration kHousekeepingInterval = absl::Milliseconds(50);
-
-}  // namespace
-
-void RdmaTransport::HousekeeperLoop() {
-  while (true) {
-    {
-      MutexLock lock(&housekeeper_mu_);
-      const absl::Time next = clock_->Now() + kHousekeepingInterval;
-      while (
-          !stop_housekeeper_ &&
-          !clock_->WaitWithDeadline(&housekeeper_cv_, &housekeeper_mu_, next)) {
-      }
-      if (stop_housekeeper_) return;
-    }
-    Housekeep(clock_->NowNanos());
-  }
-}
-
-void RdmaTransport::Housekeep(int64_t now_ns) {
+void RailLifecycle::Housekeep(int64_t now_ns) {
   const absl::Time now = absl::FromUnixNanos(now_ns);
   const int64_t keepalive_ns =
-      absl::ToInt64Nanoseconds(options_.rdma.keepalive_interval);
+      absl::ToInt64Nanoseconds(ctx_->options.rdma.keepalive_interval);
   // Deadlines of the slices an endpoint holds: waiting ones fail here,
   // posted ones by flushing their QP (the NIC might still be moving their
   // bytes, so they complete only when the flush says the NIC is done).

@@ -1,13 +1,13 @@
-// RdmaTransport: the accepting side of connection set-up. A peer's
+// RailLifecycle: the accepting side of connection set-up. A peer's
 // handshake messages arrive on gRPC threads (OnExchange), are validated
 // completely (handshake.h) before use, and go to the rail's connector;
 // these threads never wait for a drain, a post or another RPC -- what
-// would block is queued for the control threads (rdma_connect.cc).
+// would block is queued for the control threads (rail_connect.cc).
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "transport/rdma/handshake.h"
-#include "transport/rdma/rdma_transport.h"
+#include "transport/rdma/rail_lifecycle.h"
 
 namespace ferry::rdma {
 namespace {
@@ -20,9 +20,9 @@ using Kind = RailConnector::Action::Kind;
 
 }  // namespace
 
-absl::StatusOr<std::string> RdmaTransport::OnExchange(
+absl::StatusOr<std::string> RailLifecycle::OnExchange(
     const std::string& from, const std::string& payload) {
-  if (stopping_.load()) {
+  if (ctx_->stopping.load()) {
     return absl::UnavailableError("RDMA transport is shutting down");
   }
   auto msg = ParseRdmaMessage(payload);
@@ -37,10 +37,10 @@ absl::StatusOr<std::string> RdmaTransport::OnExchange(
   return OnNotice(from, msg->notice()).SerializeAsString();
 }
 
-absl::StatusOr<ConnectReply> RdmaTransport::AcceptSelf(
+absl::StatusOr<ConnectReply> RailLifecycle::AcceptSelf(
     const ConnectRequest& req, int local) {
-  Nic* nic = nics_[local].get();
-  std::shared_ptr<Peer> peer = peers_.Get(env_.local_segment);
+  Nic* nic = ctx_->nics[local].get();
+  std::shared_ptr<Peer> peer = peers_.Get(ctx_->env.local_segment);
   uint64_t inc;
   {
     MutexLock lock(&peer->mu);
@@ -53,11 +53,11 @@ absl::StatusOr<ConnectReply> RdmaTransport::AcceptSelf(
   std::vector<QueuePair> qps;
   absl::Status s = CreateQps(nic, req.initiator_qps_size(), &qps);
   for (int k = 0; s.ok() && k < req.initiator_qps_size(); ++k) {
-    s = ConnectQp(qps[k].qp, nic, req.initiator_qps(k), timers_,
+    s = ConnectQp(qps[k].qp, nic, req.initiator_qps(k), ctx_->timers,
                   &qps[k].path_mtu);
   }
   ConnectReply reply;
-  reply.set_target_incarnation(incarnation_);
+  reply.set_target_incarnation(ctx_->incarnation);
   if (!s.ok()) {
     DestroyQps(&qps);
     reply.set_result(ConnectReply::REFUSED);
@@ -68,22 +68,22 @@ absl::StatusOr<ConnectReply> RdmaTransport::AcceptSelf(
   // No READY race with ourselves: it may send at once.
   InstallLocked(ep, &qps, epoch, /*confirmed=*/true);
   StoreInsert(ep);
-  connects_accepted_.fetch_add(1, std::memory_order_relaxed);
+  ctx_->counters.connects_accepted.fetch_add(1, std::memory_order_relaxed);
   reply.set_result(ConnectReply::ACCEPTED);
   reply.set_epoch(epoch);
   return reply;
 }
 
-absl::StatusOr<ConnectReply> RdmaTransport::OnConnect(
+absl::StatusOr<ConnectReply> RailLifecycle::OnConnect(
     const std::string& from, const ConnectRequest& req) {
   // The request is validated (ValidateConnectRequest); what it names must
   // exist here.
   ConnectReply reply;
-  reply.set_target_incarnation(incarnation_);
+  reply.set_target_incarnation(ctx_->incarnation);
   // The run it is meant for, which every Ferry release names: with the
   // Exchange signature covering it, a captured handshake is good at this
   // run of this engine only (0 is no run, not "any").
-  if (req.target_incarnation() != incarnation_) {
+  if (req.target_incarnation() != ctx_->incarnation) {
     reply.set_result(ConnectReply::STALE_INCARNATION);
     return reply;
   }
@@ -94,17 +94,17 @@ absl::StatusOr<ConnectReply> RdmaTransport::OnConnect(
     reply.clear_target_qps();
     return reply;
   };
-  const int local = NicIndex(req.target_nic());
+  const int local = ctx_->NicIndex(req.target_nic());
   if (local < 0) {
     return refuse(absl::NotFoundError(
         absl::StrCat("no RDMA NIC named '", req.target_nic(), "'")));
   }
-  Nic* nic = nics_[local].get();
+  Nic* nic = ctx_->nics[local].get();
   if (!nic->port_active()) {
     return refuse(absl::UnavailableError(absl::StrCat(
         "RDMA NIC ", nic->name(), nic->fatal() ? " is dead" : " is down")));
   }
-  if (from == env_.local_segment) return AcceptSelf(req, local);
+  if (from == ctx_->env.local_segment) return AcceptSelf(req, local);
 
   std::shared_ptr<Peer> peer = peers_.Get(from);
   std::vector<EndpointPtr> retired;
@@ -181,7 +181,7 @@ absl::StatusOr<ConnectReply> RdmaTransport::OnConnect(
   std::vector<QueuePair> qps;
   absl::Status s = CreateQps(nic, n, &qps);
   for (int k = 0; s.ok() && k < n; ++k) {
-    s = ConnectQp(qps[k].qp, nic, req.initiator_qps(k), timers_,
+    s = ConnectQp(qps[k].qp, nic, req.initiator_qps(k), ctx_->timers,
                   &qps[k].path_mtu);
   }
   if (s.ok()) {
@@ -193,7 +193,7 @@ absl::StatusOr<ConnectReply> RdmaTransport::OnConnect(
     MutexLock lock(&peer->mu);
     Peer::Rail* rail = peer->FindRail(local, req.initiator_nic());
     Actions acts;
-    rail->conn.AcceptDone(ep->id(), epoch, s, clock_->NowNanos(), &acts);
+    rail->conn.AcceptDone(ep->id(), epoch, s, ctx_->clock->NowNanos(), &acts);
     for (const auto& a : acts) {
       if (a.kind == Kind::kReplyAccepted) accepted = true;
       if (a.kind == Kind::kRefuse) refused = a.why;
@@ -208,10 +208,58 @@ absl::StatusOr<ConnectReply> RdmaTransport::OnConnect(
                                : refused);
   }
   ep->used.store(true, std::memory_order_relaxed);
-  if (!fresh) connect_races_.fetch_add(1, std::memory_order_relaxed);
-  connects_accepted_.fetch_add(1, std::memory_order_relaxed);
+  if (!fresh)
+    ctx_->counters.connect_races.fetch_add(1, std::memory_order_relaxed);
+  ctx_->counters.connects_accepted.fetch_add(1, std::memory_order_relaxed);
   reply.set_result(ConnectReply::ACCEPTED);
   reply.set_epoch(epoch);
+  return reply;
+}
+
+RailNoticeReply RailLifecycle::OnNotice(const std::string& from,
+                                        const RailNotice& n) {
+  RailNoticeReply reply;
+  std::shared_ptr<Peer> peer = peers_.Find(from);
+  const int local = ctx_->NicIndex(n.target_nic());
+  if (peer == nullptr || local < 0) return reply;
+  Later later;
+  {
+    MutexLock lock(&peer->mu);
+    // Only about a connection of the sender's current run with this run.
+    if (peer->incarnation != n.initiator_incarnation() ||
+        n.target_incarnation() != ctx_->incarnation) {
+      return reply;
+    }
+    peer->unresponsive_until_ns = 0;
+    Peer::Rail* rail = peer->FindRail(local, n.initiator_nic());
+    if (rail == nullptr) return reply;
+    Actions acts;
+    if (n.kind() == RailNotice::READY) {
+      rail->conn.OnReady(n.epoch(), &acts);
+    } else {
+      rail->conn.OnDisconnect(n.epoch(), &acts);
+    }
+    ApplyLocked(peer.get(), rail, acts, nullptr, nullptr, &later);
+  }
+  // Posting (READY) and draining (DISCONNECT) happen on the control
+  // threads: the answer goes back at once. If the endpoint can be taken
+  // out of service right away (its lock is free: no post in progress) and
+  // has nothing posted, the peer may drop its QPs at once.
+  for (const Job& j : later.jobs) {
+    if (j.kind != Job::Kind::kClose) continue;
+    FERRY_LOG(kInfo, "rdma", "rail to '", from, "' on ",
+              ctx_->nics[j.ep->local_nic()]->name(), " -> ", j.ep->remote_nic(),
+              " closed by the peer (epoch ", n.epoch(), ")");
+    if (!j.ep->mu.TryLock()) continue;
+    const Endpoint::State st = j.ep->state();
+    if (st == Endpoint::State::kConnected ||
+        st == Endpoint::State::kConnecting) {
+      j.ep->SetStateLocked(Endpoint::State::kClosing);
+    }
+    reply.set_drained(j.ep->PostedLocked() == 0);
+    j.ep->mu.Unlock();
+  }
+  RunLater(&later, /*inline_ok=*/false);
   return reply;
 }
 

@@ -1,22 +1,11 @@
-// RdmaTransport: connection set-up and tear-down, off the data path --
-// the executor of the rails' RailConnectors (connector.h).
-//
-// Every decision about a rail's connection is its connector's, taken
-// under the Peer's lock; ApplyLocked carries out what must change with it
-// atomically (the rail's endpoint, an endpoint's state and QPs) and leaves
-// the rest (posting, failing endpoints, RPCs) to RunLater, after the lock.
-// Handshakes and notices run on the control threads (ControlLoop, taking
-// jobs from control_queue.h). The accepting side is rdma_accept.cc,
-// notices and closes rdma_close.cc, deadlines and keepalive
-// rdma_housekeep.cc.
+// RailLifecycle: executing the connectors' decisions (ApplyLocked,
+// RunLater) and the initiating handshake, on a control thread.
 #include <algorithm>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
-#include "common/status_macros.h"
 #include "transport/rdma/handshake.h"
-#include "transport/rdma/rdma_transport.h"
+#include "transport/rdma/rail_lifecycle.h"
 
 namespace ferry::rdma {
 namespace {
@@ -25,34 +14,11 @@ using Kind = RailConnector::Action::Kind;
 
 }  // namespace
 
-void RdmaTransport::ControlLoop() {
-  while (std::optional<Job> job = control_.Take()) {
-    switch (job->kind) {
-      case Job::Kind::kConnect:
-        RunConnect(job->ep, job->attempt, job->epoch);
-        break;
-      case Job::Kind::kNotice:
-        RunNotice(*job);
-        break;
-      case Job::Kind::kClose:
-        CloseForPeer(job->ep);
-        break;
-      case Job::Kind::kFail:
-        FailEndpoint(job->ep, job->why, job->flush);
-        break;
-      case Job::Kind::kPost:
-        PostOrPark(job->ep);
-        break;
-    }
-    control_.Done(*job);
-  }
-}
-
-absl::Status RdmaTransport::CreateQps(Nic* nic, int n,
+absl::Status RailLifecycle::CreateQps(Nic* nic, int n,
                                       std::vector<QueuePair>* qps) {
   for (int k = 0; k < n; ++k) {
     QpCaps caps;
-    auto qp = CreateQp(nic, posting_, &caps);
+    auto qp = CreateQp(nic, ctx_->posting, &caps);
     if (!qp.ok()) {
       DestroyQps(qps);
       return qp.status();
@@ -60,13 +26,13 @@ absl::Status RdmaTransport::CreateQps(Nic* nic, int n,
     QueuePair& q = qps->emplace_back();
     q.qp = *qp;
     q.max_inline = caps.max_inline;
-    q.signal_every = posting_.signal_every;
+    q.signal_every = ctx_->posting.signal_every;
     q.window = caps.window;
   }
   return absl::OkStatus();
 }
 
-bool RdmaTransport::InstallLocked(const EndpointPtr& ep,
+bool RailLifecycle::InstallLocked(const EndpointPtr& ep,
                                   std::vector<QueuePair>* qps, uint64_t epoch,
                                   bool confirmed) {
   MutexLock lock(&ep->mu);
@@ -78,15 +44,15 @@ bool RdmaTransport::InstallLocked(const EndpointPtr& ep,
   {
     // Registered for completions before anything is posted.
     for (size_t k = 0; k < ep->qps.size(); ++k) {
-      completions_.Track(ep->local_nic(), ep->qps[k].qp->qp_num,
-                         QpRef{ep, static_cast<int>(k)});
+      completions_->Track(ep->local_nic(), ep->qps[k].qp->qp_num,
+                          QpRef{ep, static_cast<int>(k)});
     }
   }
   ep->SetStateLocked(Endpoint::State::kConnected);
   // The path MTU the QPs were given: the smaller of both ports' active
   // MTUs, which a switch's smaller MTU does not lower.
   FERRY_LOG(kInfo, "rdma", "connected to '", ep->peer()->name(), "' on ",
-            nics_[ep->local_nic()]->name(), " -> ", ep->remote_nic(), " (",
+            ctx_->nics[ep->local_nic()]->name(), " -> ", ep->remote_nic(), " (",
             ep->qps.size(), " QPs, epoch ", epoch,
             ep->qps.empty()
                 ? std::string()
@@ -95,10 +61,10 @@ bool RdmaTransport::InstallLocked(const EndpointPtr& ep,
   return true;
 }
 
-void RdmaTransport::ApplyLocked(Peer* peer, Peer::Rail* rail,
+void RailLifecycle::ApplyLocked(Peer* peer, Peer::Rail* rail,
                                 const Actions& acts, const EndpointPtr& created,
                                 std::vector<QueuePair>* qps, Later* later) {
-  const int64_t now = clock_->NowNanos();
+  const int64_t now = ctx_->clock->NowNanos();
   // The endpoint an action names: the rail's (before or after this step)
   // or the one made for it.
   auto resolve = [&](uint64_t id) -> EndpointPtr {
@@ -157,16 +123,18 @@ void RdmaTransport::ApplyLocked(Peer* peer, Peer::Rail* rail,
         EndpointPtr ep = resolve(a.ep);
         if (a.backoff) {
           peer->backoff.Failed(now, a.why);
-          connect_failures_.fetch_add(1, std::memory_order_relaxed);
+          ctx_->counters.connect_failures.fetch_add(1,
+                                                    std::memory_order_relaxed);
         }
         if (a.rail_fault) {
           // The peer refused this rail (e.g. its NIC is down): other rails
           // take the slices; this one is probed again after a pause.
-          connect_failures_.fetch_add(1, std::memory_order_relaxed);
+          ctx_->counters.connect_failures.fetch_add(1,
+                                                    std::memory_order_relaxed);
           RailHealth& h = rail->health;
           h.errors = 0;
           const int64_t pause =
-              absl::ToInt64Nanoseconds(options_.rdma.pause_duration)
+              absl::ToInt64Nanoseconds(ctx_->options.rdma.pause_duration)
               << std::min<uint32_t>(h.pauses, 6);
           h.paused_until_ns = now + pause;
           ++h.pauses;
@@ -220,8 +188,8 @@ void RdmaTransport::ApplyLocked(Peer* peer, Peer::Rail* rail,
   }
 }
 
-void RdmaTransport::RunLater(Later* later, bool inline_ok) {
-  for (Job& j : later->jobs) QueueJob(std::move(j));
+void RailLifecycle::RunLater(Later* later, bool inline_ok) {
+  for (Job& j : later->jobs) control_->Push(std::move(j));
   later->jobs.clear();
   for (auto& [ep, why] : later->fails) {
     const bool flush = std::find(later->flush.begin(), later->flush.end(),
@@ -234,7 +202,7 @@ void RdmaTransport::RunLater(Later* later, bool inline_ok) {
       j.ep = ep;
       j.why = why;
       j.flush = flush;
-      QueueJob(std::move(j));
+      control_->Push(std::move(j));
     }
   }
   later->fails.clear();
@@ -245,7 +213,7 @@ void RdmaTransport::RunLater(Later* later, bool inline_ok) {
       Job j;
       j.kind = Job::Kind::kPost;
       j.ep = std::move(ep);
-      QueueJob(std::move(j));
+      control_->Push(std::move(j));
     }
   }
   later->posts.clear();
@@ -255,7 +223,7 @@ void RdmaTransport::RunLater(Later* later, bool inline_ok) {
   }
 }
 
-void RdmaTransport::RunConnect(const EndpointPtr& ep, uint64_t attempt,
+void RailLifecycle::RunConnect(const EndpointPtr& ep, uint64_t attempt,
                                uint64_t claim) {
   Peer* peer = ep->peer();
   std::string rpc;
@@ -280,21 +248,22 @@ void RdmaTransport::RunConnect(const EndpointPtr& ep, uint64_t attempt,
   Nic* nic = ep->nic();
   std::vector<QueuePair> qps;
   const bool skipped = !s.ok();
-  if (!skipped) s = CreateQps(nic, options_.rdma.qps_per_endpoint, &qps);
+  if (!skipped) s = CreateQps(nic, ctx_->options.rdma.qps_per_endpoint, &qps);
   ConnectReply reply;
   if (s.ok()) {
     RdmaMessage msg;
     ConnectRequest* req = msg.mutable_connect();
-    req->set_initiator_segment(env_.local_segment);
-    req->set_initiator_incarnation(incarnation_);
+    req->set_initiator_segment(ctx_->env.local_segment);
+    req->set_initiator_incarnation(ctx_->incarnation);
     req->set_target_incarnation(ep->peer_incarnation());
     req->set_initiator_nic(nic->name());
     req->set_target_nic(ep->remote_nic());
     req->set_rail_epoch(claim);
-    req->set_initiator_rpc_address(env_.rpc_address);
+    req->set_initiator_rpc_address(ctx_->env.rpc_address);
     for (QueuePair& q : qps) DescribeQp(q.qp, nic, req->add_initiator_qps());
-    connects_started_.fetch_add(1, std::memory_order_relaxed);
-    auto bytes = env_.peer_channel->Call(rpc, "rdma", msg.SerializeAsString());
+    ctx_->counters.connects_started.fetch_add(1, std::memory_order_relaxed);
+    auto bytes =
+        ctx_->env.peer_channel->Call(rpc, "rdma", msg.SerializeAsString());
     s = bytes.status();
     if (s.ok() && !reply.ParseFromString(*bytes)) {
       s = absl::DataLossError("malformed RDMA connect reply");
@@ -339,14 +308,14 @@ void RdmaTransport::RunConnect(const EndpointPtr& ep, uint64_t attempt,
     if (stale) peer->SeeIncarnation(reply.target_incarnation(), &restarted);
     if (s.code() == absl::StatusCode::kDeadlineExceeded) {
       peer->unresponsive_until_ns =
-          clock_->NowNanos() +
-          absl::ToInt64Nanoseconds(options_.connect_timeout);
+          ctx_->clock->NowNanos() +
+          absl::ToInt64Nanoseconds(ctx_->options.connect_timeout);
     }
     Peer::Rail* rail = peer->FindRail(ep->local_nic(), ep->remote_nic());
     if (rail != nullptr) {
       Actions acts;
       rail->conn.OnReply(attempt, outcome, s.ok() ? reply.epoch() : 0, s,
-                         clock_->NowNanos(), &acts);
+                         ctx_->clock->NowNanos(), &acts);
       for (const auto& a : acts) install |= a.kind == Kind::kInstall;
       ApplyLocked(peer, rail, acts, nullptr, nullptr, &later);
     }
@@ -365,7 +334,7 @@ void RdmaTransport::RunConnect(const EndpointPtr& ep, uint64_t attempt,
   absl::Status cs;
   for (size_t k = 0; cs.ok() && k < qps.size(); ++k) {
     cs = ConnectQp(qps[k].qp, nic, reply.target_qps(static_cast<int>(k)),
-                   timers_, &qps[k].path_mtu);
+                   ctx_->timers, &qps[k].path_mtu);
   }
   Later done;
   {

@@ -1,12 +1,11 @@
-// RdmaTransport: notices between peers (READY, DISCONNECT) and closing
-// connections -- ours (an evicted endpoint, ClosePeer) and the ones the
-// peer closed. A close never fails a slice: what waited moves to a new
-// endpoint, what was posted drains (flushed at the drain deadline).
+// RailLifecycle: notices to peers (READY, DISCONNECT) and the ends of
+// connections -- ours (an evicted endpoint, ClosePeer), the ones the peer
+// closed, and failed ones. A close never fails a slice: what waited moves
+// to a new endpoint, what was posted drains (flushed at the drain
+// deadline). A failure hands the endpoint's slices to RailHost::Retry.
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
-#include "common/status_macros.h"
-#include "transport/rdma/handshake.h"
-#include "transport/rdma/rdma_transport.h"
+#include "transport/rdma/rail_lifecycle.h"
 
 namespace ferry::rdma {
 namespace {
@@ -19,7 +18,7 @@ using Kind = RailConnector::Action::Kind;
 
 }  // namespace
 
-RdmaTransport::Job RdmaTransport::NoticeJob(Peer* peer, const Endpoint& ep,
+RailLifecycle::Job RailLifecycle::NoticeJob(Peer* peer, const Endpoint& ep,
                                             RailNotice::Kind kind,
                                             uint64_t epoch) {
   Job j;
@@ -33,9 +32,9 @@ RdmaTransport::Job RdmaTransport::NoticeJob(Peer* peer, const Endpoint& ep,
   return j;
 }
 
-void RdmaTransport::RunNotice(const Job& job) {
+void RailLifecycle::RunNotice(const Job& job) {
   std::string rpc;
-  const int64_t now = clock_->NowNanos();
+  const int64_t now = ctx_->clock->NowNanos();
   {
     MutexLock lock(&job.peer->mu);
     // Best effort: a peer that did not answer the last one is not waited
@@ -51,18 +50,19 @@ void RdmaTransport::RunNotice(const Job& job) {
   RdmaMessage msg;
   RailNotice* n = msg.mutable_notice();
   n->set_kind(job.notice);
-  n->set_initiator_segment(env_.local_segment);
-  n->set_initiator_incarnation(incarnation_);
-  n->set_initiator_nic(nics_[job.local]->name());
+  n->set_initiator_segment(ctx_->env.local_segment);
+  n->set_initiator_incarnation(ctx_->incarnation);
+  n->set_initiator_nic(ctx_->nics[job.local]->name());
   n->set_target_nic(job.remote_nic);
   n->set_epoch(job.epoch);
   n->set_target_incarnation(job.incarnation);
-  auto r = env_.peer_channel->Call(rpc, "rdma", msg.SerializeAsString());
+  auto r = ctx_->env.peer_channel->Call(rpc, "rdma", msg.SerializeAsString());
   if (!r.ok() && (r.status().code() == absl::StatusCode::kDeadlineExceeded ||
                   r.status().code() == absl::StatusCode::kUnavailable)) {
     MutexLock lock(&job.peer->mu);
     job.peer->unresponsive_until_ns =
-        clock_->NowNanos() + absl::ToInt64Nanoseconds(options_.connect_timeout);
+        ctx_->clock->NowNanos() +
+        absl::ToInt64Nanoseconds(ctx_->options.connect_timeout);
     return;
   }
   RailNoticeReply reply;
@@ -78,54 +78,7 @@ void RdmaTransport::RunNotice(const Job& job) {
   }
 }
 
-RailNoticeReply RdmaTransport::OnNotice(const std::string& from,
-                                        const RailNotice& n) {
-  RailNoticeReply reply;
-  std::shared_ptr<Peer> peer = peers_.Find(from);
-  const int local = NicIndex(n.target_nic());
-  if (peer == nullptr || local < 0) return reply;
-  Later later;
-  {
-    MutexLock lock(&peer->mu);
-    // Only about a connection of the sender's current run with this run.
-    if (peer->incarnation != n.initiator_incarnation() ||
-        n.target_incarnation() != incarnation_) {
-      return reply;
-    }
-    peer->unresponsive_until_ns = 0;
-    Peer::Rail* rail = peer->FindRail(local, n.initiator_nic());
-    if (rail == nullptr) return reply;
-    Actions acts;
-    if (n.kind() == RailNotice::READY) {
-      rail->conn.OnReady(n.epoch(), &acts);
-    } else {
-      rail->conn.OnDisconnect(n.epoch(), &acts);
-    }
-    ApplyLocked(peer.get(), rail, acts, nullptr, nullptr, &later);
-  }
-  // Posting (READY) and draining (DISCONNECT) happen on the control
-  // threads: the answer goes back at once. If the endpoint can be taken
-  // out of service right away (its lock is free: no post in progress) and
-  // has nothing posted, the peer may drop its QPs at once.
-  for (const Job& j : later.jobs) {
-    if (j.kind != Job::Kind::kClose) continue;
-    FERRY_LOG(kInfo, "rdma", "rail to '", from, "' on ",
-              nics_[j.ep->local_nic()]->name(), " -> ", j.ep->remote_nic(),
-              " closed by the peer (epoch ", n.epoch(), ")");
-    if (!j.ep->mu.TryLock()) continue;
-    const Endpoint::State st = j.ep->state();
-    if (st == Endpoint::State::kConnected ||
-        st == Endpoint::State::kConnecting) {
-      j.ep->SetStateLocked(Endpoint::State::kClosing);
-    }
-    reply.set_drained(j.ep->PostedLocked() == 0);
-    j.ep->mu.Unlock();
-  }
-  RunLater(&later, /*inline_ok=*/false);
-  return reply;
-}
-
-bool RdmaTransport::Close(const EndpointPtr& ep, bool evicted) {
+bool RailLifecycle::Close(const EndpointPtr& ep, bool evicted) {
   Peer* peer = ep->peer();
   Later later;
   bool closing = false;
@@ -161,8 +114,8 @@ bool RdmaTransport::Close(const EndpointPtr& ep, bool evicted) {
         // The peer drains its own use of the connection (one-sided
         // traffic is invisible here) before our QPs go.
         ep->drop_after_ns =
-            clock_->NowNanos() +
-            absl::ToInt64Nanoseconds(options_.connect_timeout / 2) +
+            ctx_->clock->NowNanos() +
+            absl::ToInt64Nanoseconds(ctx_->options.connect_timeout / 2) +
             kLingerMarginNs;
       }
     }
@@ -178,17 +131,17 @@ bool RdmaTransport::Close(const EndpointPtr& ep, bool evicted) {
     return false;
   }
   if (evicted) {
-    evictions_.fetch_add(1, std::memory_order_relaxed);
+    ctx_->counters.evictions.fetch_add(1, std::memory_order_relaxed);
     FERRY_LOG_EVERY(kInfo, "rdma", absl::Seconds(1), "idle endpoint to '",
                     ep->peer()->name(), "' evicted (rdma.max_endpoints ",
-                    options_.rdma.max_endpoints, ")");
+                    ctx_->options.rdma.max_endpoints, ")");
   }
   store_.Drain(ep);
   RunLater(&later, /*inline_ok=*/false);
   return true;
 }
 
-void RdmaTransport::CloseForPeer(const EndpointPtr& ep) {
+void RailLifecycle::CloseForPeer(const EndpointPtr& ep) {
   SliceQueue waiting;
   {
     MutexLock lock(&ep->mu);
@@ -202,16 +155,89 @@ void RdmaTransport::CloseForPeer(const EndpointPtr& ep) {
       // Our own posted work finishes (or is flushed at this deadline)
       // before the QPs go; the peer keeps its QPs that long.
       ep->drain_deadline_ns =
-          clock_->NowNanos() +
-          absl::ToInt64Nanoseconds(options_.connect_timeout / 2);
+          ctx_->clock->NowNanos() +
+          absl::ToInt64Nanoseconds(ctx_->options.connect_timeout / 2);
     }
     waiting.Append(&ep->waiting);
   }
   store_.Drain(ep);
   ep->Unload(waiting);
   // They never ran: a new endpoint takes them, no try charged.
-  RouteQueue(&waiting, clock_->Now(), 1);
+  host_->Reroute(&waiting);
   DropIfDrained(ep);
+}
+
+void RailLifecycle::FailEndpoint(const std::shared_ptr<Endpoint>& ep,
+                                 const absl::Status& why, bool flush,
+                                 bool tell_peer) {
+  FERRY_LOG_EVERY(kWarn, "rdma", absl::Seconds(1), "endpoint to '",
+                  ep->peer()->name(), "' on ",
+                  ctx_->nics[ep->local_nic()]->name(), " -> ", ep->remote_nic(),
+                  " disconnected: ", why.message());
+  // Off its rail first (its connector told), so that slices routed from
+  // now on get a fresh endpoint or another rail.
+  Later later;
+  if (!ep->off_rail()) {
+    Peer* peer = ep->peer();
+    MutexLock lock(&peer->mu);
+    Peer::Rail* r = peer->FindRail(ep->local_nic(), ep->remote_nic());
+    if (r != nullptr && r->ep == ep) {
+      Actions acts;
+      r->conn.Failed(ep->id(), &acts);
+      ApplyLocked(peer, r, acts, nullptr, nullptr, &later);
+    }
+  }
+  if (!tell_peer) later.jobs.clear();  // Only a DISCONNECT to a dead peer.
+  store_.Drain(ep);
+  SliceQueue waiting;
+  {
+    MutexLock lock(&ep->mu);
+    ep->SetStateLocked(Endpoint::State::kFailed);
+    waiting.Append(&ep->waiting);
+    // Flushing completes every posted WR at once (with a flush error),
+    // instead of after the retry timeout.
+    if (flush) {
+      for (QueuePair& q : ep->qps) {
+        if (q.qp != nullptr && q.count() > 0) FlushQp(q.qp);
+      }
+    }
+  }
+  ep->Unload(waiting);
+  while (Slice* s = waiting.pop_front()) host_->Retry(s, why);
+  RunLater(&later, /*inline_ok=*/true);  // A DISCONNECT notice at most.
+  DropIfDrained(ep);
+}
+
+void RailLifecycle::DropIfDrained(const std::shared_ptr<Endpoint>& ep) {
+  std::vector<uint32_t> qpns;
+  {
+    MutexLock lock(&ep->mu);
+    const Endpoint::State st = ep->state();
+    if ((st != Endpoint::State::kFailed && st != Endpoint::State::kClosing) ||
+        ep->PostedLocked() != 0 ||
+        ctx_->clock->NowNanos() < ep->drop_after_ns) {
+      return;
+    }
+    for (const QueuePair& q : ep->qps) {
+      if (q.qp != nullptr) qpns.push_back(q.qp->qp_num);
+    }
+  }
+  if (!ep->off_rail()) {
+    // Never dropped while still its rail's (the rail would keep it, and
+    // its peer record, alive for good): a failure that did not go through
+    // FailEndpoint is told to the connector here.
+    Peer* peer = ep->peer();
+    MutexLock lock(&peer->mu);
+    Peer::Rail* r = peer->FindRail(ep->local_nic(), ep->remote_nic());
+    if (r != nullptr && r->ep == ep) {
+      Actions ignored;  // A DISCONNECT at most; FailEndpoint's job.
+      r->conn.Failed(ep->id(), &ignored);
+      r->ep = nullptr;
+    }
+  }
+  // The QPs are destroyed with the endpoint's last reference.
+  store_.Remove(*ep);
+  completions_->Untrack(ep->local_nic(), qpns, *ep);
 }
 
 }  // namespace ferry::rdma
