@@ -17,11 +17,12 @@
 #include "common/socket_util.h"
 #include "common/status_macros.h"
 #include "engine/engine_impl.h"
+#include "metadata/address/metadata_address.h"
 #include "metadata/auth.h"
-#include "metadata/metadata_address.h"
 #include "metadata/p2p_store.h"
 #include "metadata/tls.h"
 #include "metadata/validation.h"
+#include "transport/registry/registry.h"
 
 namespace ferry {
 

@@ -460,10 +460,12 @@ case "${1:-}" in
   bench-tcp) shift; bench_tcp "$@" ;;
   format) format ;;
   clang) shift; clang_check "$@" ;;
+  # The package graph: no cycle, no edge upward (devtools/layering.py).
+  layering) setup; /usr/bin/python3 devtools/layering.py ;;
   tsan) shift; tsan "$@" ;;
   fuzz) shift; fuzz "$@" ;;
   *)
-    echo "usage: tools/dev.sh setup|demo|test|build|python|wheel|bench-tcp|format|clang|tsan|fuzz" >&2
+    echo "usage: tools/dev.sh setup|demo|test|build|python|wheel|bench-tcp|format|clang|layering|tsan|fuzz" >&2
     exit 2
     ;;
 esac

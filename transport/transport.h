@@ -1,7 +1,8 @@
 // The Transport interface: what every way of moving bytes (TCP, RDMA, ...)
 // implements. It is deliberately small, in the spirit of eRPC's transport
 // interface: install, register memory, submit slices, report completions.
-// A new transport is one class plus one line in transport_factory.cc.
+// A new transport is one class plus one line in
+// transport/registry/registry.cc.
 //
 // The engine splits each request into Slices of at most max_slice_bytes()
 // and hands them to a transport; the transport completes every slice it was
@@ -174,18 +175,6 @@ struct TransportOptions {
   // Bound of connection set-up (TCP connect, RDMA handshake RPCs).
   absl::Duration connect_timeout = absl::Seconds(3);
 };
-
-// Creates the transport called `name`, or NotFound listing the known ones.
-// A new transport is added by one entry in transport_factory.cc.
-absl::StatusOr<std::unique_ptr<Transport>> CreateTransport(
-    absl::string_view name, const TransportOptions& options);
-
-// The numeric address of the network interface behind transport `name`'s
-// first usable device (for RDMA: the first ACTIVE NIC's RoCE GID), which
-// the engine advertises by default; empty if the transport has no devices
-// or none maps to an IP address (InfiniBand).
-std::string TransportAdvertiseHint(absl::string_view name,
-                                   const TransportOptions& options);
 
 }  // namespace ferry
 

@@ -47,7 +47,7 @@ struct EngineOptions {
   // service. Printable ASCII, no spaces, at most 256 bytes.
   std::string local_segment_name;
   // Where segments are published and looked up, written as in Mooncake
-  // (metadata/metadata_address.h):
+  // (metadata/address/metadata_address.h):
   //   "embedded": run a metadata service inside this engine (other engines
   //     then use metadata_address() of this one);
   //   "host:port" or "ferry://host:port": a running Ferry service (another

@@ -2,7 +2,7 @@
 // quick build): etcd addresses still parse, and connecting says why not.
 #include "common/status_testing.h"
 #include "gtest/gtest.h"
-#include "metadata/metadata_address.h"
+#include "metadata/address/metadata_address.h"
 
 namespace ferry::metadata {
 namespace {

@@ -15,8 +15,8 @@
 // Mooncake's "http://" and "redis://" metadata are not supported; a bare
 // "host:port" means etcd in Mooncake but Ferry's own service here (a
 // Ferry client that reaches etcd there says so).
-#ifndef FERRY_METADATA_METADATA_ADDRESS_H_
-#define FERRY_METADATA_METADATA_ADDRESS_H_
+#ifndef FERRY_METADATA_ADDRESS_METADATA_ADDRESS_H_
+#define FERRY_METADATA_ADDRESS_METADATA_ADDRESS_H_
 
 #include <memory>
 #include <string>
@@ -93,4 +93,4 @@ class NamespacedStore final : public Store {
 
 }  // namespace ferry::metadata
 
-#endif  // FERRY_METADATA_METADATA_ADDRESS_H_
+#endif  // FERRY_METADATA_ADDRESS_METADATA_ADDRESS_H_

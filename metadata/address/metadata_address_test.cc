@@ -1,4 +1,4 @@
-#include "metadata/metadata_address.h"
+#include "metadata/address/metadata_address.h"
 
 #include "common/status_testing.h"
 #include "gtest/gtest.h"

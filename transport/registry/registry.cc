@@ -1,3 +1,5 @@
+#include "transport/registry/registry.h"
+
 #include <functional>
 #include <utility>
 #include <vector>
@@ -7,7 +9,6 @@
 #include "transport/rdma/nic.h"
 #include "transport/rdma/rdma_transport.h"
 #include "transport/tcp/tcp_transport.h"
-#include "transport/transport.h"
 
 namespace ferry {
 namespace {
