@@ -228,9 +228,22 @@ test_cmd() {
   done
   if ((sanitizer)); then
     drop_execroot_link
+    # The whole tree first, not only what the tests need: --config=sanitize
+    # is clang's build, with -Werror=thread-safety (--config=clang), so
+    # this is also the thread-safety verdict on every target (CI has no
+    # separate clang build of the tree).
+    local bflags=()
+    for a in "$@"; do
+      [[ "$a" == "--" ]] && break
+      bflags+=("$a")
+    done
+    if ! "${BAZEL[@]}" build "${bflags[@]}" -k //...; then
+      echo "failing: the sanitize build of //... (clang, -Werror=thread-safety)"
+      FAILED=$((FAILED + 1))
+      rc=1
+    fi
     local targets
     targets="$("${BAZEL[@]}" query "tests(//...) except attr(tags, 'no-sanitize', tests(//...))" 2>/dev/null)"
-    # Only what the tests need: the default build has built everything.
     # shellcheck disable=SC2086
     run_tests --build_tests_only "$@" -- $targets || rc=$?
   else
