@@ -3,8 +3,9 @@
 #   tools/dev.sh demo   # installs what is needed, builds, runs a demo transfer
 #   tools/dev.sh test   # installs what is needed, runs the whole test suite
 # Other subcommands: setup, build, python (installs the Python package for
-# /usr/bin/python3), bench-tcp, format, and the checks CI runs
-# besides `test`: clang (thread-safety analysis), tsan, fuzz.
+# /usr/bin/python3), bench-tcp, format, clang (thread-safety analysis
+# alone; CI gets it from `test --config=sanitize`), and the checks CI runs
+# besides `test`: wheel, layering, tsan, fuzz.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -228,20 +229,20 @@ test_cmd() {
   done
   if ((sanitizer)); then
     drop_execroot_link
-    # The whole tree first, not only what the tests need: --config=sanitize
-    # is clang's build, with -Werror=thread-safety (--config=clang), so
-    # this is also the thread-safety verdict on every target (CI has no
+    # With --config=sanitize, the whole tree first, not only what the tests
+    # need: it is clang's build, with -Werror=thread-safety (--config=clang),
+    # so this is also the thread-safety verdict on every target (CI has no
     # separate clang build of the tree).
-    local bflags=()
     for a in "$@"; do
-      [[ "$a" == "--" ]] && break
-      bflags+=("$a")
+      [[ "$a" == --config=sanitize ]] || continue
+      if ! "${BAZEL[@]}" build --config=sanitize -k //...; then
+        echo "failing: the sanitize build of //... (clang, -Werror=thread-safety)"
+        FAILED=$((FAILED + 1))
+        rc=1
+      fi
+      drop_execroot_link  # The build made it again.
+      break
     done
-    if ! "${BAZEL[@]}" build "${bflags[@]}" -k //...; then
-      echo "failing: the sanitize build of //... (clang, -Werror=thread-safety)"
-      FAILED=$((FAILED + 1))
-      rc=1
-    fi
     local targets
     targets="$("${BAZEL[@]}" query "tests(//...) except attr(tags, 'no-sanitize', tests(//...))" 2>/dev/null)"
     # shellcheck disable=SC2086
@@ -254,10 +255,10 @@ test_cmd() {
 }
 
 # Builds everything with clang and -Werror=thread-safety: one verdict.
-# With --config=tsan (as CI runs it) the build is also instrumented for
-# ThreadSanitizer and made in TSan's output base with exactly TSan's flags,
-# so that `tools/dev.sh tsan` after it compiles nothing again: one clang
-# build of the tree instead of two.
+# With --config=tsan the build is also instrumented for ThreadSanitizer and
+# made in TSan's output base with exactly TSan's flags, so that
+# `tools/dev.sh tsan` after it compiles nothing again. (CI gets the verdict
+# from `test --config=sanitize`, which builds the whole tree with clang.)
 clang_check() {
   setup
   local base=clang cfg=(--config=clang) a
@@ -474,7 +475,11 @@ case "${1:-}" in
   format) format ;;
   clang) shift; clang_check "$@" ;;
   # The package graph: no cycle, no edge upward (devtools/layering.py).
-  layering) setup; /usr/bin/python3 devtools/layering.py ;;
+  layering)
+    setup
+    drop_execroot_link
+    /usr/bin/python3 devtools/layering.py
+    ;;
   tsan) shift; tsan "$@" ;;
   fuzz) shift; fuzz "$@" ;;
   *)
