@@ -7,40 +7,35 @@
 # A NAME is a full benchmark name as printed, e.g. BM_SieveCacheFind/64.
 # --verbs=LIB first: run it on that libibverbs.so.1 (softrnic's), found
 # before the system's.
-set -u
+set -uo pipefail
+# shellcheck source=../testing/test_lib.sh
+source "${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}/testing/test_lib.sh"
 
 if [[ "${1:-}" == --verbs=* ]]; then
   lib="${1#--verbs=}"
-  export LD_LIBRARY_PATH="$(cd "$(dirname "$lib")" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  LD_LIBRARY_PATH="$(cd "$(dirname "$lib")" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export LD_LIBRARY_PATH
   shift
 fi
 bin="$1"
 shift
-out="$(mktemp)"
-trap 'rm -f "$out"' EXIT
+out="$tmp/benchmark.out"
 # Debian 12's Google Benchmark is 1.7.1: min_time is plain seconds.
 "$bin" --benchmark_min_time=0.01 --benchmark_color=false >"$out" 2>&1
 rc=$?
-failed=0
-if [[ $rc -ne 0 ]]; then
-  echo "FAIL: $bin exited with $rc"
-  failed=1
-fi
+cat "$out"
+if ((rc == 0)); then pass "$bin exited 0"; else fail "$bin exited with $rc"; fi
 if grep -q "ERROR OCCURRED" "$out"; then
-  echo "FAIL: a benchmark reported an error:"
-  grep "ERROR OCCURRED" "$out"
-  failed=1
+  fail "a benchmark reported an error: $(grep "ERROR OCCURRED" "$out")"
+else
+  pass "no benchmark reported an error"
 fi
 for name in "$@"; do
   # A result line: the name, spaces, then the time.
-  if ! grep -Eq "^${name}[[:space:]]+[0-9]" "$out"; then
-    echo "FAIL: no result for $name"
-    failed=1
+  if grep -Eq "^${name}[[:space:]]+[0-9]" "$out"; then
+    pass "a result for $name"
+  else
+    fail "no result for $name"
   fi
 done
-cat "$out"
-if [[ $failed -ne 0 ]]; then
-  echo "0 passed, 1 failed"
-  exit 1
-fi
-echo "1 passed, 0 failed ($# benchmarks)"
+finish

@@ -5,10 +5,11 @@
 # runtime error, and neither must run on. In other builds only the clean
 # run is checked (the planted bugs are undefined behaviour there).
 #   sanitizer_check_test.sh sanitize|plain
-set -u
-bin="${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}/bazel/sanitizer_check/planted_bugs"
-out="$(mktemp "${TEST_TMPDIR:-/tmp}/planted.XXXXXX")"
-failed=0
+set -uo pipefail
+# shellcheck source=../../testing/test_lib.sh
+source "${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}/testing/test_lib.sh"
+bin="$RUNFILES/bazel/sanitizer_check/planted_bugs"
+out="$tmp/planted.out"
 
 expect() {  # label, pattern in the output, then the bug's arguments
   local label=$1 pattern=$2
@@ -16,20 +17,14 @@ expect() {  # label, pattern in the output, then the bug's arguments
   timeout 60 "$bin" "$@" >"$out" 2>&1
   local rc=$?
   if ((rc == 0)) || ! grep -q "$pattern" "$out" || grep -q "not caught" "$out"; then
-    echo "FAIL: $label (exit $rc, wanted a report matching '$pattern'):"
-    cat "$out"
-    failed=$((failed + 1))
+    fail "$label (exit $rc, wanted a report matching '$pattern')" "$out"
   else
-    echo "PASS: $label ($(grep -m1 "$pattern" "$out"))"
+    pass "$label ($(grep -m1 "$pattern" "$out"))"
   fi
 }
 
-if ! timeout 60 "$bin" none 8 >"$out" 2>&1; then
-  echo "FAIL: the clean run failed:"
-  cat "$out"
-  exit 1
-fi
-echo "PASS: clean run"
+timeout 60 "$bin" none 8 >"$out" 2>&1 || abort "the clean run failed" "$out"
+pass "clean run"
 if [[ "${1:-plain}" == sanitize ]]; then
   expect "ASan catches a heap overflow" \
     "AddressSanitizer: heap-buffer-overflow" heap-overflow 8
@@ -38,5 +33,4 @@ if [[ "${1:-plain}" == sanitize ]]; then
 else
   echo "not a --config=sanitize build: planted bugs not run"
 fi
-rm -f "$out"
-exit $((failed > 0))
+finish

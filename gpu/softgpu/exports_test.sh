@@ -4,7 +4,9 @@
 # softgpu_control.h declares (softgpu_*, not NVIDIA's), nothing more, and
 # calls itself libcuda.so.1 (its soname), as NVIDIA's driver does.
 #   exports_test.sh LIBCUDA CUDA_ABI_H SOFTGPU_CONTROL_H
-set -euo pipefail
+set -uo pipefail
+# shellcheck source=../../testing/test_lib.sh
+source "${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-ferry}/testing/test_lib.sh"
 lib="$1"
 header="$2"
 control="$3"
@@ -17,31 +19,33 @@ want_control="$(grep -oE '\(\*softgpu_[a-z_]+_fn\)' "$control" |
 # relocation) is no export.
 all="$(nm -D --defined-only "$lib" | awk '$2 ~ /^([A-Z]|u)$/ {print $3}' | sort)"
 if grep -q '@' <<<"$all"; then
-  echo "versioned exports (NVIDIA's are unversioned):" >&2
-  grep '@' <<<"$all" >&2
-  exit 1
+  fail "versioned exports (NVIDIA's are unversioned): $(grep '@' <<<"$all" | tr '\n' ' ')"
+else
+  pass "no versioned export"
 fi
 have="$(grep -v '^softgpu_' <<<"$all")"
 have_control="$(grep '^softgpu_' <<<"$all" || true)"
-if [[ -z "$want_control" || "$want_control" != "$have_control" ]]; then
-  echo "control exports differ from softgpu_control.h (< header, > library):" >&2
-  diff <(echo "$want_control") <(echo "$have_control") >&2 || true
-  exit 1
+if [[ -n "$want_control" && "$want_control" == "$have_control" ]]; then
+  pass "$(wc -l <<<"$want_control") control exports, as softgpu_control.h declares"
+else
+  diff <(echo "$want_control") <(echo "$have_control") >"$tmp/control.diff"
+  fail "control exports differ from softgpu_control.h (< header, > library)" "$tmp/control.diff"
 fi
-if [[ "$want" != "$have" ]]; then
-  echo "exports differ from gpu/cuda_abi.h (< header, > library):" >&2
-  diff <(echo "$want") <(echo "$have") >&2 || true
-  exit 1
+if [[ "$want" == "$have" ]]; then
+  pass "the entry points of gpu/cuda_abi.h, nothing more"
+else
+  diff <(echo "$want") <(echo "$have") >"$tmp/exports.diff"
+  fail "exports differ from gpu/cuda_abi.h (< header, > library)" "$tmp/exports.diff"
 fi
 count="$(wc -l <<<"$want")"
-if ((count != 33)); then
-  echo "expected the header's 33 entry points, found $count" >&2
-  exit 1
+if ((count == 33)); then
+  pass "the header's 33 entry points"
+else
+  fail "expected the header's 33 entry points, found $count"
 fi
-soname="$(readelf -d "$lib")"
-if [[ "$soname" != *"Library soname: [libcuda.so.1]"* ]]; then
-  echo "soname is not libcuda.so.1" >&2
-  exit 1
+if [[ "$(readelf -d "$lib")" == *"Library soname: [libcuda.so.1]"* ]]; then
+  pass "soname libcuda.so.1"
+else
+  fail "soname is not libcuda.so.1"
 fi
-echo "exports: the $count entry points of gpu/cuda_abi.h and" \
-  "$(wc -l <<<"$want_control") of softgpu_control.h"
+finish
