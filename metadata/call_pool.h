@@ -223,6 +223,11 @@ grpc::ServerUnaryReactor* ServeOnPool(CallPool* pool,
       return;
     }
     grpc::Status st = handler();
+    if (st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      // The handler's own limit, not admission: the client's retry policy
+      // (ChannelArgs) must not try it again.
+      ctx->AddTrailingMetadata("grpc-retry-pushback-ms", "-1");
+    }
     if (st.ok()) {
       const size_t bytes = response->ByteSizeLong();
       if (absl::Status c = pool->Charge(reactor->caller(), bytes); !c.ok()) {

@@ -27,12 +27,29 @@ grpc::ChannelArguments ChannelArgs() {
   // calls failed with UNAVAILABLE.
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  // A call a service refused at admission (its CallPool full, or the
+  // caller's share of it: RESOURCE_EXHAUSTED before any handler ran) is
+  // tried again after a jittered back-off, within the call's deadline: a
+  // storm of engines opening one target at once queues instead of
+  // failing. A handler's own RESOURCE_EXHAUSTED (a store full, a limit of
+  // the request) says "no retry" with gRPC's pushback (ServeOnPool).
+  args.SetServiceConfigJSON(R"({"methodConfig": [{
+      "name": [{"service": "ferry.metadata.MetadataService"},
+               {"service": "ferry.metadata.PeerService"}],
+      "retryPolicy": {
+        "maxAttempts": 5,
+        "initialBackoff": "0.1s",
+        "maxBackoff": "1s",
+        "backoffMultiplier": 2,
+        "retryableStatusCodes": ["RESOURCE_EXHAUSTED"]}}]})");
   return args;
 }
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
-                                           const Tls* tls) {
+                                           const Tls* tls,
+                                           bool own_connection) {
   grpc::ChannelArguments args = ChannelArgs();
+  if (own_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   // A numeric address goes to gRPC's sockaddr resolver ("ipv4:", "ipv6:"),
   // not its DNS one: no c-ares resolution (and no c-ares allocation left
   // behind at exit) for what is already an address. Names still resolve.
@@ -56,7 +73,9 @@ MetadataClient::MetadataClient(const std::string& address,
     : address_(address),
       rpc_timeout_(rpc_timeout),
       token_(std::move(auth_token)),
-      stub_(MetadataService::NewStub(MakeChannel(address, tls.get()))) {}
+      tls_(std::move(tls)),
+      stub_(MetadataService::NewStub(
+          MakeChannel(address, tls_.get(), /*own_connection=*/true))) {}
 
 void MetadataClient::Prepare(grpc::ClientContext* ctx) const {
   ctx->set_deadline(GrpcDeadline(rpc_timeout_));
@@ -156,9 +175,11 @@ namespace {
 class ClientWatch final : public Watch,
                           public grpc::ClientReadReactor<SegmentEvent> {
  public:
-  ClientWatch(MetadataService::Stub* stub, const std::string& name,
+  // `slot` counts this watch's stream on its connection until it ends.
+  ClientWatch(MetadataService::Stub* stub,
+              std::shared_ptr<std::atomic<int>> slot, const std::string& name,
               uint64_t after, const std::string& token, Store::EventFn fn)
-      : fn_(std::move(fn)) {
+      : fn_(std::move(fn)), slot_(std::move(slot)) {
     AddAuthToken(&ctx_, token);
     req_.set_name(name);
     req_.set_after_version(after);
@@ -191,6 +212,7 @@ class ClientWatch final : public Watch,
       ended.set_gone(true);
       fn_(ended);
     }
+    slot_->fetch_sub(1);
     MutexLock lock(&mu_);
     done_ = true;
     done_cv_.SignalAll();
@@ -198,6 +220,7 @@ class ClientWatch final : public Watch,
 
  private:
   const Store::EventFn fn_;
+  const std::shared_ptr<std::atomic<int>> slot_;
   grpc::ClientContext ctx_;
   WatchSegmentRequest req_;
   SegmentEvent event_;
@@ -211,8 +234,40 @@ class ClientWatch final : public Watch,
 absl::StatusOr<std::unique_ptr<Watch>> MetadataClient::WatchSegment(
     const std::string& name, uint64_t after_version, EventFn fn) {
   FERRY_RETURN_IF_ERROR(descriptor::ValidateSegmentName(name));
-  return std::unique_ptr<Watch>(std::make_unique<ClientWatch>(
-      stub_.get(), name, after_version, token_, std::move(fn)));
+  std::shared_ptr<WatchLane> lane;
+  {
+    MutexLock lock(&lanes_mu_);
+    for (const auto& l : lanes_) {
+      // Claimed here, given back when the stream is over: a lane never
+      // carries more than kWatchesPerConnection streams.
+      int n = l->watches.load();
+      while (n < kWatchesPerConnection &&
+             !l->watches.compare_exchange_weak(n, n + 1)) {
+      }
+      if (n < kWatchesPerConnection) {
+        lane = l;
+        break;
+      }
+    }
+    if (lane == nullptr) {
+      if (lanes_.size() >= static_cast<size_t>(kMaxWatchConnections)) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("metadata server ", address_, ": ",
+                         kMaxWatchConnections * kWatchesPerConnection,
+                         " segments watched at once already"));
+      }
+      lane = std::make_shared<WatchLane>();
+      lane->stub = MetadataService::NewStub(
+          MakeChannel(address_, tls_.get(), /*own_connection=*/true));
+      lane->watches.store(1);
+      lanes_.push_back(lane);
+    }
+  }
+  // The watch keeps its lane (the stub its stream runs on) alive.
+  std::shared_ptr<std::atomic<int>> slot(lane, &lane->watches);
+  return std::unique_ptr<Watch>(
+      std::make_unique<ClientWatch>(lane->stub.get(), std::move(slot), name,
+                                    after_version, token_, std::move(fn)));
 }
 
 }  // namespace ferry::metadata

@@ -101,6 +101,11 @@ class MetadataServiceImpl final : public MetadataService::CallbackService {
   void WaitIdle() { pool_.WaitIdle(); }
   // Unary calls admitted and not yet over (tests).
   int CallsForTesting() const { return pool_.calls(); }
+  // Watch streams served now (tests).
+  int WatchesForTesting() ABSL_LOCKS_EXCLUDED(mu_) {
+    MutexLock lock(&mu_);
+    return watches_;
+  }
   // Tests: smaller byte limits for watch streams, to reach them with
   // events of a few MiB.
   void SetWatchByteLimitsForTesting(size_t max_bytes,

@@ -79,6 +79,42 @@ TEST_F(MetadataServiceTest, AWatchTheServiceEndsSaysGone) {
   EXPECT_EQ(gone, 1);
 }
 
+// A server serves 32 streams per connection and gRPC queues a call beyond
+// them until a stream ends: watches that shared the unary calls'
+// connection (or another client's, gRPC merging equal channels of one
+// process) held every later call until its deadline once 32 were open --
+// an engine that opened 32 segments could no longer renew its lease.
+TEST_F(MetadataServiceTest, ManyWatchesLeaveUnaryCallsFree) {
+  constexpr int kWatches = 2 * MetadataClient::kWatchesPerConnection + 9;
+  static_assert(kWatches > 32);  // RpcServerOptions' default stream cap.
+  MetadataClient other(server_->address(), absl::Seconds(2));
+  std::vector<std::unique_ptr<Watch>> watches;
+  for (int i = 0; i < kWatches; ++i) {
+    descriptor::SegmentDescriptor seg;
+    seg.set_name(absl::StrCat("w", i));
+    seg.set_incarnation(1);
+    ASSERT_OK(client_->Put(LeasedPutOf(seg)));
+    for (MetadataClient* c : {client_.get(), &other}) {
+      ASSERT_OK_AND_ASSIGN(
+          auto w, c->WatchSegment(seg.name(), 0, [](const SegmentEvent&) {}));
+      watches.push_back(std::move(w));
+    }
+  }
+  // Every watch's stream is open at the service before the calls below.
+  const absl::Time end = absl::Now() + absl::Seconds(10);
+  while (service_.WatchesForTesting() < 2 * kWatches && absl::Now() < end) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(service_.WatchesForTesting(), 2 * kWatches);
+  for (MetadataClient* c : {client_.get(), &other}) {
+    const absl::Time start = absl::Now();
+    EXPECT_OK(c->Get("w0"));
+    EXPECT_OK(c->List());
+    EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  }
+  watches.clear();
+}
+
 TEST_F(MetadataServiceTest, RoundTrip) {
   descriptor::SegmentDescriptor seg;
   seg.set_name("engine-a");
