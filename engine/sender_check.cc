@@ -122,6 +122,12 @@ absl::Status SenderCheck::TakeLookupLocked(const std::string& caller,
   return absl::OkStatus();
 }
 
+void SenderCheck::ReturnLookupLocked(const std::string& caller) {
+  auto it = budgets_.find(caller);
+  if (it == budgets_.end()) return;  // Pruned meanwhile: it was full.
+  it->second.tokens = std::min(kLookupBurst, it->second.tokens + 1);
+}
+
 absl::StatusOr<SenderCheck::Cached> SenderCheck::Published(
     const std::string& claimed, const std::string& caller, bool fresh,
     absl::Time since) {
@@ -207,6 +213,7 @@ absl::StatusOr<SenderCheck::Cached> SenderCheck::Published(
   Cached entry;
   entry.found = desc.ok();
   if (desc.ok()) {
+    ReturnLookupLocked(metadata::AddressGroup(caller));
     entry.identity_key = desc->identity_key();
     auto hp = ParseHostPort(desc->rpc_address());
     if (hp.ok()) entry.host = BareCallerHost(hp->host);

@@ -32,8 +32,12 @@
 //     names never push out real ones); a call refused on a cached answer
 //     older than kRecheckAfter reads it again, on the caller's budget;
 //   * each caller address may cause kLookupBurst reads at once and
-//     kLookupsPerSecond after (a token bucket); checks of a name being read
-//     share that read;
+//     kLookupsPerSecond after (a token bucket) of names that turn out not
+//     to be registered: a read that finds its segment gives its token
+//     back, since a caller can make a live segment be read only once per
+//     kCacheFor whatever it sends, and a host that starts many engines at
+//     once (a handshake storm, bench/storm_bench) must not be refused for
+//     them; checks of a name being read share that read;
 //   * at most kMaxLookupsInFlight reads run at once, and kMaxWaiting checks
 //     wait (up to kSlotWait) for one, and kMaxWaiting more for a read of
 //     their name already running; beyond, Unavailable at once (so a hung
@@ -162,6 +166,9 @@ class SenderCheck {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // OK, and one read taken from `caller`'s budget; Unavailable saying
   // whose budget (or the table of budgets) is spent.
+  // Gives back a token TakeLookupLocked took (its read found the segment).
+  void ReturnLookupLocked(const std::string& caller)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status TakeLookupLocked(const std::string& caller, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status VerifyP2p(const std::string& claimed, const std::string& caller);

@@ -280,6 +280,24 @@ TEST_F(SenderCheckTest, EachCallerReadsAtABoundedRate) {
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
 }
 
+// A host that starts many engines at once (a handshake storm) makes this
+// engine read each new segment once: reads that find their segment cost
+// the caller nothing, reads of made-up names still drain its budget.
+TEST_F(SenderCheckTest, ReadsThatFindTheirSegmentAreFree) {
+  const int n = 4 * static_cast<int>(SenderCheck::kLookupBurst);
+  for (int i = 0; i < n; ++i) {
+    const std::string name = absl::StrCat("storm-", i);
+    store_.Add(name, key_->public_key());
+    EXPECT_OK(Check(name, "ipv4:10.6.6.6", "m")) << name;
+  }
+  EXPECT_EQ(store_.reads(), n);
+  for (int i = 0; i < static_cast<int>(SenderCheck::kLookupBurst); ++i) {
+    (void)Check(absl::StrCat("made-up-", i), "ipv4:10.6.6.6", "m");
+  }
+  const absl::Status s = Check("made-up-x", "ipv4:10.6.6.6", "m");
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+}
+
 TEST_F(SenderCheckTest, MadeUpNamesDoNotPushOutRealOnes) {
   ASSERT_OK(Check("prefill-0", "ipv4:10.0.0.7", "m"));
   const int reads = store_.reads();
