@@ -342,10 +342,25 @@ absl::StatusOr<SockAddr> LocalAddress(int fd) { return SocketName(fd, false); }
 
 absl::StatusOr<SockAddr> PeerAddress(int fd) { return SocketName(fd, true); }
 
-absl::StatusOr<UniqueFd> StartConnect(const SockAddr& addr) {
+absl::StatusOr<UniqueFd> StartConnect(const SockAddr& addr,
+                                      const SockAddr* source) {
   UniqueFd fd(
       ::socket(addr.family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!fd.valid()) return ErrnoStatus("socket", errno);
+  if (source != nullptr && source->family() == addr.family()) {
+    // Any port: IP_BIND_ADDRESS_NO_PORT leaves its choice to connect(), so
+    // bound connections do not use up the ephemeral ports of bind().
+    int one = 1;
+    ::setsockopt(fd.get(), IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one,
+                 sizeof(one));
+    SockAddr local = *source;
+    if (local.family() == AF_INET) {
+      reinterpret_cast<sockaddr_in*>(&local.storage)->sin_port = 0;
+    } else {
+      reinterpret_cast<sockaddr_in6*>(&local.storage)->sin6_port = 0;
+    }
+    (void)::bind(fd.get(), local.get(), local.len);  // Failed: unbound.
+  }
   if (::connect(fd.get(), addr.get(), addr.len) != 0 && errno != EINPROGRESS) {
     return ErrnoStatus(absl::StrCat("connect ", addr.ToString()), errno);
   }

@@ -122,7 +122,11 @@ absl::StatusOr<SockAddr> PeerAddress(int fd);
 // Starts connecting a non-blocking socket to `addr` and returns it at once;
 // it turns writable when the attempt ended (then SocketError tells how).
 // Unavailable if the attempt failed at once (no fd, refused, ...).
-absl::StatusOr<UniqueFd> StartConnect(const SockAddr& addr);
+// `source` (its port ignored; null: the kernel's choice): the local address
+// the connection comes from, if it has `addr`'s family and can be bound
+// (else the kernel's choice too).
+absl::StatusOr<UniqueFd> StartConnect(const SockAddr& addr,
+                                      const SockAddr* source = nullptr);
 
 // The pending error of a socket (SO_ERROR; 0 if none), clearing it.
 int SocketError(int fd);

@@ -198,5 +198,32 @@ TEST(SocketTest, StartConnectCompletesOrFails) {
   }
 }
 
+// A connection comes from the source address asked for (any port), or from
+// the kernel's choice where that address cannot be bound.
+TEST(SocketTest, StartConnectFromASourceAddress) {
+  uint16_t port = 0;
+  auto listener = ListenTcp("127.0.0.1", 0, &port);
+  ASSERT_OK(listener);
+  auto sa = ParseNumericEndpoint("127.0.0.1:" + std::to_string(port));
+  ASSERT_OK(sa);
+  for (const char* source : {"127.0.0.7", "192.0.2.1"}) {
+    auto src = ParseNumericEndpoint(std::string(source) + ":9");
+    ASSERT_OK(src);
+    auto fd = StartConnect(*sa, &*src);
+    ASSERT_OK(fd);
+    pollfd pfd{fd->get(), POLLOUT, 0};
+    ASSERT_EQ(::poll(&pfd, 1, 5000), 1);
+    ASSERT_EQ(SocketError(fd->get()), 0) << source;
+    UniqueFd conn(::accept(listener->get(), nullptr, nullptr));
+    ASSERT_TRUE(conn.valid());
+    auto peer = PeerAddress(conn.get());
+    ASSERT_OK(peer);
+    // 192.0.2.1 (TEST-NET-1) is no address of this host: not bound.
+    EXPECT_EQ(peer->Host(),
+              std::string(source) == "127.0.0.7" ? "127.0.0.7" : "127.0.0.1");
+    EXPECT_NE(peer->port(), 9);
+  }
+}
+
 }  // namespace
 }  // namespace ferry

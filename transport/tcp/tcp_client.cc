@@ -28,9 +28,14 @@ TcpClient::TcpClient(const TcpOptions& options, absl::Duration connect_timeout)
 
 TcpClient::~TcpClient() { Shutdown(); }
 
-absl::Status TcpClient::Start(Clock* clock, std::string auth_token) {
+absl::Status TcpClient::Start(Clock* clock, std::string auth_token,
+                              const std::string& source_host) {
   clock_ = clock;
   auth_token_ = std::move(auth_token);  // Before any loop thread reads it.
+  if (auto sa = ParseNumericEndpoint(JoinHostPort(source_host, 1));
+      sa.ok() && !sa->IsWildcard()) {
+    source_ = *sa;
+  }
   const int n = std::max(1, options_.io_threads);
   for (int i = 0; i < n; ++i) {
     auto loop = std::make_unique<Loop>();

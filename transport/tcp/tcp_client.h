@@ -38,6 +38,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,7 @@
 #include "absl/types/span.h"
 #include "common/clock.h"
 #include "common/mutex.h"
+#include "common/socket_util.h"
 #include "ferry/options.h"
 #include "ferry/stats.h"
 #include "transport/tcp/client_session.h"
@@ -67,8 +69,13 @@ class TcpClient {
   // Starts the loops; ResourceExhausted if a thread cannot be created.
   // Deadlines, back-off and idle timeouts are timed on `clock` (outlives
   // the client). With an `auth_token`, every connection proves it to the
-  // target before its first request (wire.h).
-  absl::Status Start(Clock* clock, std::string auth_token = "");
+  // target before its first request (wire.h). `source_host`: the address
+  // connections come from where it is one numeric address (the engine's
+  // listen_host; else the kernel chooses), so that on a host with several
+  // addresses a target sees, and counts per address, the one this engine
+  // is known by.
+  absl::Status Start(Clock* clock, std::string auth_token = "",
+                     const std::string& source_host = "");
 
   void Submit(absl::Span<Slice* const> slices);
 
@@ -124,7 +131,8 @@ class TcpClient {
       ABSL_LOCKS_EXCLUDED(mu_);
 
   const TcpOptions options_;
-  std::string auth_token_;  // Set by Start, before the loops.
+  std::string auth_token_;          // Set by Start, before the loops.
+  std::optional<SockAddr> source_;  // Set by Start, before the loops.
   const absl::Duration connect_timeout_;
   Clock* clock_ = RealClock();  // Set by Start, before any loop runs.
   std::vector<std::unique_ptr<Loop>> loops_;

@@ -110,7 +110,7 @@ void TcpClient::Dispatch(Pool* pool, Slice* slice, absl::Time now, bool retry) {
 TcpClient::Conn* TcpClient::OpenConn(Pool* pool, absl::Time now,
                                      absl::Status* error) {
   connects_.fetch_add(1, std::memory_order_relaxed);
-  auto fd = StartConnect(pool->addr);
+  auto fd = StartConnect(pool->addr, source_ ? &*source_ : nullptr);
   if (fd.ok()) {
     const int raw = fd->get();
     auto conn = std::make_unique<Conn>(this, pool, std::move(*fd), now);

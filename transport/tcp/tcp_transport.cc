@@ -72,7 +72,8 @@ absl::Status TcpTransport::Install(const TransportEnv& env,
   Clock* const clock = ClockOrReal(env.clock);
   registry_.SetClock(clock);
   gpu_staging_.SetClock(clock);
-  if (absl::Status s = client_.Start(clock, env.auth_token); !s.ok()) {
+  if (absl::Status s = client_.Start(clock, env.auth_token, env.listen_host);
+      !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("TCP transport: ", s.message()));
   }
   if (absl::Status s = server_.Start(env.listen_host, options_.tcp.port,
