@@ -72,6 +72,7 @@ std::string Transport(const TransportStats& t) {
       .Add("endpoints", t.endpoints)
       .Add("connects_started", t.connects_started)
       .Add("connects_accepted", t.connects_accepted)
+      .Add("qps_created", t.qps_created)
       .Add("evictions", t.evictions)
       .Add("connect_failures", t.connect_failures)
       .Add("connect_races", t.connect_races)

@@ -43,6 +43,9 @@ struct TransportStats {
   uint64_t connects_accepted = 0;
   uint64_t evictions = 0;
   uint64_t connect_failures = 0;
+  // Queue pairs this engine created, for its handshakes and its peers'
+  // (RDMA; a handshake storm's cost, bench/storm_bench).
+  uint64_t qps_created = 0;
   // Connects that crossed one from the peer for the same rail and were
   // resolved by this engine adopting the peer's (one endpoint results).
   uint64_t connect_races = 0;

@@ -22,9 +22,11 @@ constexpr int kPollBatch = 64;
 // While application threads reap completions themselves, the worker
 // checks back this often (and otherwise keeps off the CQ).
 constexpr int64_t kDeferUs = 200;
-// Upper bound of an idle worker's sleep (for shutdown and housekeeping of
-// its fds); completions and port events wake it earlier.
-constexpr int64_t kIdleSleepUs = 100'000;
+// Upper bound of an idle worker's sleep; completions, port events and
+// Stop wake it earlier. Not shorter: an engine's idle worker must cost
+// next to nothing (a process with a thousand engines, bench/storm_bench,
+// spent half a core waking them every 100 ms).
+constexpr int64_t kIdleSleepUs = 1'000'000;
 
 }  // namespace
 
@@ -174,7 +176,7 @@ std::vector<std::shared_ptr<Endpoint>> Completions::TakeAll() {
   return eps;
 }
 
-void Completions::WaitEvents(Worker* w, int64_t timeout_us, bool channels) {
+bool Completions::WaitEvents(Worker* w, int64_t timeout_us, bool channels) {
   // Per NIC its completion channel and async event fd, then the wake-up.
   constexpr size_t kMaxFds = 2 * 64 + 1;
   pollfd fds[kMaxFds];
@@ -190,7 +192,7 @@ void Completions::WaitEvents(Worker* w, int64_t timeout_us, bool channels) {
                        static_cast<long>((timeout_us % 1000000) * 1000)};
   // Real time: a bound on the sleep only (events wake it; nothing timed is
   // decided here).
-  if (::ppoll(fds, n, &ts, nullptr) <= 0) return;
+  if (::ppoll(fds, n, &ts, nullptr) <= 0) return false;
   for (size_t k = 0; k < w->nics.size(); ++k) {
     PerNic* p = w->nics[k];
     Nic* nic = p->nic;
@@ -236,6 +238,7 @@ void Completions::WaitEvents(Worker* w, int64_t timeout_us, bool channels) {
     ssize_t r = ::read(w->wake_fd, &v, sizeof(v));
     (void)r;
   }
+  return true;
 }
 
 void Completions::WorkerLoop(Worker* w) {
@@ -283,7 +286,11 @@ void Completions::WorkerLoop(Worker* w) {
       if (!p->nic->fatal()) ibv_req_notify_cq(p->nic->cq(), 0);
     }
     if (poll_all() > 0) continue;
-    WaitEvents(w, kIdleSleepUs, /*channels=*/true);
+    // Slept the whole bound: nothing is coming, so straight back to sleep
+    // (armed, polled once more) without spinning first.
+    if (!WaitEvents(w, kIdleSleepUs, /*channels=*/true)) {
+      spins = options_.spin_polls;
+    }
   }
 }
 

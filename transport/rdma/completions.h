@@ -139,7 +139,8 @@ class Completions {
   void WorkerLoop(Worker* w);
   // Sleeps until an event on the worker's fds (its NICs' completion
   // channels only if `channels`) or `timeout_us`, and handles what came.
-  void WaitEvents(Worker* w, int64_t timeout_us, bool channels);
+  // False if it slept the whole `timeout_us` with nothing to wake it.
+  bool WaitEvents(Worker* w, int64_t timeout_us, bool channels);
 
   CompletionHandler* const handler_;
   const Options options_;

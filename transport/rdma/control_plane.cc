@@ -1,5 +1,6 @@
 #include "transport/rdma/control_plane.h"
 
+#include <algorithm>
 #include <system_error>
 #include <utility>
 
@@ -52,17 +53,19 @@ int ControlPlane::threads() const {
 }
 
 void ControlPlane::HousekeeperLoop(Sweep sweep) {
+  absl::Duration interval = kHousekeepingInterval;
   while (true) {
     {
       MutexLock lock(&housekeeper_mu_);
-      const absl::Time next = clock_->Now() + kHousekeepingInterval;
+      const absl::Time next = clock_->Now() + interval;
       while (
           !stop_housekeeper_ &&
           !clock_->WaitWithDeadline(&housekeeper_cv_, &housekeeper_mu_, next)) {
       }
       if (stop_housekeeper_) return;
     }
-    sweep(clock_->NowNanos());
+    interval = std::clamp(sweep(clock_->NowNanos()), kHousekeepingInterval,
+                          kIdleHousekeepingInterval);
   }
 }
 

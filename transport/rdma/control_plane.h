@@ -3,7 +3,8 @@
 // decides what runs next) and hand each to a runner -- RailLifecycle's
 // RunJob: handshakes, notices, closes, failures, deferred posts. The
 // housekeeper runs a sweep every kHousekeepingInterval on the engine's
-// clock (a simulated clock drives it).
+// clock (a simulated clock drives it) while the sweep says it has timed
+// work, and every kIdleHousekeepingInterval (at most) otherwise.
 //
 // Only threads live here: what a job or a sweep does, and what runs
 // next, are RailLifecycle's and ControlQueue's, each tested without
@@ -34,9 +35,18 @@ class ControlPlane {
   static constexpr int kControlThreads = 4;
   static constexpr absl::Duration kHousekeepingInterval =
       absl::Milliseconds(50);
+  // An engine with nothing timed -- no slice on an endpoint, no handshake,
+  // only idle connections to probe now and then -- is swept this often:
+  // a process with a thousand idle engines spent most of a core on 50 ms
+  // sweeps (bench/storm_bench). A slice submitted meanwhile is at most
+  // this late to its deadline.
+  static constexpr absl::Duration kIdleHousekeepingInterval =
+      absl::Milliseconds(250);
 
   using JobRunner = std::function<void(const ControlJob& job)>;
-  using Sweep = std::function<void(int64_t now_ns)>;
+  // One sweep at `now_ns`; returns how soon the next is due (clamped to
+  // [kHousekeepingInterval, kIdleHousekeepingInterval]; zero: busy).
+  using Sweep = std::function<absl::Duration(int64_t now_ns)>;
 
   // `queue` outlives this object.
   explicit ControlPlane(ControlQueue* queue) : queue_(queue) {}

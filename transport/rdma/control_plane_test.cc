@@ -21,6 +21,7 @@ TEST(ControlPlaneTest, RunsJobsAndSweepsOnItsClock) {
   std::atomic<int> notices{0};
   std::atomic<int> sweeps{0};
   std::atomic<int64_t> last_sweep_ns{0};
+  std::atomic<bool> idle{false};
   absl::Notification ran;
   ASSERT_OK(plane.Start(
       &clock,
@@ -31,6 +32,7 @@ TEST(ControlPlaneTest, RunsJobsAndSweepsOnItsClock) {
       [&](int64_t now_ns) {
         last_sweep_ns = now_ns;
         ++sweeps;
+        return idle.load() ? absl::InfiniteDuration() : absl::ZeroDuration();
       }));
   EXPECT_EQ(plane.threads(), ControlPlane::kControlThreads + 1);
   ControlJob job;
@@ -45,6 +47,16 @@ TEST(ControlPlaneTest, RunsJobsAndSweepsOnItsClock) {
   ASSERT_TRUE(clock.AdvanceAndSettle(ControlPlane::kHousekeepingInterval));
   EXPECT_EQ(sweeps.load(), 1);
   EXPECT_EQ(last_sweep_ns.load(), clock.NowNanos());
+  // A sweep that finds nothing timed makes the next one come later: a
+  // busy interval's step no longer sweeps, the idle interval's does.
+  idle = true;
+  ASSERT_TRUE(clock.AdvanceAndSettle(ControlPlane::kHousekeepingInterval));
+  EXPECT_EQ(sweeps.load(), 2);
+  ASSERT_TRUE(clock.AdvanceAndSettle(ControlPlane::kHousekeepingInterval));
+  EXPECT_EQ(sweeps.load(), 2);
+  ASSERT_TRUE(clock.AdvanceAndSettle(ControlPlane::kIdleHousekeepingInterval -
+                                     ControlPlane::kHousekeepingInterval));
+  EXPECT_EQ(sweeps.load(), 3);
   plane.BeginFarewell(clock.Now());
   plane.Stop();
   EXPECT_EQ(plane.threads(), 0);

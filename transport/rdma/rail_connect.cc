@@ -23,6 +23,7 @@ absl::Status RailLifecycle::CreateQps(Nic* nic, int n,
       DestroyQps(qps);
       return qp.status();
     }
+    ctx_->counters.qps_created.fetch_add(1, std::memory_order_relaxed);
     QueuePair& q = qps->emplace_back();
     q.qp = *qp;
     q.max_inline = caps.max_inline;

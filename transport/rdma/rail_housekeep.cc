@@ -8,8 +8,9 @@
 
 namespace ferry::rdma {
 
-void RailLifecycle::Housekeep(int64_t now_ns) {
+absl::Duration RailLifecycle::Housekeep(int64_t now_ns) {
   const absl::Time now = absl::FromUnixNanos(now_ns);
+  bool busy = false;
   const int64_t keepalive_ns =
       absl::ToInt64Nanoseconds(ctx_->options.rdma.keepalive_interval);
   // Deadlines of the slices an endpoint holds: waiting ones fail here,
@@ -45,6 +46,8 @@ void RailLifecycle::Housekeep(int64_t now_ns) {
         }
       }
       if (drain_over) ep->drain_deadline_ns = 0;  // Flushed once.
+      busy = busy || !ep->waiting.empty() || ep->PostedLocked() > 0 ||
+             ep->drain_deadline_ns != 0;
       // Keepalive: probe a connection idle for keepalive_interval.
       if (live && keepalive_ns > 0 && ep->Idle() && ep->PostedLocked() == 0) {
         if (ep->active.exchange(false, std::memory_order_relaxed) ||
@@ -67,6 +70,7 @@ void RailLifecycle::Housekeep(int64_t now_ns) {
     // The connector's deadlines: the tie-break winner's request, READY.
     const bool timed = ep->state() == Endpoint::State::kConnecting ||
                        !ep->confirmed.load(std::memory_order_acquire);
+    busy = busy || timed;
     if (timed && !ep->off_rail()) {
       Peer* peer = ep->peer();
       Later later;
@@ -82,15 +86,23 @@ void RailLifecycle::Housekeep(int64_t now_ns) {
       RunLater(&later, /*inline_ok=*/true);
     }
     expire(ep, /*live=*/true);
-    if (ep->close_when_idle.load(std::memory_order_relaxed) && ep->Idle()) {
-      Close(ep, /*evicted=*/false);
+    if (ep->close_when_idle.load(std::memory_order_relaxed)) {
+      if (ep->Idle()) {
+        Close(ep, /*evicted=*/false);
+      } else {
+        busy = true;
+      }
     }
   }
   for (const EndpointPtr& ep : store_.Draining()) {
+    busy = true;
     if (expire(ep, /*live=*/false)) DropIfDrained(ep);
   }
   TrimStore();
   peers_.Trim();
+  if (busy) return absl::ZeroDuration();
+  return keepalive_ns > 0 ? absl::Nanoseconds(keepalive_ns) / 4
+                          : absl::InfiniteDuration();
 }
 
 }  // namespace ferry::rdma

@@ -117,7 +117,11 @@ class RailLifecycle {
   // One round of housekeeping at `now_ns`: slices' deadlines on
   // endpoints, the connectors' deadlines, keepalive probes, closes when
   // idle, drops of drained endpoints, the store's and the table's bounds.
-  void Housekeep(int64_t now_ns);
+  // Returns how soon the next round is due: zero while anything timed is
+  // under way (a slice on an endpoint, a handshake, a drain, a close);
+  // else a quarter of the keepalive interval (an idle connection's probe
+  // is due at most that late).
+  absl::Duration Housekeep(int64_t now_ns);
 
   // --- A peer's messages (rail_accept.cc), on gRPC threads.
   absl::StatusOr<std::string> OnExchange(const std::string& from,

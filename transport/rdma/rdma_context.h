@@ -23,6 +23,7 @@ namespace ferry::rdma {
 struct RdmaCounters {
   std::atomic<uint64_t> connects_started{0};
   std::atomic<uint64_t> connects_accepted{0};
+  std::atomic<uint64_t> qps_created{0};
   std::atomic<uint64_t> connect_failures{0};
   std::atomic<uint64_t> connect_races{0};
   std::atomic<uint64_t> evictions{0};

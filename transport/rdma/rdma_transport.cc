@@ -140,7 +140,7 @@ absl::Status RdmaTransport::Install(const TransportEnv& env,
   FERRY_RETURN_IF_ERROR(completions_.Start());
   return control_.Start(
       ctx_.clock, [this](const ControlJob& job) { rails_.RunJob(job); },
-      [this](int64_t now_ns) { rails_.Housekeep(now_ns); });
+      [this](int64_t now_ns) { return rails_.Housekeep(now_ns); });
 }
 
 absl::Status RdmaTransport::OpenNics(descriptor::TransportEndpoint* endpoint) {
@@ -316,6 +316,7 @@ TransportStats RdmaTransport::Stats() const {
   st.fast_failures = ctx_.counters.fast_failures.load();
   st.connects_started = ctx_.counters.connects_started.load();
   st.connects_accepted = ctx_.counters.connects_accepted.load();
+  st.qps_created = ctx_.counters.qps_created.load();
   st.connect_failures = ctx_.counters.connect_failures.load();
   st.connect_races = ctx_.counters.connect_races.load();
   st.evictions = ctx_.counters.evictions.load();
