@@ -347,7 +347,10 @@ absl::StatusOr<UniqueFd> StartConnect(const SockAddr& addr,
   UniqueFd fd(
       ::socket(addr.family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!fd.valid()) return ErrnoStatus("socket", errno);
-  if (source != nullptr && source->family() == addr.family()) {
+  // A loopback source cannot reach another host (connect fails EINVAL):
+  // then the kernel's choice.
+  if (source != nullptr && source->family() == addr.family() &&
+      (!source->IsLoopback() || addr.IsLoopback())) {
     // Any port: IP_BIND_ADDRESS_NO_PORT leaves its choice to connect(), so
     // bound connections do not use up the ephemeral ports of bind().
     int one = 1;

@@ -124,7 +124,7 @@ absl::StatusOr<SockAddr> PeerAddress(int fd);
 // Unavailable if the attempt failed at once (no fd, refused, ...).
 // `source` (its port ignored; null: the kernel's choice): the local address
 // the connection comes from, if it has `addr`'s family and can be bound
-// (else the kernel's choice too).
+// (else the kernel's choice too), and is not loopback while `addr` is not.
 absl::StatusOr<UniqueFd> StartConnect(const SockAddr& addr,
                                       const SockAddr* source = nullptr);
 

@@ -206,7 +206,7 @@ TEST(SocketTest, StartConnectFromASourceAddress) {
   ASSERT_OK(listener);
   auto sa = ParseNumericEndpoint("127.0.0.1:" + std::to_string(port));
   ASSERT_OK(sa);
-  for (const char* source : {"127.0.0.7", "192.0.2.1"}) {
+  for (const char* source : {"127.0.0.7", "198.51.100.77"}) {
     auto src = ParseNumericEndpoint(std::string(source) + ":9");
     ASSERT_OK(src);
     auto fd = StartConnect(*sa, &*src);
@@ -218,7 +218,7 @@ TEST(SocketTest, StartConnectFromASourceAddress) {
     ASSERT_TRUE(conn.valid());
     auto peer = PeerAddress(conn.get());
     ASSERT_OK(peer);
-    // 192.0.2.1 (TEST-NET-1) is no address of this host: not bound.
+    // 198.51.100.77 (TEST-NET-2) is no address of this host: not bound.
     EXPECT_EQ(peer->Host(),
               std::string(source) == "127.0.0.7" ? "127.0.0.7" : "127.0.0.1");
     EXPECT_NE(peer->port(), 9);
