@@ -130,7 +130,7 @@ void SenderCheck::ReturnLookupLocked(const std::string& caller) {
 
 absl::StatusOr<SenderCheck::Cached> SenderCheck::Published(
     const std::string& claimed, const std::string& caller, bool fresh,
-    absl::Time since) {
+    absl::Time since, bool* charged) {
   {
     MutexLock lock(&mu_);
     const absl::Time slot_deadline = now_() + kSlotWait;
@@ -187,6 +187,7 @@ absl::StatusOr<SenderCheck::Cached> SenderCheck::Published(
         return absl::UnavailableError(absl::StrCat(
             b.message(), "; segment '", claimed, "' is not looked up"));
       }
+      *charged = true;
       ++in_flight_;
       looking_up_.insert(claimed);
       break;
@@ -213,7 +214,6 @@ absl::StatusOr<SenderCheck::Cached> SenderCheck::Published(
   Cached entry;
   entry.found = desc.ok();
   if (desc.ok()) {
-    ReturnLookupLocked(metadata::AddressGroup(caller));
     entry.identity_key = desc->identity_key();
     auto hp = ParseHostPort(desc->rpc_address());
     if (hp.ok()) entry.host = BareCallerHost(hp->host);
@@ -290,8 +290,9 @@ absl::Status SenderCheck::Verify(const std::string& claimed,
     // or (no host check) wherever it is, on the caller's lookup budget.
   }
   const absl::Time began = now_();
+  bool charged = false;
   for (bool fresh : {false, true}) {
-    auto published = Published(claimed, caller, fresh, began);
+    auto published = Published(claimed, caller, fresh, began, &charged);
     if (!published.ok()) return published.status();
     // A refusal stands on an answer read since this check began. One from
     // before is read again (once, if it is not too young), or the caller
@@ -330,8 +331,11 @@ absl::Status SenderCheck::Verify(const std::string& claimed,
                !v.ok()) {
       refused = refuse(absl::StrCat("but ", v.message()));
     } else {
-      if (!seq.has_value()) return absl::OkStatus();
       MutexLock lock(&mu_);
+      // The sender holds the key: what it cost the caller's budget was
+      // not a flood's (a P2P read dials an address a caller names, though).
+      if (charged && !p2p_) ReturnLookupLocked(metadata::AddressGroup(caller));
+      if (!seq.has_value()) return absl::OkStatus();
       const absl::Status r =
           replay_.Accept(claimed, published->identity_key, *seq);
       if (r.ok()) return r;

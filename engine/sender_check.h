@@ -32,12 +32,13 @@
 //     names never push out real ones); a call refused on a cached answer
 //     older than kRecheckAfter reads it again, on the caller's budget;
 //   * each caller address may cause kLookupBurst reads at once and
-//     kLookupsPerSecond after (a token bucket) of names that turn out not
-//     to be registered: a read that finds its segment gives its token
-//     back, since a caller can make a live segment be read only once per
-//     kCacheFor whatever it sends, and a host that starts many engines at
-//     once (a handshake storm, bench/storm_bench) must not be refused for
-//     them; checks of a name being read share that read;
+//     kLookupsPerSecond after (a token bucket) for checks that fail: a
+//     read for a call whose signature then verifies gives its token back
+//     (not in P2P mode, where a read dials the claimed address), so a
+//     host that starts many engines at once (a handshake storm,
+//     bench/storm_bench) is not refused for them, while reads for
+//     made-up names, forged signatures or rechecks still drain the
+//     budget; checks of a name being read share that read;
 //   * at most kMaxLookupsInFlight reads run at once, and kMaxWaiting checks
 //     wait (up to kSlotWait) for one, and kMaxWaiting more for a read of
 //     their name already running; beyond, Unavailable at once (so a hung
@@ -152,10 +153,10 @@ class SenderCheck {
 
   // What segment `claimed` publishes: an answer read at or after `since`,
   // or (unless `fresh`) one still cached; else read now, on
-  // `caller`'s budget.
+  // `caller`'s budget (then `*charged` is set).
   absl::StatusOr<Cached> Published(const std::string& claimed,
                                    const std::string& caller, bool fresh,
-                                   absl::Time since);
+                                   absl::Time since, bool* charged);
   std::optional<Cached> FindLocked(const std::string& claimed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CacheLocked(const std::string& claimed, const Cached& value)
@@ -166,7 +167,8 @@ class SenderCheck {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // OK, and one read taken from `caller`'s budget; Unavailable saying
   // whose budget (or the table of budgets) is spent.
-  // Gives back a token TakeLookupLocked took (its read found the segment).
+  // Gives back a token TakeLookupLocked took (the check it was read for
+  // passed: the sender holds the segment's key).
   void ReturnLookupLocked(const std::string& caller)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status TakeLookupLocked(const std::string& caller, absl::Time now)
