@@ -223,11 +223,6 @@ grpc::ServerUnaryReactor* ServeOnPool(CallPool* pool,
       return;
     }
     grpc::Status st = handler();
-    if (st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
-      // The handler's own limit, not admission: the client's retry policy
-      // (ChannelArgs) must not try it again.
-      ctx->AddTrailingMetadata("grpc-retry-pushback-ms", "-1");
-    }
     if (st.ok()) {
       const size_t bytes = response->ByteSizeLong();
       if (absl::Status c = pool->Charge(reactor->caller(), bytes); !c.ok()) {
@@ -235,6 +230,12 @@ grpc::ServerUnaryReactor* ServeOnPool(CallPool* pool,
       } else {
         reactor->charged_ = bytes;
       }
+    }
+    if (st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      // The handler ran (its own limit, or the response over the byte
+      // caps), so the client's retry policy (ChannelArgs) must not run it
+      // again: only admission refusals are retried.
+      ctx->AddTrailingMetadata("grpc-retry-pushback-ms", "-1");
     }
     reactor->FinishFromTask(st);
   });

@@ -27,15 +27,28 @@ grpc::ChannelArguments ChannelArgs() {
   // calls failed with UNAVAILABLE.
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  // A call a service refused at admission (its CallPool full, or the
-  // caller's share of it: RESOURCE_EXHAUSTED before any handler ran) is
-  // tried again after a jittered back-off, within the call's deadline: a
-  // storm of engines opening one target at once queues instead of
-  // failing. A handler's own RESOURCE_EXHAUSTED (a store full, a limit of
-  // the request) says "no retry" with gRPC's pushback (ServeOnPool).
+  // A unary call a service refused at admission (its CallPool full, or
+  // the caller's share of it: RESOURCE_EXHAUSTED before any handler ran)
+  // is tried again after a jittered back-off, within the call's deadline:
+  // a storm of engines opening one target at once queues instead of
+  // failing. Whatever a pooled call ends RESOURCE_EXHAUSTED with after its
+  // handler ran (a store full, the response over the byte caps) says "no
+  // retry" with gRPC's pushback (ServeOnPool). Watch streams are not
+  // retried: a refused watch is a refusal to keep (limits per service and
+  // caller), and its watcher refreshes on a miss. No retry throttling:
+  // in a storm most calls are refused once, and throttling would turn
+  // that into failures, the very thing the retries avoid.
   args.SetServiceConfigJSON(R"({"methodConfig": [{
-      "name": [{"service": "ferry.metadata.MetadataService"},
-               {"service": "ferry.metadata.PeerService"}],
+      "name": [
+        {"service": "ferry.metadata.MetadataService", "method": "PutSegment"},
+        {"service": "ferry.metadata.MetadataService", "method": "UpdateBuffers"},
+        {"service": "ferry.metadata.MetadataService", "method": "GetSegment"},
+        {"service": "ferry.metadata.MetadataService", "method": "RemoveSegment"},
+        {"service": "ferry.metadata.MetadataService", "method": "ListSegments"},
+        {"service": "ferry.metadata.MetadataService", "method": "KeepAlive"},
+        {"service": "ferry.metadata.PeerService", "method": "Exchange"},
+        {"service": "ferry.metadata.PeerService", "method": "Notify"},
+        {"service": "ferry.metadata.PeerService", "method": "GetDescriptor"}],
       "retryPolicy": {
         "maxAttempts": 5,
         "initialBackoff": "0.1s",

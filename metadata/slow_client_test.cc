@@ -413,6 +413,49 @@ TEST(SlowClientFairnessTest, ManyAddressesCannotTakeEveryCall) {
   EXPECT_EQ(third.ended(), 2);
 }
 
+// A call refused at admission (the pool full) is retried by the client
+// within its deadline (ChannelArgs' retry policy): once the slot is free it
+// goes through, where it used to fail RESOURCE_EXHAUSTED at once.
+TEST(SlowClientFairnessTest, ACallRefusedAtAdmissionIsRetried) {
+  SegmentStore store;
+  CallPoolOptions pool;
+  pool.max_calls = 1;
+  MetadataServiceImpl service(&store, pool);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<RpcServer> server,
+                       RpcServer::Start("127.0.0.1:0", {&service}));
+  MetadataClient client(server->address(), absl::Seconds(5));
+  descriptor::SegmentDescriptor seg;
+  seg.set_name("busy");
+  seg.set_incarnation(7);
+  ASSERT_OK(client.Put(LeasedPutOf(seg)));
+  // The Put's call is over only once gRPC is done with it.
+  for (const absl::Time end = absl::Now() + absl::Seconds(10);
+       service.CallsForTesting() != 0 && absl::Now() < end;) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(service.CallsForTesting(), 0);
+  GetSegmentRequest req;
+  req.set_name("busy");
+  auto reader = std::make_unique<StuckReader>(
+      server->port(), "/ferry.metadata.MetadataService/GetSegment",
+      req.SerializeAsString(), "", 1, "127.0.0.2");
+  ASSERT_TRUE(reader->connected());
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (reader->answered() < 1 && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(reader->answered(), 1) << "the reader does not hold the pool";
+  std::thread release([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    reader.reset();  // Its call ends with its connection.
+  });
+  const absl::Time start = absl::Now();
+  auto got = client.Get("busy");
+  release.join();
+  EXPECT_TRUE(got.ok()) << got.status();
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(250)) << "not refused";
+}
+
 INSTANTIATE_TEST_SUITE_P(Configs, SlowClientTest,
                          ::testing::Values(Case{"default", false},
                                            Case{"token", true}),
