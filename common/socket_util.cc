@@ -347,10 +347,11 @@ absl::StatusOr<UniqueFd> StartConnect(const SockAddr& addr,
   UniqueFd fd(
       ::socket(addr.family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!fd.valid()) return ErrnoStatus("socket", errno);
-  // A loopback source cannot reach another host (connect fails EINVAL):
-  // then the kernel's choice.
+  // Loopback to loopback only: a loopback source cannot reach another
+  // host (connect fails EINVAL), and a source the route to `addr` would not
+  // choose (another interface of a multi-homed host) may get no reply.
   if (source != nullptr && source->family() == addr.family() &&
-      (!source->IsLoopback() || addr.IsLoopback())) {
+      source->IsLoopback() && addr.IsLoopback()) {
     // Any port: IP_BIND_ADDRESS_NO_PORT leaves its choice to connect(), so
     // bound connections do not use up the ephemeral ports of bind().
     int one = 1;

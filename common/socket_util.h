@@ -123,8 +123,10 @@ absl::StatusOr<SockAddr> PeerAddress(int fd);
 // it turns writable when the attempt ended (then SocketError tells how).
 // Unavailable if the attempt failed at once (no fd, refused, ...).
 // `source` (its port ignored; null: the kernel's choice): the local address
-// the connection comes from, if it has `addr`'s family and can be bound
-// (else the kernel's choice too), and is not loopback while `addr` is not.
+// the connection comes from, where both it and `addr` are loopback
+// addresses of one family and it can be bound (else the kernel's choice):
+// engines of one host, each on a loopback address of its own, are told
+// apart by the peers they reach.
 absl::StatusOr<UniqueFd> StartConnect(const SockAddr& addr,
                                       const SockAddr* source = nullptr);
 

@@ -198,8 +198,8 @@ TEST(SocketTest, StartConnectCompletesOrFails) {
   }
 }
 
-// A connection comes from the source address asked for (any port), or from
-// the kernel's choice where that address cannot be bound.
+// A connection to loopback comes from the loopback source asked for (any
+// port); any other source is left to the kernel.
 TEST(SocketTest, StartConnectFromASourceAddress) {
   uint16_t port = 0;
   auto listener = ListenTcp("127.0.0.1", 0, &port);
@@ -218,7 +218,7 @@ TEST(SocketTest, StartConnectFromASourceAddress) {
     ASSERT_TRUE(conn.valid());
     auto peer = PeerAddress(conn.get());
     ASSERT_OK(peer);
-    // 198.51.100.77 (TEST-NET-2) is no address of this host: not bound.
+    // 198.51.100.77 (TEST-NET-2) is no loopback address: not bound.
     EXPECT_EQ(peer->Host(),
               std::string(source) == "127.0.0.7" ? "127.0.0.7" : "127.0.0.1");
     EXPECT_NE(peer->port(), 9);

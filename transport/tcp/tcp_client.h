@@ -69,11 +69,11 @@ class TcpClient {
   // Starts the loops; ResourceExhausted if a thread cannot be created.
   // Deadlines, back-off and idle timeouts are timed on `clock` (outlives
   // the client). With an `auth_token`, every connection proves it to the
-  // target before its first request (wire.h). `source_host`: the address
-  // connections come from where it is one numeric address (the engine's
-  // listen_host; else the kernel chooses), so that on a host with several
-  // addresses a target sees, and counts per address, the one this engine
-  // is known by.
+  // target before its first request (wire.h). `source_host`: the engine's
+  // listen_host; where it is a loopback address, connections to loopback
+  // targets come from it (StartConnect), so that engines of one host on
+  // loopback addresses of their own look to a target like hosts of their
+  // own (bench/storm_bench; a target caps connections per address).
   absl::Status Start(Clock* clock, std::string auth_token = "",
                      const std::string& source_host = "");
 
