@@ -19,9 +19,20 @@ absl::Status SegmentPublisher::Publish(
       buffers_[b.addr()] = b;
     const absl::Time give_up = clock_->Now() + name_wait;
     bool told = false;
+    int unavailable = 0;
     while (true) {
+      const absl::Time tried = clock_->Now();
       absl::Status s = store_->Put(PutRequestLocked()).status();
       if (s.ok()) break;
+      if (s.code() == absl::StatusCode::kUnavailable &&
+          unavailable < kUnavailableRetries &&
+          clock_->Now() - tried < kQuickFailure) {
+        ++unavailable;
+        FERRY_LOG(kInfo, "metadata", "publishing segment '", segment.name(),
+                  "' again: ", s.message());
+        clock_->SleepFor(kNameRetry);
+        continue;
+      }
       if (s.code() != absl::StatusCode::kAlreadyExists ||
           clock_->Now() >= give_up) {
         return s;

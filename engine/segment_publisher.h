@@ -36,6 +36,13 @@ class SegmentPublisher {
   // While another engine run holds the name, Publish asks again this
   // often.
   static constexpr absl::Duration kNameRetry = absl::Milliseconds(200);
+  // A put refused on the way at once (Unavailable within kQuickFailure: a
+  // connection reset by a loaded server, seen when a thousand engines of
+  // one process started together) is tried again this many times,
+  // kNameRetry apart; one that waited out its deadline is not (the
+  // service is out of reach: Init says so at once).
+  static constexpr int kUnavailableRetries = 2;
+  static constexpr absl::Duration kQuickFailure = absl::Seconds(1);
 
   // `store` and `clock` (null: the system clock) must outlive the
   // publisher. Every change carries `owner_key` (this engine run's). A zero
@@ -53,7 +60,8 @@ class SegmentPublisher {
 
   // Publishes `segment` (its buffers included) and, with a lease, starts
   // renewing it every lease_ttl / 3. While another engine run holds the
-  // name (AlreadyExists), tries again for up to `name_wait`.
+  // name (AlreadyExists), tries again for up to `name_wait`; a quick
+  // Unavailable, kUnavailableRetries times.
   absl::Status Publish(const descriptor::SegmentDescriptor& segment,
                        absl::Duration name_wait = absl::ZeroDuration());
   // Adds buffers to the published segment: one UpdateBuffers for all of

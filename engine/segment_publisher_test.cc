@@ -97,6 +97,68 @@ TEST(SegmentPublisherTest, PublishesAgainWhatTheStoreLost) {
 // Publish of a name another run holds asks again every kNameRetry: it
 // gives up once name_wait has passed, and takes the name as soon as the
 // holder's lease has run out within it.
+// A store whose first puts fail Unavailable (a connection reset on the way).
+class RefusingStore : public metadata::Store {
+ public:
+  RefusingStore(Clock* clock, int refusals)
+      : store_(clock), refusals_(refusals) {}
+  absl::StatusOr<uint64_t> Put(const metadata::PutSegmentRequest& r) override {
+    if (refusals_.fetch_sub(1) > 0) {
+      return absl::UnavailableError("connection reset");
+    }
+    return store_.Put(r);
+  }
+  absl::StatusOr<absl::Duration> KeepAlive(
+      const metadata::KeepAliveRequest& r) override {
+    return store_.KeepAlive(r);
+  }
+  absl::StatusOr<uint64_t> UpdateBuffers(
+      const metadata::UpdateBuffersRequest& r) override {
+    return store_.UpdateBuffers(r);
+  }
+  absl::StatusOr<descriptor::SegmentDescriptor> Get(
+      const std::string& name) override {
+    return store_.Get(name);
+  }
+  absl::Status Remove(const metadata::RemoveSegmentRequest& r) override {
+    return store_.Remove(r);
+  }
+  absl::StatusOr<std::vector<std::string>> List() override {
+    return store_.List();
+  }
+  std::string Describe() const override { return "refusing"; }
+
+ private:
+  SegmentStore store_;
+  std::atomic<int> refusals_;
+};
+
+// A put refused at once is tried again, a few times; then Init's status.
+TEST(SegmentPublisherTest, RetriesAQuickUnavailable) {
+  for (int refusals : {SegmentPublisher::kUnavailableRetries,
+                       SegmentPublisher::kUnavailableRetries + 1}) {
+    SimulatedClock clock;
+    RefusingStore store(&clock, refusals);
+    SegmentPublisher publisher(&store, TestOwnerKey(7), absl::ZeroDuration(),
+                               &clock);
+    std::atomic<bool> returned{false};
+    absl::Status s;
+    std::thread caller([&] {
+      s = publisher.Publish(TestSegment("flaky", 7, 1));
+      returned = true;
+    });
+    while (AdvanceToNextWake(clock, [&] { return returned.load(); })) {
+    }
+    caller.join();
+    if (refusals <= SegmentPublisher::kUnavailableRetries) {
+      EXPECT_OK(s);
+      EXPECT_OK(store.Get("flaky"));
+    } else {
+      EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+    }
+  }
+}
+
 TEST(SegmentPublisherTest, WaitsForATakenNameUpToNameWait) {
   SimulatedClock clock;
   SegmentStore store(&clock);
