@@ -59,13 +59,15 @@ void ControlPlane::HousekeeperLoop(Sweep sweep) {
       MutexLock lock(&housekeeper_mu_);
       const absl::Time next = clock_->Now() + interval;
       while (
-          !stop_housekeeper_ &&
+          !stop_housekeeper_ && !woken_ &&
           !clock_->WaitWithDeadline(&housekeeper_cv_, &housekeeper_mu_, next)) {
       }
       if (stop_housekeeper_) return;
+      woken_ = false;
     }
     interval = std::clamp(sweep(clock_->NowNanos()), kHousekeepingInterval,
                           kIdleHousekeepingInterval);
+    idle_.store(interval > kHousekeepingInterval, std::memory_order_relaxed);
   }
 }
 

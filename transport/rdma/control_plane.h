@@ -13,6 +13,7 @@
 #ifndef FERRY_TRANSPORT_RDMA_CONTROL_PLANE_H_
 #define FERRY_TRANSPORT_RDMA_CONTROL_PLANE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <thread>
@@ -67,6 +68,19 @@ class ControlPlane {
   void Stop();
   // Threads running.
   int threads() const;
+  // A submission to an engine whose housekeeper sleeps its idle interval:
+  // sweep now, and every kHousekeepingInterval while there is timed work,
+  // so a request's deadline is kept within that interval. Cheap when the
+  // housekeeper is not idle (one relaxed load). Best effort: a submission
+  // racing the end of a sweep that found nothing may wait for the next
+  // idle round.
+  void WakeIfIdle() {
+    if (!idle_.load(std::memory_order_relaxed)) return;
+    MutexLock lock(&housekeeper_mu_);
+    idle_.store(false, std::memory_order_relaxed);
+    woken_ = true;
+    housekeeper_cv_.SignalAll();
+  }
 
  private:
   void HousekeeperLoop(Sweep sweep);
@@ -79,6 +93,10 @@ class ControlPlane {
   Mutex housekeeper_mu_;
   CondVar housekeeper_cv_;
   bool stop_housekeeper_ ABSL_GUARDED_BY(housekeeper_mu_) = false;
+  bool woken_ ABSL_GUARDED_BY(housekeeper_mu_) = false;
+  // The housekeeper sleeps its idle interval (the last sweep found nothing
+  // timed).
+  std::atomic<bool> idle_{false};
   std::thread housekeeper_;
 };
 

@@ -57,6 +57,15 @@ TEST(ControlPlaneTest, RunsJobsAndSweepsOnItsClock) {
   ASSERT_TRUE(clock.AdvanceAndSettle(ControlPlane::kIdleHousekeepingInterval -
                                      ControlPlane::kHousekeepingInterval));
   EXPECT_EQ(sweeps.load(), 3);
+  // A submission wakes an idle housekeeper at once, with no time passing.
+  const int64_t before = last_sweep_ns.load();
+  plane.WakeIfIdle();
+  const absl::Time end = absl::Now() + absl::Seconds(10);
+  while (sweeps.load() < 4 && absl::Now() < end) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(sweeps.load(), 4);
+  EXPECT_EQ(last_sweep_ns.load(), before);
   plane.BeginFarewell(clock.Now());
   plane.Stop();
   EXPECT_EQ(plane.threads(), 0);

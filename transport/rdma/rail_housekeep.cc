@@ -85,7 +85,8 @@ absl::Duration RailLifecycle::Housekeep(int64_t now_ns) {
       }
       RunLater(&later, /*inline_ok=*/true);
     }
-    expire(ep, /*live=*/true);
+    // Held by a post: slices are in flight, so the next round is soon.
+    if (!expire(ep, /*live=*/true)) busy = true;
     if (ep->close_when_idle.load(std::memory_order_relaxed)) {
       if (ep->Idle()) {
         Close(ep, /*evicted=*/false);

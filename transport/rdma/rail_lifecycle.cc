@@ -85,7 +85,8 @@ void RailLifecycle::ClosePeer(const std::string& name) {
     }
   }
   // Idle ones go now; busy or connecting ones as soon as they are idle
-  // (the housekeeper looks every 50 ms). Their slices are not failed.
+  // (the housekeeper looks every 50 ms while they are busy). Their slices
+  // are not failed.
   for (auto& ep : eps) {
     ep->close_when_idle.store(true, std::memory_order_relaxed);
     Close(ep, /*evicted=*/false);

@@ -268,6 +268,7 @@ void RdmaTransport::Submit(absl::Span<Slice* const> slices) {
     path_.RouteRun(slices.subspan(i, j - i), now, 0);
     i = j;
   }
+  control_.WakeIfIdle();
 }
 
 void RdmaTransport::SubmitSomeStaged(absl::Span<Slice* const> slices) {
@@ -292,6 +293,7 @@ void RdmaTransport::SubmitSomeStaged(absl::Span<Slice* const> slices) {
     path_.RouteRun(slices.subspan(i, j - i), now, 0);
     i = j;
   }
+  control_.WakeIfIdle();
 }
 
 TransportStats RdmaTransport::Stats() const {

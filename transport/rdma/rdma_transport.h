@@ -29,10 +29,12 @@
 //
 // FAILURE MODEL -- what a request sees for each fault, and how quickly.
 // T: EngineOptions::transfer_timeout (each slice's deadline); H: the
-// housekeeping interval, 50 ms; R: the peer RPC timeout (rpc_timeout, which
-// is the transport's connect_timeout, 3 s); Q: the QP retry time, 4.096 us
-// * 2^rdma.qp_timeout * (rdma.qp_retry_count + 1), about 0.54 s at the
-// defaults (14, 7); K: rdma.keepalive_interval, 2 s.
+// housekeeping interval, 50 ms while anything is timed (an idle engine's
+// housekeeper sleeps up to 250 ms and a submission wakes it: ControlPlane);
+// R: the peer RPC timeout (rpc_timeout, which is the transport's
+// connect_timeout, 3 s); Q: the QP retry time, 4.096 us * 2^rdma.qp_timeout *
+// (rdma.qp_retry_count + 1), about 0.54 s at the defaults (14, 7); K:
+// rdma.keepalive_interval, 2 s.
 //
 //   * Every request ends, COMPLETED, FAILED or TIMEOUT, by T + H plus the
 //     time to flush a QP and reap the flush (a few ms): slices waiting on
