@@ -16,6 +16,11 @@
 // network-namespace hosts (bench/bench_storm.sh): `--mode=target` in one,
 // `--mode=initiators --metadata_server=H:P --listen_host=A` in others.
 //
+// Each engine holds about 15 fds (its gRPC server, NIC, listeners and
+// connections): a thousand engines in one process need that many under
+// the hard RLIMIT_NOFILE (the engines' RpcServer raises the soft limit to
+// it).
+//
 // --report=json prints one JSON line: p50_s, p99_s, max_s, failures,
 // handshake_rpcs (handshakes the engines of this process started: RDMA
 // Exchange calls, TCP connections), qps (QPs created by the engines of
@@ -24,7 +29,7 @@
 // quantiles (and counted in failures). Exit status 0 only with no failure
 // and not late.
 #include <signal.h>
-#include <sys/resource.h>
+#include <sys/resource.h>  // getrusage
 #include <unistd.h>
 
 #include <algorithm>
@@ -169,20 +174,6 @@ double MaxRssMib() {
   return static_cast<double>(ru.ru_maxrss) / 1024.0;
 }
 
-// Each engine holds about 15 fds (its gRPC server, NIC, listeners and
-// connections) and a target two per initiator: a thousand engines need
-// more than the usual soft limit. Raised as far as allowed.
-void RaiseFdLimit() {
-  struct rlimit rl;
-  if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
-  struct rlimit want = rl;
-  want.rlim_cur = want.rlim_max = std::max<rlim_t>(rl.rlim_max, 1 << 20);
-  if (setrlimit(RLIMIT_NOFILE, &want) != 0) {
-    rl.rlim_cur = rl.rlim_max;
-    setrlimit(RLIMIT_NOFILE, &rl);
-  }
-}
-
 struct Totals {
   uint64_t handshakes = 0, qps = 0;
 };
@@ -217,7 +208,6 @@ int RunTarget(size_t slots, size_t block) {
 }
 
 int Run() {
-  RaiseFdLimit();
   const std::string mode = absl::GetFlag(FLAGS_mode);
   const int a2a = absl::GetFlag(FLAGS_all_to_all);
   const int n = a2a > 0 ? a2a : absl::GetFlag(FLAGS_initiators);
