@@ -176,23 +176,36 @@ TEST(SocketTest, Ipv6AndDualStackListeners) {
                        ConnectTcp({"::1", port6}, absl::Seconds(2)));
 }
 
-TEST(SocketTest, StartConnectCompletesOrFails) {
+// A listener on 127.0.0.1 and the address to reach it at.
+struct LoopbackListener {
+  UniqueFd fd;
+  SockAddr addr;
+};
+absl::StatusOr<LoopbackListener> ListenOnLoopback() {
   uint16_t port = 0;
-  auto listener = ListenTcp("127.0.0.1", 0, &port);
-  ASSERT_OK(listener);
+  auto fd = ListenTcp("127.0.0.1", 0, &port);
+  if (!fd.ok()) return fd.status();
   auto sa = ParseNumericEndpoint("127.0.0.1:" + std::to_string(port));
-  ASSERT_OK(sa);
-  auto fd = StartConnect(*sa);
+  if (!sa.ok()) return sa.status();
+  return LoopbackListener{std::move(*fd), *sa};
+}
+
+// How a connect StartConnect began ended: its error (0: connected), or -1
+// if it has not ended within 5 s.
+int ConnectOutcome(int fd) {
+  pollfd pfd{fd, POLLOUT, 0};
+  return ::poll(&pfd, 1, 5000) == 1 ? SocketError(fd) : -1;
+}
+
+TEST(SocketTest, StartConnectCompletesOrFails) {
+  ASSERT_OK_AND_ASSIGN(LoopbackListener listener, ListenOnLoopback());
+  auto fd = StartConnect(listener.addr);
   ASSERT_OK(fd);
-  pollfd pfd{fd->get(), POLLOUT, 0};
-  ASSERT_EQ(::poll(&pfd, 1, 5000), 1);
-  EXPECT_EQ(SocketError(fd->get()), 0);
-  listener->Reset();  // Refused from now on.
-  auto refused = StartConnect(*sa);
+  EXPECT_EQ(ConnectOutcome(fd->get()), 0);
+  listener.fd.Reset();  // Refused from now on.
+  auto refused = StartConnect(listener.addr);
   if (refused.ok()) {  // Not refused at once: the error comes later.
-    pollfd p2{refused->get(), POLLOUT, 0};
-    ASSERT_EQ(::poll(&p2, 1, 5000), 1);
-    EXPECT_EQ(SocketError(refused->get()), ECONNREFUSED);
+    EXPECT_EQ(ConnectOutcome(refused->get()), ECONNREFUSED);
   } else {
     EXPECT_STATUS(refused, absl::StatusCode::kUnavailable);
   }
@@ -201,27 +214,20 @@ TEST(SocketTest, StartConnectCompletesOrFails) {
 // A connection to loopback comes from the loopback source asked for (any
 // port); any other source is left to the kernel.
 TEST(SocketTest, StartConnectFromASourceAddress) {
-  uint16_t port = 0;
-  auto listener = ListenTcp("127.0.0.1", 0, &port);
-  ASSERT_OK(listener);
-  auto sa = ParseNumericEndpoint("127.0.0.1:" + std::to_string(port));
-  ASSERT_OK(sa);
+  ASSERT_OK_AND_ASSIGN(LoopbackListener listener, ListenOnLoopback());
   for (const char* source : {"127.0.0.7", "198.51.100.77"}) {
-    auto src = ParseNumericEndpoint(std::string(source) + ":9");
-    ASSERT_OK(src);
-    auto fd = StartConnect(*sa, &*src);
+    ASSERT_OK_AND_ASSIGN(SockAddr src,
+                         ParseNumericEndpoint(std::string(source) + ":9"));
+    auto fd = StartConnect(listener.addr, &src);
     ASSERT_OK(fd);
-    pollfd pfd{fd->get(), POLLOUT, 0};
-    ASSERT_EQ(::poll(&pfd, 1, 5000), 1);
-    ASSERT_EQ(SocketError(fd->get()), 0) << source;
-    UniqueFd conn(::accept(listener->get(), nullptr, nullptr));
+    ASSERT_EQ(ConnectOutcome(fd->get()), 0) << source;
+    UniqueFd conn(::accept(listener.fd.get(), nullptr, nullptr));
     ASSERT_TRUE(conn.valid());
-    auto peer = PeerAddress(conn.get());
-    ASSERT_OK(peer);
+    ASSERT_OK_AND_ASSIGN(SockAddr peer, PeerAddress(conn.get()));
     // 198.51.100.77 (TEST-NET-2) is no loopback address: not bound.
-    EXPECT_EQ(peer->Host(),
+    EXPECT_EQ(peer.Host(),
               std::string(source) == "127.0.0.7" ? "127.0.0.7" : "127.0.0.1");
-    EXPECT_NE(peer->port(), 9);
+    EXPECT_NE(peer.port(), 9);
   }
 }
 

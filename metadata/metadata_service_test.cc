@@ -106,11 +106,10 @@ TEST_F(MetadataServiceTest, ManyWatchesLeaveUnaryCallsFree) {
     absl::SleepFor(absl::Milliseconds(5));
   }
   ASSERT_EQ(service_.WatchesForTesting(), 2 * kWatches);
+  // Held behind the streams, these would end DeadlineExceeded.
   for (MetadataClient* c : {client_.get(), &other}) {
-    const absl::Time start = absl::Now();
     EXPECT_OK(c->Get("w0"));
     EXPECT_OK(c->List());
-    EXPECT_LT(absl::Now() - start, absl::Seconds(1));
   }
   watches.clear();
 }

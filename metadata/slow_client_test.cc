@@ -338,6 +338,17 @@ TEST_P(SlowClientTest, CallsWithoutTheTokenEndAtOnce) {
   ASSERT_NO_FATAL_FAILURE(ExpectServed("beside refused callers"));
 }
 
+// Whether the service's admitted calls come to `calls` within 10 s: a call
+// is over only once gRPC is done with it, a moment after its client has
+// the answer.
+bool CallsSettleAt(MetadataServiceImpl& service, int calls) {
+  const absl::Time end = absl::Now() + absl::Seconds(10);
+  while (service.CallsForTesting() != calls && absl::Now() < end) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return service.CallsForTesting() == calls;
+}
+
 // Many addresses, each holding its share of calls with responses it never
 // reads, filled the pool (a probe had 16 addresses take all 1,024 calls).
 // Now a newcomer takes the slot of a waiting call from whoever holds the
@@ -362,13 +373,7 @@ TEST(SlowClientFairnessTest, ManyAddressesCannotTakeEveryCall) {
   req.set_name("victim");
   // The Put's call is over only once gRPC is done with it, a moment after
   // its client has the answer.
-  auto settled = [&](int calls) {
-    const absl::Time end = absl::Now() + absl::Seconds(10);
-    while (service.CallsForTesting() != calls && absl::Now() < end) {
-      absl::SleepFor(absl::Milliseconds(1));
-    }
-    return service.CallsForTesting() == calls;
-  };
+  auto settled = [&](int calls) { return CallsSettleAt(service, calls); };
   ASSERT_TRUE(settled(0));
   std::vector<std::unique_ptr<StuckReader>> readers;
   for (const char* from : {"127.0.0.2", "127.0.0.3"}) {
@@ -429,11 +434,7 @@ TEST(SlowClientFairnessTest, ACallRefusedAtAdmissionIsRetried) {
   seg.set_incarnation(7);
   ASSERT_OK(client.Put(LeasedPutOf(seg)));
   // The Put's call is over only once gRPC is done with it.
-  for (const absl::Time end = absl::Now() + absl::Seconds(10);
-       service.CallsForTesting() != 0 && absl::Now() < end;) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
-  ASSERT_EQ(service.CallsForTesting(), 0);
+  ASSERT_TRUE(CallsSettleAt(service, 0));
   GetSegmentRequest req;
   req.set_name("busy");
   auto reader = std::make_unique<StuckReader>(
