@@ -20,6 +20,9 @@ engines="${2:-1024}"
 hosts="${3:-16}"
 report="${4:-}"
 [[ $(id -u) -eq 0 ]] || { echo "needs root (ip netns)" >&2; exit 2; }
+[[ "$proto" == tcp || "$proto" == rdma ]] || { echo "PROTO is tcp or rdma, not '$proto'" >&2; exit 2; }
+[[ "$engines" =~ ^[1-9][0-9]*$ && "$hosts" =~ ^[1-9][0-9]*$ ]] && ((hosts <= 200)) ||
+  { echo "ENGINES and HOSTS are positive numbers (HOSTS at most 200)" >&2; exit 2; }
 ((engines % hosts == 0)) || { echo "ENGINES must be a multiple of HOSTS" >&2; exit 2; }
 if [[ -z "${OPT_NO_BUILD:-}" ]]; then
   targets=(//bench:storm_bench //tools:metadata_server //transport/softrnic:libibverbs.so.1)

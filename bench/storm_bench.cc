@@ -229,6 +229,12 @@ int Run() {
     std::fprintf(stderr, "storm_bench: --all_to_all runs in --mode=local\n");
     return 2;
   }
+  if (!local && absl::GetFlag(FLAGS_metadata_server) == "embedded") {
+    std::fprintf(stderr,
+                 "storm_bench: --mode=initiators needs --metadata_server, "
+                 "the one the target's engine serves or uses\n");
+    return 2;
+  }
   const std::string tag = absl::StrCat("storm-", getpid());
   const std::string target_name =
       local ? tag + "-target" : absl::GetFlag(FLAGS_segment_id);
