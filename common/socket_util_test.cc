@@ -4,9 +4,13 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
+#include <fstream>
 #include <string>
 #include <thread>
+#include <vector>
 
+#include "absl/time/clock.h"
 #include "common/status_testing.h"
 #include "gtest/gtest.h"
 
@@ -229,6 +233,36 @@ TEST(SocketTest, StartConnectFromASourceAddress) {
               std::string(source) == "127.0.0.7" ? "127.0.0.7" : "127.0.0.1");
     EXPECT_NE(peer.port(), 9);
   }
+}
+
+// A burst of connections far past 128 at once (a handshake storm) waits
+// in the accept queue, not on the kernel's SYN retransmission.
+TEST(SocketTest, AListenerHoldsABurstOfConnections) {
+  constexpr int kBurst = 600;
+  std::ifstream f("/proc/sys/net/core/somaxconn");
+  int somaxconn = 0;
+  if (!(f >> somaxconn) || somaxconn < kBurst) {
+    GTEST_SKIP() << "net.core.somaxconn is " << somaxconn << ", below "
+                 << kBurst;
+  }
+  ASSERT_OK_AND_ASSIGN(LoopbackListener listener, ListenOnLoopback());
+  std::vector<UniqueFd> fds;
+  for (int i = 0; i < kBurst; ++i) {
+    auto fd = StartConnect(listener.addr);
+    ASSERT_OK(fd) << i;
+    fds.push_back(std::move(*fd));
+  }
+  // None accepted: each connected (within a SYN retransmission's 1 s) only
+  // if the accept queue has room for it.
+  int connected = 0;
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(500);
+  for (const UniqueFd& fd : fds) {
+    const int ms = static_cast<int>(std::max<int64_t>(
+        0, absl::ToInt64Milliseconds(deadline - absl::Now())));
+    pollfd pfd{fd.get(), POLLOUT, 0};
+    if (::poll(&pfd, 1, ms) == 1 && SocketError(fd.get()) == 0) ++connected;
+  }
+  EXPECT_EQ(connected, kBurst);
 }
 
 }  // namespace

@@ -28,8 +28,6 @@ constexpr absl::Duration kIdleTick = absl::Seconds(1);
 // recv/send rounds per connection wake-up (fairness between connections).
 constexpr int kMaxRounds = 8;
 constexpr int kMaxIov = 64;
-// Listen backlog: connections waiting to be accepted.
-constexpr int kBacklog = 1024;
 
 UniqueFd OpenSpare() {
   return UniqueFd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
@@ -263,7 +261,7 @@ absl::Status TcpServer::Start(const std::string& host, uint16_t port,
         max_connections_, std::max<uint64_t>(16, nofile.rlim_cur / 2));
   }
   clock_ = clock;
-  auto fd = ListenTcp(host, port, &port_, kBacklog);
+  auto fd = ListenTcp(host, port, &port_);
   if (!fd.ok()) return fd.status();
   listener_ = std::move(*fd);
   auto bound = LocalAddress(listener_.get());
