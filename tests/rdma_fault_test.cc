@@ -28,6 +28,7 @@
 #include "gtest/gtest.h"
 #include "testing/process_usage.h"
 #include "testing/subprocess.h"
+#include "transport/rdma/control_plane.h"
 #include "transport/rdma/endpoint.h"
 #include "transport/rdma/rdma_test_util.h"
 #include "transport/softrnic/softrnic_control.h"
@@ -65,8 +66,9 @@ TEST(RdmaFaultTest, KilledInitiatorsLeaveTheTargetBounded) {
   // 50 initiator processes in turn each connect, write, and are killed
   // with their endpoints connected. The target runs on a SimulatedClock
   // and probes endpoints idle for K = 500 ms: after each kill the test
-  // moves its clock by K and two housekeeping intervals (H, 50 ms: the
-  // first finds the endpoint idle, the probe goes K later), and the dead
+  // moves its clock by K and two sweeps of an idle engine's housekeeper
+  // (H, 250 ms: the first finds the endpoint idle, the probe goes K
+  // later; the clock moves in 50 ms steps, the busy sweep's), and the dead
   // session's endpoint must then fail and be dropped (its QPs and
   // softrnic's sockets with it) as soon as softrnic reports the probe
   // failed (after the QP retry time, in real time) -- or, for a session
@@ -74,8 +76,10 @@ TEST(RdmaFaultTest, KilledInitiatorsLeaveTheTargetBounded) {
   // passed the confirm deadline (see `reaped`). So the target holds at
   // most the one session it serves, and nothing once they are all gone.
   constexpr absl::Duration kKeepalive = absl::Milliseconds(500);
-  constexpr absl::Duration kHousekeeping = absl::Milliseconds(50);
-  const absl::Duration kWindow = kKeepalive + 2 * kHousekeeping;
+  constexpr absl::Duration kHousekeeping =
+      rdma::ControlPlane::kHousekeepingInterval;
+  const absl::Duration kWindow =
+      kKeepalive + 2 * rdma::ControlPlane::kIdleHousekeepingInterval;
   SimulatedClock clock;  // Outlives the target.
   EngineOptions o;
   o.local_segment_name = "target";
