@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <system_error>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -74,6 +77,14 @@ void SenderCheck::CacheLocked(const std::string& claimed, const Cached& value) {
   cache_[claimed] = Entry{value, lru_.begin()};
 }
 
+void SenderCheck::RefundLocked(const std::string& claimed,
+                               const std::string& group) {
+  auto it = cache_.find(claimed);
+  if (it == cache_.end() || it->second.value.charged != group) return;
+  it->second.value.charged.clear();
+  ReturnLookupLocked(group);
+}
+
 absl::StatusOr<SenderCheck::Cached> SenderCheck::GraceLocked(
     const std::string& claimed, absl::Time now) {
   if (auto it = cache_.find(claimed);
@@ -128,99 +139,136 @@ void SenderCheck::ReturnLookupLocked(const std::string& caller) {
   it->second.tokens = std::min(kLookupBurst, it->second.tokens + 1);
 }
 
-absl::StatusOr<SenderCheck::Cached> SenderCheck::Published(
-    const std::string& claimed, const std::string& caller, bool fresh,
-    absl::Time since, bool* charged) {
+SenderCheck::~SenderCheck() {
+  std::vector<std::thread> readers;
   {
     MutexLock lock(&mu_);
-    const absl::Time slot_deadline = now_() + kSlotWait;
-    while (true) {
-      const absl::Time now = now_();
-      if (auto c = FindLocked(claimed);
-          c.has_value() &&
-          (c->at >= since ||
-           (!fresh && now - c->at < (c->found ? kCacheFor : kAbsentFor)))) {
-        return *c;
+    stopping_ = true;
+    readers.swap(readers_);
+    work_.SignalAll();
+  }
+  for (std::thread& t : readers) t.join();
+}
+
+absl::Status SenderCheck::QueueReadLocked(const std::string& claimed,
+                                          const std::string& caller,
+                                          absl::Time now) {
+  if (queue_.size() >= kMaxQueued) {
+    return absl::UnavailableError(absl::StrCat(
+        "too many sender lookups queued to check segment '", claimed, "'"));
+  }
+  // Budgets are per host: an IPv6 caller's /64 is one caller.
+  const std::string group = metadata::AddressGroup(caller);
+  if (absl::Status b = TakeLookupLocked(group, now); !b.ok()) {
+    return absl::UnavailableError(absl::StrCat(b.message(), "; segment '",
+                                               claimed, "' is not looked up"));
+  }
+  queue_.push_back(Read{claimed, group});
+  pending_.insert(claimed);
+  // Readers signalled but not yet awake still count as idle.
+  if (static_cast<int>(queue_.size()) > idle_readers_ &&
+      static_cast<int>(readers_.size()) < kMaxLookupsInFlight) {
+    try {
+      readers_.emplace_back([this] { Reader(); });
+    } catch (const std::system_error& e) {
+      if (readers_.empty()) {  // Out of threads: nobody would read it.
+        queue_.pop_back();
+        pending_.erase(claimed);
+        ReturnLookupLocked(group);
+        return absl::UnavailableError(
+            absl::StrCat("cannot start a thread to look up segment '", claimed,
+                         "': ", e.what()));
       }
-      if (looking_up_.contains(claimed)) {
-        // That read's answer (or the outage it found) is this check's too.
-        // Bounded in number and time like the waits for a slot below: a
-        // metadata store that hangs must not park every thread that serves
-        // calls, handshakes of peers whose keys are cached included.
-        if (name_waiting_ >= kMaxWaiting) {
-          return absl::UnavailableError(absl::StrCat(
-              "too many checks wait on the lookup of segment '", claimed, "'"));
-        }
-        ++name_waiting_;
-        const bool timed_out = looked_up_.WaitWithTimeout(
-            &mu_, std::max(slot_deadline - now, absl::ZeroDuration()));
-        --name_waiting_;
-        if (timed_out && looking_up_.contains(claimed)) {
-          return absl::UnavailableError(absl::StrCat(
-              "the lookup of segment '", claimed, "' is taking over ",
-              absl::FormatDuration(kSlotWait)));
-        }
-        continue;
-      }
-      if (now < store_down_until_) return GraceLocked(claimed, now);
-      if (in_flight_ >= kMaxLookupsInFlight) {
-        if (waiting_ >= kMaxWaiting) {
-          return absl::UnavailableError(
-              absl::StrCat("too many sender lookups at once to check segment '",
-                           claimed, "'"));
-        }
-        ++waiting_;
-        const bool timed_out = looked_up_.WaitWithTimeout(
-            &mu_, std::max(slot_deadline - now, absl::ZeroDuration()));
-        --waiting_;
-        if (timed_out && in_flight_ >= kMaxLookupsInFlight) {
-          return absl::UnavailableError(
-              absl::StrCat("too many sender lookups at once to check segment '",
-                           claimed, "'"));
-        }
-        continue;  // Look again: the name may have been read meanwhile.
-      }
-      // Budgets are per host: an IPv6 caller's /64 is one caller.
-      if (absl::Status b =
-              TakeLookupLocked(metadata::AddressGroup(caller), now);
-          !b.ok()) {
-        return absl::UnavailableError(absl::StrCat(
-            b.message(), "; segment '", claimed, "' is not looked up"));
-      }
-      *charged = true;
-      ++in_flight_;
-      looking_up_.insert(claimed);
-      break;
     }
   }
-  // The answer is as of when the read began: a check that joins this read
-  // may have begun after it started, and must not take it for a reading
-  // made since (a refusal on it would be final, and the sender may have
-  // restarted in between).
-  const absl::Time started = now_();
-  auto desc = store_->Get(claimed);
+  work_.Signal();
+  return absl::OkStatus();
+}
+
+void SenderCheck::Reader() {
   MutexLock lock(&mu_);
-  const absl::Time now = now_();
-  --in_flight_;
-  looking_up_.erase(claimed);
-  looked_up_.SignalAll();
-  if (!desc.ok() && desc.status().code() != absl::StatusCode::kNotFound) {
-    // Out of reach: no new reads for a while (each would wait its RPC
-    // timeout on a thread that serves calls).
-    store_down_until_ = now + kStoreDownFor;
-    store_error_ = std::string(desc.status().message());
-    return GraceLocked(claimed, now);
+  while (true) {
+    ++idle_readers_;
+    while (queue_.empty() && !stopping_) work_.Wait(&mu_);
+    --idle_readers_;
+    if (stopping_) return;
+    Read read = std::move(queue_.front());
+    queue_.pop_front();
+    if (now_() < store_down_until_) {
+      // Out of reach: its checks use the grace (GraceLocked) meanwhile.
+      pending_.erase(read.name);
+      looked_up_.SignalAll();
+      continue;
+    }
+    // The answer is as of when the read began: a check that began after
+    // must not take it for a reading made since (a refusal on it would be
+    // final, and the sender may have restarted in between).
+    const absl::Time started = now_();
+    mu_.Unlock();
+    auto desc = store_->Get(read.name);
+    mu_.Lock();
+    const absl::Time now = now_();
+    pending_.erase(read.name);
+    looked_up_.SignalAll();
+    if (!desc.ok() && desc.status().code() != absl::StatusCode::kNotFound) {
+      // Out of reach: no new reads for a while (each would wait its RPC
+      // timeout).
+      store_down_until_ = now + kStoreDownFor;
+      store_error_ = std::string(desc.status().message());
+      continue;
+    }
+    Cached entry;
+    entry.found = desc.ok();
+    if (desc.ok()) {
+      entry.identity_key = desc->identity_key();
+      auto hp = ParseHostPort(desc->rpc_address());
+      if (hp.ok()) entry.host = BareCallerHost(hp->host);
+    }
+    entry.at = started;
+    entry.charged = std::move(read.charged);
+    CacheLocked(read.name, entry);
   }
-  Cached entry;
-  entry.found = desc.ok();
-  if (desc.ok()) {
-    entry.identity_key = desc->identity_key();
-    auto hp = ParseHostPort(desc->rpc_address());
-    if (hp.ok()) entry.host = BareCallerHost(hp->host);
+}
+
+absl::StatusOr<SenderCheck::Cached> SenderCheck::Published(
+    const std::string& claimed, const std::string& caller, bool fresh,
+    absl::Time since) {
+  MutexLock lock(&mu_);
+  const absl::Time wait_deadline = now_() + kReadWait;
+  while (true) {
+    const absl::Time now = now_();
+    if (auto c = FindLocked(claimed);
+        c.has_value() &&
+        (c->at >= since ||
+         (!fresh && now - c->at < (c->found ? kCacheFor : kAbsentFor)))) {
+      return *c;
+    }
+    if (now < store_down_until_) return GraceLocked(claimed, now);
+    if (!pending_.contains(claimed)) {
+      if (absl::Status q = QueueReadLocked(claimed, caller, now); !q.ok()) {
+        return q;
+      }
+    }
+    // Its read is queued or running: wait for it, bounded in number and
+    // time, so that a metadata store that hangs cannot park every thread
+    // that serves calls (handshakes of peers whose keys are cached
+    // included). A check that cannot wait is told to try again; its read
+    // goes on, and the next try finds the answer cached.
+    if (waiting_ >= kMaxWaiting) {
+      return absl::UnavailableError(
+          absl::StrCat("too many checks wait on sender lookups; segment '",
+                       claimed, "' is being looked up"));
+    }
+    ++waiting_;
+    const bool timed_out = looked_up_.WaitWithTimeout(
+        &mu_, std::max(wait_deadline - now, absl::ZeroDuration()));
+    --waiting_;
+    if (timed_out && pending_.contains(claimed)) {
+      return absl::UnavailableError(
+          absl::StrCat("the lookup of segment '", claimed, "' is taking over ",
+                       absl::FormatDuration(kReadWait)));
+    }
   }
-  entry.at = started;
-  CacheLocked(claimed, entry);
-  return entry;
 }
 
 absl::Status SenderCheck::VerifyP2p(const std::string& claimed,
@@ -290,9 +338,8 @@ absl::Status SenderCheck::Verify(const std::string& claimed,
     // or (no host check) wherever it is, on the caller's lookup budget.
   }
   const absl::Time began = now_();
-  bool charged = false;
   for (bool fresh : {false, true}) {
-    auto published = Published(claimed, caller, fresh, began, &charged);
+    auto published = Published(claimed, caller, fresh, began);
     if (!published.ok()) return published.status();
     // A refusal stands on an answer read since this check began. One from
     // before is read again (once, if it is not too young), or the caller
@@ -332,9 +379,11 @@ absl::Status SenderCheck::Verify(const std::string& claimed,
       refused = refuse(absl::StrCat("but ", v.message()));
     } else {
       MutexLock lock(&mu_);
-      // The sender holds the key: what it cost the caller's budget was
-      // not a flood's (a P2P read dials an address a caller names, though).
-      if (charged && !p2p_) ReturnLookupLocked(metadata::AddressGroup(caller));
+      // The sender holds the key: what reading it cost this caller's
+      // budget was not a flood's (a P2P read dials an address a caller
+      // names, though). Once per read, and only to the caller charged: a
+      // forger's reads are not refunded by others' calls that pass.
+      if (!p2p_) RefundLocked(claimed, metadata::AddressGroup(caller));
       if (!seq.has_value()) return absl::OkStatus();
       const absl::Status r =
           replay_.Accept(claimed, published->identity_key, *seq);

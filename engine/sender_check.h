@@ -33,16 +33,22 @@
 //     older than kRecheckAfter reads it again, on the caller's budget;
 //   * each caller address may cause kLookupBurst reads at once and
 //     kLookupsPerSecond after (a token bucket) for checks that fail: a
-//     read for a call whose signature then verifies gives its token back
-//     (not in P2P mode, where a read dials the claimed address), so a
+//     read whose answer then verifies a call of the caller that paid for
+//     it gives that caller its token back, once (not in P2P mode, where a
+//     read dials the claimed address), so a
 //     host that starts many engines at once (a handshake storm,
 //     bench/storm_bench) is not refused for them, while reads for
 //     made-up names, forged signatures or rechecks still drain the
 //     budget; checks of a name being read share that read;
-//   * at most kMaxLookupsInFlight reads run at once, and kMaxWaiting checks
-//     wait (up to kSlotWait) for one, and kMaxWaiting more for a read of
-//     their name already running; beyond, Unavailable at once (so a hung
-//     metadata store holds at most 12 of the threads that serve calls);
+//   * reads run on threads of the check's own, at most
+//     kMaxLookupsInFlight at once, from a queue of at most kMaxQueued
+//     names; a check whose name is read waits for it (up to kReadWait),
+//     and at most kMaxWaiting checks wait at once; beyond, the check is
+//     told to try again (Unavailable) at once, while its read stays
+//     queued: the next try finds the answer cached. So a handshake storm
+//     is admitted at the pace of the reads, not refused, and a metadata
+//     store that hangs holds at most kMaxWaiting of the threads that
+//     serve calls (the readers are the check's own);
 //   * a read that fails (the metadata is out of reach) stops new reads for
 //     kStoreDownFor, and meanwhile the key last read for a segment is used
 //     for up to `outage_grace` past its cache time (the segments' lease: no
@@ -57,9 +63,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <list>
 #include <optional>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -87,9 +96,13 @@ class SenderCheck {
   // once (rdma_fault_test starts 50 in a few seconds) stays well within.
   static constexpr double kLookupBurst = 64;
   static constexpr double kLookupsPerSecond = 32;
-  static constexpr int kMaxLookupsInFlight = 4;
-  static constexpr int kMaxWaiting = 4;
-  static constexpr absl::Duration kSlotWait = absl::Seconds(2);
+  // Reads at once: a storm of new senders is read at this many times one
+  // read's pace (a read is a round trip to the metadata service, which
+  // serves more at once than one).
+  static constexpr int kMaxLookupsInFlight = 16;
+  static constexpr size_t kMaxQueued = 1024;
+  static constexpr int kMaxWaiting = 8;
+  static constexpr absl::Duration kReadWait = absl::Seconds(1);
   static constexpr absl::Duration kStoreDownFor = absl::Seconds(1);
 
   // Steady (monotonic) real time as an absl::Time: what the check ages
@@ -112,6 +125,10 @@ class SenderCheck {
         outage_grace_(outage_grace),
         now_(now != nullptr ? now : &SteadyNow),
         p2p_(p2p || store == nullptr) {}
+  // Waits for the reads running (each bounded by the store's own timeout).
+  ~SenderCheck();
+  SenderCheck(const SenderCheck&) = delete;
+  SenderCheck& operator=(const SenderCheck&) = delete;
 
   // OK if `signature` is segment `claimed`'s signature of `content`, by
   // the identity key its descriptor publishes, and `seq` (if given) is a
@@ -128,11 +145,11 @@ class SenderCheck {
                       std::optional<uint64_t> seq = std::nullopt,
                       bool check_host = true);
 
-  // Checks waiting now, for a read of their name or for a slot (tests
-  // wait for a known number before they go on).
+  // Checks waiting now for a read (tests wait for a known number before
+  // they go on).
   int WaitingForTesting() {
     MutexLock lock(&mu_);
-    return waiting_ + name_waiting_;
+    return waiting_;
   }
 
  private:
@@ -141,6 +158,12 @@ class SenderCheck {
     std::string identity_key;  // Empty: the descriptor publishes none.
     std::string host;          // Of its rpc address (keyless engines).
     absl::Time at;             // When it was read (SteadyNow).
+    // The caller whose budget paid for the read, until refunded.
+    std::string charged;
+  };
+  struct Read {
+    std::string name;
+    std::string charged;  // metadata::AddressGroup of the caller.
   };
   struct Entry {
     Cached value;
@@ -152,11 +175,23 @@ class SenderCheck {
   };
 
   // What segment `claimed` publishes: an answer read at or after `since`,
-  // or (unless `fresh`) one still cached; else read now, on
-  // `caller`'s budget (then `*charged` is set).
+  // or (unless `fresh`) one still cached; else read (on `caller`'s
+  // budget, unless a read of it is queued or running already) and waited
+  // for.
   absl::StatusOr<Cached> Published(const std::string& claimed,
                                    const std::string& caller, bool fresh,
-                                   absl::Time since, bool* charged);
+                                   absl::Time since);
+  // Queues a read of `claimed` on `caller`'s budget, starting a reader if
+  // the idle ones are too few; Unavailable saying why not.
+  absl::Status QueueReadLocked(const std::string& claimed,
+                               const std::string& caller, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A reader thread: reads queued names until the check is destroyed.
+  void Reader();
+  // Gives back the token that the read of `claimed` took, if caller group
+  // `group` paid for it and was not refunded yet.
+  void RefundLocked(const std::string& claimed, const std::string& group)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::optional<Cached> FindLocked(const std::string& claimed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CacheLocked(const std::string& claimed, const Cached& value)
@@ -189,13 +224,16 @@ class SenderCheck {
   std::list<std::string> lru_ ABSL_GUARDED_BY(mu_);  // Most recent first.
   absl::flat_hash_map<std::string, absl::Time> absent_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, Bucket> budgets_ ABSL_GUARDED_BY(mu_);
-  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   int waiting_ ABSL_GUARDED_BY(mu_) = 0;
-  int name_waiting_ ABSL_GUARDED_BY(mu_) = 0;  // On a read of their name.
-  // Names being read now: a check of one waits for that read instead of
-  // making its own.
-  absl::flat_hash_set<std::string> looking_up_ ABSL_GUARDED_BY(mu_);
-  CondVar looked_up_;
+  std::deque<Read> queue_ ABSL_GUARDED_BY(mu_);
+  // Names queued or being read: a check of one waits for that read
+  // instead of queueing its own.
+  absl::flat_hash_set<std::string> pending_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> readers_ ABSL_GUARDED_BY(mu_);
+  int idle_readers_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  CondVar work_;       // For the readers.
+  CondVar looked_up_;  // For the checks.
   absl::Time store_down_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::string store_error_ ABSL_GUARDED_BY(mu_);
   // Per segment; a restarted segment has a new key, and its numbers start

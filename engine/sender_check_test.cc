@@ -8,7 +8,6 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 #include "common/identity.h"
 #include "common/mutex.h"
 #include "common/status_testing.h"
@@ -33,9 +32,19 @@ class FakeStore final : public metadata::Store {
   }
   void SetDown(bool down) { down_ = down; }
   int reads() const { return reads_; }
-  // Reads from now on answer what they found only once `release` is
-  // notified (or 10 s passed): a slow or hung store.
-  void Hold(absl::Notification* release) { hold_ = release; }
+  // Reads from now on answer what they found only once Release() is
+  // called (or 10 s passed): a slow or hung store. The gate is the
+  // store's own: the check's reader threads may still be leaving it when
+  // a test ends.
+  void Hold() {
+    MutexLock lock(&mu_);
+    held_ = true;
+  }
+  void Release() {
+    MutexLock lock(&mu_);
+    held_ = false;
+    released_.SignalAll();
+  }
 
   absl::StatusOr<descriptor::SegmentDescriptor> Get(
       const std::string& name) override {
@@ -49,8 +58,11 @@ class FakeStore final : public metadata::Store {
         found = it->second;
       }
     }
-    if (absl::Notification* n = hold_.load(); n != nullptr) {
-      n->WaitForNotificationWithTimeout(absl::Seconds(10));
+    {
+      MutexLock lock(&mu_);
+      const absl::Time until = absl::Now() + absl::Seconds(10);
+      while (held_ && !released_.WaitWithDeadline(&mu_, until)) {
+      }
     }
     return found;
   }
@@ -79,7 +91,8 @@ class FakeStore final : public metadata::Store {
       ABSL_GUARDED_BY(mu_);
   std::atomic<bool> down_{false};
   std::atomic<int> reads_{0};
-  std::atomic<absl::Notification*> hold_{nullptr};
+  bool held_ ABSL_GUARDED_BY(mu_) = false;
+  CondVar released_;
 };
 
 // The check's clock, moved by the tests (while checks run on other
@@ -171,8 +184,7 @@ TEST_F(SenderCheckTest, RefusalOnAnOlderReadIsTryAgain) {
 // restarted) must not take that read's answer for one made since: it
 // reads again, and the new key is accepted.
 TEST_F(SenderCheckTest, AReadIsAsOfWhenItBegan) {
-  absl::Notification release;
-  store_.Hold(&release);
+  store_.Hold();
   fake_now += SenderCheck::kCacheFor;  // Nothing cached.
   std::thread first(
       [&] { EXPECT_OK(Check("prefill-0", "ipv4:10.0.0.7", "m")); });
@@ -194,8 +206,7 @@ TEST_F(SenderCheckTest, AReadIsAsOfWhenItBegan) {
     absl::SleepFor(absl::Milliseconds(5));
   }
   ASSERT_EQ(check_.WaitingForTesting(), 1);
-  store_.Hold(nullptr);
-  release.Notify();
+  store_.Release();
   first.join();
   second.join();
   EXPECT_OK(joined);
@@ -205,40 +216,80 @@ TEST_F(SenderCheckTest, AReadIsAsOfWhenItBegan) {
 // A store that hangs holds a bounded number of checks, each for a bounded
 // time: the threads that serve calls stay free for cached senders.
 TEST_F(SenderCheckTest, ChecksWaitingOnOneReadAreBounded) {
-  absl::Notification release;
-  store_.Hold(&release);
+  ASSERT_OK(Check("prefill-0", "ipv4:10.0.0.7", "m"));  // Cached.
+  store_.Add("prefill-1", key_->public_key());
+  store_.Hold();
   std::vector<std::thread> threads;
   std::atomic<int> unavailable{0};
-  const int n = 1 + SenderCheck::kMaxWaiting;
-  for (int i = 0; i < n; ++i) {
+  for (int i = 0; i < SenderCheck::kMaxWaiting; ++i) {
     threads.emplace_back([&] {
-      if (Check("prefill-0", "ipv4:10.0.0.7", "m").code() ==
+      if (Check("prefill-1", "ipv4:10.0.0.7", "m").code() ==
           absl::StatusCode::kUnavailable) {
         ++unavailable;
       }
     });
   }
-  while (store_.reads() == 0) absl::SleepFor(absl::Milliseconds(1));
-  // All but the reader wait on it.
   for (int i = 0;
        i < 1000 && check_.WaitingForTesting() < SenderCheck::kMaxWaiting; ++i) {
     absl::SleepFor(absl::Milliseconds(5));
   }
   ASSERT_EQ(check_.WaitingForTesting(), SenderCheck::kMaxWaiting);
+  EXPECT_EQ(store_.reads(), 2) << "one read for all of them";
   const absl::Time start = absl::Now();
-  const absl::Status over = Check("prefill-0", "ipv4:10.0.0.7", "m");
+  const absl::Status over = Check("prefill-1", "ipv4:10.0.0.7", "m");
   EXPECT_EQ(over.code(), absl::StatusCode::kUnavailable) << over;
   EXPECT_NE(over.message().find("too many checks wait"), std::string::npos)
       << over;
-  EXPECT_LT(absl::Now() - start, absl::Seconds(1)) << "refused at once";
-  // The waiters give up after kSlotWait, while the read still hangs.
+  // A sender whose key is cached is checked while the store hangs.
+  EXPECT_OK(Check("prefill-0", "ipv4:10.0.0.7", "m"));
+  EXPECT_LT(absl::Now() - start, SenderCheck::kReadWait) << "at once";
+  // The waiters give up after kReadWait, while the read still hangs.
   for (int i = 0; i < 200 && unavailable < SenderCheck::kMaxWaiting; ++i) {
     absl::SleepFor(absl::Milliseconds(20));
   }
   EXPECT_EQ(unavailable.load(), SenderCheck::kMaxWaiting);
-  release.Notify();
+  EXPECT_EQ(check_.WaitingForTesting(), 0);
+  store_.Release();
   for (auto& t : threads) t.join();
-  EXPECT_EQ(store_.reads(), 1);
+  EXPECT_EQ(store_.reads(), 2);
+}
+
+// A storm of new senders beyond the checks that may wait: each is told to
+// try again at once, but its read is queued, not dropped, and the next try
+// passes on the answer it left, with no read of its own.
+TEST_F(SenderCheckTest, ChecksBeyondTheWaitersAreQueuedNotLost) {
+  constexpr int kSenders = 40;
+  for (int i = 0; i < kSenders; ++i) {
+    store_.Add(absl::StrCat("storm-", i), key_->public_key());
+  }
+  store_.Hold();
+  std::vector<std::thread> waiters;
+  for (int i = 0; i < SenderCheck::kMaxWaiting; ++i) {
+    waiters.emplace_back([this, i] {
+      EXPECT_OK(Check(absl::StrCat("storm-", i), "ipv4:10.0.0.7", "m"));
+    });
+  }
+  for (int i = 0;
+       i < 1000 && check_.WaitingForTesting() < SenderCheck::kMaxWaiting; ++i) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(check_.WaitingForTesting(), SenderCheck::kMaxWaiting);
+  for (int i = SenderCheck::kMaxWaiting; i < kSenders; ++i) {
+    const absl::Status s =
+        Check(absl::StrCat("storm-", i), "ipv4:10.0.0.7", "m");
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  }
+  store_.Release();
+  for (auto& t : waiters) t.join();
+  // Every name was queued once; the reads finish in the background.
+  for (int i = 0; i < 1000 && store_.reads() < kSenders; ++i) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(store_.reads(), kSenders);
+  for (int i = SenderCheck::kMaxWaiting; i < kSenders; ++i) {
+    EXPECT_OK(Check(absl::StrCat("storm-", i), "ipv4:10.0.0.7", "m")) << i;
+  }
+  EXPECT_EQ(store_.reads(), kSenders) << "the tries again read nothing";
 }
 
 // A segment restarted as a release without keys (a rollback) sends
