@@ -97,9 +97,9 @@ absl::Status EngineImpl::SendNotification(SegmentHandle target,
                      metadata::kMaxNotifyMessageBytes, " bytes)"));
   }
   // PeerClient::Notify sends again while the receiver says "retry later"
-  // (within the RPC timeout); what is left here is a receiver that
-  // restarted since its descriptor was read: read it again, once, and
-  // send to the new run.
+  // (for up to 15 s, each try within the RPC timeout); what is left here
+  // is a receiver that restarted since its descriptor was read: read it
+  // again, once, and send to the new run.
   for (bool refreshed = false;; refreshed = true) {
     const descriptor::SegmentDescriptor& to = snap.view->descriptor();
     absl::Status s =

@@ -467,8 +467,9 @@ TEST_F(MetadataServiceTest, ExchangeLooksUpTheTransportBeforeTheSender) {
 }
 
 // A receiver that cannot check the sender now answers "retry later": the
-// client sends the Exchange again within its timeout (a handshake must not
-// fail on a moment's refusal); any other refusal is final.
+// client sends the Exchange again, past its RPC timeout while the receiver
+// keeps answering so (a handshake must not fail on a busy receiver: a
+// storm of them, bench/storm_bench); any other refusal is final.
 TEST_F(MetadataServiceTest, CallsAreSentAgainWhenTheReceiverSaysRetryLater) {
   peer_.SetExchangeHandler(
       "echo",
@@ -496,6 +497,17 @@ TEST_F(MetadataServiceTest, CallsAreSentAgainWhenTheReceiverSaysRetryLater) {
       peer.Exchange(server_->address(), "echo", "spoofer", "x").status().code(),
       absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(checks.load(), 1);
+  // Busy for longer than one RPC timeout (1 s), answering "retry later".
+  const absl::Time busy_until = absl::Now() + absl::Milliseconds(1500);
+  peer_.SetSenderVerifier([&](const std::string&, const std::string&,
+                              const std::string&, const std::string&,
+                              uint64_t) {
+    return absl::Now() < busy_until
+               ? absl::UnavailableError("sender lookups busy")
+               : absl::OkStatus();
+  });
+  PeerClient impatient(absl::Seconds(1));
+  EXPECT_OK(impatient.Exchange(server_->address(), "echo", "me", "hi"));
   // Notify too, numbered anew on each try (a receiver that found a number
   // too old asks for a new one).
   Mutex mu;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/random/random.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -18,10 +19,16 @@ namespace {
 // A receiver that cannot check the sender right now (its lookups busy, its
 // metadata slow) marks its refusal "retry later" (receivers of the release
 // before the mark said it in words only). Such a call is made again, 10 ms
-// doubling to 200 ms apart, until it ends otherwise or `timeout` of real
-// time (gRPC's, not an engine's clock) would pass: a handshake or a
-// notification is not lost to a moment's refusal. `attempt` gets the
-// deadline of the whole.
+// doubling to 400 ms apart (each wait drawn from its upper half, so that
+// the senders of a storm, refused together, do not come back together),
+// each try within `timeout`, until it ends otherwise or kBusyPatience of
+// real time (gRPC's, not an engine's clock) would pass: a handshake or a
+// notification is not lost to a busy receiver, which answers, only to one
+// that does not. `attempt` gets the deadline of its try.
+constexpr absl::Duration kBusyPatience = absl::Seconds(15);
+constexpr absl::Duration kFirstBackoff = absl::Milliseconds(10);
+constexpr absl::Duration kMaxBackoff = absl::Milliseconds(400);
+
 bool SaysRetryLater(const absl::Status& s) {
   return IsRetryLater(s) ||
          (s.code() == absl::StatusCode::kUnavailable &&
@@ -38,16 +45,20 @@ const absl::Status& StatusOf(const absl::StatusOr<T>& s) {
 template <typename Attempt>
 auto RetryingLater(absl::Duration timeout, Attempt attempt)
     -> decltype(attempt(absl::Time())) {
-  const absl::Time deadline = absl::Now() + timeout;
-  absl::Duration backoff = absl::Milliseconds(10);
+  const absl::Time give_up = absl::Now() + std::max(timeout, kBusyPatience);
+  absl::Duration backoff = kFirstBackoff;
+  thread_local absl::InsecureBitGen bits;
   while (true) {
-    auto result = attempt(deadline);
+    auto result = attempt(std::min(absl::Now() + timeout, give_up));
+    const absl::Duration wait =
+        backoff / 2 + absl::Nanoseconds(absl::Uniform<int64_t>(
+                          bits, 0, absl::ToInt64Nanoseconds(backoff / 2) + 1));
     if (result.ok() || !SaysRetryLater(StatusOf(result)) ||
-        absl::Now() + backoff > deadline) {
+        absl::Now() + wait >= give_up) {
       return result;
     }
-    absl::SleepFor(backoff);
-    backoff = std::min(backoff * 2, absl::Milliseconds(200));
+    absl::SleepFor(wait);
+    backoff = std::min(backoff * 2, kMaxBackoff);
   }
 }
 
