@@ -2,7 +2,12 @@
 // UnregisterLocalMemory), all or nothing per batch, and the run's setup.
 #include "engine/registrations.h"
 
+#include <algorithm>
+#include <atomic>
+#include <functional>
 #include <optional>
+#include <system_error>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -60,6 +65,53 @@ absl::StatusOr<MemoryRegion> Registrations::MakeRegion(
   return region;
 }
 
+namespace {
+
+// "buffer 3 of 40: ..." for a batch, the status alone for one buffer.
+absl::Status InBatch(const absl::Status& s, size_t i, size_t n) {
+  if (s.ok() || n == 1) return s;
+  return absl::Status(s.code(),
+                      absl::StrCat("buffer ", i, " of ", n, ": ", s.message()));
+}
+
+// Threads that register one batch's buffers with the transports. Pinning
+// is the cost of registering host memory (the kernel faults in and pins
+// every page: bench/register_bench), and it runs in parallel on as many
+// CPUs as take part; a batch under kParallelRegisterBytes is done before
+// threads would start.
+constexpr size_t kParallelRegisterBytes = size_t{256} << 20;
+constexpr unsigned kMaxRegisterThreads = 8;
+
+size_t RegisterThreads(const std::vector<MemoryRegion>& regions) {
+  size_t bytes = 0;
+  for (const MemoryRegion& r : regions) bytes += r.length;
+  if (regions.size() < 2 || bytes < kParallelRegisterBytes) return 1;
+  const unsigned cpus = std::max(1u, std::thread::hardware_concurrency());
+  return std::min<size_t>({regions.size(), cpus, kMaxRegisterThreads});
+}
+
+// Runs fn(0..n-1) on `threads` threads (this one among them), each taking
+// the next index; fewer if a thread cannot start.
+void ForEachIndex(size_t n, size_t threads,
+                  const std::function<void(size_t)>& fn) {
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < n;) fn(i);
+  };
+  std::vector<std::thread> helpers;
+  for (size_t t = 1; t < threads; ++t) {
+    try {
+      helpers.emplace_back(work);
+    } catch (const std::system_error&) {
+      break;  // Out of threads (a pids limit): the others do the rest.
+    }
+  }
+  work();
+  for (std::thread& t : helpers) t.join();
+}
+
+}  // namespace
+
 absl::Status Registrations::Register(const std::vector<BufferEntry>& buffers,
                                      const std::string& location,
                                      bool remote_accessible,
@@ -72,59 +124,96 @@ absl::Status Registrations::Register(const std::vector<BufferEntry>& buffers,
         MakeRegion(b.addr, b.length, location, remote_accessible));
     regions.push_back(std::move(region));
   }
+  const size_t n = regions.size();
   MutexLock lock(&register_mu_);
-  std::vector<descriptor::Buffer> published;
-  absl::Status s;
-  size_t attached = 0;
-  for (; attached < regions.size(); ++attached) {
-    descriptor::Buffer b;
-    s = AttachLocked(regions[attached], &b);
-    if (!s.ok()) {
-      if (regions.size() > 1) {
-        s = absl::Status(
-            s.code(), absl::StrCat("buffer ", attached, " of ", regions.size(),
-                                   ": ", s.message()));
-      }
-      break;
-    }
-    if (remote_accessible) published.push_back(std::move(b));
+  // Checked first, so nothing is registered with a transport for a region
+  // that cannot be added (register_mu_ keeps the checks valid until Add);
+  // the batch's own buffers against each other too, since they reach the
+  // transports at once.
+  for (size_t i = 0; i < n; ++i) {
+    FERRY_RETURN_IF_ERROR(
+        InBatch(local_memory_.CheckAvailable(regions[i]), i, n));
   }
-  // One metadata round trip for the whole batch.
-  if (s.ok()) s = publisher->AddBuffers(published);
-  if (!s.ok()) {
-    // All or nothing: a failed batch leaves nothing registered.
-    for (size_t i = 0; i < attached; ++i) DetachLocked(regions[i].addr);
+  if (n > 1) {
+    std::vector<size_t> order(n);
+    for (size_t i = 0; i < n; ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return regions[a].addr < regions[b].addr;
+    });
+    // The first buffer (in the batch's order) that overlaps one before it,
+    // as adding them in turn would find.
+    size_t first = n, other = n;
+    for (size_t k = 1; k < n; ++k) {
+      const MemoryRegion& lo = regions[order[k - 1]];
+      const MemoryRegion& hi = regions[order[k]];
+      const size_t later = std::max(order[k - 1], order[k]);
+      if (hi.addr < lo.addr + lo.length && later < first) {
+        first = later;
+        other = std::min(order[k - 1], order[k]);
+      }
+    }
+    if (first < n) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "buffer ", first, " of ", n, ": 0x", absl::Hex(regions[first].addr),
+          "+", regions[first].length, " overlaps buffer ", other,
+          " of the batch (0x", absl::Hex(regions[other].addr), "+",
+          regions[other].length, ")"));
+    }
+  }
+  std::vector<descriptor::Buffer> entries(n);
+  std::vector<absl::StatusOr<std::vector<const void*>>> handles(n);
+  ForEachIndex(n, RegisterThreads(regions), [&](size_t i) {
+    handles[i] = RegisterWithTransports(regions[i], &entries[i]);
+  });
+  absl::Status s;
+  size_t added = 0;
+  for (; added < n && s.ok(); ++added) {
+    s = InBatch(handles[added].status(), added, n);
+    if (s.ok()) {
+      s = InBatch(local_memory_.Add(regions[added], std::move(*handles[added])),
+                  added, n);
+    }
+  }
+  if (s.ok()) {
+    // One metadata round trip for the whole batch.
+    std::vector<descriptor::Buffer> published;
+    if (remote_accessible) published = std::move(entries);
+    s = publisher->AddBuffers(published);
+    if (s.ok()) return s;
+  } else {
+    --added;  // The one that failed was not added.
+  }
+  // All or nothing: a failed batch leaves nothing registered.
+  for (size_t i = 0; i < n; ++i) {
+    if (i < added) {
+      DetachLocked(regions[i].addr);
+    } else if (handles[i].ok()) {
+      for (size_t t = 0; t < handles[i]->size(); ++t) {
+        (*transports_)[t]->UnregisterMemory(regions[i].addr).IgnoreError();
+      }
+    }
   }
   return s;
 }
 
-absl::Status Registrations::AttachLocked(const MemoryRegion& region,
-                                         descriptor::Buffer* published) {
-  // Checked first, so nothing is registered with a transport for a region
-  // that cannot be added (register_mu_ keeps the check valid until Add).
-  FERRY_RETURN_IF_ERROR(local_memory_.CheckAvailable(region));
+absl::StatusOr<std::vector<const void*>> Registrations::RegisterWithTransports(
+    const MemoryRegion& region, descriptor::Buffer* published) {
   published->set_addr(region.addr);
   published->set_length(region.length);
   published->set_location(region.location);
   std::vector<const void*> handles;
-  absl::Status s;
   for (auto& t : *transports_) {
     auto handle = t->RegisterMemory(region, published);
     if (!handle.ok()) {
-      s = handle.status();
-      break;
+      // Roll back so that a failed registration leaves nothing behind.
+      for (size_t i = 0; i < handles.size(); ++i) {
+        (*transports_)[i]->UnregisterMemory(region.addr).IgnoreError();
+      }
+      return handle.status();
     }
     handles.push_back(*handle);
   }
-  const size_t registered = handles.size();
-  if (s.ok()) s = local_memory_.Add(region, std::move(handles));
-  if (!s.ok()) {
-    // Roll back so that a failed registration leaves nothing behind.
-    for (size_t i = 0; i < registered; ++i) {
-      (*transports_)[i]->UnregisterMemory(region.addr).IgnoreError();
-    }
-  }
-  return s;
+  return handles;
 }
 
 void Registrations::DetachLocked(uintptr_t addr) {

@@ -117,12 +117,14 @@ class Registrations {
   absl::StatusOr<MemoryRegion> MakeRegion(void* addr, size_t length,
                                           const std::string& location,
                                           bool remote_accessible);
-  // Registers `region` locally and with every transport, and fills the
-  // entry to publish; nothing is left behind on failure.
-  absl::Status AttachLocked(const MemoryRegion& region,
-                            descriptor::Buffer* published)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(register_mu_);
-  // Undoes AttachLocked (nothing can use the region yet).
+  // Registers `region` with every transport (the slow part: pinning) and
+  // fills the entry to publish; the transports' handles, in their order.
+  // Nothing is left behind on failure. Runs on several threads at once
+  // for one batch (transports register concurrently), under no lock.
+  absl::StatusOr<std::vector<const void*>> RegisterWithTransports(
+      const MemoryRegion& region, descriptor::Buffer* published);
+  // Undoes a registration added to the registry in Register (nothing can
+  // use the region yet).
   void DetachLocked(uintptr_t addr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(register_mu_);
   // Unregisters locally and from the transports; *unpublish says whether
   // the caller must remove it from the published segment.

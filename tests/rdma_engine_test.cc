@@ -1,6 +1,8 @@
 // The engine over the RDMA transport on softrnic, two engines in one
 // process with two soft NICs (softrnic0 on 127.0.0.1, softrnic1 on
 // 127.0.0.2; softrnic_test_main sets that up): every byte verified.
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -331,6 +333,45 @@ TEST_F(RdmaEngineTest, RemoteRangeOutsideRegisteredMemoryIsRefused) {
   EXPECT_EQ(st->state, TransferState::kFailed);
   EXPECT_STATUS(st->first_error, absl::StatusCode::kInvalidArgument);
   ASSERT_OK(initiator_.FreeBatch(*batch));
+}
+
+// A batch large enough to register on several threads (the pinning runs
+// in parallel) is still all or nothing: a buffer the NICs cannot pin
+// (PROT_NONE, EFAULT from ibv_reg_mr) fails the batch naming it, and the
+// others -- pinned meanwhile on other threads -- are left unregistered.
+TEST_F(RdmaEngineTest, ALargeBatchIsPinnedInParallelAllOrNothing) {
+  constexpr size_t kPiece = 80 << 20;  // 4 x 80 MiB: past 256 MiB.
+  constexpr int kPieces = 4;
+  void* mem = mmap(nullptr, kPiece * kPieces, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(mem, MAP_FAILED);
+  auto* base = static_cast<uint8_t*>(mem);
+  std::vector<BufferEntry> entries;
+  for (int i = 0; i < kPieces; ++i) {
+    entries.push_back(BufferEntry{base + i * kPiece, kPiece});
+  }
+  ASSERT_EQ(mprotect(base + 2 * kPiece, kPiece, PROT_NONE), 0);
+  absl::Status s = target_.RegisterLocalMemoryBatch(entries);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("buffer 2 of 4"), std::string::npos) << s;
+  // Nothing of the batch stayed: each piece registers again on its own.
+  for (int i : {0, 1, 3}) {
+    ASSERT_OK(target_.RegisterLocalMemory(entries[i].addr, kPiece)) << i;
+    ASSERT_OK(target_.UnregisterLocalMemory(entries[i].addr)) << i;
+  }
+  ASSERT_EQ(mprotect(base + 2 * kPiece, kPiece, PROT_READ | PROT_WRITE), 0);
+  ASSERT_OK(target_.RegisterLocalMemoryBatch(entries));
+  // Every piece is usable by a peer: read the start of the last one.
+  FillPattern(base + 3 * kPiece, 4096, 0, 31);
+  TransferRequest r = Req(OpCode::kRead, 0, 4096);
+  r.target_offset = reinterpret_cast<uint64_t>(base + 3 * kPiece);
+  BatchStatus st = Run({r});
+  EXPECT_EQ(st.state, TransferState::kCompleted) << st.first_error;
+  EXPECT_EQ(CheckPattern(local_.get(), 4096, 0, 31), 4096u);
+  std::vector<void*> addrs;
+  for (const BufferEntry& e : entries) addrs.push_back(e.addr);
+  ASSERT_OK(target_.UnregisterLocalMemoryBatch(addrs));
+  munmap(mem, kPiece * kPieces);
 }
 
 TEST(RdmaTopologyTest, PriorityMatrixIsValidated) {

@@ -140,6 +140,16 @@ absl::StatusOr<MemoryHandle> MrTable::Register(const MemoryRegion& region,
   }
   const LocalMr* handle = entry.get();
   MutexLock lock(&mu_);
+  if (mrs_.count(region.addr) != 0) {
+    // Registered twice (the engine checks its own registry first; this
+    // catches a caller that did not): replacing the entry would leave the
+    // first one's MRs registered and unfindable.
+    for (ibv_mr* mr : entry->mrs) {
+      if (mr != nullptr) ibv_dereg_mr(mr);
+    }
+    return absl::AlreadyExistsError(absl::StrCat(
+        "memory at 0x", absl::Hex(region.addr), " is registered already"));
+  }
   mrs_[region.addr] = std::move(entry);
   return handle;
 }
