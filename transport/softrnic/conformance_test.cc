@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <future>
 #include <initializer_list>
@@ -2237,6 +2238,35 @@ TEST_F(SoftrnicTest, DmabufMrRefusesWhatIsNoDmabufOrLiesPastItsEnd) {
   ASSERT_NE(mr, nullptr) << strerror(errno);
   EXPECT_EQ(ibv_dereg_mr(mr), 0);
   close(fd);
+  EXPECT_EQ(ibv_dealloc_pd(pd), 0);
+}
+
+// FERRY_SOFTRNIC_PIN_PAGES=1 (conformance_pin_pages_test) makes a
+// registration fault its pages in, as the kernel's pinning does: fresh
+// memory is resident after ibv_reg_mr. Without it softrnic leaves memory
+// as it is (tests register buffers they never touch).
+TEST_F(SoftrnicTest, RegMrPinsPagesOnlyWhenAsked) {
+  const char* env = std::getenv("FERRY_SOFTRNIC_PIN_PAGES");
+  const bool pin = env != nullptr && std::string(env) == "1";
+  ibv_pd* pd = ibv_alloc_pd(ctx(0));
+  ASSERT_NE(pd, nullptr);
+  constexpr size_t kLen = 4 << 20;
+  void* mem = mmap(nullptr, kLen, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(mem, MAP_FAILED);
+  auto resident = [&] {
+    std::vector<unsigned char> v(kLen / 4096);
+    EXPECT_EQ(mincore(mem, kLen, v.data()), 0);
+    size_t n = 0;
+    for (unsigned char c : v) n += c & 1;
+    return n;
+  };
+  ASSERT_EQ(resident(), 0u);
+  ibv_mr* mr = ibv_reg_mr(pd, mem, kLen, kFullAccess);
+  ASSERT_NE(mr, nullptr) << strerror(errno);
+  EXPECT_EQ(resident(), pin ? kLen / 4096 : 0u);
+  EXPECT_EQ(ibv_dereg_mr(mr), 0);
+  munmap(mem, kLen);
   EXPECT_EQ(ibv_dealloc_pd(pd), 0);
 }
 

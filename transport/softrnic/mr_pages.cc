@@ -195,29 +195,43 @@ int CheckMapped(uintptr_t start, size_t length, bool writable) {
 
 bool StrictPagesOn() { return StrictMode().load(std::memory_order_relaxed); }
 
-int RecordFrames(uintptr_t start, size_t length, uint64_t** out) {
+bool PinPagesOn() {
+  static const bool on = [] {
+    const char* env = std::getenv("FERRY_SOFTRNIC_PIN_PAGES");
+    return env != nullptr && std::strcmp(env, "1") == 0;
+  }();
+  return on;
+}
+
+int PopulatePages(uintptr_t start, size_t length) {
   const uintptr_t first = start / kPageSize;
   const uintptr_t last = (start + length - 1) / kPageSize;
   const size_t n = last - first + 1;
   void* base = reinterpret_cast<void*>(first * kPageSize);
   const size_t span = n * kPageSize;
-  if (::madvise(base, span, MADV_POPULATE_WRITE) != 0) {
-    if (errno == ENOMEM) return EFAULT;  // Not mapped.
-    // Read-only memory (EFAULT or EINVAL, by kernel) or a kernel without
-    // MADV_POPULATE_* (EINVAL). CheckMapped has ruled out holes and pages
-    // the access may not touch, so touching them below is safe.
-    if (::madvise(base, span, MADV_POPULATE_READ) != 0) {
-      if (errno != EINVAL) return EFAULT;
-      // No MADV_POPULATE_*: touch each page, once mincore has shown that
-      // every one is mapped.
-      std::vector<unsigned char> resident(n);
-      if (::mincore(base, span, resident.data()) != 0) return EFAULT;
-      for (size_t i = 0; i < n; ++i) {
-        const uintptr_t p = std::max<uintptr_t>((first + i) * kPageSize, start);
-        (void)*reinterpret_cast<const volatile uint8_t*>(p);
-      }
-    }
+  if (::madvise(base, span, MADV_POPULATE_WRITE) == 0) return 0;
+  if (errno == ENOMEM) return EFAULT;  // Not mapped.
+  // Read-only memory (EFAULT or EINVAL, by kernel) or a kernel without
+  // MADV_POPULATE_* (EINVAL). CheckMapped has ruled out holes and pages
+  // the access may not touch, so touching them below is safe.
+  if (::madvise(base, span, MADV_POPULATE_READ) == 0) return 0;
+  if (errno != EINVAL) return EFAULT;
+  // No MADV_POPULATE_*: touch each page, once mincore has shown that every
+  // one is mapped.
+  std::vector<unsigned char> resident(n);
+  if (::mincore(base, span, resident.data()) != 0) return EFAULT;
+  for (size_t i = 0; i < n; ++i) {
+    const uintptr_t p = std::max<uintptr_t>((first + i) * kPageSize, start);
+    (void)*reinterpret_cast<const volatile uint8_t*>(p);
   }
+  return 0;
+}
+
+int RecordFrames(uintptr_t start, size_t length, uint64_t** out) {
+  const uintptr_t first = start / kPageSize;
+  const uintptr_t last = (start + length - 1) / kPageSize;
+  const size_t n = last - first + 1;
+  if (const int err = PopulatePages(start, length); err != 0) return err;
   auto* frames = new uint64_t[n];
   if (!ReadPagemap(first, n, frames)) {
     delete[] frames;

@@ -26,9 +26,19 @@ int CheckMapped(uintptr_t start, size_t length, bool writable);
 // (FERRY_SOFTRNIC_STRICT_PAGES=1 or softrnic_set_strict_pages).
 bool StrictPagesOn();
 
+// Whether registrations fault their pages in, as the kernel's pinning does
+// (FERRY_SOFTRNIC_PIN_PAGES=1; strict mode does too). Off by default: a
+// NIC pins, so registering costs what faulting the memory in costs and
+// makes it resident, which bench/register_bench measures; tests that
+// register large buffers they never touch would hold that memory.
+bool PinPagesOn();
+
 // Faults the pages of [start, start+length) in, as ibv_reg_mr pins them
 // (writable pages for write, so that a later write does not move a page
-// off the shared zero page), and returns their frames in *out (new[]).
+// off the shared zero page). Returns 0 or EFAULT if a page is not mapped.
+int PopulatePages(uintptr_t start, size_t length);
+
+// PopulatePages, then the frames of the pages in *out (new[]).
 // Returns 0 or an errno: EFAULT if a page is not mapped, EPERM if frames
 // are hidden.
 int RecordFrames(uintptr_t start, size_t length, uint64_t** out);
