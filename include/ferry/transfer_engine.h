@@ -353,8 +353,10 @@ class TransferEngine {
   // Registers several buffers as RegisterLocalMemory does, all or none,
   // with one metadata round trip for the whole batch (Mooncake's
   // registerLocalMemoryBatch): registering n buffers costs one RPC, not n.
-  // On failure the error names the buffer (its index) and nothing stays
-  // registered.
+  // A batch of 256 MiB or more is pinned on up to min(CPUs, 8) threads
+  // (pinning is registration's cost: bench/register_bench); the buffers
+  // must not overlap each other. On failure the error names the buffer
+  // (its index) and nothing stays registered.
   absl::Status RegisterLocalMemoryBatch(const std::vector<BufferEntry>& buffers,
                                         const std::string& location = "*",
                                         bool remote_accessible = true);
