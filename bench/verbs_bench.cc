@@ -7,6 +7,10 @@
 // a TCP socket, as ibv_rc_pingpong does. Completions are awaited on a
 // completion channel, never by spinning (a spinning poller starves the
 // emulator on small machines). The last line is one JSON object.
+//   --mode=wake (no verbs, no peer): the reference for lat -- two threads
+// hand one byte back and forth through two pipes; a round trip is two
+// thread wake-ups, where softrnic's is four (poster, responder, the
+// requester's response thread, the application on its channel).
 #include <arpa/inet.h>
 #include <infiniband/verbs.h>
 #include <netinet/in.h>
@@ -20,6 +24,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -30,7 +35,9 @@ ABSL_FLAG(std::string, host, "127.0.0.1", "bootstrap address");
 ABSL_FLAG(int, port, 18800, "bootstrap TCP port");
 ABSL_FLAG(std::string, device, "softrnic0", "verbs device name");
 ABSL_FLAG(int, gid_index, 0, "GID index");
-ABSL_FLAG(std::string, mode, "bw", "bw (throughput) | lat (round trip)");
+ABSL_FLAG(std::string, mode, "bw",
+          "bw (throughput) | lat (round trip) | wake (two threads' pipe "
+          "round trip, the reference for lat)");
 ABSL_FLAG(uint64_t, size, 1 << 20, "bytes per RDMA_WRITE");
 ABSL_FLAG(int, window, 8, "WRITEs in flight (bw mode)");
 ABSL_FLAG(double, duration, 4, "seconds to measure");
@@ -125,8 +132,55 @@ void WaitCompletions(ibv_comp_channel* ch, ibv_cq* cq, int want,
 
 }  // namespace
 
+// --mode=wake: p50/p99 of a pipe round trip between two threads.
+int WakeReference() {
+  int ping[2], pong[2];
+  if (::pipe(ping) != 0 || ::pipe(pong) != 0) Die("pipe");
+  std::thread echo([&] {
+    char c;
+    while (::read(ping[0], &c, 1) == 1 && c != 'q') {
+      if (::write(pong[1], &c, 1) != 1) Die("pipe write");
+    }
+  });
+  using Clock = std::chrono::steady_clock;
+  const auto start =
+      Clock::now() +
+      std::chrono::duration_cast<Clock::duration>(
+          std::chrono::duration<double>(absl::GetFlag(FLAGS_warmup)));
+  const auto end =
+      start + std::chrono::duration_cast<Clock::duration>(
+                  std::chrono::duration<double>(absl::GetFlag(FLAGS_duration)));
+  std::vector<double> rtt_us;
+  char c = 'p';
+  while (Clock::now() < end) {
+    const auto t0 = Clock::now();
+    if (::write(ping[1], &c, 1) != 1 || ::read(pong[0], &c, 1) != 1) {
+      Die("pipe round trip");
+    }
+    if (t0 >= start) {
+      rtt_us.push_back(
+          std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+    }
+  }
+  c = 'q';
+  if (::write(ping[1], &c, 1) != 1) Die("pipe write");
+  echo.join();
+  std::sort(rtt_us.begin(), rtt_us.end());
+  auto pct = [&](double p) {
+    return rtt_us.empty()
+               ? 0.0
+               : rtt_us[static_cast<size_t>(p * (rtt_us.size() - 1))];
+  };
+  std::printf(
+      "{\"mode\":\"wake\",\"samples\":%zu,\"p50_us\":%.1f,"
+      "\"p99_us\":%.1f}\n",
+      rtt_us.size(), pct(0.5), pct(0.99));
+  return 0;
+}
+
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_mode) == "wake") return WakeReference();
   const bool server = absl::GetFlag(FLAGS_role) == "server";
   const bool lat = absl::GetFlag(FLAGS_mode) == "lat";
   const size_t size = lat ? 8 : absl::GetFlag(FLAGS_size);
