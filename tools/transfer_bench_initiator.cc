@@ -4,6 +4,8 @@
 // check of every request's bytes; the back-off of failing batches; the
 // READ reference pattern written before a verified READ; and the progress
 // lines and final report of the run.
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -35,6 +37,14 @@ constexpr uint64_t kVerifyDetails = 3;
 // The READ reference pattern is written in requests of at most this size.
 constexpr size_t kPrepareChunk = 4 << 20;
 constexpr size_t kPrepareBatch = 16;
+
+// User and system CPU time of this process so far, in seconds.
+double ProcessCpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto sec = [](const timeval& t) { return t.tv_sec + t.tv_usec * 1e-6; };
+  return sec(u.ru_utime) + sec(u.ru_stime);
+}
 
 // Counts the batch's failed requests by status, and stops the run once
 // --max_consecutive_errors requests failed with no completion between.
@@ -310,6 +320,9 @@ int RunInitiator(TransferEngine& engine) {
   while (absl::Now() < start && !g_stop.load()) {
     absl::SleepFor(std::min(absl::Milliseconds(100), start - absl::Now()));
   }
+  // This process's CPU over the measured window (CPU per GB moved: the
+  // bench scripts add the target's).
+  const double cpu_from = ProcessCpuSeconds();
   uint64_t last_bytes = totals.bytes.load();
   absl::Time last = absl::Now();
   while (absl::Now() < end && !g_stop.load()) {
@@ -338,6 +351,7 @@ int RunInitiator(TransferEngine& engine) {
     last = now;
   }
   for (auto& w : workers) w.join();
+  const double cpu_s = ProcessCpuSeconds() - cpu_from;
   const double secs =
       std::max(1e-9, absl::ToDoubleSeconds(absl::Now() - start));
   std::vector<double> lat;
@@ -380,7 +394,7 @@ int RunInitiator(TransferEngine& engine) {
         "\"p50_us\":%.1f,\"p99_us\":%.1f,\"bytes\":%llu,\"errors\":%llu,"
         "\"transfer_errors\":%llu,\"verify\":%s,\"verified\":%s,"
         "\"verify_failures\":%llu,\"stopped_on_errors\":%s,"
-        "\"retries\":%llu,\"nics\":[%s]}\n",
+        "\"retries\":%llu,\"cpu_s\":%.3f,\"nics\":[%s]}\n",
         absl::GetFlag(FLAGS_protocol).c_str(),
         absl::GetFlag(FLAGS_operation).c_str(), block, BlockStride(),
         batch_size, threads, absl::GetFlag(FLAGS_rdma_signal_every),
@@ -391,7 +405,7 @@ int RunInitiator(TransferEngine& engine) {
         verify ? "true" : "false", verify && ok ? "true" : "false",
         static_cast<unsigned long long>(verify_failures),
         totals.gave_up.load() ? "true" : "false",
-        static_cast<unsigned long long>(retries), nics.c_str());
+        static_cast<unsigned long long>(retries), cpu_s, nics.c_str());
   } else {
     std::string verdict;
     if (verify) {
