@@ -529,6 +529,9 @@ void EngineImpl::ReleaseAll() {
   // before it makes new ones.
   peer_service_.SetSenderVerifier(nullptr);
   peer_service_.SetNotifyHandler(nullptr);
+  // Its readers read through metadata_ (or, P2P, through peer_client_):
+  // joined before either goes, and before a later Init replaces them.
+  sender_check_.reset();
   // Every slice has completed (the transports cancelled what was left), so
   // no lease is held: the registrations go with the transports whose
   // handles they carry, and a later Init starts clean.
@@ -563,6 +566,9 @@ void EngineImpl::StopTransports() {
   // Requests waiting for a descriptor end first (Cancelled): none may
   // reach a transport that is going away.
   if (segments_ != nullptr) segments_->Stop();
+  // Farewells (RDMA's DISCONNECTs) get one RPC timeout, not the patience
+  // a busy peer gets while the engine runs: shutdown must not wait on it.
+  if (peer_client_ != nullptr) peer_client_->EndPatience();
   for (auto& t : transports_) t->Shutdown();
 }
 

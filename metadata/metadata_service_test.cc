@@ -498,16 +498,27 @@ TEST_F(MetadataServiceTest, CallsAreSentAgainWhenTheReceiverSaysRetryLater) {
       absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(checks.load(), 1);
   // Busy for longer than one RPC timeout (1 s), answering "retry later".
-  const absl::Time busy_until = absl::Now() + absl::Milliseconds(1500);
+  std::atomic<int64_t> busy_until_ns{
+      absl::ToUnixNanos(absl::Now() + absl::Milliseconds(1500))};
   peer_.SetSenderVerifier([&](const std::string&, const std::string&,
                               const std::string&, const std::string&,
                               uint64_t) {
-    return absl::Now() < busy_until
+    return absl::ToUnixNanos(absl::Now()) < busy_until_ns.load()
                ? absl::UnavailableError("sender lookups busy")
                : absl::OkStatus();
   });
-  PeerClient impatient(absl::Seconds(1));
-  EXPECT_OK(impatient.Exchange(server_->address(), "echo", "me", "hi"));
+  PeerClient patient(absl::Seconds(1));
+  EXPECT_OK(patient.Exchange(server_->address(), "echo", "me", "hi"));
+  // An engine shutting down (EndPatience) gives a busy receiver one RPC
+  // timeout: its farewells must not hold the shutdown.
+  // (Patient, it would be answered once the 3 s are over.)
+  busy_until_ns = absl::ToUnixNanos(absl::Now() + absl::Seconds(3));
+  PeerClient leaving(absl::Milliseconds(500));
+  leaving.EndPatience();
+  EXPECT_EQ(
+      leaving.Exchange(server_->address(), "echo", "me", "hi").status().code(),
+      absl::StatusCode::kUnavailable);
+  busy_until_ns = 0;
   // Notify too, numbered anew on each try (a receiver that found a number
   // too old asks for a new one).
   Mutex mu;

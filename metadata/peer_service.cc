@@ -42,19 +42,28 @@ const absl::Status& StatusOf(const absl::StatusOr<T>& s) {
   return s.status();
 }
 
+// A try is not started with less than this left (its deadline would
+// pass before a busy receiver answered, and DEADLINE_EXCEEDED would hide
+// the receiver's own answer).
+constexpr absl::Duration kMinTry = absl::Milliseconds(100);
+
+// `patient`: while true, tries go on for kBusyPatience; else for `timeout`.
 template <typename Attempt>
-auto RetryingLater(absl::Duration timeout, Attempt attempt)
-    -> decltype(attempt(absl::Time())) {
-  const absl::Time give_up = absl::Now() + std::max(timeout, kBusyPatience);
+auto RetryingLater(absl::Duration timeout, const std::atomic<bool>& patient,
+                   Attempt attempt) -> decltype(attempt(absl::Time())) {
+  const absl::Time start = absl::Now();
   absl::Duration backoff = kFirstBackoff;
   thread_local absl::InsecureBitGen bits;
   while (true) {
+    const absl::Time give_up = start + (patient.load(std::memory_order_relaxed)
+                                            ? std::max(timeout, kBusyPatience)
+                                            : timeout);
     auto result = attempt(std::min(absl::Now() + timeout, give_up));
     const absl::Duration wait =
         backoff / 2 + absl::Nanoseconds(absl::Uniform<int64_t>(
                           bits, 0, absl::ToInt64Nanoseconds(backoff / 2) + 1));
     if (result.ok() || !SaysRetryLater(StatusOf(result)) ||
-        absl::Now() + wait >= give_up) {
+        absl::Now() + wait + std::min(timeout, kMinTry) >= give_up) {
       return result;
     }
     absl::SleepFor(wait);
@@ -287,19 +296,20 @@ absl::StatusOr<std::string> PeerClient::Exchange(
   // Each try is numbered anew (from the notifications' counter: one
   // sequence per sender key), as Notify's are.
   ExchangeResponse resp;
-  absl::Status s = RetryingLater(rpc_timeout_, [&](absl::Time deadline) {
-    req.set_seq(next_seq_.fetch_add(1, std::memory_order_relaxed));
-    if (identity_ != nullptr) {
-      auto sig = identity_->Sign(ExchangeContent(req));
-      if (!sig.ok()) return sig.status();
-      req.set_signature(std::move(*sig));
-    }
-    grpc::ClientContext ctx;
-    AddAuthToken(&ctx, token_);
-    ctx.set_deadline(GrpcDeadline(deadline - absl::Now()));
-    return FromGrpcStatus(StubFor(address)->Exchange(&ctx, req, &resp),
-                          absl::StrCat("peer ", address, " Exchange"));
-  });
+  absl::Status s =
+      RetryingLater(rpc_timeout_, patient_, [&](absl::Time deadline) {
+        req.set_seq(next_seq_.fetch_add(1, std::memory_order_relaxed));
+        if (identity_ != nullptr) {
+          auto sig = identity_->Sign(ExchangeContent(req));
+          if (!sig.ok()) return sig.status();
+          req.set_signature(std::move(*sig));
+        }
+        grpc::ClientContext ctx;
+        AddAuthToken(&ctx, token_);
+        ctx.set_deadline(GrpcDeadline(deadline - absl::Now()));
+        return FromGrpcStatus(StubFor(address)->Exchange(&ctx, req, &resp),
+                              absl::StrCat("peer ", address, " Exchange"));
+      });
   if (!s.ok()) return s;
   if (resp.payload().size() > kMaxExchangePayloadBytes) {
     return absl::DataLossError("peer exchange reply too large");
@@ -340,7 +350,7 @@ absl::Status PeerClient::Notify(const std::string& address,
                                 uint64_t to_incarnation) {
   // Each try is numbered anew: a receiver that found the last number too
   // old to tell from a replay asks for a new one.
-  return RetryingLater(rpc_timeout_, [&](absl::Time deadline) {
+  return RetryingLater(rpc_timeout_, patient_, [&](absl::Time deadline) {
     grpc::ClientContext ctx;
     AddAuthToken(&ctx, token_);
     ctx.set_deadline(GrpcDeadline(deadline - absl::Now()));

@@ -153,6 +153,11 @@ class PeerClient {
   absl::StatusOr<descriptor::SegmentDescriptor> GetDescriptor(
       const std::string& address, const std::string& name);
 
+  // From now on a receiver that answers "retry later" is tried for one
+  // RPC timeout only, not kBusyPatience (an engine shutting down); calls
+  // already retrying stop at their timeout too.
+  void EndPatience() { patient_.store(false, std::memory_order_relaxed); }
+
   // Closes the channel to `address`, if one is cached.
   void Forget(const std::string& address);
   // Channels cached now.
@@ -172,6 +177,7 @@ class PeerClient {
   const std::shared_ptr<const Tls> tls_;
   const std::shared_ptr<const IdentityKey> identity_;
   std::atomic<uint64_t> next_seq_{1};  // NotifyRequest.seq.
+  std::atomic<bool> patient_{true};    // EndPatience.
   mutable Mutex mu_;
   absl::flat_hash_map<std::string, CachedStub> stubs_ ABSL_GUARDED_BY(mu_);
   std::list<std::string> lru_ ABSL_GUARDED_BY(mu_);  // Most recent first.
