@@ -195,7 +195,9 @@ void SenderCheck::Reader() {
     Read read = std::move(queue_.front());
     queue_.pop_front();
     if (now_() < store_down_until_) {
-      // Out of reach: its checks use the grace (GraceLocked) meanwhile.
+      // Out of reach: its checks use the grace (GraceLocked) meanwhile,
+      // and the caller keeps the token of a read not made.
+      ReturnLookupLocked(read.charged);
       pending_.erase(read.name);
       looked_up_.SignalAll();
       continue;
@@ -379,15 +381,19 @@ absl::Status SenderCheck::Verify(const std::string& claimed,
       refused = refuse(absl::StrCat("but ", v.message()));
     } else {
       MutexLock lock(&mu_);
-      // The sender holds the key: what reading it cost this caller's
-      // budget was not a flood's (a P2P read dials an address a caller
-      // names, though). Once per read, and only to the caller charged: a
-      // forger's reads are not refunded by others' calls that pass.
-      if (!p2p_) RefundLocked(claimed, metadata::AddressGroup(caller));
-      if (!seq.has_value()) return absl::OkStatus();
       const absl::Status r =
-          replay_.Accept(claimed, published->identity_key, *seq);
-      if (r.ok()) return r;
+          seq.has_value()
+              ? replay_.Accept(claimed, published->identity_key, *seq)
+              : absl::OkStatus();
+      if (r.ok()) {
+        // The sender holds the key and the call is new: what reading it
+        // cost this caller's budget was not a flood's (a P2P read dials
+        // an address a caller names, though). Once per read, only to the
+        // caller charged, and not for a replayed call: a forger's reads
+        // are not refunded by others' calls, nor by replaying one.
+        if (!p2p_) RefundLocked(claimed, metadata::AddressGroup(caller));
+        return r;
+      }
       const std::string what =
           absl::StrCat("a call from ", from, " claims segment '", claimed,
                        "': ", r.message());

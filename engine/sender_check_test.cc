@@ -355,6 +355,35 @@ TEST_F(SenderCheckTest, ReadsForChecksThatPassAreFree) {
   EXPECT_EQ(store_.reads(), 5 * burst) << "over its budget: no read";
 }
 
+// A replayed call verifies (its signature is real) but is refused as a
+// replay: it must not give back the token of a read a forged call caused,
+// or a host could make reads for ever by alternating the two.
+TEST_F(SenderCheckTest, ReplayedCallsRefundNothing) {
+  ASSERT_OK(Check("prefill-0", "ipv4:10.6.6.6", "m", 1));
+  // Past kRecheckAfter (the budget full again), a forged call makes a
+  // fresh read: with the clock held from here, it takes the last token.
+  fake_now += SenderCheck::kRecheckAfter;
+  const int burst = static_cast<int>(SenderCheck::kLookupBurst);
+  for (int i = 0; i < burst - 1; ++i) {  // One token left.
+    const absl::Status s =
+        Check(absl::StrCat("made-up-", i), "ipv4:10.6.6.6", "m");
+    ASSERT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  }
+  ASSERT_OK_AND_ASSIGN(auto other, IdentityKey::Generate());
+  ASSERT_OK_AND_ASSIGN(std::string forged, other->Sign("m"));
+  const int reads = store_.reads();
+  absl::Status s = check_.Verify("prefill-0", "ipv4:10.6.6.6", "m", forged);
+  ASSERT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  ASSERT_EQ(store_.reads(), reads + 1);
+  // The call numbered 1 again: signed by the key, refused as a replay.
+  s = Check("prefill-0", "ipv4:10.6.6.6", "m", 1);
+  ASSERT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << s;
+  // No token came back: the next read is refused.
+  s = Check("made-up-last", "ipv4:10.6.6.6", "m");
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_EQ(store_.reads(), reads + 1);
+}
+
 TEST_F(SenderCheckTest, MadeUpNamesDoNotPushOutRealOnes) {
   ASSERT_OK(Check("prefill-0", "ipv4:10.0.0.7", "m"));
   const int reads = store_.reads();
