@@ -140,8 +140,8 @@ absl::Status Registrations::Register(const std::vector<BufferEntry>& buffers,
     std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
       return regions[a].addr < regions[b].addr;
     });
-    // The first buffer (in the batch's order) that overlaps one before it,
-    // as adding them in turn would find.
+    // Of the neighbours (by address) that overlap, the pair whose later
+    // buffer comes first in the batch: named by that later index.
     size_t first = n, other = n;
     for (size_t k = 1; k < n; ++k) {
       const MemoryRegion& lo = regions[order[k - 1]];
@@ -170,8 +170,8 @@ absl::Status Registrations::Register(const std::vector<BufferEntry>& buffers,
   for (; added < n && s.ok(); ++added) {
     s = InBatch(handles[added].status(), added, n);
     if (s.ok()) {
-      s = InBatch(local_memory_.Add(regions[added], std::move(*handles[added])),
-                  added, n);
+      // A copy: on failure the rollback below needs the handles' count.
+      s = InBatch(local_memory_.Add(regions[added], *handles[added]), added, n);
     }
   }
   if (s.ok()) {

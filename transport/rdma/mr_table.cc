@@ -186,6 +186,10 @@ absl::StatusOr<MemoryHandle> MrTable::RegisterStaged(const MemoryRegion& region,
   entry->tiers = std::move(tiers);
   const LocalMr* handle = entry.get();
   MutexLock lock(&mu_);
+  if (mrs_.count(region.addr) != 0) {  // As Register: never replaced.
+    return absl::AlreadyExistsError(absl::StrCat(
+        "memory at 0x", absl::Hex(region.addr), " is registered already"));
+  }
   mrs_[region.addr] = std::move(entry);
   staged_.fetch_add(1, std::memory_order_relaxed);
   return handle;
