@@ -117,7 +117,7 @@ ibv_mr* RegisterMr(ibv_pd* ibpd, uintptr_t start, size_t length, uint64_t iova,
     if (err == 0 && StrictPagesOn()) {
       err = RecordFrames(start, length, &frames);
     } else if (err == 0 && PinPagesOn()) {
-      err = PopulatePages(start, length);
+      err = PopulatePages(start, length, writable);
     }
     if (err != 0) {
       PinnedBytes().fetch_sub(pinned);

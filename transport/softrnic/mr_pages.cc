@@ -203,17 +203,20 @@ bool PinPagesOn() {
   return on;
 }
 
-int PopulatePages(uintptr_t start, size_t length) {
+int PopulatePages(uintptr_t start, size_t length, bool writable) {
   const uintptr_t first = start / kPageSize;
   const uintptr_t last = (start + length - 1) / kPageSize;
   const size_t n = last - first + 1;
   void* base = reinterpret_cast<void*>(first * kPageSize);
   const size_t span = n * kPageSize;
-  if (::madvise(base, span, MADV_POPULATE_WRITE) == 0) return 0;
-  if (errno == ENOMEM) return EFAULT;  // Not mapped.
-  // Read-only memory (EFAULT or EINVAL, by kernel) or a kernel without
-  // MADV_POPULATE_* (EINVAL). CheckMapped has ruled out holes and pages
-  // the access may not touch, so touching them below is safe.
+  if (writable) {
+    if (::madvise(base, span, MADV_POPULATE_WRITE) == 0) return 0;
+    if (errno == ENOMEM) return EFAULT;  // Not mapped.
+  }
+  // For read; or read-only memory (EFAULT or EINVAL, by kernel), or a
+  // kernel without MADV_POPULATE_* (EINVAL). CheckMapped has ruled out
+  // holes and pages the access may not touch, so touching them below is
+  // safe.
   if (::madvise(base, span, MADV_POPULATE_READ) == 0) return 0;
   if (errno != EINVAL) return EFAULT;
   // No MADV_POPULATE_*: touch each page, once mincore has shown that every
@@ -231,7 +234,10 @@ int RecordFrames(uintptr_t start, size_t length, uint64_t** out) {
   const uintptr_t first = start / kPageSize;
   const uintptr_t last = (start + length - 1) / kPageSize;
   const size_t n = last - first + 1;
-  if (const int err = PopulatePages(start, length); err != 0) return err;
+  if (const int err = PopulatePages(start, length, /*writable=*/true);
+      err != 0) {
+    return err;
+  }
   auto* frames = new uint64_t[n];
   if (!ReadPagemap(first, n, frames)) {
     delete[] frames;

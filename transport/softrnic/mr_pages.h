@@ -33,10 +33,12 @@ bool StrictPagesOn();
 // register large buffers they never touch would hold that memory.
 bool PinPagesOn();
 
-// Faults the pages of [start, start+length) in, as ibv_reg_mr pins them
-// (writable pages for write, so that a later write does not move a page
-// off the shared zero page). Returns 0 or EFAULT if a page is not mapped.
-int PopulatePages(uintptr_t start, size_t length);
+// Faults the pages of [start, start+length) in, as ibv_reg_mr pins them:
+// for write if `writable` (so that a later write does not move a page off
+// the shared zero page; read-only memory is then faulted for read), else
+// for read (no copy-on-write break of a private file mapping for an MR
+// that only reads). Returns 0 or EFAULT if a page is not mapped.
+int PopulatePages(uintptr_t start, size_t length, bool writable);
 
 // PopulatePages, then the frames of the pages in *out (new[]).
 // Returns 0 or an errno: EFAULT if a page is not mapped, EPERM if frames
