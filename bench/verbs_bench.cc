@@ -25,6 +25,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -132,6 +133,29 @@ void WaitCompletions(ibv_comp_channel* ch, ibv_cq* cq, int want,
 
 }  // namespace
 
+// From the end of --warmup to the end of --duration after it.
+std::pair<Clock::time_point, Clock::time_point> MeasuredWindow() {
+  auto secs = [](double s) {
+    return std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double>(s));
+  };
+  const Clock::time_point start =
+      Clock::now() + secs(absl::GetFlag(FLAGS_warmup));
+  return {start, start + secs(absl::GetFlag(FLAGS_duration))};
+}
+
+// The JSON line of a latency mode: `fields`, then samples, p50 and p99.
+void PrintRoundTrips(const char* fields, std::vector<double>* rtt_us) {
+  std::sort(rtt_us->begin(), rtt_us->end());
+  auto pct = [&](double p) {
+    return rtt_us->empty()
+               ? 0.0
+               : (*rtt_us)[static_cast<size_t>(p * (rtt_us->size() - 1))];
+  };
+  std::printf("{%s,\"samples\":%zu,\"p50_us\":%.1f,\"p99_us\":%.1f}\n", fields,
+              rtt_us->size(), pct(0.5), pct(0.99));
+}
+
 // --mode=wake: p50/p99 of a pipe round trip between two threads.
 int WakeReference() {
   int ping[2], pong[2];
@@ -142,14 +166,7 @@ int WakeReference() {
       if (::write(pong[1], &c, 1) != 1) Die("pipe write");
     }
   });
-  using Clock = std::chrono::steady_clock;
-  const auto start =
-      Clock::now() +
-      std::chrono::duration_cast<Clock::duration>(
-          std::chrono::duration<double>(absl::GetFlag(FLAGS_warmup)));
-  const auto end =
-      start + std::chrono::duration_cast<Clock::duration>(
-                  std::chrono::duration<double>(absl::GetFlag(FLAGS_duration)));
+  const auto [start, end] = MeasuredWindow();
   std::vector<double> rtt_us;
   char c = 'p';
   while (Clock::now() < end) {
@@ -165,16 +182,7 @@ int WakeReference() {
   c = 'q';
   if (::write(ping[1], &c, 1) != 1) Die("pipe write");
   echo.join();
-  std::sort(rtt_us.begin(), rtt_us.end());
-  auto pct = [&](double p) {
-    return rtt_us.empty()
-               ? 0.0
-               : rtt_us[static_cast<size_t>(p * (rtt_us.size() - 1))];
-  };
-  std::printf(
-      "{\"mode\":\"wake\",\"samples\":%zu,\"p50_us\":%.1f,"
-      "\"p99_us\":%.1f}\n",
-      rtt_us.size(), pct(0.5), pct(0.99));
+  PrintRoundTrips("\"mode\":\"wake\"", &rtt_us);
   return 0;
 }
 
@@ -299,13 +307,7 @@ int main(int argc, char** argv) {
     wr.wr.rdma.rkey = peer.rkey;
     if (ibv_post_send(qp, &wr, &bad)) Die("post_send");
   };
-  const auto start =
-      Clock::now() +
-      std::chrono::duration_cast<Clock::duration>(
-          std::chrono::duration<double>(absl::GetFlag(FLAGS_warmup)));
-  const auto end =
-      start + std::chrono::duration_cast<Clock::duration>(
-                  std::chrono::duration<double>(absl::GetFlag(FLAGS_duration)));
+  const auto [start, end] = MeasuredWindow();
   std::vector<ibv_wc> done;
   std::vector<double> rtt_us;
   uint64_t bytes = 0;
@@ -344,16 +346,7 @@ int main(int argc, char** argv) {
         size, window, secs, static_cast<double>(bytes) / secs / 1e9);
   }
   if (lat) {
-    std::sort(rtt_us.begin(), rtt_us.end());
-    auto pct = [&](double p) {
-      return rtt_us.empty()
-                 ? 0.0
-                 : rtt_us[static_cast<size_t>(p * (rtt_us.size() - 1))];
-    };
-    std::printf(
-        "{\"mode\":\"lat\",\"size\":8,\"samples\":%zu,\"p50_us\":%.1f,"
-        "\"p99_us\":%.1f}\n",
-        rtt_us.size(), pct(0.5), pct(0.99));
+    PrintRoundTrips("\"mode\":\"lat\",\"size\":8", &rtt_us);
   }
   if (::write(boot, &go, 1) != 1) Die("bootstrap");
   // Let outstanding WRITEs drain before tearing down.
