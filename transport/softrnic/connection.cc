@@ -2,8 +2,10 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/sockios.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -89,8 +91,27 @@ bool Connection::WriteAll(iovec* iov, int iovcnt, Mr* const* pins, int npins) {
   for (int i = 0; i < npins; ++i) {
     pins_[1 + i].store(nullptr, std::memory_order_relaxed);
   }
-  if (!ok) Close();
+  if (ok) {
+    uint64_t n = 0;
+    for (int i = 0; i < iovcnt; ++i) n += iov[i].iov_len;
+    bytes_written_.fetch_add(n, std::memory_order_release);
+  } else {
+    Close();
+  }
   return ok;
+}
+
+uint64_t Connection::NextId() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
+int64_t Connection::BytesAcked() const {
+  const uint64_t written = bytes_written();
+  int unacked = 0;  // Written but not acknowledged by the peer's TCP.
+  if (::ioctl(fd_, SIOCOUTQ, &unacked) != 0 || unacked < 0) return -1;
+  const auto u = static_cast<uint64_t>(unacked);
+  return static_cast<int64_t>(written > u ? written - u : 0);
 }
 
 bool Connection::Read(void* dst, size_t n, Mr* pin) {

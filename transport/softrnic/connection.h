@@ -27,12 +27,22 @@ class Connection {
   // connection was admitted for (AdmitConnection); its slot is released
   // with the connection. 0 for outgoing connections.
   Connection(Device* dev, int fd, uint32_t admitted_from = 0)
-      : dev_(dev), fd_(fd), admitted_from_(admitted_from) {}
+      : dev_(dev), fd_(fd), admitted_from_(admitted_from), id_(NextId()) {}
   ~Connection();
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
 
   int fd() const { return fd_; }
+  // Unique in the process, never 0.
+  uint64_t id() const { return id_; }
+  // Bytes WriteAll has handed to the socket.
+  uint64_t bytes_written() const {
+    return bytes_written_.load(std::memory_order_acquire);
+  }
+  // Bytes handed to the socket that the peer's TCP has acknowledged, read
+  // after bytes_written() (so a write racing with it lowers, never raises,
+  // the answer); -1 if the socket cannot tell (SIOCOUTQ failed).
+  int64_t BytesAcked() const;
   Device* device() const { return dev_; }
   // The source address an accepted connection came from (network order).
   uint32_t admitted_from() const { return admitted_from_; }
@@ -59,6 +69,7 @@ class Connection {
   // Slot 0 is the reader's; the writer's (under mu) follow.
   static constexpr int kPinSlots = 1 + kMaxSge;
 
+  static uint64_t NextId();
   // The injected delay of `us`, cut short by Close().
   void Delay(uint32_t us);
 
@@ -66,6 +77,8 @@ class Connection {
   const int fd_;
   const uint32_t admitted_from_;
   std::atomic<bool> closed_{false};
+  const uint64_t id_;
+  std::atomic<uint64_t> bytes_written_{0};
   std::atomic<const Mr*> pins_[kPinSlots] = {};
 };
 

@@ -574,6 +574,16 @@ SOFTRNIC_EXPORT int softrnic_set_delay_us(const char* name, uint32_t us) {
   return 0;
 }
 
+SOFTRNIC_EXPORT int softrnic_ack_timeouts(const char* name, uint64_t* out) {
+  Device* dev = FindDeviceByName(name);
+  if (dev == nullptr || out == nullptr) {
+    errno = dev == nullptr ? ENODEV : EINVAL;
+    return -1;
+  }
+  *out = dev->ack_timeouts.load(std::memory_order_relaxed);
+  return 0;
+}
+
 SOFTRNIC_EXPORT int softrnic_inject_async_event(const char* name, int event) {
   Device* dev = FindDeviceByName(name);
   if (dev == nullptr) {

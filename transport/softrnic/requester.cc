@@ -229,6 +229,15 @@ void Kick(const std::shared_ptr<Qp>& qp) {
       loopback = qp->loopback;
       has_loop_peer = qp->has_loop_peer;
       conn = qp->conn;
+      // Only this thread (under send_mu) writes requests to `conn`, so its
+      // byte count is where this frame will start.
+      w.wire_conn = 0;
+      if (!loopback && conn != nullptr) {
+        uint64_t frame = 0;
+        for (int i = 0; i < niov; ++i) frame += iov[i].iov_len;
+        w.wire_end = conn->bytes_written() + frame;
+        w.wire_conn = conn->id();
+      }
       if (loopback) {
         peer = has_loop_peer ? qp->loop_peer.lock() : nullptr;
       }

@@ -21,6 +21,38 @@ constexpr auto kTimerMaxSleep = std::chrono::milliseconds(100);
 // while still flowing.
 constexpr double kSlowestLinkBytesPerNs = 0.01;
 
+// Where the front WQE, whose ACK timeout expired, is. Its deadline was
+// set when its frame entered the socket; a socket holds megabytes, and on
+// a slow or shared link they take longer to leave than the timeout allows
+// for one message (and TCP itself may stall on a loss for its own
+// retransmission timeout). A frame the connection still holds is queued,
+// not lost: TCP delivers it in order or the connection breaks, so
+// resending it would only queue a copy behind it.
+enum class FrontWire {
+  kGone,    // Delivered to the peer's TCP, or no live connection knows it.
+  kMoving,  // Still in the connection, which moved bytes since last time.
+  kStalled  // Still in the connection, which moved nothing since.
+};
+
+FrontWire WhereIsFront(Qp* qp) ABSL_EXCLUSIVE_LOCKS_REQUIRED(qp->mu) {
+  const SendWqe& w = qp->sq.front();
+  const Connection* conn = qp->conn.get();
+  if (w.wire_conn == 0 || conn == nullptr || conn->closed() ||
+      conn->id() != w.wire_conn) {
+    return FrontWire::kGone;
+  }
+  const int64_t got = conn->BytesAcked();
+  if (got < 0) return FrontWire::kGone;
+  const auto acked = static_cast<uint64_t>(got);
+  if (acked >= w.wire_end) return FrontWire::kGone;
+  const bool moved = conn->id() != qp->timer_conn || acked > qp->timer_acked;
+  if (moved) {
+    qp->timer_conn = conn->id();
+    qp->timer_acked = acked;
+  }
+  return moved ? FrontWire::kMoving : FrontWire::kStalled;
+}
+
 }  // namespace
 
 Clock::time_point AckDeadline(const Qp& qp, const SendWqe& w,
@@ -60,15 +92,30 @@ Clock::time_point TimerWork(const std::shared_ptr<Qp>& qp,
       kick = true;
     } else if (qp->send_index == 0) {
       kick = true;  // Nothing in flight yet (e.g. an RNR wait just ended).
-    } else if (qp->sq.front().deadline <= now) {
-      if (qp->retries_left == 0) {
+    } else if (SendWqe& front = qp->sq.front(); front.deadline <= now) {
+      const FrontWire where = WhereIsFront(qp.get());
+      if (where == FrontWire::kMoving) {
+        // Queued behind bytes that are leaving: as a NIC's timer, which
+        // runs from the packet's transmission, this one waits for it.
+        front.deadline = AckDeadline(*qp, front, now);
+        next = front.deadline;
+      } else if (qp->retries_left == 0) {
+        ++qp->dev->ack_timeouts;
         FailFront(qp, IBV_WC_RETRY_EXC_ERR);
         return Clock::time_point::max();
+      } else if (where == FrontWire::kStalled) {
+        // A try spent (a dead path still ends the QP in as many timeouts
+        // as before), but nothing resent: the stream still holds it.
+        --qp->retries_left;
+        front.deadline = AckDeadline(*qp, front, now);
+        next = front.deadline;
+      } else {
+        ++qp->dev->ack_timeouts;
+        --qp->retries_left;
+        qp->send_index = 0;  // Go back N: retransmit everything unacked.
+        redial = !qp->loopback && (qp->conn == nullptr || qp->conn->closed());
+        kick = true;
       }
-      --qp->retries_left;
-      qp->send_index = 0;  // Go back N: retransmit everything unacked.
-      redial = !qp->loopback && (qp->conn == nullptr || qp->conn->closed());
-      kick = true;
     } else {
       next = qp->sq.front().deadline;
     }

@@ -170,6 +170,10 @@ struct Device {
   // injected IBV_EVENT_GID_CHANGE); an invalid entry reads as zeros.
   std::atomic<bool> gid_valid{true};
   std::atomic<uint32_t> delay_us{0};
+  // ACK timeouts that resent (go back N) or failed a request (as the
+  // local_ack_timeout_err counter of mlx5 NICs), for tests and benchmarks;
+  // not those that found the frame still queued in its connection.
+  std::atomic<uint64_t> ack_timeouts{0};
 
   ferry::Mutex mu;
   // Listener and timer threads running.
@@ -380,6 +384,11 @@ struct SendWqe {
   bool is_inline = false;
   uint8_t* inline_data = nullptr;
   Clock::time_point deadline{};  // Ack timeout of the last transmission.
+  // Where the last transmission ends in its connection's byte stream
+  // (Connection::bytes_written() once it is written) and which connection
+  // that was (Connection::id(); 0: none, as on the same-process path).
+  uint64_t wire_end = 0;
+  uint64_t wire_conn = 0;
 };
 
 // The send queue: a ring of max_send_wr WQE slots with per-slot room for
@@ -443,6 +452,10 @@ struct Qp {
   // No (re)transmission before this.
   Clock::time_point rnr_until ABSL_GUARDED_BY(mu){};
   bool retransmit_pending ABSL_GUARDED_BY(mu) = false;
+  // The bytes of `conn` its peer's TCP had acknowledged when the timer last
+  // looked, and which connection that was (see requester_timer.cc).
+  uint64_t timer_acked ABSL_GUARDED_BY(mu) = 0;
+  uint64_t timer_conn ABSL_GUARDED_BY(mu) = 0;
   // Outgoing (requester) connection.
   std::shared_ptr<Connection> conn ABSL_GUARDED_BY(mu);
   // The connection the listener accepted for this QP (responder side); a

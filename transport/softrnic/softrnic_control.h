@@ -17,6 +17,7 @@ typedef int (*softrnic_set_link_fn)(const char* dev, int up);
 typedef int (*softrnic_cut_connections_fn)(const char* dev);
 typedef int (*softrnic_set_delay_us_fn)(const char* dev, uint32_t us);
 typedef int (*softrnic_inject_async_event_fn)(const char* dev, int event);
+typedef int (*softrnic_ack_timeouts_fn)(const char* dev, uint64_t* out);
 typedef int (*softrnic_set_strict_pages_fn)(int on);
 typedef uint64_t (*softrnic_strict_page_violations_fn)(void);
 typedef int (*softrnic_set_cluster_token_fn)(const char* token);
@@ -72,6 +73,18 @@ inline int SetDelayUs(const char* dev, uint32_t us) {
       dlsym(RTLD_DEFAULT, "softrnic_set_delay_us"));
   if (fn == nullptr) return errno = ENOSYS, -1;
   return fn(dev, us);
+}
+
+// How often an ACK timeout of the device's QPs expired and resent (go back
+// N) or ended a request in IBV_WC_RETRY_EXC_ERR, as the
+// local_ack_timeout_err counter of a hardware NIC counts them. Expiries
+// that found the frame still queued in its TCP connection are not counted:
+// softrnic resends nothing then.
+inline int AckTimeouts(const char* dev, uint64_t* out) {
+  auto fn = reinterpret_cast<softrnic_ack_timeouts_fn>(
+      dlsym(RTLD_DEFAULT, "softrnic_ack_timeouts"));
+  if (fn == nullptr) return errno = ENOSYS, -1;
+  return fn(dev, out);
 }
 
 // Raises the async event `event` (an enum ibv_event_type) on every
