@@ -146,9 +146,11 @@ void RailConnector::Installed(uint64_t ep, uint64_t epoch,
     out->push_back(Make(Kind::kTellReady, ep, epoch));
     return;
   }
+  // Our QPs would not take the peer's validated answer (our NIC failed
+  // meanwhile): pause the rail, not the peer -- its other rails still work.
   Action a = Make(Kind::kFail, ep);
   a.why = result;
-  a.backoff = true;
+  a.rail_fault = true;
   out->push_back(a);
   out->push_back(Make(Kind::kTellDisconnect, 0, epoch));
   Reset();

@@ -94,8 +94,9 @@ class RailConnector {
       kConfirm,
       // `ep` is out of service: its slices go elsewhere (`why`); `backoff`:
       // a handshake with the peer failed (back the peer off); `rail_fault`:
-      // the peer refused this rail (avoid the rail for a while); `flush`:
-      // flush its posted work.
+      // the peer refused this rail, or our NIC could not make or connect
+      // its QPs (avoid the rail for a while); `flush`: flush its posted
+      // work.
       kFail,
       // `ep` is out of service: no new slices; it drains, then goes.
       kClose,

@@ -250,6 +250,10 @@ void RailLifecycle::RunConnect(const EndpointPtr& ep, uint64_t attempt,
   std::vector<QueuePair> qps;
   const bool skipped = !s.ok();
   if (!skipped) s = CreateQps(nic, ctx_->options.rdma.qps_per_endpoint, &qps);
+  // Our NIC could not make the QPs (it died, or is out of resources): the
+  // rail's fault, not the peer's. Backing the peer off would fail every
+  // slice bound for its other rails while they still work.
+  const bool local_fault = !skipped && !s.ok();
   ConnectReply reply;
   if (s.ok()) {
     RdmaMessage msg;
@@ -278,8 +282,10 @@ void RailLifecycle::RunConnect(const EndpointPtr& ep, uint64_t attempt,
         "segment '", peer->name(),
         "' restarted (new incarnation): RefreshSegment and resubmit"));
   }
-  const RailConnector::Outcome outcome =
-      s.ok() ? OutcomeOf(reply) : RailConnector::Outcome::kFailed;
+  const RailConnector::Outcome outcome = s.ok() ? OutcomeOf(reply)
+                                         : local_fault
+                                             ? RailConnector::Outcome::kRefused
+                                             : RailConnector::Outcome::kFailed;
   if (s.ok() && outcome == RailConnector::Outcome::kRefused) {
     std::string reason = reply.reason();
     for (char& c : reason) {
