@@ -78,6 +78,7 @@ class RdmaEngineTest : public ::testing::Test {
   std::vector<std::string> devices_;  // Empty: every NIC.
   int signal_every_ = 16;
   int inline_bytes_ = 64;
+  size_t stripe_bytes_ = 1 << 20;
 
   void SetUp() override {
     EngineOptions t;
@@ -90,6 +91,7 @@ class RdmaEngineTest : public ::testing::Test {
     t.rdma.devices = devices_;
     t.rdma.signal_every = signal_every_;
     t.rdma.inline_bytes = inline_bytes_;
+    t.rdma.stripe_bytes = stripe_bytes_;
     ASSERT_OK(target_.Init(t));
     EngineOptions i = t;
     i.local_segment_name = "initiator";
@@ -451,6 +453,86 @@ TEST_F(OneRailTest, AdjacentSlicesShareWorkRequests) {
   EXPECT_GE(slices, 2 * kBlock / (64 << 10));
   EXPECT_LT(wrs * 4, slices)
       << wrs << " work requests for " << slices << " slices";
+}
+
+// Two NICs on each side (four rails). A request's slices ride one rail a
+// stripe (rdma.stripe_bytes, 1 MiB) at a time, so they still share work
+// requests, and the stripes of a larger request spread over both NICs; a
+// request of one stripe stays on one NIC. stripe_bytes 0 spreads slice by
+// slice (a WR each: consecutive slices never share a rail).
+class StripeTest : public RdmaEngineTest,
+                   public ::testing::WithParamInterface<size_t> {
+ protected:
+  void SetUp() override {
+    stripe_bytes_ = GetParam();
+    RdmaEngineTest::SetUp();
+  }
+
+  struct Counts {
+    std::vector<uint64_t> slices;  // Per NIC.
+    uint64_t wrs = 0;
+  };
+  Counts Now() {
+    Counts c;
+    for (const NicStats& n : initiator_.GetTransportStats()[0].nics) {
+      c.slices.push_back(n.slices);
+      c.wrs += n.work_requests;
+    }
+    return c;
+  }
+};
+
+TEST_P(StripeTest, StripesCoalesceAndSpreadOverNics) {
+  ASSERT_EQ(Run({Req(OpCode::kWrite, 0, 64)}).state, TransferState::kCompleted);
+  constexpr size_t kBlock = 8 << 20;  // 128 slices of 64 KiB.
+  FillPattern(local_.get(), kBlock, 0, 31);
+  const Counts before = Now();
+  BatchStatus st = Run({Req(OpCode::kWrite, 0, kBlock)});
+  ASSERT_EQ(st.state, TransferState::kCompleted) << st.first_error;
+  ASSERT_EQ(CheckPattern(remote_.get(), kBlock, 0, 31), kBlock);
+  const Counts after = Now();
+  ASSERT_EQ(after.slices.size(), 2u);
+  uint64_t slices = 0;
+  for (size_t i = 0; i < 2; ++i) {
+    const uint64_t n = after.slices[i] - before.slices[i];
+    EXPECT_GT(n, 0u) << "NIC " << i << " carried no slice";
+    slices += n;
+  }
+  const uint64_t wrs = after.wrs - before.wrs;
+  ASSERT_GE(slices, kBlock / (64 << 10));
+  if (GetParam() == 0) {
+    EXPECT_GT(wrs * 2, slices) << wrs << " work requests, " << slices
+                               << " slices, spread slice by slice";
+  } else {
+    EXPECT_LT(wrs * 4, slices) << wrs << " work requests, " << slices
+                               << " slices, in stripes of " << GetParam();
+    // One stripe's worth: one NIC.
+    FillPattern(local_.get(), 1 << 20, 0, 32);
+    const Counts one_before = Now();
+    st = Run({Req(OpCode::kWrite, 0, 1 << 20)});
+    ASSERT_EQ(st.state, TransferState::kCompleted) << st.first_error;
+    ASSERT_EQ(CheckPattern(remote_.get(), 1 << 20, 0, 32), size_t{1} << 20);
+    const Counts one_after = Now();
+    int nics_used = 0;
+    for (size_t i = 0; i < 2; ++i) {
+      nics_used += one_after.slices[i] > one_before.slices[i];
+    }
+    EXPECT_EQ(nics_used, 1) << "a request of one stripe split over NICs";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Stripes, StripeTest,
+                         ::testing::Values(size_t{0}, size_t{1} << 20));
+
+TEST(StripeOptionTest, AboveOneGibIsRefused) {
+  EngineOptions o;
+  o.local_segment_name = "stripes";
+  o.transports = {"rdma"};
+  o.rdma.stripe_bytes = size_t{2} << 30;
+  TransferEngine e;
+  const absl::Status s = e.Init(o);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("rdma.stripe_bytes"), std::string::npos) << s;
 }
 
 // Selective signaling and inline data are options (RdmaOptions::

@@ -158,6 +158,9 @@ ABSL_FLAG(bool, auto_discovery, false,
           "as in Mooncake: find every active NIC and the topology by itself, "
           "leaving --device_name and --nic_priority_matrix unused");
 ABSL_FLAG(uint64_t, rdma_slice_bytes, 64 << 10, "RDMA transport slice size");
+ABSL_FLAG(uint64_t, rdma_stripe_bytes, 1 << 20,
+          "RDMA: a request's consecutive slices ride one rail up to this "
+          "many bytes (0: spread slice by slice)");
 ABSL_FLAG(int, qps_per_endpoint, 2, "RDMA QPs per (local, remote NIC) pair");
 ABSL_FLAG(int, rdma_signal_every, 16,
           "RDMA selective signaling: every Nth WR asks for a completion "
@@ -296,6 +299,7 @@ EngineOptions BaseOptions(const std::string& name, const std::string& md) {
     }
   }
   o.rdma.slice_bytes = absl::GetFlag(FLAGS_rdma_slice_bytes);
+  o.rdma.stripe_bytes = absl::GetFlag(FLAGS_rdma_stripe_bytes);
   o.rdma.qps_per_endpoint = absl::GetFlag(FLAGS_qps_per_endpoint);
   o.rdma.signal_every = absl::GetFlag(FLAGS_rdma_signal_every);
   o.rdma.inline_bytes = absl::GetFlag(FLAGS_rdma_inline_bytes);

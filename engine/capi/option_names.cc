@@ -186,6 +186,7 @@ const absl::flat_hash_map<std::string, Option>& Table() {
 
       {"rdma.devices", FERRY_FIELD(rdma.devices)},
       {"rdma.slice_bytes", FERRY_FIELD(rdma.slice_bytes)},
+      {"rdma.stripe_bytes", FERRY_FIELD(rdma.stripe_bytes)},
       {"rdma.gid_index", FERRY_FIELD(rdma.gid_index)},
       {"rdma.qps_per_endpoint", FERRY_FIELD(rdma.qps_per_endpoint)},
       {"rdma.signal_every", FERRY_FIELD(rdma.signal_every)},

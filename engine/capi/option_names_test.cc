@@ -96,6 +96,8 @@ TEST(OptionNamesTest, ValuesReachTheirFields) {
   EngineOptions o;
   ASSERT_OK(SetOption(o, "rdma.slice_bytes", "131072"));
   EXPECT_EQ(o.rdma.slice_bytes, 131072u);
+  ASSERT_OK(SetOption(o, "rdma.stripe_bytes", "0"));
+  EXPECT_EQ(o.rdma.stripe_bytes, 0u);
   ASSERT_OK(SetOption(o, "tcp.frame_timeout_ms", "2500"));
   EXPECT_EQ(o.tcp.frame_timeout, absl::Milliseconds(2500));
   ASSERT_OK(SetOption(o, "wait_spin_us", "0"));

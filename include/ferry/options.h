@@ -70,6 +70,15 @@ struct RdmaOptions {
   // A request is split into slices of this size (4 KiB .. 64 MiB), and the
   // slices are striped over all usable (local NIC, remote NIC) rails.
   size_t slice_bytes = 64 << 10;
+  // A request's consecutive slices go to one rail up to stripe_bytes (a
+  // stripe), and stripes spread over the rails by load: slices that follow
+  // each other on one rail are posted as one work request (up to 16 slices,
+  // 1 MiB), where spread slice by slice each costs the NICs a work request
+  // and a completion of its own. A request of at most stripe_bytes thus
+  // rides one rail; many requests in flight still use every rail. 0 or up
+  // to slice_bytes: spread slice by slice (Mooncake TE's way).
+  // 0..1 GiB.
+  size_t stripe_bytes = 1 << 20;
   // GID index; -1 picks by type: on RoCE the best RoCE v2 entry
   // (IPv4-mapped, then global IPv6, link-local last; RoCE v1 never), on
   // InfiniBand the best entry. -1 also defers to the environment variable

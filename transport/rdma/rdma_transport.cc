@@ -36,6 +36,10 @@ absl::Status RdmaTransport::ValidateOptions() const {
   if (o.slice_bytes < 4096 || o.slice_bytes > (64u << 20)) {
     return absl::InvalidArgumentError("rdma.slice_bytes must be 4 KiB..64 MiB");
   }
+  if (o.stripe_bytes > (size_t{1} << 30)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rdma.stripe_bytes must be 0..1 GiB (", o.stripe_bytes, ")"));
+  }
   if (o.qps_per_endpoint < 1 || o.qps_per_endpoint > 16) {
     return absl::InvalidArgumentError("rdma.qps_per_endpoint must be 1..16");
   }

@@ -91,7 +91,9 @@ void SlicePath::RouteRun(absl::Span<Slice* const> run, absl::Time now,
   absl::InlinedVector<SliceQueue, 16> buckets(n_rails);
   absl::InlinedVector<uint64_t, 16> bucket_bytes(n_rails, 0);
 
-  for (Slice* s : run) {
+  const uint64_t stripe = ctx_->options.rdma.stripe_bytes;
+  for (size_t i = 0; i < run.size();) {
+    Slice* const s = run[i++];
     if (s->deadline <= now) {
       s->Complete(absl::DeadlineExceededError(kPastDeadline));
       continue;
@@ -127,18 +129,40 @@ void SlicePath::RouteRun(absl::Span<Slice* const> run, absl::Time now,
           "TCP only: run tcp beside rdma on both engines)")));
       continue;
     }
+    // The slices that continue this one in memory, up to a stripe, take
+    // its rail: on one rail they coalesce into one work request
+    // (Endpoint::PostLocked), where spread slice by slice over several
+    // rails each would be its own. Stripes, not slices, spread over the
+    // rails. A slice that failed somewhere is routed alone: its rails to
+    // avoid are its own.
+    size_t end = i;
+    uint64_t bytes = s->length;
+    if (SliceFailedRails(s) == 0) {
+      while (end < run.size() && bytes + run[end]->length <= stripe &&
+             SliceFailedRails(run[end]) == 0 && run[end]->deadline > now &&
+             ContinuesInMemory(run[end - 1], run[end])) {
+        bytes += run[end++]->length;
+      }
+    }
     const int best = router.Choose(mr->tiers, SliceFailedRails(s));
     if (best < 0) {
-      s->Complete(absl::UnavailableError(absl::StrCat(
+      const absl::Status none = absl::UnavailableError(absl::StrCat(
           "no usable RDMA rail to segment '", view.name(),
-          "' (all local ports down, or no remote key for the buffer)")));
+          "' (all local ports down, or no remote key for the buffer)"));
+      s->Complete(none);
+      for (; i < end; ++i) run[i]->Complete(none);
       continue;
     }
-    SetSliceRoute(s, best,
-                  static_cast<uint32_t>(router.key(router.remote_of(best))));
-    router.Assign(best, s->length);
+    const auto key = static_cast<uint32_t>(router.key(router.remote_of(best)));
+    router.Assign(best, bytes);
+    bucket_bytes[best] += bytes;
+    SetSliceRoute(s, best, key);
     buckets[best].push_back(s);
-    bucket_bytes[best] += s->length;
+    // Same local MR, remote buffer and key as `s` (ContinuesInMemory).
+    for (; i < end; ++i) {
+      SetSliceRoute(run[i], best, key);
+      buckets[best].push_back(run[i]);
+    }
   }
   for (int r = 0; r < n_rails; ++r) {
     if (buckets[r].empty()) continue;
