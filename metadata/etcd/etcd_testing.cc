@@ -50,7 +50,8 @@ bool Listening(int port) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(int members) {
+absl::StatusOr<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(
+    int members, const std::vector<std::string>& extra_flags) {
   if (access(kEtcd, X_OK) != 0) {
     return absl::FailedPreconditionError(
         "etcd is not installed (apt-get install etcd-server; tools/dev.sh "
@@ -76,7 +77,7 @@ absl::StatusOr<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(int members) {
   for (int i = 0; i < members; ++i) {
     const std::string curl = absl::StrCat("http://127.0.0.1:", client[i]);
     const std::string purl = absl::StrCat("http://127.0.0.1:", peer[i]);
-    auto p = testing::Subprocess::Start({
+    std::vector<std::string> argv = {
         std::string(kEtcd),
         absl::StrCat("--name=m", i),
         absl::StrCat("--data-dir=", c->dir_, "/m", i),
@@ -91,7 +92,9 @@ absl::StatusOr<std::unique_ptr<EtcdCluster>> EtcdCluster::Start(int members) {
         "--election-timeout=500",
         "--logger=zap",
         "--log-level=error",
-    });
+    };
+    argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
+    auto p = testing::Subprocess::Start(argv);
     if (!p.ok()) return p.status();
     c->members_.push_back(std::move(*p));
   }

@@ -20,7 +20,10 @@ class EtcdCluster {
  public:
   // Starts `members` etcd processes and waits (up to 20 s) until the
   // cluster answers. FailedPrecondition if etcd is not installed.
-  static absl::StatusOr<std::unique_ptr<EtcdCluster>> Start(int members);
+  // `extra_flags` go to every member after the defaults (a benchmark's
+  // --quota-backend-bytes).
+  static absl::StatusOr<std::unique_ptr<EtcdCluster>> Start(
+      int members, const std::vector<std::string>& extra_flags = {});
   ~EtcdCluster();
 
   // host:port of each member's client URL.
@@ -29,6 +32,8 @@ class EtcdCluster {
   std::string address() const;
   // SIGKILLs member `i`.
   void Kill(int i);
+  // The process id of member `i` (its memory, read from /proc).
+  pid_t pid(int i) const { return members_[i]->pid(); }
   // The index of the member that leads the cluster now, as the members'
   // Maintenance.Status say; Unavailable if none answers with one.
   absl::StatusOr<int> LeaderIndex() const;
