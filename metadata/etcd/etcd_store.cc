@@ -126,6 +126,16 @@ absl::StatusOr<TxnResponse> EtcdStore::Txn(const TxnRequest& txn,
           "(etcdctl compact, etcdctl defrag, etcdctl alarm disarm), and "
           "keep EtcdOptions::max_bytes below its --quota-backend-bytes"));
     }
+    // etcd's own check ("request is too large") and its gRPC server's
+    // (max-request-bytes plus 512 KiB): say which limit, and the size.
+    if (absl::StrContains(s.error_message(), "request is too large") ||
+        absl::StrContains(s.error_message(), "larger than max")) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "etcd ", Describe(), " refused a transaction of ", txn.ByteSizeLong(),
+          " bytes as too large (etcd's "
+          "--max-request-bytes, 1.5 MiB by default): ",
+          s.error_message()));
+    }
     return FromGrpcStatus(s, absl::StrCat("etcd ", Describe(), " Txn"));
   }
   return resp;

@@ -133,6 +133,86 @@ TEST(EtcdStoreTest, LargeSegmentsAndBatches) {
   EXPECT_OK(s->Remove(RemoveOf("big", 1)));
 }
 
+// A segment whose buffers are as large as validation allows (a key on
+// each of 64 NICs with 60-byte names, about 4.6 KiB each): `buffers` of
+// them.
+descriptor::SegmentDescriptor FatSegment(const std::string& name, int buffers) {
+  descriptor::SegmentDescriptor d = Seg(name, 1, 0);
+  descriptor::TransportEndpoint* t = d.add_transports();
+  t->set_transport("rdma");
+  for (int n = 0; n < 64; ++n) {
+    descriptor::Device* dev = t->add_devices();
+    dev->set_name(absl::StrCat("nic-", n, "-", std::string(52, 'x')));
+    dev->set_gid(std::string(16, '\1'));
+  }
+  for (int i = 0; i < buffers; ++i) {
+    descriptor::Buffer* b = d.add_buffers();
+    b->set_addr(0x100000ull * (i + 1));
+    b->set_length(0x1000);
+    b->set_location("cpu:0");
+    for (const descriptor::Device& dev : t->devices()) {
+      descriptor::NicKey* k = b->add_keys();
+      k->set_nic(dev.name());
+      k->set_rkey(static_cast<uint32_t>(0x80000000u + i));
+    }
+  }
+  return d;
+}
+
+// Whether `got` (as a store returns it) is `want`, its version aside.
+void ExpectSameSegment(descriptor::SegmentDescriptor got,
+                       const descriptor::SegmentDescriptor& want) {
+  got.clear_version();
+  ASSERT_EQ(got.buffers_size(), want.buffers_size());
+  EXPECT_EQ(got.SerializeAsString(), want.SerializeAsString());
+}
+
+// etcd refuses a request larger than its --max-request-bytes (1.5 MiB by
+// default). A descriptor larger than that (600 buffers of 4.6 KiB, 2.7 MiB
+// encoded) is written in several transactions, each under it, and reads
+// back intact; so does an update as large. One larger than validation
+// allows (100,000 buffers; at most 65,536) is refused before etcd is asked.
+TEST(EtcdStoreTest, DescriptorsLargerThanOneEtcdRequest) {
+  ASSERT_NE(SharedCluster(), nullptr);
+  ASSERT_OK_AND_ASSIGN(auto s, FreshStore(SharedCluster()->endpoints()));
+  const descriptor::SegmentDescriptor fat = FatSegment("fat", 600);
+  ASSERT_GT(fat.ByteSizeLong(), size_t{3} << 19);
+  ASSERT_OK(s->Put(PutOf(fat, absl::Seconds(30))));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor got, s->Get("fat"));
+  ExpectSameSegment(got, fat);
+
+  const descriptor::SegmentDescriptor more = FatSegment("fat", 1000);
+  UpdateBuffersRequest add;
+  add.set_name("fat");
+  add.set_owner_key(TestOwnerKey(1));
+  for (int i = 600; i < 1000; ++i) *add.add_add() = more.buffers(i);
+  ASSERT_GT(add.ByteSizeLong(), size_t{3} << 19);
+  ASSERT_OK(s->UpdateBuffers(add));
+  ASSERT_OK_AND_ASSIGN(got, s->Get("fat"));
+  ExpectSameSegment(got, more);
+
+  absl::Status too_many = s->Put(PutOf(Seg("huge", 1, 100000))).status();
+  EXPECT_EQ(too_many.code(), absl::StatusCode::kInvalidArgument) << too_many;
+  EXPECT_TRUE(
+      absl::StrContains(too_many.message(), "100000 entries; at most 65536"))
+      << too_many;
+  EXPECT_STATUS(s->Get("huge"), absl::StatusCode::kNotFound);
+}
+
+// Operation counts alone do not bound a transaction's bytes: with etcd
+// run at --max-txn-ops=1000 and a store that uses them, 600 of the
+// largest buffers would be one 2.7 MiB request, which etcd refuses (its
+// --max-request-bytes is the default). Transactions are cut by bytes too.
+TEST(EtcdStoreTest, TransactionsAreCutByBytes) {
+  ASSERT_OK_AND_ASSIGN(auto cluster,
+                       EtcdCluster::Start(1, {"--max-txn-ops=1000"}));
+  ASSERT_OK_AND_ASSIGN(auto s, FreshStore(cluster->endpoints(), 1000));
+  const descriptor::SegmentDescriptor fat = FatSegment("fat", 600);
+  ASSERT_OK(s->Put(PutOf(fat, absl::Seconds(30))));
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor got, s->Get("fat"));
+  ExpectSameSegment(got, fat);
+}
+
 // An update reads only a window below each address it adds, as wide as
 // the segment's longest buffer: a long buffer far below is still found,
 // and so is one behind more small buffers than the window reads.

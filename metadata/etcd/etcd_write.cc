@@ -27,6 +27,19 @@ namespace {
 constexpr size_t kMaxChangeAddrs = 8192;
 // Meta records read per page when the store counts usage.
 constexpr int kUsagePage = 512;
+// Bytes of operations one transaction carries at most. etcd refuses a
+// request larger than its --max-request-bytes (1.5 MiB by default); the
+// rest is room for the compares, the meta and gRPC's framing. Counting
+// operations (max_txn_ops) alone stays under it only while max_txn_ops
+// times the largest buffer (about 5 KiB: 64 keys with 64-byte NIC names)
+// does, which an etcd run with a larger --max-txn-ops breaks.
+constexpr size_t kMaxTxnOpBytes = size_t{1} << 20;
+
+size_t OpBytes(const std::vector<RequestOp>& ops) {
+  size_t n = 0;
+  for (const RequestOp& op : ops) n += op.ByteSizeLong();
+  return n;
+}
 
 }  // namespace
 
@@ -35,12 +48,13 @@ absl::StatusOr<uint64_t> EtcdStore::WriteChanges(
     std::vector<RequestOp> ops, EtcdSegmentMeta meta, absl::Time deadline) {
   const size_t per_txn = static_cast<size_t>(options_.max_txn_ops);
   const int64_t lease = meta.lease_id();
-  if (ops.size() + 1 <= per_txn) {
+  const std::string meta_value = meta.SerializeAsString();
+  if (ops.size() + 1 <= per_txn &&
+      OpBytes(ops) + meta_value.size() <= kMaxTxnOpBytes) {
     TxnRequest txn;
     for (Compare& c : first_compares) *txn.add_compare() = std::move(c);
     for (RequestOp& op : ops) *txn.add_success() = std::move(op);
-    *txn.add_success() =
-        PutOp(keys_.MetaKey(name), meta.SerializeAsString(), lease);
+    *txn.add_success() = PutOp(keys_.MetaKey(name), meta_value, lease);
     FERRY_ASSIGN_OR_RETURN(const TxnResponse resp, Txn(txn, deadline));
     CountWritten(txn, resp);
     if (!resp.succeeded()) {
@@ -79,8 +93,16 @@ absl::StatusOr<uint64_t> EtcdStore::WriteChanges(
     } else {
       *txn.add_compare() = ModRevisionIs(keys_.MetaKey(name), meta_rev);
     }
+    // Up to max_txn_ops operations and kMaxTxnOpBytes bytes, but at
+    // least one, so that the write goes on (etcd says what it refuses).
+    size_t bytes = txn.ByteSizeLong();
+    size_t added = 0;
     while (next < ops.size() &&
            static_cast<size_t>(txn.success_size()) < per_txn) {
+      const size_t op_bytes = ops[next].ByteSizeLong();
+      if (added > 0 && bytes + op_bytes > kMaxTxnOpBytes) break;
+      bytes += op_bytes;
+      ++added;
       *txn.add_success() = std::move(ops[next++]);
     }
     auto resp = Txn(txn, deadline);
@@ -96,8 +118,7 @@ absl::StatusOr<uint64_t> EtcdStore::WriteChanges(
   }
   TxnRequest done;
   *done.add_compare() = ModRevisionIs(keys_.MetaKey(name), meta_rev);
-  *done.add_success() =
-      PutOp(keys_.MetaKey(name), meta.SerializeAsString(), lease);
+  *done.add_success() = PutOp(keys_.MetaKey(name), meta_value, lease);
   auto resp = Txn(done, deadline);
   if (!resp.ok()) return abandon(resp.status());
   CountWritten(done, *resp);
