@@ -127,9 +127,11 @@ absl::StatusOr<TxnResponse> EtcdStore::Txn(const TxnRequest& txn,
           "keep EtcdOptions::max_bytes below its --quota-backend-bytes"));
     }
     // etcd's own check ("request is too large") and its gRPC server's
-    // (max-request-bytes plus 512 KiB): say which limit, and the size.
+    // (max-request-bytes plus 512 KiB; this client's own limit on replies
+    // says "Received ..."): say which limit, and the size.
     if (absl::StrContains(s.error_message(), "request is too large") ||
-        absl::StrContains(s.error_message(), "larger than max")) {
+        absl::StrContains(s.error_message(),
+                          "grpc: received message larger than max")) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "etcd ", Describe(), " refused a transaction of ", txn.ByteSizeLong(),
           " bytes as too large (etcd's "

@@ -199,6 +199,31 @@ TEST(EtcdStoreTest, DescriptorsLargerThanOneEtcdRequest) {
   EXPECT_STATUS(s->Get("huge"), absl::StatusCode::kNotFound);
 }
 
+// A segment is read whole in one reply (one gRPC message, 32 MiB): one
+// that would not fit is refused before anything is written, whether put
+// whole or grown by an update, so that etcd never holds a segment no one
+// can read back (8,000 buffers of 4.6 KiB: 35 MB).
+TEST(EtcdStoreTest, SegmentsTooLargeToReadBackAreRefused) {
+  ASSERT_NE(SharedCluster(), nullptr);
+  ASSERT_OK_AND_ASSIGN(auto s, FreshStore(SharedCluster()->endpoints()));
+  const descriptor::SegmentDescriptor huge = FatSegment("fat", 8000);
+  absl::Status put = s->Put(PutOf(huge, absl::Seconds(30))).status();
+  EXPECT_EQ(put.code(), absl::StatusCode::kResourceExhausted) << put;
+  EXPECT_TRUE(absl::StrContains(put.message(), "to read whole from etcd"))
+      << put;
+  EXPECT_STATUS(s->Get("fat"), absl::StatusCode::kNotFound);
+
+  ASSERT_OK(s->Put(PutOf(FatSegment("fat", 1), absl::Seconds(30))));
+  UpdateBuffersRequest add;
+  add.set_name("fat");
+  add.set_owner_key(TestOwnerKey(1));
+  for (int i = 1; i < 8000; ++i) *add.add_add() = huge.buffers(i);
+  absl::Status grow = s->UpdateBuffers(add).status();
+  EXPECT_EQ(grow.code(), absl::StatusCode::kResourceExhausted) << grow;
+  ASSERT_OK_AND_ASSIGN(descriptor::SegmentDescriptor got, s->Get("fat"));
+  EXPECT_EQ(got.buffers_size(), 1);
+}
+
 // Operation counts alone do not bound a transaction's bytes: with etcd
 // run at --max-txn-ops=1000 and a store that uses them, 600 of the
 // largest buffers would be one 2.7 MiB request, which etcd refuses (its

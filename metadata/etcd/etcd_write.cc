@@ -35,6 +35,31 @@ constexpr int kUsagePage = 512;
 // does, which an etcd run with a larger --max-txn-ops breaks.
 constexpr size_t kMaxTxnOpBytes = size_t{1} << 20;
 
+// What a range reply adds to each key and value it returns, at most: the
+// KeyValue's revisions, version and lease, and the fields' tags and
+// lengths.
+constexpr uint64_t kRangeBytesPerKey = 64;
+// What one whole read of a segment may return: one gRPC message, less
+// room for the reply's header and the segment record, whose change lists
+// (kMaxChangeAddrs addresses) the record's charged bytes do not count.
+constexpr uint64_t kMaxReadBytes = kMaxRpcMessageBytes - (uint64_t{256} << 10);
+
+// ResourceExhausted unless a whole read of segment `name`, holding `bytes`
+// of keys and values in etcd in `buffers` buffer keys, fits one reply: it
+// is one range of its keys, one gRPC message (kMaxRpcMessageBytes), and
+// etcd would otherwise keep a segment no one can read back (as
+// SegmentStore bounds a descriptor to one GetSegment answer).
+absl::Status CheckReadable(const std::string& name, uint64_t bytes,
+                           uint64_t buffers) {
+  const uint64_t read = bytes + buffers * kRangeBytesPerKey;
+  if (read <= kMaxReadBytes) return absl::OkStatus();
+  return absl::ResourceExhaustedError(
+      absl::StrCat("segment '", name, "' would take ", read,
+                   " bytes to read whole from etcd (", buffers,
+                   " buffers, keys and values); at most ", kMaxReadBytes,
+                   ", what one reply may carry"));
+}
+
 size_t OpBytes(const std::vector<RequestOp>& ops) {
   size_t n = 0;
   for (const RequestOp& op : ops) n += op.ByteSizeLong();
@@ -187,6 +212,8 @@ absl::StatusOr<uint64_t> EtcdStore::PutOnce(const PutSegmentRequest& request,
                          request.owner_key().size() +
                          keys_.MetaKey(name).size() +
                          in.buffers_size() * keys_.BufKey(name, 0).size();
+  FERRY_RETURN_IF_ERROR(
+      CheckReadable(name, bytes, static_cast<uint64_t>(in.buffers_size())));
   const bool same_client = before.exists && before.meta.client() == client;
   const uint64_t old_bytes = before.exists ? before.meta.bytes() : 0;
   FERRY_RETURN_IF_ERROR(CheckQuota(client, same_client ? old_bytes : 0,
@@ -371,6 +398,8 @@ absl::StatusOr<uint64_t> EtcdStore::UpdateBuffers(
           descriptor::kMaxKeyIndexEntries, " buffer x device entries"));
     }
     if (delta > 0) {
+      FERRY_RETURN_IF_ERROR(CheckReadable(
+          name, meta.bytes() + static_cast<uint64_t>(delta), count));
       FERRY_RETURN_IF_ERROR(CheckQuota(
           meta.client(), 0, 0, static_cast<uint64_t>(delta), false, deadline));
     }
