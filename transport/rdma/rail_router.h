@@ -12,6 +12,8 @@
 // already failed on only if nothing else is left. The snapshot is updated
 // as slices are assigned (Assign), so the slices of one request spread
 // over all NICs; `rotation` varies where ties start from run to run.
+// SlicePath asks once per stripe (rdma.stripe_bytes of slices that
+// continue each other in memory) and assigns the whole stripe.
 #ifndef FERRY_TRANSPORT_RDMA_RAIL_ROUTER_H_
 #define FERRY_TRANSPORT_RDMA_RAIL_ROUTER_H_
 
