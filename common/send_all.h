@@ -16,7 +16,10 @@ namespace ferry {
 // Returns 0 once everything is sent, else the errno of the failed
 // sendmsg. Advances `iov` in place (the caller's array is consumed).
 // MSG_NOSIGNAL: a peer that went away is an error, not a SIGPIPE.
-inline int SendAll(int fd, iovec* iov, int iovcnt) {
+// `on_sent(n)` is called after each sendmsg that took n > 0 bytes (what
+// the socket holds so far, also when a later sendmsg fails).
+template <typename OnSent>
+int SendAll(int fd, iovec* iov, int iovcnt, OnSent on_sent) {
   while (iovcnt > 0) {
     msghdr msg{};
     msg.msg_iov = iov;
@@ -27,6 +30,7 @@ inline int SendAll(int fd, iovec* iov, int iovcnt) {
       return errno;
     }
     size_t left = static_cast<size_t>(n);
+    if (n > 0) on_sent(left);
     while (iovcnt > 0 && left >= iov->iov_len) {
       left -= iov->iov_len;
       ++iov;
@@ -38,6 +42,10 @@ inline int SendAll(int fd, iovec* iov, int iovcnt) {
     }
   }
   return 0;
+}
+
+inline int SendAll(int fd, iovec* iov, int iovcnt) {
+  return SendAll(fd, iov, iovcnt, [](size_t) {});
 }
 
 }  // namespace ferry

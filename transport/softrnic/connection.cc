@@ -86,18 +86,17 @@ bool Connection::WriteAll(iovec* iov, int iovcnt, Mr* const* pins, int npins) {
   bool ok = !closed();
   if (ok) {
     DmaScope dma;
-    ok = ferry::SendAll(fd_, iov, iovcnt) == 0;
+    // Counted per sendmsg, not once at the end: while a large frame is
+    // being written, the part the socket took already counts (SIOCOUTQ
+    // counts it too), and a write that fails half-way counts what went.
+    ok = ferry::SendAll(fd_, iov, iovcnt, [this](size_t n) {
+           bytes_written_.fetch_add(n, std::memory_order_release);
+         }) == 0;
   }
   for (int i = 0; i < npins; ++i) {
     pins_[1 + i].store(nullptr, std::memory_order_relaxed);
   }
-  if (ok) {
-    uint64_t n = 0;
-    for (int i = 0; i < iovcnt; ++i) n += iov[i].iov_len;
-    bytes_written_.fetch_add(n, std::memory_order_release);
-  } else {
-    Close();
-  }
+  if (!ok) Close();
   return ok;
 }
 
@@ -134,6 +133,8 @@ bool Connection::Read(void* dst, size_t n, Mr* pin) {
     if (r > 0) {
       p += r;
       n -= static_cast<size_t>(r);
+      bytes_read_.fetch_add(static_cast<uint64_t>(r),
+                            std::memory_order_relaxed);
       continue;
     }
     if (r < 0 && errno == EINTR) continue;

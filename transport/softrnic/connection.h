@@ -35,9 +35,13 @@ class Connection {
   int fd() const { return fd_; }
   // Unique in the process, never 0.
   uint64_t id() const { return id_; }
-  // Bytes WriteAll has handed to the socket.
+  // Bytes WriteAll has handed to the socket (counted per sendmsg).
   uint64_t bytes_written() const {
     return bytes_written_.load(std::memory_order_acquire);
+  }
+  // Bytes Read has taken from the socket.
+  uint64_t bytes_read() const {
+    return bytes_read_.load(std::memory_order_relaxed);
   }
   // Bytes handed to the socket that the peer's TCP has acknowledged, read
   // after bytes_written() (so a write racing with it lowers, never raises,
@@ -79,6 +83,7 @@ class Connection {
   std::atomic<bool> closed_{false};
   const uint64_t id_;
   std::atomic<uint64_t> bytes_written_{0};
+  std::atomic<uint64_t> bytes_read_{0};
   std::atomic<const Mr*> pins_[kPinSlots] = {};
 };
 

@@ -231,8 +231,11 @@ void Kick(const std::shared_ptr<Qp>& qp) {
       conn = qp->conn;
       // Only this thread (under send_mu) writes requests to `conn`, so its
       // byte count is where this frame will start.
+      // (Not when the write below is skipped: a frame never written must
+      // not pass for one queued in the connection.)
       w.wire_conn = 0;
-      if (!loopback && conn != nullptr) {
+      if (!loopback && conn != nullptr && !conn->closed() &&
+          qp->dev->LinkUp()) {
         uint64_t frame = 0;
         for (int i = 0; i < niov; ++i) frame += iov[i].iov_len;
         w.wire_end = conn->bytes_written() + frame;

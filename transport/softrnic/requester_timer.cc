@@ -27,11 +27,15 @@ constexpr double kSlowestLinkBytesPerNs = 0.01;
 // for one message (and TCP itself may stall on a loss for its own
 // retransmission timeout). A frame the connection still holds is queued,
 // not lost: TCP delivers it in order or the connection breaks, so
-// resending it would only queue a copy behind it.
+// resending it would only queue a copy behind it. Likewise a delivered
+// request whose answer is arriving (a READ's response data) is answered,
+// not lost: resending it would make the responder send it all again.
 enum class FrontWire {
-  kGone,    // Delivered to the peer's TCP, or no live connection knows it.
-  kMoving,  // Still in the connection, which moved bytes since last time.
-  kStalled  // Still in the connection, which moved nothing since.
+  kGone,    // Delivered and not being answered, or no live connection
+            // knows it.
+  kMoving,  // Still in the connection, which moved bytes out since the
+            // last look; or delivered, and bytes came in since.
+  kStalled  // Still in the connection, which moved nothing out since.
 };
 
 FrontWire WhereIsFront(Qp* qp) ABSL_EXCLUSIVE_LOCKS_REQUIRED(qp->mu) {
@@ -44,13 +48,18 @@ FrontWire WhereIsFront(Qp* qp) ABSL_EXCLUSIVE_LOCKS_REQUIRED(qp->mu) {
   const int64_t got = conn->BytesAcked();
   if (got < 0) return FrontWire::kGone;
   const auto acked = static_cast<uint64_t>(got);
-  if (acked >= w.wire_end) return FrontWire::kGone;
-  const bool moved = conn->id() != qp->timer_conn || acked > qp->timer_acked;
-  if (moved) {
-    qp->timer_conn = conn->id();
-    qp->timer_acked = acked;
-  }
-  return moved ? FrontWire::kMoving : FrontWire::kStalled;
+  const uint64_t read = conn->bytes_read();
+  // A connection's first look counts as movement: one timeout more, once
+  // per connection.
+  const bool fresh = conn->id() != qp->timer_conn;
+  const bool moved_out = fresh || acked > qp->timer_acked;
+  const bool moved_in = fresh || read > qp->timer_read;
+  if (fresh || acked > qp->timer_acked) qp->timer_acked = acked;
+  qp->timer_read = read;
+  qp->timer_conn = conn->id();
+  if (acked >= w.wire_end)
+    return moved_in ? FrontWire::kMoving : FrontWire::kGone;
+  return moved_out ? FrontWire::kMoving : FrontWire::kStalled;
 }
 
 }  // namespace

@@ -452,9 +452,11 @@ struct Qp {
   // No (re)transmission before this.
   Clock::time_point rnr_until ABSL_GUARDED_BY(mu){};
   bool retransmit_pending ABSL_GUARDED_BY(mu) = false;
-  // The bytes of `conn` its peer's TCP had acknowledged when the timer last
-  // looked, and which connection that was (see requester_timer.cc).
+  // The bytes of `conn` its peer's TCP had acknowledged and the bytes read
+  // from it when the timer last looked, and which connection that was (see
+  // requester_timer.cc).
   uint64_t timer_acked ABSL_GUARDED_BY(mu) = 0;
+  uint64_t timer_read ABSL_GUARDED_BY(mu) = 0;
   uint64_t timer_conn ABSL_GUARDED_BY(mu) = 0;
   // Outgoing (requester) connection.
   std::shared_ptr<Connection> conn ABSL_GUARDED_BY(mu);
