@@ -474,7 +474,8 @@ class StripeTest : public RdmaEngineTest,
   };
   Counts Now() {
     Counts c;
-    for (const NicStats& n : initiator_.GetTransportStats()[0].nics) {
+    const std::vector<TransportStats> stats = initiator_.GetTransportStats();
+    for (const NicStats& n : stats[0].nics) {
       c.slices.push_back(n.slices);
       c.wrs += n.work_requests;
     }

@@ -40,6 +40,13 @@ struct RailHealth {
   // A transfer succeeded on the rail once. A rail that never worked is
   // paused at its first error (likely no route between the two NICs).
   bool proven = false;
+  // Why the rail's last connect failed as the rail's fault (the peer
+  // refused it, or our NIC could not make or connect its QPs); OK once a
+  // connection is made. While the pause it earned lasts, no new endpoint
+  // is started on the rail: slices the router sends there anyway (every
+  // other rail is unusable too) fail at once with this reason, as the
+  // peer's backoff does for handshakes that fail as the peer's fault.
+  absl::Status connect_fault;
 };
 
 class Peer : public std::enable_shared_from_this<Peer> {

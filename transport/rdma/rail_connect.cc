@@ -97,6 +97,7 @@ void RailLifecycle::ApplyLocked(Peer* peer, Peer::Rail* rail,
           if (a.confirmed) later->posts.push_back(ep);
           // A connection was made with this run of the peer, either way.
           peer->backoff.Succeeded();
+          rail->health.connect_fault = absl::OkStatus();
           peer->reached.store(true, std::memory_order_relaxed);
           break;
         }
@@ -138,6 +139,7 @@ void RailLifecycle::ApplyLocked(Peer* peer, Peer::Rail* rail,
               absl::ToInt64Nanoseconds(ctx_->options.rdma.pause_duration)
               << std::min<uint32_t>(h.pauses, 6);
           h.paused_until_ns = now + pause;
+          h.connect_fault = a.why;
           ++h.pauses;
           FERRY_LOG_EVERY(kWarn, "rdma", absl::Seconds(1), "rail to '",
                           peer->name(), "' paused for ",

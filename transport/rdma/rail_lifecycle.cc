@@ -117,6 +117,16 @@ std::shared_ptr<Endpoint> RailLifecycle::RailEndpoint(
     }
     if (ep == nullptr) {
       const int64_t now = ctx_->clock->NowNanos();
+      if (!rail.health.connect_fault.ok() &&
+          rail.health.paused_until_ns > now) {
+        *why = absl::UnavailableError(
+            absl::StrCat("RDMA rail ", ctx_->nics[local]->name(), " -> '",
+                         peer->name(), "'/", remote_nic, " paused for another ",
+                         (rail.health.paused_until_ns - now) / 1000000,
+                         " ms after its connect failed: ",
+                         rail.health.connect_fault.message()));
+        return nullptr;
+      }
       if (peer->backoff.Admit(now) == ConnectBackoff::Verdict::kFailFast) {
         // Fail fast while backing off: no reconnect storm.
         *why = absl::UnavailableError(absl::StrCat(
@@ -216,7 +226,10 @@ void RailLifecycle::NoteRailSuccess(Endpoint* ep) {
     FERRY_LOG(kInfo, "rdma", "rail ", ctx_->nics[ep->local_nic()]->name(),
               " -> '", peer->name(), "'/", ep->remote_nic(), " works again");
   }
-  if (suspect) r->health = RailHealth{};
+  // A new endpoint's first success also ends the pauses' growth: a rail
+  // paused for a connect fault once (its QPs ran out for a while) is not
+  // paused longer the next time for it.
+  if (suspect || first) r->health = RailHealth{};
   r->health.proven = true;
 }
 
