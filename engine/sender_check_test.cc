@@ -201,14 +201,17 @@ TEST_F(SenderCheckTest, AReadIsAsOfWhenItBegan) {
     ASSERT_OK(sig);
     joined = check_.Verify("prefill-0", "ipv4:10.0.0.8", content, *sig);
   });
-  // It joins the read (bounded: the held read gives up after 10 s).
-  for (int i = 0; i < 1000 && check_.WaitingForTesting() < 1; ++i) {
+  // It joins the read: both checks wait on it (the first one counts from
+  // the start, so waiting for one would not wait for the second at all;
+  // bounded: the held read gives up after 10 s).
+  for (int i = 0; i < 1000 && check_.WaitingForTesting() < 2; ++i) {
     absl::SleepFor(absl::Milliseconds(5));
   }
-  ASSERT_EQ(check_.WaitingForTesting(), 1);
+  const int waiting = check_.WaitingForTesting();
   store_.Release();
   first.join();
   second.join();
+  EXPECT_EQ(waiting, 2);
   EXPECT_OK(joined);
   EXPECT_EQ(store_.reads(), 2);
 }
