@@ -54,7 +54,7 @@ FrontWire WhereIsFront(Qp* qp) ABSL_EXCLUSIVE_LOCKS_REQUIRED(qp->mu) {
   const bool fresh = conn->id() != qp->timer_conn;
   const bool moved_out = fresh || acked > qp->timer_acked;
   const bool moved_in = fresh || read > qp->timer_read;
-  if (fresh || acked > qp->timer_acked) qp->timer_acked = acked;
+  if (moved_out) qp->timer_acked = acked;
   qp->timer_read = read;
   qp->timer_conn = conn->id();
   if (acked >= w.wire_end)
