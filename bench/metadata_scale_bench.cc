@@ -38,7 +38,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -53,14 +52,15 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/mutex.h"
+#include "common/percentile.h"
 #include "metadata/etcd/etcd_testing.h"
 #include "metadata/metadata_client.h"
 #include "metadata/proto/metadata.pb.h"
 #include "metadata/store.h"
+#include "testing/process_usage.h"
 #include "testing/subprocess.h"
 
 ABSL_FLAG(int, segments, 10000, "segments published");
@@ -231,12 +231,9 @@ class Samples {
     MutexLock lock(&mu_);
     return ms_.size();
   }
-  // The q-quantile (0 if none), as metadata_bench takes it.
   double Quantile(double q) {
     MutexLock lock(&mu_);
-    if (ms_.empty()) return 0;
-    std::sort(ms_.begin(), ms_.end());
-    return ms_[std::min(ms_.size() - 1, static_cast<size_t>(q * ms_.size()))];
+    return Percentile(ms_, q);
   }
   std::string Json(const std::string& name) {
     return absl::StrFormat(
@@ -281,19 +278,12 @@ struct Memory {
   int64_t hwm_kb = -1;
 };
 
-// VmRSS and VmHWM of `pid` from /proc (-1 if unreadable).
+// VmRSS and VmHWM of `pid` (-1 if unreadable).
 Memory ReadMemory(pid_t pid) {
   Memory m;
-  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  while (std::getline(in, line)) {
-    std::vector<std::string> f =
-        absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
-    if (f.size() < 2) continue;
-    int64_t kb = 0;
-    if (!absl::SimpleAtoi(f[1], &kb)) continue;
-    if (f[0] == "VmRSS:") m.rss_kb = kb;
-    if (f[0] == "VmHWM:") m.hwm_kb = kb;
+  if (auto u = testing::ReadProcessUsage(pid); u.ok()) {
+    m.rss_kb = u->rss_kb;
+    m.hwm_kb = u->hwm_kb;
   }
   return m;
 }

@@ -50,6 +50,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/percentile.h"
 #include "ferry/transfer_engine.h"
 
 ABSL_FLAG(std::string, mode, "local", "local | target | initiators");
@@ -159,13 +160,6 @@ absl::Status Storm(Engine* e, const std::vector<std::string>& targets,
   e->first_s = absl::ToDoubleSeconds(absl::Now() - start);
   (void)e->engine.FreeBatch(*batch);
   return s;
-}
-
-double Quantile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t k = static_cast<size_t>(p * static_cast<double>(v.size() - 1));
-  return v[std::min(k, v.size() - 1)];
 }
 
 double MaxRssMib() {
@@ -369,8 +363,8 @@ int Run() {
       std::fclose(f);
     }
   }
-  const double p50 = Quantile(times, 0.5), p99 = Quantile(times, 0.99),
-               mx = Quantile(times, 1.0);
+  const double p50 = Percentile(times, 0.5), p99 = Percentile(times, 0.99),
+               mx = Percentile(times, 1.0);
   if (!first_error.empty()) {
     std::fprintf(stderr, "storm_bench: %d failed; the first: %s\n", failures,
                  first_error.c_str());

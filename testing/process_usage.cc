@@ -31,6 +31,7 @@ absl::StatusOr<ProcessUsage> ReadProcessUsage(pid_t pid) {
     if (f.size() < 2) continue;
     if (f[0] == "Threads:") seen_threads = absl::SimpleAtoi(f[1], &u.threads);
     if (f[0] == "VmRSS:") (void)absl::SimpleAtoi(f[1], &u.rss_kb);
+    if (f[0] == "VmHWM:") (void)absl::SimpleAtoi(f[1], &u.hwm_kb);
   }
   if (!seen_threads) {
     return absl::NotFoundError(absl::StrCat("process ", pid, " is gone"));

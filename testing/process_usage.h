@@ -18,6 +18,7 @@ namespace ferry::testing {
 struct ProcessUsage {
   int threads = 0;
   int64_t rss_kb = 0;
+  int64_t hwm_kb = 0;  // Peak RSS (VmHWM).
   int open_fds = 0;
 };
 

@@ -23,6 +23,7 @@
 #include "bench/bench_memory.h"
 #include "common/mutex.h"
 #include "common/pattern.h"
+#include "common/percentile.h"
 #include "ferry/transfer_engine.h"
 #include "tools/transfer_bench.h"
 #include "tools/transfer_bench_report.h"

@@ -52,13 +52,6 @@ std::string ErrorLog::WithoutNumbers(const std::string& text) {
   return out;
 }
 
-double Percentile(std::vector<double>& v, double p) {
-  if (v.empty()) return 0;
-  size_t k = static_cast<size_t>(p * static_cast<double>(v.size() - 1));
-  std::nth_element(v.begin(), v.begin() + k, v.end());
-  return v[k];
-}
-
 double ReportUnitBytes(const std::string& unit) {
   static constexpr struct {
     const char* name;

@@ -70,10 +70,6 @@ struct Totals {
   ErrorLog error_log;
 };
 
-// The p-th quantile (0..1) of `v`, the nearest rank below; 0 if empty.
-// Reorders `v`.
-double Percentile(std::vector<double>& v, double p);
-
 // Bytes per --report_unit, Mooncake's units (b: bits); 0 if unknown.
 double ReportUnitBytes(const std::string& unit);
 

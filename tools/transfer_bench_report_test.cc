@@ -26,27 +26,6 @@ std::string Contents(FILE* f) {
   return out;
 }
 
-TEST(PercentileTest, EmptyIsZero) {
-  std::vector<double> v;
-  EXPECT_EQ(Percentile(v, 0.5), 0);
-}
-
-TEST(PercentileTest, NearestRankBelow) {
-  std::vector<double> v;
-  for (int i = 100; i >= 1; --i) v.push_back(i);  // Unsorted on purpose.
-  EXPECT_EQ(Percentile(v, 0.0), 1);
-  // Rank 0.5 x 99 = 49.5 rounds down to 49: the 50th value.
-  EXPECT_EQ(Percentile(v, 0.50), 50);
-  EXPECT_EQ(Percentile(v, 0.99), 99);
-  EXPECT_EQ(Percentile(v, 1.0), 100);
-}
-
-TEST(PercentileTest, OneValue) {
-  std::vector<double> v = {42.5};
-  EXPECT_EQ(Percentile(v, 0.5), 42.5);
-  EXPECT_EQ(Percentile(v, 0.99), 42.5);
-}
-
 TEST(ReportUnitBytesTest, MooncakesUnits) {
   EXPECT_EQ(ReportUnitBytes("GB"), 1e9);
   EXPECT_EQ(ReportUnitBytes("MB"), 1e6);
