@@ -27,10 +27,9 @@ fi
 bin="${OPT_BIN:-$(bazel info -c opt bazel-bin 2>/dev/null)}"
 FERRY="$bin/tools/transfer_bench"
 export LD_LIBRARY_PATH="$bin/transport/softrnic"
-# shellcheck source=../testing/ports.sh
-source testing/ports.sh
-tmp="$(mktemp -d)"
-pids=()
+# $tmp, $pids (killed at exit), free_port, wait_target_ready.
+# shellcheck source=bench_lib.sh
+source bench/bench_lib.sh
 # Ends a target started under timeout: SIGTERM, which timeout passes on,
 # then SIGKILL to whatever of it is left (killing timeout alone would leave
 # the target running, and its NIC threads would load the next sample).
@@ -41,12 +40,6 @@ stop() {  # pid
   kill -9 "$1" 2>/dev/null
   wait "$1" 2>/dev/null
 }
-cleanup() {
-  local p
-  for p in "${pids[@]}"; do stop "$p"; done
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
 read -r -a cells <<<"${CELLS:-tcp:write:65536 tcp:write:1048576 tcp:read:65536 tcp:read:1048576 rdma1:write:65536 rdma1:write:1048576 rdma1:read:65536 rdma1:read:1048576 rdma2:write:65536 rdma2:write:1048576 rdma2:read:65536 rdma2:read:1048576}"
 
 devices() {  # config -> FERRY_SOFTRNIC_DEVICES
@@ -65,7 +58,7 @@ ferry() {  # config op block
     --mode=target --protocol=$proto --listen_host=127.0.0.1 --rpc_port="$port" \
     --buffer_size=$((1 << 30)) --target_seconds=$((secs + 40)) >"$log" 2>&1 &
   pids+=($!)
-  for _ in $(seq 300); do grep -q "target ready" "$log" && break; sleep 0.1; done
+  wait_target_ready "$log" "${pids[-1]}" || { stop "${pids[-1]}"; return; }
   FERRY_SOFTRNIC_DEVICES="$(devices "$1")" timeout $((secs + 40)) "$FERRY" \
     --mode=initiator --protocol=$proto --metadata_server="127.0.0.1:$port" \
     --listen_host=127.0.0.1 --operation="$2" --block_size="$3" --batch_size=128 \
