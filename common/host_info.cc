@@ -99,17 +99,26 @@ bool IsLocalAddress(absl::string_view host) {
   return false;
 }
 
-const std::string& NetworkIdentity() {
+const std::string& BootId() {
   static const std::string* id = [] {
     std::string boot;
     std::ifstream in("/proc/sys/kernel/random/boot_id");
     std::getline(in, boot);
-    struct stat st {};
-    const uint64_t netns =
-        ::stat("/proc/self/ns/net", &st) == 0 ? st.st_ino : 0;
-    return new std::string(
-        absl::StrCat(absl::StripAsciiWhitespace(boot), "/net:", netns));
+    return new std::string(absl::StripAsciiWhitespace(boot));
   }();
+  return *id;
+}
+
+uint64_t NamespaceInode(const char* kind) {
+  struct stat st {};
+  return ::stat(absl::StrCat("/proc/self/ns/", kind).c_str(), &st) == 0
+             ? st.st_ino
+             : 0;
+}
+
+const std::string& NetworkIdentity() {
+  static const std::string* id =
+      new std::string(absl::StrCat(BootId(), "/net:", NamespaceInode("net")));
   return *id;
 }
 

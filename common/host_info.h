@@ -4,6 +4,7 @@
 #ifndef FERRY_COMMON_HOST_INFO_H_
 #define FERRY_COMMON_HOST_INFO_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -25,6 +26,12 @@ bool IsLocalAddress(absl::string_view host);
 // namespace. Two processes with the same identity share loopback; with
 // different ones, one cannot reach the other's 127.0.0.1. Computed once.
 const std::string& NetworkIdentity();
+
+// The kernel's boot id (random per boot; computed once), and the inode of
+// this process's namespace of `kind` ("net", "pid"; 0 if unknown): two
+// processes share a namespace when both match.
+const std::string& BootId();
+uint64_t NamespaceInode(const char* kind);
 
 }  // namespace ferry
 

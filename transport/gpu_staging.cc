@@ -19,7 +19,44 @@ absl::Status Staged(const absl::Status& s, const char* what) {
                              "): ", s.message()));
 }
 
+// What PrepareHandle hands out: one address per GPU, the same for every
+// transport (only a null handle or one of these reaches DeviceOf).
+constexpr int kMaxGpus = 64;
+const char kDeviceTags[kMaxGpus] = {};
+
 }  // namespace
+
+absl::StatusOr<MemoryHandle> GpuStaging::PrepareHandle(int device) {
+  if (device < 0 || device >= kMaxGpus) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the ", transport_, " transport stages GPUs 0..",
+                     kMaxGpus - 1, ", not cuda:", device));
+  }
+  // Here, on the registering thread, so that moving the buffer later makes
+  // no CUDA call (a transfer may run in a stream's host function).
+  if (absl::Status s = Prepare(device); !s.ok()) {
+    return absl::Status(
+        s.code(), absl::StrCat("the ", transport_,
+                               " transport cannot stage GPU memory through "
+                               "host memory: ",
+                               s.message()));
+  }
+  return &kDeviceTags[device];
+}
+
+int GpuStaging::DeviceOf(MemoryHandle handle) {
+  const char* p = static_cast<const char*>(handle);
+  if (p < kDeviceTags || p >= kDeviceTags + kMaxGpus) return -1;
+  return static_cast<int>(p - kDeviceTags);
+}
+
+void GpuStaging::AddStats(TransportStats* st) const {
+  const Counters g = counters();
+  st->staged_slices = g.slices;
+  st->staging_waits = g.waits;
+  st->staging_copies = g.copies;
+  st->staging_copy_bytes = g.copy_bytes;
+}
 
 GpuStaging::GpuStaging(StagingPath* path, std::string transport,
                        std::string buffers_option, size_t buffers,

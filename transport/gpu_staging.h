@@ -88,6 +88,14 @@ class GpuStaging {
   // next call tries again.
   absl::Status Prepare(int device);
 
+  // For a transport whose handles of host memory are null (tcp, shm):
+  // Prepare(device) for a GPU buffer being registered, and the handle
+  // that names its device to DeviceOf. InvalidArgument beyond GPU 63;
+  // Prepare's error, saying the transport cannot stage, otherwise.
+  absl::StatusOr<MemoryHandle> PrepareHandle(int device);
+  // The GPU a handle from PrepareHandle names; -1 for any other handle.
+  static int DeviceOf(MemoryHandle handle);
+
   // Moves `slice`, whose local range is device memory of GPU `device`
   // (at most buffer_bytes long), and completes it through its sink.
   // Makes no CUDA call.
@@ -102,6 +110,8 @@ class GpuStaging {
   void Stop();
 
   Counters counters() const;
+  // Copies counters() into the transport's stats.
+  void AddStats(TransportStats* stats) const;
 
  private:
   // One pinned buffer and the slice using it. The slot is the sink of

@@ -327,11 +327,7 @@ TransportStats RdmaTransport::Stats() const {
   st.connect_races = ctx_.counters.connect_races.load();
   st.evictions = ctx_.counters.evictions.load();
   st.retries = ctx_.counters.retries.load();
-  const GpuStaging::Counters g = gpu_staging_->counters();
-  st.staged_slices = g.slices;
-  st.staging_waits = g.waits;
-  st.staging_copies = g.copies;
-  st.staging_copy_bytes = g.copy_bytes;
+  gpu_staging_->AddStats(&st);
   return st;
 }
 

@@ -60,7 +60,6 @@ TcpTransport::TcpTransport(const TransportOptions& options)
       client_(options_.tcp, options_.connect_timeout),
       gpu_staging_(&staging_path_, "TCP", "tcp.staging_buffers",
                    options_.tcp.staging_buffers, options_.tcp.max_slice_bytes) {
-  for (int i = 0; i < kMaxGpus; ++i) gpu_tags_[i].device = i;
 }
 
 TcpTransport::~TcpTransport() { Shutdown(); }
@@ -93,21 +92,9 @@ absl::StatusOr<MemoryHandle> TcpTransport::RegisterMemory(
   // GPU memory is staged through pinned host buffers on both sides (the
   // socket calls cannot touch it); the handle tells Submit which device.
   MemoryHandle local_handle = nullptr;
-  if (region.cuda_device >= kMaxGpus) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the tcp transport stages GPUs 0..", kMaxGpus - 1,
-                     ", not cuda:", region.cuda_device));
-  }
   if (region.cuda_device >= 0) {
-    // Here, on the registering thread, so that moving the buffer later
-    // makes no CUDA call (a transfer may run in a stream's host function).
-    if (absl::Status s = gpu_staging_.Prepare(region.cuda_device); !s.ok()) {
-      return absl::Status(
-          s.code(), absl::StrCat("the tcp transport cannot stage GPU memory "
-                                 "through host memory: ",
-                                 s.message()));
-    }
-    local_handle = &gpu_tags_[region.cuda_device];
+    FERRY_ASSIGN_OR_RETURN(local_handle,
+                           gpu_staging_.PrepareHandle(region.cuda_device));
   }
   if (!region.remote_accessible) {
     FERRY_RETURN_IF_ERROR(registry_.Add(region));
@@ -155,11 +142,11 @@ void TcpTransport::Submit(absl::Span<Slice* const> slices) {
   // one run of the whole span); GPU memory through staging.
   size_t run = 0;
   for (size_t i = 0; i < slices.size(); ++i) {
-    const auto* gpu = static_cast<const GpuTag*>(slices[i]->local_handle);
-    if (gpu == nullptr) continue;
+    const int gpu = GpuStaging::DeviceOf(slices[i]->local_handle);
+    if (gpu < 0) continue;
     if (i > run) client_.Submit(slices.subspan(run, i - run));
     run = i + 1;
-    gpu_staging_.Submit(slices[i], gpu->device);
+    gpu_staging_.Submit(slices[i], gpu);
   }
   if (run < slices.size()) client_.Submit(slices.subspan(run));
 }
@@ -185,11 +172,7 @@ TransportStats TcpTransport::Stats() const {
   st.bad_frames = c.bad_frames;
   st.denied_frames = c.denied;
   st.threads += server_.threads();
-  const GpuStaging::Counters g = gpu_staging_.counters();
-  st.staged_slices = g.slices;
-  st.staging_waits = g.waits;
-  st.staging_copies = g.copies;
-  st.staging_copy_bytes = g.copy_bytes;
+  gpu_staging_.AddStats(&st);
   return st;
 }
 

@@ -140,11 +140,6 @@ class TcpTransport final : public Transport {
   ClientPath staging_path_{&client_};
   GpuStaging gpu_staging_;
   // The local handle of a GPU buffer: which device (host buffers: null).
-  struct GpuTag {
-    int device = -1;
-  };
-  static constexpr int kMaxGpus = 64;
-  GpuTag gpu_tags_[kMaxGpus];
 };
 
 }  // namespace ferry::tcp
