@@ -172,6 +172,33 @@ absl::Status ValidateSegmentDescriptor(const SegmentDescriptor& segment) {
                          "' is not a numeric IPv4 or [IPv6] address:port"));
       }
     }
+    if (t.has_shm()) {
+      const descriptor::ShmEndpoint& m = t.shm();
+      const std::string shm = absl::StrCat(named, ".shm");
+      if (t.transport() != "shm") {
+        return invalid(shm, "set on a transport other than 'shm'");
+      }
+      if (!IsToken(m.host(), kMaxNetworkIdBytes)) {
+        return invalid(absl::StrCat(shm, ".host"),
+                       absl::StrCat("not printable, or over ",
+                                    kMaxNetworkIdBytes, " bytes"));
+      }
+      if (m.pid() == 0 || m.pid() > kMaxPid) {
+        return invalid(absl::StrCat(shm, ".pid"),
+                       absl::StrCat(m.pid(), " is not a process id"));
+      }
+      if (m.table_fd() < 0) {
+        return invalid(absl::StrCat(shm, ".table_fd"),
+                       absl::StrCat(m.table_fd(), " is negative"));
+      }
+      if (m.token().size() != kShmTokenBytes) {
+        return invalid(absl::StrCat(shm, ".token"),
+                       absl::StrCat(m.token().size(), " bytes; expected ",
+                                    kShmTokenBytes));
+      }
+    } else if (t.transport() == "shm") {
+      return invalid(absl::StrCat(named, ".shm"), "missing");
+    }
     if (!t.address().empty()) {
       if (absl::Status s =
               ValidateAddress(absl::StrCat(named, ".address"), t.address());

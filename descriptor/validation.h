@@ -30,6 +30,10 @@ constexpr size_t kMaxTransportNameBytes = 32;
 constexpr size_t kMaxNetworkIdBytes = 128;
 constexpr size_t kMaxDeviceNameBytes = 64;
 constexpr size_t kGidBytes = 16;
+// The shm endpoint's token, and the largest pid Linux hands out
+// (PID_MAX_LIMIT on 64-bit).
+constexpr size_t kShmTokenBytes = 16;
+constexpr uint32_t kMaxPid = 1u << 22;
 
 // A segment name is 1..kMaxSegmentNameBytes printable ASCII characters
 // without spaces, so it can be used in logs and flags unquoted.

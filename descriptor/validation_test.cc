@@ -25,6 +25,13 @@ SegmentDescriptor Good() {
     dev->set_name(nic);
     dev->set_gid(std::string(16, '\1'));
   }
+  TransportEndpoint* shm = d.add_transports();
+  shm->set_transport("shm");
+  shm->mutable_shm()->set_host("boot/pid:4026531836");
+  shm->mutable_shm()->set_pid(1234);
+  shm->mutable_shm()->set_table_fd(7);
+  shm->mutable_shm()->set_token_addr(0x7f0000001000);
+  shm->mutable_shm()->set_token(std::string(16, 't'));
   for (uint64_t addr : {0x10000, 0x30000}) {
     Buffer* b = d.add_buffers();
     b->set_addr(addr);
@@ -100,6 +107,30 @@ TEST(ValidationTest, RefusesEachBadFieldNamingIt) {
          for (int i = 0; i < 10; ++i) {
            d->add_transports()->set_transport("t" + std::to_string(i));
          }
+       }},
+      {"transports[2] ('shm').shm",
+       [](auto* d) { d->mutable_transports(2)->clear_shm(); }},
+      {"transports[2] ('shm').shm.host",
+       [](auto* d) {
+         d->mutable_transports(2)->mutable_shm()->set_host("a b");
+       }},
+      {"transports[2] ('shm').shm.pid",
+       [](auto* d) { d->mutable_transports(2)->mutable_shm()->set_pid(0); }},
+      {"transports[2] ('shm').shm.pid",
+       [](auto* d) {
+         d->mutable_transports(2)->mutable_shm()->set_pid(1u << 23);
+       }},
+      {"transports[2] ('shm').shm.table_fd",
+       [](auto* d) {
+         d->mutable_transports(2)->mutable_shm()->set_table_fd(-1);
+       }},
+      {"transports[2] ('shm').shm.token",
+       [](auto* d) {
+         d->mutable_transports(2)->mutable_shm()->set_token("short");
+       }},
+      {"transports[0] ('tcp').shm",
+       [](auto* d) {
+         *d->mutable_transports(0)->mutable_shm() = d->transports(2).shm();
        }},
       {"buffers[1]", [](auto* d) { d->mutable_buffers(1)->set_addr(0x18000); }},
       {"buffers[0]", [](auto* d) { d->mutable_buffers(0)->set_length(0); }},

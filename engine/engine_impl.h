@@ -169,6 +169,9 @@ class EngineImpl {
   // reaches its buffer `buffer`; `first` if none does (its data path then
   // says why, and what would reach the buffer).
   size_t TransportFor(const SegmentView& v, int buffer, size_t first) const;
+  // Whether segment `v` serves transports_[t] and that transport can reach
+  // it from here (Transport::CanReach: shm needs the same host).
+  bool Serves(const SegmentView& v, size_t t) const;
   // A parked task's descriptor came (SegmentCache's ready callback): run
   // it, or end it with the reason it cannot run.
   void OnDescriptorReady(Task* task, std::shared_ptr<const SegmentView> view,

@@ -210,6 +210,7 @@ absl::Status EngineImpl::BeginRun(const EngineOptions& options, Startup* up) {
   registrations_.Configure(options.mr_cache_bytes, clock_);
   up->topts.tcp = options.tcp;
   up->topts.rdma = options.rdma;
+  up->topts.shm = options.shm;
   up->topts.connect_timeout = options.rpc_timeout;
   FERRY_RETURN_IF_ERROR(ChooseAdvertisedHost(options, up->topts));
   FERRY_RETURN_IF_ERROR(registrations_.StartCache());

@@ -189,10 +189,7 @@ void EngineImpl::OnDescriptorReady(Task* task,
     return;
   }
   size_t t = 0;
-  while (t < transports_.size() &&
-         view->FindTransport(transports_[t]->name()) == nullptr) {
-    ++t;
-  }
+  while (t < transports_.size() && !Serves(*view, t)) ++t;
   if (t == transports_.size()) {
     sink_.FailTask(task, absl::FailedPreconditionError(absl::StrCat(
                              "segment '", view->name(),
@@ -222,19 +219,23 @@ size_t EngineImpl::TransportFor(const SegmentView& v, int buffer,
                                 size_t first) const {
   for (size_t t = first; t < transports_.size(); ++t) {
     const int vt = v.FindTransportIndex(transports_[t]->name());
-    if (vt >= 0 && v.Reaches(vt, buffer)) return t;
+    if (vt >= 0 && v.Reaches(vt, buffer) && transports_[t]->CanReach(v)) {
+      return t;
+    }
   }
   return first;
+}
+
+bool EngineImpl::Serves(const SegmentView& v, size_t t) const {
+  return v.FindTransport(transports_[t]->name()) != nullptr &&
+         transports_[t]->CanReach(v);
 }
 
 absl::Status TargetCursor::Set(SegmentHandle h,
                                std::shared_ptr<const SegmentView> v,
                                const EngineImpl* engine) {
   size_t t = 0;
-  while (t < engine->transports_.size() &&
-         v->FindTransport(engine->transports_[t]->name()) == nullptr) {
-    ++t;
-  }
+  while (t < engine->transports_.size() && !engine->Serves(*v, t)) ++t;
   if (t == engine->transports_.size()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "segment '", v->name(), "' serves none of this engine's transports"));

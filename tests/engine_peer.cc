@@ -16,6 +16,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/str_split.h"
 #include "common/pattern.h"
 #include "ferry/transfer_engine.h"
 
@@ -23,7 +24,8 @@ ABSL_FLAG(std::string, name, "peer", "segment name");
 ABSL_FLAG(std::string, metadata, "embedded", "metadata endpoint");
 ABSL_FLAG(uint64_t, buffer_size, 64 << 20, "registered bytes");
 ABSL_FLAG(uint64_t, seed, 1, "pattern seed of the initial contents");
-ABSL_FLAG(std::string, transport, "tcp", "transport to install: tcp | rdma");
+ABSL_FLAG(std::string, transport, "tcp",
+          "transports to install, in order: tcp | rdma | shm, comma-separated");
 ABSL_FLAG(int64_t, lease_ms, 10000,
           "metadata lease of the segment: a killed peer's name is free again "
           "this long after its last renewal");
@@ -35,7 +37,8 @@ int main(int argc, char** argv) {
   ferry::EngineOptions o;
   o.local_segment_name = absl::GetFlag(FLAGS_name);
   o.metadata_endpoint = absl::GetFlag(FLAGS_metadata);
-  o.transports = {absl::GetFlag(FLAGS_transport)};
+  o.transports =
+      absl::StrSplit(absl::GetFlag(FLAGS_transport), ',', absl::SkipEmpty());
   o.metadata_lease_ttl = absl::Milliseconds(absl::GetFlag(FLAGS_lease_ms));
   if (const int64_t ms = absl::GetFlag(FLAGS_keepalive_ms); ms >= 0) {
     o.rdma.keepalive_interval = absl::Milliseconds(ms);

@@ -111,8 +111,8 @@ std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
   auto where = [](int d) {
     return d < 0 ? std::string("Host") : "Gpu" + std::to_string(d);
   };
-  std::string name = std::string(info.param.transport) + "_" +
-                     where(info.param.local_device) + "_" +
+  std::string name = absl::StrReplaceAll(info.param.transport, {{",", "_"}}) +
+                     "_" + where(info.param.local_device) + "_" +
                      where(info.param.remote_device);
   if (info.param.staging_buffers != 8 ||
       info.param.target_staging_buffers != 8) {
@@ -131,13 +131,14 @@ class GpuEngineTest : public ::testing::TestWithParam<Case> {
     local_ = std::make_unique<TestBuffer>(c.local_device, kBuffer);
     EngineOptions t;
     t.local_segment_name = "target";
-    t.transports = {c.transport};
+    t.transports = absl::StrSplit(c.transport, ',');
     t.transfer_timeout = absl::Seconds(20);
     t.tcp.staging_buffers = c.target_staging_buffers;
     ASSERT_OK(target_.Init(t));
     EngineOptions i = t;
     i.tcp.staging_buffers = c.staging_buffers;
     i.rdma.staging_buffers = c.staging_buffers;
+    i.shm.staging_buffers = c.staging_buffers;
     if (c.target_staging_buffers == 1) {
       // Many requests in a row on one connection: the target's session
       // reads several before it answers one, so they wait for its buffer.
@@ -192,15 +193,25 @@ TEST_P(GpuEngineTest, ReadAndWriteEveryByteVerified) {
     ASSERT_EQ(remote_->Check(off, len, 77), len) << "WRITE of " << len;
     remote_->Fill(off, len, 11);
   }
-  // Staged where the path cannot reach device memory: TCP always, RDMA
-  // where the NICs cannot register it (no GPUDirect).
+  // Staged where the path cannot reach device memory: TCP and shm always,
+  // RDMA where the NICs cannot register it (no GPUDirect).
   const bool gpudirect = *Driver().DmaBufSupported(0);
   const bool staged =
       GetParam().local_device >= 0 &&
-      (GetParam().transport == std::string("tcp") || !gpudirect);
-  const TransportStats st = initiator_.GetTransportStats()[0];
+      (GetParam().transport != std::string("rdma") || !gpudirect);
+  TransportStats st;
+  for (const TransportStats& t : initiator_.GetTransportStats()) {
+    st.staged_slices += t.staged_slices;
+    st.staging_copy_bytes += t.staging_copy_bytes;
+  }
   EXPECT_EQ(st.staged_slices > 0, staged) << st.staged_slices;
   EXPECT_EQ(st.staging_copy_bytes > 0, staged) << st.staging_copy_bytes;
+  // shm moves what it reaches (host memory at the target), TCP the rest.
+  if (GetParam().transport == std::string("shm,tcp")) {
+    const TransportStats shm = initiator_.GetTransportStats()[0];
+    EXPECT_EQ(shm.nics[0].bytes > 0, GetParam().remote_device < 0)
+        << shm.nics[0].bytes;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -210,7 +221,10 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{"rdma", 0, 1, 8, 8}, Case{"rdma", -1, 1, 8, 8},
                       Case{"rdma", 0, -1, 8, 8}, Case{"tcp", 0, 1, 8, 8},
                       Case{"tcp", -1, 1, 8, 8}, Case{"tcp", 0, -1, 8, 8},
-                      Case{"tcp", 0, 1, 1, 8}, Case{"tcp", 0, 1, 8, 1}),
+                      Case{"tcp", 0, 1, 1, 8}, Case{"tcp", 0, 1, 8, 1},
+                      Case{"shm,tcp", 0, -1, 8, 8},
+                      Case{"shm,tcp", -1, 1, 8, 8},
+                      Case{"shm,tcp", 0, 1, 8, 8}),
     CaseName);
 
 // A driver that cannot export dma-bufs and no nvidia-peermem (softgpu with

@@ -99,8 +99,9 @@ ABSL_FLAG(std::string, log_level, "",
           "log levels: a level (debug, info, warn, error, off) or per "
           "component ('warn,rdma=info'); empty: FERRY_LOG_LEVEL, else info");
 ABSL_FLAG(std::string, protocol, "tcp",
-          "tcp | rdma, or a comma-separated list in order of preference "
-          "(a target with rdma,tcp serves initiators of either)");
+          "tcp | rdma | shm, or a comma-separated list in order of "
+          "preference (a target with rdma,tcp serves initiators of either; "
+          "shm,rdma copies directly to a target on this host)");
 ABSL_FLAG(std::string, operation, "write", "read | write");
 ABSL_FLAG(uint64_t, block_size, 65536, "bytes per request");
 // batch_size, threads, duration, block_size and buffer_size default to

@@ -25,6 +25,16 @@ SegmentView::SegmentView(descriptor::SegmentDescriptor desc)
   for (const auto& t : desc_.transports()) {
     device_count_.push_back(t.devices_size());
     std::vector<int64_t>& table = keys_.emplace_back();
+    if (t.transport() == "shm") {
+      // No devices, but a key per buffer: one column, set where the
+      // buffer published one (host memory the target's table serves).
+      device_count_.back() = 1;
+      table.assign(desc_.buffers_size(), -1);
+      for (int b = 0; b < desc_.buffers_size(); ++b) {
+        if (desc_.buffers(b).shm_key() != 0) table[b] = 0;
+      }
+      continue;
+    }
     if (t.devices_size() == 0) continue;
     absl::flat_hash_map<std::string, int> index;
     for (int d = 0; d < t.devices_size(); ++d) index[t.devices(d).name()] = d;

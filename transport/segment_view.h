@@ -44,7 +44,10 @@ class SegmentView {
   // Whether `transport` reaches buffer `buffer`: a transport without
   // per-device keys (TCP) reaches every buffer; one with them (RDMA) only
   // those that published a key for at least one of its devices. GPU memory
-  // that no NIC there could register (no GPUDirect RDMA) has none.
+  // that no NIC there could register (no GPUDirect RDMA) has none. The shm
+  // transport reaches the buffers that published an shm_key (host memory).
+  // Whether a transport reaches the segment at all is the transport's to
+  // say (Transport::CanReach).
   bool Reaches(int transport, int buffer) const {
     const int n = device_count_[transport];
     if (n == 0) return true;

@@ -139,6 +139,16 @@ class Transport {
   // accesses by peers that are in progress.
   virtual absl::Status UnregisterMemory(uintptr_t addr) = 0;
 
+  // Whether this transport can move bytes to the segment `target`
+  // describes at all, given the endpoint it published (the engine has
+  // checked that there is one): the shm transport reaches only an engine
+  // on this host that lets this process at its memory. The engine asks
+  // when it picks a transport for a target (once per run of requests to
+  // it, never per slice) and takes the next transport in its order where
+  // the answer is no. May make local system calls; never waits on the
+  // network. Default: yes.
+  virtual bool CanReach(const SegmentView& target) { return true; }
+
   // Largest slice the transport wants to be given.
   virtual size_t max_slice_bytes() const = 0;
 
@@ -172,6 +182,7 @@ class Transport {
 struct TransportOptions {
   TcpOptions tcp;
   RdmaOptions rdma;
+  ShmOptions shm;
   // Bound of connection set-up (TCP connect, RDMA handshake RPCs).
   absl::Duration connect_timeout = absl::Seconds(3);
 };

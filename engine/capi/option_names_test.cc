@@ -54,7 +54,8 @@ std::set<std::string> ExpectedNames() {
                  const std::string& strct) {
     for (const auto& [type, field] : Fields(header, strct)) {
       if (type == "TcpOptions" || type == "RdmaOptions" ||
-          type == "metadata::EtcdLimits" || type == "Clock*") {
+          type == "ShmOptions" || type == "metadata::EtcdLimits" ||
+          type == "Clock*") {
         continue;  // Nested (named below), or not a string.
       }
       std::string name = prefix + field;
@@ -66,6 +67,7 @@ std::set<std::string> ExpectedNames() {
   add("", "include/ferry/transfer_engine.h", "EngineOptions");
   add("tcp.", "include/ferry/options.h", "TcpOptions");
   add("rdma.", "include/ferry/options.h", "RdmaOptions");
+  add("shm.", "include/ferry/options.h", "ShmOptions");
   add("etcd.", "include/ferry/etcd_limits.h", "EtcdLimits");
   return names;
 }
@@ -98,6 +100,10 @@ TEST(OptionNamesTest, ValuesReachTheirFields) {
   EXPECT_EQ(o.rdma.slice_bytes, 131072u);
   ASSERT_OK(SetOption(o, "rdma.stripe_bytes", "0"));
   EXPECT_EQ(o.rdma.stripe_bytes, 0u);
+  ASSERT_OK(SetOption(o, "shm.copy_threads", "4"));
+  EXPECT_EQ(o.shm.copy_threads, 4);
+  ASSERT_OK(SetOption(o, "shm.unregister_wait_ms", "250"));
+  EXPECT_EQ(o.shm.unregister_wait, absl::Milliseconds(250));
   ASSERT_OK(SetOption(o, "tcp.frame_timeout_ms", "2500"));
   EXPECT_EQ(o.tcp.frame_timeout, absl::Milliseconds(2500));
   ASSERT_OK(SetOption(o, "wait_spin_us", "0"));

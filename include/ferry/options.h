@@ -166,6 +166,38 @@ struct RdmaOptions {
   int staging_buffers = 64;
 };
 
+// The same-host transport, "shm": what a user sees at each limit is
+// explained at the top of transport/shm/shm_transport.h.
+struct ShmOptions {
+  // A request is split into slices of at most this size (4 KiB .. 1 GiB);
+  // one copy (a system call) moves up to 1,024 of them.
+  size_t slice_bytes = 4 << 20;
+  // Threads that copy (1..64). A Submit of at most inline_bytes in all is
+  // copied on the submitting thread instead (no hand-off: small requests
+  // complete before SubmitTransfer returns), while that thread is not
+  // already copying to the same peer.
+  int copy_threads = 2;
+  size_t inline_bytes = 64 << 10;
+  // Target side: remote-accessible buffers registered at once at most
+  // (1..1,048,576; 8 bytes each in the shared table; one more fails its
+  // registration with ResourceExhausted) and initiator copy lanes (16..65,536;
+  // 64 bytes each; each attached peer takes copy_threads + 1 of them, and
+  // a peer that finds none free falls back to the next transport).
+  int max_buffers = 1 << 16;
+  int max_lanes = 1024;
+  // How long UnregisterMemory waits for a peer's copy in progress into the
+  // buffer before it fails with FailedPrecondition naming the peer's pid
+  // (the buffer must then not be freed: that peer may still write it).
+  absl::Duration unregister_wait = absl::Seconds(5);
+  // Initiator side: peers attached at once at most (1..65,536); beyond,
+  // new targets are reached through the next transport.
+  int max_peers = 1024;
+  // Pinned host buffers (of slice_bytes each) through which the initiator's
+  // GPU memory moves (1..1024): a copy system call cannot read device
+  // memory.
+  int staging_buffers = 8;
+};
+
 }  // namespace ferry
 
 #endif  // FERRY_INCLUDE_FERRY_OPTIONS_H_

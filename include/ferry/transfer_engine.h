@@ -115,7 +115,9 @@ struct EngineOptions {
   // (docs/deployment.md lists every port).
   uint16_t rpc_port = 0;
   // Transports to install, in order of preference; a request uses the first
-  // one that the target segment also serves.
+  // one that the target segment also serves and that reaches it from here.
+  // "shm" (same host, direct copies) reaches only engines on this host, so
+  // {"shm", "rdma"} copies to local peers and uses RDMA for the others.
   std::vector<std::string> transports = {"tcp"};
   // Deadline of every metadata and peer RPC.
   absl::Duration rpc_timeout = absl::Seconds(3);
@@ -141,6 +143,7 @@ struct EngineOptions {
   // Per-transport settings (include/ferry/options.h).
   TcpOptions tcp;
   RdmaOptions rdma;
+  ShmOptions shm;
   // How long WaitBatch reaps completions on the calling thread before it
   // blocks, counted from the last completion it saw: while completions
   // keep coming it keeps going (run to completion on the caller's core,

@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "transport/rdma/nic.h"
 #include "transport/rdma/rdma_transport.h"
+#include "transport/shm/shm_transport.h"
 #include "transport/tcp/tcp_transport.h"
 
 namespace ferry {
@@ -34,6 +35,11 @@ const std::vector<Factory>& Factories() {
       {"tcp",
        [](const TransportOptions& o) {
          return std::make_unique<tcp::TcpTransport>(o);
+       },
+       nullptr},
+      {"shm",
+       [](const TransportOptions& o) {
+         return std::make_unique<shm::ShmTransport>(o);
        },
        nullptr},
   };
