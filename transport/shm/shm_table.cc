@@ -2,7 +2,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -20,16 +19,24 @@ constexpr uint32_t kVersion = 1;
 constexpr size_t kHeaderBytes = 4096;
 constexpr size_t kLaneBytes = 64;
 
-// Whether the process `pid` (of this pid namespace) has exited. A process
-// that exists but is not ours to signal (EPERM) is alive.
-bool Exited(pid_t pid) {
-  return pid <= 0 || (::kill(pid, 0) != 0 && errno == ESRCH);
-}
-
 pid_t OwnerPid(uint64_t owner) { return static_cast<pid_t>(owner >> 32); }
 
 size_t TableBytes(uint32_t buffers, uint32_t lanes) {
   return kHeaderBytes + size_t{lanes} * kLaneBytes + size_t{buffers} * 8;
+}
+
+// A lane's owner holds an open-file-description lock on the lane's bytes of
+// the memfd, through its own descriptor of it. The kernel drops the lock
+// when the owner's descriptor closes, which its exit does: so whether a
+// lane's owner lives is asked of the lock, never of a pid (a pid may be
+// reused, a zombie looks alive).
+flock LaneRange(uint32_t lane, short type) {  // NOLINT(runtime/int): flock's
+  flock l{};
+  l.l_type = type;
+  l.l_whence = SEEK_SET;
+  l.l_start = static_cast<off_t>(kHeaderBytes + size_t{lane} * kLaneBytes);
+  l.l_len = static_cast<off_t>(kLaneBytes);
+  return l;
 }
 
 }  // namespace
@@ -80,7 +87,7 @@ absl::StatusOr<std::unique_ptr<ShmTable>> ShmTable::Create(uint32_t buffers,
                                                    " (", lanes, ")"));
   }
   std::unique_ptr<ShmTable> t(new ShmTable);
-  t->fd_ = ::memfd_create("ferry-shm-table", MFD_CLOEXEC);
+  t->fd_ = ::memfd_create("ferry-shm-table", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (t->fd_ < 0) {
     return absl::ResourceExhaustedError(
         absl::StrCat("memfd_create: ", std::strerror(errno)));
@@ -89,6 +96,13 @@ absl::StatusOr<std::unique_ptr<ShmTable>> ShmTable::Create(uint32_t buffers,
   if (::ftruncate(t->fd_, static_cast<off_t>(bytes)) != 0) {
     return absl::ResourceExhaustedError(
         absl::StrCat("ftruncate of the shm table: ", std::strerror(errno)));
+  }
+  // Sealed at its size: a peer that mapped it must never find it shrunk
+  // under its mapping (SIGBUS).
+  if (::fcntl(t->fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) !=
+      0) {
+    return absl::InternalError(
+        absl::StrCat("sealing the shm table: ", std::strerror(errno)));
   }
   void* base =
       ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, t->fd_, 0);
@@ -131,13 +145,22 @@ absl::StatusOr<std::unique_ptr<ShmTable>> ShmTable::Attach(
     return absl::FailedPreconditionError(
         absl::StrCat(path, " is not an shm table (", bytes, " bytes)"));
   }
+  // Only a table sealed against shrinking is safe to map: a truncated one
+  // would fault this process (SIGBUS) on its next look.
+  const int seals = ::fcntl(f, F_GET_SEALS);
+  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
+    ::close(f);
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, " is not a sealed shm table (it could shrink under a mapping)"));
+  }
   void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, f, 0);
-  ::close(f);  // The mapping keeps the memfd.
   if (base == MAP_FAILED) {
+    ::close(f);
     return absl::ResourceExhaustedError(
         absl::StrCat("mmap of ", path, ": ", std::strerror(errno)));
   }
   std::unique_ptr<ShmTable> t(new ShmTable);
+  t->fd_ = f;  // Kept: the lanes' locks are held through it.
   t->base_ = base;
   t->bytes_ = bytes;
   if (absl::Status s = t->Map(base, bytes); !s.ok()) {
@@ -228,11 +251,13 @@ absl::Status ShmTable::RemoveBuffer(uint64_t key, absl::Duration wait,
       if (l->seq.load(std::memory_order_seq_cst) != seq) break;
       uint64_t owner = l->owner.load(std::memory_order_acquire);
       if (owner == 0) break;  // Released (it was done copying).
-      if (Exited(OwnerPid(owner))) {
+      if (!LaneHeld(i)) {
         // Its owner died inside a copy: nothing moves on that lane again.
-        // Free it for the next initiator, even and ownerless.
-        if (l->owner.compare_exchange_strong(owner, 0)) {
-          l->seq.store(seq + 1, std::memory_order_seq_cst);
+        // Even first, then ownerless, so that a new owner never finds the
+        // sequence moved under it.
+        uint64_t odd = seq;
+        if (l->seq.compare_exchange_strong(odd, seq + 1)) {
+          l->owner.compare_exchange_strong(owner, 0);
         }
         break;
       }
@@ -252,25 +277,47 @@ absl::Status ShmTable::RemoveBuffer(uint64_t key, absl::Duration wait,
   return absl::OkStatus();
 }
 
+bool ShmTable::LaneHeld(uint32_t i) const {
+  flock l = LaneRange(i, F_WRLCK);
+  // A lock held through another open file description conflicts; the
+  // owner's lock is never ours (the target does not copy).
+  if (::fcntl(fd_, F_OFD_GETLK, &l) != 0) return true;  // Cannot tell.
+  return l.l_type != F_UNLCK;
+}
+
 absl::StatusOr<uint32_t> ShmTable::ClaimLane(uint64_t owner) {
-  for (uint32_t i = 0; i < lanes_; ++i) {
-    uint64_t expected = 0;
-    if (lane(i)->owner.compare_exchange_strong(expected, owner)) {
-      // A lane is handed on even; make sure (a hostile or dead former
-      // owner may have left it odd).
+  for (int pass = 0; pass < 2; ++pass) {
+    for (uint32_t i = 0; i < lanes_; ++i) {
       Lane* l = lane(i);
-      const uint64_t seq = l->seq.load(std::memory_order_relaxed);
-      if (seq & 1) l->seq.store(seq + 1, std::memory_order_seq_cst);
-      return i;
-    }
-  }
-  for (uint32_t i = 0; i < lanes_; ++i) {
-    uint64_t current = lane(i)->owner.load(std::memory_order_acquire);
-    if (current != 0 && Exited(OwnerPid(current)) &&
-        lane(i)->owner.compare_exchange_strong(current, owner)) {
-      Lane* l = lane(i);
-      const uint64_t seq = l->seq.load(std::memory_order_relaxed);
-      if (seq & 1) l->seq.store(seq + 1, std::memory_order_seq_cst);
+      uint64_t current = l->owner.load(std::memory_order_acquire);
+      // First pass: free lanes; second: lanes whose owner is gone. A lock
+      // of our own never shows in LaneHeld (one open file description),
+      // so our own lanes are skipped by the record of them.
+      if (pass == 0 ? current != 0 : (current == 0 || Mine(i) || LaneHeld(i))) {
+        continue;
+      }
+      if (!l->owner.compare_exchange_strong(current, owner)) continue;
+      flock lock = LaneRange(i, F_WRLCK);
+      if (::fcntl(fd_, F_OFD_SETLK, &lock) != 0) {
+        // Another owner's lock is still there: not ours after all.
+        uint64_t mine = owner;
+        l->owner.compare_exchange_strong(mine, current);
+        continue;
+      }
+      // A target may have freed it between our claim and our lock (it
+      // looked ownerless-and-unlocked): then it is not ours.
+      if (l->owner.load(std::memory_order_acquire) != owner) {
+        flock unlock = LaneRange(i, F_UNLCK);
+        ::fcntl(fd_, F_OFD_SETLK, &unlock);
+        continue;
+      }
+      // A lane is handed on even; a dead former owner may have left it
+      // odd (a target that reclaims it makes it even too: one of the two
+      // exchanges wins).
+      uint64_t seq = l->seq.load(std::memory_order_acquire);
+      if (seq & 1) l->seq.compare_exchange_strong(seq, seq + 1);
+      MutexLock guard(&mu_);
+      mine_.insert(i);
       return i;
     }
   }
@@ -282,7 +329,17 @@ absl::StatusOr<uint32_t> ShmTable::ClaimLane(uint64_t owner) {
 
 void ShmTable::ReleaseLane(uint32_t i, uint64_t owner) {
   if (i >= lanes_) return;
-  lane(i)->owner.compare_exchange_strong(owner, 0);
+  if (lane(i)->owner.compare_exchange_strong(owner, 0)) {
+    flock unlock = LaneRange(i, F_UNLCK);
+    ::fcntl(fd_, F_OFD_SETLK, &unlock);
+  }
+  MutexLock guard(&mu_);
+  mine_.erase(i);
+}
+
+bool ShmTable::Mine(uint32_t i) {
+  MutexLock guard(&mu_);
+  return mine_.contains(i);
 }
 
 void ShmTable::Enter(uint32_t i) {

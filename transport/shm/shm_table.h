@@ -9,10 +9,13 @@
 //   initiator copies only while the entry says live with that generation,
 //   so a stale descriptor never reaches a buffer registered since at the
 //   same index.
-// * Lanes: each initiator claims a few (one per thread that may copy) and
-//   bumps a lane's sequence number to odd before it checks an entry and to
-//   even after its copy. Unregistering marks the entry dead, then waits
-//   for every lane that is odd to move on. Both sides use sequentially
+// * Lanes: each initiator claims a few (one per thread that may copy),
+//   holding an open-file-description lock on each lane's bytes of the
+//   memfd for as long as it owns it (the kernel drops it when the
+//   initiator exits, so the target tells a dead owner without trusting
+//   pids), and bumps a lane's sequence number to odd before it checks an
+//   entry and to even after its copy. Unregistering marks the entry dead, then
+//   waits for every lane that is odd to move on. Both sides use sequentially
 //   consistent operations, so either the initiator sees the entry dead, or
 //   the target sees the lane odd (Dekker's argument): no copy touches a
 //   buffer after RemoveBuffer returned OK.
@@ -38,6 +41,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -70,7 +74,9 @@ class ShmTable {
   ShmTable(const ShmTable&) = delete;
   ShmTable& operator=(const ShmTable&) = delete;
 
-  int fd() const { return fd_; }  // -1 for an attached table.
+  // The table's memfd: the target's own, or the initiator's descriptor of
+  // it (through which it holds its lanes' locks).
+  int fd() const { return fd_; }
   std::string token() const;
   // Where the token lies in this mapping (the target publishes it, so
   // that a peer can read it with process_vm_readv as its probe).
@@ -83,15 +89,18 @@ class ShmTable {
   absl::StatusOr<uint64_t> AddBuffer();
   // Marks the buffer dead (no copy starts on it from now on) and waits up
   // to `wait`, on `clock`, for the copies in progress on any lane to end;
-  // a lane whose owner process has exited is freed instead. The entry is
+  // a lane whose owner is gone (its lock dropped: the process exited) is
+  // freed instead. The entry is
   // free for reuse once this returns OK; after FailedPrecondition (a live
   // owner still copying; the message names its pid) it stays dead and
   // unused. InvalidArgument for a key this table did not hand out.
   absl::Status RemoveBuffer(uint64_t key, absl::Duration wait, Clock* clock);
 
   // Initiator side. Claims a free lane for `owner` (this process's pid in
-  // the high 32 bits, a nonzero tag in the low), taking over a lane whose
-  // owner process has exited if none is free; ResourceExhausted if none.
+  // the high 32 bits, a nonzero tag in the low; shown in the target's
+  // errors), taking over a lane whose owner is gone if none is free, and
+  // holds the lane's lock through fd() until ReleaseLane or this process
+  // exits; ResourceExhausted if none.
   absl::StatusOr<uint32_t> ClaimLane(uint64_t owner);
   void ReleaseLane(uint32_t lane, uint64_t owner);
   // Brackets the checks and copies on one lane: Enter, then Live for each
@@ -108,6 +117,10 @@ class ShmTable {
   // not trusted to be well formed) and sets the views.
   absl::Status Map(void* base, size_t bytes);
   Header* header() const;
+  // Whether some owner holds lane `i`'s lock (see ClaimLane): never true
+  // of this object's own lanes, hence Mine.
+  bool LaneHeld(uint32_t i) const;
+  bool Mine(uint32_t i);
   Lane* lane(uint32_t i) const;
   std::atomic<uint64_t>* entry(uint32_t i) const;
 
@@ -123,6 +136,8 @@ class ShmTable {
   std::vector<uint32_t> generation_ ABSL_GUARDED_BY(mu_);
   std::vector<uint32_t> free_ ABSL_GUARDED_BY(mu_);
   uint32_t next_ ABSL_GUARDED_BY(mu_) = 0;
+  // Initiator side: the lanes claimed through this object.
+  absl::flat_hash_set<uint32_t> mine_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ferry::shm

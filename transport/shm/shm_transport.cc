@@ -13,6 +13,7 @@
 #include <system_error>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/host_info.h"
 #include "common/log.h"
@@ -74,6 +75,28 @@ int YamaScope() {
   int scope = -1;
   if (!(in >> scope)) return -1;
   return scope;
+}
+
+// PR_SET_PTRACER is the process's, and engines come and go: it stays set
+// while some installed shm transport wants it, and is withdrawn with the
+// last.
+Mutex ptracer_mu;
+int ptracer_users ABSL_GUARDED_BY(ptracer_mu) = 0;
+
+absl::Status RetainPtracerAny() {
+  MutexLock lock(&ptracer_mu);
+  if (ptracer_users == 0 &&
+      ::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0) != 0) {
+    return absl::InternalError(
+        absl::StrCat("prctl(PR_SET_PTRACER_ANY): ", std::strerror(errno)));
+  }
+  ++ptracer_users;
+  return absl::OkStatus();
+}
+
+void ReleasePtracerAny() {
+  MutexLock lock(&ptracer_mu);
+  if (--ptracer_users == 0) ::prctl(PR_SET_PTRACER, 0, 0, 0, 0);
 }
 
 absl::Status CopyError(int err, const Slice& s, pid_t pid) {
@@ -159,10 +182,11 @@ absl::Status ShmTransport::Install(const TransportEnv& env,
   if (scope == 1) {
     // The descendants-only rule would keep same-user peers out; letting
     // them in is what installing shm asks for (shm_transport.h).
-    if (::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0) != 0) {
-      FERRY_LOG(kWarn, "shm",
-                "prctl(PR_SET_PTRACER_ANY): ", std::strerror(errno),
+    if (absl::Status s = RetainPtracerAny(); !s.ok()) {
+      FERRY_LOG(kWarn, "shm", s.message(),
                 "; peers on this host may fall back");
+    } else {
+      ptracer_set_ = true;
     }
   } else if (scope >= 2) {
     FERRY_LOG(kWarn, "shm", "kernel.yama.ptrace_scope is ", scope,
@@ -241,30 +265,49 @@ std::shared_ptr<ShmTransport::Peer> ShmTransport::FindPeer(
         ep->shm().host(), "; this process: ", LocalShmHost(), ")"));
     return nullptr;
   }
-  MutexLock lock(&mu_);
-  auto it = peers_.find(target.name());
-  if (it != peers_.end()) {
-    if (it->second->incarnation == target.incarnation() &&
-        !it->second->gone.load(std::memory_order_relaxed)) {
-      return it->second;
+  {
+    MutexLock lock(&mu_);
+    auto it = peers_.find(target.name());
+    if (it != peers_.end()) {
+      if (it->second->incarnation == target.incarnation() &&
+          !it->second->gone.load(std::memory_order_relaxed)) {
+        return it->second;
+      }
+      peers_.erase(it);  // Restarted or exited: attach the new run.
     }
-    peers_.erase(it);  // Restarted or exited: attach the new run.
-  }
-  auto failed = failures_.find(target.name());
-  if (failed != failures_.end() &&
-      failed->second.incarnation == target.incarnation() &&
-      clock_->Now() < failed->second.retry_at) {
-    *why = failed->second.status;
-    return nullptr;
-  }
-  if (peers_.size() >= static_cast<size_t>(options_.shm.max_peers)) {
-    *why = absl::ResourceExhaustedError(
-        absl::StrCat("shm.max_peers (", options_.shm.max_peers,
-                     ") peers are attached already"));
-    return nullptr;
+    auto failed = failures_.find(target.name());
+    if (failed != failures_.end() &&
+        failed->second.incarnation == target.incarnation() &&
+        clock_->Now() < failed->second.retry_at) {
+      *why = failed->second.status;
+      return nullptr;
+    }
+    if (peers_.size() >= static_cast<size_t>(options_.shm.max_peers)) {
+      // Peers whose process exited stay until looked up again: drop them
+      // before refusing a new one.
+      absl::erase_if(peers_, [](const auto& p) {
+        return p.second->gone.load(std::memory_order_relaxed) ||
+               p.second->Exited();
+      });
+    }
+    if (peers_.size() >= static_cast<size_t>(options_.shm.max_peers)) {
+      *why = absl::ResourceExhaustedError(
+          absl::StrCat("shm.max_peers (", options_.shm.max_peers,
+                       ") peers are attached already"));
+      return nullptr;
+    }
+    // One attach per target at a time, outside the lock (it makes system
+    // calls against the target); meanwhile its requests take the next
+    // transport.
+    if (!attaching_.insert(target.name()).second) {
+      *why = absl::UnavailableError("being attached by another thread");
+      return nullptr;
+    }
   }
   attaches_.fetch_add(1, std::memory_order_relaxed);
   auto peer = Attach(target);
+  MutexLock lock(&mu_);
+  attaching_.erase(target.name());
   if (!peer.ok()) {
     attach_failures_.fetch_add(1, std::memory_order_relaxed);
     FERRY_LOG_EVERY(kWarn, "shm", absl::Seconds(10), "cannot attach segment '",
@@ -294,9 +337,17 @@ absl::StatusOr<std::shared_ptr<ShmTransport::Peer>> ShmTransport::Attach(
   // pass, the pidfd names it too, and tells when it exits (a pid may be
   // reused after that; the pidfd cannot).
   peer->pidfd = PidfdOpen(peer->pid);
-  if (peer->pidfd < 0 && errno == ESRCH) {
-    return absl::UnavailableError(
-        absl::StrCat("process ", peer->pid, " has exited"));
+  if (peer->pidfd < 0) {
+    // Without a pidfd, an exited target's pid could be reused by another
+    // process, which would then receive the copies.
+    const int e = errno;
+    if (e == ESRCH) {
+      return absl::UnavailableError(
+          absl::StrCat("process ", peer->pid, " has exited"));
+    }
+    return absl::FailedPreconditionError(
+        absl::StrCat("pidfd_open(", peer->pid, "): ", std::strerror(e),
+                     " (shm needs Linux 5.3 or later)"));
   }
   FERRY_ASSIGN_OR_RETURN(peer->table,
                          ShmTable::Attach(peer->pid, m.table_fd(), m.token()));
@@ -308,11 +359,19 @@ absl::StatusOr<std::shared_ptr<ShmTransport::Peer>> ShmTransport::Attach(
   const ssize_t n = ::process_vm_readv(peer->pid, &local, 1, &remote, 1, 0);
   if (n != static_cast<ssize_t>(sizeof(token))) {
     const int e = n < 0 ? errno : EFAULT;
-    return absl::PermissionDeniedError(absl::StrCat(
-        "process_vm_readv of process ", peer->pid, ": ", std::strerror(e),
-        e == EPERM ? " (ptrace permission: same user, and "
-                     "kernel.yama.ptrace_scope <= 1)"
-                   : ""));
+    const std::string what = absl::StrCat("process_vm_readv of process ",
+                                          peer->pid, ": ", std::strerror(e));
+    if (e == EPERM || e == EACCES) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          what,
+          " (ptrace permission: same user, and kernel.yama.ptrace_scope <= "
+          "1)"));
+    }
+    if (e == ESRCH) return absl::UnavailableError(what);
+    return absl::FailedPreconditionError(
+        absl::StrCat(what,
+                     " (the descriptor's token address is not mapped "
+                     "there)"));
   }
   if (std::memcmp(token, m.token().data(), sizeof(token)) != 0) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -368,6 +427,10 @@ void ShmTransport::HostPath::SubmitStaged(Slice* slice) {
 
 void ShmTransport::SubmitHost(const std::shared_ptr<Peer>& peer,
                               absl::Span<Slice* const> slices) {
+  if (closed_.load(std::memory_order_acquire)) {
+    FailAll(slices, absl::CancelledError("shm transport shut down"));
+    return;
+  }
   size_t bytes = 0;
   for (const Slice* s : slices) bytes += s->length;
   if (bytes <= options_.shm.inline_bytes && peer->inline_mu.TryLock()) {
@@ -397,8 +460,14 @@ void ShmTransport::WorkerLoop(int index) {
       MutexLock lock(&queue_mu_);
       while (queue_.empty() && !stopping_) queue_cv_.Wait(&queue_mu_);
       if (queue_.empty()) return;
-      // Up to one copy's worth; the other threads take what follows.
-      while (!queue_.empty() && jobs.size() < kMaxIov) {
+      // This thread's share of what is queued (so that the copy threads
+      // split one large batch between them), at most one copy's worth.
+      const size_t threads = static_cast<size_t>(options_.shm.copy_threads);
+      const size_t share = std::min(
+          kMaxIov,
+          std::max<size_t>(1, (queue_.size() + threads - 1) / threads));
+      if (queue_.size() > share) queue_cv_.Signal();  // For the rest.
+      while (!queue_.empty() && jobs.size() < share) {
         jobs.push_back(std::move(queue_.front()));
         queue_.pop_front();
       }
@@ -470,6 +539,16 @@ void ShmTransport::CopyRun(Peer& peer, uint32_t lane,
       continue;
     }
     const uint64_t key = s->target->buffer(s->remote_buffer).shm_key();
+    if (key == 0) {
+      // The engine sends it here only when no transport reaches it.
+      status[k] = absl::FailedPreconditionError(absl::StrCat(
+          "shm: buffer 0x",
+          absl::Hex(s->target->buffer(s->remote_buffer).addr()),
+          " of segment '", s->target->name(),
+          "' is not served over shm (GPU memory); list tcp or rdma after "
+          "shm"));
+      continue;
+    }
     if (!peer.table->Live(key)) {
       status[k] = absl::FailedPreconditionError(absl::StrCat(
           "shm: buffer 0x",
@@ -560,11 +639,16 @@ TransportStats ShmTransport::Stats() const {
 }
 
 void ShmTransport::Shutdown() {
+  // First: what staging hands on from here is cancelled, not copied.
+  closed_.store(true, std::memory_order_release);
+  {
+    MutexLock lock(&queue_mu_);
+    stopping_ = true;
+  }
   gpu_staging_.Stop();
   std::deque<Job> left;
   {
     MutexLock lock(&queue_mu_);
-    stopping_ = true;
     left.swap(queue_);
     queue_cv_.SignalAll();
   }
@@ -576,9 +660,26 @@ void ShmTransport::Shutdown() {
     if (t.joinable()) t.join();
   }
   workers_.clear();
-  MutexLock lock(&mu_);
-  peers_.clear();
-  failures_.clear();
+  std::vector<uint64_t> keys;
+  {
+    MutexLock lock(&mu_);
+    peers_.clear();
+    failures_.clear();
+    for (const auto& [addr, key] : keys_) keys.push_back(key);
+    keys_.clear();
+  }
+  // The engine drops its registrations without unregistering them one by
+  // one, and peers keep the table: withdraw every buffer from them (and
+  // wait out their copies) before the application may free it.
+  for (uint64_t key : keys) {
+    absl::Status s =
+        table_->RemoveBuffer(key, options_.shm.unregister_wait, clock_);
+    if (!s.ok()) FERRY_LOG(kError, "shm", "at shutdown: ", s.ToString());
+  }
+  if (ptracer_set_) {
+    ptracer_set_ = false;
+    ReleasePtracerAny();
+  }
 }
 
 }  // namespace ferry::shm

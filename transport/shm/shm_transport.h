@@ -64,6 +64,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "common/mutex.h"
 #include "transport/gpu_staging.h"
 #include "transport/shm/shm_table.h"
@@ -129,6 +130,8 @@ class ShmTransport final : public Transport {
     absl::Status status;
   };
   absl::flat_hash_map<std::string, Failure> failures_ ABSL_GUARDED_BY(mu_);
+  // Targets being attached now (by one thread, outside mu_).
+  absl::flat_hash_set<std::string> attaching_ ABSL_GUARDED_BY(mu_);
   // Keys of this engine's remote-accessible buffers, by address.
   absl::flat_hash_map<uintptr_t, uint64_t> keys_ ABSL_GUARDED_BY(mu_);
 
@@ -136,6 +139,10 @@ class ShmTransport final : public Transport {
   CondVar queue_cv_;
   std::deque<Job> queue_ ABSL_GUARDED_BY(queue_mu_);
   bool stopping_ ABSL_GUARDED_BY(queue_mu_) = false;
+  // Shutdown began: nothing more is copied.
+  std::atomic<bool> closed_{false};
+  // This transport set PR_SET_PTRACER_ANY (Yama scope 1) and must release it.
+  bool ptracer_set_ = false;
   std::vector<std::thread> workers_;
 
   // Counters.

@@ -163,6 +163,34 @@ TEST_F(ShmTransportTest, AStaleDescriptorTouchesNothing) {
   for (size_t i = 0; i < 4096; ++i) ASSERT_EQ(remote_[i], 0xee) << i;
 }
 
+// An engine that shuts down drops its registrations without unregistering
+// them one by one: its peers must still find every buffer withdrawn.
+TEST_F(ShmTransportTest, AShutDownTargetIsWithdrawnFromPeers) {
+  auto view = View(endpoint_);
+  ASSERT_NE(view, nullptr);
+  for (const absl::Status& s : Move(*view, OpCode::kWrite, 0, 4096, 1)) {
+    ASSERT_OK(s);
+  }
+  target_->Shutdown();
+  std::memset(remote_.data(), 0xee, 4096);
+  for (const absl::Status& s : Move(*view, OpCode::kWrite, 0, 4096, 1)) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  }
+  for (size_t i = 0; i < 4096; ++i) ASSERT_EQ(remote_[i], 0xee) << i;
+}
+
+// A target buffer without an shm key (GPU memory) is refused, saying what
+// to list.
+TEST_F(ShmTransportTest, ABufferWithoutAKeyIsRefusedSayingWhy) {
+  buffer_.set_shm_key(0);
+  auto view = View(endpoint_);
+  ASSERT_NE(view, nullptr);
+  for (const absl::Status& s : Move(*view, OpCode::kWrite, 0, 4096, 1)) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "list tcp or rdma")) << s;
+  }
+}
+
 TEST_F(ShmTransportTest, ADeadlineThatPassedCopiesNothing) {
   auto view = View(endpoint_);
   ASSERT_NE(view, nullptr);
