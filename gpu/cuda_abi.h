@@ -88,6 +88,15 @@ enum : unsigned int {
   CU_MEMHOSTALLOC_DEVICEMAP = 0x2,
 };
 
+// An allocation exported to another process (cuIpcGetMemHandle): opaque
+// bytes, passed by value.
+enum : unsigned int { CU_IPC_HANDLE_SIZE = 64 };
+typedef struct CUipcMemHandle_st {
+  char reserved[CU_IPC_HANDLE_SIZE];
+} CUipcMemHandle;
+// cuIpcOpenMemHandle flags.
+enum : unsigned int { CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 0x1 };
+
 // cuStreamCreate flags.
 enum : unsigned int {
   CU_STREAM_DEFAULT = 0x0,
@@ -139,6 +148,20 @@ typedef CUresult (*PFN_cuMemcpyHtoDAsync)(
 typedef CUresult (*PFN_cuMemcpyDtoHAsync)(
     void* dst, CUdeviceptr src, size_t bytes,
     CUstream stream);  // cuMemcpyDtoHAsync_v2
+typedef CUresult (*PFN_cuMemcpyDtoDAsync)(
+    CUdeviceptr dst, CUdeviceptr src, size_t bytes,
+    CUstream stream);  // cuMemcpyDtoDAsync_v2
+// Another process's device allocation: exported (a handle for the whole
+// allocation holding dptr), opened here (a device pointer to its start in
+// this process; opening the same one again counts a reference), and
+// closed. The exporter must not free it while it is open elsewhere.
+typedef CUresult (*PFN_cuIpcGetMemHandle)(
+    CUipcMemHandle* handle, CUdeviceptr dptr);  // cuIpcGetMemHandle
+typedef CUresult (*PFN_cuIpcOpenMemHandle)(
+    CUdeviceptr* pdptr, CUipcMemHandle handle,
+    unsigned int flags);  // cuIpcOpenMemHandle_v2
+typedef CUresult (*PFN_cuIpcCloseMemHandle)(
+    CUdeviceptr dptr);  // cuIpcCloseMemHandle
 typedef CUresult (*PFN_cuMemsetD8)(CUdeviceptr dst, unsigned char value,
                                    size_t n);  // cuMemsetD8_v2
 typedef CUresult (*PFN_cuStreamCreate)(CUstream* stream,

@@ -138,6 +138,10 @@ class CudaDriver {
     PFN_cuMemcpyDtoD cuMemcpyDtoD;
     PFN_cuMemcpyHtoDAsync cuMemcpyHtoDAsync;
     PFN_cuMemcpyDtoHAsync cuMemcpyDtoHAsync;
+    PFN_cuMemcpyDtoDAsync cuMemcpyDtoDAsync;
+    PFN_cuIpcGetMemHandle cuIpcGetMemHandle;
+    PFN_cuIpcOpenMemHandle cuIpcOpenMemHandle;
+    PFN_cuIpcCloseMemHandle cuIpcCloseMemHandle;
     PFN_cuMemsetD8 cuMemsetD8;
     PFN_cuStreamCreate cuStreamCreate;
     PFN_cuStreamDestroy cuStreamDestroy;

@@ -316,6 +316,36 @@ SOFTGPU_EXPORT CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src,
 }
 SOFTGPU_CHECK_TYPE(cuMemcpyDtoHAsync_v2, PFN_cuMemcpyDtoHAsync);
 
+SOFTGPU_EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src,
+                                             size_t bytes, CUstream stream) {
+  return WithDriver([&](Driver& d) -> CUresult {
+    return d.Memcpy(Device(dst), Device(src), bytes, /*async=*/true, stream);
+  });
+}
+SOFTGPU_CHECK_TYPE(cuMemcpyDtoDAsync_v2, PFN_cuMemcpyDtoDAsync);
+
+SOFTGPU_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle* handle,
+                                          CUdeviceptr dptr) {
+  return WithDriver(
+      [&](Driver& d) -> CUresult { return d.IpcGetMemHandle(handle, dptr); });
+}
+SOFTGPU_CHECK_TYPE(cuIpcGetMemHandle, PFN_cuIpcGetMemHandle);
+
+SOFTGPU_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr* pdptr,
+                                              CUipcMemHandle handle,
+                                              unsigned int flags) {
+  return WithDriver([&](Driver& d) -> CUresult {
+    return d.IpcOpenMemHandle(pdptr, handle, flags);
+  });
+}
+SOFTGPU_CHECK_TYPE(cuIpcOpenMemHandle_v2, PFN_cuIpcOpenMemHandle);
+
+SOFTGPU_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
+  return WithDriver(
+      [&](Driver& d) -> CUresult { return d.IpcCloseMemHandle(dptr); });
+}
+SOFTGPU_CHECK_TYPE(cuIpcCloseMemHandle, PFN_cuIpcCloseMemHandle);
+
 SOFTGPU_EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value,
                                       size_t n) {
   return WithDriver(

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -65,6 +66,24 @@ std::shared_ptr<const Allocation> Allocation::New(Kind kind, int device,
   a->base_ = reservation;
   void* data = mmap(nullptr, mapped_size, PROT_READ | PROT_WRITE, MAP_SHARED,
                     a->memfd_, 0);
+  if (data == MAP_FAILED) return nullptr;
+  a->data_ = static_cast<char*>(data);
+  return a;
+}
+
+std::shared_ptr<const Allocation> Allocation::Import(int device,
+                                                     uint64_t buffer_id,
+                                                     int memfd, size_t size,
+                                                     size_t mapped_size) {
+  std::shared_ptr<Allocation> a(
+      new Allocation(device, buffer_id, size, mapped_size));
+  a->memfd_ = memfd;  // Closed by the destructor, whatever happens below.
+  void* r = mmap(nullptr, mapped_size, PROT_NONE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (r == MAP_FAILED) return nullptr;
+  a->base_ = reinterpret_cast<uintptr_t>(r);
+  void* data =
+      mmap(nullptr, mapped_size, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
   if (data == MAP_FAILED) return nullptr;
   a->data_ = static_cast<char*>(data);
   return a;
@@ -156,7 +175,10 @@ CUresult Driver::MemFree(CUdeviceptr dptr) {
   Entry freed;  // unmapped after the lock is dropped
   MutexLock lock(&mu_);
   auto it = device_memory_.find(dptr);
-  if (it == device_memory_.end()) return CUDA_ERROR_INVALID_VALUE;
+  // Memory opened from another process is closed, never freed.
+  if (it == device_memory_.end() || it->second.imports > 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   freed = std::move(it->second);
   device_memory_.erase(it);
   used_bytes_[freed.allocation->device()] -= freed.allocation->mapped_size();
@@ -345,6 +367,122 @@ CUresult Driver::ExportDmabuf(void* handle, CUdeviceptr dptr, size_t size,
     return CUDA_ERROR_UNKNOWN;
   }
   *static_cast<int*>(handle) = fd;
+  return CUDA_SUCCESS;
+}
+
+namespace {
+
+// What a softgpu CUipcMemHandle holds (the rest of its 64 bytes is zero).
+struct IpcHandle {
+  uint32_t magic;
+  uint32_t version;
+  int32_t pid;
+  int32_t memfd;
+  uint64_t buffer_id;
+  uint64_t size;
+  uint64_t mapped_size;
+  int32_t device;
+};
+static_assert(sizeof(IpcHandle) <= CU_IPC_HANDLE_SIZE);
+constexpr uint32_t kIpcMagic = 0x53475049;  // "IPGS"
+
+}  // namespace
+
+CUresult Driver::IpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr dptr) {
+  if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  MutexLock lock(&mu_);
+  const Entry* e = Find(device_memory_, dptr, 0);
+  // Only memory this process allocated: an opened handle is not exported
+  // again.
+  if (e == nullptr || e->imports > 0) return CUDA_ERROR_INVALID_VALUE;
+  IpcHandle h{};
+  h.magic = kIpcMagic;
+  h.version = 1;
+  h.pid = getpid();
+  h.memfd = e->allocation->memfd();
+  h.buffer_id = e->allocation->buffer_id();
+  h.size = e->allocation->size();
+  h.mapped_size = e->allocation->mapped_size();
+  h.device = e->allocation->device();
+  std::memset(handle, 0, sizeof(*handle));
+  std::memcpy(handle->reserved, &h, sizeof(h));
+  return CUDA_SUCCESS;
+}
+
+CUresult Driver::IpcOpenMemHandle(CUdeviceptr* pdptr,
+                                  const CUipcMemHandle& handle,
+                                  unsigned int flags) {
+  if (pdptr == nullptr || (flags & ~CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) != 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  IpcHandle h;
+  std::memcpy(&h, handle.reserved, sizeof(h));
+  if (h.magic != kIpcMagic || h.version != 1 || h.pid <= 0 || h.memfd < 0 ||
+      h.size == 0 || h.mapped_size < h.size ||
+      h.mapped_size % page_size_ != 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (h.pid == getpid()) return CUDA_ERROR_INVALID_CONTEXT;
+  int dev = 0;
+  {
+    MutexLock lock(&mu_);
+    if (CUresult r = CurrentDevice(&dev); r != CUDA_SUCCESS) return r;
+    for (auto& [base, e] : device_memory_) {
+      if (e.imports > 0 && e.exporter == h.pid &&
+          e.exported_id == h.buffer_id) {
+        ++e.imports;
+        *pdptr = base;
+        return CUDA_SUCCESS;
+      }
+    }
+  }
+  // The exporter's memfd, checked to be the allocation the handle names
+  // (its name carries the device and buffer id) and as large.
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%d/fd/%d", h.pid, h.memfd);
+  char target[128];
+  const ssize_t n = readlink(path, target, sizeof(target) - 1);
+  if (n <= 0) return CUDA_ERROR_INVALID_HANDLE;  // Exited, or not ours.
+  target[n] = '\0';
+  char want[96];
+  std::snprintf(want, sizeof(want), "/memfd:%sdev%d-%llu", kMemfdNamePrefix,
+                h.device, static_cast<unsigned long long>(h.buffer_id));
+  if (std::strncmp(target, want, std::strlen(want)) != 0 ||
+      (target[std::strlen(want)] != '\0' && target[std::strlen(want)] != ' ')) {
+    return CUDA_ERROR_INVALID_HANDLE;  // The fd names something else now.
+  }
+  const int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) return CUDA_ERROR_INVALID_HANDLE;
+  struct stat st {};
+  if (fstat(fd, &st) != 0 ||
+      static_cast<uint64_t>(st.st_size) != h.mapped_size) {
+    close(fd);
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
+  MutexLock lock(&mu_);
+  auto a =
+      Allocation::Import(dev, next_buffer_id_++, fd, h.size, h.mapped_size);
+  if (a == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  const uintptr_t base = a->base();
+  Entry e{std::move(a), 0};
+  e.imports = 1;
+  e.exporter = h.pid;
+  e.exported_id = h.buffer_id;
+  device_memory_[base] = std::move(e);
+  *pdptr = base;
+  return CUDA_SUCCESS;
+}
+
+CUresult Driver::IpcCloseMemHandle(CUdeviceptr dptr) {
+  Entry closed;  // unmapped after the lock is dropped
+  MutexLock lock(&mu_);
+  auto it = device_memory_.find(dptr);
+  if (it == device_memory_.end() || it->second.imports == 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (--it->second.imports > 0) return CUDA_SUCCESS;
+  closed = std::move(it->second);
+  device_memory_.erase(it);
   return CUDA_SUCCESS;
 }
 

@@ -17,6 +17,8 @@
 #ifndef FERRY_GPU_SOFTGPU_SOFTGPU_H_
 #define FERRY_GPU_SOFTGPU_SOFTGPU_H_
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -157,6 +159,12 @@ class Allocation {
                                                uint64_t buffer_id, size_t size,
                                                size_t mapped_size,
                                                uintptr_t reservation = 0);
+  // Device memory whose bytes are an existing memfd (another process's
+  // allocation, for IPC): takes `memfd` over, closing it on failure too.
+  static std::shared_ptr<const Allocation> Import(int device,
+                                                  uint64_t buffer_id, int memfd,
+                                                  size_t size,
+                                                  size_t mapped_size);
   ~Allocation();
   Allocation(const Allocation&) = delete;
   Allocation& operator=(const Allocation&) = delete;
@@ -263,6 +271,17 @@ class Driver {
   CUresult SetSyncMemops(uintptr_t ptr, unsigned int value);
   CUresult ExportDmabuf(void* handle, CUdeviceptr dptr, size_t size,
                         CUmemRangeHandleType type, unsigned long long flags);
+  // CUDA IPC (memory.cc). A handle names the exporting process, its
+  // allocation's memfd and buffer id; opening one reopens that memfd
+  // through /proc/PID/fd (the ptrace permission a real driver's IPC does
+  // not need: processes of one user have it) and maps it behind a
+  // reservation of its own, on the device of the caller's context. A
+  // process cannot open its own handles (as with NVIDIA's driver); one
+  // opened twice is counted, and unmapped at its last close.
+  CUresult IpcGetMemHandle(CUipcMemHandle* handle, CUdeviceptr dptr);
+  CUresult IpcOpenMemHandle(CUdeviceptr* pdptr, const CUipcMemHandle& handle,
+                            unsigned int flags);
+  CUresult IpcCloseMemHandle(CUdeviceptr dptr);
 
   // Streams (context.cc).
   CUresult StreamCreate(CUstream* stream, unsigned int flags);
@@ -276,6 +295,11 @@ class Driver {
   struct Entry {
     std::shared_ptr<const Allocation> allocation;
     unsigned int sync_memops = 0;
+    // Opened from another process's handle (cuIpcOpenMemHandle): closed,
+    // never freed, and counted per open. The exporter and its buffer id.
+    int imports = 0;
+    pid_t exporter = 0;
+    uint64_t exported_id = 0;
   };
   // Where one end of a copy reads or writes, and the allocation that must
   // stay mapped until it has.

@@ -696,6 +696,45 @@ TEST_F(SoftgpuTest, AddressRangeIsTheAllocation) {
                                      reinterpret_cast<CUdeviceptr>(&on_stack)));
 }
 
+// IPC handles name an allocation of this process; opening one is for other
+// processes (tests/gpu_engine_test GpuShmIpcTest does it, through the shm
+// transport), never this one, as with NVIDIA's driver.
+TEST_F(SoftgpuTest, IpcHandlesAreForOtherProcesses) {
+  DeviceBuffer a(8192);
+  ASSERT_CU_OK(a.result());
+  CUipcMemHandle h;
+  ASSERT_CU_OK(cu_.cuIpcGetMemHandle(&h, a.ptr() + 100));  // Any byte of it.
+  CUdeviceptr p = 0;
+  EXPECT_CU(CUDA_ERROR_INVALID_CONTEXT,
+            cu_.cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, cu_.cuIpcOpenMemHandle(&p, h, 0x80));
+  CUipcMemHandle garbage;
+  std::memset(&garbage, 0x5a, sizeof(garbage));
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, cu_.cuIpcOpenMemHandle(&p, garbage, 0));
+  int on_stack = 0;
+  EXPECT_CU(
+      CUDA_ERROR_INVALID_VALUE,
+      cu_.cuIpcGetMemHandle(&h, reinterpret_cast<CUdeviceptr>(&on_stack)));
+  EXPECT_CU(CUDA_ERROR_INVALID_VALUE, cu_.cuIpcCloseMemHandle(a.ptr()));
+}
+
+TEST_F(SoftgpuTest, AsyncDeviceToDeviceCopiesOnAStream) {
+  const size_t n = 3 << 20;
+  DeviceBuffer a(n), b(n);
+  ASSERT_CU_OK(a.result());
+  ASSERT_CU_OK(b.result());
+  std::vector<uint8_t> host(n), back(n);
+  for (size_t i = 0; i < n; ++i) host[i] = static_cast<uint8_t>(i * 7);
+  ASSERT_CU_OK(cu_.cuMemcpyHtoD(a.ptr(), host.data(), n));
+  CUstream s = nullptr;
+  ASSERT_CU_OK(cu_.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  ASSERT_CU_OK(cu_.cuMemcpyDtoDAsync(b.ptr(), a.ptr(), n, s));
+  ASSERT_CU_OK(cu_.cuStreamSynchronize(s));
+  ASSERT_CU_OK(cu_.cuMemcpyDtoH(back.data(), b.ptr(), n));
+  EXPECT_EQ(back, host);
+  ASSERT_CU_OK(cu_.cuStreamDestroy(s));
+}
+
 TEST_F(SoftgpuTest, OutOfMemoryIsPerDevice) {
   const size_t all = kMemoryMib << 20;
   DeviceBuffer whole(all);

@@ -44,6 +44,10 @@ namespace softgpu {
   X(cuMemcpyDtoD, "cuMemcpyDtoD_v2")                           \
   X(cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2")                 \
   X(cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2")                 \
+  X(cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2")                 \
+  X(cuIpcGetMemHandle, "cuIpcGetMemHandle")                    \
+  X(cuIpcOpenMemHandle, "cuIpcOpenMemHandle_v2")               \
+  X(cuIpcCloseMemHandle, "cuIpcCloseMemHandle")                \
   X(cuMemsetD8, "cuMemsetD8_v2")                               \
   X(cuStreamCreate, "cuStreamCreate")                          \
   X(cuStreamDestroy, "cuStreamDestroy_v2")                     \
