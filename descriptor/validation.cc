@@ -268,6 +268,20 @@ absl::Status ValidateSegmentDescriptor(const SegmentDescriptor& segment) {
     if (absl::Status s = ValidateBufferAt(field, b); !s.ok()) {
       return with_where(s);
     }
+    if (b.has_cuda_ipc()) {
+      if (b.cuda_ipc().handle().size() != kCudaIpcHandleBytes) {
+        return invalid(absl::StrCat(field, ".cuda_ipc.handle"),
+                       absl::StrCat(b.cuda_ipc().handle().size(),
+                                    " bytes; expected ", kCudaIpcHandleBytes));
+      }
+      // The allocation starts at or before the buffer.
+      if (b.cuda_ipc().base() == 0 || b.cuda_ipc().base() > b.addr()) {
+        return invalid(absl::StrCat(field, ".cuda_ipc.base"),
+                       absl::StrCat("0x", absl::Hex(b.cuda_ipc().base()),
+                                    " is not at or below the buffer's "
+                                    "address"));
+      }
+    }
     for (int k = 0; k < b.keys_size(); ++k) {
       if (!devices.contains(b.keys(k).nic())) {
         return invalid(absl::StrCat(field, ".keys[", k, "].nic"),

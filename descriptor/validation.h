@@ -33,6 +33,7 @@ constexpr size_t kGidBytes = 16;
 // The shm endpoint's token, and the largest pid Linux hands out
 // (PID_MAX_LIMIT on 64-bit).
 constexpr size_t kShmTokenBytes = 16;
+constexpr size_t kCudaIpcHandleBytes = 64;
 constexpr uint32_t kMaxPid = 1u << 22;
 
 // A segment name is 1..kMaxSegmentNameBytes printable ASCII characters

@@ -13,12 +13,14 @@
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_split.h"
 #include "common/pattern.h"
 #include "ferry/transfer_engine.h"
+#include "gpu/cuda_driver.h"
 
 ABSL_FLAG(std::string, name, "peer", "segment name");
 ABSL_FLAG(std::string, metadata, "embedded", "metadata endpoint");
@@ -29,6 +31,9 @@ ABSL_FLAG(std::string, transport, "tcp",
 ABSL_FLAG(int64_t, lease_ms, 10000,
           "metadata lease of the segment: a killed peer's name is free again "
           "this long after its last renewal");
+ABSL_FLAG(int, gpu, -1,
+          "register device memory of this GPU (the process's CUDA driver: "
+          "FERRY_CUDA_LIBRARY) instead of host memory; -1: host memory");
 ABSL_FLAG(int64_t, keepalive_ms, -1,
           "rdma.keepalive_interval in ms (0: no probes; -1: the default)");
 
@@ -49,9 +54,47 @@ int main(int argc, char** argv) {
     return 1;
   }
   const size_t size = absl::GetFlag(FLAGS_buffer_size);
-  auto* buf = static_cast<uint8_t*>(std::malloc(size));
-  ferry::FillPattern(buf, size, 0, absl::GetFlag(FLAGS_seed));
-  if (absl::Status s = engine.RegisterLocalMemory(buf, size, "cpu:0", true);
+  const int gpu = absl::GetFlag(FLAGS_gpu);
+  // The bytes as the commands see them: host memory, or device memory
+  // reached through a host copy.
+  const ferry::gpu::CudaDriver* driver = nullptr;
+  uint8_t* buf = nullptr;
+  std::vector<uint8_t> shadow;
+  if (gpu >= 0) {
+    auto d = ferry::gpu::CudaDriver::Get();
+    CUdeviceptr p = 0;
+    if (!d.ok() || !(*d)->UseDevice(gpu).ok() ||
+        (*d)->api().cuMemAlloc(&p, size) != CUDA_SUCCESS) {
+      std::printf("ERR no GPU memory: %s\n", d.status().ToString().c_str());
+      return 1;
+    }
+    driver = *d;
+    buf = reinterpret_cast<uint8_t*>(p);
+    shadow.resize(size);
+  } else {
+    buf = static_cast<uint8_t*>(std::malloc(size));
+  }
+  auto fill = [&](size_t off, size_t len, uint64_t seed) {
+    if (driver == nullptr) return ferry::FillPattern(buf + off, len, off, seed);
+    ferry::FillPattern(shadow.data(), len, off, seed);
+    (void)driver->CopyToDevice(reinterpret_cast<CUdeviceptr>(buf + off),
+                               shadow.data(), len);
+  };
+  auto check = [&](size_t off, size_t len, uint64_t seed) {
+    if (driver == nullptr)
+      return ferry::CheckPattern(buf + off, len, off, seed);
+    if (!driver
+             ->CopyFromDevice(shadow.data(),
+                              reinterpret_cast<CUdeviceptr>(buf + off), len)
+             .ok()) {
+      return size_t{0};
+    }
+    return ferry::CheckPattern(shadow.data(), len, off, seed);
+  };
+  fill(0, size, absl::GetFlag(FLAGS_seed));
+  const std::string location =
+      gpu >= 0 ? "cuda:" + std::to_string(gpu) : std::string("cpu:0");
+  if (absl::Status s = engine.RegisterLocalMemory(buf, size, location, true);
       !s.ok()) {
     std::printf("ERR %s\n", s.ToString().c_str());
     return 1;
@@ -69,16 +112,16 @@ int main(int argc, char** argv) {
     if ((cmd == "check" || cmd == "fill") && (off > size || len > size - off)) {
       std::printf("ERR range\n");
     } else if (cmd == "check") {
-      size_t bad = ferry::CheckPattern(buf + off, len, off, seed);
+      size_t bad = check(off, len, seed);
       if (bad == len) {
         std::printf("OK\n");
       } else {
         std::printf("BAD %zu\n", bad);
       }
     } else if (cmd == "fill") {
-      ferry::FillPattern(buf + off, len, off, seed);
+      fill(off, len, seed);
       std::printf("OK\n");
-    } else if (cmd == "zero") {
+    } else if (cmd == "zero" && driver == nullptr) {
       std::memset(buf, 0, size);
       std::printf("OK\n");
     } else if (cmd == "unregister") {
@@ -90,6 +133,6 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   }
   engine.Shutdown();
-  std::free(buf);
+  if (driver == nullptr) std::free(buf);
   return 0;
 }

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "common/pattern.h"
@@ -21,6 +22,7 @@
 #include "gpu/cuda_driver.h"
 #include "gpu/softgpu_testing.h"
 #include "gtest/gtest.h"
+#include "testing/subprocess.h"
 
 namespace ferry {
 namespace {
@@ -193,12 +195,15 @@ TEST_P(GpuEngineTest, ReadAndWriteEveryByteVerified) {
     ASSERT_EQ(remote_->Check(off, len, 77), len) << "WRITE of " << len;
     remote_->Fill(off, len, 11);
   }
-  // Staged where the path cannot reach device memory: TCP and shm always,
-  // RDMA where the NICs cannot register it (no GPUDirect).
+  // Staged where the path cannot reach device memory: TCP always, RDMA
+  // where the NICs cannot register it (no GPUDirect), shm into the peer's
+  // host memory (into its GPU memory the GPU copies, through CUDA IPC).
   const bool gpudirect = *Driver().DmaBufSupported(0);
+  const std::string transport = GetParam().transport;
   const bool staged =
       GetParam().local_device >= 0 &&
-      (GetParam().transport != std::string("rdma") || !gpudirect);
+      (transport == "tcp" || (transport == "rdma" && !gpudirect) ||
+       (transport == "shm,tcp" && GetParam().remote_device < 0));
   TransportStats st;
   for (const TransportStats& t : initiator_.GetTransportStats()) {
     st.staged_slices += t.staged_slices;
@@ -206,11 +211,11 @@ TEST_P(GpuEngineTest, ReadAndWriteEveryByteVerified) {
   }
   EXPECT_EQ(st.staged_slices > 0, staged) << st.staged_slices;
   EXPECT_EQ(st.staging_copy_bytes > 0, staged) << st.staging_copy_bytes;
-  // shm moves what it reaches (host memory at the target), TCP the rest.
-  if (GetParam().transport == std::string("shm,tcp")) {
-    const TransportStats shm = initiator_.GetTransportStats()[0];
-    EXPECT_EQ(shm.nics[0].bytes > 0, GetParam().remote_device < 0)
-        << shm.nics[0].bytes;
+  // shm reaches all of it, host and GPU memory; TCP stays idle.
+  if (transport == "shm,tcp") {
+    const std::vector<TransportStats> all = initiator_.GetTransportStats();
+    EXPECT_GT(all[0].nics[0].bytes, 0u);
+    EXPECT_EQ(all[1].nics[0].bytes, 0u);
   }
 }
 
@@ -236,6 +241,68 @@ INSTANTIATE_TEST_SUITE_P(NoGpuDirect, GpuEngineTest,
                          ::testing::Values(Case{"rdma", 0, -1, 8, 8},
                                            Case{"rdma", 0, -1, 1, 8}),
                          CaseName);
+
+// The target's GPU memory in another process on this host, over shm: the
+// initiator opens the driver's IPC handle once and copies with the GPU,
+// from host memory and from its own GPU memory; TCP stays idle and nothing
+// is staged. An unregistered buffer is then never touched.
+TEST(GpuShmIpcTest, AnotherProcesssGpuMemoryOverCudaIpc) {
+  constexpr size_t kBytes = 4 << 20;
+  Driver();  // softgpu; FERRY_CUDA_LIBRARY is inherited by the peer.
+  TransferEngine engine;
+  EngineOptions o;
+  o.local_segment_name = "initiator";
+  o.transports = {"shm", "tcp"};
+  ASSERT_OK(engine.Init(o));
+  auto peer = testing::Subprocess::Start(
+      {testing::RunfilePath("tests/engine_peer"), "--name=peer",
+       absl::StrCat("--metadata=", engine.metadata_address()),
+       absl::StrCat("--buffer_size=", kBytes), "--transport=shm,tcp", "--gpu=1",
+       "--seed=3"});
+  ASSERT_OK(peer);
+  auto ready = (*peer)->ReadLine(absl::Seconds(30));
+  ASSERT_OK(ready);
+  std::vector<std::string> parts = absl::StrSplit(*ready, ' ');
+  ASSERT_EQ(parts[0], "READY") << *ready;
+  const uint64_t remote = std::stoull(parts[1]);
+  ASSERT_OK_AND_ASSIGN(SegmentHandle seg, engine.OpenSegment("peer"));
+  TestBuffer host(-1, kBytes), device(0, kBytes);
+  ASSERT_OK(engine.RegisterLocalMemory(host.get(), kBytes));
+  ASSERT_OK(engine.RegisterLocalMemory(device.get(), kBytes));
+  auto run = [&](OpCode op, uint8_t* local) {
+    TransferRequest r;
+    r.opcode = op;
+    r.source = local;
+    r.target_id = seg;
+    r.target_offset = remote;
+    r.length = kBytes;
+    auto batch = engine.AllocateBatch(1);
+    EXPECT_OK(batch);
+    EXPECT_OK(engine.SubmitTransfer(*batch, {r}));
+    auto st = engine.WaitBatch(*batch, absl::Seconds(30));
+    EXPECT_OK(st);
+    EXPECT_OK(engine.FreeBatch(*batch));
+    return st.ok() ? *st : BatchStatus{};
+  };
+  BatchStatus st = run(OpCode::kRead, host.get());
+  ASSERT_EQ(st.state, TransferState::kCompleted) << st.first_error;
+  EXPECT_EQ(host.Check(0, kBytes, 3), kBytes);
+  device.Fill(0, kBytes, 21);
+  st = run(OpCode::kWrite, device.get());
+  ASSERT_EQ(st.state, TransferState::kCompleted) << st.first_error;
+  EXPECT_EQ(*(*peer)->Ask(absl::StrCat("check 0 ", kBytes, " 21")), "OK");
+  std::vector<TransportStats> stats = engine.GetTransportStats();
+  ASSERT_EQ(stats.size(), 2u);
+  EXPECT_EQ(stats[0].nics[0].bytes, 2 * kBytes);
+  EXPECT_EQ(stats[0].staged_slices, 0u);
+  EXPECT_EQ(stats[1].nics[0].bytes, 0u);
+
+  ASSERT_EQ(*(*peer)->Ask("unregister"), "OK");
+  device.Fill(0, kBytes, 22);
+  st = run(OpCode::kWrite, device.get());
+  EXPECT_EQ(st.state, TransferState::kFailed);
+  EXPECT_EQ(*(*peer)->Ask(absl::StrCat("check 0 ", kBytes, " 21")), "OK");
+}
 
 // A target stages GPU memory through buffers of its own max_slice_bytes:
 // a longer frame is refused with what to change, and moves nothing.

@@ -19,6 +19,7 @@
 #include "common/log.h"
 #include "common/secure_random.h"
 #include "common/status_macros.h"
+#include "transport/shm/shm_peer.h"
 
 namespace ferry::shm {
 namespace {
@@ -131,30 +132,12 @@ const std::string& LocalShmHost() {
   return *host;
 }
 
-struct ShmTransport::Peer {
-  std::string name;
-  uint64_t incarnation = 0;
-  pid_t pid = 0;
-  int pidfd = -1;  // -1 where the kernel has no pidfd_open (before 5.3).
-  std::unique_ptr<ShmTable> table;
-  uint64_t owner = 0;
-  // lanes[0]: copies on submitting threads (under inline_mu); lanes[1 + i]:
-  // copy thread i's.
-  std::vector<uint32_t> lanes;
-  Mutex inline_mu;
-  std::atomic<bool> gone{false};
-
-  ~Peer() {
-    for (uint32_t l : lanes) table->ReleaseLane(l, owner);
-    if (pidfd >= 0) ::close(pidfd);
-  }
-  // Whether the target process has exited (its pidfd turns readable).
-  bool Exited() const {
-    if (pidfd < 0) return false;  // Then ESRCH tells.
-    pollfd p{pidfd, POLLIN, 0};
-    return ::poll(&p, 1, 0) > 0;
-  }
-};
+ShmTransport::Peer::~Peer() {
+  for (uint32_t l : lanes) table->ReleaseLane(l, owner);
+  if (pidfd >= 0) ::close(pidfd);
+  MutexLock lock(&ipc_mu);
+  if (!opened.empty()) transport->CloseLater(opened);
+}
 
 ShmTransport::ShmTransport(const TransportOptions& options)
     : options_(options),
@@ -203,6 +186,7 @@ absl::Status ShmTransport::Install(const TransportEnv& env,
     MutexLock lock(&queue_mu_);
     stopping_ = false;
   }
+  streams_.assign(options_.shm.copy_threads, {});
   for (int i = 0; i < options_.shm.copy_threads; ++i) {
     try {
       workers_.emplace_back([this, i] { WorkerLoop(i); });
@@ -217,12 +201,24 @@ absl::Status ShmTransport::Install(const TransportEnv& env,
 
 absl::StatusOr<MemoryHandle> ShmTransport::RegisterMemory(
     const MemoryRegion& region, descriptor::Buffer* published) {
+  MemoryHandle handle = nullptr;
   if (region.cuda_device >= 0) {
-    // Local GPU memory moves through pinned host buffers. Peers never get
-    // a key for it: a copy system call cannot touch device memory.
-    return gpu_staging_.PrepareHandle(region.cuda_device);
+    // As a source or destination here, GPU memory moves through pinned
+    // host buffers to a peer's host memory (a copy system call cannot
+    // touch device memory), and with the GPU to a peer's GPU memory.
+    FERRY_ASSIGN_OR_RETURN(handle,
+                           gpu_staging_.PrepareHandle(region.cuda_device));
+    if (!region.remote_accessible || table_ == nullptr) return handle;
+    // Peers reach it through the driver's IPC handle; where the driver
+    // cannot make one, through their next transport (no shm key).
+    if (absl::Status s = PublishIpc(region, published); !s.ok()) {
+      FERRY_LOG(kInfo, "shm", "GPU buffer 0x", absl::Hex(region.addr),
+                " is not served over shm: ", s.message());
+      return handle;
+    }
+  } else if (!region.remote_accessible || table_ == nullptr) {
+    return nullptr;
   }
-  if (!region.remote_accessible || table_ == nullptr) return nullptr;
   MutexLock lock(&mu_);
   if (keys_.contains(region.addr)) {
     return absl::AlreadyExistsError(absl::StrCat(
@@ -231,7 +227,7 @@ absl::StatusOr<MemoryHandle> ShmTransport::RegisterMemory(
   FERRY_ASSIGN_OR_RETURN(const uint64_t key, table_->AddBuffer());
   keys_[region.addr] = key;
   published->set_shm_key(key);
-  return nullptr;
+  return handle;
 }
 
 absl::Status ShmTransport::UnregisterMemory(uintptr_t addr) {
@@ -329,10 +325,12 @@ absl::StatusOr<std::shared_ptr<ShmTransport::Peer>> ShmTransport::Attach(
     const SegmentView& target) {
   const descriptor::ShmEndpoint& m = target.FindTransport("shm")->shm();
   auto peer = std::make_shared<Peer>();
+  peer->transport = this;
   peer->name = target.name();
   peer->incarnation = target.incarnation();
   peer->pid = static_cast<pid_t>(m.pid());
   peer->owner = owner_;
+  peer->same_process = peer->pid == ::getpid();
   // The pidfd first: if the pid names the engine when the checks below
   // pass, the pidfd names it too, and tells when it exits (a pid may be
   // reused after that; the pidfd cannot).
@@ -388,6 +386,22 @@ void ShmTransport::Submit(absl::Span<Slice* const> slices) {
   size_t i = 0;
   while (i < slices.size()) {
     Slice* s = slices[i];
+    if (s->target->buffer(s->remote_buffer).has_cuda_ipc()) {
+      // The target's GPU memory: copied by the GPU, on a copy thread (a
+      // submitting thread may be one that must not call CUDA).
+      absl::Status why;
+      std::shared_ptr<Peer> peer = FindPeer(*s->target, &why);
+      if (peer == nullptr) {
+        FailAll(absl::MakeConstSpan(&s, 1),
+                absl::UnavailableError(absl::StrCat(
+                    "shm: cannot reach segment '", s->target->name(),
+                    "' directly: ", why.message())));
+      } else {
+        Queue(peer, absl::MakeConstSpan(&s, 1), /*gpu=*/true);
+      }
+      ++i;
+      continue;
+    }
     if (const int gpu = GpuStaging::DeviceOf(s->local_handle); gpu >= 0) {
       gpu_staging_.Submit(s, gpu);
       ++i;
@@ -396,7 +410,8 @@ void ShmTransport::Submit(absl::Span<Slice* const> slices) {
     // A run of host slices to one target (usually the whole span).
     size_t j = i + 1;
     while (j < slices.size() && slices[j]->target == s->target &&
-           slices[j]->local_handle == nullptr) {
+           slices[j]->local_handle == nullptr &&
+           !s->target->buffer(slices[j]->remote_buffer).has_cuda_ipc()) {
       ++j;
     }
     absl::Status why;
@@ -440,10 +455,15 @@ void ShmTransport::SubmitHost(const std::shared_ptr<Peer>& peer,
     peer->inline_mu.Unlock();
     return;
   }
+  Queue(peer, slices, /*gpu=*/false);
+}
+
+void ShmTransport::Queue(const std::shared_ptr<Peer>& peer,
+                         absl::Span<Slice* const> slices, bool gpu) {
   {
     MutexLock lock(&queue_mu_);
     if (!stopping_) {
-      for (Slice* s : slices) queue_.push_back(Job{peer, s});
+      for (Slice* s : slices) queue_.push_back(Job{peer, s, gpu});
       queue_cv_.SignalAll();
       return;
     }
@@ -454,12 +474,17 @@ void ShmTransport::SubmitHost(const std::shared_ptr<Peer>& peer,
 void ShmTransport::WorkerLoop(int index) {
   std::vector<Job> jobs;
   std::vector<Slice*> run;
+  std::vector<CUdeviceptr> closing;
   for (;;) {
     jobs.clear();
+    closing.clear();
     {
       MutexLock lock(&queue_mu_);
-      while (queue_.empty() && !stopping_) queue_cv_.Wait(&queue_mu_);
-      if (queue_.empty()) return;
+      while (queue_.empty() && to_close_.empty() && !stopping_) {
+        queue_cv_.Wait(&queue_mu_);
+      }
+      closing.swap(to_close_);
+      if (queue_.empty() && closing.empty()) return;
       // This thread's share of what is queued (so that the copy threads
       // split one large batch between them), at most one copy's worth.
       const size_t threads = static_cast<size_t>(options_.shm.copy_threads);
@@ -472,15 +497,22 @@ void ShmTransport::WorkerLoop(int index) {
         queue_.pop_front();
       }
     }
+    CloseIpc(closing);
     size_t i = 0;
     while (i < jobs.size()) {
       run.clear();
       Peer* peer = jobs[i].peer.get();
-      while (i < jobs.size() && jobs[i].peer.get() == peer) {
+      const bool gpu = jobs[i].gpu;
+      while (i < jobs.size() && jobs[i].peer.get() == peer &&
+             jobs[i].gpu == gpu) {
         run.push_back(jobs[i].slice);
         ++i;
       }
-      CopyRun(*peer, peer->lanes[1 + index], run);
+      if (gpu) {
+        CopyRunGpu(*peer, peer->lanes[1 + index], index, run);
+      } else {
+        CopyRun(*peer, peer->lanes[1 + index], run);
+      }
     }
   }
 }
@@ -568,8 +600,11 @@ void ShmTransport::CopyRun(Peer& peer, uint32_t lane,
   flush(op);
   peer.table->Exit(lane);
   // Completions after the lane is left: a sink may take long.
-  std::vector<Slice*> ok;
-  ok.reserve(slices.size());
+  Complete(slices, status);
+}
+
+void ShmTransport::Complete(absl::Span<Slice* const> slices,
+                            const std::vector<absl::Status>& status) {
   uint64_t bytes = 0;
   uint64_t errors = 0;
   for (size_t k = 0; k < slices.size(); ++k) {
@@ -660,6 +695,17 @@ void ShmTransport::Shutdown() {
     if (t.joinable()) t.join();
   }
   workers_.clear();
+  {
+    MutexLock lock(&mu_);
+    peers_.clear();  // Their GPU mappings go to to_close_.
+  }
+  std::vector<CUdeviceptr> closing;
+  {
+    MutexLock lock(&queue_mu_);
+    closing.swap(to_close_);
+  }
+  CloseIpc(closing);
+  DestroyStreams();
   std::vector<uint64_t> keys;
   {
     MutexLock lock(&mu_);

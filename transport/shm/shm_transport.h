@@ -8,8 +8,7 @@
 // answer is no. Yes needs the target to publish an shm endpoint with this
 // host's boot id and PID namespace (pids name processes only within one),
 // and this process to pass the attach check below. So {"shm", "rdma"}
-// copies to engines on this host and uses RDMA for the others; per buffer,
-// the target's GPU memory (no shm key) goes to the next transport too.
+// copies to engines on this host and uses RDMA for the others.
 //
 // Consent and access. The copies need the kernel's ptrace permission over
 // the target: the same user (or CAP_SYS_PTRACE), the target dumpable, and
@@ -45,8 +44,19 @@
 // * Deadlines: a slice whose deadline passed before its copy fails with
 //   DeadlineExceeded uncopied. A copy, once started, is one system call.
 // * Shutdown completes queued slices with Cancelled.
-// * GPU memory: a local GPU buffer moves through GpuStaging's pinned host
-//   buffers (shm.staging_buffers); a target's GPU buffer is not served.
+// * GPU memory (shm_cuda_ipc.cc). A target's GPU buffer publishes, with
+//   its shm key, the driver's IPC handle of its allocation; an initiator
+//   opens it once (cuIpcOpenMemHandle; the same process uses the pointer
+//   as it is) and copies with the GPU on a copy thread's stream, waiting
+//   for the copy before it leaves the lane, so the table's withdrawal
+//   covers it. The mapping is closed when its buffer is found withdrawn or
+//   the peer goes. A local GPU buffer to a target's host memory moves
+//   through GpuStaging's pinned host buffers (shm.staging_buffers). GPU
+//   copies never run on the submitting thread (it may be one that must not
+//   call CUDA, engine/stream_transfers.h). Where the driver cannot export
+//   a buffer, the buffer gets no shm key and peers use their next
+//   transport; an initiator with no CUDA driver fails such slices with
+//   FailedPrecondition.
 //
 // Thread-safe.
 #ifndef FERRY_TRANSPORT_SHM_SHM_TRANSPORT_H_
@@ -66,6 +76,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "common/mutex.h"
+#include "gpu/cuda_abi.h"
 #include "transport/gpu_staging.h"
 #include "transport/shm/shm_table.h"
 #include "transport/transport.h"
@@ -99,6 +110,7 @@ class ShmTransport final : public Transport {
   struct Job {
     std::shared_ptr<Peer> peer;
     Slice* slice;
+    bool gpu;  // The target buffer is GPU memory (CopyRunGpu).
   };
 
   // The attached peer for `target`'s run, attaching if needed; null with
@@ -112,8 +124,27 @@ class ShmTransport final : public Transport {
   // Checks and copies `slices` on lane `lane` of `peer`, then completes
   // them.
   void CopyRun(Peer& peer, uint32_t lane, absl::Span<Slice* const> slices);
+  void Queue(const std::shared_ptr<Peer>& peer, absl::Span<Slice* const> slices,
+             bool gpu);
   void WorkerLoop(int index);
+  // GPU memory (shm_cuda_ipc.cc). Target side: publishes the IPC handle of
+  // the allocation holding `region` in `published`.
+  absl::Status PublishIpc(const MemoryRegion& region,
+                          descriptor::Buffer* published);
+  // Initiator side, on copy thread `worker`: checks and copies `slices`,
+  // whose target buffers are GPU memory, with the GPU, then completes them.
+  void CopyRunGpu(Peer& peer, uint32_t lane, int worker,
+                  absl::Span<Slice* const> slices);
+  // Mappings of a peer's GPU memory to close (a Peer that went): on a
+  // copy thread, which may call CUDA.
+  void CloseLater(const absl::flat_hash_map<uint64_t, CUdeviceptr>& opened);
+  void CloseIpc(const std::vector<CUdeviceptr>& dptrs);
+  void DestroyStreams();
   void FailAll(absl::Span<Slice* const> slices, const absl::Status& status);
+  // Counts and completes slices, each with its status (OK runs to one sink
+  // as a group).
+  void Complete(absl::Span<Slice* const> slices,
+                const std::vector<absl::Status>& status);
 
   const TransportOptions options_;
   Clock* clock_ = RealClock();
@@ -139,6 +170,10 @@ class ShmTransport final : public Transport {
   CondVar queue_cv_;
   std::deque<Job> queue_ ABSL_GUARDED_BY(queue_mu_);
   bool stopping_ ABSL_GUARDED_BY(queue_mu_) = false;
+  std::vector<CUdeviceptr> to_close_ ABSL_GUARDED_BY(queue_mu_);
+  // Per copy thread, per GPU: the stream its copies run on (created on
+  // first use; only that thread touches its row until Shutdown).
+  std::vector<std::vector<CUstream>> streams_;
   // Shutdown began: nothing more is copied.
   std::atomic<bool> closed_{false};
   // This transport set PR_SET_PTRACER_ANY (Yama scope 1) and must release it.

@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "common/mutex.h"
 #include "common/pattern.h"
 #include "common/status_testing.h"
+#include "gpu/softgpu_testing.h"
 #include "gtest/gtest.h"
 
 namespace ferry::shm {
@@ -189,6 +191,89 @@ TEST_F(ShmTransportTest, ABufferWithoutAKeyIsRefusedSayingWhy) {
     EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
     EXPECT_TRUE(absl::StrContains(s.message(), "list tcp or rdma")) << s;
   }
+}
+
+// The target's GPU memory (softgpu), reached with the GPU: from host
+// memory and from GPU memory, and never once withdrawn. Both engines are
+// in this process, so the initiator uses the device pointer as it is;
+// tests/gpu_engine_test opens a handle from another process.
+TEST_F(ShmTransportTest, GpuMemoryIsCopiedWithTheGpuUntilWithdrawn) {
+  const gpu::CudaDriver& driver = gpu::SoftgpuDriver(2);
+  const auto& api = driver.api();
+  constexpr size_t kGpuBytes = 1 << 20;
+  CUdeviceptr remote = 0, local = 0;
+  ASSERT_OK(driver.UseDevice(1));
+  ASSERT_OK(driver.Check(api.cuMemAlloc(&remote, kGpuBytes), "cuMemAlloc"));
+  ASSERT_OK(driver.UseDevice(0));
+  ASSERT_OK(driver.Check(api.cuMemAlloc(&local, kGpuBytes), "cuMemAlloc"));
+  MemoryRegion r;
+  r.addr = remote;
+  r.length = kGpuBytes;
+  r.location = "cuda:1";
+  r.remote_accessible = true;
+  r.cuda_device = 1;
+  descriptor::Buffer b;
+  b.set_addr(remote);
+  b.set_length(kGpuBytes);
+  b.set_location("cuda:1");
+  ASSERT_OK(target_->RegisterMemory(r, &b).status());
+  ASSERT_TRUE(b.has_cuda_ipc());
+  ASSERT_NE(b.shm_key(), 0u);
+  MemoryRegion l = r;
+  l.addr = local;
+  l.location = "cuda:0";
+  l.remote_accessible = false;
+  l.cuda_device = 0;
+  descriptor::Buffer unused;
+  ASSERT_OK_AND_ASSIGN(MemoryHandle local_handle,
+                       initiator_->RegisterMemory(l, &unused));
+  buffer_ = b;
+  auto view = View(endpoint_);
+  ASSERT_NE(view, nullptr);
+  auto move = [&](OpCode op, void* from, MemoryHandle handle) {
+    Slice s;
+    s.op = op;
+    s.local = from;
+    s.remote = remote;
+    s.length = kGpuBytes;
+    s.target = view.get();
+    s.remote_buffer = 0;
+    s.local_handle = handle;
+    s.sink = &sink_;
+    const size_t before = sink_.Wait(0).size();
+    Slice* p = &s;
+    initiator_->Submit(absl::MakeConstSpan(&p, 1));
+    return sink_.Wait(before + 1).back();
+  };
+  std::vector<uint8_t> host(kGpuBytes), back(kGpuBytes);
+  // Host memory to the target's GPU memory, and back.
+  FillPattern(host.data(), kGpuBytes, 0, 31);
+  ASSERT_OK(move(OpCode::kWrite, host.data(), nullptr));
+  ASSERT_OK(driver.CopyFromDevice(back.data(), remote, kGpuBytes));
+  EXPECT_EQ(CheckPattern(back.data(), kGpuBytes, 0, 31), kGpuBytes);
+  std::fill(host.begin(), host.end(), 0);
+  ASSERT_OK(move(OpCode::kRead, host.data(), nullptr));
+  EXPECT_EQ(CheckPattern(host.data(), kGpuBytes, 0, 31), kGpuBytes);
+  // GPU to GPU.
+  FillPattern(host.data(), kGpuBytes, 0, 32);
+  ASSERT_OK(driver.CopyToDevice(local, host.data(), kGpuBytes));
+  ASSERT_OK(move(OpCode::kWrite, reinterpret_cast<void*>(local), local_handle));
+  ASSERT_OK(driver.CopyFromDevice(back.data(), remote, kGpuBytes));
+  EXPECT_EQ(CheckPattern(back.data(), kGpuBytes, 0, 32), kGpuBytes);
+  EXPECT_EQ(initiator_->Stats().staged_slices, 0u);  // No host bounce.
+  // Withdrawn: the stale descriptor reaches nothing.
+  ASSERT_OK(target_->UnregisterMemory(remote));
+  FillPattern(host.data(), kGpuBytes, 0, 33);
+  absl::Status s = move(OpCode::kWrite, host.data(), nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "unregistered")) << s;
+  ASSERT_OK(driver.CopyFromDevice(back.data(), remote, kGpuBytes));
+  EXPECT_EQ(CheckPattern(back.data(), kGpuBytes, 0, 32), kGpuBytes);
+  ASSERT_OK(initiator_->UnregisterMemory(local));
+  ASSERT_OK(driver.UseDevice(1));
+  ASSERT_OK(driver.Check(api.cuMemFree(remote), "cuMemFree"));
+  ASSERT_OK(driver.UseDevice(0));
+  ASSERT_OK(driver.Check(api.cuMemFree(local), "cuMemFree"));
 }
 
 TEST_F(ShmTransportTest, ADeadlineThatPassedCopiesNothing) {
