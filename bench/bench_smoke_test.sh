@@ -3,7 +3,8 @@
 # (docs/performance.md, docs/optimisation.md) once, briefly, as a reader
 # would rerun them: bench/bench_perftest.sh (Debian's perftest against
 # transfer_bench on softrnic, two processes) and bench/bench_striping.sh
-# (two namespaced hosts, one NIC against two; needs root). Each must exit 0
+# (two namespaced hosts, one NIC against two; needs root) and
+# bench/bench_same_host.sh (shm against loopback TCP and RDMA). Each must exit 0
 # and print every result line with positive numbers (no nan, nothing
 # missing). No timing is checked: CI machines are shared.
 # Prints "N passed, N failed".
@@ -47,6 +48,13 @@ check_results "bench_perftest.sh: 1 s, 1 round" \
   "^median write, 1 MiB: ib_write_bw $NUM GB/s \(range .*\), transfer_bench $NUM GB/s \(range .*\); ratio engine/perftest $NUM$" \
   "^median read, 1 MiB: ib_read_bw $NUM GB/s \(range .*\), transfer_bench $NUM GB/s \(range .*\); ratio engine/perftest $NUM$" \
   -- "${preload[@]}" "$RUNFILES/bench/bench_perftest.sh" 1 1
+
+# The same-host path against loopback TCP and softrnic: one cell, 1 round
+# of 1 s samples; a round line and the cell's summary row.
+CELLS="write:65536" check_results "bench_same_host.sh: 1 cell, 1 s" \
+  "^round 1 write 65536: .*shm $NUM GB/s .*; memcpy $NUM GB/s$" \
+  "^write:65536 \| $NUM \(.*\) \| $NUM \(.*\) \| $NUM \(.*\) \| $NUM \(.*\) \| $NUM \| $NUM \| $NUM \| $NUM, $NUM, $NUM$" \
+  -- env CELLS="write:65536" "$RUNFILES/bench/bench_same_host.sh" 1 1
 
 # Namespaces and tc need root, as netns_test: CI runs as root. Not being
 # root is a failure, not a skip, so a CI change cannot silently drop it.
