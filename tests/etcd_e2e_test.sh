@@ -139,4 +139,27 @@ else
   fail "--etcd_max_client_bytes did not reach the etcd store" "$tmp/capped.log" "$tmp/md3.log"
 fi
 
+# 6. --etcd_timeout: an out-of-range one is refused, naming the flag; a
+# longer one serves as the default does.
+if ! timeout 10 "$MDS" --listen=127.0.0.1:0 --etcd="$ETCD" --etcd_timeout=1ms \
+    >"$tmp/md4.log" 2>&1 && grep -q "etcd_timeout must be 100ms..5m" "$tmp/md4.log"; then
+  pass "metadata_server refuses --etcd_timeout=1ms, naming the flag"
+else
+  fail "--etcd_timeout=1ms was not refused" "$tmp/md4.log"
+fi
+port=$(free_port)
+"$MDS" --listen="127.0.0.1:$port" --etcd="$ETCD" --etcd_timeout=30s \
+  >"$tmp/md5.log" 2>&1 &
+pids+=($!)
+wait_for "$tmp/md5.log" "listening" || fail "metadata_server 5" "$tmp/md5.log"
+if timeout 30 env LD_LIBRARY_PATH="$LIBDIR" "$BENCH" --mode=target --protocol=tcp \
+    --metadata_server="127.0.0.1:$port" --segment_id=patient \
+    --local_server_name=patient --listen_host=127.0.0.1 \
+    --buffer_size=$((1 << 20)) --target_seconds=1 >"$tmp/patient.log" 2>&1 &&
+    grep -q "target ready" "$tmp/patient.log"; then
+  pass "metadata_server --etcd_timeout=30s serves"
+else
+  fail "metadata_server --etcd_timeout=30s" "$tmp/patient.log" "$tmp/md5.log"
+fi
+
 finish

@@ -17,6 +17,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/socket_util.h"
@@ -84,6 +85,11 @@ ABSL_FLAG(absl::Duration, etcd_compact_after,
           "since the last compaction (etcd-wide; "
           "0: never, where other applications share the etcd cluster and "
           "leave it to etcd's --auto-compaction-retention)");
+ABSL_FLAG(absl::Duration, etcd_timeout, absl::Seconds(3),
+          "with --etcd: the deadline of each etcd request this server makes "
+          "(a put, a read, a lease renewal; retried within it while etcd is "
+          "unavailable): raise it for a large or slow etcd cluster "
+          "(100ms..5m)");
 ABSL_FLAG(std::string, etcd, "",
           "keep the segment table in this etcd v3 cluster, "
           "etcd://host:port[,host:port...]: several metadata_servers (and "
@@ -123,8 +129,15 @@ int main(int argc, char** argv) {
     etcd_limits.max_client_bytes = absl::GetFlag(FLAGS_etcd_max_client_bytes);
     etcd_limits.max_client_segments = limits.max_client_segments;
     etcd_limits.compact_after = absl::GetFlag(FLAGS_etcd_compact_after);
-    auto s = a.ok() ? md::ConnectStore(*a, absl::Seconds(3), "", nullptr,
-                                       nullptr, etcd_limits)
+    const absl::Duration etcd_timeout = absl::GetFlag(FLAGS_etcd_timeout);
+    if (a.ok() && (etcd_timeout < absl::Milliseconds(100) ||
+                   etcd_timeout > absl::Minutes(5))) {
+      a = absl::InvalidArgumentError(
+          absl::StrCat("--etcd_timeout must be 100ms..5m (",
+                       absl::FormatDuration(etcd_timeout), ")"));
+    }
+    auto s = a.ok() ? md::ConnectStore(*a, etcd_timeout, "", nullptr, nullptr,
+                                       etcd_limits)
                     : a.status();
     if (!s.ok()) {
       std::fprintf(stderr, "metadata_server: --etcd: %s\n",
