@@ -274,12 +274,20 @@ absl::Status ValidateSegmentDescriptor(const SegmentDescriptor& segment) {
                        absl::StrCat(b.cuda_ipc().handle().size(),
                                     " bytes; expected ", kCudaIpcHandleBytes));
       }
-      // The allocation starts at or before the buffer.
-      if (b.cuda_ipc().base() == 0 || b.cuda_ipc().base() > b.addr()) {
+      // The allocation holds the whole buffer.
+      const uint64_t base = b.cuda_ipc().base();
+      if (base == 0 || base > b.addr()) {
         return invalid(absl::StrCat(field, ".cuda_ipc.base"),
-                       absl::StrCat("0x", absl::Hex(b.cuda_ipc().base()),
+                       absl::StrCat("0x", absl::Hex(base),
                                     " is not at or below the buffer's "
                                     "address"));
+      }
+      if (b.cuda_ipc().size() < b.length() ||
+          b.addr() - base > b.cuda_ipc().size() - b.length()) {
+        return invalid(absl::StrCat(field, ".cuda_ipc.size"),
+                       absl::StrCat(b.cuda_ipc().size(),
+                                    " bytes from the base do not hold the "
+                                    "buffer"));
       }
     }
     for (int k = 0; k < b.keys_size(); ++k) {

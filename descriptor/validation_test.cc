@@ -136,12 +136,21 @@ TEST(ValidationTest, RefusesEachBadFieldNamingIt) {
        [](auto* d) {
          d->mutable_buffers(0)->mutable_cuda_ipc()->set_handle("short");
          d->mutable_buffers(0)->mutable_cuda_ipc()->set_base(0x10000);
+         d->mutable_buffers(0)->mutable_cuda_ipc()->set_size(0x10000);
        }},
       {"buffers[0].cuda_ipc.base",
        [](auto* d) {
          d->mutable_buffers(0)->mutable_cuda_ipc()->set_handle(
              std::string(64, 'h'));
          d->mutable_buffers(0)->mutable_cuda_ipc()->set_base(0x10001);
+         d->mutable_buffers(0)->mutable_cuda_ipc()->set_size(0x10000);
+       }},
+      {"buffers[0].cuda_ipc.size",
+       [](auto* d) {
+         d->mutable_buffers(0)->mutable_cuda_ipc()->set_handle(
+             std::string(64, 'h'));
+         d->mutable_buffers(0)->mutable_cuda_ipc()->set_base(0x8000);
+         d->mutable_buffers(0)->mutable_cuda_ipc()->set_size(0x10000);
        }},
       {"buffers[1]", [](auto* d) { d->mutable_buffers(1)->set_addr(0x18000); }},
       {"buffers[0]", [](auto* d) { d->mutable_buffers(0)->set_length(0); }},

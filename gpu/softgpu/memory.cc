@@ -427,14 +427,6 @@ CUresult Driver::IpcOpenMemHandle(CUdeviceptr* pdptr,
   {
     MutexLock lock(&mu_);
     if (CUresult r = CurrentDevice(&dev); r != CUDA_SUCCESS) return r;
-    for (auto& [base, e] : device_memory_) {
-      if (e.imports > 0 && e.exporter == h.pid &&
-          e.exported_id == h.buffer_id) {
-        ++e.imports;
-        *pdptr = base;
-        return CUDA_SUCCESS;
-      }
-    }
   }
   // The exporter's memfd, checked to be the allocation the handle names
   // (its name carries the device and buffer id) and as large.
@@ -447,8 +439,9 @@ CUresult Driver::IpcOpenMemHandle(CUdeviceptr* pdptr,
   char want[96];
   std::snprintf(want, sizeof(want), "/memfd:%sdev%d-%llu", kMemfdNamePrefix,
                 h.device, static_cast<unsigned long long>(h.buffer_id));
-  if (std::strncmp(target, want, std::strlen(want)) != 0 ||
-      (target[std::strlen(want)] != '\0' && target[std::strlen(want)] != ' ')) {
+  const size_t want_len = std::strlen(want);
+  if (std::strncmp(target, want, want_len) != 0 ||
+      (target[want_len] != '\0' && target[want_len] != ' ')) {
     return CUDA_ERROR_INVALID_HANDLE;  // The fd names something else now.
   }
   const int fd = open(path, O_RDWR | O_CLOEXEC);
@@ -460,14 +453,23 @@ CUresult Driver::IpcOpenMemHandle(CUdeviceptr* pdptr,
     return CUDA_ERROR_INVALID_HANDLE;
   }
   MutexLock lock(&mu_);
+  // Opened before (the same file): one more reference to that mapping.
+  for (auto& [base, e] : device_memory_) {
+    if (e.imports > 0 && e.file_dev == st.st_dev && e.file_ino == st.st_ino) {
+      close(fd);
+      ++e.imports;
+      *pdptr = base;
+      return CUDA_SUCCESS;
+    }
+  }
   auto a =
       Allocation::Import(dev, next_buffer_id_++, fd, h.size, h.mapped_size);
   if (a == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
   const uintptr_t base = a->base();
   Entry e{std::move(a), 0};
   e.imports = 1;
-  e.exporter = h.pid;
-  e.exported_id = h.buffer_id;
+  e.file_dev = st.st_dev;
+  e.file_ino = st.st_ino;
   device_memory_[base] = std::move(e);
   *pdptr = base;
   return CUDA_SUCCESS;

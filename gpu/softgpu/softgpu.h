@@ -296,10 +296,12 @@ class Driver {
     std::shared_ptr<const Allocation> allocation;
     unsigned int sync_memops = 0;
     // Opened from another process's handle (cuIpcOpenMemHandle): closed,
-    // never freed, and counted per open. The exporter and its buffer id.
+    // never freed, and counted per open. Which file it maps: the same
+    // allocation opened again is the same file (a restarted exporter's
+    // handles may repeat its pid and buffer ids; its files differ).
     int imports = 0;
-    pid_t exporter = 0;
-    uint64_t exported_id = 0;
+    dev_t file_dev = 0;
+    ino_t file_ino = 0;
   };
   // Where one end of a copy reads or writes, and the allocation that must
   // stay mapped until it has.

@@ -56,6 +56,7 @@ absl::Status ShmTransport::PublishIpc(const MemoryRegion& region,
   published->mutable_cuda_ipc()->set_handle(handle.reserved,
                                             sizeof(handle.reserved));
   published->mutable_cuda_ipc()->set_base(base);
+  published->mutable_cuda_ipc()->set_size(size);
   return absl::OkStatus();
 }
 
@@ -73,6 +74,21 @@ void ShmTransport::CopyRunGpu(Peer& peer, uint32_t lane, int worker,
   const auto& api = d.api();
   if (peer.gone.load(std::memory_order_relaxed) || peer.Exited()) {
     peer.gone.store(true, std::memory_order_relaxed);
+    // Its memory stays alive while mapped here: let it go now.
+    std::vector<OpenedGpuMemory> closing;
+    {
+      MutexLock lock(&peer.ipc_mu);
+      for (auto it = peer.opened.begin(); it != peer.opened.end();) {
+        it->second.withdrawn = true;
+        if (it->second.users == 0) {
+          closing.push_back(it->second);
+          peer.opened.erase(it++);
+        } else {
+          ++it;
+        }
+      }
+    }
+    CloseIpc(closing);
     FailAll(slices, absl::UnavailableError(
                         absl::StrCat("shm: the process of segment '", peer.name,
                                      "' (pid ", peer.pid, ") exited")));
@@ -81,7 +97,26 @@ void ShmTransport::CopyRunGpu(Peer& peer, uint32_t lane, int worker,
   std::vector<absl::Status> status(slices.size());
   std::vector<CUstream>& streams = streams_[worker];
   if (streams.empty()) streams.assign(d.device_count(), nullptr);
-  std::vector<int> used;  // Devices whose stream has copies to wait for.
+  std::vector<int> used;       // Devices whose stream has copies to wait for.
+  std::vector<uint64_t> held;  // Mappings this run uses (a user each).
+  std::vector<OpenedGpuMemory> closing;
+  {
+    // Withdrawn buffers' mappings go (their memory is the target's to free;
+    // a mapping keeps it alive), once no copy thread uses them.
+    MutexLock lock(&peer.ipc_mu);
+    for (auto it = peer.opened.begin(); it != peer.opened.end();) {
+      if (!it->second.withdrawn && !peer.table->Live(it->first)) {
+        it->second.withdrawn = true;
+      }
+      if (it->second.withdrawn && it->second.users == 0) {
+        closing.push_back(it->second);
+        peer.opened.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+  }
+  CloseIpc(closing);
   const absl::Time now = clock_->Now();
   peer.table->Enter(lane);
   for (size_t k = 0; k < slices.size(); ++k) {
@@ -97,13 +132,6 @@ void ShmTransport::CopyRunGpu(Peer& peer, uint32_t lane, int worker,
           "shm: GPU buffer 0x", absl::Hex(b.addr()), " of segment '",
           s->target->name(),
           "' was unregistered (the descriptor is stale); nothing copied"));
-      MutexLock lock(&peer.ipc_mu);
-      if (auto it = peer.opened.find(b.shm_key()); it != peer.opened.end()) {
-        // Withdrawn for good (keys are not reused): let the mapping go.
-        d.Check(api.cuIpcCloseMemHandle(it->second), "cuIpcCloseMemHandle")
-            .IgnoreError();
-        peer.opened.erase(it);
-      }
       continue;
     }
     const int device = CopyDevice(*s, d);
@@ -117,24 +145,50 @@ void ShmTransport::CopyRunGpu(Peer& peer, uint32_t lane, int worker,
       MutexLock lock(&peer.ipc_mu);
       auto it = peer.opened.find(b.shm_key());
       if (it == peer.opened.end()) {
+        OpenedGpuMemory o;
+        o.device = device;
         CUipcMemHandle h;
         std::memcpy(h.reserved, b.cuda_ipc().handle().data(),
                     sizeof(h.reserved));
-        CUdeviceptr base = 0;
-        if (absl::Status o =
-                d.Check(api.cuIpcOpenMemHandle(
-                            &base, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
-                        "cuIpcOpenMemHandle");
-            !o.ok()) {
+        absl::Status opened =
+            d.Check(api.cuIpcOpenMemHandle(&o.ptr, h,
+                                           CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
+                    "cuIpcOpenMemHandle");
+        CUdeviceptr start = 0;
+        if (opened.ok()) {
+          // The allocation's size, as this process's driver maps it: what
+          // bounds every copy into it, whatever the descriptor says.
+          opened = d.Check(api.cuMemGetAddressRange(&start, &o.size, o.ptr),
+                           "cuMemGetAddressRange");
+          if (!opened.ok()) {
+            d.api().cuIpcCloseMemHandle(o.ptr);
+          }
+        }
+        if (!opened.ok()) {
           status[k] = absl::Status(
-              o.code(), absl::StrCat("shm: opening GPU buffer 0x",
-                                     absl::Hex(b.addr()), " of segment '",
-                                     s->target->name(), "': ", o.message()));
+              opened.code(),
+              absl::StrCat("shm: opening GPU buffer 0x", absl::Hex(b.addr()),
+                           " of segment '", s->target->name(),
+                           "': ", opened.message()));
           continue;
         }
-        it = peer.opened.emplace(b.shm_key(), base).first;
+        it = peer.opened.emplace(b.shm_key(), o).first;
       }
-      remote = it->second + (s->remote - b.cuda_ipc().base());
+      const uint64_t base = b.cuda_ipc().base();
+      if (s->remote < base || s->remote - base > it->second.size ||
+          s->length > it->second.size - (s->remote - base)) {
+        status[k] = absl::FailedPreconditionError(
+            absl::StrCat("shm: 0x", absl::Hex(s->remote), "+", s->length,
+                         " of segment '", s->target->name(),
+                         "' lies outside the GPU allocation its "
+                         "descriptor names (base 0x",
+                         absl::Hex(base), ", ", it->second.size,
+                         " bytes opened); nothing copied"));
+        continue;
+      }
+      remote = it->second.ptr + (s->remote - base);
+      ++it->second.users;
+      held.push_back(b.shm_key());
     }
     CUstream& stream = streams[device];
     if (stream == nullptr) {
@@ -166,7 +220,8 @@ void ShmTransport::CopyRunGpu(Peer& peer, uint32_t lane, int worker,
     }
   }
   // Every copy done before the lane is left: then an unregistration that
-  // waited for the lane has nothing in flight on its buffer.
+  // waited for the lane has nothing in flight on its buffer. A failed
+  // synchronisation reports the stream's copies failed: they have ended.
   for (int device : used) {
     absl::Status w = d.UseDevice(device);
     if (w.ok()) {
@@ -182,23 +237,40 @@ void ShmTransport::CopyRunGpu(Peer& peer, uint32_t lane, int worker,
     }
   }
   peer.table->Exit(lane);
+  if (!held.empty()) {
+    closing.clear();
+    MutexLock lock(&peer.ipc_mu);
+    for (uint64_t key : held) {
+      auto it = peer.opened.find(key);
+      if (it == peer.opened.end()) continue;
+      if (--it->second.users == 0 && it->second.withdrawn) {
+        closing.push_back(it->second);
+        peer.opened.erase(it);
+      }
+    }
+  }
+  CloseIpc(closing);
   Complete(slices, status);
 }
 
 void ShmTransport::CloseLater(
-    const absl::flat_hash_map<uint64_t, CUdeviceptr>& opened) {
+    const absl::flat_hash_map<uint64_t, OpenedGpuMemory>& opened) {
   MutexLock lock(&queue_mu_);
-  for (const auto& [key, dptr] : opened) to_close_.push_back(dptr);
+  for (const auto& [key, o] : opened) to_close_.push_back(o);
   queue_cv_.SignalAll();
 }
 
-void ShmTransport::CloseIpc(const std::vector<CUdeviceptr>& dptrs) {
-  if (dptrs.empty()) return;
+void ShmTransport::CloseIpc(const std::vector<OpenedGpuMemory>& mappings) {
+  if (mappings.empty()) return;
   const gpu::CudaDriver* driver = gpu::CudaDriver::IfLoaded();
   if (driver == nullptr) return;  // Nothing was opened without one.
-  for (CUdeviceptr p : dptrs) {
-    absl::Status s = driver->Check(driver->api().cuIpcCloseMemHandle(p),
-                                   "cuIpcCloseMemHandle");
+  for (const OpenedGpuMemory& o : mappings) {
+    // In the context that opened it.
+    absl::Status s = driver->UseDevice(o.device);
+    if (s.ok()) {
+      s = driver->Check(driver->api().cuIpcCloseMemHandle(o.ptr),
+                        "cuIpcCloseMemHandle");
+    }
     if (!s.ok()) FERRY_LOG(kWarn, "shm", s.message());
   }
 }

@@ -36,12 +36,12 @@ struct ShmTransport::Peer {
   Mutex inline_mu;
   std::atomic<bool> gone{false};
   // The target's GPU allocations opened here (cuIpcOpenMemHandle), by the
-  // shm key of the buffer that published the handle: where the allocation
-  // starts in this process. Used and changed by copy threads only; closed
-  // by them (CUDA calls stay on them) when found withdrawn, or after this
-  // record goes (handed to the transport then).
+  // shm key of the buffer that published the handle. Used and changed by
+  // copy threads only, which close them (CUDA calls stay on them): when
+  // found withdrawn and no copy thread uses them any more, when the
+  // target exits, or after this record goes (handed to the transport).
   Mutex ipc_mu;
-  absl::flat_hash_map<uint64_t, CUdeviceptr> opened ABSL_GUARDED_BY(ipc_mu);
+  absl::flat_hash_map<uint64_t, OpenedGpuMemory> opened ABSL_GUARDED_BY(ipc_mu);
 
   ~Peer();
   // Whether the target process has exited (its pidfd turns readable).

@@ -29,6 +29,9 @@ constexpr size_t kMaxIov = 1024;
 // A target that could not be attached is not tried again for this long
 // (its run; a restart is tried at once).
 constexpr absl::Duration kAttachRetry = absl::Seconds(1);
+// How often an idle copy thread drops peers that exited and closes the GPU
+// mappings of withdrawn buffers (each keeps the target's memory alive).
+constexpr absl::Duration kHousekeepInterval = absl::Seconds(1);
 
 absl::Status ValidateOptions(const ShmOptions& o) {
   auto bad = [](absl::string_view what) {
@@ -474,17 +477,24 @@ void ShmTransport::Queue(const std::shared_ptr<Peer>& peer,
 void ShmTransport::WorkerLoop(int index) {
   std::vector<Job> jobs;
   std::vector<Slice*> run;
-  std::vector<CUdeviceptr> closing;
+  std::vector<OpenedGpuMemory> closing;
   for (;;) {
     jobs.clear();
     closing.clear();
+    bool housekeep = false;
     {
       MutexLock lock(&queue_mu_);
       while (queue_.empty() && to_close_.empty() && !stopping_) {
-        queue_cv_.Wait(&queue_mu_);
+        // The first copy thread also looks after peers now and then.
+        if (index == 0 &&
+            queue_cv_.WaitWithTimeout(&queue_mu_, kHousekeepInterval)) {
+          housekeep = true;
+          break;
+        }
+        if (index != 0) queue_cv_.Wait(&queue_mu_);
       }
       closing.swap(to_close_);
-      if (queue_.empty() && closing.empty()) return;
+      if (!housekeep && queue_.empty() && closing.empty()) return;
       // This thread's share of what is queued (so that the copy threads
       // split one large batch between them), at most one copy's worth.
       const size_t threads = static_cast<size_t>(options_.shm.copy_threads);
@@ -498,6 +508,10 @@ void ShmTransport::WorkerLoop(int index) {
       }
     }
     CloseIpc(closing);
+    if (housekeep) {
+      Housekeep();
+      continue;
+    }
     size_t i = 0;
     while (i < jobs.size()) {
       run.clear();
@@ -636,6 +650,38 @@ void ShmTransport::Complete(absl::Span<Slice* const> slices,
   }
 }
 
+void ShmTransport::Housekeep() {
+  std::vector<std::shared_ptr<Peer>> dropped;
+  std::vector<OpenedGpuMemory> closing;
+  {
+    MutexLock lock(&mu_);
+    for (auto it = peers_.begin(); it != peers_.end();) {
+      Peer& p = *it->second;
+      if (p.gone.load(std::memory_order_relaxed) || p.Exited()) {
+        // Its mappings keep its GPU memory alive: they go with it.
+        dropped.push_back(std::move(it->second));
+        peers_.erase(it++);
+        continue;
+      }
+      MutexLock ipc(&p.ipc_mu);
+      for (auto o = p.opened.begin(); o != p.opened.end();) {
+        if (!o->second.withdrawn && !p.table->Live(o->first)) {
+          o->second.withdrawn = true;
+        }
+        if (o->second.withdrawn && o->second.users == 0) {
+          closing.push_back(o->second);
+          p.opened.erase(o++);
+        } else {
+          ++o;
+        }
+      }
+      ++it;
+    }
+  }
+  dropped.clear();  // Outside mu_: their mappings go to to_close_.
+  CloseIpc(closing);
+}
+
 void ShmTransport::FailAll(absl::Span<Slice* const> slices,
                            const absl::Status& status) {
   errors_.fetch_add(slices.size(), std::memory_order_relaxed);
@@ -691,6 +737,7 @@ void ShmTransport::Shutdown() {
     errors_.fetch_add(1, std::memory_order_relaxed);
     j.slice->Complete(absl::CancelledError("shm transport shut down"));
   }
+  left.clear();  // Their peers, before the last of them goes below.
   for (std::thread& t : workers_) {
     if (t.joinable()) t.join();
   }
@@ -699,7 +746,7 @@ void ShmTransport::Shutdown() {
     MutexLock lock(&mu_);
     peers_.clear();  // Their GPU mappings go to to_close_.
   }
-  std::vector<CUdeviceptr> closing;
+  std::vector<OpenedGpuMemory> closing;
   {
     MutexLock lock(&queue_mu_);
     closing.swap(to_close_);

@@ -107,6 +107,16 @@ class ShmTransport final : public Transport {
 
  private:
   struct Peer;
+  // A peer's GPU allocation opened in this process: where it starts here,
+  // how large it is (what bounds a copy into it), the device whose context
+  // opened it (and must close it), and the copy threads using it now.
+  struct OpenedGpuMemory {
+    CUdeviceptr ptr = 0;
+    size_t size = 0;
+    int device = 0;
+    int users = 0;
+    bool withdrawn = false;  // Closed by its last user.
+  };
   struct Job {
     std::shared_ptr<Peer> peer;
     Slice* slice;
@@ -137,9 +147,13 @@ class ShmTransport final : public Transport {
                   absl::Span<Slice* const> slices);
   // Mappings of a peer's GPU memory to close (a Peer that went): on a
   // copy thread, which may call CUDA.
-  void CloseLater(const absl::flat_hash_map<uint64_t, CUdeviceptr>& opened);
-  void CloseIpc(const std::vector<CUdeviceptr>& dptrs);
+  void CloseLater(const absl::flat_hash_map<uint64_t, OpenedGpuMemory>& opened);
+  void CloseIpc(const std::vector<OpenedGpuMemory>& mappings);
   void DestroyStreams();
+  // Drops peers whose process exited and closes mappings of withdrawn GPU
+  // buffers that no copy uses (the first copy thread, once a second while
+  // idle).
+  void Housekeep();
   void FailAll(absl::Span<Slice* const> slices, const absl::Status& status);
   // Counts and completes slices, each with its status (OK runs to one sink
   // as a group).
@@ -170,7 +184,7 @@ class ShmTransport final : public Transport {
   CondVar queue_cv_;
   std::deque<Job> queue_ ABSL_GUARDED_BY(queue_mu_);
   bool stopping_ ABSL_GUARDED_BY(queue_mu_) = false;
-  std::vector<CUdeviceptr> to_close_ ABSL_GUARDED_BY(queue_mu_);
+  std::vector<OpenedGpuMemory> to_close_ ABSL_GUARDED_BY(queue_mu_);
   // Per copy thread, per GPU: the stream its copies run on (created on
   // first use; only that thread touches its row until Shutdown).
   std::vector<std::vector<CUstream>> streams_;
