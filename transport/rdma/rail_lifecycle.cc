@@ -95,7 +95,7 @@ void RailLifecycle::ClosePeer(const std::string& name) {
 
 std::shared_ptr<Endpoint> RailLifecycle::RailEndpoint(
     const std::shared_ptr<Peer>& peer, int local, const std::string& remote_nic,
-    absl::Status* why) {
+    absl::Status* why, bool* rail_paused) {
   std::shared_ptr<Endpoint> ep;
   bool created = false;
   Later later;
@@ -125,6 +125,7 @@ std::shared_ptr<Endpoint> RailLifecycle::RailEndpoint(
                          (rail.health.paused_until_ns - now) / 1000000,
                          " ms after its connect failed: ",
                          rail.health.connect_fault.message()));
+        if (rail_paused != nullptr) *rail_paused = true;
         return nullptr;
       }
       if (peer->backoff.Admit(now) == ConnectBackoff::Verdict::kFailFast) {

@@ -79,9 +79,12 @@ class RailLifecycle {
   std::shared_ptr<Peer> PeerForView(const SegmentView& view, absl::Status* why);
   // The rail's endpoint, created (and its connect queued) if it has none.
   // Null with *why set while the peer is backing off after failed
-  // handshakes.
+  // handshakes, or while this rail is paused after its connect failed
+  // (then *rail_paused is set, when given: other rails may take the
+  // slices).
   EndpointPtr RailEndpoint(const std::shared_ptr<Peer>& peer, int local,
-                           const std::string& remote_nic, absl::Status* why);
+                           const std::string& remote_nic, absl::Status* why,
+                           bool* rail_paused = nullptr);
   // Posts ep's waiting slices; on a refused post fails the endpoint, on a
   // full NIC budget parks it with the completion side.
   void PostOrPark(const EndpointPtr& ep);

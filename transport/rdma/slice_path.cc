@@ -164,10 +164,18 @@ void SlicePath::RouteRun(absl::Span<Slice* const> run, absl::Time now,
       buckets[best].push_back(run[i]);
     }
   }
+  SliceQueue paused;
   for (int r = 0; r < n_rails; ++r) {
     if (buckets[r].empty()) continue;
-    auto ep = rails_->RailEndpoint(peer, r / n_remote,
-                                   devices[r % n_remote].name(), &why);
+    bool rail_paused = false;
+    auto ep = rails_->RailEndpoint(
+        peer, r / n_remote, devices[r % n_remote].name(), &why, &rail_paused);
+    if (ep == nullptr && rail_paused) {
+      // Paused since the routing looked (a connect on it failed, say its
+      // NIC died at the peer): routed again, other rails take them.
+      paused.Append(&buckets[r]);
+      continue;
+    }
     if (ep == nullptr) {
       ctx_->counters.fast_failures.fetch_add(buckets[r].size(),
                                              std::memory_order_relaxed);
@@ -176,6 +184,7 @@ void SlicePath::RouteRun(absl::Span<Slice* const> run, absl::Time now,
     }
     Enqueue(ep, &buckets[r], bucket_bytes[r], now, reroutes);
   }
+  if (!paused.empty()) RouteQueue(&paused, now, reroutes + 1);
 }
 
 void SlicePath::Enqueue(const std::shared_ptr<Endpoint>& ep, SliceQueue* q,
