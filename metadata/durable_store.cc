@@ -51,6 +51,11 @@ absl::StatusOr<std::unique_ptr<DurableStore>> DurableStore::Open(
         "with this --data_dir)"));
   }
   FERRY_RETURN_IF_ERROR(store->Recover());
+  // From now on every change is logged before it is applied (the replay
+  // above applied logged ones).
+  DurableStore* raw = store.get();
+  store->mem_.SetWriteAhead(
+      [raw](uint64_t version) { return raw->LogPending(version); });
   return store;
 }
 
@@ -150,10 +155,10 @@ absl::Status DurableStore::RecoverLocked() {
     return Errno("lseek", log_path);
   }
   log_bytes_ = good;
-  // A change is seen in memory just before its record is synced, and
-  // changes are logged one at a time (write_mu_): a crash in between lost
-  // at most one change, which had the next version. Readers may have seen
-  // it, so no later change gets that version.
+  // Stores before 2026-12-07 applied a change in memory just before its
+  // record was synced: a crash in between lost a change readers may have
+  // seen, with the next version. No later change gets that version. (Now
+  // a change is synced before it is applied: what was seen is in the log.)
   mem_.AdvanceVersion(mem_.NextVersion() + 1);
   FERRY_RETURN_IF_ERROR(SyncDir(dir_));
   auto names = mem_.List();
@@ -192,14 +197,24 @@ absl::Status DurableStore::AppendLocked(LogRecord record) {
   }
   ++lsn_;
   log_bytes_ += frame.size();
+  return absl::OkStatus();
+}
+
+absl::Status DurableStore::LogPending(uint64_t version) {
+  // mem_ calls this from a change this store makes under write_mu_.
+  write_mu_.AssertHeld();
+  if (version != 0) pending_.set_version(version);
+  return AppendLocked(std::move(pending_));
+}
+
+void DurableStore::MaybeCompactLocked() {
   if (log_bytes_ > kMinCompactBytes && log_bytes_ > snapshot_bytes_) {
     if (absl::Status c = CompactLocked(); !c.ok()) {
-      // The change itself is durable in the log; later ones are refused.
+      // The changes are durable in the log; later ones are refused.
       failed_ = c;
       FERRY_LOG(kError, "metadata", "metadata store compaction: ", c.message());
     }
   }
-  return absl::OkStatus();
 }
 
 absl::Status DurableStore::CompactLocked() {
@@ -246,13 +261,12 @@ absl::StatusOr<uint64_t> DurableStore::PutFrom(const PutSegmentRequest& request,
                                                const std::string& client) {
   MutexLock lock(&write_mu_);
   if (!failed_.ok()) return Refuse();
+  pending_.Clear();
+  *pending_.mutable_put() = request;
+  pending_.set_client(client);
+  // Logged (LogPending) once checked, before anyone can see it.
   auto v = mem_.PutFrom(request, client);
-  if (!v.ok()) return v;
-  LogRecord r;
-  r.set_version(*v);
-  *r.mutable_put() = request;
-  r.set_client(client);
-  FERRY_RETURN_IF_ERROR(AppendLocked(std::move(r)));
+  if (v.ok()) MaybeCompactLocked();
   return v;
 }
 
@@ -265,12 +279,10 @@ absl::StatusOr<uint64_t> DurableStore::UpdateBuffers(
     const UpdateBuffersRequest& request) {
   MutexLock lock(&write_mu_);
   if (!failed_.ok()) return Refuse();
+  pending_.Clear();
+  *pending_.mutable_update() = request;
   auto v = mem_.UpdateBuffers(request);
-  if (!v.ok()) return v;
-  LogRecord r;
-  r.set_version(*v);
-  *r.mutable_update() = request;
-  FERRY_RETURN_IF_ERROR(AppendLocked(std::move(r)));
+  if (v.ok()) MaybeCompactLocked();
   return v;
 }
 
@@ -282,10 +294,11 @@ absl::StatusOr<descriptor::SegmentDescriptor> DurableStore::Get(
 absl::Status DurableStore::Remove(const RemoveSegmentRequest& request) {
   MutexLock lock(&write_mu_);
   if (!failed_.ok()) return Refuse();
+  pending_.Clear();
+  *pending_.mutable_remove() = request;
   FERRY_RETURN_IF_ERROR(mem_.Remove(request));
-  LogRecord r;
-  *r.mutable_remove() = request;
-  return AppendLocked(std::move(r));
+  MaybeCompactLocked();
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<std::string>> DurableStore::List() {

@@ -93,9 +93,15 @@ class DurableStore final : public Store {
   // Replays one log record into mem_.
   absl::Status ApplyLocked(const LogRecord& record)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  // The write-ahead hook of mem_ (SegmentStore::SetWriteAhead): appends
+  // pending_, with `version`, and syncs it, before mem_ applies it. Runs
+  // within a mem_ call made under write_mu_.
+  absl::Status LogPending(uint64_t version);
   // Appends `record` (given the next LSN) and syncs it.
   absl::Status AppendLocked(LogRecord record)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
+  // Snapshots the table once the log has outgrown the last snapshot.
+  void MaybeCompactLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
   absl::Status CompactLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
   absl::Status Refuse() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
 
@@ -111,6 +117,8 @@ class DurableStore final : public Store {
   uint64_t snapshot_bytes_ ABSL_GUARDED_BY(write_mu_) = 0;
   uint64_t compactions_ ABSL_GUARDED_BY(write_mu_) = 0;
   absl::Status failed_ ABSL_GUARDED_BY(write_mu_);
+  // The change being made, logged by LogPending once mem_ has checked it.
+  LogRecord pending_ ABSL_GUARDED_BY(write_mu_);
 };
 
 }  // namespace ferry::metadata

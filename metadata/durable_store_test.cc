@@ -1,6 +1,9 @@
 #include "metadata/durable_store.h"
 
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -93,6 +96,47 @@ TEST(DurableStoreTest, ARestartKeepsEverythingAcknowledged) {
   // another change.
   ASSERT_OK_AND_ASSIGN(uint64_t v, store->UpdateBuffers(Add("a", 1, 0xa000)));
   EXPECT_GT(v, last_version + 1);
+}
+
+// A change is on disk before anyone can see it: one whose record cannot be
+// written (here: a file size limit, as a full disk) is seen by no reader
+// and heard of by no watcher, and what was seen survives a restart.
+TEST(DurableStoreTest, NobodySeesAChangeThatIsNotOnDisk) {
+  const std::string dir = FreshDir();
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // Checks in the child: its file size limit must not reach the parent.
+    auto store = DurableStore::Open(dir);
+    if (!store.ok()) _exit(2);
+    if (!(*store)->Put(PutOf(Seg("a", 1))).ok()) _exit(3);
+    std::atomic<int> heard{0};
+    SegmentStore* mem = (*store)->watchable();
+    mem->Subscribe("b", [&heard] { heard.fetch_add(1); });
+    mem->Subscribe("a", [&heard] { heard.fetch_add(1); });
+    signal(SIGXFSZ, SIG_IGN);  // EFBIG instead.
+    rlimit limit{FileSize(dir + "/log"), RLIM_INFINITY};
+    if (setrlimit(RLIMIT_FSIZE, &limit) != 0) _exit(4);
+    if ((*store)->Put(PutOf(Seg("b", 2))).ok()) _exit(5);
+    if ((*store)->Get("b").status().code() != absl::StatusCode::kNotFound) {
+      _exit(6);
+    }
+    if ((*store)->UpdateBuffers(Add("a", 1, 0x8000)).ok()) _exit(7);
+    auto a = (*store)->Get("a");
+    if (!a.ok() || a->buffers_size() != 1) _exit(8);
+    if (heard.load() != 0) _exit(9);
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0)
+      << "2-4: setup; 5: the put was accepted; 6: the unlogged segment was "
+         "readable; 7: the update was accepted; 8: the unlogged buffer was "
+         "readable; 9: a watcher heard of an unlogged change";
+  ASSERT_OK_AND_ASSIGN(auto store, DurableStore::Open(dir));
+  EXPECT_OK(store->Get("a"));
+  EXPECT_STATUS(store->Get("b"), absl::StatusCode::kNotFound);
 }
 
 // A crash in mid-append leaves part of a record: it is cut off, and what

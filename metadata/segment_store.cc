@@ -23,6 +23,15 @@ void SegmentStore::ExpireLocked() {
   }
 }
 
+void SegmentStore::SetWriteAhead(WriteAhead fn) {
+  MutexLock lock(&mu_);
+  write_ahead_ = std::move(fn);
+}
+
+absl::Status SegmentStore::WriteAheadLocked(uint64_t version) {
+  return write_ahead_ ? write_ahead_(version) : absl::OkStatus();
+}
+
 void SegmentStore::NotifyLocked(const std::string& name) {
   auto it = listeners_.find(name);
   if (it == listeners_.end()) return;
@@ -269,6 +278,7 @@ absl::StatusOr<uint64_t> SegmentStore::PutLocked(
   const bool same_client = replacing && it->second.client == client;
   FERRY_RETURN_IF_ERROR(CheckQuotaLocked(
       client, same_client ? it->second.held : 0, held, !same_client));
+  FERRY_RETURN_IF_ERROR(WriteAheadLocked(next_version_));
   if (replacing) {
     ChargeLocked(it->second.client, -static_cast<int64_t>(it->second.held), -1);
   }
@@ -429,6 +439,9 @@ absl::StatusOr<uint64_t> SegmentStore::UpdateBuffers(
       return undo(q);
     }
   }
+  if (absl::Status w = WriteAheadLocked(next_version_); !w.ok()) {
+    return undo(w);
+  }
   ChargeLocked(e.client, held_delta, 0);
   e.bytes += delta;
   e.held += held_delta;
@@ -503,6 +516,7 @@ absl::Status SegmentStore::Remove(const RemoveSegmentRequest& request) {
   if (it == segments_.end()) return NotRegistered(name);
   if (!SecretsEqual(request.owner_key(), it->second.owner_key))
     return HeldByAnother(name);
+  FERRY_RETURN_IF_ERROR(WriteAheadLocked(0));
   if (it->second.expires != absl::InfiniteFuture()) {
     expiry_.erase({it->second.expires, name});
   }

@@ -108,6 +108,17 @@ class SegmentStore final : public Store {
   // Largest encoded descriptor: it must fit one GetSegment answer.
   static constexpr uint64_t kMaxDescriptorBytes = kMaxRpcMessageBytes - 4096;
 
+  // For a backend that must make a change durable before anyone can see it
+  // (DurableStore): `fn` is called with the store's lock held, once a
+  // change (put, update, removal; not a lease renewal or expiry) has been
+  // checked and before it is applied -- so before any reader sees it or
+  // any watcher hears of it -- with the version the change will have (0
+  // for a removal). A non-OK status refuses the change, which then leaves
+  // nothing behind. `fn` must not call the store. Set before concurrent
+  // use; null (the default): none.
+  using WriteAhead = std::function<absl::Status(uint64_t version)>;
+  void SetWriteAhead(WriteAhead fn);
+
   // Watching (MetadataService.WatchSegment). `fn` is called, with the
   // store's lock held, after each change of `name` (put, update, removal,
   // expiry): it must only note the fact (queue work for another thread)
@@ -170,6 +181,9 @@ class SegmentStore final : public Store {
   };
   // Tells the listeners of `name` that it changed.
   void NotifyLocked(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The write-ahead hook's verdict on a checked change (OK if none).
+  absl::Status WriteAheadLocked(uint64_t version)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The descriptor of `e`, buffers in address order.
   static descriptor::SegmentDescriptor Assemble(const Entry& e);
   // Removes the segments whose lease has expired.
@@ -198,6 +212,7 @@ class SegmentStore final : public Store {
   // Leased segments by expiry, soonest first.
   std::set<std::pair<absl::Time, std::string>> expiry_ ABSL_GUARDED_BY(mu_);
   uint64_t next_version_ ABSL_GUARDED_BY(mu_) = 1;
+  WriteAhead write_ahead_ ABSL_GUARDED_BY(mu_);
   Limits limits_;
   bool enforce_limits_ ABSL_GUARDED_BY(mu_) = true;
   struct Usage {
