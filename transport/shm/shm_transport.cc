@@ -453,7 +453,6 @@ void ShmTransport::SubmitHost(const std::shared_ptr<Peer>& peer,
   for (const Slice* s : slices) bytes += s->length;
   if (bytes <= options_.shm.inline_bytes && peer->inline_mu.TryLock()) {
     // Small: cheaper to copy than to hand to a thread and back.
-    inline_runs_.fetch_add(1, std::memory_order_relaxed);
     CopyRun(*peer, peer->lanes[0], slices);
     peer->inline_mu.Unlock();
     return;

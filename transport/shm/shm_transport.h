@@ -196,7 +196,7 @@ class ShmTransport final : public Transport {
 
   // Counters.
   std::atomic<uint64_t> slices_{0}, bytes_{0}, errors_{0}, copies_{0};
-  std::atomic<uint64_t> attaches_{0}, attach_failures_{0}, inline_runs_{0};
+  std::atomic<uint64_t> attaches_{0}, attach_failures_{0};
 
   // GPU memory of this engine goes through pinned host buffers, then the
   // host path.
